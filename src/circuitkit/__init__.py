@@ -1,0 +1,63 @@
+"""circuitkit: attention-head circuits and induction heads, exactly and fast.
+
+Public API (imported lazily, so ``import circuitkit`` stays cheap and does not import TransformerLens):
+
+- :class:`HeadWeights`: validated per-head weights, the one type every weight analysis consumes.
+- QK/OV analysis on factors: :func:`qk_circuit`, :func:`ov_circuit`, :func:`full_qk_circuit`,
+  :func:`full_ov_circuit`, :func:`singular_values`, :func:`numerical_rank`, :func:`effective_rank`,
+  :func:`frobenius_norm`, :func:`ov_eigenvalues`.
+- Composition between heads: :func:`composition_scores`, :func:`composition_baseline`, :func:`top_edges`.
+- Head detection on repeated random tokens: :func:`head_scores`, :func:`induction_loss`, :func:`ablation_effects`.
+- Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.models`` (toy model, adapters),
+  ``circuitkit.zoo`` (bundled known-answer models), ``circuitkit.viz`` (figures), ``circuitkit.theory``
+  (the seed exercises, computed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from circuitkit.errors import CircuitkitError
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "HeadWeights": "circuitkit.weights",
+    "Factored": "circuitkit.factored",
+    "qk_circuit": "circuitkit.factored",
+    "ov_circuit": "circuitkit.factored",
+    "full_qk_circuit": "circuitkit.factored",
+    "full_ov_circuit": "circuitkit.factored",
+    "singular_values": "circuitkit.factored",
+    "numerical_rank": "circuitkit.factored",
+    "effective_rank": "circuitkit.factored",
+    "frobenius_norm": "circuitkit.factored",
+    "ov_eigenvalues": "circuitkit.factored",
+    "composition_scores": "circuitkit.composition",
+    "composition_baseline": "circuitkit.composition",
+    "top_edges": "circuitkit.composition",
+    "head_scores": "circuitkit.detect",
+    "induction_loss": "circuitkit.detect",
+    "ablation_effects": "circuitkit.detect",
+}
+_SUBPACKAGES = {"build", "models", "zoo", "viz", "theory", "report", "cli"}
+
+__all__ = ["CircuitkitError", "__version__", *_LAZY, *sorted(_SUBPACKAGES)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
+        module = importlib.import_module(f"circuitkit.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'circuitkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,1 @@
+"""Sub-commands of the `circuitkit` command; each registers itself in circuitkit.cli.COMMANDS."""

@@ -1,0 +1,269 @@
+"""QK and OV circuits kept as low-rank factors, and the exact spectra computed from the factors.
+
+Why: a head's QK circuit ``W_Q @ W_K.T`` and OV circuit ``W_V @ W_O`` are ``d_model x d_model`` matrices of
+rank at most ``d_head``; the full circuits through the embeddings are ``d_vocab x d_vocab``. Building them
+costs ``O(d_model^2)`` (or ``O(d_vocab^2)``) memory per head for information that lives in ``d_head``
+dimensions. :class:`Factored` holds ``M = A @ B`` with ``A: [..., m, r]`` and ``B: [..., r, n]`` and answers
+every question about ``M`` from ``r x r`` matrices:
+
+- singular values: with ``A = Q_A R_A`` and ``B.T = Q_B R_B`` (thin QR), ``M = Q_A (R_A R_B.T) Q_B.T`` and
+  the ``Q`` factors have orthonormal columns, so ``svdvals(M) = svdvals(R_A @ R_B.T)`` (``r x r``);
+- Frobenius norm: ``||A B||_F^2 = trace(A.T A B B.T) = sum((A.T A) * (B B.T))`` (two ``r x r`` Gram matrices);
+- eigenvalues (square ``M``): the non-zero eigenvalues of ``A B`` are those of ``B A`` (``r x r``).
+
+Convention: row vectors, as TransformerLens. ``QK = W_Q @ W_K.T`` scores ``x_dst @ QK @ x_src.T``;
+``OV = W_V @ W_O`` maps a source residual row ``x_src @ OV`` into the destination. The Framework paper's
+column-convention ``W_QK = W_Q^T W_K`` and ``W_OV = W_O W_V`` are these matrices transposed, with the same
+singular values and eigenvalues.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from jaxtyping import Complex, Float
+from torch import Tensor
+
+from circuitkit.errors import CircuitkitError, describe
+from circuitkit.weights import HeadWeights
+
+CircuitName = Literal["QK", "OV"]
+
+
+@dataclass(frozen=True)
+class Factored:
+    """A batch of matrices ``M = A @ B`` stored as factors; nothing ``m x n`` is ever built (but :meth:`dense`).
+
+    ``A: [..., m, r]``, ``B: [..., r, n]`` with the same leading (batch) shape, e.g. ``[layer, head]``.
+    Properties are computed on demand from ``r``-sized matrices; see the module docstring for the maths.
+    """
+
+    A: Float[Tensor, "*batch m r"]
+    B: Float[Tensor, "*batch r n"]
+
+    def __post_init__(self) -> None:
+        A, B = self.A, self.B
+        if not isinstance(A, Tensor) or not isinstance(B, Tensor):
+            raise CircuitkitError(
+                f"Factored: given A={describe(A)}, B={describe(B)}; expected two tensors."
+            )
+        if A.ndim < 2 or B.ndim < 2 or A.shape[-1] != B.shape[-2] or A.shape[:-2] != B.shape[:-2]:
+            raise CircuitkitError(
+                f"Factored: given A of shape {tuple(A.shape)} and B of shape {tuple(B.shape)}; expected "
+                "A [..., m, r] and B [..., r, n] with the same leading shape and A's last axis equal to B's "
+                "second-last."
+            )
+        if not A.is_floating_point() or A.dtype != B.dtype:
+            raise CircuitkitError(
+                f"Factored: given dtypes {A.dtype} and {B.dtype}; expected one floating dtype."
+            )
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.A.shape[:-1], self.B.shape[-1]))
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.A.shape[:-2]
+
+    @property
+    def inner_dim(self) -> int:
+        """``r``: the rank bound of every matrix in the batch."""
+        return self.A.shape[-1]
+
+    @property
+    def T(self) -> Factored:
+        """The transposes ``M.T = B.T @ A.T``, still factored."""
+        return Factored(self.B.transpose(-1, -2), self.A.transpose(-1, -2))
+
+    def __getitem__(self, index) -> Factored:
+        """Index the batch axes only, e.g. ``circuit[layer, head]``."""
+        if not isinstance(index, tuple):
+            index = (index,)
+        if len(index) > len(self.batch_shape):
+            raise CircuitkitError(
+                f"Factored[...]: given {len(index)} indices; expected at most {len(self.batch_shape)} "
+                f"(the batch axes of shape {tuple(self.batch_shape)})."
+            )
+        return Factored(self.A[index], self.B[index])
+
+    def __matmul__(self, other: Tensor | Factored) -> Factored:
+        """``self @ other``: a dense right factor is absorbed into ``B``; a factored one keeps the smaller inner."""
+        if isinstance(other, Factored):
+            middle = self.B @ other.A
+            if self.inner_dim <= other.inner_dim:
+                return Factored(self.A, middle @ other.B)
+            return Factored(self.A @ middle, other.B)
+        return Factored(self.A, self.B @ other)
+
+    def __rmatmul__(self, other: Tensor) -> Factored:
+        return Factored(other @ self.A, self.B)
+
+    def dense(self) -> Tensor:
+        """The full matrices ``A @ B``. Only for small shapes and tests: costs ``m x n`` per batch entry."""
+        return self.A @ self.B
+
+    # ------------------------------------------------------------------ spectra
+    def _core(self) -> Tensor:
+        """``R_A @ R_B.T`` (``[..., r, r]`` when r <= m, n): same singular values as ``A @ B``."""
+        _, R_A = torch.linalg.qr(self.A)
+        _, R_B = torch.linalg.qr(self.B.transpose(-1, -2))
+        return R_A @ R_B.transpose(-1, -2)
+
+    def singular_values(self) -> Float[Tensor, "*batch k"]:
+        """Singular values of each ``A @ B``, descending; ``k = min(m, r, n)``."""
+        return torch.linalg.svdvals(self._core())
+
+    def norm(self) -> Float[Tensor, "*batch"]:
+        """Frobenius norms ``||A @ B||_F`` from the two ``r x r`` Gram matrices."""
+        gram_A = self.A.transpose(-1, -2) @ self.A
+        gram_B = self.B @ self.B.transpose(-1, -2)
+        return (gram_A * gram_B).sum(dim=(-1, -2)).clamp_min(0).sqrt()
+
+    def eigenvalues(self) -> Complex[Tensor, "*batch r"]:
+        """Eigenvalues of square ``A @ B``: those of ``B @ A`` (``r x r``), the non-zero ones of ``A @ B``.
+
+        ``A @ B`` also has ``m - r`` zero eigenvalues that are not returned.
+        """
+        if self.A.shape[-2] != self.B.shape[-1]:
+            raise CircuitkitError(
+                f"Factored.eigenvalues: given matrices of shape {tuple(self.shape[-2:])}; expected square ones."
+            )
+        return torch.linalg.eigvals(self.B @ self.A)
+
+    def numerical_rank(self, rtol: float | None = None) -> Tensor:
+        """Number of singular values above ``rtol * sigma_max`` (default ``max(m, n) * eps``, as ``matrix_rank``)."""
+        sigma = self.singular_values()
+        if rtol is None:
+            rtol = max(self.shape[-2], self.shape[-1]) * torch.finfo(sigma.dtype).eps
+        return _rank_from_sigma(sigma, rtol)
+
+    def effective_rank(self) -> Float[Tensor, "*batch"]:
+        """Roy & Vetterli's effective rank ``exp(H(p))``, ``p = sigma / sum(sigma)``, ``H`` the Shannon entropy.
+
+        Between 1 (one direction carries everything) and the numerical rank (a flat spectrum); 0 for a zero
+        matrix.
+        """
+        return _effective_rank_from_sigma(self.singular_values())
+
+    def __repr__(self) -> str:
+        return f"Factored(shape={tuple(self.shape)}, inner_dim={self.inner_dim}, dtype={self.A.dtype})"
+
+
+def _rank_from_sigma(sigma: Tensor, rtol: float) -> Tensor:
+    threshold = sigma[..., :1] * rtol
+    return (sigma > threshold).sum(dim=-1)
+
+
+def _effective_rank_from_sigma(sigma: Tensor) -> Tensor:
+    total = sigma.sum(dim=-1, keepdim=True)
+    p = sigma / total.clamp_min(torch.finfo(sigma.dtype).tiny)
+    entropy = -(p * torch.log(p.clamp_min(torch.finfo(sigma.dtype).tiny))).sum(dim=-1)
+    return torch.where(total.squeeze(-1) > 0, entropy.exp(), torch.zeros_like(entropy))
+
+
+# ---------------------------------------------------------------------- circuits of HeadWeights
+def _weights(w) -> HeadWeights:
+    if isinstance(w, HeadWeights):
+        return w
+    try:
+        return HeadWeights.from_model(w)
+    except CircuitkitError:
+        raise
+    except Exception as error:  # pragma: no cover - defensive, message is the point
+        raise CircuitkitError(
+            f"given {describe(w)}; expected HeadWeights or a model with attention weights ({error})."
+        ) from error
+
+
+def qk_circuit(weights) -> Factored:
+    """Every head's QK circuit ``W_Q @ W_K.T`` (row convention), factored: ``[layer, head, d_model, d_model]``.
+
+    ``A = W_Q [layer, head, d_model, d_head]``, ``B = W_K.T [layer, head, d_head, d_model]`` (key/value
+    groups repeated per query head). Accepts :class:`HeadWeights` or a model.
+    """
+    w = _weights(weights)
+    with torch.no_grad():
+        return Factored(w.W_Q, w.per_query_head("W_K").transpose(-1, -2))
+
+
+def ov_circuit(weights) -> Factored:
+    """Every head's OV circuit ``W_V @ W_O`` (row convention), factored: ``[layer, head, d_model, d_model]``."""
+    w = _weights(weights)
+    with torch.no_grad():
+        return Factored(w.per_query_head("W_V"), w.W_O)
+
+
+def full_ov_circuit(weights) -> Factored:
+    """``W_E @ W_V @ W_O @ W_U`` per head, factored as ``(W_E W_V) (W_O W_U)``: ``[layer, head, d_vocab, d_vocab]``.
+
+    Entry ``[s, t]`` is how much attending to token ``s`` raises the logit of token ``t``.
+    """
+    w = _weights(weights)
+    _require(w, "W_E", "full_ov_circuit")
+    _require(w, "W_U", "full_ov_circuit")
+    with torch.no_grad():
+        return Factored(w.W_E @ w.per_query_head("W_V"), w.W_O @ w.W_U)
+
+
+def full_qk_circuit(weights) -> Factored:
+    """``W_E @ W_Q @ W_K.T @ W_E.T`` per head, factored: ``[layer, head, d_vocab, d_vocab]`` (query token, key token)."""
+    w = _weights(weights)
+    _require(w, "W_E", "full_qk_circuit")
+    with torch.no_grad():
+        return Factored(w.W_E @ w.W_Q, (w.W_E @ w.per_query_head("W_K")).transpose(-1, -2))
+
+
+def _require(w: HeadWeights, name: str, caller: str) -> None:
+    if getattr(w, name) is None:
+        raise CircuitkitError(
+            f"{caller}: these HeadWeights have no {name}; expected weights that carry it. Build them with "
+            f"HeadWeights(..., {name}=...) or from a model that has an embedding/unembedding."
+        )
+
+
+def _circuit(weights, which: str, caller: str) -> Factored:
+    builders = {"QK": qk_circuit, "OV": ov_circuit, "full_QK": full_qk_circuit, "full_OV": full_ov_circuit}
+    if which not in builders:
+        raise CircuitkitError(f"{caller}: given circuit {which!r}; expected one of {sorted(builders)}.")
+    return builders[which](weights)
+
+
+def singular_values(weights, circuit: CircuitName = "OV") -> Float[Tensor, "layer head d_head"]:
+    """Singular values of every head's ``"QK"`` or ``"OV"`` circuit, descending: ``[layer, head, d_head]``.
+
+    (``"full_QK"`` / ``"full_OV"`` give the spectra of the circuits through the embeddings.)
+    """
+    with torch.no_grad():
+        return _circuit(weights, circuit, "singular_values").singular_values()
+
+
+def numerical_rank(weights, circuit: CircuitName = "OV", rtol: float | None = None) -> Tensor:
+    """``[layer, head]`` numerical rank (count of ``sigma > rtol * sigma_max``); always ``<= min(d_model, d_head)``."""
+    with torch.no_grad():
+        return _circuit(weights, circuit, "numerical_rank").numerical_rank(rtol)
+
+
+def effective_rank(weights, circuit: CircuitName = "OV") -> Float[Tensor, "layer head"]:
+    """``[layer, head]`` effective rank ``exp(entropy(sigma / sum sigma))`` of each circuit."""
+    with torch.no_grad():
+        return _circuit(weights, circuit, "effective_rank").effective_rank()
+
+
+def frobenius_norm(weights, circuit: CircuitName = "OV") -> Float[Tensor, "layer head"]:
+    """``[layer, head]`` Frobenius norm of each circuit, from ``d_head x d_head`` Gram matrices."""
+    with torch.no_grad():
+        return _circuit(weights, circuit, "frobenius_norm").norm()
+
+
+def ov_eigenvalues(weights, full: bool = False) -> Complex[Tensor, "layer head d_head"]:
+    """Eigenvalues of every OV circuit via the ``d_head x d_head`` core ``W_O @ W_V``.
+
+    With ``full=True``, of the full OV circuit ``W_E W_V W_O W_U`` via ``W_O W_U W_E W_V`` — the quantity
+    behind the copying score (positive real eigenvalues: the head copies tokens).
+    """
+    with torch.no_grad():
+        return _circuit(weights, "full_OV" if full else "OV", "ov_eigenvalues").eigenvalues()
