@@ -1,0 +1,84 @@
+"""Shared fixtures: tiny random-init models and weights, no downloads. Every generator is seeded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from circuitkit import HeadWeights
+
+
+def boot_bridge(
+    *,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    d_model: int = 32,
+    d_head: int = 8,
+    d_vocab: int = 50,
+    n_ctx: int = 64,
+    attn_only: bool = True,
+    n_key_value_heads: int | None = None,
+    seed: int = 0,
+    **extra,
+):
+    """A random-init TransformerLens 4.x ``TransformerBridge`` built offline with ``sources.native.boot``."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import boot
+
+    cfg = TransformerBridgeConfig(
+        n_layers=n_layers,
+        n_heads=n_heads,
+        d_model=d_model,
+        d_head=d_head,
+        d_vocab=d_vocab,
+        n_ctx=n_ctx,
+        attn_only=attn_only,
+        n_key_value_heads=n_key_value_heads,
+        seed=seed,
+        **extra,
+    )
+    model = boot(cfg)
+    model.eval()
+    return model
+
+
+def random_weights(
+    n_layers: int = 3,
+    n_heads: int = 4,
+    d_model: int = 16,
+    d_head: int = 4,
+    *,
+    n_kv_heads: int | None = None,
+    d_vocab: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> HeadWeights:
+    """Gaussian HeadWeights (entries N(0, 1/d_model)), optionally with W_E/W_U."""
+    g = torch.Generator().manual_seed(seed)
+    G = n_kv_heads or n_heads
+
+    def randn(*shape):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) / d_model**0.5).to(dtype)
+
+    extra = {}
+    if d_vocab is not None:
+        extra = {"W_E": randn(d_vocab, d_model), "W_U": randn(d_model, d_vocab)}
+    return HeadWeights(
+        W_Q=randn(n_layers, n_heads, d_model, d_head),
+        W_K=randn(n_layers, G, d_model, d_head),
+        W_V=randn(n_layers, G, d_model, d_head),
+        W_O=randn(n_layers, n_heads, d_head, d_model),
+        **extra,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_bridge():
+    """2 layers x 4 heads, d_model 32, d_head 8, vocab 50, attention only."""
+    return boot_bridge()
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa_bridge():
+    """As ``tiny_bridge`` but with 2 key/value groups of 2 query heads."""
+    return boot_bridge(n_key_value_heads=2)
