@@ -210,7 +210,10 @@ def full_ov_circuit(weights) -> Factored:
 
 
 def full_qk_circuit(weights) -> Factored:
-    """``W_E @ W_Q @ W_K.T @ W_E.T`` per head, factored: ``[layer, head, d_vocab, d_vocab]`` (query token, key token)."""
+    """``W_E @ W_Q @ W_K.T @ W_E.T`` per head, factored: ``[layer, head, d_vocab, d_vocab]``.
+
+    Entry ``[q, k]`` is the attention score a query token ``q`` gives a key token ``k`` (embeddings only).
+    """
     w = _weights(weights)
     _require(w, "W_E", "full_qk_circuit")
     with torch.no_grad():
