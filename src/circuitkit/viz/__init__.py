@@ -1,0 +1,43 @@
+"""Views of circuitkit results: plotly figures and CircuitsVis HTML. Every function returns an object;
+none writes files (the report, :mod:`circuitkit.report`, does that).
+
+- :func:`head_score_heatmap`, :func:`head_score_heatmaps`: layer x head score grids.
+- :func:`composition_heatmap`: head-pair composition scores, coloured around the random baseline.
+- :func:`singular_value_spectra`: QK/OV singular values per head.
+- :func:`composition_graph`: a layered graph of the top composition edges.
+- :func:`attention_heads`, :func:`attention_patterns`: CircuitsVis attention views;
+  :func:`model_patterns`, :func:`token_strings` get their inputs from a model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "head_score_heatmap": "circuitkit.viz.heatmaps",
+    "head_score_heatmaps": "circuitkit.viz.heatmaps",
+    "composition_heatmap": "circuitkit.viz.heatmaps",
+    "singular_value_spectra": "circuitkit.viz.spectra",
+    "composition_graph": "circuitkit.viz.graph",
+    "attention_heads": "circuitkit.viz.attention",
+    "attention_patterns": "circuitkit.viz.attention",
+    "model_patterns": "circuitkit.viz.attention",
+    "token_strings": "circuitkit.viz.attention",
+    "view_props": "circuitkit.viz.attention",
+    "parse_rendered": "circuitkit.viz.attention",
+    "CircuitsVisView": "circuitkit.viz.attention",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'circuitkit.viz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

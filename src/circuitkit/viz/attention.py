@@ -1,0 +1,208 @@
+"""Attention patterns of chosen heads on chosen tokens, through CircuitsVis (rendered HTML, nothing written).
+
+:func:`attention_heads` and :func:`attention_patterns` wrap ``circuitsvis.attention.attention_heads`` /
+``attention_patterns`` after checking the inputs. They return :class:`CircuitsVisView`, a CircuitsVis
+``RenderedHTML`` whose notebook representation is always the offline ``local_src`` (CircuitsVis's own
+``_repr_html_`` pings the network first). :func:`model_patterns` reads the ``hook_pattern`` activations
+``[batch, head, q_pos, k_pos]`` of a TransformerLens-style model for a list of ``(layer, head)``.
+
+Patterns are ``[head, q_pos, k_pos]``: row ``q`` is the distribution of query position ``q`` over key
+positions (rows sum to 1, causal models put zeros above the diagonal).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from circuitsvis.utils.render import RenderedHTML
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from circuitkit.errors import CircuitkitError, describe
+from circuitkit.viz._checks import as_float_array, check_head, head_name
+
+# softmax outputs in float32 may overshoot [0, 1] and row sums of 1 by rounding
+PATTERN_ATOL = 1e-4
+
+
+class CircuitsVisView(RenderedHTML):
+    """A CircuitsVis ``RenderedHTML`` that renders offline in notebooks (``local_src``, no network check)."""
+
+    def _repr_html_(self) -> str:
+        return self.local_src
+
+
+@dataclass(frozen=True)
+class ParsedView:
+    """The parts of a CircuitsVis ``local_src``: the inlined JavaScript bundle, the element and its props."""
+
+    bundle: str
+    element: str
+    props: dict[str, Any]
+
+
+_LOCAL_SRC = re.compile(
+    r'<script crossorigin type="module">\s*(?P<bundle>.*)CircuitsVis\.render\(\s*"(?P<id>[^"]+)",\s*'
+    r"CircuitsVis\.(?P<element>\w+),\s*(?P<props>\{.*\})\s*\)\s*</script>\s*$",
+    re.DOTALL,
+)
+
+
+def parse_rendered(rendered: RenderedHTML) -> ParsedView:
+    """Split a CircuitsVis ``RenderedHTML.local_src`` into bundle, element name and props (JSON-decoded).
+
+    The report uses this to inline the bundle once for all views and to re-serialise props safely.
+    """
+    source = getattr(rendered, "local_src", None)
+    match = _LOCAL_SRC.search(source) if isinstance(source, str) else None
+    if match is None:
+        raise CircuitkitError(
+            f"parse_rendered: given {type(rendered).__name__}; expected a CircuitsVis RenderedHTML whose "
+            "local_src ends in CircuitsVis.render(id, CircuitsVis.Element, props) (circuitsvis >= 1.43)."
+        )
+    return ParsedView(match["bundle"].strip(), match["element"], json.loads(match["props"]))
+
+
+def attention_heads(
+    patterns: Float[Tensor, "head q_pos k_pos"] | Mapping[tuple[int, int], Float[Tensor, "q_pos k_pos"]],
+    tokens: Sequence[str],
+    *,
+    head_names: Sequence[str] | None = None,
+    mask_upper_tri: bool = True,
+) -> CircuitsVisView:
+    """CircuitsVis ``attention_heads``: a thumbnail per head, click one to enlarge.
+
+    ``patterns`` is ``[head, q_pos, k_pos]`` (or one ``[q_pos, k_pos]``), or a mapping ``(layer, head) ->
+    [q_pos, k_pos]`` whose keys become the head names ``"layer.head"``. ``tokens`` are the ``pos`` token
+    strings. The values passed to CircuitsVis equal ``patterns`` (``view_props(view)["attention"]``).
+    """
+    import circuitsvis.attention as cv_attention
+
+    array, names = _patterns_and_names(patterns, head_names, "attention_heads")
+    tokens = _check_tokens(tokens, array.shape[-1], "attention_heads")
+    rendered = cv_attention.attention_heads(
+        attention=array,
+        tokens=tokens,
+        attention_head_names=names,
+        max_value=1.0,
+        min_value=0.0,
+        mask_upper_tri=mask_upper_tri,
+    )
+    return CircuitsVisView(rendered.local_src, rendered.cdn_src)
+
+
+def attention_patterns(
+    patterns: Float[Tensor, "head q_pos k_pos"] | Mapping[tuple[int, int], Float[Tensor, "q_pos k_pos"]],
+    tokens: Sequence[str],
+) -> CircuitsVisView:
+    """CircuitsVis ``attention_patterns`` (all heads side by side, hover a token to see where it attends)."""
+    import circuitsvis.attention as cv_attention
+
+    array, _ = _patterns_and_names(patterns, None, "attention_patterns")
+    tokens = _check_tokens(tokens, array.shape[-1], "attention_patterns")
+    rendered = cv_attention.attention_patterns(tokens=tokens, attention=array)
+    return CircuitsVisView(rendered.local_src, rendered.cdn_src)
+
+
+def view_props(view: RenderedHTML) -> dict[str, Any]:
+    """The props a CircuitsVis view was rendered with (e.g. ``["attention"]``, ``["tokens"]``)."""
+    return parse_rendered(view).props
+
+
+def model_patterns(
+    model: Any,
+    tokens: Int[Tensor, "*one pos"],
+    heads: Sequence[tuple[int, int]],
+) -> dict[tuple[int, int], Float[Tensor, "pos pos"]]:
+    """Run ``model`` on one sequence and return the attention pattern ``[q_pos, k_pos]`` of each chosen head.
+
+    Reads ``blocks.{layer}.attn.hook_pattern`` from ``model.run_with_cache`` (TransformerLens bridge or the
+    circuitkit toy model). No gradients are tracked.
+    """
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int32, torch.int64) or not (
+        tokens.ndim == 1 or (tokens.ndim == 2 and tokens.shape[0] == 1)
+    ):
+        raise CircuitkitError(
+            f"model_patterns: given tokens {describe(tokens)}; expected an integer tensor [pos] or [1, pos]."
+        )
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not hasattr(model, "run_with_cache"):
+        raise CircuitkitError(
+            f"model_patterns: given {type(model).__name__}; expected a model with .cfg and .run_with_cache "
+            "(a TransformerLens TransformerBridge or circuitkit.models.AttentionOnlyModel)."
+        )
+    chosen = [check_head(head, cfg.n_layers, cfg.n_heads, "model_patterns") for head in heads]
+    if not chosen:
+        raise CircuitkitError("model_patterns: given no heads; expected at least one (layer, head).")
+    names = {f"blocks.{layer}.attn.hook_pattern" for layer, _ in chosen}
+    batch = tokens.reshape(1, -1)
+    device = getattr(cfg, "device", None)
+    if device is not None:
+        batch = batch.to(device)
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(batch, names_filter=lambda name: name in names)
+        return {
+            (layer, head): cache[f"blocks.{layer}.attn.hook_pattern"][0, head].detach().float().cpu().clone()
+            for layer, head in chosen
+        }
+
+
+def token_strings(model: Any, tokens: Int[Tensor, "*batch pos"]) -> list[str]:
+    """Readable strings for token ids: the model's tokenizer where it has one, else ``"<id>"``-style numbers."""
+    ids = [int(t) for t in torch.as_tensor(tokens).reshape(-1).tolist()]
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None and hasattr(tokenizer, "decode"):
+        return [tokenizer.decode([token]) for token in ids]
+    return [str(token) for token in ids]
+
+
+def _patterns_and_names(
+    patterns: Any, head_names: Sequence[str] | None, caller: str
+) -> tuple[np.ndarray, list[str] | None]:
+    if isinstance(patterns, Mapping):
+        if not patterns:
+            raise CircuitkitError(f"{caller}: given an empty mapping; expected (layer, head) -> [q_pos, k_pos].")
+        keys = list(patterns)
+        for key in keys:
+            if not (isinstance(key, tuple) and len(key) == 2):
+                raise CircuitkitError(f"{caller}: given key {key!r}; expected (layer, head) tuples as keys.")
+        arrays = [as_float_array(patterns[key], name=f"patterns[{key}]", caller=caller, ndim=2) for key in keys]
+        if len({a.shape for a in arrays}) != 1:
+            raise CircuitkitError(
+                f"{caller}: given patterns of shapes {[a.shape for a in arrays]}; expected one [pos, pos] shape."
+            )
+        array = np.stack(arrays)
+        names = list(head_names) if head_names is not None else [head_name(*key) for key in keys]
+    else:
+        if isinstance(patterns, Tensor) and patterns.ndim == 2:
+            patterns = patterns[None]
+        array = as_float_array(patterns, name="patterns", caller=caller, ndim=3)
+        names = list(head_names) if head_names is not None else None
+    n, q_pos, k_pos = array.shape
+    if q_pos != k_pos or q_pos == 0:
+        raise CircuitkitError(f"{caller}: given patterns of shape {array.shape}; expected [head, pos, pos].")
+    if array.min() < -PATTERN_ATOL or array.max() > 1 + PATTERN_ATOL:
+        raise CircuitkitError(
+            f"{caller}: given pattern values in [{array.min():.3g}, {array.max():.3g}]; expected attention "
+            "probabilities in [0, 1] (pass hook_pattern, not hook_attn_scores)."
+        )
+    if names is not None and len(names) != n:
+        raise CircuitkitError(f"{caller}: given {len(names)} head names for {n} heads; expected one per head.")
+    return array, names
+
+
+def _check_tokens(tokens: Sequence[str], pos: int, caller: str) -> list[str]:
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence) or not all(isinstance(t, str) for t in tokens):
+        raise CircuitkitError(
+            f"{caller}: given tokens {describe(tokens)}; expected a list of {pos} strings "
+            "(circuitkit.viz.token_strings(model, tokens))."
+        )
+    if len(tokens) != pos:
+        raise CircuitkitError(f"{caller}: given {len(tokens)} tokens; expected {pos}, one per pattern position.")
+    return list(tokens)
