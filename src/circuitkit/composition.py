@@ -1,0 +1,287 @@
+"""Q-, K- and V-composition scores between every pair of heads, exact, tiled under a memory budget.
+
+Why: which earlier heads feed which later heads (Elhage et al. 2021) is read from the composition score
+
+    score(a, b) = ||W_A W_B||_F / (||W_A||_F ||W_B||_F)
+
+with ``W_A = W_V^a W_O^a`` the earlier head's OV circuit and ``W_B`` the later head's circuit, in row
+convention (``x @ W``): Q-composition ``W_B = W_Q^b W_K^b.T``, K-composition ``W_B = W_K^b W_Q^b.T``,
+V-composition ``W_B = W_V^b W_O^b``. (The Framework paper's column convention writes the transposes;
+the Frobenius norms are the same.) TransformerLens broadcasts every pair into
+``[L, H, L, H, d_model, d_head]`` tensors before reducing; at GPT-2-small shape that is ~9 GB.
+
+Maths. Write ``W_A = V O`` and ``W_B = X Y.T`` with ``V, X, Y: [d_model, d_head]`` and
+``O: [d_head, d_model]``. For any ``R`` with ``R.T R = G = F.T F`` (here from the eigendecomposition of the
+``d_head x d_head`` Gram matrix ``G``; a thin-QR ``R`` would do too), ``||F Z||_F = ||R Z||_F``. Hence
+
+    ||V O X Y.T||_F = ||R_V (O X) R_Y.T||_F = ||O'_a X'_b.T||_F,
+    O'_a = R_V^a O_a  [d_head, d_model],   X'_b = R_Y^b X_b.T  [d_head, d_model],
+
+and ``||W_A||_F = ||O'_a||_F``, ``||W_B||_F = ||X'_b||_F``. So every score comes from ONE product
+``[L*H*d_head, d_model] @ [d_model, L*H*d_head]`` of the folded factors followed by block Frobenius norms,
+and nothing larger than ``d_head``-sized per head is built. The product is computed one source layer at a
+time against blocks of later layers only (pairs with src layer >= dst layer are never computed), with the
+block size chosen so that the working set stays under ``memory_budget`` bytes. The denominators come from
+Gram matrices: ``||V O||_F^2 = sum(V.T V * O O.T)``, ``||X Y.T||_F^2 = sum(X.T X * Y.T Y)``.
+
+Grouped-query attention: the Gram matrices and their factors of key/value weights are computed once per
+key/value group and indexed per query head; the result is per query head.
+
+A head whose OV circuit (or destination circuit) is exactly zero gets score 0 with every partner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from circuitkit.composition_baseline import (
+    CompositionBaseline,
+    Mode,
+    as_head_weights,
+    check_mode,
+    composition_baseline,
+)
+from circuitkit.errors import CircuitkitError, describe
+from circuitkit.weights import HeadWeights
+
+__all__ = [
+    "CompositionBaseline",
+    "Edge",
+    "composition_baseline",
+    "composition_scores",
+    "top_edges",
+]
+
+Baseline = Literal["subtract", "zscore"]
+
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
+"""Bytes the tiled product's working set aims to stay under (the result tensor itself is not counted)."""
+
+
+# ---------------------------------------------------------------------------------------------- factors
+@dataclass(frozen=True)
+class _DestinationFactors:
+    """``W_B = X Y.T`` for every destination head, as ``Xt = X.T`` and the Gram ``G_Y = Y.T Y``.
+
+    ``Xt: [layer, x_heads, d_head, d_model]`` and ``G_Y: [layer, y_heads, d_head, d_head]``, where each of
+    ``x_heads`` / ``y_heads`` is either the query heads or the key/value groups (``*_grouped`` says which).
+    """
+
+    Xt: Tensor
+    G_Y: Tensor
+    x_grouped: bool
+    y_grouped: bool
+
+
+def _q_factors(w: HeadWeights) -> _DestinationFactors:
+    # W_B = W_Q W_K.T: X = W_Q (per query head), Y = W_K (per group)
+    return _DestinationFactors(w.W_Q.mT, _gram_cols(w.W_K), x_grouped=False, y_grouped=True)
+
+
+def _k_factors(w: HeadWeights) -> _DestinationFactors:
+    # W_B = W_K W_Q.T: X = W_K (per group), Y = W_Q (per query head)
+    return _DestinationFactors(w.W_K.mT, _gram_cols(w.W_Q), x_grouped=True, y_grouped=False)
+
+
+def _v_factors(w: HeadWeights) -> _DestinationFactors:
+    # W_B = W_V W_O: X = W_V (per group), Y = W_O.T (per query head), so G_Y = W_O W_O.T
+    return _DestinationFactors(w.W_V.mT, _gram_rows(w.W_O), x_grouped=True, y_grouped=False)
+
+
+_DESTINATION: dict[str, Callable[[HeadWeights], _DestinationFactors]] = {
+    "Q": _q_factors,
+    "K": _k_factors,
+    "V": _v_factors,
+}
+
+
+def _gram_cols(F: Float[Tensor, "*b d_model d_head"]) -> Float[Tensor, "*b d_head d_head"]:
+    return F.mT @ F
+
+
+def _gram_rows(F: Float[Tensor, "*b d_head d_model"]) -> Float[Tensor, "*b d_head d_head"]:
+    return F @ F.mT
+
+
+def _gram_root(G: Float[Tensor, "*b d_head d_head"]) -> Float[Tensor, "*b d_head d_head"]:
+    """An ``R`` with ``R.T @ R == G`` for symmetric PSD ``G`` (eigendecomposition in float64; works at any rank)."""
+    values, vectors = torch.linalg.eigh(G.double())
+    root = values.clamp_min(0).sqrt().unsqueeze(-1) * vectors.mT
+    return root.to(G.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- scores
+def composition_scores(
+    weights: Any,
+    mode: Mode,
+    *,
+    baseline: Baseline | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Float[Tensor, "src_layer src_head dst_layer dst_head"]:
+    """Composition scores of every (earlier head, later head) pair.
+
+    Args:
+        weights: :class:`HeadWeights` or a model (TransformerBridge, toy model; read with ``from_model``).
+            At least 2 layers.
+        mode: ``"Q"``, ``"K"`` or ``"V"`` composition (definitions in the module docstring, row convention).
+        baseline: ``None`` for the raw scores in ``[0, 1]``; ``"subtract"`` subtracts the mean score of random
+            heads of the same shapes (:func:`composition_baseline`); ``"zscore"`` also divides by their std.
+        memory_budget: bytes the tiled computation's working set aims to stay under. One source layer
+            against one destination layer is the smallest tile, used even if it exceeds the budget.
+
+    Returns:
+        float32 ``[src_layer, src_head, dst_layer, dst_head]`` on the weights' device; exactly 0 wherever
+        ``src_layer >= dst_layer`` (also with a baseline).
+    """
+    check_mode(mode, "composition_scores")
+    if baseline is not None and baseline not in _BASELINES:
+        raise CircuitkitError(
+            f"composition_scores: given baseline={describe(baseline)}; expected None, 'subtract' or 'zscore'."
+        )
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
+        raise CircuitkitError(
+            f"composition_scores: given memory_budget={describe(memory_budget)}; expected a positive int "
+            "(bytes), e.g. 256 * 2**20."
+        )
+    w = as_head_weights(weights, "composition_scores")
+    if w.n_layers < 2:
+        raise CircuitkitError(
+            f"composition_scores: given weights with {w.n_layers} layer; expected at least 2 layers "
+            "(composition pairs an earlier layer's head with a later layer's head)."
+        )
+    with torch.no_grad():
+        scores = _raw_scores(w, mode, memory_budget)
+        if baseline is not None:
+            reference = composition_baseline(w, mode)
+            scores = _BASELINES[baseline](scores, reference)
+            scores = scores * _pair_mask(w.n_layers, scores.device).to(scores.dtype)
+    return scores
+
+
+def _subtract(scores: Tensor, reference: CompositionBaseline) -> Tensor:
+    return scores - reference.mean
+
+
+def _zscore(scores: Tensor, reference: CompositionBaseline) -> Tensor:
+    return (scores - reference.mean) / reference.std
+
+
+_BASELINES: dict[str, Callable[[Tensor, CompositionBaseline], Tensor]] = {
+    "subtract": _subtract,
+    "zscore": _zscore,
+}
+
+
+def _pair_mask(n_layers: int, device: torch.device) -> Tensor:
+    layers = torch.arange(n_layers, device=device)
+    return (layers[:, None, None, None] < layers[None, None, :, None]).expand(n_layers, 1, n_layers, 1)
+
+
+def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
+    L, H, d_model, d_head = w.W_Q.shape
+    dtype, device = w.dtype, w.device
+    kv = w.kv_index
+
+    # Source side (same for every mode): W_A = W_V W_O, folded to O' = R_V O per query head.
+    G_V = _gram_cols(w.W_V)  # [L, G, d_head, d_head]
+    R_V = _gram_root(G_V)
+    src_sq_norm = (G_V[:, kv] * _gram_rows(w.W_O)).sum((-2, -1))  # [L, H]
+
+    dest = _DESTINATION[mode](w)
+    x_index = kv if dest.x_grouped else slice(None)
+    y_index = kv if dest.y_grouped else slice(None)
+    R_Y = _gram_root(dest.G_Y)
+    dst_sq_norm = (_gram_rows(dest.Xt)[:, x_index] * dest.G_Y[:, y_index]).sum((-2, -1))  # [L, H]
+
+    def fold_source(layer: int) -> Tensor:  # [H*d_head, d_model]
+        return (R_V[layer, kv] @ w.W_O[layer]).reshape(H * d_head, d_model)
+
+    def fold_destination(start: int, stop: int) -> Tensor:  # [(stop-start)*H*d_head, d_model]
+        folded = R_Y[start:stop, y_index] @ dest.Xt[start:stop, x_index]
+        return folded.reshape((stop - start) * H * d_head, d_model)
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    budget = memory_budget // itemsize  # in elements
+    rows = H * d_head  # one source layer
+    per_layer = H * d_head * d_model  # one layer of folded factors
+    cached = None
+    if (L - 1) * per_layer <= budget // 2:
+        cached = fold_destination(1, L)
+        budget -= cached.numel()
+    per_dest_layer = rows * rows + (0 if cached is not None else per_layer)
+    block = max(1, min(L - 1, (budget - per_layer) // per_dest_layer))
+
+    sq = torch.zeros(L, H, L, H, dtype=dtype, device=device)
+    for src in range(L - 1):
+        left = fold_source(src)
+        for start in range(src + 1, L, block):
+            stop = min(start + block, L)
+            if cached is not None:
+                right = cached[(start - 1) * rows : (stop - 1) * rows]
+            else:
+                right = fold_destination(start, stop)
+            tile = left @ right.T  # [H*d_head, n*H*d_head]
+            tile.square_()
+            n = stop - start
+            block_sq = tile.view(H, d_head, n * rows).sum(1).view(H, n * H, d_head).sum(-1)
+            sq[src, :, start:stop, :] = block_sq.view(H, n, H)
+            del tile
+    denominator = src_sq_norm[:, :, None, None] * dst_sq_norm[None, None, :, :]
+    scores = torch.where(denominator > 0, sq / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
+    return scores.to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------- edges
+@dataclass(frozen=True)
+class Edge:
+    """One composition edge: head ``src = (layer, head)`` feeds head ``dst`` with ``score``."""
+
+    src: tuple[int, int]
+    dst: tuple[int, int]
+    score: float
+
+    @property
+    def name(self) -> str:
+        """``"0.7 -> 1.4"``: source ``layer.head`` -> destination ``layer.head``."""
+        return f"{self.src[0]}.{self.src[1]} -> {self.dst[0]}.{self.dst[1]}"
+
+
+def top_edges(scores: Float[Tensor, "src_layer src_head dst_layer dst_head"], k: int = 10) -> list[Edge]:
+    """The ``k`` highest-scoring pairs with ``src_layer < dst_layer``, strongest first.
+
+    ``scores`` is the output of :func:`composition_scores` (raw or baseline-corrected). Ties keep
+    ``(src_layer, src_head, dst_layer, dst_head)`` order. Fewer than ``k`` edges are returned if the model
+    has fewer pairs.
+    """
+    if not isinstance(scores, Tensor) or scores.ndim != 4 or scores.shape[0] != scores.shape[2] or (
+        scores.shape[1] != scores.shape[3]
+    ):
+        raise CircuitkitError(
+            f"top_edges: given {describe(scores)}; expected a [src_layer, src_head, dst_layer, dst_head] "
+            "tensor from composition_scores (layer and head axes paired)."
+        )
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise CircuitkitError(f"top_edges: given k={describe(k)}; expected an int >= 1.")
+    if not scores.is_floating_point() or not bool(torch.isfinite(scores).all()):
+        raise CircuitkitError(
+            f"top_edges: given {describe(scores)} with non-finite or non-float values; expected finite scores."
+        )
+    L, H = scores.shape[0], scores.shape[1]
+    mask = _pair_mask(L, scores.device).expand(L, H, L, H).reshape(-1)
+    flat_index = mask.nonzero().squeeze(1)
+    values = scores.detach().reshape(-1)[flat_index].double().cpu()
+    order = torch.sort(values, descending=True, stable=True).indices[:k]
+    edges = []
+    for position in order.tolist():
+        index = int(flat_index[position])
+        src_layer, rest = divmod(index, H * L * H)
+        src_head, rest = divmod(rest, L * H)
+        dst_layer, dst_head = divmod(rest, H)
+        edges.append(Edge((src_layer, src_head), (dst_layer, dst_head), float(values[position])))
+    return edges
