@@ -1,0 +1,124 @@
+"""Rank collapse in a pure-attention stack (seed 000 task 2.3 and ex. 1.7; Dong et al. 2021).
+
+Without residual connections or MLPs, every layer multiplies the token matrix on the left by a row-stochastic
+attention matrix, which averages tokens together. Repeated averaging drives ``H`` towards ``1 v^T`` (every
+token the same vector): all singular values but the first vanish relative to it, doubly exponentially in depth.
+
+Row convention: ``H^(l) [n_tokens, d_model]``,
+``H^(l+1) = concat_h softmax(H W_Q^h (H W_K^h)^T / sqrt(d_head)) H W_V^h @ W_O`` with Gaussian weights of
+variance ``1 / d_model`` (``1 / (n_heads d_head)`` for ``W_O``). Everything is float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from circuitkit.errors import CircuitkitError
+from circuitkit.theory._validate import positive_int
+from circuitkit.theory.attention import sdpa_torch
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = ["RankCollapse", "rank_collapse"]
+
+
+@dataclass(frozen=True)
+class RankCollapse:
+    """Singular values of the activations of every layer (index 0 = the input) and a figure of them.
+
+    ``singular_values[l]`` are those of ``H^(l)``, descending. ``residual[l] = ||H - 1 mean(H)||_F / ||H||_F``,
+    the relative distance of layer ``l`` from the nearest rank-one "all tokens equal" matrix.
+    ``figure`` plots ``sigma_i / sigma_1`` on a log axis for the layers in ``plot_layers``.
+    """
+
+    singular_values: Float[Tensor, "layer_plus_one k"]
+    residual: Float[Tensor, " layer_plus_one"]
+    plot_layers: tuple[int, ...]
+    figure: go.Figure
+
+    @property
+    def normalized(self) -> Float[Tensor, "layer_plus_one k"]:
+        """``sigma_i / sigma_1`` per layer."""
+        return self.singular_values / self.singular_values[:, :1]
+
+    def second_to_first(self, layer: int) -> float:
+        """``sigma_2 / sigma_1`` at ``layer`` (0 for a rank-one matrix)."""
+        return float(self.normalized[layer, 1]) if self.singular_values.shape[1] > 1 else 0.0
+
+
+def _forward(h: Tensor, n_layers: int, n_heads: int, d_head: int, g: torch.Generator) -> list[Tensor]:
+    d_model = h.shape[1]
+    acts = [h]
+    for _ in range(n_layers):
+        W_Q, W_K, W_V = (torch.randn(n_heads, d_model, d_head, generator=g, dtype=torch.float64) for _ in range(3))
+        W_O = torch.randn(n_heads * d_head, d_model, generator=g, dtype=torch.float64)
+        W_Q, W_K, W_V = (w / math.sqrt(d_model) for w in (W_Q, W_K, W_V))
+        W_O = W_O / math.sqrt(n_heads * d_head)
+        z = sdpa_torch(h @ W_Q, h @ W_K, h @ W_V)  # [head, n, d_head]
+        h = z.transpose(0, 1).reshape(h.shape[0], n_heads * d_head) @ W_O  # no residual, no MLP
+        acts.append(h)
+    return acts
+
+
+def _figure(normalized: Tensor, plot_layers: Sequence[int]) -> go.Figure:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    index = list(range(1, normalized.shape[1] + 1))
+    for layer in plot_layers:
+        # floor at 1e-300 so exact zeros stay on a log axis
+        values = normalized[layer].clamp_min(1e-300).tolist()
+        fig.add_trace(go.Scatter(x=index, y=values, mode="lines+markers", name=f"layer {layer}"))
+    fig.update_layout(
+        title="Rank collapse: singular values of a pure-attention stack, relative to the largest",
+        xaxis_title="singular value index i",
+        yaxis_title="sigma_i / sigma_1",
+        yaxis_type="log",
+        template="plotly_white",
+    )
+    return fig
+
+
+def rank_collapse(
+    n_layers: int = 50,
+    *,
+    n_tokens: int = 32,
+    d_model: int = 32,
+    n_heads: int = 4,
+    d_head: int = 8,
+    plot_layers: Sequence[int] = (1, 10, 25, 50),
+    seed: int = 0,
+) -> RankCollapse:
+    """Push a random ``[n_tokens, d_model]`` input through ``n_layers`` random attention-only layers.
+
+    Returns the singular values per layer (``torch.linalg.svdvals``) and a figure; writes no files.
+    """
+    n_layers = positive_int("n_layers", n_layers)
+    n_tokens = positive_int("n_tokens", n_tokens, minimum=2)
+    d_model = positive_int("d_model", d_model, minimum=2)
+    n_heads = positive_int("n_heads", n_heads)
+    d_head = positive_int("d_head", d_head)
+    plot_layers = tuple(plot_layers)
+    for layer in plot_layers:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
+            raise CircuitkitError(
+                f"plot_layers contains {layer!r}; expected layer indices in 0..{n_layers} (0 = input)."
+            )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise CircuitkitError(f"seed = {seed!r}; expected a non-negative integer.")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        h0 = torch.randn(n_tokens, d_model, generator=g, dtype=torch.float64)
+        acts = torch.stack(_forward(h0, n_layers, n_heads, d_head, g))  # [layer + 1, n, d_model]
+        sv = torch.linalg.svdvals(acts)
+        centred = acts - acts.mean(dim=1, keepdim=True)
+        residual = torch.linalg.matrix_norm(centred) / torch.linalg.matrix_norm(acts)
+    return RankCollapse(sv, residual, plot_layers, _figure(sv / sv[:, :1], plot_layers))
