@@ -110,9 +110,18 @@ def _gram_rows(F: Float[Tensor, "*b d_head d_model"]) -> Float[Tensor, "*b d_hea
 
 
 def _gram_root(G: Float[Tensor, "*b d_head d_head"]) -> Float[Tensor, "*b d_head d_head"]:
-    """An ``R`` with ``R.T @ R == G`` for symmetric PSD ``G`` (eigendecomposition in float64; works at any rank)."""
-    values, vectors = torch.linalg.eigh(G.double())
-    root = values.clamp_min(0).sqrt().unsqueeze(-1) * vectors.mT
+    """An ``R`` with ``R.T @ R == G`` for symmetric PSD ``G``, in float64.
+
+    Cholesky ``G = C C.T`` gives ``R = C.T``; where ``G`` is singular (a head of rank < d_head, or
+    ``d_head > d_model``) the eigendecomposition ``G = U diag(s) U.T`` gives ``R = diag(sqrt(s)) U.T``.
+    """
+    G64 = G.double()
+    factor, info = torch.linalg.cholesky_ex(G64)
+    root = factor.mT.contiguous()
+    singular = info != 0
+    if bool(singular.any()):
+        values, vectors = torch.linalg.eigh(G64[singular])
+        root[singular] = values.clamp_min(0).sqrt().unsqueeze(-1) * vectors.mT
     return root.to(G.dtype)
 
 

@@ -1,0 +1,141 @@
+"""Shared benchmark helpers: timing, peak memory of a child process, and table + JSON output.
+
+Every benchmark measures each contender in its own child process (``run_child``), so that one contender's
+peak memory cannot hide inside another's: the child reports its own ``ru_maxrss`` (the peak resident set
+of that process alone) and its resident set just before the measured call (weights built, nothing run),
+so ``peak - before`` is the working memory of the call itself. On CUDA the child reports
+``torch.cuda.max_memory_allocated`` instead.
+
+A benchmark script calls :func:`child_main` when started with ``--child <json>``; the JSON names a
+function of that script and its keyword arguments, and the function's returned dict is printed as the
+child's last output line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+CHILD_FLAG = "--child"
+_RESULT_PREFIX = "BENCHMARK-RESULT "
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def current_rss_bytes() -> int:
+    """This process's resident set size now (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (``ru_maxrss`` is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def format_bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_call(fn: Callable[[], Any], *, repeat: int = 3, device: str = "cpu") -> dict[str, float]:
+    """Wall-clock seconds of ``repeat`` calls of ``fn`` (device synchronised): best, median, first."""
+    times = []
+    for _ in range(repeat):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return {"best_s": min(times), "median_s": statistics.median(times), "first_s": times[0]}
+
+
+# ---------------------------------------------------------------------------------------------- children
+def run_child(script: str, function: str, timeout: float | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Run ``function(**kwargs)`` of ``script`` in a fresh Python process; return its result dict.
+
+    A failure (non-zero exit, e.g. killed for memory, or a timeout) comes back as ``{"error": ...}``.
+    """
+    payload = json.dumps({"function": function, "kwargs": kwargs})
+    try:
+        done = subprocess.run(
+            [sys.executable, script, CHILD_FLAG, payload], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(_RESULT_PREFIX):
+            return json.loads(line[len(_RESULT_PREFIX) :])
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return {"error": f"exit status {done.returncode}: {' | '.join(tail)}"}
+
+
+def child_main(functions: dict[str, Callable[..., dict[str, Any]]]) -> None:
+    """Entry point of a child process: run the named function and print its result as the last line."""
+    request = json.loads(sys.argv[sys.argv.index(CHILD_FLAG) + 1])
+    result = functions[request["function"]](**request["kwargs"])
+    print(_RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def memory_report(before: int, device: str) -> dict[str, int]:
+    """Peak memory of this (child) process: total, and above ``before`` (bytes)."""
+    if device.startswith("cuda"):
+        import torch
+
+        peak = torch.cuda.max_memory_allocated()
+        return {"peak_bytes": peak, "peak_above_inputs_bytes": peak - before, "memory_kind": "cuda allocated"}
+    peak = peak_rss_bytes()
+    return {"peak_bytes": peak, "peak_above_inputs_bytes": peak - before, "memory_kind": "process RSS"}
+
+
+def memory_now(device: str) -> int:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    return current_rss_bytes()
+
+
+# ---------------------------------------------------------------------------------------------- output
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], title: str = "") -> None:
+    """A plain-text table: ``columns`` are ``(key, header)`` pairs; values are printed with ``str``."""
+    cells = [[str(row.get(key, "-")) for key, _ in columns] for row in rows]
+    widths = [max(len(header), *(len(c[i]) for c in cells)) if cells else len(header)
+              for i, (_, header) in enumerate(columns)]
+    if title:
+        print(title)
+    print("  ".join(header.ljust(width) for (_, header), width in zip(columns, widths, strict=True)))
+    print("  ".join("-" * width for width in widths))
+    for row in cells:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def print_json(name: str, payload: Any) -> None:
+    """One JSON line, ``{"benchmark": name, ...payload}``, for machines to read."""
+    print(json.dumps({"benchmark": name, **payload}, sort_keys=True))
