@@ -1,0 +1,129 @@
+"""Turn circuitkit weights (a toy model, hand-built or read from anywhere) into a TransformerLens bridge.
+
+Why: every TransformerLens tool (``run_with_cache``, hooks, ``FactoredMatrix`` via ``.QK``/``.OV``,
+activation patching code written for TransformerLens) then runs on a circuit built by hand.
+
+How: ``transformer_lens.model_bridge.sources.native.boot`` builds a random-init attention-only TL-native
+model with no LayerNorm (``normalization_type=None``) and standard learned positions; its parameters are then
+overwritten. The native model's linear layers store ``nn.Linear`` weights ``[out, in]``, so per layer::
+
+    q.weight [head*d_head, d_model]     = W_Q[l] (head, d_model, d_head) -> permute to (head, d_head, d_model)
+    k/v.weight [kv*d_head, d_model]     = W_K/W_V[l] likewise
+    o.weight [d_model, head*d_head]     = W_O[l] (head, d_head, d_model) -> (head*d_head, d_model) -> transposed
+    tok_embed.weight = W_E, pos.weight = W_pos, head.weight = W_U.T, biases = b_* (zeros when absent)
+
+The native attention divides scores by ``sqrt(d_head)`` (or ``cfg.attn_scale``), applies the causal mask and a
+softmax, exactly the toy model's soft mode, so logits and cached activations agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from circuitkit.errors import CircuitkitError
+from circuitkit.weights import HeadWeights
+
+
+def to_bridge(model_or_weights: Any, *, device: str | torch.device | None = None) -> Any:
+    """A TransformerLens ``TransformerBridge`` computing the same function as the (soft) toy model.
+
+    ``model_or_weights``: an :class:`~circuitkit.models.AttentionOnlyModel` (its ``attn_scale`` is carried
+    over) or anything :meth:`HeadWeights.from_model` reads. The weights must include ``W_E`` and ``W_U``
+    (a bridge takes token ids); a missing ``W_pos`` becomes zeros with the model's ``n_ctx``.
+    Hard-attention models are refused: a bridge only does softmax attention.
+    """
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import boot
+
+    from circuitkit.models.toy import DEFAULT_N_CTX, AttentionOnlyModel
+
+    attn_scale = None
+    n_ctx = None
+    if isinstance(model_or_weights, AttentionOnlyModel):
+        if model_or_weights.cfg.attention != "soft":
+            raise CircuitkitError(
+                "to_bridge: given a model with hard (argmax) attention; expected soft attention, the only kind "
+                "a TransformerBridge computes. Use model.with_attention('soft')."
+            )
+        attn_scale = model_or_weights.cfg.attn_scale
+        n_ctx = model_or_weights.cfg.n_ctx
+    w = HeadWeights.from_model(model_or_weights)
+    missing = [name for name in ("W_E", "W_U") if getattr(w, name) is None]
+    if missing:
+        raise CircuitkitError(
+            f"to_bridge: given weights with no {' and '.join(missing)}; expected an embedding and an unembedding, "
+            "since a TransformerBridge takes token ids. Models on residual inputs run only as AttentionOnlyModel."
+        )
+    if w.W_pos is not None:
+        n_ctx = w.W_pos.shape[0]
+    n_ctx = n_ctx or DEFAULT_N_CTX
+    d_vocab = w.W_E.shape[0]
+    if w.W_U.shape[1] != d_vocab:
+        raise CircuitkitError(
+            f"to_bridge: W_E has {d_vocab} tokens but W_U has {w.W_U.shape[1]}; expected the same vocabulary."
+        )
+    extra = {} if attn_scale is None else {"use_attn_scale": True, "attn_scale": float(attn_scale)}
+    cfg = TransformerBridgeConfig(
+        n_layers=w.n_layers,
+        n_heads=w.n_heads,
+        d_model=w.d_model,
+        d_head=w.d_head,
+        d_vocab=d_vocab,
+        n_ctx=n_ctx,
+        attn_only=True,
+        normalization_type=None,
+        positional_embedding_type="standard",
+        n_key_value_heads=None if w.group_size == 1 else w.n_kv_heads,
+        seed=0,
+        **extra,
+    )
+    bridge = boot(cfg, dtype=w.dtype)
+    _load(bridge.original_model, w, n_ctx)
+    bridge.eval()
+    if device is not None:
+        bridge = bridge.to(device)
+    return bridge
+
+
+def _native_state(w: HeadWeights, n_ctx: int) -> dict[str, torch.Tensor]:
+    """The native model's parameters, by their names with the bridge's wrappers removed."""
+    L, H, d_model, d_head = w.W_Q.shape
+    G = w.n_kv_heads
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=w.dtype, device=w.device)
+
+    state = {
+        "tok_embed.weight": w.W_E,
+        "pos.weight": w.W_pos if w.W_pos is not None else zeros(n_ctx, d_model),
+        "head.weight": w.W_U.T,
+    }
+    for layer in range(L):
+        prefix = f"layers.{layer}.attn."
+        state[prefix + "q.weight"] = w.W_Q[layer].permute(0, 2, 1).reshape(H * d_head, d_model)
+        state[prefix + "k.weight"] = w.W_K[layer].permute(0, 2, 1).reshape(G * d_head, d_model)
+        state[prefix + "v.weight"] = w.W_V[layer].permute(0, 2, 1).reshape(G * d_head, d_model)
+        state[prefix + "o.weight"] = w.W_O[layer].reshape(H * d_head, d_model).T
+        for name, bias, size in (("q", w.b_Q, H * d_head), ("k", w.b_K, G * d_head), ("v", w.b_V, G * d_head)):
+            state[prefix + f"{name}.bias"] = zeros(size) if bias is None else bias[layer].reshape(size)
+        state[prefix + "o.bias"] = zeros(d_model) if w.b_O is None else w.b_O[layer]
+    return state
+
+
+def _load(native: torch.nn.Module, w: HeadWeights, n_ctx: int) -> None:
+    state = _native_state(w, n_ctx)
+    params = {name.replace("._original_component", ""): p for name, p in native.named_parameters()}
+    if set(params) != set(state):
+        raise CircuitkitError(  # a TransformerLens version whose native model is laid out differently
+            f"to_bridge: the TL-native model has parameters {sorted(set(params) ^ set(state))} that circuitkit "
+            "does not map; expected the layout of transformer-lens 4.3. Pin transformer-lens or report this."
+        )
+    with torch.no_grad():
+        for name, value in state.items():
+            if params[name].shape != value.shape:
+                raise CircuitkitError(
+                    f"to_bridge: parameter {name} has shape {tuple(params[name].shape)}; given {tuple(value.shape)}."
+                )
+            params[name].copy_(value)

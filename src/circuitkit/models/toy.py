@@ -1,0 +1,413 @@
+"""A runnable attention-only transformer for hand-built and loaded :class:`~circuitkit.HeadWeights`.
+
+Why it exists: circuitkit lets a user write a circuit's matrices by hand (``circuitkit.build``) and then
+*run* them, look at the attention patterns through TransformerLens-named hooks, and ablate heads. A
+``TransformerBridge`` can run such weights too (:func:`circuitkit.models.to_bridge`), but it cannot take
+residual-stream inputs directly, cannot do hard (argmax) attention, and costs seconds to build.
+
+The computation (row vectors, as TransformerLens; no LayerNorm, no MLPs)::
+
+    resid[0]   = W_E[tokens] + W_pos[:pos]        (or the given residual input [batch, pos, d_model])
+    q          = resid @ W_Q[l] + b_Q[l]          # [batch, pos, head,    d_head]
+    k, v       = resid @ W_K[l] + b_K[l], ...     # [batch, pos, kv_head, d_head]
+    scores     = q . k / attn_scale               # [batch, head, q_pos, k_pos], -inf above the diagonal
+    pattern    = softmax(scores)  or  hard(scores)
+    z          = pattern @ v                      # [batch, pos, head, d_head]
+    attn_out   = sum_h z[h] @ W_O[l, h] + b_O[l]  # [batch, pos, d_model]
+    resid[l+1] = resid[l] + attn_out
+    logits     = resid[L] @ W_U                   (or the final residual when there is no W_U)
+
+``attn_scale`` defaults to ``sqrt(d_head)``, as TransformerLens, so a bridge built from the same weights
+agrees with the soft model. Hard attention puts all the weight on the highest-scoring allowed key; exact
+ties share it equally, which is the limit of ``softmax(beta * scores)`` as ``beta -> inf``.
+
+Hook names and shapes follow TransformerLens: ``hook_embed``, ``hook_pos_embed``,
+``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_q/hook_k/hook_v`` ``[batch, pos, head, d_head]``,
+``blocks.{l}.attn.hook_attn_scores`` and ``hook_pattern`` ``[batch, head, q_pos, k_pos]``,
+``blocks.{l}.attn.hook_z`` ``[batch, pos, head, d_head]``, ``blocks.{l}.hook_attn_out``,
+``blocks.{l}.hook_resid_post``. (``hook_attn_scores`` holds the scaled scores with ``-inf`` above the
+diagonal, as TransformerLens's ``HookedTransformer``; TransformerLens 4.3's native bridge caches the pattern
+under that name instead.) A hook function is called ``fn(tensor, hook)``; ``hook.name`` is the hook's
+name and a returned tensor replaces the activation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from circuitkit.errors import CircuitkitError, describe
+from circuitkit.weights import HeadWeights
+
+AttentionMode = Literal["soft", "hard"]
+
+DEFAULT_N_CTX = 1024
+"""Context length of a model with no ``W_pos`` when none is given (only inputs longer than this are refused)."""
+
+
+def _softmax_pattern(scores: Tensor) -> Tensor:
+    return torch.softmax(scores, dim=-1)
+
+
+def _hard_pattern(scores: Tensor) -> Tensor:
+    best = scores.amax(dim=-1, keepdim=True)
+    winners = (scores == best).to(scores.dtype)
+    return winners / winners.sum(dim=-1, keepdim=True)
+
+
+_PATTERNS: dict[str, Callable[[Tensor], Tensor]] = {"soft": _softmax_pattern, "hard": _hard_pattern}
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """Shape and attention settings of an :class:`AttentionOnlyModel` (field names as TransformerLens's cfg).
+
+    ``d_vocab`` is ``None`` for a model with no embedding: it then takes residual inputs. ``attn_scale``
+    divides the attention scores (``sqrt(d_head)`` when ``None``). ``attention`` is ``"soft"`` (softmax) or
+    ``"hard"`` (argmax, ties shared equally).
+    """
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_head: int
+    d_vocab: int | None
+    n_ctx: int
+    n_key_value_heads: int | None = None
+    attention: AttentionMode = "soft"
+    attn_scale: float | None = None
+    attn_only: bool = True
+    normalization_type: None = None
+    default_prepend_bos: bool = False
+
+    @property
+    def scale(self) -> float:
+        """The divisor of the attention scores."""
+        return math.sqrt(self.d_head) if self.attn_scale is None else float(self.attn_scale)
+
+
+class HookPoint:
+    """The ``hook`` argument a hook function receives: carries the hook's ``name`` (as TransformerLens)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"HookPoint({self.name!r})"
+
+
+class ToyCache(dict):
+    """Activations by hook name; also indexable TransformerLens-style: ``cache["pattern", 0]``."""
+
+    def __getitem__(self, key: str | tuple[str, int]) -> Tensor:
+        if isinstance(key, tuple):
+            name, layer = key
+            attn_names = {"q", "k", "v", "z", "attn_scores", "pattern"}
+            key = f"blocks.{layer}.attn.hook_{name}" if name in attn_names else f"blocks.{layer}.hook_{name}"
+        return super().__getitem__(key)
+
+
+HookFn = Callable[[Tensor, HookPoint], Tensor | None]
+NameFilter = str | Sequence[str] | Callable[[str], bool] | None
+
+
+class AttentionOnlyModel:
+    """An attention-only transformer that runs any :class:`HeadWeights` (see the module docstring).
+
+    ``AttentionOnlyModel(weights, attention="soft", n_ctx=None, attn_scale=None)``. ``weights`` may be
+    :class:`HeadWeights` or any model :meth:`HeadWeights.from_model` reads (a ``TransformerBridge`` too: its
+    LayerNorms and MLPs are not carried over). Without ``W_E`` the model takes residual inputs
+    ``[batch, pos, d_model]``; without ``W_U`` :meth:`forward` returns the final residual stream.
+    """
+
+    def __init__(
+        self,
+        weights: Any,
+        *,
+        attention: AttentionMode = "soft",
+        n_ctx: int | None = None,
+        attn_scale: float | None = None,
+    ) -> None:
+        w = HeadWeights.from_model(weights)
+        if attention not in _PATTERNS:
+            raise CircuitkitError(
+                f"AttentionOnlyModel: given attention={attention!r}; expected one of {sorted(_PATTERNS)}."
+            )
+        if attn_scale is not None and not (isinstance(attn_scale, (int, float)) and attn_scale > 0):
+            raise CircuitkitError(
+                f"AttentionOnlyModel: given attn_scale={attn_scale!r}; expected a positive number "
+                "(None for sqrt(d_head))."
+            )
+        if w.W_pos is not None:
+            if n_ctx is not None and n_ctx != w.W_pos.shape[0]:
+                raise CircuitkitError(
+                    f"AttentionOnlyModel: given n_ctx={n_ctx} but W_pos has {w.W_pos.shape[0]} positions; "
+                    "expected them to agree (leave n_ctx as None to use W_pos's)."
+                )
+            n_ctx = w.W_pos.shape[0]
+        elif n_ctx is None:
+            n_ctx = DEFAULT_N_CTX
+        if not isinstance(n_ctx, int) or n_ctx < 1:
+            raise CircuitkitError(f"AttentionOnlyModel: given n_ctx={n_ctx!r}; expected a positive int.")
+        if w.W_U is not None and w.W_E is not None and w.W_U.shape[1] != w.W_E.shape[0]:
+            raise CircuitkitError(
+                f"AttentionOnlyModel: W_E has {w.W_E.shape[0]} tokens but W_U has {w.W_U.shape[1]}; "
+                "expected the same vocabulary."
+            )
+        self._weights = w
+        d_vocab = w.d_vocab if w.d_vocab is not None else (None if w.W_U is None else w.W_U.shape[1])
+        self.cfg = ToyConfig(
+            n_layers=w.n_layers,
+            n_heads=w.n_heads,
+            d_model=w.d_model,
+            d_head=w.d_head,
+            d_vocab=d_vocab,
+            n_ctx=n_ctx,
+            n_key_value_heads=None if w.group_size == 1 else w.n_kv_heads,
+            attention=attention,
+            attn_scale=attn_scale,
+        )
+
+    # ------------------------------------------------------------------ weights, TransformerLens shapes
+    def head_weights(self) -> HeadWeights:
+        return self._weights
+
+    @property
+    def W_Q(self) -> Float[Tensor, "layer head d_model d_head"]:
+        return self._weights.W_Q
+
+    @property
+    def W_K(self) -> Float[Tensor, "layer kv_head d_model d_head"]:
+        """One entry per key/value group (``kv_head == head`` without grouped-query attention), as the bridge."""
+        return self._weights.W_K
+
+    @property
+    def W_V(self) -> Float[Tensor, "layer kv_head d_model d_head"]:
+        return self._weights.W_V
+
+    @property
+    def W_O(self) -> Float[Tensor, "layer head d_head d_model"]:
+        return self._weights.W_O
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"] | None:
+        return self._weights.W_E
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"] | None:
+        return self._weights.W_U
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"] | None:
+        return self._weights.W_pos
+
+    @property
+    def device(self) -> torch.device:
+        return self._weights.device
+
+    def to(self, device: str | torch.device) -> AttentionOnlyModel:
+        """A copy on ``device`` (same settings)."""
+        return AttentionOnlyModel(
+            self._weights.to(device), attention=self.cfg.attention, n_ctx=self.cfg.n_ctx,
+            attn_scale=self.cfg.attn_scale,
+        )
+
+    def with_attention(self, attention: AttentionMode) -> AttentionOnlyModel:
+        """The same weights with ``"soft"`` or ``"hard"`` attention."""
+        return AttentionOnlyModel(
+            self._weights, attention=attention, n_ctx=self.cfg.n_ctx, attn_scale=self.cfg.attn_scale
+        )
+
+    def hook_names(self) -> list[str]:
+        """Every hook point, in the order they fire."""
+        names = ["hook_embed", "hook_pos_embed"]
+        for layer in range(self.cfg.n_layers):
+            names += [
+                f"blocks.{layer}.hook_resid_pre",
+                *(f"blocks.{layer}.attn.hook_{n}" for n in ("q", "k", "v", "attn_scores", "pattern", "z")),
+                f"blocks.{layer}.hook_attn_out",
+                f"blocks.{layer}.hook_resid_post",
+            ]
+        return names
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (
+            f"AttentionOnlyModel(layers={c.n_layers}, heads={c.n_heads}, d_model={c.d_model}, d_head={c.d_head}, "
+            f"d_vocab={c.d_vocab}, n_ctx={c.n_ctx}, attention={c.attention!r})"
+        )
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, tokens: Tensor) -> Tensor:
+        return self.forward(tokens)
+
+    def forward(
+        self, tokens: Int[Tensor, "batch pos"] | Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos d_vocab"]:
+        """Logits ``[batch, pos, d_vocab]`` (the final residual ``[batch, pos, d_model]`` without ``W_U``)."""
+        return self._run(tokens, {})
+
+    def run_with_hooks(
+        self,
+        tokens: Tensor,
+        fwd_hooks: Iterable[tuple[str | Callable[[str], bool], HookFn]] = (),
+    ) -> Tensor:
+        """Run with ``fwd_hooks = [(name or name_filter, fn), ...]``; ``fn(tensor, hook)`` may return a replacement."""
+        return self._run(tokens, self._resolve_hooks(fwd_hooks))
+
+    def run_with_cache(self, tokens: Tensor, names_filter: NameFilter = None) -> tuple[Tensor, ToyCache]:
+        """``(logits, cache)``: ``cache`` maps hook names (those ``names_filter`` keeps) to activations."""
+        keep = self._name_filter(names_filter)
+        cache = ToyCache()
+
+        def save(tensor: Tensor, hook: HookPoint) -> None:
+            cache[hook.name] = tensor.detach()
+
+        hooks = {name: [save] for name in self.hook_names() if keep(name)}
+        logits = self._run(tokens, hooks)
+        return logits, cache
+
+    # ------------------------------------------------------------------ internals
+    def _name_filter(self, names_filter: NameFilter) -> Callable[[str], bool]:
+        if names_filter is None:
+            return lambda name: True
+        if isinstance(names_filter, str):
+            self._check_names([names_filter])
+            return lambda name: name == names_filter
+        if callable(names_filter):
+            return names_filter
+        wanted = set(names_filter)
+        self._check_names(wanted)
+        return lambda name: name in wanted
+
+    def _check_names(self, names: Iterable[str]) -> None:
+        known = set(self.hook_names())
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise CircuitkitError(
+                f"AttentionOnlyModel: given unknown hook names {unknown}; expected names from "
+                f"model.hook_names(), e.g. 'blocks.0.attn.hook_pattern'."
+            )
+
+    def _resolve_hooks(self, fwd_hooks) -> dict[str, list[HookFn]]:
+        hooks: dict[str, list[HookFn]] = {}
+        for entry in fwd_hooks:
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
+                raise CircuitkitError(
+                    f"run_with_hooks: given hook entry {describe(entry)}; expected (name, fn) with fn(tensor, hook)."
+                )
+            name, fn = entry
+            if isinstance(name, str):
+                self._check_names([name])
+                names = [name]
+            elif callable(name):
+                names = [n for n in self.hook_names() if name(n)]
+            else:
+                raise CircuitkitError(
+                    f"run_with_hooks: given hook name {describe(name)}; expected a str or a filter fn(name) -> bool."
+                )
+            for n in names:
+                hooks.setdefault(n, []).append(fn)
+        return hooks
+
+    def _embed(self, tokens: Tensor, hooks: dict[str, list[HookFn]]) -> Tensor:
+        w, cfg = self._weights, self.cfg
+        if not isinstance(tokens, Tensor):
+            raise CircuitkitError(f"AttentionOnlyModel: given {describe(tokens)}; expected a torch.Tensor.")
+        if w.W_E is not None:
+            if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+                raise CircuitkitError(
+                    f"AttentionOnlyModel: given {describe(tokens)}; expected integer token ids [batch, pos] "
+                    "(this model has an embedding W_E)."
+                )
+            if tokens.ndim == 1:
+                tokens = tokens[None]
+            if tokens.ndim != 2:
+                raise CircuitkitError(
+                    f"AttentionOnlyModel: given tokens of shape {tuple(tokens.shape)}; expected [batch, pos]."
+                )
+            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= cfg.d_vocab):
+                raise CircuitkitError(
+                    f"AttentionOnlyModel: given token ids in [{int(tokens.min())}, {int(tokens.max())}]; "
+                    f"expected ids in [0, {cfg.d_vocab})."
+                )
+            resid = self._hook(hooks, "hook_embed", w.W_E[tokens.to(w.device)])
+        else:
+            if not tokens.is_floating_point():
+                raise CircuitkitError(
+                    f"AttentionOnlyModel: given {describe(tokens)}; expected a float residual input "
+                    f"[batch, pos, {cfg.d_model}] (this model has no W_E, so it takes residual vectors)."
+                )
+            if tokens.ndim != 3 or tokens.shape[-1] != cfg.d_model:
+                raise CircuitkitError(
+                    f"AttentionOnlyModel: given {describe(tokens)}; expected shape [batch, pos, {cfg.d_model}]."
+                )
+            if not bool(torch.isfinite(tokens).all()):
+                raise CircuitkitError("AttentionOnlyModel: given a residual input with NaN/inf; expected finite.")
+            resid = self._hook(hooks, "hook_embed", tokens.to(device=w.device, dtype=w.dtype))
+        pos = resid.shape[1]
+        if pos > cfg.n_ctx:
+            raise CircuitkitError(
+                f"AttentionOnlyModel: given {pos} positions; expected at most n_ctx={cfg.n_ctx}."
+            )
+        if w.W_pos is not None:
+            pos_embed = w.W_pos[:pos].expand(resid.shape[0], pos, cfg.d_model)
+            resid = resid + self._hook(hooks, "hook_pos_embed", pos_embed)
+        return resid
+
+    @staticmethod
+    def _hook(hooks: dict[str, list[HookFn]], name: str, tensor: Tensor) -> Tensor:
+        for fn in hooks.get(name, ()):
+            out = fn(tensor, HookPoint(name))
+            if out is not None:
+                if not isinstance(out, Tensor) or out.shape != tensor.shape:
+                    raise CircuitkitError(
+                        f"hook on {name}: returned {describe(out)}; expected a tensor of shape "
+                        f"{tuple(tensor.shape)} (or None to keep the activation)."
+                    )
+                tensor = out
+        return tensor
+
+    def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]]) -> Tensor:
+        w, cfg = self._weights, self.cfg
+        pattern_fn = _PATTERNS[cfg.attention]
+        with torch.no_grad():
+            resid = self._embed(tokens, hooks)
+            pos = resid.shape[1]
+            future = torch.triu(torch.ones(pos, pos, dtype=torch.bool, device=w.device), diagonal=1)
+            for layer in range(cfg.n_layers):
+                prefix, attn = f"blocks.{layer}.", f"blocks.{layer}.attn."
+                resid = self._hook(hooks, prefix + "hook_resid_pre", resid)
+                q = torch.einsum("bpm,hmd->bphd", resid, w.W_Q[layer])
+                k = torch.einsum("bpm,gmd->bpgd", resid, w.W_K[layer])
+                v = torch.einsum("bpm,gmd->bpgd", resid, w.W_V[layer])
+                if w.b_Q is not None:
+                    q = q + w.b_Q[layer]
+                if w.b_K is not None:
+                    k = k + w.b_K[layer]
+                if w.b_V is not None:
+                    v = v + w.b_V[layer]
+                q = self._hook(hooks, attn + "hook_q", q)
+                k = self._hook(hooks, attn + "hook_k", k)
+                v = self._hook(hooks, attn + "hook_v", v)
+                k_full = k.repeat_interleave(w.group_size, dim=2)  # [batch, pos, head, d_head]
+                v_full = v.repeat_interleave(w.group_size, dim=2)
+                scores = torch.einsum("bqhd,bkhd->bhqk", q, k_full) / cfg.scale
+                scores = scores.masked_fill(future, float("-inf"))
+                scores = self._hook(hooks, attn + "hook_attn_scores", scores)
+                pattern = self._hook(hooks, attn + "hook_pattern", pattern_fn(scores))
+                z = self._hook(hooks, attn + "hook_z", torch.einsum("bhqk,bkhd->bqhd", pattern, v_full))
+                attn_out = torch.einsum("bqhd,hdm->bqm", z, w.W_O[layer])
+                if w.b_O is not None:
+                    attn_out = attn_out + w.b_O[layer]
+                attn_out = self._hook(hooks, prefix + "hook_attn_out", attn_out)
+                resid = self._hook(hooks, prefix + "hook_resid_post", resid + attn_out)
+            return resid if w.W_U is None else resid @ w.W_U
