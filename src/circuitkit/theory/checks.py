@@ -174,12 +174,16 @@ def softmax_jacobian(z: Float[Tensor, " n"] | Sequence[float]) -> Float[Tensor, 
 
     For ``z = (-3, 1, 100, 5, -1)`` (seed 003 problem 12.4) every entry is below 1e-40: one input dominates,
     the softmax saturates and passes back (almost) no gradient. ``||J||_F <= n * eps`` when the largest weight
-    is ``> 1 - eps`` (seed 004 part 1a).
+    is ``> 1 - eps`` (seed 004 part 1a). The diagonal uses ``a_i * sum_{j != i} a_j`` so the saturated entry
+    stays accurate (``a_i - a_i^2`` and autograd both round it to 0).
     """
     z = torch.as_tensor(z, dtype=torch.float64) if not isinstance(z, Tensor) else z.to(torch.float64)
     float_tensor("z", z, ndim=1)
     a = z.softmax(dim=0)
-    return torch.diag(a) - torch.outer(a, a)
+    off_diagonal = ~torch.eye(len(a), dtype=torch.bool)
+    # 1 - a_i as the sum of the other weights: no cancellation when a_i rounds to 1 (the saturated case)
+    one_minus_a = (a[None, :] * off_diagonal).sum(dim=1)
+    return torch.where(off_diagonal, -torch.outer(a, a), torch.diag(a * one_minus_a))
 
 
 # ------------------------------------------------------------------------------------------------ rank
