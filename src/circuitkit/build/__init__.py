@@ -3,7 +3,7 @@
 - :class:`Subspace`, :class:`ResidualLayout` (``build.subspace``): which residual dims mean what.
 - :class:`QK`, :class:`OV`, :class:`HeadSpec`, :func:`copy_ov`, :func:`match_qk`, :func:`previous_token_qk`,
   :func:`key_bias_qk`, :class:`PositionCode` (``build.heads``): heads from matrices.
-- :func:`assemble`, :func:`assemble_weights` (``build.assemble``): heads -> HeadWeights / AttentionOnlyModel.
+- :func:`assemble`, :func:`assemble_weights` (``build.assembly``): heads -> HeadWeights / AttentionOnlyModel.
 - :func:`virtual_head_exercise` (``build.exercises``): Transformer Circuits exercise 1, runnable.
 - :func:`induction_circuit`, :func:`repeated_tokens` (``build.induction``): a two-layer induction circuit.
 """
@@ -25,8 +25,8 @@ _LAZY = {
     "match_qk": "circuitkit.build.heads",
     "key_bias_qk": "circuitkit.build.heads",
     "previous_token_qk": "circuitkit.build.heads",
-    "assemble": "circuitkit.build.assemble",
-    "assemble_weights": "circuitkit.build.assemble",
+    "assemble": "circuitkit.build.assembly",
+    "assemble_weights": "circuitkit.build.assembly",
     "virtual_head_exercise": "circuitkit.build.exercises",
     "VirtualHeadExercise": "circuitkit.build.exercises",
     "previous_token_pattern": "circuitkit.build.exercises",

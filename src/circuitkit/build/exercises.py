@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from circuitkit.build.assemble import assemble
+from circuitkit.build.assembly import assemble
 from circuitkit.build.heads import OV, HeadSpec, copy_ov
 from circuitkit.build.subspace import ResidualLayout
 from circuitkit.errors import CircuitkitError, describe

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from circuitkit.build.assemble import assemble
+from circuitkit.build.assembly import assemble
 from circuitkit.build.heads import HeadSpec, PositionCode, copy_ov, key_bias_qk, match_qk, previous_token_qk
 from circuitkit.build.subspace import ResidualLayout
 from circuitkit.errors import CircuitkitError

@@ -1,7 +1,9 @@
 """Assemble hand-built heads into :class:`HeadWeights` and a runnable :class:`AttentionOnlyModel`.
 
 Each :class:`~circuitkit.build.heads.HeadSpec` of rank ``r <= d_head`` is padded with zero columns (rows for
-``W_O``) to ``d_head``; padding changes no score and no output. Layers with fewer heads than the widest layer
+``W_O``) to ``d_head``; padding changes no raw score ``q . k`` and no output, but the model divides scores by
+``sqrt(d_head)`` (as TransformerLens), so under soft attention a larger ``d_head`` flattens the patterns unless
+``attn_scale`` is pinned. Hard attention does not depend on the scale. Layers with fewer heads than the widest layer
 get empty heads (zero weights: uniform attention, no output).
 """
 
@@ -97,7 +99,11 @@ def assemble(
     W_pos: Tensor | None = None,
     attention: AttentionMode = "soft",
     n_ctx: int | None = None,
+    attn_scale: float | None = None,
 ) -> AttentionOnlyModel:
-    """:func:`assemble_weights`, run as an :class:`AttentionOnlyModel` with ``"soft"`` or ``"hard"`` attention."""
+    """:func:`assemble_weights`, run as an :class:`AttentionOnlyModel` with ``"soft"`` or ``"hard"`` attention.
+
+    ``attn_scale`` divides the scores (``sqrt(d_head)`` when ``None``).
+    """
     weights = assemble_weights(layers, d_model=d_model, d_head=d_head, W_E=W_E, W_U=W_U, W_pos=W_pos)
-    return AttentionOnlyModel(weights, attention=attention, n_ctx=n_ctx)
+    return AttentionOnlyModel(weights, attention=attention, n_ctx=n_ctx, attn_scale=attn_scale)
