@@ -75,6 +75,18 @@ def test_cross_attention_with_different_lengths_and_custom_scale():
     torch.testing.assert_close(sdpa_torch(q, k, v, scale=0.3), ref, atol=FLOAT64_TOL, rtol=FLOAT64_TOL)
 
 
+def test_causal_cross_attention_is_top_left_aligned_like_torch():
+    q, k, v = _randn(4, 3, seed=14), _randn(6, 3, seed=15), _randn(6, 2, seed=16)
+    ref = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
+    torch.testing.assert_close(sdpa_torch(q, k, v, causal=True), ref, atol=FLOAT64_TOL, rtol=FLOAT64_TOL)
+
+
+def test_float32_inputs_match_torch_reference():
+    q, k, v = (_randn(2, 5, 4, seed=s).float() for s in (17, 18, 19))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(sdpa_torch(q, k, v, causal=True), ref)  # float32 default tolerances
+
+
 def test_pattern_rows_sum_to_one_and_masked_entries_are_exactly_zero():
     q, k = _randn(2, 5, 4, seed=10), _randn(2, 5, 4, seed=11)
     pad = _padding(2, 5, [5, 2])
@@ -105,6 +117,14 @@ def test_seed_002_ex_13_11_identity_inputs():
             lambda: sdpa_torch(torch.ones(3, 4, dtype=torch.int64), _randn(3, 4), _randn(3, 2)),
             "floating-point",
             id="int-dtype",
+        ),
+        pytest.param(
+            lambda: sdpa_torch(_randn(3, 4).float(), _randn(3, 4), _randn(3, 2)), "dtypes differ", id="dtype-mix"
+        ),
+        pytest.param(
+            lambda: multi_head_attention(_randn(1, 3, 8).float(), *_weights(2, 2, 8, 4)),
+            "dtypes differ",
+            id="mha-dtype-mix",
         ),
         pytest.param(
             lambda: sdpa_torch(torch.full((3, 4), float("nan")), _randn(3, 4).float(), _randn(3, 2).float()),

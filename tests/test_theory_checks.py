@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
 
 from circuitkit import CircuitkitError
 from circuitkit.theory import (
@@ -17,6 +18,7 @@ from circuitkit.theory import (
     layernorm_output_norm,
     linear_attention_gap,
     linear_attention_gd,
+    linear_attention_linear,
     linear_attention_quadratic,
     permutation_equivariance_error,
     self_attention,
@@ -81,6 +83,15 @@ def test_dot_product_variance_is_d_k(d_k):
     assert stats.closed_form_variance == d_k
     assert abs(stats.variance / d_k - 1) < MC_SIGMAS * stats.relative_standard_error
     assert abs(stats.mean) < MC_SIGMAS * math.sqrt(d_k / stats.n_samples)
+
+
+def test_dot_product_variance_in_small_chunks_is_still_d_k(monkeypatch):
+    """Memory is bounded by drawing in chunks; 7 rows per chunk (with a remainder) still measures d_k."""
+    import circuitkit.theory.checks as checks
+
+    monkeypatch.setattr(checks, "_CHUNK_ELEMENTS", 8 * 7)
+    stats = dot_product_variance(8, n_samples=20_001, seed=3)
+    assert abs(stats.variance / 8 - 1) < MC_SIGMAS * stats.relative_standard_error
 
 
 @pytest.mark.parametrize("d_k", [1, 8, 64])
@@ -224,6 +235,24 @@ def test_quadratic_linear_attention_matches_the_seed_formula_elementwise():
         for m in range(5):
             expected[n] += sims[m] / sims.sum() * v[m]
     torch.testing.assert_close(linear_attention_quadratic(q, k, v), expected, atol=FLOAT64_TOL, rtol=0)
+
+
+def _matmul_flops(fn, n: int) -> int:
+    q, k, v = _randn(n, 8, seed=14), _randn(n, 8, seed=15), _randn(n, 4, seed=16)
+    with FlopCounterMode(display=False) as counter:
+        fn(q, k, v)
+    return counter.get_total_flops()
+
+
+def test_linear_form_costs_grow_linearly_and_quadratic_form_quadratically():
+    """Counted matmul FLOPs: O(N d_k d_v) against O(N^2 (d_k + d_v)); doubling N doubles or quadruples them."""
+    n = 64
+    lin = [_matmul_flops(linear_attention_linear, m) for m in (n, 2 * n)]
+    quad = [_matmul_flops(linear_attention_quadratic, m) for m in (n, 2 * n)]
+    assert lin[1] == 2 * lin[0]
+    assert quad[1] == 4 * quad[0]
+    assert quad[0] == 2 * (n * n * 8 + n * n * 4)  # g(q) g(k)^T and the weighted sum of v
+    assert lin[0] == 2 * (n * 8 * 4 + n * 8 * 4 + n * 8)  # g(k)^T v, g(q) S and g(q) z
 
 
 def test_unknown_feature_map_is_rejected():

@@ -122,6 +122,13 @@ def sdpa_numpy(
 
 
 # ----------------------------------------------------------------------------------------------- torch
+def _same_dtype(**tensors: Tensor) -> None:
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        given = ", ".join(f"{name}: {dtype}" for name, dtype in dtypes.items())
+        raise CircuitkitError(f"dtypes differ ({given}); expected one dtype. Cast with .to(dtype).")
+
+
 def pattern_torch(
     q: Float[Tensor, "*batch n_q d_k"],
     k: Float[Tensor, "*batch n_k d_k"],
@@ -134,6 +141,7 @@ def pattern_torch(
     float_tensor("q", q, ndim_min=2)
     float_tensor("k", k, ndim_min=2)
     same("q", q.shape[-1], "k", k.shape[-1], "last-axis size d_k")
+    _same_dtype(q=q, k=k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = q @ k.transpose(-1, -2) * scale
     n_q, n_k = scores.shape[-2:]
@@ -169,8 +177,10 @@ def sdpa_torch(
     Matches ``F.scaled_dot_product_attention(q, k, v, attn_mask=~key_padding_mask[..., None, :],
     is_causal=causal)`` (tested).
     """
-    float_tensor("v", v, ndim_min=2)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        float_tensor(name, t, ndim_min=2)
     _qkv_sizes(q.shape, k.shape, v.shape)
+    _same_dtype(q=q, k=k, v=v)
     return pattern_torch(q, k, causal=causal, key_padding_mask=key_padding_mask, scale=scale) @ v
 
 
@@ -194,6 +204,7 @@ def _check_mha_weights(x: Tensor, W_Q: Tensor, W_K: Tensor, W_V: Tensor, W_O: Te
     float_tensor("x", x, ndim=3)
     for name, w in (("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V), ("W_O", W_O)):
         float_tensor(name, w, ndim=3)
+    _same_dtype(x=x, W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O)
     n_heads, d_model, d_head = W_Q.shape
     n_kv = W_K.shape[0]
     same("x", x.shape[-1], "W_Q", d_model, "d_model")
@@ -319,6 +330,7 @@ def linear_attention_quadratic(
     for name, t in (("q", q), ("k", k), ("v", v)):
         float_tensor(name, t, ndim_min=2)
     _qkv_sizes(q.shape, k.shape, v.shape)
+    _same_dtype(q=q, k=k, v=v)
     a = g(q) @ g(k).transpose(-1, -2)  # [..., n_q, n_k]
     if causal:
         same("q", q.shape[-2], "k", k.shape[-2], "position count (causal needs self-attention)")
@@ -343,6 +355,7 @@ def linear_attention_linear(
     for name, t in (("q", q), ("k", k), ("v", v)):
         float_tensor(name, t, ndim_min=2)
     _qkv_sizes(q.shape, k.shape, v.shape)
+    _same_dtype(q=q, k=k, v=v)
     gq, gk = g(q), g(k)
     if not causal:
         S = gk.transpose(-1, -2) @ v  # [..., d_k, d_v]

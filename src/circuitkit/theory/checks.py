@@ -56,6 +56,15 @@ __all__ = [
 ]
 
 
+_CHUNK_ELEMENTS = 2**21  # 16 MiB of float64 per drawn tensor, whatever n_samples is
+
+
+def _chunks(n_rows: int, row_size: int) -> list[int]:
+    """Row counts that split ``n_rows`` rows of ``row_size`` numbers into bounded-memory chunks."""
+    step = max(1, _CHUNK_ELEMENTS // row_size)
+    return [min(step, n_rows - start) for start in range(0, n_rows, step)]
+
+
 def _generator(seed: int) -> torch.Generator:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise CircuitkitError(f"seed = {seed!r}; expected a non-negative integer.")
@@ -140,12 +149,18 @@ def dot_product_variance(
     d_k = positive_int("d_k", d_k)
     n_samples = positive_int("n_samples", n_samples, minimum=2)
     g = _generator(seed)
-    q = torch.randn(n_samples, d_k, generator=g, dtype=torch.float64)
-    k = torch.randn(n_samples, d_k, generator=g, dtype=torch.float64)
-    s = (q * k).sum(dim=-1)
-    if scaled:
-        s = s / math.sqrt(d_k)
-    return DotProductStats(d_k, scaled, n_samples, float(s.mean()), float(s.var()))
+    total = total_sq = 0.0
+    for rows in _chunks(n_samples, d_k):
+        q = torch.randn(rows, d_k, generator=g, dtype=torch.float64)
+        k = torch.randn(rows, d_k, generator=g, dtype=torch.float64)
+        s = (q * k).sum(dim=-1)
+        if scaled:
+            s = s / math.sqrt(d_k)
+        total += float(s.sum())
+        total_sq += float((s * s).sum())
+    mean = total / n_samples
+    variance = (total_sq - n_samples * mean * mean) / (n_samples - 1)  # mean ~ 0: no harmful cancellation
+    return DotProductStats(d_k, scaled, n_samples, mean, variance)
 
 
 def softmax_saturation(
@@ -161,12 +176,15 @@ def softmax_saturation(
     n_keys = positive_int("n_keys", n_keys, minimum=2)
     n_samples = positive_int("n_samples", n_samples)
     g = _generator(seed)
-    q = torch.randn(n_samples, 1, d_k, generator=g, dtype=torch.float64)
-    k = torch.randn(n_samples, n_keys, d_k, generator=g, dtype=torch.float64)
-    scores = (q * k).sum(dim=-1)
-    if scaled:
-        scores = scores / math.sqrt(d_k)
-    return float(scores.softmax(dim=-1).max(dim=-1).values.mean())
+    total = 0.0
+    for rows in _chunks(n_samples, n_keys * d_k):
+        q = torch.randn(rows, 1, d_k, generator=g, dtype=torch.float64)
+        k = torch.randn(rows, n_keys, d_k, generator=g, dtype=torch.float64)
+        scores = (q * k).sum(dim=-1)
+        if scaled:
+            scores = scores / math.sqrt(d_k)
+        total += float(scores.softmax(dim=-1).max(dim=-1).values.sum())
+    return total / n_samples
 
 
 def softmax_jacobian(z: Float[Tensor, " n"] | Sequence[float]) -> Float[Tensor, "n n"]:
