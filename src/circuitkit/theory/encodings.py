@@ -113,7 +113,7 @@ def rope(
         raise CircuitkitError(
             f"positions has shape {tuple(pos.shape)}; expected one position per row of x, i.e. ({n_pos},)."
         )
-    angles = _rope_angles(pos, d, base)  # [pos, pair]
+    angles = _rope_angles(pos, d, base).to(x.device)  # [pos, pair]
     c, s = angles.cos(), angles.sin()
     xd = x.to(torch.float64)
     even, odd = xd[..., 0::2], xd[..., 1::2]
