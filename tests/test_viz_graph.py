@@ -68,3 +68,14 @@ def test_no_edges_still_draws_the_heads():
 def test_rejects_bad_edges(edges, kwargs, message):
     with pytest.raises(CircuitkitError, match=message):
         composition_graph(edges, **kwargs)
+
+
+def test_edges_from_circuitkit_top_edges():
+    from circuitkit.composition import composition_scores, top_edges
+    from tests.conftest import random_weights
+
+    weights = random_weights(n_layers=3, n_heads=2, d_model=16, d_head=4, seed=5)
+    edges = {mode: top_edges(composition_scores(weights, mode), k=4) for mode in ("K", "V")}
+    figure = composition_graph(edges, n_layers=3, n_heads=2)
+    shown = [(trace.name, trace.customdata[0]) for trace in figure.data[:-1]]
+    assert shown == [(f"{mode} {edge.name}", edge.score) for mode in ("K", "V") for edge in edges[mode]]

@@ -108,3 +108,17 @@ def test_composition_heatmap_without_baseline_is_sequential():
 def test_composition_heatmap_rejects_bad_input(scores, baseline, message):
     with pytest.raises(CircuitkitError, match=message):
         composition_heatmap(scores, baseline=baseline)
+
+
+def test_composition_heatmap_of_circuitkit_scores_and_baseline():
+    from circuitkit.composition import composition_baseline, composition_scores
+    from tests.conftest import random_weights
+
+    weights = random_weights(n_layers=2, n_heads=3, d_model=16, d_head=4, seed=7)
+    scores = composition_scores(weights, "V")
+    baseline = composition_baseline(weights, "V")
+    trace = composition_heatmap(scores, baseline=baseline, mode="V").data[0]
+    z = np.asarray(trace.z, dtype=np.float32)
+    np.testing.assert_array_equal(z[:3, 3:], scores[0, :, 1, :].numpy())
+    assert np.isnan(z[3:, :]).all() and np.isnan(z[:3, :3]).all()
+    assert trace.zmid == pytest.approx(baseline.mean)
