@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from circuitkit.report import CHROMIUM_FLAGS, build_report, export_pngs, find_chromium, write_report
+from tests.test_cli import hf_dir  # noqa: F401  (fixture: a tiny local Hugging Face GPT-2)
 from tests.test_report import GZIP_MIME, synthetic_results
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -145,3 +146,21 @@ def test_png_export_of_every_figure(tmp_path):
     for path in paths:
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2_000, path.name
+
+
+def test_scan_report_of_a_real_model_draws(browser, hf_dir, tmp_path):  # noqa: F811
+    """End to end: `circuitkit scan` on a local Hugging Face model, then the browser checks on its report."""
+    from circuitkit.cli import main
+
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--batch", "2", "--seq-len", "5"]) == 0
+    events = _open(browser, tmp_path / "report.html")
+    page = events["page"]
+    try:
+        assert events["ready"] == "true"
+        assert events["errors"] == [] and events["blocked"] == []
+        page.wait_for_function(
+            "document.querySelectorAll('.ck-circuitsvis canvas').length > 0", timeout=READY_TIMEOUT_MS
+        )
+        assert min(page.evaluate(_CANVAS_COLOURS)) >= MIN_CANVAS_COLOURS
+    finally:
+        page.close()
