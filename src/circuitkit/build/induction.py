@@ -19,7 +19,7 @@ Heads (row convention, shapes ``[d_model, r]``)::
     1.0 induction       QK: W_Q = tok.T * s1, W_K = prev.T                 score = s1 * [tok_i == tok_{j-1}]
                             + b_Q = -2 s1 on W_K = first.T                 keep off position 0
                         OV: W_V = tok.T, W_O = out                         out[i] <- tok[j]
-    logits = resid @ out.T                                                 the copied token's logit is 1
+    logits = logit_scale * resid @ out.T                                   the copied token's logit is logit_scale
 
 Position 0 has no previous token, so head 0.0 there can only attend to itself and copies position 0's own
 token into ``prev``; without the ``first`` flag the induction head would treat that as a match for the token
@@ -43,6 +43,9 @@ from circuitkit.models.toy import AttentionMode, AttentionOnlyModel
 
 DEFAULT_GAP = 20.0
 """Logit gap of the intended key: off-target attention <= n_ctx * exp(-20) ~ 2e-9 * n_ctx."""
+
+DEFAULT_LOGIT_SCALE = 10.0
+"""Logit of the copied token (all others 0): a correct prediction costs ~ (d_vocab - 1) * exp(-10) nats of loss."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,17 +73,21 @@ def induction_circuit(
     n_ctx: int,
     *,
     gap: float = DEFAULT_GAP,
+    logit_scale: float = DEFAULT_LOGIT_SCALE,
     attention: AttentionMode = "soft",
 ) -> InductionCircuit:
     """Build the two-layer induction circuit of the module docstring for ``d_vocab`` tokens and ``n_ctx`` positions.
 
     ``d_model = 3 * d_vocab + 2 * ceil(log2 n_ctx)``, ``d_head = max(d_vocab + 1, 2 * ceil(log2 n_ctx) - 1)``.
+    ``gap``: how many logits the intended key beats the others by in both heads; ``logit_scale``: the logit the
+    copied token gets (argmax predictions do not depend on it, the loss does).
     """
     for name, value, low in (("d_vocab", d_vocab, 2), ("n_ctx", n_ctx, 2)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise CircuitkitError(f"induction_circuit: given {name}={value!r}; expected an int >= {low}.")
-    if not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap <= 0:
-        raise CircuitkitError(f"induction_circuit: given gap={gap!r}; expected a positive finite number.")
+    for name, value in (("gap", gap), ("logit_scale", logit_scale)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise CircuitkitError(f"induction_circuit: given {name}={value!r}; expected a positive finite number.")
     code = PositionCode(n_ctx)
     layout = ResidualLayout.stack(tok=d_vocab, prev=d_vocab, out=d_vocab, pos=code.dim, first=1)
     tok, prev, out, pos, first = (layout[n] for n in ("tok", "prev", "out", "pos", "first"))
@@ -91,7 +98,7 @@ def induction_circuit(
     W_E = tok.basis()                                          # [d_vocab, d_model]: token t -> e_tok[t]
     W_pos = code.codes() @ pos.basis()                         # [n_ctx, d_model]
     W_pos[0] += first.basis()[0]                               # flag position 0
-    W_U = out.basis().T.contiguous()                           # [d_model, d_vocab]: read the out block
+    W_U = logit_scale * out.basis().T                          # [d_model, d_vocab]: read the out block
 
     previous = HeadSpec(
         qk=previous_token_qk(pos, code, offset=1, scale=s0),   # attend i -> i-1
