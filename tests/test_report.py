@@ -255,3 +255,8 @@ def test_scan_results_rejects_inconsistent_input(results, change, message):
     fields = {**vars(results), **change}
     with pytest.raises(CircuitkitError, match=message):
         ScanResults(**fields)
+
+
+def test_top_heads_puts_undefined_scores_last():
+    scores = torch.tensor([[float("nan"), 0.1], [0.3, 0.2]])
+    assert [head for head, _ in top_heads(scores, 4)] == [(1, 0), (1, 1), (0, 1), (0, 0)]

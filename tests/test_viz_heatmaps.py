@@ -28,6 +28,12 @@ def test_head_score_heatmap_z_equals_scores_row_layer_column_head():
     assert figure.layout.title.text == "induction"
 
 
+def test_undefined_scores_are_empty_cells():
+    scores = torch.tensor([[0.5, float("nan")], [0.25, 1.0]])
+    z = np.asarray(head_score_heatmap(scores).data[0].z)
+    assert np.isnan(z[0, 1]) and z[1, 0] == 0.25
+
+
 def test_head_score_heatmaps_one_figure_per_score_name():
     scores = {"induction": _scores(seed=1), "previous_token": _scores(seed=2)}
     figures = head_score_heatmaps(scores)
@@ -40,10 +46,10 @@ def test_head_score_heatmaps_one_figure_per_score_name():
     "bad, message",
     [
         (torch.rand(2, 3, 4), "expected 2 axes"),
-        (torch.tensor([[0.1, float("nan")]]), "non-finite"),
+        (torch.tensor([[0.1, float("inf")]]), "non-finite"),
         (torch.ones(2, 2, dtype=torch.complex64), "real"),
     ],
-    ids=["three-axes", "nan", "complex"],
+    ids=["three-axes", "infinite", "complex"],
 )
 def test_head_score_heatmap_rejects_bad_scores(bad, message):
     with pytest.raises(CircuitkitError, match=message):

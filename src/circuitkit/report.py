@@ -146,10 +146,15 @@ class ScanResults:
 
 # ---------------------------------------------------------------------------------------------- JSON
 def top_heads(scores: Float[Tensor, "layer head"], k: int) -> list[tuple[tuple[int, int], float]]:
-    """The ``k`` highest-scoring heads, descending (ties by ``(layer, head)`` order)."""
-    flat = scores.detach().float().cpu().reshape(-1)
+    """The ``k`` highest-scoring heads, descending (ties by ``(layer, head)`` order; NaN scores last)."""
+    flat = scores.detach().float().cpu().reshape(-1).tolist()
     n_heads = scores.shape[1]
-    order = sorted(range(flat.numel()), key=lambda i: (-float(flat[i]), i))[:k]
+
+    def key(i: int) -> tuple[bool, float, int]:
+        undefined = math.isnan(flat[i])
+        return undefined, 0.0 if undefined else -flat[i], i
+
+    order = sorted(range(len(flat)), key=key)[:k]
     return [((i // n_heads, i % n_heads), float(flat[i])) for i in order]
 
 

@@ -38,10 +38,11 @@ def head_score_heatmap(
 ) -> go.Figure:
     """A layer x head heatmap of ``scores`` (row = layer, column = head).
 
-    ``z`` holds the scores exactly (float64 copies); hovering a cell shows ``layer.head`` and the score.
+    ``z`` holds the scores exactly (float64 copies); hovering a cell shows ``layer.head`` and the score. NaN
+    (a score undefined for a head) is drawn as an empty cell; infinities are rejected.
     ``zmid`` centres a diverging ``colorscale`` (e.g. 0 for ablation loss changes).
     """
-    z = as_float_array(scores, name="scores", caller="head_score_heatmap", ndim=2)
+    z = as_float_array(scores, name="scores", caller="head_score_heatmap", ndim=2, allow_nan=True)
     n_layers, n_heads = z.shape
     names = np.array([[head_name(layer, head) for head in range(n_heads)] for layer in range(n_layers)])
     figure = go.Figure(
