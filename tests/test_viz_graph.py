@@ -9,7 +9,7 @@ import pytest
 
 from circuitkit import CircuitkitError
 from circuitkit.viz import composition_graph
-from circuitkit.viz.graph import MAX_WIDTH, MIN_WIDTH
+from circuitkit.viz.graph import MAX_WIDTH, MIN_WIDTH, MODE_OFFSET
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ def test_modes_colour_edges_and_name_them():
     names = [trace.name for trace in figure.data[:-1]]
     assert names == ["Q 0.1 -> 1.3", "V 0.0 -> 2.2", "V 1.2 -> 2.0"]
     assert figure.data[0].line.color != figure.data[1].line.color
+    # two modes: shifted -/+ half an offset, so Q and V edges between the same heads do not overlap
+    assert list(figure.data[0].y) == pytest.approx([1 - MODE_OFFSET / 2, 3 - MODE_OFFSET / 2])
+    assert list(figure.data[1].y) == pytest.approx([0 + MODE_OFFSET / 2, 2 + MODE_OFFSET / 2])
     # inferred size: layers 0..2, heads 0..3
     assert len(figure.data[-1].x) == 12
 

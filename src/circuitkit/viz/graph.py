@@ -19,6 +19,9 @@ from circuitkit.viz._checks import check_head, head_name
 
 MODE_COLOURS = {"Q": "#1f77b4", "K": "#2ca02c", "V": "#d62728", "": "#555555"}
 MIN_WIDTH, MAX_WIDTH = 1.0, 8.0
+# with several modes, each mode's edges are shifted this far apart vertically so Q, K and V edges between the
+# same two heads stay visible side by side
+MODE_OFFSET = 0.12
 
 
 def composition_graph(
@@ -31,12 +34,14 @@ def composition_graph(
     """Draw ``edges`` between the heads of an ``n_layers x n_heads`` model (inferred from the edges if omitted).
 
     One trace per edge, named ``"<mode> <edge.name>"`` (e.g. ``"K 0.3 -> 1.2"``), with ``x = [src_layer,
-    dst_layer]``, ``y = [src_head, dst_head]`` and ``customdata = [score, score]``; its width is linear in the
+    dst_layer]``, ``y = [src_head, dst_head] + offset`` (``offset`` = 0 for a single group, else the mode's
+    multiple of :data:`MODE_OFFSET`, centred) and ``customdata = [score, score]``; its width is linear in the
     score between :data:`MIN_WIDTH` and :data:`MAX_WIDTH` over all edges shown. The last trace holds the nodes.
     """
     groups = _groups(edges)
     all_edges = [(mode, edge) for mode, group in groups.items() for edge in group]
     checked = [(mode, _check_edge(edge)) for mode, edge in all_edges]
+    offsets = {mode: (i - (len(groups) - 1) / 2) * MODE_OFFSET for i, mode in enumerate(groups)}
     if n_layers is None:
         n_layers = 1 + max((max(src[0], dst[0]) for _, (src, dst, _) in checked), default=0)
     if n_heads is None:
@@ -54,7 +59,7 @@ def composition_graph(
         figure.add_trace(
             go.Scatter(
                 x=[src[0], dst[0]],
-                y=[src[1], dst[1]],
+                y=[src[1] + offsets[mode], dst[1] + offsets[mode]],
                 mode="lines",
                 name=name,
                 legendgroup=mode or "edges",
