@@ -45,7 +45,7 @@ def tl_reference(w: HeadWeights, mode: str) -> torch.Tensor:
 
 
 def dense_reference(w: HeadWeights, mode: str) -> torch.Tensor:
-    """Every pair scored from dense d_model x d_model matrices in float64, by a plain double loop."""
+    """Every pair scored from dense d_model x d_model matrices in float64, one layer pair at a time."""
     w = w.double()
     W_K, W_V = w.per_query_head("W_K"), w.per_query_head("W_V")
     ov = W_V @ w.W_O
@@ -55,12 +55,9 @@ def dense_reference(w: HeadWeights, mode: str) -> torch.Tensor:
     out = torch.zeros(L, H, L, H, dtype=torch.float64)
     for a in range(L):
         for b in range(a + 1, L):
-            for i in range(H):
-                for j in range(H):
-                    A, B = ov[a, i], right[b, j]
-                    out[a, i, b, j] = torch.linalg.matrix_norm(A @ B) / (
-                        torch.linalg.matrix_norm(A) * torch.linalg.matrix_norm(B)
-                    )
+            A, B = ov[a][:, None], right[b][None, :]  # [H, 1, d_model, d_model], [1, H, d_model, d_model]
+            norm = torch.linalg.matrix_norm
+            out[a, :, b, :] = norm(A @ B) / (norm(A) * norm(B))
     return out
 
 

@@ -11,8 +11,9 @@ the Frobenius norms are the same.) TransformerLens broadcasts every pair into
 ``[L, H, L, H, d_model, d_head]`` tensors before reducing; at GPT-2-small shape that is ~9 GB.
 
 Maths. Write ``W_A = V O`` and ``W_B = X Y.T`` with ``V, X, Y: [d_model, d_head]`` and
-``O: [d_head, d_model]``. For any ``R`` with ``R.T R = G = F.T F`` (here from the eigendecomposition of the
-``d_head x d_head`` Gram matrix ``G``; a thin-QR ``R`` would do too), ``||F Z||_F = ||R Z||_F``. Hence
+``O: [d_head, d_model]``. For any ``R`` with ``R.T R = G = F.T F`` (here the Cholesky factor of the
+``d_head x d_head`` Gram matrix ``G``, or its eigendecomposition where ``G`` is singular; a thin-QR ``R``
+would do too), ``||F Z||_F = ||R Z||_F``. Hence
 
     ||V O X Y.T||_F = ||R_V (O X) R_Y.T||_F = ||O'_a X'_b.T||_F,
     O'_a = R_V^a O_a  [d_head, d_model],   X'_b = R_Y^b X_b.T  [d_head, d_model],
@@ -101,12 +102,14 @@ _DESTINATION: dict[str, Callable[[HeadWeights], _DestinationFactors]] = {
 }
 
 
-def _gram_cols(F: Float[Tensor, "*b d_model d_head"]) -> Float[Tensor, "*b d_head d_head"]:
-    return F.mT @ F
+def _gram_cols(F: Float[Tensor, "layer n d_model d_head"]) -> Float[Tensor, "layer n d_head d_head"]:
+    """``F.T @ F`` per head, one layer at a time (a strided batch may be copied whole by ``matmul``)."""
+    return torch.stack([layer.mT @ layer for layer in F])
 
 
-def _gram_rows(F: Float[Tensor, "*b d_head d_model"]) -> Float[Tensor, "*b d_head d_head"]:
-    return F @ F.mT
+def _gram_rows(F: Float[Tensor, "layer n d_head d_model"]) -> Float[Tensor, "layer n d_head d_head"]:
+    """``F @ F.T`` per head, one layer at a time."""
+    return torch.stack([layer @ layer.mT for layer in F])
 
 
 def _gram_root(G: Float[Tensor, "*b d_head d_head"]) -> Float[Tensor, "*b d_head d_head"]:
@@ -211,36 +214,44 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
     def fold_source(layer: int) -> Tensor:  # [H*d_head, d_model]
         return (R_V[layer, kv] @ w.W_O[layer]).reshape(H * d_head, d_model)
 
-    def fold_destination(start: int, stop: int) -> Tensor:  # [(stop-start)*H*d_head, d_model]
-        folded = R_Y[start:stop, y_index] @ dest.Xt[start:stop, x_index]
-        return folded.reshape((stop - start) * H * d_head, d_model)
+    def fold_destination(start: int, stop: int, out: Tensor) -> Tensor:  # [(stop-start)*H*d_head, d_model]
+        # layer by layer into a preallocated buffer: no temporary larger than one layer
+        view = out[: (stop - start) * rows].view(stop - start, H, d_head, d_model)
+        for i, layer in enumerate(range(start, stop)):
+            torch.matmul(R_Y[layer, y_index], dest.Xt[layer, x_index], out=view[i])
+        return out[: (stop - start) * rows]
 
     itemsize = torch.empty((), dtype=dtype).element_size()
     budget = memory_budget // itemsize  # in elements
     rows = H * d_head  # one source layer
-    per_layer = H * d_head * d_model  # one layer of folded factors
-    cached = None
-    if (L - 1) * per_layer <= budget // 2:
-        cached = fold_destination(1, L)
-        budget -= cached.numel()
-    per_dest_layer = rows * rows + (0 if cached is not None else per_layer)
+    per_layer = rows * d_model  # one layer of folded factors
+    cache_all = (L - 1) * per_layer <= budget // 2
+    if cache_all:
+        budget -= (L - 1) * per_layer
+        per_dest_layer = rows * rows  # tile columns
+    else:
+        per_dest_layer = rows * rows + per_layer  # tile columns and their folded factors
     block = max(1, min(L - 1, (budget - per_layer) // per_dest_layer))
 
+    if cache_all:
+        cached = fold_destination(1, L, torch.empty((L - 1) * rows, d_model, dtype=dtype, device=device))
+    else:
+        buffer = torch.empty(block * rows, d_model, dtype=dtype, device=device)
+    tile_buffer = torch.empty(rows * block * rows, dtype=dtype, device=device)
     sq = torch.zeros(L, H, L, H, dtype=dtype, device=device)
     for src in range(L - 1):
         left = fold_source(src)
         for start in range(src + 1, L, block):
             stop = min(start + block, L)
-            if cached is not None:
+            n = stop - start
+            if cache_all:
                 right = cached[(start - 1) * rows : (stop - 1) * rows]
             else:
-                right = fold_destination(start, stop)
-            tile = left @ right.T  # [H*d_head, n*H*d_head]
+                right = fold_destination(start, stop, buffer)
+            tile = torch.matmul(left, right.T, out=tile_buffer[: rows * n * rows].view(rows, n * rows))
             tile.square_()
-            n = stop - start
             block_sq = tile.view(H, d_head, n * rows).sum(1).view(H, n * H, d_head).sum(-1)
             sq[src, :, start:stop, :] = block_sq.view(H, n, H)
-            del tile
     denominator = src_sq_norm[:, :, None, None] * dst_sq_norm[None, None, :, :]
     scores = torch.where(denominator > 0, sq / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
     return scores.to(torch.float32)
