@@ -51,6 +51,7 @@ from _common import (  # noqa: E402
 SHAPES: dict[str, tuple[int, int, int, int, int | None]] = {
     "tiny": (4, 4, 64, 16, None),
     "small": (12, 12, 768, 64, None),
+    "small-gqa": (12, 12, 768, 64, 4),  # GPT-2-small shape with 4 key/value groups of 3 query heads
     "medium": (24, 16, 1024, 64, None),
     "xl": (48, 25, 1600, 64, None),
     "llama7b": (32, 32, 4096, 128, 8),

@@ -119,6 +119,14 @@ def test_float64_weights_give_float32_scores_equal_to_dense():
     torch.testing.assert_close(scores, dense_reference(w, "Q").float(), atol=DENSE_ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_half_precision_weights_are_scored_in_float32(dtype):
+    w = random_weights(3, 4, 16, 4, seed=12, dtype=dtype)
+    scores = composition_scores(w, "V")
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores, dense_reference(w, "V").float(), atol=DENSE_ATOL, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------- structure
 @pytest.mark.parametrize("mode", MODES)
 def test_scores_in_unit_interval_and_zero_off_the_forward_pairs(mode):

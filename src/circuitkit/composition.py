@@ -196,7 +196,19 @@ def _pair_mask(n_layers: int, device: torch.device) -> Tensor:
 
 
 def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
+    """Squared-norm tiles of the folded product, then the ratio. See the module docstring.
+
+    Two layouts of the destination side:
+
+    - per query head (Q mode, or no grouping): columns ``X'_b = R_Y^b X_b.T``, so a tile is
+      ``[H*d_head, n*H*d_head]`` and each ``d_head x d_head`` block's squared norm is a score numerator;
+    - per key/value group (K and V modes with ``group_size > 1``, where ``X`` is the group's ``W_K``/``W_V``):
+      columns ``X_g.T``, ``group_size`` times fewer, so the large product is ``group_size`` times cheaper;
+      each block ``M = O'_a X_g`` is then multiplied by the ``R_Y^b.T`` of every query head ``b`` of group ``g``
+      (``d_head``-sized products) before its squared norm is taken.
+    """
     L, H, d_model, d_head = w.W_Q.shape
+    G, group = w.n_kv_heads, w.group_size
     dtype, device = w.dtype, w.device
     kv = w.kv_index
 
@@ -210,34 +222,47 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
     y_index = kv if dest.y_grouped else slice(None)
     R_Y = _gram_root(dest.G_Y)
     dst_sq_norm = (_gram_rows(dest.Xt)[:, x_index] * dest.G_Y[:, y_index]).sum((-2, -1))  # [L, H]
+    by_group = dest.x_grouped and group > 1  # then R_Y is per query head (y_index is a full slice)
+
+    rows = H * d_head  # product rows of one source layer
+    cols = (G if by_group else H) * d_head  # product columns of one destination layer
 
     def fold_source(layer: int) -> Tensor:  # [H*d_head, d_model]
-        return (R_V[layer, kv] @ w.W_O[layer]).reshape(H * d_head, d_model)
+        return (R_V[layer, kv] @ w.W_O[layer]).reshape(rows, d_model)
 
-    def fold_destination(start: int, stop: int, out: Tensor) -> Tensor:  # [(stop-start)*H*d_head, d_model]
+    def fold_destination(start: int, stop: int, out: Tensor) -> Tensor:  # [(stop-start)*cols, d_model]
         # layer by layer into a preallocated buffer: no temporary larger than one layer
-        view = out[: (stop - start) * rows].view(stop - start, H, d_head, d_model)
+        view = out[: (stop - start) * cols].view(stop - start, cols // d_head, d_head, d_model)
         for i, layer in enumerate(range(start, stop)):
-            torch.matmul(R_Y[layer, y_index], dest.Xt[layer, x_index], out=view[i])
-        return out[: (stop - start) * rows]
+            if by_group:
+                view[i].copy_(dest.Xt[layer])
+            else:
+                torch.matmul(R_Y[layer, y_index], dest.Xt[layer, x_index], out=view[i])
+        return out[: (stop - start) * cols]
+
+    def roots_by_group(start: int, stop: int) -> Tensor:  # [n*G, d_head, group*d_head]: R_b.T side by side
+        n = stop - start
+        roots = R_Y[start:stop].view(n, G, group, d_head, d_head)  # [n, G, s, k, c]
+        return roots.permute(0, 1, 4, 2, 3).reshape(n * G, d_head, group * d_head)
 
     itemsize = torch.empty((), dtype=dtype).element_size()
     budget = memory_budget // itemsize  # in elements
-    rows = H * d_head  # one source layer
-    per_layer = rows * d_model  # one layer of folded factors
+    per_layer = cols * d_model  # one destination layer of (folded) factors
     cache_all = (L - 1) * per_layer <= budget // 2
+    per_dest_layer = rows * cols + (rows * rows if by_group else 0)  # product tile (+ per-head expansion)
     if cache_all:
         budget -= (L - 1) * per_layer
-        per_dest_layer = rows * rows  # tile columns
     else:
-        per_dest_layer = rows * rows + per_layer  # tile columns and their folded factors
-    block = max(1, min(L - 1, (budget - per_layer) // per_dest_layer))
+        per_dest_layer += per_layer
+    block = max(1, min(L - 1, (budget - rows * d_model) // per_dest_layer))
 
     if cache_all:
-        cached = fold_destination(1, L, torch.empty((L - 1) * rows, d_model, dtype=dtype, device=device))
+        cached = fold_destination(1, L, torch.empty((L - 1) * cols, d_model, dtype=dtype, device=device))
     else:
-        buffer = torch.empty(block * rows, d_model, dtype=dtype, device=device)
-    tile_buffer = torch.empty(rows * block * rows, dtype=dtype, device=device)
+        buffer = torch.empty(block * cols, d_model, dtype=dtype, device=device)
+    tile_buffer = torch.empty(rows * block * cols, dtype=dtype, device=device)
+    if by_group:
+        head_buffer = torch.empty(rows * block * rows, dtype=dtype, device=device)
     sq = torch.zeros(L, H, L, H, dtype=dtype, device=device)
     for src in range(L - 1):
         left = fold_source(src)
@@ -245,13 +270,21 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
             stop = min(start + block, L)
             n = stop - start
             if cache_all:
-                right = cached[(start - 1) * rows : (stop - 1) * rows]
+                right = cached[(start - 1) * cols : (stop - 1) * cols]
             else:
                 right = fold_destination(start, stop, buffer)
-            tile = torch.matmul(left, right.T, out=tile_buffer[: rows * n * rows].view(rows, n * rows))
-            tile.square_()
-            block_sq = tile.view(H, d_head, n * rows).sum(1).view(H, n * H, d_head).sum(-1)
-            sq[src, :, start:stop, :] = block_sq.view(H, n, H)
+            tile = torch.matmul(left, right.T, out=tile_buffer[: rows * n * cols].view(rows, n * cols))
+            if by_group:
+                blocks = tile.view(rows, n * G, d_head).transpose(0, 1)  # [n*G, H*d_head, d_head]
+                out = head_buffer[: n * G * rows * group * d_head].view(n * G, rows, group * d_head)
+                tile = torch.matmul(blocks, roots_by_group(start, stop), out=out)
+                tile.square_()
+                per_head = tile.view(n, G, H, d_head, group, d_head).sum((3, 5))  # [n, G, H_src, group]
+                block_sq = per_head.permute(2, 0, 1, 3).reshape(H, n, H)
+            else:
+                tile.square_()
+                block_sq = tile.view(H, d_head, n * rows).sum(1).view(H, n * H, d_head).sum(-1).view(H, n, H)
+            sq[src, :, start:stop, :] = block_sq
     denominator = src_sq_norm[:, :, None, None] * dst_sq_norm[None, None, :, :]
     scores = torch.where(denominator > 0, sq / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
     return scores.to(torch.float32)
