@@ -82,7 +82,7 @@ CELLS = [
     ),
     new_code_cell(
         "from circuitkit import viz\n\n"
-        "viz.spectra(ck.singular_values(weights, 'OV'), title='OV singular values per head')"
+        "viz.singular_value_spectra(weights, 'OV')"
     ),
 ]
 
