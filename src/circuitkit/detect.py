@@ -120,12 +120,12 @@ class HeadScores(Mapping):
             raise CircuitkitError(
                 f"HeadScores.to_dataframe: given sort_by={sort_by!r}; expected one of {list(self._scores)}."
             )
-        layers, heads = torch.meshgrid(torch.arange(self.n_layers), torch.arange(self.n_heads), indexing="ij")
+        grid = [(layer, head) for layer in range(self.n_layers) for head in range(self.n_heads)]
         frame = pd.DataFrame(
             {
-                "layer": layers.flatten().tolist(),
-                "head": heads.flatten().tolist(),
-                "name": [f"{layer}.{head}" for layer, head in zip(layers.flatten(), heads.flatten(), strict=True)],
+                "layer": [layer for layer, _ in grid],
+                "head": [head for _, head in grid],
+                "name": [f"{layer}.{head}" for layer, head in grid],
                 **{name: value.flatten().tolist() for name, value in self._scores.items()},
             }
         )
