@@ -26,7 +26,10 @@ block size chosen so that the working set stays under ``memory_budget`` bytes. T
 Gram matrices: ``||V O||_F^2 = sum(V.T V * O O.T)``, ``||X Y.T||_F^2 = sum(X.T X * Y.T Y)``.
 
 Grouped-query attention: the Gram matrices and their factors of key/value weights are computed once per
-key/value group and indexed per query head; the result is per query head.
+key/value group and indexed per query head. For K- and V-composition, where the destination's ``X`` is the
+group's ``W_K`` / ``W_V``, the large product is taken once per group (``group_size`` times fewer columns) and
+each group block is then multiplied by each query head's ``d_head x d_head`` factor. The result is always
+per query head.
 
 A head whose OV circuit (or destination circuit) is exactly zero gets score 0 with every partner.
 """
