@@ -1,0 +1,152 @@
+"""`circuitkit scan`: writes report.html and scores.json whose numbers are circuitkit's own scores; bad input
+ends in one `circuitkit: error:` line and exit code 2, also from the real console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from circuitkit.cli import main
+
+pytestmark = pytest.mark.slow
+
+SCAN_ARGS = ["--batch", "2", "--seq-len", "6", "--top-k", "3"]
+# scores.json holds float64 copies of float32 scores
+JSON_ATOL = 1e-7
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A random-init 2-layer GPT-2 (context 32) saved as a local Hugging Face directory: the offline MODEL path."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=32, n_positions=32, bos_token_id=0,
+                        eos_token_id=0)
+    directory = tmp_path_factory.mktemp("tiny-gpt2")
+    GPT2LMHeadModel(config).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def scanned(hf_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("scan") / "report-dir"
+    code = main(["scan", str(hf_dir), "--out", str(out), *SCAN_ARGS])
+    return code, out
+
+
+def test_scan_writes_report_and_scores(scanned):
+    code, out = scanned
+    assert code == 0
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert html.startswith("<!DOCTYPE html>") and "Composition between heads" in html
+    data = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+    assert set(data["head_scores"]) >= {"induction", "previous_token"}
+    assert set(data["composition"]) == {"Q", "K", "V"}
+    assert all(len(entry["top_edges"]) == 3 for entry in data["composition"].values())
+    assert data["settings"]["seq_len"] == 6 and data["settings"]["batch"] == 2
+
+
+def test_scores_json_equals_circuitkit_head_scores(scanned, hf_dir):
+    """The oracle: the same model and options through the library give the numbers in scores.json."""
+    from circuitkit.detect import head_scores
+    from circuitkit.models.loading import load_model
+
+    _, out = scanned
+    data = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+    expected = head_scores(load_model(str(hf_dir)), seq_len=6, batch=2, seed=0)
+    for name in expected:
+        written = torch.tensor(data["head_scores"][name], dtype=torch.float64)
+        torch.testing.assert_close(written, expected[name].double(), atol=JSON_ATOL, rtol=0)
+
+
+def test_scan_prints_a_ranked_table(hf_dir, tmp_path, capsys):
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), *SCAN_ARGS]) == 0
+    printed = capsys.readouterr().out
+    assert "heads ranked by induction" in printed and "induct" in printed
+    assert f"wrote {tmp_path / 'report.html'}" in printed.replace("\n", "")
+
+
+def test_json_flag_prints_the_scores_json(hf_dir, tmp_path, capsys):
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--json", *SCAN_ARGS]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+
+
+def _one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("circuitkit: error:")]
+    assert len(errors) == 1, stderr
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+def test_unwritable_out_is_one_line_error(hf_dir, tmp_path, capsys):
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    assert main(["scan", str(hf_dir), "--out", str(a_file)]) == 2
+    assert "which is a file" in _one_error_line(capsys.readouterr().err)
+    assert main(["scan", str(hf_dir), "--out", str(a_file / "below")]) == 2
+    assert "cannot write to" in _one_error_line(capsys.readouterr().err)
+
+
+def test_seq_len_too_long_for_the_model_is_one_line_error(hf_dir, tmp_path, capsys):
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--seq-len", "17"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "--seq-len: given 17; expected at most 16" in line
+
+
+def test_non_positive_options_are_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["scan", "--seq-len", "0"])
+    assert exit_info.value.code == 2
+    assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_directory_without_a_model_is_one_line_error(tmp_path, capsys):
+    empty = tmp_path / "empty-model-dir"
+    empty.mkdir()
+    assert main(["scan", str(empty), "--out", str(tmp_path / "out")]) == 2
+    assert "no config.json" in _one_error_line(capsys.readouterr().err)
+
+
+def _console_script() -> str:
+    beside = Path(sys.executable).with_name("circuitkit")
+    found = str(beside) if beside.exists() else shutil.which("circuitkit")
+    assert found, "the circuitkit console script is not installed (pip install -e .)"
+    return found
+
+
+def test_console_script_unknown_model_offline_is_one_line_error(tmp_path):
+    """The real `circuitkit` entry point: a name that is no zoo model, no directory and unreachable."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # no network here; the same path a user without network takes
+    completed = subprocess.run(
+        [_console_script(), "scan", "no-such-model-xyz", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert completed.returncode == 2, completed.stderr
+    line = _one_error_line(completed.stderr)
+    assert "'no-such-model-xyz'" in line and "local Hugging Face directory" in line
+    assert completed.stdout == ""
+
+
+def test_default_model_is_the_bundled_known_answer_model(tmp_path, capsys):
+    """`circuitkit scan` with no MODEL (the README's quick start) scans the zoo default and ranks its
+    documented induction heads on top."""
+    from circuitkit import zoo
+
+    assert main(["scan", "--out", str(tmp_path), "--batch", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    entry = zoo.info(zoo.DEFAULT)
+    assert data["model"]["name"] == zoo.DEFAULT
+    assert entry.induction_heads, f"zoo entry {zoo.DEFAULT!r} documents no induction heads"
+    n = len(entry.induction_heads)
+    ranked = {(item["layer"], item["index"]) for item in data["top_heads"]["induction"][:n]}
+    assert ranked == set(entry.induction_heads)
+    assert (tmp_path / "report.html").stat().st_size > 0
