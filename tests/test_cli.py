@@ -150,3 +150,11 @@ def test_default_model_is_the_bundled_known_answer_model(tmp_path, capsys):
     ranked = {(item["layer"], item["index"]) for item in data["top_heads"]["induction"][:n]}
     assert ranked == set(entry.induction_heads)
     assert (tmp_path / "report.html").stat().st_size > 0
+
+
+def test_same_scan_gives_the_same_bytes(scanned, hf_dir, tmp_path):
+    """No timestamps or random ids: a repeated scan reproduces report.html and scores.json exactly."""
+    _, first = scanned
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), *SCAN_ARGS]) == 0
+    for name in ("report.html", "scores.json"):
+        assert (tmp_path / name).read_bytes() == (first / name).read_bytes(), name
