@@ -148,11 +148,17 @@ def test_png_export_of_every_figure(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2_000, path.name
 
 
-def test_scan_report_of_a_real_model_draws(browser, hf_dir, tmp_path):  # noqa: F811
-    """End to end: `circuitkit scan` on a local Hugging Face model, then the browser checks on its report."""
+def test_scan_report_of_a_real_model_draws(hf_dir, tmp_path, request):  # noqa: F811
+    """End to end: `circuitkit scan --png` on a local Hugging Face model, then the browser checks on its report."""
     from circuitkit.cli import main
 
-    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--batch", "2", "--seq-len", "5"]) == 0
+    _require_browser()
+    args = ["scan", str(hf_dir), "--out", str(tmp_path), "--batch", "2", "--seq-len", "5", "--png"]
+    assert main(args) == 0
+    pngs = sorted(path.name for path in (tmp_path / "png").glob("*.png"))
+    assert "head-score-induction.png" in pngs and "composition-graph.png" in pngs
+    # the browser fixture only now: export_pngs above ran its own Playwright driver (one per thread)
+    browser = request.getfixturevalue("browser")
     events = _open(browser, tmp_path / "report.html")
     page = events["page"]
     try:
