@@ -1,0 +1,67 @@
+"""load_model: a local Hugging Face directory loads offline into a TransformerBridge that computes what HF does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from circuitkit import CircuitkitError, head_scores
+from circuitkit.models import load_model
+from circuitkit.models.loading import word_tokenizer_files
+
+LOGIT_TOL = 1e-4
+"""The bridge runs the same HF modules (eager attention): float32 agreement to ~1e-6, with a margin."""
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+def save_tiny_gpt2(directory, *, with_tokenizer: bool, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=40, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                        eos_token_id=0)
+    model = GPT2LMHeadModel(config).eval()
+    model.save_pretrained(str(directory), safe_serialization=True)
+    if with_tokenizer:
+        word_tokenizer_files(40, directory)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_tokenizer", [True, False], ids=["tokenizer-in-directory", "generated-tokenizer"])
+def test_local_directory_round_trip(tmp_path, with_tokenizer):
+    hf = save_tiny_gpt2(tmp_path, with_tokenizer=with_tokenizer)
+    assert (tmp_path / "model.safetensors").exists()
+    bridge = load_model(str(tmp_path))
+    tokens = torch.randint(1, 40, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(tokens), hf(tokens).logits, atol=LOGIT_TOL, rtol=0)
+    assert bridge.tokenizer.bos_token_id == 0
+    assert bridge.to_tokens("t3 t4").tolist() == [[0, 3, 4]]
+    scores = head_scores(bridge, seq_len=6, batch=2)
+    assert scores["induction"].shape == (2, 4) and scores.bos == 0
+
+
+def test_directory_without_config_raises(tmp_path):
+    with pytest.raises(CircuitkitError, match="config.json"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_unknown_name_offline_is_one_line_error():
+    with pytest.raises(CircuitkitError) as info:
+        load_model("nobody/no-such-model-circuitkit")
+    message = str(info.value)
+    assert "\n" not in message and "no-such-model-circuitkit" in message and "induction-2l" in message
+
+
+def test_none_and_zoo_name_load_the_bundled_model():
+    default = load_model()
+    named = load_model("induction-2l")
+    assert default.cfg.n_layers == named.cfg.n_layers == 2
+    torch.testing.assert_close(default.W_Q, named.W_Q)

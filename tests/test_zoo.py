@@ -1,0 +1,107 @@
+"""The bundled models: they load offline, their documented heads are what detection finds, and ablation and
+K-composition confirm them as the induction circuit."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from circuitkit import CircuitkitError, zoo
+from circuitkit.detect import ablation_effects, head_scores, induction_loss
+
+ZOO_BYTES_LIMIT = 5 * 2**20
+"""The issue's size budget for every bundled model together."""
+
+DETECTION_THRESHOLD = 0.3
+"""Same threshold the training script used to document heads (circuitkit.zoo.train.HEAD_THRESHOLD)."""
+
+MODELS = zoo.available()
+
+
+def test_available_and_info():
+    assert "induction-2l" in MODELS
+    entry = zoo.info("induction-2l")
+    assert entry.name == "induction-2l" and entry.format == "tl-native"
+    assert entry.induction_heads and entry.previous_token_heads
+    assert all(layer == 1 for layer, _ in entry.induction_heads)
+    assert all(layer == 0 for layer, _ in entry.previous_token_heads)
+
+
+def test_unknown_name_raises():
+    with pytest.raises(CircuitkitError, match="induction-2l"):
+        zoo.load("induction-9l")
+
+
+def test_bundled_files_fit_the_budget():
+    total = sum(p.stat().st_size for p in zoo.ROOT.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert total < ZOO_BYTES_LIMIT
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_training_curve_shows_the_induction_phase_change(name):
+    curve = zoo.curve(name)
+    first, repeated = curve["first_half"], curve["repeated_half"]
+    chance = math.log(63)  # 63 possible non-BOS tokens
+    assert repeated[0] > 0.9 * chance and first[-1] > 0.9 * chance  # the first copy stays unpredictable
+    assert repeated[-1] < 0.5 * chance  # the repeated copy became predictable in context
+    drops = [a - b for a, b in itertools.pairwise(repeated)]
+    assert max(drops) > 5 * (repeated[0] - repeated[-1]) / len(drops)  # a sudden drop, not a steady slope
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def loaded(request):
+    return request.param, zoo.info(request.param), zoo.load(request.param)
+
+
+def _above(scores, name):
+    return {head for head, value in scores.top(name, scores[name].numel()) if value > DETECTION_THRESHOLD}
+
+
+def test_detected_heads_are_the_documented_heads(loaded):
+    _, entry, model = loaded
+    scores = head_scores(model, batch=32)
+    assert _above(scores, "induction") == set(entry.induction_heads)
+    assert _above(scores, "previous_token") == set(entry.previous_token_heads)
+
+
+def test_in_context_loss_gap(loaded):
+    _, _, model = loaded
+    loss = induction_loss(model)
+    assert loss.repeated_half < 0.5 < 3.0 < loss.first_half
+
+
+@pytest.mark.slow
+def test_ablation_confirms_the_circuit(loaded):
+    """The heads whose mean ablation raises the repeated-copy loss most are exactly the documented circuit
+    (induction + previous-token heads), and every induction head matters more than any head outside it."""
+    _, entry, model = loaded
+    effects = ablation_effects(model, method="mean", batch=32)
+    circuit = set(entry.induction_heads) | set(entry.previous_token_heads)
+    assert {head for head, _ in effects.top(len(circuit))} == circuit
+    outside = [float(effects.delta[h]) for h in itertools.product(range(2), range(4)) if h not in circuit]
+    weakest_induction = min(float(effects.delta[h]) for h in entry.induction_heads)
+    assert weakest_induction > max(outside)
+    zero = ablation_effects(model, method="zero", batch=32)
+    assert all(float(zero.delta[h]) > 0 for h in entry.induction_heads)
+
+
+def test_previous_token_to_induction_k_composition_ranks_top(loaded):
+    from circuitkit.composition import composition_scores, top_edges
+
+    _, entry, model = loaded
+    expected = set(itertools.product(entry.previous_token_heads, entry.induction_heads))
+    edges = top_edges(composition_scores(model, "K"), k=len(expected))
+    assert {(e.src, e.dst) for e in edges} == expected
+
+
+def test_loaded_native_model_matches_saved_weights():
+    from safetensors.torch import load_file
+
+    state = load_file(str(zoo.info("induction-2l").path / "model.safetensors"))
+    model = zoo.load("induction-2l")
+    W_Q = state["layers.1.attn.q.weight"]  # [n_heads * d_head, d_model], nn.Linear layout
+    expected = W_Q.view(4, 16, 64).transpose(1, 2)  # [head, d_model, d_head]
+    torch.testing.assert_close(model.W_Q[1].detach(), expected)
