@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from circuitkit import CircuitkitError, head_scores
+from circuitkit import CircuitkitError, HeadWeights, head_scores
 from circuitkit.detect import SCORE_NAMES, ablation_effects, induction_loss, pattern_scores
 from circuitkit.detect_tokens import TARGETS
 from tests.conftest import boot_bridge
@@ -18,6 +18,9 @@ SCORE_TOL = 1e-5
 
 PLANTED_MIN = 0.95
 """The issue's bar for a planted head on its own score."""
+
+EIGEN_TOL = 1e-4
+"""float32 eigenvalues of 4x4 products taken in two different orders; ratios of sums agree to ~1e-6."""
 
 LOSS_TOL = 1e-4
 """float32 log-softmax over tens of logits, averaged: ~1e-6 differences between two equivalent hook paths."""
@@ -103,6 +106,20 @@ def test_a_head_attending_only_to_its_targets_scores_exactly_one(name):
     pattern = pattern / pattern.sum(-1, keepdim=True)
     score = pattern_scores(pattern[:, None], tokens)[name]
     torch.testing.assert_close(score, torch.ones(1), atol=SCORE_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2], ids=["multi-head", "grouped-query"])
+def test_copying_equals_full_ov_circuit_eigenvalues(kv_heads):
+    from circuitkit.detect import copying_scores
+    from circuitkit.factored import full_ov_circuit
+    from tests.conftest import random_weights
+
+    weights = random_weights(n_layers=2, n_heads=4, d_model=16, d_head=4, n_kv_heads=kv_heads, d_vocab=30, seed=5)
+    eig = full_ov_circuit(weights).eigenvalues()  # oracle: the factored full circuit, a different product order
+    expected = eig.real.sum(-1) / eig.abs().sum(-1)
+    torch.testing.assert_close(copying_scores(weights), expected, atol=EIGEN_TOL, rtol=0)
+    no_embeddings = HeadWeights(W_Q=weights.W_Q, W_K=weights.W_K, W_V=weights.W_V, W_O=weights.W_O)
+    assert copying_scores(no_embeddings) is None
 
 
 # ---------------------------------------------------------------------- hand-built circuits

@@ -16,15 +16,15 @@ targets scores exactly 1.0; rows without a target do not dilute the score.
 
 The **copying** score is a weight-based score (no forward pass): with the full OV circuit
 ``W_E W_V W_O W_U`` (row convention, ``[d_vocab, d_vocab]``, rank <= ``d_head``) and ``lambda`` its non-zero
-eigenvalues, computed from the ``d_head x d_head`` product ``W_O W_U W_E W_V`` by
-:func:`circuitkit.factored.full_ov_circuit`, ``copying = Re(sum lambda) / sum |lambda|`` in ``[-1, 1]``:
+eigenvalues, computed from the ``d_head x d_head`` core ``W_O (W_U W_E) W_V`` (the same non-zero eigenvalues
+as :func:`circuitkit.factored.full_ov_circuit`'s), ``copying = Re(sum lambda) / sum |lambda|`` in ``[-1, 1]``:
 +1 for a head whose OV circuit only copies. LayerNorm and MLPs are ignored (the direct path).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -149,31 +149,59 @@ class HeadScores(Mapping):
 
 
 # ---------------------------------------------------------------------- pattern scores
+# Scores whose target is one fixed key per query row (rows 1 .. pos-1): read straight off the pattern as views.
+_ONE_TARGET_PER_ROW: dict[str, Callable[[Tensor], Tensor]] = {
+    "previous_token": lambda p: p.diagonal(offset=-1, dim1=-2, dim2=-1),  # [b, h, pos-1]: p[i, i-1]
+    "current_token": lambda p: p.diagonal(dim1=-2, dim2=-1)[..., 1:],  # p[i, i], i >= 1
+    "first_token": lambda p: p[..., 1:, 0],  # p[i, 0], i >= 1
+}
+# Scores whose targets depend on the tokens: a [batch, q, k] mask each, contracted with one batched matmul.
+_TOKEN_TARGETS = tuple(name for name in TARGETS if name not in _ONE_TARGET_PER_ROW)
+
+
+class _Reducer:
+    """Precomputed masks for one token batch; ``__call__(patterns [b, h, q, k]) -> {name: [h]}``."""
+
+    def __init__(self, tokens: Int[Tensor, "batch pos"], dtype: torch.dtype = torch.float32) -> None:
+        batch, pos = tokens.shape
+        masks = torch.stack([TARGETS[name](tokens) for name in _TOKEN_TARGETS], dim=-1)  # [b, q, k, s]
+        counts = masks.any(dim=2).sum(dim=(0, 1))  # [s]: rows with at least one target
+        if bool((counts == 0).any()):
+            empty = [name for name, c in zip(_TOKEN_TARGETS, counts.tolist(), strict=True) if c == 0]
+            raise CircuitkitError(f"no query row has a target for {empty}; expected repeated tokens.")
+        self.masks = masks.to(dtype).reshape(batch, pos * pos, len(_TOKEN_TARGETS))
+        self.counts = counts.to(dtype)
+        self.rows = batch * (pos - 1)
+
+    def __call__(self, patterns: Float[Tensor, "batch head q k"]) -> dict[str, Tensor]:
+        batch, n_heads, pos, _ = patterns.shape
+        flat = patterns.reshape(batch, n_heads, pos * pos)
+        token_scores = torch.bmm(flat, self.masks.to(patterns.dtype)).sum(dim=0) / self.counts  # [h, s]
+        out = {name: token_scores[:, i] for i, name in enumerate(_TOKEN_TARGETS)}
+        for name, read in _ONE_TARGET_PER_ROW.items():
+            out[name] = read(patterns).sum(dim=(0, 2)) / self.rows
+        return {name: out[name] for name in TARGETS}
+
+
 def pattern_scores(
     patterns: Float[Tensor, "batch head q k"], tokens: Int[Tensor, "batch pos"]
 ) -> dict[str, Tensor]:
     """Scores of one layer's heads from their patterns: the attention on each target set, averaged over the
     query rows that have a target: ``name -> [head]``. Pure function, usable on patterns from elsewhere."""
-    masks = torch.stack([TARGETS[name](tokens) for name in TARGETS], dim=1).to(patterns.dtype)  # [b, s, q, k]
-    return _reduce(patterns, masks, _row_counts(masks))
-
-
-def _row_counts(masks: Tensor) -> Tensor:
-    counts = masks.amax(dim=-1).sum(dim=(0, 2))  # [s]: rows with at least one target
-    if bool((counts == 0).any()):
-        empty = [name for name, count in zip(TARGETS, counts.tolist(), strict=True) if count == 0]
-        raise CircuitkitError(f"no query row has a target for {empty}; expected repeated tokens.")
-    return counts
-
-
-def _reduce(patterns: Tensor, masks: Tensor, counts: Tensor) -> dict[str, Tensor]:
-    totals = torch.einsum("bhqk,bsqk->sh", patterns, masks) / counts[:, None]
-    return dict(zip(TARGETS, totals, strict=True))
+    if patterns.ndim != 4 or tokens.ndim != 2 or patterns.shape[-2:] != (tokens.shape[1],) * 2:
+        raise CircuitkitError(
+            f"pattern_scores: given patterns of shape {tuple(patterns.shape)} and tokens of shape "
+            f"{tuple(tokens.shape)}; expected [batch, head, pos, pos] and [batch, pos]."
+        )
+    return _Reducer(tokens, patterns.dtype)(patterns)
 
 
 def copying_scores(weights: Any) -> Float[Tensor, "layer head"] | None:
     """``Re(sum lambda) / sum |lambda|`` over the full OV circuit's eigenvalues per head (see module docstring).
 
+    The non-zero eigenvalues of ``W_E W_V W_O W_U`` are those of the ``d_head x d_head`` core
+    ``W_O (W_U W_E) W_V``; ``W_U W_E`` (``d_model x d_model``) is built once for all heads, so the cost is
+    ``d_model^2 d_vocab`` once plus ``d_model^2 d_head`` per head, and nothing ``d_vocab``-sized per head.
     ``None`` when the model (or :class:`HeadWeights`) has no ``W_E``/``W_U``.
     """
     try:
@@ -182,10 +210,10 @@ def copying_scores(weights: Any) -> Float[Tensor, "layer head"] | None:
         return None
     if w.W_E is None or w.W_U is None:
         return None
-    from circuitkit.factored import full_ov_circuit
-
     with torch.no_grad():
-        eig = full_ov_circuit(w).eigenvalues()  # [layer, head, d_head] complex
+        unembed_embed = w.W_U @ w.W_E  # [d_model, d_model]
+        core = w.W_O @ unembed_embed @ w.per_query_head("W_V")  # [layer, head, d_head, d_head]
+        eig = torch.linalg.eigvals(core)
         total = eig.abs().sum(dim=-1)
         score = eig.real.sum(dim=-1) / total.clamp_min(torch.finfo(total.dtype).tiny)
     return score.float().cpu()
@@ -231,8 +259,7 @@ def head_scores(
         token_range=token_range,
     )
     block = (tokens.shape[1] - (bos_id is not None)) // n_repeats
-    masks = torch.stack([TARGETS[name](tokens) for name in TARGETS], dim=1).float()  # [b, s, q, k]
-    counts = _row_counts(masks)
+    reduce = _Reducer(tokens)
 
     per_layer: dict[int, dict[str, Tensor]] = {}
     first: dict[int, Tensor] = {}
@@ -245,10 +272,10 @@ def head_scores(
                 f"q_pos, k_pos] = [{tokens.shape[0]}, {info.n_heads}, {tokens.shape[1]}, {tokens.shape[1]}]."
             )
         pattern = pattern.float()
-        if float(pattern.triu(1).sum(dim=-1).amax()) > ACAUSAL_TOLERANCE:
-            acausal[0] = True
-        per_layer[layer] = _reduce(pattern, masks, counts)
         first[layer] = pattern[0].detach().cpu()
+        if float(first[layer].triu(1).sum(dim=-1).amax()) > ACAUSAL_TOLERANCE:  # first sequence suffices
+            acausal[0] = True
+        per_layer[layer] = reduce(pattern)
 
     _run_patterns(model, tokens, info.n_layers, on_pattern)
 
