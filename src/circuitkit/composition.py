@@ -105,14 +105,12 @@ _DESTINATION: dict[str, Callable[[HeadWeights], _DestinationFactors]] = {
 }
 
 
-def _gram_cols(F: Float[Tensor, "layer n d_model d_head"]) -> Float[Tensor, "layer n d_head d_head"]:
-    """``F.T @ F`` per head, one layer at a time (a strided batch may be copied whole by ``matmul``)."""
-    return torch.stack([layer.mT @ layer for layer in F])
+def _gram_cols(F: Float[Tensor, "*b d_model d_head"]) -> Float[Tensor, "*b d_head d_head"]:
+    return F.mT @ F  # batched matmul reads the transposed view in place: no copy of F
 
 
-def _gram_rows(F: Float[Tensor, "layer n d_head d_model"]) -> Float[Tensor, "layer n d_head d_head"]:
-    """``F @ F.T`` per head, one layer at a time."""
-    return torch.stack([layer @ layer.mT for layer in F])
+def _gram_rows(F: Float[Tensor, "*b d_head d_model"]) -> Float[Tensor, "*b d_head d_head"]:
+    return F @ F.mT
 
 
 def _gram_root(G: Float[Tensor, "*b d_head d_head"]) -> Float[Tensor, "*b d_head d_head"]:
@@ -221,8 +219,8 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
     src_sq_norm = (G_V[:, kv] * _gram_rows(w.W_O)).sum((-2, -1))  # [L, H]
 
     dest = _DESTINATION[mode](w)
-    x_index = kv if dest.x_grouped else slice(None)
-    y_index = kv if dest.y_grouped else slice(None)
+    x_index = kv if dest.x_grouped and group > 1 else slice(None)
+    y_index = kv if dest.y_grouped and group > 1 else slice(None)
     R_Y = _gram_root(dest.G_Y)
     dst_sq_norm = (_gram_rows(dest.Xt)[:, x_index] * dest.G_Y[:, y_index]).sum((-2, -1))  # [L, H]
     by_group = dest.x_grouped and group > 1  # then R_Y is per query head (y_index is a full slice)
@@ -234,13 +232,12 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
         return (R_V[layer, kv] @ w.W_O[layer]).reshape(rows, d_model)
 
     def fold_destination(start: int, stop: int, out: Tensor) -> Tensor:  # [(stop-start)*cols, d_model]
-        # layer by layer into a preallocated buffer: no temporary larger than one layer
+        # into a preallocated buffer; Xt is only ever sliced (x_index is needed only when by_group)
         view = out[: (stop - start) * cols].view(stop - start, cols // d_head, d_head, d_model)
-        for i, layer in enumerate(range(start, stop)):
-            if by_group:
-                view[i].copy_(dest.Xt[layer])
-            else:
-                torch.matmul(R_Y[layer, y_index], dest.Xt[layer, x_index], out=view[i])
+        if by_group:
+            view.copy_(dest.Xt[start:stop])
+        else:
+            torch.matmul(R_Y[start:stop, y_index], dest.Xt[start:stop], out=view)
         return out[: (stop - start) * cols]
 
     def roots_by_group(start: int, stop: int) -> Tensor:  # [n*G, d_head, group*d_head]: R_b.T side by side
@@ -286,7 +283,7 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
                 block_sq = per_head.permute(2, 0, 1, 3).reshape(H, n, H)
             else:
                 tile.square_()
-                block_sq = tile.view(H, d_head, n * rows).sum(1).view(H, n * H, d_head).sum(-1).view(H, n, H)
+                block_sq = tile.view(H, d_head, n * H, d_head).sum((1, 3)).view(H, n, H)
             sq[src, :, start:stop, :] = block_sq
     denominator = src_sq_norm[:, :, None, None] * dst_sq_norm[None, None, :, :]
     scores = torch.where(denominator > 0, sq / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
