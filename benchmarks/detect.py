@@ -96,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", type=str, default=None, help="also write the JSON here")
+    parser.add_argument("--quick", action="store_true", help="skip the GPT-2-small-shaped model (random weights)")
     args = parser.parse_args()
     torch.manual_seed(0)
 
@@ -110,6 +111,12 @@ def main() -> None:
         bench_model("random 4L bridge", random_bridge(4, 8, 256, 2000, 256), seq_len=64, batch=16,
                     repeats=args.repeats, tl_prompts=4)
     )
+
+    if not args.quick:
+        rows.append(
+            bench_model("gpt2-small shape", random_bridge(12, 12, 768, 50257, 1024), seq_len=64, batch=16,
+                        repeats=max(3, args.repeats // 3), tl_prompts=2)
+        )
 
     header = f"{'model':<18} {'batch':>9} {'forward':>9} {'head_scores':>11} {'ratio':>6} {'TL loop':>9} {'TL/ours':>8}"
     print(header)

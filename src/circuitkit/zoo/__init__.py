@@ -1,13 +1,14 @@
 """Bundled known-answer models: small transformers whose induction circuits are documented and tested.
 
 Why: detection needs ground truth. Each model here was trained by :mod:`circuitkit.zoo.train` (deterministic,
-a few minutes on 2 CPU cores) on random token blocks repeated twice, until induction heads formed. Its
+under a minute on 2 CPU cores) on random token blocks repeated twice, until induction heads formed. Its
 previous-token and induction heads are recorded in :func:`info` and confirmed by ablation in the tests.
 
 - ``"induction-2l"``: 2 layers x 4 heads, attention only, no LayerNorm, d_model 64, d_head 16, vocab 64,
   context 64. A TransformerLens-native model loaded into a ``TransformerBridge``.
-- ``"induction-2l-gpt2"``: 2 layers x 4 heads with MLPs and LayerNorm in Hugging Face GPT-2 format, loaded
-  through the real offline Hugging Face path (:func:`circuitkit.models.loading.load_hf_directory`).
+
+Entries whose ``format`` is ``"hf-gpt2"`` would load through the offline Hugging Face path
+(:func:`circuitkit.models.loading.load_hf_directory`); none is bundled yet.
 
 Token id 0 is the BOS token ``"<bos>"``; id ``i`` is the word ``"t{i}"`` in the bundled tokenizers.
 Each model directory holds its weights (``model.safetensors``), its config, its tokenizer, ``zoo.json`` (this

@@ -1,7 +1,7 @@
 """Train the bundled zoo models, deterministically, on random token blocks repeated twice.
 
-Run ``python -m circuitkit.zoo.train`` (both models, a few minutes on 2 CPU cores) or
-``python -m circuitkit.zoo.train --only induction-2l --out /tmp/zoo`` to regenerate one elsewhere.
+Run ``python -m circuitkit.zoo.train`` (under a minute on 2 CPU cores) or
+``python -m circuitkit.zoo.train --out /tmp/zoo`` to regenerate the models elsewhere.
 
 Data: every step draws one block length ``T`` uniformly from ``[MIN_BLOCK, MAX_BLOCK]`` (a varying length
 stops a head from solving the task by position alone), then ``BATCH`` sequences ``<bos> block block`` with
@@ -45,14 +45,6 @@ SPECS = {
         head_l1=3e-4,
         description=(
             "2-layer, 4-head attention-only transformer (no LayerNorm, no MLP; d_model 64, d_head 16, vocab 64, "
-            "context 64) trained on '<bos> block block' random tokens until induction heads formed."
-        ),
-    ),
-    "induction-2l-gpt2": dict(
-        steps=3000,
-        lr=3e-3,
-        description=(
-            "2-layer, 4-head GPT-2 (Hugging Face format, with MLPs and LayerNorm; d_model 64, vocab 64, "
             "context 64) trained on '<bos> block block' random tokens until induction heads formed."
         ),
     ),
@@ -173,36 +165,7 @@ def _native_logits(model, tokens: Tensor) -> Tensor:
     return out if isinstance(out, Tensor) else out.logits
 
 
-def train_gpt2(directory: Path, *, seed: int, steps: int, lr: float) -> dict[str, list[float]]:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=D_VOCAB,
-        n_positions=N_CTX,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        n_inner=256,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    model = GPT2LMHeadModel(config)
-    model.train()
-    curve = train_loop(lambda t: model(t).logits, list(model.parameters()), steps=steps, lr=lr, seed=seed)
-    model.eval()
-    model.save_pretrained(str(directory), safe_serialization=True)
-    generation = directory / "generation_config.json"
-    if generation.exists():
-        generation.unlink()
-    return curve
-
-
-TRAINERS = {"induction-2l": (train_native, "tl-native"), "induction-2l-gpt2": (train_gpt2, "hf-gpt2")}
+TRAINERS = {"induction-2l": (train_native, "tl-native")}
 
 
 def document_heads(name: str, directory: Path, fmt: str, description: str) -> dict:
