@@ -278,8 +278,14 @@ def test_mismatched_weights_are_rejected():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(memory_budget=0), dict(memory_budget=-5), dict(memory_budget=1.5), dict(baseline="divide")],
-    ids=["budget-zero", "budget-negative", "budget-float", "unknown-baseline"],
+    [
+        dict(memory_budget=0),
+        dict(memory_budget=-5),
+        dict(memory_budget=1.5),
+        dict(baseline="divide"),
+        dict(baseline=["subtract"]),
+    ],
+    ids=["budget-zero", "budget-negative", "budget-float", "unknown-baseline", "baseline-list"],
 )
 def test_bad_options_are_rejected(kwargs):
     with pytest.raises(CircuitkitError):

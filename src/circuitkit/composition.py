@@ -153,7 +153,7 @@ def composition_scores(
         ``src_layer >= dst_layer`` (also with a baseline).
     """
     check_mode(mode, "composition_scores")
-    if baseline is not None and baseline not in _BASELINES:
+    if baseline is not None and (not isinstance(baseline, str) or baseline not in _BASELINES):
         raise CircuitkitError(
             f"composition_scores: given baseline={describe(baseline)}; expected None, 'subtract' or 'zscore'."
         )
@@ -173,7 +173,7 @@ def composition_scores(
         if baseline is not None:
             reference = composition_baseline(w, mode)
             scores = _BASELINES[baseline](scores, reference)
-            scores = scores * _pair_mask(w.n_layers, scores.device).to(scores.dtype)
+            scores = torch.where(_pair_mask(w.n_layers, scores.device), scores, 0.0)
     return scores
 
 
