@@ -38,9 +38,13 @@ _LAZY: dict[str, str] = {
     "composition_scores": "circuitkit.composition",
     "composition_baseline": "circuitkit.composition",
     "top_edges": "circuitkit.composition",
+    "Edge": "circuitkit.composition",
+    "CompositionBaseline": "circuitkit.composition",
     "head_scores": "circuitkit.detect",
     "induction_loss": "circuitkit.detect",
     "ablation_effects": "circuitkit.detect",
+    "HeadScores": "circuitkit.detect",
+    "copying_scores": "circuitkit.detect",
 }
 _SUBPACKAGES = {"build", "models", "zoo", "viz", "theory", "report", "cli"}
 

@@ -44,14 +44,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from circuitkit.composition_baseline import (
+from circuitkit.errors import CircuitkitError, describe
+from circuitkit.random_baseline import (
     CompositionBaseline,
     Mode,
     as_head_weights,
     check_mode,
     composition_baseline,
 )
-from circuitkit.errors import CircuitkitError, describe
 from circuitkit.weights import HeadWeights
 
 __all__ = [

@@ -82,3 +82,17 @@ def test_subtract_and_zscore_shift_forward_pairs_and_keep_backward_pairs_zero(mo
 def test_bad_input_is_rejected(mode, kwargs):
     with pytest.raises(CircuitkitError):
         composition_baseline(random_weights(), mode, **kwargs)
+
+
+def test_public_name_stays_the_function_after_submodules_are_imported():
+    """A submodule named like a public function would replace it on the package (``ck.x`` -> module)."""
+    import importlib
+
+    import circuitkit as ck
+
+    for module in ("circuitkit.composition", "circuitkit.random_baseline", "circuitkit.detect"):
+        importlib.import_module(module)
+    for name in ck.__all__:
+        value = getattr(ck, name)
+        if name in ck._LAZY:
+            assert not isinstance(value, type(ck)), f"circuitkit.{name} is a module, expected the function/class"
