@@ -20,13 +20,21 @@ TARGET_RATIO = 1.3
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+    return interleaved_medians([fn], repeats)[0]
+
+
+def interleaved_medians(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median seconds of each function, run in alternation so that load from other processes on a shared
+    machine falls on all of them alike."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, bucket in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return [statistics.median(bucket) for bucket in times]
 
 
 def random_bridge(n_layers: int, n_heads: int, d_model: int, d_vocab: int, n_ctx: int):
@@ -75,8 +83,7 @@ def bench_model(label: str, model, *, seq_len: int, batch: int, repeats: int, tl
                 for kind in ("induction_head", "previous_token_head", "duplicate_token_head"):
                     detect_head(model, prompt, kind)
 
-    t_forward = median_seconds(forward, repeats)
-    t_ours = median_seconds(ours, repeats)
+    t_forward, t_ours = interleaved_medians([forward, ours], repeats)
     t_tl = median_seconds(transformer_lens_loop, max(1, repeats // 3)) * batch / len(prompts)
     cfg = model.cfg
     return {
@@ -96,9 +103,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", type=str, default=None, help="also write the JSON here")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="skip the GPT-2-small-shaped model (random weights)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from circuitkit import zoo
 
