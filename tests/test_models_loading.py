@@ -15,8 +15,13 @@ LOGIT_TOL = 1e-4
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
+    """No hub access: the environment variables for fresh imports, and the constant huggingface_hub read at
+    import time (it may already be imported by an earlier test), so a hub lookup fails at once."""
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 def save_tiny_gpt2(directory, *, with_tokenizer: bool, seed: int = 0):
