@@ -99,7 +99,7 @@ def test_unwritable_out_is_one_line_error(hf_dir, tmp_path, capsys):
 def test_seq_len_too_long_for_the_model_is_one_line_error(hf_dir, tmp_path, capsys):
     assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--seq-len", "17"]) == 2
     line = _one_error_line(capsys.readouterr().err)
-    assert "--seq-len: given 17; expected at most 16" in line
+    assert "--seq-len: given 17;" in line and "expected at most the model's context n_ctx=32" in line
 
 
 def test_non_positive_options_are_rejected_by_the_parser(capsys):
@@ -133,6 +133,7 @@ def test_console_script_unknown_model_offline_is_one_line_error(tmp_path):
     assert completed.returncode == 2, completed.stderr
     line = _one_error_line(completed.stderr)
     assert "'no-such-model-xyz'" in line and "local Hugging Face directory" in line
+    assert "--allow-download" in line
     assert completed.stdout == ""
 
 

@@ -57,12 +57,35 @@ def test_directory_without_config_raises(tmp_path):
         load_model(str(tmp_path))
 
 
-@pytest.mark.slow
-def test_unknown_name_offline_is_one_line_error():
+def test_unknown_name_is_one_line_error_without_touching_the_network(monkeypatch):
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"load_model opened a connection: {args}")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
     with pytest.raises(CircuitkitError) as info:
         load_model("nobody/no-such-model-circuitkit")
     message = str(info.value)
     assert "\n" not in message and "no-such-model-circuitkit" in message and "induction-2l" in message
+    assert "allow_download=True" in message
+
+
+def test_a_name_in_the_local_hub_cache_is_found(tmp_path, monkeypatch):
+    """The cache check reads the standard hub layout (models--org--name/snapshots/REV/config.json)."""
+    import huggingface_hub.constants
+
+    from circuitkit.models.loading import _in_local_cache
+
+    snapshot = tmp_path / "models--someone--tiny" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "models--someone--tiny" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert _in_local_cache("someone/tiny")
+    assert not _in_local_cache("someone/absent")
 
 
 def test_none_and_zoo_name_load_the_bundled_model():

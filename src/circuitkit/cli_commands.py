@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,8 @@ def add_scan_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         default=None,
         metavar="MODEL",
         help="a bundled zoo name (default: the bundled known-answer model), a local Hugging Face model "
-        "directory, or a TransformerLens model name (needs the network or a local cache)",
+        "directory, or a TransformerLens / Hugging Face model name (from the local cache; "
+        "--allow-download to fetch it)",
     )
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the model's)")
@@ -67,6 +67,8 @@ def add_scan_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                         help="heads per score and composition edges per mode to report (5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random tokens (0)")
     parser.add_argument("--json", action="store_true", help="print the scores JSON to stdout instead of the table")
+    parser.add_argument("--allow-download", action="store_true",
+                        help="let a model name be fetched from the Hugging Face hub (default: local cache only)")
     parser.add_argument("--png", action="store_true",
                         help="also export every figure as DIR/png/*.png (needs headless Chromium)")
     return parser
@@ -104,24 +106,6 @@ def prepare_out_dir(out: str | os.PathLike) -> Path:
     return path
 
 
-def _go_offline_if_hub_unreachable(model: str | None) -> None:
-    """Loading a hub name without network retries for ~30 s with noisy logs; fail fast instead.
-
-    Only for names that are neither zoo models nor local directories, and only when the user has not set
-    ``HF_HUB_OFFLINE`` themselves. Cached models still load offline.
-    """
-    from circuitkit import zoo
-
-    if model is None or model in zoo.available() or Path(model).expanduser().is_dir():
-        return
-    if "HF_HUB_OFFLINE" in os.environ:
-        return
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-    except OSError:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-
-
 def scan(
     model_name: str | None = None,
     *,
@@ -133,6 +117,7 @@ def scan(
     seed: int = 0,
     png: bool = False,
     progress: Any = None,
+    allow_download: bool = False,
 ) -> ScanOutput:
     """Run the whole scan and write ``out/report.html`` and ``out/scores.json``. ``progress(step)`` is told
     each step's name as it starts."""
@@ -140,16 +125,9 @@ def scan(
     step = progress or (lambda name: None)
 
     step("loading the model")
-    _go_offline_if_hub_unreachable(model_name)
     from circuitkit.models.loading import load_model
 
-    model = load_model(model_name, device=device)
-    cfg = model.cfg
-    if seq_len is not None and getattr(cfg, "n_ctx", None) is not None and 2 * seq_len > cfg.n_ctx:
-        raise CircuitkitError(
-            f"--seq-len: given {seq_len}; expected at most {cfg.n_ctx // 2} for this model (two copies of the "
-            f"block must fit its context of {cfg.n_ctx} tokens). Pass a smaller --seq-len."
-        )
+    model = load_model(model_name, device=device, allow_download=allow_download)
     from circuitkit import zoo
     from circuitkit.detect import ablation_effects, head_scores, induction_loss
     from circuitkit.report import ModelSummary, ScanResults, export_pngs, scores_json, write_report
@@ -157,7 +135,12 @@ def scan(
 
     options = {"seq_len": seq_len, "batch": batch, "seed": seed, "device": device}
     step("scoring heads on repeated random tokens")
-    scores = head_scores(model, **options)
+    try:
+        scores = head_scores(model, **options)
+    except CircuitkitError as error:
+        if seq_len is None:
+            raise
+        raise CircuitkitError(f"--seq-len: given {seq_len}; {error}") from None
     options["seq_len"] = scores.seq_len  # the block length actually used
     step("measuring the induction loss")
     loss = induction_loss(model, **options)
@@ -267,6 +250,7 @@ def run_scan(args: argparse.Namespace) -> int:
             seed=args.seed,
             png=args.png,
             progress=progress,
+            allow_download=args.allow_download,
         )
     finally:
         if status is not None:

@@ -96,14 +96,21 @@ def load_hf_directory(directory: str | Path, *, device: str | torch.device | Non
     return bridge
 
 
-def load_model(name_or_path: str | None = None, *, device: str | torch.device | None = None) -> Any:
-    """Load a model by zoo name, local directory or TransformerLens name.
+def load_model(
+    name_or_path: str | None = None,
+    *,
+    device: str | torch.device | None = None,
+    allow_download: bool = False,
+) -> Any:
+    """Load a model by zoo name, local directory or TransformerLens / Hugging Face name.
 
     - ``None`` or a name in :func:`circuitkit.zoo.available`: the bundled model (``None``: ``"induction-2l"``).
     - an existing local directory: a Hugging Face model saved with ``save_pretrained``, loaded offline and
       wrapped with ``TransformerBridge.boot_transformers(dir, hf_model=...)``.
-    - anything else: passed to ``TransformerBridge.boot_transformers(name)``, which needs the Hugging Face
-      hub; offline it fails with a one-line :class:`CircuitkitError`.
+    - anything else: a model name for ``TransformerBridge.boot_transformers(name)``. By default only a copy
+      already in the local Hugging Face cache is used and no network connection is made; a name that is not
+      cached fails at once with a one-line :class:`CircuitkitError`. ``allow_download=True`` lets the hub be
+      asked.
     """
     from circuitkit import zoo
 
@@ -116,14 +123,46 @@ def load_model(name_or_path: str | None = None, *, device: str | torch.device | 
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return load_hf_directory(path, device=device)
+    name = str(name_or_path)
+    expected = (
+        f"expected a zoo name ({', '.join(zoo.available())}), a local Hugging Face directory, or a model name "
+        "in the local Hugging Face cache"
+    )
+    if not allow_download:
+        repo = _hub_repo_id(name)
+        if repo is None or not _in_local_cache(repo):
+            raise CircuitkitError(
+                f"load_model: given {name!r}, which is neither a zoo model, a local directory, nor a model in the "
+                f"local Hugging Face cache; {expected}. Pass allow_download=True (circuitkit scan "
+                "--allow-download) to fetch it from the hub, which needs the network."
+            )
     try:
         from transformer_lens.model_bridge import TransformerBridge
 
-        return TransformerBridge.boot_transformers(str(name_or_path), device=device)
+        return TransformerBridge.boot_transformers(name, device=device)
     except Exception as error:  # network, missing repo, unsupported architecture: one line for the user
         detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise CircuitkitError(
-            f"load_model: could not load {str(name_or_path)!r} ({type(error).__name__}: {detail}); expected a zoo "
-            f"name ({', '.join(zoo.available())}), a local Hugging Face directory, or a model name reachable on "
-            "the Hugging Face hub (this machine may be offline)."
+            f"load_model: could not load {name!r} ({type(error).__name__}: {detail}); {expected} "
+            "(or a name on the Hugging Face hub with allow_download=True and a network connection)."
         ) from None
+
+
+def _hub_repo_id(name: str) -> str | None:
+    """The Hugging Face repository a TransformerLens alias (``"gpt2-small"``) or repository name refers to."""
+    try:
+        from transformer_lens.supported_models import get_official_model_name
+
+        return get_official_model_name(name)
+    except Exception:  # not a TransformerLens alias: a plain repository id, if it looks like one
+        return name if name and not name.startswith(("/", ".")) else None
+
+
+def _in_local_cache(repo: str) -> bool:
+    """Whether ``repo``'s config.json is in the local Hugging Face cache (no network access)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except Exception:  # malformed repository id
+        return False
