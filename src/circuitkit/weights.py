@@ -227,26 +227,27 @@ class HeadWeights:
         if callable(getter):
             return getter()
         cfg = getattr(model, "cfg", None)
-        missing = [name for name in ("W_Q", "W_K", "W_V", "W_O") if not _has_attr(model, name)]
+        # Each attribute is read once: on a TransformerBridge every one is assembled from the blocks.
+        with torch.no_grad():
+            values = {
+                name: value
+                for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_E", "W_U", "W_pos")
+                if (value := _read(model, name)) is not None
+            }
+        missing = [name for name in ("W_Q", "W_K", "W_V", "W_O") if name not in values]
         if missing:
             raise CircuitkitError(
                 f"HeadWeights.from_model: given a {type(model).__name__} with no {', '.join(missing)}; "
                 "expected a model with attention heads (W_Q, W_K, W_V, W_O in TransformerLens shapes). "
                 "Models with no attention layers have no heads to analyse."
             )
-        with torch.no_grad():
-            values = {name: _read(model, name) for name in ("W_Q", "W_K", "W_V", "W_O")}
-            for name in ("b_Q", "b_K", "b_V", "b_O", "W_E", "W_U", "W_pos"):
-                if _has_attr(model, name):
-                    value = _read(model, name)
-                    if isinstance(value, Tensor):
-                        values[name] = value
         for name in ("W_Q", "W_K", "W_V", "W_O"):
             if not isinstance(values[name], Tensor):
                 raise CircuitkitError(
                     f"HeadWeights.from_model: {type(model).__name__}.{name} is {describe(values[name])}; "
                     "expected a tensor."
                 )
+        values = {name: value for name, value in values.items() if isinstance(value, Tensor)}
         values = _drop_inconsistent_optionals(values)
         weights = cls(**values)
         if cfg is not None:
@@ -343,21 +344,13 @@ def _analysis_dtype(values) -> torch.dtype:
     return torch.float64 if dtypes == {torch.float64} else torch.float32
 
 
-def _has_attr(model: Any, name: str) -> bool:
-    try:
-        getattr(model, name)
-    except (AttributeError, NotImplementedError, KeyError):
-        return False
-    except Exception:  # a property that fails to assemble the tensor: treat as absent
-        return False
-    return True
-
-
 def _read(model: Any, name: str) -> Any:
-    value = getattr(model, name)
-    if isinstance(value, Tensor):
-        return value.detach()
-    return value
+    """``model.name`` detached, or None where the model has no such attribute (or cannot assemble it)."""
+    try:
+        value = getattr(model, name)
+    except Exception:  # AttributeError, or a property that fails to assemble the tensor: treat as absent
+        return None
+    return value.detach() if isinstance(value, Tensor) else value
 
 
 def _drop_inconsistent_optionals(values: dict[str, Any]) -> dict[str, Any]:
