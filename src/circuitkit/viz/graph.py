@@ -91,7 +91,7 @@ def composition_graph(
         yaxis={"title": {"text": "head"}, "dtick": 1, "autorange": "reversed"},
         width=max(480, 200 * n_layers),
         height=max(320, 80 + 30 * n_heads),
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        margin={"l": 60, "r": 20, "t": 80, "b": 50},
     )
     return figure
 

@@ -65,7 +65,7 @@ def head_score_heatmap(
         yaxis={"title": {"text": "layer"}, "dtick": 1, "autorange": "reversed"},
         width=max(360, 60 + 36 * n_heads),
         height=max(260, 120 + 36 * n_layers),
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        margin={"l": 60, "r": 20, "t": 80, "b": 50},
     )
     return figure
 
@@ -130,7 +130,7 @@ def composition_heatmap(
         yaxis={"title": {"text": "source head (layer.head)"}, "type": "category", "autorange": "reversed"},
         width=min(side + 80, 1100),
         height=min(side, 1000),
-        margin={"l": 80, "r": 20, "t": 50, "b": 80},
+        margin={"l": 80, "r": 20, "t": 80, "b": 80},
     )
     return figure
 

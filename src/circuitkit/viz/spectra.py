@@ -77,6 +77,6 @@ def singular_value_spectra(
         yaxis={"title": {"text": "sigma_i"}, "type": scale},
         width=720,
         height=420,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        margin={"l": 60, "r": 20, "t": 80, "b": 50},
     )
     return figure
