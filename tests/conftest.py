@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
 
 from circuitkit import HeadWeights
+
+# CI runs the property tests on a fixed sequence of examples, so a CI result can be reproduced exactly;
+# locally hypothesis keeps exploring new examples.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def boot_bridge(
