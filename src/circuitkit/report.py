@@ -556,7 +556,8 @@ _LOADER = """
       var spec = JSON.parse(document.getElementById(view.id + "-data").textContent);
       if (view.dataset.kind === "plotly") {
         spec.layout.template = template;
-        await Plotly.newPlot(view, spec.data, spec.layout, {displaylogo: false, responsive: true, displayModeBar: "hover"});
+        const config = {displaylogo: false, responsive: true, displayModeBar: "hover"};
+        await Plotly.newPlot(view, spec.data, spec.layout, config);
       } else {
         CircuitsVis.render(view.id, CircuitsVis[spec.element], spec.props);
       }
