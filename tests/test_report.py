@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from circuitkit import CircuitkitError
+from circuitkit import CircuitkitError, Edge
 from circuitkit.report import (
     GZIP_MIME,
     MAX_REPORT_BYTES,
@@ -28,16 +28,6 @@ EVIL_TOKEN = "</script><img src=x onerror=alert(1)>&amp;"
 # patterns are shown to PATTERN_DECIMALS=4 decimals
 PATTERN_ATOL = 0.5e-4
 
-
-@dataclass(frozen=True)
-class FakeEdge:  # the fields of circuitkit.composition.Edge
-    src: tuple[int, int]
-    dst: tuple[int, int]
-    score: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.src[0]}.{self.src[1]} -> {self.dst[0]}.{self.dst[1]}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +61,7 @@ def synthetic_results(n_layers: int = 2, n_heads: int = 4, block: int = 6, d_hea
         composition[mode] = torch.where(src < dst, raw, torch.zeros(()))
     edges = {
         mode: [
-            FakeEdge((0, h), (n_layers - 1, (h + 1) % n_heads), float(composition[mode][0, h, -1, (h + 1) % n_heads]))
+            Edge((0, h), (n_layers - 1, (h + 1) % n_heads), float(composition[mode][0, h, -1, (h + 1) % n_heads]))
             for h in range(min(3, n_heads))
         ]
         for mode in "QKV"

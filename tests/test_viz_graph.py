@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
-from circuitkit import CircuitkitError
+from circuitkit import CircuitkitError, Edge
 from circuitkit.viz import composition_graph
 from circuitkit.viz.graph import MAX_WIDTH, MIN_WIDTH, MODE_OFFSET
 
-
-@dataclass(frozen=True)
-class FakeEdge:  # the fields of circuitkit.composition.Edge
-    src: tuple[int, int]
-    dst: tuple[int, int]
-    score: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.src[0]}.{self.src[1]} -> {self.dst[0]}.{self.dst[1]}"
-
-
-EDGES = [FakeEdge((0, 1), (1, 3), 0.9), FakeEdge((0, 0), (2, 2), 0.5), FakeEdge((1, 2), (2, 0), 0.3)]
+EDGES = [Edge((0, 1), (1, 3), 0.9), Edge((0, 0), (2, 2), 0.5), Edge((1, 2), (2, 0), 0.3)]
 
 
 def test_one_trace_per_edge_with_positions_and_scores():
@@ -63,8 +49,8 @@ def test_no_edges_still_draws_the_heads():
     [
         ("0.1 -> 1.2", {}, "list of Edge"),
         ([object()], {}, "src=\\(layer, head\\)"),
-        ([FakeEdge((0, 0), (5, 0), 0.1)], {"n_layers": 2, "n_heads": 2}, "0 <= layer < 2"),
-        ([FakeEdge((0, 0), (1, 0), float("nan"))], {}, "finite score"),
+        ([Edge((0, 0), (5, 0), 0.1)], {"n_layers": 2, "n_heads": 2}, "0 <= layer < 2"),
+        ([Edge((0, 0), (1, 0), float("nan"))], {}, "finite score"),
     ],
     ids=["string", "not-an-edge", "head-out-of-range", "nan-score"],
 )
