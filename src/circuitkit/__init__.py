@@ -15,9 +15,7 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from circuitkit._lazy import lazy_exports
 from circuitkit.errors import CircuitkitError
 
 __version__ = "0.1.0"
@@ -51,17 +49,4 @@ _SUBPACKAGES = {"build", "models", "zoo", "viz", "theory", "report", "cli"}
 __all__ = ["CircuitkitError", "__version__", *_LAZY, *sorted(_SUBPACKAGES)]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBPACKAGES:
-        module = importlib.import_module(f"circuitkit.{name}")
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'circuitkit' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, _SUBPACKAGES)

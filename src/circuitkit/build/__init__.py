@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from circuitkit._lazy import lazy_exports
 
 _LAZY = {
     "Subspace": "circuitkit.build.subspace",
@@ -37,11 +36,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'circuitkit.build' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -9,8 +9,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from circuitkit._lazy import lazy_exports
 
 _LAZY = {
     "AttentionOnlyModel": "circuitkit.models.toy",
@@ -21,7 +20,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'circuitkit.models' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

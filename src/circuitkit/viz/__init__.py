@@ -11,8 +11,7 @@ none writes files (the report, :mod:`circuitkit.report`, does that).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from circuitkit._lazy import lazy_exports
 
 _LAZY = {
     "head_score_heatmap": "circuitkit.viz.heatmaps",
@@ -31,13 +30,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'circuitkit.viz' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
