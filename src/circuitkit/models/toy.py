@@ -259,9 +259,15 @@ class AttentionOnlyModel:
         self,
         tokens: Tensor,
         fwd_hooks: Iterable[tuple[str | Callable[[str], bool], HookFn]] = (),
+        *,
+        start_at_layer: int | None = None,
     ) -> Tensor:
-        """Run with ``fwd_hooks = [(name or name_filter, fn), ...]``; ``fn(tensor, hook)`` may return a replacement."""
-        return self._run(tokens, self._resolve_hooks(fwd_hooks))
+        """Run with ``fwd_hooks = [(name or name_filter, fn), ...]``; ``fn(tensor, hook)`` may return a replacement.
+
+        With ``start_at_layer=l``, ``tokens`` is the residual stream ``[batch, pos, d_model]`` entering layer
+        ``l`` (``blocks.{l}.hook_resid_pre`` of an earlier run) and layers ``0 .. l-1`` are skipped, as
+        TransformerLens's ``forward(..., start_at_layer=l)``."""
+        return self._run(tokens, self._resolve_hooks(fwd_hooks), start_at_layer)
 
     def run_with_cache(self, tokens: Tensor, names_filter: NameFilter = None) -> tuple[Tensor, ToyCache]:
         """``(logits, cache)``: ``cache`` maps hook names (those ``names_filter`` keeps) to activations."""
@@ -376,38 +382,60 @@ class AttentionOnlyModel:
                 tensor = out
         return tensor
 
-    def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]]) -> Tensor:
+    def _resume_input(self, resid: Tensor, start_at_layer: Any) -> Tensor:
+        cfg = self.cfg
+        if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int):
+            raise CircuitkitError(f"start_at_layer: given {describe(start_at_layer)}; expected an int layer index.")
+        if not 0 <= start_at_layer <= cfg.n_layers:
+            raise CircuitkitError(
+                f"start_at_layer: given {start_at_layer}; expected a layer in [0, {cfg.n_layers}]."
+            )
+        if not isinstance(resid, Tensor) or not resid.is_floating_point() or resid.ndim != 3 or (
+            resid.shape[-1] != cfg.d_model
+        ):
+            raise CircuitkitError(
+                f"AttentionOnlyModel: given {describe(resid)} with start_at_layer={start_at_layer}; expected the "
+                f"residual stream [batch, pos, {cfg.d_model}] entering that layer."
+            )
+        if resid.shape[1] > cfg.n_ctx:
+            raise CircuitkitError(f"AttentionOnlyModel: given {resid.shape[1]} positions; expected at most n_ctx={cfg.n_ctx}.")
+        return resid.to(device=self._weights.device, dtype=self._weights.dtype)
+
+    def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]], start_at_layer: int | None = None) -> Tensor:
         w, cfg = self._weights, self.cfg
         pattern_fn = _PATTERNS[cfg.attention]
-        with torch.no_grad():
-            resid = self._embed(tokens, hooks)
-            pos = resid.shape[1]
-            future = torch.triu(torch.ones(pos, pos, dtype=torch.bool, device=w.device), diagonal=1)
-            for layer in range(cfg.n_layers):
-                prefix, attn = f"blocks.{layer}.", f"blocks.{layer}.attn."
-                resid = self._hook(hooks, prefix + "hook_resid_pre", resid)
-                q = torch.einsum("bpm,hmd->bphd", resid, w.W_Q[layer])
-                k = torch.einsum("bpm,gmd->bpgd", resid, w.W_K[layer])
-                v = torch.einsum("bpm,gmd->bpgd", resid, w.W_V[layer])
-                if w.b_Q is not None:
-                    q = q + w.b_Q[layer]
-                if w.b_K is not None:
-                    k = k + w.b_K[layer]
-                if w.b_V is not None:
-                    v = v + w.b_V[layer]
-                q = self._hook(hooks, attn + "hook_q", q)
-                k = self._hook(hooks, attn + "hook_k", k)
-                v = self._hook(hooks, attn + "hook_v", v)
-                k_full = k.repeat_interleave(w.group_size, dim=2)  # [batch, pos, head, d_head]
-                v_full = v.repeat_interleave(w.group_size, dim=2)
-                scores = torch.einsum("bqhd,bkhd->bhqk", q, k_full) / cfg.scale
-                scores = scores.masked_fill(future, float("-inf"))
-                scores = self._hook(hooks, attn + "hook_attn_scores", scores)
-                pattern = self._hook(hooks, attn + "hook_pattern", pattern_fn(scores))
-                z = self._hook(hooks, attn + "hook_z", torch.einsum("bhqk,bkhd->bqhd", pattern, v_full))
-                attn_out = torch.einsum("bqhd,hdm->bqm", z, w.W_O[layer])
-                if w.b_O is not None:
-                    attn_out = attn_out + w.b_O[layer]
-                attn_out = self._hook(hooks, prefix + "hook_attn_out", attn_out)
-                resid = self._hook(hooks, prefix + "hook_resid_post", resid + attn_out)
-            return resid if w.W_U is None else resid @ w.W_U
+        # No no_grad here: the weights never require grad, and attribution needs gradients w.r.t. activations.
+        if start_at_layer is None:
+            resid, first_layer = self._embed(tokens, hooks), 0
+        else:
+            resid, first_layer = self._resume_input(tokens, start_at_layer), start_at_layer
+        pos = resid.shape[1]
+        future = torch.triu(torch.ones(pos, pos, dtype=torch.bool, device=w.device), diagonal=1)
+        for layer in range(first_layer, cfg.n_layers):
+            prefix, attn = f"blocks.{layer}.", f"blocks.{layer}.attn."
+            resid = self._hook(hooks, prefix + "hook_resid_pre", resid)
+            q = torch.einsum("bpm,hmd->bphd", resid, w.W_Q[layer])
+            k = torch.einsum("bpm,gmd->bpgd", resid, w.W_K[layer])
+            v = torch.einsum("bpm,gmd->bpgd", resid, w.W_V[layer])
+            if w.b_Q is not None:
+                q = q + w.b_Q[layer]
+            if w.b_K is not None:
+                k = k + w.b_K[layer]
+            if w.b_V is not None:
+                v = v + w.b_V[layer]
+            q = self._hook(hooks, attn + "hook_q", q)
+            k = self._hook(hooks, attn + "hook_k", k)
+            v = self._hook(hooks, attn + "hook_v", v)
+            k_full = k.repeat_interleave(w.group_size, dim=2)  # [batch, pos, head, d_head]
+            v_full = v.repeat_interleave(w.group_size, dim=2)
+            scores = torch.einsum("bqhd,bkhd->bhqk", q, k_full) / cfg.scale
+            scores = scores.masked_fill(future, float("-inf"))
+            scores = self._hook(hooks, attn + "hook_attn_scores", scores)
+            pattern = self._hook(hooks, attn + "hook_pattern", pattern_fn(scores))
+            z = self._hook(hooks, attn + "hook_z", torch.einsum("bhqk,bkhd->bqhd", pattern, v_full))
+            attn_out = torch.einsum("bqhd,hdm->bqm", z, w.W_O[layer])
+            if w.b_O is not None:
+                attn_out = attn_out + w.b_O[layer]
+            attn_out = self._hook(hooks, prefix + "hook_attn_out", attn_out)
+            resid = self._hook(hooks, prefix + "hook_resid_post", resid + attn_out)
+        return resid if w.W_U is None else resid @ w.W_U

@@ -1,0 +1,275 @@
+"""The model contract: what circuitkit needs from a model, written down once, and one adapter per family.
+
+Why: detection, ablation, attribution and path patching all run models through TransformerLens-style hooks.
+What they need was duck-typed across several modules; here it is stated once, and every runner goes through
+:func:`adapt`.
+
+A model circuitkit can run offers (the :class:`HookedModel` protocol):
+
+- ``cfg`` with ``n_layers``, ``n_heads``, ``d_model``, ``d_head``, ``d_vocab`` (TransformerLens names), and
+  optionally ``n_ctx``, ``n_key_value_heads``, ``attention_dir``, ``default_prepend_bos``;
+- ``run_with_hooks(tokens, fwd_hooks=[(hook_name, fn), ...])`` returning logits ``[batch, pos, d_vocab]``,
+  where ``fn(activation, hook)`` may return a replacement and ``hook.name`` is the hook's name;
+- the hook points named by :data:`HOOKS` (shapes in the table below);
+- weights readable by :meth:`circuitkit.HeadWeights.from_model`;
+- optionally ``tokenizer`` (its ``bos_token_id`` is the default BOS).
+
+Hook names (``l`` the layer)::
+
+    blocks.{l}.hook_resid_pre      [batch, pos, d_model]        residual stream entering layer l
+    blocks.{l}.attn.hook_pattern   [batch, head, q_pos, k_pos]  attention probabilities
+    blocks.{l}.attn.hook_z         [batch, pos, head, d_head]   each head's output before W_O
+    blocks.{l}.attn.hook_q/k/v     [batch, pos, head|kv_head, d_head]
+    blocks.{l}.hook_attn_out       [batch, pos, d_model]        the attention layer's output
+
+Families (:data:`ADAPTERS`, tried in order): TransformerLens 4.x ``TransformerBridge``, circuitkit's toy
+:class:`~circuitkit.models.AttentionOnlyModel`, and any duck-typed HookedTransformer-like object. A family
+that can resume a forward pass from a residual stream (``start_at_layer``) says so in ``can_resume``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+
+HookFn = Callable[[Tensor, Any], Tensor | None]
+FwdHooks = Sequence[tuple[str, HookFn]]
+
+
+class HOOKS:
+    """Hook names, spelled once. Each is a function of the layer."""
+
+    @staticmethod
+    def resid_pre(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_pre"
+
+    @staticmethod
+    def pattern(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_pattern"
+
+    @staticmethod
+    def z(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_z"
+
+    @staticmethod
+    def q(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_q"
+
+    @staticmethod
+    def k(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_k"
+
+    @staticmethod
+    def v(layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_v"
+
+    @staticmethod
+    def attn_out(layer: int) -> str:
+        return f"blocks.{layer}.hook_attn_out"
+
+    @staticmethod
+    def layer_of(name: str) -> int:
+        """The layer a ``blocks.{l}....`` hook name belongs to."""
+        return int(name.split(".")[1])
+
+
+@runtime_checkable
+class HookedModel(Protocol):
+    """What a model must offer (see the module docstring)."""
+
+    cfg: Any
+
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's sizes and conventions, read once from ``cfg``."""
+
+    family: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    d_vocab: int
+    n_ctx: int | None
+    device: torch.device
+    default_bos: int | None
+    bidirectional: bool
+
+    @property
+    def n_total_heads(self) -> int:
+        return self.n_layers * self.n_heads
+
+
+class ModelAdapter:
+    """Runs one family of models under the contract. Subclasses say which models they ``accept``."""
+
+    family: ClassVar[str] = "duck-typed"
+    can_resume: ClassVar[bool] = False
+
+    def __init__(self, model: Any, device: str | torch.device | None = None) -> None:
+        self.model = model
+        self.spec = self._read_spec(validate.device("device", device))
+
+    @classmethod
+    def accepts(cls, model: Any) -> bool:
+        return callable(getattr(model, "run_with_hooks", None)) and getattr(model, "cfg", None) is not None
+
+    # ------------------------------------------------------------------ reading the model
+    def _read_spec(self, device: torch.device | None) -> ModelSpec:
+        model = self.model
+        cfg = getattr(model, "cfg", None)
+        missing = [name for name in ("n_layers", "n_heads", "d_model", "d_head") if getattr(cfg, name, None) is None]
+        if cfg is None or missing:
+            raise CircuitkitError(
+                f"given a {type(model).__name__} with "
+                f"{'no cfg' if cfg is None else 'cfg missing ' + ', '.join(missing)}; expected a model with "
+                "cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_head (a TransformerLens TransformerBridge, a "
+                "circuitkit AttentionOnlyModel, or any model shaped like them)."
+            )
+        d_vocab = getattr(cfg, "d_vocab", None)
+        if d_vocab is None or int(d_vocab) < 1:
+            raise CircuitkitError(
+                f"given a {type(model).__name__} with cfg.d_vocab={d_vocab!r}; expected a model that takes token "
+                "ids and returns logits (a vocabulary). Models on residual inputs cannot be scored on tokens."
+            )
+        n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
+        if n_layers < 1 or n_heads < 1:
+            raise CircuitkitError(
+                f"given a model with {n_layers} layers x {n_heads} heads; expected at least one attention head."
+            )
+        if device is None:
+            device = self._first_device()
+        tokenizer = getattr(model, "tokenizer", None)
+        bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+        if not getattr(cfg, "default_prepend_bos", True):
+            bos = None
+        n_kv = getattr(cfg, "n_key_value_heads", None)
+        n_ctx = getattr(cfg, "n_ctx", None)
+        return ModelSpec(
+            family=self.family,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=int(n_kv) if n_kv else n_heads,
+            d_model=int(cfg.d_model),
+            d_head=int(cfg.d_head),
+            d_vocab=int(d_vocab),
+            n_ctx=int(n_ctx) if n_ctx is not None else None,
+            device=torch.device(device),
+            default_bos=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
+            bidirectional=getattr(cfg, "attention_dir", "causal") == "bidirectional",
+        )
+
+    def _first_device(self) -> torch.device:
+        """Where token ids go: the embedding's device (the first parameter's), else ``cfg.device``, else cpu."""
+        parameters = getattr(self.model, "parameters", None)
+        first = next(iter(parameters()), None) if callable(parameters) else None
+        if first is not None:
+            return first.device
+        return torch.device(getattr(self.model.cfg, "device", None) or "cpu")
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.model, "tokenizer", None)
+
+    def weights(self) -> Any:
+        """The model's :class:`~circuitkit.HeadWeights`."""
+        from circuitkit.weights import HeadWeights
+
+        return HeadWeights.from_model(self.model)
+
+    # ------------------------------------------------------------------ running
+    def run(self, tokens: Tensor, fwd_hooks: FwdHooks = ()) -> Tensor:
+        """Logits ``[batch, pos, d_vocab]`` of ``tokens`` with ``fwd_hooks`` attached; no gradients unless the
+        caller enables them."""
+        hooks = list(fwd_hooks)
+        out = self.model.run_with_hooks(tokens, fwd_hooks=hooks) if hooks else self.model(tokens)
+        return self._logits(out, tuple(tokens.shape[:2]))
+
+    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+        """Logits from the residual stream ``resid`` ``[batch, pos, d_model]`` entering ``start_at_layer``
+        (layers before it skipped). Only for families with ``can_resume``."""
+        raise CircuitkitError(
+            f"{type(self.model).__name__} cannot resume a forward pass from layer {start_at_layer}; expected a "
+            "TransformerBridge or AttentionOnlyModel. Callers check ModelAdapter.can_resume first."
+        )
+
+    def _logits(self, out: Any, batch_pos: tuple[int, ...]) -> Tensor:
+        logits = out if isinstance(out, Tensor) else getattr(out, "logits", None)
+        if not isinstance(logits, Tensor) or logits.ndim != 3 or tuple(logits.shape[:2]) != batch_pos:
+            shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(out).__name__
+            raise CircuitkitError(
+                f"{type(self.model).__name__} returned {shape}; expected logits [batch, pos, d_vocab] with "
+                f"batch, pos = {batch_pos}."
+            )
+        if logits.shape[-1] != self.spec.d_vocab:
+            raise CircuitkitError(
+                f"{type(self.model).__name__} returned {logits.shape[-1]} logits per position; expected "
+                f"cfg.d_vocab = {self.spec.d_vocab} (does the model have an unembedding W_U?)."
+            )
+        return logits
+
+
+class BridgeAdapter(ModelAdapter):
+    """TransformerLens 4.x ``TransformerBridge``: resumes with ``forward(resid, start_at_layer=l)``."""
+
+    family = "transformer-bridge"
+    can_resume = True
+
+    @classmethod
+    def accepts(cls, model: Any) -> bool:
+        return any(klass.__name__ == "TransformerBridge" for klass in type(model).__mro__)
+
+    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+        hooks = list(fwd_hooks)
+        if hooks:
+            out = self.model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=start_at_layer)
+        else:
+            out = self.model(resid, start_at_layer=start_at_layer)
+        return self._logits(out, tuple(resid.shape[:2]))
+
+
+class ToyAdapter(ModelAdapter):
+    """circuitkit's :class:`~circuitkit.models.AttentionOnlyModel` (resumes from any layer)."""
+
+    family = "circuitkit-toy"
+    can_resume = True
+
+    @classmethod
+    def accepts(cls, model: Any) -> bool:
+        from circuitkit.models.toy import AttentionOnlyModel
+
+        return isinstance(model, AttentionOnlyModel)
+
+    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+        out = self.model.run_with_hooks(resid, fwd_hooks=list(fwd_hooks), start_at_layer=start_at_layer)
+        return self._logits(out, tuple(resid.shape[:2]))
+
+
+ADAPTERS: tuple[type[ModelAdapter], ...] = (BridgeAdapter, ToyAdapter, ModelAdapter)
+"""Families, tried in order; the last (duck-typed) accepts anything with ``cfg`` and ``run_with_hooks``."""
+
+
+def adapt(model: Any, device: str | torch.device | None = None) -> ModelAdapter:
+    """The adapter that runs ``model`` under the contract; a ``CircuitkitError`` if no family accepts it."""
+    if isinstance(model, ModelAdapter):
+        return model
+    for adapter in ADAPTERS:
+        if adapter.accepts(model):
+            return adapter(model, device)
+    raise CircuitkitError(
+        f"given a {type(model).__name__}, which has no cfg or no run_with_hooks; expected a model with TransformerLens "
+        "hooks (a TransformerBridge, a circuitkit AttentionOnlyModel, or a HookedTransformer-like object)."
+    )
+
+
+__all__ = ["ADAPTERS", "HOOKS", "BridgeAdapter", "HookedModel", "ModelAdapter", "ModelSpec", "ToyAdapter", "adapt"]

@@ -1,0 +1,62 @@
+"""Ranking heads and naming them: the one top-k and the one head name every module uses.
+
+Why: a ranking has to say what it does with ties and NaN. Here: highest first (or by absolute value), ties
+broken by position in the flattened tensor (``(layer, head)`` order, i.e. stable), NaN always last. A head is
+named ``"layer.head"`` (``"1.3"``), as in the Framework paper's figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+
+Head = tuple[int, int]
+
+
+def head_name(head: Sequence[int]) -> str:
+    """``(layer, head)`` -> ``"layer.head"``."""
+    layer, index = head
+    return f"{int(layer)}.{int(index)}"
+
+
+def parse_head(name: str) -> Head:
+    """``"layer.head"`` -> ``(layer, head)``; a ``CircuitkitError`` for anything else."""
+    parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise validate.fail("head name", name, "'layer.head' with two non-negative integers, e.g. '1.3'")
+    return int(parts[0]), int(parts[1])
+
+
+def top_indices(values: Tensor, k: int, *, absolute: bool = False, largest: bool = True) -> list[tuple[int, float]]:
+    """The ``k`` best flat indices of ``values`` as ``(index, value)``: descending (``largest``) or ascending,
+    by ``|value|`` when ``absolute`` (the value returned keeps its sign). Ties keep flat order; NaN last."""
+    k = validate.positive_int("k", k)
+    flat = values.detach().reshape(-1).to("cpu", torch.float64).tolist()
+
+    def key(i: int) -> tuple[bool, float, int]:
+        v = flat[i]
+        if math.isnan(v):
+            return True, 0.0, i
+        v = abs(v) if absolute else v
+        return False, -v if largest else v, i
+
+    order = sorted(range(len(flat)), key=key)[:k]
+    return [(i, flat[i]) for i in order]
+
+
+def top_heads(
+    scores: Tensor, k: int, *, absolute: bool = False, largest: bool = True
+) -> list[tuple[Head, float]]:
+    """The ``k`` best heads of a ``[layer, head]`` tensor as ``((layer, head), value)``, best first
+    (see :func:`top_indices` for ties and NaN)."""
+    scores = validate.tensor("scores", scores, ndim=2)
+    n_heads = scores.shape[1]
+    return [((i // n_heads, i % n_heads), v) for i, v in top_indices(scores, k, absolute=absolute, largest=largest)]
+
+
+__all__ = ["Head", "head_name", "parse_head", "top_heads", "top_indices"]
