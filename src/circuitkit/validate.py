@@ -171,15 +171,17 @@ def tensor(
     if shape is not None:
         ndim = len(shape)
     if ndim is not None and value.ndim != ndim:
-        dims = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]" if shape is not None else f"{ndim} axes"
-        raise fail(name, value, f"a tensor of shape {dims}" if shape is not None else f"a tensor with {dims}")
+        if shape is not None:
+            dims = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
+            raise fail(name, value, f"a tensor of shape {dims}")
+        raise fail(name, value, f"a tensor with {ndim} axes")
     if shape is not None:
         for axis, (size, want) in enumerate(zip(value.shape, shape, strict=True)):
             if isinstance(want, int) and not isinstance(want, bool) and size != want:
                 expected = "[" + ", ".join(str(s) if s is not None else "?" for s in shape) + "]"
                 raise fail(name, value, f"shape {expected} (axis {axis} of size {want})")
     if floating and not value.is_floating_point():
-        raise fail(name, value, "a floating-point tensor (float16, bfloat16, float32 or float64)", "Cast with .float().")
+        raise fail(name, value, "a floating-point tensor (float16, bfloat16, float32, float64)", "Cast with .float().")
     if integral and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
         raise fail(name, value, "an integer tensor (token ids)", "Cast with .long().")
     if finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):

@@ -398,7 +398,9 @@ class AttentionOnlyModel:
                 f"residual stream [batch, pos, {cfg.d_model}] entering that layer."
             )
         if resid.shape[1] > cfg.n_ctx:
-            raise CircuitkitError(f"AttentionOnlyModel: given {resid.shape[1]} positions; expected at most n_ctx={cfg.n_ctx}.")
+            raise CircuitkitError(
+                f"AttentionOnlyModel: given {resid.shape[1]} positions; expected at most n_ctx={cfg.n_ctx}."
+            )
         return resid.to(device=self._weights.device, dtype=self._weights.dtype)
 
     def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]], start_at_layer: int | None = None) -> Tensor:
