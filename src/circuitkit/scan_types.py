@@ -1,0 +1,185 @@
+"""The typed result of a scan: what :func:`circuitkit.scan` computes and the report, JSON and CLI show.
+
+Why a module of its own: the pipeline (:mod:`circuitkit.scan`), the report (:mod:`circuitkit.report`) and
+the command line all speak about the same object; keeping its definition apart from the code that fills it
+lets each be read (and tested) alone. Nothing here computes anything about a model.
+
+All tensors are float32 on the CPU. Shapes: ``L`` layers, ``H`` query heads, ``pos`` sequence length.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from circuitkit.ranking import Head
+
+if TYPE_CHECKING:
+    from circuitkit.composition import CompositionBaseline, Edge
+    from circuitkit.detect.loss import InductionLoss
+    from circuitkit.detect.scores import HeadScores
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What a report says about the model: its name, family (adapter) and shape."""
+
+    name: str
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_head: int
+    d_vocab: int | None = None
+    n_ctx: int | None = None
+    n_kv_heads: int | None = None
+    attn_only: bool | None = None
+    family: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScanSettings:
+    """The options a scan ran with (shown verbatim in the report: no timestamps, no paths)."""
+
+    block_len: int
+    n_repeats: int
+    batch: int
+    seed: int
+    bos: int | None
+    ablate: str  # "top" | "all" | "none"
+    ablate_top: int
+    ablation_method: str  # "mean" | "zero"
+    top_k: int
+    device: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HeadEffects:
+    """Effect of removing each head on the repeated-copies loss (nats; positive = the loss rises).
+
+    ``effect[layer, head]``: for ``kind="attribution"`` the first-order estimate for every head; for
+    ``kind="ablation"`` the exact rise where ``exact[layer, head]`` is True and NaN elsewhere (not ablated).
+    """
+
+    kind: str  # "attribution" | "ablation"
+    method: str  # "mean" | "zero"
+    clean_loss: float
+    effect: Float[Tensor, "layer head"]
+    exact: Bool[Tensor, "layer head"] | None = None
+
+    def top(self, k: int = 5, *, absolute: bool = False) -> list[tuple[Head, float]]:
+        """The ``k`` heads with the largest effect (``absolute``: largest ``|effect|``), NaN last."""
+        from circuitkit.ranking import top_heads
+
+        return top_heads(self.effect, k, absolute=absolute)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How well attribution predicted exact ablation on the heads ablated exactly.
+
+    ``spearman``: rank correlation of estimate vs exact over those heads (None with fewer than 3);
+    ``largest_miss``: the head with the largest ``|estimate - exact|`` and both values.
+    """
+
+    n_exact: int
+    spearman: float | None
+    largest_miss: tuple[Head, float, float] | None  # (head, exact, estimate)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Everything a scan measured. Build with :func:`circuitkit.scan`; save with :meth:`save`.
+
+    - ``head_scores``: :class:`~circuitkit.detect.HeadScores`, score name -> ``[L, H]`` in registry order,
+      with ``.definitions`` (short name, description, kind, neutral value) for every score;
+    - ``tokens``, ``patterns``: the first sequence's token strings and every head's attention on it,
+      ``[L, H, pos, pos]`` (rows are queries);
+    - ``induction_loss``: per-position loss and its first-copy / repeated-copies means;
+    - ``attribution`` / ``ablation`` / ``agreement``: :class:`HeadEffects` and :class:`Agreement` (None when
+      not computed);
+    - ``composition``: mode ``"Q" | "K" | "V"`` -> ``[L, H, L, H]`` (src layer < dst layer only; 0 elsewhere),
+      ``baselines``: mode -> :class:`~circuitkit.CompositionBaseline`, ``edges``: mode -> top
+      :class:`~circuitkit.Edge` list;
+    - ``spectra``: ``"QK" | "OV"`` -> ``[L, H, d_head]`` singular values, descending;
+    - ``circuit``: edge-level causal evidence (:class:`circuitkit.circuits.CircuitEvidence`) or None;
+    - ``induction_heads``, ``previous_token_heads``: the heads the scan calls so (see
+      :data:`circuitkit.scan.HEAD_CALL_THRESHOLD`).
+    """
+
+    model: ModelSummary
+    settings: ScanSettings
+    head_scores: HeadScores
+    tokens: tuple[str, ...]
+    patterns: Float[Tensor, "layer head pos pos"]
+    induction_loss: InductionLoss
+    attribution: HeadEffects | None = None
+    ablation: HeadEffects | None = None
+    agreement: Agreement | None = None
+    composition: Mapping[str, Float[Tensor, "layer head layer head"]] = field(default_factory=dict)
+    baselines: Mapping[str, CompositionBaseline] = field(default_factory=dict)
+    edges: Mapping[str, list[Edge]] = field(default_factory=dict)
+    spectra: Mapping[str, Float[Tensor, "layer head k"]] = field(default_factory=dict)
+    circuit: Any | None = None
+    induction_heads: tuple[Head, ...] = ()
+    previous_token_heads: tuple[Head, ...] = ()
+
+    def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
+        """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""
+        if score in ("attribution", "ablation"):
+            effects = getattr(self, score)
+            if effects is None:
+                from circuitkit.validate import fail
+
+                raise fail("Scan.top: score", score, f"a score this scan computed ({score} was not run)")
+            return effects.top(k)
+        return self.head_scores.top(score, k)
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable scan (what ``scores.json`` holds): plain numbers, NaN as null, deterministic."""
+        from circuitkit.report import scan_json
+
+        return scan_json(self)
+
+    def save(self, out_dir: str | os.PathLike, *, png: bool = False) -> SavedReport:
+        """Write ``out_dir/report.html`` and ``out_dir/scores.json`` (replaced together or not at all), and
+        with ``png`` every figure as ``out_dir/png/*.png`` (needs headless Chromium)."""
+        from circuitkit.report import save
+
+        return save(self, out_dir, png=png)
+
+    def _repr_html_(self) -> str:
+        from circuitkit.report import summary_html
+
+        return summary_html(self)
+
+    def __repr__(self) -> str:
+        m = self.model
+        return (
+            f"Scan({m.name}: {m.n_layers} layers x {m.n_heads} heads; induction heads "
+            f"{[f'{a}.{b}' for a, b in self.induction_heads]}, previous-token heads "
+            f"{[f'{a}.{b}' for a, b in self.previous_token_heads]})"
+        )
+
+
+@dataclass(frozen=True)
+class SavedReport:
+    """The files :meth:`Scan.save` wrote."""
+
+    report: Path
+    scores: Path
+    pngs: tuple[Path, ...] = ()
+
+
+__all__ = ["Agreement", "HeadEffects", "ModelSummary", "SavedReport", "Scan", "ScanSettings"]
