@@ -265,9 +265,11 @@ def test_unknown_mode_is_rejected(mode):
         composition_scores(random_weights(), mode)
 
 
-def test_one_layer_is_rejected():
-    with pytest.raises(CircuitkitError, match="at least 2 layers"):
-        composition_scores(random_weights(n_layers=1), "Q")
+@pytest.mark.parametrize("baseline", [None, "subtract", "zscore"])
+def test_one_layer_has_no_pairs_so_all_scores_are_zero(baseline):
+    scores = composition_scores(random_weights(n_layers=1), "Q", baseline=baseline)
+    assert scores.shape == (1, 4, 1, 4) and not scores.any()
+    assert top_edges(scores) == []
 
 
 def test_mismatched_weights_are_rejected():

@@ -217,7 +217,7 @@ def test_eigenvalues_of_a_non_square_circuit_are_refused():
 
 
 def test_unknown_circuit_name():
-    with pytest.raises(CircuitkitError, match=r"given circuit 'XY'; expected one of"):
+    with pytest.raises(CircuitkitError, match=r"circuit: given str 'XY'; expected one of"):
         ck.singular_values(random_weights(1, 1, 4, 2), "XY")
 
 

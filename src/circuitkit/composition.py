@@ -32,6 +32,12 @@ each group block is then multiplied by each query head's ``d_head x d_head`` fac
 per query head.
 
 A head whose OV circuit (or destination circuit) is exactly zero gets score 0 with every partner.
+
+Scale. The score is homogeneous of degree zero in each of ``V, O, X, Y`` separately, so every factor matrix is
+first divided by its largest absolute entry and then by its Frobenius norm (per layer and head or group). The
+squared norms of the tiled product stay of order one whatever the weights' scale: scores agree to rounding for
+weights scaled anywhere in 1e-8 .. 1e8 (float32 products of the raw factors would overflow at ~1e5 and lose
+precision at ~1e-6). A non-finite result raises :class:`CircuitkitError`.
 """
 
 from __future__ import annotations
@@ -44,25 +50,35 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from circuitkit.errors import CircuitkitError, describe
-from circuitkit.random_baseline import (
-    CompositionBaseline,
-    Mode,
-    as_head_weights,
-    check_mode,
-    composition_baseline,
-)
-from circuitkit.weights import HeadWeights
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+from circuitkit.random_baseline import CompositionBaseline, composition_baseline
+from circuitkit.weights import HeadWeights, as_head_weights
 
 __all__ = [
+    "MODES",
     "CompositionBaseline",
     "Edge",
+    "check_mode",
     "composition_baseline",
     "composition_scores",
     "top_edges",
 ]
 
+Mode = Literal["Q", "K", "V"]
+MODES: tuple[str, ...] = ("Q", "K", "V")
 Baseline = Literal["subtract", "zscore"]
+
+ZSCORE_MIN_STD = 1e-6
+"""A random baseline whose spread is below this is rounding noise, not spread: scores lie in [0, 1] and the
+baseline is computed in float64, so at shapes where every random pair scores the same (``d_model == 1``, where
+all circuits are scalars and every score is 1) the measured std is ~1e-16 and a z-score would be ~1e15."""
+
+
+def check_mode(mode: Any, where: str) -> str:
+    """``mode`` if it is ``"Q"`` (query), ``"K"`` (key) or ``"V"`` (value composition); else :class:`CircuitkitError`
+    naming ``where``."""
+    return validate.option(f"{where}: mode", mode, MODES)
 
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 """Bytes the tiled product's working set aims to stay under (the result tensor itself is not counted)."""
@@ -113,6 +129,24 @@ def _gram_rows(F: Float[Tensor, "*b d_head d_model"]) -> Float[Tensor, "*b d_hea
     return F @ F.mT
 
 
+def _unit_factor(F: Float[Tensor, "*b m n"]) -> Float[Tensor, "*b m n"]:
+    """``F`` divided per matrix by its largest absolute entry, then by its Frobenius norm (zero matrices stay 0).
+
+    Two steps so that neither the norm of a huge ``F`` overflows nor that of a tiny one underflows.
+    """
+    scale = F.abs().amax(dim=(-2, -1), keepdim=True)
+    F = F / torch.where(scale > 0, scale, torch.ones_like(scale))
+    norm = torch.linalg.matrix_norm(F).unsqueeze(-1).unsqueeze(-1)
+    return F / torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
+def _unit_heads(w: HeadWeights) -> HeadWeights:
+    """``w`` with each head's (or group's) ``W_Q, W_K, W_V, W_O`` at unit Frobenius norm: scores do not change."""
+    return HeadWeights(
+        W_Q=_unit_factor(w.W_Q), W_K=_unit_factor(w.W_K), W_V=_unit_factor(w.W_V), W_O=_unit_factor(w.W_O)
+    )
+
+
 def _gram_root(G: Float[Tensor, "*b d_head d_head"]) -> Float[Tensor, "*b d_head d_head"]:
     """An ``R`` with ``R.T @ R == G`` for symmetric PSD ``G``, in float64.
 
@@ -141,10 +175,12 @@ def composition_scores(
 
     Args:
         weights: :class:`HeadWeights` or a model (TransformerBridge, toy model; read with ``from_model``).
-            At least 2 layers.
+            A 1-layer model has no pairs: its scores are all 0.
         mode: ``"Q"``, ``"K"`` or ``"V"`` composition (definitions in the module docstring, row convention).
         baseline: ``None`` for the raw scores in ``[0, 1]``; ``"subtract"`` subtracts the mean score of random
             heads of the same shapes (:func:`composition_baseline`); ``"zscore"`` also divides by their std.
+            Where that std is below :data:`ZSCORE_MIN_STD` (``d_model == 1``: every random pair scores 1)
+            ``"zscore"`` raises :class:`CircuitkitError` rather than dividing by rounding noise.
         memory_budget: bytes the tiled computation's working set aims to stay under. One source layer
             against one destination layer is the smallest tile, used even if it exceeds the budget.
 
@@ -153,39 +189,39 @@ def composition_scores(
         ``src_layer >= dst_layer`` (also with a baseline).
     """
     check_mode(mode, "composition_scores")
-    if baseline is not None and (not isinstance(baseline, str) or baseline not in _BASELINES):
-        raise CircuitkitError(
-            f"composition_scores: given baseline={describe(baseline)}; expected None, 'subtract' or 'zscore'."
-        )
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
-        raise CircuitkitError(
-            f"composition_scores: given memory_budget={describe(memory_budget)}; expected a positive int "
-            "(bytes), e.g. 256 * 2**20."
-        )
+    if baseline is not None:
+        validate.option("composition_scores: baseline", baseline, tuple(_BASELINES))
+    memory_budget = validate.positive_int("composition_scores: memory_budget", memory_budget, why="bytes")
     w = as_head_weights(weights, "composition_scores")
-    if w.n_layers < 2:
-        raise CircuitkitError(
-            f"composition_scores: given weights with {w.n_layers} layer; expected at least 2 layers "
-            "(composition pairs an earlier layer's head with a later layer's head)."
-        )
+    if w.n_layers < 2:  # no pair has src layer < dst layer: all scores are 0 by definition
+        return torch.zeros(w.n_layers, w.n_heads, w.n_layers, w.n_heads, device=w.device)
     with torch.no_grad():
-        scores = _raw_scores(w, mode, memory_budget)
+        scores = _raw_scores(_unit_heads(w), mode, memory_budget)
+        validate.finite_result("composition_scores", scores)
         if baseline is not None:
             reference = composition_baseline(w, mode)
-            scores = _BASELINES[baseline](scores, reference)
+            scores = _BASELINES[baseline](scores, reference, w)
             scores = torch.where(_pair_mask(w.n_layers, scores.device), scores, 0.0)
+            validate.finite_result("composition_scores", scores, why=f"baseline={baseline!r}")
     return scores
 
 
-def _subtract(scores: Tensor, reference: CompositionBaseline) -> Tensor:
+def _subtract(scores: Tensor, reference: CompositionBaseline, w: HeadWeights) -> Tensor:
     return scores - reference.mean
 
 
-def _zscore(scores: Tensor, reference: CompositionBaseline) -> Tensor:
+def _zscore(scores: Tensor, reference: CompositionBaseline, w: HeadWeights) -> Tensor:
+    if not reference.std >= ZSCORE_MIN_STD:
+        raise CircuitkitError(
+            f"composition_scores: baseline='zscore' at d_model={w.d_model}, d_head={w.d_head}: random heads of "
+            f"these shapes all score {reference.mean:.6g} (std {reference.std:.3g} < {ZSCORE_MIN_STD:g}), so a "
+            "z-score is undefined; expected shapes whose random baseline has a spread. Use baseline='subtract' "
+            "or baseline=None."
+        )
     return (scores - reference.mean) / reference.std
 
 
-_BASELINES: dict[str, Callable[[Tensor, CompositionBaseline], Tensor]] = {
+_BASELINES: dict[str, Callable[[Tensor, CompositionBaseline, HeadWeights], Tensor]] = {
     "subtract": _subtract,
     "zscore": _zscore,
 }
@@ -312,19 +348,14 @@ def top_edges(scores: Float[Tensor, "src_layer src_head dst_layer dst_head"], k:
     ``(src_layer, src_head, dst_layer, dst_head)`` order. Fewer than ``k`` edges are returned if the model
     has fewer pairs.
     """
-    if not isinstance(scores, Tensor) or scores.ndim != 4 or scores.shape[0] != scores.shape[2] or (
-        scores.shape[1] != scores.shape[3]
-    ):
-        raise CircuitkitError(
-            f"top_edges: given {describe(scores)}; expected a [src_layer, src_head, dst_layer, dst_head] "
-            "tensor from composition_scores (layer and head axes paired)."
+    scores = validate.tensor("top_edges: scores", scores, ndim=4, floating=True, finite=True)
+    if scores.shape[0] != scores.shape[2] or scores.shape[1] != scores.shape[3]:
+        raise validate.fail(
+            "top_edges: scores",
+            scores,
+            "a [src_layer, src_head, dst_layer, dst_head] tensor from composition_scores (layer and head axes paired)",
         )
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise CircuitkitError(f"top_edges: given k={describe(k)}; expected an int >= 1.")
-    if not scores.is_floating_point() or not bool(torch.isfinite(scores).all()):
-        raise CircuitkitError(
-            f"top_edges: given {describe(scores)} with non-finite or non-float values; expected finite scores."
-        )
+    k = validate.positive_int("top_edges: k", k)
     L, H = scores.shape[0], scores.shape[1]
     mask = _pair_mask(L, scores.device).expand(L, H, L, H).reshape(-1)
     flat_index = mask.nonzero().squeeze(1)

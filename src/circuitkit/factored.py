@@ -15,21 +15,108 @@ Convention: row vectors, as TransformerLens. ``QK = W_Q @ W_K.T`` scores ``x_dst
 ``OV = W_V @ W_O`` maps a source residual row ``x_src @ OV`` into the destination. The Framework paper's
 column-convention ``W_QK = W_Q^T W_K`` and ``W_OV = W_O W_V`` are these matrices transposed, with the same
 singular values and eigenvalues.
+
+Numerical safety. LAPACK's eigenvalue and SVD routines can crash the process (not raise) on finite inputs near
+the dtype's range, and float32 products of large factors overflow. Every spectrum is therefore computed from
+factors divided by their own largest absolute entry (per matrix), in float64 for the ``r x r`` core, and the scale
+is multiplied back afterwards: singular values and eigenvalues are homogeneous of degree one in each factor
+(``sigma(cA B) = |c| sigma(AB)``, ``lambda(cA B) = c lambda(AB)``). Results keep the weights' dtype unless float32
+cannot hold them (weights scaled by ~1e19 and beyond), in which case they are returned in float64.
+:func:`stable_eigvals` is the same treatment for dense square matrices.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Complex, Float
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
-from circuitkit.weights import HeadWeights
+from circuitkit.weights import HeadWeights, as_head_weights
 
 CircuitName = Literal["QK", "OV"]
+
+__all__ = [
+    "Factored",
+    "effective_rank",
+    "frobenius_norm",
+    "full_ov_circuit",
+    "full_qk_circuit",
+    "numerical_rank",
+    "ov_circuit",
+    "ov_eigenvalues",
+    "qk_circuit",
+    "singular_values",
+    "stable_eigvals",
+]
+
+_FLOAT32_HEADROOM = 2.0**-8
+"""A float32 product is built in float64 when its bound ``max|a| max|b| k`` exceeds this fraction of float32's
+largest value: the margin leaves room for the sums inside later Gram matrices."""
+
+
+# ---------------------------------------------------------------------- scale-safe linear algebra
+def _unit_scale(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(x / s, s)`` with ``s [..., 1, 1]`` the largest absolute entry of each matrix (1 for a zero matrix).
+
+    Dividing by ``s`` puts every entry in ``[-1, 1]``: LAPACK then never sees values near the dtype's range.
+    """
+    scale = x.detach().abs().amax(dim=(-2, -1), keepdim=True)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return x / scale, scale
+
+
+def _in_dtype(value: Tensor, dtype: torch.dtype, name: str) -> Tensor:
+    """``value`` (float64/complex128) cast to the working ``dtype``'s precision if that keeps it finite."""
+    validate.finite_result(name, value)
+    target = dtype
+    if value.is_complex():
+        target = torch.complex128 if dtype == torch.float64 else torch.complex64
+    elif dtype != torch.float64:
+        target = torch.float32
+    if target in (torch.float64, torch.complex128):
+        return value
+    cast = value.to(target)
+    return cast if bool(torch.isfinite(cast).all()) else value
+
+
+def stable_eigvals(matrix: Any, *, name: str = "stable_eigvals: matrix") -> Tensor:
+    """Eigenvalues of a batch of square real matrices ``[..., n, n]`` -> complex ``[..., n]``, never crashing.
+
+    ``matrix`` must be a finite floating tensor (:class:`CircuitkitError` naming ``name`` otherwise). Each matrix
+    is divided by its largest absolute entry ``s``, its eigenvalues are computed in float64 and multiplied by
+    ``s`` (``lambda(M) = s lambda(M / s)``). The result is complex64 for float16/bfloat16/float32 input
+    (complex128 where complex64 cannot hold the values) and complex128 for float64 input; order as
+    ``torch.linalg.eigvals``. This is the routine behind the copying score and :func:`ov_eigenvalues`.
+    """
+    matrix = validate.tensor(name, matrix, floating=True, finite=True)
+    if matrix.ndim < 2 or matrix.shape[-1] != matrix.shape[-2]:
+        raise validate.fail(name, matrix, "a batch of square matrices [..., n, n]")
+    with torch.no_grad():
+        unit, scale = _unit_scale(matrix.detach().double())
+        values = torch.linalg.eigvals(unit) * scale[..., 0]
+    return _in_dtype(values, matrix.dtype, name)
+
+
+def _safe_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``, in float64 where the float32 product could overflow (see ``_FLOAT32_HEADROOM``)."""
+    if a.dtype != torch.float64:
+        bound = float(a.abs().amax()) * float(b.abs().amax()) * a.shape[-1]
+        if not math.isfinite(bound) or bound > torch.finfo(a.dtype).max * _FLOAT32_HEADROOM:
+            return a.double() @ b.double()
+    return a @ b
+
+
+def _same_dtype(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Both in float64 if either had to be built in float64 (``_safe_product``)."""
+    if a.dtype != b.dtype:
+        return a.double(), b.double()
+    return a, b
 
 
 @dataclass(frozen=True)
@@ -59,6 +146,8 @@ class Factored:
             raise CircuitkitError(
                 f"Factored: given dtypes {A.dtype} and {B.dtype}; expected one floating dtype."
             )
+        validate.tensor("Factored: A", A, finite=True)
+        validate.tensor("Factored: B", B, finite=True)
 
     # ------------------------------------------------------------------ shape
     @property
@@ -107,50 +196,72 @@ class Factored:
         return self.A @ self.B
 
     # ------------------------------------------------------------------ spectra
-    def _core(self) -> Tensor:
-        """``R_A @ R_B.T`` (``[..., r, r]`` when r <= m, n): same singular values as ``A @ B``."""
-        _, R_A = torch.linalg.qr(self.A)
-        _, R_B = torch.linalg.qr(self.B.transpose(-1, -2))
-        return R_A @ R_B.transpose(-1, -2)
+    def _scaled(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(A / s_A, B / s_B, s_A s_B [..., 1])``: unit-scale factors and the scale of their product (float64)."""
+        A, scale_A = _unit_scale(self.A)
+        B, scale_B = _unit_scale(self.B)
+        return A, B, (scale_A.double() * scale_B.double())[..., 0]
+
+    def _core(self) -> tuple[Tensor, Tensor]:
+        """``(R_A @ R_B.T / scale, scale)``: the ``[..., r, r]`` core (float64) has the singular values of
+        ``A @ B`` divided by ``scale [..., 1]``."""
+        A, B, scale = self._scaled()
+        _, R_A = torch.linalg.qr(A.float() if A.dtype in _HALF else A)
+        _, R_B = torch.linalg.qr((B.float() if B.dtype in _HALF else B).transpose(-1, -2))
+        return R_A.double() @ R_B.double().transpose(-1, -2), scale
 
     def singular_values(self) -> Float[Tensor, "*batch k"]:
         """Singular values of each ``A @ B``, descending; ``k = min(m, r, n)``."""
-        return torch.linalg.svdvals(self._core())
+        core, scale = self._core()
+        return _in_dtype(torch.linalg.svdvals(core) * scale, self.A.dtype, "Factored.singular_values")
 
     def norm(self) -> Float[Tensor, "*batch"]:
         """Frobenius norms ``||A @ B||_F`` from the two ``r x r`` Gram matrices."""
-        gram_A = self.A.transpose(-1, -2) @ self.A
-        gram_B = self.B @ self.B.transpose(-1, -2)
-        return (gram_A * gram_B).sum(dim=(-1, -2)).clamp_min(0).sqrt()
+        A, B, scale = self._scaled()
+        A, B = A.double(), B.double()
+        gram_A = A.transpose(-1, -2) @ A
+        gram_B = B @ B.transpose(-1, -2)
+        norm = (gram_A * gram_B).sum(dim=(-1, -2)).clamp_min(0).sqrt() * scale[..., 0]
+        return _in_dtype(norm, self.A.dtype, "Factored.norm")
 
     def eigenvalues(self) -> Complex[Tensor, "*batch r"]:
         """Eigenvalues of square ``A @ B``: those of ``B @ A`` (``r x r``), the non-zero ones of ``A @ B``.
 
-        ``A @ B`` also has ``m - r`` zero eigenvalues that are not returned.
+        ``A @ B`` also has ``m - r`` zero eigenvalues that are not returned. Computed by :func:`stable_eigvals`
+        on the unit-scale factors' core, then multiplied by the factors' scales.
         """
         if self.A.shape[-2] != self.B.shape[-1]:
             raise CircuitkitError(
                 f"Factored.eigenvalues: given matrices of shape {tuple(self.shape[-2:])}; expected square ones."
             )
-        return torch.linalg.eigvals(self.B @ self.A)
+        A, B, scale = self._scaled()
+        core = B.double() @ A.double()
+        values = stable_eigvals(core, name="Factored.eigenvalues: B @ A") * scale
+        return _in_dtype(values, self.A.dtype, "Factored.eigenvalues")
 
     def numerical_rank(self, rtol: float | None = None) -> Tensor:
-        """Number of singular values above ``rtol * sigma_max`` (default ``max(m, n) * eps``, as ``matrix_rank``)."""
-        sigma = self.singular_values()
+        """Number of singular values above ``rtol * sigma_max`` (default ``max(m, n) * eps`` of the factors'
+        dtype, as ``torch.linalg.matrix_rank``). ``rtol`` must be a finite number >= 0."""
         if rtol is None:
-            rtol = max(self.shape[-2], self.shape[-1]) * torch.finfo(sigma.dtype).eps
-        return _rank_from_sigma(sigma, rtol)
+            rtol = max(self.shape[-2], self.shape[-1]) * torch.finfo(self.A.dtype).eps
+        rtol = validate.real("numerical_rank: rtol", rtol, minimum=0.0)
+        return _rank_from_sigma(self.singular_values(), rtol)
 
     def effective_rank(self) -> Float[Tensor, "*batch"]:
         """Roy & Vetterli's effective rank ``exp(H(p))``, ``p = sigma / sum(sigma)``, ``H`` the Shannon entropy.
 
         Between 1 (one direction carries everything) and the numerical rank (a flat spectrum); 0 for a zero
-        matrix.
+        matrix. Scale-free: computed from the unit-scale core.
         """
-        return _effective_rank_from_sigma(self.singular_values())
+        core, _ = self._core()
+        rank = _effective_rank_from_sigma(torch.linalg.svdvals(core))
+        return _in_dtype(rank, self.A.dtype, "Factored.effective_rank")
 
     def __repr__(self) -> str:
         return f"Factored(shape={tuple(self.shape)}, inner_dim={self.inner_dim}, dtype={self.A.dtype})"
+
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _rank_from_sigma(sigma: Tensor, rtol: float) -> Tensor:
@@ -166,17 +277,8 @@ def _effective_rank_from_sigma(sigma: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------- circuits of HeadWeights
-def _weights(w) -> HeadWeights:
-    if isinstance(w, HeadWeights):
-        return w
-    try:
-        return HeadWeights.from_model(w)
-    except CircuitkitError:
-        raise
-    except Exception as error:  # pragma: no cover - defensive, message is the point
-        raise CircuitkitError(
-            f"given {describe(w)}; expected HeadWeights or a model with attention weights ({error})."
-        ) from error
+def _weights(w: Any, caller: str = "circuit") -> HeadWeights:
+    return as_head_weights(w, caller)
 
 
 def qk_circuit(weights) -> Factored:
@@ -185,14 +287,14 @@ def qk_circuit(weights) -> Factored:
     ``A = W_Q [layer, head, d_model, d_head]``, ``B = W_K.T [layer, head, d_head, d_model]`` (key/value
     groups repeated per query head). Accepts :class:`HeadWeights` or a model.
     """
-    w = _weights(weights)
+    w = _weights(weights, "qk_circuit")
     with torch.no_grad():
         return Factored(w.W_Q, w.per_query_head("W_K").transpose(-1, -2))
 
 
 def ov_circuit(weights) -> Factored:
     """Every head's OV circuit ``W_V @ W_O`` (row convention), factored: ``[layer, head, d_model, d_model]``."""
-    w = _weights(weights)
+    w = _weights(weights, "ov_circuit")
     with torch.no_grad():
         return Factored(w.per_query_head("W_V"), w.W_O)
 
@@ -202,11 +304,12 @@ def full_ov_circuit(weights) -> Factored:
 
     Entry ``[s, t]`` is how much attending to token ``s`` raises the logit of token ``t``.
     """
-    w = _weights(weights)
+    w = _weights(weights, "full_ov_circuit")
     _require(w, "W_E", "full_ov_circuit")
     _require(w, "W_U", "full_ov_circuit")
     with torch.no_grad():
-        return Factored(w.W_E @ w.per_query_head("W_V"), w.W_O @ w.W_U)
+        left = _safe_product(w.W_E, w.per_query_head("W_V"))
+        return Factored(*_same_dtype(left, _safe_product(w.W_O, w.W_U)))
 
 
 def full_qk_circuit(weights) -> Factored:
@@ -214,10 +317,11 @@ def full_qk_circuit(weights) -> Factored:
 
     Entry ``[q, k]`` is the attention score a query token ``q`` gives a key token ``k`` (embeddings only).
     """
-    w = _weights(weights)
+    w = _weights(weights, "full_qk_circuit")
     _require(w, "W_E", "full_qk_circuit")
     with torch.no_grad():
-        return Factored(w.W_E @ w.W_Q, (w.W_E @ w.per_query_head("W_K")).transpose(-1, -2))
+        left = _safe_product(w.W_E, w.W_Q)
+        return Factored(*_same_dtype(left, _safe_product(w.W_E, w.per_query_head("W_K")).transpose(-1, -2)))
 
 
 def _require(w: HeadWeights, name: str, caller: str) -> None:
@@ -228,11 +332,10 @@ def _require(w: HeadWeights, name: str, caller: str) -> None:
         )
 
 
-def _circuit(weights, which: str, caller: str) -> Factored:
+def _circuit(weights: Any, which: Any, caller: str) -> Factored:
     builders = {"QK": qk_circuit, "OV": ov_circuit, "full_QK": full_qk_circuit, "full_OV": full_ov_circuit}
-    if which not in builders:
-        raise CircuitkitError(f"{caller}: given circuit {which!r}; expected one of {sorted(builders)}.")
-    return builders[which](weights)
+    which = validate.option(f"{caller}: circuit", which, tuple(builders))
+    return builders[which](_weights(weights, caller))
 
 
 def singular_values(weights, circuit: CircuitName = "OV") -> Float[Tensor, "layer head d_head"]:
@@ -246,6 +349,8 @@ def singular_values(weights, circuit: CircuitName = "OV") -> Float[Tensor, "laye
 
 def numerical_rank(weights, circuit: CircuitName = "OV", rtol: float | None = None) -> Tensor:
     """``[layer, head]`` numerical rank (count of ``sigma > rtol * sigma_max``); always ``<= min(d_model, d_head)``."""
+    if rtol is not None:
+        rtol = validate.real("numerical_rank: rtol", rtol, minimum=0.0)
     with torch.no_grad():
         return _circuit(weights, circuit, "numerical_rank").numerical_rank(rtol)
 
@@ -266,7 +371,9 @@ def ov_eigenvalues(weights, full: bool = False) -> Complex[Tensor, "layer head d
     """Eigenvalues of every OV circuit via the ``d_head x d_head`` core ``W_O @ W_V``.
 
     With ``full=True``, of the full OV circuit ``W_E W_V W_O W_U`` via ``W_O W_U W_E W_V`` — the quantity
-    behind the copying score (positive real eigenvalues: the head copies tokens).
+    behind the copying score (positive real eigenvalues: the head copies tokens). Scale-safe: see
+    :func:`stable_eigvals`.
     """
+    full = validate.boolean("ov_eigenvalues: full", full)
     with torch.no_grad():
         return _circuit(weights, "full_OV" if full else "OV", "ov_eigenvalues").eigenvalues()

@@ -22,15 +22,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuitkit.errors import CircuitkitError, describe
-from circuitkit.weights import HeadWeights
+from circuitkit import validate
+from circuitkit.weights import as_head_weights
 
-Mode = Literal["Q", "K", "V"]
-MODES: tuple[str, ...] = ("Q", "K", "V")
+if TYPE_CHECKING:
+    from circuitkit.composition import Mode
 
 CLOSED_FORM_MIN_D_HEAD = 4
 """Below this ``d_head`` the ratio-of-expectations value ``1/sqrt(d_model)`` is more than ~5% off the mean."""
@@ -53,28 +53,6 @@ class CompositionBaseline:
     n_samples: int
 
 
-def check_mode(mode: Any, where: str) -> str:
-    """Raise :class:`CircuitkitError` unless ``mode`` is one of ``"Q"``, ``"K"``, ``"V"``."""
-    if not isinstance(mode, str) or mode not in MODES:
-        raise CircuitkitError(
-            f"{where}: given mode {describe(mode)}; expected one of 'Q' (query composition), "
-            "'K' (key composition) or 'V' (value composition)."
-        )
-    return mode
-
-
-def as_head_weights(weights: Any, where: str) -> HeadWeights:
-    """``weights`` as :class:`HeadWeights` (a model is read with :meth:`HeadWeights.from_model`)."""
-    if isinstance(weights, HeadWeights):
-        return weights
-    if isinstance(weights, torch.Tensor) or weights is None:
-        raise CircuitkitError(
-            f"{where}: given {describe(weights)}; expected HeadWeights or a model with W_Q/W_K/W_V/W_O. "
-            "Wrap raw tensors with HeadWeights(W_Q=..., W_K=..., W_V=..., W_O=...)."
-        )
-    return HeadWeights.from_model(weights)
-
-
 def composition_baseline(weights: Any, mode: Mode, *, n_samples: int = 32, seed: int = 0) -> CompositionBaseline:
     """The composition score random heads of ``weights``' shapes get (mean and std over random pairs).
 
@@ -82,14 +60,13 @@ def composition_baseline(weights: Any, mode: Mode, *, n_samples: int = 32, seed:
     ``mode``: ``"Q"``, ``"K"`` or ``"V"``. ``n_samples`` (>= 2) random pairs are drawn from a generator
     seeded with ``seed``; results are cached per shape. See the module docstring for the maths.
     """
+    from circuitkit.composition import check_mode  # composition imports this module: import at call time
+
     check_mode(mode, "composition_baseline")
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
-        raise CircuitkitError(
-            f"composition_baseline: given n_samples={describe(n_samples)}; expected an int >= 2 "
-            "(a standard deviation needs two samples)."
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise CircuitkitError(f"composition_baseline: given seed={describe(seed)}; expected an int.")
+    n_samples = validate.integer(
+        "composition_baseline: n_samples", n_samples, minimum=2, why="a standard deviation needs two samples"
+    )
+    seed = validate.seed("composition_baseline: seed", seed)
     hw = as_head_weights(weights, "composition_baseline")
     return _baseline_for_shape(mode, hw.d_model, hw.d_head, n_samples, seed)
 

@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
 
 ANALYSIS_DTYPES = (torch.float32, torch.float64)
@@ -71,14 +72,15 @@ class HeadWeights:
             if value is None:
                 continue
             if not isinstance(value, Tensor):
-                raise CircuitkitError(
-                    f"HeadWeights.{f.name}: given {describe(value)}; expected a torch.Tensor. "
-                    "Convert with torch.as_tensor(...)."
+                raise validate.fail(
+                    f"HeadWeights.{f.name}", value, "a torch.Tensor", "Convert with torch.as_tensor(...)."
                 )
             if value.dtype not in _FLOAT_DTYPES:
-                raise CircuitkitError(
-                    f"HeadWeights.{f.name}: given dtype {value.dtype}; expected a floating dtype "
-                    f"(one of {', '.join(str(d) for d in _FLOAT_DTYPES)}). Cast with .float()."
+                raise validate.fail(
+                    f"HeadWeights.{f.name}",
+                    validate.given(f"dtype {value.dtype}"),
+                    f"a floating dtype (one of {', '.join(str(d) for d in _FLOAT_DTYPES)})",
+                    "Cast with .float().",
                 )
             dtype = dtype or value.dtype
             converted[f.name] = value
@@ -88,7 +90,8 @@ class HeadWeights:
             value = value.detach()
             if value.dtype != target:
                 value = value.to(target)
-            object.__setattr__(self, name, value)
+            # strided views (a transpose, a slice with a step) are stored contiguous: every analysis reshapes
+            object.__setattr__(self, name, value.contiguous())
         object.__setattr__(self, "source_dtype", source_dtype)
         self._validate()
 
@@ -158,7 +161,15 @@ class HeadWeights:
         return value.repeat_interleave(self.group_size, dim=1)
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> HeadWeights:
-        """A copy on ``device`` (and in ``dtype`` if given; float16/bfloat16 are promoted to float32)."""
+        """A copy on ``device`` (and in ``dtype`` if given; float16/bfloat16 are promoted to float32).
+
+        ``device`` is checked with :func:`circuitkit.validate.device` (a device that exists here, not ``"meta"``).
+        """
+        device = validate.device("HeadWeights.to: device", device)
+        if dtype is not None and dtype not in _FLOAT_DTYPES:
+            raise validate.fail(
+                "HeadWeights.to: dtype", dtype, f"None or one of {', '.join(str(d) for d in _FLOAT_DTYPES)}"
+            )
         moved = {
             f.name: getattr(self, f.name).to(device=device, dtype=dtype)
             for f in fields(self)
@@ -202,15 +213,35 @@ class HeadWeights:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def from_tensors(cls, tensors: Mapping[str, Tensor]) -> HeadWeights:
-        """From a mapping such as a safetensors file's contents; unknown keys are an error."""
+    def from_tensors(cls, tensors: Mapping[str, Any]) -> HeadWeights:
+        """From a mapping such as a safetensors file's contents.
+
+        ``W_Q``, ``W_K``, ``W_V``, ``W_O`` are required; unknown keys are an error. Values may be tensors or
+        numpy arrays (converted with ``torch.as_tensor``; numpy is accepted here, not by the constructor).
+        """
+        if not isinstance(tensors, Mapping):
+            raise validate.fail("HeadWeights.from_tensors: tensors", tensors, "a mapping of name -> tensor")
         known = {f.name for f in fields(cls)} - {"source_dtype"}
-        unknown = sorted(set(tensors) - known)
+        keys = list(tensors)
+        if not all(isinstance(key, str) for key in keys):
+            raise validate.fail("HeadWeights.from_tensors: tensors", validate.given(f"keys {keys!r}"), "string keys")
+        unknown = sorted(set(keys) - known)
         if unknown:
             raise CircuitkitError(
                 f"HeadWeights.from_tensors: given unknown keys {unknown}; expected a subset of {sorted(known)}."
             )
-        return cls(**dict(tensors))
+        missing = [name for name in _REQUIRED if name not in tensors]
+        if missing:
+            raise CircuitkitError(
+                f"HeadWeights.from_tensors: given keys {sorted(keys)}; expected the required weights "
+                f"{', '.join(_REQUIRED)} (missing {', '.join(missing)})."
+            )
+        values = {}
+        for name, value in tensors.items():
+            if value is not None and not isinstance(value, Tensor):
+                value = validate.tensor(f"HeadWeights.from_tensors: {name}", value, convert=True)
+            values[name] = value
+        return cls(**values)
 
     @classmethod
     def from_model(cls, model: Any) -> HeadWeights:
@@ -327,6 +358,8 @@ class HeadWeights:
                 )
 
 
+_REQUIRED = ("W_Q", "W_K", "W_V", "W_O")
+
 _EXPECTED = {
     "W_Q": "[layer head d_model d_head]",
     "W_K": "[layer kv_head d_model d_head]",
@@ -373,3 +406,21 @@ def _drop_inconsistent_optionals(values: dict[str, Any]) -> dict[str, Any]:
         if name in kept and (kept[name].ndim != 2 or kept[name].shape[axis] != d_model):
             del kept[name]
     return kept
+
+
+def as_head_weights(weights: Any, where: str) -> HeadWeights:
+    """``weights`` as :class:`HeadWeights` (a model is read with :meth:`HeadWeights.from_model`).
+
+    ``where`` names the caller in the error (e.g. ``"composition_scores"``). Raw tensors, ``None``, numbers,
+    strings and containers are refused with a :class:`CircuitkitError`; so is a model whose weights cannot be read.
+    """
+    if isinstance(weights, HeadWeights):
+        return weights
+    if weights is None or isinstance(weights, (Tensor, str, bytes, int, float, complex, Mapping, list, tuple)):
+        raise validate.fail(
+            f"{where}: weights",
+            weights,
+            "HeadWeights or a model with W_Q/W_K/W_V/W_O",
+            "Wrap raw tensors with HeadWeights(W_Q=..., W_K=..., W_V=..., W_O=...) or HeadWeights.from_tensors.",
+        )
+    return HeadWeights.from_model(weights)
