@@ -78,6 +78,16 @@ class HeadEffects:
     effect: Float[Tensor, "layer head"]
     exact: Bool[Tensor, "layer head"] | None = None
 
+    @property
+    def delta(self) -> Float[Tensor, "layer head"]:
+        """Same as ``effect``: the loss rise."""
+        return self.effect
+
+    @property
+    def loss(self) -> Float[Tensor, "layer head"]:
+        """The repeated-copies loss with each head removed: ``clean_loss + effect``."""
+        return self.clean_loss + self.effect
+
     def top(self, k: int = 5, *, absolute: bool = False) -> list[tuple[Head, float]]:
         """The ``k`` heads with the largest effect (``absolute``: largest ``|effect|``), NaN last."""
         from circuitkit.ranking import top_heads

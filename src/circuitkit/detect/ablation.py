@@ -1,0 +1,168 @@
+"""Exact ablation: the rise of the repeated-copies loss when one head is removed.
+
+Why: the causal check behind a head score. A head whose ablation raises the repeated-copies loss is one the
+model relies on for in-context copying.
+
+Ablation replaces one head's ``z`` (``blocks.{l}.attn.hook_z``, ``[batch, pos, head, d_head]``, the head's
+output before ``W_O``) with zeros (``"zero"``) or with its mean over the batch and positions of the clean run
+(``"mean"``), and measures the mean loss over the repeated copies (positions in :mod:`circuitkit.detect.tokens`).
+``effect = ablated - clean`` (nats).
+
+Cost. Heads of one layer are ablated in one forward pass over the batch copied once per head (up to
+:data:`MAX_SEQUENCES_PER_FORWARD` sequences). Where the model can resume from a residual stream
+(``ModelAdapter.can_resume``: TransformerBridge, the toy model), the pass for layer ``l`` starts at layer ``l``
+from the clean residual stream saved by the one clean pass, instead of recomputing layers ``0 .. l-1``
+(ablating a head of layer ``l`` changes nothing before it, so the result is the same to float tolerance).
+Only the heads asked for are ablated (``heads=``): :func:`circuitkit.scan` ablates the heads attribution
+ranks first plus the detected circuit, not all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.detect.clean_run import CleanRun, clean_run
+from circuitkit.detect.loss import token_losses
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.errors import CircuitkitError
+from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.ranking import Head
+from circuitkit.scan_types import HeadEffects
+
+AblationMethod = Literal["zero", "mean"]
+ABLATION_METHODS = ("mean", "zero")
+
+MAX_SEQUENCES_PER_FORWARD = 512
+"""Ablated copies of the batch run together up to this many sequences, to bound memory."""
+
+PROGRESS_MIN_HEADS = 64
+"""Show a progress bar by default from this many ablated heads on (small models finish before it would draw)."""
+
+
+def check_heads(heads: Any, n_layers: int, n_heads: int, where: str) -> list[Head]:
+    """``heads`` as a sorted list of distinct ``(layer, head)`` pairs inside the model; ``None``: every head."""
+    if heads is None:
+        return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise validate.fail(f"{where}: heads", heads, "an iterable of (layer, head) pairs, or None for every head")
+    out = set()
+    for item in heads:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise validate.fail(f"{where}: heads", item, "a (layer, head) pair")
+        layer = validate.integer(f"{where}: heads layer", item[0], minimum=0, maximum=n_layers - 1)
+        head = validate.integer(f"{where}: heads head", item[1], minimum=0, maximum=n_heads - 1)
+        out.add((layer, head))
+    return sorted(out)
+
+
+def replacements(adapter: ModelAdapter, run: CleanRun, method: str) -> dict[int, Tensor]:
+    """Per layer, what each head's ``z`` is replaced with: ``[head, d_head]`` (zeros, or the clean mean)."""
+    spec = adapter.spec
+    if method == "mean":
+        return run.z_means
+    return {layer: torch.zeros(spec.n_heads, spec.d_head) for layer in range(spec.n_layers)}
+
+
+def _ablating_hook(heads: Tensor, replacement: Tensor, batch: int):
+    """Copy ``i`` of the batch (rows ``i*batch .. (i+1)*batch``) gets head ``heads[i]``'s ``z`` replaced."""
+
+    def hook(z: Tensor, hook: Any) -> Tensor:
+        if z.ndim != 4:
+            raise CircuitkitError(
+                f"{hook.name} has shape {tuple(z.shape)}; expected [batch, pos, head, d_head] to ablate heads."
+            )
+        z = z.clone()
+        view = z.view(len(heads), batch, *z.shape[1:])
+        copies = torch.arange(len(heads), device=z.device)
+        index = heads.to(z.device)
+        view[copies, :, :, index] = replacement.to(device=z.device, dtype=z.dtype)[index][:, None, None, :]
+        return z
+
+    return hook
+
+
+def ablate(
+    adapter: ModelAdapter,
+    run: CleanRun,
+    heads: list[Head],
+    method: str,
+    *,
+    resume: bool = True,
+    progress: Any = None,
+) -> HeadEffects:
+    """Ablate ``heads`` exactly, reusing the clean pass ``run`` (which must hold ``z_means`` for ``"mean"`` and
+    ``resid_pre`` for every ablated layer when resuming). ``progress(n)`` is told how many heads finished."""
+    spec = adapter.spec
+    batch = run.batch
+    tokens = batch.tokens
+    repeated = batch.repeated_copies
+    n_batch = tokens.shape[0]
+    per_forward = max(1, MAX_SEQUENCES_PER_FORWARD // n_batch)
+    values = replacements(adapter, run, method)
+    effect = torch.full((spec.n_layers, spec.n_heads), float("nan"))
+    exact = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
+    clean = run.repeated_loss
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+    resume = resume and adapter.can_resume
+    with torch.no_grad():
+        for layer, layer_heads in sorted(by_layer.items()):
+            for start in range(0, len(layer_heads), per_forward):
+                chunk = torch.tensor(layer_heads[start : start + per_forward])
+                hook = (HOOKS.z(layer), _ablating_hook(chunk, values[layer], n_batch))
+                copies = tokens.repeat(len(chunk), 1)
+                if resume and layer > 0:
+                    resid = run.resid_pre[layer]
+                    logits = adapter.run_from(resid.repeat(len(chunk), 1, 1), layer, [hook])
+                else:
+                    logits = adapter.run(copies, [hook])
+                losses = token_losses(logits, copies).cpu()[:, repeated]
+                effect[layer, chunk] = losses.view(len(chunk), -1).mean(dim=1) - clean
+                exact[layer, chunk] = True
+                if progress is not None:
+                    progress(len(chunk))
+    validate.finite_result("ablation_effects", effect[exact], why="the ablated model's logits overflowed")
+    return HeadEffects(kind="ablation", method=method, clean_loss=clean, effect=effect, exact=exact)
+
+
+def ablation_effects(
+    model: Any,
+    tokens: RepeatedTokens | TokenBatch | None = None,
+    *,
+    method: AblationMethod = "mean",
+    heads: Iterable[Head] | None = None,
+    resume: bool = True,
+    device: str | torch.device | None = None,
+    progress: bool | None = None,
+) -> HeadEffects:
+    """Ablate each head in ``heads`` (default: every head) and report the rise of the repeated-copies loss.
+
+    Returns :class:`~circuitkit.scan_types.HeadEffects` with ``effect[layer, head]`` (NaN for heads not
+    ablated), ``exact`` (which were), ``clean_loss``; ``.delta`` is ``effect``, ``.loss`` is ``clean + effect``.
+    ``resume=False`` forces full forward passes (the reference the resumed passes are tested against);
+    ``progress`` shows a tqdm bar (default: from :data:`PROGRESS_MIN_HEADS` heads on).
+    """
+    method = validate.option("ablation_effects: method", method, ABLATION_METHODS)
+    resume = validate.boolean("ablation_effects: resume", resume)
+    if progress is not None:
+        validate.boolean("ablation_effects: progress", progress)
+    adapter = adapt(model, device)
+    spec = adapter.spec
+    chosen = check_heads(heads, spec.n_layers, spec.n_heads, "ablation_effects")
+    batch = as_batch(tokens, adapter)
+    layers = {layer for layer, _ in chosen} if resume and adapter.can_resume else set()
+    run = clean_run(adapter, batch, z_means=method == "mean", resid_layers=layers)
+    from tqdm.auto import tqdm
+
+    show = len(chosen) >= PROGRESS_MIN_HEADS if progress is None else progress
+    with tqdm(total=len(chosen), disable=not show, desc="ablating heads") as bar:
+        return ablate(adapter, run, chosen, method, resume=resume, progress=bar.update)
+
+
+__all__ = ["ABLATION_METHODS", "AblationMethod", "ablate", "ablation_effects", "check_heads", "replacements"]

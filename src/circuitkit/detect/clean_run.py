@@ -1,0 +1,69 @@
+"""One clean forward pass that serves every measurement needing one.
+
+Why: head scores (patterns), the induction loss, the mean-ablation values (each head's mean ``z``) and the
+residual streams that exact ablation resumes from all come from the same clean run over the same batch.
+:func:`clean_run` does that pass once, with the callers' extra hooks attached (e.g. the pattern scorer), and
+keeps only what was asked for: per-token losses ``[batch, pos - 1]``, per-layer mean ``z`` ``[head, d_head]``
+and per-layer residual streams ``[batch, pos, d_model]`` (each on its layer's device: with a sharded model
+nothing is moved across devices here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit.detect.loss import token_losses
+from circuitkit.detect.tokens import TokenBatch
+from circuitkit.models.contract import HOOKS, HookFn, ModelAdapter
+
+
+@dataclass
+class CleanRun:
+    """What one clean pass kept (see the module docstring)."""
+
+    batch: TokenBatch
+    losses: Tensor  # [batch, pos - 1] on the CPU
+    z_means: dict[int, Tensor] = field(default_factory=dict)  # layer -> [head, d_head]
+    resid_pre: dict[int, Tensor] = field(default_factory=dict)  # layer -> [batch, pos, d_model]
+
+    @property
+    def repeated_loss(self) -> float:
+        """Mean loss over the repeated copies (the quantity ablation and attribution move)."""
+        return float(self.losses[:, self.batch.repeated_copies].mean())
+
+
+def clean_run(
+    adapter: ModelAdapter,
+    batch: TokenBatch,
+    *,
+    z_means: bool = False,
+    resid_layers: Collection[int] = (),
+    extra_hooks: Sequence[tuple[str, HookFn]] = (),
+) -> CleanRun:
+    """Run ``batch`` once through the model, keeping the losses, (optionally) every layer's mean ``z`` and the
+    residual streams entering ``resid_layers``."""
+    run = CleanRun(batch=batch, losses=torch.empty(0))
+    hooks: list[tuple[str, HookFn]] = list(extra_hooks)
+    if z_means:
+
+        def keep_mean(z: Tensor, hook: Any) -> None:
+            run.z_means[HOOKS.layer_of(hook.name)] = z.detach().mean(dim=(0, 1))
+
+        hooks += [(HOOKS.z(layer), keep_mean) for layer in range(adapter.spec.n_layers)]
+
+    def keep_resid(resid: Tensor, hook: Any) -> None:
+        run.resid_pre[HOOKS.layer_of(hook.name)] = resid.detach().clone()
+
+    hooks += [(HOOKS.resid_pre(layer), keep_resid) for layer in sorted(set(resid_layers))]
+    with torch.no_grad():
+        logits = adapter.run(batch.tokens, hooks)
+        run.losses = token_losses(logits, batch.tokens).cpu()
+    return run
+
+
+__all__ = ["CleanRun", "clean_run"]

@@ -1,0 +1,64 @@
+"""The induction loss: per-position loss on repeated random tokens, first copy against repeated copies.
+
+Why: a high induction score says where a head looks, not that the model uses it. On repeated random tokens the
+first copy is unpredictable and the later copies are predictable only in context; the gap between the two
+losses is the in-context-learning signature (Olsson et al. 2022). Positions are defined in
+:mod:`circuitkit.detect.tokens`: the token at ``t`` is predicted from ``t - 1`` with cross-entropy
+``-log softmax(logits[t-1])[tokens[t]]``, reported at index ``t - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.models.contract import adapt
+
+
+@dataclass(frozen=True)
+class InductionLoss:
+    """Per-position loss (nats, batch mean, index ``t - 1``) and its first-copy / repeated-copies means."""
+
+    per_position: Float[Tensor, " pos_minus_1"]
+    first_copy: float
+    repeated_copies: float
+
+
+def token_losses(logits: Tensor, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
+    """Cross-entropy of each next token: ``[batch, pos - 1]`` (float32, on ``logits``' device)."""
+    logprobs = logits[:, :-1].float().log_softmax(dim=-1)
+    return -logprobs.gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+
+
+def summarise(losses: Float[Tensor, "batch pos_minus_1"], batch: TokenBatch) -> InductionLoss:
+    """:class:`InductionLoss` from per-token losses of ``batch``. Non-finite losses raise: they come from the
+    model (overflowing logits), and a NaN mean would pass silently into every comparison."""
+    losses = validate.finite_result(
+        "induction_loss", losses.detach().float().cpu(), why="the model's logits overflowed or are NaN"
+    )
+    return InductionLoss(
+        per_position=losses.mean(dim=0),
+        first_copy=float(losses[:, batch.first_copy].mean()),
+        repeated_copies=float(losses[:, batch.repeated_copies].mean()),
+    )
+
+
+def induction_loss(
+    model: Any, tokens: RepeatedTokens | TokenBatch | None = None, *, device: str | torch.device | None = None
+) -> InductionLoss:
+    """Loss per position on repeated random tokens and its first-copy / repeated-copies means (see the module
+    docstring). Pass the same ``tokens`` as to :func:`circuitkit.head_scores` to measure on the same batch."""
+    adapter = adapt(model, device)
+    batch = as_batch(tokens, adapter)
+    with torch.no_grad():
+        logits = adapter.run(batch.tokens)
+    return summarise(token_losses(logits, batch.tokens), batch)
+
+
+__all__ = ["InductionLoss", "induction_loss", "summarise", "token_losses"]

@@ -1,0 +1,303 @@
+"""Head scores: every registered score for every head, from one forward pass over repeated random tokens.
+
+Why: "which heads of this model are induction heads?" has a cheap, tokenizer-free answer. Run one batch of
+random blocks repeated ``n_repeats`` times (:mod:`circuitkit.detect.tokens`), reduce each layer's attention
+pattern inside its hook (no activation cache is kept), and measure how much attention each head puts where
+each head type should attend. The scores themselves are definitions in :mod:`circuitkit.detect.registry`;
+this module only runs them. The formula is in the registry's docstring; a perfect head scores 1.0.
+
+If the model itself produces NaN attention (e.g. overflowing weights), the affected heads' pattern scores are
+NaN, a warning names them, and every ranking puts them last.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.detect import registry
+from circuitkit.detect.registry import ScoreDefinition
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.errors import CircuitkitError
+from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.ranking import Head, head_name, top_heads
+
+ACAUSAL_TOLERANCE = 1e-6
+"""Attention above the diagonal beyond this (summed over a row) marks a bidirectional model; float noise is below it."""
+
+
+class HeadScores(Mapping):
+    """``score name -> [layer, head]`` float32 tensor (CPU), in registry order, plus what they were measured on.
+
+    - ``definitions[name]``: the :class:`~circuitkit.detect.registry.ScoreDefinition`, with ``neutral`` set to
+      what a uniformly attending head scores on this batch (pattern scores) or the definition's fixed value;
+    - ``tokens``: the ``[batch, pos]`` batch; ``patterns``: every head's attention on the first sequence,
+      ``[layer, head, pos, pos]``; ``block_len``, ``n_repeats``, ``bos``: how the batch was built;
+    - ``bidirectional``: the model attended to later positions (an encoder).
+    """
+
+    def __init__(
+        self,
+        scores: dict[str, Tensor],
+        definitions: dict[str, ScoreDefinition],
+        *,
+        tokens: Tensor,
+        patterns: Tensor,
+        block_len: int,
+        n_repeats: int,
+        bos: int | None,
+        bidirectional: bool = False,
+    ) -> None:
+        self._scores = scores
+        self.definitions = definitions
+        self.tokens = tokens
+        self.patterns = patterns
+        self.block_len = block_len
+        self.n_repeats = n_repeats
+        self.bos = bos
+        self.bidirectional = bidirectional
+
+    def __getitem__(self, name: str) -> Float[Tensor, "layer head"]:
+        if name not in self._scores:
+            raise KeyError(f"{name!r}: expected one of {list(self._scores)}")
+        return self._scores[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._scores)
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+    @property
+    def n_layers(self) -> int:
+        return self.patterns.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.patterns.shape[1]
+
+    def _check_name(self, where: str, name: Any) -> str:
+        if not isinstance(name, str) or name not in self._scores:
+            raise validate.fail(f"HeadScores.{where}: score", name, f"one of {', '.join(map(repr, self._scores))}")
+        return name
+
+    def top(self, name: str, k: int = 5) -> list[tuple[Head, float]]:
+        """The ``k`` highest-scoring heads for ``name`` as ``((layer, head), score)``, best first, NaN last."""
+        return top_heads(self._scores[self._check_name("top", name)], validate.positive_int("HeadScores.top: k", k))
+
+    def to_dataframe(self, sort_by: str = "induction"):
+        """A pandas DataFrame, one row per head (``layer``, ``head``, ``name`` "L.H", one column per score),
+        sorted by ``sort_by`` descending (NaN last)."""
+        import pandas as pd
+
+        self._check_name("to_dataframe", sort_by)
+        grid = [(layer, head) for layer in range(self.n_layers) for head in range(self.n_heads)]
+        frame = pd.DataFrame(
+            {
+                "layer": [layer for layer, _ in grid],
+                "head": [head for _, head in grid],
+                "name": [head_name(h) for h in grid],
+                **{name: value.flatten().tolist() for name, value in self._scores.items()},
+            }
+        )
+        return frame.sort_values(sort_by, ascending=False, kind="stable", na_position="last").reset_index(drop=True)
+
+    def patterns_for(self, layer: int, head: int) -> Float[Tensor, "pos pos"]:
+        """The attention pattern ``[q_pos, k_pos]`` of head ``(layer, head)`` on the first sequence of ``tokens``."""
+        layer = validate.integer("HeadScores.patterns_for: layer", layer, minimum=0, maximum=self.n_layers - 1)
+        head = validate.integer("HeadScores.patterns_for: head", head, minimum=0, maximum=self.n_heads - 1)
+        return self.patterns[layer, head]
+
+    def __repr__(self) -> str:
+        best = ", ".join(f"{name}: {head_name(self.top(name, 1)[0][0])}" for name in self._scores)
+        return (
+            f"HeadScores({self.n_layers} layers x {self.n_heads} heads on {tuple(self.tokens.shape)} tokens"
+            f"{', bidirectional' if self.bidirectional else ''}; best {best})"
+        )
+
+
+class PatternReducer:
+    """Turns one layer's patterns ``[batch, head, q, k]`` into ``{score: [head]}`` for the registered pattern
+    scores, with the masks built once per batch."""
+
+    def __init__(self, tokens: Int[Tensor, "batch pos"], definitions: tuple[ScoreDefinition, ...]) -> None:
+        batch, pos = tokens.shape
+        self.definitions = definitions
+        self.masked = [d for d in definitions if d.reader is None]
+        self.readers = [d for d in definitions if d.reader is not None]
+        masks = [self._mask(d, tokens) for d in definitions]
+        counts = torch.stack([m.any(dim=2).sum() for m in masks]).float()  # rows with at least one target
+        empty = [d.name for d, c in zip(definitions, counts.tolist(), strict=True) if c == 0]
+        if empty:
+            raise CircuitkitError(
+                f"head_scores: no query row has a target for {empty}; expected repeated tokens (block_len >= 2)."
+            )
+        # neutral: what a head attending uniformly to positions 0..q scores: mean over target rows of #targets/(q+1)
+        width = torch.arange(1, pos + 1, dtype=torch.float32, device=tokens.device)[None, :]
+        self.neutral = {
+            d.name: float(((m.sum(dim=2) / width) * m.any(dim=2)).sum() / c)
+            for d, m, c in zip(definitions, masks, counts.tolist(), strict=True)
+        }
+        by_name = dict(zip([d.name for d in definitions], range(len(definitions)), strict=True))
+        if self.masked:
+            stacked = torch.stack([masks[by_name[d.name]] for d in self.masked], dim=-1)  # [b, q, k, s]
+            self.mask_matrix = stacked.float().reshape(batch, pos * pos, len(self.masked))
+            self.mask_counts = torch.stack([counts[by_name[d.name]] for d in self.masked])
+        self.rows = batch * (pos - 1)
+
+    @staticmethod
+    def _mask(definition: ScoreDefinition, tokens: Tensor) -> Tensor:
+        mask = definition.targets(tokens)
+        if not isinstance(mask, Tensor) or mask.shape != (*tokens.shape, tokens.shape[1]) or mask.dtype != torch.bool:
+            raise validate.fail(
+                f"score {definition.name!r}: targets(tokens)", mask,
+                f"a bool tensor [batch, q, k] = {[*tokens.shape, tokens.shape[1]]}",
+            )
+        return mask
+
+    def __call__(self, patterns: Float[Tensor, "batch head q k"]) -> dict[str, Tensor]:
+        batch, n_heads, pos, _ = patterns.shape
+        out: dict[str, Tensor] = {}
+        if self.masked:
+            flat = patterns.reshape(batch, n_heads, pos * pos)
+            mask = self.mask_matrix.to(device=patterns.device, dtype=patterns.dtype)
+            sums = torch.bmm(flat, mask).sum(dim=0) / self.mask_counts.to(patterns.device)  # [h, s]
+            out.update({d.name: sums[:, i] for i, d in enumerate(self.masked)})
+        for d in self.readers:
+            out[d.name] = d.reader(patterns).sum(dim=(0, 2)) / self.rows
+        return {d.name: out[d.name] for d in self.definitions}
+
+
+class PatternCollector:
+    """Hooks that score every layer's pattern as the forward pass goes; :meth:`result` assembles
+    :class:`HeadScores`. Shared with other single-pass runners (the scan's clean run)."""
+
+    def __init__(self, adapter: ModelAdapter, batch: TokenBatch) -> None:
+        self.adapter = adapter
+        self.batch = batch
+        self.definitions = registry.registered("pattern")
+        self.reduce = PatternReducer(batch.tokens, self.definitions)
+        n_layers = adapter.spec.n_layers
+        self.per_layer: dict[int, dict[str, Tensor]] = {}
+        self.first: dict[int, Tensor] = {}
+        self.acausal = False
+        self.names = {HOOKS.pattern(layer): layer for layer in range(n_layers)}
+
+    def hooks(self) -> list[tuple[str, Any]]:
+        return [(name, self._on_pattern) for name in self.names]
+
+    def _on_pattern(self, pattern: Tensor, hook: Any) -> None:
+        layer = self.names[hook.name]
+        tokens = self.batch.tokens
+        spec = self.adapter.spec
+        if pattern.ndim != 4 or pattern.shape[0] != tokens.shape[0] or pattern.shape[-2:] != (tokens.shape[1],) * 2:
+            raise CircuitkitError(
+                f"{hook.name} has shape {tuple(pattern.shape)}; expected [batch, head, q_pos, k_pos] = "
+                f"[{tokens.shape[0]}, {spec.n_heads}, {tokens.shape[1]}, {tokens.shape[1]}]."
+            )
+        pattern = pattern.detach().float()
+        first = pattern[0].cpu()
+        self.first[layer] = first
+        if float(first.nan_to_num(0.0).triu(1).sum(dim=-1).amax()) > ACAUSAL_TOLERANCE:
+            self.acausal = True
+        self.per_layer[layer] = {name: value.cpu() for name, value in self.reduce(pattern).items()}
+
+    def result(self, weights: Any = None) -> HeadScores:
+        spec = self.adapter.spec
+        missing = sorted(set(range(spec.n_layers)) - set(self.per_layer))
+        if missing:
+            raise CircuitkitError(
+                f"given a {type(self.adapter.model).__name__} that produced no attention patterns in layers "
+                f"{missing}; expected the hook blocks.{{layer}}.attn.hook_pattern [batch, head, q_pos, k_pos] in "
+                "every layer. Models without attention (or that hide their patterns, e.g. fused SDPA kernels) cannot "
+                "be scored this way."
+            )
+        scores = {
+            d.name: torch.stack([self.per_layer[layer][d.name] for layer in range(spec.n_layers)])
+            for d in self.definitions
+        }
+        definitions = {d.name: d.with_neutral(self.reduce.neutral[d.name]) for d in self.definitions}
+        bad = [head_name(h) for h in _nan_heads(scores)]
+        if bad:
+            warnings.warn(
+                f"head_scores: the model produced NaN attention in heads {bad[:10]}{' ...' if len(bad) > 10 else ''}"
+                "; their scores are NaN and rank last. Check the weights for overflow.",
+                stacklevel=3,
+            )
+        for d in registry.registered("weight"):
+            value = d.compute(weights if weights is not None else self.adapter.model)
+            if value is None:
+                continue
+            value = validate.tensor(f"score {d.name!r}", value, shape=(spec.n_layers, spec.n_heads))
+            scores[d.name] = value.detach().float().cpu()
+            definitions[d.name] = d
+        bidirectional = spec.bidirectional or self.acausal
+        if bidirectional:
+            warnings.warn(
+                "head_scores: this model attends to later positions (bidirectional attention); scores count only "
+                "the attention on each target and are not comparable with causal models'.",
+                stacklevel=3,
+            )
+        return HeadScores(
+            scores,
+            definitions,
+            tokens=self.batch.tokens,
+            patterns=torch.stack([self.first[layer] for layer in range(spec.n_layers)]),
+            block_len=self.batch.block_len,
+            n_repeats=self.batch.n_repeats,
+            bos=self.batch.bos,
+            bidirectional=bidirectional,
+        )
+
+
+def _nan_heads(scores: dict[str, Tensor]) -> list[Head]:
+    nan = torch.zeros_like(next(iter(scores.values())), dtype=torch.bool)
+    for value in scores.values():
+        nan |= value.isnan()
+    return [(int(a), int(b)) for a, b in nan.nonzero().tolist()]
+
+
+def pattern_scores(
+    patterns: Float[Tensor, "batch head q k"], tokens: Int[Tensor, "batch pos"]
+) -> dict[str, Tensor]:
+    """Scores of one layer's heads from their patterns: the attention on each registered pattern score's
+    targets, averaged over the query rows that have a target: ``name -> [head]``. Usable on patterns from
+    elsewhere."""
+    tokens = validate.tensor("pattern_scores: tokens", tokens, ndim=2, integral=True)
+    pos = tokens.shape[1]
+    patterns = validate.tensor(
+        "pattern_scores: patterns", patterns, shape=(tokens.shape[0], None, pos, pos), floating=True
+    )
+    return PatternReducer(tokens, registry.registered("pattern"))(patterns.float())
+
+
+def head_scores(
+    model: Any, tokens: RepeatedTokens | TokenBatch | None = None, *, device: str | torch.device | None = None
+) -> HeadScores:
+    """Score every head with every registered score, from one forward pass over repeated random tokens.
+
+    Args:
+        model: a TransformerLens ``TransformerBridge``, a circuitkit ``AttentionOnlyModel``, or any model under
+            the contract of :mod:`circuitkit.models.contract`.
+        tokens: a :class:`RepeatedTokens` spec (default ``RepeatedTokens()``) or a built :class:`TokenBatch`;
+            pass the same one to :func:`induction_loss` and :func:`ablation_effects` to measure on the same batch.
+        device: where the tokens go (default: the model's embedding device).
+
+    Returns:
+        :class:`HeadScores`: ``name -> [layer, head]`` for every registered score.
+    """
+    adapter = adapt(model, device)
+    batch = as_batch(tokens, adapter)
+    collector = PatternCollector(adapter, batch)
+    with torch.no_grad():
+        adapter.run(batch.tokens, collector.hooks())
+    return collector.result()
+
+
+__all__ = ["ACAUSAL_TOLERANCE", "HeadScores", "PatternCollector", "PatternReducer", "head_scores", "pattern_scores"]
