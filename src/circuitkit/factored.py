@@ -21,7 +21,7 @@ the dtype's range, and float32 products of large factors overflow. Every spectru
 factors divided by their own largest absolute entry (per matrix), in float64 for the ``r x r`` core, and the scale
 is multiplied back afterwards: singular values and eigenvalues are homogeneous of degree one in each factor
 (``sigma(cA B) = |c| sigma(AB)``, ``lambda(cA B) = c lambda(AB)``). Results keep the weights' dtype unless float32
-cannot hold them (weights scaled by ~1e19 and beyond), in which case they are returned in float64.
+cannot hold them (values beyond ~3e38 or below ~1e-38), in which case they are returned in float64.
 :func:`stable_eigvals` is the same treatment for dense square matrices.
 """
 
@@ -72,7 +72,8 @@ def _unit_scale(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _in_dtype(value: Tensor, dtype: torch.dtype, name: str) -> Tensor:
-    """``value`` (float64/complex128) cast to the working ``dtype``'s precision if that keeps it finite."""
+    """``value`` (float64/complex128) cast to the working ``dtype``'s precision if float32 holds it: no overflow
+    to inf and no non-zero value flushed below float32's smallest normal number; else ``value`` stays float64."""
     validate.finite_result(name, value)
     target = dtype
     if value.is_complex():
@@ -82,7 +83,8 @@ def _in_dtype(value: Tensor, dtype: torch.dtype, name: str) -> Tensor:
     if target in (torch.float64, torch.complex128):
         return value
     cast = value.to(target)
-    return cast if bool(torch.isfinite(cast).all()) else value
+    flushed = (value != 0) & (cast.abs() < torch.finfo(torch.float32).tiny)
+    return cast if bool(torch.isfinite(cast).all()) and not bool(flushed.any()) else value
 
 
 def stable_eigvals(matrix: Any, *, name: str = "stable_eigvals: matrix") -> Tensor:
@@ -104,10 +106,13 @@ def stable_eigvals(matrix: Any, *, name: str = "stable_eigvals: matrix") -> Tens
 
 
 def _safe_product(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b``, in float64 where the float32 product could overflow (see ``_FLOAT32_HEADROOM``)."""
+    """``a @ b``, in float64 where the float32 product could overflow (see ``_FLOAT32_HEADROOM``) or lose its
+    precision to underflow (entries of the product near float32's subnormal range)."""
     if a.dtype != torch.float64:
-        bound = float(a.abs().amax()) * float(b.abs().amax()) * a.shape[-1]
-        if not math.isfinite(bound) or bound > torch.finfo(a.dtype).max * _FLOAT32_HEADROOM:
+        info = torch.finfo(a.dtype)
+        top = float(a.abs().amax()) * float(b.abs().amax())
+        bound = top * a.shape[-1]
+        if not math.isfinite(bound) or bound > info.max * _FLOAT32_HEADROOM or 0 < top < info.tiny / info.eps:
             return a.double() @ b.double()
     return a @ b
 
