@@ -7,7 +7,11 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   :func:`full_ov_circuit`, :func:`singular_values`, :func:`numerical_rank`, :func:`effective_rank`,
   :func:`frobenius_norm`, :func:`ov_eigenvalues`.
 - Composition between heads: :func:`composition_scores`, :func:`composition_baseline`, :func:`top_edges`.
-- Head detection on repeated random tokens: :func:`head_scores`, :func:`induction_loss`, :func:`ablation_effects`.
+- The whole pipeline: :func:`scan` -> :class:`Scan` (``.save(dir)``, ``.to_json()``, ``.top(...)``).
+- Head detection on repeated random tokens (:class:`RepeatedTokens` is the batch every entry point takes):
+  :func:`head_scores`, :func:`induction_loss`, :func:`ablation_effects`, :func:`attribution_effects`;
+  scores are a registry (``circuitkit.detect.register``).
+- Edge-level causal evidence: :func:`path_patching`, :func:`edge_attribution` (``circuitkit.circuits``).
 - Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.models`` (toy model, adapters),
   ``circuitkit.zoo`` (bundled known-answer models), ``circuitkit.viz`` (figures), ``circuitkit.theory``
   (the seed exercises, computed).
@@ -38,13 +42,18 @@ _LAZY: dict[str, str] = {
     "top_edges": "circuitkit.composition",
     "Edge": "circuitkit.composition",
     "CompositionBaseline": "circuitkit.composition",
-    "head_scores": "circuitkit.detect",
-    "induction_loss": "circuitkit.detect",
-    "ablation_effects": "circuitkit.detect",
-    "HeadScores": "circuitkit.detect",
-    "copying_scores": "circuitkit.detect",
+    "RepeatedTokens": "circuitkit.detect.tokens",
+    "head_scores": "circuitkit.detect.scores",
+    "HeadScores": "circuitkit.detect.scores",
+    "induction_loss": "circuitkit.detect.loss",
+    "ablation_effects": "circuitkit.detect.ablation",
+    "attribution_effects": "circuitkit.detect.attribution",
+    "copying_scores": "circuitkit.detect.weight_scores",
+    "HeadEffects": "circuitkit.scan_types",
+    "Scan": "circuitkit.scan_types",
+    "scan": "circuitkit.pipeline",
 }
-_SUBPACKAGES = {"build", "models", "zoo", "viz", "theory", "report", "cli"}
+_SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report"}
 
 __all__ = ["CircuitkitError", "__version__", *_LAZY, *sorted(_SUBPACKAGES)]
 
