@@ -161,6 +161,10 @@ def test_zscore_refuses_a_degenerate_baseline_and_subtract_still_works():
 
 
 # ---------------------------------------------------------------------------------------------- edge cases
+def _cast(weights: HeadWeights, dtype: torch.dtype) -> HeadWeights:
+    return HeadWeights(**{name: t.to(dtype) for name, t in weights.tensors().items()})
+
+
 def _edge_cases() -> dict[str, HeadWeights]:
     g = torch.Generator().manual_seed(31)
 
@@ -178,9 +182,9 @@ def _edge_cases() -> dict[str, HeadWeights]:
     return {
         "one-layer": random_weights(1, 2, 8, 2, seed=1),
         "one-head": random_weights(2, 1, 8, 2, seed=2),
-        "d_head-equals-d_model": HeadWeights(W_Q=wide, W_K=rand(2, 2, 8, 8), W_V=rand(2, 2, 8, 8), W_O=rand(2, 2, 8, 8)),
-        "float16": HeadWeights(**{k: v.half() for k, v in random_weights(2, 2, 8, 2, seed=3).tensors().items()}),
-        "bfloat16": HeadWeights(**{k: v.bfloat16() for k, v in random_weights(2, 2, 8, 2, seed=4).tensors().items()}),
+        "d_head-equals-d_model": HeadWeights(W_Q=wide, W_K=rand(*wide.shape), W_V=rand(*wide.shape), W_O=rand(*wide.shape)),
+        "float16": _cast(random_weights(2, 2, 8, 2, seed=3), torch.float16),
+        "bfloat16": _cast(random_weights(2, 2, 8, 2, seed=4), torch.bfloat16),
         "non-contiguous": HeadWeights(**strided),
     }
 
