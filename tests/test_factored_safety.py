@@ -182,7 +182,9 @@ def _edge_cases() -> dict[str, HeadWeights]:
     return {
         "one-layer": random_weights(1, 2, 8, 2, seed=1),
         "one-head": random_weights(2, 1, 8, 2, seed=2),
-        "d_head-equals-d_model": HeadWeights(W_Q=wide, W_K=rand(*wide.shape), W_V=rand(*wide.shape), W_O=rand(*wide.shape)),
+        "d_head-equals-d_model": HeadWeights(
+            W_Q=wide, W_K=rand(*wide.shape), W_V=rand(*wide.shape), W_O=rand(*wide.shape)
+        ),
         "float16": _cast(random_weights(2, 2, 8, 2, seed=3), torch.float16),
         "bfloat16": _cast(random_weights(2, 2, 8, 2, seed=4), torch.bfloat16),
         "non-contiguous": HeadWeights(**strided),
