@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, head_scores
+from circuitkit.detect import RepeatedTokens
 from circuitkit.models import load_model
-from circuitkit.models.loading import word_tokenizer_files
+from circuitkit.models.tokenizer import word_tokenizer_files
 
 LOGIT_TOL = 1e-4
 """The bridge runs the same HF modules (eager attention): float32 agreement to ~1e-6, with a margin."""
@@ -48,7 +49,7 @@ def test_local_directory_round_trip(tmp_path, with_tokenizer):
         torch.testing.assert_close(bridge(tokens), hf(tokens).logits, atol=LOGIT_TOL, rtol=0)
     assert bridge.tokenizer.bos_token_id == 0
     assert bridge.to_tokens("t3 t4").tolist() == [[0, 3, 4]]
-    scores = head_scores(bridge, seq_len=6, batch=2)
+    scores = head_scores(bridge, RepeatedTokens(block_len=6, batch=2))
     assert scores["induction"].shape == (2, 4) and scores.bos == 0
 
 

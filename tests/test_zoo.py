@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, zoo
-from circuitkit.detect import ablation_effects, head_scores, induction_loss
+from circuitkit.detect import RepeatedTokens, ablation_effects, head_scores, induction_loss
 
 ZOO_BYTES_LIMIT = 5 * 2**20
 """The issue's size budget for every bundled model together."""
@@ -62,7 +62,7 @@ def _above(scores, name):
 
 def test_detected_heads_are_the_documented_heads(loaded):
     _, entry, model = loaded
-    scores = head_scores(model, batch=32)
+    scores = head_scores(model, RepeatedTokens(batch=32))
     assert _above(scores, "induction") == set(entry.induction_heads)
     assert _above(scores, "previous_token") == set(entry.previous_token_heads)
 
@@ -70,7 +70,7 @@ def test_detected_heads_are_the_documented_heads(loaded):
 def test_in_context_loss_gap(loaded):
     _, _, model = loaded
     loss = induction_loss(model)
-    assert loss.repeated_half < 0.5 < 3.0 < loss.first_half
+    assert loss.repeated_copies < 0.5 < 3.0 < loss.first_copy
 
 
 @pytest.mark.slow
@@ -78,13 +78,13 @@ def test_ablation_confirms_the_circuit(loaded):
     """The heads whose mean ablation raises the repeated-copy loss most are exactly the documented circuit
     (induction + previous-token heads), and every induction head matters more than any head outside it."""
     _, entry, model = loaded
-    effects = ablation_effects(model, method="mean", batch=32)
+    effects = ablation_effects(model, RepeatedTokens(batch=32), method="mean")
     circuit = set(entry.induction_heads) | set(entry.previous_token_heads)
     assert {head for head, _ in effects.top(len(circuit))} == circuit
     outside = [float(effects.delta[h]) for h in itertools.product(range(2), range(4)) if h not in circuit]
     weakest_induction = min(float(effects.delta[h]) for h in entry.induction_heads)
     assert weakest_induction > max(outside)
-    zero = ablation_effects(model, method="zero", batch=32)
+    zero = ablation_effects(model, RepeatedTokens(batch=32), method="zero")
     assert all(float(zero.delta[h]) > 0 for h in entry.induction_heads)
 
 

@@ -1,151 +1,498 @@
-"""Load a model to analyse: a bundled zoo model, a local Hugging Face directory, or a TransformerLens name.
+"""Load a model to analyse: a bundled zoo model, a local Hugging Face directory, or a model in the local hub cache.
 
-Why: circuitkit runs offline. Zoo models ship inside the package; a Hugging Face checkpoint saved with
-``save_pretrained`` loads from its directory with no hub access and is wrapped in a TransformerLens
-``TransformerBridge`` (``boot_transformers(dir, hf_model=...)``). A directory without tokenizer files gets a
-generated word-level tokenizer (``"<bos>"`` is id 0, every other id ``i`` is the word ``"t{i}"``), which is
-all that TransformerLens needs to build its bridge and run tools that take strings.
+Why: circuitkit runs offline and runs only its own code. Three promises, each checked before Hugging Face
+``transformers`` is asked for anything:
+
+- **Nothing fetched unless asked.** Unless ``allow_download=True``, every Hugging Face call (config, weights,
+  tokenizer, ``TransformerBridge.boot_transformers``) runs inside :func:`hub_offline`: ``HF_HUB_OFFLINE`` /
+  ``TRANSFORMERS_OFFLINE`` set and ``huggingface_hub.constants.HF_HUB_OFFLINE`` true for the duration of the
+  call (huggingface_hub reads that constant on every request), then restored. A hub name resolves from the
+  local cache only.
+- **Never a model's own code.** ``trust_remote_code=False`` is passed everywhere. A directory (or cached repo)
+  whose ``config.json`` or ``tokenizer_config.json`` has an ``auto_map`` needs custom code and is refused
+  with one :class:`CircuitkitError` line; no prompt is shown and no file of the directory is imported.
+- **Only safe weight formats.** Weights load from safetensors only. A directory with only pickle checkpoints
+  (``pytorch_model.bin``, ``*.pt``, ``*.ckpt``) is refused: unpickling is code execution, and even torch's
+  ``weights_only`` unpickler is an allow-list that has had bypasses (CVE-2025-32434, torch <= 2.5.1);
+  safetensors is a JSON header plus raw bytes and cannot run anything. The error says how to convert.
+
+Malformed directories (no / empty / non-JSON ``config.json``, unknown ``model_type``, truncated or garbage
+safetensors, weights whose shapes do not fit the config, missing weights) are found by :func:`inspect_directory`
+before loading, each as one :class:`CircuitkitError` line: it reads the safetensors headers (names, shapes) and
+compares them with the model built from the config on the ``meta`` device (no memory, no weights).
+
+Sharding (models larger than one device): ``device_map`` / ``max_memory`` / ``n_devices`` / ``offload_folder``
+pass through to ``TransformerBridge.boot_transformers`` (accelerate underneath), after :func:`check_device_map`
+has checked that an explicit map covers every parameter of the model and names only devices that exist here.
+
+A directory without tokenizer files gets a generated word-level tokenizer (:mod:`circuitkit.models.tokenizer`).
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import json
 import os
-import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.models.tokenizer import (  # noqa: F401  (re-exported: the names used to live here)
+    BOS_TOKEN,
+    TOKENIZER_FILES,
+    has_tokenizer,
+    load_tokenizer,
+    word_tokenizer,
+    word_tokenizer_files,
+)
 
-BOS_TOKEN = "<bos>"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+__all__ = ["check_device_map", "hub_offline", "inspect_directory", "load_hf_directory", "load_model"]
 
-
-def word_tokenizer_files(d_vocab: int, directory: str | Path) -> Path:
-    """Write a word-level tokenizer for ids ``0 .. d_vocab - 1`` into ``directory`` (BOS ``"<bos>"`` = 0,
-    prepended by default; id ``i`` is the word ``"t{i}"``). Returns the directory."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    if d_vocab < 2:
-        raise CircuitkitError(f"word_tokenizer_files: given d_vocab={d_vocab}; expected at least 2 token ids.")
-    vocab = {BOS_TOKEN: 0, **{f"t{i}": i for i in range(1, d_vocab)}}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=BOS_TOKEN))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, 0)]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token=BOS_TOKEN,
-        eos_token=BOS_TOKEN,
-        unk_token=BOS_TOKEN,
-        pad_token=BOS_TOKEN,
-        add_bos_token=True,
-    )
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(directory))
-    return directory
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""The string device maps accelerate understands."""
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+DOWNLOAD_PATTERNS = ("*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.tiktoken")
+"""With ``allow_download``, only these are fetched: configs, safetensors weights, tokenizer files; never code
+(``*.py``) nor pickles."""
 
 
-def load_tokenizer(directory: str | Path):
-    """A tokenizer saved with ``save_pretrained`` in ``directory``, loaded with no hub access."""
-    from transformers import AutoTokenizer
+@dataclass(frozen=True)
+class Sharding:
+    """Where the weights go: at most one of ``device`` and ``device_map``/``n_devices``."""
 
-    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    device: torch.device | None = None
+    device_map: str | dict[str, str | int] | None = None
+    max_memory: dict[str | int, str | int] | None = None
+    n_devices: int | None = None
+    offload_folder: str | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.device_map is not None or self.n_devices is not None
+
+    def boot_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"device": self.device if self.device is not None else torch.device("cpu")}
+        if self.sharded:
+            kwargs = {"device_map": self.device_map, "n_devices": self.n_devices, "max_memory": self.max_memory}
+            if self.offload_folder is not None:
+                kwargs["offload_folder"] = self.offload_folder
+        return kwargs
 
 
-@functools.lru_cache(maxsize=8)
-def word_tokenizer(d_vocab: int):
-    """A generated word-level tokenizer (see :func:`word_tokenizer_files`), built once per process."""
-    directory = Path(tempfile.mkdtemp(prefix="circuitkit-tokenizer-"))
-    return load_tokenizer(word_tokenizer_files(d_vocab, directory))
+@dataclass(frozen=True)
+class ModelDirectory:
+    """A checked Hugging Face model directory: its parsed ``config.json`` and its safetensors files."""
+
+    path: Path
+    config: dict[str, Any]
+    weight_files: tuple[Path, ...]
 
 
-def _has_tokenizer(directory: Path) -> bool:
-    return any((directory / name).exists() for name in TOKENIZER_FILES)
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """Force the Hugging Face hub client offline for the duration of the block, then restore what was there.
+
+    Sets ``HF_HUB_OFFLINE=1`` and ``TRANSFORMERS_OFFLINE=1`` (read at import by fresh imports) and
+    ``huggingface_hub.constants.HF_HUB_OFFLINE = True`` (read on every request by ``is_offline_mode``, which
+    transformers' ``cached_file`` and huggingface_hub's HTTP hook consult), so a file that is not in the
+    cache fails at once instead of reaching the network."""
+    import huggingface_hub.constants as hub_constants
+
+    saved_env = {name: os.environ.get(name) for name in OFFLINE_VARIABLES}
+    saved_constant = hub_constants.HF_HUB_OFFLINE
+    for name in OFFLINE_VARIABLES:
+        os.environ[name] = "1"
+    hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub_constants.HF_HUB_OFFLINE = saved_constant
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
-def load_hf_directory(directory: str | Path, *, device: str | torch.device | None = None):
-    """A Hugging Face causal LM saved in ``directory``, loaded offline and wrapped in a ``TransformerBridge``."""
-    from transformer_lens.model_bridge import TransformerBridge
+def _hub_access(allow_download: bool):
+    return contextlib.nullcontext() if allow_download else hub_offline()
+
+
+def _error(what: str, given: str, expected: str, fix: str = "") -> CircuitkitError:
+    text = f"load_model: {what} {given}; expected {expected}."
+    return CircuitkitError(f"{text} {fix}" if fix else text)
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise _error(what, f"{str(path)!r} that cannot be read ({type(error).__name__})", "a UTF-8 JSON file") from None
+    if not text.strip():
+        raise _error(what, f"{str(path)!r}, which is empty", "a JSON object written by save_pretrained(...)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise _error(what, f"{str(path)!r}, which is not JSON ({error.msg} at line {error.lineno})",
+                     "a JSON object written by save_pretrained(...)") from None
+    if not isinstance(data, dict):
+        raise _error(what, f"{str(path)!r} holding a JSON {type(data).__name__}", "a JSON object")
+    return data
+
+
+def inspect_directory(directory: str | Path) -> ModelDirectory:
+    """Check a Hugging Face model directory before anything loads it; one :class:`CircuitkitError` per fault.
+
+    In order: ``config.json`` exists, is non-empty JSON; no ``auto_map`` (custom code) in it or in
+    ``tokenizer_config.json``; ``model_type`` is one transformers knows; safetensors weights exist (pickle-only
+    checkpoints refused), their headers parse and cover the file (a truncated or garbage file fails here), a
+    sharded index names only files present; and every parameter of the model built from the config (on the
+    ``meta`` device) is in the files with the same shape."""
+    path = Path(directory)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise _error("given directory", f"{str(path)!r} with no config.json",
+                     "a Hugging Face model directory written by save_pretrained(...)")
+    config = _read_json(config_path, "given config")
+    _refuse_custom_code(path, config)
+    model_type = config.get("model_type")
+    from transformers import CONFIG_MAPPING
+
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        shown = "no model_type" if model_type is None else f"model_type {model_type!r}"
+        raise _error(f"{str(config_path)!r} has", shown,
+                     "a model_type that the installed transformers knows (e.g. 'gpt2', 'llama')",
+                     "Upgrade transformers if the architecture is newer than it.")
+    files = _weight_files(path)
+    _check_weights(path, config, files)
+    return ModelDirectory(path=path, config=config, weight_files=files)
+
+
+def _refuse_custom_code(path: Path, config: dict[str, Any]) -> None:
+    sources = {"config.json": config}
+    tokenizer_config = path / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        sources["tokenizer_config.json"] = _read_json(tokenizer_config, "given tokenizer config")
+    for name, data in sources.items():
+        if data.get("auto_map"):
+            raise _error("given model", f"{str(path)!r} whose {name} has an auto_map",
+                         "a model that the installed transformers implements; this one needs custom code "
+                         "shipped with the model, which circuitkit will not run (trust_remote_code stays False)")
+
+
+def _weight_files(path: Path) -> tuple[Path, ...]:
+    index = path / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = _read_json(index, "given safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise _error("given safetensors index", f"{str(index)!r} with no weight_map",
+                         "the index written by save_pretrained(...)")
+        names = sorted(set(map(str, weight_map.values())))
+        missing = [name for name in names if not (path / name).is_file()]
+        if missing:
+            raise _error("given directory", f"{str(path)!r} missing {missing[:3]} named in {SAFETENSORS_INDEX}",
+                         "every weight shard the index names")
+        return tuple(path / name for name in names)
+    files = tuple(sorted(path.glob("*.safetensors")))
+    if files:
+        return files
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise _error("given directory", f"{str(path)!r} whose only weights are pickle files {pickles[:3]}",
+                     "safetensors weights (model.safetensors); loading a pickle can run arbitrary code",
+                     "Convert once, where you trust the file: save_pretrained(..., safe_serialization=True).")
+    raise _error("given directory", f"{str(path)!r} with no weights file",
+                 "model.safetensors (or sharded *.safetensors with model.safetensors.index.json)")
+
+
+def _read_shapes(files: tuple[Path, ...]) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    shapes[key] = tuple(handle.get_slice(key).get_shape())
+        except Exception as error:  # SafetensorError (Rust), OSError: truncated, garbage, unreadable
+            detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+            raise _error("given weights", f"{str(file)!r}, which is not a complete safetensors file ({detail})",
+                         "a safetensors file written in full by save_pretrained(...)") from None
+    return shapes
+
+
+def _skeleton(path: Path, config: dict[str, Any]) -> torch.nn.Module:
+    """The model the config describes, on the ``meta`` device (shapes only, no memory, no weights)."""
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    directory = Path(directory)
-    if not (directory / "config.json").exists():
-        raise CircuitkitError(
-            f"load_model: given directory {str(directory)!r} with no config.json; expected a Hugging Face model "
-            "directory written by save_pretrained(...)."
-        )
-    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        str(directory), local_files_only=True, attn_implementation="eager", dtype=torch.float32
-    )
-    hf_model.eval()
-    if _has_tokenizer(directory):
-        tokenizer = load_tokenizer(directory)
-    else:
-        tokenizer = word_tokenizer(int(config.vocab_size))
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    hf_model.to(device)
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf_model, tokenizer=tokenizer, device=device)
+    try:
+        with hub_offline():
+            hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception as error:
+        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise _error("given config", f"{str(path / 'config.json')!r} that transformers cannot read ({detail})",
+                     "a config written by save_pretrained(...)") from None
+    classes = [getattr(transformers, name, None) for name in config.get("architectures") or []]
+    builders = [cls for cls in classes if isinstance(cls, type)] + [AutoModelForCausalLM]
+    last: Exception | None = None
+    for builder in builders:
+        try:
+            with torch.device("meta"):
+                return builder.from_config(hf_config, trust_remote_code=False) if builder is AutoModelForCausalLM \
+                    else builder(hf_config)
+        except Exception as error:  # a config whose sizes do not make a model, or not a causal LM
+            last = error
+    detail = str(last).strip().splitlines()[0][:160] if last is not None and str(last).strip() else "unknown"
+    raise _error("given config", f"{str(path / 'config.json')!r} that does not build a causal language model "
+                 f"({detail})", "the config of a decoder-only model such as GPT-2 or Llama")
+
+
+def _check_weights(path: Path, config: dict[str, Any], files: tuple[Path, ...]) -> None:
+    shapes = _read_shapes(files)
+    model = _skeleton(path, config)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    found: dict[str, tuple[int, ...]] = {}
+    for key, shape in shapes.items():  # checkpoints may be saved with or without the base model's prefix
+        for candidate in (key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")):
+            found.setdefault(candidate, shape)
+    wrong, missing = [], []
+    for name, param in model.named_parameters():  # deduplicated: a tied lm_head counts once
+        shape = found.get(name)
+        if shape is None:
+            missing.append(name)
+        elif shape != tuple(param.shape):
+            wrong.append(f"{name} {list(shape)} (config: {list(param.shape)})")
+    if wrong:
+        raise _error("given weights", f"in {str(path)!r} whose shapes do not fit config.json: {', '.join(wrong[:3])}"
+                     + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""),
+                     "weights saved from a model with this config")
+    if missing:
+        raise _error("given weights", f"in {str(path)!r} that lack {len(missing)} parameter(s) of the model, e.g. "
+                     f"{missing[:3]}", "every parameter of the model config.json describes (a missing one would "
+                     "be randomly initialised)")
+
+
+def check_device_map(device_map: Any, model: torch.nn.Module | None = None) -> str | dict[str, str | int]:
+    """``device_map`` checked: a strategy in :data:`DEVICE_MAP_STRATEGIES`, or a dict from module names to
+    devices (``"cpu"``, ``"disk"``, ``"cuda:N"``, an int N for ``cuda:N``, ``"mps"``) that exist here.
+    With ``model`` (a skeleton), a dict must name only modules of it (``""`` is the whole model) and cover every
+    entry of its ``state_dict`` with some key equal to the entry's module or a prefix of it."""
+    name = "load_model: device_map"
+    if isinstance(device_map, str):
+        return validate.option(name, device_map, DEVICE_MAP_STRATEGIES)
+    if not isinstance(device_map, Mapping) or not device_map:
+        raise validate.fail(name, device_map, f"one of {list(DEVICE_MAP_STRATEGIES)} or a non-empty dict "
+                            "{module name: device}")
+    checked: dict[str, str | int] = {}
+    for key, target in device_map.items():
+        if not isinstance(key, str):
+            raise validate.fail(f"{name} key", key, "a module name (str)")
+        checked[key] = _check_target(f"{name}[{key!r}]", target)
+    if model is not None:
+        modules = {module_name for module_name, _ in model.named_modules()}
+        unknown = sorted(key for key in checked if key not in modules)
+        if unknown:
+            raise validate.fail(name, validate.given(f"keys {unknown[:3]} that are no module of the model"),
+                                f"module names such as {sorted(m for m in modules if m.count('.') <= 1)[:6]}")
+        uncovered = [entry for entry in model.state_dict() if not _covered(entry, checked)]
+        if uncovered:
+            raise validate.fail(name, validate.given(f"a map that leaves {len(uncovered)} weight(s) without a "
+                                                     f"device, e.g. {uncovered[:3]}"),
+                                "a device for every module of the model", "Add their modules (or a parent) to the map.")
+    return checked
+
+
+def _covered(entry: str, device_map: Mapping[str, Any]) -> bool:
+    return any(key == "" or entry == key or entry.startswith(key + ".") for key in device_map)
+
+
+def _check_target(name: str, target: Any) -> str | int:
+    if isinstance(target, str) and target == "disk":
+        return target
+    if isinstance(target, bool):
+        raise validate.fail(name, target, "'cpu', 'disk', 'cuda:N' or an int N for cuda:N")
+    if isinstance(target, int):
+        validate.device(name, f"cuda:{target}", allow_none=False)
+        return target
+    return str(validate.device(name, target, allow_none=False))
+
+
+def _check_max_memory(max_memory: Any) -> dict[str | int, str | int] | None:
+    if max_memory is None:
+        return None
+    name = "load_model: max_memory"
+    if not isinstance(max_memory, Mapping) or not max_memory:
+        raise validate.fail(name, max_memory, "a non-empty dict {device: bytes or size such as '2GiB'}")
+    from accelerate.utils import convert_file_size_to_int
+
+    checked: dict[str | int, str | int] = {}
+    for key, size in max_memory.items():
+        if not (isinstance(key, str) and key == "disk"):
+            _check_target(f"{name} key", key)
+        if isinstance(size, bool) or not isinstance(size, (int, str)):
+            raise validate.fail(f"{name}[{key!r}]", size, "a size in bytes (int) or a string such as '2GiB'")
+        try:
+            bytes_ = convert_file_size_to_int(size)
+        except (ValueError, TypeError):
+            raise validate.fail(f"{name}[{key!r}]", size, "a size such as 2_000_000_000 or '2GiB'") from None
+        if bytes_ <= 0:
+            raise validate.fail(f"{name}[{key!r}]", size, "a positive size")
+        checked[key] = size
+    return checked
+
+
+def _sharding(device, device_map, max_memory, n_devices, offload_folder) -> Sharding:
+    device = validate.device("load_model: device", device)
+    if n_devices is not None:
+        n_devices = validate.positive_int("load_model: n_devices", n_devices)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n_devices > 1 and n_devices > count:
+            raise validate.fail("load_model: n_devices", n_devices, f"at most the {count} CUDA device(s) here",
+                                "Use device_map (e.g. with 'cpu' and 'disk' entries) to split over CPU and disk.")
+        n_devices = None if n_devices == 1 else n_devices
+    if device_map is not None:
+        device_map = check_device_map(device_map)
+    if (device_map is not None or n_devices is not None) and device is not None:
+        raise validate.fail("load_model: device", device, "None when device_map or n_devices is given",
+                            "A device map places each module itself; pass one or the other.")
+    if device_map is not None and n_devices is not None:
+        raise validate.fail("load_model: n_devices", n_devices, "None when device_map is given",
+                            "n_devices builds a 'balanced' map; pass one or the other.")
+    max_memory = _check_max_memory(max_memory)
+    if max_memory is not None and device_map is None and n_devices is None:
+        raise validate.fail("load_model: max_memory", max_memory, "a device_map or n_devices beside it",
+                            "e.g. device_map='auto', max_memory={0: '10GiB', 'cpu': '30GiB'}.")
+    if offload_folder is not None:
+        if not isinstance(offload_folder, (str, os.PathLike)) or not str(offload_folder):
+            raise validate.fail("load_model: offload_folder", offload_folder, "a directory path")
+        if device_map is None:
+            raise validate.fail("load_model: offload_folder", offload_folder, "a device_map beside it")
+        offload_folder = str(offload_folder)
+    return Sharding(device, device_map, max_memory, n_devices, offload_folder)
+
+
+def load_hf_directory(
+    directory: str | Path,
+    *,
+    device: str | torch.device | None = None,
+    device_map: str | dict[str, str | int] | None = None,
+    max_memory: dict[str | int, str | int] | None = None,
+    n_devices: int | None = None,
+    offload_folder: str | os.PathLike | None = None,
+):
+    """A Hugging Face causal LM saved in ``directory``, checked by :func:`inspect_directory`, loaded with the hub
+    offline and wrapped in a ``TransformerBridge`` (eager attention, float32, eval mode)."""
+    sharding = _sharding(device, device_map, max_memory, n_devices, offload_folder)
+    checked = inspect_directory(directory)
+    return _boot(str(checked.path), checked, sharding, allow_download=False)
+
+
+def _boot(model_name: str, checked: ModelDirectory, sharding: Sharding, *, allow_download: bool):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    if isinstance(sharding.device_map, dict):
+        check_device_map(sharding.device_map, _skeleton(checked.path, checked.config))
+    with _hub_access(allow_download):
+        if has_tokenizer(checked.path):
+            tokenizer = load_tokenizer(checked.path)
+        else:
+            tokenizer = word_tokenizer(int(checked.config.get("vocab_size") or 0) or 2)
+        try:
+            bridge = TransformerBridge.boot_transformers(
+                model_name, tokenizer=tokenizer, trust_remote_code=False, **sharding.boot_kwargs()
+            )
+        except CircuitkitError:
+            raise
+        except Exception as error:  # unsupported architecture, accelerate refusing a map: one line for the user
+            detail = str(error).strip().splitlines()[0][:240] if str(error).strip() else ""
+            raise _error("could not load", f"{model_name!r} ({type(error).__name__}: {detail})",
+                         "a decoder-only architecture that TransformerLens supports") from None
     bridge.eval()
     return bridge
 
 
 def load_model(
-    name_or_path: str | None = None,
+    name_or_path: str | os.PathLike | None = None,
     *,
     device: str | torch.device | None = None,
     allow_download: bool = False,
+    device_map: str | dict[str, str | int] | None = None,
+    max_memory: dict[str | int, str | int] | None = None,
+    n_devices: int | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> Any:
-    """Load a model by zoo name, local directory or TransformerLens / Hugging Face name.
+    """Load a model by zoo name, local directory or Hugging Face / TransformerLens name, as a ``TransformerBridge``.
 
     - ``None`` or a name in :func:`circuitkit.zoo.available`: the bundled model (``None``: ``"induction-2l"``).
-    - an existing local directory: a Hugging Face model saved with ``save_pretrained``, loaded offline and
-      wrapped with ``TransformerBridge.boot_transformers(dir, hf_model=...)``.
-    - anything else: a model name for ``TransformerBridge.boot_transformers(name)``. By default only a copy
-      already in the local Hugging Face cache is used and no network connection is made; a name that is not
-      cached fails at once with a one-line :class:`CircuitkitError`. ``allow_download=True`` lets the hub be
-      asked.
+    - an existing local directory: a Hugging Face model saved with ``save_pretrained``, checked by
+      :func:`inspect_directory` and loaded with the hub offline.
+    - anything else: a hub repository id (or TransformerLens alias such as ``"gpt2-small"``). By default only a
+      copy already in the local Hugging Face cache is used, with the hub client forced offline; a name that is
+      not cached fails at once with a one-line :class:`CircuitkitError`. ``allow_download=True`` fetches the
+      repository's configs, tokenizer and safetensors weights (never code, never pickles) first.
+
+    ``device``: where the model goes (validated by :func:`circuitkit.validate.device`; default CPU for Hugging
+    Face models). ``device_map`` (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"`` or a dict
+    from module names to devices, ``"disk"`` included), ``max_memory`` (device -> size), ``n_devices`` (CUDA
+    GPUs to split over) and ``offload_folder`` (for ``"disk"`` entries) shard a Hugging Face model through
+    ``TransformerBridge.boot_transformers`` and accelerate; they exclude ``device``.
     """
     from circuitkit import zoo
 
-    if name_or_path is None or name_or_path in zoo.available():
-        return zoo.load(name_or_path or zoo.DEFAULT, device=device)
-    if not isinstance(name_or_path, (str, os.PathLike)):
-        raise CircuitkitError(
-            f"load_model: given {type(name_or_path).__name__}; expected a zoo name, a directory or a model name."
-        )
+    allow_download = validate.boolean("load_model: allow_download", allow_download)
+    sharding = _sharding(device, device_map, max_memory, n_devices, offload_folder)
+    if name_or_path is None or (isinstance(name_or_path, str) and name_or_path in zoo.available()):
+        return _load_zoo(zoo, name_or_path or zoo.DEFAULT, sharding)
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
+        raise validate.fail("load_model: name_or_path", name_or_path,
+                            "a zoo name, a local Hugging Face directory or a model name")
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return load_hf_directory(path, device=device)
-    name = str(name_or_path)
-    expected = (
-        f"expected a zoo name ({', '.join(zoo.available())}), a local Hugging Face directory, or a model name "
-        "in the local Hugging Face cache"
-    )
-    if not allow_download:
-        repo = _hub_repo_id(name)
-        if repo is None or not _in_local_cache(repo):
-            raise CircuitkitError(
-                f"load_model: given {name!r}, which is neither a zoo model, a local directory, nor a model in the "
-                f"local Hugging Face cache; {expected}. Pass allow_download=True (circuitkit scan "
-                "--allow-download) to fetch it from the hub, which needs the network."
-            )
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
+        checked = inspect_directory(path)
+        return _boot(str(path), checked, sharding, allow_download=False)
+    if path.exists():
+        raise validate.fail("load_model: name_or_path", str(name_or_path),
+                            "a directory holding config.json and the weights, not a file")
+    return _load_hub_name(str(name_or_path), sharding, allow_download, zoo.available())
 
-        return TransformerBridge.boot_transformers(name, device=device)
-    except Exception as error:  # network, missing repo, unsupported architecture: one line for the user
-        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        raise CircuitkitError(
-            f"load_model: could not load {name!r} ({type(error).__name__}: {detail}); {expected} "
-            "(or a name on the Hugging Face hub with allow_download=True and a network connection)."
-        ) from None
+
+def _load_zoo(zoo, name: str, sharding: Sharding):
+    if sharding.sharded:
+        raise validate.fail("load_model: device_map", sharding.device_map or sharding.n_devices,
+                            f"None for the bundled model {name!r}, which is a few kB and fits any device")
+    entry = zoo.info(name)
+    if entry.format.startswith("hf-"):
+        return load_hf_directory(entry.path, device=sharding.device)
+    return zoo.load(name, device=sharding.device)
+
+
+def _load_hub_name(name: str, sharding: Sharding, allow_download: bool, zoo_names: list[str]):
+    expected = (
+        f"a zoo name ({', '.join(zoo_names)}), a local Hugging Face directory, or a model name in the local "
+        "Hugging Face cache"
+    )
+    repo = _hub_repo_id(name)
+    if repo is None:
+        raise _error("given", f"{name!r}, which is neither a zoo model, a local directory, nor a hub name", expected)
+    snapshot = _cached_snapshot(repo)
+    if snapshot is None and allow_download:
+        snapshot = _download(repo)
+    if snapshot is None:
+        raise _error("given", f"{name!r}, which is neither a zoo model, a local directory, nor a model in the "
+                     "local Hugging Face cache", expected,
+                     "Pass allow_download=True (circuitkit scan --allow-download) to fetch it from the hub, "
+                     "which needs the network.")
+    checked = inspect_directory(snapshot)
+    # Everything is in the cache now: load it with the hub offline even when downloads were allowed.
+    return _boot(repo, checked, sharding, allow_download=False)
 
 
 def _hub_repo_id(name: str) -> str | None:
@@ -155,7 +502,31 @@ def _hub_repo_id(name: str) -> str | None:
 
         return get_official_model_name(name)
     except Exception:  # not a TransformerLens alias: a plain repository id, if it looks like one
-        return name if name and not name.startswith(("/", ".")) else None
+        return name if name and not name.startswith(("/", ".", "~")) else None
+
+
+def _cached_snapshot(repo: str) -> Path | None:
+    """The local snapshot directory of ``repo`` (its ``main`` revision), read with the hub offline."""
+    from huggingface_hub import snapshot_download
+
+    if not _in_local_cache(repo):
+        return None
+    try:
+        with hub_offline():
+            return Path(snapshot_download(repo, local_files_only=True))
+    except Exception:  # no refs/main, or a malformed repository id
+        return None
+
+
+def _download(repo: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo, allow_patterns=list(DOWNLOAD_PATTERNS)))
+    except Exception as error:  # network, missing or gated repository
+        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise _error("could not download", f"{repo!r} ({type(error).__name__}: {detail})",
+                     "a public repository on the Hugging Face hub and a network connection") from None
 
 
 def _in_local_cache(repo: str) -> bool:

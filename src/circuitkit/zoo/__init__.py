@@ -7,8 +7,8 @@ previous-token and induction heads are recorded in :func:`info` and confirmed by
 - ``"induction-2l"``: 2 layers x 4 heads, attention only, no LayerNorm, d_model 64, d_head 16, vocab 64,
   context 64. A TransformerLens-native model loaded into a ``TransformerBridge``.
 
-Entries whose ``format`` is ``"hf-gpt2"`` would load through the offline Hugging Face path
-(:func:`circuitkit.models.loading.load_hf_directory`); none is bundled yet.
+Entries whose ``format`` is ``"hf-gpt2"`` would load through :func:`circuitkit.load_model` (the offline
+Hugging Face path of :mod:`circuitkit.models.loading`); none is bundled yet.
 
 Token id 0 is the BOS token ``"<bos>"``; id ``i`` is the word ``"t{i}"`` in the bundled tokenizers.
 Each model directory holds its weights (``model.safetensors``), its config, its tokenizer, ``zoo.json`` (this
@@ -71,7 +71,10 @@ def load(name: str = DEFAULT, *, device: str | torch.device | None = None):
     entry = info(name)
     loader = _LOADERS.get(entry.format)
     if loader is None:
-        raise CircuitkitError(f"zoo: {name!r} has format {entry.format!r}; expected one of {sorted(_LOADERS)}.")
+        raise CircuitkitError(
+            f"zoo: {name!r} has format {entry.format!r}; expected one of {sorted(_LOADERS)} for zoo.load. "
+            "Load Hugging Face formats with circuitkit.load_model(name)."
+        )
     model = loader(entry.path, device)
     model.eval()
     return model
@@ -88,32 +91,42 @@ def native_config(directory: Path) -> dict[str, Any]:
 
 
 def _load_native(directory: Path, device):
+    """A TL-native model from ``tl_config.json`` and ``model.safetensors``, built with TransformerLens's public
+    ``native.boot`` and its parameters then overwritten with the saved ones (every name must match)."""
     from safetensors.torch import load_file
     from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
-    from transformer_lens.model_bridge.sources.native import NativeModel
+    from transformer_lens.model_bridge.sources.native import boot
 
-    from circuitkit.models.loading import load_tokenizer
+    from circuitkit.models.tokenizer import load_tokenizer
 
     cfg = TransformerBridgeConfig(**native_config(directory), init_weights=False)
-    module = NativeModel(cfg)
-    module.load_state_dict(load_file(str(directory / "model.safetensors")))
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's default init would move the caller's random stream
+        bridge = boot(cfg, tokenizer=load_tokenizer(directory), model_name="circuitkit-zoo")
+    _copy_state(bridge.original_model, load_file(str(directory / "model.safetensors")), directory)
     if device is not None:
-        module.to(device)
-    return build_bridge_from_module(
-        module,
-        architecture="TransformerLensNative",
-        tl_config=cfg,
-        tokenizer=load_tokenizer(directory),
-        device=device,
-        model_name="circuitkit-zoo",
-    )
+        bridge = bridge.to(device)
+    return bridge
 
 
-def _load_hf(directory: Path, device):
-    from circuitkit.models.loading import load_hf_directory
+def _copy_state(native: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """Copy ``state`` (the native model's own parameter names) into ``native``, whose parameter names carry the
+    bridge's ``._original_component`` wrappers."""
+    params = {name.replace("._original_component", ""): p for name, p in native.named_parameters()}
+    if set(params) != set(state):
+        raise CircuitkitError(
+            f"zoo: {directory.name!r} has parameters {sorted(set(params) ^ set(state))} that do not match the "
+            "TL-native model of the installed transformer-lens; expected the layout of transformer-lens 4.3."
+        )
+    with torch.no_grad():
+        for name, value in state.items():
+            if params[name].shape != value.shape:
+                raise CircuitkitError(
+                    f"zoo: {directory.name!r} parameter {name} has shape {tuple(value.shape)}; expected "
+                    f"{tuple(params[name].shape)} from tl_config.json."
+                )
+            params[name].copy_(value)
 
-    return load_hf_directory(directory, device=device)
 
-
-_LOADERS = {"tl-native": _load_native, "hf-gpt2": _load_hf}
+_LOADERS = {"tl-native": _load_native}
+"""Loaders by ``format``. Hugging Face formats (``"hf-*"``) load through :func:`circuitkit.load_model`, which
+owns the Hugging Face path; the zoo imports only the tokenizer helpers, so the loader may import the zoo."""

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         extra = {"head_l1": spec["head_l1"]} if "head_l1" in spec else {}
         curve = trainer(directory, seed=args.seed, steps=args.steps or spec["steps"], lr=spec["lr"], **extra)
         (directory / "curve.json").write_text(json.dumps(curve) + "\n")
-        from circuitkit.models.loading import word_tokenizer_files
+        from circuitkit.models.tokenizer import word_tokenizer_files
 
         word_tokenizer_files(D_VOCAB, directory)
         entry = document_heads(name, directory, fmt, spec["description"])
