@@ -8,11 +8,11 @@ import warnings
 import pytest
 import torch
 
-from circuitkit import CircuitkitError, HeadWeights, head_scores
-from circuitkit.detect import SCORE_NAMES, ablation_effects, induction_loss, pattern_scores
-from circuitkit.detect_tokens import TARGETS
+from circuitkit import CircuitkitError, HeadWeights, RepeatedTokens, head_scores
+from circuitkit.detect import ablation_effects, induction_loss, pattern_scores, registry, score_names
 from tests.conftest import boot_bridge
 
+TARGETS = {d.name: d.targets for d in registry.registered("pattern")}
 SCORE_TOL = 1e-5
 """float32 sums of up to a few thousand attention weights: agreement to ~1e-6, 10x margin."""
 
@@ -56,11 +56,11 @@ def bridge():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(seq_len=8), dict(seq_len=6, n_repeats=3, bos=0), dict(seq_len=30, token_range=(0, 12))],
+    [dict(block_len=8), dict(block_len=6, n_repeats=3, bos=0), dict(block_len=30, token_range=(0, 12))],
     ids=["distinct-tokens", "three-repeats-with-bos", "chance-duplicates"],
 )
 def test_scores_match_row_by_row_reference(bridge, kwargs):
-    scores = head_scores(bridge, batch=4, seed=1, **kwargs)
+    scores = head_scores(bridge, RepeatedTokens(batch=4, seed=1, **kwargs))
     _, cache = bridge.run_with_cache(scores.tokens)
     for layer in range(2):
         expected = reference_scores(scores.tokens, cache[f"blocks.{layer}.attn.hook_pattern"])
@@ -69,13 +69,13 @@ def test_scores_match_row_by_row_reference(bridge, kwargs):
 
 
 def test_patterns_for_is_first_sequence_pattern(bridge):
-    scores = head_scores(bridge, seq_len=5, batch=3)
+    scores = head_scores(bridge, RepeatedTokens(block_len=5, batch=3))
     _, cache = bridge.run_with_cache(scores.tokens)
     torch.testing.assert_close(scores.patterns_for(1, 2), cache["blocks.1.attn.hook_pattern"][0, 2].detach())
 
 
 def test_tokens_are_repeated_blocks_without_bos_by_default(bridge):
-    scores = head_scores(bridge, seq_len=7, n_repeats=3, batch=5)
+    scores = head_scores(bridge, RepeatedTokens(block_len=7, n_repeats=3, batch=5))
     tokens = scores.tokens
     assert tokens.shape == (5, 21)
     assert torch.equal(tokens[:, :7], tokens[:, 7:14]) and torch.equal(tokens[:, :7], tokens[:, 14:])
@@ -83,12 +83,12 @@ def test_tokens_are_repeated_blocks_without_bos_by_default(bridge):
 
 
 def test_bos_is_first_and_never_drawn(bridge):
-    tokens = head_scores(bridge, seq_len=10, batch=8, bos=3).tokens
+    tokens = head_scores(bridge, RepeatedTokens(block_len=10, batch=8, bos=3)).tokens
     assert torch.all(tokens[:, 0] == 3) and not torch.any(tokens[:, 1:] == 3)
 
 
 def test_same_seed_same_scores_other_seed_other_tokens(bridge):
-    a, b, c = (head_scores(bridge, seq_len=6, batch=4, seed=s) for s in (0, 0, 1))
+    a, b, c = (head_scores(bridge, RepeatedTokens(block_len=6, batch=4, seed=s)) for s in (0, 0, 1))
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a["induction"], b["induction"])
     assert not torch.equal(a.tokens, c.tokens)
 
@@ -131,7 +131,7 @@ def circuit():
 
 
 def test_planted_heads_score_high_and_rank_first(circuit):
-    scores = head_scores(circuit.model, seq_len=10, batch=8)
+    scores = head_scores(circuit.model, RepeatedTokens(block_len=10, batch=8))
     for name, head in (("induction", circuit.induction_head), ("previous_token", circuit.previous_token_head)):
         (best, value), *_ = scores.top(name, 1)
         assert best == head, f"{name}: top head {best}, planted {head}"
@@ -139,37 +139,37 @@ def test_planted_heads_score_high_and_rank_first(circuit):
 
 
 def test_planted_induction_head_is_a_pure_copier(circuit):
-    scores = head_scores(circuit.model, seq_len=10, batch=2)
+    scores = head_scores(circuit.model, RepeatedTokens(block_len=10, batch=2))
     (best, value), *_ = scores.top("copying", 1)
     assert best == circuit.induction_head
     assert value == pytest.approx(1.0, abs=1e-5)  # W_E W_V W_O W_U = logit_scale * identity
 
 
 def test_planted_circuit_loss_and_ablation(circuit):
-    loss = induction_loss(circuit.model, seq_len=10, batch=8)
-    assert loss.repeated_half < 0.01 < math.log(12) * 0.8 < loss.first_half
-    effects = ablation_effects(circuit.model, method="zero", seq_len=10, batch=8)
-    assert effects.clean_loss == pytest.approx(loss.repeated_half, abs=LOSS_TOL)
+    loss = induction_loss(circuit.model, RepeatedTokens(block_len=10, batch=8))
+    assert loss.repeated_copies < 0.01 < math.log(12) * 0.8 < loss.first_copy
+    effects = ablation_effects(circuit.model, RepeatedTokens(block_len=10, batch=8), method="zero")
+    assert effects.clean_loss == pytest.approx(loss.repeated_copies, abs=LOSS_TOL)
     assert {head for head, _ in effects.top(2)} == {circuit.induction_head, circuit.previous_token_head}
 
 
 def test_induction_loss_matches_cross_entropy(bridge):
-    loss = induction_loss(bridge, seq_len=6, batch=4, bos=0)
-    tokens = head_scores(bridge, seq_len=6, batch=4, bos=0).tokens  # same arguments -> same batch
+    loss = induction_loss(bridge, RepeatedTokens(block_len=6, batch=4, bos=0))
+    tokens = head_scores(bridge, RepeatedTokens(block_len=6, batch=4, bos=0)).tokens  # same arguments -> same batch
     logits = bridge(tokens).detach()
     ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
     torch.testing.assert_close(loss.per_position, ce.mean(0), atol=LOSS_TOL, rtol=0)
     # BOS then copy 1 at 1..6, copy 2 at 7..12; skip each copy's first token
-    assert loss.first_half == pytest.approx(float(ce[:, 1:6].mean()), abs=LOSS_TOL)
-    assert loss.repeated_half == pytest.approx(float(ce[:, 7:12].mean()), abs=LOSS_TOL)
+    assert loss.first_copy == pytest.approx(float(ce[:, 1:6].mean()), abs=LOSS_TOL)
+    assert loss.repeated_copies == pytest.approx(float(ce[:, 7:12].mean()), abs=LOSS_TOL)
 
 
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_ablation_matches_removing_the_head_output(bridge, method):
     """Independent path: subtract the head's own contribution (z_h - replacement) @ W_O[h] from attn_out."""
-    kwargs = dict(seq_len=6, batch=3, bos=0)
-    effects = ablation_effects(bridge, method=method, **kwargs)
-    tokens = head_scores(bridge, **kwargs).tokens
+    spec = RepeatedTokens(block_len=6, batch=3, bos=0)
+    effects = ablation_effects(bridge, spec, method=method)
+    tokens = head_scores(bridge, spec).tokens
     _, cache = bridge.run_with_cache(tokens)
     repeated = torch.zeros(tokens.shape[1] - 1, dtype=torch.bool)
     repeated[7:12] = True
@@ -188,34 +188,34 @@ def test_ablation_matches_removing_the_head_output(bridge, method):
 
 
 # ---------------------------------------------------------------------- models
-class CacheOnly:
-    """A duck-typed model: cfg and run_with_cache, nothing else."""
+class HooksOnly:
+    """A duck-typed model under the contract: cfg and run_with_hooks, no weights."""
 
     def __init__(self, model):
         self.cfg = model.cfg
         self._model = model
 
-    def run_with_cache(self, tokens, names_filter=None):
-        return self._model.run_with_cache(tokens, names_filter=names_filter)
+    def run_with_hooks(self, tokens, fwd_hooks=()):
+        return self._model.run_with_hooks(tokens, fwd_hooks=fwd_hooks)
 
 
-def test_duck_typed_cache_only_model_gives_the_same_scores(bridge):
-    direct = head_scores(bridge, seq_len=6, batch=4)
-    duck = head_scores(CacheOnly(bridge), seq_len=6, batch=4)
+def test_duck_typed_hooks_only_model_gives_the_same_scores(bridge):
+    direct = head_scores(bridge, RepeatedTokens(block_len=6, batch=4))
+    duck = head_scores(HooksOnly(bridge), RepeatedTokens(block_len=6, batch=4))
     assert "copying" not in duck  # no W_E / W_U on the wrapper
     for name in TARGETS:
         torch.testing.assert_close(duck[name], direct[name], atol=SCORE_TOL, rtol=0)
 
 
 def test_grouped_query_bridge_runs():
-    scores = head_scores(boot_bridge(n_key_value_heads=2), seq_len=5, batch=2)
-    assert set(scores) == set(SCORE_NAMES) and scores["induction"].shape == (2, 4)
+    scores = head_scores(boot_bridge(n_key_value_heads=2), RepeatedTokens(block_len=5, batch=2))
+    assert set(scores) == set(score_names()) and scores["induction"].shape == (2, 4)
 
 
 def test_bidirectional_model_runs_and_says_so():
     model = boot_bridge(attention_dir="bidirectional")
     with pytest.warns(UserWarning, match="bidirectional"):
-        scores = head_scores(model, seq_len=5, batch=2)
+        scores = head_scores(model, RepeatedTokens(block_len=5, batch=2))
     assert scores.bidirectional
     assert float(scores.patterns_for(0, 0).triu(1).sum()) > 0
 
@@ -223,11 +223,11 @@ def test_bidirectional_model_runs_and_says_so():
 def test_causal_model_does_not_warn(bridge):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        assert not head_scores(bridge, seq_len=5, batch=2).bidirectional
+        assert not head_scores(bridge, RepeatedTokens(block_len=5, batch=2)).bidirectional
 
 
 def test_dataframe_has_one_sorted_row_per_head(bridge):
-    scores = head_scores(bridge, seq_len=5, batch=2)
+    scores = head_scores(bridge, RepeatedTokens(block_len=5, batch=2))
     frame = scores.to_dataframe("previous_token")
     assert len(frame) == 8 and list(frame.columns[:3]) == ["layer", "head", "name"]
     assert frame["previous_token"].is_monotonic_decreasing
@@ -240,12 +240,12 @@ def test_dataframe_has_one_sorted_row_per_head(bridge):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(seq_len=1), "nothing to match"),
-        (dict(seq_len=0), "seq_len"),
+        (dict(block_len=1), "nothing to match"),
+        (dict(block_len=0), "block_len"),
         (dict(n_repeats=1), "n_repeats"),
-        (dict(seq_len=40), "n_ctx=64"),
+        (dict(block_len=40), "n_ctx=64"),
         (dict(bos=50), "vocabulary"),
-        (dict(bos=-1), "vocabulary"),
+        (dict(bos=-1), "bos"),
         (dict(token_range=(0, 51)), "outside the vocabulary"),
         (dict(batch=0), "batch"),
         (dict(bos="<s>"), "token id"),
@@ -255,22 +255,22 @@ def test_dataframe_has_one_sorted_row_per_head(bridge):
 )
 def test_bad_input_raises(bridge, kwargs, match):
     with pytest.raises(CircuitkitError, match=match):
-        head_scores(bridge, **kwargs)
+        head_scores(bridge, RepeatedTokens(**kwargs))
 
 
 class NoPatterns:
-    """Has a cfg and a cache, but its cache holds no attention patterns (e.g. an SSM)."""
+    """Has a cfg and hooks, but no attention patterns ever reach them (e.g. an SSM)."""
 
     class cfg:  # noqa: N801
-        n_layers, n_heads, d_vocab, n_ctx = 2, 2, 10, 16
+        n_layers, n_heads, d_model, d_head, d_vocab, n_ctx = 2, 2, 8, 4, 10, 16
 
-    def run_with_cache(self, tokens, names_filter=None):
-        return torch.zeros(*tokens.shape, 10), {}
+    def run_with_hooks(self, tokens, fwd_hooks=()):
+        return torch.zeros(*tokens.shape, 10)
 
 
 def test_model_without_patterns_raises():
     with pytest.raises(CircuitkitError, match="no attention patterns"):
-        head_scores(NoPatterns(), seq_len=4)
+        head_scores(NoPatterns(), RepeatedTokens(block_len=4))
 
 
 def test_object_that_is_not_a_model_raises():
@@ -282,4 +282,4 @@ def test_bad_ablation_method_and_score_name(bridge):
     with pytest.raises(CircuitkitError, match="method"):
         ablation_effects(bridge, method="resample")
     with pytest.raises(CircuitkitError, match="expected one of"):
-        head_scores(bridge, seq_len=4, batch=1).top("successor")
+        head_scores(bridge, RepeatedTokens(block_len=4, batch=1)).top("successor")

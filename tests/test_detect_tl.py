@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuitkit import head_scores, zoo
-from circuitkit.detect_tokens import TARGETS
+from circuitkit import RepeatedTokens, head_scores, zoo
+from circuitkit.detect import registry
+
+TARGETS = {d.name: d.targets for d in registry.registered("pattern")}
 
 AGREEMENT_TOL = 1e-5
 """Same float32 patterns summed in different orders: ~1e-7 differences; 100x margin."""
@@ -43,7 +45,7 @@ def test_target_masks_equal_transformer_lens_detection_patterns(token_range):
         "previous_token": hd.get_previous_token_head_detection_pattern,
         "duplicate_token": hd.get_duplicate_token_head_detection_pattern,
     }
-    scores = head_scores(zoo.load("induction-2l"), seq_len=12, batch=3, token_range=token_range)
+    scores = head_scores(zoo.load("induction-2l"), RepeatedTokens(block_len=12, batch=3, token_range=token_range))
     for name, build in builders.items():
         ours = TARGETS[name](scores.tokens)
         for b in range(3):
@@ -54,7 +56,7 @@ def test_target_masks_equal_transformer_lens_detection_patterns(token_range):
 def test_scores_equal_detect_head_after_renormalising(model, name):
     from transformer_lens.head_detector import detect_head
 
-    scores = head_scores(model, seq_len=10, batch=3)
+    scores = head_scores(model, RepeatedTokens(block_len=10, batch=3))
     tokens = scores.tokens
     assert scores.bos == 0 and model.to_tokens(_prompt(tokens[0, 1:])).tolist() == tokens[:1].tolist()
     pos = tokens.shape[1]
