@@ -125,7 +125,7 @@ class Scan:
     - ``spectra``: ``"QK" | "OV"`` -> ``[L, H, d_head]`` singular values, descending;
     - ``circuit``: edge-level causal evidence (:class:`circuitkit.circuits.CircuitEvidence`) or None;
     - ``induction_heads``, ``previous_token_heads``: the heads the scan calls so (see
-      :data:`circuitkit.scan.HEAD_CALL_THRESHOLD`).
+      :data:`circuitkit.pipeline.HEAD_CALL_THRESHOLD`).
     """
 
     model: ModelSummary

@@ -42,7 +42,7 @@ from circuitkit.build.assembly import assemble
 from circuitkit.build.heads import OV, HeadSpec, copy_ov
 from circuitkit.build.subspace import ResidualLayout
 from circuitkit.errors import CircuitkitError, describe
-from circuitkit.models.toy import AttentionOnlyModel, HookPoint
+from circuitkit.models.toy import AttentionOnlyModel, ToyHook
 
 D_MODEL = 16
 D_HEAD = 4
@@ -154,7 +154,7 @@ class VirtualHeadExercise:
             )
         pattern = previous_token_pattern(x.shape[1], dtype=self.model.head_weights().dtype)
 
-        def fix_pattern(scores_pattern: Tensor, hook: HookPoint) -> Tensor:
+        def fix_pattern(scores_pattern: Tensor, hook: ToyHook) -> Tensor:
             return pattern.expand_as(scores_pattern)
 
         return self.model.run_with_hooks(x, fwd_hooks=[(lambda name: name.endswith("hook_pattern"), fix_pattern)])

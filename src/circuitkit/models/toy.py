@@ -92,7 +92,7 @@ class ToyConfig:
         return math.sqrt(self.d_head) if self.attn_scale is None else float(self.attn_scale)
 
 
-class HookPoint:
+class ToyHook:
     """The ``hook`` argument a hook function receives: carries the hook's ``name`` (as TransformerLens)."""
 
     __slots__ = ("name",)
@@ -101,7 +101,7 @@ class HookPoint:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"HookPoint({self.name!r})"
+        return f"ToyHook({self.name!r})"
 
 
 class ToyCache(dict):
@@ -115,7 +115,7 @@ class ToyCache(dict):
         return super().__getitem__(key)
 
 
-HookFn = Callable[[Tensor, HookPoint], Tensor | None]
+HookFn = Callable[[Tensor, ToyHook], Tensor | None]
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
 
@@ -274,7 +274,7 @@ class AttentionOnlyModel:
         keep = self._name_filter(names_filter)
         cache = ToyCache()
 
-        def save(tensor: Tensor, hook: HookPoint) -> None:
+        def save(tensor: Tensor, hook: ToyHook) -> None:
             cache[hook.name] = tensor.detach()
 
         hooks = {name: [save] for name in self.hook_names() if keep(name)}
@@ -372,7 +372,7 @@ class AttentionOnlyModel:
     @staticmethod
     def _hook(hooks: dict[str, list[HookFn]], name: str, tensor: Tensor) -> Tensor:
         for fn in hooks.get(name, ()):
-            out = fn(tensor, HookPoint(name))
+            out = fn(tensor, ToyHook(name))
             if out is not None:
                 if not isinstance(out, Tensor) or out.shape != tensor.shape:
                     raise CircuitkitError(
