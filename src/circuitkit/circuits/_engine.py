@@ -1,0 +1,135 @@
+"""What path patching and edge attribution share: the model under the contract, its weights per query head, the
+receivers' pre-attention normalisation, activation capture, and the senders' output differences.
+
+Sender output (row convention): head ``(l1, h1)`` writes ``z[l1][:, :, h1] @ W_O[l1, h1]`` ``[batch, pos,
+d_model]`` into the residual stream; its difference ``delta = (z_corrupt - z_clean) @ W_O`` is what an edge
+carries. Receiver input: head ``(l2, h2)``'s channel ``c`` reads ``x = norm(resid_pre[l2])`` through
+``W_c[l2, h2]`` (``W_K``/``W_V`` of its key/value group); ``norm`` is the block's ``ln1`` where the model has a
+normalisation (``cfg.normalization_type``), else the identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resampled_batch
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.errors import CircuitkitError
+from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+
+Norm = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Context:
+    """A model ready for edge measurements on one batch."""
+
+    adapter: ModelAdapter
+    batch: TokenBatch
+    W_in: dict[str, Tensor]  # channel -> [layer, head, d_model, d_head], per query head
+    W_O: Tensor  # [layer, head, d_head, d_model]
+    norms: list[Norm | None]  # per layer
+    corrupt: str
+    corrupt_seed: int
+    corrupt_batch: TokenBatch | None = None  # a given corrupted batch (corrupt is then "given")
+
+    @property
+    def spec(self):
+        return self.adapter.spec
+
+    @property
+    def group_size(self) -> int:
+        return self.spec.n_heads // self.spec.n_kv_heads
+
+    def kv_index(self, head: int) -> int:
+        return head // self.group_size
+
+
+def context(
+    model: Any,
+    tokens: RepeatedTokens | TokenBatch | None,
+    corrupt: str | TokenBatch,
+    corrupt_seed: int,
+    device: str | torch.device | None,
+    where: str,
+) -> Context:
+    adapter = adapt(model, device)
+    batch = as_batch(tokens, adapter)
+    corrupt_batch = None
+    if isinstance(corrupt, TokenBatch):
+        corrupt_batch = as_batch(corrupt, adapter)
+        if corrupt_batch.tokens.shape != batch.tokens.shape:
+            shape = tuple(batch.tokens.shape)
+            raise validate.fail(f"{where}: corrupt", corrupt_batch.tokens, f"a TokenBatch of the clean shape {shape}")
+        corrupt = "given"
+    else:
+        corrupt = validate.option(f"{where}: corrupt", corrupt, (*CORRUPTIONS, "a TokenBatch"))
+        if corrupt == "a TokenBatch":
+            raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
+    corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
+    weights = adapter.weights().to(device=adapter.spec.device)
+    W_in = {"q": weights.W_Q, "k": weights.per_query_head("W_K"), "v": weights.per_query_head("W_V")}
+    norms = [_receiver_norm(adapter, layer) for layer in range(adapter.spec.n_layers)]
+    return Context(adapter, batch, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)
+
+
+def _receiver_norm(adapter: ModelAdapter, layer: int) -> Norm | None:
+    """The normalisation in front of layer ``layer``'s attention (``blocks[layer].ln1``), or None without one."""
+    model = adapter.model
+    if getattr(model.cfg, "normalization_type", None) is None:
+        return None
+    blocks = getattr(model, "blocks", None)
+    norm = getattr(blocks[layer], "ln1", None) if blocks is not None else None
+    if not callable(norm):
+        raise CircuitkitError(
+            f"{type(model).__name__} has cfg.normalization_type={model.cfg.normalization_type!r} but no callable "
+            f"blocks[{layer}].ln1; expected the normalisation before attention as TransformerLens names it "
+            "(path patching recomputes the receiver's input through it)."
+        )
+    return norm
+
+
+def capture(
+    ctx: Context, tokens: Tensor, names: Iterable[str], *, replace: dict[str, Callable] | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Run ``tokens`` and keep the activations at ``names`` (detached); ``replace`` hooks run first."""
+    kept: dict[str, Tensor] = {}
+
+    def keep(name: str) -> Callable[[Tensor, Any], None]:
+        # keyed by the name asked for: a TransformerBridge passes its own alias as hook.name
+        def hook(tensor: Tensor, hook: Any) -> None:
+            kept[name] = tensor.detach()
+
+        return hook
+
+    hooks = list((replace or {}).items()) + [(name, keep(name)) for name in sorted(set(names))]
+    logits = ctx.adapter.run(tokens, hooks)
+    return logits, kept
+
+
+def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -> dict[int, Tensor]:
+    """The senders' corrupted ``z`` per layer ``[batch, pos, head, d_head]``: from the resampled batch, or the
+    clean batch mean at each position (``corrupt="mean"``)."""
+    layers = sorted(set(layers))
+    if ctx.corrupt == "mean":
+        return {layer: clean_z[layer].mean(dim=0, keepdim=True).expand_as(clean_z[layer]) for layer in layers}
+    corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
+    with torch.no_grad():
+        _, kept = capture(ctx, corrupted.tokens, [HOOKS.z(layer) for layer in layers])
+    return {layer: kept[HOOKS.z(layer)] for layer in layers}
+
+
+def sender_delta(ctx: Context, z_clean: Tensor, z_corrupt: Tensor, layer: int, heads: Tensor) -> Tensor:
+    """``(z_corrupt - z_clean)[:, :, h] @ W_O[layer, h]`` for each ``h`` in ``heads``: ``[n, batch, pos, d_model]``."""
+    dz = (z_corrupt - z_clean)[:, :, heads]  # [B, P, n, dh]
+    W_O = ctx.W_O[layer, heads].to(dz.dtype)  # [n, dh, d_model]
+    return torch.einsum("bpnd,ndm->nbpm", dz, W_O)
+
+
+__all__ = ["DEFAULT_CORRUPT_SEED", "Context", "capture", "context", "corrupt_z", "sender_delta"]

@@ -1,0 +1,94 @@
+"""Edges between heads: ``sender (l1, h1) -> receiver (l2, h2)`` through one channel of the receiver's input.
+
+Why a module: path patching, edge attribution and the evidence table must agree on what an edge is and refuse
+the same bad ones. An edge exists only for ``l1 < l2`` (a head reads only what earlier layers wrote). The
+channel says which input of the receiver the sender's output is read through: ``"q"`` (its queries), ``"k"``
+(its keys), ``"v"`` (its values); :func:`circuitkit.circuits.path_patching` also takes ``"all"`` (the three at once).
+
+Grouped-query attention: keys and values are computed once per key/value group and shared by the group's query
+heads. circuitkit counts K and V edges **per query head**: the receiver ``(l2, h2)`` is always a query head; for
+``"k"``/``"v"`` the group's key/value input is the one patched, but only query head ``h2`` reads the patched
+version (the group's other heads keep their clean outputs). The group-level effect is, to first order, the sum
+over the group's query heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from circuitkit import validate
+from circuitkit.models.contract import ModelSpec
+from circuitkit.ranking import Head, head_name
+
+Channel = Literal["q", "k", "v"]
+CHANNELS: tuple[str, ...] = ("q", "k", "v")
+"""The receiver inputs, in the order of the last axis of :class:`~circuitkit.circuits.EdgeAttribution` scores."""
+INPUTS: tuple[str, ...] = (*CHANNELS, "all")
+"""What :func:`~circuitkit.circuits.path_patching` can patch: one channel, or ``"all"`` three at once."""
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    """One edge: ``src = (layer, head)`` feeds ``dst = (layer, head)`` through ``channel``."""
+
+    src: Head
+    dst: Head
+    channel: str
+
+    @property
+    def name(self) -> str:
+        """``"0.1 -> 1.3 (k)"``."""
+        return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
+
+
+def _head(where: str, value: Any, spec: ModelSpec) -> Head:
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        raise validate.fail(where, value, "a head (layer, head), e.g. (0, 1)")
+    layer = validate.integer(f"{where} layer", value[0], minimum=0, maximum=spec.n_layers - 1)
+    head = validate.integer(f"{where} head", value[1], minimum=0, maximum=spec.n_heads - 1)
+    return layer, head
+
+
+def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edges") -> list[EdgeSpec]:
+    """``edges`` as :class:`EdgeSpec` s, validated against the model's sizes.
+
+    Each item is ``(src, dst)`` (read through ``channel``), ``(src, dst, channel)``, or an object with ``src`` and
+    ``dst`` attributes (a :class:`circuitkit.Edge`, an :class:`EdgeSpec`, an ``EdgeEvidence``; its own ``channel``
+    attribute, if any, wins). ``channel`` is one of :data:`INPUTS`. Raises one ``CircuitkitError`` per bad edge:
+    not a pair of heads, out of range, ``src layer >= dst layer``, unknown channel; and for an empty list.
+    """
+    channel = validate.option(f"{where}: input", channel, INPUTS)
+    if isinstance(edges, (str, bytes)) or not isinstance(edges, Iterable):
+        raise validate.fail(where, edges, "a list of edges ((src_layer, src_head), (dst_layer, dst_head))")
+    items = list(edges)
+    if not items:
+        raise validate.fail(where, items, "at least one edge ((src_layer, src_head), (dst_layer, dst_head))")
+    out = []
+    for i, item in enumerate(items):
+        label = f"{where}[{i}]"
+        own = channel
+        if hasattr(item, "src") and hasattr(item, "dst"):
+            src, dst = item.src, item.dst
+            own = getattr(item, "channel", channel)
+        elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
+            src, dst = item[0], item[1]
+            if len(item) == 3:
+                own = item[2]
+        else:
+            raise validate.fail(label, item, "(src, dst) or (src, dst, channel) with heads (layer, head)")
+        own = validate.option(f"{label} channel", own, INPUTS)
+        src, dst = _head(f"{label} src", src, spec), _head(f"{label} dst", dst, spec)
+        if src[0] >= dst[0]:
+            raise validate.fail(
+                label,
+                validate.given(f"{head_name(src)} -> {head_name(dst)}"),
+                "an edge from an earlier layer to a later one (src layer < dst layer)",
+                "A head only reads what earlier layers wrote.",
+            )
+        out.append(EdgeSpec(src, dst, own))
+    return out
+
+
+__all__ = ["CHANNELS", "INPUTS", "Channel", "EdgeSpec", "parse_edges"]

@@ -1,0 +1,292 @@
+"""Exact path patching of edges between heads (Wang et al. 2022), many edges per forward pass.
+
+Why: a composition score says an earlier head *could* feed a later one; path patching says whether it does.
+For an edge ``sender (l1, h1) -> receiver (l2, h2)`` through channel ``c`` (the receiver's query, key or value
+input), only the sender's **direct** contribution to the receiver's ``c``-input is replaced; every other path
+stays clean (the receiver's other inputs, every other head, the sender's contribution to everything else)::
+
+    delta     = (z_corrupt[l1][:, :, h1] - z[l1][:, :, h1]) @ W_O[l1, h1]       [batch, pos, d_model]
+    c_patched = norm(resid_pre[l2] + delta) @ W_c[l2, h2] + b_c                 [batch, pos, d_head]
+              = c_clean + (norm(resid_pre[l2] + delta) - norm(resid_pre[l2])) @ W_c[l2, h2]
+
+with ``norm`` the block's ``ln1`` (the identity in attention-only models without LayerNorm, where the increment
+is just ``delta @ W_c``). The receiver's ``c`` is swapped for ``c_patched`` at its hook (``HOOKS.q/k/v``), and
+the forward pass goes on from there as usual. ``z_corrupt`` comes from the corrupted run (later copies
+resampled, :mod:`~circuitkit.circuits.corrupt`) or is the clean batch mean per position (``corrupt="mean"``).
+The effect of an edge is ``metric(patched) - metric(clean)`` (:mod:`~circuitkit.circuits.metrics`).
+
+Grouped-query attention: for ``"k"``/``"v"`` the receiver's key/value group gets the patched input, and the
+group's other query heads have their clean ``z`` put back, so only the receiver reads the patched keys/values
+(see :mod:`~circuitkit.circuits.edges`).
+
+Cost: one clean and one corrupted forward pass, then per edge one forward pass from the receiver's layer
+(resumed from the clean residual stream where the model can resume; stopped at the receiver's pattern for the
+``"induction"`` metric). Edges with the same receiver layer share passes: the batch is stacked once per edge,
+``edges_per_pass`` copies at a time (by default as many as fit :data:`PASS_MEMORY_BUDGET`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, capture, context, corrupt_z
+from circuitkit.circuits.edges import EdgeSpec, parse_edges
+from circuitkit.circuits.metrics import (
+    InductionReader,
+    Metric,
+    check_value,
+    repeated_loss,
+    repeated_losses,
+    resolve_metric,
+)
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
+from circuitkit.models.contract import HOOKS
+from circuitkit.ranking import Head, head_name, top_indices
+
+PASS_MEMORY_BUDGET = 2**28
+"""Bytes of the largest stacked activation (logits, or patterns for ``"induction"``) one pass may hold (256 MiB):
+the passes' total compute does not depend on it, only how many edges share one pass."""
+
+
+@dataclass(frozen=True)
+class EdgeEffect:
+    """One patched edge: the metric on the clean run and with the edge patched; ``effect = patched - clean``."""
+
+    src: Head
+    dst: Head
+    channel: str
+    clean: float
+    patched: float
+
+    @property
+    def effect(self) -> float:
+        return self.patched - self.clean
+
+    @property
+    def name(self) -> str:
+        return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"src": list(self.src), "dst": list(self.dst), "channel": self.channel, "clean": _plain(self.clean),
+                "patched": _plain(self.patched), "effect": _plain(self.effect)}
+
+
+@dataclass(frozen=True, eq=False)
+class PathPatching:
+    """Per-edge effects of exact path patching, in the order the edges were given."""
+
+    edges: tuple[EdgeEffect, ...]
+    metric: str
+    corrupt: str
+
+    @property
+    def effects(self) -> Tensor:
+        """``[n_edges]`` float64: patched minus clean metric."""
+        return torch.tensor([e.effect for e in self.edges], dtype=torch.float64)
+
+    def top(self, k: int = 10) -> list[EdgeEffect]:
+        """The ``k`` edges with the largest ``|effect|``, largest first (ties in given order, NaN last)."""
+        k = validate.positive_int("PathPatching.top: k", k)
+        return [self.edges[i] for i, _ in top_indices(self.effects, min(k, len(self.edges)), absolute=True)]
+
+    def effect(self, src: Head, dst: Head, channel: str) -> float:
+        """The effect of one patched edge (a ``CircuitkitError`` if it was not patched)."""
+        for e in self.edges:
+            if e.src == tuple(src) and e.dst == tuple(dst) and e.channel == channel:
+                return e.effect
+        raise validate.fail("PathPatching.effect", (src, dst, channel), "an edge that was patched")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "corrupt": self.corrupt, "edges": [e.to_json() for e in self.edges]}
+
+    def __repr__(self) -> str:
+        best = ", ".join(f"{e.name}: {e.effect:+.4g}" for e in self.top(3))
+        return f"PathPatching({len(self.edges)} edges, metric={self.metric!r}, corrupt={self.corrupt!r}; top {best})"
+
+
+def _plain(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+class _Stop(Exception):
+    """Ends a stacked pass once the receiver's pattern has been read (the ``"induction"`` metric)."""
+
+
+def path_patching(
+    model: Any,
+    edges: Any,
+    *,
+    input: str = "all",
+    metric: Any = "loss",
+    corrupt: str = "resample",
+    tokens: RepeatedTokens | TokenBatch | None = None,
+    corrupt_seed: int = DEFAULT_CORRUPT_SEED,
+    edges_per_pass: int | None = None,
+    device: str | torch.device | None = None,
+) -> PathPatching:
+    """Exact path patching of ``edges`` (see the module docstring).
+
+    Args:
+        model: a TransformerBridge, a circuitkit toy model, or a duck-typed hooked model.
+        edges: ``[(src, dst), ...]`` with heads ``(layer, head)``, or ``(src, dst, channel)``, or objects with
+            ``src``/``dst`` (``circuitkit.Edge``); src layer < dst layer.
+        input: the receiver's channel, ``"q"``, ``"k"``, ``"v"``, or ``"all"`` (the three patched together), for
+            edges that do not name their own.
+        metric: ``"loss"`` (repeated-copies loss), ``"induction"`` (the receiver's induction score) or a callable
+            ``metric(logits, batch) -> scalar`` (:mod:`~circuitkit.circuits.metrics`).
+        corrupt: ``"resample"`` (later copies resampled, ``corrupt_seed``) or ``"mean"`` (batch mean per position).
+        tokens: a :class:`~circuitkit.detect.RepeatedTokens` spec or a built ``TokenBatch`` (default spec if None).
+        edges_per_pass: stacked copies per forward pass (default: fit :data:`PASS_MEMORY_BUDGET`).
+
+    Returns:
+        :class:`PathPatching`, one :class:`EdgeEffect` per edge in the given order.
+    """
+    ctx = context(model, tokens, corrupt, corrupt_seed, device, "path_patching")
+    specs = parse_edges(edges, input, ctx.spec, where="path_patching: edges")
+    m = resolve_metric(metric, "path_patching")
+    if edges_per_pass is not None:
+        edges_per_pass = validate.positive_int("path_patching: edges_per_pass", edges_per_pass)
+    batch = ctx.batch
+    L = ctx.spec.n_layers
+    receivers = sorted({e.dst[0] for e in specs})
+    names = [HOOKS.z(layer) for layer in range(L)] + [HOOKS.resid_pre(layer) for layer in receivers]
+    if m.local:
+        names += [HOOKS.pattern(layer) for layer in receivers]
+    with torch.no_grad():
+        logits, kept = capture(ctx, batch.tokens, names)
+        z_clean = {layer: kept[HOOKS.z(layer)] for layer in range(L)}
+        z_corrupt = corrupt_z(ctx, z_clean, {e.src[0] for e in specs})
+        reader = InductionReader(batch, logits.dtype if logits.is_floating_point() else torch.float32)
+        if m.local:
+            clean = [float(reader(kept[HOOKS.pattern(e.dst[0])][:, e.dst[1]])) for e in specs]
+        else:
+            value = float(check_value(m.fn(logits, batch), "path_patching: metric(clean logits)"))
+            clean = [value] * len(specs)
+        per_pass = edges_per_pass or _edges_per_pass(ctx, m, logits)
+        by_layer: dict[int, list[int]] = defaultdict(list)
+        for i, e in enumerate(specs):
+            by_layer[e.dst[0]].append(i)
+        patched = [math.nan] * len(specs)
+        for layer, indices in sorted(by_layer.items()):
+            for start in range(0, len(indices), per_pass):
+                chunk = indices[start : start + per_pass]
+                values = _patched_pass(ctx, layer, [specs[i] for i in chunk], kept, z_clean, z_corrupt, m, reader)
+                for i, value in zip(chunk, values, strict=True):
+                    patched[i] = value
+    validate.finite_result("path_patching", torch.tensor(patched), why="the patched runs overflowed")
+    effects = tuple(
+        EdgeEffect(e.src, e.dst, e.channel, c, p) for e, c, p in zip(specs, clean, patched, strict=True)
+    )
+    return PathPatching(effects, m.name, ctx.corrupt)
+
+
+def _edges_per_pass(ctx: Context, m: Metric, logits: Tensor) -> int:
+    B, P = ctx.batch.tokens.shape
+    spec = ctx.spec
+    width = spec.n_heads * P if m.local else max(spec.d_vocab, 4 * spec.d_model)
+    per_edge = B * P * (width + 4 * spec.d_model) * logits.element_size()
+    return max(1, PASS_MEMORY_BUDGET // per_edge)
+
+
+def _patched_pass(
+    ctx: Context,
+    layer: int,
+    edges: list[EdgeSpec],
+    kept: dict[str, Tensor],
+    z_clean: dict[int, Tensor],
+    z_corrupt: dict[int, Tensor],
+    m: Metric,
+    reader: InductionReader,
+) -> list[float]:
+    """The metric with each of ``edges`` (all into ``layer``) patched, one stacked copy of the batch per edge."""
+    E = len(edges)
+    spec = ctx.spec
+    B, P = ctx.batch.tokens.shape
+    resid = kept[HOOKS.resid_pre(layer)]  # [B, P, d_model]
+    deltas = torch.stack(
+        [(z_corrupt[e.src[0]][:, :, e.src[1]] - z_clean[e.src[0]][:, :, e.src[1]]) @ ctx.W_O[e.src[0], e.src[1]]
+         for e in edges]
+    ).to(resid.dtype)  # [E, B, P, d_model]
+    norm = ctx.norms[layer]
+    if norm is not None:
+        stacked = (resid[None] + deltas).reshape(E * B, P, spec.d_model)
+        deltas = norm(stacked).reshape(E, B, P, -1) - norm(resid)[None]
+    dst_heads = torch.tensor([e.dst[1] for e in edges])
+    increments: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # channel -> (copies, head slots, [n, B, P, dh])
+    for c in ("q", "k", "v"):
+        sel = [i for i, e in enumerate(edges) if e.channel in (c, "all")]
+        if not sel:
+            continue
+        heads = dst_heads[sel]
+        W = ctx.W_in[c][layer, heads].to(deltas.dtype)  # [n, d_model, d_head], per query head
+        inc = torch.einsum("nbpm,nmd->nbpd", deltas[sel], W)
+        slots = heads if c == "q" else heads // ctx.group_size
+        increments[c] = (torch.tensor(sel), slots, inc)
+
+    def add(c: str):
+        copies, slots, inc = increments[c]
+
+        def hook(act: Tensor, hook: Any) -> Tensor:
+            out = act.clone()
+            view = out.view(E, B, P, act.shape[2], act.shape[3])
+            view[copies, :, :, slots] += inc.to(act.dtype)
+            return out
+
+        return hook
+
+    hooks = [(getattr(HOOKS, c)(layer), add(c)) for c in increments]
+    kv_edges = [i for i, e in enumerate(edges) if e.channel in ("k", "v", "all")]
+    if ctx.group_size > 1 and kv_edges and not m.local:
+        hooks.append((HOOKS.z(layer), _restore_group(ctx, edges, kv_edges, z_clean[layer], E)))
+    read: list[Tensor] = []
+    if m.local:
+        def pattern_hook(pattern: Tensor, hook: Any) -> None:
+            per_copy = pattern.view(E, B, *pattern.shape[1:])[torch.arange(E), :, dst_heads]  # [E, B, q, k]
+            read.append(reader(per_copy))
+            raise _Stop
+
+        hooks.append((HOOKS.pattern(layer), pattern_hook))
+    try:
+        if ctx.adapter.can_resume:
+            logits = ctx.adapter.run_from(resid.repeat(E, 1, 1), layer, hooks)
+        else:
+            logits = ctx.adapter.run(ctx.batch.tokens.repeat(E, 1), hooks)
+    except _Stop:
+        return [float(v) for v in read[0]]
+    stacked = logits.view(E, B, P, -1)
+    if m.fn is repeated_loss:
+        return [float(v) for v in repeated_losses(stacked, ctx.batch)]
+    return [float(check_value(m.fn(stacked[i], ctx.batch), "path_patching: metric(patched logits)")) for i in range(E)]
+
+
+def _restore_group(ctx: Context, edges: list[EdgeSpec], kv_edges: list[int], z_clean: Tensor, E: int):
+    """A ``z`` hook putting back the clean output of every query head that shares the receiver's key/value group
+    (so only the receiver reads the patched keys/values)."""
+    gs = ctx.group_size
+    copies, heads = [], []
+    for i in kv_edges:
+        h2 = edges[i].dst[1]
+        first = (h2 // gs) * gs
+        for other in range(first, first + gs):
+            if other != h2:
+                copies.append(i)
+                heads.append(other)
+    copies_t, heads_t = torch.tensor(copies), torch.tensor(heads)
+
+    def hook(z: Tensor, hook: Any) -> Tensor:
+        out = z.clone()
+        view = out.view(E, -1, *z.shape[1:])
+        view[copies_t, :, :, heads_t] = z_clean[:, :, heads_t].permute(2, 0, 1, 3).to(z.dtype)
+        return out
+
+    return hook
+
+
+__all__ = ["PASS_MEMORY_BUDGET", "EdgeEffect", "PathPatching", "path_patching"]
