@@ -95,9 +95,10 @@ def test_a_transformer_lens_bridge_of_the_circuit_predicts_the_same_tokens():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"d_vocab": 1, "n_ctx": 8}, "d_vocab=1"), ({"d_vocab": 5, "n_ctx": 1}, "n_ctx=1"),
-     ({"d_vocab": 5, "n_ctx": 8, "gap": 0.0}, "gap=0.0"), ({"d_vocab": 5.0, "n_ctx": 8}, "d_vocab=5.0"),
-     ({"d_vocab": 5, "n_ctx": 8, "logit_scale": float("nan")}, "logit_scale=nan")],
+    [({"d_vocab": 1, "n_ctx": 8}, "d_vocab: given int 1"), ({"d_vocab": 5, "n_ctx": 1}, "n_ctx: given int 1"),
+     ({"d_vocab": 5, "n_ctx": 8, "gap": 0.0}, "gap: given float 0.0"),
+     ({"d_vocab": 5.0, "n_ctx": 8}, "d_vocab: given float 5.0"),
+     ({"d_vocab": 5, "n_ctx": 8, "logit_scale": float("nan")}, "logit_scale: given float nan")],
     ids=["tiny-vocab", "tiny-context", "zero-gap", "float-vocab", "nan-logit-scale"],
 )
 def test_bad_arguments_raise(kwargs, match):

@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.build.assembly import assemble
 from circuitkit.build.heads import OV, HeadSpec, copy_ov
 from circuitkit.build.subspace import ResidualLayout
@@ -49,8 +50,14 @@ D_HEAD = 4
 
 
 def previous_token_pattern(n_pos: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "pos pos"]:
-    """``[pos, pos]`` with ``P[t, t-1] = 1``; row 0 is all zero (position 0 has no previous token)."""
-    return torch.diag(torch.ones(max(n_pos - 1, 0), dtype=dtype), diagonal=-1)
+    """``[pos, pos]`` with ``P[t, t-1] = 1``; row 0 is all zero (position 0 has no previous token).
+
+    ``n_pos`` is an int >= 1; ``dtype`` a floating dtype.
+    """
+    n_pos = validate.positive_int("previous_token_pattern: n_pos", n_pos)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise validate.fail("previous_token_pattern: dtype", dtype, "a floating torch.dtype such as torch.float32")
+    return torch.diag(torch.ones(n_pos - 1, dtype=dtype), diagonal=-1)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from circuitkit import validate
 from circuitkit.build.assembly import assemble
 from circuitkit.build.heads import HeadSpec, PositionCode, copy_ov, key_bias_qk, match_qk, previous_token_qk
 from circuitkit.build.subspace import ResidualLayout
@@ -82,12 +83,10 @@ def induction_circuit(
     ``gap``: how many logits the intended key beats the others by in both heads; ``logit_scale``: the logit the
     copied token gets (argmax predictions do not depend on it, the loss does).
     """
-    for name, value, low in (("d_vocab", d_vocab, 2), ("n_ctx", n_ctx, 2)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise CircuitkitError(f"induction_circuit: given {name}={value!r}; expected an int >= {low}.")
-    for name, value in (("gap", gap), ("logit_scale", logit_scale)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise CircuitkitError(f"induction_circuit: given {name}={value!r}; expected a positive finite number.")
+    d_vocab = validate.integer("induction_circuit: d_vocab", d_vocab, minimum=2)
+    n_ctx = validate.integer("induction_circuit: n_ctx", n_ctx, minimum=2)
+    gap = validate.real("induction_circuit: gap", gap, minimum=0.0, strict_minimum=True)
+    logit_scale = validate.real("induction_circuit: logit_scale", logit_scale, minimum=0.0, strict_minimum=True)
     code = PositionCode(n_ctx)
     layout = ResidualLayout.stack(tok=d_vocab, prev=d_vocab, out=d_vocab, pos=code.dim, first=1)
     tok, prev, out, pos, first = (layout[n] for n in ("tok", "prev", "out", "pos", "first"))
@@ -120,7 +119,13 @@ def repeated_tokens(
     d_vocab: int, length: int, *, batch: int = 1, seed: int = 0, distinct: bool = True
 ) -> torch.Tensor:
     """``[batch, 2 * length]`` random blocks repeated twice (``distinct``: no token twice within a block,
-    so every repeated-half prediction is unambiguous)."""
+    so every repeated-half prediction is unambiguous). ``d_vocab``, ``length``, ``batch`` are ints >= 1,
+    ``seed`` an int in ``[0, 2**63 - 1]``, ``distinct`` a bool."""
+    d_vocab = validate.positive_int("repeated_tokens: d_vocab", d_vocab)
+    length = validate.positive_int("repeated_tokens: length", length)
+    batch = validate.positive_int("repeated_tokens: batch", batch)
+    seed = validate.seed("repeated_tokens: seed", seed)
+    distinct = validate.boolean("repeated_tokens: distinct", distinct)
     if distinct and length > d_vocab:
         raise CircuitkitError(
             f"repeated_tokens: given length={length} distinct tokens from d_vocab={d_vocab}; "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -156,6 +157,17 @@ class ResidualLayout(Mapping[str, Subspace]):
         if name not in self._spaces:
             raise CircuitkitError(f"ResidualLayout: given {name!r}; expected one of {sorted(self._spaces)}.")
         return self._spaces[name]
+
+    def __contains__(self, name: object) -> bool:
+        """``name in layout``: True for a named subspace, False for anything else (never raises)."""
+        try:
+            return name in self._spaces
+        except TypeError:  # unhashable
+            return False
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The subspace called ``name``, or ``default`` (``Mapping.get`` would let the error escape)."""
+        return self._spaces.get(name, default) if name in self else default
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._spaces)

@@ -40,6 +40,7 @@ from einops import einsum, rearrange, repeat
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
 from circuitkit.theory._validate import float_array, float_tensor, positive_int, same
 
@@ -85,7 +86,7 @@ def pattern_numpy(
     float_array("q", q, ndim_min=2)
     float_array("k", k, ndim_min=2)
     same("q", q.shape[-1], "k", k.shape[-1], "last-axis size d_k")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale)
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     n_q, n_k = scores.shape[-2:]
     allowed = np.ones((n_q, n_k), dtype=bool)
@@ -142,7 +143,7 @@ def pattern_torch(
     float_tensor("k", k, ndim_min=2)
     same("q", q.shape[-1], "k", k.shape[-1], "last-axis size d_k")
     _same_dtype(q=q, k=k)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale)
     scores = q @ k.transpose(-1, -2) * scale
     n_q, n_k = scores.shape[-2:]
     allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
@@ -160,7 +161,8 @@ def pattern_torch(
             )
         allowed = allowed & ~key_padding_mask[..., None, :]
     _check_rows(bool(allowed.any(dim=-1).all()))
-    return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    pattern = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    return validate.finite_result("pattern_torch", pattern, why="q k^T * scale overflowed the dtype")
 
 
 def sdpa_torch(

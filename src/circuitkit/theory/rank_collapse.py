@@ -20,14 +20,17 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from circuitkit.errors import CircuitkitError
+from circuitkit import validate
 from circuitkit.theory._validate import positive_int
 from circuitkit.theory.attention import sdpa_torch
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["RankCollapse", "rank_collapse"]
+__all__ = ["DEFAULT_PLOT_LAYERS", "RankCollapse", "rank_collapse"]
+
+DEFAULT_PLOT_LAYERS = (1, 10, 25, 50)
+"""Layers plotted by default (those that exist), the depths the exercise asks about."""
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,17 @@ class RankCollapse:
 
     @property
     def normalized(self) -> Float[Tensor, "layer_plus_one k"]:
-        """``sigma_i / sigma_1`` per layer."""
-        return self.singular_values / self.singular_values[:, :1]
+        """``sigma_i / sigma_1`` per layer (0 for a layer whose activations are all zero)."""
+        return _ratios(self.singular_values)
 
     def second_to_first(self, layer: int) -> float:
         """``sigma_2 / sigma_1`` at ``layer`` (0 for a rank-one matrix)."""
         return float(self.normalized[layer, 1]) if self.singular_values.shape[1] > 1 else 0.0
+
+
+def _ratios(sv: Tensor) -> Tensor:
+    top = sv[:, :1]
+    return torch.where(top > 0, sv / top.where(top > 0, 1.0), 0.0)
 
 
 def _forward(h: Tensor, n_layers: int, n_heads: int, d_head: int, g: torch.Generator) -> list[Tensor]:
@@ -94,26 +102,29 @@ def rank_collapse(
     d_model: int = 32,
     n_heads: int = 4,
     d_head: int = 8,
-    plot_layers: Sequence[int] = (1, 10, 25, 50),
+    plot_layers: Sequence[int] | None = None,
     seed: int = 0,
 ) -> RankCollapse:
     """Push a random ``[n_tokens, d_model]`` input through ``n_layers`` random attention-only layers.
 
     Returns the singular values per layer (``torch.linalg.svdvals``) and a figure; writes no files.
+    ``plot_layers`` (indices in ``0..n_layers``, 0 = the input) defaults to layers 1, 10, 25, 50 of those that
+    exist, and to ``n_layers`` itself when that is not among them (``rank_collapse(10)`` plots 1 and 10).
+    A layer whose activations collapsed to exactly zero has ``normalized`` values 0 (not 0/0).
     """
     n_layers = positive_int("n_layers", n_layers)
     n_tokens = positive_int("n_tokens", n_tokens, minimum=2)
     d_model = positive_int("d_model", d_model, minimum=2)
     n_heads = positive_int("n_heads", n_heads)
     d_head = positive_int("d_head", d_head)
-    plot_layers = tuple(plot_layers)
-    for layer in plot_layers:
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
-            raise CircuitkitError(
-                f"plot_layers contains {layer!r}; expected layer indices in 0..{n_layers} (0 = input)."
-            )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise CircuitkitError(f"seed = {seed!r}; expected a non-negative integer.")
+    if plot_layers is None:
+        plot_layers = tuple(sorted({layer for layer in DEFAULT_PLOT_LAYERS if layer <= n_layers} | {n_layers}))
+    if isinstance(plot_layers, (str, bytes)) or not isinstance(plot_layers, Sequence):
+        raise validate.fail("plot_layers", plot_layers, f"a sequence of layer indices in 0..{n_layers} (0 = input)")
+    plot_layers = tuple(
+        validate.integer("plot_layers", layer, minimum=0, maximum=n_layers, why="0 = input") for layer in plot_layers
+    )
+    seed = validate.seed("seed", seed)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         h0 = torch.randn(n_tokens, d_model, generator=g, dtype=torch.float64)
@@ -121,4 +132,6 @@ def rank_collapse(
         sv = torch.linalg.svdvals(acts)
         centred = acts - acts.mean(dim=1, keepdim=True)
         residual = torch.linalg.matrix_norm(centred) / torch.linalg.matrix_norm(acts)
-    return RankCollapse(sv, residual, plot_layers, _figure(sv / sv[:, :1], plot_layers))
+        norms = torch.linalg.matrix_norm(acts)
+        residual = torch.where(norms > 0, residual, 0.0)
+    return RankCollapse(sv, residual, plot_layers, _figure(_ratios(sv), plot_layers))
