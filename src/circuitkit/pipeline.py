@@ -28,6 +28,7 @@ import torch
 
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS
+from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.clean_run import clean_run
 from circuitkit.detect.loss import summarise
 from circuitkit.detect.scores import HeadScores, PatternCollector
@@ -139,9 +140,10 @@ def scan(
         bar.advance(1)
 
         bar.stage("attribution")
-        from circuitkit.detect.attribution import agreement, attribution_effects
+        from circuitkit.detect.agreement import agreement
+        from circuitkit.detect.attribution import attribution_effects
 
-        attribution = attribution_effects(adapter, batch, method=ablation_method, clean=run)
+        attribution = attribution_effects(adapter, method=ablation_method, clean=run)
         bar.advance(ATTRIBUTION_COST)
 
         induction_heads = called_heads(head_scores, "induction")
@@ -150,7 +152,7 @@ def scan(
         if ablate != "none":
             bar.stage("exact ablation")
             chosen = exact_set(attribution, ablate, ablate_top, induction_heads + previous_heads)
-            ablation = ablate(
+            ablation = ablate_heads(
                 adapter, run, chosen, ablation_method, resume=resumable,
                 progress=lambda n: bar.advance(n / max(1, spec.n_heads)),
             )

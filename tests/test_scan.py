@@ -1,0 +1,144 @@
+"""`circuitkit.scan`: the pipeline as a library call, the score registry end to end, and the CLI as a thin shell."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import circuitkit as ck
+from circuitkit import CircuitkitError, RepeatedTokens, detect, zoo
+from circuitkit.cli import main, ranked_table
+
+TOKENS = RepeatedTokens(batch=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.load()
+
+
+@pytest.fixture(scope="module")
+def result(model):
+    return ck.scan(model, tokens=TOKENS, name=zoo.DEFAULT)
+
+
+def test_scan_calls_the_documented_circuit(result):
+    entry = zoo.info()
+    assert set(result.induction_heads) == set(entry.induction_heads)
+    assert set(result.previous_token_heads) >= set(entry.previous_token_heads)
+
+
+def test_exact_set_contains_the_called_heads(result):
+    exact = {tuple(h) for h in result.ablation.exact.nonzero().tolist()}
+    assert set(result.induction_heads) | set(result.previous_token_heads) <= exact
+    assert torch.isnan(result.ablation.effect[~result.ablation.exact]).all()
+
+
+def test_one_clean_pass_numbers_equal_the_separate_entry_points(model, result):
+    """The scan's single pass gives what head_scores / induction_loss / ablation_effects give on their own."""
+    scores = ck.head_scores(model, TOKENS)
+    for name in scores:
+        torch.testing.assert_close(result.head_scores[name], scores[name])
+    loss = ck.induction_loss(model, TOKENS)
+    assert result.induction_loss.repeated_copies == pytest.approx(loss.repeated_copies, abs=1e-6)
+    heads = [tuple(h) for h in result.ablation.exact.nonzero().tolist()]
+    separate = ck.ablation_effects(model, TOKENS, heads=heads)
+    torch.testing.assert_close(result.ablation.effect, separate.effect, equal_nan=True, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("ablate, n_exact", [("all", 8), ("none", None)])
+def test_ablate_modes(model, ablate, n_exact):
+    result = ck.scan(model, tokens=RepeatedTokens(batch=2), ablate=ablate, circuit=False)
+    if n_exact is None:
+        assert result.ablation is None and result.agreement is None
+    else:
+        assert int(result.ablation.exact.sum()) == n_exact and result.agreement.n_exact == n_exact
+
+
+def test_top_and_repr(result):
+    assert result.top("induction", 1)[0][0] in set(zoo.info().induction_heads)
+    assert len(result.top("attribution", 3)) == 3
+    assert "induction heads" in repr(result)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(ablate="some"), "ablate"),
+        (dict(ablate_top=0), "ablate_top"),
+        (dict(ablate_top=True), "ablate_top"),
+        (dict(ablation_method="resample"), "ablation_method"),
+        (dict(top_k=-1), "top_k"),
+        (dict(device="nonsense"), "device"),
+        (dict(device="meta"), "meta"),
+        (dict(name=""), "name"),
+    ],
+    ids=["ablate", "ablate-top-zero", "ablate-top-bool", "method", "top-k", "device", "meta-device", "empty-name"],
+)
+def test_bad_arguments(model, kwargs, match):
+    with pytest.raises(CircuitkitError, match=match):
+        ck.scan(model, **kwargs)
+
+
+# ---------------------------------------------------------------------- the registry, end to end
+def two_back_targets(tokens: torch.Tensor) -> torch.Tensor:
+    """Query i attends to key i - 2 (i >= 2): a score no library code knows about."""
+    pos = tokens.shape[1]
+    mask = torch.zeros(pos, pos, dtype=torch.bool)
+    idx = torch.arange(2, pos)
+    mask[idx, idx - 2] = True
+    return mask.expand(tokens.shape[0], pos, pos)
+
+
+@pytest.fixture()
+def two_back():
+    definition = detect.register(
+        detect.pattern_score(
+            "two_back", short="back2", description="attention to the token two positions back",
+            targets=two_back_targets,
+        )
+    )
+    yield definition
+    detect.unregister("two_back")
+
+
+def test_a_registered_score_appears_everywhere(two_back, model, tmp_path):
+    scores = ck.head_scores(model, RepeatedTokens(batch=2))
+    assert "two_back" in scores and scores["two_back"].shape == (2, 4)
+    _, cache = model.run_with_cache(scores.tokens)
+    pattern = cache["blocks.0.attn.hook_pattern"]  # oracle: mean of pattern[i, i-2] over rows i >= 2
+    expected = pattern.diagonal(offset=-2, dim1=-2, dim2=-1).mean(dim=(0, 2))
+    torch.testing.assert_close(scores["two_back"][0], expected, atol=1e-5, rtol=0)
+
+    result = ck.scan(model, tokens=RepeatedTokens(batch=2), ablate="none", circuit=False)
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(ranked_table(result))
+    assert "back2" in console.export_text()
+    saved = result.save(tmp_path)
+    assert "two_back" in json.loads(saved.scores.read_text())["head_scores"]
+    html = saved.report.read_text()
+    assert "back2" in html and "attention to the token two positions back" in html
+
+
+def test_registry_refuses_duplicates_and_bad_definitions():
+    with pytest.raises(CircuitkitError, match="already registered"):
+        detect.register(detect.pattern_score("induction", short="x9", description="d", targets=two_back_targets))
+    with pytest.raises(CircuitkitError, match="targets"):
+        detect.pattern_score("x", short="x", description="d", targets=None)
+    with pytest.raises(CircuitkitError, match="score"):
+        detect.unregister("no-such-score")
+
+
+# ---------------------------------------------------------------------- the CLI is a thin shell
+@pytest.mark.slow
+def test_cli_output_is_byte_identical_to_the_library(tmp_path, capsys):
+    cli_dir, lib_dir = tmp_path / "cli", tmp_path / "lib"
+    assert main(["scan", "--out", str(cli_dir), "--batch", "4", "--seed", "3"]) == 0
+    capsys.readouterr()
+    ck.scan(tokens=RepeatedTokens(batch=4, seed=3)).save(lib_dir)
+    for name in ("report.html", "scores.json"):
+        assert (cli_dir / name).read_bytes() == (lib_dir / name).read_bytes(), name
