@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,3 +106,66 @@ def test_loaded_native_model_matches_saved_weights():
     W_Q = state["layers.1.attn.q.weight"]  # [n_heads * d_head, d_model], nn.Linear layout
     expected = W_Q.view(4, 16, 64).transpose(1, 2)  # [head, d_model, d_head]
     torch.testing.assert_close(model.W_Q[1].detach(), expected)
+
+
+ORACLE_TOL = 1e-4
+"""A dense float32 forward written here against TransformerLens's native model: same maths, different op order
+(einsum vs nn.Linear); logits of size ~10 agree to ~1e-5."""
+
+
+def _dense_attention_only_logits(state: dict[str, torch.Tensor], tokens: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Attention-only forward from the saved nn.Linear weights (``[out, in]``): x = W_E[t] + W_pos; per layer
+    x += softmax(causal(q k^T / sqrt(d_head))) v W_O^T + b_O per head; logits = x W_U^T."""
+    n_pos = tokens.shape[1]
+    x = state["tok_embed.weight"][tokens] + state["pos.weight"][:n_pos]  # [batch, pos, d_model]
+    d_model = x.shape[-1]
+    d_head = d_model // n_heads
+    mask = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    for layer in range(2):
+        p = f"layers.{layer}.attn."
+
+        q, k, v = (
+            (x @ state[p + name + ".weight"].T + state[p + name + ".bias"])
+            .view(*x.shape[:2], n_heads, d_head)
+            .transpose(1, 2)  # [batch, head, pos, d_head]
+            for name in ("q", "k", "v")
+        )
+        scores = (q @ k.transpose(-1, -2) / d_head**0.5).masked_fill(~mask, float("-inf"))
+        z = scores.softmax(-1) @ v  # [batch, head, pos, d_head]
+        x = x + z.transpose(1, 2).reshape(*x.shape[:2], d_model) @ state[p + "o.weight"].T + state[p + "o.bias"]
+    return x @ state["head.weight"].T
+
+
+def test_loaded_native_model_computes_the_saved_weights_dense_forward():
+    from safetensors.torch import load_file
+
+    state = load_file(str(zoo.info("induction-2l").path / "model.safetensors"))
+    tokens = torch.randint(0, 64, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(zoo.load("induction-2l")(tokens), _dense_attention_only_logits(state, tokens, 4),
+                                   atol=ORACLE_TOL, rtol=0)
+
+
+def test_loading_leaves_the_global_random_stream_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    zoo.load("induction-2l")
+    torch.testing.assert_close(torch.rand(3), expected, atol=0, rtol=0)
+
+
+def test_zoo_imports_neither_the_loader_nor_private_transformer_lens():
+    """No cycle models.loading <-> zoo: the zoo's modules import only the tokenizer helpers from circuitkit.models,
+    and build the bridge with TransformerLens's public native.boot (no private ``_``-module)."""
+    import ast
+
+    imported = set()
+    for source in (Path(zoo.__file__), zoo.ROOT / "train.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+    assert "circuitkit.models.tokenizer" in imported
+    assert not [m for m in imported if m.startswith("circuitkit.models") and m != "circuitkit.models.tokenizer"]
+    assert not [m for m in imported if any(part.startswith("_") for part in m.split(".") if part != "__future__")]
