@@ -94,3 +94,33 @@ def test_none_and_zoo_name_load_the_bundled_model():
     named = load_model("induction-2l")
     assert default.cfg.n_layers == named.cfg.n_layers == 2
     torch.testing.assert_close(default.W_Q, named.W_Q)
+
+
+def test_allow_download_fetches_only_configs_tokenizers_and_safetensors(tmp_path, monkeypatch):
+    """With allow_download the repository is fetched once, by pattern (never *.py, never pickles), and then loaded
+    from the cache with the hub offline. The hub is faked: snapshot_download writes a tiny model into the cache."""
+    import fnmatch
+
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append(kwargs)
+        root = tmp_path / ("models--" + repo_id.replace("/", "--"))
+        snapshot = root / "snapshots" / ("1" * 40)
+        if not kwargs.get("local_files_only"):
+            save_tiny_gpt2(snapshot, with_tokenizer=True)
+            (root / "refs").mkdir()
+            (root / "refs" / "main").write_text("1" * 40)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    bridge = load_model("someone/tiny-download", allow_download=True)
+    assert bridge.cfg.d_vocab == 40
+    patterns = calls[0]["allow_patterns"]
+    fetched = {name for name in ("config.json", "model.safetensors", "tokenizer.json", "modeling_evil.py",
+                                 "pytorch_model.bin", "model.ckpt") if any(fnmatch.fnmatch(name, p) for p in patterns)}
+    assert fetched == {"config.json", "model.safetensors", "tokenizer.json"}
