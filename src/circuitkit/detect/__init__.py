@@ -33,6 +33,8 @@ _LAZY = {
     "InductionLoss": "circuitkit.detect.loss",
     "induction_loss": "circuitkit.detect.loss",
     "ablation_effects": "circuitkit.detect.ablation",
+    "attribution_effects": "circuitkit.detect.attribution",
+    "agreement": "circuitkit.detect.agreement",
 }
 __all__ = sorted(_LAZY)
 
