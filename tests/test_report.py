@@ -1,114 +1,61 @@
-"""The offline report: self-contained (no network URL that loads anything), small, escaped, deterministic,
-and its views carry the scores they show. ``synthetic_results`` is also used by the browser test."""
+"""The report package without a browser: self-contained (nothing loads from the network), escaped, deterministic,
+its page data and scores.json carry the scan's numbers, sections are a registry, and the summary names the
+circuit. Synthetic scans come from ``tests/report_fixtures.py``."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
+import html
 import json
+import math
 import re
-from dataclasses import dataclass
 
 import pytest
 import torch
 
-from circuitkit import CircuitkitError, Edge
+from circuitkit.ranking import head_name, top_heads
 from circuitkit.report import (
     GZIP_MIME,
-    MAX_REPORT_BYTES,
-    ModelSummary,
-    ScanResults,
+    SECTIONS,
+    Section,
     build_report,
-    scores_json,
-    top_heads,
-    write_report,
+    scan_json,
+    summary_html,
 )
+from circuitkit.report.data import QUANT_LEVELS, strongest_edges
+from circuitkit.report.page import BASE64_MIME, asset
+from tests.report_fixtures import EVIL_NAME, EVIL_TOKEN, PLANTED_COMPOSITION, synthetic_scan
 
-EVIL_TOKEN = "</script><img src=x onerror=alert(1)>&amp;"
-# patterns are shown to PATTERN_DECIMALS=4 decimals
-PATTERN_ATOL = 0.5e-4
-
-
-
-@dataclass(frozen=True)
-class FakeAblation:
-    clean_loss: float
-    loss: torch.Tensor
-    delta: torch.Tensor
+# quantised page data: one step of 1/255 of the scale, rounded to nearest -> at most half a step off
+HALF_STEP = 0.5 / QUANT_LEVELS
+# page numbers carry 4 significant digits
+PAGE_RTOL = 5e-4
+# scores.json carries 7 significant digits (float32 precision)
+JSON_RTOL = 1e-6
 
 
-@dataclass(frozen=True)
-class FakeInductionLoss:
-    first_half: float
-    repeated_half: float
+@pytest.fixture(scope="module")
+def scan():
+    return synthetic_scan()
 
 
-def synthetic_results(n_layers: int = 2, n_heads: int = 4, block: int = 6, d_head: int = 8, seed: int = 0):
-    """Scan-shaped results built from seeded random tensors: [BOS] + a block of tokens repeated twice."""
-    g = torch.Generator().manual_seed(seed)
-    pos = 1 + 2 * block
-    scores = {name: torch.rand(n_layers, n_heads, generator=g) for name in ("induction", "previous_token")}
-    causal = torch.ones(pos, pos, dtype=torch.bool).triu(1)
-    patterns = {
-        head: torch.randn(pos, pos, generator=g).masked_fill(causal, float("-inf")).softmax(-1)
-        for head in [(n_layers - 1, 0), (0, 1), (0, 2)]
-    }
-    composition = {}
-    src = torch.arange(n_layers)[:, None, None, None]
-    dst = torch.arange(n_layers)[None, None, :, None]
-    for mode in "QKV":
-        raw = torch.rand(n_layers, n_heads, n_layers, n_heads, generator=g)
-        composition[mode] = torch.where(src < dst, raw, torch.zeros(()))
-    edges = {
-        mode: [
-            Edge((0, h), (n_layers - 1, (h + 1) % n_heads), float(composition[mode][0, h, -1, (h + 1) % n_heads]))
-            for h in range(min(3, n_heads))
-        ]
-        for mode in "QKV"
-    }
-    tokens = ["<BOS>"] + [f"t{i}" for i in range(block - 1)] + [EVIL_TOKEN]
-    tokens = tokens + tokens[1:]
-    loss = torch.rand(n_layers, n_heads, generator=g) + 1.0
-    return ScanResults(
-        model=ModelSummary("synthetic <model>", n_layers, n_heads, d_model=n_heads * d_head, d_head=d_head,
-                           d_vocab=100, n_ctx=64),
-        head_scores=scores,
-        tokens=tokens,
-        patterns=patterns,
-        composition=composition,
-        baselines={"Q": 0.25, "K": 0.25, "V": 0.3},
-        edges=edges,
-        spectra={"OV": torch.rand(n_layers, n_heads, d_head, generator=g).sort(-1, descending=True).values},
-        ablation=FakeAblation(clean_loss=1.0, loss=loss, delta=loss - 1.0),
-        induction_loss=FakeInductionLoss(first_half=4.5, repeated_half=0.5),
-        settings={"seq_len": block, "seed": 0},
-        top_k=3,
-    )
+@pytest.fixture(scope="module")
+def report(scan):
+    return build_report(scan)
 
 
-def _views(html: str) -> dict[str, tuple[str, dict]]:
-    """view id -> (kind, decoded JSON data) for every view in the report."""
+def _data(html: str) -> dict:
+    return json.loads(re.search(r'<script type="application/json" id="ck-data">(.*?)</script>', html, re.S).group(1))
+
+
+def _blobs(html: str) -> dict[str, bytes]:
     out = {}
-    for match in re.finditer(r'<div class="ck-view [^"]*" id="([^"]+)" data-kind="(\w+)"', html):
-        view_id, kind = match.groups()
-        data = re.search(rf'<script type="application/json" id="{view_id}-data">(.*?)</script>', html, re.DOTALL)
-        out[view_id] = (kind, json.loads(data.group(1)))
+    for mime, name, text in re.findall(r'<script type="([^"]+)" id="ck-blob-([\w-]+)">([^<]*)</script>', html):
+        raw = base64.b64decode(text)
+        out[name] = gzip.decompress(raw) if mime == GZIP_MIME else raw
     return out
-
-
-def _libraries(html: str) -> dict[str, str]:
-    packed = re.findall(rf'<script type="{GZIP_MIME}" id="ck-lib-(\w+)">([^<]*)</script>', html)
-    return {name: gzip.decompress(base64.b64decode(data)).decode("utf-8") for name, data in packed}
-
-
-@pytest.fixture(scope="module")
-def results():
-    return synthetic_results()
-
-
-@pytest.fixture(scope="module")
-def report(results):
-    return build_report(results)
 
 
 # attributes and constructs through which a page loads something (script/img/link/iframe, CSS, ES modules)
@@ -119,134 +66,202 @@ LOADING_URL = re.compile(
 )
 
 
-def test_no_network_url_that_loads_anything(report):
-    assert not LOADING_URL.findall(report)
-    for name, code in _libraries(report).items():
-        # plotly.js holds map-tile attributions (<a href="https://...">) as data; nothing is fetched at load
-        # time, which the browser test checks with every request blocked. No ES-module import from the net:
-        assert not re.search(r"""\bimport\s*\(?\s*["']https?://""", code), name
-    assert "unpkg.com" not in report and "cdn.plot.ly" not in report
-
-
 def test_detector_catches_loading_urls():
-    # the pattern above must be able to fail
+    # the pattern must be able to fail
     for sample in ['<script src="https://x.org/a.js">', "<link href='http://x/y.css'>", "url(//x/y.png)",
                    'import("https://x/m.js")', "@import 'http://x/s.css'"]:
         assert LOADING_URL.search(sample), sample
 
 
-def test_each_library_is_inlined_once(report):
-    libraries = _libraries(report)
-    assert sorted(libraries) == ["circuitsvis", "plotly"]
-    assert report.count(f'<script type="{GZIP_MIME}"') == 2
-    assert "var CircuitsVis" in libraries["circuitsvis"] and "sourceMappingURL" not in libraries["circuitsvis"]
-    assert "Plotly" in libraries["plotly"]
+def test_no_network_url_anywhere(report):
+    assert not LOADING_URL.findall(report)
+    assert "://" not in report  # no third-party library any more: no URL of any kind, not even as data
+    assert "<script src" not in report and "<link" not in report
 
 
-def test_uncompressed_report_inlines_plain_scripts_once(results):
-    html = build_report(results, compress=False)
-    assert html.count('<script id="ck-lib-plotly">') == 1 and html.count('<script id="ck-lib-circuitsvis">') == 1
-    assert html.count("var CircuitsVis=") == 1
-    # outside the two library scripts (whose string data hold attribution links) nothing loads from the net
-    outside = re.sub(r'<script id="ck-lib-\w+">.*?</script>', "", html, flags=re.DOTALL)
-    assert len(outside) < len(html) // 10
-    assert not LOADING_URL.findall(outside)
+def test_page_script_and_style_are_package_assets_inlined_once(report):
+    script, style = asset("report.js"), asset("report.css")
+    assert len(script) > 5_000 and "circuitkitReport" in script
+    assert report.count(script.strip()[:200]) == 1
+    assert report.count(style.strip()[:200]) == 1
+    assert report.count("<script>") == 1  # one executable script: the loader
 
 
-def test_token_strings_are_escaped(report):
-    assert EVIL_TOKEN not in report
-    assert "<img" not in report.split('id="ck-lib-')[0]
-    assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&amp;amp;" in report  # the visible token list
-    # inside JSON, the token decodes back to itself
-    (_, spec), = [v for v in _views(report).values() if v[0] == "circuitsvis"]
-    assert spec["props"]["tokens"].count(EVIL_TOKEN) == 2
-    assert "synthetic &lt;model&gt;" in report
+def test_token_strings_and_names_are_escaped(scan, report):
+    assert EVIL_TOKEN not in report and "<img" not in report
+    assert EVIL_NAME not in report and "synthetic &lt;model&gt; &amp; &quot;co&quot;" in report
+    # the visible token list, escaped, once per occurrence
+    assert report.count("<code>&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&amp;amp;</code>") == 2
+    # inside JSON the token decodes back to itself
+    assert _data(report)["tokens"].count(EVIL_TOKEN) == 2
+    # only the page's own script tags close
+    assert report.count("</script>") == report.count("<script")
 
 
-def test_views_carry_the_scores_they_show(results, report):
-    views = _views(report)
-    by_label = {}
-    for view_id, (kind, spec) in views.items():
-        label = re.search(rf'id="{view_id}" data-kind="\w+" data-label="([^"]+)"', report).group(1)
-        by_label[label] = (kind, spec)
-    assert set(by_label) >= {"head-score-induction", "head-score-previous_token", "attention-heads",
-                             "composition-Q", "composition-K", "composition-V", "composition-graph",
-                             "spectra-OV", "ablation-delta"}
-    z = by_label["head-score-induction"][1]["data"][0]["z"]
-    assert _decode(z) == pytest.approx(results.head_scores["induction"].double().flatten().tolist())
-    props = by_label["attention-heads"][1]["props"]
-    expected = torch.stack(list(results.patterns.values()))
-    torch.testing.assert_close(torch.tensor(props["attention"]), expected, atol=PATTERN_ATOL, rtol=0)
-    assert props["attentionHeadNames"] == ["1.0", "0.1", "0.2"]
-    assert by_label["composition-K"][1]["data"][0]["zmid"] == 0.25
-    delta = by_label["ablation-delta"][1]["data"][0]
-    assert _decode(delta["z"]) == pytest.approx(results.ablation.delta.double().flatten().tolist())
+def test_summary_html_is_escaped_and_has_no_script(scan):
+    text = summary_html(scan)
+    assert "<script" not in text and EVIL_NAME not in text and "&lt;model&gt;" in text
+    assert "Induction heads" in text and 'data-head="1.0"' in text
 
 
-def _decode(array) -> list[float]:
-    """plotly's JSON typed arrays ({"dtype": "f8", "bdata": base64}) or plain nested lists, flattened."""
-    import numpy as np
+def test_report_is_deterministic(scan, report):
+    assert build_report(scan) == report
+    again = build_report(synthetic_scan())  # a separately built equal scan
+    assert again == report
+    assert json.dumps(scan_json(synthetic_scan())) == json.dumps(scan_json(scan))
+    assert not re.search(r"20\d\d-\d\d-\d\d", report)
 
-    if isinstance(array, dict):
-        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"]).astype(float).tolist()
-    return np.asarray(array, dtype=float).flatten().tolist()
+
+def test_uncompressed_report_holds_the_same_data(scan, report):
+    plain = build_report(scan, compress=False)
+    assert f'type="{GZIP_MIME}"' not in plain and f'type="{BASE64_MIME}"' in plain
+    assert _blobs(plain) == _blobs(report) and _data(plain) == _data(report)
 
 
-def test_report_is_deterministic(results, report):
-    assert build_report(results) == report
-    assert not re.search(r"20\d\d-\d\d-\d\d", report.split('id="ck-lib-')[0])
+def test_page_data_carries_the_scan(scan, report):
+    data, blobs = _data(report), _blobs(report)
+    n_layers, n_heads = scan.model.n_layers, scan.model.n_heads
+    columns = {c["key"]: c for c in data["columns"]}
+    assert list(columns) == [*scan.head_scores, "attribution", "ablation"]
+    for name in scan.head_scores:
+        assert columns[name]["values"] == pytest.approx(scan.head_scores[name].flatten().tolist(), rel=PAGE_RTOL)
+        best = [a * n_heads + b for (a, b), _ in top_heads(scan.head_scores[name], scan.settings.top_k)]
+        assert columns[name]["top"] == best
+    # ablation: blank (None) exactly where no exact ablation ran
+    exact = scan.ablation.exact.flatten().tolist()
+    assert [v is not None for v in columns["ablation"]["values"]] == exact
+    # patterns: the causal triangle of every head, quantised
+    pos = len(scan.tokens)
+    rows, cols = torch.tril_indices(pos, pos)
+    decoded = torch.tensor(list(blobs["patterns"]), dtype=torch.float32).reshape(n_layers * n_heads, -1) / 255
+    expected = scan.patterns.reshape(n_layers * n_heads, pos, pos)[:, rows, cols]
+    torch.testing.assert_close(decoded, expected, atol=HALF_STEP + 1e-7, rtol=0)
+    # composition: layer-pair blocks src < dst, scaled to the maximum
+    comp = data["composition"]["K"]
+    block = torch.tensor(list(blobs["composition-K"]), dtype=torch.float32).reshape(-1, n_heads, n_heads)
+    torch.testing.assert_close(block[0] / 255 * comp["scale"], scan.composition["K"][0, :, 1, :],
+                               atol=HALF_STEP * comp["scale"] + 1e-6, rtol=0)
+    assert comp["baseline"] == 0.25
+
+
+def test_strongest_edges_against_a_sorting_oracle():
+    g = torch.Generator().manual_seed(3)
+    n_layers, n_heads, k = 3, 4, 3
+    scores = torch.randint(0, 4, (n_layers, n_heads, n_layers, n_heads), generator=g).float() / 4  # many ties
+    out_edges, in_edges = strongest_edges(scores, k)
+    n = n_layers * n_heads
+    flat = scores.reshape(n, n)
+    for i in range(n):
+        valid = [j for j in range(n) if i // n_heads < j // n_heads]
+        oracle = sorted(valid, key=lambda j: (-float(flat[i, j]), j))[:k]
+        assert [j for j, _ in out_edges[i]] == oracle
+        valid_in = [j for j in range(n) if j // n_heads < i // n_heads]
+        oracle_in = sorted(valid_in, key=lambda j: (-float(flat[j, i]), j))[:k]
+        assert [j for j, _ in in_edges[i]] == oracle_in
+
+
+def test_scores_json_holds_every_score_and_the_causal_checks(scan):
+    data = json.loads(json.dumps(scan_json(scan), allow_nan=False))
+    assert data["format"] == 2 and data["model"]["n_heads"] == 4 and data["settings"]["block_len"] == 6
+    for name, values in scan.head_scores.items():
+        assert sum(data["head_scores"][name], []) == pytest.approx(values.flatten().tolist(), rel=JSON_RTOL)
+        assert data["scores"][name]["short"] == scan.head_scores.definitions[name].short
+        expected = [head_name(h) for h, _ in top_heads(values, scan.settings.top_k)]
+        assert [entry["head"] for entry in data["top_heads"][name]] == expected
+    ablation = data["ablation"]
+    assert ablation["ablated"] == [head_name(h) for h in scan.ablation.exact.nonzero().tolist()]
+    for layer, row in enumerate(ablation["effect"]):
+        for head, value in enumerate(row):
+            assert (value is None) == (not bool(scan.ablation.exact[layer, head]))
+    assert data["agreement"] == {"n_exact": 6, "spearman": 0.93,
+                                 "largest_miss": {"head": "1.0", "exact": 2.0, "estimate": pytest.approx(
+                                     float(scan.attribution.effect[1, 0]), rel=JSON_RTOL)}}
+    assert data["composition"]["K"]["baseline"] == {"mean": 0.25, "std": 0.02}
+    assert data["composition"]["K"]["top_edges"][0] == {"src": "0.1", "dst": "1.0", "score": PLANTED_COMPOSITION}
+    assert data["induction_heads"] == ["1.0"] and data["previous_token_heads"] == ["0.1"]
+    assert data["induction_loss"]["first_copy"] > data["induction_loss"]["repeated_copies"]
+    assert data["circuit"]["rows"][0]["channel"] == "k"
+    assert list(data["composition"]) == ["Q", "K", "V"]
+
+
+def test_scores_json_without_optional_parts(scan):
+    bare = dataclasses.replace(scan, attribution=None, ablation=None, agreement=None, circuit=None, composition={},
+                               baselines={}, edges={}, spectra={})
+    data = scan_json(bare)
+    assert data["ablation"] is None and data["circuit"] is None and data["composition"] == {}
+    html = build_report(bare)
+    assert 'id="ck-sec-circuit"' not in html and 'id="ck-sec-composition"' not in html
+    assert 'id="ck-sec-heads"' in html
+
+
+def test_summary_names_the_circuit(scan, report):
+    summary = report.split('id="ck-sec-summary"')[1].split("</section>")[0]
+    text = html.unescape(re.sub(r"<[^>]+>", "", summary))
+    induct, prev = float(scan.head_scores["induction"][1, 0]), float(scan.head_scores["previous_token"][0, 1])
+    first, repeated = scan.induction_loss.first_copy, scan.induction_loss.repeated_copies
+    assert f"Induction heads: 1.0 (induction {induct:.2f})" in text
+    assert f"Previous-token heads: 0.1 (prev {prev:.2f})" in text
+    assert "0.1 \u2192 1.0 by K-composition 0.90 (random 0.25), edge effect +0.90 nats (patched)" in text
+    assert f"repeated copies {repeated:.2f} nats vs {first:.2f} on the first copy (in-context copying works)" in text
+    assert "raises the repeated-copies loss by 1.0 +2.00 nats" in text
+    assert '<svg class="ck-diagram"' in summary
+
+
+def test_summary_without_an_induction_circuit(scan):
+    none_found = dataclasses.replace(scan, induction_heads=(), previous_token_heads=())
+    text = html.unescape(re.sub(r"<[^>]+>", "", summary_html(none_found)))
+    assert "No induction circuit found" in text and "the best is 1.0" in text
+
+
+def test_circuit_section_flags_disagreement_between_weights_and_effect(report):
+    section = report.split('id="ck-sec-circuit"')[1].split("</section>")[0]
+    assert "strong in the weights, carries nothing" in section
+    assert "carries an effect without weight support" in section
+    assert section.count('stroke-dasharray="5 4"') == 2  # exactly the two disagreeing edges are dashed
+
+
+def test_a_new_section_is_one_function(scan, monkeypatch):
+    def custom(scan):
+        return Section("custom", "My <own> section", f"<p>{len(scan.tokens)} tokens</p>")
+
+    monkeypatch.setattr("circuitkit.report.sections.SECTIONS", [*SECTIONS, custom])
+    monkeypatch.setattr("circuitkit.report.page.SECTIONS", [*SECTIONS, custom])
+    html = build_report(scan)
+    assert '<section id="ck-sec-custom" class="ck-section" data-png="custom"><h2>My &lt;own&gt; section</h2>' in html
+    assert '<a href="#ck-sec-custom">' in html and "13 tokens" in html
+
+
+def test_registered_score_reaches_table_and_json(scan):
+    # a score the library has never heard of: it flows through by the definitions alone
+    from circuitkit.detect.registry import weight_score
+    from circuitkit.detect.scores import HeadScores
+
+    definition = weight_score("successor", short="succ", description="a test <score>", compute=lambda w: None,
+                              neutral=0.0)
+    hs = scan.head_scores
+    scores = {**{n: hs[n] for n in hs}, "successor": torch.full((2, 4), 0.5)}
+    definitions = {**hs.definitions, "successor": definition}
+    extended = dataclasses.replace(scan, head_scores=HeadScores(
+        scores, definitions, tokens=hs.tokens, patterns=hs.patterns, block_len=6, n_repeats=2, bos=0))
+    html = build_report(extended)
+    assert [c["short"] for c in _data(html)["columns"]][-3:] == ["succ", "attr", "ablate"]
+    assert "a test &lt;score&gt;" in html
+    assert scan_json(extended)["scores"]["successor"]["description"] == "a test <score>"
+
+
+def test_numbers_are_json_safe():
+    from circuitkit.report.data import number, plain
+
+    assert number(float("nan")) is None and number(float("inf")) is None and number(-0.0) == 0.0
+    assert number(1 / 3) == 0.3333333
+    assert plain({"a": (1.0, float("nan")), 2: torch.tensor([0.5])}) == {"a": [1.0, None], "2": [0.5]}
+    assert math.isfinite(number(1e-30))
 
 
 @pytest.mark.slow
-def test_twelve_by_twelve_report_is_under_5_mb():
-    big = synthetic_results(n_layers=12, n_heads=12, block=40, d_head=64, seed=1)
-    size = len(build_report(big).encode("utf-8"))
+def test_largest_report_stays_under_the_budget():
+    from circuitkit.report import MAX_REPORT_BYTES
+    from tests.report_fixtures import sized_scan
+
+    size = len(build_report(sized_scan("48x25")).encode("utf-8"))
     assert size < MAX_REPORT_BYTES, f"{size / 2**20:.2f} MB"
-
-
-def test_scores_json_round_trips_and_ranks(results):
-    data = json.loads(json.dumps(scores_json(results), allow_nan=False))
-    assert data["model"]["n_heads"] == 4
-    flat = [value for row in data["head_scores"]["induction"] for value in row]
-    assert flat == pytest.approx(results.head_scores["induction"].flatten().tolist())
-    best = top_heads(results.head_scores["induction"], 3)
-    assert [entry["head"] for entry in data["top_heads"]["induction"]] == [f"{ly}.{h}" for (ly, h), _ in best]
-    scores = [entry["score"] for entry in data["top_heads"]["induction"]]
-    assert scores == sorted(scores, reverse=True)
-    assert data["composition"]["V"]["baseline"] == 0.3 and len(data["composition"]["V"]["top_edges"]) == 3
-    assert data["ablation"]["clean_loss"] == 1.0
-
-
-def test_top_heads_against_sorting():
-    scores = torch.tensor([[0.1, 0.9, 0.3], [0.8, 0.2, 0.95]])
-    assert top_heads(scores, 3) == [((1, 2), pytest.approx(0.95)), ((0, 1), pytest.approx(0.9)),
-                                    ((1, 0), pytest.approx(0.8))]
-
-
-def test_write_report_to_unwritable_path_is_a_circuitkit_error(results, tmp_path):
-    with pytest.raises(CircuitkitError, match="cannot write"):
-        write_report(results, tmp_path / "missing-dir" / "report.html")
-    path = write_report(results, tmp_path / "report.html")
-    assert path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
-
-
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"head_scores": {}}, "non-empty mapping"),
-        ({"head_scores": {"induction": torch.rand(3, 4)}}, "of shape \\(2, 4\\)"),
-        ({"composition": {"Q": torch.rand(2, 4, 2)}}, "expected shape \\(2, 4, 2, 4\\)"),
-        ({"tokens": ["a"]}, "pos = len\\(tokens\\) = 1"),
-        ({"top_k": 0}, "positive int"),
-    ],
-    ids=["no-scores", "scores-shape", "composition-shape", "tokens-length", "top-k"],
-)
-def test_scan_results_rejects_inconsistent_input(results, change, message):
-    fields = {**vars(results), **change}
-    with pytest.raises(CircuitkitError, match=message):
-        ScanResults(**fields)
-
-
-def test_top_heads_puts_undefined_scores_last():
-    scores = torch.tensor([[float("nan"), 0.1], [0.3, 0.2]])
-    assert [head for head, _ in top_heads(scores, 4)] == [(1, 0), (1, 1), (0, 1), (0, 0)]

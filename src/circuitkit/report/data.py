@@ -1,0 +1,461 @@
+"""A scan as plain data: ``scores.json`` (:func:`scan_json`) and the compact data the report page draws from
+(:func:`page_data`).
+
+Why apart from the HTML: the numbers a reader sees and the numbers a script reads must be the same numbers,
+computed once. Everything here is a pure function of the :class:`~circuitkit.scan_types.Scan`: no timestamps,
+no paths, floats rounded to a fixed number of significant digits, NaN and infinities as ``null``, so the same
+scan gives the same bytes.
+
+Page data at scale: a 48 x 25-head model has 1,200 attention patterns ``[pos, pos]`` and 3 x 1,200 x 1,200
+composition scores. They travel as *quantised bytes* (uint8: ``round(255 * value / scale)``, a step of 1/255 of
+the scale, below what a colour scale shows) packed into binary blobs, gzip-compressed and base64-encoded by the
+page builder; exact values stay in ``scores.json`` and in the table (which gets 4 significant digits).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from circuitkit.ranking import Head, head_name, top_heads
+
+if TYPE_CHECKING:
+    from circuitkit.scan_types import Scan
+
+JSON_FORMAT = 2
+"""Version of the ``scores.json`` layout (1 was the pre-``Scan`` CLI's)."""
+JSON_DIGITS = 7
+"""Significant digits in scores.json: float32 carries about 7; more would print rounding noise."""
+PAGE_DIGITS = 4
+"""Significant digits of the numbers the page shows and sorts on (the table prints 3 decimals)."""
+EDGES_PER_HEAD = 3
+"""Strongest incoming and outgoing composition edges per head and mode, listed when a head is selected."""
+QUANT_LEVELS = 255
+MODES = ("Q", "K", "V")
+
+
+# ---------------------------------------------------------------------------------------------- numbers
+def number(value: Any, digits: int = JSON_DIGITS) -> float | None:
+    """``value`` as a float rounded to ``digits`` significant digits; None for None, NaN and infinities."""
+    if value is None:
+        return None
+    value = float(value.item() if isinstance(value, Tensor) else value)
+    if not math.isfinite(value):
+        return None
+    rounded = float(f"{value:.{digits}g}")
+    return 0.0 if rounded == 0 else rounded  # no "-0.0"
+
+
+def grid(tensor: Tensor, digits: int = JSON_DIGITS) -> list[list[float | None]]:
+    """A ``[layer, head]`` tensor as nested lists of rounded floats (NaN -> None)."""
+    return [[number(v, digits) for v in row] for row in tensor.detach().to("cpu", torch.float64).tolist()]
+
+
+def flat(tensor: Tensor, digits: int = PAGE_DIGITS) -> list[float | None]:
+    """A tensor flattened (``layer * n_heads + head`` for ``[layer, head]``), rounded, NaN -> None."""
+    return [number(v, digits) for v in tensor.detach().reshape(-1).to("cpu", torch.float64).tolist()]
+
+
+def plain(value: Any) -> Any:
+    """Recursively: tensors to lists, tuples to lists, non-finite floats to None, mapping keys to str."""
+    if isinstance(value, Tensor):
+        return plain(value.detach().cpu().tolist())
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return number(value)
+    if hasattr(value, "item"):  # numpy scalars
+        return plain(value.item())
+    return str(value)
+
+
+def names(heads: Iterable[Sequence[int]]) -> list[str]:
+    return [head_name(h) for h in heads]
+
+
+def ranked(values: Tensor, k: int, *, absolute: bool = False) -> list[dict[str, Any]]:
+    """The ``k`` best heads of a ``[layer, head]`` tensor (NaN never listed) as JSON records."""
+    return [
+        {"head": head_name(h), "layer": h[0], "index": h[1], "value": number(v)}
+        for h, v in top_heads(values, k, absolute=absolute)
+        if not math.isnan(v)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- scan facts
+def loss_figures(scan: Scan) -> tuple[float | None, float | None]:
+    """(first-copy loss, repeated-copies loss) in nats, None where the scan did not measure it."""
+    loss = scan.induction_loss
+    if loss is None:
+        return None, None
+    first = getattr(loss, "first_copy", getattr(loss, "first_half", None))
+    repeated = getattr(loss, "repeated_copies", getattr(loss, "repeated_half", None))
+    return number(first), number(repeated)
+
+
+def effect_on(scan: Scan, head: Head) -> tuple[float | None, str | None]:
+    """The effect of removing ``head`` on the repeated-copies loss: the exact ablation where it was run, else
+    the attribution estimate; with its kind ("ablation" | "attribution"), or (None, None)."""
+    layer, index = head
+    if scan.ablation is not None and scan.ablation.exact is not None and bool(scan.ablation.exact[layer, index]):
+        return number(scan.ablation.effect[layer, index]), "ablation"
+    if scan.attribution is not None:
+        return number(scan.attribution.effect[layer, index]), "attribution"
+    return None, None
+
+
+def ablated_heads(scan: Scan) -> list[Head]:
+    """The heads ablated exactly, in ``(layer, head)`` order."""
+    if scan.ablation is None:
+        return []
+    exact = scan.ablation.exact
+    if exact is None:
+        exact = ~torch.isnan(scan.ablation.effect)
+    return [(int(a), int(b)) for a, b in exact.nonzero().tolist()]
+
+
+def circuit_rows(scan: Scan) -> list[Any]:
+    """The rows of the scan's circuit evidence (duck-typed: ``src, dst, channel, composition, attribution,
+    patched``), or [] when there is none."""
+    if scan.circuit is None:
+        return []
+    return list(getattr(scan.circuit, "rows", ()) or ())
+
+
+def edge_effect(row: Any) -> tuple[float | None, str]:
+    """An evidence row's causal effect: path patching where computed, else edge attribution."""
+    patched = number(getattr(row, "patched", None))
+    if patched is not None:
+        return patched, "patched"
+    return number(getattr(row, "attribution", None)), "attribution"
+
+
+# ---------------------------------------------------------------------------------------------- scores.json
+def scan_json(scan: Scan) -> dict[str, Any]:
+    """The machine-readable scan (what ``scores.json`` holds). Plain numbers (7 significant digits), NaN as
+    null, deterministic. Keys:
+
+    ``format, circuitkit_version, model, settings, scores`` (definitions: short, description, kind, neutral),
+    ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best ``settings.top_k`` heads, also for
+    ``attribution`` and ``ablation``), ``induction_heads, previous_token_heads, induction_loss, attribution,
+    ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition`` (mode -> random
+    baseline and top edges), ``circuit`` (the evidence's ``to_json()``, or null).
+    """
+    from circuitkit import __version__
+
+    k = scan.settings.top_k
+    hs = scan.head_scores
+    definitions = getattr(hs, "definitions", {})
+    first, repeated = loss_figures(scan)
+    out: dict[str, Any] = {
+        "format": JSON_FORMAT,
+        "circuitkit_version": __version__,
+        "model": plain(scan.model.as_dict()),
+        "settings": plain(scan.settings.as_dict()),
+        "scores": {name: definition_json(definitions.get(name)) for name in hs},
+        "head_scores": {name: grid(hs[name]) for name in hs},
+        "top_heads": {name: ranked(hs[name], k) for name in hs},
+        "induction_heads": names(scan.induction_heads),
+        "previous_token_heads": names(scan.previous_token_heads),
+        "induction_loss": None,
+        "attribution": None,
+        "ablation": None,
+        "agreement": None,
+        "composition": {},
+        "circuit": None,
+    }
+    if scan.induction_loss is not None:
+        per_position = getattr(scan.induction_loss, "per_position", None)
+        out["induction_loss"] = {
+            "first_copy": first,
+            "repeated_copies": repeated,
+            "per_position": None if per_position is None else flat(per_position, JSON_DIGITS),
+        }
+    for kind in ("attribution", "ablation"):
+        effects = getattr(scan, kind)
+        if effects is None:
+            continue
+        record = {
+            "method": effects.method,
+            "clean_loss": number(effects.clean_loss),
+            "effect": grid(effects.effect),
+            "top": ranked(effects.effect, k),
+        }
+        if kind == "ablation":
+            record["ablated"] = names(ablated_heads(scan))
+        out[kind] = record
+        out["top_heads"][kind] = record["top"]
+    if scan.agreement is not None:
+        miss = scan.agreement.largest_miss
+        out["agreement"] = {
+            "n_exact": scan.agreement.n_exact,
+            "spearman": number(scan.agreement.spearman),
+            "largest_miss": None
+            if miss is None
+            else {"head": head_name(miss[0]), "exact": number(miss[1]), "estimate": number(miss[2])},
+        }
+    for mode in sorted(set(scan.composition) | set(scan.baselines) | set(scan.edges), key=_mode_order):
+        baseline = scan.baselines.get(mode)
+        out["composition"][mode] = {
+            "baseline": None
+            if baseline is None
+            else {"mean": number(baseline.mean), "std": number(getattr(baseline, "std", None))},
+            "top_edges": [
+                {"src": head_name(e.src), "dst": head_name(e.dst), "score": number(e.score)}
+                for e in scan.edges.get(mode, ())
+            ],
+        }
+    if scan.circuit is not None:
+        to_json = getattr(scan.circuit, "to_json", None)
+        out["circuit"] = plain(to_json()) if callable(to_json) else [row_json(r) for r in circuit_rows(scan)]
+    return out
+
+
+def definition_json(definition: Any) -> dict[str, Any]:
+    if definition is None:
+        return {"short": None, "description": None, "kind": None, "neutral": None}
+    return {
+        "short": definition.short,
+        "description": definition.description,
+        "kind": definition.kind,
+        "neutral": number(definition.neutral),
+    }
+
+
+def row_json(row: Any) -> dict[str, Any]:
+    return {
+        "src": head_name(row.src),
+        "dst": head_name(row.dst),
+        "channel": row.channel,
+        "composition": number(row.composition),
+        "attribution": number(row.attribution),
+        "patched": number(getattr(row, "patched", None)),
+    }
+
+
+def _mode_order(mode: str) -> tuple[int, str]:
+    return (MODES.index(mode) if mode in MODES else len(MODES), mode)
+
+
+# ---------------------------------------------------------------------------------------------- page data
+@dataclass(frozen=True)
+class Column:
+    """One column of the head table (and one small-multiple heatmap): a score, attribution or ablation.
+
+    ``lo <= neutral <= hi`` is the colour domain: ``neutral`` (what a random head scores) is white, values above
+    it shade red up to ``hi``, values below it blue down to ``lo``.
+    """
+
+    key: str
+    short: str
+    description: str
+    values: Float[Tensor, "layer head"]
+    neutral: float
+    lo: float
+    hi: float
+    top: tuple[int, ...]  # flat indices of the best heads (highlighted)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "short": self.short,
+            "description": self.description,
+            "neutral": number(self.neutral, PAGE_DIGITS),
+            "lo": number(self.lo, PAGE_DIGITS),
+            "hi": number(self.hi, PAGE_DIGITS),
+            "top": list(self.top),
+            "values": flat(self.values),
+        }
+
+
+def columns(scan: Scan) -> list[Column]:
+    """The head table's columns: every head score in registry order, then attribution and exact ablation."""
+    hs = scan.head_scores
+    definitions = getattr(hs, "definitions", {})
+    k = scan.settings.top_k
+    out = []
+    for name in hs:
+        definition = definitions.get(name)
+        values = hs[name].detach().float().cpu()
+        kind = getattr(definition, "kind", None)
+        neutral = getattr(definition, "neutral", None)
+        if kind == "pattern":  # attention fractions: a fixed [0, 1] domain reads the same at every size
+            lo, hi = 0.0, 1.0
+        else:
+            lo, hi = _range(values)
+        if neutral is None or not math.isfinite(neutral):
+            neutral = 0.0 if lo <= 0.0 <= hi else lo
+        out.append(
+            Column(
+                key=name,
+                short=getattr(definition, "short", name),
+                description=getattr(definition, "description", name),
+                values=values,
+                neutral=float(neutral),
+                lo=min(lo, neutral),
+                hi=max(hi, neutral),
+                top=_top_flat(values, k),
+            )
+        )
+    for kind, short, description in (
+        ("attribution", "attr", "first-order estimate of the rise of the repeated-copies loss (nats) when the "
+         "head is removed"),
+        ("ablation", "ablate", "exact rise of the repeated-copies loss (nats) when the head is ablated; blank "
+         "where not ablated"),
+    ):
+        effects = getattr(scan, kind)
+        if effects is None:
+            continue
+        values = effects.effect.detach().float().cpu()
+        if kind == "ablation" and effects.exact is not None:
+            values = torch.where(effects.exact.cpu(), values, torch.full_like(values, float("nan")))
+        lo, hi = _range(values)
+        bound = max(abs(lo), abs(hi), 1e-12)
+        description = f"{description} ({effects.method} ablation)"
+        out.append(Column(kind, short, description, values, 0.0, -bound, bound, _top_flat(values, k)))
+    return out
+
+
+def _range(values: Tensor) -> tuple[float, float]:
+    finite = values[torch.isfinite(values)]
+    if finite.numel() == 0:
+        return 0.0, 1.0
+    lo, hi = float(finite.min()), float(finite.max())
+    return (lo, hi) if hi > lo else (lo - 1.0, hi + 1.0)
+
+
+def _top_flat(values: Tensor, k: int) -> tuple[int, ...]:
+    n_heads = values.shape[1]
+    return tuple(a * n_heads + b for (a, b), v in top_heads(values, k) if not math.isnan(v))
+
+
+def quantise(values: Tensor, scale: float) -> bytes:
+    """``values`` (in ``[0, scale]``) as uint8 ``round(255 * v / scale)``; NaN -> 0."""
+    if scale <= 0:
+        return bytes(values.numel())
+    q = (values.detach().to("cpu", torch.float64).nan_to_num(0.0) / scale * QUANT_LEVELS).round()
+    return q.clamp(0, QUANT_LEVELS).to(torch.uint8).reshape(-1).numpy().tobytes()
+
+
+def pattern_bytes(patterns: Tensor, *, triangular: bool) -> bytes:
+    """Every head's pattern ``[L, H, pos, pos]`` as uint8 (probability * 255), head after head; with
+    ``triangular`` only the causal part (row ``q``: keys ``0..q``), ``pos (pos + 1) / 2`` bytes per head."""
+    p = patterns.detach().to("cpu", torch.float32)
+    n_layers, n_heads, pos, _ = p.shape
+    p = p.reshape(n_layers * n_heads, pos, pos)
+    if triangular:
+        rows, cols = torch.tril_indices(pos, pos)
+        p = p[:, rows, cols]
+    return quantise(p, 1.0)
+
+
+def composition_blocks(scores: Tensor) -> tuple[bytes, float]:
+    """A ``[L, H, L, H]`` composition tensor as uint8 blocks ``[H_src, H_dst]`` for every layer pair
+    ``src < dst`` in ``(src, dst)`` order, quantised to ``[0, max]``; returns (bytes, max)."""
+    s = scores.detach().to("cpu", torch.float32)
+    n_layers = s.shape[0]
+    blocks = [s[a, :, b, :] for a in range(n_layers) for b in range(a + 1, n_layers)]
+    if not blocks:
+        return b"", 0.0
+    packed = torch.stack(blocks)
+    finite = packed[torch.isfinite(packed)]
+    scale = float(finite.max()) if finite.numel() else 0.0
+    return quantise(packed.clamp(min=0), scale), scale
+
+
+def strongest_edges(scores: Tensor, k: int = EDGES_PER_HEAD) -> tuple[list[list[Any]], list[list[Any]]]:
+    """Per head (flat index), its ``k`` strongest outgoing and incoming edges as ``[other_flat, score]`` pairs,
+    strongest first; ties keep flat order, pairs with ``src_layer >= dst_layer`` never listed."""
+    s = scores.detach().to("cpu", torch.float32)
+    n_layers, n_heads = s.shape[:2]
+    n = n_layers * n_heads
+    layer = torch.arange(n) // n_heads
+    valid = (layer[:, None] < layer[None, :]) & torch.isfinite(s.reshape(n, n))
+    m = torch.where(valid, s.reshape(n, n), torch.tensor(-math.inf))
+    k = min(k, n)
+    return _stable_top(m, k), _stable_top(m.T.contiguous(), k)
+
+
+def _stable_top(m: Tensor, k: int) -> list[list[Any]]:
+    """Row-wise ``k`` largest finite entries of ``m`` as ``[column, value]``, ties in column order.
+
+    ``topk`` finds each row's k-th value fast; rows where that value is tied beyond the k chosen (or -inf)
+    are re-ranked with a stable full sort, so ties never depend on ``topk``'s internal order."""
+    values, index = m.topk(k, dim=1)
+    kth = values[:, -1:]
+    ambiguous = ((m >= kth).sum(dim=1) > k).nonzero().flatten()
+    if ambiguous.numel():
+        v, i = torch.sort(m[ambiguous], dim=1, descending=True, stable=True)
+        values[ambiguous], index[ambiguous] = v[:, :k], i[:, :k]
+    # within the k chosen: by value descending, then column ascending
+    order = torch.argsort(index, dim=1, stable=True)
+    values, index = values.gather(1, order), index.gather(1, order)
+    order = torch.argsort(-values, dim=1, stable=True)
+    values, index = values.gather(1, order), index.gather(1, order)
+    return [
+        [[j, number(x, PAGE_DIGITS)] for x, j in zip(vr, ir, strict=True) if math.isfinite(x)]
+        for vr, ir in zip(values.tolist(), index.tolist(), strict=True)
+    ]
+
+
+def copy_starts(scan: Scan) -> list[int]:
+    """Positions where each copy of the random block starts (after the BOS, if any)."""
+    settings = scan.settings
+    offset = 1 if settings.bos is not None else 0
+    return [offset + c * settings.block_len for c in range(settings.n_repeats)]
+
+
+def page_data(scan: Scan) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """What the page script draws: (JSON-able data, binary blobs by name). See the module docstring."""
+    m = scan.model
+    patterns = scan.patterns
+    bidirectional = bool(getattr(scan.head_scores, "bidirectional", False))
+    blobs: dict[str, bytes] = {}
+    data: dict[str, Any] = {
+        "n_layers": m.n_layers,
+        "n_heads": m.n_heads,
+        "columns": [c.as_json() for c in columns(scan)],
+        "tokens": list(scan.tokens),
+        "induction_heads": [a * m.n_heads + b for a, b in scan.induction_heads],
+        "previous_token_heads": [a * m.n_heads + b for a, b in scan.previous_token_heads],
+        "pattern": None,
+        "copies": copy_starts(scan),
+        "spectra": {},
+        "composition": {},
+    }
+    if patterns is not None and patterns.numel():
+        blobs["patterns"] = pattern_bytes(patterns, triangular=not bidirectional)
+        data["pattern"] = {"pos": int(patterns.shape[-1]), "triangular": not bidirectional, "blob": "patterns"}
+    for circuit, sigma in sorted(scan.spectra.items()):
+        s = sigma.detach().to("cpu", torch.float32)
+        top = s.amax(dim=-1, keepdim=True).clamp(min=1e-30)
+        blobs[f"spectra-{circuit}"] = quantise(s / top, 1.0)
+        data["spectra"][circuit] = {"k": int(s.shape[-1]), "max": flat(top[..., 0]), "blob": f"spectra-{circuit}"}
+    for mode in sorted(scan.composition, key=_mode_order):
+        scores = scan.composition[mode]
+        packed, scale = composition_blocks(scores)
+        blobs[f"composition-{mode}"] = packed
+        out_edges, in_edges = strongest_edges(scores)
+        baseline = scan.baselines.get(mode)
+        data["composition"][mode] = {
+            "blob": f"composition-{mode}",
+            "scale": number(scale, JSON_DIGITS),
+            "baseline": None if baseline is None else number(baseline.mean, PAGE_DIGITS),
+            "baseline_std": None if baseline is None else number(getattr(baseline, "std", None), PAGE_DIGITS),
+            "out": out_edges,
+            "in": in_edges,
+        }
+    return data, blobs
+
+
+__all__ = ["JSON_FORMAT", "Column", "columns", "number", "page_data", "plain", "scan_json"]

@@ -1,0 +1,244 @@
+"""Report-only figures drawn as static SVG strings: the summary's circuit diagram, head graphs (top composition
+edges; circuit evidence coloured by causal effect) and the per-position loss curve.
+
+Why SVG written here rather than plotly figures: these are small (tens of elements), must show before any
+script runs (the summary is also the notebook view), and print the same bytes for the same scan. Every node
+carries ``data-head="layer.head"``, which the page script turns into a click that selects the head. All text is
+escaped; coordinates are rounded to 0.1 px so the output is deterministic and short.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from circuitkit.ranking import Head, head_name
+
+if TYPE_CHECKING:
+    from circuitkit.report.summary import Story
+
+MODE_COLOURS = {"Q": "#3b6fb6", "K": "#2e9d5b", "V": "#d9822b"}
+GRAPH_WIDTH = 900
+MAX_LABELLED_EDGES = 16
+"""Edge graphs print the score next to at most this many edges (more would overlap); all have a tooltip."""
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _f(x: float) -> str:
+    text = f"{x:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def diverging(t: float) -> str:
+    """Colour for ``t`` in ``[-1, 1]``: blue (-1) through white (0) to red (+1), as ``#rrggbb``."""
+    t = max(-1.0, min(1.0, 0.0 if math.isnan(t) else t))
+    end = (178, 24, 43) if t >= 0 else (33, 102, 172)
+    a = abs(t)
+    rgb = [round(255 + (c - 255) * a) for c in end]
+    return "#" + "".join(f"{c:02x}" for c in rgb)
+
+
+def _node(x: float, y: float, head: Head, caption: str, colour: str) -> str:
+    name = head_name(head)
+    return (
+        f'<g class="ck-node" data-head="{name}" tabindex="0"><title>head {name}: {_esc(caption)}</title>'
+        f'<rect x="{_f(x - 34)}" y="{_f(y - 15)}" width="68" height="30" rx="6" fill="{colour}" stroke="#333"/>'
+        f'<text x="{_f(x)}" y="{_f(y - 1)}" text-anchor="middle" font-weight="600">{name}</text>'
+        f'<text x="{_f(x)}" y="{_f(y + 11)}" text-anchor="middle" font-size="9">{_esc(caption)}</text></g>'
+    )
+
+
+def circuit_diagram(story: Story) -> str:
+    """Previous-token heads (left) -> induction heads (right), links labelled with the composition score (and
+    the causal edge effect where measured), and two bars: loss on the first copy vs the repeated copies."""
+    from circuitkit.report.summary import MAX_NAMED
+
+    previous = [h for h, _ in story.previous][:MAX_NAMED]
+    induction = [h for h, _ in story.induction][:MAX_NAMED]
+    rows = max(len(previous), len(induction), 1)
+    width, x_prev, x_ind, row_h, top = 380, 50, 300, 40, 24
+    has_heads = bool(previous or induction)
+    height_heads = top + rows * row_h if has_heads else 0
+    bars = story.first_copy is not None and story.repeated_copies is not None
+    height = max(24, height_heads + (58 if bars else 0) + 4)
+    parts = [
+        f'<svg class="ck-diagram" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="system-ui, sans-serif" font-size="11" role="img" '
+        'aria-label="circuit diagram">'
+    ]
+    if has_heads:
+        parts.append(f'<text x="{x_prev}" y="12" text-anchor="middle" fill="#555">previous-token</text>'
+                     f'<text x="{x_ind}" y="12" text-anchor="middle" fill="#555">induction</text>')
+    ys_prev = {h: top + row_h * (i + 0.5) for i, h in enumerate(previous)}
+    ys_ind = {h: top + row_h * (i + 0.5) for i, h in enumerate(induction)}
+    shown = [link for link in story.links if link.src in ys_prev and link.dst in ys_ind]
+    effects = [abs(link.effect) for link in shown if link.effect is not None]
+    effect_scale = max(effects) if effects else 0.0
+    for link in shown:
+        y1, y2 = ys_prev[link.src], ys_ind[link.dst]
+        excess = (link.score or 0.0) - (link.baseline or 0.0)
+        stroke = max(1.0, min(6.0, 1.0 + 12.0 * excess)) if link.score is not None else 1.0
+        colour = diverging(link.effect / effect_scale) if link.effect is not None and effect_scale > 0 else (
+            MODE_COLOURS.get(link.mode, "#777"))
+        label = f"{link.mode} {link.score:.2f}" if link.score is not None else link.mode
+        if link.effect is not None:
+            label += f", {link.effect:+.2f}"
+        mx, my = x_prev + 34 + 0.3 * (x_ind - x_prev - 72), y1 + 0.3 * (y2 - y1)
+        parts.append(
+            f'<g><title>{head_name(link.src)} -&gt; {head_name(link.dst)}: {_esc(label)}</title>'
+            f'<line x1="{x_prev + 34}" y1="{_f(y1)}" x2="{x_ind - 38}" y2="{_f(y2)}" stroke="{colour}" '
+            f'stroke-width="{_f(stroke)}" marker-end="url(#ck-arrow)"/>'
+            f'<text x="{_f(mx)}" y="{_f(my - 4)}" text-anchor="middle" font-size="10" fill="#333" '
+            f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text></g>'
+        )
+    if shown:
+        parts.insert(1, '<defs><marker id="ck-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
+                        'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto">'
+                        '<path d="M0 0L10 5L0 10z" fill="#555"/></marker></defs>')
+    prev_scores = dict(story.previous)
+    ind_scores = dict(story.induction)
+    for h, y in ys_prev.items():
+        v = prev_scores.get(h)
+        parts.append(_node(x_prev, y, h, "prev " + ("n/a" if v is None else f"{v:.2f}"), "#e3eefb"))
+    for h, y in ys_ind.items():
+        v = ind_scores.get(h)
+        parts.append(_node(x_ind, y, h, "induct " + ("n/a" if v is None else f"{v:.2f}"), "#fde3d9"))
+    if not has_heads and not bars:
+        parts.append('<text x="10" y="14" fill="#555">no induction circuit</text>')
+    if bars:
+        y0 = height_heads + 8
+        top_loss = max(story.first_copy, story.repeated_copies, 1e-9)
+        for i, (label, value, colour) in enumerate(
+            (("first copy", story.first_copy, "#9aa5b1"), ("repeated", story.repeated_copies, "#2e9d5b"))
+        ):
+            y = y0 + i * 22
+            w = max(1.0, 220.0 * max(value, 0.0) / top_loss)
+            parts.append(
+                f'<text x="84" y="{_f(y + 12)}" text-anchor="end" fill="#333">{label}</text>'
+                f'<rect x="90" y="{_f(y + 2)}" width="{_f(w)}" height="14" fill="{colour}"/>'
+                f'<text x="{_f(94 + w)}" y="{_f(y + 13)}" fill="#333">{value:.2f} nats</text>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class GraphEdge:
+    src: Head
+    dst: Head
+    colour: str
+    width: float
+    title: str
+    label: str = ""
+    dash: bool = False
+
+
+def head_graph(
+    n_layers: int, n_heads: int, edges: Sequence[GraphEdge], *, legend: Sequence[tuple[str, str, bool]] = ()
+) -> str:
+    """Heads at ``(x = layer, y = head)``, the given edges as curves from the earlier to the later layer.
+
+    Only the heads an edge touches are drawn as labelled nodes (a 48 x 25 model would otherwise be 1,200
+    circles); every layer gets a faint guide line. ``legend``: (text, colour, dashed) entries.
+    """
+    margin_l, margin_r, margin_t = 28, 28, 22 + (18 if legend else 0)
+    dy = max(6.0, min(22.0, 360.0 / max(1, n_heads - 1))) if n_heads > 1 else 0.0
+    height = margin_t + dy * (n_heads - 1) + 36
+    dx = (GRAPH_WIDTH - margin_l - margin_r) / max(1, n_layers - 1)
+
+    def xy(head: Head) -> tuple[float, float]:
+        return margin_l + head[0] * dx, margin_t + head[1] * dy
+
+    parts = [
+        f'<svg class="ck-graph" width="{GRAPH_WIDTH}" height="{_f(height)}" '
+        f'viewBox="0 0 {GRAPH_WIDTH} {_f(height)}" font-family="system-ui, sans-serif" font-size="10">'
+    ]
+    step = max(1, math.ceil(n_layers / 24))
+    for layer in range(n_layers):
+        x = margin_l + layer * dx
+        parts.append(f'<line x1="{_f(x)}" y1="{margin_t - 6}" x2="{_f(x)}" y2="{_f(height - 26)}" stroke="#eee"/>')
+        if layer % step == 0:
+            parts.append(f'<text x="{_f(x)}" y="{_f(height - 12)}" text-anchor="middle" fill="#666">L{layer}</text>')
+    x_legend = margin_l
+    for text, colour, dashed in legend:
+        dash = ' stroke-dasharray="4 3"' if dashed else ""
+        parts.append(
+            f'<line x1="{_f(x_legend)}" y1="10" x2="{_f(x_legend + 22)}" y2="10" stroke="{colour}" '
+            f'stroke-width="3"{dash}/><text x="{_f(x_legend + 27)}" y="14" fill="#333">{_esc(text)}</text>'
+        )
+        x_legend += 34 + 6.2 * len(text)
+    nodes: dict[Head, None] = {}
+    labels: list[tuple[float, float]] = []
+    for i, edge in enumerate(sorted(edges, key=lambda e: e.width)):  # strongest drawn last, on top
+        (x1, y1), (x2, y2) = xy(edge.src), xy(edge.dst)
+        xm = (x1 + x2) / 2
+        dash = ' stroke-dasharray="5 4"' if edge.dash else ""
+        parts.append(
+            f'<path d="M{_f(x1)} {_f(y1)}C{_f(xm)} {_f(y1)} {_f(xm)} {_f(y2)} {_f(x2)} {_f(y2)}" fill="none" '
+            f'stroke="{edge.colour}" stroke-width="{_f(edge.width)}" stroke-opacity="0.8"{dash}>'
+            f"<title>{_esc(edge.title)}</title></path>"
+        )
+        lx, ly = xm, (y1 + y2) / 2 - 3
+        free = all(abs(lx - x) > 30 or abs(ly - y) > 11 for x, y in labels)  # labels never overlap
+        if edge.label and len(edges) - i <= MAX_LABELLED_EDGES and free:
+            labels.append((lx, ly))
+            parts.append(
+                f'<text x="{_f(lx)}" y="{_f(ly)}" text-anchor="middle" fill="#222" '
+                f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(edge.label)}</text>'
+            )
+        nodes[edge.src] = None
+        nodes[edge.dst] = None
+    for head in sorted(nodes):
+        x, y = xy(head)
+        name = head_name(head)
+        parts.append(
+            f'<g class="ck-node" data-head="{name}" tabindex="0"><title>head {name}</title>'
+            f'<circle cx="{_f(x)}" cy="{_f(y)}" r="5" fill="#fff" stroke="#333" stroke-width="1.5"/>'
+            f'<text x="{_f(x + 7)}" y="{_f(y - 5)}" fill="#111">{name}</text></g>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def loss_curve(per_position: Sequence[float | None], boundaries: Sequence[float], *, width: int = GRAPH_WIDTH) -> str:
+    """Per-position loss (index ``t - 1`` predicts token ``t``) as a line; dashed lines where a copy starts."""
+    values = [v for v in per_position if v is not None]
+    if not values:
+        return ""
+    height, ml, mr, mt, mb = 170, 44, 12, 10, 26
+    top = max(values) * 1.05 or 1.0
+    n = len(per_position)
+    sx = (width - ml - mr) / max(1, n - 1)
+
+    def y(v: float) -> float:
+        return mt + (height - mt - mb) * (1 - v / top)
+
+    points = " ".join(f"{_f(ml + i * sx)},{_f(y(v))}" for i, v in enumerate(per_position) if v is not None)
+    parts = [
+        f'<svg class="ck-loss" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="system-ui, sans-serif" font-size="10">'
+    ]
+    for tick in (0.0, top / 2, top / 1.05):
+        parts.append(
+            f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(tick))}" y2="{_f(y(tick))}" stroke="#eee"/>'
+            f'<text x="{ml - 4}" y="{_f(y(tick) + 3)}" text-anchor="end" fill="#666">{tick:.1f}</text>'
+        )
+    for b in boundaries:
+        x = ml + b * sx
+        parts.append(f'<line x1="{_f(x)}" x2="{_f(x)}" y1="{mt}" y2="{height - mb}" stroke="#999" '
+                     'stroke-dasharray="4 3"/>')
+    parts.append(f'<polyline points="{points}" fill="none" stroke="#2e6db4" stroke-width="1.5"/>')
+    parts.append(f'<text x="{(width + ml) // 2}" y="{height - 6}" text-anchor="middle" fill="#555">'
+                 "position (predicting the next token); dashed: a copy of the block starts</text>")
+    parts.append(f'<text x="10" y="{(height - mb) // 2}" fill="#555" transform="rotate(-90 10 {(height - mb) // 2})"'
+                 ' text-anchor="middle">nats</text></svg>')
+    return "".join(parts)
+
+
+__all__ = ["GraphEdge", "circuit_diagram", "diverging", "head_graph", "loss_curve"]

@@ -1,0 +1,173 @@
+"""Writing a scan: ``report.html`` and ``scores.json``, replaced together or not at all (:func:`save`).
+
+Why the care: a scan of a large model takes minutes; a Ctrl-C, a full disk or a crash while writing must not
+leave a report that disagrees with its scores, or half a file. The protocol:
+
+1. both files are written to temporary files in the output directory (same file system, so a rename is
+   atomic), flushed and ``fsync``-ed — any failure or ``KeyboardInterrupt`` here deletes the temporaries and
+   leaves the previous pair untouched;
+2. with SIGINT deferred, the previous files are hard-linked to backups, then each temporary is renamed over
+   its target (``os.replace``); if the second rename fails, the first target is restored from its backup;
+3. the directory is ``fsync``-ed and the backups removed.
+
+What remains possible: a hard kill (SIGKILL, power loss) *between* the two renames of step 2, a window of two
+system calls, leaves the new report beside the old scores; a hard kill before step 2 leaves hidden
+``.ck-tmp-*`` files beside the previous pair, which are never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+
+if TYPE_CHECKING:
+    from circuitkit.scan_types import SavedReport, Scan
+
+REPORT_NAME = "report.html"
+SCORES_NAME = "scores.json"
+TEMP_PREFIX = ".ck-tmp-"
+
+
+def scores_text(scan: Scan) -> str:
+    """``scores.json`` as text: :func:`~circuitkit.report.data.scan_json`, indented, UTF-8, final newline."""
+    from circuitkit.report.data import scan_json
+
+    return json.dumps(scan_json(scan), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedReport:
+    """Write ``out_dir/report.html`` and ``out_dir/scores.json`` (together or not at all, see the module
+    docstring); with ``png``, every section as ``out_dir/png/<section>.png`` (needs headless Chromium)."""
+    from circuitkit.report.page import build_report
+    from circuitkit.scan_types import SavedReport
+
+    png = validate.boolean("save: png", png)
+    out = _directory(out_dir)
+    files = {REPORT_NAME: build_report(scan).encode("utf-8"), SCORES_NAME: scores_text(scan).encode("utf-8")}
+    write_together(out, files)
+    pngs: tuple[Path, ...] = ()
+    if png:
+        from circuitkit.report.png import export_pngs
+
+        pngs = tuple(export_pngs(out / REPORT_NAME, out / "png"))
+    return SavedReport(report=out / REPORT_NAME, scores=out / SCORES_NAME, pngs=pngs)
+
+
+def _directory(out_dir: str | os.PathLike) -> Path:
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise validate.fail("save: out_dir", out_dir, "a directory path (str or os.PathLike)")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise validate.fail("save: out_dir", str(out), "a directory (this is a file)", "Pick another --out.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise validate.fail("save: out_dir", str(out), f"a directory that can be created ({error.strerror})") from error
+    return out
+
+
+def write_together(out: Path, files: dict[str, bytes]) -> None:
+    """Replace ``out/<name>`` by ``payload`` for every item, all or none (see the module docstring)."""
+    temps: dict[str, Path] = {}
+    try:
+        for name, payload in files.items():
+            temps[name] = write_temp(out, name, payload)
+        _commit(out, temps)
+    except OSError as error:
+        raise CircuitkitError(
+            f"save: cannot write {str(out)!r} ({error.strerror or error}); expected a writable directory. The "
+            "previous report and scores (if any) are unchanged."
+        ) from error
+    finally:
+        for path in temps.values():
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+
+
+def write_temp(out: Path, name: str, payload: bytes) -> Path:
+    """``payload`` in a new hidden file in ``out``, flushed to disk; its path."""
+    fd, temp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=out)
+    path = Path(temp)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(path, 0o644)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    return path
+
+
+def _commit(out: Path, temps: dict[str, Path]) -> None:
+    backups: dict[str, Path] = {}
+    done: list[str] = []
+    with _sigint_deferred():
+        try:
+            for name in temps:
+                target = out / name
+                if target.exists():
+                    backup = out / f"{TEMP_PREFIX}{name}.old.{os.getpid()}.{secrets.token_hex(4)}"
+                    os.link(target, backup)
+                    backups[name] = backup
+            for name, temp in temps.items():
+                os.replace(temp, out / name)
+                done.append(name)
+        except BaseException:
+            for name in done:  # put back what was already replaced
+                with contextlib.suppress(OSError):
+                    if name in backups:
+                        os.replace(backups.pop(name), out / name)
+                    else:
+                        (out / name).unlink()
+            raise
+        finally:
+            for backup in backups.values():
+                with contextlib.suppress(OSError):
+                    backup.unlink()
+    _fsync_directory(out)
+
+
+def _fsync_directory(out: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform lets a directory be opened (Windows)
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) until the block is done, then deliver it (main thread only: elsewhere Python
+    delivers no signals anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
+
+
+__all__ = ["REPORT_NAME", "SCORES_NAME", "save", "scores_text", "write_together"]

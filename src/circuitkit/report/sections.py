@@ -1,0 +1,220 @@
+"""The report's sections, in page order: each is one function ``Scan -> Section | None`` in :data:`SECTIONS`.
+
+To add a section, write a function that returns a :class:`Section` (or ``None`` when the scan has nothing
+for it) and append it to :data:`SECTIONS`; the page builder adds its heading, its link in the navigation bar
+and, with ``png=`` set, its PNG export. Section bodies are HTML: escape every string from the model with
+:func:`esc`. Interactive parts are empty placeholders (``<div id="ck-...">``) that ``assets/report.js`` fills
+from the page data (:func:`circuitkit.report.data.page_data`); anything with ``data-head="layer.head"``
+selects that head when clicked.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from circuitkit.ranking import head_name
+from circuitkit.report import data, figures, summary
+
+if TYPE_CHECKING:
+    from circuitkit.scan_types import Scan
+
+STRONG_WEIGHT_Z = 2.0
+"""An edge is strong in the weights when its composition score is this many random-baseline standard
+deviations above the baseline mean (a 2-sigma excess is rare among random head pairs)."""
+SMALL_EFFECT = 0.1
+"""An edge carries (almost) nothing when its causal effect is below this fraction of the largest |effect|."""
+
+
+def esc(text: Any) -> str:
+    """``text`` escaped for HTML text and attribute values."""
+    return html.escape(str(text), quote=True)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the page: ``id`` (HTML id, also the PNG name), heading ``title``, HTML ``body``;
+    ``png``: export the section as ``png/<id>.png`` with ``--png``; ``note``: a one-line explanation."""
+
+    id: str
+    title: str
+    body: str
+    note: str = ""
+    png: bool = True
+
+
+SectionBuilder = Callable[["Scan"], "Section | None"]
+
+
+def summary_section(scan: Scan) -> Section:
+    return Section("summary", "The answer", summary.story_html(scan))
+
+
+def heads_section(scan: Scan) -> Section:
+    columns = data.columns(scan)
+    legend = "".join(
+        f'<li><b>{esc(c.short)}</b>: {esc(c.description)} (white = {c.neutral:.3g}, '
+        f'{"a random head" if c.key not in ("attribution", "ablation") else "no effect"})</li>'
+        for c in columns
+    )
+    body = (
+        '<div class="ck-controls"><input id="ck-filter" type="search" spellcheck="false" '
+        'placeholder="filter: 3  3.4  induct>0.5  top" aria-label="filter heads"> '
+        '<span id="ck-count" class="note"></span></div>'
+        '<div class="ck-table-wrap"><table id="ck-table" class="ck-heads"><thead></thead><tbody></tbody></table></div>'
+        f'<details class="ck-legend"><summary>columns</summary><ul>{legend}</ul></details>'
+    )
+    note = (f"Every head, every score. Click a column to sort, a row to inspect the head. Colours: white is what a "
+            f"random head scores, red above, blue below; bold: top {scan.settings.top_k} per column.")
+    return Section("heads", "All heads", body, note)
+
+
+def heatmaps_section(scan: Scan) -> Section:
+    return Section(
+        "scores", "Scores by layer",
+        '<div id="ck-heatmaps" class="ck-multiples"></div>',
+        "One small grid per column of the table, rows = layers (shared), columns = heads. Click a cell.",
+    )
+
+
+def composition_section(scan: Scan) -> Section | None:
+    if not scan.composition and not scan.edges:
+        return None
+    modes = [m for m in data.MODES if m in scan.composition]
+    buttons = "".join(
+        f'<button type="button" class="ck-mode" data-mode="{esc(m)}">{esc(m)}-composition</button>' for m in modes
+    )
+    interactive = (
+        f'<div class="ck-controls">{buttons} <button type="button" id="ck-comp-all">whole model</button> '
+        '<span id="ck-comp-where" class="note"></span></div>'
+        '<div class="ck-comp"><div><div class="ck-cap">layer &rarr; layer (max over head pairs); click to zoom</div>'
+        '<canvas id="ck-comp-layers"></canvas></div>'
+        '<div><div class="ck-cap">head &rarr; head (rows: source, columns: destination)</div>'
+        '<canvas id="ck-comp-heads"></canvas></div></div>'
+        if modes else ""
+    )
+    edges = []
+    rows = []
+    for mode in data.MODES:
+        baseline = scan.baselines.get(mode)
+        mean = None if baseline is None else float(baseline.mean)
+        top = max((float(e.score) for e in scan.edges.get(mode, ())), default=0.0)
+        for e in scan.edges.get(mode, ()):
+            score = float(e.score)
+            rel = (score - (mean or 0.0)) / max(top - (mean or 0.0), 1e-12)
+            edges.append(figures.GraphEdge(
+                e.src, e.dst, figures.MODE_COLOURS[mode], 1.0 + 4.0 * max(0.0, rel),
+                f"{head_name(e.src)} -> {head_name(e.dst)}: {mode} {score:.3f}"
+                + ("" if mean is None else f" (random {mean:.3f})"),
+                f"{score:.2f}",
+            ))
+            rows.append(f"<tr><td>{mode}</td><td>{_head(e.src)} &rarr; {_head(e.dst)}</td><td>{score:.4f}</td>"
+                        f"<td>{'' if mean is None else f'{mean:.4f}'}</td></tr>")
+    legend = [(f"{m}-composition", figures.MODE_COLOURS[m], False) for m in data.MODES if scan.edges.get(m)]
+    graph = figures.head_graph(scan.model.n_layers, scan.model.n_heads, edges, legend=legend) if edges else ""
+    table = (
+        "<details><summary>top edges as a table</summary><table class=\"ck-small\"><tr><th>mode</th><th>edge</th>"
+        f"<th>score</th><th>random</th></tr>{''.join(rows)}</table></details>" if rows else ""
+    )
+    note = ("Composition scores ||W_A W_B|| / (||W_A|| ||W_B||) between every earlier and later head; white is the "
+            "random baseline of the same shapes. Below: the top edges per mode only.")
+    return Section("composition", "Composition between heads", interactive + graph + table, note)
+
+
+def circuit_section(scan: Scan) -> Section | None:
+    rows = data.circuit_rows(scan)
+    if not rows:
+        return None
+    effects = [data.edge_effect(r) for r in rows]
+    largest = max((abs(v) for v, _ in effects if v is not None), default=0.0)
+    edges, table = [], []
+    for row, (effect, kind) in zip(rows, effects, strict=True):
+        channel = str(row.channel).upper()
+        baseline = scan.baselines.get(channel)
+        comp = data.number(row.composition)
+        strong = None
+        if comp is not None and baseline is not None:
+            std = float(getattr(baseline, "std", 0.0) or 0.0)
+            strong = comp > float(baseline.mean) + STRONG_WEIGHT_Z * std
+        small = effect is None or largest == 0 or abs(effect) < SMALL_EFFECT * largest
+        flag = ""
+        if strong and small:
+            flag = "strong in the weights, carries nothing"
+        elif strong is False and not small:
+            flag = "carries an effect without weight support"
+        t = 0.0 if effect is None or largest == 0 else effect / largest
+        edges.append(figures.GraphEdge(
+            tuple(row.src), tuple(row.dst), figures.diverging(t), 1.5 + 4.0 * abs(t),
+            f"{head_name(row.src)} -> {head_name(row.dst)} ({channel}): effect "
+            + ("n/a" if effect is None else f"{effect:+.3f} ({kind})")
+            + ("" if comp is None else f", composition {comp:.3f}") + (f"; {flag}" if flag else ""),
+            "" if effect is None else f"{effect:+.2f}",
+            dash=bool(flag),
+        ))
+        cells = [
+            f"{_head(row.src)} &rarr; {_head(row.dst)}", esc(channel), _fmt(comp), _fmt(data.number(row.attribution)),
+            _fmt(data.number(getattr(row, "patched", None))), esc(flag),
+        ]
+        table.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    legend = [("effect > 0", figures.diverging(1.0), False), ("effect < 0", figures.diverging(-1.0), False),
+              ("weights and effect disagree", "#888", True)]
+    graph = figures.head_graph(scan.model.n_layers, scan.model.n_heads, edges, legend=legend)
+    body = graph + (
+        '<table class="ck-small"><tr><th>edge</th><th>channel</th><th>composition</th><th>edge attribution</th>'
+        f"<th>path patching</th><th></th></tr>{''.join(table)}</table>"
+    )
+    note = ("Edge-level causal evidence: the change of the repeated-copies loss when only the sender's path into "
+            "the receiver's query/key/value is corrupted (path patching; edge attribution where not patched). "
+            "Dashed: the weights and the effect disagree.")
+    return Section("circuit", "Causal evidence per edge", body, note)
+
+
+def loss_section(scan: Scan) -> Section | None:
+    loss = scan.induction_loss
+    per_position = getattr(loss, "per_position", None) if loss is not None else None
+    if per_position is None:
+        return None
+    settings = scan.settings
+    offset = 1 if settings.bos is not None else 0
+    # loss index i predicts token i + 1: copy c (tokens offset + c T ...) starts at index offset + c T - 1
+    boundaries = [offset + c * settings.block_len - 1.5 for c in range(1, settings.n_repeats)]
+    first, repeated = data.loss_figures(scan)
+    note = (f"Loss on the first copy {first if first is None else f'{first:.3f}'} nats, on the repeated copies "
+            f"{repeated if repeated is None else f'{repeated:.3f}'} nats (random tokens: the first copy cannot be "
+            "predicted, the repeats can by copying).")
+    return Section("loss", "Loss per position", figures.loss_curve(data.flat(per_position), boundaries), note)
+
+
+def details_section(scan: Scan) -> Section:
+    rows = [(k, v) for k, v in scan.model.as_dict().items() if v is not None]
+    rows += list(scan.settings.as_dict().items())
+    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    tokens = " ".join(f"<code>{esc(t)}</code>" for t in scan.tokens)
+    body = (f'<table class="ck-small">{table}</table><details><summary>token strings ({len(scan.tokens)})</summary>'
+            f'<p class="ck-tokens">{tokens}</p></details>')
+    return Section("details", "Model and settings", body, png=False)
+
+
+def _head(head: Any) -> str:
+    name = head_name(head)
+    return f'<span class="ck-head" data-head="{name}" tabindex="0">{name}</span>'
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+SECTIONS: list[SectionBuilder] = [
+    summary_section,
+    heads_section,
+    heatmaps_section,
+    composition_section,
+    circuit_section,
+    loss_section,
+    details_section,
+]
+"""The page's sections in order; a new section is one function appended here."""
+
+__all__ = ["SECTIONS", "Section", "SectionBuilder", "esc"]
