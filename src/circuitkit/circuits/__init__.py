@@ -6,8 +6,8 @@ them causally, per edge and per channel (the receiver's query, key or value inpu
 - :mod:`~circuitkit.circuits.edges`: edge specs (:class:`EdgeSpec`) and their validation, the channels;
 - :mod:`~circuitkit.circuits.corrupt`: the corrupted run (repeated copies resampled) and mean corruption;
 - :mod:`~circuitkit.circuits.metrics`: the metrics (receiver's induction score, repeated-copies loss, a callable);
-- :mod:`~circuitkit.circuits.path_patching`: :func:`path_patching`, exact (Wang et al. 2022), many edges per pass;
-- :mod:`~circuitkit.circuits.edge_attribution`: :func:`edge_attribution`, first-order for all ``[L, H, L, H, 3]``
+- :mod:`~circuitkit.circuits.patching`: :func:`path_patching`, exact (Wang et al. 2022), many edges per pass;
+- :mod:`~circuitkit.circuits.attribution`: :func:`edge_attribution`, first-order for all ``[L, H, L, H, 3]``
   edges from one forward and one backward pass (Syed et al. 2023);
 - :mod:`~circuitkit.circuits.evidence`: :func:`circuit_evidence`, composition, attribution and patching side by side.
 """
@@ -21,12 +21,12 @@ _LAZY = {
     "EdgeSpec": "circuitkit.circuits.edges",
     "resampled_batch": "circuitkit.circuits.corrupt",
     "METRICS": "circuitkit.circuits.metrics",
-    "EdgeEffect": "circuitkit.circuits.path_patching",
-    "PathPatching": "circuitkit.circuits.path_patching",
-    "path_patching": "circuitkit.circuits.path_patching",
-    "AttributedEdge": "circuitkit.circuits.edge_attribution",
-    "EdgeAttribution": "circuitkit.circuits.edge_attribution",
-    "edge_attribution": "circuitkit.circuits.edge_attribution",
+    "EdgeEffect": "circuitkit.circuits.patching",
+    "PathPatching": "circuitkit.circuits.patching",
+    "path_patching": "circuitkit.circuits.patching",
+    "AttributedEdge": "circuitkit.circuits.attribution",
+    "EdgeAttribution": "circuitkit.circuits.attribution",
+    "edge_attribution": "circuitkit.circuits.attribution",
     "CircuitEvidence": "circuitkit.circuits.evidence",
     "EdgeEvidence": "circuitkit.circuits.evidence",
     "circuit_evidence": "circuitkit.circuits.evidence",
