@@ -11,7 +11,7 @@ Rooms:
 - :mod:`~circuitkit.report.page`: the HTML page and escaping (:func:`build_report`), the notebook summary
   (:func:`summary_html`); the page script and stylesheet are package assets (``assets/report.js``,
   ``assets/report.css``);
-- :mod:`~circuitkit.report.save`: writing report + scores together or not at all (:func:`save`);
+- :mod:`~circuitkit.report.saving`: writing report + scores together or not at all (:func:`save`);
 - :mod:`~circuitkit.report.png`: PNG export with headless Chromium (:func:`export_pngs`).
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from circuitkit.report.data import page_data, scan_json
 from circuitkit.report.page import GZIP_MIME, MAX_REPORT_BYTES, build_report, summary_html
 from circuitkit.report.png import CHROMIUM_FLAGS, export_pngs, find_chromium
-from circuitkit.report.save import save
+from circuitkit.report.saving import save
 from circuitkit.report.sections import SECTIONS, Section
 
 __all__ = [
