@@ -1,0 +1,231 @@
+"""Composition, edge attribution and exact path patching side by side: which edges carry the circuit.
+
+Why: a composition score is read from the weights alone; it ignores LayerNorm, MLPs and which tokens actually
+flow, and is basis-dependent. Edge attribution estimates every edge's causal effect to first order; exact path
+patching measures the strongest ones. :func:`circuit_evidence` puts the three on one table of edges:
+
+- the ``top_k`` edges by composition score (each channel ``q``/``k``/``v`` against its own Q/K/V-composition),
+- the ``top_k`` edges by ``|edge attribution|``,
+- exact path patching of the ``n_patch`` edges with the largest ``|edge attribution|``,
+
+and flags the disagreements (thresholds are the named constants below; ``effect`` is the patched effect where
+measured, else the attribution; fractions are of the largest ``|effect|`` in the table):
+
+- ``weight_only``: strong in the weights (composition at or above the :data:`STRONG_WEIGHT_QUANTILE` quantile of
+  all edges of its channel) but carries nothing (``|effect| <`` :data:`CARRIES_NOTHING_FRACTION` of the largest);
+- ``effect_only``: carries a strong effect (``|effect| >=`` :data:`STRONG_EFFECT_FRACTION` of the largest) but is
+  unremarkable in the weights (composition below the :data:`WEAK_WEIGHT_QUANTILE` quantile of its channel).
+
+:meth:`CircuitEvidence.to_json` gives plain floats (NaN and missing values as ``None``) for ``scores.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED
+from circuitkit.circuits.attribution import EdgeAttribution, edge_attribution
+from circuitkit.circuits.edges import CHANNELS
+from circuitkit.circuits.patching import PathPatching, path_patching
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
+from circuitkit.models.contract import adapt
+from circuitkit.ranking import Head, head_name, top_indices
+
+STRONG_WEIGHT_QUANTILE = 0.9
+"""Composition at or above this quantile of its channel's edges counts as strong in the weights."""
+WEAK_WEIGHT_QUANTILE = 0.5
+"""Composition below this quantile (the median) of its channel's edges counts as unremarkable in the weights."""
+CARRIES_NOTHING_FRACTION = 0.05
+"""An edge whose |effect| is below 5% of the table's largest carries nothing (seed noise of patching is ~1%)."""
+STRONG_EFFECT_FRACTION = 0.5
+"""An edge whose |effect| is at least half the table's largest carries a strong effect."""
+DEFAULT_TOP_K = 10
+
+
+@dataclass(frozen=True)
+class EdgeEvidence:
+    """One edge's three numbers: ``composition`` (None if not given for its channel), ``attribution``, and the
+    exact ``patched`` effect (None where not patched), plus the two disagreement flags."""
+
+    src: Head
+    dst: Head
+    channel: str
+    composition: float | None
+    attribution: float
+    patched: float | None
+    weight_only: bool = False
+    effect_only: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
+
+    @property
+    def effect(self) -> float:
+        """The patched effect where measured, else the attribution."""
+        return self.attribution if self.patched is None else self.patched
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(src=list(self.src), dst=list(self.dst), name=self.name)
+        for key in ("composition", "attribution", "patched"):
+            value = out[key]
+            out[key] = None if value is None or math.isnan(value) else float(value)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class CircuitEvidence:
+    """The edge table (``rows``, strongest effect first) and the full results it was drawn from."""
+
+    rows: tuple[EdgeEvidence, ...]
+    metric: str
+    corrupt: str
+    attribution: EdgeAttribution
+    patching: PathPatching
+
+    @property
+    def weight_only(self) -> list[EdgeEvidence]:
+        """Edges strong in the weights that carry nothing."""
+        return [r for r in self.rows if r.weight_only]
+
+    @property
+    def effect_only(self) -> list[EdgeEvidence]:
+        """Edges that carry a strong effect but are unremarkable in the weights."""
+        return [r for r in self.rows if r.effect_only]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "corrupt": self.corrupt,
+            "thresholds": {
+                "strong_weight_quantile": STRONG_WEIGHT_QUANTILE,
+                "weak_weight_quantile": WEAK_WEIGHT_QUANTILE,
+                "carries_nothing_fraction": CARRIES_NOTHING_FRACTION,
+                "strong_effect_fraction": STRONG_EFFECT_FRACTION,
+            },
+            "rows": [r.to_json() for r in self.rows],
+        }
+
+    def __repr__(self) -> str:
+        lines = [f"CircuitEvidence({len(self.rows)} edges, metric={self.metric!r}, corrupt={self.corrupt!r})"]
+        for r in self.rows:
+            comp = "-" if r.composition is None else f"{r.composition:.3f}"
+            patched = "-" if r.patched is None else f"{r.patched:+.4g}"
+            flag = " weight-only" if r.weight_only else " effect-only" if r.effect_only else ""
+            lines.append(f"  {r.name:<16} composition {comp:>6}  attribution {r.attribution:+.4g}  "
+                         f"patched {patched}{flag}")
+        return "\n".join(lines)
+
+
+def _composition(model: Any, composition: Any, L: int, H: int) -> dict[str, Tensor]:
+    """``channel -> [L, H, L, H]`` float tensors (CPU)."""
+    if composition is None:
+        from circuitkit.composition import composition_scores
+
+        weights = adapt(model).weights()
+        return {c: composition_scores(weights, c.upper()).float().cpu() for c in CHANNELS}
+    if isinstance(composition, Tensor):
+        composition = validate.tensor("circuit_evidence: composition", composition, shape=(L, H, L, H, 3),
+                                      floating=True)
+        return {c: composition[..., i].detach().float().cpu() for i, c in enumerate(CHANNELS)}
+    if isinstance(composition, Mapping):
+        out = {}
+        for key, value in composition.items():
+            channel = validate.option("circuit_evidence: composition key", str(key).lower() if isinstance(
+                key, str) else key, CHANNELS)
+            out[channel] = validate.tensor(f"circuit_evidence: composition[{key!r}]", value, shape=(L, H, L, H),
+                                           floating=True).detach().float().cpu()
+        return out
+    raise validate.fail("circuit_evidence: composition", composition,
+                        "None (computed), a {'q'|'k'|'v': [L, H, L, H]} mapping or an [L, H, L, H, 3] tensor")
+
+
+def circuit_evidence(
+    model: Any,
+    composition: Any = None,
+    *,
+    top_k: int = DEFAULT_TOP_K,
+    n_patch: int | None = None,
+    metric: Any = "loss",
+    corrupt: str | TokenBatch = "resample",
+    tokens: RepeatedTokens | TokenBatch | None = None,
+    corrupt_seed: int = DEFAULT_CORRUPT_SEED,
+    device: str | torch.device | None = None,
+) -> CircuitEvidence:
+    """The edge table of the module docstring.
+
+    ``composition``: ``None`` computes raw Q/K/V composition scores (:func:`circuitkit.composition_scores`);
+    or a mapping ``{"q"|"k"|"v": [L, H, L, H]}`` (any subset), or an ``[L, H, L, H, 3]`` tensor. ``top_k`` edges
+    are taken by composition and by ``|attribution|``; the ``n_patch`` (default ``top_k``) edges with the largest
+    ``|attribution|`` are path-patched exactly. Other arguments as :func:`~circuitkit.circuits.path_patching`.
+    """
+    adapter = adapt(model, device)
+    spec = adapter.spec
+    L, H = spec.n_layers, spec.n_heads
+    top_k = validate.positive_int("circuit_evidence: top_k", top_k)
+    n_patch = top_k if n_patch is None else validate.positive_int("circuit_evidence: n_patch", n_patch)
+    if L < 2:
+        raise validate.fail("circuit_evidence: model", validate.given(f"a model with {L} layer"),
+                            "at least 2 layers (an edge runs from an earlier layer to a later one)")
+    comp = _composition(model, composition, L, H)
+    batch = tokens if isinstance(tokens, TokenBatch) else (tokens or RepeatedTokens()).build(adapter)
+    attribution = edge_attribution(adapter, metric=metric, corrupt=corrupt, tokens=batch,
+                                   corrupt_seed=corrupt_seed)
+    by_attribution = attribution.top(max(top_k, n_patch))
+    patch_edges = [(e.src, e.dst, e.channel) for e in by_attribution[:n_patch]]
+    patching = path_patching(adapter, patch_edges, metric=metric, corrupt=corrupt, tokens=batch,
+                             corrupt_seed=corrupt_seed)
+    keys: dict[tuple[Head, Head, str], None] = {}
+    for e in by_attribution[:top_k]:
+        keys[(e.src, e.dst, e.channel)] = None
+    valid = (torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]).expand(L, H, L, H)
+    missing = torch.full((L, H, L, H), math.nan)
+    stacked = torch.stack([torch.where(valid, comp[c], math.nan) if c in comp else missing for c in CHANNELS], dim=-1)
+    for index, value in top_indices(stacked, top_k):
+        if math.isnan(value):
+            break
+        index, c = divmod(index, 3)
+        index, h2 = divmod(index, H)
+        index, l2 = divmod(index, L)
+        l1, h1 = divmod(index, H)
+        keys[((l1, h1), (l2, h2), CHANNELS[c])] = None
+    for e in patching.edges:
+        keys[(e.src, e.dst, e.channel)] = None
+    patched = {(e.src, e.dst, e.channel): e.effect for e in patching.edges}
+    quantiles = {c: (torch.quantile(comp[c][valid], STRONG_WEIGHT_QUANTILE).item(),
+                     torch.quantile(comp[c][valid], WEAK_WEIGHT_QUANTILE).item()) for c in comp}
+    raw = []
+    for src, dst, c in keys:
+        composition_value = float(comp[c][src[0], src[1], dst[0], dst[1]]) if c in comp else None
+        raw.append((src, dst, c, composition_value, attribution.value(src, dst, c), patched.get((src, dst, c))))
+    effects = [p if p is not None else a for *_, a, p in raw]
+    largest = max((abs(e) for e in effects), default=0.0)
+    rows = []
+    for (src, dst, c, comp_value, attr, patch), effect in zip(raw, effects, strict=True):
+        weight_only = effect_only = False
+        if comp_value is not None and largest > 0:
+            strong, weak = quantiles[c]
+            weight_only = comp_value >= strong and abs(effect) < CARRIES_NOTHING_FRACTION * largest
+            effect_only = comp_value < weak and abs(effect) >= STRONG_EFFECT_FRACTION * largest
+        rows.append(EdgeEvidence(src, dst, c, comp_value, attr, patch, weight_only, effect_only))
+    rows.sort(key=lambda r: (r.patched is None, -abs(r.effect)))
+    return CircuitEvidence(tuple(rows), attribution.metric, attribution.corrupt, attribution, patching)
+
+
+__all__ = [
+    "CARRIES_NOTHING_FRACTION",
+    "STRONG_EFFECT_FRACTION",
+    "STRONG_WEIGHT_QUANTILE",
+    "WEAK_WEIGHT_QUANTILE",
+    "CircuitEvidence",
+    "EdgeEvidence",
+    "circuit_evidence",
+]
