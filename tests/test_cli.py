@@ -17,7 +17,7 @@ from circuitkit.cli import main
 
 pytestmark = pytest.mark.slow
 
-SCAN_ARGS = ["--batch", "2", "--seq-len", "6", "--top-k", "3"]
+SCAN_ARGS = ["--batch", "2", "--block-len", "6", "--top-k", "3"]
 # scores.json holds float64 copies of float32 scores
 JSON_ATOL = 1e-7
 
@@ -46,22 +46,23 @@ def test_scan_writes_report_and_scores(scanned):
     code, out = scanned
     assert code == 0
     html = (out / "report.html").read_text(encoding="utf-8")
-    assert html.startswith("<!DOCTYPE html>") and "Composition between heads" in html
+    assert html.startswith("<!DOCTYPE html>")
     data = json.loads((out / "scores.json").read_text(encoding="utf-8"))
     assert set(data["head_scores"]) >= {"induction", "previous_token"}
     assert set(data["composition"]) == {"Q", "K", "V"}
     assert all(len(entry["top_edges"]) == 3 for entry in data["composition"].values())
-    assert data["settings"]["seq_len"] == 6 and data["settings"]["batch"] == 2
+    assert data["settings"]["block_len"] == 6 and data["settings"]["batch"] == 2
+    assert data["attribution"] is not None and data["ablation"]["ablated"]
 
 
 def test_scores_json_equals_circuitkit_head_scores(scanned, hf_dir):
     """The oracle: the same model and options through the library give the numbers in scores.json."""
-    from circuitkit.detect import head_scores
+    from circuitkit.detect import RepeatedTokens, head_scores
     from circuitkit.models.loading import load_model
 
     _, out = scanned
     data = json.loads((out / "scores.json").read_text(encoding="utf-8"))
-    expected = head_scores(load_model(str(hf_dir)), seq_len=6, batch=2, seed=0)
+    expected = head_scores(load_model(str(hf_dir)), RepeatedTokens(block_len=6, batch=2, seed=0))
     for name in expected:
         written = torch.tensor(data["head_scores"][name], dtype=torch.float64)
         torch.testing.assert_close(written, expected[name].double(), atol=JSON_ATOL, rtol=0)
@@ -96,17 +97,55 @@ def test_unwritable_out_is_one_line_error(hf_dir, tmp_path, capsys):
     assert "cannot write to" in _one_error_line(capsys.readouterr().err)
 
 
-def test_seq_len_too_long_for_the_model_is_one_line_error(hf_dir, tmp_path, capsys):
-    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--seq-len", "17"]) == 2
+def test_block_len_too_long_for_the_model_is_one_line_error(hf_dir, tmp_path, capsys):
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--block-len", "17"]) == 2
     line = _one_error_line(capsys.readouterr().err)
-    assert "--seq-len: given 17;" in line and "expected at most the model's context n_ctx=32" in line
+    assert "block_len=17" in line and "expected at most the model's context n_ctx=32" in line
 
 
-def test_non_positive_options_are_rejected_by_the_parser(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["scan", "--seq-len", "0"])
-    assert exit_info.value.code == 2
-    assert "expected a positive integer" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--block-len", "0"], "expected an integer >= 2"),
+        (["--batch", "-3"], "expected an integer >= 1"),
+        (["--seed", str(2**70)], "expected an integer in [0,"),
+        (["--seed", "1.5"], "expected an integer"),
+        (["--ablate", "some"], "invalid choice"),
+        (["--ablate-top", "0"], "expected an integer >= 1"),
+        (["--out", ""], "empty path"),
+        (["--device", "nonsense"], "device"),
+        (["--device", "cuda"], "CUDA"),
+        (["--device", "meta"], "meta"),
+        (["--device-map", "{not json"], "--device-map"),
+        (["--no-such-flag"], "unrecognized arguments"),
+    ],
+    ids=["block-len-0", "batch-negative", "seed-2-70", "seed-float", "ablate-value", "ablate-top-0", "out-empty",
+         "device-nonsense", "device-cuda-without-gpu", "device-meta", "device-map-not-json", "unknown-flag"],
+)
+def test_bad_options_are_one_line_errors_with_exit_2(args, match, tmp_path, capsys):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda is valid here")
+    out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+    assert main(["scan", *out, *args]) == 2
+    assert match in _one_error_line(capsys.readouterr().err)
+
+
+def test_ctrl_c_is_one_line_exit_130_and_keeps_earlier_outputs(scanned, tmp_path, capsys, monkeypatch):
+    import circuitkit
+
+    _, first = scanned
+    out = tmp_path / "kept"
+    shutil.copytree(first, out)
+    before = {name: (out / name).read_bytes() for name in ("report.html", "scores.json")}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(circuitkit, "scan", interrupted)
+    assert main(["scan", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("circuitkit: interrupted") and "Traceback" not in err
+    assert {name: (out / name).read_bytes() for name in before} == before
 
 
 def test_directory_without_a_model_is_one_line_error(tmp_path, capsys):
