@@ -1,0 +1,130 @@
+"""A model whose layers are offloaded (accelerate, through load_model's device_map) scores like the same model
+loaded whole: head scores, attribution, exact ablation and composition.
+
+The machine has no GPU, so "sharded" here means some decoder layers offloaded to disk (their parameters sit on the
+meta device and accelerate's hooks bring them in for each forward), the rest on the CPU: the path a model larger
+than its device takes. Tiny random GPT-2 and Llama (grouped-query) checkpoints are saved with ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from circuitkit.composition import composition_scores
+from circuitkit.detect import RepeatedTokens, ablation_effects, attribution_effects, head_scores
+from circuitkit.models import load_model
+
+SHARD_TOL = 1e-6
+"""Both models run the same float32 operations on the same weights; only where the weights wait between
+forwards differs. Measured differences are 0; 1e-6 allows a different kernel order on another platform."""
+
+TOKENS = RepeatedTokens(block_len=6, batch=3, seed=4)
+
+
+def save_gpt2(path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=3, n_head=4, n_embd=32, vocab_size=60, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
+    GPT2LMHeadModel(config).save_pretrained(path)
+    layers = {f"transformer.h.{i}": device for i, device in enumerate(["cpu", "disk", "disk"])}
+    return {"transformer.wte": "cpu", "transformer.wpe": "cpu", **layers, "transformer.ln_f": "cpu", "lm_head": "cpu"}
+
+
+def save_llama(path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    config = LlamaConfig(
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, intermediate_size=64,
+        vocab_size=60, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    layers = {f"model.layers.{i}": device for i, device in enumerate(["disk", "cpu", "disk"])}
+    return {"model.embed_tokens": "cpu", **layers, "model.norm": "cpu", "lm_head": "cpu"}
+
+
+@pytest.fixture(scope="module", params=[save_gpt2, save_llama], ids=["gpt2", "llama-gqa"])
+def pair(request, tmp_path_factory):
+    """(the model loaded whole, the same checkpoint with layers offloaded to disk)."""
+    root = tmp_path_factory.mktemp(request.param.__name__)
+    device_map = request.param(root / "model")
+    whole = load_model(root / "model")
+    sharded = load_model(root / "model", device_map=device_map, offload_folder=str(root / "offload"))
+    devices = {p.device.type for p in sharded.parameters()}
+    assert devices == {"cpu", "meta"}, devices  # some layers really are offloaded
+    return whole, sharded
+
+
+def test_pattern_scores_equal(pair):
+    whole, sharded = pair
+    a, b = head_scores(whole, TOKENS), head_scores(sharded, TOKENS)
+    assert torch.equal(a.tokens, b.tokens)
+    patterns = [name for name in a if a.definitions[name].kind == "pattern"]
+    assert len(patterns) >= 5
+    for name in patterns:
+        torch.testing.assert_close(b[name], a[name], atol=SHARD_TOL, rtol=0, equal_nan=True, msg=name)
+    torch.testing.assert_close(b.patterns, a.patterns, atol=SHARD_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["mean", "zero"])
+def test_attribution_equal_and_no_gradients_left(pair, method):
+    whole, sharded = pair
+    a, b = attribution_effects(whole, TOKENS, method=method), attribution_effects(sharded, TOKENS, method=method)
+    assert b.clean_loss == pytest.approx(a.clean_loss, abs=SHARD_TOL)
+    torch.testing.assert_close(b.effect, a.effect, atol=SHARD_TOL, rtol=0)
+    assert float(a.effect.abs().max()) > 100 * SHARD_TOL
+    assert all(p.grad is None for p in sharded.parameters())
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "full-passes"])
+def test_ablation_equal(pair, resume):
+    whole, sharded = pair
+    a = ablation_effects(whole, TOKENS, resume=resume)
+    b = ablation_effects(sharded, TOKENS, resume=resume)
+    assert torch.equal(a.exact, b.exact) and bool(a.exact.all())
+    torch.testing.assert_close(b.effect, a.effect, atol=SHARD_TOL, rtol=0)
+
+
+WEIGHTS_OF_OFFLOADED_LAYERS = pytest.mark.xfail(
+    strict=True,
+    reason="HeadWeights.from_model reads TransformerBridge.W_Q.. which raise on meta-device (offloaded) weights, "
+    "so weight scores are dropped and composition fails; weights.py must bring offloaded modules in while reading "
+    "(accelerate.utils.align_module_device on each module with has_offloaded_params). Strict: passes -> remove.",
+)
+
+
+@WEIGHTS_OF_OFFLOADED_LAYERS
+def test_weight_scores_equal(pair):
+    whole, sharded = pair
+    a, b = head_scores(whole, TOKENS), head_scores(sharded, TOKENS)
+    assert list(b) == list(a)
+    torch.testing.assert_close(b["copying"], a["copying"], atol=SHARD_TOL, rtol=0)
+
+
+@WEIGHTS_OF_OFFLOADED_LAYERS
+@pytest.mark.parametrize("mode", ["Q", "K", "V"])
+def test_composition_equal(pair, mode):
+    whole, sharded = pair
+    torch.testing.assert_close(
+        composition_scores(sharded, mode), composition_scores(whole, mode), atol=SHARD_TOL, rtol=0
+    )
+
+
+def test_auto_map_under_a_memory_cap_offloads_and_scores_the_same(tmp_path):
+    """``device_map="auto"`` with a CPU cap smaller than the model puts the remaining layers on disk."""
+    save_gpt2(tmp_path / "model")
+    whole = load_model(tmp_path / "model")
+    sharded = load_model(
+        tmp_path / "model", device_map="auto", max_memory={"cpu": "60KB"}, offload_folder=str(tmp_path / "offload")
+    )
+    assert "meta" in {p.device.type for p in sharded.parameters()}
+    torch.testing.assert_close(
+        attribution_effects(sharded, TOKENS).effect, attribution_effects(whole, TOKENS).effect, atol=SHARD_TOL, rtol=0
+    )
+    torch.testing.assert_close(
+        head_scores(sharded, TOKENS)["induction"], head_scores(whole, TOKENS)["induction"], atol=SHARD_TOL, rtol=0
+    )
