@@ -3,6 +3,8 @@ agree with the model's own full cache."""
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pytest
 import torch
@@ -28,7 +30,8 @@ def test_attention_heads_props_equal_patterns_tokens_and_names():
     assert isinstance(view, CircuitsVisView)
     props = view_props(view)
     np.testing.assert_allclose(np.asarray(props["attention"]), patterns.numpy(), atol=JSON_ATOL, rtol=0)
-    assert props["tokens"] == tokens
+    assert props["tokens"] == ["a", "b", "&lt;c&gt;", "d", "a"]  # HTML text: CircuitsVis writes tokens as innerHTML
+    assert html.unescape(props["tokens"][2]) == tokens[2]
     assert props["attentionHeadNames"] == ["0.1", "1.3"]
     assert props["maskUpperTri"] is True
 
@@ -77,7 +80,7 @@ def test_model_patterns_match_the_full_cache(tiny_bridge):
 
 
 def test_model_patterns_rejects_bad_heads_and_tokens(tiny_bridge):
-    with pytest.raises(CircuitkitError, match="0 <= layer < 2"):
+    with pytest.raises(CircuitkitError, match=r"head layer: .*expected an int >= 0 and <= 1"):
         model_patterns(tiny_bridge, torch.arange(4), [(2, 0)])
     with pytest.raises(CircuitkitError, match="integer tensor"):
         model_patterns(tiny_bridge, torch.rand(4), [(0, 0)])

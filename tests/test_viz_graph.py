@@ -49,7 +49,7 @@ def test_no_edges_still_draws_the_heads():
     [
         ("0.1 -> 1.2", {}, "list of Edge"),
         ([object()], {}, "src=\\(layer, head\\)"),
-        ([Edge((0, 0), (5, 0), 0.1)], {"n_layers": 2, "n_heads": 2}, "0 <= layer < 2"),
+        ([Edge((0, 0), (5, 0), 0.1)], {"n_layers": 2, "n_heads": 2}, r"head layer: .*expected an int >= 0 and <= 1"),
         ([Edge((0, 0), (1, 0), float("nan"))], {}, "finite score"),
     ],
     ids=["string", "not-an-edge", "head-out-of-range", "nan-score"],

@@ -45,7 +45,7 @@ def test_head_score_heatmaps_one_figure_per_score_name():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        (torch.rand(2, 3, 4), "expected 2 axes"),
+        (torch.rand(2, 3, 4), "expected a tensor with 2 axes"),
         (torch.tensor([[0.1, float("inf")]]), "non-finite"),
         (torch.ones(2, 2, dtype=torch.complex64), "real"),
     ],
@@ -105,7 +105,7 @@ def test_composition_heatmap_without_baseline_is_sequential():
     "scores, baseline, message",
     [
         (torch.rand(2, 3, 3, 3), 0.2, "same layers and heads"),
-        (torch.rand(2, 3, 2), 0.2, "expected 4 axes"),
+        (torch.rand(2, 3, 2), 0.2, "expected a tensor with 4 axes"),
         (torch.rand(2, 2, 2, 2), float("nan"), "finite float"),
         (torch.rand(2, 2, 2, 2), "0.2", "finite float"),
     ],

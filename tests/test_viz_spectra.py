@@ -49,7 +49,7 @@ def test_from_weights_matches_dense_svd(circuit):
 @pytest.mark.parametrize(
     "source, kwargs, message",
     [
-        (torch.rand(2, 3), {}, "expected 3 axes"),
+        (torch.rand(2, 3), {}, "expected a tensor with 3 axes"),
         (-torch.rand(1, 1, 2), {}, "negative"),
         (torch.rand(1, 1, 2), {"scale": "ln"}, "linear' or 'log"),
     ],

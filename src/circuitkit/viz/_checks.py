@@ -6,52 +6,30 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from circuitkit.errors import CircuitkitError, describe
+from circuitkit import validate
 
 
 def as_float_array(value: Any, *, name: str, caller: str, ndim: int, allow_nan: bool = False) -> np.ndarray:
-    """``value`` (tensor or array-like) as a float64 numpy array of ``ndim`` axes, finite unless ``allow_nan``."""
-    if isinstance(value, Tensor):
-        tensor = value.detach().to("cpu")
-    else:
-        try:
-            tensor = torch.as_tensor(np.asarray(value))
-        except (TypeError, ValueError) as error:
-            raise CircuitkitError(
-                f"{caller}: given {name}={describe(value)}; expected a tensor with {ndim} axes."
-            ) from error
+    """``value`` (tensor, numpy array or nested list) as a float64 numpy array of ``ndim`` axes, finite unless
+    ``allow_nan`` (NaN then marks a missing value; inf is never accepted). Checked by :func:`validate.tensor`."""
+    label = f"{caller}: {name}"
+    tensor = validate.tensor(label, value, ndim=ndim, convert=True)
     if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in _INT_DTYPES):
-        raise CircuitkitError(
-            f"{caller}: given {name} of dtype {tensor.dtype}; expected a real (floating) tensor. Cast with .float()."
-        )
-    if tensor.ndim != ndim:
-        raise CircuitkitError(
-            f"{caller}: given {name} of shape {tuple(tensor.shape)}; expected {ndim} axes."
-        )
-    array = tensor.to(torch.float64).numpy()
+        raise validate.fail(label, tensor, "a real (floating) tensor", "Cast with .float().")
+    array = tensor.detach().to("cpu", torch.float64).numpy()
     bad = np.isinf(array) if allow_nan else ~np.isfinite(array)
     if bad.any():
-        raise CircuitkitError(
-            f"{caller}: given {name} with {int(bad.sum())} non-finite values; expected finite numbers."
-        )
+        raise validate.fail(label, tensor, "finite numbers", f"It holds {int(bad.sum())} non-finite values.")
     return array
 
 
 def check_head(head: Any, n_layers: int, n_heads: int, caller: str) -> tuple[int, int]:
     """``head`` as a ``(layer, head)`` pair of ints inside the model."""
-    if (
-        not isinstance(head, (tuple, list))
-        or len(head) != 2
-        or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in head)
-    ):
-        raise CircuitkitError(f"{caller}: given head {head!r}; expected a (layer, head) pair of ints.")
-    layer, index = int(head[0]), int(head[1])
-    if not (0 <= layer < n_layers and 0 <= index < n_heads):
-        raise CircuitkitError(
-            f"{caller}: given head ({layer}, {index}); expected 0 <= layer < {n_layers} and 0 <= head < {n_heads}."
-        )
+    if not isinstance(head, (tuple, list)) or len(head) != 2:
+        raise validate.fail(f"{caller}: head", head, "a (layer, head) pair of ints")
+    layer = validate.integer(f"{caller}: head layer", head[0], minimum=0, maximum=n_layers - 1)
+    index = validate.integer(f"{caller}: head index", head[1], minimum=0, maximum=n_heads - 1)
     return layer, index
 
 

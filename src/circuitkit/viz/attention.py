@@ -8,10 +8,20 @@
 
 Patterns are ``[head, q_pos, k_pos]``: row ``q`` is the distribution of query position ``q`` over key
 positions (rows sum to 1, causal models put zeros above the diagonal).
+
+Escaping. CircuitsVis writes its props with ``json.dumps`` straight into a ``<script>``: a token such as
+``</script><img src=x onerror=...>`` would end the script and run in the notebook. The views here never hand
+CircuitsVis a user- or model-supplied string: it renders placeholder tokens and head names, and the real ones are
+then written into both the offline and the CDN source by :func:`script_json`, which escapes ``<``, ``>``, ``&``
+and U+2028/U+2029 as JSON ``\\uXXXX`` escapes (the same strings once parsed, inert inside HTML). CircuitsVis
+then puts each token into the page as HTML (``innerHTML``, spaces turned into ``&nbsp;``), so tokens are also
+HTML-escaped (``html.escape``) first: ``<b>`` shows as the text ``<b>``. (Where CircuitsVis draws tokens on a
+canvas, the axis labels of the enlarged pattern, an escaped token shows its entities, e.g. ``&lt;b&gt;``.)
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -24,6 +34,7 @@ from circuitsvis.utils.render import RenderedHTML
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
 from circuitkit.viz._checks import as_float_array, check_head, head_name
 
@@ -69,6 +80,45 @@ def parse_rendered(rendered: RenderedHTML) -> ParsedView:
     return ParsedView(match["bundle"].strip(), match["element"], json.loads(match["props"]))
 
 
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+_CDN_PROPS = re.compile(r"(?P<props>\{.*\})\s*\)\s*</script>\s*$", re.DOTALL)
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON that is safe inside an HTML ``<script>``: no ``<``, ``>``, ``&`` or line separators
+    appear literally (each is a ``\\uXXXX`` escape, which ``JSON.parse`` and JavaScript read back unchanged)."""
+    text = json.dumps(value, allow_nan=False)
+    for char, escape in _SCRIPT_ESCAPES.items():
+        text = text.replace(char, escape)
+    return text
+
+
+def _with_props(rendered: RenderedHTML, **props: Any) -> CircuitsVisView:
+    """``rendered`` (made from placeholder strings) with ``props`` written in, escaped, in both sources."""
+    local = _LOCAL_SRC.search(rendered.local_src)
+    cdn = _CDN_PROPS.search(rendered.cdn_src)
+    if local is None or cdn is None:
+        raise CircuitkitError(
+            "attention view: CircuitsVis returned HTML in an unexpected layout; expected it to end in "
+            "CircuitsVis.render(id, Element, props) (circuitsvis >= 1.43)."
+        )
+    merged = {**json.loads(local["props"]), **props}
+    safe = script_json(merged)
+    local_src = rendered.local_src[: local.start("props")] + safe + rendered.local_src[local.end("props") :]
+    cdn_src = rendered.cdn_src[: cdn.start("props")] + safe + rendered.cdn_src[cdn.end("props") :]
+    return CircuitsVisView(local_src, cdn_src)
+
+
+def _html_tokens(tokens: list[str]) -> list[str]:
+    """Tokens as HTML text: CircuitsVis writes them with ``innerHTML``."""
+    return [html.escape(token, quote=True) for token in tokens]
+
+
+def _placeholders(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
 def attention_heads(
     patterns: Float[Tensor, "head q_pos k_pos"] | Mapping[tuple[int, int], Float[Tensor, "q_pos k_pos"]],
     tokens: Sequence[str],
@@ -86,15 +136,17 @@ def attention_heads(
 
     array, names = _patterns_and_names(patterns, head_names, "attention_heads")
     tokens = _check_tokens(tokens, array.shape[-1], "attention_heads")
+    mask_upper_tri = validate.boolean("attention_heads: mask_upper_tri", mask_upper_tri)
     rendered = cv_attention.attention_heads(
         attention=array,
-        tokens=tokens,
-        attention_head_names=names,
+        tokens=_placeholders("t", len(tokens)),
+        attention_head_names=None if names is None else _placeholders("h", len(names)),
         max_value=1.0,
         min_value=0.0,
         mask_upper_tri=mask_upper_tri,
     )
-    return CircuitsVisView(rendered.local_src, rendered.cdn_src)
+    extra = {} if names is None else {"attentionHeadNames": names}
+    return _with_props(rendered, tokens=_html_tokens(tokens), **extra)
 
 
 def attention_patterns(
@@ -106,8 +158,8 @@ def attention_patterns(
 
     array, _ = _patterns_and_names(patterns, None, "attention_patterns")
     tokens = _check_tokens(tokens, array.shape[-1], "attention_patterns")
-    rendered = cv_attention.attention_patterns(tokens=tokens, attention=array)
-    return CircuitsVisView(rendered.local_src, rendered.cdn_src)
+    rendered = cv_attention.attention_patterns(tokens=_placeholders("t", len(tokens)), attention=array)
+    return _with_props(rendered, tokens=_html_tokens(tokens))
 
 
 def view_props(view: RenderedHTML) -> dict[str, Any]:
@@ -178,12 +230,12 @@ def _patterns_and_names(
                 f"{caller}: given patterns of shapes {[a.shape for a in arrays]}; expected one [pos, pos] shape."
             )
         array = np.stack(arrays)
-        names = list(head_names) if head_names is not None else [head_name(*key) for key in keys]
+        names = _check_names(head_names, caller) if head_names is not None else [head_name(*key) for key in keys]
     else:
         if isinstance(patterns, Tensor) and patterns.ndim == 2:
             patterns = patterns[None]
         array = as_float_array(patterns, name="patterns", caller=caller, ndim=3)
-        names = list(head_names) if head_names is not None else None
+        names = _check_names(head_names, caller) if head_names is not None else None
     n, q_pos, k_pos = array.shape
     if q_pos != k_pos or q_pos == 0:
         raise CircuitkitError(f"{caller}: given patterns of shape {array.shape}; expected [head, pos, pos].")
@@ -195,6 +247,12 @@ def _patterns_and_names(
     if names is not None and len(names) != n:
         raise CircuitkitError(f"{caller}: given {len(names)} head names for {n} heads; expected one per head.")
     return array, names
+
+
+def _check_names(names: Any, caller: str) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+        raise validate.fail(f"{caller}: head_names", names, "a list of strings, one per head")
+    return list(names)
 
 
 def _check_tokens(tokens: Sequence[str], pos: int, caller: str) -> list[str]:
