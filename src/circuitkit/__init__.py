@@ -52,6 +52,9 @@ _LAZY: dict[str, str] = {
     "HeadEffects": "circuitkit.scan_types",
     "Scan": "circuitkit.scan_types",
     "scan": "circuitkit.pipeline",
+    "path_patching": "circuitkit.circuits.patching",
+    "edge_attribution": "circuitkit.circuits.attribution",
+    "circuit_evidence": "circuitkit.circuits.evidence",
 }
 _SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report"}
 

@@ -260,12 +260,12 @@ def _spectra(weights: Any) -> dict[str, torch.Tensor]:
 
 
 def _circuit_evidence(adapter: ModelAdapter, batch: TokenBatch, composition: dict, top_k: int) -> Any:
-    """Edge-level evidence from :mod:`circuitkit.circuits` (None while that package is not installed)."""
-    try:
-        from circuitkit.circuits import circuit_evidence
-    except ImportError:
-        return None
-    return circuit_evidence(adapter.model, composition, tokens=batch, top_k=top_k)
+    """Edge-level evidence (:func:`circuitkit.circuits.circuit_evidence`) on the scan's batch, reusing its
+    composition scores (keyed by lower-case channel there)."""
+    from circuitkit.circuits import circuit_evidence
+
+    channels = {mode.lower(): scores for mode, scores in composition.items()}
+    return circuit_evidence(adapter, channels or None, tokens=batch, top_k=top_k)
 
 
 __all__ = [
