@@ -1,0 +1,180 @@
+"""End-to-end ``circuitkit.scan`` wall time in units of one forward pass of the scan's own default batch, and how
+well attribution predicted exact ablation, on real model shapes with random weights.
+
+Models (the two Hugging Face checkpoints are saved by this script into a temporary directory, random weights):
+
+- ``zoo induction-2l``: the bundled known-answer model (2 x 4 heads);
+- (a) GPT-2-small shape: 12 layers x 12 heads, d_model 768, vocab 50257, n_ctx 1024;
+- (b) SmolLM-135M shape (Llama, grouped-query): 30 layers x 9 query heads in 3 key/value groups, d_model 576,
+  d_head 64, MLP 1536, vocab 49152.
+
+For each: one forward pass over the scan's default batch (``RepeatedTokens()``, no gradients), then
+``scan(model, ablate="top")`` (default: exact ablation of the top 16 heads by |attribution| joined with the
+called induction / previous-token heads) and ``scan(model, ablate="all")``, side by side in this one process.
+Ratio = scan seconds / forward seconds. Target: ``ablate="top"`` <= 30x. The agreement columns are the scan
+result's own ``agreement`` (Spearman rank correlation of attribution vs exact over the exactly ablated heads,
+and the largest miss |estimate - exact|).
+
+Run: ``python benchmarks/scan.py [--json out.json] [--quick] [--no-all] [--threads N]``. Prints a table, then
+the same numbers as JSON. Forward timings are medians of ``--repeats`` runs (half before, half after the scans,
+so load from other processes falls on both); each scan runs once after a warm-up scan of the zoo model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TARGET_RATIO = 30.0
+
+
+def save_gpt2_small_shape(path: Path) -> str:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    return "(a) gpt2-small shape"
+
+
+def save_smollm_shape(path: Path) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64,
+        intermediate_size=1536, vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    return "(b) smollm-135m shape (GQA)"
+
+
+def forward_seconds(model: Any, repeats: int) -> list[float]:
+    from circuitkit.detect.tokens import as_batch
+    from circuitkit.models.contract import adapt
+
+    adapter = adapt(model)
+    tokens = as_batch(None, adapter).tokens
+    times = []
+    with torch.no_grad():
+        adapter.run(tokens)  # warm-up
+        for _ in range(repeats):
+            start = time.perf_counter()
+            adapter.run(tokens)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def scan_seconds(model: Any, ablate: str) -> tuple[float, Any]:
+    import circuitkit
+
+    start = time.perf_counter()
+    result = circuitkit.scan(model, ablate=ablate)
+    return time.perf_counter() - start, result
+
+
+def agreement_row(result: Any) -> dict[str, Any]:
+    a = result.agreement
+    if a is None:
+        return {"n_exact": 0, "spearman": None, "largest_miss": None}
+    miss = None
+    if a.largest_miss is not None:
+        (layer, head), exact, estimate = a.largest_miss
+        miss = {"head": f"{layer}.{head}", "exact": exact, "estimate": estimate, "abs": abs(estimate - exact)}
+    return {"n_exact": a.n_exact, "spearman": a.spearman, "largest_miss": miss}
+
+
+def bench(label: str, model: Any, *, repeats: int, run_all: bool) -> dict[str, Any]:
+    from circuitkit.detect.tokens import as_batch
+    from circuitkit.models.contract import adapt
+
+    adapter = adapt(model)
+    spec = adapter.spec
+    batch = as_batch(None, adapter)
+    before = forward_seconds(model, max(1, repeats // 2))
+    top_s, top = scan_seconds(model, "top")
+    all_s, every = scan_seconds(model, "all") if run_all else (None, None)
+    after = forward_seconds(model, max(1, repeats - repeats // 2))
+    forward = statistics.median(before + after)
+    row = {
+        "model": label,
+        "shape": f"{spec.n_layers}L x {spec.n_heads}H ({spec.n_kv_heads} kv), d_model {spec.d_model}, "
+        f"d_head {spec.d_head}, vocab {spec.d_vocab}",
+        "batch": list(batch.tokens.shape),
+        "forward_s": forward,
+        "scan_top_s": top_s,
+        "ratio_top": top_s / forward,
+        "exact_heads_top": int(top.ablation.exact.sum()) if top.ablation is not None else 0,
+        "agreement_top": agreement_row(top),
+        "meets_target": top_s / forward <= TARGET_RATIO,
+        "induction_heads": [f"{a}.{b}" for a, b in top.induction_heads],
+        "previous_token_heads": [f"{a}.{b}" for a, b in top.previous_token_heads],
+    }
+    if every is not None:
+        row.update(scan_all_s=all_s, ratio_all=all_s / forward, agreement_all=agreement_row(every))
+    return row
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=6, help="forward passes timed per model")
+    parser.add_argument("--json", type=str, default=None, help="also write the JSON here")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--quick", action="store_true", help="the zoo model only")
+    parser.add_argument("--no-all", action="store_true", help="skip ablate='all' (the slow reference)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from circuitkit import zoo
+    from circuitkit.models import load_model
+
+    scan_seconds(zoo.load(), "top")  # warm-up: imports, first-call costs
+    rows = [bench("zoo induction-2l", zoo.load(), repeats=args.repeats, run_all=not args.no_all)]
+    if not args.quick:
+        with tempfile.TemporaryDirectory(prefix="circuitkit-bench-") as root:
+            for save in (save_gpt2_small_shape, save_smollm_shape):
+                path = Path(root) / save.__name__
+                label = save(path)
+                model = load_model(path)
+                rows.append(bench(label, model, repeats=args.repeats, run_all=not args.no_all))
+                del model
+
+    header = (f"{'model':<30} {'batch':>9} {'forward':>9} {'scan top':>9} {'ratio':>7} {'exact':>5} "
+              f"{'scan all':>9} {'ratio':>7} {'rho top':>7} {'rho all':>7}  largest miss (all)")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        agreement = r.get("agreement_all") or r["agreement_top"]
+        miss = agreement["largest_miss"]
+        miss_text = "-" if miss is None else f"{miss['head']}: exact {miss['exact']:.3f}, est {miss['estimate']:.3f}"
+        print(
+            f"{r['model']:<30} {str(tuple(r['batch'])):>9} {r['forward_s'] * 1e3:>7.0f}ms "
+            f"{r['scan_top_s']:>8.1f}s {r['ratio_top']:>6.1f}x {r['exact_heads_top']:>5} "
+            f"{fmt(r.get('scan_all_s'), '>8.1f')}s {fmt(r.get('ratio_all'), '>6.1f')}x "
+            f"{fmt(r['agreement_top']['spearman'], '>7.3f')} "
+            f"{fmt((r.get('agreement_all') or {}).get('spearman'), '>7.3f')}  {miss_text}"
+        )
+    print(f"target: scan(ablate='top') <= {TARGET_RATIO:.0f}x one forward pass of the scan's batch; "
+          f"torch threads {torch.get_num_threads()}")
+    out = {"target_ratio": TARGET_RATIO, "torch_threads": torch.get_num_threads(), "rows": rows}
+    print(json.dumps(out, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
