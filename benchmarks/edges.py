@@ -1,0 +1,125 @@
+"""Cost of edge attribution for all ``[L, H, L, H, 3]`` edges and of exact path patching of the top 32 edges,
+each relative to one plain forward pass of the same batch, on a GPT-2-small-shaped random model (12 layers x
+12 heads, d_model 768, vocabulary 50257, LayerNorm and MLPs; TransformerLens native boot, no download) and on
+the bundled zoo model.
+
+Targets: edge attribution <= 5x one forward pass; path patching of the top 32 edges <= 40x.
+Run: ``python benchmarks/edges.py [--quick] [--threads N] [--json out.json]``. Prints a table, then the same
+numbers as JSON. Timings are medians of ``--repeats`` runs after a warm-up, interleaved in this one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from circuitkit.circuits import edge_attribution, path_patching
+from circuitkit.detect import RepeatedTokens
+from circuitkit.models.contract import adapt
+
+ATTRIBUTION_TARGET = 5.0
+PATCHING_TARGET = 40.0
+N_PATCH = 32
+
+
+def interleaved_medians(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median seconds of each function, run in alternation so that load from other processes on a shared machine
+    falls on all of them alike."""
+    for fn in fns:
+        fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, bucket in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return [statistics.median(bucket) for bucket in times]
+
+
+def gpt2_small_shape():
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import boot
+
+    cfg = TransformerBridgeConfig(
+        n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024, attn_only=False,
+        normalization_type="LN", seed=0,
+    )
+    model = boot(cfg)
+    model.eval()
+    return model
+
+
+def zoo_model():
+    from circuitkit import zoo
+
+    return zoo.load()
+
+
+def bench(label: str, model, *, block_len: int, batch: int, repeats: int) -> dict:
+    adapter = adapt(model)
+    tokens = RepeatedTokens(block_len=block_len, batch=batch, bos=False).build(adapter)
+    top = [(e.src, e.dst, e.channel) for e in edge_attribution(adapter, metric="loss", tokens=tokens).top(N_PATCH)]
+
+    def forward():
+        with torch.no_grad():
+            adapter.run(tokens.tokens)
+
+    def attribution():
+        edge_attribution(adapter, metric="loss", tokens=tokens)
+
+    def patching():
+        path_patching(adapter, top, metric="loss", tokens=tokens)
+
+    t_forward, t_attr = interleaved_medians([forward, attribution], repeats)
+    (t_patch,) = interleaved_medians([patching], max(1, repeats // 2))
+    spec = adapter.spec
+    return {
+        "model": label,
+        "shape": f"{spec.n_layers}x{spec.n_heads} d{spec.d_model} V{spec.d_vocab}",
+        "batch": f"{batch}x{tokens.tokens.shape[1]}",
+        "edges": spec.n_heads**2 * spec.n_layers * (spec.n_layers - 1) // 2 * 3,
+        "forward_s": round(t_forward, 4),
+        "attribution_s": round(t_attr, 4),
+        "attribution_x": round(t_attr / t_forward, 2),
+        "patch_top32_s": round(t_patch, 3),
+        "patch_top32_x": round(t_patch / t_forward, 2),
+        "patched_edges": len(top),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the bundled zoo model")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = [bench("zoo induction-2l", zoo_model(), block_len=20, batch=16, repeats=args.repeats)]
+    if not args.quick:
+        rows.append(bench("gpt2-small shape", gpt2_small_shape(), block_len=32, batch=8, repeats=args.repeats))
+    columns = ["model", "shape", "batch", "edges", "forward_s", "attribution_s", "attribution_x",
+               "patch_top32_s", "patch_top32_x"]
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
+    print(f"edge attribution (target <= {ATTRIBUTION_TARGET}x forward) and exact path patching of the top "
+          f"{N_PATCH} edges (target <= {PATCHING_TARGET}x forward), metric: repeated-copies loss")
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
+    payload = {"benchmark": "edges", "threads": torch.get_num_threads(), "rows": rows,
+               "targets": {"attribution_x": ATTRIBUTION_TARGET, "patch_top32_x": PATCHING_TARGET}}
+    print(json.dumps(payload, sort_keys=True))
+    if args.json:
+        args.json.write_text(json.dumps(payload, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
