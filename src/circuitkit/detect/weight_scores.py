@@ -8,8 +8,8 @@
 The non-zero eigenvalues of ``W_E W_V W_O W_U`` are those of the ``d_head x d_head`` core
 ``W_O (W_U W_E) W_V`` (cyclic permutation), so ``W_U W_E`` (``d_model x d_model``) is built once for all heads
 and nothing ``d_vocab``-sized is built per head. LayerNorm and MLPs are ignored (the direct path).
-The ratio does not change when the core is scaled, so each core is divided by its largest entry before the
-eigenvalue routine: no finite input, however large or small, reaches LAPACK out of range.
+The eigenvalues come from :func:`circuitkit.factored.stable_eigvals` (each core scaled by its largest entry
+first), so no finite input, however large or small, reaches LAPACK out of range.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.factored import stable_eigvals
 from circuitkit.weights import HeadWeights
 
 
@@ -41,9 +42,7 @@ def copying_scores(weights: Any) -> Float[Tensor, "layer head"] | None:
         unembed_embed = w.W_U.double() @ w.W_E.double()  # [d_model, d_model]
         core = w.W_O.double() @ unembed_embed @ w.per_query_head("W_V").double()  # [layer, head, d_head, d_head]
         validate.finite_result("copying_scores: core W_O W_U W_E W_V", core, why="weights too large for float64")
-        scale = core.abs().amax(dim=(-2, -1), keepdim=True)
-        core = core / torch.where(scale > 0, scale, torch.ones_like(scale))
-        eig = torch.linalg.eigvals(core)
+        eig = stable_eigvals(core, name="copying_scores: core W_O W_U W_E W_V")
         total = eig.abs().sum(dim=-1)
         score = torch.where(total > 0, eig.real.sum(dim=-1) / total.clamp_min(1e-300), torch.zeros_like(total))
     return validate.finite_result("copying_scores", score.float().cpu())
