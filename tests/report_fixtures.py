@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from circuitkit import CompositionBaseline, top_edges
+from circuitkit.circuits.evidence import EdgeEvidence
 from circuitkit.detect.loss import InductionLoss
 from circuitkit.detect.registry import registered
 from circuitkit.detect.scores import HeadScores
@@ -33,27 +34,14 @@ SIZES = {  # name -> (n_layers, n_heads, n_kv_heads, d_head)
 
 
 @dataclass(frozen=True)
-class FakeEvidenceRow:
-    src: tuple[int, int]
-    dst: tuple[int, int]
-    channel: str
-    composition: float | None
-    attribution: float
-    patched: float | None
-
-
-@dataclass(frozen=True)
 class FakeEvidence:
-    """Duck-typed :class:`circuitkit.circuits.CircuitEvidence`: ``rows`` and ``to_json()``."""
+    """:class:`circuitkit.circuits.CircuitEvidence` without the full attribution and patching results it
+    keeps (the report reads ``rows`` and ``to_json()`` only)."""
 
-    rows: tuple[FakeEvidenceRow, ...]
+    rows: tuple[EdgeEvidence, ...]
 
     def to_json(self) -> dict:
-        return {"rows": [
-            {"src": f"{r.src[0]}.{r.src[1]}", "dst": f"{r.dst[0]}.{r.dst[1]}", "channel": r.channel,
-             "composition": r.composition, "attribution": r.attribution, "patched": r.patched}
-            for r in self.rows
-        ]}
+        return {"metric": "loss", "corrupt": "resample", "rows": [r.to_json() for r in self.rows]}
 
 
 def planted(n_layers: int, n_heads: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -173,10 +161,10 @@ def synthetic_scan(
         for a in previous:
             for b in induction:
                 if a[0] < b[0]:
-                    rows.append(FakeEvidenceRow(a, b, "k", PLANTED_COMPOSITION, 0.8, 0.9))
+                    rows.append(EdgeEvidence(a, b, "k", PLANTED_COMPOSITION, 0.8, 0.9))
         # strong in the weights, carries nothing; and the reverse
-        rows.append(FakeEvidenceRow((0, 0), induction[-1], "q", 0.6, 0.01, 0.0))
-        rows.append(FakeEvidenceRow((0, n_heads - 1), induction[-1], "v", 0.25, 0.7, None))
+        rows.append(EdgeEvidence((0, 0), induction[-1], "q", 0.6, 0.01, 0.0, weight_only=True))
+        rows.append(EdgeEvidence((0, n_heads - 1), induction[-1], "v", 0.25, 0.7, None, effect_only=True))
         evidence = FakeEvidence(tuple(rows))
     d_model = n_heads * d_head
     return Scan(

@@ -125,7 +125,8 @@ def test_page_data_carries_the_scan(scan, report):
     assert list(columns) == [*scan.head_scores, "attribution", "ablation"]
     for name in scan.head_scores:
         assert columns[name]["values"] == pytest.approx(scan.head_scores[name].flatten().tolist(), rel=PAGE_RTOL)
-        best = [a * n_heads + b for (a, b), _ in top_heads(scan.head_scores[name], scan.settings.top_k)]
+        marked = min(scan.settings.top_k, n_layers * n_heads // 8)  # 1 of 8 heads: see data.columns
+        best = [a * n_heads + b for (a, b), _ in top_heads(scan.head_scores[name], marked)]
         assert columns[name]["top"] == best
     # ablation: blank (None) exactly where no exact ablation ran
     exact = scan.ablation.exact.flatten().tolist()
@@ -201,7 +202,8 @@ def test_summary_names_the_circuit(scan, report):
     first, repeated = scan.induction_loss.first_copy, scan.induction_loss.repeated_copies
     assert f"Induction heads: 1.0 (induction {induct:.2f})" in text
     assert f"Previous-token heads: 0.1 (prev {prev:.2f})" in text
-    assert "0.1 \u2192 1.0 by K-composition 0.90 (random 0.25), edge effect +0.90 nats (patched)" in text
+    assert ("They connect (composition score; random K 0.25; edge effect on the loss in nats by path patching): "
+            "0.1 \u2192 1.0 K 0.90, effect +0.90.") in text
     assert f"repeated copies {repeated:.2f} nats vs {first:.2f} on the first copy (in-context copying works)" in text
     assert "raises the repeated-copies loss by 1.0 +2.00 nats" in text
     assert '<svg class="ck-diagram"' in summary

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 MODE_COLOURS = {"Q": "#3b6fb6", "K": "#2e9d5b", "V": "#d9822b"}
 GRAPH_WIDTH = 900
+MAX_LINK_LABELS = 2
+"""The diagram writes scores on its links only up to this many (more cross and collide; the sentences and
+each link's tooltip carry them)."""
 MAX_LABELLED_EDGES = 16
 """Edge graphs print the score next to at most this many edges (more would overlap); all have a tooltip."""
 
@@ -64,7 +67,7 @@ def circuit_diagram(story: Story) -> str:
     rows = max(len(previous), len(induction), 1)
     width, x_prev, x_ind, row_h, top = 380, 50, 300, 40, 24
     has_heads = bool(previous or induction)
-    height_heads = top + rows * row_h if has_heads else 0
+    height_heads = top + rows * row_h + 14 if has_heads else 0
     bars = story.first_copy is not None and story.repeated_copies is not None
     height = max(24, height_heads + (58 if bars else 0) + 4)
     parts = [
@@ -80,6 +83,7 @@ def circuit_diagram(story: Story) -> str:
     shown = [link for link in story.links if link.src in ys_prev and link.dst in ys_ind]
     effects = [abs(link.effect) for link in shown if link.effect is not None]
     effect_scale = max(effects) if effects else 0.0
+    labelled = len(shown) <= MAX_LINK_LABELS
     for link in shown:
         y1, y2 = ys_prev[link.src], ys_ind[link.dst]
         excess = (link.score or 0.0) - (link.baseline or 0.0)
@@ -89,15 +93,20 @@ def circuit_diagram(story: Story) -> str:
         label = f"{link.mode} {link.score:.2f}" if link.score is not None else link.mode
         if link.effect is not None:
             label += f", {link.effect:+.2f}"
-        mx, my = x_prev + 34 + 0.3 * (x_ind - x_prev - 72), y1 + 0.3 * (y2 - y1)
+        mx, my = x_prev + 34 + 0.4 * (x_ind - x_prev - 72), y1 + 0.4 * (y2 - y1)
         parts.append(
             f'<g><title>{head_name(link.src)} -&gt; {head_name(link.dst)}: {_esc(label)}</title>'
             f'<line x1="{x_prev + 34}" y1="{_f(y1)}" x2="{x_ind - 38}" y2="{_f(y2)}" stroke="{colour}" '
             f'stroke-width="{_f(stroke)}" marker-end="url(#ck-arrow)"/>'
-            f'<text x="{_f(mx)}" y="{_f(my - 4)}" text-anchor="middle" font-size="10" fill="#333" '
-            f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text></g>'
+            + (f'<text x="{_f(mx)}" y="{_f(my - 4)}" text-anchor="middle" font-size="10" fill="#333" '
+               f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>' if labelled else "")
+            + "</g>"
         )
     if shown:
+        caption = "width: composition" + ("; colour: causal effect" if effects else "") + (
+            "" if labelled else "; hover for figures")
+        parts.append(f'<text x="{width // 2}" y="{height_heads - 2}" text-anchor="middle" font-size="9" '
+                     f'fill="#666">{caption}</text>')
         parts.insert(1, '<defs><marker id="ck-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
                         'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto">'
                         '<path d="M0 0L10 5L0 10z" fill="#555"/></marker></defs>')

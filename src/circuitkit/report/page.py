@@ -25,10 +25,12 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from circuitkit.ranking import top_heads
 from circuitkit.report import data, summary
 from circuitkit.report.sections import SECTIONS, Section, esc
 
@@ -122,14 +124,13 @@ def summary_html(scan: Scan) -> str:
     columns = data.columns(scan)
     header = "".join(f"<th>{esc(c.short)}</th>" for c in columns)
     body = []
-    n_heads = scan.model.n_heads
+    ranked = [[(h, v) for h, v in top_heads(c.values, k) if not math.isnan(v)] for c in columns]
     for rank in range(k):
         cells = []
-        for c in columns:
-            if rank < len(c.top):
-                i = c.top[rank]
-                value = data.number(c.values[i // n_heads, i % n_heads], 3)
-                cells.append(f"<td>{i // n_heads}.{i % n_heads} ({value})</td>")
+        for best in ranked:
+            if rank < len(best):
+                (layer, head), value = best[rank]
+                cells.append(f"<td>{layer}.{head} ({data.number(value, 3)})</td>")
             else:
                 cells.append("<td></td>")
         body.append(f"<tr><th>{rank + 1}</th>{''.join(cells)}</tr>")

@@ -139,10 +139,15 @@ def circuit_section(scan: Scan) -> Section | None:
             std = float(getattr(baseline, "std", 0.0) or 0.0)
             strong = comp > float(baseline.mean) + STRONG_WEIGHT_Z * std
         small = effect is None or largest == 0 or abs(effect) < SMALL_EFFECT * largest
+        # the evidence's own flags where it has them (circuitkit.circuits.EdgeEvidence), else the thresholds here
+        weight_only = getattr(row, "weight_only", None)
+        effect_only = getattr(row, "effect_only", None)
+        if weight_only is None or effect_only is None:
+            weight_only, effect_only = bool(strong and small), bool(strong is False and not small)
         flag = ""
-        if strong and small:
+        if weight_only:
             flag = "strong in the weights, carries nothing"
-        elif strong is False and not small:
+        elif effect_only:
             flag = "carries an effect without weight support"
         t = 0.0 if effect is None or largest == 0 else effect / largest
         edges.append(figures.GraphEdge(

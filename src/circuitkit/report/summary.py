@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 MAX_NAMED = 4
 """Heads named per role in the summary sentences and diagram; the rest are counted ("and 3 more")."""
 LINK_MODES = ("K", "Q")
+EFFECT_METHODS = {"patched": "path patching", "attribution": "edge attribution"}
 """Composition modes through which a previous-token head can feed an induction head's attention."""
 
 
@@ -127,15 +128,21 @@ def sentences(scan: Scan, story: Story) -> list[str]:
         if story.links:
             parts = []
             for link in story.links[:MAX_NAMED]:
-                part = (f"{_head(link.src)} &rarr; {_head(link.dst)} by {link.mode}-composition "
-                        f"<b>{_num(link.score)}</b>")
-                if link.baseline is not None:
-                    part += f" (random {_num(link.baseline)})"
+                part = f"{_head(link.src)} &rarr; {_head(link.dst)} {link.mode} <b>{_num(link.score)}</b>"
                 if link.effect is not None:
-                    part += f", edge effect <b>{link.effect:+.2f}</b> nats ({_esc(link.effect_kind)})"
+                    part += f", effect <b>{link.effect:+.2f}</b>"
                 parts.append(part)
-            more = f"; {len(story.links) - MAX_NAMED} more links" if len(story.links) > MAX_NAMED else ""
-            out.append(f"<b>They connect:</b> {'; '.join(parts)}{more}.")
+            more = f"; {len(story.links) - MAX_NAMED} more" if len(story.links) > MAX_NAMED else ""
+            shown = story.links[:MAX_NAMED]
+            baselines = sorted({(link.mode, link.baseline) for link in shown if link.baseline is not None})
+            randoms = ", ".join(f"{m} {b:.2f}" for m, b in baselines)
+            notes = [f"composition score; random {randoms}"] if baselines else []
+            kinds = sorted({link.effect_kind for link in shown if link.effect_kind})
+            if kinds:
+                methods = " / ".join(_esc(EFFECT_METHODS.get(k, k)) for k in kinds)
+                notes.append(f"edge effect on the loss in nats by {methods}")
+            note = f" ({'; '.join(notes)})" if notes else ""
+            out.append(f"<b>They connect</b>{note}: {'; '.join(parts)}{more}.")
         elif story.previous:
             out.append("No previous-token head sits in an earlier layer than an induction head.")
     elif story.best_induction is not None:
