@@ -34,7 +34,7 @@ from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED
 from circuitkit.circuits.attribution import EdgeAttribution, edge_attribution
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.patching import PathPatching, path_patching
-from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.models.contract import adapt
 from circuitkit.ranking import Head, head_name, top_indices
 
@@ -176,7 +176,7 @@ def circuit_evidence(
         raise validate.fail("circuit_evidence: model", validate.given(f"a model with {L} layer"),
                             "at least 2 layers (an edge runs from an earlier layer to a later one)")
     comp = _composition(model, composition, L, H)
-    batch = tokens if isinstance(tokens, TokenBatch) else (tokens or RepeatedTokens()).build(adapter)
+    batch = as_batch(tokens, adapter)  # built once: attribution and patching measure the same batch
     attribution = edge_attribution(adapter, metric=metric, corrupt=corrupt, tokens=batch,
                                    corrupt_seed=corrupt_seed)
     by_attribution = attribution.top(max(top_k, n_patch))
