@@ -53,6 +53,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.random_baseline import CompositionBaseline, composition_baseline
+from circuitkit.ranking import top_indices
 from circuitkit.weights import HeadWeights, as_head_weights
 
 __all__ = [
@@ -360,9 +361,8 @@ def top_edges(scores: Float[Tensor, "src_layer src_head dst_layer dst_head"], k:
     mask = _pair_mask(L, scores.device).expand(L, H, L, H).reshape(-1)
     flat_index = mask.nonzero().squeeze(1)
     values = scores.detach().reshape(-1)[flat_index].double().cpu()
-    order = torch.sort(values, descending=True, stable=True).indices[:k]
     edges = []
-    for position in order.tolist():
+    for position, _ in top_indices(values, k) if len(values) else []:
         index = int(flat_index[position])
         src_layer, rest = divmod(index, H * L * H)
         src_head, rest = divmod(rest, L * H)

@@ -33,9 +33,4 @@ def check_head(head: Any, n_layers: int, n_heads: int, caller: str) -> tuple[int
     return layer, index
 
 
-def head_name(layer: int, head: int) -> str:
-    """The circuitkit name of a head: ``"layer.head"``."""
-    return f"{layer}.{head}"
-
-
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)

@@ -36,7 +36,8 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
-from circuitkit.viz._checks import as_float_array, check_head, head_name
+from circuitkit.ranking import head_name
+from circuitkit.viz._checks import as_float_array, check_head
 
 # softmax outputs in float32 may overshoot [0, 1] and row sums of 1 by rounding
 PATTERN_ATOL = 1e-4
@@ -230,7 +231,7 @@ def _patterns_and_names(
                 f"{caller}: given patterns of shapes {[a.shape for a in arrays]}; expected one [pos, pos] shape."
             )
         array = np.stack(arrays)
-        names = _check_names(head_names, caller) if head_names is not None else [head_name(*key) for key in keys]
+        names = _check_names(head_names, caller) if head_names is not None else [head_name(key) for key in keys]
     else:
         if isinstance(patterns, Tensor) and patterns.ndim == 2:
             patterns = patterns[None]

@@ -15,7 +15,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from circuitkit.errors import CircuitkitError
-from circuitkit.viz._checks import check_head, head_name
+from circuitkit.ranking import head_name
+from circuitkit.viz._checks import check_head
 
 MODE_COLOURS = {"Q": "#1f77b4", "K": "#2ca02c", "V": "#d62728", "": "#555555"}
 MIN_WIDTH, MAX_WIDTH = 1.0, 8.0
@@ -55,7 +56,7 @@ def composition_graph(
     figure = go.Figure()
     for mode, (src, dst, score) in checked:
         fraction = 0.5 if high == low else (score - low) / (high - low)
-        name = f"{mode} {head_name(*src)} -> {head_name(*dst)}".strip()
+        name = f"{mode} {head_name(src)} -> {head_name(dst)}".strip()
         figure.add_trace(
             go.Scatter(
                 x=[src[0], dst[0]],
@@ -78,7 +79,7 @@ def composition_graph(
             y=heads,
             mode="markers+text",
             name="heads",
-            text=[head_name(layer, head) for layer, head in zip(layers, heads, strict=True)],
+            text=[head_name((layer, head)) for layer, head in zip(layers, heads, strict=True)],
             textposition="middle right",
             marker={"size": 10, "color": "#ffffff", "line": {"color": "#333333", "width": 1.5}},
             hovertemplate="head %{text}<extra></extra>",
