@@ -5,7 +5,7 @@ Usage::
     python benchmarks/composition.py                      # GPT-2 small / medium / XL shapes, mode Q
     python benchmarks/composition.py --shapes small --modes Q,K,V
     python benchmarks/composition.py --shapes xl --skip-reference
-    python benchmarks/composition.py --shapes llama7b --device cuda --skip-reference
+    python benchmarks/composition.py --shapes llama2-7b,llama3-8b --modes Q,K,V --device cuda --skip-reference
 
 Random Gaussian weights at real model shapes (no downloads). Each contender runs in its own child
 process, which reports its own time and peak memory (``benchmarks/_common.py``):
@@ -54,14 +54,18 @@ SHAPES: dict[str, tuple[int, int, int, int, int | None]] = {
     "small-gqa": (12, 12, 768, 64, 4),  # GPT-2-small shape with 4 key/value groups of 3 query heads
     "medium": (24, 16, 1024, 64, None),
     "xl": (48, 25, 1600, 64, None),
-    "llama7b": (32, 32, 4096, 128, 8),
+    "llama2-7b": (32, 32, 4096, 128, None),  # Llama-2-7B: multi-head attention
+    "llama3-8b": (32, 32, 4096, 128, 8),  # Llama-3-8B: 8 key/value groups of 4 query heads
 }
 TARGETS = {
     "small": "TL/ours >= 10x time, ours <= 1/5 TL peak",
     "medium": "ours peak < 4 GB (TL cannot)",
     "xl": "ours peak < 2 GB",
-    "llama7b": "< 5 s on a GPU",
+    "llama2-7b": "< 5 s per mode on a GPU",
+    "llama3-8b": "< 5 s per mode on a GPU",
 }
+SAMPLE_PAIRS = 32
+"""Pairs checked against a dense float64 reference in every circuitkit child (chosen with a seeded generator)."""
 MACHINE_MEMORY_BYTES = 24 * 2**30
 REFERENCE_MEMORY_LIMIT = 16 * 2**30
 """Run TransformerLens only if its estimated peak is below this (others share the 24 GB machine)."""
@@ -116,6 +120,7 @@ def child_ours(shape: str, mode: str, device: str, repeat: int, memory_budget: i
 
     first = time_call(call, repeat=1, device=device)["best_s"]
     report = {"first_s": first, **memory_report(before, device), "inputs_bytes": before}
+    report["float64_sample_max_diff"] = _sample_check(weights, mode, result["scores"])
     if save:
         torch.save(result["scores"].cpu(), save)
     result.clear()
@@ -130,6 +135,33 @@ def child_ours(shape: str, mode: str, device: str, repeat: int, memory_budget: i
     report.update(best_s=min(ours_times), times_s=ours_times,
                   lower_bound={"full_product_s": full, "forward_pairs_s": full * (L - 1) / (2 * L)})
     return report
+
+
+def _sample_check(weights, mode: str, scores) -> float:
+    """Largest |circuitkit - dense float64| over :data:`SAMPLE_PAIRS` random pairs with src layer < dst layer:
+    ``||W_A W_B||_F / (||W_A||_F ||W_B||_F)`` built densely (d_model x d_model) per pair, in float64."""
+    import torch
+
+    L, H = weights.n_layers, weights.n_heads
+    if L < 2:
+        return 0.0
+    g = torch.Generator().manual_seed(1)
+    worst = 0.0
+    for _ in range(SAMPLE_PAIRS):
+        l1 = int(torch.randint(0, L - 1, (1,), generator=g))
+        l2 = int(torch.randint(l1 + 1, L, (1,), generator=g))
+        h1, h2 = (int(torch.randint(0, H, (1,), generator=g)) for _ in range(2))
+
+        def w(name, layer, head):
+            return weights.per_query_head(name)[layer, head] if name in ("W_K", "W_V") else getattr(weights, name)[
+                layer, head]
+
+        left = w("W_V", l1, h1).double() @ w("W_O", l1, h1).double()
+        q, k, v, o = (w(n, l2, h2).double() for n in ("W_Q", "W_K", "W_V", "W_O"))
+        right = {"Q": q @ k.T, "K": k @ q.T, "V": v @ o}[mode]
+        dense = float((left @ right).norm() / (left.norm() * right.norm()))
+        worst = max(worst, abs(dense - float(scores[l1, h1, l2, h2])))
+    return worst
 
 
 def _lower_bound_call(shape: str, device: str):
@@ -217,6 +249,7 @@ def _display(row: dict[str, Any]) -> dict[str, str]:
     shown["ours_s"] = format_seconds(ours["best_s"])
     shown["ours_peak"] = format_bytes(ours["peak_bytes"])
     shown["ours_work"] = format_bytes(ours["peak_above_inputs_bytes"])
+    shown["f64_diff"] = f"{ours.get('float64_sample_max_diff', float('nan')):.1e}"
     shown["tl_s"] = format_seconds(ref.get("best_s")) if "error" not in ref else ref["error"]
     shown["tl_peak"] = format_bytes(ref.get("peak_bytes")) if "error" not in ref else "-"
     if "error" not in ref:
@@ -255,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     columns = [("shape", "shape"), ("mode", "mode"), ("layers_x_heads", "LxH"), ("d_model", "d_model"),
                ("tl_s", "TL time"), ("tl_peak", "TL peak"), ("ours_s", "ours time"), ("ours_peak", "ours peak"),
                ("ours_work", "ours above weights"), ("speedup", "speedup"), ("mem_ratio", "mem vs TL"),
-               ("max_diff", "max |diff|"), ("lb_full_s", "LB full product"), ("lb_pairs_s", "LB src<dst share"),
+               ("max_diff", "max |diff|"), ("f64_diff", "vs float64 sample"),
+               ("lb_full_s", "LB full product"), ("lb_pairs_s", "LB src<dst share"),
                ("ours/lb_pairs", "ours/LB share"), ("ours/lb_full", "ours/LB full")]
     print_table([_display(row) for row in rows], columns,
                 title=f"composition scores, device {args.device}, {os.cpu_count()} CPUs (targets: {TARGETS})")
