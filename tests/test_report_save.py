@@ -182,15 +182,32 @@ def test_ctrl_c_during_the_renames_is_delivered_after_both(scans, tmp_path, monk
 
 @pytest.mark.parametrize(
     "out_dir, message",
-    [(None, "save: out_dir: given None; expected a directory path"), ("file", "a directory \\(this is a file\\)")],
-    ids=["none", "a-file"],
+    [(None, "save: out_dir: given None; expected a directory path"), ("file", "a directory \\(this is a file\\)"),
+     ("", "a non-empty directory path"), ("a\0b", "without NUL"), (b"dir", "str or os.PathLike"),
+     ("under-file", "a directory that can be created")],
+    ids=["none", "a-file", "empty", "nul", "bytes", "under-a-file"],
 )
 def test_bad_out_dir_is_a_circuitkit_error(scans, tmp_path, out_dir, message):
-    if out_dir == "file":
-        out_dir = tmp_path / "file"
-        out_dir.write_text("x")
+    if out_dir in ("file", "under-file"):
+        (tmp_path / "file").write_text("x")
+        out_dir = tmp_path / "file" / ("sub" if out_dir == "under-file" else "")
     with pytest.raises(CircuitkitError, match=message):
         save(scans[0], out_dir)
+
+
+@pytest.mark.parametrize("bad", [None, "scan", {}, object()], ids=["none", "str", "dict", "object"])
+def test_entry_points_want_a_scan(bad, tmp_path):
+    from circuitkit.report import build_report, scan_json, summary_html
+
+    for call, where in ((lambda: save(bad, tmp_path), "save"), (lambda: scan_json(bad), "scan_json"),
+                        (lambda: build_report(bad), "build_report"), (lambda: summary_html(bad), "summary_html")):
+        with pytest.raises(CircuitkitError, match=f"{where}: scan: given .*; expected a circuitkit Scan"):
+            call()
+
+
+def test_compress_must_be_a_bool(scans):
+    with pytest.raises(CircuitkitError, match="build_report: compress"):
+        build_report(scans[0], compress=1)
 
 
 def test_png_must_be_a_bool(scans, tmp_path):

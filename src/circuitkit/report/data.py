@@ -92,6 +92,16 @@ def ranked(values: Tensor, k: int, *, absolute: bool = False) -> list[dict[str, 
     ]
 
 
+def check_scan(where: str, scan: Any) -> Scan:
+    """``scan`` if it is a :class:`~circuitkit.scan_types.Scan`, else a ``CircuitkitError``."""
+    from circuitkit.scan_types import Scan
+    from circuitkit.validate import fail
+
+    if not isinstance(scan, Scan):
+        raise fail(where, scan, "a circuitkit Scan (from circuitkit.scan(model))")
+    return scan
+
+
 # ---------------------------------------------------------------------------------------------- scan facts
 def loss_figures(scan: Scan) -> tuple[float | None, float | None]:
     """(first-copy loss, repeated-copies loss) in nats, None where the scan did not measure it."""
@@ -153,6 +163,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     """
     from circuitkit import __version__
 
+    check_scan("scan_json: scan", scan)
     k = scan.settings.top_k
     hs = scan.head_scores
     definitions = getattr(hs, "definitions", {})

@@ -30,6 +30,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from circuitkit import validate
 from circuitkit.ranking import top_heads
 from circuitkit.report import data, summary
 from circuitkit.report.sections import SECTIONS, Section, esc
@@ -84,6 +85,8 @@ def build_report(scan: Scan, *, compress: bool = True) -> str:
     """The report of ``scan`` as one HTML string (see the module docstring for its layout)."""
     from circuitkit import __version__
 
+    data.check_scan("build_report: scan", scan)
+    compress = validate.boolean("build_report: compress", compress)
     sections = [s for s in (builder(scan) for builder in SECTIONS) if s is not None]
     nav = "".join(f'<a href="#ck-sec-{esc(s.id)}">{esc(s.title)}</a>' for s in sections)
     page_data, blobs = data.page_data(scan)
@@ -120,6 +123,7 @@ _SUMMARY_STYLE = (
 def summary_html(scan: Scan) -> str:
     """A compact summary for notebooks (``Scan._repr_html_``): the model, the answer (sentences + diagram) and
     the top heads per score. Escaped HTML, no script, no network."""
+    data.check_scan("summary_html: scan", scan)
     k = min(scan.settings.top_k, 5)
     columns = data.columns(scan)
     header = "".join(f"<th>{esc(c.short)}</th>" for c in columns)

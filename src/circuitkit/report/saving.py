@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.report.data import check_scan
 
 if TYPE_CHECKING:
     from circuitkit.scan_types import SavedReport, Scan
@@ -52,6 +53,7 @@ def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedR
     from circuitkit.report.page import build_report
     from circuitkit.scan_types import SavedReport
 
+    check_scan("save: scan", scan)
     png = validate.boolean("save: png", png)
     out = _directory(out_dir)
     files = {REPORT_NAME: build_report(scan).encode("utf-8"), SCORES_NAME: scores_text(scan).encode("utf-8")}
@@ -65,15 +67,19 @@ def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedR
 
 
 def _directory(out_dir: str | os.PathLike) -> Path:
-    if not isinstance(out_dir, (str, os.PathLike)):
+    if not isinstance(out_dir, (str, os.PathLike)) or isinstance(os.fspath(out_dir), bytes):
         raise validate.fail("save: out_dir", out_dir, "a directory path (str or os.PathLike)")
-    out = Path(out_dir)
+    text = os.fspath(out_dir)
+    if not text.strip() or "\0" in text:
+        raise validate.fail("save: out_dir", text, "a non-empty directory path without NUL characters")
+    out = Path(text)
     if out.exists() and not out.is_dir():
-        raise validate.fail("save: out_dir", str(out), "a directory (this is a file)", "Pick another --out.")
+        raise validate.fail("save: out_dir", text, "a directory (this is a file)", "Pick another --out.")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise validate.fail("save: out_dir", str(out), f"a directory that can be created ({error.strerror})") from error
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise validate.fail("save: out_dir", text, f"a directory that can be created ({reason})") from error
     return out
 
 
