@@ -6,7 +6,7 @@ non-loopback address raises, so a notebook that downloads anything fails here. L
 kernel itself talks to this process over local sockets.
 
 Edit a notebook in Jupyter (or with ``nbformat``), then clear its outputs before committing:
-``jupyter nbconvert --clear-output --inplace notebooks/NN_name.ipynb``.
+``python tests/test_notebooks.py --clear`` (every notebook; or name the files) does it with :func:`clear_outputs`.
 """
 
 from __future__ import annotations
@@ -83,18 +83,40 @@ def test_committed_notebook_has_no_outputs(path):
     assert not problems, f"{path.name}: {problems}; clear the outputs before committing"
 
 
-def test_output_check_finds_outputs():
-    """The check above can fail: an executed-looking cell is reported three ways."""
+def clear_outputs(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Remove every code cell's outputs, execution count and execution timings (in place; returned)."""
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata.pop("execution", None)
+    return notebook
+
+
+def _executed_looking() -> nbformat.NotebookNode:
     cell = nbformat.v4.new_code_cell("1 + 1")
     cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=1)]
     cell.execution_count = 1
     cell.metadata["execution"] = {"iopub.execute_input": "2025-01-01T00:00:00Z"}
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"), cell])
-    assert _output_problems(notebook) == [
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"), cell])
+
+
+def test_output_check_finds_outputs():
+    """The check above can fail: an executed-looking cell is reported three ways."""
+    assert _output_problems(_executed_looking()) == [
         "cell 1 has 1 output(s)",
         "cell 1 has execution_count 1",
         "cell 1 has execution timings in its metadata",
     ]
+
+
+def test_clear_outputs_leaves_the_sources():
+    notebook = _executed_looking()
+    sources = [cell.source for cell in notebook.cells]
+    clear_outputs(notebook)
+    assert _output_problems(notebook) == []
+    assert [cell.source for cell in notebook.cells] == sources
+    nbformat.validate(notebook)
 
 
 # ---------------------------------------------------------------------- the names a notebook uses exist
@@ -208,3 +230,13 @@ def test_notebook_runs_offline(path, monkeypatch):
     ]
     assert not errors
     assert elapsed < NOTEBOOK_BUDGET_S, f"{path.name} took {elapsed:.0f} s; expected under {NOTEBOOK_BUDGET_S} s"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["--clear"]:
+        sys.exit("usage: python tests/test_notebooks.py --clear [NOTEBOOK.ipynb ...]  (default: every notebook)")
+    for target in [Path(name) for name in sys.argv[2:]] or NOTEBOOKS:
+        nbformat.write(clear_outputs(nbformat.read(target, as_version=4)), target)
+        print(f"cleared {target}")
