@@ -289,13 +289,18 @@ class Column:
         }
 
 
+def marked_top(scan: Scan) -> int:
+    """How many top heads per column the table highlights: ``min(top_k, n_heads_total // 8)``, at least 1."""
+    return min(scan.settings.top_k, max(1, scan.model.n_layers * scan.model.n_heads // 8))
+
+
 def columns(scan: Scan) -> list[Column]:
     """The head table's columns: every head score in registry order, then attribution and exact ablation.
     The top ``min(top_k, n_heads_total // 8)`` heads (at least 1) of each are highlighted: in a 2 x 4 model,
     five of eight heads marked would mark nothing."""
     hs = scan.head_scores
     definitions = getattr(hs, "definitions", {})
-    k = min(scan.settings.top_k, max(1, scan.model.n_layers * scan.model.n_heads // 8))
+    k = marked_top(scan)
     out = []
     for name in hs:
         definition = definitions.get(name)

@@ -67,7 +67,7 @@ def heads_section(scan: Scan) -> Section:
         f'<details class="ck-legend"><summary>columns</summary><ul>{legend}</ul></details>'
     )
     note = (f"Every head, every score. Click a column to sort, a row to inspect the head. Colours: white is what a "
-            f"random head scores, red above, blue below; bold: top {scan.settings.top_k} per column.")
+            f"random head scores, red above, blue below; bold and boxed: top {data.marked_top(scan)} per column.")
     return Section("heads", "All heads", body, note)
 
 
