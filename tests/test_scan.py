@@ -142,3 +142,28 @@ def test_cli_output_is_byte_identical_to_the_library(tmp_path, capsys):
     ck.scan(tokens=RepeatedTokens(batch=4, seed=3)).save(lib_dir)
     for name in ("report.html", "scores.json"):
         assert (cli_dir / name).read_bytes() == (lib_dir / name).read_bytes(), name
+
+
+def test_circuit_ablated_together_equals_hand_written_hooks(model, result):
+    """Oracle: replace every called induction head's z by its clean mean with hooks written here."""
+    heads = result.induction_heads
+    tokens = TOKENS.build(model).tokens
+    _, cache = model.run_with_cache(tokens)
+
+    def hook(z, hook):
+        layer = int(hook.name.split(".")[1])
+        z = z.clone()
+        for lay, head in heads:
+            if lay == layer:
+                z[:, :, head] = cache[f"blocks.{layer}.attn.hook_z"][:, :, head].mean(dim=(0, 1))
+        return z
+
+    layers = sorted({layer for layer, _ in heads})
+    with torch.no_grad():
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook) for layer in layers])
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    repeated = TOKENS.build(model).repeated_copies
+    expected = float(ce[:, repeated].mean()) - result.induction_loss.repeated_copies
+    assert result.circuit_ablation["induction heads"] == pytest.approx(expected, abs=1e-4)
+    assert expected > 3.0  # without its induction heads the model cannot copy: the repeats cost ~ the first copy
+    assert set(result.circuit_ablation) == {"induction heads", "previous-token heads", "circuit"}

@@ -10,7 +10,8 @@ The path of data, each pass done once::
                              ->  attribution: one forward + one backward, a first-order ablation estimate per head
                              ->  exact ablation of the heads that count: the top ``ablate_top`` by |attribution|
                                  joined with the heads called induction / previous-token heads (``ablate="top"``),
-                                 every head (``"all"``) or none; agreement of estimate and exact
+                                 every head (``"all"``) or none; agreement of estimate and exact;
+                                 the called induction / previous-token heads ablated together
     weights (HeadWeights)    ->  Q/K/V composition + random baselines + top edges, QK/OV spectra
                              ->  edge-level causal evidence (edge attribution, path patching of the top edges)
 
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from circuitkit import validate
-from circuitkit.detect.ablation import ABLATION_METHODS
+from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.clean_run import clean_run
 from circuitkit.detect.loss import summarise
@@ -149,6 +150,7 @@ def scan(
         induction_heads = called_heads(head_scores, "induction")
         previous_heads = called_heads(head_scores, "previous_token")
         ablation = agreement_result = None
+        circuit_ablation: dict[str, float] = {}
         if ablate != "none":
             bar.stage("exact ablation")
             chosen = exact_set(attribution, ablate, ablate_top, induction_heads + previous_heads)
@@ -157,6 +159,12 @@ def scan(
                 progress=lambda n: bar.advance(n / max(1, spec.n_heads)),
             )
             agreement_result = agreement(attribution, ablation)
+            groups = {"induction heads": induction_heads, "previous-token heads": previous_heads,
+                      "circuit": induction_heads + previous_heads}
+            circuit_ablation = {
+                label: ablate_together(adapter, run, list(heads), ablation_method)
+                for label, heads in groups.items() if heads
+            }
 
         bar.stage("composition and spectra")
         composition, baselines, edges = _composition(weights, top_k)
@@ -200,6 +208,7 @@ def scan(
         circuit=evidence,
         induction_heads=induction_heads,
         previous_token_heads=previous_heads,
+        circuit_ablation=circuit_ablation,
     )
 
 

@@ -125,7 +125,9 @@ class Scan:
     - ``spectra``: ``"QK" | "OV"`` -> ``[L, H, d_head]`` singular values, descending;
     - ``circuit``: edge-level causal evidence (:class:`circuitkit.circuits.CircuitEvidence`) or None;
     - ``induction_heads``, ``previous_token_heads``: the heads the scan calls so (see
-      :data:`circuitkit.pipeline.HEAD_CALL_THRESHOLD`).
+      :data:`circuitkit.pipeline.HEAD_CALL_THRESHOLD`);
+    - ``circuit_ablation``: the rise of the repeated-copies loss with a group of heads ablated together:
+      ``"induction heads"``, ``"previous-token heads"``, ``"circuit"`` (both), where the group is non-empty.
     """
 
     model: ModelSummary
@@ -144,6 +146,7 @@ class Scan:
     circuit: Any | None = None
     induction_heads: tuple[Head, ...] = ()
     previous_token_heads: tuple[Head, ...] = ()
+    circuit_ablation: Mapping[str, float] = field(default_factory=dict)
 
     def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
         """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""

@@ -131,6 +131,32 @@ def ablate(
     return HeadEffects(kind="ablation", method=method, clean_loss=clean, effect=effect, exact=exact)
 
 
+def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], method: str) -> float:
+    """The rise of the repeated-copies loss when all ``heads`` are ablated at once (one forward pass): what
+    removing a whole circuit does, which single-head effects do not add up to when heads back each other up."""
+    if not heads:
+        raise validate.fail("ablate_together: heads", heads, "at least one (layer, head)")
+    values = replacements(adapter, run, method)
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+
+    def hook_for(layer: int, chosen: list[int]):
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            z = z.clone()
+            index = torch.tensor(chosen, device=z.device)
+            z[:, :, index] = values[layer].to(device=z.device, dtype=z.dtype)[index]
+            return z
+
+        return hook
+
+    hooks = [(HOOKS.z(layer), hook_for(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
+    with torch.no_grad():
+        logits = adapter.run(run.batch.tokens, hooks)
+    losses = token_losses(logits, run.batch.tokens).cpu()[:, run.batch.repeated_copies]
+    return float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
+
+
 def ablation_effects(
     model: Any,
     tokens: RepeatedTokens | TokenBatch | None = None,
@@ -165,4 +191,12 @@ def ablation_effects(
         return ablate(adapter, run, chosen, method, resume=resume, progress=bar.update)
 
 
-__all__ = ["ABLATION_METHODS", "AblationMethod", "ablate", "ablation_effects", "check_heads", "replacements"]
+__all__ = [
+    "ABLATION_METHODS",
+    "AblationMethod",
+    "ablate",
+    "ablate_together",
+    "ablation_effects",
+    "check_heads",
+    "replacements",
+]

@@ -184,6 +184,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         "agreement": None,
         "composition": {},
         "circuit": None,
+        "circuit_ablation": {label: number(value) for label, value in getattr(scan, "circuit_ablation", {}).items()},
     }
     if scan.induction_loss is not None:
         per_position = getattr(scan.induction_loss, "per_position", None)

@@ -170,6 +170,15 @@ def sentences(scan: Scan, story: Story) -> list[str]:
             text += (f"; attribution agrees with exact ablation at Spearman <b>{agreement.spearman:.2f}</b> over "
                      f"{agreement.n_exact} heads")
         out.append(text + ".")
+    together = [(label, value) for label, value in scan.circuit_ablation.items() if value is not None]
+    if together:
+        parts = [f"the {_esc(label)} <b>{value:+.2f}</b>" for label, value in together]
+        after = ""
+        if story.repeated_copies is not None and "induction heads" in scan.circuit_ablation:
+            rise = scan.circuit_ablation["induction heads"]
+            after = f" (with the induction heads gone the repeats cost <b>{_num(story.repeated_copies + rise)}</b>"
+            after += f" nats, first copy {_num(story.first_copy)})" if story.first_copy is not None else " nats)"
+        out.append(f"<b>Ablated together</b>, the loss rises by: {', '.join(parts)} nats{after}.")
     return out
 
 

@@ -21,7 +21,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit.errors import CircuitkitError
-from circuitkit.viz._checks import as_float_array, head_name
+from circuitkit.ranking import head_name
+from circuitkit.viz._checks import as_float_array
 
 SEQUENTIAL = "Viridis"
 DIVERGING = "RdBu_r"
@@ -44,7 +45,7 @@ def head_score_heatmap(
     """
     z = as_float_array(scores, name="scores", caller="head_score_heatmap", ndim=2, allow_nan=True)
     n_layers, n_heads = z.shape
-    names = np.array([[head_name(layer, head) for head in range(n_heads)] for layer in range(n_layers)])
+    names = np.array([[head_name((layer, head)) for head in range(n_heads)] for layer in range(n_layers)])
     figure = go.Figure(
         go.Heatmap(
             z=z,
@@ -108,7 +109,7 @@ def composition_heatmap(
     valid = np.broadcast_to(src_layer < dst_layer, array.shape)
     # float32 halves the report size; composition scores are float32 to begin with
     z = np.where(valid, array, np.nan).reshape(n_layers * n_heads, n_layers * n_heads).astype(np.float32)
-    names = [head_name(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    names = [head_name((layer, head)) for layer in range(n_layers) for head in range(n_heads)]
     label = f"{mode}-composition" if mode else "composition"
     title = label if mid is None else f"{label} (random baseline {mid:.3f} = white)"
     figure = go.Figure(
