@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 from jaxtyping import Float
 from torch import Tensor
 
-from circuitkit.viz._checks import as_float_array, head_name
+from circuitkit.ranking import head_name
+from circuitkit.viz._checks import as_float_array
 
 Scale = Literal["linear", "log"]
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -62,12 +63,12 @@ def singular_value_spectra(
                     x=index,
                     y=sigma[layer, head],
                     mode="lines+markers",
-                    name=head_name(layer, head),
+                    name=head_name((layer, head)),
                     legendgroup=f"layer {layer}",
                     legendgrouptitle={"text": f"layer {layer}"} if head == 0 else None,
                     line={"color": colour, "width": 1.5},
                     marker={"size": 4},
-                    hovertemplate=f"head {head_name(layer, head)}<br>sigma_%{{x}} = %{{y:.4g}}<extra></extra>",
+                    hovertemplate=f"head {head_name((layer, head))}<br>sigma_%{{x}} = %{{y:.4g}}<extra></extra>",
                 )
             )
     # a log axis cannot show exact zeros (rank-deficient heads); they drop off the plot, as they should
