@@ -38,6 +38,10 @@ EDGES_PER_HEAD = 3
 """Strongest incoming and outgoing composition edges per head and mode, listed when a head is selected."""
 QUANT_LEVELS = 255
 MODES = ("Q", "K", "V")
+CIRCUIT_VIEW_HEADS = 8
+"""Heads in the CircuitsVis ``AttentionHeads`` view of the circuit: thumbnails stay readable up to about 8 in a
+row; half the places go to induction heads, half to previous-token heads (a role with fewer leaves its places to
+the other)."""
 
 
 # ---------------------------------------------------------------------------------------------- numbers
@@ -434,6 +438,44 @@ def copy_starts(scan: Scan) -> list[int]:
     return [offset + c * settings.block_len for c in range(settings.n_repeats)]
 
 
+def circuit_view_heads(scan: Scan, limit: int = CIRCUIT_VIEW_HEADS) -> list[tuple[Head, str]]:
+    """The heads the circuit's CircuitsVis view shows, in ``(layer, head)`` order, each with its role
+    (``"prev"`` | ``"induct"``): the scan's called previous-token and induction heads, best score first within a
+    role, at most ``limit`` in all. When the scan called none, the best head by induction score and by
+    previous-token score (roles ``"best induct"``, ``"best prev"``) so the view is never empty."""
+    def best(heads: Sequence[Head], score: str) -> list[Head]:
+        values = scan.head_scores[score] if score in scan.head_scores else None
+        if values is None:
+            return list(heads)
+        # stable: equal scores keep the scan's order
+        return sorted(heads, key=lambda h: -_finite(values[h[0], h[1]]))
+
+    induction = best([tuple(h) for h in scan.induction_heads], "induction")
+    previous = best([tuple(h) for h in scan.previous_token_heads], "previous_token")
+    roles = {"induct": induction, "prev": previous}
+    if not induction and not previous:
+        roles = {}
+        for role, score in (("best induct", "induction"), ("best prev", "previous_token")):
+            if score in scan.head_scores:
+                top = [h for h, v in top_heads(scan.head_scores[score], 1) if not math.isnan(v)]
+                roles[role] = [h for h in top if all(h not in v for v in roles.values())]
+    chosen: dict[Head, str] = {}
+    share = max(1, limit // max(1, len(roles)))
+    for role, heads in roles.items():  # each role its share first ...
+        for head in heads[:share]:
+            chosen.setdefault(head, role)
+    for role, heads in roles.items():  # ... then what is left over, in role order
+        for head in heads[share:]:
+            if len(chosen) < limit:
+                chosen.setdefault(head, role)
+    return sorted(chosen.items())[:limit]
+
+
+def _finite(value: Any) -> float:
+    value = float(value)
+    return value if math.isfinite(value) else -math.inf
+
+
 def page_data(scan: Scan) -> tuple[dict[str, Any], dict[str, bytes]]:
     """What the page script draws: (JSON-able data, binary blobs by name). See the module docstring."""
     m = scan.model
@@ -449,6 +491,7 @@ def page_data(scan: Scan) -> tuple[dict[str, Any], dict[str, bytes]]:
         "previous_token_heads": [a * m.n_heads + b for a, b in scan.previous_token_heads],
         "pattern": None,
         "copies": copy_starts(scan),
+        "circuit_view": [{"head": a * m.n_heads + b, "role": role} for (a, b), role in circuit_view_heads(scan)],
         "spectra": {},
         "composition": {},
     }

@@ -12,11 +12,19 @@ Layout of the file:
   ``<script type="application/x-circuitkit-gzip-base64" id="ck-blob-NAME">`` (gzip, then base64; unpacked in
   the browser with ``DecompressionStream``: Chromium >= 80, Firefox >= 113, Safari >= 16.4);
   ``compress=False`` stores plain base64 (``application/x-circuitkit-base64``) instead;
-- the page script (``assets/report.js``) inline, once. No third-party library, no network URL.
+- the CircuitsVis JavaScript bundle once, packed like a blob
+  (``<script type="application/x-circuitkit-gzip-base64" id="ck-lib-circuitsvis">``): taken from a rendered view's
+  offline ``local_src`` (:func:`circuitsvis_bundle`), so no network URL; the page script unpacks it, runs it
+  and draws every attention pattern with ``CircuitsVis.render`` (the clicked head's ``AttentionPattern`` in the
+  panel, the circuit's ``AttentionHeads`` near the top); if it fails to load, a plain canvas draws the panel's
+  pattern and the page status says so;
+- the page script (``assets/report.js``) inline, once. No network URL.
 
 Escaping: every string from the model or the user (token strings, names) is HTML-escaped in markup, and
 ``<``/``>``/``&`` are written ``\\u003c``... inside JSON, so no token can close a script or inject markup;
-the script writes strings with ``textContent`` only. The output is a pure function of the scan (no timestamps,
+the script writes strings with ``textContent`` only. Tokens handed to CircuitsVis are HTML-escaped first in the
+page script, as :mod:`circuitkit.viz.attention` does (some CircuitsVis elements write tokens with ``innerHTML``).
+The output is a pure function of the scan (no timestamps,
 fixed ids, ``gzip`` with ``mtime=0``): the same scan gives the same bytes.
 """
 
@@ -50,6 +58,27 @@ MAX_REPORT_BYTES = 10 * 2**20
 def asset(name: str) -> str:
     """The text of ``circuitkit/report/assets/<name>`` (shipped inside the package)."""
     return resources.files("circuitkit.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+CIRCUITSVIS_ID = "ck-lib-circuitsvis"
+
+
+@cache
+def circuitsvis_bundle() -> str:
+    """The CircuitsVis JavaScript bundle (an IIFE defining the global ``CircuitsVis``), from the offline
+    ``local_src`` of a one-token view, without its ``sourceMappingURL`` comment (a file the page cannot load)."""
+    import torch
+
+    from circuitkit.viz.attention import attention_heads, parse_rendered
+
+    bundle = parse_rendered(attention_heads(torch.ones(1, 1, 1), ["t"])).bundle
+    return "\n".join(line for line in bundle.splitlines() if not line.startswith("//# sourceMappingURL"))
+
+
+@cache
+def packed_circuitsvis(compress: bool) -> tuple[str, str]:
+    """:func:`circuitsvis_bundle` packed (MIME type, base64 text); the same bytes every time."""
+    return pack(circuitsvis_bundle().encode("utf-8"), compress=compress)
 
 
 def script_json(value: Any) -> str:
@@ -94,6 +123,8 @@ def build_report(scan: Scan, *, compress: bool = True) -> str:
     for name, blob in blobs.items():
         mime, text = pack(blob, compress=compress)
         packed.append(f'<script type="{mime}" id="ck-blob-{esc(name)}">{text}</script>')
+    lib_mime, lib_text = packed_circuitsvis(compress)
+    packed.append(f'<script type="{lib_mime}" id="{CIRCUITSVIS_ID}">{lib_text}</script>')
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -146,4 +177,13 @@ def summary_html(scan: Scan) -> str:
     )
 
 
-__all__ = ["BASE64_MIME", "GZIP_MIME", "MAX_REPORT_BYTES", "build_report", "script_json", "summary_html"]
+__all__ = [
+    "BASE64_MIME",
+    "CIRCUITSVIS_ID",
+    "GZIP_MIME",
+    "MAX_REPORT_BYTES",
+    "build_report",
+    "circuitsvis_bundle",
+    "script_json",
+    "summary_html",
+]

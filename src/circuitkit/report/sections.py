@@ -52,6 +52,21 @@ def summary_section(scan: Scan) -> Section:
     return Section("summary", "The answer", summary.story_html(scan))
 
 
+def patterns_section(scan: Scan) -> Section | None:
+    """The circuit's heads (:func:`circuitkit.report.data.circuit_view_heads`) as one CircuitsVis
+    ``AttentionHeads`` view, drawn by the page script into ``#ck-cv-circuit``."""
+    if scan.patterns is None or not scan.patterns.numel():
+        return None
+    heads = data.circuit_view_heads(scan)
+    if not heads:
+        return None
+    named = ", ".join(f"{head_name(h)} ({role})" for h, role in heads)
+    note = (f"CircuitsVis AttentionHeads of {named} on the repeated sequence: hover a thumbnail to enlarge it, "
+            "click to keep it. Rows: query (destination) position, columns: key (source); blue = attention.")
+    return Section("patterns", "The circuit's attention patterns",
+                   '<div id="ck-cv-circuit" class="ck-cv ck-cv-circuit"></div>', note)
+
+
 def heads_section(scan: Scan) -> Section:
     columns = data.columns(scan)
     legend = "".join(
@@ -213,6 +228,7 @@ def _fmt(value: float | None) -> str:
 
 SECTIONS: list[SectionBuilder] = [
     summary_section,
+    patterns_section,
     heads_section,
     heatmaps_section,
     composition_section,

@@ -5,7 +5,15 @@
  * aggregate and a zoomable head x head view) and the head panel (#ck-detail: attention pattern, QK/OV spectra,
  * strongest edges). One selection links them: a table row, a heatmap cell, a composition cell or any element
  * with data-head="layer.head" selects that head. Strings from the data are written with textContent only.
- * Marks <html data-ck-ready="true"> when drawn, "error" on failure (the browser test and PNG export wait for it).
+ *
+ * Attention patterns are drawn by CircuitsVis: its bundle (#ck-lib-circuitsvis, packed like the blobs) is run
+ * once; the panel renders CircuitsVis.AttentionPattern of the selected head, #ck-cv-circuit renders
+ * CircuitsVis.AttentionHeads of the circuit's heads (D.circuit_view), both from the pattern blob. Tokens are
+ * HTML-escaped before CircuitsVis sees them (some of its elements write tokens with innerHTML), as
+ * circuitkit.viz.attention does. If the bundle fails to load, a plain canvas draws the patterns and #ck-status
+ * says so (<html data-ck-circuitsvis="failed">).
+ * Marks <html data-ck-ready="true"> when drawn (CircuitsVis charts included), "error" on failure (the browser
+ * test and PNG export wait for it).
  */
 (function () {
   "use strict";
@@ -13,6 +21,9 @@
   var D, L, H, N, cols, blobs = {}, selected = -1, rows = [], order = [];
   var sortKey = null, sortDir = -1, mode = null, win = null, aggregates = {};
   var tip;
+  var CV = null, cvError = null, cvTokens = null;  // the CircuitsVis global once loaded, or why it did not load
+  var CV_WAIT_MS = 3000;
+  var CV_TOKEN_CHARS = 12;  // CircuitsVis prints every token on both axes: a long token would squeeze the matrix  // longest wait for a CircuitsVis chart to appear before the page counts as drawn
 
   function $(id) { return document.getElementById(id); }
   function el(tag, attrs, text) {
@@ -29,6 +40,11 @@
   }
   function fmt(v, digits) { return v === null || v === undefined ? "" : v.toFixed(digits === undefined ? 3 : digits); }
   function dpr() { return Math.max(1, Math.min(2, window.devicePixelRatio || 1)); }
+
+  function htmlText(text) {  // as Python's html.escape(text, quote=True)
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+      .replace(/"/g, "&quot;").replace(/'/g, "&#x27;");
+  }
 
   async function unpack(node) {
     var binary = atob(node.textContent.trim()), n = binary.length, bytes = new Uint8Array(n);
@@ -355,10 +371,37 @@
     return out;
   }
 
+  // the pattern of head i as rows of numbers for CircuitsVis (3 decimals: the data holds 1/255 steps)
+  function patternRows(i) {
+    var P = D.pattern.pos, p = patternOf(i), rows = [];
+    for (var q = 0; q < P; q++) {
+      var row = [];
+      for (var k = 0; k < P; k++) row.push(Math.round(p[q * P + k] * 1000) / 1000);
+      rows.push(row);
+    }
+    return rows;
+  }
+
+  // CircuitsVis charts stay registered (Chart.js) after their node leaves the page: free their pixels at least
+  function releaseCharts(node) {
+    if (!node) return;
+    Array.prototype.forEach.call(node.querySelectorAll("canvas"), function (c) { c.width = 0; c.height = 0; });
+  }
+
   function drawPattern(box, i) {
-    var P = D.pattern.pos, p = patternOf(i), size = Math.min(340, box.clientWidth - 10), cell = size / P;
-    var canvas = el("canvas", {id: "ck-pattern", "data-head": headName(i)});
-    box.appendChild(el("div", {"class": "ck-cap"}, "attention on the repeated sequence (row = query)"));
+    box.appendChild(el("div", {"class": "ck-cap"}, "attention on the repeated sequence (CircuitsVis if loaded)"));
+    if (!CV) { drawCanvasPattern(box, i, Math.min(340, box.clientWidth - 10), "ck-pattern"); return; }
+    var view = el("div", {id: "ck-cv-pattern", "class": "ck-cv", "data-head": headName(i)});
+    box.appendChild(view);
+    CV.render("ck-cv-pattern", CV.AttentionPattern, {
+      tokens: cvTokens, attention: patternRows(i), maxValue: 1, minValue: 0, maskUpperTri: D.pattern.triangular
+    });
+  }
+
+  // the plain-canvas drawing of head i's pattern: the fallback when CircuitsVis did not load
+  function drawCanvasPattern(box, i, size, id) {
+    var P = D.pattern.pos, p = patternOf(i), cell = size / P;
+    var canvas = el("canvas", {id: id, "class": "ck-pattern", "data-head": headName(i)});
     box.appendChild(canvas);
     var g = sizeCanvas(canvas, size, size);
     g.fillStyle = "#fff";
@@ -383,6 +426,59 @@
         ": " + fmt(p[q * P + k]));
     });
     canvas.addEventListener("mouseleave", hideTip);
+  }
+
+  // the circuit's heads side by side: CircuitsVis AttentionHeads (hover a thumbnail to enlarge it)
+  function drawCircuitView() {
+    var box = $("ck-cv-circuit"), heads = D.circuit_view || [];
+    if (!box || !D.pattern || !heads.length) return;
+    box.textContent = "";
+    if (!CV) {
+      heads.forEach(function (h) {
+        var fig = el("div", {"class": "ck-mult"});
+        fig.appendChild(el("div", {"class": "ck-cap"}, headName(h.head) + " " + h.role));
+        box.appendChild(fig);
+        drawCanvasPattern(fig, h.head, 150, "ck-circuit-" + headName(h.head).replace(".", "-"));
+      });
+      box.classList.add("ck-multiples");
+      return;
+    }
+    CV.render("ck-cv-circuit", CV.AttentionHeads, {
+      tokens: cvTokens,
+      attention: heads.map(function (h) { return patternRows(h.head); }),
+      attentionHeadNames: heads.map(function (h) { return htmlText(headName(h.head) + " " + h.role); }),
+      maxValue: 1, minValue: 0, maskUpperTri: D.pattern.triangular
+    });
+  }
+
+  // resolves once every node has CircuitsVis canvases (Chart.js draws them on mount), or after CV_WAIT_MS
+  function chartsDrawn(ids) {
+    var t0 = performance.now();
+    return new Promise(function (resolve) {
+      (function check() {
+        var done = ids.every(function (id) { var n = $(id); return !n || n.querySelector("canvas"); });
+        if (done || performance.now() - t0 > CV_WAIT_MS) requestAnimationFrame(function () { resolve(done); });
+        else requestAnimationFrame(check);
+      })();
+    });
+  }
+
+  // runs the CircuitsVis bundle once; null when it worked, else the reason
+  async function loadCircuitsVis(node) {
+    if (!node) return "its bundle is missing from the page";
+    try {
+      var code = new TextDecoder().decode(await unpack(node)), script = document.createElement("script");
+      script.textContent = code;
+      document.head.appendChild(script);
+      if (typeof window.CircuitsVis === "undefined" || typeof window.CircuitsVis.render !== "function" ||
+          !window.CircuitsVis.AttentionPattern || !window.CircuitsVis.AttentionHeads) {
+        return "its bundle did not define CircuitsVis.render, AttentionPattern and AttentionHeads";
+      }
+      CV = window.CircuitsVis;
+      return null;
+    } catch (error) {
+      return String(error);
+    }
   }
 
   function drawSpectra(box, i) {
@@ -442,6 +538,7 @@
   function showDetail(i) {
     var box = $("ck-detail");
     if (!box) return;
+    releaseCharts(box);
     box.textContent = "";
     box.dataset.head = headName(i);
     var roles = [];
@@ -468,7 +565,7 @@
     var name = headName(i);
     Array.prototype.forEach.call(document.querySelectorAll(".ck-sel"), function (n) { n.classList.remove("ck-sel"); });
     Array.prototype.forEach.call(document.querySelectorAll('[data-head="' + name + '"]'), function (n) {
-      if (n.id !== "ck-pattern") n.classList.add("ck-sel");
+      if (!inPattern(n)) n.classList.add("ck-sel");
     });
     if (rows.length && from !== "table" && !rows[i].hidden) {
       var wrap = rows[i].closest(".ck-table-wrap");
@@ -478,16 +575,22 @@
     showDetail(i);
   }
 
+  // the pattern views carry data-head (which head they show) but a click inside them selects nothing
+  function inPattern(node) { return !!(node.closest && node.closest(".ck-pattern, .ck-cv")); }
+
   function main() {
     D = JSON.parse($("ck-data").textContent);
     L = D.n_layers; H = D.n_heads; N = L * H;
     cols = D.columns;
+    cvTokens = D.tokens.map(function (t) {
+      return htmlText(t.length > CV_TOKEN_CHARS ? t.slice(0, CV_TOKEN_CHARS - 1) + "\u2026" : t);
+    });
     cols.forEach(function (c) { c.topSet = {}; c.top.forEach(function (i) { c.topSet[i] = true; }); });
     tip = el("div", {id: "ck-tip", "class": "ck-tip"});
     document.body.appendChild(tip);
     document.addEventListener("click", function (e) {
       var target = e.target.closest ? e.target.closest("[data-head]") : null;
-      if (target && target.id !== "ck-pattern") select(parseHead(target.dataset.head), target.tagName === "TR" ? "table" : "link");
+      if (target && !inPattern(target)) select(parseHead(target.dataset.head), target.tagName === "TR" ? "table" : "link");
     });
     document.addEventListener("keydown", function (e) {
       if (e.key === "Enter" && e.target.dataset && e.target.dataset.head) select(parseHead(e.target.dataset.head), "link");
@@ -504,6 +607,7 @@
     if (cols.length) sortBy(byInduction ? "induction" : cols[0].key);
     var first = D.induction_heads.length ? D.induction_heads[0] : (cols.length && cols[0].top.length ? cols[0].top[0] : 0);
     select(first, "start");
+    drawCircuitView();
     var pending = null;
     window.addEventListener("resize", function () {
       clearTimeout(pending);
@@ -514,11 +618,28 @@
   async function start() {
     var status = $("ck-status");
     try {
-      var nodes = document.querySelectorAll('script[id^="ck-blob-"]');
-      for (var i = 0; i < nodes.length; i++) blobs[nodes[i].id.slice(8)] = await unpack(nodes[i]);
+      var nodes = document.querySelectorAll('script[id^="ck-blob-"]'), library = loadCircuitsVis($("ck-lib-circuitsvis"));
+      var unpacked = await Promise.all(Array.prototype.map.call(nodes, unpack));
+      for (var i = 0; i < nodes.length; i++) blobs[nodes[i].id.slice(8)] = unpacked[i];
+      cvError = await library;
       main();
-      status.textContent = "";
-      status.hidden = true;
+      if (CV && !(await chartsDrawn(["ck-cv-pattern", "ck-cv-circuit"]))) {
+        cvError = "its charts did not appear";
+        CV = null;  // draw both views again on the plain canvas
+        if (selected >= 0) showDetail(selected);
+        drawCircuitView();
+      }
+      document.documentElement.dataset.ckCircuitsvis = cvError ? "failed" : "drawn";
+      if (cvError) {
+        status.hidden = false;
+        status.textContent = "CircuitsVis did not load (" + cvError + "): attention patterns are drawn on a plain " +
+          "canvas instead.";
+        status.className = "note warn";
+        console.warn("circuitkit report: CircuitsVis did not load: " + cvError);
+      } else {
+        status.textContent = "";
+        status.hidden = true;
+      }
       document.documentElement.dataset.ckDrawMs = String(Math.round(performance.now()));
       document.documentElement.dataset.ckReady = "true";
     } catch (error) {
@@ -534,6 +655,8 @@
     select: function (name) { select(parseHead(name), "api"); },
     showMode: showMode,
     sortBy: sortBy,
+    htmlText: htmlText,
+    cvTokens: function () { return cvTokens.slice(); },
     wholeModel: function () { win = {s0: 0, s1: L - 1, d0: 0, d1: L - 1}; drawComposition(); }
   };
   start();
