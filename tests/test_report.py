@@ -87,6 +87,44 @@ def test_page_script_and_style_are_package_assets_inlined_once(report):
     assert report.count("<script>") == 1  # one executable script: the loader
 
 
+def test_circuitsvis_bundle_is_inlined_once_packed_and_offline(scan, report):
+    from circuitkit.report.page import CIRCUITSVIS_ID, circuitsvis_bundle
+    from circuitkit.viz.attention import attention_heads, parse_rendered
+
+    packed = re.findall(rf'<script type="{GZIP_MIME}" id="{CIRCUITSVIS_ID}">([^<]*)</script>', report)
+    assert len(packed) == 1
+    bundle = gzip.decompress(base64.b64decode(packed[0])).decode("utf-8")
+    assert bundle == circuitsvis_bundle()
+    # the oracle: the bundle of another view CircuitsVis renders offline, less its source-map comment
+    other = parse_rendered(attention_heads(torch.rand(2, 3, 3).tril(), ["a", "b", "c"])).bundle
+    assert bundle == other.replace("\n//# sourceMappingURL=iife.js.map", "")
+    assert "var CircuitsVis=" in bundle and "sourceMappingURL" not in bundle and len(bundle) > 500_000
+    # only as a packed blob: never as a script the page would load, nor readable (URLs included) in the page text
+    assert bundle[:200] not in report and "var CircuitsVis=" not in report
+    plain = build_report(scan, compress=False)
+    assert base64.b64decode(re.search(rf'id="{CIRCUITSVIS_ID}">([^<]*)<', plain).group(1)).decode() == bundle
+
+
+def test_circuit_view_shows_the_called_heads_at_most_eight(scan, report):
+    from circuitkit.report.data import CIRCUIT_VIEW_HEADS, circuit_view_heads
+
+    n_heads = scan.model.n_heads
+    assert _data(report)["circuit_view"] == [{"head": 1, "role": "prev"}, {"head": n_heads, "role": "induct"}]
+    assert 'id="ck-cv-circuit"' in report
+    # many called heads: half the places per role, best score first, shown in (layer, head) order
+    big = synthetic_scan(6, 8)
+    ind = top_heads(big.head_scores["induction"], 10)
+    prev = top_heads(big.head_scores["previous_token"], 10)
+    many = dataclasses.replace(big, induction_heads=tuple(h for h, _ in ind),
+                               previous_token_heads=tuple(h for h, _ in prev if h not in dict(ind)))
+    chosen = circuit_view_heads(many)
+    assert len(chosen) == CIRCUIT_VIEW_HEADS and chosen == sorted(chosen)
+    assert [h for h, r in chosen if r == "induct"] == sorted(h for h, _ in ind[:4])
+    # none called: the best head by each score, so the view is never empty
+    none = dataclasses.replace(big, induction_heads=(), previous_token_heads=())
+    assert {r for _, r in circuit_view_heads(none)} == {"best induct", "best prev"}
+
+
 def test_token_strings_and_names_are_escaped(scan, report):
     assert EVIL_TOKEN not in report and "<img" not in report
     assert EVIL_NAME not in report and "synthetic &lt;model&gt; &amp; &quot;co&quot;" in report
