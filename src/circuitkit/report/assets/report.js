@@ -389,7 +389,7 @@
   }
 
   function drawPattern(box, i) {
-    box.appendChild(el("div", {"class": "ck-cap"}, "attention on the repeated sequence (CircuitsVis if loaded)"));
+    box.appendChild(el("div", {"class": "ck-cap"}, "attention on the repeated sequence (rows: query)"));
     if (!CV) { drawCanvasPattern(box, i, Math.min(340, box.clientWidth - 10), "ck-pattern"); return; }
     var view = el("div", {id: "ck-cv-pattern", "class": "ck-cv", "data-head": headName(i)});
     box.appendChild(view);
