@@ -153,6 +153,9 @@ class Factored:
             )
         validate.tensor("Factored: A", A, finite=True)
         validate.tensor("Factored: B", B, finite=True)
+        if A.numel() == 0 or B.numel() == 0:
+            raise validate.fail("Factored", validate.given(f"A {tuple(A.shape)} and B {tuple(B.shape)}"),
+                                "non-empty factors")
 
     # ------------------------------------------------------------------ shape
     @property

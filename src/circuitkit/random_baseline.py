@@ -53,6 +53,10 @@ class CompositionBaseline:
     n_samples: int
 
 
+MAX_SAMPLES = 1_000_000
+"""More random pairs than this would run for hours and the mean is already exact to ~1e-4."""
+
+
 def composition_baseline(weights: Any, mode: Mode, *, n_samples: int = 32, seed: int = 0) -> CompositionBaseline:
     """The composition score random heads of ``weights``' shapes get (mean and std over random pairs).
 
@@ -64,7 +68,8 @@ def composition_baseline(weights: Any, mode: Mode, *, n_samples: int = 32, seed:
 
     check_mode(mode, "composition_baseline")
     n_samples = validate.integer(
-        "composition_baseline: n_samples", n_samples, minimum=2, why="a standard deviation needs two samples"
+        "composition_baseline: n_samples", n_samples, minimum=2, maximum=MAX_SAMPLES,
+        why="a standard deviation needs two samples; each sample is a pair of random heads"
     )
     seed = validate.seed("composition_baseline: seed", seed)
     hw = as_head_weights(weights, "composition_baseline")

@@ -91,8 +91,9 @@ class HeadEffects:
     def top(self, k: int = 5, *, absolute: bool = False) -> list[tuple[Head, float]]:
         """The ``k`` heads with the largest effect (``absolute``: largest ``|effect|``), NaN last."""
         from circuitkit.ranking import top_heads
+        from circuitkit.validate import boolean
 
-        return top_heads(self.effect, k, absolute=absolute)
+        return top_heads(self.effect, k, absolute=boolean("HeadEffects.top: absolute", absolute))
 
 
 @dataclass(frozen=True)

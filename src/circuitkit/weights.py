@@ -63,6 +63,9 @@ class HeadWeights:
     source_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
+        for required in ("W_Q", "W_K", "W_V", "W_O"):
+            if getattr(self, required) is None:
+                raise validate.fail(f"HeadWeights.{required}", None, "a torch.Tensor (W_Q, W_K, W_V, W_O are required)")
         converted = {}
         dtype = None
         for f in fields(self):
@@ -82,6 +85,8 @@ class HeadWeights:
                     f"a floating dtype (one of {', '.join(str(d) for d in _FLOAT_DTYPES)})",
                     "Cast with .float().",
                 )
+            if value.numel() == 0:
+                raise validate.fail(f"HeadWeights.{f.name}", value, "a non-empty tensor")
             dtype = dtype or value.dtype
             converted[f.name] = value
         source_dtype = self.source_dtype or dtype
@@ -186,6 +191,16 @@ class HeadWeights:
     def layers(self, layers: slice | list[int]) -> HeadWeights:
         """The weights of a subset of layers (biases included; embeddings kept as they are)."""
         per_layer = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+        if not isinstance(layers, slice):
+            expected = f"a slice or a non-empty list of layer indices in [0, {self.n_layers - 1}]"
+            if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+                raise validate.fail("HeadWeights.layers: layers", layers, expected)
+            layers = [validate.integer("HeadWeights.layers: layer", layer, minimum=0, maximum=self.n_layers - 1)
+                      for layer in layers]
+            if not layers:
+                raise validate.fail("HeadWeights.layers: layers", layers, expected)
+        elif len(range(self.n_layers)[layers]) == 0:
+            raise validate.fail("HeadWeights.layers: layers", layers, "a slice that keeps at least one layer")
         picked = {}
         for name in per_layer:
             value = getattr(self, name)

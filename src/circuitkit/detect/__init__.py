@@ -39,3 +39,8 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+
+# The submodule ``agreement`` shares its function's name: once anything imports ``circuitkit.detect.agreement``,
+# Python sets the package attribute to the module, shadowing the lazy function. Bind the function itself.
+from circuitkit.detect.agreement import agreement  # noqa: E402, F401

@@ -142,6 +142,8 @@ def get(name: str) -> ScoreDefinition:
 
 def registered(kind: ScoreKind | None = None) -> tuple[ScoreDefinition, ...]:
     """The registered definitions in registration order (optionally only one ``kind``)."""
+    if kind is not None:
+        validate.option("registered: kind", kind, ("pattern", "weight"))
     return tuple(d for d in _REGISTRY.values() if kind is None or d.kind == kind)
 
 
@@ -150,9 +152,21 @@ def score_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def _copying_where_readable(model: Any) -> Any:
+    """The copying score, or None for a model whose weights cannot be read (a hooks-only model still gets its
+    pattern scores; :func:`copying_scores` itself refuses such input)."""
+    from circuitkit.detect.weight_scores import copying_scores
+    from circuitkit.weights import HeadWeights
+
+    try:
+        weights = HeadWeights.from_model(model)
+    except CircuitkitError:
+        return None
+    return copying_scores(weights)
+
+
 def _register_builtins() -> None:
     from circuitkit.detect import tokens
-    from circuitkit.detect.weight_scores import copying_scores
 
     register(pattern_score(
         "induction", short="induct", targets=tokens.induction_targets,
@@ -178,7 +192,7 @@ def _register_builtins() -> None:
         description="attention from each position to the first position (an attention sink)",
     ))
     register(weight_score(
-        "copying", short="copy", compute=copying_scores, neutral=0.0,
+        "copying", short="copy", compute=_copying_where_readable, neutral=0.0,
         description="Re(sum of eigenvalues) / sum |eigenvalues| of the full OV circuit W_E W_V W_O W_U: +1 copies",
     ))
 

@@ -270,9 +270,11 @@ def pattern_scores(
     targets, averaged over the query rows that have a target: ``name -> [head]``. Usable on patterns from
     elsewhere."""
     tokens = validate.tensor("pattern_scores: tokens", tokens, ndim=2, integral=True)
+    if tokens.numel() == 0 or int(tokens.min()) < 0:
+        raise validate.fail("pattern_scores: tokens", tokens, "a non-empty [batch, pos] tensor of token ids >= 0")
     pos = tokens.shape[1]
     patterns = validate.tensor(
-        "pattern_scores: patterns", patterns, shape=(tokens.shape[0], None, pos, pos), floating=True
+        "pattern_scores: patterns", patterns, shape=(tokens.shape[0], None, pos, pos), floating=True, finite=True
     )
     return PatternReducer(tokens, registry.registered("pattern"))(patterns.float())
 

@@ -180,7 +180,9 @@ def as_batch(tokens: RepeatedTokens | TokenBatch | None, adapter: ModelAdapter) 
         return tokens.build(adapter)
     if isinstance(tokens, TokenBatch):
         spec = adapter.spec
-        ids = tokens.tokens
+        ids = validate.tensor("tokens: TokenBatch.tokens", tokens.tokens, ndim=2, integral=True)
+        if ids.numel() == 0:
+            raise validate.fail("tokens", ids, "a non-empty TokenBatch")
         if ids.ndim != 2 or ids.shape[1] != tokens.n_repeats * tokens.block_len + tokens.prefix:
             raise validate.fail("tokens", ids, "a TokenBatch whose tokens are [batch, n_repeats * block_len (+1)]")
         if int(ids.min()) < 0 or int(ids.max()) >= spec.d_vocab:

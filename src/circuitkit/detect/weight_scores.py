@@ -21,7 +21,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.errors import CircuitkitError
 from circuitkit.factored import stable_eigvals
 from circuitkit.weights import HeadWeights
 
@@ -31,10 +30,7 @@ def copying_scores(weights: Any) -> Float[Tensor, "layer head"] | None:
 
     ``weights``: :class:`HeadWeights` or a model :meth:`HeadWeights.from_model` reads. A head whose core is
     exactly zero scores 0."""
-    try:
-        w = weights if isinstance(weights, HeadWeights) else HeadWeights.from_model(weights)
-    except CircuitkitError:
-        return None
+    w = weights if isinstance(weights, HeadWeights) else HeadWeights.from_model(weights)
     if w.W_E is None or w.W_U is None:
         return None
     with torch.no_grad():

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.weights import HeadWeights
 
@@ -39,6 +40,7 @@ def to_bridge(model_or_weights: Any, *, device: str | torch.device | None = None
 
     from circuitkit.models.toy import DEFAULT_N_CTX, AttentionOnlyModel
 
+    device = validate.device("to_bridge: device", device)
     attn_scale = None
     n_ctx = None
     if isinstance(model_or_weights, AttentionOnlyModel):

@@ -42,6 +42,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
 from circuitkit.weights import HeadWeights
 
@@ -137,15 +138,13 @@ class AttentionOnlyModel:
         attn_scale: float | None = None,
     ) -> None:
         w = HeadWeights.from_model(weights)
-        if attention not in _PATTERNS:
+        if not isinstance(attention, str) or attention not in _PATTERNS:
             raise CircuitkitError(
                 f"AttentionOnlyModel: given attention={attention!r}; expected one of {sorted(_PATTERNS)}."
             )
-        if attn_scale is not None and not (isinstance(attn_scale, (int, float)) and attn_scale > 0):
-            raise CircuitkitError(
-                f"AttentionOnlyModel: given attn_scale={attn_scale!r}; expected a positive number "
-                "(None for sqrt(d_head))."
-            )
+        if attn_scale is not None:
+            attn_scale = validate.real("AttentionOnlyModel: attn_scale (None for sqrt(d_head))", attn_scale,
+                                       minimum=0.0, strict_minimum=True)
         if w.W_pos is not None:
             if n_ctx is not None and n_ctx != w.W_pos.shape[0]:
                 raise CircuitkitError(
@@ -305,6 +304,8 @@ class AttentionOnlyModel:
 
     def _resolve_hooks(self, fwd_hooks) -> dict[str, list[HookFn]]:
         hooks: dict[str, list[HookFn]] = {}
+        if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
+            raise validate.fail("run_with_hooks: fwd_hooks", fwd_hooks, "a list of (name, fn) pairs")
         for entry in fwd_hooks:
             if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
                 raise CircuitkitError(
@@ -328,6 +329,8 @@ class AttentionOnlyModel:
         w, cfg = self._weights, self.cfg
         if not isinstance(tokens, Tensor):
             raise CircuitkitError(f"AttentionOnlyModel: given {describe(tokens)}; expected a torch.Tensor.")
+        if tokens.numel() == 0:
+            raise validate.fail("AttentionOnlyModel: tokens", tokens, "a non-empty tensor")
         if w.W_E is not None:
             if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
                 raise CircuitkitError(

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 
 DEFAULT = "induction-2l"
@@ -69,6 +70,7 @@ def curve(name: str = DEFAULT) -> dict[str, Any]:
 def load(name: str = DEFAULT, *, device: str | torch.device | None = None):
     """Load a bundled model as a TransformerLens ``TransformerBridge`` (offline, in seconds), in eval mode."""
     entry = info(name)
+    device = validate.device("zoo.load: device", device)
     loader = _LOADERS.get(entry.format)
     if loader is None:
         raise CircuitkitError(
@@ -87,7 +89,13 @@ def _directory(name: str) -> Path:
 
 
 def native_config(directory: Path) -> dict[str, Any]:
-    return json.loads((directory / "tl_config.json").read_text())
+    """The TransformerLens config (``tl_config.json``) of a bundled model directory (``info(name).path``)."""
+    if not isinstance(directory, (str, Path)) or not str(directory) or "\0" in str(directory):
+        raise validate.fail("zoo.native_config: directory", directory, "a bundled model directory, info(name).path")
+    path = Path(directory) / "tl_config.json"
+    if not path.is_file():
+        raise validate.fail("zoo.native_config: directory", directory, "a directory holding tl_config.json")
+    return json.loads(path.read_text())
 
 
 def _load_native(directory: Path, device):

@@ -1,0 +1,1472 @@
+"""The fuzz table: every public callable of circuitkit, a valid call of it, and the kind of each argument.
+
+Why a table: the promise "every bad input raises ``CircuitkitError``" is only as good as the inputs tried. Each
+entry of :data:`CASES` names a callable (``module:name`` or ``module:Class.method``), builds a valid set of keyword
+arguments, and gives each argument a *kind*; :data:`KINDS` turns a kind and the argument's valid value into
+bad values (wrong types, out-of-range ints, NaN/inf, wrong rank/shape/dtype, NaN/inf/huge weights, empty tensors,
+out-of-vocabulary tokens, models without attention, devices that do not exist, unknown options).
+
+A bad value is *strict* (the call must raise ``CircuitkitError``) or *lenient* (the input is legal but hostile:
+huge finite weights, numpy arrays, half precision; the call must raise ``CircuitkitError`` or return a finite
+result). Objects that circuitkit builds and returns (result records) are listed in :data:`RECORDS` with the
+reason they are not fuzzed; :func:`public_callables` lists what must be covered by one or the other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tests.conftest import random_weights
+
+# ---------------------------------------------------------------------------------------------------- packages
+
+PACKAGES = (
+    "circuitkit",
+    "circuitkit.detect",
+    "circuitkit.models",
+    "circuitkit.build",
+    "circuitkit.viz",
+    "circuitkit.theory",
+    "circuitkit.circuits",
+    "circuitkit.validate",
+)
+ZOO = "circuitkit.zoo"
+ZOO_PUBLIC = ("available", "curve", "info", "load", "native_config")
+"""``circuitkit.zoo`` has no ``__all__``; these are its public functions (the rest of its namespace is imports)."""
+REPORT = "circuitkit.report"
+REPORT_PUBLIC = ("save", "scan_json", "build_report", "summary_html")
+
+METHODS = (
+    "circuitkit.weights:HeadWeights.from_tensors",
+    "circuitkit.weights:HeadWeights.from_model",
+    "circuitkit.weights:HeadWeights.to",
+    "circuitkit.weights:HeadWeights.layers",
+    "circuitkit.weights:HeadWeights.per_query_head",
+    "circuitkit.detect.scores:HeadScores.top",
+    "circuitkit.detect.scores:HeadScores.patterns_for",
+    "circuitkit.detect.scores:HeadScores.to_dataframe",
+    "circuitkit.scan_types:HeadEffects.top",
+    "circuitkit.scan_types:Scan.top",
+    "circuitkit.scan_types:Scan.save",
+    "circuitkit.detect.tokens:RepeatedTokens.build",
+    "circuitkit.detect.tokens:TokenBatch.targets",
+    "circuitkit.models.toy:AttentionOnlyModel.run_with_hooks",
+    "circuitkit.models.toy:AttentionOnlyModel.with_attention",
+    "circuitkit.models.toy:AttentionOnlyModel.to",
+    "circuitkit.build.subspace:ResidualLayout.stack",
+    "circuitkit.build.subspace:Subspace.span",
+)
+"""Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
+
+
+def _public_names(module: str) -> list[str]:
+    mod = importlib.import_module(module)
+    if module == ZOO:
+        return list(ZOO_PUBLIC)
+    if module == REPORT:
+        return list(REPORT_PUBLIC)
+    return list(mod.__all__)
+
+
+def public_callables() -> dict[str, Any]:
+    """``"module:name" -> object`` for every callable exported (classes included), plus :data:`METHODS`. A name
+    re-exported by several packages appears under each; one entry in the table covers them all."""
+    found: dict[str, Any] = {}
+    for module in (*PACKAGES, ZOO, REPORT):
+        mod = importlib.import_module(module)
+        for name in _public_names(module):
+            obj = getattr(mod, name)
+            if not inspect.ismodule(obj) and callable(obj):
+                found[f"{module}:{name}"] = obj
+    for key in METHODS:
+        found[key] = resolve(key)
+    return found
+
+
+def resolve(key: str) -> Any:
+    module, _, attr = key.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------------- fixtures
+# Tiny models, built once per process. The toy model: 2 layers x 2 heads, d_model 8, d_head 4, vocab 16, n_ctx 32.
+
+D_VOCAB = 16
+N_CTX = 32
+
+
+@cache
+def weights():
+    w = random_weights(2, 2, 8, 4, d_vocab=D_VOCAB, seed=0)
+    g = torch.Generator().manual_seed(1)
+    return replace(w, W_pos=torch.randn(N_CTX, 8, generator=g) / 8**0.5)
+
+
+@cache
+def toy():
+    from circuitkit.models import AttentionOnlyModel
+
+    return AttentionOnlyModel(weights())
+
+
+@cache
+def bridge():
+    """The bundled 2-layer model (a TransformerLens ``TransformerBridge``; loads in well under a second)."""
+    from circuitkit import zoo
+
+    return zoo.load()
+
+
+def spec():
+    from circuitkit import RepeatedTokens
+
+    return RepeatedTokens(block_len=4, batch=2)
+
+
+@cache
+def batch():
+    return spec().build(toy())
+
+
+@cache
+def head_scores_result():
+    import circuitkit as ck
+
+    return ck.head_scores(toy(), spec())
+
+
+@cache
+def effects():
+    import circuitkit as ck
+
+    return ck.ablation_effects(toy(), spec())
+
+
+@cache
+def attribution():
+    import circuitkit as ck
+
+    return ck.attribution_effects(toy(), spec())
+
+
+@cache
+def scan():
+    from tests.report_fixtures import synthetic_scan
+
+    return synthetic_scan(2, 4)
+
+
+def comp_scores():
+    import circuitkit as ck
+
+    return ck.composition_scores(weights(), "K")
+
+
+def scaled(w, factor: float, names=("W_Q", "W_K", "W_V", "W_O")):
+    return replace(w, **{n: getattr(w, n) * factor for n in names})
+
+
+def toy_from(w, **kwargs):
+    from circuitkit.models import AttentionOnlyModel
+
+    return AttentionOnlyModel(w, **kwargs)
+
+
+class CfgOnly:
+    """Has a TransformerLens-like ``cfg`` but no hooks and no weights."""
+
+    class cfg:  # noqa: N801 - mimics model.cfg
+        n_layers, n_heads, d_model, d_head, d_vocab, n_ctx = 2, 2, 8, 4, D_VOCAB, N_CTX
+
+
+class DuckWeights:
+    """Duck-typed model with weights in TransformerLens shapes, poisoned with ``value``."""
+
+    def __init__(self, value: float) -> None:
+        w = weights()
+        self.cfg = CfgOnly.cfg
+        self.W_Q = w.W_Q.clone()
+        self.W_Q[0, 0, 0, 0] = value
+        self.W_K, self.W_V, self.W_O, self.W_E, self.W_U = w.W_K, w.W_V, w.W_O, w.W_E, w.W_U
+
+
+def mlp_only():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+
+
+def token_batch(ids):
+    from circuitkit.detect import TokenBatch
+
+    b = batch()
+    return TokenBatch(tokens=ids, block_len=b.block_len, n_repeats=b.n_repeats, bos=b.bos)
+
+
+# ---------------------------------------------------------------------------------------------------- kinds
+# A bad value: (label, make(valid) -> value, strict). ``make`` runs inside the checked call, so a bad value whose
+# construction is itself refused with CircuitkitError counts as refused.
+
+STRICT, LENIENT = True, False
+Bad = tuple[str, Callable[[Any], Any], bool]
+
+
+def const(value):
+    return lambda valid: value
+
+
+NO_CUDA = not torch.cuda.is_available()
+
+WRONG_TYPES: list[Bad] = [
+    ("str", const("2"), STRICT),
+    ("bytes", const(b"2"), STRICT),
+    ("None", const(None), STRICT),
+    ("list", const([2]), STRICT),
+    ("dict", const({}), STRICT),
+    ("object", const(object()), STRICT),
+]
+
+
+def _ints(minimum: int, *, optional: bool = False, huge_strict: bool = False) -> list[Bad]:
+    bad = [b for b in WRONG_TYPES if not (optional and b[0] == "None")]
+    bad += [
+        ("bool", const(True), STRICT),
+        ("float-1.5", const(1.5), STRICT),
+        ("float-2.0", const(2.0), STRICT),
+        ("np.float64", const(np.float64(2.0)), STRICT),
+        ("nan", const(math.nan), STRICT),
+        ("inf", const(math.inf), STRICT),
+        ("float-tensor", const(torch.tensor(2.5)), STRICT),
+        ("2**70", const(2**70), huge_strict),
+    ]
+    for value in (0, -1, -(2**70)):
+        if value < minimum:
+            bad.append((f"int{value}" if value > -100 else "-2**70", const(value), STRICT))
+    return bad
+
+
+def _reals(*, minimum: float | None = None, strict_minimum: bool = False, optional: bool = False) -> list[Bad]:
+    bad = [b for b in WRONG_TYPES if not (optional and b[0] == "None")]
+    bad += [
+        ("bool", const(True), STRICT),
+        ("complex", const(1j), STRICT),
+        ("nan", const(math.nan), STRICT),
+        ("np.nan", const(np.float32("nan")), STRICT),
+        ("inf", const(math.inf), STRICT),
+        ("-inf", const(-math.inf), STRICT),
+        ("tensor-nan", const(torch.tensor(math.nan)), STRICT),
+    ]
+    if minimum is not None:
+        bad.append(("below-minimum", const(minimum - 1.0), STRICT))
+        if strict_minimum:
+            bad.append(("at-minimum", const(float(minimum)), STRICT))
+    return bad
+
+
+BOOLS: list[Bad] = [
+    ("str-yes", const("yes"), STRICT),
+    ("str-False", const("False"), STRICT),
+    ("int-1", const(1), STRICT),
+    ("int-0", const(0), STRICT),
+    ("None", const(None), STRICT),
+    ("list", const([True]), STRICT),
+    ("np.bool_", const(np.bool_(True)), LENIENT),
+]
+
+
+def _options(optional: bool = False) -> list[Bad]:
+    bad = [
+        ("unknown", const("nonsense"), STRICT),
+        ("empty", const(""), STRICT),
+        ("int", const(3), STRICT),
+        ("list", lambda v: [v], STRICT),
+        ("bytes", lambda v: v.encode() if isinstance(v, str) else b"x", STRICT),
+        ("padded", lambda v: f" {v} ", STRICT),
+        ("object", const(object()), STRICT),
+    ]
+    if not optional:
+        bad.append(("None", const(None), STRICT))
+    return bad
+
+
+DEVICES: list[Bad] = [
+    ("nonsense", const("nonsense"), STRICT),
+    ("meta", const("meta"), STRICT),
+    ("torch.device-meta", const(torch.device("meta")), STRICT),
+    ("int-3", const(3), STRICT),
+    ("bool", const(True), STRICT),
+    ("bytes", const(b"cpu"), STRICT),
+    ("cuda:99", const("cuda:99"), STRICT),
+    ("list", const(["cpu"]), STRICT),
+    *([("cuda-without-gpu", const("cuda"), STRICT)] if NO_CUDA else []),
+]
+
+
+def _tensors(*, optional: bool = False, rank: bool = True, empty: bool = True, numpy_ok: bool = True,
+             dtype_strict: bool = True) -> list[Bad]:
+    """Bad variants of a valid floating tensor."""
+    bad = [b for b in WRONG_TYPES if b[0] in ("str", "bytes", "dict", "object") or (b[0] == "None" and not optional)]
+    bad += [
+        ("scalar-int", const(3), STRICT),
+        ("list-of-str", lambda v: [["a", "b"]], STRICT),
+        ("int-dtype", lambda v: v.round().long(), dtype_strict),
+        ("bool-dtype", lambda v: v > 0, dtype_strict),
+        ("complex-dtype", lambda v: v.to(torch.complex64), dtype_strict),
+        ("nan", lambda v: _poison(v, math.nan), STRICT),
+        ("inf", lambda v: _poison(v, math.inf), STRICT),
+        ("-inf", lambda v: _poison(v, -math.inf), STRICT),
+        ("huge-x1e10", lambda v: v * 1e10, LENIENT),
+        ("huge-x1e30", lambda v: v * 1e30, LENIENT),
+        ("tiny-x1e-30", lambda v: v * 1e-30, LENIENT),
+        ("half", lambda v: v.half(), LENIENT),
+        ("float64", lambda v: v.double(), LENIENT),
+        ("non-contiguous", lambda v: v.transpose(-1, -2).contiguous().transpose(-1, -2) if v.ndim >= 2 else v,
+         LENIENT),
+        ("numpy", lambda v: v.numpy(), LENIENT if numpy_ok else STRICT),
+    ]
+    if rank:
+        bad += [
+            ("rank-plus-1", lambda v: v[None, None] if v.ndim == 0 else v.unsqueeze(0).expand(2, *v.shape), STRICT),
+            ("rank-minus-1", lambda v: v.reshape(-1)[:3] if v.ndim <= 1 else v[0], STRICT),
+            ("scalar-tensor", lambda v: v.reshape(-1)[0], STRICT),
+        ]
+    if empty:
+        bad.append(("empty", lambda v: v[..., :0] if v.ndim else torch.empty(0), STRICT))
+    return bad
+
+
+def _via_torch(make):
+    """A numpy version of a torch bad-value maker: numpy in, numpy out (other results as they are)."""
+
+    def go(valid):
+        out = make(torch.from_numpy(valid))
+        return out.numpy() if isinstance(out, torch.Tensor) and out.dtype != torch.bfloat16 else out
+
+    return go
+
+
+def _poison(v, value):
+    v = v.detach().clone()
+    v.view(-1)[0] = value
+    return v
+
+
+def _token_ids() -> list[Bad]:
+    """Bad variants of a valid ``[..., pos]`` long tensor of token ids (vocabulary :data:`D_VOCAB`)."""
+    return [
+        ("None", const(None), STRICT),
+        ("str", const("t1 t2"), STRICT),
+        ("list-of-str", const([["a"]]), STRICT),
+        ("float-dtype", lambda v: v.float(), STRICT),
+        ("bool-dtype", lambda v: v > 0, STRICT),
+        ("out-of-vocab", lambda v: v + 1000, STRICT),
+        ("negative", lambda v: v - 100, STRICT),
+        ("2**40", lambda v: torch.full_like(v, 2**40), STRICT),
+        ("empty", lambda v: v[..., :0], STRICT),
+        ("rank-3", lambda v: v[None, None] if v.ndim == 1 else v[None], STRICT),
+        ("too-long", lambda v: v.repeat_interleave(20, dim=-1), STRICT),
+    ]
+
+
+MODELS_COMMON: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("int", const(3), STRICT),
+    ("tensor", const(torch.zeros(3)), STRICT),
+    ("dict", const({}), STRICT),
+    ("cfg-no-hooks", const(CfgOnly()), STRICT),
+    ("mlp-only-module", lambda v: mlp_only(), STRICT),
+    ("duck-nan-weights", lambda v: DuckWeights(math.nan), STRICT),
+    ("duck-inf-weights", lambda v: DuckWeights(math.inf), STRICT),
+    ("missing-dir", const("/nonexistent/circuitkit-fuzz-model"), STRICT),
+]
+
+
+def _models(*, needs_unembed: bool = False, optional: bool = False, runs: bool = True) -> list[Bad]:
+    """Bad models. ``runs``: the callable runs the model (so a toy model with huge Q/K weights is tried)."""
+    bad = [b for b in MODELS_COMMON if not (optional and b[0] == "None")]
+    bad += [
+        ("head-weights-only", lambda v: weights(), LENIENT),
+        ("no-unembed", lambda v: toy_from(replace(weights(), W_U=None)), STRICT if needs_unembed else LENIENT),
+        ("no-embed", lambda v: toy_from(replace(weights(), W_E=None, W_pos=None)), LENIENT),
+    ]
+    if runs:
+        bad += [
+            ("huge-qk-x1e10", lambda v: toy_from(scaled(weights(), 1e10, ("W_Q", "W_K"))), LENIENT),
+            ("huge-all-x1e30", lambda v: toy_from(scaled(weights(), 1e30)), LENIENT),
+            ("hard-attention", lambda v: toy_from(weights(), attention="hard"), LENIENT),
+        ]
+    return bad
+
+
+def _weights_arg() -> list[Bad]:
+    """Bad values for an argument taking HeadWeights or a model to read them from."""
+    bad = [b for b in MODELS_COMMON if b[0] != "missing-dir"]
+    bad += [
+        ("str", const("gpt2"), STRICT),
+        ("huge-x1e10", lambda v: scaled(weights(), 1e10), LENIENT),
+        ("huge-x1e30", lambda v: scaled(weights(), 1e30), LENIENT),
+        ("tiny-x1e-30", lambda v: scaled(weights(), 1e-30), LENIENT),
+        ("half", lambda v: weights().to(dtype=torch.float16), LENIENT),
+        ("zero-weights", lambda v: scaled(weights(), 0.0), LENIENT),
+        ("toy-model", lambda v: toy(), LENIENT),
+    ]
+    return bad
+
+
+def _tokens_arg() -> list[Bad]:
+    """Bad values for ``tokens: RepeatedTokens | TokenBatch | None``."""
+    from circuitkit import RepeatedTokens
+
+    return [
+        ("str", const("t1 t2 t3"), STRICT),
+        ("int", const(3), STRICT),
+        ("dict", const({}), STRICT),
+        ("nested-list", const([[1, 2, 3, 1, 2, 3]]), STRICT),
+        ("float-tensor", lambda v: batch().tokens.float(), STRICT),
+        ("raw-id-tensor", lambda v: batch().tokens, LENIENT),
+        ("batch-out-of-vocab", lambda v: token_batch(batch().tokens + 1000), STRICT),
+        ("batch-negative", lambda v: token_batch(batch().tokens - 100), STRICT),
+        ("batch-float-ids", lambda v: token_batch(batch().tokens.float()), STRICT),
+        ("batch-rank-1", lambda v: token_batch(batch().tokens[0]), STRICT),
+        ("batch-too-short", lambda v: token_batch(batch().tokens[:, :3]), STRICT),
+        ("batch-empty", lambda v: token_batch(batch().tokens[:0]), STRICT),
+        ("spec-longer-than-context", lambda v: RepeatedTokens(block_len=500, batch=2), STRICT),
+        ("spec-range-out-of-vocab", lambda v: RepeatedTokens(block_len=4, batch=2, token_range=(0, 10**6)), STRICT),
+        ("spec-bos-out-of-vocab", lambda v: RepeatedTokens(block_len=4, batch=2, bos=10**6), STRICT),
+    ]
+
+
+HEAD_LISTS: list[Bad] = [
+    ("str", const("0.0"), STRICT),
+    ("int", const(3), STRICT),
+    ("layer-out-of-range", const([(99, 0)]), STRICT),
+    ("head-out-of-range", const([(0, 99)]), STRICT),
+    ("negative", const([(-1, 0)]), STRICT),
+    ("float-index", const([(0.5, 0)]), STRICT),
+    ("bool-index", const([(True, 0)]), STRICT),
+    ("str-index", const([("0", "0")]), STRICT),
+    ("short-tuple", const([(0,)]), STRICT),
+    ("long-tuple", const([(0, 0, 0)]), STRICT),
+    ("2**70", const([(2**70, 0)]), STRICT),
+]
+
+HEADS: list[Bad] = [(label, (lambda m: lambda v: m(v)[0])(make), s) for label, make, s in HEAD_LISTS
+                    if label not in ("str", "int")] + [("str", const("0.0"), STRICT), ("None", const(None), STRICT)]
+
+CALLABLES: list[Bad] = [
+    ("int", const(3), STRICT),
+    ("str", const("not a function"), STRICT),
+    ("None", const(None), STRICT),
+]
+
+TEXT: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("int", const(3), STRICT),
+    ("bytes", const(b"x"), STRICT),
+    ("list", const(["x"]), STRICT),
+]
+
+SCANS: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("str", const("scan"), STRICT),
+    ("dict", const({}), STRICT),
+    ("head-scores", lambda v: head_scores_result(), STRICT),
+    ("object", const(object()), STRICT),
+]
+
+OUT_DIRS: list[Bad] = [
+    ("empty-str", const(""), STRICT),
+    ("None", const(None), STRICT),
+    ("int", const(3), STRICT),
+    ("bytes-nul", const(b"a\0b"), STRICT),
+    ("nul-in-path", const("fuzz\0dir"), STRICT),
+    ("existing-file", lambda v: _existing_file(v), STRICT),
+    ("under-a-file", lambda v: str(Path(_existing_file(v)) / "sub"), STRICT),
+]
+
+
+def _existing_file(valid) -> str:
+    """A plain file in a fresh temporary directory (never beside ``valid``, which may be inside the package)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "a-file"
+    path.write_text("not a directory")
+    return str(path)
+
+
+ZOO_NAMES: list[Bad] = [
+    ("unknown", const("no-such-model"), STRICT),
+    ("empty", const(""), STRICT),
+    ("None", const(None), STRICT),
+    ("int", const(3), STRICT),
+    ("bytes", const(b"induction-2l"), STRICT),
+    ("path-escape", const("../zoo"), STRICT),
+    ("absolute", const("/etc"), STRICT),
+    ("hub-name", const("gpt2"), STRICT),
+]
+
+DTYPES: list[Bad] = [
+    ("str", const("float32"), STRICT),
+    ("int", const(3), STRICT),
+    ("int64", const(torch.int64), STRICT),
+    ("bool", const(torch.bool), STRICT),
+    ("complex64", const(torch.complex64), STRICT),
+    ("numpy-dtype", const(np.float32), STRICT),
+]
+
+
+def _subspaces() -> list[Bad]:
+    from circuitkit.build import Subspace
+
+    return [
+        ("None", const(None), STRICT),
+        ("str", const("tok"), STRICT),
+        ("int", const(3), STRICT),
+        ("tuple", const((0, 1)), STRICT),
+        ("other-d_model", lambda v: Subspace(v.name, v.dims, v.d_model + 5), STRICT),
+    ]
+
+
+def _kind(kind: str) -> list[Bad]:
+    optional = kind.endswith("?")
+    base = kind.rstrip("?")
+    if base.startswith("int>="):
+        return _ints(int(base[5:]), optional=optional)
+    if base.startswith("size>="):  # an int that sizes an allocation: 2**70 must be refused
+        return _ints(int(base[6:]), optional=optional, huge_strict=True)
+    if base == "seed":
+        return _ints(0, huge_strict=True)
+    if base == "real":
+        return _reals(optional=optional)
+    if base == "real>0":
+        return _reals(minimum=0.0, strict_minimum=True, optional=optional)
+    if base == "real>=0":
+        return _reals(minimum=0.0, optional=optional)
+    simple = {
+        "bool": BOOLS,
+        "device": DEVICES,
+        "heads": HEAD_LISTS,
+        "head": HEADS,
+        "callable": CALLABLES,
+        "text": TEXT,
+        "scan": SCANS,
+        "out_dir": OUT_DIRS,
+        "zoo_name": ZOO_NAMES,
+        "dtype": DTYPES,
+    }
+    if base in simple:
+        bad = simple[base]
+    elif base == "option":
+        bad = _options(optional)
+    elif base == "tensor":
+        bad = _tensors(optional=optional)
+    elif base == "np":
+        bad = [(label, _via_torch(make), strict) for label, make, strict in _tensors(rank=False)
+               if label != "numpy"] + [("torch-tensor", lambda v: torch.from_numpy(v), LENIENT)]
+    elif base == "tensor-any-rank":
+        bad = _tensors(optional=optional, rank=False)
+    elif base == "token_ids":
+        bad = _token_ids()
+    elif base == "token_ids-novocab":  # no model, so no vocabulary to be outside of
+        bad = [b for b in _token_ids() if b[0] not in ("out-of-vocab", "2**40", "too-long")]
+    elif base == "model":
+        bad = _models()
+    elif base == "model-loss":
+        bad = _models(needs_unembed=True)
+    elif base == "model-static":
+        bad = _models(runs=False)
+    elif base == "weights":
+        bad = _weights_arg()
+    elif base == "tokens":
+        bad = _tokens_arg()
+    elif base == "subspace":
+        bad = _subspaces()
+    else:
+        raise KeyError(f"unknown argument kind {kind!r}")
+    if optional:
+        bad = [b for b in bad if b[0] != "None"]
+    return bad
+
+
+KINDS = _kind
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Case:
+    """A callable, its valid keyword arguments (built lazily) and the kind of each fuzzed argument."""
+
+    key: str
+    valid: Callable[[], dict[str, Any]]
+    kinds: dict[str, str]
+    positional: tuple[str, ...] = ()
+    extra_bad: dict[str, list[Bad]] = field(default_factory=dict)
+    target: Callable[[], Callable[..., Any]] | None = None
+    run_valid: bool = True
+
+    def function(self) -> Callable[..., Any]:
+        return self.target() if self.target is not None else resolve(self.key)
+
+    def call(self, kwargs: dict[str, Any]) -> Any:
+        kwargs = dict(kwargs)
+        args = [kwargs.pop(name) for name in self.positional]
+        return self.function()(*args, **kwargs)
+
+    def bad_values(self) -> list[tuple[str, str, Callable[[Any], Any], bool]]:
+        out = []
+        for arg, kind in self.kinds.items():
+            for label, make, strict in [*_kind(kind), *self.extra_bad.get(arg, [])]:
+                out.append((arg, label, make, strict))
+        return out
+
+
+CASES: dict[str, Case] = {}
+RECORDS: dict[str, str] = {}
+"""``"module:name" -> reason``: public classes that are result records (circuitkit builds them and hands them
+back; their fields are checked where they are computed), so only their valid construction is exercised."""
+
+
+def case(key: str, valid: Callable[[], dict[str, Any]], /, **kinds: Any) -> None:
+    """``kinds``: argument -> kind; besides, ``positional`` (names passed positionally), ``extra_bad`` (argument ->
+    further bad values) and ``target`` (builds the callable, for bound methods)."""
+    assert key not in CASES, key
+    positional = kinds.pop("positional", ())
+    extra_bad = kinds.pop("extra_bad", None) or {}
+    target = kinds.pop("target", None)
+    CASES[key] = Case(key, valid, kinds, positional, extra_bad, target)
+
+
+def record(key: str, reason: str) -> None:
+    RECORDS[key] = reason
+
+
+def method(key: str, instance: Callable[[], Any], valid: Callable[[], dict[str, Any]], /, **kinds: Any) -> None:
+    """A bound method: ``key`` is ``module:Class.method``; ``instance()`` builds the object."""
+    name = key.rpartition(".")[2]
+    case(key, valid, target=lambda: getattr(instance(), name), **kinds)
+
+
+def tmp_out_dir() -> str:
+    import tempfile
+
+    return str(Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "out")
+
+
+# --- circuitkit (top level): weights, spectra, composition
+W = "weights"
+case("circuitkit:HeadWeights", lambda: {k: v for k, v in weights().tensors().items() if k in ("W_Q", "W_K", "W_V",
+     "W_O", "W_E", "W_U")}, W_Q="tensor", W_K="tensor", W_V="tensor", W_O="tensor", W_E="tensor?", W_U="tensor?")
+case("circuitkit:Factored", lambda: {"A": torch.randn(3, 4, 2), "B": torch.randn(3, 2, 5)}, A="tensor", B="tensor")
+for _name in ("qk_circuit", "ov_circuit", "full_qk_circuit", "full_ov_circuit"):
+    case(f"circuitkit:{_name}", lambda: {"weights": weights()}, weights=W)
+for _name in ("singular_values", "effective_rank", "frobenius_norm"):
+    case(f"circuitkit:{_name}", lambda: {"weights": weights(), "circuit": "OV"}, weights=W, circuit="option")
+case("circuitkit:numerical_rank", lambda: {"weights": weights(), "circuit": "QK", "rtol": 1e-6}, weights=W,
+     circuit="option", rtol="real>=0?")
+case("circuitkit:ov_eigenvalues", lambda: {"weights": weights(), "full": True}, weights=W, full="bool")
+case("circuitkit:composition_scores", lambda: {"weights": weights(), "mode": "Q", "baseline": "zscore",
+     "memory_budget": 2**20}, weights=W, mode="option", baseline="option?", memory_budget="int>=1")
+case("circuitkit:composition_baseline", lambda: {"weights": weights(), "mode": "V", "n_samples": 4, "seed": 0},
+     weights=W, mode="option", n_samples="size>=2", seed="seed")
+case("circuitkit:top_edges", lambda: {"scores": comp_scores(), "k": 3}, scores="tensor", k="int>=1")
+record("circuitkit:Edge", "result record of top_edges")
+record("circuitkit:CircuitkitError", "the error type itself")
+record("circuitkit.theory:FeatureMap", "a typing.Literal alias of option strings (fuzzed as feature_map=)")
+record("circuitkit:CompositionBaseline", "result record of composition_baseline")
+
+# --- detection
+case("circuitkit:RepeatedTokens", lambda: {"block_len": 4, "n_repeats": 2, "batch": 2, "seed": 0, "bos": 0,
+     "token_range": (1, 8)}, block_len="int>=2?", n_repeats="int>=2", batch="int>=1", seed="seed", bos="int>=0?",
+     token_range="heads")
+case("circuitkit:head_scores", lambda: {"model": toy(), "tokens": spec(), "device": "cpu"}, positional=("model",),
+     model="model", tokens="tokens", device="device?")
+case("circuitkit:induction_loss", lambda: {"model": toy(), "tokens": spec(), "device": "cpu"}, positional=("model",),
+     model="model-loss", tokens="tokens", device="device?")
+case("circuitkit:ablation_effects", lambda: {"model": toy(), "tokens": spec(), "method": "zero", "heads": [(0, 1)],
+     "resume": True, "device": "cpu"}, positional=("model",), model="model-loss", tokens="tokens",
+     method="option", heads="heads", resume="bool", device="device?")
+case("circuitkit:attribution_effects", lambda: {"model": toy(), "tokens": spec(), "method": "mean",
+     "device": "cpu"}, positional=("model",), model="model-loss", tokens="tokens", method="option", device="device?")
+case("circuitkit:copying_scores", lambda: {"weights": weights()}, weights=W)
+record("circuitkit:HeadEffects", "result record of ablation_effects / attribution_effects (its top() is fuzzed)")
+record("circuitkit:Scan", "result record of scan() (its top() and save() are fuzzed)")
+case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "top", "ablate_top": 2,
+     "ablation_method": "mean", "top_k": 2, "circuit": False}, positional=("model",), model="model-loss?",
+     tokens="tokens", ablate="option", ablate_top="int>=1", ablation_method="option", top_k="int>=1",
+     circuit="bool")
+
+# --- circuitkit.detect
+record("circuitkit.detect:InductionLoss", "result record of induction_loss")
+record("circuitkit.detect:TokenBatch", "built by RepeatedTokens.build; every runner checks a user's TokenBatch "
+       "(the tokens argument is fuzzed with malformed TokenBatch values)")
+record("circuitkit.detect:ScoreDefinition", "built by pattern_score/weight_score, which validate it")
+record("circuitkit.detect:HeadScores", "result record of head_scores (its methods are fuzzed)")
+case("circuitkit.detect:agreement", lambda: {"attribution": attribution(), "ablation": effects()},
+     attribution="scan", ablation="scan")
+
+
+def _targets(tokens):
+    from circuitkit.detect.tokens import previous_targets
+
+    return previous_targets(tokens)
+
+
+case("circuitkit.detect:pattern_score", lambda: {"name": "fuzz_prev", "short": "fp", "description": "d",
+     "targets": _targets}, name="text", short="text", description="text", targets="callable",
+     extra_bad={"name": [("blank", const("  "), STRICT)]})
+case("circuitkit.detect:weight_score", lambda: {"name": "fuzz_w", "short": "fw", "description": "d",
+     "compute": lambda w: None, "neutral": 0.0}, name="text", short="text", description="text",
+     compute="callable", neutral="real?")
+case("circuitkit.detect:pattern_scores", lambda: {"patterns": head_scores_result().patterns[:, :, :].reshape(
+     1, 4, *head_scores_result().patterns.shape[-2:]).repeat(2, 1, 1, 1), "tokens": batch().tokens},
+     patterns="tensor", tokens="token_ids-novocab")
+case("circuitkit.detect:register", lambda: {"definition": None}, definition="scan")
+CASES["circuitkit.detect:register"].run_valid = False  # registering mutates global state
+case("circuitkit.detect:registered", lambda: {"kind": "pattern"}, kind="option?")
+case("circuitkit.detect:score_names", lambda: {})
+case("circuitkit.detect:unregister", lambda: {"name": "induction"}, name="text",
+     extra_bad={"name": [("unknown", const("no-such-score"), STRICT)]})
+CASES["circuitkit.detect:unregister"].run_valid = False  # its valid call would remove a built-in score
+
+# --- circuitkit.models
+case("circuitkit.models:AttentionOnlyModel", lambda: {"weights": weights(), "attention": "soft", "n_ctx": N_CTX,
+     "attn_scale": 2.0}, weights=W, attention="option", n_ctx="size>=1?", attn_scale="real>0?")
+record("circuitkit.models:ToyConfig", "the toy model's config record, built by AttentionOnlyModel")
+case("circuitkit.models:load_model", lambda: {"name_or_path": "/nonexistent/dir"}, name_or_path="model-static?",
+     device="device?", allow_download="bool", device_map="option?", n_devices="int>=1?",
+     max_memory="heads", offload_folder="text")
+CASES["circuitkit.models:load_model"].run_valid = False  # no Hugging Face model directory to load offline
+case("circuitkit.models:to_bridge", lambda: {"model_or_weights": weights(), "device": "cpu"},
+     model_or_weights=W, device="device?")
+
+# --- circuitkit.build
+
+
+def _layout():
+    from circuitkit.build import ResidualLayout
+
+    return ResidualLayout(8, {"a": range(0, 2), "b": range(2, 4), "c": range(4, 8)})
+
+
+def _code():
+    from circuitkit.build import PositionCode
+
+    return PositionCode(8)
+
+
+def _qk():
+    from circuitkit.build import match_qk
+
+    return match_qk(_layout()["a"], _layout()["b"], d_head=2)
+
+
+def _ov():
+    from circuitkit.build import copy_ov
+
+    return copy_ov(_layout()["a"], _layout()["b"], d_head=2)
+
+
+def _head_spec():
+    from circuitkit.build import HeadSpec
+
+    return HeadSpec(qk=_qk(), ov=_ov(), name="h")
+
+
+SPEC_LAYERS: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("str", const("layers"), STRICT),
+    ("empty", const([]), STRICT),
+    ("empty-layer", const([[]]), STRICT),
+    ("not-a-spec", const([[3]]), STRICT),
+    ("flat-list", lambda v: [_head_spec()], STRICT),
+]
+
+HEAD_PARTS: list[Bad] = [("str", const("qk"), STRICT), ("int", const(3), STRICT), ("tuple", const((0, 1)), STRICT),
+                         ("subspace", lambda v: _layout()["a"], STRICT)]
+case("circuitkit.build:HeadSpec", lambda: {"qk": _qk(), "ov": _ov(), "name": "h"}, name="text",
+     extra_bad={"qk": [*HEAD_PARTS, ("an-OV", lambda v: _ov(), STRICT)],
+                "ov": [*HEAD_PARTS, ("a-QK", lambda v: _qk(), STRICT)]})
+case("circuitkit.build:QK", lambda: {"W_Q": torch.randn(8, 2), "W_K": torch.randn(8, 2), "b_Q": torch.randn(2)},
+     W_Q="tensor", W_K="tensor", b_Q="tensor?")
+case("circuitkit.build:OV", lambda: {"W_V": torch.randn(8, 2), "W_O": torch.randn(2, 8)}, W_V="tensor",
+     W_O="tensor")
+case("circuitkit.build:PositionCode", lambda: {"n_ctx": 8}, n_ctx="size>=2")
+case("circuitkit.build:ResidualLayout", lambda: {"d_model": 8, "spaces": {"a": [0, 1], "b": [2, 3]}},
+     d_model="size>=1", spaces="heads")
+case("circuitkit.build:Subspace", lambda: {"name": "a", "dims": (0, 1), "d_model": 8}, name="text",
+     dims="heads", d_model="size>=1")
+record("circuitkit.build:InductionCircuit", "result record of induction_circuit")
+record("circuitkit.build:VirtualHeadExercise", "result record of virtual_head_exercise")
+case("circuitkit.build:assemble", lambda: {"layers": [[_head_spec()]], "d_model": 8, "d_head": 2,
+     "W_E": torch.randn(D_VOCAB, 8), "W_U": torch.randn(8, D_VOCAB), "attention": "soft", "n_ctx": 8,
+     "attn_scale": 1.0}, extra_bad={"layers": SPEC_LAYERS}, d_model="size>=1?", d_head="size>=1?", W_E="tensor?",
+     W_U="tensor?", attention="option", n_ctx="size>=1?", attn_scale="real>0?")
+case("circuitkit.build:assemble_weights", lambda: {"layers": [[_head_spec()]], "d_model": 8, "d_head": 2,
+     "W_pos": torch.randn(8, 8)}, extra_bad={"layers": SPEC_LAYERS}, d_model="size>=1?", d_head="size>=1?",
+     W_pos="tensor?")
+case("circuitkit.build:check_disjoint", lambda: {"subspaces": [_layout()["a"], _layout()["b"]]},
+     subspaces="heads")
+case("circuitkit.build:copy_ov", lambda: {"src": _layout()["a"], "dst": _layout()["b"], "scale": 2.0,
+     "d_head": 4}, src="subspace", dst="subspace", scale="real", d_head="size>=1?")
+case("circuitkit.build:induction_circuit", lambda: {"d_vocab": 8, "n_ctx": 8, "gap": 20.0, "logit_scale": 10.0,
+     "attention": "hard"}, d_vocab="size>=2", n_ctx="size>=2", gap="real>0", logit_scale="real>0",
+     attention="option")
+case("circuitkit.build:key_bias_qk", lambda: {"key": _layout()["a"], "bias": 1.0}, key="subspace", bias="real")
+case("circuitkit.build:match_qk", lambda: {"query": _layout()["a"], "key": _layout()["b"], "scale": 1.0,
+     "d_head": 4}, query="subspace", key="subspace", scale="real", d_head="size>=1?")
+case("circuitkit.build:previous_token_pattern", lambda: {"n_pos": 5, "dtype": torch.float64}, n_pos="size>=1",
+     dtype="dtype")
+case("circuitkit.build:previous_token_qk", lambda: {"positions": _positions(), "code": _code(), "offset": 1,
+     "scale": 1.0, "d_head": None}, positions="subspace", code="scan", offset="int>=1", scale="real")
+case("circuitkit.build:repeated_tokens", lambda: {"d_vocab": 8, "length": 4, "batch": 2, "seed": 0,
+     "distinct": True}, d_vocab="size>=1", length="size>=1", batch="size>=1", seed="seed", distinct="bool")
+case("circuitkit.build:virtual_head_exercise", lambda: {})
+method("circuitkit.build.subspace:ResidualLayout.stack", _layout, lambda: {"d_model": 8, "a": 2, "b": 3},
+       d_model="size>=1?", a="size>=1")
+method("circuitkit.build.subspace:Subspace.span", lambda: _layout()["a"], lambda: {"name": "s", "start": 0,
+       "stop": 2, "d_model": 8}, name="text", start="int>=0", stop="int>=1", d_model="size>=1")
+
+
+@cache
+def _induction():
+    from circuitkit.build import induction_circuit
+
+    return induction_circuit(8, 8)
+
+
+@cache
+def _exercise():
+    from circuitkit.build import virtual_head_exercise
+
+    return virtual_head_exercise()
+
+
+def _positions():
+    from circuitkit.build import ResidualLayout
+
+    return ResidualLayout(_code().dim, {"pos": range(_code().dim)})["pos"]
+
+
+# --- circuitkit.viz
+
+
+def _patterns():
+    return head_scores_result().patterns[0]  # [head, pos, pos]
+
+
+def _token_strs():
+    return [f"t{i}" for i in range(_patterns().shape[-1])]
+
+
+@cache
+def _rendered():
+    from circuitkit.viz import attention_patterns
+
+    return attention_patterns(_patterns(), _token_strs())
+
+
+STRING_LISTS: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("str", const("t0 t1"), STRICT),
+    ("too-short", lambda v: list(v)[:1], STRICT),
+    ("too-long", lambda v: [*v, "x"], STRICT),
+    ("ints", lambda v: list(range(len(v))), STRICT),
+    ("bytes", lambda v: [s.encode() for s in v], STRICT),
+]
+
+record("circuitkit.viz:CircuitsVisView", "result record of attention_heads / attention_patterns")
+case("circuitkit.viz:attention_heads", lambda: {"patterns": _patterns(), "tokens": _token_strs(),
+     "head_names": ["a", "b"], "mask_upper_tri": True}, patterns="tensor", mask_upper_tri="bool",
+     extra_bad={"tokens": STRING_LISTS, "head_names": STRING_LISTS})
+case("circuitkit.viz:attention_patterns", lambda: {"patterns": _patterns(), "tokens": _token_strs()},
+     patterns="tensor", extra_bad={"tokens": STRING_LISTS})
+case("circuitkit.viz:composition_graph", lambda: {"edges": __import__("circuitkit").top_edges(comp_scores(), 3),
+     "n_layers": 2, "n_heads": 2, "title": "t"}, edges="heads", n_layers="size>=1?", n_heads="size>=1?",
+     title="text")
+case("circuitkit.viz:composition_heatmap", lambda: {"scores": comp_scores(), "baseline": 0.25, "mode": "K"},
+     scores="tensor", baseline="real?", mode="text")
+case("circuitkit.viz:head_score_heatmap", lambda: {"scores": torch.rand(2, 3), "title": "t", "zmin": 0.0,
+     "zmax": 1.0, "colorscale": "Viridis", "zmid": None}, scores="tensor", title="text", zmin="real?",
+     zmax="real?", colorscale="option", zmid="real?")
+case("circuitkit.viz:head_score_heatmaps", lambda: {"scores": {"a": torch.rand(2, 3)}}, scores="heads")
+case("circuitkit.viz:model_patterns", lambda: {"model": toy(), "tokens": batch().tokens[0], "heads": [(0, 1)]},
+     model="model", tokens="token_ids", heads="heads")
+case("circuitkit.viz:parse_rendered", lambda: {"rendered": _rendered()}, rendered="scan")
+case("circuitkit.viz:singular_value_spectra", lambda: {"source": weights(), "circuit": "QK", "scale": "linear"},
+     source=W, circuit="option", scale="option")
+case("circuitkit.viz:token_strings", lambda: {"model": bridge(), "tokens": batch().tokens[0]}, model="model",
+     tokens="token_ids")
+case("circuitkit.viz:view_props", lambda: {"view": _rendered()}, view="scan")
+
+# --- circuitkit.circuits
+for _name in ("AttributedEdge", "CircuitEvidence", "EdgeAttribution", "EdgeEffect", "EdgeEvidence",
+              "PathPatching"):
+    record(f"circuitkit.circuits:{_name}", "result record of edge_attribution / path_patching / circuit_evidence")
+case("circuitkit.circuits:EdgeSpec", lambda: {"src": (0, 0), "dst": (1, 1), "channel": "K"}, src="head",
+     dst="head", channel="option")
+case("circuitkit.circuits:circuit_evidence", lambda: {"model": toy(), "composition": None, "top_k": 2,
+     "n_patch": 2, "metric": "loss", "corrupt": "resample", "tokens": spec(), "corrupt_seed": 1, "device": "cpu"},
+     positional=("model",), model="model-loss", top_k="int>=1", n_patch="int>=1?", metric="option",
+     corrupt="option", tokens="tokens", corrupt_seed="seed", device="device?")
+case("circuitkit.circuits:edge_attribution", lambda: {"model": toy(), "metric": "loss", "corrupt": "resample",
+     "tokens": spec(), "corrupt_seed": 1, "device": "cpu"}, positional=("model",), model="model-loss",
+     metric="option", corrupt="option", tokens="tokens", corrupt_seed="seed", device="device?")
+case("circuitkit.circuits:path_patching", lambda: {"model": toy(), "edges": [((0, 0), (1, 1))], "input": "k",
+     "metric": "loss", "corrupt": "resample", "tokens": spec(), "corrupt_seed": 1, "edges_per_pass": 1,
+     "device": "cpu"}, positional=("model",), model="model-loss", edges="heads", input="option", metric="option",
+     corrupt="option", tokens="tokens", corrupt_seed="seed", edges_per_pass="int>=1?", device="device?")
+case("circuitkit.circuits:resampled_batch", lambda: {"batch": batch(), "seed": 1, "copies": "all"}, batch="scan",
+     seed="seed", copies="option")
+
+# --- circuitkit.theory
+
+
+def _qkv(n=5, d=4):
+    g = torch.Generator().manual_seed(0)
+    return {name: torch.randn(2, n, d, generator=g, dtype=torch.float64) for name in ("q", "k", "v")}
+
+
+def _mha():
+    g = torch.Generator().manual_seed(0)
+    return {"x": torch.randn(2, 5, 8, generator=g), "W_Q": torch.randn(2, 8, 4, generator=g),
+            "W_K": torch.randn(2, 8, 4, generator=g), "W_V": torch.randn(2, 8, 4, generator=g),
+            "W_O": torch.randn(2, 4, 8, generator=g)}
+
+
+def _self_attn():
+    g = torch.Generator().manual_seed(0)
+    return {"x": torch.randn(5, 8, generator=g), "W_Q": torch.randn(8, 4, generator=g),
+            "W_K": torch.randn(8, 4, generator=g), "W_V": torch.randn(8, 4, generator=g)}
+
+
+T = "circuitkit.theory"
+MASK: list[Bad] = [
+    ("float-mask", lambda v: v.float(), STRICT),
+    ("wrong-shape", lambda v: v[..., :-1], STRICT),
+    ("str", const("mask"), STRICT),
+    ("all-masked", lambda v: torch.ones_like(v), STRICT),
+]
+for _name, _np in (("sdpa_numpy", True), ("sdpa_torch", False), ("pattern_numpy", True), ("pattern_torch", False)):
+    _keys = ("q", "k", "v") if _name.startswith("sdpa") else ("q", "k")
+
+    def _valid(keys=_keys, as_np=_np):
+        out = {k: (v.numpy() if as_np else v) for k, v in _qkv().items() if k in keys}
+        mask = torch.zeros(2, 5, dtype=torch.bool)  # True marks padding
+        out.update(causal=False, key_padding_mask=mask.numpy() if as_np else mask, scale=0.5)
+        return out
+
+    case(f"{T}:{_name}", _valid, causal="bool", scale="real?", extra_bad={"key_padding_mask": [] if _np else MASK},
+         **{k: ("tensor-any-rank" if not _np else "np") for k in _keys})
+case(f"{T}:split_heads", lambda: {"x": torch.randn(2, 5, 8), "n_heads": 2}, x="tensor", n_heads="size>=1",
+     extra_bad={"n_heads": [("not-a-divisor", const(3), STRICT)]})
+case(f"{T}:merge_heads", lambda: {"z": torch.randn(2, 2, 5, 4)}, z="tensor")
+case(f"{T}:multi_head_attention", lambda: {**_mha(), "causal": True}, x="tensor", W_Q="tensor", W_K="tensor",
+     W_V="tensor", W_O="tensor", causal="bool")
+case(f"{T}:decode_with_kv_cache", _mha, x="tensor", W_Q="tensor", W_K="tensor", W_V="tensor", W_O="tensor")
+record(f"{T}:KVCacheRun", "result record of decode_with_kv_cache")
+for _name in ("linear_attention_quadratic", "linear_attention_linear", "linear_attention_gap"):
+    case(f"{T}:{_name}", lambda: {**_qkv(), "feature_map": "elu1", "causal": True}, q="tensor-any-rank",
+         k="tensor-any-rank", v="tensor-any-rank", feature_map="option", causal="bool")
+case(f"{T}:self_attention", lambda: {**_self_attn(), "causal": False}, x="tensor", W_Q="tensor", W_K="tensor",
+     W_V="tensor", causal="bool")
+case(f"{T}:permutation_equivariance_error", lambda: {**_self_attn(), "perm": [4, 3, 2, 1, 0]}, x="tensor",
+     W_Q="tensor", W_K="tensor", W_V="tensor", perm="heads",
+     extra_bad={"perm": [("not-a-permutation", const([0, 0, 1, 2, 3]), STRICT),
+                         ("too-short", const([1, 0]), STRICT)]})
+record(f"{T}:DotProductStats", "result record of dot_product_variance")
+case(f"{T}:dot_product_variance", lambda: {"d_k": 4, "n_samples": 100, "scaled": True, "seed": 0},
+     d_k="size>=1", n_samples="size>=2", scaled="bool", seed="seed")
+case(f"{T}:softmax_saturation", lambda: {"d_k": 4, "n_keys": 4, "n_samples": 50, "scaled": False, "seed": 0},
+     d_k="size>=1", n_keys="size>=1", n_samples="size>=1", scaled="bool", seed="seed")
+case(f"{T}:softmax_jacobian", lambda: {"z": torch.tensor([0.1, 0.5, -0.3])}, z="tensor")
+record(f"{T}:AttentionRank", "result record of attention_rank")
+case(f"{T}:attention_rank", lambda: {"n": 6, "d_k": 2, "d_v": 2, "n_heads": 2, "d_model": 8, "seed": 0},
+     n="size>=1", d_k="size>=1", d_v="size>=1", n_heads="size>=1", d_model="size>=1?", seed="seed")
+record(f"{T}:LinearAttentionGD", "result record of linear_attention_gd")
+case(f"{T}:linear_attention_gd", lambda: {"X": torch.randn(6, 3), "Y": torch.randn(6, 2),
+     "x_test": torch.randn(4, 3), "lr": 0.5}, X="tensor", Y="tensor", x_test="tensor", lr="real")
+case(f"{T}:sinusoidal_offset_error", lambda: {"n_pos": 8, "d_model": 8, "offset": 2, "base": 100.0},
+     n_pos="size>=1", d_model="size>=2", offset="int>=0", base="real>0")
+case(f"{T}:rope_score", lambda: {"q": torch.randn(4), "k": torch.randn(4), "m": 2.0, "n": 5.0, "base": 100.0},
+     q="tensor", k="tensor", m="real", n="real", base="real>0")
+case(f"{T}:rope_offset_error", lambda: {"q": torch.randn(4), "k": torch.randn(4), "m": 2.0, "n": 5.0,
+     "shift": 3.0}, q="tensor", k="tensor", m="real", n="real", shift="real")
+case(f"{T}:layernorm_output_norm", lambda: {"x": torch.randn(3, 8), "gamma": 1.5, "beta": 0.1}, x="tensor",
+     gamma="real", beta="real")
+case(f"{T}:sinusoidal_frequencies", lambda: {"d_model": 8, "base": 100.0}, d_model="size>=2", base="real>0")
+case(f"{T}:sinusoidal_encoding", lambda: {"n_pos": 5, "d_model": 8}, n_pos="size>=1", d_model="size>=2")
+case(f"{T}:sinusoidal_offset_map", lambda: {"offset": 2, "d_model": 8}, offset="int>=0", d_model="size>=2")
+case(f"{T}:rope_rotation_matrix", lambda: {"position": 3.0, "d": 4}, position="real", d="size>=2")
+case(f"{T}:rope", lambda: {"x": torch.randn(2, 5, 4), "positions": [0.0, 1.0, 2.0, 3.0, 4.0]}, x="tensor",
+     extra_bad={"positions": [("too-short", const([0.0]), STRICT), ("nan", const([math.nan] * 5), STRICT),
+                              ("str", const("01234"), STRICT)]})
+record(f"{T}:RankCollapse", "result record of rank_collapse")
+case(f"{T}:rank_collapse", lambda: {"n_layers": 3, "n_tokens": 4, "d_model": 8, "n_heads": 2, "d_head": 4,
+     "plot_layers": [0, 3], "seed": 0}, n_layers="size>=1", n_tokens="size>=1", d_model="size>=1",
+     n_heads="size>=1", d_head="size>=1", plot_layers="heads", seed="seed")
+record(f"{T}:ChinchillaOptimal", "result record of chinchilla_optimal")
+case(f"{T}:chinchilla_optimal", lambda: {"compute": 1e20, "tokens_per_param": 20.0,
+     "flops_per_param_token": 6.0}, compute="real>0", tokens_per_param="real>0", flops_per_param_token="real>0")
+case(f"{T}:param_count", lambda: {"n_layers": 2, "d_model": 8, "d_vocab": 16}, n_layers="int>=1",
+     d_model="int>=1", d_vocab="int>=1")
+case(f"{T}:mha_param_count", lambda: {"d_model": 8, "n_heads": 2}, d_model="int>=1", n_heads="int>=1")
+case(f"{T}:training_flops", lambda: {"n_params": 1e6, "n_tokens": 1e7}, n_params="real>0", n_tokens="real>0")
+case(f"{T}:inference_flops_per_token", lambda: {"n_params": 1e6}, n_params="real>0")
+case(f"{T}:kv_cache_bytes", lambda: {"n_layers": 2, "n_kv_heads": 2, "d_head": 4, "n_tokens": 8,
+     "bytes_per_value": 2, "batch": 1}, n_layers="int>=1", n_kv_heads="int>=1", d_head="int>=1",
+     n_tokens="int>=1", bytes_per_value="int>=1", batch="int>=1")
+case(f"{T}:kv_cache_saving", lambda: {"n_heads": 8, "n_kv_heads": 2}, n_heads="int>=1", n_kv_heads="int>=1")
+case(f"{T}:jl_min_dim", lambda: {"n_points": 1000.0, "eps": 0.1}, n_points="real>0", eps="real>0")
+case(f"{T}:receptive_field", lambda: {"n_layers": 2, "n_heads": 2}, n_layers="int>=1", n_heads="int>=1")
+record(f"{T}:MultiHeadComplexity", "result record of multi_head_complexity")
+case(f"{T}:multi_head_complexity", lambda: {"n_q": 4, "n_kv": 4, "d_head": 4, "n_heads": 2}, n_q="int>=1",
+     n_kv="int>=1", d_head="int>=1", n_heads="int>=1")
+case(f"{T}:rank_collapse_max_rate", lambda: {"retained_fraction": 0.5, "n_layers": 4},
+     retained_fraction="real>0", n_layers="int>=1")
+record(f"{T}:SelfAttentionCounts", "result record of self_attention_counts")
+case(f"{T}:self_attention_counts", lambda: {"n_tokens": 4, "d": 8}, n_tokens="int>=1", d="int>=1")
+
+# --- circuitkit.validate: the user's value is fuzzed; name/why/bounds/flags are the calling developer's arguments
+V = "circuitkit.validate"
+case(f"{V}:boolean", lambda: {"name": "x", "value": True}, value="bool")
+case(f"{V}:device", lambda: {"name": "x", "value": "cpu"}, value="device")
+case(f"{V}:fail", lambda: {"name": "x", "given": 3, "expected": "an int", "fix": ""})  # returns the error
+case(f"{V}:given", lambda: {"text": "x"})
+case(f"{V}:finite_result", lambda: {"name": "x", "value": torch.ones(2, 3)}, extra_bad={"value": [
+    ("nan", lambda v: _poison(v, math.nan), STRICT), ("inf", lambda v: _poison(v, math.inf), STRICT),
+    ("complex-nan", lambda v: _poison(v.to(torch.complex64), complex(math.nan, 0)), STRICT),
+    ("str", const("x"), STRICT), ("None", const(None), STRICT), ("numpy-nan", const(np.array([math.nan])), STRICT),
+    ("int-dtype", lambda v: v.long(), LENIENT), ("empty", lambda v: v[:0], LENIENT)]})
+case(f"{V}:integer", lambda: {"name": "x", "value": 3, "minimum": 0, "maximum": 5}, value="int>=0",
+     extra_bad={"value": [("above-maximum", const(6), STRICT)]})
+case(f"{V}:option", lambda: {"name": "x", "value": "a", "options": ("a", "b")}, value="option")
+case(f"{V}:positive_int", lambda: {"name": "x", "value": 3}, value="int>=1")
+case(f"{V}:real", lambda: {"name": "x", "value": 1.0, "minimum": 0.0, "maximum": 2.0}, value="real>=0",
+     extra_bad={"value": [("above-maximum", const(2.5), STRICT)]})
+case(f"{V}:seed", lambda: {"name": "x", "value": 3}, value="seed")
+case(f"{V}:tensor", lambda: {"name": "x", "value": torch.ones(2, 3), "shape": (2, None), "floating": True,
+     "finite": True}, value="tensor", extra_bad={})
+CASES[f"{V}:tensor"].kinds = {}
+CASES[f"{V}:tensor"].extra_bad = {"value": [b for b in _tensors(empty=False) if b[0] != "non-contiguous"]}
+
+# --- circuitkit.zoo
+Z = "circuitkit.zoo"
+case(f"{Z}:available", lambda: {})
+case(f"{Z}:curve", lambda: {"name": "induction-2l"}, name="zoo_name")
+case(f"{Z}:info", lambda: {"name": "induction-2l"}, name="zoo_name")
+case(f"{Z}:load", lambda: {"name": "induction-2l", "device": "cpu"}, name="zoo_name", device="device?")
+case(f"{Z}:native_config", lambda: {"directory": __import__("circuitkit.zoo").zoo.info().path},
+     directory="out_dir")
+
+# --- circuitkit.report
+R = "circuitkit.report"
+case(f"{R}:save", lambda: {"scan": scan(), "out_dir": tmp_out_dir(), "png": False}, scan="scan", out_dir="out_dir",
+     png="bool")
+case(f"{R}:scan_json", lambda: {"scan": scan()}, scan="scan")
+case(f"{R}:build_report", lambda: {"scan": scan(), "compress": True}, scan="scan", compress="bool")
+case(f"{R}:summary_html", lambda: {"scan": scan()}, scan="scan")
+
+# --- methods
+HW = "circuitkit.weights:HeadWeights"
+case(f"{HW}.from_tensors", lambda: {"tensors": {k: v for k, v in weights().tensors().items()}}, tensors="heads",
+     extra_bad={"tensors": [("missing-W_O", lambda v: {k: t for k, t in v.items() if k != "W_O"}, STRICT),
+                            ("unknown-key", lambda v: {**v, "W_X": v["W_Q"]}, STRICT),
+                            ("nan-W_Q", lambda v: {**v, "W_Q": _poison(v["W_Q"], math.nan)}, STRICT),
+                            ("int-W_K", lambda v: {**v, "W_K": v["W_K"].long()}, STRICT),
+                            ("numpy-values", lambda v: {k: t.numpy() for k, t in v.items()}, LENIENT),
+                            ("list-values", lambda v: {k: t.tolist() for k, t in v.items()}, LENIENT)]})
+case(f"{HW}.from_model", lambda: {"model": toy()}, model="weights")
+method(f"{HW}.to", weights, lambda: {"device": "cpu", "dtype": torch.float64}, device="device?", dtype="dtype")
+method(f"{HW}.layers", weights, lambda: {"layers": [1]}, layers="heads")
+method(f"{HW}.per_query_head", weights, lambda: {"name": "W_K"}, name="option")
+HS = "circuitkit.detect.scores:HeadScores"
+method(f"{HS}.top", head_scores_result, lambda: {"name": "induction", "k": 2}, name="option", k="int>=1")
+method(f"{HS}.patterns_for", head_scores_result, lambda: {"layer": 1, "head": 1}, layer="int>=0", head="int>=0",
+       extra_bad={"layer": [("out-of-range", const(2), STRICT)], "head": [("out-of-range", const(2), STRICT)]})
+method(f"{HS}.to_dataframe", head_scores_result, lambda: {"sort_by": "previous_token"}, sort_by="option")
+method("circuitkit.scan_types:HeadEffects.top", effects, lambda: {"k": 2, "absolute": True}, k="int>=1",
+       absolute="bool")
+method("circuitkit.scan_types:Scan.top", scan, lambda: {"score": "induction", "k": 2}, score="option", k="int>=1")
+method("circuitkit.scan_types:Scan.save", scan, lambda: {"out_dir": tmp_out_dir(), "png": False},
+       out_dir="out_dir", png="bool")
+method("circuitkit.detect.tokens:RepeatedTokens.build", spec, lambda: {"model": toy(), "device": "cpu"},
+       model="model-static", device="device?")
+method("circuitkit.detect.tokens:TokenBatch.targets", batch, lambda: {"name": "induction"}, name="option",
+       extra_bad={"name": [("weight-score", const("copying"), STRICT)]})
+AOM = "circuitkit.models.toy:AttentionOnlyModel"
+method(f"{AOM}.run_with_hooks", toy, lambda: {"tokens": batch().tokens, "fwd_hooks": [], "start_at_layer": None},
+       tokens="token_ids", fwd_hooks="heads", start_at_layer="int>=0?",
+       extra_bad={"start_at_layer": [("past-last-layer", const(5), STRICT)]})
+method(f"{AOM}.with_attention", toy, lambda: {"attention": "hard"}, attention="option")
+method(f"{AOM}.to", toy, lambda: {"device": "cpu"}, device="device")
+
+
+
+OWNER_FIXING_TABLE: dict[str, dict[str, list[str]]] = {
+    'circuitkit.build.subspace:ResidualLayout.stack': {
+        'a': ['bool'],
+        'd_model': ['2**70', 'bytes', 'dict', 'list', 'object', 'str'],
+    },
+    'circuitkit.build.subspace:Subspace.span': {
+        'd_model': ['2**70'],
+        'name': ['None', 'bytes', 'int', 'list'],
+        'start': ['-2**70', 'bool'],
+        'stop': ['2**70', 'bool'],
+    },
+    'circuitkit.build:HeadSpec': {
+        'name': ['None', 'bytes', 'int', 'list'],
+    },
+    'circuitkit.build:PositionCode': {
+        'n_ctx': ['2**70', 'bool'],
+    },
+    'circuitkit.build:QK': {
+        'b_Q': ['-inf', 'bool-dtype', 'complex-dtype', 'inf', 'int-dtype', 'nan', 'rank-minus-1'],
+    },
+    'circuitkit.build:ResidualLayout': {
+        'd_model': ['2**70'],
+        'spaces': [
+            '2**70', 'bool-index', 'float-index', 'head-out-of-range', 'int', 'layer-out-of-range', 'long-tuple',
+            'negative', 'short-tuple', 'str', 'str-index',
+        ],
+    },
+    'circuitkit.build:Subspace': {
+        'd_model': ['2**70'],
+        'dims': ['int'],
+        'name': ['None', 'bytes', 'int', 'list'],
+    },
+    'circuitkit.build:assemble': {
+        'W_E': ['bytes', 'dict', 'list-of-str', 'object', 'scalar-int', 'scalar-tensor', 'str'],
+        'd_head': [
+            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
+            'str',
+        ],
+        'd_model': ['bytes', 'dict', 'list', 'object', 'str'],
+        'n_ctx': ['2**70', 'bool'],
+    },
+    'circuitkit.build:assemble_weights': {
+        'd_head': [
+            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
+            'str',
+        ],
+        'd_model': ['bytes', 'dict', 'list', 'object', 'str'],
+    },
+    'circuitkit.build:check_disjoint': {
+        'subspaces': [
+            '2**70', 'bool-index', 'float-index', 'head-out-of-range', 'int', 'layer-out-of-range', 'long-tuple',
+            'negative', 'short-tuple', 'str', 'str-index',
+        ],
+    },
+    'circuitkit.build:copy_ov': {
+        'd_head': [
+            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
+            'str',
+        ],
+        'scale': ['None', 'bool', 'bytes', 'dict', 'list', 'object', 'str'],
+    },
+    'circuitkit.build:induction_circuit': {
+        'd_vocab': ['2**70'],
+        'n_ctx': ['2**70'],
+    },
+    'circuitkit.build:key_bias_qk': {
+        'bias': [
+            '-inf', 'None', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str',
+            'tensor-nan',
+        ],
+        'key': ['None', 'int', 'other-d_model', 'str', 'tuple'],
+    },
+    'circuitkit.build:match_qk': {
+        'd_head': [
+            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
+            'str',
+        ],
+        'key': ['None', 'int', 'str', 'tuple'],
+        'query': ['None', 'int', 'str', 'tuple'],
+        'scale': ['None', 'bool', 'bytes', 'dict', 'list', 'object', 'str'],
+    },
+    'circuitkit.build:previous_token_pattern': {
+        'n_pos': ['2**70'],
+    },
+    'circuitkit.build:previous_token_qk': {
+        'code': ['None', 'dict', 'head-scores', 'object', 'str'],
+        'offset': ['bool', 'int0'],
+        'positions': ['None', 'int', 'other-d_model', 'str', 'tuple'],
+        'scale': ['None', 'bool', 'bytes', 'complex', 'dict', 'list', 'object', 'str'],
+    },
+    'circuitkit.build:repeated_tokens': {
+        'batch': ['2**70'],
+        'd_vocab': ['2**70'],
+    },
+    'circuitkit.circuits:EdgeSpec': {
+        'channel': ['None', 'bytes', 'empty', 'int', 'list', 'object', 'padded', 'unknown'],
+        'dst': [
+            '2**70', 'None', 'bool-index', 'float-index', 'head-out-of-range', 'layer-out-of-range', 'long-tuple',
+            'negative', 'short-tuple', 'str', 'str-index',
+        ],
+        'src': [
+            '2**70', 'None', 'bool-index', 'float-index', 'head-out-of-range', 'layer-out-of-range', 'long-tuple',
+            'negative', 'short-tuple', 'str', 'str-index',
+        ],
+    },
+    'circuitkit.theory:attention_rank': {
+        'd_k': ['2**70'],
+        'd_model': ['2**70'],
+        'd_v': ['2**70'],
+        'n': ['2**70'],
+        'n_heads': ['2**70'],
+        'seed': ['2**70'],
+    },
+    'circuitkit.theory:dot_product_variance': {
+        'd_k': ['2**70'],
+        'n_samples': ['2**70'],
+        'scaled': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'seed': ['2**70'],
+    },
+    'circuitkit.theory:layernorm_output_norm': {
+        'x': ['empty', 'rank-minus-1', 'rank-plus-1'],
+    },
+    'circuitkit.theory:linear_attention_gap': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'feature_map': ['list'],
+        'k': ['huge-x1e10', 'huge-x1e30'],
+        'q': ['huge-x1e10', 'huge-x1e30'],
+        'v': ['empty'],
+    },
+    'circuitkit.theory:linear_attention_gd': {
+        'X': ['float64', 'half'],
+        'Y': ['empty', 'float64', 'half'],
+        'x_test': ['float64', 'half'],
+    },
+    'circuitkit.theory:linear_attention_linear': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'feature_map': ['list'],
+        'k': ['huge-x1e10', 'huge-x1e30'],
+        'q': ['huge-x1e10', 'huge-x1e30'],
+        'v': ['empty'],
+    },
+    'circuitkit.theory:linear_attention_quadratic': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'feature_map': ['list'],
+        'k': ['huge-x1e10', 'huge-x1e30'],
+        'q': ['huge-x1e10', 'huge-x1e30'],
+        'v': ['empty'],
+    },
+    'circuitkit.theory:merge_heads': {
+        'z': ['empty'],
+    },
+    'circuitkit.theory:multi_head_attention': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+    },
+    'circuitkit.theory:pattern_numpy': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+    },
+    'circuitkit.theory:pattern_torch': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+    },
+    'circuitkit.theory:permutation_equivariance_error': {
+        'W_K': ['float64', 'half'],
+        'W_Q': ['float64', 'half'],
+        'W_V': ['empty', 'float64', 'half'],
+        'perm': ['2**70', 'str', 'str-index'],
+        'x': ['float64', 'half'],
+    },
+    'circuitkit.theory:rank_collapse': {
+        'd_head': ['2**70'],
+        'd_model': ['2**70'],
+        'n_heads': ['2**70'],
+        'n_layers': ['2**70'],
+        'n_tokens': ['2**70'],
+    },
+    'circuitkit.theory:receptive_field': {
+        'n_layers': ['2**70', 'int0'],
+    },
+    'circuitkit.theory:rope': {
+        'x': ['rank-minus-1', 'rank-plus-1'],
+    },
+    'circuitkit.theory:rope_offset_error': {
+        'm': [
+            '-inf', 'None', 'bool', 'bytes', 'complex', 'dict', 'inf', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
+        ],
+        'n': [
+            '-inf', 'None', 'bool', 'bytes', 'complex', 'dict', 'inf', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
+        ],
+        'shift': [
+            '-inf', 'None', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str',
+            'tensor-nan',
+        ],
+    },
+    'circuitkit.theory:rope_rotation_matrix': {
+        'd': ['2**70'],
+        'position': [
+            '-inf', 'None', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str',
+            'tensor-nan',
+        ],
+    },
+    'circuitkit.theory:rope_score': {
+        'm': [
+            '-inf', 'None', 'bool', 'bytes', 'complex', 'dict', 'inf', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
+        ],
+        'n': [
+            '-inf', 'None', 'bool', 'bytes', 'complex', 'dict', 'inf', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
+        ],
+    },
+    'circuitkit.theory:sdpa_numpy': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'k': ['None', 'bytes', 'dict', 'list-of-str', 'object', 'scalar-int', 'str'],
+        'q': ['None', 'bytes', 'dict', 'list-of-str', 'object', 'scalar-int', 'str'],
+        'v': ['empty'],
+    },
+    'circuitkit.theory:sdpa_torch': {
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'v': ['empty'],
+    },
+    'circuitkit.theory:self_attention': {
+        'W_K': ['float64', 'half'],
+        'W_Q': ['float64', 'half'],
+        'W_V': ['empty', 'float64', 'half'],
+        'causal': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'x': ['float64', 'half', 'rank-plus-1'],
+    },
+    'circuitkit.theory:sinusoidal_encoding': {
+        'd_model': ['2**70'],
+        'n_pos': ['2**70'],
+    },
+    'circuitkit.theory:sinusoidal_frequencies': {
+        'd_model': ['2**70'],
+    },
+    'circuitkit.theory:sinusoidal_offset_error': {
+        'd_model': ['2**70'],
+        'n_pos': ['2**70'],
+        'offset': ['2**70'],
+    },
+    'circuitkit.theory:sinusoidal_offset_map': {
+        'd_model': ['2**70'],
+        'offset': ['-2**70', '2**70', 'int-1'],
+    },
+    'circuitkit.theory:softmax_jacobian': {
+        'z': [
+            'None', 'bool-dtype', 'bytes', 'complex-dtype', 'dict', 'empty', 'int-dtype', 'list-of-str', 'object',
+            'rank-minus-1', 'str',
+        ],
+    },
+    'circuitkit.theory:softmax_saturation': {
+        'd_k': ['2**70'],
+        'n_keys': ['2**70'],
+        'n_samples': ['2**70'],
+        'scaled': ['None', 'int-0', 'int-1', 'list', 'str-False', 'str-yes'],
+        'seed': ['2**70'],
+    },
+    'circuitkit.theory:split_heads': {
+        'x': ['empty'],
+    },
+    'circuitkit.viz:attention_heads': {
+        'patterns': ['int-dtype'],
+    },
+    'circuitkit.viz:attention_patterns': {
+        'patterns': ['int-dtype', 'rank-minus-1'],
+    },
+    'circuitkit.viz:composition_graph': {
+        'n_heads': [
+            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
+            'str',
+        ],
+        'n_layers': [
+            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
+            'str',
+        ],
+        'title': ['None', 'bytes', 'int', 'list'],
+    },
+    'circuitkit.viz:composition_heatmap': {
+        'mode': ['None', 'bytes', 'int', 'list'],
+        'scores': ['int-dtype'],
+    },
+    'circuitkit.viz:head_score_heatmap': {
+        'colorscale': ['None', 'bytes', 'empty', 'int', 'list', 'object', 'padded', 'unknown'],
+        'scores': ['empty', 'int-dtype', 'nan'],
+        'title': ['None', 'bytes', 'int', 'list'],
+        'zmax': [
+            '-inf', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
+        ],
+        'zmid': [
+            '-inf', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
+        ],
+        'zmin': [
+            '-inf', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
+        ],
+    },
+    'circuitkit.viz:model_patterns': {
+        'heads': ['int'],
+        'model': ['huge-all-x1e30'],
+    },
+    'circuitkit.viz:token_strings': {
+        'model': [
+            'None', 'cfg-no-hooks', 'dict', 'duck-inf-weights', 'duck-nan-weights', 'int', 'missing-dir',
+            'mlp-only-module', 'tensor',
+        ],
+        'tokens': [
+            '2**40', 'None', 'bool-dtype', 'empty', 'float-dtype', 'list-of-str', 'negative', 'out-of-vocab',
+            'rank-3', 'str', 'too-long',
+        ],
+    },
+}
+"""Bad inputs that fail in files the fuzz test's author may not edit (build, circuits, theory, viz):
+``callable -> argument -> bad-value labels``. They run as strict xfails ("owner fixing"): when one is fixed,
+its xfail turns into an unexpected pass and this table must lose the entry."""
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def non_finite(value: Any, path: str = "result", depth: int = 0) -> str | None:
+    """The path of the first NaN/inf inside ``value`` (tensors, arrays, numbers, containers, dataclasses)."""
+    if depth > 6:
+        return None
+    if isinstance(value, torch.Tensor):
+        if (value.is_floating_point() or value.is_complex()) and value.numel():
+            return None if bool(torch.isfinite(value).all()) else path
+        return None
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "fc" and value.size:
+            return None if bool(np.isfinite(value).all()) else path
+        return None
+    if isinstance(value, (float, complex, np.floating)):
+        return None if np.isfinite(value) else path
+    if isinstance(value, Mapping):
+        items = list(value.items())[:200]
+        for k, v in items:
+            found = non_finite(v, f"{path}[{k!r}]", depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value[:200]):
+            found = non_finite(v, f"{path}[{i}]", depth + 1)
+            if found:
+                return found
+        return None
+    name = type(value).__name__
+    if name == "HeadEffects" and value.exact is not None:  # NaN marks heads that were not ablated (documented)
+        return non_finite(value.effect[value.exact], f"{path}.effect[exact]", depth + 1) or (
+            None if bool((value.effect[~value.exact].isnan()).all()) else f"{path}.effect[~exact] (expected NaN)")
+    if name == "EdgeAttribution":  # NaN marks src layer >= dst layer, which are not edges (documented)
+        layers = value.scores.shape[0]
+        edge = torch.arange(layers)[:, None, None, None, None] < torch.arange(layers)[None, None, :, None, None]
+        edge = edge.expand_as(value.scores)
+        return non_finite(value.scores[edge], f"{path}.scores[edges]", depth + 1)
+    if is_dataclass(value) and not isinstance(value, type):
+        for f in fields(value):
+            found = non_finite(getattr(value, f.name), f"{path}.{f.name}", depth + 1)
+            if found:
+                return found
+    return None
