@@ -20,7 +20,8 @@ per-query-head tensors when an analysis needs them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -274,7 +275,7 @@ class HeadWeights:
             return getter()
         cfg = getattr(model, "cfg", None)
         # Each attribute is read once: on a TransformerBridge every one is assembled from the blocks.
-        with torch.no_grad():
+        with torch.no_grad(), _offloaded_weights_in(model):
             values = {
                 name: value
                 for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_E", "W_U", "W_pos")
@@ -390,6 +391,35 @@ _EXPECTED = {
 def _analysis_dtype(values) -> torch.dtype:
     dtypes = {value.dtype for value in values}
     return torch.float64 if dtypes == {torch.float64} else torch.float32
+
+
+OFFLOAD_READ_PARTS = ("attn", "embed", "unembed", "lm_head", "wte", "wpe", "pos")
+"""Modules whose offloaded weights :meth:`HeadWeights.from_model` brings in: attention and (un)embeddings only."""
+
+
+@contextlib.contextmanager
+def _offloaded_weights_in(model: Any) -> Iterator[None]:
+    """Bring disk- or CPU-offloaded weights (accelerate ``device_map`` hooks, parameters on ``meta``) of the
+    attention and embedding modules into memory while they are read, and let accelerate offload them again
+    after. The tensors read keep their own storage, so MLP weights are never loaded and nothing is loaded
+    twice. A no-op for models without offloaded modules."""
+    modules = getattr(model, "named_modules", None)
+    offloaded = []
+    if callable(modules):
+        try:
+            from accelerate.utils import align_module_device, has_offloaded_params
+        except ImportError:  # accelerate absent: nothing can be offloaded
+            align_module_device = has_offloaded_params = None
+        if has_offloaded_params is not None:
+            offloaded = [
+                m for name, m in modules()
+                if has_offloaded_params(m) and any(part in name.split(".")[-1] or part in name for part in
+                                                   OFFLOAD_READ_PARTS)
+            ]
+    with contextlib.ExitStack() as stack:
+        for module in offloaded:
+            stack.enter_context(align_module_device(module, torch.device("cpu")))
+        yield
 
 
 def _read(model: Any, name: str) -> Any:
