@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -78,7 +79,9 @@ def scan_seconds(model: Any, ablate: str) -> tuple[float, Any]:
 
     start = time.perf_counter()
     result = circuitkit.scan(model, ablate=ablate)
-    return time.perf_counter() - start, result
+    seconds = time.perf_counter() - start
+    print(f"[scan ablate={ablate!r}: {seconds:.1f} s]", file=sys.stderr, flush=True)
+    return seconds, result
 
 
 def agreement_row(result: Any) -> dict[str, Any]:
