@@ -89,15 +89,8 @@ def test_ablation_equal(pair, resume):
     torch.testing.assert_close(b.effect, a.effect, atol=SHARD_TOL, rtol=0)
 
 
-WEIGHTS_OF_OFFLOADED_LAYERS = pytest.mark.xfail(
-    strict=True,
-    reason="HeadWeights.from_model reads TransformerBridge.W_Q.. which raise on meta-device (offloaded) weights, "
-    "so weight scores are dropped and composition fails; weights.py must bring offloaded modules in while reading "
-    "(accelerate.utils.align_module_device on each module with has_offloaded_params). Strict: passes -> remove.",
-)
 
 
-@WEIGHTS_OF_OFFLOADED_LAYERS
 def test_weight_scores_equal(pair):
     whole, sharded = pair
     a, b = head_scores(whole, TOKENS), head_scores(sharded, TOKENS)
@@ -105,7 +98,6 @@ def test_weight_scores_equal(pair):
     torch.testing.assert_close(b["copying"], a["copying"], atol=SHARD_TOL, rtol=0)
 
 
-@WEIGHTS_OF_OFFLOADED_LAYERS
 @pytest.mark.parametrize("mode", ["Q", "K", "V"])
 def test_composition_equal(pair, mode):
     whole, sharded = pair

@@ -5,9 +5,9 @@
 
 The path of data, each pass done once::
 
-    tokens (RepeatedTokens)  ->  one clean forward pass: every head's pattern scores, per-token losses,
-                                 mean z per head, residual streams (for resumed ablation)
-                             ->  attribution: one forward + one backward, a first-order ablation estimate per head
+    tokens (RepeatedTokens)  ->  one forward + one backward pass: every head's pattern scores, per-token losses,
+                                 mean z per head, residual streams (for resumed ablation), and attribution:
+                                 a first-order ablation estimate for every head
                              ->  exact ablation of the heads that count: the top ``ablate_top`` by |attribution|
                                  joined with the heads called induction / previous-token heads (``ablate="top"``),
                                  every head (``"all"``) or none; agreement of estimate and exact;
@@ -30,7 +30,8 @@ import torch
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together
 from circuitkit.detect.ablation import ablate as ablate_heads
-from circuitkit.detect.clean_run import clean_run
+from circuitkit.detect.agreement import agreement
+from circuitkit.detect.attribution import attribute
 from circuitkit.detect.loss import summarise
 from circuitkit.detect.scores import HeadScores, PatternCollector
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
@@ -126,26 +127,20 @@ def scan(
     expected_exact = {"all": n_heads, "top": min(n_heads, ablate_top + 4), "none": 0}[ablate]
     bar = _Progress(progress, 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1)
     try:
-        bar.stage("clean pass: head scores, loss")
+        bar.stage("clean pass with attribution: head scores, loss, every head's estimated effect")
         collector = PatternCollector(adapter, batch)
-        run = clean_run(
+        # one forward (+ one backward) serves head scores, the loss, mean z, the residual streams and attribution
+        attribution, run = attribute(
             adapter,
             batch,
-            z_means=ablation_method == "mean",
+            ablation_method,
             resid_layers=range(1, spec.n_layers) if resumable else (),
-            extra_hooks=collector.hooks(),
+            observers=collector.hooks(),
         )
         weights = adapter.weights()
         head_scores = collector.result(weights)
         loss = summarise(run.losses, batch)
-        bar.advance(1)
-
-        bar.stage("attribution")
-        from circuitkit.detect.agreement import agreement
-        from circuitkit.detect.attribution import attribution_effects
-
-        attribution = attribution_effects(adapter, method=ablation_method, clean=run)
-        bar.advance(ATTRIBUTION_COST)
+        bar.advance(1 + ATTRIBUTION_COST)
 
         induction_heads = called_heads(head_scores, "induction")
         previous_heads = called_heads(head_scores, "previous_token")
