@@ -53,7 +53,7 @@ def test_stack_packs_blocks_in_order_and_slices_and_unions_keep_order():
         (lambda: Subspace("s", (1, 1), 4), "repeated dims"),
         (lambda: Subspace("s", (), 4), "at least one"),
         (lambda: ResidualLayout.stack(a=5, b=5, d_model=8), "total size 10"),
-        (lambda: ResidualLayout.stack(a=0), "positive ints"),
+        (lambda: ResidualLayout.stack(a=0), r"stack: a: given int 0; expected an int >= 1"),
         (lambda: Subspace.span("s", 0, 4, 8) + Subspace.span("t", 2, 5, 8), "overlap at dim 2"),
         (lambda: Subspace.span("s", 0, 2, 8)[5], r"index 5"),
     ],

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from circuitkit import validate
+from circuitkit.build import limits
 from circuitkit.build.heads import HeadSpec
 from circuitkit.errors import CircuitkitError, describe
 from circuitkit.models.toy import AttentionMode, AttentionOnlyModel
@@ -32,8 +34,13 @@ def assemble_weights(
     """``layers[l][h]`` -> :class:`HeadWeights` (``d_head`` defaults to the largest head rank).
 
     ``W_Q/W_K/W_V [layer, head, d_model, d_head]``, ``W_O [layer, head, d_head, d_model]``; ``b_Q`` is set when
-    any head has a query bias. ``d_model`` is read from the heads (or ``W_E``) unless given.
+    any head has a query bias. ``d_model`` is read from the heads (or ``W_E``) unless given; ``d_model`` and
+    ``d_head`` are ints in ``[1, MAX_WIDTH]`` (:data:`circuitkit.build.limits.MAX_WIDTH`).
     """
+    d_model = limits.optional_width("assemble: d_model", d_model)
+    d_head = limits.optional_width("assemble: d_head", d_head)
+    if W_E is not None:
+        W_E = validate.tensor("assemble: W_E", W_E, ndim=2, floating=True, finite=True)
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or len(layers) == 0:
         raise CircuitkitError(
             f"assemble: given {describe(layers)}; expected a non-empty list of layers, each a list of HeadSpec."
@@ -103,7 +110,10 @@ def assemble(
 ) -> AttentionOnlyModel:
     """:func:`assemble_weights`, run as an :class:`AttentionOnlyModel` with ``"soft"`` or ``"hard"`` attention.
 
-    ``attn_scale`` divides the scores (``sqrt(d_head)`` when ``None``).
+    ``attn_scale`` divides the scores (``sqrt(d_head)`` when ``None``); ``n_ctx`` is ``None`` or an int in
+    ``[1, MAX_POSITIONS]``.
     """
+    if n_ctx is not None:
+        n_ctx = limits.positions("assemble: n_ctx", n_ctx)
     weights = assemble_weights(layers, d_model=d_model, d_head=d_head, W_E=W_E, W_U=W_U, W_pos=W_pos)
     return AttentionOnlyModel(weights, attention=attention, n_ctx=n_ctx, attn_scale=attn_scale)

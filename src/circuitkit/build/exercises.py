@@ -39,6 +39,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.build import limits
 from circuitkit.build.assembly import assemble
 from circuitkit.build.heads import OV, HeadSpec, copy_ov
 from circuitkit.build.subspace import ResidualLayout
@@ -52,9 +53,9 @@ D_HEAD = 4
 def previous_token_pattern(n_pos: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "pos pos"]:
     """``[pos, pos]`` with ``P[t, t-1] = 1``; row 0 is all zero (position 0 has no previous token).
 
-    ``n_pos`` is an int >= 1; ``dtype`` a floating dtype.
+    ``n_pos`` is an int in ``[1, MAX_POSITIONS]`` (:mod:`circuitkit.build.limits`); ``dtype`` a floating dtype.
     """
-    n_pos = validate.positive_int("previous_token_pattern: n_pos", n_pos)
+    n_pos = limits.positions("previous_token_pattern: n_pos", n_pos)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise validate.fail("previous_token_pattern: dtype", dtype, "a floating torch.dtype such as torch.float32")
     return torch.diag(torch.ones(n_pos - 1, dtype=dtype), diagonal=-1)

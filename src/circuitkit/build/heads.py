@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit import validate
+from circuitkit.build import limits
 from circuitkit.build.subspace import Subspace, check_disjoint
 from circuitkit.errors import CircuitkitError, describe
 
@@ -55,8 +57,9 @@ class QK:
             )
         object.__setattr__(self, "W_Q", W_Q)
         object.__setattr__(self, "W_K", W_K)
-        if self.b_Q is not None and (not isinstance(self.b_Q, Tensor) or tuple(self.b_Q.shape) != (W_Q.shape[1],)):
-            raise CircuitkitError(f"QK.b_Q: given {describe(self.b_Q)}; expected shape ({W_Q.shape[1]},).")
+        if self.b_Q is not None:
+            b_Q = validate.tensor("QK.b_Q", self.b_Q, shape=(W_Q.shape[1],), floating=True, finite=True)
+            object.__setattr__(self, "b_Q", b_Q.detach())
 
     @property
     def rank(self) -> int:
@@ -118,6 +121,7 @@ class HeadSpec:
     name: str = ""
 
     def __post_init__(self) -> None:
+        limits.text("HeadSpec: name", self.name)
         if self.qk is not None and self.ov is not None:
             _same_width(self.qk.d_model, self.ov.d_model, f"head {self.name!r}")
 
@@ -137,7 +141,14 @@ def _same_width(a: int, b: int, what: str) -> None:
         raise CircuitkitError(f"{what}: given parts on residual widths {a} and {b}; expected one d_model.")
 
 
+def _subspace(name: str, value: object) -> Subspace:
+    if not isinstance(value, Subspace):
+        raise validate.fail(name, value, "a Subspace (e.g. layout['tok'])")
+    return value
+
+
 def _check_d_head(rank: int, d_head: int | None, what: str) -> None:
+    d_head = limits.optional_width(f"{what}: d_head", d_head)
     if d_head is not None and rank > d_head:
         raise CircuitkitError(
             f"{what}: needs {rank} head dimensions but d_head={d_head}; expected d_head >= {rank}. "
@@ -152,8 +163,9 @@ def copy_ov(src: Subspace, dst: Subspace, *, scale: float = 1.0, d_head: int | N
     ``src`` and ``dst`` must have the same size ``k <= d_head`` and not overlap (a head writing into what it
     reads would add, not copy).
     """
-    if not isinstance(src, Subspace) or not isinstance(dst, Subspace):
-        raise CircuitkitError(f"copy_ov: given {describe(src)} and {describe(dst)}; expected two Subspaces.")
+    src = _subspace("copy_ov: src", src)
+    dst = _subspace("copy_ov: dst", dst)
+    scale = validate.real("copy_ov: scale", scale)
     if src.size != dst.size:
         raise CircuitkitError(
             f"copy_ov: given {src!r} ({src.size} dims) and {dst!r} ({dst.size} dims); expected equal sizes."
@@ -170,6 +182,9 @@ def match_qk(query: Subspace, key: Subspace, *, scale: float = 1.0, d_head: int 
     ``score(i, j) = scale * <x_i[query], x_j[key]>``: with one-hot codes in both subspaces, ``scale`` for a
     match and 0 otherwise. ``W_Q = scale * query.basis.T``, ``W_K = key.basis.T`` (both ``[d_model, k]``).
     """
+    query = _subspace("match_qk: query", query)
+    key = _subspace("match_qk: key", key)
+    scale = validate.real("match_qk: scale", scale)
     if query.size != key.size:
         raise CircuitkitError(
             f"match_qk: given {query!r} and {key!r}; expected subspaces of equal size to compare."
@@ -185,6 +200,8 @@ def key_bias_qk(key: Subspace, bias: float) -> QK:
     Rank ``key.size``; the query side is a bias ``b_Q`` alone (``W_Q = 0``), so the QK matrix ``W_Q W_K^T``
     is unchanged and only the biased score moves.
     """
+    key = _subspace("key_bias_qk: key", key)
+    bias = validate.real("key_bias_qk: bias", bias)
     zeros = torch.zeros(key.d_model, key.size)
     return QK(zeros, key.basis().T.contiguous(), torch.full((key.size,), float(bias)))
 
@@ -204,8 +221,7 @@ class PositionCode:
     n_ctx: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n_ctx, int) or self.n_ctx < 1:
-            raise CircuitkitError(f"PositionCode: given n_ctx={self.n_ctx!r}; expected a positive int.")
+        object.__setattr__(self, "n_ctx", limits.positions("PositionCode: n_ctx", self.n_ctx))
 
     @property
     def n_freqs(self) -> int:
@@ -253,7 +269,13 @@ def previous_token_qk(
     ``W_Q = positions.basis.T @ shift(offset) * scale``, ``W_K = positions.basis.T`` (``[d_model, code.dim]``):
     ``score(i, j) = scale * sum_b cos((i - offset - j) w_b)``, highest at ``j = i - offset`` by
     ``scale * code.margin`` (see :class:`PositionCode`). Position ``i < offset`` has no such key.
+    ``offset`` is an int in ``[1, code.n_ctx)``.
     """
+    positions = _subspace("previous_token_qk: positions", positions)
+    if not isinstance(code, PositionCode):
+        raise validate.fail("previous_token_qk: code", code, "a PositionCode (e.g. PositionCode(n_ctx))")
+    offset = validate.integer("previous_token_qk: offset", offset, minimum=1, maximum=code.n_ctx - 1)
+    scale = validate.real("previous_token_qk: scale", scale)
     if positions.size != code.dim:
         raise CircuitkitError(
             f"previous_token_qk: given {positions!r} with {positions.size} dims for a PositionCode of dim "

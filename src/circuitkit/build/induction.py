@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from circuitkit import validate
+from circuitkit.build import limits
 from circuitkit.build.assembly import assemble
 from circuitkit.build.heads import HeadSpec, PositionCode, copy_ov, key_bias_qk, match_qk, previous_token_qk
 from circuitkit.build.subspace import ResidualLayout
@@ -47,6 +48,11 @@ DEFAULT_GAP = 20.0
 
 DEFAULT_LOGIT_SCALE = 10.0
 """Logit of the copied token (all others 0): a correct prediction costs ~ (d_vocab - 1) * exp(-10) nats of loss."""
+
+
+MAX_VOCAB = (limits.MAX_WIDTH - 2 * math.ceil(math.log2(limits.MAX_POSITIONS))) // 3
+"""Largest ``d_vocab`` of :func:`induction_circuit`: its residual stream (three vocabulary blocks and the position
+code) must fit :data:`circuitkit.build.limits.MAX_WIDTH`."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,8 +89,9 @@ def induction_circuit(
     ``gap``: how many logits the intended key beats the others by in both heads; ``logit_scale``: the logit the
     copied token gets (argmax predictions do not depend on it, the loss does).
     """
-    d_vocab = validate.integer("induction_circuit: d_vocab", d_vocab, minimum=2)
-    n_ctx = validate.integer("induction_circuit: n_ctx", n_ctx, minimum=2)
+    d_vocab = validate.integer("induction_circuit: d_vocab", d_vocab, minimum=2, maximum=MAX_VOCAB,
+                               why="d_model = 3 * d_vocab + 2 * ceil(log2 n_ctx) must stay within MAX_WIDTH")
+    n_ctx = limits.positions("induction_circuit: n_ctx", n_ctx, minimum=2)
     gap = validate.real("induction_circuit: gap", gap, minimum=0.0, strict_minimum=True)
     logit_scale = validate.real("induction_circuit: logit_scale", logit_scale, minimum=0.0, strict_minimum=True)
     code = PositionCode(n_ctx)
@@ -119,11 +126,13 @@ def repeated_tokens(
     d_vocab: int, length: int, *, batch: int = 1, seed: int = 0, distinct: bool = True
 ) -> torch.Tensor:
     """``[batch, 2 * length]`` random blocks repeated twice (``distinct``: no token twice within a block,
-    so every repeated-half prediction is unambiguous). ``d_vocab``, ``length``, ``batch`` are ints >= 1,
-    ``seed`` an int in ``[0, 2**63 - 1]``, ``distinct`` a bool."""
-    d_vocab = validate.positive_int("repeated_tokens: d_vocab", d_vocab)
-    length = validate.positive_int("repeated_tokens: length", length)
-    batch = validate.positive_int("repeated_tokens: batch", batch)
+    so every repeated-half prediction is unambiguous). ``d_vocab`` is an int in ``[1, MAX_WIDTH]``, ``length``
+    in ``[1, MAX_POSITIONS // 2]``, ``batch`` in ``[1, MAX_BATCH]`` (:mod:`circuitkit.build.limits`), ``seed`` an
+    int in ``[0, 2**63 - 1]``, ``distinct`` a bool."""
+    d_vocab = limits.width("repeated_tokens: d_vocab", d_vocab)
+    length = validate.integer("repeated_tokens: length", length, minimum=1, maximum=limits.MAX_POSITIONS // 2,
+                              why="the repeated sequence has 2 * length positions")
+    batch = validate.integer("repeated_tokens: batch", batch, minimum=1, maximum=limits.MAX_BATCH)
     seed = validate.seed("repeated_tokens: seed", seed)
     distinct = validate.boolean("repeated_tokens: distinct", distinct)
     if distinct and length > d_vocab:

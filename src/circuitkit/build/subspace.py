@@ -20,6 +20,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit import validate
+from circuitkit.build import limits
 from circuitkit.errors import CircuitkitError
 
 
@@ -32,8 +34,10 @@ class Subspace:
     d_model: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.d_model, int) or self.d_model < 1:
-            raise CircuitkitError(f"Subspace {self.name!r}: given d_model={self.d_model!r}; expected a positive int.")
+        limits.text("Subspace: name", self.name)
+        d_model = limits.width(f"Subspace {self.name!r}: d_model", self.d_model)
+        if isinstance(self.dims, (str, bytes)) or not isinstance(self.dims, Iterable):
+            raise validate.fail(f"Subspace {self.name!r}: dims", self.dims, "an iterable of ints (e.g. range(0, 4))")
         dims = tuple(self.dims)
         if not dims:
             raise CircuitkitError(f"Subspace {self.name!r}: given no dimensions; expected at least one.")
@@ -48,11 +52,15 @@ class Subspace:
         if len(set(dims)) != len(dims):
             raise CircuitkitError(f"Subspace {self.name!r}: given repeated dims in {dims}; expected distinct dims.")
         object.__setattr__(self, "dims", dims)
+        object.__setattr__(self, "d_model", d_model)
 
     @classmethod
     def span(cls, name: str, start: int, stop: int, d_model: int) -> Subspace:
-        """The contiguous dims ``start .. stop-1``."""
-        if not (isinstance(start, int) and isinstance(stop, int)) or stop <= start:
+        """The contiguous dims ``start .. stop-1`` (``0 <= start < stop <= MAX_WIDTH``)."""
+        limits.text("Subspace.span: name", name)
+        start = validate.integer(f"Subspace.span {name!r}: start", start, minimum=0, maximum=limits.MAX_WIDTH - 1)
+        stop = validate.integer(f"Subspace.span {name!r}: stop", stop, minimum=1, maximum=limits.MAX_WIDTH)
+        if stop <= start:
             raise CircuitkitError(
                 f"Subspace.span {name!r}: given start={start!r}, stop={stop!r}; expected ints with start < stop."
             )
@@ -105,9 +113,13 @@ class Subspace:
 
 def check_disjoint(subspaces: Iterable[Subspace]) -> None:
     """Raise :class:`CircuitkitError` unless the subspaces share one ``d_model`` and no dimension."""
+    if isinstance(subspaces, (str, bytes, Subspace)) or not isinstance(subspaces, Iterable):
+        raise validate.fail("check_disjoint: subspaces", subspaces, "an iterable of Subspace")
     owner: dict[int, str] = {}
     widths = set()
     for sub in subspaces:
+        if not isinstance(sub, Subspace):
+            raise validate.fail("check_disjoint: subspaces", sub, "an iterable of Subspace (this item is not one)")
         widths.add(sub.d_model)
         for d in sub.dims:
             if d in owner:
@@ -128,7 +140,10 @@ class ResidualLayout(Mapping[str, Subspace]):
     """
 
     def __init__(self, d_model: int, spaces: Mapping[str, Iterable[int]]) -> None:
-        subs = [Subspace(name, tuple(dims), d_model) for name, dims in spaces.items()]
+        d_model = limits.width("ResidualLayout: d_model", d_model)
+        if not isinstance(spaces, Mapping):
+            raise validate.fail("ResidualLayout: spaces", spaces, "a mapping name -> dims, e.g. {'tok': range(0, 8)}")
+        subs = [Subspace(name, dims, d_model) for name, dims in spaces.items()]
         check_disjoint(subs)
         self.d_model = d_model
         self._spaces = {sub.name: sub for sub in subs}
@@ -136,9 +151,9 @@ class ResidualLayout(Mapping[str, Subspace]):
     @classmethod
     def stack(cls, d_model: int | None = None, **sizes: int) -> ResidualLayout:
         """Contiguous blocks of the given sizes, in keyword order, from dim 0."""
-        bad = {name: size for name, size in sizes.items() if not isinstance(size, int) or size < 1}
-        if bad:
-            raise CircuitkitError(f"ResidualLayout.stack: given sizes {bad}; expected positive ints.")
+        sizes = {name: limits.width(f"ResidualLayout.stack: {name}", size) for name, size in sizes.items()}
+        if d_model is not None:
+            d_model = limits.width("ResidualLayout.stack: d_model", d_model)
         total = sum(sizes.values())
         if d_model is None:
             d_model = total
