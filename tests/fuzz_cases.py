@@ -1126,15 +1126,8 @@ OWNER_FIXING_TABLE: dict[str, dict[str, list[str]]] = {
         'positions': ['other-d_model'],
     },
     'circuitkit.circuits:EdgeSpec': {
-        'channel': ['None', 'bytes', 'empty', 'int', 'list', 'object', 'padded', 'unknown'],
-        'dst': [
-            '2**70', 'None', 'bool-index', 'float-index', 'head-out-of-range', 'layer-out-of-range', 'long-tuple',
-            'negative', 'short-tuple', 'str', 'str-index',
-        ],
-        'src': [
-            '2**70', 'None', 'bool-index', 'float-index', 'head-out-of-range', 'layer-out-of-range', 'long-tuple',
-            'negative', 'short-tuple', 'str', 'str-index',
-        ],
+        'dst': ['layer-out-of-range'],
+        'src': ['head-out-of-range'],
     },
     'circuitkit.theory:attention_rank': {
         'd_k': ['2**70'],

@@ -31,16 +31,56 @@ INPUTS: tuple[str, ...] = (*CHANNELS, "all")
 
 @dataclass(frozen=True)
 class EdgeSpec:
-    """One edge: ``src = (layer, head)`` feeds ``dst = (layer, head)`` through ``channel``."""
+    """One edge: ``src = (layer, head)`` feeds ``dst = (layer, head)`` through ``channel``.
+
+    ``src`` and ``dst`` are pairs of non-negative ints with ``src`` layer < ``dst`` layer (stored as tuples);
+    ``channel`` is one of :data:`INPUTS` (``"q"``, ``"k"``, ``"v"``, ``"all"``), upper case accepted and stored
+    in lower case. Whether the heads exist in a model is checked where a model is at hand (:func:`parse_edges`).
+    """
 
     src: Head
     dst: Head
     channel: str
 
+    def __post_init__(self) -> None:
+        src = _pair("EdgeSpec: src", self.src)
+        dst = _pair("EdgeSpec: dst", self.dst)
+        if src[0] >= dst[0]:
+            raise validate.fail(
+                "EdgeSpec", validate.given(f"{head_name(src)} -> {head_name(dst)}"),
+                "an edge from an earlier layer to a later one (src layer < dst layer)",
+                "A head only reads what earlier layers wrote.",
+            )
+        channel = self.channel
+        if isinstance(channel, str) and channel in _UPPER:
+            channel = channel.lower()
+        channel = validate.option("EdgeSpec: channel", channel, INPUTS)
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "dst", dst)
+        object.__setattr__(self, "channel", channel)
+
     @property
     def name(self) -> str:
         """``"0.1 -> 1.3 (k)"``."""
         return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
+
+
+_UPPER = tuple(c.upper() for c in INPUTS)
+"""``"Q"``, ``"K"``, ``"V"``, ``"ALL"``: the composition modes' spelling, accepted by :class:`EdgeSpec`."""
+
+
+MAX_HEAD_INDEX = 2**16 - 1
+"""Largest layer or head index an :class:`EdgeSpec` takes without a model to check against: far above any model's
+layer or head count, far below where an index stops fitting the int64 tensors it indexes."""
+
+
+def _pair(where: str, value: Any) -> Head:
+    """``value`` as a ``(layer, head)`` tuple of ints in ``[0, MAX_HEAD_INDEX]`` (no model, so no tighter bound)."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        raise validate.fail(where, value, "a head (layer, head) of two non-negative ints, e.g. (0, 1)")
+    layer = validate.integer(f"{where} layer", value[0], minimum=0, maximum=MAX_HEAD_INDEX)
+    head = validate.integer(f"{where} head", value[1], minimum=0, maximum=MAX_HEAD_INDEX)
+    return layer, head
 
 
 def _head(where: str, value: Any, spec: ModelSpec) -> Head:
