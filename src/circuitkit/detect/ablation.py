@@ -38,7 +38,10 @@ AblationMethod = Literal["zero", "mean"]
 ABLATION_METHODS = ("mean", "zero")
 
 MAX_SEQUENCES_PER_FORWARD = 512
-"""Ablated copies of the batch run together up to this many sequences, to bound memory."""
+"""Ablated copies of the batch run together up to this many sequences, to bound memory..."""
+MAX_LOGIT_BYTES = 256 * 2**20
+"""...and only as many as keep one pass's float32 logits ``[sequences, pos, d_vocab]`` under this (at vocabulary
+50k, 16 sequences of 41 tokens are 132 MB: larger passes only thrash memory)."""
 
 PROGRESS_MIN_HEADS = 64
 """Show a progress bar by default from this many ablated heads on (small models finish before it would draw)."""
@@ -102,7 +105,8 @@ def ablate(
     tokens = batch.tokens
     repeated = batch.repeated_copies
     n_batch = tokens.shape[0]
-    per_forward = max(1, MAX_SEQUENCES_PER_FORWARD // n_batch)
+    per_copy = tokens.numel() * spec.d_vocab * 4
+    per_forward = max(1, min(MAX_SEQUENCES_PER_FORWARD // n_batch, MAX_LOGIT_BYTES // per_copy))
     values = replacements(adapter, run, method)
     effect = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     exact = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
@@ -122,7 +126,7 @@ def ablate(
                     logits = adapter.run_from(resid.repeat(len(chunk), 1, 1), layer, [hook])
                 else:
                     logits = adapter.run(copies, [hook])
-                losses = token_losses(logits, copies).cpu()[:, repeated]
+                losses = token_losses(logits, copies, repeated).cpu()
                 effect[layer, chunk] = losses.view(len(chunk), -1).mean(dim=1) - clean
                 exact[layer, chunk] = True
                 if progress is not None:
@@ -153,7 +157,7 @@ def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], met
     hooks = [(HOOKS.z(layer), hook_for(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
     with torch.no_grad():
         logits = adapter.run(run.batch.tokens, hooks)
-    losses = token_losses(logits, run.batch.tokens).cpu()[:, run.batch.repeated_copies]
+    losses = token_losses(logits, run.batch.tokens, run.batch.repeated_copies).cpu()
     return float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
 
 

@@ -30,10 +30,18 @@ class InductionLoss:
     repeated_copies: float
 
 
-def token_losses(logits: Tensor, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos_minus_1"]:
-    """Cross-entropy of each next token: ``[batch, pos - 1]`` (float32, on ``logits``' device)."""
-    logprobs = logits[:, :-1].float().log_softmax(dim=-1)
-    return -logprobs.gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+def token_losses(
+    logits: Tensor, tokens: Int[Tensor, "batch pos"], positions: Tensor | None = None
+) -> Float[Tensor, "batch n"]:
+    """Cross-entropy of each next token: ``[batch, pos - 1]`` (float32, on ``logits``' device), or only at the
+    prediction indices ``positions`` (a bool mask over ``pos - 1``): the log-softmax over the vocabulary is
+    then taken only where it is needed (at vocabulary 50k it is the largest tensor of an ablation pass)."""
+    predict, targets = logits[:, :-1], tokens[:, 1:].to(logits.device)
+    if positions is not None:
+        index = positions.nonzero().squeeze(1).to(logits.device)
+        predict, targets = predict.index_select(1, index), targets.index_select(1, index)
+    logprobs = predict.float().log_softmax(dim=-1)
+    return -logprobs.gather(-1, targets[..., None])[..., 0]
 
 
 def summarise(losses: Float[Tensor, "batch pos_minus_1"], batch: TokenBatch) -> InductionLoss:
