@@ -1280,55 +1280,6 @@ OWNER_FIXING_TABLE: dict[str, dict[str, list[str]]] = {
     'circuitkit.theory:split_heads': {
         'x': ['empty'],
     },
-    'circuitkit.viz:attention_heads': {
-        'patterns': ['int-dtype'],
-    },
-    'circuitkit.viz:attention_patterns': {
-        'patterns': ['int-dtype', 'rank-minus-1'],
-    },
-    'circuitkit.viz:composition_graph': {
-        'n_heads': [
-            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
-            'str',
-        ],
-        'n_layers': [
-            '2**70', 'bytes', 'dict', 'float-2.0', 'float-tensor', 'inf', 'list', 'nan', 'np.float64', 'object',
-            'str',
-        ],
-        'title': ['None', 'bytes', 'int', 'list'],
-    },
-    'circuitkit.viz:composition_heatmap': {
-        'mode': ['None', 'bytes', 'int', 'list'],
-        'scores': ['int-dtype'],
-    },
-    'circuitkit.viz:head_score_heatmap': {
-        'colorscale': ['None', 'bytes', 'empty', 'int', 'list', 'object', 'padded', 'unknown'],
-        'scores': ['empty', 'int-dtype', 'nan'],
-        'title': ['None', 'bytes', 'int', 'list'],
-        'zmax': [
-            '-inf', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
-        ],
-        'zmid': [
-            '-inf', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
-        ],
-        'zmin': [
-            '-inf', 'bool', 'bytes', 'complex', 'dict', 'inf', 'list', 'nan', 'np.nan', 'object', 'str', 'tensor-nan',
-        ],
-    },
-    'circuitkit.viz:model_patterns': {
-        'heads': ['int'],
-        'model': ['huge-all-x1e30'],
-    },
-    'circuitkit.viz:token_strings': {
-        'model': [
-            'None', 'cfg-no-hooks', 'dict', 'duck-inf-weights', 'duck-nan-weights', 'int', 'missing-dir',
-            'mlp-only-module', 'tensor',
-        ],
-        'tokens': [
-            '2**40', 'None', 'bool-dtype', 'empty', 'float-dtype', 'list-of-str', 'negative', 'out-of-vocab',
-            'rank-3', 'str', 'too-long',
-        ],
-    },
 }
 """Bad inputs that fail in files the fuzz test's author may not edit (build, circuits, theory, viz):
 ``callable -> argument -> bad-value labels``. They run as strict xfails ("owner fixing"): when one is fixed,

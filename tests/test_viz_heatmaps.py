@@ -30,8 +30,10 @@ def test_head_score_heatmap_z_equals_scores_row_layer_column_head():
 
 def test_undefined_scores_are_empty_cells():
     scores = torch.tensor([[0.5, float("nan")], [0.25, 1.0]])
-    z = np.asarray(head_score_heatmap(scores).data[0].z)
+    z = np.asarray(head_score_heatmap(scores, allow_nan=True).data[0].z)
     assert np.isnan(z[0, 1]) and z[1, 0] == 0.25
+    with pytest.raises(CircuitkitError, match=r"head_score_heatmap: scores: .*expected finite numbers"):
+        head_score_heatmap(scores)  # NaN only where the caller says it means "undefined"
 
 
 def test_head_score_heatmaps_one_figure_per_score_name():

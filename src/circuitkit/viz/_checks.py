@@ -11,12 +11,16 @@ from circuitkit import validate
 
 
 def as_float_array(value: Any, *, name: str, caller: str, ndim: int, allow_nan: bool = False) -> np.ndarray:
-    """``value`` (tensor, numpy array or nested list) as a float64 numpy array of ``ndim`` axes, finite unless
-    ``allow_nan`` (NaN then marks a missing value; inf is never accepted). Checked by :func:`validate.tensor`."""
+    """``value`` (tensor, numpy array or nested list) as a float64 numpy array of ``ndim`` axes, not empty, of a
+    floating dtype (integer, bool and complex tensors are refused: scores and patterns are real numbers), finite
+    unless ``allow_nan`` (NaN then marks a missing value; inf is never accepted). Checked by
+    :func:`validate.tensor`."""
     label = f"{caller}: {name}"
     tensor = validate.tensor(label, value, ndim=ndim, convert=True)
-    if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in _INT_DTYPES):
-        raise validate.fail(label, tensor, "a real (floating) tensor", "Cast with .float().")
+    if not tensor.is_floating_point():
+        raise validate.fail(label, tensor, "a real floating-point tensor (float16/32/64)", "Cast with .float().")
+    if tensor.numel() == 0:
+        raise validate.fail(label, tensor, "a non-empty tensor")
     array = tensor.detach().to("cpu", torch.float64).numpy()
     bad = np.isinf(array) if allow_nan else ~np.isfinite(array)
     if bad.any():
@@ -33,4 +37,13 @@ def check_head(head: Any, n_layers: int, n_heads: int, caller: str) -> tuple[int
     return layer, index
 
 
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+def text(name: str, value: Any) -> str:
+    """``value`` if it is a ``str`` (titles, labels)."""
+    if not isinstance(value, str):
+        raise validate.fail(name, value, "a str")
+    return value
+
+
+def optional_real(name: str, value: Any) -> float | None:
+    """``None`` or a finite real number (:func:`validate.real`)."""
+    return None if value is None else validate.real(name, value)

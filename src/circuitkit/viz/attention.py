@@ -24,7 +24,7 @@ from __future__ import annotations
 import html
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +135,7 @@ def attention_heads(
     """
     import circuitsvis.attention as cv_attention
 
-    array, names = _patterns_and_names(patterns, head_names, "attention_heads")
+    array, names = _patterns_and_names(patterns, head_names, "attention_heads", single_ok=True)
     tokens = _check_tokens(tokens, array.shape[-1], "attention_heads")
     mask_upper_tri = validate.boolean("attention_heads: mask_upper_tri", mask_upper_tri)
     rendered = cv_attention.attention_heads(
@@ -154,10 +154,13 @@ def attention_patterns(
     patterns: Float[Tensor, "head q_pos k_pos"] | Mapping[tuple[int, int], Float[Tensor, "q_pos k_pos"]],
     tokens: Sequence[str],
 ) -> CircuitsVisView:
-    """CircuitsVis ``attention_patterns`` (all heads side by side, hover a token to see where it attends)."""
+    """CircuitsVis ``attention_patterns`` (all heads side by side, hover a token to see where it attends).
+
+    ``patterns`` is ``[head, q_pos, k_pos]`` (one head: ``[1, q_pos, k_pos]``) or a mapping ``(layer, head) ->
+    [q_pos, k_pos]``; ``tokens`` the ``pos`` token strings."""
     import circuitsvis.attention as cv_attention
 
-    array, _ = _patterns_and_names(patterns, None, "attention_patterns")
+    array, _ = _patterns_and_names(patterns, None, "attention_patterns", single_ok=False)
     tokens = _check_tokens(tokens, array.shape[-1], "attention_patterns")
     rendered = cv_attention.attention_patterns(tokens=_placeholders("t", len(tokens)), attention=array)
     return _with_props(rendered, tokens=_html_tokens(tokens))
@@ -176,8 +179,11 @@ def model_patterns(
     """Run ``model`` on one sequence and return the attention pattern ``[q_pos, k_pos]`` of each chosen head.
 
     Reads ``blocks.{layer}.attn.hook_pattern`` from ``model.run_with_cache`` (TransformerLens bridge or the
-    circuitkit toy model). No gradients are tracked.
+    circuitkit toy model). No gradients are tracked. ``heads`` is a non-empty list of ``(layer, head)``. A pattern
+    holding NaN or inf (weights too large for the model's dtype) raises ``CircuitkitError``.
     """
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise validate.fail("model_patterns: heads", heads, "a list of (layer, head) pairs, e.g. [(0, 1)]")
     if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int32, torch.int64) or not (
         tokens.ndim == 1 or (tokens.ndim == 2 and tokens.shape[0] == 1)
     ):
@@ -200,23 +206,45 @@ def model_patterns(
         batch = batch.to(device)
     with torch.inference_mode():
         _, cache = model.run_with_cache(batch, names_filter=lambda name: name in names)
-        return {
+        out = {
             (layer, head): cache[f"blocks.{layer}.attn.hook_pattern"][0, head].detach().float().cpu().clone()
             for layer, head in chosen
         }
+    for head, pattern in out.items():
+        validate.finite_result(f"model_patterns: pattern of head {head_name(head)}", pattern,
+                               why="the model's attention scores overflowed")
+    return out
 
 
 def token_strings(model: Any, tokens: Int[Tensor, "*batch pos"]) -> list[str]:
-    """Readable strings for token ids: the model's tokenizer where it has one, else ``"<id>"``-style numbers."""
-    ids = [int(t) for t in torch.as_tensor(tokens).reshape(-1).tolist()]
+    """Readable strings for token ids: the model's tokenizer where it has one, else ``"<id>"``-style numbers.
+
+    ``model`` is anything :func:`circuitkit.models.contract.adapt` accepts (it is not run); ``tokens`` a non-empty
+    integer tensor ``[pos]`` or ``[batch, pos]`` of ids in ``[0, d_vocab)``, ``pos <= n_ctx``. The strings of all
+    ids are returned in order (``batch * pos`` of them).
+    """
+    from circuitkit.models.contract import adapt
+
+    spec = adapt(model).spec
+    ids = validate.tensor("token_strings: tokens", tokens, integral=True)
+    if ids.ndim not in (1, 2) or ids.numel() == 0:
+        raise validate.fail("token_strings: tokens", ids, "a non-empty integer tensor [pos] or [batch, pos]")
+    if spec.n_ctx is not None and ids.shape[-1] > spec.n_ctx:
+        raise validate.fail("token_strings: tokens", ids, f"at most n_ctx={spec.n_ctx} positions")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= spec.d_vocab:
+        raise validate.fail(
+            "token_strings: tokens", validate.given(f"ids in [{low}, {high}]"), f"ids in [0, {spec.d_vocab - 1}]"
+        )
+    values = [int(t) for t in ids.reshape(-1).tolist()]
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None and hasattr(tokenizer, "decode"):
-        return [tokenizer.decode([token]) for token in ids]
-    return [str(token) for token in ids]
+        return [tokenizer.decode([token]) for token in values]
+    return [str(token) for token in values]
 
 
 def _patterns_and_names(
-    patterns: Any, head_names: Sequence[str] | None, caller: str
+    patterns: Any, head_names: Sequence[str] | None, caller: str, *, single_ok: bool
 ) -> tuple[np.ndarray, list[str] | None]:
     if isinstance(patterns, Mapping):
         if not patterns:
@@ -233,7 +261,7 @@ def _patterns_and_names(
         array = np.stack(arrays)
         names = _check_names(head_names, caller) if head_names is not None else [head_name(key) for key in keys]
     else:
-        if isinstance(patterns, Tensor) and patterns.ndim == 2:
+        if single_ok and isinstance(patterns, Tensor) and patterns.ndim == 2:
             patterns = patterns[None]
         array = as_float_array(patterns, name="patterns", caller=caller, ndim=3)
         names = _check_names(head_names, caller) if head_names is not None else None

@@ -14,15 +14,19 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import head_name
-from circuitkit.viz._checks import check_head
+from circuitkit.viz._checks import check_head, text
 
 MODE_COLOURS = {"Q": "#1f77b4", "K": "#2ca02c", "V": "#d62728", "": "#555555"}
 MIN_WIDTH, MAX_WIDTH = 1.0, 8.0
 # with several modes, each mode's edges are shifted this far apart vertically so Q, K and V edges between the
 # same two heads stay visible side by side
 MODE_OFFSET = 0.12
+MAX_GRID = 1024
+"""Largest ``n_layers`` or ``n_heads`` drawn: the graph has one node per head, and a figure of more than
+1024 x 1024 nodes is not readable (nor quick to build)."""
 
 
 def composition_graph(
@@ -38,7 +42,13 @@ def composition_graph(
     dst_layer]``, ``y = [src_head, dst_head] + offset`` (``offset`` = 0 for a single group, else the mode's
     multiple of :data:`MODE_OFFSET`, centred) and ``customdata = [score, score]``; its width is linear in the
     score between :data:`MIN_WIDTH` and :data:`MAX_WIDTH` over all edges shown. The last trace holds the nodes.
+    ``n_layers`` and ``n_heads`` are ``None`` or ints in ``[1, MAX_GRID]``; ``title`` is a str.
     """
+    if n_layers is not None:
+        n_layers = validate.integer("composition_graph: n_layers", n_layers, minimum=1, maximum=MAX_GRID)
+    if n_heads is not None:
+        n_heads = validate.integer("composition_graph: n_heads", n_heads, minimum=1, maximum=MAX_GRID)
+    title = text("composition_graph: title", title)
     groups = _groups(edges)
     all_edges = [(mode, edge) for mode, group in groups.items() for edge in group]
     checked = [(mode, _check_edge(edge)) for mode, edge in all_edges]
@@ -120,4 +130,5 @@ def _check_edge(edge: Any) -> tuple[tuple[int, int], tuple[int, int], float]:
         raise CircuitkitError(f"composition_graph: given edge {edge!r} with score {score}; expected a finite score.")
     if len(src) != 2 or len(dst) != 2:
         raise CircuitkitError(f"composition_graph: given edge {edge!r}; expected (layer, head) pairs.")
-    return (src[0], src[1]), (dst[0], dst[1]), score
+    src, dst = (check_head(h, MAX_GRID, MAX_GRID, "composition_graph: edge") for h in (src, dst))
+    return src, dst, score

@@ -16,16 +16,32 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import plotly.colors
 import plotly.graph_objects as go
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import head_name
-from circuitkit.viz._checks import as_float_array
+from circuitkit.viz._checks import as_float_array, optional_real, text
 
 SEQUENTIAL = "Viridis"
 DIVERGING = "RdBu_r"
+COMPOSITION_MODES = ("", "Q", "K", "V")
+"""``mode`` of :func:`composition_heatmap`: the composition kind named in the title (``""``: none)."""
+
+
+def _colorscale(caller: str, value: Any) -> str:
+    """A plotly named colour scale (any case, ``_r`` reverses it), e.g. ``"Viridis"``, ``"RdBu_r"``."""
+    if isinstance(value, str):
+        base = value.lower().removesuffix("_r")
+        if base in plotly.colors.named_colorscales():
+            return value
+    raise validate.fail(
+        f"{caller}: colorscale", value, "a plotly colour scale name such as 'Viridis' or 'RdBu_r'",
+        "See plotly.colors.named_colorscales().",
+    )
 
 
 def head_score_heatmap(
@@ -36,14 +52,27 @@ def head_score_heatmap(
     zmax: float | None = None,
     colorscale: str = SEQUENTIAL,
     zmid: float | None = None,
+    allow_nan: bool = False,
 ) -> go.Figure:
     """A layer x head heatmap of ``scores`` (row = layer, column = head).
 
-    ``z`` holds the scores exactly (float64 copies); hovering a cell shows ``layer.head`` and the score. NaN
-    (a score undefined for a head) is drawn as an empty cell; infinities are rejected.
-    ``zmid`` centres a diverging ``colorscale`` (e.g. 0 for ablation loss changes).
+    ``z`` holds the scores exactly (float64 copies); hovering a cell shows ``layer.head`` and the score.
+    ``scores`` is a non-empty floating ``[layer, head]`` tensor (or array). NaN is refused unless ``allow_nan``:
+    then it marks a score undefined for a head (e.g. the heads an ``ablation_effects(heads=...)`` left out) and
+    is drawn as an empty cell. Infinities are always refused. ``zmin``, ``zmax``, ``zmid`` are finite numbers or
+    ``None`` (``zmin < zmax`` when both are given); ``zmid`` centres a diverging ``colorscale`` (e.g. 0 for
+    ablation loss changes); ``colorscale`` is a plotly colour scale name; ``title`` a str.
     """
-    z = as_float_array(scores, name="scores", caller="head_score_heatmap", ndim=2, allow_nan=True)
+    caller = "head_score_heatmap"
+    allow_nan = validate.boolean(f"{caller}: allow_nan", allow_nan)
+    z = as_float_array(scores, name="scores", caller=caller, ndim=2, allow_nan=allow_nan)
+    title = text(f"{caller}: title", title)
+    zmin = optional_real(f"{caller}: zmin", zmin)
+    zmax = optional_real(f"{caller}: zmax", zmax)
+    zmid = optional_real(f"{caller}: zmid", zmid)
+    if zmin is not None and zmax is not None and not zmin < zmax:
+        raise validate.fail(f"{caller}: zmax", zmax, f"a number above zmin={zmin}")
+    colorscale = _colorscale(caller, colorscale)
     n_layers, n_heads = z.shape
     names = np.array([[head_name((layer, head)) for head in range(n_heads)] for layer in range(n_layers)])
     figure = go.Figure(
@@ -94,9 +123,11 @@ def composition_heatmap(
 
     ``baseline``: the score random matrices of the same shapes get — a float or a
     :class:`~circuitkit.composition.CompositionBaseline` (its ``mean`` is used). It becomes the colour scale's
-    neutral midpoint (``zmid``). Without it the scale is sequential.
+    neutral midpoint (``zmid``). Without it the scale is sequential. ``mode`` is one of
+    :data:`COMPOSITION_MODES` (``""``, ``"Q"``, ``"K"``, ``"V"``), named in the title.
     """
     array = as_float_array(scores, name="scores", caller="composition_heatmap", ndim=4)
+    mode = validate.option("composition_heatmap: mode", mode, COMPOSITION_MODES)
     n_layers, n_heads, dst_layers, dst_heads = array.shape
     if (dst_layers, dst_heads) != (n_layers, n_heads):
         raise CircuitkitError(
