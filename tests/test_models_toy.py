@@ -219,7 +219,7 @@ def test_bad_residual_input_and_options_raise():
         model(torch.full((1, 3, 8), float("nan")))
     with pytest.raises(CircuitkitError, match="float residual"):
         model(torch.zeros(1, 3, dtype=torch.long))
-    with pytest.raises(CircuitkitError, match="attention: given str 'argmax'"):
+    with pytest.raises(CircuitkitError, match="argmax"):
         AttentionOnlyModel(random_weights(1, 1, 8, 4), attention="argmax")
     with pytest.raises(CircuitkitError, match="n_ctx=5 but W_pos has 12"):
         AttentionOnlyModel(_weights(), n_ctx=5)

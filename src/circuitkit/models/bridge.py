@@ -68,16 +68,12 @@ def to_bridge(model_or_weights: Any, *, device: str | torch.device | None = None
         )
     extra = {} if attn_scale is None else {"use_attn_scale": True, "attn_scale": float(attn_scale)}
     cfg = TransformerBridgeConfig(
-        n_layers=w.n_layers,
-        n_heads=w.n_heads,
-        d_model=w.d_model,
-        d_head=w.d_head,
+        **shape_fields(w),
         d_vocab=d_vocab,
         n_ctx=n_ctx,
         attn_only=True,
         normalization_type=None,
         positional_embedding_type="standard",
-        n_key_value_heads=None if w.group_size == 1 else w.n_kv_heads,
         seed=0,
         **extra,
     )
@@ -115,17 +111,34 @@ def _native_state(w: HeadWeights, n_ctx: int) -> dict[str, torch.Tensor]:
 
 
 def _load(native: torch.nn.Module, w: HeadWeights, n_ctx: int) -> None:
-    state = _native_state(w, n_ctx)
+    load_native_state(native, _native_state(w, n_ctx), "to_bridge")
+
+
+def load_native_state(native: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Copy ``state`` (the TL-native model's own parameter names) into ``native``, whose parameter names carry
+    the bridge's ``._original_component`` wrappers; every name and shape must match."""
     params = {name.replace("._original_component", ""): p for name, p in native.named_parameters()}
     if set(params) != set(state):
         raise CircuitkitError(  # a TransformerLens version whose native model is laid out differently
-            f"to_bridge: the TL-native model has parameters {sorted(set(params) ^ set(state))} that circuitkit "
+            f"{where}: the TL-native model has parameters {sorted(set(params) ^ set(state))} that circuitkit "
             "does not map; expected the layout of transformer-lens 4.3. Pin transformer-lens or report this."
         )
     with torch.no_grad():
         for name, value in state.items():
             if params[name].shape != value.shape:
                 raise CircuitkitError(
-                    f"to_bridge: parameter {name} has shape {tuple(params[name].shape)}; given {tuple(value.shape)}."
+                    f"{where}: parameter {name} has shape {tuple(value.shape)}; expected "
+                    f"{tuple(params[name].shape)} (the TL-native model's)."
                 )
             params[name].copy_(value)
+
+
+def shape_fields(w: HeadWeights) -> dict[str, int | None]:
+    """The config fields a model built from ``w`` shares with it (TransformerLens names)."""
+    return {
+        "n_layers": w.n_layers,
+        "n_heads": w.n_heads,
+        "d_model": w.d_model,
+        "d_head": w.d_head,
+        "n_key_value_heads": None if w.group_size == 1 else w.n_kv_heads,
+    }

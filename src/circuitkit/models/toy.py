@@ -163,14 +163,12 @@ class AttentionOnlyModel:
             )
         self._weights = w
         d_vocab = w.d_vocab if w.d_vocab is not None else (None if w.W_U is None else w.W_U.shape[1])
+        from circuitkit.models.bridge import shape_fields
+
         self.cfg = ToyConfig(
-            n_layers=w.n_layers,
-            n_heads=w.n_heads,
-            d_model=w.d_model,
-            d_head=w.d_head,
+            **shape_fields(w),
             d_vocab=d_vocab,
             n_ctx=n_ctx,
-            n_key_value_heads=None if w.group_size == 1 else w.n_kv_heads,
             attention=attention,
             attn_scale=attn_scale,
         )

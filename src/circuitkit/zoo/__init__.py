@@ -117,22 +117,10 @@ def _load_native(directory: Path, device):
 
 
 def _copy_state(native: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
-    """Copy ``state`` (the native model's own parameter names) into ``native``, whose parameter names carry the
-    bridge's ``._original_component`` wrappers."""
-    params = {name.replace("._original_component", ""): p for name, p in native.named_parameters()}
-    if set(params) != set(state):
-        raise CircuitkitError(
-            f"zoo: {directory.name!r} has parameters {sorted(set(params) ^ set(state))} that do not match the "
-            "TL-native model of the installed transformer-lens; expected the layout of transformer-lens 4.3."
-        )
-    with torch.no_grad():
-        for name, value in state.items():
-            if params[name].shape != value.shape:
-                raise CircuitkitError(
-                    f"zoo: {directory.name!r} parameter {name} has shape {tuple(value.shape)}; expected "
-                    f"{tuple(params[name].shape)} from tl_config.json."
-                )
-            params[name].copy_(value)
+    """Copy the saved ``state`` into the freshly booted native model (names and shapes checked)."""
+    from circuitkit.models.bridge import load_native_state
+
+    load_native_state(native, state, f"zoo: {directory.name!r}")
 
 
 _LOADERS = {"tl-native": _load_native}
