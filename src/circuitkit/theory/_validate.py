@@ -14,10 +14,35 @@ import torch
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 
+MAX_SIZE = 2**14
+"""Largest size a theory function allocates along one axis (``d_k``, ``d_model``, ``n_pos``, token and head
+counts, position offsets): a ``[MAX_SIZE, MAX_SIZE]`` float64 matrix is 2 GiB. Larger values are typos, refused
+at once rather than overflowing torch's sizes or allocating terabytes."""
 
-def positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``; bools, floats and smaller ints are rejected."""
-    return validate.integer(name, value, minimum=minimum)
+MAX_SAMPLES = 10**8
+"""Largest ``n_samples`` of the Monte-Carlo checks (drawn in bounded chunks; 1e8 takes about a minute)."""
+
+MAX_LAYERS = 10_000
+"""Largest depth of :func:`~circuitkit.theory.rank_collapse` and :func:`~circuitkit.theory.receptive_field`."""
+
+
+def positive_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; bools, floats and out-of-range ints are rejected."""
+    return validate.integer(name, value, minimum=minimum, maximum=maximum)
+
+
+def size(name: str, value: Any, *, minimum: int = 1) -> int:
+    """An allocated size: an int in ``[minimum, MAX_SIZE]``."""
+    return validate.integer(name, value, minimum=minimum, maximum=MAX_SIZE, why="a size that is allocated")
+
+
+def promoted(**tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors cast to their common floating dtype (``torch.promote_types``): float16 with float32 is
+    computed in float32, float32 with float64 in float64."""
+    dtype = tensors[next(iter(tensors))].dtype
+    for t in tensors.values():
+        dtype = torch.promote_types(dtype, t.dtype)
+    return [t.to(dtype) for t in tensors.values()]
 
 
 def positive_real(name: str, value: Any, *, allow_zero: bool = False) -> float:
@@ -38,15 +63,17 @@ def open_unit(name: str, value: Any) -> float:
 
 
 def float_tensor(name: str, value: Any, *, ndim_min: int = 1, ndim: int | None = None) -> torch.Tensor:
-    """A finite floating-point tensor with at least ``ndim_min`` (or exactly ``ndim``) dimensions."""
+    """A non-empty finite floating-point tensor with at least ``ndim_min`` (or exactly ``ndim``) dimensions."""
     value = validate.tensor(name, value, ndim=ndim, floating=True, finite=True)
     if value.ndim < ndim_min:
         raise validate.fail(name, value, f"a tensor with at least {ndim_min} dimensions")
+    if value.numel() == 0:
+        raise validate.fail(name, value, "a non-empty tensor")
     return value
 
 
 def float_array(name: str, value: Any, *, ndim_min: int = 1) -> np.ndarray:
-    """A finite floating-point numpy array with at least ``ndim_min`` dimensions."""
+    """A non-empty finite floating-point numpy array with at least ``ndim_min`` dimensions."""
     if not isinstance(value, np.ndarray):
         raise validate.fail(name, value, "a numpy.ndarray", "Convert with np.asarray(...).")
     if not np.issubdtype(value.dtype, np.floating):
@@ -57,6 +84,8 @@ def float_array(name: str, value: Any, *, ndim_min: int = 1) -> np.ndarray:
         raise validate.fail(
             name, validate.given(f"an array of shape {value.shape}"), f"at least {ndim_min} dimensions"
         )
+    if value.size == 0:
+        raise validate.fail(name, validate.given(f"an empty array of shape {value.shape}"), "a non-empty array")
     if not np.isfinite(value).all():
         bad = int((~np.isfinite(value)).sum())
         raise validate.fail(

@@ -85,6 +85,7 @@ def pattern_numpy(
     """The attention pattern ``softmax(q k^T * scale + mask)`` in numpy (see the module docstring)."""
     float_array("q", q, ndim_min=2)
     float_array("k", k, ndim_min=2)
+    causal = validate.boolean("causal", causal)
     same("q", q.shape[-1], "k", k.shape[-1], "last-axis size d_k")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale)
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
@@ -117,6 +118,8 @@ def sdpa_numpy(
     scale: float | None = None,
 ) -> Float[np.ndarray, "*batch n_q d_v"]:
     """Scaled dot-product attention in numpy only (seed 000 task 2.1): ``pattern_numpy(q, k) @ v``."""
+    float_array("q", q, ndim_min=2)
+    float_array("k", k, ndim_min=2)
     float_array("v", v, ndim_min=2)
     _qkv_sizes(q.shape, k.shape, v.shape)
     return np.matmul(pattern_numpy(q, k, causal=causal, key_padding_mask=key_padding_mask, scale=scale), v)
@@ -141,6 +144,7 @@ def pattern_torch(
     """The attention pattern ``softmax(q k^T * scale + mask)`` in torch (see the module docstring)."""
     float_tensor("q", q, ndim_min=2)
     float_tensor("k", k, ndim_min=2)
+    causal = validate.boolean("causal", causal)
     same("q", q.shape[-1], "k", k.shape[-1], "last-axis size d_k")
     _same_dtype(q=q, k=k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale)
@@ -311,9 +315,21 @@ _FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def _feature_map(name: str) -> Callable[[Tensor], Tensor]:
-    if name not in _FEATURE_MAPS:
-        raise CircuitkitError(f"feature_map = {name!r}; expected one of {sorted(_FEATURE_MAPS)}.")
-    return _FEATURE_MAPS[name]
+    return _FEATURE_MAPS[validate.option("feature_map", name, tuple(_FEATURE_MAPS))]
+
+
+def _linear_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> bool:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        float_tensor(name, t, ndim_min=2)
+    _qkv_sizes(q.shape, k.shape, v.shape)
+    _same_dtype(q=q, k=k, v=v)
+    causal = validate.boolean("causal", causal)
+    if causal:
+        same("q", q.shape[-2], "k", k.shape[-2], "position count (causal needs self-attention)")
+    return causal
+
+
+_OVERFLOW = "the feature map of q or k overflowed the dtype, or its sums vanished; rescale q and k"
 
 
 def linear_attention_quadratic(
@@ -327,17 +343,16 @@ def linear_attention_quadratic(
     """Kernelised attention the O(N^2) way (seed 003 problem 12.10): ``exp(k.q)`` replaced by ``g(k).g(q)``.
 
     ``a[n, m] = g(q_n) . g(k_m) / sum_m' g(q_n) . g(k_m')``; materialises the ``[n_q, n_k]`` matrix.
+    Raises ``CircuitkitError`` instead of returning NaN/inf when ``g`` overflows (e.g. ``"exp"`` of large
+    scores) or a row's weights all underflow to 0 (0/0).
     """
     g = _feature_map(feature_map)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        float_tensor(name, t, ndim_min=2)
-    _qkv_sizes(q.shape, k.shape, v.shape)
-    _same_dtype(q=q, k=k, v=v)
+    causal = _linear_inputs(q, k, v, causal)
     a = g(q) @ g(k).transpose(-1, -2)  # [..., n_q, n_k]
     if causal:
-        same("q", q.shape[-2], "k", k.shape[-2], "position count (causal needs self-attention)")
         a = a.tril()
-    return (a @ v) / a.sum(dim=-1, keepdim=True)
+    out = (a @ v) / a.sum(dim=-1, keepdim=True)
+    return validate.finite_result("linear_attention_quadratic", out, why=_OVERFLOW)
 
 
 def linear_attention_linear(
@@ -351,21 +366,20 @@ def linear_attention_linear(
     """The same attention in O(N d_k d_v): sum over keys before the dot product with the query.
 
     ``out_n = g(q_n)^T S / g(q_n)^T z`` with ``S = sum_m g(k_m) v_m^T`` ``[d_k, d_v]`` and ``z = sum_m g(k_m)``;
-    with ``causal`` the sums run over ``m <= n`` (prefix sums, ``[n, d_k, d_v]`` memory).
+    with ``causal`` the sums run over ``m <= n`` (prefix sums, ``[n, d_k, d_v]`` memory). Raises
+    ``CircuitkitError`` instead of returning NaN/inf, as :func:`linear_attention_quadratic`.
     """
     g = _feature_map(feature_map)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        float_tensor(name, t, ndim_min=2)
-    _qkv_sizes(q.shape, k.shape, v.shape)
-    _same_dtype(q=q, k=k, v=v)
+    causal = _linear_inputs(q, k, v, causal)
     gq, gk = g(q), g(k)
     if not causal:
         S = gk.transpose(-1, -2) @ v  # [..., d_k, d_v]
         z = gk.sum(dim=-2)  # [..., d_k]
-        return (gq @ S) / (gq @ z[..., None])
-    same("q", q.shape[-2], "k", k.shape[-2], "position count (causal needs self-attention)")
-    S = torch.cumsum(gk[..., :, :, None] * v[..., :, None, :], dim=-3)  # [..., n, d_k, d_v]
-    z = torch.cumsum(gk, dim=-2)  # [..., n, d_k]
-    num = (gq[..., :, None, :] @ S)[..., 0, :]  # [..., n, d_v]
-    den = (gq * z).sum(dim=-1, keepdim=True)
-    return num / den
+        out = (gq @ S) / (gq @ z[..., None])
+    else:
+        S = torch.cumsum(gk[..., :, :, None] * v[..., :, None, :], dim=-3)  # [..., n, d_k, d_v]
+        z = torch.cumsum(gk, dim=-2)  # [..., n, d_k]
+        num = (gq[..., :, None, :] @ S)[..., 0, :]  # [..., n, d_v]
+        den = (gq * z).sum(dim=-1, keepdim=True)
+        out = num / den
+    return validate.finite_result("linear_attention_linear", out, why=_OVERFLOW)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from circuitkit.errors import CircuitkitError
-from circuitkit.theory._validate import open_unit, positive_int, positive_real
+from circuitkit.theory._validate import MAX_LAYERS, open_unit, positive_int, positive_real
 
 __all__ = [
     "ChinchillaOptimal",
@@ -130,9 +130,10 @@ def jl_min_dim(n_points: float, eps: float) -> int:
 def receptive_field(n_layers: int, n_heads: int) -> int:
     """Tokens a node at layer ``n`` can see with argmax attention and residuals: ``(k + 1)^n`` (seed 004 part 2a).
 
-    Each layer branches into the residual path plus one attended position per head.
+    Each layer branches into the residual path plus one attended position per head. ``n_layers`` is in
+    ``[0, MAX_LAYERS]`` (layer 0, the input, sees one token).
     """
-    n_layers = positive_int("n_layers", n_layers, minimum=0)
+    n_layers = positive_int("n_layers", n_layers, minimum=0, maximum=MAX_LAYERS)
     n_heads = positive_int("n_heads", n_heads)
     return (n_heads + 1) ** n_layers
 

@@ -27,8 +27,17 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError
-from circuitkit.theory._validate import float_tensor, positive_int, positive_real, same
+from circuitkit.theory._validate import (
+    MAX_SAMPLES,
+    MAX_SIZE,
+    float_tensor,
+    positive_real,
+    promoted,
+    same,
+    size,
+)
 from circuitkit.theory.attention import (
     FeatureMap,
     linear_attention_linear,
@@ -66,9 +75,11 @@ def _chunks(n_rows: int, row_size: int) -> list[int]:
 
 
 def _generator(seed: int) -> torch.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise CircuitkitError(f"seed = {seed!r}; expected a non-negative integer.")
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(validate.seed("seed", seed))
+
+
+def _samples(name: str, value: int, *, minimum: int = 1) -> int:
+    return validate.integer(name, value, minimum=minimum, maximum=MAX_SAMPLES, why="Monte-Carlo samples")
 
 
 # ------------------------------------------------------------------------------------- equivariance
@@ -80,12 +91,16 @@ def self_attention(
     *,
     causal: bool = False,
 ) -> Float[Tensor, "*batch n d_v"]:
-    """Single-head self-attention ``softmax(x W_Q (x W_K)^T / sqrt(d_k)) x W_V`` (row vectors)."""
+    """Single-head self-attention ``softmax(x W_Q (x W_K)^T / sqrt(d_k)) x W_V`` (row vectors).
+
+    Inputs of different floating dtypes are computed in their common dtype (float16 with float32: float32).
+    """
     float_tensor("x", x, ndim_min=2)
     for name, w in (("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V)):
         float_tensor(name, w, ndim=2)
         same("x", x.shape[-1], name, w.shape[0], "d_model (x's last axis vs the weight's first)")
     same("W_Q", W_Q.shape[1], "W_K", W_K.shape[1], "d_k")
+    x, W_Q, W_K, W_V = promoted(x=x, W_Q=W_Q, W_K=W_K, W_V=W_V)
     return sdpa_torch(x @ W_Q, x @ W_K, x @ W_V, causal=causal)
 
 
@@ -105,10 +120,18 @@ def permutation_equivariance_error(
     """
     float_tensor("x", x, ndim=2)
     n = x.shape[0]
-    p = torch.as_tensor(perm)
-    is_int = p.dtype in (torch.int64, torch.int32)
-    if p.shape != (n,) or not is_int or not torch.equal(p.sort().values, torch.arange(n)):
-        raise CircuitkitError(f"perm = {perm!r}; expected a permutation of 0..{n - 1} (one index per row of x).")
+    expected = f"a permutation of 0..{n - 1} (one index per row of x)"
+    if isinstance(perm, Tensor):
+        p = validate.tensor("perm", perm, ndim=1, integral=True)
+    elif isinstance(perm, (str, bytes)) or not isinstance(perm, Sequence):
+        raise validate.fail("perm", perm, expected)
+    else:
+        p = torch.tensor([
+            validate.integer(f"perm[{j}]", i, minimum=0, maximum=max(n - 1, 0), why=f"an index of {expected}")
+            for j, i in enumerate(perm)
+        ], dtype=torch.long)
+    if p.shape != (n,) or not torch.equal(p.sort().values.cpu(), torch.arange(n)):
+        raise validate.fail("perm", perm, expected)
     p = p.long()
     with torch.no_grad():
         out = self_attention(x, W_Q, W_K, W_V, causal=causal)
@@ -145,9 +168,12 @@ class DotProductStats:
 def dot_product_variance(
     d_k: int, *, n_samples: int = 100_000, scaled: bool = False, seed: int = 0
 ) -> DotProductStats:
-    """Measure the mean and variance of ``q . k`` (seed 000 ex. 1.2, 004 part 1a)."""
-    d_k = positive_int("d_k", d_k)
-    n_samples = positive_int("n_samples", n_samples, minimum=2)
+    """Measure the mean and variance of ``q . k`` (seed 000 ex. 1.2, 004 part 1a).
+
+    ``d_k`` is an int in ``[1, MAX_SIZE]``, ``n_samples`` in ``[2, MAX_SAMPLES]``, ``scaled`` a bool."""
+    d_k = size("d_k", d_k)
+    n_samples = _samples("n_samples", n_samples, minimum=2)
+    scaled = validate.boolean("scaled", scaled)
     g = _generator(seed)
     total = total_sq = 0.0
     for rows in _chunks(n_samples, d_k):
@@ -170,11 +196,12 @@ def softmax_saturation(
 
     Unscaled, the scores have standard deviation ``sqrt(d_k)`` and the softmax tends to one-hot (the value
     tends to 1, seed 002 ex. 13.28); scaled, the scores are N(0, 1) for every ``d_k`` and the value does not
-    depend on ``d_k``.
+    depend on ``d_k``. ``d_k`` and ``n_keys`` are ints up to ``MAX_SIZE``, ``n_samples`` up to ``MAX_SAMPLES``.
     """
-    d_k = positive_int("d_k", d_k)
-    n_keys = positive_int("n_keys", n_keys, minimum=2)
-    n_samples = positive_int("n_samples", n_samples)
+    d_k = size("d_k", d_k)
+    n_keys = size("n_keys", n_keys, minimum=2)
+    n_samples = _samples("n_samples", n_samples)
+    scaled = validate.boolean("scaled", scaled)
     g = _generator(seed)
     total = 0.0
     for rows in _chunks(n_samples, n_keys * d_k):
@@ -193,10 +220,16 @@ def softmax_jacobian(z: Float[Tensor, " n"] | Sequence[float]) -> Float[Tensor, 
     For ``z = (-3, 1, 100, 5, -1)`` (seed 003 problem 12.4) every entry is below 1e-40: one input dominates,
     the softmax saturates and passes back (almost) no gradient. ``||J||_F <= n * eps`` when the largest weight
     is ``> 1 - eps`` (seed 004 part 1a). The diagonal uses ``a_i * sum_{j != i} a_j`` so the saturated entry
-    stays accurate (``a_i - a_i^2`` and autograd both round it to 0).
+    stays accurate (``a_i - a_i^2`` and autograd both round it to 0). A tensor ``z`` must be floating; a
+    sequence of numbers is read as float64.
     """
-    z = torch.as_tensor(z, dtype=torch.float64) if not isinstance(z, Tensor) else z.to(torch.float64)
-    float_tensor("z", z, ndim=1)
+    if isinstance(z, Tensor):
+        z = float_tensor("z", z, ndim=1).to(torch.float64)
+    else:
+        z = validate.tensor("z", z, ndim=1, convert=True)
+        if z.is_complex() or z.dtype == torch.bool:
+            raise validate.fail("z", z, "real numbers")
+        z = float_tensor("z", z.to(torch.float64), ndim=1)
     a = z.softmax(dim=0)
     off_diagonal = ~torch.eye(len(a), dtype=torch.bool)
     # 1 - a_i as the sum of the other weights: no cancellation when a_i rounds to 1 (the saturated case)
@@ -228,9 +261,13 @@ class AttentionRank:
 def attention_rank(
     n: int, d_k: int, d_v: int, *, n_heads: int = 4, d_model: int | None = None, seed: int = 0
 ) -> AttentionRank:
-    """Ranks of random attention outputs with ``n`` tokens (seed 000 ex. 1.3), via ``torch.linalg.matrix_rank``."""
-    n, d_k, d_v, n_heads = (positive_int(k, v) for k, v in (("n", n), ("d_k", d_k), ("d_v", d_v), ("n_heads", n_heads)))
-    d_model = n_heads * d_v if d_model is None else positive_int("d_model", d_model)
+    """Ranks of random attention outputs with ``n`` tokens (seed 000 ex. 1.3), via ``torch.linalg.matrix_rank``.
+
+    Every size is an int in ``[1, MAX_SIZE]`` (``n_heads * d_v`` too)."""
+    n, d_k, d_v, n_heads = (size(k, v) for k, v in (("n", n), ("d_k", d_k), ("d_v", d_v), ("n_heads", n_heads)))
+    if n_heads * d_v > MAX_SIZE:
+        raise validate.fail("n_heads * d_v", n_heads * d_v, f"at most MAX_SIZE = {MAX_SIZE} concatenated dims")
+    d_model = n_heads * d_v if d_model is None else size("d_model", d_model)
     g = _generator(seed)
 
     def randn(*shape: int) -> Tensor:
@@ -282,12 +319,13 @@ def linear_attention_gd(
     lr: float = 1.0,
 ) -> LinearAttentionGD:
     """One step of gradient descent on least squares as linear attention with ``Q = x_test, K = X, V = Y``
-    (seed 000 ex. 1.4)."""
+    (seed 000 ex. 1.4). Inputs of different floating dtypes are computed in their common dtype."""
     for name, t in (("X", X), ("Y", Y), ("x_test", x_test)):
         float_tensor(name, t, ndim=2)
     same("X", X.shape[0], "Y", Y.shape[0], "row count n")
     same("X", X.shape[1], "x_test", x_test.shape[1], "feature count d_in")
     lr = positive_real("lr", lr)
+    X, Y, x_test = promoted(X=X, Y=Y, x_test=x_test)
     with torch.no_grad():
         W_0 = X.new_zeros(X.shape[1], Y.shape[1])
         grad = X.T @ (X @ W_0 - Y)  # dL/dW of 1/2 ||X W - Y||_F^2
@@ -297,9 +335,13 @@ def linear_attention_gd(
 
 # ------------------------------------------------------------------------------------------ positions
 def sinusoidal_offset_error(n_pos: int, d_model: int, offset: int, *, base: float = 10000.0) -> float:
-    """``max_pos |PE[pos + k] - PE[pos] @ M_k|`` over ``pos = 0 .. n_pos - 1``, one ``M_k`` for all positions."""
-    n_pos = positive_int("n_pos", n_pos)
-    offset = positive_int("offset", offset)
+    """``max_pos |PE[pos + k] - PE[pos] @ M_k|`` over ``pos = 0 .. n_pos - 1``, one ``M_k`` for all positions.
+
+    ``n_pos``, ``offset`` and ``n_pos + offset`` (the rows of the table built) are at most ``MAX_SIZE``."""
+    n_pos = size("n_pos", n_pos)
+    offset = size("offset", offset, minimum=0)
+    if n_pos + offset > MAX_SIZE:
+        raise validate.fail("n_pos + offset", n_pos + offset, f"at most MAX_SIZE = {MAX_SIZE} positions")
     pe = sinusoidal_encoding(n_pos + offset, d_model, base=base)
     M = sinusoidal_offset_map(offset, d_model, base=base)
     return float((pe[offset:] - pe[:n_pos] @ M).abs().max())
@@ -308,7 +350,10 @@ def sinusoidal_offset_error(n_pos: int, d_model: int, offset: int, *, base: floa
 def rope_score(
     q: Float[Tensor, " d"], k: Float[Tensor, " d"], m: float, n: float, *, base: float = 10000.0
 ) -> float:
-    """``<R_m q, R_n k>``: the attention score of a query at position ``m`` and a key at position ``n``."""
+    """``<R_m q, R_n k>``: the attention score of a query at position ``m`` and a key at position ``n``
+    (finite real numbers)."""
+    m = validate.real("m", m)
+    n = validate.real("n", n)
     float_tensor("q", q, ndim=1)
     float_tensor("k", k, ndim=1)
     same("q", q.shape[0], "k", k.shape[0], "size")
@@ -321,6 +366,7 @@ def rope_offset_error(
     q: Float[Tensor, " d"], k: Float[Tensor, " d"], m: float, n: float, shift: float, *, base: float = 10000.0
 ) -> float:
     """``|<R_m q, R_n k> - <R_{m+s} q, R_{n+s} k>|``: 0 up to rounding, since the score depends on ``n - m``."""
+    m, n, shift = (validate.real(name, value) for name, value in (("m", m), ("n", n), ("shift", shift)))
     return abs(rope_score(q, k, m, n, base=base) - rope_score(q, k, m + shift, n + shift, base=base))
 
 

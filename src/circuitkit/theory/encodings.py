@@ -18,8 +18,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.errors import CircuitkitError
-from circuitkit.theory._validate import float_tensor, positive_int, positive_real
+from circuitkit.theory._validate import MAX_SIZE, float_tensor, positive_real, size
 
 __all__ = [
     "sinusoidal_frequencies",
@@ -31,7 +32,7 @@ __all__ = [
 
 
 def _even(name: str, d: int) -> int:
-    d = positive_int(name, d, minimum=2)
+    d = size(name, d, minimum=2)
     if d % 2:
         raise CircuitkitError(f"{name} = {d}; expected an even number (dimensions come in sin/cos pairs).")
     return d
@@ -45,8 +46,9 @@ def sinusoidal_frequencies(d_model: int, *, base: float = 10000.0) -> Tensor:
 
 
 def sinusoidal_encoding(n_pos: int, d_model: int, *, base: float = 10000.0) -> Float[Tensor, "pos d_model"]:
-    """The sinusoidal table ``PE [n_pos, d_model]`` (float64), sin on even and cos on odd columns."""
-    n_pos = positive_int("n_pos", n_pos)
+    """The sinusoidal table ``PE [n_pos, d_model]`` (float64), sin on even and cos on odd columns; ``n_pos`` and
+    ``d_model`` are at most ``MAX_SIZE``."""
+    n_pos = size("n_pos", n_pos)
     w = sinusoidal_frequencies(d_model, base=base)
     angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * w[None, :]  # [pos, pair]
     pe = torch.empty(n_pos, d_model, dtype=torch.float64)
@@ -59,10 +61,10 @@ def sinusoidal_offset_map(offset: int, d_model: int, *, base: float = 10000.0) -
     """``M_k`` with ``PE[pos + k] = PE[pos] @ M_k`` for every ``pos`` (row convention).
 
     Per pair ``(s, c) = (sin pw, cos pw)``: ``(s, c) @ [[cos kw, -sin kw], [sin kw, cos kw]]
-    = (sin (p+k)w, cos (p+k)w)``. Negative offsets are allowed (``M_{-k} = M_k^T = M_k^-1``).
+    = (sin (p+k)w, cos (p+k)w)``. Negative offsets are allowed (``M_{-k} = M_k^T = M_k^-1``); ``|offset|`` is
+    at most ``MAX_SIZE``.
     """
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise CircuitkitError(f"offset = {offset!r}; expected an integer number of positions.")
+    offset = validate.integer("offset", offset, minimum=-MAX_SIZE, maximum=MAX_SIZE, why="a number of positions")
     w = sinusoidal_frequencies(d_model, base=base)
     c, s = torch.cos(offset * w), torch.sin(offset * w)
     M = torch.zeros(d_model, d_model, dtype=torch.float64)
@@ -82,9 +84,10 @@ def rope_rotation_matrix(position: float, d: int, *, base: float = 10000.0) -> F
     """RoPE's ``R_m`` (column convention, ``x' = R_m x``), block-diagonal with 2x2 blocks
     ``[[cos m theta_i, -sin m theta_i], [sin m theta_i, cos m theta_i]]``. With ``d = 2``, ``theta_0 = 1``.
     """
+    position = validate.real("position", position)
     d = _even("d", d)
     base = positive_real("base", base)
-    angles = _rope_angles(torch.tensor(float(position)), d, base)
+    angles = _rope_angles(torch.tensor(position), d, base)
     c, s = angles.cos(), angles.sin()
     R = torch.zeros(d, d, dtype=torch.float64)
     R[0::2, 0::2] = torch.diag(c)

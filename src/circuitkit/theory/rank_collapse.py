@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.theory._validate import positive_int
+from circuitkit.theory._validate import MAX_LAYERS, positive_int, size
 from circuitkit.theory.attention import sdpa_torch
 
 if TYPE_CHECKING:
@@ -110,13 +110,14 @@ def rank_collapse(
     Returns the singular values per layer (``torch.linalg.svdvals``) and a figure; writes no files.
     ``plot_layers`` (indices in ``0..n_layers``, 0 = the input) defaults to layers 1, 10, 25, 50 of those that
     exist, and to ``n_layers`` itself when that is not among them (``rank_collapse(10)`` plots 1 and 10).
-    A layer whose activations collapsed to exactly zero has ``normalized`` values 0 (not 0/0).
+    A layer whose activations collapsed to exactly zero has ``normalized`` values 0 (not 0/0). ``n_layers`` is
+    at most ``MAX_LAYERS``, the other sizes at most ``MAX_SIZE`` (:mod:`circuitkit.theory._validate`).
     """
-    n_layers = positive_int("n_layers", n_layers)
-    n_tokens = positive_int("n_tokens", n_tokens, minimum=2)
-    d_model = positive_int("d_model", d_model, minimum=2)
-    n_heads = positive_int("n_heads", n_heads)
-    d_head = positive_int("d_head", d_head)
+    n_layers = positive_int("n_layers", n_layers, maximum=MAX_LAYERS)
+    n_tokens = size("n_tokens", n_tokens, minimum=2)
+    d_model = size("d_model", d_model, minimum=2)
+    n_heads = size("n_heads", n_heads)
+    d_head = size("d_head", d_head)
     if plot_layers is None:
         plot_layers = tuple(sorted({layer for layer in DEFAULT_PLOT_LAYERS if layer <= n_layers} | {n_layers}))
     if isinstance(plot_layers, (str, bytes)) or not isinstance(plot_layers, Sequence):
