@@ -169,6 +169,10 @@ def sentences(scan: Scan, story: Story) -> list[str]:
         if agreement is not None and agreement.spearman is not None:
             text += (f"; attribution agrees with exact ablation at Spearman <b>{agreement.spearman:.2f}</b> over "
                      f"{agreement.n_exact} heads")
+            if agreement.largest_miss is not None:
+                head, exact, estimate = agreement.largest_miss
+                text += (f" (largest miss {_head(head)}: exact <b>{exact:+.2f}</b>, estimated "
+                         f"<b>{estimate:+.2f}</b>)")
         out.append(text + ".")
     together = [(label, value) for label, value in scan.circuit_ablation.items() if value is not None]
     if together:
