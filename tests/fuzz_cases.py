@@ -1115,42 +1115,26 @@ method(f"{AOM}.to", toy, lambda: {"device": "cpu"}, device="device")
 
 
 
-OWNER_FIXING_TABLE: dict[str, dict[str, list[str]]] = {
-    'circuitkit.build:QK': {
-        'b_Q': ['rank-minus-1'],
+VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
+    "circuitkit.build:QK": {"b_Q": {"rank-minus-1": "the generator returns a 1-D tensor unchanged: valid"}},
+    "circuitkit.theory:softmax_jacobian": {"z": {"rank-minus-1": "the generator returns a 1-D tensor unchanged"}},
+    "circuitkit.build:key_bias_qk": {"key": {"other-d_model": "no second subspace to compare widths with"}},
+    "circuitkit.build:previous_token_qk": {"positions": {"other-d_model": "no second subspace to compare with"}},
+    "circuitkit.circuits:EdgeSpec": {
+        "dst": {"layer-out-of-range": "a legal head without a model; parse_edges checks it against the model"},
+        "src": {"head-out-of-range": "a legal head without a model; parse_edges checks it against the model"},
     },
-    'circuitkit.build:key_bias_qk': {
-        'key': ['other-d_model'],
+    "circuitkit.theory:layernorm_output_norm": {
+        "x": {"rank-minus-1": "any leading *batch dims (docstring)", "rank-plus-1": "any leading *batch dims"},
     },
-    'circuitkit.build:previous_token_qk': {
-        'positions': ['other-d_model'],
+    "circuitkit.theory:rope": {
+        "x": {"rank-minus-1": "any leading *batch dims (docstring)", "rank-plus-1": "any leading *batch dims"},
     },
-    'circuitkit.circuits:EdgeSpec': {
-        'dst': ['layer-out-of-range'],
-        'src': ['head-out-of-range'],
-    },
-    'circuitkit.theory:layernorm_output_norm': {
-        'x': ['rank-minus-1', 'rank-plus-1'],
-    },
-    'circuitkit.theory:receptive_field': {
-        'n_layers': ['int0'],
-    },
-    'circuitkit.theory:rope': {
-        'x': ['rank-minus-1', 'rank-plus-1'],
-    },
-    'circuitkit.theory:self_attention': {
-        'x': ['rank-plus-1'],
-    },
-    'circuitkit.theory:sinusoidal_offset_map': {
-        'offset': ['int-1'],
-    },
-    'circuitkit.theory:softmax_jacobian': {
-        'z': ['rank-minus-1'],
-    },
+    "circuitkit.theory:self_attention": {"x": {"rank-plus-1": "any leading *batch dims (docstring)"}},
+    "circuitkit.theory:receptive_field": {"n_layers": {"int0": "0 layers see 1 position, by definition"}},
+    "circuitkit.theory:sinusoidal_offset_map": {"offset": {"int-1": "negative offsets are documented: M_-k = M_k^T"}},
 }
-"""Bad inputs that fail in files the fuzz test's author may not edit (build, circuits, theory, viz):
-``callable -> argument -> bad-value labels``. They run as strict xfails ("owner fixing"): when one is fixed,
-its xfail turns into an unexpected pass and this table must lose the entry."""
+"""Generated "bad" values that are valid for that callable, with the reason: not thrown as bad inputs."""
 
 # ---------------------------------------------------------------------------------------------------- checks
 

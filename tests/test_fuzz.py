@@ -43,7 +43,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------------- the plan
 
-BAD = [(key, arg, label, make, strict) for key, c in fc.CASES.items() for arg, label, make, strict in c.bad_values()]
+VALID_HERE: set[tuple[str, str, str]] = {
+    (key, arg, label) for key, args in fc.VALID_HERE.items() for arg, labels in args.items() for label in labels
+}
+"""Generated values that are valid for that callable (reasons in ``fuzz_cases.VALID_HERE``): not thrown."""
+BAD = [
+    (key, arg, label, make, strict)
+    for key, c in fc.CASES.items()
+    for arg, label, make, strict in c.bad_values()
+    if (key, arg, label) not in VALID_HERE
+]
 LAPACK_KEYS = {
     "circuitkit:singular_values", "circuitkit:numerical_rank", "circuitkit:effective_rank",
     "circuitkit:frobenius_norm", "circuitkit:ov_eigenvalues", "circuitkit:composition_scores",
@@ -55,19 +64,6 @@ LAPACK_KEYS = {
 
 def _in_child(key: str, label: str) -> bool:
     return key in LAPACK_KEYS and label.startswith(("huge", "tiny"))
-
-
-OWNER_FIXING: set[tuple[str, str, str]] = {
-    (key, arg, label) for key, args in fc.OWNER_FIXING_TABLE.items() for arg, labels in args.items() for label in labels
-}
-"""(callable, argument, bad value) failing in files this test's author may not edit (pipeline, cli, report,
-circuits, viz, build, theory): strict xfail, so the test says when they are fixed."""
-
-
-def _marks(key: str, arg: str, label: str):
-    if (key, arg, label) in OWNER_FIXING:
-        return [pytest.mark.xfail(strict=True, reason="owner fixing")]
-    return []
 
 
 def _id(key: str, arg: str, label: str) -> str:
@@ -181,7 +177,7 @@ def _child_main() -> None:
 
 @pytest.mark.parametrize(
     ("key", "arg", "label", "make", "strict"),
-    [pytest.param(*row, id=_id(*row[:3]), marks=_marks(*row[:3])) for row in BAD],
+    [pytest.param(*row, id=_id(*row[:3])) for row in BAD],
 )
 def test_bad_input_raises_circuitkit_error(key, arg, label, make, strict, request):
     if _in_child(key, label):
@@ -199,7 +195,7 @@ def test_bad_input_raises_circuitkit_error(key, arg, label, make, strict, reques
 def _strict_bad(key: str) -> dict[str, list]:
     by_arg: dict[str, list] = {}
     for arg, label, make, strict in fc.CASES[key].bad_values():
-        if strict and (key, arg, label) not in OWNER_FIXING:
+        if strict and (key, arg, label) not in VALID_HERE:
             by_arg.setdefault(arg, []).append((label, make))
     return by_arg
 
@@ -243,9 +239,9 @@ BAD_REAL = st.one_of(
     st.complex_numbers(min_magnitude=1e-3, allow_nan=False),
 )
 INT_ARGS = [(k, a) for k, c in fc.CASES.items() for a, kind in c.kinds.items() if kind.rstrip("?") in
-            ("int>=1", "size>=1", "size>=2", "seed") and a not in fc.OWNER_FIXING_TABLE.get(k, {})]
+            ("int>=1", "size>=1", "size>=2", "seed") and a not in fc.VALID_HERE.get(k, {})]
 REAL_ARGS = [(k, a) for k, c in fc.CASES.items() for a, kind in c.kinds.items() if kind.rstrip("?") in
-             ("real", "real>0", "real>=0") and a not in fc.OWNER_FIXING_TABLE.get(k, {})]
+             ("real", "real>0", "real>=0") and a not in fc.VALID_HERE.get(k, {})]
 
 
 @settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
@@ -359,5 +355,5 @@ def test_zz_print_counts():
                  f"({OUTCOMES['raised']} CircuitkitError, {OUTCOMES['finite']} lenient inputs with finite results)")
     lines.append(f"hypothesis-driven bad calls: {hyp} (all CircuitkitError)")
     lines.append(f"callables in the table: {len(fc.CASES)} fuzzed + {len(fc.RECORDS)} result records; "
-                 f"xfail (owner fixing): {len(OWNER_FIXING)}")
+                 f"generated values valid for their callable, not thrown: {len(VALID_HERE)}")
     print("\n" + "\n".join(lines))
