@@ -167,3 +167,25 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str
 def print_json(name: str, payload: Any) -> None:
     """One JSON line, ``{"benchmark": name, ...payload}``, for machines to read."""
     print(json.dumps({"benchmark": name, **payload}, sort_keys=True))
+
+
+def interleaved_medians(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median seconds of each function after one warm-up call each, run in alternation so that load from other
+    processes on a shared machine falls on all of them alike."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, bucket in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return [statistics.median(bucket) for bucket in times]
+
+
+def emit_json(payload: dict[str, Any], path: str | None) -> None:
+    """Print ``payload`` as indented JSON and also write it to ``path`` when given."""
+    print(json.dumps(payload, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(payload, f, indent=1)

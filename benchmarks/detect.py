@@ -9,12 +9,10 @@ measured side by side in this one process.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from _common import emit_json, interleaved_medians  # benchmarks/ is on sys.path when a script here runs
 
 TARGET_RATIO = 1.3
 
@@ -23,25 +21,11 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return interleaved_medians([fn], repeats)[0]
 
 
-def interleaved_medians(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median seconds of each function, run in alternation so that load from other processes on a shared
-    machine falls on all of them alike."""
-    for fn in fns:
-        fn()  # warm-up
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, bucket in zip(fns, times, strict=True):
-            start = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - start)
-    return [statistics.median(bucket) for bucket in times]
-
-
 def random_bridge(n_layers: int, n_heads: int, d_model: int, d_vocab: int, n_ctx: int):
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge.sources.native import boot
 
-    from circuitkit.models.loading import word_tokenizer
+    from circuitkit.models.tokenizer import word_tokenizer
 
     cfg = TransformerBridgeConfig(
         n_layers=n_layers,
@@ -58,12 +42,12 @@ def random_bridge(n_layers: int, n_heads: int, d_model: int, d_vocab: int, n_ctx
     return model
 
 
-def bench_model(label: str, model, *, seq_len: int, batch: int, repeats: int, tl_prompts: int) -> dict:
+def bench_model(label: str, model, *, block_len: int, batch: int, repeats: int, tl_prompts: int) -> dict:
     from transformer_lens.head_detector import detect_head
 
-    from circuitkit.detect import head_scores
+    from circuitkit.detect import RepeatedTokens, head_scores
 
-    scores = head_scores(model, seq_len=seq_len, batch=batch)
+    scores = head_scores(model, RepeatedTokens(block_len=block_len, batch=batch))
     tokens = scores.tokens
 
     def forward():
@@ -71,7 +55,7 @@ def bench_model(label: str, model, *, seq_len: int, batch: int, repeats: int, tl
             model(tokens)
 
     def ours():
-        head_scores(model, seq_len=seq_len, batch=batch)
+        head_scores(model, RepeatedTokens(block_len=block_len, batch=batch))
 
     # TransformerLens: strings through the model's tokenizer (it prepends the BOS itself), one prompt per call
     body = tokens[:, 1:] if scores.bos is not None else tokens
@@ -114,17 +98,17 @@ def main() -> None:
 
     rows = []
     rows.append(
-        bench_model("zoo induction-2l", zoo.load("induction-2l"), seq_len=20, batch=16, repeats=args.repeats,
+        bench_model("zoo induction-2l", zoo.load("induction-2l"), block_len=20, batch=16, repeats=args.repeats,
                     tl_prompts=4)
     )
     rows.append(
-        bench_model("random 4L bridge", random_bridge(4, 8, 256, 2000, 256), seq_len=64, batch=16,
+        bench_model("random 4L bridge", random_bridge(4, 8, 256, 2000, 256), block_len=64, batch=16,
                     repeats=args.repeats, tl_prompts=4)
     )
 
     if not args.quick:
         rows.append(
-            bench_model("gpt2-small shape", random_bridge(12, 12, 768, 50257, 1024), seq_len=64, batch=16,
+            bench_model("gpt2-small shape", random_bridge(12, 12, 768, 50257, 1024), block_len=64, batch=16,
                         repeats=max(3, args.repeats // 3), tl_prompts=2)
         )
 
@@ -139,10 +123,7 @@ def main() -> None:
         )
     print(f"target: head_scores <= {TARGET_RATIO}x forward; TL loop = 3 head types x one detect_head call per prompt")
     out = {"target_ratio": TARGET_RATIO, "torch_threads": torch.get_num_threads(), "rows": rows}
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    emit_json(out, args.json)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _common import interleaved_medians  # benchmarks/ is on sys.path when a script here runs
 
 from circuitkit.circuits import edge_attribution, path_patching
 from circuitkit.detect import RepeatedTokens
@@ -26,20 +24,6 @@ from circuitkit.models.contract import adapt
 ATTRIBUTION_TARGET = 5.0
 PATCHING_TARGET = 40.0
 N_PATCH = 32
-
-
-def interleaved_medians(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median seconds of each function, run in alternation so that load from other processes on a shared machine
-    falls on all of them alike."""
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, bucket in zip(fns, times, strict=True):
-            start = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - start)
-    return [statistics.median(bucket) for bucket in times]
 
 
 def gpt2_small_shape():

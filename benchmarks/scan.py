@@ -23,7 +23,6 @@ so load from other processes falls on both); each scan runs once after a warm-up
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import emit_json  # benchmarks/ is on sys.path when a script here runs
 
 TARGET_RATIO = 30.0
 
@@ -178,10 +178,7 @@ def main() -> None:
           "circuit=False, without the edge attribution and path patching); "
           f"torch threads {torch.get_num_threads()}")
     out = {"target_ratio": TARGET_RATIO, "torch_threads": torch.get_num_threads(), "rows": rows}
-    print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    emit_json(out, args.json)
 
 
 if __name__ == "__main__":
