@@ -91,3 +91,21 @@ def tiny_bridge():
 def tiny_gqa_bridge():
     """As ``tiny_bridge`` but with 2 key/value groups of 2 query heads."""
     return boot_bridge(n_key_value_heads=2)
+
+
+def require_browser() -> str:
+    """The Chromium executable for browser tests (Playwright drives it). Missing Chromium or playwright skips
+    the test locally but FAILS it under CI (``CI`` set), so a CI machine cannot silently skip the browser tests."""
+    from circuitkit.report.png import find_chromium
+
+    executable = find_chromium()
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        executable = None
+    if executable is None:
+        reason = "headless Chromium + playwright are needed (apt-get install chromium; pip install playwright)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser test: {reason}")
+        pytest.skip(reason)
+    return executable

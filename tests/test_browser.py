@@ -14,15 +14,15 @@ skip. Playwright only drives the system Chromium (``playwright install`` is neve
 from __future__ import annotations
 
 import html
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from circuitkit.ranking import head_name, top_heads
-from circuitkit.report import CHROMIUM_FLAGS, MAX_REPORT_BYTES, build_report, export_pngs, find_chromium, save
+from circuitkit.report import CHROMIUM_FLAGS, MAX_REPORT_BYTES, build_report, export_pngs, save
 from circuitkit.report.page import CIRCUITSVIS_ID, GZIP_MIME
+from tests.conftest import require_browser
 from tests.report_fixtures import EVIL_TOKEN, SIZES, sized_scan
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -39,18 +39,7 @@ DARK_BELOW = 180
 SHOTS = Path("/tmp/report-shots")
 
 
-def _require_browser() -> str:
-    executable = find_chromium()
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        executable = None
-    if executable is None:
-        reason = "headless Chromium + playwright are needed (apt-get install chromium; pip install playwright)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the browser test: {reason}")
-        pytest.skip(reason)
-    return executable
+_require_browser = require_browser
 
 
 @pytest.fixture

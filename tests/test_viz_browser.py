@@ -8,14 +8,14 @@ developer machine without them the test skips (the pattern of ``tests/test_brows
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from circuitkit.report import CHROMIUM_FLAGS, find_chromium
+from circuitkit.report import CHROMIUM_FLAGS
 from circuitkit.viz import attention_heads, attention_patterns
+from tests.conftest import require_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -25,18 +25,7 @@ HOSTILE_SPAN = "<img/src=y/onerror=window.__ckPwned=2>&amp;\u2028"  # no spaces:
 HOSTILE_NAME = '</script><svg onload="window.__ckPwned = 3">'
 
 
-def _require_browser() -> str:
-    executable = find_chromium()
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        executable = None
-    if executable is None:
-        reason = "headless Chromium + playwright are needed (apt-get install chromium; pip install playwright)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the browser test: {reason}")
-        pytest.skip(reason)
-    return executable
+_require_browser = require_browser
 
 
 def _patterns(n_heads: int, pos: int) -> np.ndarray:
