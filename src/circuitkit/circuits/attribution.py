@@ -271,12 +271,29 @@ def _receiver_gradients(ctx: Context, layer: int, grads: dict, resid: Tensor | N
     b, p, n_heads, n_channels, d_model = g.shape
     norm = ctx.norms[layer]
     if norm is not None:
-        with torch.enable_grad():
-            x = resid[:, :, None, None, :].expand_as(g).reshape(b * p, n_heads * n_channels, d_model)
-            x = x.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(norm(x), x, grad_outputs=g.reshape(b * p, n_heads * n_channels, d_model))
-        g = g.reshape(b, p, n_heads, n_channels, d_model)
+        g = _norm_vjp(norm, resid, g)
     return g.permute(3, 2, 0, 1, 4).reshape(n_channels, n_heads, -1)
+
+
+def _norm_vjp(norm: Any, resid: Tensor, g: Tensor) -> Tensor:
+    """``g`` ``[b, p, head, channel, d_model]`` pulled back through the receiver layer's normalisation at its
+    clean input ``resid`` ``[b, p, d_model]``: one forward of the norm on ``resid`` and a batched backward over
+    the ``head * channel`` cotangents (``is_grads_batched``). Where the norm's backward cannot be batched, the
+    norm is run once per cotangent on an expanded input instead (the same numbers, more work)."""
+    b, p, n_heads, n_channels, d_model = g.shape
+    cotangents = g.permute(2, 3, 0, 1, 4).reshape(n_heads * n_channels, b, p, d_model)
+    with torch.enable_grad():
+        x = resid.detach().requires_grad_(True)
+        y = norm(x)
+        try:
+            (out,) = torch.autograd.grad(y, x, grad_outputs=cotangents, is_grads_batched=True)
+            return out.reshape(n_heads, n_channels, b, p, d_model).permute(2, 3, 0, 1, 4)
+        except RuntimeError:
+            expanded = resid[:, :, None, None, :].expand_as(g).reshape(b * p, n_heads * n_channels, d_model)
+            expanded = expanded.detach().requires_grad_(True)
+            (out,) = torch.autograd.grad(norm(expanded), expanded,
+                                         grad_outputs=g.reshape(b * p, n_heads * n_channels, d_model))
+            return out.reshape(b, p, n_heads, n_channels, d_model)
 
 
 __all__ = ["AttributedEdge", "EdgeAttribution", "edge_attribution"]
