@@ -271,16 +271,62 @@ def _receiver_gradients(ctx: Context, layer: int, grads: dict, resid: Tensor | N
     b, p, n_heads, n_channels, d_model = g.shape
     norm = ctx.norms[layer]
     if norm is not None:
-        g = _norm_vjp(norm, resid, g)
+        g = _norm_vjp(norm, resid, g, getattr(ctx.adapter.model.cfg, "normalization_type", None))
     return g.permute(3, 2, 0, 1, 4).reshape(n_channels, n_heads, -1)
 
 
-def _norm_vjp(norm: Any, resid: Tensor, g: Tensor) -> Tensor:
+NORM_CHECK_RTOL = 1e-4
+"""The closed-form pullback must match autograd on one cotangent to this relative tolerance (float32 sums over
+d_model terms differ by ~1e-6), else the generic batched backward is used."""
+
+
+def _closed_form_norm_vjp(norm: Any, kind: str | None, resid: Tensor, g: Tensor) -> Tensor | None:
+    """The pullback through LayerNorm / RMSNorm in closed form (``u = gamma * g``, ``r = 1/sqrt(var + eps)``)::
+
+        LayerNorm:  dx = r (u - mean(u) - xhat mean(u xhat)),   xhat = (x - mean(x)) r
+        RMSNorm:    dx = r u - r^3 x mean(u x),                  r = 1/sqrt(mean(x^2) + eps)
+
+    ``None`` when the norm's type, ``gamma`` or ``eps`` cannot be read (the caller then uses autograd)."""
+    inner = getattr(norm, "original_component", None) or norm
+    eps = next((getattr(inner, n) for n in ("eps", "variance_epsilon") if isinstance(getattr(inner, n, None), float)),
+               None)
+    if kind is None or eps is None:
+        return None
+    weight = getattr(inner, "weight", None)
+    if kind.endswith("Pre"):
+        weight = None
+    elif not isinstance(weight, Tensor) or weight.shape != resid.shape[-1:]:
+        return None
+    x = resid.detach().float()[:, :, None, None, :]
+    u = g.float() * (weight.detach().float() if weight is not None else 1.0)
+    if kind.startswith("LN"):
+        centred = x - x.mean(dim=-1, keepdim=True)
+        r = (centred.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt()
+        xhat = centred * r
+        out = r * (u - u.mean(dim=-1, keepdim=True) - xhat * (u * xhat).mean(dim=-1, keepdim=True))
+    elif kind.startswith("RMS"):
+        r = (x.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt()
+        out = r * u - r.pow(3) * x * (u * x).mean(dim=-1, keepdim=True)
+    else:
+        return None
+    return out.to(g.dtype)
+
+
+def _norm_vjp(norm: Any, resid: Tensor, g: Tensor, kind: str | None = None) -> Tensor:
     """``g`` ``[b, p, head, channel, d_model]`` pulled back through the receiver layer's normalisation at its
-    clean input ``resid`` ``[b, p, d_model]``: one forward of the norm on ``resid`` and a batched backward over
-    the ``head * channel`` cotangents (``is_grads_batched``). Where the norm's backward cannot be batched, the
-    norm is run once per cotangent on an expanded input instead (the same numbers, more work)."""
+    clean input ``resid`` ``[b, p, d_model]``. LayerNorm and RMSNorm (``kind``, TransformerLens's
+    ``normalization_type``) in closed form, checked against autograd on one cotangent; any other norm (or a
+    failed check) through one forward of the norm and a batched backward over the ``head * channel`` cotangents
+    (``is_grads_batched``), or, where that cannot be batched, on an expanded input (the same numbers, more work)."""
     b, p, n_heads, n_channels, d_model = g.shape
+    closed = _closed_form_norm_vjp(norm, kind, resid, g)
+    if closed is not None:
+        with torch.enable_grad():
+            x = resid.detach().requires_grad_(True)
+            (check,) = torch.autograd.grad(norm(x), x, grad_outputs=g[:, :, 0, 0])
+        if torch.allclose(closed[:, :, 0, 0], check.to(closed.dtype), rtol=NORM_CHECK_RTOL,
+                          atol=NORM_CHECK_RTOL * float(check.abs().max())):
+            return closed
     cotangents = g.permute(2, 3, 0, 1, 4).reshape(n_heads * n_channels, b, p, d_model)
     with torch.enable_grad():
         x = resid.detach().requires_grad_(True)
