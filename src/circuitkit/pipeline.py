@@ -51,6 +51,8 @@ HEAD_CALL_NEUTRAL_RATIO = 3.0
 
 ATTRIBUTION_COST = 3.0
 """Progress units of one forward + backward pass, in forward passes (a backward costs about two forwards)."""
+EVIDENCE_COST = 16.0
+"""Progress units of the edge evidence (edge attribution about 8 passes, path patching of the top edges about 8)."""
 
 
 class _Progress:
@@ -125,7 +127,9 @@ def scan(
     resumable = ablate != "none" and adapter.can_resume
     n_heads = spec.n_total_heads
     expected_exact = {"all": n_heads, "top": min(n_heads, ablate_top + 4), "none": 0}[ablate]
-    bar = _Progress(progress, 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1)
+    with_evidence = circuit and spec.n_layers > 1
+    total = 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1 + EVIDENCE_COST * with_evidence
+    bar = _Progress(progress, total)
     try:
         bar.stage("clean pass with attribution: head scores, loss, every head's estimated effect")
         collector = PatternCollector(adapter, batch)
@@ -164,11 +168,12 @@ def scan(
         bar.stage("composition and spectra")
         composition, baselines, edges = _composition(weights, top_k)
         spectra = _spectra(weights)
+        bar.advance(1)
         evidence = None
-        if circuit and spec.n_layers > 1:
+        if with_evidence:
             bar.stage("edge attribution and path patching")
             evidence = _circuit_evidence(adapter, batch, composition, top_k)
-        bar.advance(1)
+            bar.advance(EVIDENCE_COST)
     finally:
         bar.close()
 
