@@ -195,9 +195,15 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS):
     key = "induction" if "induction" in names else names[0]
     m = scan.model
     table = Table(
-        title=f"{m.name}: heads ranked by {key} score", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-        pad_edge=False, caption="attrib: estimated, ablated: exact rise of the repeated-copies loss (nats) when the "
-        "head is removed; blank: not ablated", caption_justify="left",
+        title=f"{m.name}: heads ranked by {key} score",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+        caption="attrib: estimated, ablated: exact rise of the repeated-copies loss (nats) when the head is removed; "
+        "blank: not ablated",
+        caption_justify="left",
     )
     table.add_column("rank", justify="right", min_width=4, no_wrap=True)
     table.add_column("head", justify="right", min_width=4, no_wrap=True)
