@@ -42,6 +42,7 @@ from circuitkit import validate
 from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, context, corrupt_z
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import InductionReader, check_value, resolve_metric
+from circuitkit.detect.attribution import frozen_parameters
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import HOOKS
 from circuitkit.ranking import Head, head_name, top_indices
@@ -133,15 +134,8 @@ def edge_attribution(
     scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
     if L < 2:
         return EdgeAttribution(scores, m.name, ctx.corrupt, math.nan)
-    parameters = list(getattr(ctx.adapter.model, "parameters", lambda: [])())
-    was = [p.requires_grad for p in parameters]
-    try:
-        for p in parameters:
-            p.requires_grad_(False)
+    with frozen_parameters(ctx.adapter.model):
         grads, clean_z, resid, value = _clean_gradients(ctx, m)
-    finally:
-        for p, flag in zip(parameters, was, strict=True):
-            p.requires_grad_(flag)
     with torch.no_grad():
         z_corrupt = corrupt_z(ctx, clean_z, range(L - 1))
         # sender output differences, all senders: [l1, H, N * d_model]

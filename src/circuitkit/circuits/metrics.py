@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.detect.loss import token_losses
 from circuitkit.detect.tokens import TokenBatch, induction_targets
 
 METRICS: tuple[str, ...] = ("induction", "loss")
@@ -56,11 +57,9 @@ def repeated_loss(logits: Tensor, batch: TokenBatch) -> Tensor:
 
 def repeated_losses(logits: Tensor, batch: TokenBatch) -> Tensor:
     """:func:`repeated_loss` of stacked runs: ``logits`` ``[copies, batch, pos, d_vocab]`` -> ``[copies]``."""
-    mask = batch.repeated_copies.to(logits.device)
-    logprobs = logits[:, :, :-1][:, :, mask].float().log_softmax(dim=-1)  # [E, B, n, V]
-    targets = batch.tokens[:, 1:][:, mask.to(batch.tokens.device)].to(logits.device)  # [B, n]
-    picked = logprobs.gather(-1, targets[None, ..., None].expand(logprobs.shape[0], -1, -1, 1))[..., 0]
-    return -picked.mean(dim=(1, 2))
+    copies = logits.shape[0]
+    losses = token_losses(logits.flatten(0, 1), batch.tokens.repeat(copies, 1), batch.repeated_copies)
+    return losses.view(copies, -1).mean(dim=1)
 
 
 class InductionReader:
