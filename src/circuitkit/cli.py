@@ -19,10 +19,10 @@ from typing import Any, NoReturn
 
 from circuitkit import __version__
 from circuitkit.errors import CircuitkitError
+from circuitkit.validate import MAX_SEED
 
 DEFAULT_OUT = "circuitkit-report"
 TABLE_ROWS = 16
-MAX_SEED = 2**63 - 1
 
 
 class _Parser(argparse.ArgumentParser):
