@@ -4,7 +4,7 @@ Composition scores (:func:`circuitkit.composition_scores`) read edges from the w
 them causally, per edge and per channel (the receiver's query, key or value input):
 
 - :mod:`~circuitkit.circuits.edges`: edge specs (:class:`EdgeSpec`) and their validation, the channels;
-- :mod:`~circuitkit.circuits.corrupt`: the corrupted run (repeated copies resampled) and mean corruption;
+- :mod:`~circuitkit.circuits.corrupt`: the corrupted run (every copy of the block resampled) and mean corruption;
 - :mod:`~circuitkit.circuits.metrics`: the metrics (receiver's induction score, repeated-copies loss, a callable);
 - :mod:`~circuitkit.circuits.patching`: :func:`path_patching`, exact (Wang et al. 2022), many edges per pass;
 - :mod:`~circuitkit.circuits.attribution`: :func:`edge_attribution`, first-order for all ``[L, H, L, H, 3]``

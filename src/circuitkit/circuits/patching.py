@@ -11,8 +11,9 @@ stays clean (the receiver's other inputs, every other head, the sender's contrib
 
 with ``norm`` the block's ``ln1`` (the identity in attention-only models without LayerNorm, where the increment
 is just ``delta @ W_c``). The receiver's ``c`` is swapped for ``c_patched`` at its hook (``HOOKS.q/k/v``), and
-the forward pass goes on from there as usual. ``z_corrupt`` comes from the corrupted run (later copies
-resampled, :mod:`~circuitkit.circuits.corrupt`) or is the clean batch mean per position (``corrupt="mean"``).
+the forward pass goes on from there as usual. ``z_corrupt`` comes from the corrupted run (every copy of the
+block resampled, :mod:`~circuitkit.circuits.corrupt`) or is the clean batch mean per position
+(``corrupt="mean"``).
 The effect of an edge is ``metric(patched) - metric(clean)`` (:mod:`~circuitkit.circuits.metrics`).
 
 Grouped-query attention: for ``"k"``/``"v"`` the receiver's key/value group gets the patched input, and the
@@ -141,7 +142,8 @@ def path_patching(
             edges that do not name their own.
         metric: ``"loss"`` (repeated-copies loss), ``"induction"`` (the receiver's induction score) or a callable
             ``metric(logits, batch) -> scalar`` (:mod:`~circuitkit.circuits.metrics`).
-        corrupt: ``"resample"`` (later copies resampled, ``corrupt_seed``) or ``"mean"`` (batch mean per position).
+        corrupt: ``"resample"`` (every copy of the block resampled, ``corrupt_seed``) or ``"mean"`` (batch mean
+            per position).
         tokens: a :class:`~circuitkit.detect.RepeatedTokens` spec or a built ``TokenBatch`` (default spec if None).
         edges_per_pass: stacked copies per forward pass (default: fit :data:`PASS_MEMORY_BUDGET`).
 
