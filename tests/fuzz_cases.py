@@ -1088,7 +1088,7 @@ case(f"{HW}.from_tensors", lambda: {"tensors": {k: v for k, v in weights().tenso
                             ("int-W_K", lambda v: {**v, "W_K": v["W_K"].long()}, STRICT),
                             ("numpy-values", lambda v: {k: t.numpy() for k, t in v.items()}, LENIENT),
                             ("list-values", lambda v: {k: t.tolist() for k, t in v.items()}, LENIENT)]})
-case(f"{HW}.from_model", lambda: {"model": toy()}, model="weights")
+case(f"{HW}.from_model", lambda: {"model": toy(), "embeddings": False}, model="weights", embeddings="bool")
 method(f"{HW}.to", weights, lambda: {"device": "cpu", "dtype": torch.float64}, device="device?", dtype="dtype")
 method(f"{HW}.layers", weights, lambda: {"layers": [1]}, layers="heads")
 method(f"{HW}.per_query_head", weights, lambda: {"name": "W_K"}, name="option")

@@ -62,6 +62,48 @@ def test_layernorm_first_order_agrees_for_small_corruptions():
     assert correlation > 0.9
 
 
+@pytest.mark.parametrize("norm", ["LN", "RMS"])
+def test_each_estimate_is_the_derivative_of_a_hand_patched_receiver_input(norm):
+    """Independent oracle through the model's own norm module and autograd: for edge (s, r, c) add
+    ``(ln1(resid + eps * delta_s) - ln1(resid)) @ W_c[r]`` to receiver r's channel c with a hook and take
+    ``d metric / d eps`` at 0; the attribution is exactly that derivative (LayerNorm and RMSNorm, MLPs)."""
+    from circuitkit.circuits.corrupt import resampled_batch
+    from circuitkit.models.contract import HOOKS, adapt
+
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type=norm, seed=3)
+    metric = _linear_metric(50)
+    batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(model)
+    corrupted = resampled_batch(batch)
+    attribution = edge_attribution(model, metric=metric, tokens=batch, corrupt=corrupted)
+    w = adapt(model).weights()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.tokens)
+        _, corrupt_cache = model.run_with_cache(corrupted.tokens)
+    edges = [(src, dst, c) for src, dst in [((0, 1), (2, 0)), ((1, 3), (2, 2)), ((0, 2), (1, 1))] for c in "qkv"]
+    got, want = [], []
+    for (l1, h1), (l2, h2), c in edges:
+        delta = (corrupt_cache[HOOKS.z(l1)] - cache[HOOKS.z(l1)])[:, :, h1] @ w.W_O[l1, h1]
+        resid = cache[HOOKS.resid_pre(l2)]
+        W = {"q": w.W_Q, "k": w.W_K, "v": w.W_V}[c][l2, h2]
+        eps = torch.zeros((), requires_grad=True)
+        with torch.enable_grad():
+            shift = (model.blocks[l2].ln1(resid + eps * delta) - model.blocks[l2].ln1(resid)) @ W
+
+            def add(act, hook, shift=shift, h2=h2):
+                act = act.clone()
+                act[:, :, h2] = act[:, :, h2] + shift
+                return act
+
+            logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(getattr(HOOKS, c)(l2), add)])
+            (derivative,) = torch.autograd.grad(metric(logits, batch), eps)
+        want.append(float(derivative))
+        got.append(attribution.value((l1, h1), (l2, h2), c))
+    want, got = torch.tensor(want, dtype=torch.float64), torch.tensor(got, dtype=torch.float64)
+    scale = float(want.abs().max())
+    assert scale > 1e-3
+    torch.testing.assert_close(got, want, atol=LINEAR_TOL * scale, rtol=LINEAR_TOL)
+
+
 @pytest.fixture(scope="module")
 def bundled():
     return zoo.load()
@@ -159,29 +201,81 @@ def test_circuit_evidence_bad_composition_raises(bundled):
 
 
 NORM_VJP_TOL = 1e-5
-"""float32 pullbacks over d_model = 32 terms, closed form against autograd: ~5e-7 apart."""
+"""float32 contractions over d_model = 32 terms, closed form against autograd: ~5e-7 apart (relative)."""
 
 
-@pytest.mark.parametrize("kind", ["LN", "LNPre", "RMS", "RMSPre", "unknown"])
-def test_norm_pullback_equals_autograd(kind):
-    """The closed-form LayerNorm / RMSNorm pullback (and the generic batched one for any other norm) equals
-    autograd through the norm on an expanded input, cotangent by cotangent."""
+class _LyingLayerNorm(torch.nn.LayerNorm):
+    """Reports ``eps`` and ``weight`` like a LayerNorm but computes twice a LayerNorm: a closed form read from
+    the attributes would be wrong, so the check against autograd must send it to the generic pullback."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("kind", ["LN", "LNPre", "RMS", "RMSPre", "unknown", "lying"])
+def test_receiver_contraction_equals_autograd(kind):
+    """``sum_n delta[s, n] . J_norm(x_n)^T (W_k grad[k, n])`` for every sender s and receiver channel k, as the
+    attribution computes it (closed form for LayerNorm / RMSNorm, autograd for any other norm or one whose
+    attributes do not describe it), equals autograd through the norm on an expanded input, cotangent by
+    cotangent; and summing over chunks of positions equals the whole."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from circuitkit.circuits.attribution import _norm_vjp
+    from circuitkit.circuits.attribution import _Receiver
 
     g = torch.Generator().manual_seed(0)
+    d_model, d_head, k, n, senders = 32, 4, 6, 20, 5
     if kind.startswith("LN"):
-        norm = torch.nn.LayerNorm(32, elementwise_affine=kind == "LN")
+        norm = torch.nn.LayerNorm(d_model, elementwise_affine=kind == "LN")
     elif kind.startswith("RMS"):
-        norm = LlamaRMSNorm(32, eps=1e-6)
+        norm = LlamaRMSNorm(d_model, eps=1e-6)
+    elif kind == "lying":
+        norm = _LyingLayerNorm(d_model)
     else:
         norm = torch.nn.Tanh()  # any differentiable per-position map: only the generic path applies
-    if kind in ("LN", "RMS"):
-        norm.weight.data = torch.randn(32, generator=g)
-    x = torch.randn(4, 5, 32, generator=g)
-    cot = torch.randn(4, 5, 3, 3, 32, generator=g)
-    expanded = x[:, :, None, None, :].expand_as(cot).reshape(20, 9, 32).detach().requires_grad_(True)
-    (reference,) = torch.autograd.grad(norm(expanded), expanded, grad_outputs=cot.reshape(20, 9, 32))
-    got = _norm_vjp(norm, x, cot, None if kind == "unknown" else kind)
-    torch.testing.assert_close(got, reference.reshape(4, 5, 3, 3, 32), atol=NORM_VJP_TOL, rtol=NORM_VJP_TOL)
+    if kind in ("LN", "RMS", "lying"):
+        norm.weight.data = torch.randn(d_model, generator=g)
+    x = torch.randn(n, d_model, generator=g)
+    grad = torch.randn(k, n, d_head, generator=g)
+    W = torch.randn(k, d_head, d_model, generator=g)
+    deltas = torch.randn(senders, n, d_model, generator=g)
+
+    cot = torch.matmul(grad, W)  # [k, n, d_model]
+    expanded = x[None].expand(k, n, d_model).detach().requires_grad_(True)
+    (pulled,) = torch.autograd.grad(norm(expanded), expanded, grad_outputs=cot)
+    reference = deltas.flatten(1) @ pulled.flatten(1).T  # [senders, k]
+
+    receiver = _Receiver.from_parts(grad, W, norm, {"lying": "LN", "unknown": None}.get(kind, kind), x)
+    assert (receiver.pullback is None) == (kind not in ("unknown", "lying"))  # the closed form where it applies
+    got = receiver.contract(deltas, slice(0, n))
+    torch.testing.assert_close(got, reference, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
+    chunked = receiver.contract(deltas[:, :7], slice(0, 7)) + receiver.contract(deltas[:, 7:], slice(7, n))
+    torch.testing.assert_close(chunked, got, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
+
+
+def test_positions_in_chunks_give_the_same_attribution(monkeypatch):
+    """The sum over positions taken a few positions at a time (bounded memory) equals the one-chunk sum."""
+    from circuitkit.circuits import attribution as module
+
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", seed=4)
+    batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(model)
+    whole = edge_attribution(model, metric="loss", tokens=batch)
+    spec_bytes = 2 * 4 * 32 * 4  # (L - 1) * H * d_model * 4 bytes: one position per chunk
+    monkeypatch.setattr(module, "MAX_DELTA_BYTES", spec_bytes * 5)
+    chunked = edge_attribution(model, metric="loss", tokens=batch)
+    torch.testing.assert_close(chunked.scores, whole.scores, equal_nan=True, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("metric", ["loss", "induction"])
+def test_passes_ended_early_leave_no_hooks_behind(metric):
+    """The corrupted pass (and the induction metric's clean pass) end at the last activation they need by
+    raising from a hook; the model's hooks are all removed and a later plain run is unchanged."""
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", seed=5)
+    batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(model)
+
+    def hook_count():
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+    before, count = model(batch.tokens).detach(), hook_count()
+    edge_attribution(model, metric=metric, tokens=batch)
+    assert hook_count() == count
+    torch.testing.assert_close(model(batch.tokens), before, atol=0, rtol=0)

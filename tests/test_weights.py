@@ -31,6 +31,16 @@ def test_from_model_round_trip_bridge(tiny_bridge):
     assert not any(t.requires_grad for t in weights.tensors().values())
 
 
+def test_from_model_without_embeddings(tiny_bridge):
+    weights = HeadWeights.from_model(tiny_bridge, embeddings=False)
+    assert weights.W_E is None and weights.W_U is None and weights.W_pos is None
+    full = HeadWeights.from_model(tiny_bridge)
+    for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+        assert torch.equal(getattr(weights, name), getattr(full, name)), name
+    stripped = HeadWeights.from_model(full, embeddings=False)
+    assert stripped.W_E is None and torch.equal(stripped.W_Q, full.W_Q)
+
+
 def test_from_model_keeps_key_value_groups(tiny_gqa_bridge):
     weights = HeadWeights.from_model(tiny_gqa_bridge)
     assert weights.W_K.shape == (2, 2, 32, 8)  # stored once per group, not duplicated
@@ -95,6 +105,7 @@ def test_to_moves_and_casts():
     moved = weights.to("cpu", torch.float64)
     assert moved.dtype == torch.float64 and moved.device.type == "cpu"
     assert torch.equal(moved.W_O.float(), weights.W_O)
+    assert weights.to("cpu") is weights and weights.to(dtype=torch.float32) is weights  # nothing to move or cast
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")

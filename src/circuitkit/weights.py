@@ -176,12 +176,17 @@ class HeadWeights:
             raise validate.fail(
                 "HeadWeights.to: dtype", dtype, f"None or one of {', '.join(str(d) for d in _FLOAT_DTYPES)}"
             )
-        moved = {
-            f.name: getattr(self, f.name).to(device=device, dtype=dtype)
-            for f in fields(self)
-            if f.name != "source_dtype" and getattr(self, f.name) is not None
-        }
-        return replace(self, **moved)
+        present = self.tensors()
+        if all((device is None or value.device == device) and dtype in (None, value.dtype)
+               for value in present.values()):
+            return self  # frozen and already there: no copy, no second validation
+        return replace(self, **{name: value.to(device=device, dtype=dtype) for name, value in present.items()})
+
+    def without_embeddings(self) -> HeadWeights:
+        """These weights with ``W_E``, ``W_U`` and ``W_pos`` left out."""
+        if self.W_E is None and self.W_U is None and self.W_pos is None:
+            return self
+        return replace(self, W_E=None, W_U=None, W_pos=None)
 
     def float(self) -> HeadWeights:
         return self.to(dtype=torch.float32)
@@ -260,27 +265,28 @@ class HeadWeights:
         return cls(**values)
 
     @classmethod
-    def from_model(cls, model: Any) -> HeadWeights:
+    def from_model(cls, model: Any, *, embeddings: bool = True) -> HeadWeights:
         """Read the attention weights of a TransformerLens model (or any object shaped like one).
 
         Accepts a ``TransformerBridge`` (TransformerLens 4.x), a ``HookedTransformer`` (3.x), a circuitkit
         toy model, or any object with ``W_Q``, ``W_K``, ``W_V``, ``W_O`` attributes in TransformerLens
         shapes and ``cfg.n_layers`` / ``cfg.n_heads``. Biases and ``W_E``/``W_U``/``W_pos`` are read where
-        the model has them. Models with no attention (no ``W_Q``) raise :class:`CircuitkitError`.
+        the model has them; ``embeddings=False`` leaves ``W_E``/``W_U``/``W_pos`` out (on a 50k-token
+        vocabulary, reading and checking them costs more than all the attention weights of a small model).
+        Models with no attention (no ``W_Q``) raise :class:`CircuitkitError`.
         """
+        embeddings = validate.boolean("HeadWeights.from_model: embeddings", embeddings)
         if isinstance(model, HeadWeights):
-            return model
+            return model if embeddings else model.without_embeddings()
         getter = getattr(model, "head_weights", None)
         if callable(getter):
-            return getter()
+            return getter() if embeddings else getter().without_embeddings()
         cfg = getattr(model, "cfg", None)
+        names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+        names += ("W_E", "W_U", "W_pos") if embeddings else ()
         # Each attribute is read once: on a TransformerBridge every one is assembled from the blocks.
         with torch.no_grad(), _offloaded_weights_in(model):
-            values = {
-                name: value
-                for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_E", "W_U", "W_pos")
-                if (value := _read(model, name)) is not None
-            }
+            values = {name: value for name in names if (value := _read(model, name)) is not None}
         missing = [name for name in ("W_Q", "W_K", "W_V", "W_O") if name not in values]
         if missing:
             raise CircuitkitError(

@@ -73,7 +73,7 @@ def context(
         if corrupt == "a TokenBatch":
             raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
-    weights = adapter.weights().to(device=adapter.spec.device)
+    weights = adapter.weights(embeddings=False).to(device=adapter.spec.device)
     W_in = {"q": weights.W_Q, "k": weights.per_query_head("W_K"), "v": weights.per_query_head("W_V")}
     norms = [_receiver_norm(adapter, layer) for layer in range(adapter.spec.n_layers)]
     return Context(adapter, batch, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)
@@ -95,21 +95,37 @@ def _receiver_norm(adapter: ModelAdapter, layer: int) -> Norm | None:
     return norm
 
 
+class StopForward(Exception):
+    """Raised by a hook to end a forward pass once everything needed has been seen (hooks are removed by the
+    model's ``run_with_hooks`` on the way out)."""
+
+
 def capture(
-    ctx: Context, tokens: Tensor, names: Iterable[str], *, replace: dict[str, Callable] | None = None
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Run ``tokens`` and keep the activations at ``names`` (detached); ``replace`` hooks run first."""
+    ctx: Context,
+    tokens: Tensor,
+    names: Iterable[str],
+    *,
+    replace: dict[str, Callable] | None = None,
+    stop_after: str | None = None,
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """Run ``tokens`` and keep the activations at ``names`` (detached); ``replace`` hooks run first. With
+    ``stop_after`` (one of ``names``) the pass ends right after that activation and the logits are ``None``."""
     kept: dict[str, Tensor] = {}
 
     def keep(name: str) -> Callable[[Tensor, Any], None]:
         # keyed by the name asked for: a TransformerBridge passes its own alias as hook.name
         def hook(tensor: Tensor, hook: Any) -> None:
             kept[name] = tensor.detach()
+            if name == stop_after:
+                raise StopForward
 
         return hook
 
     hooks = list((replace or {}).items()) + [(name, keep(name)) for name in sorted(set(names))]
-    logits = ctx.adapter.run(tokens, hooks)
+    try:
+        logits = ctx.adapter.run(tokens, hooks)
+    except StopForward:
+        logits = None
     return logits, kept
 
 
@@ -121,7 +137,8 @@ def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -
         return {layer: clean_z[layer].mean(dim=0, keepdim=True).expand_as(clean_z[layer]) for layer in layers}
     corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
     with torch.no_grad():
-        _, kept = capture(ctx, corrupted.tokens, [HOOKS.z(layer) for layer in layers])
+        # the pass ends at the last sender's z: later layers and the unembedding are not needed
+        _, kept = capture(ctx, corrupted.tokens, [HOOKS.z(layer) for layer in layers], stop_after=HOOKS.z(layers[-1]))
     return {layer: kept[HOOKS.z(layer)] for layer in layers}
 
 
@@ -132,4 +149,4 @@ def sender_delta(ctx: Context, z_clean: Tensor, z_corrupt: Tensor, layer: int, h
     return torch.einsum("bpnd,ndm->nbpm", dz, W_O)
 
 
-__all__ = ["DEFAULT_CORRUPT_SEED", "Context", "capture", "context", "corrupt_z", "sender_delta"]
+__all__ = ["DEFAULT_CORRUPT_SEED", "Context", "StopForward", "capture", "context", "corrupt_z", "sender_delta"]

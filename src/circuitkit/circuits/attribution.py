@@ -13,6 +13,12 @@ gradients, one backward pass and one corrupted forward pass (no gradients)::
 is linear in the patched input: e.g. the V channel into a last-layer head of an attention-only model without
 LayerNorm, with a metric linear in the logits (the attention pattern does not depend on the values).
 
+Cost and memory: the clean pass builds a graph from layer 1 on (layer 0 holds no receiver) and the corrupted
+pass stops at the last sender's ``z``. LayerNorm / RMSNorm pullbacks are taken in closed form with their
+per-position terms found in ``d_head`` space (:class:`_Receiver`), so the rest is one
+``[senders, n * d_model] @ [n * d_model, 3 H]`` product per receiver layer, summed over chunks of ``n``
+positions that keep the senders' differences under :data:`MAX_DELTA_BYTES`.
+
 Metrics (:mod:`~circuitkit.circuits.metrics`): for ``"induction"``, receiver ``r``'s own induction score is the
 metric of every edge into ``r`` (as in path patching); one backward pass of the sum of all heads' scores gives
 them all, because each head's output ``z`` is detached in that pass (a head's score then depends on its own
@@ -39,7 +45,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, context, corrupt_z
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, StopForward, context, corrupt_z
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import InductionReader, check_value, resolve_metric
 from circuitkit.detect.attribution import frozen_parameters
@@ -111,10 +117,6 @@ class EdgeAttribution:
         return f"EdgeAttribution({L} layers x {H} heads, metric={self.metric!r}; top {best})"
 
 
-class _Stop(Exception):
-    """Ends the forward pass after the last layer's pattern (the ``"induction"`` metric needs no logits)."""
-
-
 def edge_attribution(
     model: Any,
     *,
@@ -138,16 +140,23 @@ def edge_attribution(
         grads, clean_z, resid, value = _clean_gradients(ctx, m)
     with torch.no_grad():
         z_corrupt = corrupt_z(ctx, clean_z, range(L - 1))
-        # sender output differences, all senders: [l1, H, N * d_model]
-        deltas = torch.stack(
-            [torch.einsum("bphd,hdm->hbpm", z_corrupt[s] - clean_z[s], ctx.W_O[s].to(clean_z[s].dtype))
-             for s in range(L - 1)]
-        )
-        deltas = deltas.reshape(L - 1, H, -1)
+        work = torch.promote_types(clean_z[0].dtype, torch.float32)
+        dz = [(z_corrupt[s] - clean_z[s]).flatten(0, 1).transpose(0, 1).to(work) for s in range(L - 1)]  # [H, N, dh]
+        W_O = ctx.W_O[: L - 1].to(work)
+        receivers = [_Receiver.build(ctx, l2, grads, resid.get(l2), work) for l2 in range(1, L)]
+        totals = [torch.zeros(l2 * H, len(CHANNELS) * H, dtype=work, device=W_O.device) for l2 in range(1, L)]
+        n_positions, d_model = dz[0].shape[1], spec.d_model
+        chunk = max(1, MAX_DELTA_BYTES // ((L - 1) * H * d_model * W_O.element_size()))
+        for first in range(0, n_positions, chunk):
+            part = slice(first, min(first + chunk, n_positions))
+            # the senders' output differences on these positions: [L - 1, H, n, d_model]
+            deltas = torch.empty(L - 1, H, part.stop - part.start, d_model, dtype=work, device=W_O.device)
+            for s in range(L - 1):
+                torch.matmul(dz[s][:, part], W_O[s], out=deltas[s])
+            for l2, receiver in enumerate(receivers, start=1):
+                totals[l2 - 1] += receiver.contract(deltas[:l2].flatten(0, 1), part)
         for l2 in range(1, L):
-            g = _receiver_gradients(ctx, l2, grads, resid.get(l2))  # [3, H, N * d_model]
-            block = deltas[:l2].reshape(l2 * H, -1) @ g.reshape(len(CHANNELS) * H, -1).T  # [l2 H, 3 H]
-            scores[:l2, :, l2] = block.reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
+            scores[:l2, :, l2] = totals[l2 - 1].reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
     validate.finite_result("edge_attribution", scores[~scores.isnan()], why="the gradients overflowed")
     return EdgeAttribution(scores, m.name, ctx.corrupt, value)
 
@@ -164,7 +173,8 @@ def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int
     local_scores: list[Tensor] = []
 
     def leaf(x: Tensor, hook: Any) -> Tensor:
-        return x.detach().requires_grad_(True)  # everything downstream is differentiated from here
+        # everything downstream is differentiated from here; layer 0 holds no receiver, so it builds no graph
+        return x.detach().requires_grad_(True)
 
     def keep(key: tuple[str, int]):
         # The returned copy is what the model computes on: a TransformerBridge hands hooks a reshaped view and
@@ -195,12 +205,12 @@ def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int
             if m.local:
                 local_scores.append(reader(pattern.float().transpose(0, 1)).sum())
                 if layer == L - 1:
-                    raise _Stop
+                    raise StopForward  # the "induction" metric needs no logits
             return pattern
 
         return hook
 
-    hooks = [(HOOKS.resid_pre(0), leaf)]
+    hooks = [(HOOKS.resid_pre(1), leaf)]
     for layer in range(L):
         hooks.append((HOOKS.z(layer), on_z(layer)))
         if layer == 0:
@@ -212,7 +222,7 @@ def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int
     with torch.enable_grad():
         try:
             logits = ctx.adapter.run(ctx.batch.tokens, hooks)
-        except _Stop:
+        except StopForward:
             logits = None
         if m.local:
             total = torch.stack(local_scores).sum()
@@ -255,85 +265,141 @@ def _per_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, gs: int,
     return split.reshape(b, p, n_groups * gs, d)
 
 
-def _receiver_gradients(ctx: Context, layer: int, grads: dict, resid: Tensor | None) -> Tensor:
-    """``g_{r,c}`` of the module docstring for every receiver head of ``layer``: ``[channel, head, N * d_model]``."""
-    out = []
-    for c in CHANNELS:
-        g = grads[(c, layer)].detach()  # [b, p, head, d_head]
-        out.append(torch.einsum("bphd,hmd->bphm", g, ctx.W_in[c][layer].to(g.dtype)))
-    g = torch.stack(out, dim=3)  # [b, p, head, 3, d_model]
-    b, p, n_heads, n_channels, d_model = g.shape
-    norm = ctx.norms[layer]
-    if norm is not None:
-        g = _norm_vjp(norm, resid, g, getattr(ctx.adapter.model.cfg, "normalization_type", None))
-    return g.permute(3, 2, 0, 1, 4).reshape(n_channels, n_heads, -1)
-
+MAX_DELTA_BYTES = 256 * 2**20
+"""The senders' output differences ``[L - 1, H, positions, d_model]`` are held for this many bytes at a time: the
+attribution is a sum over (batch, position), taken in chunks of positions."""
 
 NORM_CHECK_RTOL = 1e-4
-"""The closed-form pullback must match autograd on one cotangent to this relative tolerance (float32 sums over
-d_model terms differ by ~1e-6), else the generic batched backward is used."""
+"""The closed-form pullback must match autograd on a random cotangent to this relative tolerance (float32 sums
+over d_model terms differ by ~1e-6), else the generic autograd pullback is used."""
+
+NORM_CHECK_POSITIONS = 64
+NORM_CHECK_SEED = 20231
 
 
-def _closed_form_norm_vjp(norm: Any, kind: str | None, resid: Tensor, g: Tensor) -> Tensor | None:
-    """The pullback through LayerNorm / RMSNorm in closed form (``u = gamma * g``, ``r = 1/sqrt(var + eps)``)::
+@dataclass
+class _Receiver:
+    """Receiver layer ``l2``'s heads seen from the residual stream, for :meth:`contract`.
 
-        LayerNorm:  dx = r (u - mean(u) - xhat mean(u xhat)),   xhat = (x - mean(x)) r
-        RMSNorm:    dx = r u - r^3 x mean(u x),                  r = 1/sqrt(mean(x^2) + eps)
+    ``g_{r,c}`` (module docstring) for every receiver ``k = (c, h2)`` is built on the fly per chunk of positions
+    ``n``: ``u[k, n] = W[k] @ grad[n, k]`` ``[d_model]``, then pulled back through the normalisation. For
+    LayerNorm / RMSNorm in closed form (``gamma`` the norm's weight, ``r = 1/sqrt(var + eps)``, ``xhat`` the
+    normalised input)::
 
-    ``None`` when the norm's type, ``gamma`` or ``eps`` cannot be read (the caller then uses autograd)."""
+        LayerNorm:  dx = r (gamma u - mean(gamma u) - xhat mean(gamma u xhat))
+        RMSNorm:    dx = r (gamma u - xhat mean(gamma u xhat)),                       xhat = r x
+
+    which is computed as ``(r grad) @ (gamma W)^T - a - b xhat`` with the per-position coefficients
+    ``a = (r grad) . colsum(gamma W) / d_model`` and ``b = (r grad) . (xhat @ gamma W) / d_model`` found in
+    ``d_head`` space, so only the first term touches ``d_model`` per receiver. Other norms: autograd
+    (``pullback``)."""
+
+    grad: Tensor  # [k = 3 H, N, d_head] dM/d(q, k, v) per query head (times r where the closed form applies)
+    W: Tensor  # [k, d_head, d_model] W_c^T per query head (times gamma where the closed form applies)
+    a: Tensor | None = None  # [k, N, 1] LayerNorm's mean term
+    b: Tensor | None = None  # [k, N, 1] the xhat term
+    xhat: Tensor | None = None  # [N, d_model]
+    pullback: Any = None  # generic: (resid chunk [n, d_model], u [k, n, d_model]) -> dx
+    resid: Tensor | None = None  # [N, d_model], for the generic pullback
+
+    @classmethod
+    def build(cls, ctx: Context, layer: int, grads: dict, resid: Tensor | None, work: torch.dtype) -> _Receiver:
+        """Layer ``layer``'s receivers from ``grads[(c, layer)]`` ``[batch, pos, head, d_head]`` and the clean
+        input of its normalisation ``resid`` ``[batch, pos, d_model]``, in dtype ``work``."""
+        grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1).transpose(0, 1) for c in CHANNELS])
+        W = torch.cat([ctx.W_in[c][layer] for c in CHANNELS]).transpose(1, 2)  # [k, d_head, d_model]
+        x = None if resid is None else resid.detach().flatten(0, 1)
+        kind = getattr(ctx.adapter.model.cfg, "normalization_type", None)
+        return cls.from_parts(grad.to(work), W.to(work), ctx.norms[layer], kind, None if x is None else x.to(work))
+
+    @classmethod
+    def from_parts(cls, grad: Tensor, W: Tensor, norm: Any, kind: str | None, x: Tensor | None) -> _Receiver:
+        """``grad`` ``[k, N, d_head]``, ``W`` ``[k, d_head, d_model]``; ``norm`` (None: no normalisation) of
+        TransformerLens ``normalization_type`` ``kind`` at its input ``x`` ``[N, d_model]``."""
+        if norm is None:
+            return cls(grad, W)
+        terms = _norm_terms(norm, kind, x)
+        if terms is None or not _closed_form_agrees(norm, x, *terms):
+            return cls(grad, W, pullback=norm, resid=x)
+        gamma, eps, centred = terms
+        r, xhat = _normalise(x, eps, centred)
+        grad = grad * r[None, :, None]
+        if gamma is not None:
+            W = W * gamma
+        d_model = x.shape[-1]
+        b = (grad * torch.matmul(xhat, W.transpose(1, 2))).sum(dim=-1, keepdim=True) / d_model
+        a = (grad @ W.sum(dim=-1)[:, :, None]) / d_model if centred else None
+        return cls(grad, W, a, b, xhat)
+
+    def contract(self, deltas: Tensor, part: slice) -> Tensor:
+        """``sum_n deltas[s, n] . g[k, n]`` over the positions ``part``: ``deltas`` ``[S, n, d_model]`` ->
+        ``[S, k]``."""
+        u = torch.matmul(self.grad[:, part], self.W)  # [k, n, d_model]
+        if self.b is not None:
+            if self.a is not None:
+                u.sub_(self.a[:, part])
+            u.addcmul_(self.b[:, part], self.xhat[part], value=-1)
+        elif self.pullback is not None:
+            u = _autograd_pullback(self.pullback, self.resid[part], u)
+        return deltas.flatten(1) @ u.flatten(1).T
+
+
+def _norm_terms(norm: Any, kind: str | None, x: Tensor) -> tuple[Tensor | None, float, bool] | None:
+    """``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm, read from the module; ``None`` when the
+    type (TransformerLens's ``normalization_type``), ``eps`` or the weight cannot be read."""
     inner = getattr(norm, "original_component", None) or norm
     eps = next((getattr(inner, n) for n in ("eps", "variance_epsilon") if isinstance(getattr(inner, n, None), float)),
                None)
-    if kind is None or eps is None:
+    if kind is None or eps is None or not kind.startswith(("LN", "RMS")):
         return None
-    weight = getattr(inner, "weight", None)
-    if kind.endswith("Pre"):
-        weight = None
-    elif not isinstance(weight, Tensor) or weight.shape != resid.shape[-1:]:
-        return None
-    x = resid.detach().float()[:, :, None, None, :]
-    u = g.float() * (weight.detach().float() if weight is not None else 1.0)
-    if kind.startswith("LN"):
-        centred = x - x.mean(dim=-1, keepdim=True)
-        r = (centred.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt()
-        xhat = centred * r
-        out = r * (u - u.mean(dim=-1, keepdim=True) - xhat * (u * xhat).mean(dim=-1, keepdim=True))
-    elif kind.startswith("RMS"):
-        r = (x.pow(2).mean(dim=-1, keepdim=True) + eps).rsqrt()
-        out = r * u - r.pow(3) * x * (u * x).mean(dim=-1, keepdim=True)
-    else:
-        return None
-    return out.to(g.dtype)
+    gamma = None
+    if not kind.endswith("Pre"):
+        gamma = getattr(inner, "weight", None)
+        if not isinstance(gamma, Tensor) or gamma.shape != x.shape[-1:]:
+            return None
+        gamma = gamma.detach().to(x.dtype)
+    return gamma, eps, kind.startswith("LN")
 
 
-def _norm_vjp(norm: Any, resid: Tensor, g: Tensor, kind: str | None = None) -> Tensor:
-    """``g`` ``[b, p, head, channel, d_model]`` pulled back through the receiver layer's normalisation at its
-    clean input ``resid`` ``[b, p, d_model]``. LayerNorm and RMSNorm (``kind``, TransformerLens's
-    ``normalization_type``) in closed form, checked against autograd on one cotangent; any other norm (or a
-    failed check) through one forward of the norm and a batched backward over the ``head * channel`` cotangents
-    (``is_grads_batched``), or, where that cannot be batched, on an expanded input (the same numbers, more work)."""
-    b, p, n_heads, n_channels, d_model = g.shape
-    closed = _closed_form_norm_vjp(norm, kind, resid, g)
-    if closed is not None:
-        with torch.enable_grad():
-            x = resid.detach().requires_grad_(True)
-            (check,) = torch.autograd.grad(norm(x), x, grad_outputs=g[:, :, 0, 0])
-        if torch.allclose(closed[:, :, 0, 0], check.to(closed.dtype), rtol=NORM_CHECK_RTOL,
-                          atol=NORM_CHECK_RTOL * float(check.abs().max())):
-            return closed
-    cotangents = g.permute(2, 3, 0, 1, 4).reshape(n_heads * n_channels, b, p, d_model)
+def _normalise(x: Tensor, eps: float, centred: bool) -> tuple[Tensor, Tensor]:
+    """``r = 1/sqrt(var + eps)`` ``[N]`` and ``xhat`` ``[N, d_model]`` (centred first for LayerNorm)."""
+    if centred:
+        x = x - x.mean(dim=-1, keepdim=True)
+    r = (x.pow(2).mean(dim=-1) + eps).rsqrt()
+    return r, x * r[:, None]
+
+
+def _closed_form_agrees(norm: Any, x: Tensor, gamma: Tensor | None, eps: float, centred: bool) -> bool:
+    """The closed form of :class:`_Receiver` against autograd through ``norm`` on one seeded random cotangent, on
+    the first :data:`NORM_CHECK_POSITIONS` positions (the norm acts on each position alone). The tolerance is
+    relative to the scale of the terms, ``r |gamma v|``: the pullback itself can be near zero (a cotangent along
+    ``x`` is in a LayerNorm's null space)."""
+    x = x[:NORM_CHECK_POSITIONS]
+    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(NORM_CHECK_SEED), dtype=x.dtype).to(x.device)
+    r, xhat = _normalise(x, eps, centred)
+    u = v * gamma if gamma is not None else v
+    closed = u - (xhat * u).mean(dim=-1, keepdim=True) * xhat
+    if centred:
+        closed = closed - u.mean(dim=-1, keepdim=True)
+    closed = closed * r[:, None]
+    (check,) = _autograd_pullback(norm, x, v[None])
+    scale = float((u * r[:, None]).abs().max())
+    return bool(torch.allclose(closed, check, rtol=NORM_CHECK_RTOL, atol=NORM_CHECK_RTOL * scale))
+
+
+def _autograd_pullback(norm: Any, x: Tensor, u: Tensor) -> Tensor:
+    """``u`` ``[k, n, d_model]`` pulled back through ``norm`` at its input ``x`` ``[n, d_model]``: one forward of the
+    norm and a batched backward over the ``k`` cotangents (``is_grads_batched``), or, where that cannot be batched,
+    on an input expanded ``k`` times (the same numbers, more work)."""
     with torch.enable_grad():
-        x = resid.detach().requires_grad_(True)
-        y = norm(x)
+        leaf = x.detach()[None].requires_grad_(True)  # [1, n, d_model]: norms expect [batch, pos, d_model]
         try:
-            (out,) = torch.autograd.grad(y, x, grad_outputs=cotangents, is_grads_batched=True)
-            return out.reshape(n_heads, n_channels, b, p, d_model).permute(2, 3, 0, 1, 4)
+            (out,) = torch.autograd.grad(norm(leaf), leaf, grad_outputs=u[:, None], is_grads_batched=True)
+            return out[:, 0].to(u.dtype)
         except RuntimeError:
-            expanded = resid[:, :, None, None, :].expand_as(g).reshape(b * p, n_heads * n_channels, d_model)
-            expanded = expanded.detach().requires_grad_(True)
-            (out,) = torch.autograd.grad(norm(expanded), expanded,
-                                         grad_outputs=g.reshape(b * p, n_heads * n_channels, d_model))
-            return out.reshape(b, p, n_heads, n_channels, d_model)
+            expanded = x.detach()[None].expand_as(u).contiguous().requires_grad_(True)
+            (out,) = torch.autograd.grad(norm(expanded), expanded, grad_outputs=u)
+            return out.to(u.dtype)
 
 
 __all__ = ["AttributedEdge", "EdgeAttribution", "edge_attribution"]

@@ -130,7 +130,7 @@ def _composition(model: Any, composition: Any, L: int, H: int) -> dict[str, Tens
     if composition is None:
         from circuitkit.composition import composition_scores
 
-        weights = adapt(model).weights()
+        weights = adapt(model).weights(embeddings=False)
         return {c: composition_scores(weights, c.upper()).float().cpu() for c in CHANNELS}
     if isinstance(composition, Tensor):
         composition = validate.tensor("circuit_evidence: composition", composition, shape=(L, H, L, H, 3),

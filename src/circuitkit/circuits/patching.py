@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, capture, context, corrupt_z
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, StopForward, capture, context, corrupt_z
 from circuitkit.circuits.edges import EdgeSpec, parse_edges
 from circuitkit.circuits.metrics import (
     InductionReader,
@@ -114,10 +114,6 @@ class PathPatching:
 
 def _plain(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
-
-
-class _Stop(Exception):
-    """Ends a stacked pass once the receiver's pattern has been read (the ``"induction"`` metric)."""
 
 
 def path_patching(
@@ -252,7 +248,7 @@ def _patched_pass(
         def pattern_hook(pattern: Tensor, hook: Any) -> None:
             per_copy = pattern.view(E, B, *pattern.shape[1:])[torch.arange(E), :, dst_heads]  # [E, B, q, k]
             read.append(reader(per_copy))
-            raise _Stop
+            raise StopForward  # the "induction" metric needs nothing after the receiver's pattern
 
         hooks.append((HOOKS.pattern(layer), pattern_hook))
     try:
@@ -260,7 +256,7 @@ def _patched_pass(
             logits = ctx.adapter.run_from(resid.repeat(E, 1, 1), layer, hooks)
         else:
             logits = ctx.adapter.run(ctx.batch.tokens.repeat(E, 1), hooks)
-    except _Stop:
+    except StopForward:
         return [float(v) for v in read[0]]
     stacked = logits.view(E, B, P, -1)
     if m.fn is repeated_loss:

@@ -182,11 +182,11 @@ class ModelAdapter:
     def tokenizer(self) -> Any:
         return getattr(self.model, "tokenizer", None)
 
-    def weights(self) -> Any:
-        """The model's :class:`~circuitkit.HeadWeights`."""
+    def weights(self, *, embeddings: bool = True) -> Any:
+        """The model's :class:`~circuitkit.HeadWeights` (``embeddings=False``: without ``W_E``/``W_U``/``W_pos``)."""
         from circuitkit.weights import HeadWeights
 
-        return HeadWeights.from_model(self.model)
+        return HeadWeights.from_model(self.model, embeddings=embeddings)
 
     # ------------------------------------------------------------------ running
     def run(self, tokens: Tensor, fwd_hooks: FwdHooks = ()) -> Tensor:
