@@ -279,3 +279,24 @@ def test_passes_ended_early_leave_no_hooks_behind(metric):
     edge_attribution(model, metric=metric, tokens=batch)
     assert hook_count() == count
     torch.testing.assert_close(model(batch.tokens), before, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("metric", ["loss", "induction"])
+def test_circuit_evidence_reuses_the_attribution_runs(metric):
+    """circuit_evidence patches with the clean activations and corrupted z the attribution's two passes left:
+    its patched effects equal a separate path_patching call, and only those two passes embed tokens (every
+    patched pass resumes at the receiver's layer). GQA with LayerNorm and MLPs covers the restored group heads."""
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=6)
+    batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(model)
+    embedded = []
+    handle = model.embed.register_forward_hook(lambda *args: embedded.append(1))
+    try:
+        evidence = circuit_evidence(model, metric=metric, tokens=batch, top_k=4)
+    finally:
+        handle.remove()
+    assert len(embedded) == 2
+    edges = [(e.src, e.dst, e.channel) for e in evidence.patching.edges]
+    alone = path_patching(model, edges, metric=metric, tokens=batch)
+    torch.testing.assert_close(evidence.patching.effects, alone.effects, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(torch.tensor([e.clean for e in evidence.patching.edges]),
+                               torch.tensor([e.clean for e in alone.edges]), atol=1e-6, rtol=1e-5)

@@ -1,5 +1,6 @@
 """What path patching and edge attribution share: the model under the contract, its weights per query head, the
-receivers' pre-attention normalisation, activation capture, and the senders' output differences.
+receivers' pre-attention normalisation, activation capture, the senders' corrupted ``z``, and the clean
+activations one measurement leaves for the next on the same batch (:class:`CleanRun`).
 
 Sender output (row convention): head ``(l1, h1)`` writes ``z[l1][:, :, h1] @ W_O[l1, h1]`` ``[batch, pos,
 d_model]`` into the residual stream; its difference ``delta = (z_corrupt - z_clean) @ W_O`` is what an edge
@@ -11,7 +12,7 @@ normalisation (``cfg.normalization_type``), else the identity.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +28,20 @@ Norm = Callable[[Tensor], Tensor]
 
 
 @dataclass
+class CleanRun:
+    """Activations of the clean batch kept by one measurement (edge attribution) for the next (path patching)
+    in the same :class:`Context`: ``z`` ``[batch, pos, head, d_head]`` and ``resid`` (``resid_pre``,
+    ``[batch, pos, d_model]``) by layer, and for ``metric`` either its clean ``value`` (a metric of the logits) or
+    the receivers' ``patterns`` ``[batch, head, q, k]`` (``"induction"``)."""
+
+    metric: Any  # the resolved circuitkit.circuits.metrics.Metric these were measured for
+    z: dict[int, Tensor]
+    resid: dict[int, Tensor]
+    patterns: dict[int, Tensor] = field(default_factory=dict)
+    value: float | None = None
+
+
+@dataclass
 class Context:
     """A model ready for edge measurements on one batch."""
 
@@ -38,6 +53,8 @@ class Context:
     corrupt: str
     corrupt_seed: int
     corrupt_batch: TokenBatch | None = None  # a given corrupted batch (corrupt is then "given")
+    clean: CleanRun | None = None  # what a clean pass left for later measurements on this batch
+    z_corrupt: dict[int, Tensor] = field(default_factory=dict)  # the senders' corrupted z, by layer, as computed
 
     @property
     def spec(self):
@@ -131,22 +148,23 @@ def capture(
 
 def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -> dict[int, Tensor]:
     """The senders' corrupted ``z`` per layer ``[batch, pos, head, d_head]``: from the resampled batch, or the
-    clean batch mean at each position (``corrupt="mean"``)."""
+    clean batch mean at each position (``corrupt="mean"``). Kept in ``ctx``: a later call for the same layers
+    runs nothing."""
     layers = sorted(set(layers))
-    if ctx.corrupt == "mean":
-        return {layer: clean_z[layer].mean(dim=0, keepdim=True).expand_as(clean_z[layer]) for layer in layers}
-    corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
-    with torch.no_grad():
-        # the pass ends at the last sender's z: later layers and the unembedding are not needed
-        _, kept = capture(ctx, corrupted.tokens, [HOOKS.z(layer) for layer in layers], stop_after=HOOKS.z(layers[-1]))
-    return {layer: kept[HOOKS.z(layer)] for layer in layers}
+    missing = [layer for layer in layers if layer not in ctx.z_corrupt]
+    if missing and ctx.corrupt == "mean":
+        ctx.z_corrupt.update({layer: clean_z[layer].mean(dim=0, keepdim=True).expand_as(clean_z[layer])
+                              for layer in missing})
+    elif missing:
+        corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
+        names = [HOOKS.z(layer) for layer in missing]
+        with torch.no_grad():
+            # the pass ends at the last sender's z: later layers and the unembedding are not needed
+            _, kept = capture(ctx, corrupted.tokens, names, stop_after=names[-1])
+        ctx.z_corrupt.update({layer: kept[HOOKS.z(layer)] for layer in missing})
+    return {layer: ctx.z_corrupt[layer] for layer in layers}
 
 
-def sender_delta(ctx: Context, z_clean: Tensor, z_corrupt: Tensor, layer: int, heads: Tensor) -> Tensor:
-    """``(z_corrupt - z_clean)[:, :, h] @ W_O[layer, h]`` for each ``h`` in ``heads``: ``[n, batch, pos, d_model]``."""
-    dz = (z_corrupt - z_clean)[:, :, heads]  # [B, P, n, dh]
-    W_O = ctx.W_O[layer, heads].to(dz.dtype)  # [n, dh, d_model]
-    return torch.einsum("bpnd,ndm->nbpm", dz, W_O)
-
-
-__all__ = ["DEFAULT_CORRUPT_SEED", "Context", "StopForward", "capture", "context", "corrupt_z", "sender_delta"]
+__all__ = [
+    "DEFAULT_CORRUPT_SEED", "CleanRun", "Context", "StopForward", "capture", "context", "corrupt_z",
+]

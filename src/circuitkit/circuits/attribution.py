@@ -45,9 +45,9 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, StopForward, context, corrupt_z
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, CleanRun, Context, StopForward, context, corrupt_z
 from circuitkit.circuits.edges import CHANNELS
-from circuitkit.circuits.metrics import InductionReader, check_value, resolve_metric
+from circuitkit.circuits.metrics import InductionReader, Metric, check_value, resolve_metric
 from circuitkit.detect.attribution import frozen_parameters
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import HOOKS
@@ -130,7 +130,12 @@ def edge_attribution(
     :func:`~circuitkit.circuits.path_patching` (``metric`` ``"loss"``, ``"induction"`` or a differentiable callable
     ``metric(logits, batch) -> scalar``; ``corrupt`` ``"resample"``, ``"mean"`` or a corrupted ``TokenBatch``)."""
     ctx = context(model, tokens, corrupt, corrupt_seed, device, "edge_attribution")
-    m = resolve_metric(metric, "edge_attribution")
+    return attribute(ctx, resolve_metric(metric, "edge_attribution"))
+
+
+def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
+    """:func:`edge_attribution` in a prepared context; leaves the clean activations in ``ctx.clean`` and the
+    corrupted ``z`` in ``ctx.z_corrupt`` for a later :func:`~circuitkit.circuits.patching.patch` on the batch."""
     spec = ctx.spec
     L, H = spec.n_layers, spec.n_heads
     scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
@@ -163,7 +168,8 @@ def edge_attribution(
 
 def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int, Tensor], float]:
     """One clean forward pass with gradients and one backward pass: ``dM/d(q, k, v)`` per query head for every
-    layer >= 1 (``grads[(c, l)]`` ``[batch, pos, head, d_head]``), the clean ``z`` and normalised-layer inputs."""
+    layer >= 1 (``grads[(c, l)]`` ``[batch, pos, head, d_head]``), the clean ``z`` and ``resid_pre`` of layers >= 1
+    (also kept in ``ctx.clean``) and the metric's value."""
     spec = ctx.spec
     L, gs = spec.n_layers, ctx.group_size
     acts: dict[tuple[str, int], Tensor] = {}
@@ -217,8 +223,7 @@ def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int
             continue
         hooks += [(getattr(HOOKS, c)(layer), keep((c, layer))) for c in CHANNELS]
         hooks.append((HOOKS.pattern(layer), on_pattern(layer)))
-        if ctx.norms[layer] is not None:
-            hooks.append((HOOKS.resid_pre(layer), keep_resid(layer)))
+        hooks.append((HOOKS.resid_pre(layer), keep_resid(layer)))
     with torch.enable_grad():
         try:
             logits = ctx.adapter.run(ctx.batch.tokens, hooks)
@@ -245,7 +250,10 @@ def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int
                 else:
                     grads[("v", layer)] = _per_query_head(acts[("z", layer)], acts[("v", layer)],
                                                           grads[("z", layer)], gs, head_axis=2)
-    return grads, clean_z, resid, float(total.detach())
+    value = float(total.detach())
+    patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
+    ctx.clean = CleanRun(m, clean_z, resid, patterns, None if m.local else value)
+    return grads, clean_z, resid, value
 
 
 def _per_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, gs: int, head_axis: int) -> Tensor:

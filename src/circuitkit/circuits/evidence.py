@@ -30,11 +30,12 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED
-from circuitkit.circuits.attribution import EdgeAttribution, edge_attribution
-from circuitkit.circuits.edges import CHANNELS
-from circuitkit.circuits.patching import PathPatching, path_patching
-from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
+from circuitkit.circuits.attribution import EdgeAttribution, attribute
+from circuitkit.circuits.edges import CHANNELS, parse_edges
+from circuitkit.circuits.metrics import resolve_metric
+from circuitkit.circuits.patching import PathPatching, patch
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import adapt
 from circuitkit.ranking import Head, head_name, top_indices
 
@@ -176,13 +177,13 @@ def circuit_evidence(
         raise validate.fail("circuit_evidence: model", validate.given(f"a model with {L} layer"),
                             "at least 2 layers (an edge runs from an earlier layer to a later one)")
     comp = _composition(model, composition, L, H)
-    batch = as_batch(tokens, adapter)  # built once: attribution and patching measure the same batch
-    attribution = edge_attribution(adapter, metric=metric, corrupt=corrupt, tokens=batch,
-                                   corrupt_seed=corrupt_seed)
+    # one context: patching reuses the clean activations and corrupted z the attribution's passes left
+    ctx = context(adapter, tokens, corrupt, corrupt_seed, None, "circuit_evidence")
+    m = resolve_metric(metric, "circuit_evidence")
+    attribution = attribute(ctx, m)
     by_attribution = attribution.top(max(top_k, n_patch))
     patch_edges = [(e.src, e.dst, e.channel) for e in by_attribution[:n_patch]]
-    patching = path_patching(adapter, patch_edges, metric=metric, corrupt=corrupt, tokens=batch,
-                             corrupt_seed=corrupt_seed)
+    patching = patch(ctx, parse_edges(patch_edges, "all", spec, where="circuit_evidence"), m)
     keys: dict[tuple[Head, Head, str], None] = {}
     for e in by_attribution[:top_k]:
         keys[(e.src, e.dst, e.channel)] = None
@@ -209,13 +210,13 @@ def circuit_evidence(
     effects = [p if p is not None else a for *_, a, p in raw]
     largest = max((abs(e) for e in effects), default=0.0)
     rows = []
-    for (src, dst, c, comp_value, attr, patch), effect in zip(raw, effects, strict=True):
+    for (src, dst, c, comp_value, attr, patched_value), effect in zip(raw, effects, strict=True):
         weight_only = effect_only = False
         if comp_value is not None and largest > 0:
             strong, weak = quantiles[c]
             weight_only = comp_value >= strong and abs(effect) < CARRIES_NOTHING_FRACTION * largest
             effect_only = comp_value < weak and abs(effect) >= STRONG_EFFECT_FRACTION * largest
-        rows.append(EdgeEvidence(src, dst, c, comp_value, attr, patch, weight_only, effect_only))
+        rows.append(EdgeEvidence(src, dst, c, comp_value, attr, patched_value, weight_only, effect_only))
     rows.sort(key=lambda r: (r.patched is None, -abs(r.effect)))
     return CircuitEvidence(tuple(rows), attribution.metric, attribution.corrupt, attribution, patching)
 

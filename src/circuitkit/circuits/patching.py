@@ -151,23 +151,19 @@ def path_patching(
     m = resolve_metric(metric, "path_patching")
     if edges_per_pass is not None:
         edges_per_pass = validate.positive_int("path_patching: edges_per_pass", edges_per_pass)
+    return patch(ctx, specs, m, edges_per_pass)
+
+
+def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | None = None) -> PathPatching:
+    """:func:`path_patching` of parsed edges in a prepared context. Reuses the clean activations an earlier
+    :func:`~circuitkit.circuits.attribution.attribute` left in ``ctx.clean`` (same metric) and the corrupted
+    ``z`` in ``ctx.z_corrupt``; runs its own clean pass otherwise."""
     batch = ctx.batch
-    L = ctx.spec.n_layers
-    receivers = sorted({e.dst[0] for e in specs})
-    names = [HOOKS.z(layer) for layer in range(L)] + [HOOKS.resid_pre(layer) for layer in receivers]
-    if m.local:
-        names += [HOOKS.pattern(layer) for layer in receivers]
     with torch.no_grad():
-        logits, kept = capture(ctx, batch.tokens, names)
-        z_clean = {layer: kept[HOOKS.z(layer)] for layer in range(L)}
+        z_clean, resid, clean, dtype = _clean_run(ctx, specs, m)
         z_corrupt = corrupt_z(ctx, z_clean, {e.src[0] for e in specs})
-        reader = InductionReader(batch, logits.dtype if logits.is_floating_point() else torch.float32)
-        if m.local:
-            clean = [float(reader(kept[HOOKS.pattern(e.dst[0])][:, e.dst[1]])) for e in specs]
-        else:
-            value = float(check_value(m.fn(logits, batch), "path_patching: metric(clean logits)"))
-            clean = [value] * len(specs)
-        per_pass = edges_per_pass or _edges_per_pass(ctx, m, logits)
+        reader = InductionReader(batch, dtype)
+        per_pass = edges_per_pass or _edges_per_pass(ctx, m, dtype)
         by_layer: dict[int, list[int]] = defaultdict(list)
         for i, e in enumerate(specs):
             by_layer[e.dst[0]].append(i)
@@ -175,7 +171,8 @@ def path_patching(
         for layer, indices in sorted(by_layer.items()):
             for start in range(0, len(indices), per_pass):
                 chunk = indices[start : start + per_pass]
-                values = _patched_pass(ctx, layer, [specs[i] for i in chunk], kept, z_clean, z_corrupt, m, reader)
+                values = _patched_pass(ctx, layer, [specs[i] for i in chunk], resid[layer], z_clean, z_corrupt, m,
+                                       reader)
                 for i, value in zip(chunk, values, strict=True):
                     patched[i] = value
     validate.finite_result("path_patching", torch.tensor(patched), why="the patched runs overflowed")
@@ -185,11 +182,41 @@ def path_patching(
     return PathPatching(effects, m.name, ctx.corrupt)
 
 
-def _edges_per_pass(ctx: Context, m: Metric, logits: Tensor) -> int:
+def _clean_run(
+    ctx: Context, specs: list[EdgeSpec], m: Metric
+) -> tuple[dict[int, Tensor], dict[int, Tensor], list[float], torch.dtype]:
+    """The clean ``z`` and ``resid_pre`` by layer, the clean metric per edge and the activations' dtype: from
+    ``ctx.clean`` where it holds all of them for ``m``, else from one clean pass."""
+    receivers = sorted({e.dst[0] for e in specs})
+    needed_z = {e.src[0] for e in specs}
+    if ctx.group_size > 1 and not m.local:
+        needed_z |= set(receivers)  # the group's other query heads are restored from the clean z
+    cached = ctx.clean
+    if (cached is not None and cached.metric is m and needed_z <= cached.z.keys()
+            and set(receivers) <= cached.resid.keys() and (not m.local or set(receivers) <= cached.patterns.keys())):
+        z_clean, resid, patterns, value = cached.z, cached.resid, cached.patterns, cached.value
+        dtype = next(iter(z_clean.values())).dtype
+    else:
+        names = [HOOKS.z(layer) for layer in sorted(needed_z)] + [HOOKS.resid_pre(layer) for layer in receivers]
+        if m.local:
+            names += [HOOKS.pattern(layer) for layer in receivers]
+        logits, kept = capture(ctx, ctx.batch.tokens, names)
+        z_clean = {layer: kept[HOOKS.z(layer)] for layer in needed_z}
+        resid = {layer: kept[HOOKS.resid_pre(layer)] for layer in receivers}
+        patterns = {layer: kept[HOOKS.pattern(layer)] for layer in receivers} if m.local else {}
+        value = None if m.local else float(check_value(m.fn(logits, ctx.batch), "path_patching: metric(clean logits)"))
+        dtype = logits.dtype if logits.is_floating_point() else torch.float32
+    if m.local:
+        reader = InductionReader(ctx.batch, dtype)
+        return z_clean, resid, [float(reader(patterns[e.dst[0]][:, e.dst[1]])) for e in specs], dtype
+    return z_clean, resid, [value] * len(specs), dtype
+
+
+def _edges_per_pass(ctx: Context, m: Metric, dtype: torch.dtype) -> int:
     B, P = ctx.batch.tokens.shape
     spec = ctx.spec
     width = spec.n_heads * P if m.local else max(spec.d_vocab, 4 * spec.d_model)
-    per_edge = B * P * (width + 4 * spec.d_model) * logits.element_size()
+    per_edge = B * P * (width + 4 * spec.d_model) * dtype.itemsize
     return max(1, PASS_MEMORY_BUDGET // per_edge)
 
 
@@ -197,17 +224,17 @@ def _patched_pass(
     ctx: Context,
     layer: int,
     edges: list[EdgeSpec],
-    kept: dict[str, Tensor],
+    resid: Tensor,
     z_clean: dict[int, Tensor],
     z_corrupt: dict[int, Tensor],
     m: Metric,
     reader: InductionReader,
 ) -> list[float]:
-    """The metric with each of ``edges`` (all into ``layer``) patched, one stacked copy of the batch per edge."""
+    """The metric with each of ``edges`` (all into ``layer``) patched, one stacked copy of the batch per edge;
+    ``resid`` ``[B, P, d_model]`` is the layer's clean ``resid_pre``."""
     E = len(edges)
     spec = ctx.spec
     B, P = ctx.batch.tokens.shape
-    resid = kept[HOOKS.resid_pre(layer)]  # [B, P, d_model]
     deltas = torch.stack(
         [(z_corrupt[e.src[0]][:, :, e.src[1]] - z_clean[e.src[0]][:, :, e.src[1]]) @ ctx.W_O[e.src[0], e.src[1]]
          for e in edges]
