@@ -1,5 +1,6 @@
 """A model whose layers are offloaded (accelerate, through load_model's device_map) scores like the same model
-loaded whole: head scores, attribution, exact ablation and composition.
+loaded whole: head scores, attribution, exact ablation, composition, edge attribution and path patching, and the
+whole scan.
 
 The machine has no GPU, so "sharded" here means some decoder layers offloaded to disk (their parameters sit on the
 meta device and accelerate's hooks bring them in for each forward), the rest on the CPU: the path a model larger
@@ -89,6 +90,39 @@ def test_ablation_equal(pair, resume):
     torch.testing.assert_close(b.effect, a.effect, atol=SHARD_TOL, rtol=0)
 
 
+
+@pytest.mark.parametrize("metric", ["loss", "induction"])
+def test_edge_attribution_and_path_patching_equal(pair, metric):
+    """The edge engine reads each receiver's ln1 (weight, eps, and calls it) outside the block's forward: on an
+    offloaded layer that must bring the norm's weights in too."""
+    from circuitkit.circuits import circuit_evidence
+
+    whole, sharded = pair
+    a = circuit_evidence(whole, metric=metric, tokens=TOKENS, top_k=4)
+    b = circuit_evidence(sharded, metric=metric, tokens=TOKENS, top_k=4)
+    # relative to each result's scale: the induction effects of a random tiny GPT-2 are ~1e-5
+    scale = float(a.attribution.scores.nan_to_num().abs().max())
+    assert scale > 0
+    torch.testing.assert_close(b.attribution.scores, a.attribution.scores, atol=SHARD_TOL * scale, rtol=SHARD_TOL,
+                               equal_nan=True)
+    assert [e.name for e in b.patching.edges] == [e.name for e in a.patching.edges]
+    scale = float(a.patching.effects.abs().max())
+    assert scale > 0
+    torch.testing.assert_close(b.patching.effects, a.patching.effects, atol=SHARD_TOL * scale, rtol=SHARD_TOL)
+    assert all(p.grad is None for p in sharded.parameters())
+
+
+def test_scan_equal(pair):
+    """The whole pipeline, edge evidence included, on the offloaded model."""
+    from circuitkit import scan
+
+    whole, sharded = pair
+    a = scan(whole, tokens=TOKENS, ablate="top", progress=False)
+    b = scan(sharded, tokens=TOKENS, ablate="top", progress=False)
+    torch.testing.assert_close(b.ablation.effect, a.ablation.effect, atol=SHARD_TOL, rtol=0)
+    assert [r.name for r in b.circuit.rows] == [r.name for r in a.circuit.rows] and a.circuit.rows
+    torch.testing.assert_close(torch.tensor([r.attribution for r in b.circuit.rows]),
+                               torch.tensor([r.attribution for r in a.circuit.rows]), atol=SHARD_TOL, rtol=SHARD_TOL)
 
 
 def test_weight_scores_equal(pair):

@@ -11,7 +11,8 @@ normalisation (``cfg.normalization_type``), else the identity.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +110,45 @@ def _receiver_norm(adapter: ModelAdapter, layer: int) -> Norm | None:
             f"blocks[{layer}].ln1; expected the normalisation before attention as TransformerLens names it "
             "(path patching recomputes the receiver's input through it)."
         )
-    return norm
+    return ReceiverNorm(norm, _offloaded_holders(norm))
+
+
+class ReceiverNorm:
+    """A block's ``ln1``, callable outside the block's forward pass (path patching recomputes a receiver's input
+    through it; edge attribution reads its weight and pulls gradients back through it). Where accelerate has
+    offloaded its weights (a ``device_map`` with disk or CPU offload: parameters on ``meta``), each use brings
+    them in on the module's execution device and lets accelerate offload them again after."""
+
+    def __init__(self, module: Any, holders: tuple[Any, ...] = ()) -> None:
+        self.module = module
+        self.holders = holders  # the modules whose accelerate hooks hold the norm's weights
+
+    @contextlib.contextmanager
+    def loaded(self) -> Iterator[Any]:
+        """The module with its weights in memory (nothing to do unless offloaded)."""
+        with contextlib.ExitStack() as stack:
+            if self.holders:
+                from accelerate.utils import align_module_device
+
+                for holder in self.holders:
+                    stack.enter_context(align_module_device(holder))
+            yield self.module
+
+    def __call__(self, x: Tensor) -> Tensor:
+        with self.loaded() as module:
+            return module(x)
+
+
+def _offloaded_holders(norm: Any) -> tuple[Any, ...]:
+    """The norm's modules (itself, submodules) that carry an accelerate offload hook; () without accelerate."""
+    modules = getattr(norm, "modules", None)
+    if not callable(modules):
+        return ()
+    try:
+        from accelerate.utils import has_offloaded_params
+    except ImportError:  # accelerate absent: nothing can be offloaded
+        return ()
+    return tuple(m for m in modules() if has_offloaded_params(m))
 
 
 class StopForward(Exception):

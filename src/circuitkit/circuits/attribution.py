@@ -37,6 +37,7 @@ Entries with ``src layer >= dst layer`` are not edges: they are NaN (so rankings
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,15 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, CleanRun, Context, StopForward, context, corrupt_z
+from circuitkit.circuits._engine import (
+    DEFAULT_CORRUPT_SEED,
+    CleanRun,
+    Context,
+    ReceiverNorm,
+    StopForward,
+    context,
+    corrupt_z,
+)
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import InductionReader, Metric, check_value, resolve_metric
 from circuitkit.detect.attribution import frozen_parameters
@@ -355,17 +364,19 @@ class _Receiver:
 def _norm_terms(norm: Any, kind: str | None, x: Tensor) -> tuple[Tensor | None, float, bool] | None:
     """``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm, read from the module; ``None`` when the
     type (TransformerLens's ``normalization_type``), ``eps`` or the weight cannot be read."""
-    inner = getattr(norm, "original_component", None) or norm
-    eps = next((getattr(inner, n) for n in ("eps", "variance_epsilon") if isinstance(getattr(inner, n, None), float)),
-               None)
-    if kind is None or eps is None or not kind.startswith(("LN", "RMS")):
-        return None
-    gamma = None
-    if not kind.endswith("Pre"):
-        gamma = getattr(inner, "weight", None)
-        if not isinstance(gamma, Tensor) or gamma.shape != x.shape[-1:]:
+    with norm.loaded() if isinstance(norm, ReceiverNorm) else contextlib.nullcontext(norm) as module:
+        inner = getattr(module, "original_component", None) or module
+        eps = next((getattr(inner, n) for n in ("eps", "variance_epsilon")
+                    if isinstance(getattr(inner, n, None), float)), None)
+        if kind is None or eps is None or not kind.startswith(("LN", "RMS")):
             return None
-        gamma = gamma.detach().to(x.dtype)
+        gamma = None
+        if not kind.endswith("Pre"):
+            gamma = getattr(inner, "weight", None)
+            if not isinstance(gamma, Tensor) or gamma.shape != x.shape[-1:]:
+                return None
+            # a copy: an offloaded weight goes back to the meta device when the module is left
+            gamma = gamma.detach().to(device=x.device, dtype=x.dtype, copy=True)
     return gamma, eps, kind.startswith("LN")
 
 
