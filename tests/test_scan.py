@@ -167,3 +167,29 @@ def test_circuit_ablated_together_equals_hand_written_hooks(model, result):
     assert result.circuit_ablation["induction heads"] == pytest.approx(expected, abs=1e-4)
     assert expected > 3.0  # without its induction heads the model cannot copy: the repeats cost ~ the first copy
     assert set(result.circuit_ablation) == {"induction heads", "previous-token heads", "circuit"}
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence(kv_heads):
+    """The scan's edge attribution takes its clean half from the scan's own attribution pass (one backward of the
+    same loss); the table equals a standalone circuit_evidence on the same batch and composition scores."""
+    from circuitkit.circuits import circuit_evidence
+    from tests.conftest import boot_bridge
+
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=kv_heads, seed=7)
+    tokens = RepeatedTokens(block_len=6, batch=3, bos=False)
+    embedded = []
+    handle = model.embed.register_forward_hook(lambda *args: embedded.append(1))
+    try:
+        result = ck.scan(model, tokens=tokens, ablate="none")
+    finally:
+        handle.remove()
+    # the scan's clean pass with attribution and the evidence's corrupted pass; patching resumes mid-model
+    assert len(embedded) == 2
+    composition = {mode.lower(): scores for mode, scores in result.composition.items()}
+    alone = circuit_evidence(model, composition, tokens=tokens, top_k=result.settings.top_k)
+    scale = float(alone.attribution.scores.nan_to_num().abs().max())
+    torch.testing.assert_close(result.circuit.attribution.scores, alone.attribution.scores, equal_nan=True,
+                               atol=1e-5 * scale, rtol=1e-4)
+    assert [r.name for r in result.circuit.rows] == [r.name for r in alone.rows]
+    torch.testing.assert_close(result.circuit.patching.effects, alone.patching.effects, atol=1e-6, rtol=1e-4)

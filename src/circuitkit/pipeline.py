@@ -133,13 +133,16 @@ def scan(
     try:
         bar.stage("clean pass with attribution: head scores, loss, every head's estimated effect")
         collector = PatternCollector(adapter, batch)
-        # one forward (+ one backward) serves head scores, the loss, mean z, the residual streams and attribution
+        edge_tap = _edge_tap(adapter, batch) if with_evidence else None
+        # one forward (+ one backward) serves head scores, the loss, mean z, the residual streams, head attribution
+        # and the clean half of edge attribution
         attribution, run = attribute(
             adapter,
             batch,
             ablation_method,
             resid_layers=range(1, spec.n_layers) if resumable else (),
             observers=collector.hooks(),
+            taps=[edge_tap] if edge_tap is not None else [],
         )
         weights = adapter.weights()
         head_scores = collector.result(weights)
@@ -172,7 +175,7 @@ def scan(
         evidence = None
         if with_evidence:
             bar.stage("edge attribution and path patching")
-            evidence = _circuit_evidence(adapter, batch, composition, top_k)
+            evidence = _circuit_evidence(edge_tap, composition, top_k)
             bar.advance(EVIDENCE_COST)
     finally:
         bar.close()
@@ -268,13 +271,25 @@ def _spectra(weights: Any) -> dict[str, torch.Tensor]:
     return {circuit: singular_values(weights, circuit).float().cpu() for circuit in SPECTRA}
 
 
-def _circuit_evidence(adapter: ModelAdapter, batch: TokenBatch, composition: dict, top_k: int) -> Any:
-    """Edge-level evidence (:func:`circuitkit.circuits.circuit_evidence`) on the scan's batch, reusing its
-    composition scores (keyed by lower-case channel there)."""
-    from circuitkit.circuits import circuit_evidence
+def _edge_tap(adapter: ModelAdapter, batch: TokenBatch) -> Any:
+    """Edge attribution's clean pass (repeated-copies loss, resampled corruption) as a tap on the scan's
+    attribution pass: the same loss, differentiated once."""
+    from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
+    from circuitkit.circuits.attribution import GradientTap
+    from circuitkit.circuits.metrics import resolve_metric
 
-    channels = {mode.lower(): scores for mode, scores in composition.items()}
-    return circuit_evidence(adapter, channels or None, tokens=batch, top_k=top_k)
+    ctx = context(adapter, batch, "resample", DEFAULT_CORRUPT_SEED, None, "scan")
+    return GradientTap(ctx, resolve_metric("loss", "scan"), leaf=False)
+
+
+def _circuit_evidence(tap: Any, composition: dict, top_k: int) -> Any:
+    """Edge-level evidence (:func:`circuitkit.circuits.circuit_evidence`) on the scan's batch, from the tap's
+    clean pass and the scan's composition scores (keyed by lower-case channel there)."""
+    from circuitkit.circuits.evidence import evidence_in
+
+    # composition exists whenever evidence does (both need two layers)
+    channels = {mode.lower(): scores.float().cpu() for mode, scores in composition.items()}
+    return evidence_in(tap.ctx, tap.m, channels, top_k, top_k)
 
 
 __all__ = [

@@ -33,13 +33,16 @@ class CleanRun:
     """Activations of the clean batch kept by one measurement (edge attribution) for the next (path patching)
     in the same :class:`Context`: ``z`` ``[batch, pos, head, d_head]`` and ``resid`` (``resid_pre``,
     ``[batch, pos, d_model]``) by layer, and for ``metric`` either its clean ``value`` (a metric of the logits) or
-    the receivers' ``patterns`` ``[batch, head, q, k]`` (``"induction"``)."""
+    the receivers' ``patterns`` ``[batch, head, q, k]`` (``"induction"``); with ``grads`` where they came from a
+    pass that also differentiated the metric (:class:`circuitkit.circuits.attribution.GradientTap`)."""
 
     metric: Any  # the resolved circuitkit.circuits.metrics.Metric these were measured for
     z: dict[int, Tensor]
     resid: dict[int, Tensor]
     patterns: dict[int, Tensor] = field(default_factory=dict)
     value: float | None = None
+    grads: dict | None = None  # edge attribution's dM/d(q, k, v) per query head, by (channel, layer)
+    total: float | None = None  # the metric the gradients are of (for "induction", the sum of all heads' scores)
 
 
 @dataclass

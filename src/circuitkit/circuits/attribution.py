@@ -150,8 +150,12 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
     scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
     if L < 2:
         return EdgeAttribution(scores, m.name, ctx.corrupt, math.nan)
-    with frozen_parameters(ctx.adapter.model):
-        grads, clean_z, resid, value = _clean_gradients(ctx, m)
+    clean = ctx.clean
+    if clean is not None and clean.metric is m and clean.grads is not None:  # a host pass carried the GradientTap
+        grads, clean_z, resid, value = clean.grads, clean.z, clean.resid, clean.total
+    else:
+        with frozen_parameters(ctx.adapter.model):
+            grads, clean_z, resid, value = _clean_gradients(ctx, m)
     with torch.no_grad():
         z_corrupt = corrupt_z(ctx, clean_z, range(L - 1))
         work = torch.promote_types(clean_z[0].dtype, torch.float32)
@@ -175,81 +179,75 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
     return EdgeAttribution(scores, m.name, ctx.corrupt, value)
 
 
-def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int, Tensor], float]:
-    """One clean forward pass with gradients and one backward pass: ``dM/d(q, k, v)`` per query head for every
-    layer >= 1 (``grads[(c, l)]`` ``[batch, pos, head, d_head]``), the clean ``z`` and ``resid_pre`` of layers >= 1
-    (also kept in ``ctx.clean``) and the metric's value."""
-    spec = ctx.spec
-    L, gs = spec.n_layers, ctx.group_size
-    acts: dict[tuple[str, int], Tensor] = {}
-    clean_z: dict[int, Tensor] = {}
-    resid: dict[int, Tensor] = {}
-    reader = InductionReader(ctx.batch, torch.float32)
-    local_scores: list[Tensor] = []
-
-    def leaf(x: Tensor, hook: Any) -> Tensor:
-        # everything downstream is differentiated from here; layer 0 holds no receiver, so it builds no graph
-        return x.detach().requires_grad_(True)
-
-    def keep(key: tuple[str, int]):
-        # The returned copy is what the model computes on: a TransformerBridge hands hooks a reshaped view and
-        # only a returned tensor is put back into its computation.
-        def hook(x: Tensor, hook: Any) -> Tensor:
-            acts[key] = x.clone()
-            return acts[key]
-
-        return hook
-
-    def on_z(layer: int):
-        def hook(z: Tensor, hook: Any) -> Tensor:
-            clean_z[layer] = z.detach()
-            acts[("z", layer)] = z.clone()
-            return z.detach() if m.local else acts[("z", layer)]
-
-        return hook
-
-    def keep_resid(layer: int):
-        def hook(x: Tensor, hook: Any) -> None:
-            resid[layer] = x.detach()
-
-        return hook
-
-    def on_pattern(layer: int):
-        def hook(pattern: Tensor, hook: Any) -> Tensor:
-            pattern = acts[("pattern", layer)] = pattern.clone()
-            if m.local:
-                local_scores.append(reader(pattern.float().transpose(0, 1)).sum())
-                if layer == L - 1:
-                    raise StopForward  # the "induction" metric needs no logits
-            return pattern
-
-        return hook
-
-    hooks = [(HOOKS.resid_pre(1), leaf)]
-    for layer in range(L):
-        hooks.append((HOOKS.z(layer), on_z(layer)))
-        if layer == 0:
-            continue
-        hooks += [(getattr(HOOKS, c)(layer), keep((c, layer))) for c in CHANNELS]
-        hooks.append((HOOKS.pattern(layer), on_pattern(layer)))
-        hooks.append((HOOKS.resid_pre(layer), keep_resid(layer)))
+def _clean_gradients(ctx: Context, m: Metric) -> tuple[dict, dict[int, Tensor], dict[int, Tensor], float]:
+    """One clean forward pass with gradients and one backward pass (:class:`GradientTap` on a pass of its own):
+    ``dM/d(q, k, v)`` per query head for every layer >= 1 (``grads[(c, l)]`` ``[batch, pos, head, d_head]``), the
+    clean ``z`` and ``resid_pre`` of layers >= 1 (also kept in ``ctx.clean``) and the metric's value."""
+    tap = GradientTap(ctx, m, leaf=True)
     with torch.enable_grad():
         try:
-            logits = ctx.adapter.run(ctx.batch.tokens, hooks)
+            logits = ctx.adapter.run(ctx.batch.tokens, tap.hooks())
         except StopForward:
             logits = None
         if m.local:
-            total = torch.stack(local_scores).sum()
+            total = torch.stack(tap.local_scores).sum()
         else:
             total = check_value(m.fn(logits, ctx.batch), "edge_attribution: metric(clean logits)")
-        keys = [(c, layer) for layer in range(1, L) for c in CHANNELS]
+        found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
+        tap.finish(total, found)
+    clean = ctx.clean
+    return clean.grads, clean.z, clean.resid, float(total.detach())
+
+
+class GradientTap:
+    """The hooks and gradient requests of edge attribution's clean pass, so that it can ride on another pass that
+    differentiates the same metric (the scan's head attribution, :func:`circuitkit.detect.attribution.attribute`,
+    with the repeated-copies loss), saving a forward and a backward pass.
+
+    Protocol: register :meth:`hooks` on the pass (after the host's own hooks), differentiate the metric with
+    respect to :meth:`inputs` (``torch.autograd.grad(..., allow_unused=True, retain_graph=retain_graph)``, still
+    under ``enable_grad``) and hand the result to :meth:`finish`, which leaves ``ctx.clean`` (with ``grads``) for
+    :func:`attribute`. ``leaf=True`` (a pass of its own) starts the graph at layer 1's input; a host that
+    differentiates earlier activations itself needs ``leaf=False``."""
+
+    def __init__(self, ctx: Context, m: Metric, *, leaf: bool) -> None:
+        self.ctx, self.m, self.leaf = ctx, m, leaf
+        self.acts: dict[tuple[str, int], Tensor] = {}
+        self.clean_z: dict[int, Tensor] = {}
+        self.resid: dict[int, Tensor] = {}
+        self.local_scores: list[Tensor] = []
+        self._reader = InductionReader(ctx.batch, torch.float32) if m.local else None
+        L, gs = ctx.spec.n_layers, ctx.group_size
+        self.keys = [(c, layer) for layer in range(1, L) for c in CHANNELS]
         if gs > 1:
-            keys += [("pattern", layer) for layer in range(1, L)]
+            self.keys += [("pattern", layer) for layer in range(1, L)]
             if not m.local:
-                keys += [("z", layer) for layer in range(1, L)]
-        inputs = [acts[key] for key in keys]
-        found = torch.autograd.grad(total, inputs, allow_unused=True, retain_graph=gs > 1)
-        grads = {key: (torch.zeros_like(x) if g is None else g) for key, x, g in zip(keys, inputs, found, strict=True)}
+                self.keys += [("z", layer) for layer in range(1, L)]
+        self.retain_graph = gs > 1  # the per-query-head split of a group's gradient differentiates again
+
+    def hooks(self) -> list[tuple[str, Any]]:
+        L = self.ctx.spec.n_layers
+        hooks = [(HOOKS.resid_pre(1), self._leaf)] if self.leaf else []
+        for layer in range(L):
+            hooks.append((HOOKS.z(layer), self._on_z(layer)))
+            if layer == 0:
+                continue
+            hooks += [(getattr(HOOKS, c)(layer), self._keep((c, layer))) for c in CHANNELS]
+            hooks.append((HOOKS.pattern(layer), self._on_pattern(layer)))
+            hooks.append((HOOKS.resid_pre(layer), self._keep_resid(layer)))
+        return hooks
+
+    def inputs(self) -> list[Tensor]:
+        """The activations to differentiate the metric against (after the pass)."""
+        return [self.acts[key] for key in self.keys]
+
+    def finish(self, total: Tensor, found: tuple[Tensor | None, ...]) -> None:
+        """Per-query-head gradients from ``found`` (one per :meth:`inputs`), kept with the clean activations in
+        ``ctx.clean``."""
+        ctx, m, acts = self.ctx, self.m, self.acts
+        L, gs = ctx.spec.n_layers, ctx.group_size
+        grads = {key: (torch.zeros_like(acts[key]) if g is None else g.detach())
+                 for key, g in zip(self.keys, found, strict=True)}
         if gs > 1:
             for layer in range(1, L):
                 grads[("k", layer)] = _per_query_head(acts[("pattern", layer)], acts[("k", layer)],
@@ -259,10 +257,49 @@ def _clean_gradients(ctx: Context, m) -> tuple[dict, dict[int, Tensor], dict[int
                 else:
                     grads[("v", layer)] = _per_query_head(acts[("z", layer)], acts[("v", layer)],
                                                           grads[("z", layer)], gs, head_axis=2)
-    value = float(total.detach())
-    patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
-    ctx.clean = CleanRun(m, clean_z, resid, patterns, None if m.local else value)
-    return grads, clean_z, resid, value
+        value = float(total.detach())
+        patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
+        ctx.clean = CleanRun(m, self.clean_z, self.resid, patterns, None if m.local else value, grads, value)
+        self.acts = {}  # the graph is no longer needed
+
+    # ------------------------------------------------------------------ hooks
+    def _leaf(self, x: Tensor, hook: Any) -> Tensor:
+        # everything downstream is differentiated from here; layer 0 holds no receiver, so it builds no graph
+        return x.detach().requires_grad_(True)
+
+    def _keep(self, key: tuple[str, int]):
+        # The returned copy is what the model computes on: a TransformerBridge hands hooks a reshaped view and
+        # only a returned tensor is put back into its computation.
+        def hook(x: Tensor, hook: Any) -> Tensor:
+            self.acts[key] = x.clone()
+            return self.acts[key]
+
+        return hook
+
+    def _on_z(self, layer: int):
+        def hook(z: Tensor, hook: Any) -> Tensor:
+            self.clean_z[layer] = z.detach()
+            self.acts[("z", layer)] = z.clone()
+            return z.detach() if self.m.local else self.acts[("z", layer)]
+
+        return hook
+
+    def _keep_resid(self, layer: int):
+        def hook(x: Tensor, hook: Any) -> None:
+            self.resid[layer] = x.detach()
+
+        return hook
+
+    def _on_pattern(self, layer: int):
+        def hook(pattern: Tensor, hook: Any) -> Tensor:
+            pattern = self.acts[("pattern", layer)] = pattern.clone()
+            if self.m.local:
+                self.local_scores.append(self._reader(pattern.float().transpose(0, 1)).sum())
+                if layer == self.ctx.spec.n_layers - 1:
+                    raise StopForward  # the "induction" metric needs no logits
+            return pattern
+
+        return hook
 
 
 def _per_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, gs: int, head_axis: int) -> Tensor:
@@ -421,4 +458,4 @@ def _autograd_pullback(norm: Any, x: Tensor, u: Tensor) -> Tensor:
             return out.to(u.dtype)
 
 
-__all__ = ["AttributedEdge", "EdgeAttribution", "edge_attribution"]
+__all__ = ["AttributedEdge", "EdgeAttribution", "GradientTap", "edge_attribution"]

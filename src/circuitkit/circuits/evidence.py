@@ -30,10 +30,10 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, context
 from circuitkit.circuits.attribution import EdgeAttribution, attribute
 from circuitkit.circuits.edges import CHANNELS, parse_edges
-from circuitkit.circuits.metrics import resolve_metric
+from circuitkit.circuits.metrics import Metric, resolve_metric
 from circuitkit.circuits.patching import PathPatching, patch
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import adapt
@@ -179,11 +179,18 @@ def circuit_evidence(
     comp = _composition(model, composition, L, H)
     # one context: patching reuses the clean activations and corrupted z the attribution's passes left
     ctx = context(adapter, tokens, corrupt, corrupt_seed, None, "circuit_evidence")
-    m = resolve_metric(metric, "circuit_evidence")
+    return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch)
+
+
+def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_patch: int) -> CircuitEvidence:
+    """:func:`circuit_evidence` in a prepared context (checked arguments, ``comp`` ``channel -> [L, H, L, H]``):
+    where a host pass carried a :class:`~circuitkit.circuits.attribution.GradientTap` for ``ctx``, the
+    attribution runs only its corrupted pass."""
+    L, H = ctx.spec.n_layers, ctx.spec.n_heads
     attribution = attribute(ctx, m)
     by_attribution = attribution.top(max(top_k, n_patch))
     patch_edges = [(e.src, e.dst, e.channel) for e in by_attribution[:n_patch]]
-    patching = patch(ctx, parse_edges(patch_edges, "all", spec, where="circuit_evidence"), m)
+    patching = patch(ctx, parse_edges(patch_edges, "all", ctx.spec, where="circuit_evidence"), m)
     keys: dict[tuple[Head, Head, str], None] = {}
     for e in by_attribution[:top_k]:
         keys[(e.src, e.dst, e.channel)] = None

@@ -65,6 +65,7 @@ def attribute(
     *,
     resid_layers: Collection[int] = (),
     observers: Sequence[tuple[str, HookFn]] = (),
+    taps: Sequence[Any] = (),
 ) -> tuple[HeadEffects, CleanRun]:
     """One forward and one backward pass over ``batch``: the attribution :class:`HeadEffects` and the
     :class:`CleanRun` the same forward pass filled (losses, every layer's mean ``z``, the residual streams
@@ -72,6 +73,11 @@ def attribute(
 
     ``observers``: extra ``(hook name, fn)`` pairs called on the detached activation (e.g. a pattern scorer);
     their return value is ignored, so they cannot change the run.
+
+    ``taps``: further gradients of the same loss from the same backward pass, each an object with ``hooks()``
+    (identity hooks: they return what they were given, or an equal copy), ``inputs()`` (activations to
+    differentiate against, after the pass), ``retain_graph`` and ``finish(loss, grads)``
+    (:class:`circuitkit.circuits.attribution.GradientTap`, edge attribution's clean pass).
     """
     spec = adapter.spec
     run = CleanRun(batch=batch, losses=torch.empty(0))
@@ -102,6 +108,7 @@ def attribute(
     hooks: list[tuple[str, HookFn]] = [(name, observing(fn)) for name, fn in observers]
     hooks += [(HOOKS.resid_pre(layer), keep_resid) for layer in sorted(set(resid_layers))]
     hooks += [(HOOKS.z(layer), on_z) for layer in range(spec.n_layers)]
+    hooks += [hook for tap in taps for hook in tap.hooks()]
     with frozen_parameters(adapter.model), torch.enable_grad():
         logits = adapter.run(batch.tokens, hooks)
         missing = [layer for layer in range(spec.n_layers) if layer not in leaves]
@@ -114,7 +121,14 @@ def attribute(
         repeated = batch.repeated_copies.to(losses.device)
         loss = losses[:, repeated].mean()
         layers = sorted(leaves)
-        grads = torch.autograd.grad(loss, [leaves[layer] for layer in layers], allow_unused=True)
+        extra = [tap.inputs() for tap in taps]
+        grads = torch.autograd.grad(loss, [leaves[layer] for layer in layers] + [x for xs in extra for x in xs],
+                                    allow_unused=True, retain_graph=any(tap.retain_graph for tap in taps))
+        start = len(layers)
+        for tap, xs in zip(taps, extra, strict=True):
+            tap.finish(loss, grads[start : start + len(xs)])
+            start += len(xs)
+        grads = grads[: len(layers)]
     run.losses = losses.detach().cpu()
     effect = torch.zeros(spec.n_layers, spec.n_heads)
     for layer, grad in zip(layers, grads, strict=True):
