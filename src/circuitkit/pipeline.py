@@ -51,8 +51,9 @@ HEAD_CALL_NEUTRAL_RATIO = 3.0
 
 ATTRIBUTION_COST = 3.0
 """Progress units of one forward + backward pass, in forward passes (a backward costs about two forwards)."""
-EVIDENCE_COST = 16.0
-"""Progress units of the edge evidence (edge attribution about 8 passes, path patching of the top edges about 8)."""
+EDGE_ATTRIBUTION_COST = 2.0
+"""Progress units of edge attribution in the scan (its corrupted pass and the contraction; the clean half rides on
+the attribution pass). Path patching adds about one pass per patched edge (``top_k`` of them)."""
 
 
 class _Progress:
@@ -128,7 +129,8 @@ def scan(
     n_heads = spec.n_total_heads
     expected_exact = {"all": n_heads, "top": min(n_heads, ablate_top + 4), "none": 0}[ablate]
     with_evidence = circuit and spec.n_layers > 1
-    total = 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1 + EVIDENCE_COST * with_evidence
+    evidence_cost = (EDGE_ATTRIBUTION_COST + top_k) * with_evidence
+    total = 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1 + evidence_cost
     bar = _Progress(progress, total)
     try:
         bar.stage("clean pass with attribution: head scores, loss, every head's estimated effect")
@@ -176,7 +178,7 @@ def scan(
         if with_evidence:
             bar.stage("edge attribution and path patching")
             evidence = _circuit_evidence(edge_tap, composition, top_k)
-            bar.advance(EVIDENCE_COST)
+            bar.advance(evidence_cost)
     finally:
         bar.close()
 
