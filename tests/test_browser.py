@@ -13,7 +13,6 @@ skip. Playwright only drives the system Chromium (``playwright install`` is neve
 
 from __future__ import annotations
 
-import html
 import re
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from circuitkit.ranking import head_name, top_heads
 from circuitkit.report import CHROMIUM_FLAGS, MAX_REPORT_BYTES, build_report, export_pngs, save
 from circuitkit.report.page import CIRCUITSVIS_ID, GZIP_MIME
+from circuitkit.viz.attention import INERT_JOINER, inert_html_text
 from tests.conftest import require_browser
 from tests.report_fixtures import EVIL_TOKEN, SIZES, sized_scan
 
@@ -302,15 +302,16 @@ def test_hostile_tokens_are_text_in_the_circuitsvis_views(browser, reports):
     events = _open(browser, path)
     page = events["page"]
     try:
-        # what CircuitsVis is handed: the HTML-escaped (and, past 12 characters, shortened) token
+        # what CircuitsVis is handed: the inert (and, past 12 characters, shortened) token, as the Python views make it
         handed = page.evaluate("window.circuitkitReport.cvTokens()")
-        assert handed[-1] == html.escape(EVIL_TOKEN[:11], quote=True) + "\u2026"
+        assert handed[-1] == inert_html_text(EVIL_TOKEN[:11]) + "\u2026"
         assert page.locator("#ck-cv-circuit img, #ck-cv-pattern img, img").count() == 0
-        # CircuitsVis elements that write tokens with innerHTML (AttentionPatterns): the page's escaping shows the
-        # token as text, the raw token would become an <img> (the control: the check can fail)
-        for token in (EVIL_TOKEN, INNER_HTML_TOKEN):
+        # CircuitsVis elements that write tokens with innerHTML (AttentionPatterns): the page's inert text shows the
+        # token as itself (zero-width joiners aside), the raw token would become an <img> (the control: the check can
+        # fail)
+        for token in (EVIL_TOKEN, INNER_HTML_TOKEN, "<bos>", "a&amp;b"):
             shown = page.evaluate(_RENDER_TOKEN, [token, True])
-            assert shown["images"] == 0 and token in shown["text"].replace("\xa0", " ")
+            assert shown["images"] == 0 and token in shown["text"].replace("\xa0", " ").replace(INERT_JOINER, "")
         assert events["errors"] == [] and events["dialogs"] == []
         assert page.evaluate(_RENDER_TOKEN, [INNER_HTML_TOKEN, False])["images"] == 1
     finally:
@@ -327,7 +328,7 @@ _RENDER_TOKEN = """async ([token, escaped]) => {
     const box = document.createElement('div');
     box.id = 'ck-test-' + document.querySelectorAll('[id^="ck-test-"]').length;
     document.body.appendChild(box);
-    const shown = escaped ? window.circuitkitReport.htmlText(token) : token;
+    const shown = escaped ? window.circuitkitReport.inertText(token) : token;
     const props = {tokens: [shown, 'b'], attention: [[[1, 0], [0.5, 0.5]]]};
     CircuitsVis.render(box.id, CircuitsVis.AttentionPatterns, props);
     const drawn = () => box.querySelector('button');

@@ -3,11 +3,13 @@ agree with the model's own full cache."""
 
 from __future__ import annotations
 
-import html
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from circuitkit import CircuitkitError
 from circuitkit.viz import attention_heads, attention_patterns, model_patterns, token_strings, view_props
@@ -30,8 +32,10 @@ def test_attention_heads_props_equal_patterns_tokens_and_names():
     assert isinstance(view, CircuitsVisView)
     props = view_props(view)
     np.testing.assert_allclose(np.asarray(props["attention"]), patterns.numpy(), atol=JSON_ATOL, rtol=0)
-    assert props["tokens"] == ["a", "b", "&lt;c&gt;", "d", "a"]  # HTML text: CircuitsVis writes tokens as innerHTML
-    assert html.unescape(props["tokens"][2]) == tokens[2]
+    # inert HTML text (CircuitsVis writes tokens as innerHTML and draws them on canvases): a zero-width WORD JOINER
+    # after "<", so it opens no tag, and the token reads the same once the joiners are dropped
+    assert props["tokens"] == ["a", "b", "<\u2060c>", "d", "a"]
+    assert [t.replace("\u2060", "") for t in props["tokens"]] == tokens
     assert props["attentionHeadNames"] == ["0.1", "1.3"]
     assert props["maskUpperTri"] is True
 
@@ -84,3 +88,47 @@ def test_model_patterns_rejects_bad_heads_and_tokens(tiny_bridge):
         model_patterns(tiny_bridge, torch.arange(4), [(2, 0)])
     with pytest.raises(CircuitkitError, match="integer tensor"):
         model_patterns(tiny_bridge, torch.rand(4), [(0, 0)])
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_endtag(self, tag):
+        self.tags.append("/" + tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def handle_comment(self, data):
+        self.tags.append("!--")
+
+    def handle_decl(self, decl):
+        self.tags.append("!")
+
+    def unknown_decl(self, data):
+        self.tags.append("!")
+
+    def handle_pi(self, data):
+        self.tags.append("?")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("<>&/!?;#abx1 \"'=-")) | st.characters(), max_size=24))
+def test_inert_html_text_opens_no_tag_or_reference_and_reads_the_same(text):
+    """As element content (how CircuitsVis writes tokens with innerHTML), the inert text makes no tag, comment or
+    character reference: an HTML parser sees only the surrounding element and the text itself (joiners dropped)."""
+    from circuitkit.viz.attention import INERT_JOINER, inert_html_text
+
+    parser = _Collect()
+    parser.feed("<span>" + inert_html_text(text) + "</span>")
+    parser.close()
+    assert parser.tags == ["span", "/span"]
+    assert "".join(parser.text).replace(INERT_JOINER, "") == text.replace(INERT_JOINER, "")

@@ -22,8 +22,9 @@ Layout of the file:
 
 Escaping: every string from the model or the user (token strings, names) is HTML-escaped in markup, and
 ``<``/``>``/``&`` are written ``\\u003c``... inside JSON, so no token can close a script or inject markup;
-the script writes strings with ``textContent`` only. Tokens handed to CircuitsVis are HTML-escaped first in the
-page script, as :mod:`circuitkit.viz.attention` does (some CircuitsVis elements write tokens with ``innerHTML``).
+the script writes strings with ``textContent`` only. Tokens handed to CircuitsVis are made inert first in the
+page script (a zero-width WORD JOINER after each ``<`` and ``&``), as :mod:`circuitkit.viz.attention` does (some
+CircuitsVis elements write tokens with ``innerHTML``; its canvases draw them as text).
 The output is a pure function of the scan (no timestamps,
 fixed ids, ``gzip`` with ``mtime=0``): the same scan gives the same bytes.
 """

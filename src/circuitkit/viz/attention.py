@@ -14,14 +14,16 @@ Escaping. CircuitsVis writes its props with ``json.dumps`` straight into a ``<sc
 CircuitsVis a user- or model-supplied string: it renders placeholder tokens and head names, and the real ones are
 then written into both the offline and the CDN source by :func:`script_json`, which escapes ``<``, ``>``, ``&``
 and U+2028/U+2029 as JSON ``\\uXXXX`` escapes (the same strings once parsed, inert inside HTML). CircuitsVis
-then puts each token into the page as HTML (``innerHTML``, spaces turned into ``&nbsp;``), so tokens are also
-HTML-escaped (``html.escape``) first: ``<b>`` shows as the text ``<b>``. (Where CircuitsVis draws tokens on a
-canvas, the axis labels of the enlarged pattern, an escaped token shows its entities, e.g. ``&lt;b&gt;``.)
+then puts each token into the page as HTML element content (``innerHTML``, spaces turned into ``&nbsp;``), and
+draws it on canvases (the axis labels of the enlarged pattern) as plain text. :func:`inert_html_text` makes a
+token read the same both ways: a WORD JOINER (U+2060, zero width, never drawn) after each ``<`` and ``&``, so
+neither can open a tag or a character reference (HTML's tokenizer emits a ``<`` or ``&`` followed by anything
+else as text), and ``<b>`` shows as ``<b>`` in the page and on the canvas (``html.escape`` would leave
+``&lt;b&gt;`` on the canvas).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -111,9 +113,18 @@ def _with_props(rendered: RenderedHTML, **props: Any) -> CircuitsVisView:
     return CircuitsVisView(local_src, cdn_src)
 
 
+INERT_JOINER = "\u2060"
+"""WORD JOINER: zero width, not whitespace to CircuitsVis's ``/\\s/`` (so not turned into ``&nbsp;``)."""
+
+
+def inert_html_text(text: str) -> str:
+    """``text`` as HTML element content that shows ``text`` itself: a WORD JOINER after each ``<`` and ``&``
+    (CircuitsVis writes tokens with ``innerHTML`` and also draws them on canvases; see the module docstring)."""
+    return text.replace("&", "&" + INERT_JOINER).replace("<", "<" + INERT_JOINER)
+
+
 def _html_tokens(tokens: list[str]) -> list[str]:
-    """Tokens as HTML text: CircuitsVis writes them with ``innerHTML``."""
-    return [html.escape(token, quote=True) for token in tokens]
+    return [inert_html_text(token) for token in tokens]
 
 
 def _placeholders(prefix: str, count: int) -> list[str]:

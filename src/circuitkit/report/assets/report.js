@@ -9,8 +9,8 @@
  * Attention patterns are drawn by CircuitsVis: its bundle (#ck-lib-circuitsvis, packed like the blobs) is run
  * once; the panel renders CircuitsVis.AttentionPattern of the selected head, #ck-cv-circuit renders
  * CircuitsVis.AttentionHeads of the circuit's heads (D.circuit_view), both from the pattern blob. Tokens are
- * HTML-escaped before CircuitsVis sees them (some of its elements write tokens with innerHTML), as
- * circuitkit.viz.attention does. If the bundle fails to load, a plain canvas draws the patterns and #ck-status
+ * made inert before CircuitsVis sees them (inertText: some of its elements write tokens with innerHTML, and its
+ * canvases draw them as text), as circuitkit.viz.attention does. If the bundle fails to load, a plain canvas draws the patterns and #ck-status
  * says so (<html data-ck-circuitsvis="failed">).
  * Marks <html data-ck-ready="true"> when drawn (CircuitsVis charts included), "error" on failure (the browser
  * test and PNG export wait for it).
@@ -41,9 +41,10 @@
   function fmt(v, digits) { return v === null || v === undefined ? "" : v.toFixed(digits === undefined ? 3 : digits); }
   function dpr() { return Math.max(1, Math.min(2, window.devicePixelRatio || 1)); }
 
-  function htmlText(text) {  // as Python's html.escape(text, quote=True)
-    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-      .replace(/"/g, "&quot;").replace(/'/g, "&#x27;");
+  // as circuitkit.viz.attention.inert_html_text: HTML element content that shows the text itself, in the page and
+  // on CircuitsVis's canvases (a zero-width WORD JOINER after each "<" and "&": neither opens a tag or a reference)
+  function inertText(text) {
+    return String(text).replace(/&/g, "&\u2060").replace(/</g, "<\u2060");
   }
 
   async function unpack(node) {
@@ -446,7 +447,7 @@
     CV.render("ck-cv-circuit", CV.AttentionHeads, {
       tokens: cvTokens,
       attention: heads.map(function (h) { return patternRows(h.head); }),
-      attentionHeadNames: heads.map(function (h) { return htmlText(headName(h.head) + " " + h.role); }),
+      attentionHeadNames: heads.map(function (h) { return inertText(headName(h.head) + " " + h.role); }),
       maxValue: 1, minValue: 0, maskUpperTri: D.pattern.triangular
     });
   }
@@ -583,7 +584,7 @@
     L = D.n_layers; H = D.n_heads; N = L * H;
     cols = D.columns;
     cvTokens = D.tokens.map(function (t) {
-      return htmlText(t.length > CV_TOKEN_CHARS ? t.slice(0, CV_TOKEN_CHARS - 1) + "\u2026" : t);
+      return inertText(t.length > CV_TOKEN_CHARS ? t.slice(0, CV_TOKEN_CHARS - 1) + "\u2026" : t);
     });
     cols.forEach(function (c) { c.topSet = {}; c.top.forEach(function (i) { c.topSet[i] = true; }); });
     tip = el("div", {id: "ck-tip", "class": "ck-tip"});
@@ -655,7 +656,7 @@
     select: function (name) { select(parseHead(name), "api"); },
     showMode: showMode,
     sortBy: sortBy,
-    htmlText: htmlText,
+    inertText: inertText,
     cvTokens: function () { return cvTokens.slice(); },
     wholeModel: function () { win = {s0: 0, s1: L - 1, d0: 0, d1: L - 1}; drawComposition(); }
   };
