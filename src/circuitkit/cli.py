@@ -14,7 +14,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 from circuitkit import __version__
@@ -120,31 +119,12 @@ def _device_map(text: str | None) -> Any:
     return value
 
 
-def prepare_out_dir(out: str) -> Path:
-    """Create ``out`` (and parents) and check a file can be written there, before the scan runs."""
-    path = Path(out).expanduser()
-    try:
-        if path.exists() and not path.is_dir():
-            raise CircuitkitError(
-                f"--out: given {out!r}, which is a file; expected a directory to write report.html into."
-            )
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".circuitkit-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise CircuitkitError(
-            f"--out: cannot write to {out!r} ({error.strerror or type(error).__name__}); expected a writable "
-            "directory. Pass --out with a path you can write."
-        ) from None
-    return path
-
-
 def run_scan(args: argparse.Namespace) -> int:
     import circuitkit as ck
     from circuitkit.detect.tokens import RepeatedTokens
+    from circuitkit.report.saving import prepare_directory
 
-    out = prepare_out_dir(args.out)
+    out = prepare_directory(args.out, where="--out", probe=True)
     model = args.model
     device_map = _device_map(args.device_map)
     if device_map is not None:

@@ -55,7 +55,7 @@ def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedR
 
     check_scan("save: scan", scan)
     png = validate.boolean("save: png", png)
-    out = _directory(out_dir)
+    out = prepare_directory(out_dir)
     files = {REPORT_NAME: build_report(scan).encode("utf-8"), SCORES_NAME: scores_text(scan).encode("utf-8")}
     write_together(out, files)
     pngs: tuple[Path, ...] = ()
@@ -66,20 +66,27 @@ def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedR
     return SavedReport(report=out / REPORT_NAME, scores=out / SCORES_NAME, pngs=pngs)
 
 
-def _directory(out_dir: str | os.PathLike) -> Path:
+def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir", probe: bool = False) -> Path:
+    """``out_dir`` checked (a non-empty path that is not a file) and created with its parents; with ``probe``, an
+    empty file is written there and removed, so that an unwritable directory fails before any work (the CLI
+    checks ``--out`` before the scan runs). Errors name ``where``."""
     if not isinstance(out_dir, (str, os.PathLike)) or isinstance(os.fspath(out_dir), bytes):
-        raise validate.fail("save: out_dir", out_dir, "a directory path (str or os.PathLike)")
+        raise validate.fail(where, out_dir, "a directory path (str or os.PathLike)")
     text = os.fspath(out_dir)
     if not text.strip() or "\0" in text:
-        raise validate.fail("save: out_dir", text, "a non-empty directory path without NUL characters")
-    out = Path(text)
+        raise validate.fail(where, text, "a non-empty directory path without NUL characters")
+    out = Path(text).expanduser()
     if out.exists() and not out.is_dir():
-        raise validate.fail("save: out_dir", text, "a directory (this is a file)", "Pick another --out.")
+        raise validate.fail(where, text, "a directory to write report.html into, not a file", "Pick another path.")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        if probe:
+            check = out / f"{TEMP_PREFIX}write-test"
+            check.write_bytes(b"")
+            check.unlink()
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or str(error)
-        raise validate.fail("save: out_dir", text, f"a directory that can be created ({reason})") from error
+        raise validate.fail(where, text, f"a writable directory (cannot write to it: {reason})") from error
     return out
 
 
