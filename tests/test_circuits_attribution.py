@@ -300,3 +300,18 @@ def test_circuit_evidence_reuses_the_attribution_runs(metric):
     torch.testing.assert_close(evidence.patching.effects, alone.effects, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(torch.tensor([e.clean for e in evidence.patching.edges]),
                                torch.tensor([e.clean for e in alone.edges]), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
+def test_cuda_evidence_equals_cpu():
+    """Edge attribution and path patching on the GPU equal the CPU run (GQA, LayerNorm, MLPs)."""
+    cpu_model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=8)
+    batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(cpu_model)
+    cpu = circuit_evidence(cpu_model, tokens=batch, top_k=4)
+    gpu_model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=8)
+    gpu = circuit_evidence(gpu_model, tokens=batch, top_k=4, device="cuda")
+    scale = float(cpu.attribution.scores.nan_to_num().abs().max())
+    torch.testing.assert_close(gpu.attribution.scores, cpu.attribution.scores, equal_nan=True,
+                               atol=1e-4 * scale, rtol=1e-3)
+    assert [e.name for e in gpu.patching.edges] == [e.name for e in cpu.patching.edges]
+    torch.testing.assert_close(gpu.patching.effects, cpu.patching.effects, atol=1e-4, rtol=1e-3)
