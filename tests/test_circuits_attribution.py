@@ -220,7 +220,7 @@ def test_receiver_contraction_equals_autograd(kind):
     cotangent; and summing over chunks of positions equals the whole."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from circuitkit.circuits.attribution import _Receiver
+    from circuitkit.circuits.attribution import _closed_form, _Receiver
 
     g = torch.Generator().manual_seed(0)
     d_model, d_head, k, n, senders = 32, 4, 6, 20, 5
@@ -244,11 +244,12 @@ def test_receiver_contraction_equals_autograd(kind):
     (pulled,) = torch.autograd.grad(norm(expanded), expanded, grad_outputs=cot)
     reference = deltas.flatten(1) @ pulled.flatten(1).T  # [senders, k]
 
-    receiver = _Receiver.from_parts(grad, W, norm, {"lying": "LN", "unknown": None}.get(kind, kind), x)
-    assert (receiver.pullback is None) == (kind not in ("unknown", "lying"))  # the closed form where it applies
-    got = receiver.contract(deltas, slice(0, n))
+    form = _closed_form(norm, {"lying": "LN", "unknown": None}.get(kind, kind), x)
+    assert (form is not None) == (kind not in ("unknown", "lying"))  # the closed form where it applies
+    got = _Receiver.from_parts(grad, W, norm, x, form).contract(deltas)
     torch.testing.assert_close(got, reference, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
-    chunked = receiver.contract(deltas[:, :7], slice(0, 7)) + receiver.contract(deltas[:, 7:], slice(7, n))
+    chunked = sum(_Receiver.from_parts(grad[:, part], W, norm, x[part], form).contract(deltas[:, part])
+                  for part in (slice(0, 7), slice(7, n)))
     torch.testing.assert_close(chunked, got, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
 
 

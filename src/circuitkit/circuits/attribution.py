@@ -161,7 +161,10 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
         work = torch.promote_types(clean_z[0].dtype, torch.float32)
         dz = [(z_corrupt[s] - clean_z[s]).flatten(0, 1).transpose(0, 1).to(work) for s in range(L - 1)]  # [H, N, dh]
         W_O = ctx.W_O[: L - 1].to(work)
-        receivers = [_Receiver.build(ctx, l2, grads, resid.get(l2), work) for l2 in range(1, L)]
+        # per receiver layer: its normalisation's input [N, d_model] and whether the closed form applies to it
+        x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
+        kind = getattr(ctx.adapter.model.cfg, "normalization_type", None)
+        forms = {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}
         totals = [torch.zeros(l2 * H, len(CHANNELS) * H, dtype=work, device=W_O.device) for l2 in range(1, L)]
         n_positions, d_model = dz[0].shape[1], spec.d_model
         chunk = max(1, MAX_DELTA_BYTES // ((L - 1) * H * d_model * W_O.element_size()))
@@ -171,8 +174,10 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
             deltas = torch.empty(L - 1, H, part.stop - part.start, d_model, dtype=work, device=W_O.device)
             for s in range(L - 1):
                 torch.matmul(dz[s][:, part], W_O[s], out=deltas[s])
-            for l2, receiver in enumerate(receivers, start=1):
-                totals[l2 - 1] += receiver.contract(deltas[:l2].flatten(0, 1), part)
+            for l2 in range(1, L):
+                # built per chunk (one receiver layer in memory at a time); the closed-form check runs once
+                receiver = _Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work)
+                totals[l2 - 1] += receiver.contract(deltas[:l2].flatten(0, 1))
         for l2 in range(1, L):
             scores[:l2, :, l2] = totals[l2 - 1].reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
     validate.finite_result("edge_attribution", scores[~scores.isnan()], why="the gradients overflowed")
@@ -331,12 +336,17 @@ NORM_CHECK_POSITIONS = 64
 NORM_CHECK_SEED = 20231
 
 
+ClosedForm = tuple[Tensor | None, float, bool]
+"""``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm; ``gamma`` None for the ``...Pre`` kinds."""
+
+
 @dataclass
 class _Receiver:
-    """Receiver layer ``l2``'s heads seen from the residual stream, for :meth:`contract`.
+    """Receiver layer ``l2``'s heads seen from the residual stream on one chunk of ``n`` positions, for
+    :meth:`contract`.
 
-    ``g_{r,c}`` (module docstring) for every receiver ``k = (c, h2)`` is built on the fly per chunk of positions
-    ``n``: ``u[k, n] = W[k] @ grad[n, k]`` ``[d_model]``, then pulled back through the normalisation. For
+    ``g_{r,c}`` (module docstring) for every receiver ``k = (c, h2)`` is built on the fly:
+    ``u[k, n] = W[k] @ grad[n, k]`` ``[d_model]``, then pulled back through the normalisation. For
     LayerNorm / RMSNorm in closed form (``gamma`` the norm's weight, ``r = 1/sqrt(var + eps)``, ``xhat`` the
     normalised input)::
 
@@ -348,34 +358,32 @@ class _Receiver:
     ``d_head`` space, so only the first term touches ``d_model`` per receiver. Other norms: autograd
     (``pullback``)."""
 
-    grad: Tensor  # [k = 3 H, N, d_head] dM/d(q, k, v) per query head (times r where the closed form applies)
+    grad: Tensor  # [k = 3 H, n, d_head] dM/d(q, k, v) per query head (times r where the closed form applies)
     W: Tensor  # [k, d_head, d_model] W_c^T per query head (times gamma where the closed form applies)
-    a: Tensor | None = None  # [k, N, 1] LayerNorm's mean term
-    b: Tensor | None = None  # [k, N, 1] the xhat term
-    xhat: Tensor | None = None  # [N, d_model]
-    pullback: Any = None  # generic: (resid chunk [n, d_model], u [k, n, d_model]) -> dx
-    resid: Tensor | None = None  # [N, d_model], for the generic pullback
+    a: Tensor | None = None  # [k, n, 1] LayerNorm's mean term
+    b: Tensor | None = None  # [k, n, 1] the xhat term
+    xhat: Tensor | None = None  # [n, d_model]
+    pullback: Any = None  # generic: the norm, pulled back through by autograd
+    resid: Tensor | None = None  # [n, d_model], its input, for the generic pullback
 
     @classmethod
-    def build(cls, ctx: Context, layer: int, grads: dict, resid: Tensor | None, work: torch.dtype) -> _Receiver:
-        """Layer ``layer``'s receivers from ``grads[(c, layer)]`` ``[batch, pos, head, d_head]`` and the clean
-        input of its normalisation ``resid`` ``[batch, pos, d_model]``, in dtype ``work``."""
-        grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1).transpose(0, 1) for c in CHANNELS])
+    def build(cls, ctx: Context, layer: int, grads: dict, x: Tensor | None, form: ClosedForm | None, part: slice,
+              work: torch.dtype) -> _Receiver:
+        """Layer ``layer``'s receivers on the positions ``part``, from ``grads[(c, layer)]`` ``[batch, pos, head,
+        d_head]`` and its normalisation's input ``x`` ``[N, d_model]``, in dtype ``work``."""
+        grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1)[part].transpose(0, 1) for c in CHANNELS])
         W = torch.cat([ctx.W_in[c][layer] for c in CHANNELS]).transpose(1, 2)  # [k, d_head, d_model]
-        x = None if resid is None else resid.detach().flatten(0, 1)
-        kind = getattr(ctx.adapter.model.cfg, "normalization_type", None)
-        return cls.from_parts(grad.to(work), W.to(work), ctx.norms[layer], kind, None if x is None else x.to(work))
+        return cls.from_parts(grad.to(work), W.to(work), ctx.norms[layer], None if x is None else x[part], form)
 
     @classmethod
-    def from_parts(cls, grad: Tensor, W: Tensor, norm: Any, kind: str | None, x: Tensor | None) -> _Receiver:
-        """``grad`` ``[k, N, d_head]``, ``W`` ``[k, d_head, d_model]``; ``norm`` (None: no normalisation) of
-        TransformerLens ``normalization_type`` ``kind`` at its input ``x`` ``[N, d_model]``."""
+    def from_parts(cls, grad: Tensor, W: Tensor, norm: Any, x: Tensor | None, form: ClosedForm | None) -> _Receiver:
+        """``grad`` ``[k, n, d_head]``, ``W`` ``[k, d_head, d_model]``; ``norm`` (None: no normalisation) at its input
+        ``x`` ``[n, d_model]``, in closed form where ``form`` (:func:`_closed_form`) is given, else by autograd."""
         if norm is None:
             return cls(grad, W)
-        terms = _norm_terms(norm, kind, x)
-        if terms is None or not _closed_form_agrees(norm, x, *terms):
+        if form is None:
             return cls(grad, W, pullback=norm, resid=x)
-        gamma, eps, centred = terms
+        gamma, eps, centred = form
         r, xhat = _normalise(x, eps, centred)
         grad = grad * r[None, :, None]
         if gamma is not None:
@@ -385,20 +393,27 @@ class _Receiver:
         a = (grad @ W.sum(dim=-1)[:, :, None]) / d_model if centred else None
         return cls(grad, W, a, b, xhat)
 
-    def contract(self, deltas: Tensor, part: slice) -> Tensor:
-        """``sum_n deltas[s, n] . g[k, n]`` over the positions ``part``: ``deltas`` ``[S, n, d_model]`` ->
+    def contract(self, deltas: Tensor) -> Tensor:
+        """``sum_n deltas[s, n] . g[k, n]`` over this receiver's positions: ``deltas`` ``[S, n, d_model]`` ->
         ``[S, k]``."""
-        u = torch.matmul(self.grad[:, part], self.W)  # [k, n, d_model]
+        u = torch.matmul(self.grad, self.W)  # [k, n, d_model]
         if self.b is not None:
             if self.a is not None:
-                u.sub_(self.a[:, part])
-            u.addcmul_(self.b[:, part], self.xhat[part], value=-1)
+                u.sub_(self.a)
+            u.addcmul_(self.b, self.xhat, value=-1)
         elif self.pullback is not None:
-            u = _autograd_pullback(self.pullback, self.resid[part], u)
+            u = _autograd_pullback(self.pullback, self.resid, u)
         return deltas.flatten(1) @ u.flatten(1).T
 
 
-def _norm_terms(norm: Any, kind: str | None, x: Tensor) -> tuple[Tensor | None, float, bool] | None:
+def _closed_form(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:
+    """The norm's closed-form terms where they can be read and agree with autograd through the norm at ``x``
+    (:func:`_closed_form_agrees`), else None (the receiver then pulls back by autograd)."""
+    terms = _norm_terms(norm, kind, x)
+    return terms if terms is not None and _closed_form_agrees(norm, x, *terms) else None
+
+
+def _norm_terms(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:
     """``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm, read from the module; ``None`` when the
     type (TransformerLens's ``normalization_type``), ``eps`` or the weight cannot be read."""
     with norm.loaded() if isinstance(norm, ReceiverNorm) else contextlib.nullcontext(norm) as module:
