@@ -316,3 +316,16 @@ def test_cuda_evidence_equals_cpu():
                                atol=1e-4 * scale, rtol=1e-3)
     assert [e.name for e in gpu.patching.edges] == [e.name for e in cpu.patching.edges]
     torch.testing.assert_close(gpu.patching.effects, cpu.patching.effects, atol=1e-4, rtol=1e-3)
+
+
+def test_a_model_that_never_calls_its_query_hooks_is_one_clear_error(monkeypatch):
+    model = boot_bridge(n_layers=2)
+    run_with_hooks = model.run_with_hooks
+
+    def without_q(tokens, fwd_hooks=(), **kwargs):
+        return run_with_hooks(tokens, fwd_hooks=[(n, f) for n, f in fwd_hooks if not str(n).endswith("hook_q")],
+                              **kwargs)
+
+    monkeypatch.setattr(model, "run_with_hooks", without_q)
+    with pytest.raises(CircuitkitError, match="without calling the hooks for q of layer 1.*hook_q"):
+        edge_attribution(model, tokens=RepeatedTokens(block_len=5, batch=2, bos=False))

@@ -59,6 +59,7 @@ from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import InductionReader, Metric, check_value, resolve_metric
 from circuitkit.detect.attribution import frozen_parameters
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
+from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS
 from circuitkit.ranking import Head, head_name, top_indices
 
@@ -244,6 +245,13 @@ class GradientTap:
 
     def inputs(self) -> list[Tensor]:
         """The activations to differentiate the metric against (after the pass)."""
+        missing = sorted({f"{name} of layer {layer}" for name, layer in self.keys if (name, layer) not in self.acts})
+        if missing:
+            raise CircuitkitError(
+                f"edge_attribution: the model ran without calling the hooks for {', '.join(missing[:4])}"
+                f"{' ...' if len(missing) > 4 else ''}; expected every layer >= 1 to expose hook_q, hook_k, hook_v "
+                "and hook_pattern (TransformerLens names) and hook_z."
+            )
         return [self.acts[key] for key in self.keys]
 
     def finish(self, total: Tensor, found: tuple[Tensor | None, ...]) -> None:
