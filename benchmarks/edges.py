@@ -4,6 +4,10 @@ each relative to one plain forward pass of the same batch, on a GPT-2-small-shap
 the bundled zoo model.
 
 Targets: edge attribution <= 5x one forward pass; path patching of the top 32 edges <= 40x.
+Memory (GPT-2-small shape, unless ``--quick``): the peak resident memory above the built model and batch of one
+plain forward pass, of one forward + backward pass of the same loss (gradients of the activations only, as
+attribution takes them), and of edge attribution, each in a child process of its own (``_common.run_child``).
+
 Run: ``python benchmarks/edges.py [--quick] [--threads N] [--json out.json]``. Prints a table, then the same
 numbers as JSON. Timings are medians of ``--repeats`` runs after a warm-up, interleaved in this one process.
 """
@@ -12,14 +16,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
-from _common import interleaved_medians  # benchmarks/ is on sys.path when a script here runs
+from _common import (  # benchmarks/ is on sys.path when a script here runs
+    CHILD_FLAG,
+    child_main,
+    current_rss_bytes,
+    format_bytes,
+    interleaved_medians,
+    memory_report,
+    reset_peak_rss,
+    run_child,
+)
 
 from circuitkit.circuits import edge_attribution, path_patching
+from circuitkit.circuits.metrics import repeated_loss
 from circuitkit.detect import RepeatedTokens
-from circuitkit.models.contract import adapt
+from circuitkit.detect.attribution import frozen_parameters
+from circuitkit.models.contract import HOOKS, adapt
 
 ATTRIBUTION_TARGET = 5.0
 PATCHING_TARGET = 40.0
@@ -77,6 +93,35 @@ def bench(label: str, model, *, block_len: int, batch: int, repeats: int) -> dic
     }
 
 
+MEMORY_CALLS = ("forward", "forward+backward", "edge attribution")
+
+
+def child_memory(call: str, threads: int | None) -> dict:
+    """Peak memory above the built model and batch of one ``call`` (one of :data:`MEMORY_CALLS`)."""
+    if threads:
+        torch.set_num_threads(threads)
+    adapter = adapt(gpt2_small_shape())
+    tokens = RepeatedTokens(block_len=32, batch=8, bos=False).build(adapter)
+    reset_peak_rss()
+    before = current_rss_bytes()
+    if call == "forward":
+        with torch.no_grad():
+            adapter.run(tokens.tokens)
+    elif call == "forward+backward":
+        with frozen_parameters(adapter.model), torch.enable_grad():
+            embedded = []
+
+            def leaf(x, hook):
+                embedded.append(x.detach().requires_grad_(True))
+                return embedded[0]
+
+            loss = repeated_loss(adapter.run(tokens.tokens, [(HOOKS.resid_pre(0), leaf)]), tokens)
+            torch.autograd.grad(loss, embedded)
+    else:
+        edge_attribution(adapter, metric="loss", tokens=tokens)
+    return memory_report(before, "cpu")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the bundled zoo model")
@@ -98,7 +143,12 @@ def main() -> None:
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join(str(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
-    payload = {"benchmark": "edges", "threads": torch.get_num_threads(), "rows": rows,
+    memory = {}
+    if not args.quick:
+        memory = {call: run_child(__file__, "memory", call=call, threads=args.threads) for call in MEMORY_CALLS}
+        print("peak memory above the built GPT-2-shape model and batch (child processes): " + ", ".join(
+            f"{call} {format_bytes(m.get('peak_above_inputs_bytes'))}" for call, m in memory.items()))
+    payload = {"benchmark": "edges", "threads": torch.get_num_threads(), "rows": rows, "memory": memory,
                "targets": {"attribution_x": ATTRIBUTION_TARGET, "patch_top32_x": PATCHING_TARGET}}
     print(json.dumps(payload, sort_keys=True))
     if args.json:
@@ -106,4 +156,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if CHILD_FLAG in sys.argv:
+        child_main({"memory": child_memory})
+    else:
+        main()
