@@ -132,3 +132,11 @@ def test_inert_html_text_opens_no_tag_or_reference_and_reads_the_same(text):
     parser.close()
     assert parser.tags == ["span", "/span"]
     assert "".join(parser.text).replace(INERT_JOINER, "") == text.replace(INERT_JOINER, "")
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"<b>", ["<b>"]])
+def test_inert_html_text_refuses_what_is_not_a_str(bad):
+    from circuitkit.viz.attention import inert_html_text
+
+    with pytest.raises(CircuitkitError, match="expected a str"):
+        inert_html_text(bad)

@@ -120,6 +120,8 @@ INERT_JOINER = "\u2060"
 def inert_html_text(text: str) -> str:
     """``text`` as HTML element content that shows ``text`` itself: a WORD JOINER after each ``<`` and ``&``
     (CircuitsVis writes tokens with ``innerHTML`` and also draws them on canvases; see the module docstring)."""
+    if not isinstance(text, str):
+        raise validate.fail("inert_html_text: text", text, "a str")
     return text.replace("&", "&" + INERT_JOINER).replace("<", "<" + INERT_JOINER)
 
 
