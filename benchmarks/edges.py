@@ -8,7 +8,10 @@ Memory (GPT-2-small shape, unless ``--quick``): the peak resident memory above t
 plain forward pass, of one forward + backward pass of the same loss (gradients of the activations only, as
 attribution takes them), and of edge attribution, each in a child process of its own (``_common.run_child``).
 
-Run: ``python benchmarks/edges.py [--quick] [--threads N] [--json out.json]``. Prints a table, then the same
+With ``--medium``, also a GPT-2-medium shape (24 layers x 16 heads, d_model 1024): the contraction over all
+sender x receiver pairs grows like ``L^2``, so its share of the cost grows with depth.
+
+Run: ``python benchmarks/edges.py [--quick] [--medium] [--threads N] [--json out.json]``. Prints a table, then the same
 numbers as JSON. Timings are medians of ``--repeats`` runs after a warm-up, interleaved in this one process.
 """
 
@@ -42,12 +45,13 @@ PATCHING_TARGET = 40.0
 N_PATCH = 32
 
 
-def gpt2_small_shape():
+def gpt2_small_shape(n_layers: int = 12, n_heads: int = 12, d_model: int = 768):
+    """A random GPT-2-shaped TransformerBridge (small by default; ``gpt2_small_shape(24, 16, 1024)`` is medium)."""
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge.sources.native import boot
 
     cfg = TransformerBridgeConfig(
-        n_layers=12, n_heads=12, d_model=768, d_head=64, d_vocab=50257, n_ctx=1024, attn_only=False,
+        n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=64, d_vocab=50257, n_ctx=1024, attn_only=False,
         normalization_type="LN", seed=0,
     )
     model = boot(cfg)
@@ -125,6 +129,8 @@ def child_memory(call: str, threads: int | None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the bundled zoo model")
+    parser.add_argument("--medium", action="store_true",
+                        help="also a GPT-2-medium shape (24 x 16 heads): how the O(L^2) contraction scales")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -134,6 +140,9 @@ def main() -> None:
     rows = [bench("zoo induction-2l", zoo_model(), block_len=20, batch=16, repeats=args.repeats)]
     if not args.quick:
         rows.append(bench("gpt2-small shape", gpt2_small_shape(), block_len=32, batch=8, repeats=args.repeats))
+    if args.medium:
+        rows.append(bench("gpt2-medium shape", gpt2_small_shape(24, 16, 1024), block_len=32, batch=8,
+                          repeats=args.repeats))
     columns = ["model", "shape", "batch", "edges", "forward_s", "attribution_s", "attribution_x",
                "patch_top32_s", "patch_top32_x"]
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
