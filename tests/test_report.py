@@ -305,3 +305,15 @@ def test_largest_report_stays_under_the_budget():
 
     size = len(build_report(sized_scan("48x25")).encode("utf-8"))
     assert size < MAX_REPORT_BYTES, f"{size / 2**20:.2f} MB"
+
+
+def test_edge_graph_labels_the_strongest_edges_when_labels_would_collide():
+    """Edges whose label spots collide (all midpoints of a two-layer graph are close): the strongest edge keeps its
+    label, a weaker one does not take its place, and the labels are drawn over every curve."""
+    from circuitkit.report.figures import GraphEdge, head_graph
+
+    edges = [GraphEdge((0, 1), (1, h), "#c00", width, f"edge {h}", label)
+             for h, width, label in [(0, 1.6, "+0.0049"), (1, 5.5, "+0.16"), (2, 1.7, "+0.005")]]
+    svg = head_graph(2, 4, edges)
+    assert ">+0.16</text>" in svg and ">+0.0049</text>" not in svg
+    assert svg.rindex("<path") < svg.index("<text x=\"", svg.index("</path>"))  # text after the last curve

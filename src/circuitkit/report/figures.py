@@ -183,8 +183,8 @@ def head_graph(
         )
         x_legend += 34 + 6.2 * len(text)
     nodes: dict[Head, None] = {}
-    labels: list[tuple[float, float]] = []
-    for i, edge in enumerate(sorted(edges, key=lambda e: e.width)):  # strongest drawn last, on top
+    by_width = sorted(edges, key=lambda e: e.width)
+    for edge in by_width:  # strongest drawn last, on top
         (x1, y1), (x2, y2) = xy(edge.src), xy(edge.dst)
         xm = (x1 + x2) / 2
         dash = ' stroke-dasharray="5 4"' if edge.dash else ""
@@ -193,16 +193,19 @@ def head_graph(
             f'stroke="{edge.colour}" stroke-width="{_f(edge.width)}" stroke-opacity="0.8"{dash}>'
             f"<title>{_esc(edge.title)}</title></path>"
         )
-        lx, ly = xm, (y1 + y2) / 2 - 3
-        free = all(abs(lx - x) > 30 or abs(ly - y) > 11 for x, y in labels)  # labels never overlap
-        if edge.label and len(edges) - i <= MAX_LABELLED_EDGES and free:
+        nodes[edge.src] = None
+        nodes[edge.dst] = None
+    # labels claim their places strongest first (a weak edge never takes the spot of a strong one), over the curves
+    labels: list[tuple[float, float]] = []
+    for edge in [e for e in reversed(by_width) if e.label][:MAX_LABELLED_EDGES]:
+        (x1, y1), (x2, y2) = xy(edge.src), xy(edge.dst)
+        lx, ly = (x1 + x2) / 2, (y1 + y2) / 2 - 3
+        if all(abs(lx - x) > 30 or abs(ly - y) > 11 for x, y in labels):  # labels never overlap
             labels.append((lx, ly))
             parts.append(
                 f'<text x="{_f(lx)}" y="{_f(ly)}" text-anchor="middle" fill="#222" '
                 f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(edge.label)}</text>'
             )
-        nodes[edge.src] = None
-        nodes[edge.dst] = None
     for head in sorted(nodes):
         x, y = xy(head)
         name = head_name(head)

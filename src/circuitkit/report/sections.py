@@ -170,7 +170,7 @@ def circuit_section(scan: Scan) -> Section | None:
             f"{head_name(row.src)} -> {head_name(row.dst)} ({channel}): effect "
             + ("n/a" if effect is None else f"{effect:+.3f} ({kind})")
             + ("" if comp is None else f", composition {comp:.3f}") + (f"; {flag}" if flag else ""),
-            "" if effect is None else f"{effect:+.2f}",
+            "" if effect is None else f"{effect:+.2g}",  # two significant figures: small effects do not read +0.00
             dash=bool(flag),
         ))
         cells = [
