@@ -317,3 +317,16 @@ def test_edge_graph_labels_the_strongest_edges_when_labels_would_collide():
     svg = head_graph(2, 4, edges)
     assert ">+0.16</text>" in svg and ">+0.0049</text>" not in svg
     assert svg.rindex("<path") < svg.index("<text x=\"", svg.index("</path>"))  # text after the last curve
+
+
+def test_circuit_diagram_greys_links_without_a_causal_figure_and_says_so():
+    from circuitkit.report.figures import UNMEASURED_COLOUR, circuit_diagram
+    from circuitkit.report.summary import Link, Story
+
+    links = [Link((0, 1), (1, 3), "K", 0.23, 0.12, 0.16, "path patching"), Link((0, 0), (1, 3), "K", 0.19, 0.12)]
+    story = Story([((1, 3), 0.94)], [((0, 1), 0.49), ((0, 0), 0.42)], links, 4.3, 0.03, [], None)
+    svg = circuit_diagram(story)
+    assert svg.count(f'stroke="{UNMEASURED_COLOUR}"') == 1 and "(grey: none measured)" in svg
+    story.links[:] = links[1:]  # no causal figure anywhere: the mode's colour, no grey caption
+    svg = circuit_diagram(story)
+    assert UNMEASURED_COLOUR not in svg and "grey" not in svg

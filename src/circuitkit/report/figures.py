@@ -25,6 +25,8 @@ GRAPH_WIDTH = 900
 MAX_LINK_LABELS = 2
 """The diagram writes scores on its links only up to this many (more cross and collide; the sentences and
 each link's tooltip carry them)."""
+UNMEASURED_COLOUR = "#a0a4a8"
+"""Circuit-diagram links with no causal figure in the evidence, where others are coloured by theirs."""
 MAX_LABELLED_EDGES = 16
 """Edge graphs print the score next to at most this many edges (more would overlap); all have a tooltip."""
 
@@ -88,8 +90,10 @@ def circuit_diagram(story: Story) -> str:
         y1, y2 = ys_prev[link.src], ys_ind[link.dst]
         excess = (link.score or 0.0) - (link.baseline or 0.0)
         stroke = max(1.0, min(6.0, 1.0 + 12.0 * excess)) if link.score is not None else 1.0
-        colour = diverging(link.effect / effect_scale) if link.effect is not None and effect_scale > 0 else (
-            MODE_COLOURS.get(link.mode, "#777"))
+        if link.effect is not None and effect_scale > 0:
+            colour = diverging(link.effect / effect_scale)
+        else:  # no causal figure: the mode's colour, or grey beside links coloured by their effect
+            colour = UNMEASURED_COLOUR if effects else MODE_COLOURS.get(link.mode, "#777")
         label = f"{link.mode} {link.score:.2f}" if link.score is not None else link.mode
         if link.effect is not None:
             label += f", {link.effect:+.2f}"
@@ -103,8 +107,9 @@ def circuit_diagram(story: Story) -> str:
             + "</g>"
         )
     if shown:
+        unmeasured = effects and any(link.effect is None for link in shown)
         caption = "width: composition" + ("; colour: causal effect" if effects else "") + (
-            "" if labelled else "; hover for figures")
+            " (grey: none measured)" if unmeasured else "") + ("" if labelled else "; hover for figures")
         parts.append(f'<text x="{width // 2}" y="{height_heads - 2}" text-anchor="middle" font-size="9" '
                      f'fill="#666">{caption}</text>')
         parts.insert(1, '<defs><marker id="ck-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
