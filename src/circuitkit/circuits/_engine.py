@@ -30,19 +30,23 @@ Norm = Callable[[Tensor], Tensor]
 
 @dataclass
 class CleanRun:
-    """Activations of the clean batch kept by one measurement (edge attribution) for the next (path patching)
-    in the same :class:`Context`: ``z`` ``[batch, pos, head, d_head]`` and ``resid`` (``resid_pre``,
-    ``[batch, pos, d_model]``) by layer, and for ``metric`` either its clean ``value`` (a metric of the logits) or
-    the receivers' ``patterns`` ``[batch, head, q, k]`` (``"induction"``); with ``grads`` where they came from a
-    pass that also differentiated the metric (:class:`circuitkit.circuits.attribution.GradientTap`)."""
+    """What edge attribution's clean pass (:class:`circuitkit.circuits.attribution.GradientTap`) leaves in a
+    :class:`Context` for the next measurement on the same batch (path patching): ``z`` ``[batch, pos, head,
+    d_head]`` and ``resid`` (``resid_pre``, ``[batch, pos, d_model]``) by layer, the receivers' ``patterns``
+    ``[batch, head, q, k]`` (``"induction"`` only), the gradients ``dM/d(q, k, v)`` per query head by
+    ``(channel, layer)``, and ``total``, the metric they are of (for ``"induction"``, the sum of all heads')."""
 
     metric: Any  # the resolved circuitkit.circuits.metrics.Metric these were measured for
     z: dict[int, Tensor]
     resid: dict[int, Tensor]
-    patterns: dict[int, Tensor] = field(default_factory=dict)
-    value: float | None = None
-    grads: dict | None = None  # edge attribution's dM/d(q, k, v) per query head, by (channel, layer)
-    total: float | None = None  # the metric the gradients are of (for "induction", the sum of all heads' scores)
+    patterns: dict[int, Tensor]
+    grads: dict
+    total: float
+
+    @property
+    def value(self) -> float | None:
+        """The clean metric of the logits (None for ``"induction"``, a per-receiver score)."""
+        return None if self.metric.local else self.total
 
 
 @dataclass

@@ -151,12 +151,11 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
     scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
     if L < 2:
         return EdgeAttribution(scores, m.name, ctx.corrupt, math.nan)
-    clean = ctx.clean
-    if clean is not None and clean.metric is m and clean.grads is not None:  # a host pass carried the GradientTap
-        grads, clean_z, resid, value = clean.grads, clean.z, clean.resid, clean.total
-    else:
+    if ctx.clean is None or ctx.clean.metric is not m:  # else a host pass carried the GradientTap
         with frozen_parameters(ctx.adapter.model):
-            grads, clean_z, resid, value = _clean_gradients(ctx, m)
+            _clean_gradients(ctx, m)
+    clean = ctx.clean
+    grads, clean_z, resid, value = clean.grads, clean.z, clean.resid, clean.total
     with torch.no_grad():
         z_corrupt = corrupt_z(ctx, clean_z, range(L - 1))
         work = torch.promote_types(clean_z[0].dtype, torch.float32)
@@ -185,10 +184,10 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
     return EdgeAttribution(scores, m.name, ctx.corrupt, value)
 
 
-def _clean_gradients(ctx: Context, m: Metric) -> tuple[dict, dict[int, Tensor], dict[int, Tensor], float]:
-    """One clean forward pass with gradients and one backward pass (:class:`GradientTap` on a pass of its own):
-    ``dM/d(q, k, v)`` per query head for every layer >= 1 (``grads[(c, l)]`` ``[batch, pos, head, d_head]``), the
-    clean ``z`` and ``resid_pre`` of layers >= 1 (also kept in ``ctx.clean``) and the metric's value."""
+def _clean_gradients(ctx: Context, m: Metric) -> None:
+    """One clean forward pass with gradients and one backward pass (:class:`GradientTap` on a pass of its own),
+    leaving ``ctx.clean``: ``dM/d(q, k, v)`` per query head for every layer >= 1 (``grads[(c, l)]`` ``[batch, pos,
+    head, d_head]``), the clean ``z`` and ``resid_pre`` of layers >= 1 and the metric's value."""
     tap = GradientTap(ctx, m, leaf=True)
     with torch.enable_grad():
         try:
@@ -201,8 +200,6 @@ def _clean_gradients(ctx: Context, m: Metric) -> tuple[dict, dict[int, Tensor], 
             total = check_value(m.fn(logits, ctx.batch), "edge_attribution: metric(clean logits)")
         found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
         tap.finish(total, found)
-    clean = ctx.clean
-    return clean.grads, clean.z, clean.resid, float(total.detach())
 
 
 class GradientTap:
@@ -270,9 +267,8 @@ class GradientTap:
                 else:
                     grads[("v", layer)] = _per_query_head(acts[("z", layer)], acts[("v", layer)],
                                                           grads[("z", layer)], gs, head_axis=2)
-        value = float(total.detach())
         patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
-        ctx.clean = CleanRun(m, self.clean_z, self.resid, patterns, None if m.local else value, grads, value)
+        ctx.clean = CleanRun(m, self.clean_z, self.resid, patterns, grads, float(total.detach()))
         self.acts = {}  # the graph is no longer needed
 
     # ------------------------------------------------------------------ hooks

@@ -160,9 +160,13 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
     ``z`` in ``ctx.z_corrupt``; runs its own clean pass otherwise."""
     batch = ctx.batch
     with torch.no_grad():
-        z_clean, resid, clean, dtype = _clean_run(ctx, specs, m)
+        z_clean, resid, patterns, value, dtype = _clean_run(ctx, specs, m)
         z_corrupt = corrupt_z(ctx, z_clean, {e.src[0] for e in specs})
         reader = InductionReader(batch, dtype)
+        if m.local:
+            clean = [float(reader(patterns[e.dst[0]][:, e.dst[1]])) for e in specs]
+        else:
+            clean = [value] * len(specs)
         per_pass = edges_per_pass or _edges_per_pass(ctx, m, dtype)
         by_layer: dict[int, list[int]] = defaultdict(list)
         for i, e in enumerate(specs):
@@ -184,9 +188,10 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
 
 def _clean_run(
     ctx: Context, specs: list[EdgeSpec], m: Metric
-) -> tuple[dict[int, Tensor], dict[int, Tensor], list[float], torch.dtype]:
-    """The clean ``z`` and ``resid_pre`` by layer, the clean metric per edge and the activations' dtype: from
-    ``ctx.clean`` where it holds all of them for ``m``, else from one clean pass."""
+) -> tuple[dict[int, Tensor], dict[int, Tensor], dict[int, Tensor], float | None, torch.dtype]:
+    """The clean ``z``, ``resid_pre`` and (``"induction"``) receiver patterns by layer, the clean metric of the
+    logits (None for ``"induction"``) and the activations' dtype: from ``ctx.clean`` where it holds all of them
+    for ``m``, else from one clean pass."""
     receivers = sorted({e.dst[0] for e in specs})
     needed_z = {e.src[0] for e in specs}
     if ctx.group_size > 1 and not m.local:
@@ -206,10 +211,7 @@ def _clean_run(
         patterns = {layer: kept[HOOKS.pattern(layer)] for layer in receivers} if m.local else {}
         value = None if m.local else float(check_value(m.fn(logits, ctx.batch), "path_patching: metric(clean logits)"))
         dtype = logits.dtype if logits.is_floating_point() else torch.float32
-    if m.local:
-        reader = InductionReader(ctx.batch, dtype)
-        return z_clean, resid, [float(reader(patterns[e.dst[0]][:, e.dst[1]])) for e in specs], dtype
-    return z_clean, resid, [value] * len(specs), dtype
+    return z_clean, resid, patterns, value, dtype
 
 
 def _edges_per_pass(ctx: Context, m: Metric, dtype: torch.dtype) -> int:
