@@ -135,7 +135,8 @@ def scan(
     try:
         bar.stage("clean pass with attribution: head scores, loss, every head's estimated effect")
         collector = PatternCollector(adapter, batch)
-        edge_tap = _edge_tap(adapter, batch) if with_evidence else None
+        weights = adapter.weights()
+        edge_tap = _edge_tap(adapter, batch, weights) if with_evidence else None
         # one forward (+ one backward) serves head scores, the loss, mean z, the residual streams, head attribution
         # and the clean half of edge attribution
         attribution, run = attribute(
@@ -146,7 +147,6 @@ def scan(
             observers=collector.hooks(),
             taps=[edge_tap] if edge_tap is not None else [],
         )
-        weights = adapter.weights()
         head_scores = collector.result(weights)
         loss = summarise(run.losses, batch)
         bar.advance(1 + ATTRIBUTION_COST)
@@ -273,14 +273,14 @@ def _spectra(weights: Any) -> dict[str, torch.Tensor]:
     return {circuit: singular_values(weights, circuit).float().cpu() for circuit in SPECTRA}
 
 
-def _edge_tap(adapter: ModelAdapter, batch: TokenBatch) -> Any:
+def _edge_tap(adapter: ModelAdapter, batch: TokenBatch, weights: Any) -> Any:
     """Edge attribution's clean pass (repeated-copies loss, resampled corruption) as a tap on the scan's
     attribution pass: the same loss, differentiated once."""
     from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
     from circuitkit.circuits.attribution import GradientTap
     from circuitkit.circuits.metrics import resolve_metric
 
-    ctx = context(adapter, batch, "resample", DEFAULT_CORRUPT_SEED, None, "scan")
+    ctx = context(adapter, batch, "resample", DEFAULT_CORRUPT_SEED, None, "scan", weights)
     return GradientTap(ctx, resolve_metric("loss", "scan"), leaf=False)
 
 

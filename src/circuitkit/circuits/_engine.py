@@ -83,7 +83,10 @@ def context(
     corrupt_seed: int,
     device: str | torch.device | None,
     where: str,
+    weights: Any = None,
 ) -> Context:
+    """A checked :class:`Context`; ``weights``: the model's :class:`~circuitkit.HeadWeights` where the caller has
+    read them already (read here otherwise)."""
     adapter = adapt(model, device)
     batch = as_batch(tokens, adapter)
     corrupt_batch = None
@@ -98,7 +101,7 @@ def context(
         if corrupt == "a TokenBatch":
             raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
-    weights = adapter.weights(embeddings=False).to(device=adapter.spec.device)
+    weights = (adapter.weights(embeddings=False) if weights is None else weights).to(device=adapter.spec.device)
     W_in = {"q": weights.W_Q, "k": weights.per_query_head("W_K"), "v": weights.per_query_head("W_V")}
     norms = [_receiver_norm(adapter, layer) for layer in range(adapter.spec.n_layers)]
     return Context(adapter, batch, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)

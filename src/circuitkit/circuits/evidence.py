@@ -126,12 +126,11 @@ class CircuitEvidence:
         return "\n".join(lines)
 
 
-def _composition(model: Any, composition: Any, L: int, H: int) -> dict[str, Tensor]:
-    """``channel -> [L, H, L, H]`` float tensors (CPU)."""
+def _composition(weights: Any, composition: Any, L: int, H: int) -> dict[str, Tensor]:
+    """``channel -> [L, H, L, H]`` float tensors (CPU), computed from ``weights`` where ``composition`` is None."""
     if composition is None:
         from circuitkit.composition import composition_scores
 
-        weights = adapt(model).weights(embeddings=False)
         return {c: composition_scores(weights, c.upper()).float().cpu() for c in CHANNELS}
     if isinstance(composition, Tensor):
         composition = validate.tensor("circuit_evidence: composition", composition, shape=(L, H, L, H, 3),
@@ -176,9 +175,10 @@ def circuit_evidence(
     if L < 2:
         raise validate.fail("circuit_evidence: model", validate.given(f"a model with {L} layer"),
                             "at least 2 layers (an edge runs from an earlier layer to a later one)")
-    comp = _composition(model, composition, L, H)
+    weights = adapter.weights(embeddings=False)  # read once: composition and the context
+    comp = _composition(weights, composition, L, H)
     # one context: patching reuses the clean activations and corrupted z the attribution's passes left
-    ctx = context(adapter, tokens, corrupt, corrupt_seed, None, "circuit_evidence")
+    ctx = context(adapter, tokens, corrupt, corrupt_seed, None, "circuit_evidence", weights)
     return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch)
 
 
