@@ -45,8 +45,8 @@ PATCHING_TARGET = 40.0
 N_PATCH = 32
 
 
-def gpt2_small_shape(n_layers: int = 12, n_heads: int = 12, d_model: int = 768):
-    """A random GPT-2-shaped TransformerBridge (small by default; ``gpt2_small_shape(24, 16, 1024)`` is medium)."""
+def gpt2_shape(n_layers: int = 12, n_heads: int = 12, d_model: int = 768):
+    """A random GPT-2-shaped TransformerBridge (small by default; ``gpt2_shape(24, 16, 1024)`` is medium)."""
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge.sources.native import boot
 
@@ -104,7 +104,7 @@ def child_memory(call: str, threads: int | None) -> dict:
     """Peak memory above the built model and batch of one ``call`` (one of :data:`MEMORY_CALLS`)."""
     if threads:
         torch.set_num_threads(threads)
-    adapter = adapt(gpt2_small_shape())
+    adapter = adapt(gpt2_shape())
     tokens = RepeatedTokens(block_len=32, batch=8, bos=False).build(adapter)
     reset_peak_rss()
     before = current_rss_bytes()
@@ -139,9 +139,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rows = [bench("zoo induction-2l", zoo_model(), block_len=20, batch=16, repeats=args.repeats)]
     if not args.quick:
-        rows.append(bench("gpt2-small shape", gpt2_small_shape(), block_len=32, batch=8, repeats=args.repeats))
+        rows.append(bench("gpt2-small shape", gpt2_shape(), block_len=32, batch=8, repeats=args.repeats))
     if args.medium:
-        rows.append(bench("gpt2-medium shape", gpt2_small_shape(24, 16, 1024), block_len=32, batch=8,
+        rows.append(bench("gpt2-medium shape", gpt2_shape(24, 16, 1024), block_len=32, batch=8,
                           repeats=args.repeats))
     columns = ["model", "shape", "batch", "edges", "forward_s", "attribution_s", "attribution_x",
                "patch_top32_s", "patch_top32_x"]
