@@ -252,11 +252,11 @@ def sentences(track: Track) -> list[str]:
     for score, what in (("previous_token", "Previous-token heads"), ("induction", "Induction heads")):
         heads = formed.get(score, {})
         if heads:
-            text = ", ".join(f"{name} (half its rise at step {w['half_rise_at']}, called from step {w['called_at']})"
+            text = ", ".join(f"{name} (rising from step {w['rise_at']}, called from step {w['called_at']})"
                              for name, w in heads.items())
             lines.append(f"{what} at the last checkpoint: {text}.")
     if change["order"]:
-        lines.append(f"Order of formation (earliest half rise): {change['order']}.")
+        lines.append(f"Order of formation (earliest rise, a fifth of the way to the final score): {change['order']}.")
     return lines
 
 

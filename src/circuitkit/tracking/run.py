@@ -151,7 +151,8 @@ def track(
                 done.append(old)
                 bar.update(1)
                 continue
-            record = _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download)
+            record = _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download,
+                                  done[0] if done else None)
             batch = record.pop("_batch")
             _check_same(done, record)
             done.append(record)
@@ -174,12 +175,14 @@ def track(
     return result
 
 
-def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download) -> dict[str, Any]:
+def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download, first) -> dict[str, Any]:
     model = _sources.load(source, device=device, allow_download=allow_download)
     large = source.where is not None and _parameter_bytes(model) >= GC_MIN_BYTES
     try:
         adapter = adapt(model, device)
         arch = architecture(adapter)
+        if first is not None:  # before the batch meets the model: another vocabulary would fail there, less clearly
+            _check_architecture(source.label, source.step, arch, first)
         batch = as_batch(batch if batch is not None else tokens, adapter)
         with torch.no_grad():
             measured = measure(adapter, batch, keep=keep, top_k=top_k)
@@ -196,19 +199,22 @@ def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_dow
             "_batch": batch}
 
 
+def _check_architecture(label: str, step: int, arch: dict[str, Any], first: dict[str, Any]) -> None:
+    if arch != first["model"]:
+        differ = {k: (arch.get(k), first["model"].get(k)) for k in first["model"] if arch.get(k) != first["model"].get(k)}
+        shown = ", ".join(f"{k} = {mine} (expected {theirs})" for k, (mine, theirs) in differ.items())
+        raise CircuitkitError(
+            f"track: checkpoint {label!r} (step {step}) has {shown}, unlike the first checkpoint "
+            f"{first['label']!r} (step {first['step']}); expected checkpoints of one architecture and vocabulary in "
+            "one track (track each model separately)."
+        )
+
+
 def _check_same(done: list[dict[str, Any]], record: dict[str, Any]) -> None:
     if not done:
         return
     first = done[0]
-    if record["model"] != first["model"]:
-        differ = {k: (record["model"].get(k), first["model"].get(k)) for k in first["model"]
-                  if record["model"].get(k) != first["model"].get(k)}
-        shown = ", ".join(f"{k} = {mine} (expected {theirs})" for k, (mine, theirs) in differ.items())
-        raise CircuitkitError(
-            f"track: checkpoint {record['label']!r} (step {record['step']}) has {shown}, unlike the first "
-            f"checkpoint {first['label']!r} (step {first['step']}); expected checkpoints of one architecture and "
-            "vocabulary in one track (track each model separately)."
-        )
+    _check_architecture(record["label"], record["step"], record["model"], first)
     if record.get("tokens_sha256") != first.get("tokens_sha256"):
         raise CircuitkitError(
             f"track: checkpoint {record['label']!r} (step {record['step']}) was measured on another token batch "
