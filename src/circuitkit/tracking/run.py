@@ -201,7 +201,8 @@ def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_dow
 
 def _check_architecture(label: str, step: int, arch: dict[str, Any], first: dict[str, Any]) -> None:
     if arch != first["model"]:
-        differ = {k: (arch.get(k), first["model"].get(k)) for k in first["model"] if arch.get(k) != first["model"].get(k)}
+        expected = first["model"]
+        differ = {k: (arch.get(k), expected.get(k)) for k in expected if arch.get(k) != expected.get(k)}
         shown = ", ".join(f"{k} = {mine} (expected {theirs})" for k, (mine, theirs) in differ.items())
         raise CircuitkitError(
             f"track: checkpoint {label!r} (step {step}) has {shown}, unlike the first checkpoint "
