@@ -25,5 +25,6 @@ from __future__ import annotations
 
 from circuitkit.tracking.result import SavedTrack, Track, merge
 from circuitkit.tracking.run import track
+from circuitkit.tracking.sources import load_checkpoint, step_from_name
 
-__all__ = ["SavedTrack", "Track", "merge", "track"]
+__all__ = ["SavedTrack", "Track", "load_checkpoint", "merge", "step_from_name", "track"]

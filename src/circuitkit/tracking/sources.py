@@ -162,6 +162,17 @@ def load(source: Source, *, device: Any = None, allow_download: bool = False) ->
     return load_model(text, device=device, allow_download=allow_download)
 
 
+def load_checkpoint(checkpoint: str | os.PathLike, *, device: Any = None, allow_download: bool = False) -> Any:
+    """One checkpoint loaded as :func:`circuitkit.track` loads it (a zoo-format or Hugging Face directory, a zoo or
+    hub name, ``"hub-name@revision"``), e.g. to look at a head's attention before and after the phase change."""
+    if not _is_path_like(checkpoint) or not os.fspath(checkpoint).strip():
+        raise validate.fail("load_checkpoint: checkpoint", checkpoint,
+                            "a checkpoint directory, a zoo or hub name, or 'hub-name@revision'")
+    where = os.fspath(checkpoint)
+    return load(Source(item=checkpoint, label=_name_of(checkpoint), step=0, where=where), device=device,
+                allow_download=allow_download)
+
+
 def _revision_snapshot(name: str, revision: str, allow_download: bool) -> Path:
     """The local snapshot of ``name`` at ``revision`` (a branch such as Pythia's ``step1000``), read with the hub
     offline; fetched first (configs, tokenizer, safetensors only) when ``allow_download``."""
@@ -190,4 +201,4 @@ def _revision_snapshot(name: str, revision: str, allow_download: bool) -> Path:
                               "repository revision and a network connection.") from None
 
 
-__all__ = ["Source", "expand_directory", "load", "resolve", "step_from_name"]
+__all__ = ["Source", "expand_directory", "load", "load_checkpoint", "resolve", "step_from_name"]
