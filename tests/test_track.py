@@ -283,3 +283,17 @@ def test_checkpoint_steps_choice():
     assert train.checkpoint_steps(10, listed=[10, 0, 5]) == [0, 5, 10]
     with pytest.raises(ValueError, match="outside"):
         train.checkpoint_steps(10, listed=[11])
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_png_export_writes_every_figure(tracked, tmp_path):
+    """Headless Chromium screenshots each section of the track report (fails in CI without a browser)."""
+    from tests.conftest import require_browser
+
+    require_browser()
+    saved = tracked[0].save(tmp_path, png=True)
+    names = {p.stem for p in saved.pngs}
+    assert names == {"summary", "icl", "losses", "induction", "previous_token", "loss_per_position", "checkpoints"}
+    for path in saved.pngs:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 2000

@@ -50,7 +50,7 @@ def _settings(tokens: Any, keep: tuple[str, ...] | None, top_k: int) -> dict[str
                      "token_range": list(spec.token_range) if spec.token_range else None}
     elif isinstance(tokens, TokenBatch):
         described = {"given": "TokenBatch", "block_len": tokens.block_len, "n_repeats": tokens.n_repeats,
-                     "bos": tokens.bos}
+                     "bos": tokens.bos, "sha256": _sha(tokens)}
     else:
         raise validate.fail("track: tokens", tokens, "a circuitkit.RepeatedTokens spec, a TokenBatch, or None")
     return {"tokens": described, "scores": list(keep) if keep is not None else None, "top_k": top_k}
