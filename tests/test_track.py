@@ -297,3 +297,57 @@ def test_png_export_writes_every_figure(tracked, tmp_path):
     assert names == {"summary", "icl", "losses", "induction", "previous_token", "loss_per_position", "checkpoints"}
     for path in saved.pngs:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 2000
+
+
+# ---------------------------------------------------------------------- hub revisions (Pythia's step branches)
+def _cache_revision(cache: Path, repo: str, revision: str, seed: int):
+    """A tiny GPT-2 saved as ``repo`` at ``revision`` in a Hugging Face cache laid out like the hub's."""
+    from tests.test_models_loading import save_tiny_gpt2
+
+    commit = f"{seed:040d}"
+    root = cache / f"models--{repo.replace('/', '--')}"
+    model = save_tiny_gpt2(root / "snapshots" / commit, with_tokenizer=True, seed=seed)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / revision).write_text(commit)
+    return model
+
+
+def test_hub_revisions_load_from_the_local_cache(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    models = {step: _cache_revision(tmp_path, "someone/tiny", f"step{step}", seed) for seed, step in
+              enumerate((0, 1000))}
+    generator = torch.Generator().manual_seed(0)
+    block = torch.rand(2, 39, generator=generator).argsort(dim=-1)[:, :6] + 1
+    batch = TokenBatch(tokens=torch.cat([torch.zeros(2, 1, dtype=torch.long), block, block], dim=1), block_len=6,
+                       n_repeats=2, bos=0)
+    result = ck.track(["someone/tiny@step1000", "someone/tiny@step0"], tokens=batch, progress=False, top_k=2)
+    assert result.steps == [0, 1000] and result.labels == ["step0", "step1000"]
+    for step, record in zip(result.steps, result.checkpoints, strict=True):  # oracle: Hugging Face's own logits
+        with torch.no_grad():
+            logits = models[step](batch.tokens).logits
+        losses = -logits[:, :-1].log_softmax(-1).gather(-1, batch.tokens[:, 1:, None])[..., 0]
+        expected = float(losses[:, 1:6].mean() - losses[:, 7:].mean())
+        assert record["icl_score"] == pytest.approx(expected, abs=ICL_TOL)
+    with pytest.raises(CircuitkitError, match="someone/tiny@step2000, which is not in the local Hugging Face cache.*"
+                                              "allow_download=True"):
+        ck.track(["someone/tiny@step2000"], progress=False)
+
+
+def test_training_script_saves_checkpoints_and_never_overwrites_the_bundle_when_stopped(tmp_path):
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            train.main(["--out", str(tmp_path / "zoo"), "--checkpoints", str(tmp_path / "ck"), "--every", "10",
+                        "--stop", "20"])
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+    saved = tmp_path / "ck" / "induction-2l"
+    assert sorted(p.name for p in saved.iterdir()) == ["final", "step0", "step10", "step20"]
+    assert not (tmp_path / "zoo").exists()  # a stopped run is not the bundled model
+    assert ck.track(saved, progress=False, top_k=0).steps == [0, 10, 20]
+    with pytest.raises(SystemExit):
+        train.main(["--stop", "20"])  # --stop without --checkpoints: argparse's usage error
