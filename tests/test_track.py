@@ -351,3 +351,32 @@ def test_training_script_saves_checkpoints_and_never_overwrites_the_bundle_when_
     assert ck.track(saved, progress=False, top_k=0).steps == [0, 10, 20]
     with pytest.raises(SystemExit):
         train.main(["--stop", "20"])  # --stop without --checkpoints: argparse's usage error
+
+
+def test_user_scores_are_tracked_and_scores_selects(series, tokens):
+    """A score registered by the user appears in every record; ``scores=`` keeps the named ones (plus the two the
+    phase change needs). Oracle: the user's score (attention two tokens back) read from TransformerLens's cache."""
+    from circuitkit import detect
+    from circuitkit.tracking import load_checkpoint
+
+    def two_back(ids: torch.Tensor) -> torch.Tensor:
+        batch, pos = ids.shape
+        return torch.ones(pos, pos, dtype=torch.bool).tril(-2).triu(-2).expand(batch, pos, pos)
+
+    detect.register(detect.pattern_score("two_back_test", short="2bk", description="attention two tokens back",
+                                         targets=two_back))
+    try:
+        result = ck.track(series[-1:], tokens=tokens, scores=["two_back_test"], progress=False, top_k=0)
+    finally:
+        detect.unregister("two_back_test")
+    record = result.checkpoints[0]
+    assert set(record["scores"]) == {"two_back_test", "induction", "previous_token"}
+    model = load_checkpoint(series[-1])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens.tokens)
+    for layer in range(2):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]  # [batch, head, q, k]
+        expected = pattern.diagonal(-2, dim1=-2, dim2=-1).mean(dim=(0, 2))  # every row q >= 2 has one target
+        assert record["scores"]["two_back_test"][layer] == pytest.approx(expected.tolist(), abs=1e-5)
+    with pytest.raises(CircuitkitError, match="track: scores"):
+        ck.track(series[-1:], scores=["no_such_score"])
