@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"circuitkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    add_track_parser(sub)  # defined with run_track below (kept apart from the scan's arguments)
     scan = sub.add_parser(
         "scan",
         help="score every head, check the important ones causally, and write an offline HTML report",
@@ -101,7 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="let a model name be fetched from the Hugging Face hub (default: local cache only)")
     scan.add_argument("--png", action="store_true",
                       help="also export every figure as DIR/png/*.png (needs headless Chromium)")
-    add_track_parser(sub)
     return parser
 
 
