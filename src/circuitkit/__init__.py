@@ -55,6 +55,7 @@ _LAZY: dict[str, str] = {
     "path_patching": "circuitkit.circuits.patching",
     "edge_attribution": "circuitkit.circuits.attribution",
     "circuit_evidence": "circuitkit.circuits.evidence",
+    "track": "circuitkit.tracking", "Track": "circuitkit.tracking",
 }
 _SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report"}
 

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"circuitkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    add_track_parser(sub)  # defined with run_track below (kept apart from the scan's arguments)
     scan = sub.add_parser(
         "scan",
         help="score every head, check the important ones causally, and write an offline HTML report",
@@ -201,7 +202,98 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS):
     return table
 
 
-COMMANDS = {"scan": run_scan}
+# ---------------------------------------------------------------------- circuitkit track
+DEFAULT_TRACK_OUT = "circuitkit-track"
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected integers separated by commas") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected at least one step")
+    return values
+
+
+def add_track_parser(sub: Any) -> None:
+    """``circuitkit track CKPT... --out DIR`` / ``circuitkit track DIR`` / ``circuitkit track --merge DIR``."""
+    track = sub.add_parser(
+        "track",
+        help="score every head along a training run (checkpoints) and locate the in-context learning phase change",
+        description="Score every head of each checkpoint on the same repeated random tokens, one checkpoint at a "
+        "time, and locate the in-context learning phase change. Writes DIR/track-step<N>.json per checkpoint (a "
+        "rerun skips finished ones), DIR/track.json and DIR/report.html. Scale out: run one process per checkpoint "
+        "with --no-merge into one DIR (e.g. a job array), then `circuitkit track --merge DIR`.",
+    )
+    track.add_argument("checkpoints", nargs="*", metavar="CKPT",
+                       help="checkpoint directories (named step<N> or checkpoint-<N>), hub 'name@revision' (from "
+                       "the local cache), or one directory holding step<N>/ or checkpoint-<N>/ subdirectories")
+    track.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
+                       help=f"output directory (default {DEFAULT_TRACK_OUT})")
+    track.add_argument("--merge", type=_out_dir, default=None, metavar="DIR",
+                       help="assemble DIR/track.json and DIR/report.html from the per-checkpoint records in DIR")
+    track.add_argument("--steps", type=_int_list, default=None, metavar="N,N,...",
+                       help="the training step of each CKPT (default: read from its name)")
+    track.add_argument("--block-len", type=_int_in(2), default=None, metavar="N",
+                       help="length of the random block that is repeated (default: 20 or what fits the context)")
+    track.add_argument("--batch", type=_int_in(1), default=16, metavar="B", help="sequences per batch (16)")
+    track.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="seed of the random tokens (0)")
+    track.add_argument("--top-k", type=_int_in(0), default=10, metavar="K",
+                       help="composition edges kept per mode per checkpoint (10)")
+    track.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    track.add_argument("--no-resume", action="store_true", help="measure every checkpoint again")
+    track.add_argument("--no-merge", action="store_true",
+                       help="write only the per-checkpoint records (one job of many; merge later with --merge)")
+    track.add_argument("--allow-download", action="store_true",
+                       help="let hub checkpoints be fetched (default: local Hugging Face cache only)")
+    track.add_argument("--png", action="store_true",
+                       help="also export every figure as DIR/png/*.png (needs headless Chromium)")
+
+
+def run_track(args: argparse.Namespace) -> int:
+    from circuitkit.detect.tokens import RepeatedTokens
+    from circuitkit.report.track_page import sentences
+    from circuitkit.tracking import merge, track
+
+    if args.merge is not None:
+        if args.checkpoints or args.out is not None:
+            raise CircuitkitError("track --merge: given checkpoints or --out too; expected only the directory of "
+                                  "records (track --merge DIR).")
+        result = merge(args.merge)
+        saved = result.save(args.merge, png=args.png)
+    else:
+        if not args.checkpoints:
+            raise CircuitkitError("track: given no checkpoints; expected CKPT... (checkpoint directories or "
+                                  "hub name@revision) or one directory holding step<N>/ subdirectories.")
+        out = args.out or DEFAULT_TRACK_OUT
+        result = track(
+            args.checkpoints[0] if len(args.checkpoints) == 1 and args.steps is None else args.checkpoints,
+            steps=args.steps,
+            tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
+            top_k=args.top_k, out=out, resume=not args.no_resume, write_track=not args.no_merge,
+            device=args.device, allow_download=args.allow_download, progress=sys.stderr.isatty(),
+        )
+        if args.no_merge:
+            print(f"wrote {len(result.checkpoints)} checkpoint record(s) into {out}; assemble them with "
+                  f"circuitkit track --merge {out}")
+            return 0
+        saved = result.save(out, png=args.png) if args.png else None
+        if saved is None:
+            from pathlib import Path
+
+            from circuitkit.tracking.result import REPORT_NAME, TRACK_NAME, SavedTrack
+
+            saved = SavedTrack(track=Path(out) / TRACK_NAME, report=Path(out) / REPORT_NAME)
+    for line in sentences(result):
+        print(line)
+    print(f"wrote {saved.track} and {saved.report}")
+    for path in saved.pngs:
+        print(f"wrote {path}")
+    return 0
+
+
+COMMANDS = {"scan": run_scan, "track": run_track}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,116 @@
+"""Where the in-context learning phase change is along a track, and which heads form with it.
+
+**The phase change** (definition used here): with checkpoints at steps ``t_0 < ... < t_{n-1}`` and in-context
+learning (ICL) scores ``s_i``, the *rise* of interval ``i`` is ``s_{i+1} - s_i`` and the *total rise* is
+``max(s) - s_0``. The phase change is the interval with the largest rise; its ``step`` is the interval's end
+``t_{i+1}`` (the first checkpoint that shows the jump), its ``interval`` is ``[t_i, t_{i+1}]`` and its ``share``
+is its rise over the total rise (near 1: abrupt; near ``1 / (n - 1)``: a steady slope).
+
+Limits: the step is only as precise as the checkpoint spacing (the change happened somewhere in the interval);
+with unequal spacing a long interval collects more rise than a short one at the same rate (Pythia's early
+checkpoints are log-spaced: compare ``share`` with the spacing); fewer than 3 checkpoints, or a total rise below
+:data:`MIN_TOTAL_RISE`, locate nothing (``step`` is ``None`` and ``reason`` says why).
+
+**Formation of a head** (for the heads called induction / previous-token heads at the last checkpoint, by the
+scan's rule :func:`circuitkit.pipeline.called_heads`):
+
+- ``called_at``: the first step from which the head stays called (its score crosses the scan's threshold and
+  never falls back below it) — the threshold crossing;
+- ``rise_at``: the first step from which the head's score stays at or above its first value plus
+  :data:`RISE_FRACTION` of its total change (first to last checkpoint) — when it starts to form, independent of
+  where its final score ends (a previous-token head that ends at 0.4 and an induction head that ends at 0.9 are
+  compared fairly). A fifth of the rise rather than half: on the bundled run both kinds rise together over
+  ~150 steps, and the halfway points fall either side of one checkpoint depending on the token batch, while
+  the onsets agree on every batch tried.
+
+The heads named at the phase change (``heads``) are the induction heads whose ``called_at`` lies within one
+checkpoint of the phase-change interval (from ``t_{i-1}`` to ``t_{i+2}``). ``order`` compares the earliest
+``rise_at`` of the previous-token heads with that of the induction heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+MIN_TOTAL_RISE = 0.1
+"""nats: a total ICL-score rise below this is noise on a batch of repeated random tokens, not a phase change."""
+MIN_CHECKPOINTS = 3
+RISE_FRACTION = 0.2
+"""A head has started to form once its score stays this fraction of its total change above its first value."""
+
+
+def _stays(values: Sequence[bool]) -> int | None:
+    """The first index from which every value is true, or None."""
+    first = None
+    for index, value in enumerate(values):
+        if not value:
+            first = None
+        elif first is None:
+            first = index
+    return first
+
+
+def formation(records: Sequence[dict[str, Any]], score: str) -> dict[str, dict[str, int | None]]:
+    """``head name -> {"called_at": step, "rise_at": step}`` for the heads called ``score`` heads at the
+    last checkpoint (see the module docstring)."""
+    steps = [r["step"] for r in records]
+    final = records[-1]["called"].get(score, [])
+    out: dict[str, dict[str, int | None]] = {}
+    for name in final:
+        layer, head = (int(part) for part in name.split("."))
+        values = [r["scores"][score][layer][head] for r in records]
+        called = _stays([name in r["called"].get(score, []) for r in records])
+        start, end = values[0], values[-1]
+        level = None if start is None or end is None else start + RISE_FRACTION * (end - start)
+        rise = _stays([v is not None and level is not None and v >= level for v in values])
+        out[name] = {"called_at": steps[called] if called is not None else None,
+                     "rise_at": steps[rise] if rise is not None else None}
+    return out
+
+
+def locate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``phase_change`` entry of ``track.json`` for ``records`` sorted by step (see the module docstring)."""
+    steps = [r["step"] for r in records]
+    icl = [r["icl_score"] for r in records]
+    induction = formation(records, "induction") if records else {}
+    previous = formation(records, "previous_token") if records else {}
+    entry: dict[str, Any] = {
+        "step": None, "interval": None, "rise": None, "share": None, "total_rise": None, "heads": [],
+        "formation": {"induction": induction, "previous_token": previous}, "order": _order(previous, induction),
+        "reason": None,
+    }
+    if len(records) < MIN_CHECKPOINTS:
+        entry["reason"] = f"{len(records)} checkpoint(s); locating a phase change needs at least {MIN_CHECKPOINTS}"
+        return entry
+    total = max(icl) - icl[0]
+    rises = [b - a for a, b in zip(icl, icl[1:], strict=False)]
+    best = max(range(len(rises)), key=lambda i: (rises[i], -i))  # the largest rise; ties: the earliest
+    entry["total_rise"] = round(total, 6)
+    if total < MIN_TOTAL_RISE or rises[best] <= 0:
+        entry["reason"] = (f"the in-context learning score rises by {total:.3f} nats in total; a phase change needs "
+                           f"at least {MIN_TOTAL_RISE}")
+        return entry
+    low, high = steps[max(best - 1, 0)], steps[min(best + 2, len(steps) - 1)]
+    entry.update(
+        step=steps[best + 1], interval=[steps[best], steps[best + 1]], rise=round(rises[best], 6),
+        share=round(rises[best] / total, 6),
+        heads=[name for name, when in induction.items()
+               if when["called_at"] is not None and low <= when["called_at"] <= high],
+    )
+    return entry
+
+
+def _order(previous: dict[str, dict], induction: dict[str, dict]) -> str | None:
+    """``"previous-token first"``, ``"together"`` or ``"induction first"`` by earliest ``rise_at``; None if either
+    kind has no formed head."""
+    first_prev = min((w["rise_at"] for w in previous.values() if w["rise_at"] is not None), default=None)
+    first_ind = min((w["rise_at"] for w in induction.values() if w["rise_at"] is not None), default=None)
+    if first_prev is None or first_ind is None:
+        return None
+    if first_prev < first_ind:
+        return "previous-token first"
+    return "together" if first_prev == first_ind else "induction first"
+
+
+__all__ = ["MIN_CHECKPOINTS", "MIN_TOTAL_RISE", "RISE_FRACTION", "formation", "locate"]

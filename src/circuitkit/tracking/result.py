@@ -1,0 +1,222 @@
+"""The :class:`Track` type, ``track.json`` and the per-checkpoint records it is assembled from.
+
+Files in a track's directory (every one written atomically: a temporary file, ``fsync``, rename, via
+:func:`circuitkit.report.saving.write_together`):
+
+- ``track-step<N>.json``: one record per checkpoint (:data:`RECORD_FORMAT`), written as soon as the checkpoint
+  is measured, so an interrupted track keeps what it finished and a rerun skips it; separate processes (a job
+  array) can each write their own;
+- ``track.json``: :meth:`Track.to_json` (:data:`TRACK_FORMAT`): the records in step order, the settings, the
+  architecture and the located ``phase_change`` (:mod:`circuitkit.tracking.phase`); rewritten after every
+  checkpoint while a track runs;
+- ``report.html``: the offline report (:mod:`circuitkit.report.track_page`), written with ``track.json`` at the
+  end (and when a track is interrupted).
+
+Units: losses and the ICL score are nats per token (natural-log cross-entropy, mean over the batch); steps are
+the training steps the checkpoints were saved at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+from circuitkit.tracking.phase import locate
+
+TRACK_FORMAT = "circuitkit-track/1"
+RECORD_FORMAT = "circuitkit-track-checkpoint/1"
+TRACK_NAME = "track.json"
+REPORT_NAME = "report.html"
+RECORD_PREFIX = "track-step"
+UNITS = {
+    "step": "training steps (optimizer updates) at which the checkpoint was saved",
+    "losses": "nats per token (natural-log cross-entropy, mean over the batch)",
+    "icl_score": "nats per token: first_copy_loss - repeated_loss",
+    "loss_per_position": "nats; index t - 1 is the loss of predicting the token at position t",
+}
+RECORD_KEYS = ("label", "step", "source", "icl_score", "first_copy_loss", "repeated_loss", "loss_per_position",
+               "scores", "called", "top_edges")
+
+
+def record_name(step: int) -> str:
+    return f"{RECORD_PREFIX}{int(step)}.json"
+
+
+def dumps(value: Any) -> bytes:
+    return (json.dumps(value, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class SavedTrack:
+    """Paths written by :meth:`Track.save`."""
+
+    track: Path
+    report: Path
+    pngs: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class Track:
+    """Scores along a training run: one record per checkpoint (``checkpoints``, in step order; each a dict with
+    the keys of ``track.json``'s checkpoint entries), the ``settings`` they were measured with and the shared
+    architecture (``model``). :attr:`phase_change` is computed from the records."""
+
+    checkpoints: tuple[dict[str, Any], ...]
+    settings: dict[str, Any]
+    model: dict[str, Any]
+    tokens_sha256: str | None = None
+    complete: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def phase_change(self) -> dict[str, Any]:
+        """See :mod:`circuitkit.tracking.phase` for the definition."""
+        return locate(self.checkpoints)
+
+    @property
+    def steps(self) -> list[int]:
+        return [r["step"] for r in self.checkpoints]
+
+    @property
+    def labels(self) -> list[str]:
+        return [r["label"] for r in self.checkpoints]
+
+    @property
+    def icl_scores(self) -> list[float]:
+        return [r["icl_score"] for r in self.checkpoints]
+
+    def scores(self, name: str) -> torch.Tensor:
+        """Score ``name`` of every head at every checkpoint: ``[checkpoint, layer, head]`` (NaN where undefined)."""
+        names = sorted(self.checkpoints[0]["scores"]) if self.checkpoints else []
+        if name not in names:
+            raise validate.fail("Track.scores: name", name, f"one of {names}")
+        rows = [[[float("nan") if v is None else v for v in row] for row in r["scores"][name]]
+                for r in self.checkpoints]
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly what ``track.json`` holds."""
+        from circuitkit import __version__
+
+        return {
+            "format": TRACK_FORMAT,
+            "circuitkit_version": __version__,
+            "complete": self.complete,
+            "units": UNITS,
+            "settings": self.settings,
+            "model": self.model,
+            "tokens_sha256": self.tokens_sha256,
+            "phase_change": self.phase_change,
+            "checkpoints": [{key: r[key] for key in RECORD_KEYS} for r in self.checkpoints],
+        }
+
+    def save(self, out_dir: str | os.PathLike, *, png: bool = False) -> SavedTrack:
+        """Write ``out_dir/track.json`` and ``out_dir/report.html`` (together or not at all); with ``png``, each
+        figure as ``out_dir/png/<figure>.png`` (needs headless Chromium, like the scan's export)."""
+        from circuitkit.report.saving import prepare_directory, write_together
+        from circuitkit.report.track_page import build_track_report
+
+        png = validate.boolean("Track.save: png", png)
+        out = prepare_directory(out_dir, where="Track.save: out_dir")
+        write_together(out, {TRACK_NAME: dumps(self.to_json()), REPORT_NAME: build_track_report(self).encode()})
+        pngs: tuple[Path, ...] = ()
+        if png:
+            from circuitkit.report.track_page import export_track_pngs
+
+            pngs = tuple(export_track_pngs(out / REPORT_NAME, out / "png"))
+        return SavedTrack(track=out / TRACK_NAME, report=out / REPORT_NAME, pngs=pngs)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Track:
+        """A track read back from ``track.json`` (or the directory holding it)."""
+        file = Path(path).expanduser()
+        if file.is_dir():
+            file = file / TRACK_NAME
+        data = _read(file, TRACK_FORMAT, "Track.load: path")
+        return cls(checkpoints=tuple(data["checkpoints"]), settings=data["settings"], model=data["model"],
+                   tokens_sha256=data.get("tokens_sha256"), complete=bool(data.get("complete", True)))
+
+    def _repr_html_(self) -> str:
+        from circuitkit.report.track_page import summary_html
+
+        return summary_html(self)
+
+    def __repr__(self) -> str:
+        change = self.phase_change
+        where = f"phase change at step {change['step']}" if change["step"] is not None else "no phase change"
+        return f"Track({len(self.checkpoints)} checkpoints, steps {self.steps[:1]}..{self.steps[-1:]}, {where})"
+
+
+def _read(file: Path, expected_format: str, where: str) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise validate.fail(where, str(file), f"an existing {expected_format} file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise validate.fail(where, str(file), f"a readable {expected_format} JSON file ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != expected_format:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise validate.fail(where, f"{str(file)!r} of format {got!r}", f"format {expected_format!r}")
+    return data
+
+
+def read_records(directory: Path) -> dict[int, dict[str, Any]]:
+    """``step -> record`` for every ``track-step<N>.json`` in ``directory`` (unreadable ones raise)."""
+    out: dict[int, dict[str, Any]] = {}
+    for file in sorted(directory.glob(f"{RECORD_PREFIX}*.json")):
+        record = _read(file, RECORD_FORMAT, "track: record")
+        out[int(record["step"])] = record
+    return out
+
+
+def same_run(records: list[dict[str, Any]], where: str) -> None:
+    """Every record measured with the same settings, batch and architecture, or one error naming the first
+    that differs."""
+    first = records[0]
+    for record in records[1:]:
+        for key, what in (("model", "architecture and vocabulary"), ("settings", "settings"),
+                          ("tokens_sha256", "token batch")):
+            if record.get(key) != first.get(key):
+                raise CircuitkitError(
+                    f"{where}: checkpoint {record['label']!r} (step {record['step']}) has {what} "
+                    f"{_short(record.get(key))}; expected {_short(first.get(key))} like {first['label']!r} "
+                    f"(step {first['step']}): one track compares checkpoints of one model measured one way."
+                )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def merge(directory: str | os.PathLike) -> Track:
+    """The track assembled from the per-checkpoint records in ``directory`` (written by separate processes or
+    jobs); the records must share settings, token batch and architecture."""
+    path = Path(os.fspath(directory)).expanduser() if isinstance(directory, (str, os.PathLike)) else None
+    if path is None or not path.is_dir():
+        raise validate.fail("track merge: directory", directory, "a directory holding track-step<N>.json records")
+    records = read_records(path)
+    if not records:
+        raise validate.fail("track merge: directory", str(path),
+                            "a directory holding track-step<N>.json records (found none)",
+                            "Run `circuitkit track CKPT --out DIR --no-merge` for each checkpoint first.")
+    ordered = [records[step] for step in sorted(records)]
+    same_run(ordered, "track merge")
+    return from_records(ordered)
+
+
+def from_records(ordered: list[dict[str, Any]], *, complete: bool = True) -> Track:
+    first = ordered[0]
+    return Track(checkpoints=tuple(ordered), settings=first["settings"], model=first["model"],
+                 tokens_sha256=first.get("tokens_sha256"), complete=complete)
+
+
+__all__ = ["RECORD_FORMAT", "TRACK_FORMAT", "SavedTrack", "Track", "merge", "read_records"]
