@@ -237,10 +237,9 @@ def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int, circuit: t
 
 
 def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
-    spec, cfg = adapter.spec, adapter.model.cfg
+    spec = adapter.spec
     if name is None:
-        name = getattr(cfg, "model_name", None) or type(adapter.model).__name__
-    attn_only = getattr(cfg, "attn_only", None)
+        name = adapter.default_name
     return ModelSummary(
         name=str(name),
         n_layers=spec.n_layers,
@@ -250,7 +249,7 @@ def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
         d_vocab=spec.d_vocab,
         n_ctx=spec.n_ctx,
         n_kv_heads=spec.n_kv_heads,
-        attn_only=attn_only if isinstance(attn_only, bool) else None,
+        attn_only=adapter.attn_only,
         family=spec.family,
     )
 

@@ -30,7 +30,7 @@ that can resume a forward pass from a residual stream (``start_at_layer``) says 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -79,6 +79,23 @@ class HOOKS:
     def layer_of(name: str) -> int:
         """The layer a ``blocks.{l}....`` hook name belongs to."""
         return int(name.split(".")[1])
+
+
+class _Stop(Exception):
+    """Ends a forward pass from a hook once everything asked for has been seen."""
+
+
+def norm_parameters(module: Any) -> tuple[float | None, Tensor | None]:
+    """``(eps, weight)`` of a LayerNorm or RMSNorm module, where they can be read (None each where not).
+
+    Where each family keeps them: torch's and most Hugging Face LayerNorms ``eps``, Llama-style RMSNorms
+    ``variance_epsilon``; a TransformerLens bridge component wraps the Hugging Face module as
+    ``original_component``."""
+    inner = getattr(module, "original_component", None) or module
+    eps = next((getattr(inner, name) for name in ("eps", "variance_epsilon")
+                if isinstance(getattr(inner, name, None), float)), None)
+    weight = getattr(inner, "weight", None)
+    return eps, weight if isinstance(weight, Tensor) else None
 
 
 @runtime_checkable
@@ -187,6 +204,67 @@ class ModelAdapter:
         from circuitkit.weights import HeadWeights
 
         return HeadWeights.from_model(self.model, embeddings=embeddings)
+
+    # ------------------------------------------------------------------ family facts
+    @property
+    def default_name(self) -> str:
+        """The model's name where its config records one (``cfg.model_name``), else its class name."""
+        name = getattr(self.model.cfg, "model_name", None)
+        return str(name) if isinstance(name, str) and name.strip() else type(self.model).__name__
+
+    @property
+    def attn_only(self) -> bool | None:
+        """Whether the model has attention layers only (no MLPs); None where the config does not say."""
+        value = getattr(self.model.cfg, "attn_only", None)
+        return value if isinstance(value, bool) else None
+
+    @property
+    def norm_kind(self) -> str | None:
+        """The normalisation in front of each attention layer, in TransformerLens's names: ``"LN"`` (LayerNorm),
+        ``"LNPre"`` (LayerNorm without weight), ``"RMS"``, ``"RMSPre"``; None without one."""
+        kind = getattr(self.model.cfg, "normalization_type", None)
+        return kind if isinstance(kind, str) else None
+
+    def attention_norm(self, layer: int) -> Any:
+        """The module normalising layer ``layer``'s attention input (``blocks[layer].ln1``, callable on
+        ``[..., d_model]``), or None where the model has no normalisation (:attr:`norm_kind` None)."""
+        if self.norm_kind is None:
+            return None
+        blocks = getattr(self.model, "blocks", None)
+        norm = getattr(blocks[layer], "ln1", None) if blocks is not None else None
+        if not callable(norm):
+            raise CircuitkitError(
+                f"{type(self.model).__name__} has cfg.normalization_type={self.norm_kind!r} but no callable "
+                f"blocks[{layer}].ln1; expected the normalisation before attention as TransformerLens names it "
+                "(path patching recomputes the receiver's input through it)."
+            )
+        return norm
+
+    def patterns(self, tokens: Tensor, layers: Iterable[int]) -> dict[int, Tensor]:
+        """The attention probabilities ``[batch, head, q_pos, k_pos]`` of ``layers`` on ``tokens`` (detached),
+        read at :meth:`HOOKS.pattern`; the pass stops after the last layer asked for."""
+        layers = sorted(set(layers))
+        kept: dict[int, Tensor] = {}
+
+        def keep(layer: int) -> HookFn:
+            def hook(pattern: Tensor, hook: Any) -> None:
+                kept[layer] = pattern.detach()
+                if layer == layers[-1]:
+                    raise _Stop
+
+            return hook
+
+        try:
+            self.run(tokens, [(HOOKS.pattern(layer), keep(layer)) for layer in layers])
+        except _Stop:
+            pass
+        missing = [layer for layer in layers if layer not in kept]
+        if missing:
+            raise CircuitkitError(
+                f"{type(self.model).__name__} ran without calling the pattern hook of layers {missing}; expected "
+                f"{HOOKS.pattern(missing[0])} [batch, head, q_pos, k_pos] in every attention layer."
+            )
+        return kept
 
     # ------------------------------------------------------------------ running
     def run(self, tokens: Tensor, fwd_hooks: FwdHooks = ()) -> Tensor:
@@ -321,4 +399,7 @@ def adapt(model: Any, device: str | torch.device | None = None) -> ModelAdapter:
     )
 
 
-__all__ = ["ADAPTERS", "HOOKS", "BridgeAdapter", "HookedModel", "ModelAdapter", "ModelSpec", "ToyAdapter", "adapt"]
+__all__ = [
+    "ADAPTERS", "HOOKS", "BridgeAdapter", "HookedModel", "ModelAdapter", "ModelSpec", "ToyAdapter", "adapt",
+    "norm_parameters",
+]
