@@ -128,7 +128,7 @@ def scan(
     resumable = ablate != "none" and adapter.can_resume
     n_heads = spec.n_total_heads
     expected_exact = {"all": n_heads, "top": min(n_heads, ablate_top + 4), "none": 0}[ablate]
-    with_evidence = circuit and spec.n_layers > 1
+    with_evidence = circuit and spec.n_layers > 1 and adapter.additive_heads  # else edges cannot be isolated
     evidence_cost = (EDGE_ATTRIBUTION_COST + top_k) * with_evidence
     total = 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1 + evidence_cost
     bar = _Progress(progress, total)

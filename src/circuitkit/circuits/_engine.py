@@ -87,6 +87,11 @@ def context(
     """A checked :class:`Context`; ``weights``: the model's :class:`~circuitkit.HeadWeights` where the caller has
     read them already (read here otherwise)."""
     adapter = adapt(model, device)
+    if not adapter.additive_heads:
+        raise validate.fail(f"{where}: model", validate.given(f"a {adapter.spec.family} model"),
+                            "a model whose heads add z @ W_O into the residual stream; in this family a norm sits "
+                            "between the attention output and the residual stream, so one head's contribution "
+                            "cannot be isolated (head scores, ablation and attribution still apply)")
     batch = as_batch(tokens, adapter)
     corrupt_batch = None
     if isinstance(corrupt, TokenBatch):

@@ -122,6 +122,11 @@ class ModelSpec:
     device: torch.device
     default_bos: int | None
     bidirectional: bool
+    windows: tuple[int | None, ...] | None = None  # per layer: keys a head sees (sliding window), None: all
+
+    def visible_keys(self, layer: int) -> int | None:
+        """How many keys (its own position and the ones before it) a query of ``layer`` sees; None: all."""
+        return self.windows[layer] if self.windows is not None else None
 
     @property
     def n_total_heads(self) -> int:
@@ -174,7 +179,7 @@ class ModelAdapter:
         n_kv = getattr(cfg, "n_key_value_heads", None)
         n_ctx = getattr(cfg, "n_ctx", None)
         return ModelSpec(
-            family=self.family,
+            family=self.family_name,
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(n_kv) if n_kv else n_heads,
@@ -185,7 +190,12 @@ class ModelAdapter:
             device=torch.device(device),
             default_bos=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
             bidirectional=getattr(cfg, "attention_dir", "causal") == "bidirectional",
+            windows=self._windows(n_layers),
         )
+
+    def _windows(self, n_layers: int) -> tuple[int | None, ...] | None:
+        """Per layer, the sliding window of its heads (None: the family has none)."""
+        return None
 
     def _first_device(self) -> torch.device:
         """Where token ids go: the embedding's device (the first parameter's), else ``cfg.device``, else cpu."""
@@ -206,6 +216,17 @@ class ModelAdapter:
         return HeadWeights.from_model(self.model, embeddings=embeddings)
 
     # ------------------------------------------------------------------ family facts
+    @property
+    def family_name(self) -> str:
+        """The family's name as reports show it."""
+        return self.family
+
+    @property
+    def additive_heads(self) -> bool:
+        """Whether each head adds ``z_h @ W_O[h]`` (+ its share of ``b_O``) into the residual stream as it is, so
+        that one head's contribution can be isolated (path patching, edge attribution need it)."""
+        return True
+
     @property
     def default_name(self) -> str:
         """The model's name where its config records one (``cfg.model_name``), else its class name."""
@@ -319,6 +340,44 @@ class BridgeAdapter(ModelAdapter):
     @classmethod
     def accepts(cls, model: Any) -> bool:
         return any(klass.__name__ == "TransformerBridge" for klass in type(model).__mro__)
+
+    # ------------------------------------------------------------------ family facts (models/families.py)
+    @property
+    def hf_config(self) -> Any:
+        """The wrapped Hugging Face model's config (None for a TransformerLens-native bridge)."""
+        return getattr(getattr(self.model, "original_model", None), "config", None)
+
+    @property
+    def facts(self) -> Any:
+        """The :class:`~circuitkit.models.families.Family` of the wrapped model, None where it is not in the
+        table (a native bridge: pre-norm, additive heads, no windows)."""
+        from circuitkit.models.families import family_of
+
+        return family_of(self.hf_config) if self.hf_config is not None else None
+
+    @property
+    def family_name(self) -> str:
+        facts = self.facts
+        return f"{facts.name} (TransformerBridge)" if facts is not None else self.family
+
+    @property
+    def additive_heads(self) -> bool:
+        facts = self.facts
+        return facts.additive_heads if facts is not None else True
+
+    def attention_norm(self, layer: int) -> Any:
+        facts = self.facts
+        if facts is not None and not facts.norm_before_attention:
+            return None  # the attention reads the residual stream as it is
+        return super().attention_norm(layer)
+
+    def _windows(self, n_layers: int) -> tuple[int | None, ...] | None:
+        from circuitkit.models.families import attention_windows
+
+        if self.hf_config is None:
+            return None
+        windows = attention_windows(self.hf_config, n_layers)
+        return windows if any(w is not None for w in windows) else None
 
     def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
         hooks = list(fwd_hooks)
