@@ -29,7 +29,7 @@ from circuitkit.composition import composition_scores
 from circuitkit.detect import RepeatedTokens, head_scores
 from circuitkit.models import load_model
 from circuitkit.models.contract import HOOKS, adapt
-from circuitkit.models.families import FAMILIES, table_rows
+from circuitkit.models.families import FAMILIES, README_END, README_START, table_rows
 
 LOGIT_TOL = 1e-5
 """The bridge runs Hugging Face's own modules: float32 agreement measured at <= 2e-7; margin for BLAS order."""
@@ -136,7 +136,7 @@ def test_every_family_in_the_table_has_a_test_config():
 
 def test_readme_table_is_generated_from_the_family_list():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    start, end = "<!-- families:start -->", "<!-- families:end -->"
+    start, end = README_START, README_END
     assert start in readme and end in readme
     assert readme.split(start)[1].split(end)[0].strip() == table_rows().strip()
     assert readme.index("## Supported model families") < readme.index(start) < readme.index("## Conventions")

@@ -140,4 +140,26 @@ def table_rows(families: Iterable[Family] = FAMILIES) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FAMILIES", "Family", "attention_windows", "family_of", "table_rows"]
+README_START, README_END = "<!-- families:start -->", "<!-- families:end -->"
+
+
+def write_readme_table(path: str) -> None:
+    """Replace the generated table between :data:`README_START` and :data:`README_END` in the file at ``path``."""
+    from pathlib import Path
+
+    file = Path(path)
+    text = file.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{path}: no {README_START} ... {README_END} block to refresh")
+    head, rest = text.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    file.write_text(f"{head}{README_START}\n{table_rows()}\n{README_END}{tail}", encoding="utf-8")
+
+
+if __name__ == "__main__":  # python -m circuitkit.models.families README.md
+    import sys
+
+    write_readme_table(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+
+
+__all__ = ["FAMILIES", "Family", "attention_windows", "family_of", "table_rows", "write_readme_table"]
