@@ -72,6 +72,8 @@ CONFIGS = {
     "Qwen2-MoE": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
         GQA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)),
     "Qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(GQA, head_dim=8)),
+    "Qwen3-MoE": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        GQA, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
     "Gemma": ("GemmaConfig", "GemmaForCausalLM", dict(GQA, head_dim=8)),
     "Gemma 2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
         GQA, head_dim=8, sliding_window=WINDOW, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,

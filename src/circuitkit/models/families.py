@@ -58,6 +58,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("Qwen2", ("qwen2",), "Qwen/Qwen2.5-0.5B", notes="grouped-query attention, QKV biases"),
     Family("Qwen2-MoE", ("qwen2_moe",), "Qwen/Qwen1.5-MoE-A2.7B", notes="mixture of experts with a shared expert"),
     Family("Qwen3", ("qwen3",), "Qwen/Qwen3-0.6B", notes="QK-norm"),
+    Family("Qwen3-MoE", ("qwen3_moe",), "Qwen/Qwen3-30B-A3B", notes="QK-norm, mixture of experts"),
     Family("Gemma", ("gemma",), "google/gemma-2b", notes="multi-query / grouped attention, scaled embeddings"),
     Family("Gemma 2", ("gemma2",), "google/gemma-2-2b", additive_heads=False,
            notes="soft-capping, alternating sliding-window layers, norm after attention"),
