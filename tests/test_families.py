@@ -98,6 +98,9 @@ CONFIGS = {
     "Granite-MoE": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(
         GQA, num_local_experts=4, num_experts_per_tok=2, residual_multiplier=0.5)),
     "Cohere": ("CohereConfig", "CohereForCausalLM", GQA),
+    "Cohere 2": ("Cohere2Config", "Cohere2ForCausalLM", dict(
+        GQA, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])),
+    "EXAONE 4": ("Exaone4Config", "Exaone4ForCausalLM", dict(GQA, pad_token_id=0)),
     "Nemotron": ("NemotronConfig", "NemotronForCausalLM", GQA),
     "GLM": ("GlmConfig", "GlmForCausalLM", dict(GQA, head_dim=8, pad_token_id=0)),
     "SmolLM3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(GQA, pad_token_id=0)),
