@@ -53,7 +53,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.random_baseline import MODES, CompositionBaseline, Mode, check_mode, composition_baseline
-from circuitkit.ranking import top_indices
+from circuitkit.ranking import top_indices, unravel
 from circuitkit.weights import HeadWeights, as_head_weights
 
 __all__ = [
@@ -357,8 +357,6 @@ def top_edges(scores: Float[Tensor, "src_layer src_head dst_layer dst_head"], k:
     edges = []
     for position, _ in top_indices(values, k) if len(values) else []:
         index = int(flat_index[position])
-        src_layer, rest = divmod(index, H * L * H)
-        src_head, rest = divmod(rest, L * H)
-        dst_layer, dst_head = divmod(rest, H)
+        src_layer, src_head, dst_layer, dst_head = unravel(index, (L, H, L, H))
         edges.append(Edge((src_layer, src_head), (dst_layer, dst_head), float(values[position])))
     return edges

@@ -61,7 +61,7 @@ from circuitkit.detect.attribution import frozen_parameters
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, norm_parameters
-from circuitkit.ranking import Head, head_name, top_indices
+from circuitkit.ranking import Head, head_name, top_indices, unravel
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,7 @@ class EdgeAttribution:
         n_edges = H * H * len(channels) * L * (L - 1) // 2
         out = []
         for index, value in top_indices(values, max(1, min(k, n_edges)), absolute=True):
-            index, c = divmod(index, len(channels))
-            index, h2 = divmod(index, H)
-            index, l2 = divmod(index, L)
-            l1, h1 = divmod(index, H)
+            l1, h1, l2, h2, c = unravel(index, (L, H, L, H, len(channels)))
             if not math.isnan(value):
                 out.append(AttributedEdge((l1, h1), (l2, h2), channels[c], value))
         return out

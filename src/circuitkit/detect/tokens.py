@@ -114,13 +114,7 @@ class RepeatedTokens:
                 f"RepeatedTokens: token_range {self.token_range!r} leaves {candidates.numel()} token id(s) besides "
                 "the BOS; expected at least 2."
             )
-        generator = torch.Generator().manual_seed(self.seed)
-        if candidates.numel() >= block_len:
-            keys = torch.rand(self.batch, candidates.numel(), generator=generator)
-            index = keys.argsort(dim=-1)[:, :block_len]  # a random permutation per row: no repeats within a block
-        else:
-            index = torch.randint(candidates.numel(), (self.batch, block_len), generator=generator)
-        block = candidates[index]
+        block = random_blocks(candidates, self.batch, block_len, torch.Generator().manual_seed(self.seed))
         parts = [block] * self.n_repeats
         if bos is not None:
             parts.insert(0, torch.full((self.batch, 1), bos, dtype=torch.long))
@@ -179,6 +173,17 @@ class TokenBatch:
         return definition.targets(self.tokens)
 
 
+def random_blocks(pool: Tensor, batch: int, length: int, generator: torch.Generator) -> Tensor:
+    """``[batch, length]`` ids drawn from the 1-d ``pool``: distinct within each row (a random permutation's first
+    ``length``) when the pool has ``length`` ids or more, with replacement otherwise. The one sampler of random
+    blocks (token batches, resampled corruptions, the zoo's training data), so that equal seeds draw equal blocks."""
+    if pool.numel() >= length:
+        index = torch.rand(batch, pool.numel(), generator=generator).argsort(dim=-1)[:, :length]
+    else:
+        index = torch.randint(pool.numel(), (batch, length), generator=generator)
+    return pool[index]
+
+
 def as_batch(tokens: RepeatedTokens | TokenBatch | None, adapter: ModelAdapter) -> TokenBatch:
     """``tokens`` built for ``adapter``'s model (``None``: the default :class:`RepeatedTokens`)."""
     if tokens is None:
@@ -227,4 +232,5 @@ __all__ = [
     "first_targets",
     "induction_targets",
     "previous_targets",
+    "random_blocks",
 ]

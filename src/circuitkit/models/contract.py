@@ -139,13 +139,13 @@ class ModelAdapter:
     family: ClassVar[str] = "duck-typed"
     can_resume: ClassVar[bool] = False
 
-    def __init__(self, model: Any, device: str | torch.device | None = None) -> None:
-        self.model = model
+    def __init__(self, model: HookedModel, device: str | torch.device | None = None) -> None:
+        self.model: HookedModel = model
         self.spec = self._read_spec(validate.device("device", device))
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
-        return callable(getattr(model, "run_with_hooks", None)) and getattr(model, "cfg", None) is not None
+        return isinstance(model, HookedModel) and callable(model.run_with_hooks) and model.cfg is not None
 
     # ------------------------------------------------------------------ reading the model
     def _read_spec(self, device: torch.device | None) -> ModelSpec:
