@@ -298,3 +298,27 @@ def test_edge_evidence_is_refused_where_heads_do_not_add_into_the_residual_strea
         edge_attribution(load_model(str(tmp_path)), tokens=TOKENS)
     message = str(info.value)
     assert "\n" not in message and "Gemma 2" in message and "residual stream" in message
+
+
+UNSUPPORTED_CONFIGS = {
+    "mamba": ("MambaConfig", "MambaForCausalLM", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                      state_size=4)),
+    "jamba": ("JambaConfig", "JambaForCausalLM", dict(
+        GQA, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, num_experts=2,
+        mamba_d_state=4, use_mamba_kernels=False)),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(UNSUPPORTED_CONFIGS))
+def test_families_without_attention_in_every_layer_are_refused_in_one_line(model_type, tmp_path):
+    import transformers
+
+    from circuitkit.models.families import UNSUPPORTED
+
+    config_class, model_class, sizes = UNSUPPORTED_CONFIGS[model_type]
+    torch.manual_seed(0)
+    getattr(transformers, model_class)(getattr(transformers, config_class)(**sizes)).save_pretrained(str(tmp_path))
+    with pytest.raises(CircuitkitError) as info:
+        load_model(str(tmp_path))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("load_model") and UNSUPPORTED[model_type] in message

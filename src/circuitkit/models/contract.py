@@ -22,9 +22,16 @@ Hook names (``l`` the layer)::
     blocks.{l}.attn.hook_q/k/v     [batch, pos, head|kv_head, d_head]
     blocks.{l}.hook_attn_out       [batch, pos, d_model]        the attention layer's output
 
-Families (:data:`ADAPTERS`, tried in order): TransformerLens 4.x ``TransformerBridge``, circuitkit's toy
-:class:`~circuitkit.models.AttentionOnlyModel`, and any duck-typed HookedTransformer-like object. A family
-that can resume a forward pass from a residual stream (``start_at_layer``) says so in ``can_resume``.
+Adapters (:data:`ADAPTERS`, tried in order): TransformerLens 4.x ``TransformerBridge``, circuitkit's toy
+:class:`~circuitkit.models.AttentionOnlyModel`, and any duck-typed HookedTransformer-like object. An adapter that
+can resume a forward pass from a residual stream (``start_at_layer``) says so in ``can_resume``.
+
+Every fact about a model's family that the rest of circuitkit needs is a question to the adapter, never a read of
+the model's internals: the norm in front of each attention layer (:meth:`ModelAdapter.attention_norm`,
+:attr:`~ModelAdapter.norm_kind`, :func:`norm_parameters`), whether heads add into the residual stream
+(:attr:`~ModelAdapter.additive_heads`), sliding windows (``spec.windows``), attention patterns
+(:meth:`~ModelAdapter.patterns`), hook names (:class:`HOOKS`), weights, the name and summary. For a bridge over a
+Hugging Face model, the answers come from the model's :class:`~circuitkit.models.families.Family`.
 """
 
 from __future__ import annotations

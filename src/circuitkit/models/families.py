@@ -101,6 +101,23 @@ FAMILIES: tuple[Family, ...] = (
 
 _BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 
+_STATE_SPACE = "a state-space model with no attention layers, so it has no attention heads to score"
+_HYBRID = ("a hybrid whose layers are not all attention layers; circuitkit indexes heads by attention layer and "
+           "resumes passes at layer boundaries, which such stacks do not share")
+UNSUPPORTED: dict[str, str] = {
+    **{model_type: _STATE_SPACE for model_type in ("mamba", "mamba2", "falcon_mamba", "rwkv")},
+    **{model_type: _HYBRID for model_type in ("jamba", "zamba2", "bamba", "falcon_h1", "granitemoehybrid",
+                                              "nemotron_h", "lfm2", "lfm2_moe", "qwen3_next", "olmo_hybrid",
+                                              "recurrent_gemma")},
+}
+"""Families TransformerLens bridges that circuitkit refuses at load time, with the reason (encoder-decoder models
+are refused by their config's ``is_encoder_decoder``)."""
+
+
+def unsupported_reason(hf_config: Any) -> str | None:
+    """Why circuitkit cannot score a model of this config's family, or None where it can."""
+    return UNSUPPORTED.get(getattr(hf_config, "model_type", None))
+
 
 def family_of(hf_config: Any) -> Family | None:
     """The :class:`Family` of a transformers config (by ``model_type``), or None for a family not in the table."""
@@ -167,4 +184,7 @@ if __name__ == "__main__":  # python -m circuitkit.models.families README.md
     write_readme_table(sys.argv[1] if len(sys.argv) > 1 else "README.md")
 
 
-__all__ = ["FAMILIES", "Family", "attention_windows", "family_of", "table_rows", "write_readme_table"]
+__all__ = [
+    "FAMILIES", "UNSUPPORTED", "Family", "attention_windows", "family_of", "table_rows", "unsupported_reason",
+    "write_readme_table",
+]

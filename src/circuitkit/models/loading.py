@@ -175,13 +175,19 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
         raise _error(f"{str(config_path)!r} has", shown,
                      "a model_type that the installed transformers knows (e.g. 'gpt2', 'llama')",
                      "Upgrade transformers if the architecture is newer than it.")
-    _refuse_encoder_decoder(path, _hf_config(path))
+    _refuse_unsupported(path, _hf_config(path))
     files = _weight_files(path)
     _check_shapes(path, config, files)
     return ModelDirectory(path=path, config=config, weight_files=files)
 
 
-def _refuse_encoder_decoder(path: Path, hf_config: Any) -> None:
+def _refuse_unsupported(path: Path, hf_config: Any) -> None:
+    from circuitkit.models.families import unsupported_reason
+
+    reason = unsupported_reason(hf_config)
+    if reason is not None:
+        raise _error("given model", f"{str(path)!r} of family {hf_config.model_type!r}, {reason}",
+                     "a transformer whose layers are all attention layers (GPT-2, Llama, BERT, ...)")
     if getattr(hf_config, "is_encoder_decoder", False):
         raise _error("given model", f"{str(path)!r}, an encoder-decoder ({hf_config.model_type})",
                      "a decoder-only (GPT-2, Llama, ...) or encoder-only (BERT) model: encoder-decoder models are "
