@@ -338,7 +338,6 @@ class BridgeAdapter(ModelAdapter):
     """
 
     family = "transformer-bridge"
-    can_resume = True
 
     def __init__(self, model: Any, device: str | torch.device | None = None) -> None:
         super().__init__(model, device)
@@ -367,6 +366,11 @@ class BridgeAdapter(ModelAdapter):
         facts = self.facts
         return f"{facts.name} (TransformerBridge)" if facts is not None else self.family
 
+    @property  # type: ignore[override]  (a class constant elsewhere; here a fact of the wrapped family)
+    def can_resume(self) -> bool:
+        facts = self.facts
+        return facts.resumable if facts is not None else True
+
     @property
     def additive_heads(self) -> bool:
         facts = self.facts
@@ -387,6 +391,8 @@ class BridgeAdapter(ModelAdapter):
         return windows if any(w is not None for w in windows) else None
 
     def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+        if not self.can_resume:
+            return super().run_from(resid, start_at_layer, fwd_hooks)  # refuses
         hooks = list(fwd_hooks)
         with self._skipping_blocks(start_at_layer):
             if hooks:

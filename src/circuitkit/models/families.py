@@ -13,6 +13,9 @@ residual stream. Three facts change what circuitkit may compute, and they are wr
   (post-norm) mixes the heads non-linearly, and Granite scales the attention output (``residual_multiplier``)
   on its way into the residual stream: edge-level evidence is refused for such families; head-level scores,
   ablation and attribution are not affected.
+- **whether a pass can resume from a residual stream** (``resumable``): exact ablation and path patching start
+  their passes at the first layer they change; where the bridge's resumed pass does not reproduce the full one
+  (measured: BLOOM, BERT, RoBERTa), they run full passes instead (same results, slower).
 - **which keys a head can see** (:func:`attention_windows`): sliding-window layers (Mistral, Gemma 2/3's local
   layers, GPT-Neo's local layers, OLMo 3) see only the last ``window`` positions; the neutral value of a pattern
   score (what a head attending uniformly scores) counts only those keys.
@@ -40,6 +43,7 @@ class Family:
     example: str  # a checkpoint researchers load
     norm_before_attention: bool = True
     additive_heads: bool = True
+    resumable: bool = True
     notes: str = ""
 
 
@@ -50,7 +54,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("GPT-NeoX / Pythia", ("gpt_neox",), "EleutherAI/pythia-70m",
            notes="rotary (partial), parallel attention and MLP, training checkpoints"),
     Family("OPT", ("opt",), "facebook/opt-125m", notes="learned positions"),
-    Family("BLOOM", ("bloom",), "bigscience/bloom-560m", notes="ALiBi, fused QKV"),
+    Family("BLOOM", ("bloom",), "bigscience/bloom-560m", resumable=False, notes="ALiBi, fused QKV"),
     Family("Falcon", ("falcon",), "tiiuae/falcon-rw-1b", notes="multi-query attention, ALiBi, parallel attention"),
     Family("Llama", ("llama",), "meta-llama/Llama-3.2-1B", notes="grouped-query attention, rotary, RMSNorm"),
     Family("Mistral", ("mistral",), "mistralai/Mistral-7B-v0.1", notes="grouped-query attention, sliding window"),
@@ -93,9 +97,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("OpenAI GPT", ("openai-gpt",), "openai-community/openai-gpt", norm_before_attention=False,
            additive_heads=False, notes="post-norm"),
     Family("BERT", ("bert",), "bert-base-uncased", norm_before_attention=False, additive_heads=False,
-           notes="bidirectional, post-norm (masked-LM head required)"),
+           resumable=False, notes="bidirectional, post-norm (masked-LM head required)"),
     Family("RoBERTa", ("roberta",), "FacebookAI/roberta-base", norm_before_attention=False, additive_heads=False,
-           notes="bidirectional, post-norm (masked-LM head required)"),
+           resumable=False, notes="bidirectional, post-norm (masked-LM head required)"),
 )
 """Every family the test matrix (``tests/test_families.py``) checks against Hugging Face, in table order."""
 
@@ -158,7 +162,8 @@ def table_rows(families: Iterable[Family] = FAMILIES) -> str:
     for family in families:
         types = ", ".join(f"`{t}`" for t in family.model_types)
         edges = "yes" if family.additive_heads else "no (heads do not add into the residual stream)"
-        lines.append(f"| {family.name} | {types} | `{family.example}` | {family.notes} | {edges} |")
+        notes = family.notes + ("" if family.resumable else "; ablation runs full passes")
+        lines.append(f"| {family.name} | {types} | `{family.example}` | {notes} | {edges} |")
     return "\n".join(lines)
 
 
