@@ -333,8 +333,12 @@ class BridgeAdapter(ModelAdapter):
     output at block ``l`` (measured: resuming at the last of 30 layers cost a whole forward pass). While
     resuming, each earlier block's wrapped module is therefore replaced by a pass-through that returns its
     hidden-state input in the output structure the module has (learnt from one real call per block), so
-    the work skipped is really skipped. Tests check resumed and full passes agree on GPT-2, Llama (GQA) and
-    TransformerLens-native bridges.
+    the work skipped is really skipped. Tests check resumed and full passes agree on TransformerLens-native
+    bridges and on every family of :mod:`circuitkit.models.families` whose ``resumable`` is true (the others,
+    where the bridge's own resumed pass differs from the full one, report ``can_resume`` false).
+
+    Every other family fact (norm before attention, additive heads, sliding windows, the name) comes from the
+    wrapped Hugging Face model's :class:`~circuitkit.models.families.Family`.
     """
 
     family = "transformer-bridge"
