@@ -22,12 +22,11 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 
 def random_bridge(n_layers: int, n_heads: int, d_model: int, d_vocab: int, n_ctx: int):
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources.native import boot
-
+    from circuitkit.models.bridge import native_bridge
     from circuitkit.models.tokenizer import word_tokenizer
 
-    cfg = TransformerBridgeConfig(
+    return native_bridge(
+        tokenizer=word_tokenizer(d_vocab),
         n_layers=n_layers,
         n_heads=n_heads,
         d_model=d_model,
@@ -37,9 +36,6 @@ def random_bridge(n_layers: int, n_heads: int, d_model: int, d_vocab: int, n_ctx
         attn_only=False,
         seed=0,
     )
-    model = boot(cfg, tokenizer=word_tokenizer(d_vocab))
-    model.eval()
-    return model
 
 
 def bench_model(label: str, model, *, block_len: int, batch: int, repeats: int, tl_prompts: int) -> dict:

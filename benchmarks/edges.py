@@ -47,16 +47,12 @@ N_PATCH = 32
 
 def gpt2_shape(n_layers: int = 12, n_heads: int = 12, d_model: int = 768):
     """A random GPT-2-shaped TransformerBridge (small by default; ``gpt2_shape(24, 16, 1024)`` is medium)."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources.native import boot
+    from circuitkit.models.bridge import native_bridge
 
-    cfg = TransformerBridgeConfig(
+    return native_bridge(
         n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=64, d_vocab=50257, n_ctx=1024, attn_only=False,
         normalization_type="LN", seed=0,
     )
-    model = boot(cfg)
-    model.eval()
-    return model
 
 
 def zoo_model():

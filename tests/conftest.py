@@ -30,11 +30,10 @@ def boot_bridge(
     seed: int = 0,
     **extra,
 ):
-    """A random-init TransformerLens 4.x ``TransformerBridge`` built offline with ``sources.native.boot``."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources.native import boot
+    """A random-init TransformerLens 4.x ``TransformerBridge`` built offline (``models.bridge.native_bridge``)."""
+    from circuitkit.models.bridge import native_bridge
 
-    cfg = TransformerBridgeConfig(
+    return native_bridge(
         n_layers=n_layers,
         n_heads=n_heads,
         d_model=d_model,
@@ -46,9 +45,6 @@ def boot_bridge(
         seed=seed,
         **extra,
     )
-    model = boot(cfg)
-    model.eval()
-    return model
 
 
 def random_weights(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -124,3 +126,108 @@ def test_allow_download_fetches_only_configs_tokenizers_and_safetensors(tmp_path
     fetched = {name for name in ("config.json", "model.safetensors", "tokenizer.json", "modeling_evil.py",
                                  "pytorch_model.bin", "model.ckpt") if any(fnmatch.fnmatch(name, p) for p in patterns)}
     assert fetched == {"config.json", "model.safetensors", "tokenizer.json"}
+
+
+# ---------------------------------------------------------------- what transformers checks, after its own renaming
+
+TINY = {"vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 64, "max_position_embeddings": 64}
+"""Sizes of the tiny random checkpoints below (built from transformers configs, no download)."""
+
+
+def _save(directory, config, model_class, seed: int = 0):
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    model.save_pretrained(str(directory), safe_serialization=True)
+    return model
+
+
+def _stored_keys(directory) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
+        return set(handle.keys())
+
+
+def _scan_small(model):
+    import circuitkit as ck
+
+    return ck.scan(model, tokens=RepeatedTokens(block_len=5, batch=2, seed=0), ablate="none", circuit=False,
+                   top_k=2)
+
+
+def test_pythia_checkpoint_with_embed_out_loads_and_scans(tmp_path):
+    """GPT-NeoX / Pythia checkpoints store the unembedding as ``embed_out.weight``; transformers maps it to the
+    model's head on load, so the check must judge the model after that mapping, not the file's names."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    hf = _save(tmp_path, GPTNeoXConfig(**TINY), GPTNeoXForCausalLM)
+    assert "embed_out.weight" in _stored_keys(tmp_path)  # the name real Pythia checkpoints use
+    bridge = load_model(str(tmp_path))
+    tokens = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(tokens), hf(tokens).logits, atol=LOGIT_TOL, rtol=0)
+    result = _scan_small(bridge)
+    assert result.head_scores["induction"].shape == (2, 4)
+    assert torch.isfinite(result.head_scores["induction"]).all()
+    assert math.isfinite(result.induction_loss.repeated_copies)
+
+
+def test_mixtral_checkpoint_with_per_expert_weights_loads_and_scans(tmp_path):
+    """Mixtral checkpoints store each expert's w1/w2/w3; the model holds them fused. Accepted after transformers'
+    renaming, with logits equal to Hugging Face's."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(**TINY, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    hf = _save(tmp_path, config, MixtralForCausalLM)
+    assert any(key.endswith("experts.0.w1.weight") for key in _stored_keys(tmp_path))
+    bridge = load_model(str(tmp_path))
+    tokens = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(tokens), hf(tokens).logits, atol=LOGIT_TOL, rtol=0)
+    assert torch.isfinite(_scan_small(bridge).head_scores["induction"]).all()
+
+
+def test_checkpoint_without_its_head_is_refused_not_randomly_initialised(tmp_path):
+    """A BertModel checkpoint (no masked-LM head) would load as BertForMaskedLM with a random head: two scans
+    would disagree. Refused with one line naming the weights transformers would initialise."""
+    from transformers import BertConfig, BertModel
+
+    _save(tmp_path, BertConfig(**TINY), BertModel)
+    with pytest.raises(CircuitkitError) as info:
+        load_model(str(tmp_path))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("load_model")
+    assert "initialise at random" in message and "cls.predictions" in message
+    assert info.value.__cause__ is None
+
+
+def test_control_the_same_architecture_with_its_head_loads(tmp_path):
+    """The refusal above is about the missing head, not about BERT: BertForMaskedLM loads and matches HF."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    hf = _save(tmp_path, BertConfig(**TINY), BertForMaskedLM)
+    bridge = load_model(str(tmp_path))
+    tokens = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(tokens), hf(tokens).logits, atol=LOGIT_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_encoder_decoder_is_refused_with_the_reason(tmp_path, family):
+    import transformers
+
+    if family == "t5":
+        config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+        model_class = transformers.T5ForConditionalGeneration
+    else:
+        config = transformers.BartConfig(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2,
+                                         encoder_attention_heads=4, decoder_attention_heads=4,
+                                         encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+        model_class = transformers.BartForConditionalGeneration
+    _save(tmp_path, config, model_class)
+    with pytest.raises(CircuitkitError) as info:
+        load_model(str(tmp_path))
+    message = str(info.value)
+    assert "\n" not in message and "encoder-decoder" in message and "not supported" in message
+    assert "cross-attention" in message  # says why

@@ -8,6 +8,7 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   :func:`frobenius_norm`, :func:`ov_eigenvalues`.
 - Composition between heads: :func:`composition_scores`, :func:`composition_baseline`, :func:`top_edges`.
 - The whole pipeline: :func:`scan` -> :class:`Scan` (``.save(dir)``, ``.to_json()``, ``.top(...)``).
+- Loading: :func:`load_model` (a zoo name, a local Hugging Face directory, a cached hub name; offline).
 - Head detection on repeated random tokens (:class:`RepeatedTokens` is the batch every entry point takes):
   :func:`head_scores`, :func:`induction_loss`, :func:`ablation_effects`, :func:`attribution_effects`;
   scores are a registry (``circuitkit.detect.register``).
@@ -52,6 +53,7 @@ _LAZY: dict[str, str] = {
     "HeadEffects": "circuitkit.scan_types",
     "Scan": "circuitkit.scan_types",
     "scan": "circuitkit.pipeline",
+    "load_model": "circuitkit.models.loading",
     "path_patching": "circuitkit.circuits.patching",
     "edge_attribution": "circuitkit.circuits.attribution",
     "circuit_evidence": "circuitkit.circuits.evidence",

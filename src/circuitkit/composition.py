@@ -52,8 +52,8 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
-from circuitkit.random_baseline import CompositionBaseline, composition_baseline
-from circuitkit.ranking import top_indices
+from circuitkit.random_baseline import MODES, CompositionBaseline, Mode, check_mode, composition_baseline
+from circuitkit.ranking import top_indices, unravel
 from circuitkit.weights import HeadWeights, as_head_weights
 
 __all__ = [
@@ -66,8 +66,6 @@ __all__ = [
     "top_edges",
 ]
 
-Mode = Literal["Q", "K", "V"]
-MODES: tuple[str, ...] = ("Q", "K", "V")
 Baseline = Literal["subtract", "zscore"]
 
 ZSCORE_MIN_STD = 1e-6
@@ -75,11 +73,6 @@ ZSCORE_MIN_STD = 1e-6
 baseline is computed in float64, so at shapes where every random pair scores the same (``d_model == 1``, where
 all circuits are scalars and every score is 1) the measured std is ~1e-16 and a z-score would be ~1e15."""
 
-
-def check_mode(mode: Any, where: str) -> str:
-    """``mode`` if it is ``"Q"`` (query), ``"K"`` (key) or ``"V"`` (value composition); else :class:`CircuitkitError`
-    naming ``where``."""
-    return validate.option(f"{where}: mode", mode, MODES)
 
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 """Bytes the tiled product's working set aims to stay under (the result tensor itself is not counted)."""
@@ -364,8 +357,6 @@ def top_edges(scores: Float[Tensor, "src_layer src_head dst_layer dst_head"], k:
     edges = []
     for position, _ in top_indices(values, k) if len(values) else []:
         index = int(flat_index[position])
-        src_layer, rest = divmod(index, H * L * H)
-        src_head, rest = divmod(rest, L * H)
-        dst_layer, dst_head = divmod(rest, H)
+        src_layer, src_head, dst_layer, dst_head = unravel(index, (L, H, L, H))
         edges.append(Edge((src_layer, src_head), (dst_layer, dst_head), float(values[position])))
     return edges

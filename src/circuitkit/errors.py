@@ -27,10 +27,3 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def check(condition: bool, given: str, expected: str, fix: str = "") -> None:
-    """Raise ``CircuitkitError("given ...; expected ...; fix")`` unless ``condition`` holds."""
-    if not condition:
-        message = f"{given}; expected {expected}."
-        if fix:
-            message += f" {fix}"
-        raise CircuitkitError(message)

@@ -128,7 +128,7 @@ def scan(
     resumable = ablate != "none" and adapter.can_resume
     n_heads = spec.n_total_heads
     expected_exact = {"all": n_heads, "top": min(n_heads, ablate_top + 4), "none": 0}[ablate]
-    with_evidence = circuit and spec.n_layers > 1
+    with_evidence = circuit and spec.n_layers > 1 and adapter.additive_heads  # else edges cannot be isolated
     evidence_cost = (EDGE_ATTRIBUTION_COST + top_k) * with_evidence
     total = 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1 + evidence_cost
     bar = _Progress(progress, total)
@@ -237,10 +237,9 @@ def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int, circuit: t
 
 
 def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
-    spec, cfg = adapter.spec, adapter.model.cfg
+    spec = adapter.spec
     if name is None:
-        name = getattr(cfg, "model_name", None) or type(adapter.model).__name__
-    attn_only = getattr(cfg, "attn_only", None)
+        name = adapter.default_name
     return ModelSummary(
         name=str(name),
         n_layers=spec.n_layers,
@@ -250,7 +249,7 @@ def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
         d_vocab=spec.d_vocab,
         n_ctx=spec.n_ctx,
         n_kv_heads=spec.n_kv_heads,
-        attn_only=attn_only if isinstance(attn_only, bool) else None,
+        attn_only=adapter.attn_only,
         family=spec.family,
     )
 

@@ -22,15 +22,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import torch
 
 from circuitkit import validate
 from circuitkit.weights import as_head_weights
 
-if TYPE_CHECKING:
-    from circuitkit.composition import Mode
+Mode = Literal["Q", "K", "V"]
+MODES: tuple[str, ...] = ("Q", "K", "V")
+"""Composition modes: query, key, value (here, not in :mod:`circuitkit.composition`, which imports this module)."""
+
+
+def check_mode(mode: Any, where: str) -> str:
+    """``mode`` if it is ``"Q"`` (query), ``"K"`` (key) or ``"V"`` (value composition); else :class:`CircuitkitError`
+    naming ``where``."""
+    return validate.option(f"{where}: mode", mode, MODES)
 
 CLOSED_FORM_MIN_D_HEAD = 4
 """Below this ``d_head`` the ratio-of-expectations value ``1/sqrt(d_model)`` is more than ~5% off the mean."""
@@ -64,8 +71,6 @@ def composition_baseline(weights: Any, mode: Mode, *, n_samples: int = 32, seed:
     ``mode``: ``"Q"``, ``"K"`` or ``"V"``. ``n_samples`` (>= 2) random pairs are drawn from a generator
     seeded with ``seed``; results are cached per shape. See the module docstring for the maths.
     """
-    from circuitkit.composition import check_mode  # composition imports this module: import at call time
-
     check_mode(mode, "composition_baseline")
     n_samples = validate.integer(
         "composition_baseline: n_samples", n_samples, minimum=2, maximum=MAX_SAMPLES,

@@ -24,14 +24,6 @@ def head_name(head: Sequence[int]) -> str:
     return f"{int(layer)}.{int(index)}"
 
 
-def parse_head(name: str) -> Head:
-    """``"layer.head"`` -> ``(layer, head)``; a ``CircuitkitError`` for anything else."""
-    parts = name.split(".") if isinstance(name, str) else []
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise validate.fail("head name", name, "'layer.head' with two non-negative integers, e.g. '1.3'")
-    return int(parts[0]), int(parts[1])
-
-
 def top_indices(values: Tensor, k: int, *, absolute: bool = False, largest: bool = True) -> list[tuple[int, float]]:
     """The ``k`` best flat indices of ``values`` as ``(index, value)``: descending (``largest``) or ascending,
     by ``|value|`` when ``absolute`` (the value returned keeps its sign). Ties keep flat order; NaN last."""
@@ -49,6 +41,15 @@ def top_indices(values: Tensor, k: int, *, absolute: bool = False, largest: bool
     return [(i, flat[i]) for i in order]
 
 
+def unravel(index: int, shape: Sequence[int]) -> tuple[int, ...]:
+    """The position of flat (row-major) ``index`` in a tensor of ``shape``: ``unravel(7, (2, 4)) == (1, 3)``."""
+    out = []
+    for size in reversed(shape):
+        index, position = divmod(int(index), int(size))
+        out.append(position)
+    return tuple(reversed(out))
+
+
 def top_heads(
     scores: Tensor, k: int, *, absolute: bool = False, largest: bool = True
 ) -> list[tuple[Head, float]]:
@@ -56,7 +57,8 @@ def top_heads(
     (see :func:`top_indices` for ties and NaN)."""
     scores = validate.tensor("scores", scores, ndim=2)
     n_heads = scores.shape[1]
-    return [((i // n_heads, i % n_heads), v) for i, v in top_indices(scores, k, absolute=absolute, largest=largest)]
+    top = top_indices(scores, k, absolute=absolute, largest=largest)
+    return [(unravel(i, (scores.shape[0], n_heads)), v) for i, v in top]
 
 
-__all__ = ["Head", "head_name", "parse_head", "top_heads", "top_indices"]
+__all__ = ["Head", "head_name", "top_heads", "top_indices", "unravel"]

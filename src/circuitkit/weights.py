@@ -32,9 +32,6 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
 
-ANALYSIS_DTYPES = (torch.float32, torch.float64)
-"""Weights in these dtypes are analysed as they are; anything lower precision is promoted to float32."""
-
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 

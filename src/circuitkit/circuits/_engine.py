@@ -5,8 +5,8 @@ activations one measurement leaves for the next on the same batch (:class:`Clean
 Sender output (row convention): head ``(l1, h1)`` writes ``z[l1][:, :, h1] @ W_O[l1, h1]`` ``[batch, pos,
 d_model]`` into the residual stream; its difference ``delta = (z_corrupt - z_clean) @ W_O`` is what an edge
 carries. Receiver input: head ``(l2, h2)``'s channel ``c`` reads ``x = norm(resid_pre[l2])`` through
-``W_c[l2, h2]`` (``W_K``/``W_V`` of its key/value group); ``norm`` is the block's ``ln1`` where the model has a
-normalisation (``cfg.normalization_type``), else the identity.
+``W_c[l2, h2]`` (``W_K``/``W_V`` of its key/value group); ``norm`` is the model's attention normalisation
+(:meth:`~circuitkit.models.contract.ModelAdapter.attention_norm`) where it has one, else the identity.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resampled_batch
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
-from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
 
 Norm = Callable[[Tensor], Tensor]
@@ -88,6 +87,11 @@ def context(
     """A checked :class:`Context`; ``weights``: the model's :class:`~circuitkit.HeadWeights` where the caller has
     read them already (read here otherwise)."""
     adapter = adapt(model, device)
+    if not adapter.additive_heads:
+        raise validate.fail(f"{where}: model", validate.given(f"a {adapter.spec.family} model"),
+                            "a model whose heads add z @ W_O into the residual stream; in this family a norm sits "
+                            "between the attention output and the residual stream, so one head's contribution "
+                            "cannot be isolated (head scores, ablation and attribution still apply)")
     batch = as_batch(tokens, adapter)
     corrupt_batch = None
     if isinstance(corrupt, TokenBatch):
@@ -108,19 +112,9 @@ def context(
 
 
 def _receiver_norm(adapter: ModelAdapter, layer: int) -> Norm | None:
-    """The normalisation in front of layer ``layer``'s attention (``blocks[layer].ln1``), or None without one."""
-    model = adapter.model
-    if getattr(model.cfg, "normalization_type", None) is None:
-        return None
-    blocks = getattr(model, "blocks", None)
-    norm = getattr(blocks[layer], "ln1", None) if blocks is not None else None
-    if not callable(norm):
-        raise CircuitkitError(
-            f"{type(model).__name__} has cfg.normalization_type={model.cfg.normalization_type!r} but no callable "
-            f"blocks[{layer}].ln1; expected the normalisation before attention as TransformerLens names it "
-            "(path patching recomputes the receiver's input through it)."
-        )
-    return ReceiverNorm(norm, _offloaded_holders(norm))
+    """The normalisation in front of layer ``layer``'s attention (the adapter's), or None without one."""
+    norm = adapter.attention_norm(layer)
+    return None if norm is None else ReceiverNorm(norm, _offloaded_holders(norm))
 
 
 class ReceiverNorm:

@@ -60,8 +60,8 @@ from circuitkit.circuits.metrics import InductionReader, Metric, check_value, re
 from circuitkit.detect.attribution import frozen_parameters
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import HOOKS
-from circuitkit.ranking import Head, head_name, top_indices
+from circuitkit.models.contract import HOOKS, norm_parameters
+from circuitkit.ranking import Head, head_name, top_indices, unravel
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,7 @@ class EdgeAttribution:
         n_edges = H * H * len(channels) * L * (L - 1) // 2
         out = []
         for index, value in top_indices(values, max(1, min(k, n_edges)), absolute=True):
-            index, c = divmod(index, len(channels))
-            index, h2 = divmod(index, H)
-            index, l2 = divmod(index, L)
-            l1, h1 = divmod(index, H)
+            l1, h1, l2, h2, c = unravel(index, (L, H, L, H, len(channels)))
             if not math.isnan(value):
                 out.append(AttributedEdge((l1, h1), (l2, h2), channels[c], value))
         return out
@@ -163,7 +160,7 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
         W_O = ctx.W_O[: L - 1].to(work)
         # per receiver layer: its normalisation's input [N, d_model] and whether the closed form applies to it
         x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
-        kind = getattr(ctx.adapter.model.cfg, "normalization_type", None)
+        kind = ctx.adapter.norm_kind
         forms = {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}
         totals = [torch.zeros(l2 * H, len(CHANNELS) * H, dtype=work, device=W_O.device) for l2 in range(1, L)]
         n_positions, d_model = dz[0].shape[1], spec.d_model
@@ -421,14 +418,12 @@ def _norm_terms(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:
     """``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm, read from the module; ``None`` when the
     type (TransformerLens's ``normalization_type``), ``eps`` or the weight cannot be read."""
     with norm.loaded() if isinstance(norm, ReceiverNorm) else contextlib.nullcontext(norm) as module:
-        inner = getattr(module, "original_component", None) or module
-        eps = next((getattr(inner, n) for n in ("eps", "variance_epsilon")
-                    if isinstance(getattr(inner, n, None), float)), None)
+        eps, weight = norm_parameters(module)
         if kind is None or eps is None or not kind.startswith(("LN", "RMS")):
             return None
         gamma = None
         if not kind.endswith("Pre"):
-            gamma = getattr(inner, "weight", None)
+            gamma = weight
             if not isinstance(gamma, Tensor) or gamma.shape != x.shape[-1:]:
                 return None
             # a copy: an offloaded weight goes back to the meta device when the module is left

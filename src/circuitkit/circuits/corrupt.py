@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 
 from circuitkit import validate
-from circuitkit.detect.tokens import TokenBatch
+from circuitkit.detect.tokens import TokenBatch, random_blocks
 
 Corruption = Literal["resample", "mean"]
 CORRUPTIONS: tuple[str, ...] = ("resample", "mean")
@@ -54,11 +54,7 @@ def resampled_batch(batch: TokenBatch, seed: int = DEFAULT_CORRUPT_SEED, *, copi
     parts = [tokens[:, :p0].cpu()]
     for r in range(batch.n_repeats):
         if copies == "all" or (copies == "first") == (r == 0):
-            if pool.numel() >= T:
-                index = torch.rand(n, pool.numel(), generator=generator).argsort(dim=-1)[:, :T]
-            else:
-                index = torch.randint(pool.numel(), (n, T), generator=generator)
-            parts.append(pool[index])
+            parts.append(random_blocks(pool, n, T, generator))
         else:
             parts.append(tokens[:, p0 + r * T : p0 + (r + 1) * T].cpu())
     corrupted = torch.cat(parts, dim=1).to(tokens.device, tokens.dtype)

@@ -37,7 +37,7 @@ from circuitkit.circuits.metrics import Metric, resolve_metric
 from circuitkit.circuits.patching import PathPatching, patch
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import adapt
-from circuitkit.ranking import Head, head_name, top_indices
+from circuitkit.ranking import Head, head_name, top_indices, unravel
 
 STRONG_WEIGHT_QUANTILE = 0.9
 """Composition at or above this quantile of its channel's edges counts as strong in the weights."""
@@ -200,10 +200,7 @@ def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_
     for index, value in top_indices(stacked, top_k):
         if math.isnan(value):
             break
-        index, c = divmod(index, 3)
-        index, h2 = divmod(index, H)
-        index, l2 = divmod(index, L)
-        l1, h1 = divmod(index, H)
+        l1, h1, l2, h2, c = unravel(index, (L, H, L, H, len(CHANNELS)))
         keys[((l1, h1), (l2, h2), CHANNELS[c])] = None
     for e in patching.edges:
         keys[(e.src, e.dst, e.channel)] = None

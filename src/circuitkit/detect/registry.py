@@ -166,7 +166,7 @@ def _copying_where_readable(model: Any) -> Any:
 
 
 def _register_builtins() -> None:
-    from circuitkit.detect import tokens
+    from circuitkit.detect import targets as tokens
 
     register(pattern_score(
         "induction", short="induct", targets=tokens.induction_targets,

@@ -126,7 +126,8 @@ class PatternReducer:
     """Turns one layer's patterns ``[batch, head, q, k]`` into ``{score: [head]}`` for the registered pattern
     scores, with the masks built once per batch."""
 
-    def __init__(self, tokens: Int[Tensor, "batch pos"], definitions: tuple[ScoreDefinition, ...]) -> None:
+    def __init__(self, tokens: Int[Tensor, "batch pos"], definitions: tuple[ScoreDefinition, ...],
+                 windows: tuple[int | None, ...] | None = None) -> None:
         batch, pos = tokens.shape
         self.definitions = definitions
         self.masked = [d for d in definitions if d.reader is None]
@@ -138,10 +139,10 @@ class PatternReducer:
             raise CircuitkitError(
                 f"head_scores: no query row has a target for {empty}; expected repeated tokens (block_len >= 2)."
             )
-        # neutral: what a head attending uniformly to positions 0..q scores: mean over target rows of #targets/(q+1)
-        width = torch.arange(1, pos + 1, dtype=torch.float32, device=tokens.device)[None, :]
+        # neutral: what a head attending uniformly to the keys it sees scores (positions 0..q, or the last w of them
+        # in a sliding-window layer): mean over target rows of #visible targets / #visible keys, averaged over layers
         self.neutral = {
-            d.name: float(((m.sum(dim=2) / width) * m.any(dim=2)).sum() / c)
+            d.name: sum(_neutral(m, c, w) for w in windows or (None,)) / len(windows or (None,))
             for d, m, c in zip(definitions, masks, counts.tolist(), strict=True)
         }
         by_name = dict(zip([d.name for d in definitions], range(len(definitions)), strict=True))
@@ -174,6 +175,18 @@ class PatternReducer:
         return {d.name: out[d.name] for d in self.definitions}
 
 
+def _neutral(mask: Tensor, count: float, window: int | None) -> float:
+    """Mean over rows with a target of (targets among the keys a query sees) / (keys it sees)."""
+    pos = mask.shape[-1]
+    q = torch.arange(pos, device=mask.device)
+    if window is None:
+        visible, seen = mask, (q + 1).float()
+    else:
+        visible = mask & (q[None, :, None] - q[None, None, :] < window)  # key k seen from q when q - k < window
+        seen = (q + 1).clamp(max=window).float()
+    return float(((visible.sum(dim=2) / seen[None, :]) * mask.any(dim=2)).sum() / count)
+
+
 class PatternCollector:
     """Hooks that score every layer's pattern as the forward pass goes; :meth:`result` assembles
     :class:`HeadScores`. Shared with other single-pass runners (the scan's clean run)."""
@@ -182,7 +195,7 @@ class PatternCollector:
         self.adapter = adapter
         self.batch = batch
         self.definitions = registry.registered("pattern")
-        self.reduce = PatternReducer(batch.tokens, self.definitions)
+        self.reduce = PatternReducer(batch.tokens, self.definitions, adapter.spec.windows)
         n_layers = adapter.spec.n_layers
         self.per_layer: dict[int, dict[str, Tensor]] = {}
         self.first: dict[int, Tensor] = {}

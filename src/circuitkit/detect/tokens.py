@@ -28,6 +28,13 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.detect.targets import (  # noqa: F401  (re-exported: the target masks used to live here)
+    current_targets,
+    duplicate_targets,
+    first_targets,
+    induction_targets,
+    previous_targets,
+)
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import ModelAdapter, ModelSpec, adapt
 
@@ -107,13 +114,7 @@ class RepeatedTokens:
                 f"RepeatedTokens: token_range {self.token_range!r} leaves {candidates.numel()} token id(s) besides "
                 "the BOS; expected at least 2."
             )
-        generator = torch.Generator().manual_seed(self.seed)
-        if candidates.numel() >= block_len:
-            keys = torch.rand(self.batch, candidates.numel(), generator=generator)
-            index = keys.argsort(dim=-1)[:, :block_len]  # a random permutation per row: no repeats within a block
-        else:
-            index = torch.randint(candidates.numel(), (self.batch, block_len), generator=generator)
-        block = candidates[index]
+        block = random_blocks(candidates, self.batch, block_len, torch.Generator().manual_seed(self.seed))
         parts = [block] * self.n_repeats
         if bos is not None:
             parts.insert(0, torch.full((self.batch, 1), bos, dtype=torch.long))
@@ -164,12 +165,23 @@ class TokenBatch:
 
     def targets(self, name: str) -> Bool[Tensor, "batch q k"]:
         """The ``[batch, q, k]`` target mask of the registered pattern score ``name``."""
-        from circuitkit.detect.registry import get
+        from circuitkit.detect.registry import get  # the registry imports scores' definitions: at call time
 
         definition = get(name)
         if definition.targets is None:
             raise validate.fail("TokenBatch.targets: name", name, "a pattern score (weight scores have no targets)")
         return definition.targets(self.tokens)
+
+
+def random_blocks(pool: Tensor, batch: int, length: int, generator: torch.Generator) -> Tensor:
+    """``[batch, length]`` ids drawn from the 1-d ``pool``: distinct within each row (a random permutation's first
+    ``length``) when the pool has ``length`` ids or more, with replacement otherwise. The one sampler of random
+    blocks (token batches, resampled corruptions, the zoo's training data), so that equal seeds draw equal blocks."""
+    if pool.numel() >= length:
+        index = torch.rand(batch, pool.numel(), generator=generator).argsort(dim=-1)[:, :length]
+    else:
+        index = torch.randint(pool.numel(), (batch, length), generator=generator)
+    return pool[index]
 
 
 def as_batch(tokens: RepeatedTokens | TokenBatch | None, adapter: ModelAdapter) -> TokenBatch:
@@ -210,52 +222,6 @@ def _resolve_bos(bos: int | bool | None, spec: ModelSpec) -> int | None:
     return int(bos)
 
 
-# ---------------------------------------------------------------------- target masks
-def _causal(tokens: Tensor) -> Tensor:
-    pos = tokens.shape[-1]
-    return torch.ones(pos, pos, dtype=torch.bool, device=tokens.device).tril()
-
-
-def induction_targets(tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
-    """Key ``j`` is a target of query ``i`` when ``tokens[j-1] == tokens[i]`` for an earlier ``j-1 < i``."""
-    same = tokens[:, :, None] == tokens[:, None, :]  # [b, i, j']: token j' equals token i
-    same = same & _causal(tokens).tril(-1)  # j' < i
-    shifted = torch.zeros_like(same)
-    shifted[:, :, 1:] = same[:, :, :-1]  # target is j = j' + 1
-    return shifted
-
-
-def duplicate_targets(tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
-    """Key ``j < i`` is a target of query ``i`` when it holds the same token."""
-    return (tokens[:, :, None] == tokens[:, None, :]) & _causal(tokens).tril(-1)
-
-
-def _diagonal(tokens: Tensor, offset: int) -> Tensor:
-    pos = tokens.shape[-1]
-    mask = torch.ones(pos, pos, dtype=torch.bool, device=tokens.device).diagonal(offset)
-    out = torch.diag_embed(mask, offset=offset)[:pos, :pos]
-    out[0] = False  # row 0 attends to itself by force: never informative
-    return out.expand(tokens.shape[0], pos, pos)
-
-
-def previous_targets(tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
-    """Key ``i - 1`` for query ``i >= 1``."""
-    return _diagonal(tokens, -1)
-
-
-def current_targets(tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
-    """Key ``i`` for query ``i >= 1`` (row 0 has no choice)."""
-    return _diagonal(tokens, 0)
-
-
-def first_targets(tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch q k"]:
-    """Key ``0`` for query ``i >= 1``."""
-    pos = tokens.shape[-1]
-    out = torch.zeros(pos, pos, dtype=torch.bool, device=tokens.device)
-    out[1:, 0] = True
-    return out.expand(tokens.shape[0], pos, pos)
-
-
 __all__ = [
     "DEFAULT_BLOCK_LEN",
     "RepeatedTokens",
@@ -266,4 +232,5 @@ __all__ = [
     "first_targets",
     "induction_targets",
     "previous_targets",
+    "random_blocks",
 ]

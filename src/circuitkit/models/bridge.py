@@ -24,7 +24,23 @@ import torch
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.models.toy import DEFAULT_N_CTX, AttentionOnlyModel, shape_fields
 from circuitkit.weights import HeadWeights
+
+
+def native_bridge(*, tokenizer: Any = None, model_name: str | None = None, dtype: torch.dtype | None = None,
+                  **fields: Any) -> Any:
+    """A TransformerLens-native ``TransformerBridge`` built offline (no download) from ``TransformerBridgeConfig``
+    fields (``n_layers``, ``n_heads``, ``d_model``, ``d_head``, ``d_vocab``, ``n_ctx``, ``attn_only``, ``seed``,
+    ...), random-initialised, in eval mode. The one place circuitkit, its tests and benchmarks build one."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import boot
+
+    options = {"tokenizer": tokenizer, "model_name": model_name, "dtype": dtype}
+    options = {key: value for key, value in options.items() if value is not None}
+    bridge = boot(TransformerBridgeConfig(**fields), **options)
+    bridge.eval()
+    return bridge
 
 
 def to_bridge(model_or_weights: Any, *, device: str | torch.device | None = None) -> Any:
@@ -35,11 +51,6 @@ def to_bridge(model_or_weights: Any, *, device: str | torch.device | None = None
     (a bridge takes token ids); a missing ``W_pos`` becomes zeros with the model's ``n_ctx``.
     Hard-attention models are refused: a bridge only does softmax attention.
     """
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources.native import boot
-
-    from circuitkit.models.toy import DEFAULT_N_CTX, AttentionOnlyModel
-
     device = validate.device("to_bridge: device", device)
     attn_scale = None
     n_ctx = None
@@ -67,7 +78,8 @@ def to_bridge(model_or_weights: Any, *, device: str | torch.device | None = None
             f"to_bridge: W_E has {d_vocab} tokens but W_U has {w.W_U.shape[1]}; expected the same vocabulary."
         )
     extra = {} if attn_scale is None else {"use_attn_scale": True, "attn_scale": float(attn_scale)}
-    cfg = TransformerBridgeConfig(
+    bridge = native_bridge(
+        dtype=w.dtype,
         **shape_fields(w),
         d_vocab=d_vocab,
         n_ctx=n_ctx,
@@ -77,9 +89,7 @@ def to_bridge(model_or_weights: Any, *, device: str | torch.device | None = None
         seed=0,
         **extra,
     )
-    bridge = boot(cfg, dtype=w.dtype)
     _load(bridge.original_model, w, n_ctx)
-    bridge.eval()
     if device is not None:
         bridge = bridge.to(device)
     return bridge
@@ -133,12 +143,3 @@ def load_native_state(native: torch.nn.Module, state: dict[str, torch.Tensor], w
             params[name].copy_(value)
 
 
-def shape_fields(w: HeadWeights) -> dict[str, int | None]:
-    """The config fields a model built from ``w`` shares with it (TransformerLens names)."""
-    return {
-        "n_layers": w.n_layers,
-        "n_heads": w.n_heads,
-        "d_model": w.d_model,
-        "d_head": w.d_head,
-        "n_key_value_heads": None if w.group_size == 1 else w.n_kv_heads,
-    }

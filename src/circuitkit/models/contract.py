@@ -22,15 +22,22 @@ Hook names (``l`` the layer)::
     blocks.{l}.attn.hook_q/k/v     [batch, pos, head|kv_head, d_head]
     blocks.{l}.hook_attn_out       [batch, pos, d_model]        the attention layer's output
 
-Families (:data:`ADAPTERS`, tried in order): TransformerLens 4.x ``TransformerBridge``, circuitkit's toy
-:class:`~circuitkit.models.AttentionOnlyModel`, and any duck-typed HookedTransformer-like object. A family
-that can resume a forward pass from a residual stream (``start_at_layer``) says so in ``can_resume``.
+Adapters (:data:`ADAPTERS`, tried in order): TransformerLens 4.x ``TransformerBridge``, circuitkit's toy
+:class:`~circuitkit.models.AttentionOnlyModel`, and any duck-typed HookedTransformer-like object. An adapter that
+can resume a forward pass from a residual stream (``start_at_layer``) says so in ``can_resume``.
+
+Every fact about a model's family that the rest of circuitkit needs is a question to the adapter, never a read of
+the model's internals: the norm in front of each attention layer (:meth:`ModelAdapter.attention_norm`,
+:attr:`~ModelAdapter.norm_kind`, :func:`norm_parameters`), whether heads add into the residual stream
+(:attr:`~ModelAdapter.additive_heads`), sliding windows (``spec.windows``), attention patterns
+(:meth:`~ModelAdapter.patterns`), hook names (:class:`HOOKS`), weights, the name and summary. For a bridge over a
+Hugging Face model, the answers come from the model's :class:`~circuitkit.models.families.Family`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -81,6 +88,23 @@ class HOOKS:
         return int(name.split(".")[1])
 
 
+class _Stop(Exception):
+    """Ends a forward pass from a hook once everything asked for has been seen."""
+
+
+def norm_parameters(module: Any) -> tuple[float | None, Tensor | None]:
+    """``(eps, weight)`` of a LayerNorm or RMSNorm module, where they can be read (None each where not).
+
+    Where each family keeps them: torch's and most Hugging Face LayerNorms ``eps``, Llama-style RMSNorms
+    ``variance_epsilon``; a TransformerLens bridge component wraps the Hugging Face module as
+    ``original_component``."""
+    inner = getattr(module, "original_component", None) or module
+    eps = next((getattr(inner, name) for name in ("eps", "variance_epsilon")
+                if isinstance(getattr(inner, name, None), float)), None)
+    weight = getattr(inner, "weight", None)
+    return eps, weight if isinstance(weight, Tensor) else None
+
+
 @runtime_checkable
 class HookedModel(Protocol):
     """What a model must offer (see the module docstring)."""
@@ -105,6 +129,11 @@ class ModelSpec:
     device: torch.device
     default_bos: int | None
     bidirectional: bool
+    windows: tuple[int | None, ...] | None = None  # per layer: keys a head sees (sliding window), None: all
+
+    def visible_keys(self, layer: int) -> int | None:
+        """How many keys (its own position and the ones before it) a query of ``layer`` sees; None: all."""
+        return self.windows[layer] if self.windows is not None else None
 
     @property
     def n_total_heads(self) -> int:
@@ -117,13 +146,13 @@ class ModelAdapter:
     family: ClassVar[str] = "duck-typed"
     can_resume: ClassVar[bool] = False
 
-    def __init__(self, model: Any, device: str | torch.device | None = None) -> None:
-        self.model = model
+    def __init__(self, model: HookedModel, device: str | torch.device | None = None) -> None:
+        self.model: HookedModel = model
         self.spec = self._read_spec(validate.device("device", device))
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
-        return callable(getattr(model, "run_with_hooks", None)) and getattr(model, "cfg", None) is not None
+        return isinstance(model, HookedModel) and callable(model.run_with_hooks) and model.cfg is not None
 
     # ------------------------------------------------------------------ reading the model
     def _read_spec(self, device: torch.device | None) -> ModelSpec:
@@ -157,7 +186,7 @@ class ModelAdapter:
         n_kv = getattr(cfg, "n_key_value_heads", None)
         n_ctx = getattr(cfg, "n_ctx", None)
         return ModelSpec(
-            family=self.family,
+            family=self.family_name,
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(n_kv) if n_kv else n_heads,
@@ -168,7 +197,12 @@ class ModelAdapter:
             device=torch.device(device),
             default_bos=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
             bidirectional=getattr(cfg, "attention_dir", "causal") == "bidirectional",
+            windows=self._windows(n_layers),
         )
+
+    def _windows(self, n_layers: int) -> tuple[int | None, ...] | None:
+        """Per layer, the sliding window of its heads (None: the family has none)."""
+        return None
 
     def _first_device(self) -> torch.device:
         """Where token ids go: the embedding's device (the first parameter's), else ``cfg.device``, else cpu."""
@@ -187,6 +221,78 @@ class ModelAdapter:
         from circuitkit.weights import HeadWeights
 
         return HeadWeights.from_model(self.model, embeddings=embeddings)
+
+    # ------------------------------------------------------------------ family facts
+    @property
+    def family_name(self) -> str:
+        """The family's name as reports show it."""
+        return self.family
+
+    @property
+    def additive_heads(self) -> bool:
+        """Whether each head adds ``z_h @ W_O[h]`` (+ its share of ``b_O``) into the residual stream as it is, so
+        that one head's contribution can be isolated (path patching, edge attribution need it)."""
+        return True
+
+    @property
+    def default_name(self) -> str:
+        """The model's name where its config records one (``cfg.model_name``), else its class name."""
+        name = getattr(self.model.cfg, "model_name", None)
+        return str(name) if isinstance(name, str) and name.strip() else type(self.model).__name__
+
+    @property
+    def attn_only(self) -> bool | None:
+        """Whether the model has attention layers only (no MLPs); None where the config does not say."""
+        value = getattr(self.model.cfg, "attn_only", None)
+        return value if isinstance(value, bool) else None
+
+    @property
+    def norm_kind(self) -> str | None:
+        """The normalisation in front of each attention layer, in TransformerLens's names: ``"LN"`` (LayerNorm),
+        ``"LNPre"`` (LayerNorm without weight), ``"RMS"``, ``"RMSPre"``; None without one."""
+        kind = getattr(self.model.cfg, "normalization_type", None)
+        return kind if isinstance(kind, str) else None
+
+    def attention_norm(self, layer: int) -> Any:
+        """The module normalising layer ``layer``'s attention input (``blocks[layer].ln1``, callable on
+        ``[..., d_model]``), or None where the model has no normalisation (:attr:`norm_kind` None)."""
+        if self.norm_kind is None:
+            return None
+        blocks = getattr(self.model, "blocks", None)
+        norm = getattr(blocks[layer], "ln1", None) if blocks is not None else None
+        if not callable(norm):
+            raise CircuitkitError(
+                f"{type(self.model).__name__} has cfg.normalization_type={self.norm_kind!r} but no callable "
+                f"blocks[{layer}].ln1; expected the normalisation before attention as TransformerLens names it "
+                "(path patching recomputes the receiver's input through it)."
+            )
+        return norm
+
+    def patterns(self, tokens: Tensor, layers: Iterable[int]) -> dict[int, Tensor]:
+        """The attention probabilities ``[batch, head, q_pos, k_pos]`` of ``layers`` on ``tokens`` (detached),
+        read at :meth:`HOOKS.pattern`; the pass stops after the last layer asked for."""
+        layers = sorted(set(layers))
+        kept: dict[int, Tensor] = {}
+
+        def keep(layer: int) -> HookFn:
+            def hook(pattern: Tensor, hook: Any) -> None:
+                kept[layer] = pattern.detach()
+                if layer == layers[-1]:
+                    raise _Stop
+
+            return hook
+
+        try:
+            self.run(tokens, [(HOOKS.pattern(layer), keep(layer)) for layer in layers])
+        except _Stop:
+            pass
+        missing = [layer for layer in layers if layer not in kept]
+        if missing:
+            raise CircuitkitError(
+                f"{type(self.model).__name__} ran without calling the pattern hook of layers {missing}; expected "
+                f"{HOOKS.pattern(missing[0])} [batch, head, q_pos, k_pos] in every attention layer."
+            )
+        return kept
 
     # ------------------------------------------------------------------ running
     def run(self, tokens: Tensor, fwd_hooks: FwdHooks = ()) -> Tensor:
@@ -227,12 +333,15 @@ class BridgeAdapter(ModelAdapter):
     output at block ``l`` (measured: resuming at the last of 30 layers cost a whole forward pass). While
     resuming, each earlier block's wrapped module is therefore replaced by a pass-through that returns its
     hidden-state input in the output structure the module has (learnt from one real call per block), so
-    the work skipped is really skipped. Tests check resumed and full passes agree on GPT-2, Llama (GQA) and
-    TransformerLens-native bridges.
+    the work skipped is really skipped. Tests check resumed and full passes agree on TransformerLens-native
+    bridges and on every family of :mod:`circuitkit.models.families` whose ``resumable`` is true (the others,
+    where the bridge's own resumed pass differs from the full one, report ``can_resume`` false).
+
+    Every other family fact (norm before attention, additive heads, sliding windows, the name) comes from the
+    wrapped Hugging Face model's :class:`~circuitkit.models.families.Family`.
     """
 
     family = "transformer-bridge"
-    can_resume = True
 
     def __init__(self, model: Any, device: str | torch.device | None = None) -> None:
         super().__init__(model, device)
@@ -242,7 +351,52 @@ class BridgeAdapter(ModelAdapter):
     def accepts(cls, model: Any) -> bool:
         return any(klass.__name__ == "TransformerBridge" for klass in type(model).__mro__)
 
+    # ------------------------------------------------------------------ family facts (models/families.py)
+    @property
+    def hf_config(self) -> Any:
+        """The wrapped Hugging Face model's config (None for a TransformerLens-native bridge)."""
+        return getattr(getattr(self.model, "original_model", None), "config", None)
+
+    @property
+    def facts(self) -> Any:
+        """The :class:`~circuitkit.models.families.Family` of the wrapped model, None where it is not in the
+        table (a native bridge: pre-norm, additive heads, no windows)."""
+        from circuitkit.models.families import family_of
+
+        return family_of(self.hf_config) if self.hf_config is not None else None
+
+    @property
+    def family_name(self) -> str:
+        facts = self.facts
+        return f"{facts.name} (TransformerBridge)" if facts is not None else self.family
+
+    @property  # type: ignore[override]  (a class constant elsewhere; here a fact of the wrapped family)
+    def can_resume(self) -> bool:
+        facts = self.facts
+        return facts.resumable if facts is not None else True
+
+    @property
+    def additive_heads(self) -> bool:
+        facts = self.facts
+        return facts.additive_heads if facts is not None else True
+
+    def attention_norm(self, layer: int) -> Any:
+        facts = self.facts
+        if facts is not None and not facts.norm_before_attention:
+            return None  # the attention reads the residual stream as it is
+        return super().attention_norm(layer)
+
+    def _windows(self, n_layers: int) -> tuple[int | None, ...] | None:
+        from circuitkit.models.families import attention_windows
+
+        if self.hf_config is None:
+            return None
+        windows = attention_windows(self.hf_config, n_layers)
+        return windows if any(w is not None for w in windows) else None
+
     def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+        if not self.can_resume:
+            return super().run_from(resid, start_at_layer, fwd_hooks)  # refuses
         hooks = list(fwd_hooks)
         with self._skipping_blocks(start_at_layer):
             if hooks:
@@ -321,4 +475,7 @@ def adapt(model: Any, device: str | torch.device | None = None) -> ModelAdapter:
     )
 
 
-__all__ = ["ADAPTERS", "HOOKS", "BridgeAdapter", "HookedModel", "ModelAdapter", "ModelSpec", "ToyAdapter", "adapt"]
+__all__ = [
+    "ADAPTERS", "HOOKS", "BridgeAdapter", "HookedModel", "ModelAdapter", "ModelSpec", "ToyAdapter", "adapt",
+    "norm_parameters",
+]

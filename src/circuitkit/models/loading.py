@@ -16,10 +16,13 @@ Why: circuitkit runs offline and runs only its own code. Three promises, each ch
   ``weights_only`` unpickler is an allow-list that has had bypasses (CVE-2025-32434, torch <= 2.5.1);
   safetensors is a JSON header plus raw bytes and cannot run anything. The error says how to convert.
 
-Malformed directories (no / empty / non-JSON ``config.json``, unknown ``model_type``, truncated or garbage
-safetensors, weights whose shapes do not fit the config, missing weights) are found by :func:`inspect_directory`
-before loading, each as one :class:`CircuitkitError` line: it reads the safetensors headers (names, shapes) and
-compares them with the model built from the config on the ``meta`` device (no memory, no weights).
+Malformed directories (no / empty / non-JSON ``config.json``, unknown ``model_type``, an encoder-decoder,
+truncated or garbage safetensors, weights whose shapes do not fit the config) are found by
+:func:`inspect_directory` before loading, each as one :class:`CircuitkitError` line: it reads the safetensors
+headers (names, shapes) and compares them with the model built from the config on the ``meta`` device (no memory,
+no weights). Missing weights are judged as transformers judges them: after its own key renaming, from the
+``output_loading_info`` of the load itself; any weight it would initialise at random (a head missing from the
+checkpoint) is refused, never scanned.
 
 Sharding (models larger than one device): ``device_map`` / ``max_memory`` / ``n_devices`` / ``offload_folder``
 pass through to ``TransformerBridge.boot_transformers`` (accelerate underneath), after :func:`check_device_map`
@@ -153,8 +156,10 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
     In order: ``config.json`` exists, is non-empty JSON; no ``auto_map`` (custom code) in it or in
     ``tokenizer_config.json``; ``model_type`` is one transformers knows; safetensors weights exist (pickle-only
     checkpoints refused), their headers parse and cover the file (a truncated or garbage file fails here), a
-    sharded index names only files present; and every parameter of the model built from the config (on the
-    ``meta`` device) is in the files with the same shape."""
+    sharded index names only files present; not an encoder-decoder; and every weight stored under the name of a
+    parameter of the model built from the config (on the ``meta`` device) has its shape. Whether every parameter
+    is present is checked when the model loads, after transformers' own key renaming (GPT-NeoX's ``embed_out``,
+    Mixtral's per-expert weights): a weight transformers would initialise at random is refused then."""
     path = Path(directory)
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -170,9 +175,24 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
         raise _error(f"{str(config_path)!r} has", shown,
                      "a model_type that the installed transformers knows (e.g. 'gpt2', 'llama')",
                      "Upgrade transformers if the architecture is newer than it.")
+    _refuse_unsupported(path, _hf_config(path))
     files = _weight_files(path)
-    _check_weights(path, config, files)
+    _check_shapes(path, config, files)
     return ModelDirectory(path=path, config=config, weight_files=files)
+
+
+def _refuse_unsupported(path: Path, hf_config: Any) -> None:
+    from circuitkit.models.families import unsupported_reason
+
+    reason = unsupported_reason(hf_config)
+    if reason is not None:
+        raise _error("given model", f"{str(path)!r} of family {hf_config.model_type!r}, {reason}",
+                     "a transformer whose layers are all attention layers (GPT-2, Llama, BERT, ...)")
+    if getattr(hf_config, "is_encoder_decoder", False):
+        raise _error("given model", f"{str(path)!r}, an encoder-decoder ({hf_config.model_type})",
+                     "a decoder-only (GPT-2, Llama, ...) or encoder-only (BERT) model: encoder-decoder models are "
+                     "not supported, since their decoder's cross-attention heads read a second sequence (the "
+                     "encoder's output) and circuitkit scores self-attention over one token sequence")
 
 
 def _refuse_custom_code(path: Path, config: dict[str, Any]) -> None:
@@ -228,18 +248,25 @@ def _read_shapes(files: tuple[Path, ...]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _skeleton(path: Path, config: dict[str, Any]) -> torch.nn.Module:
-    """The model the config describes, on the ``meta`` device (shapes only, no memory, no weights)."""
-    import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _hf_config(path: Path) -> Any:
+    """The transformers config of ``path`` (hub offline, no custom code); one error line if it cannot be read."""
+    from transformers import AutoConfig
 
     try:
         with hub_offline():
-            hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+            return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as error:
         detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
         raise _error("given config", f"{str(path / 'config.json')!r} that transformers cannot read ({detail})",
                      "a config written by save_pretrained(...)") from None
+
+
+def _skeleton(path: Path, config: dict[str, Any]) -> torch.nn.Module:
+    """The model the config describes, on the ``meta`` device (shapes only, no memory, no weights)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    hf_config = _hf_config(path)
     classes = [getattr(transformers, name, None) for name in config.get("architectures") or []]
     builders = [cls for cls in classes if isinstance(cls, type)] + [AutoModelForCausalLM]
     last: Exception | None = None
@@ -255,7 +282,11 @@ def _skeleton(path: Path, config: dict[str, Any]) -> torch.nn.Module:
                  f"({detail})", "the config of a decoder-only model such as GPT-2 or Llama")
 
 
-def _check_weights(path: Path, config: dict[str, Any], files: tuple[Path, ...]) -> None:
+def _check_shapes(path: Path, config: dict[str, Any], files: tuple[Path, ...]) -> None:
+    """Every weight stored under a parameter's own name has that parameter's shape (one line naming the first
+    three that do not). Names transformers renames on load (GPT-NeoX's ``embed_out``, Mixtral's per-expert
+    ``w1/w2/w3``) are not compared here: whether the model ends up complete is checked on the loaded model,
+    after transformers' own key mapping (:func:`_check_loading_info`)."""
     shapes = _read_shapes(files)
     model = _skeleton(path, config)
     prefix = getattr(model, "base_model_prefix", "") or ""
@@ -263,21 +294,50 @@ def _check_weights(path: Path, config: dict[str, Any], files: tuple[Path, ...]) 
     for key, shape in shapes.items():  # checkpoints may be saved with or without the base model's prefix
         for candidate in (key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")):
             found.setdefault(candidate, shape)
-    wrong, missing = [], []
-    for name, param in model.named_parameters():  # deduplicated: a tied lm_head counts once
-        shape = found.get(name)
-        if shape is None:
-            missing.append(name)
-        elif shape != tuple(param.shape):
-            wrong.append(f"{name} {list(shape)} (config: {list(param.shape)})")
+    wrong = [f"{name} {list(found[name])} (config: {list(param.shape)})"
+             for name, param in model.named_parameters() if name in found and found[name] != tuple(param.shape)]
     if wrong:
         raise _error("given weights", f"in {str(path)!r} whose shapes do not fit config.json: {', '.join(wrong[:3])}"
                      + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""),
                      "weights saved from a model with this config")
-    if missing:
-        raise _error("given weights", f"in {str(path)!r} that lack {len(missing)} parameter(s) of the model, e.g. "
-                     f"{missing[:3]}", "every parameter of the model config.json describes (a missing one would "
-                     "be randomly initialised)")
+
+
+class _CheckedLoad:
+    """Stands in for the Hugging Face model class ``TransformerBridge.boot_transformers`` would pick: loads with
+    that class's own ``from_pretrained(..., output_loading_info=True)`` and keeps what transformers reports
+    (``missing_keys``: parameters the checkpoint lacks after transformers' key renaming, which it initialises at
+    random; ``mismatched_keys``; ``unexpected_keys``: stored weights the model does not use, ignored as
+    transformers ignores them)."""
+
+    def __init__(self) -> None:
+        self.info: dict[str, Any] | None = None
+        self.class_name = "the model"
+
+    def from_pretrained(self, name: str, **kwargs: Any) -> Any:
+        from transformer_lens.model_bridge.sources.transformers.helpers import get_hf_model_class_for_architecture
+        from transformer_lens.model_bridge.sources.transformers.source import determine_architecture_from_hf_config
+
+        real = get_hf_model_class_for_architecture(determine_architecture_from_hf_config(kwargs["config"]))
+        model, self.info = real.from_pretrained(name, output_loading_info=True, **kwargs)
+        self.class_name = type(model).__name__
+        return model
+
+
+def _check_loading_info(path: str, load: _CheckedLoad) -> None:
+    """Refuse a model with any weight transformers had to initialise at random (one line): its results would
+    change from run to run. A checkpoint saved without its head (``BertModel`` for a masked LM) is the usual case."""
+    info = load.info or {}
+    missing = sorted(map(str, info.get("missing_keys") or ()))
+    mismatched = sorted(str(entry[0] if isinstance(entry, tuple) else entry)
+                        for entry in info.get("mismatched_keys") or ())
+    fresh = missing + [name for name in mismatched if name not in missing]
+    if fresh:
+        raise _error("given weights", f"in {path!r} that lack {len(fresh)} weight(s) of {load.class_name}, which "
+                     f"transformers would initialise at random, e.g. {fresh[:3]}",
+                     "every weight of the model config.json describes, after transformers' own renaming (a "
+                     "randomly initialised weight, such as the head of a checkpoint saved without one, would "
+                     "make every score differ from run to run)",
+                     "Save the model with its language-model head (e.g. BertForMaskedLM, not BertModel).")
 
 
 def check_device_map(device_map: Any, model: torch.nn.Module | None = None) -> str | dict[str, str | int]:
@@ -405,9 +465,10 @@ def _boot(model_name: str, checked: ModelDirectory, sharding: Sharding, *, allow
             tokenizer = load_tokenizer(checked.path)
         else:
             tokenizer = word_tokenizer(int(checked.config.get("vocab_size") or 0) or 2)
+        load = _CheckedLoad()
         try:
             bridge = TransformerBridge.boot_transformers(
-                model_name, tokenizer=tokenizer, trust_remote_code=False, **sharding.boot_kwargs()
+                model_name, tokenizer=tokenizer, trust_remote_code=False, model_class=load, **sharding.boot_kwargs()
             )
         except CircuitkitError:
             raise
@@ -415,6 +476,7 @@ def _boot(model_name: str, checked: ModelDirectory, sharding: Sharding, *, allow
             detail = str(error).strip().splitlines()[0][:240] if str(error).strip() else ""
             raise _error("could not load", f"{model_name!r} ({type(error).__name__}: {detail})",
                          "a decoder-only architecture that TransformerLens supports") from None
+    _check_loading_info(model_name, load)
     bridge.eval()
     return bridge
 

@@ -65,6 +65,17 @@ def _hard_pattern(scores: Tensor) -> Tensor:
 _PATTERNS: dict[str, Callable[[Tensor], Tensor]] = {"soft": _softmax_pattern, "hard": _hard_pattern}
 
 
+def shape_fields(w: HeadWeights) -> dict[str, int | None]:
+    """The config fields a model built from ``w`` shares with it (TransformerLens names)."""
+    return {
+        "n_layers": w.n_layers,
+        "n_heads": w.n_heads,
+        "d_model": w.d_model,
+        "d_head": w.d_head,
+        "n_key_value_heads": None if w.group_size == 1 else w.n_kv_heads,
+    }
+
+
 @dataclass(frozen=True)
 class ToyConfig:
     """Shape and attention settings of an :class:`AttentionOnlyModel` (field names as TransformerLens's cfg).
@@ -163,8 +174,6 @@ class AttentionOnlyModel:
             )
         self._weights = w
         d_vocab = w.d_vocab if w.d_vocab is not None else (None if w.W_U is None else w.W_U.shape[1])
-        from circuitkit.models.bridge import shape_fields
-
         self.cfg = ToyConfig(
             **shape_fields(w),
             d_vocab=d_vocab,

@@ -191,9 +191,10 @@ def model_patterns(
 ) -> dict[tuple[int, int], Float[Tensor, "pos pos"]]:
     """Run ``model`` on one sequence and return the attention pattern ``[q_pos, k_pos]`` of each chosen head.
 
-    Reads ``blocks.{layer}.attn.hook_pattern`` from ``model.run_with_cache`` (TransformerLens bridge or the
-    circuitkit toy model). No gradients are tracked. ``heads`` is a non-empty list of ``(layer, head)``. A pattern
-    holding NaN or inf (weights too large for the model's dtype) raises ``CircuitkitError``.
+    Reads the patterns through the model's adapter (``ModelAdapter.patterns``; any model
+    :func:`~circuitkit.models.contract.adapt` accepts). No gradients are tracked. ``heads`` is a non-empty list
+    of ``(layer, head)``. A pattern holding NaN or inf (weights too large for the model's dtype) raises
+    ``CircuitkitError``.
     """
     if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
         raise validate.fail("model_patterns: heads", heads, "a list of (layer, head) pairs, e.g. [(0, 1)]")
@@ -203,26 +204,15 @@ def model_patterns(
         raise CircuitkitError(
             f"model_patterns: given tokens {describe(tokens)}; expected an integer tensor [pos] or [1, pos]."
         )
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not hasattr(model, "run_with_cache"):
-        raise CircuitkitError(
-            f"model_patterns: given {type(model).__name__}; expected a model with .cfg and .run_with_cache "
-            "(a TransformerLens TransformerBridge or circuitkit.models.AttentionOnlyModel)."
-        )
-    chosen = [check_head(head, cfg.n_layers, cfg.n_heads, "model_patterns") for head in heads]
+    from circuitkit.models.contract import adapt
+
+    adapter = adapt(model)
+    chosen = [check_head(head, adapter.spec.n_layers, adapter.spec.n_heads, "model_patterns") for head in heads]
     if not chosen:
         raise CircuitkitError("model_patterns: given no heads; expected at least one (layer, head).")
-    names = {f"blocks.{layer}.attn.hook_pattern" for layer, _ in chosen}
-    batch = tokens.reshape(1, -1)
-    device = getattr(cfg, "device", None)
-    if device is not None:
-        batch = batch.to(device)
     with torch.inference_mode():
-        _, cache = model.run_with_cache(batch, names_filter=lambda name: name in names)
-        out = {
-            (layer, head): cache[f"blocks.{layer}.attn.hook_pattern"][0, head].detach().float().cpu().clone()
-            for layer, head in chosen
-        }
+        patterns = adapter.patterns(tokens.reshape(1, -1).to(adapter.spec.device), {layer for layer, _ in chosen})
+        out = {(layer, head): patterns[layer][0, head].float().cpu().clone() for layer, head in chosen}
     for head, pattern in out.items():
         validate.finite_result(f"model_patterns: pattern of head {head_name(head)}", pattern,
                                why="the model's attention scores overflowed")

@@ -102,14 +102,13 @@ def _load_native(directory: Path, device):
     """A TL-native model from ``tl_config.json`` and ``model.safetensors``, built with TransformerLens's public
     ``native.boot`` and its parameters then overwritten with the saved ones (every name must match)."""
     from safetensors.torch import load_file
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge.sources.native import boot
 
+    from circuitkit.models.bridge import native_bridge
     from circuitkit.models.tokenizer import load_tokenizer
 
-    cfg = TransformerBridgeConfig(**native_config(directory), init_weights=False)
     with torch.random.fork_rng(devices=[]):  # nn.Linear's default init would move the caller's random stream
-        bridge = boot(cfg, tokenizer=load_tokenizer(directory), model_name="circuitkit-zoo")
+        bridge = native_bridge(tokenizer=load_tokenizer(directory), model_name=directory.name,
+                               **native_config(directory), init_weights=False)
     _copy_state(bridge.original_model, load_file(str(directory / "model.safetensors")), directory)
     if device is not None:
         bridge = bridge.to(device)

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from circuitkit.detect.tokens import random_blocks
 from circuitkit.zoo import ROOT
 
 D_VOCAB = 64
@@ -60,7 +61,7 @@ SPECS = {
 
 def repeated_batch(generator: torch.Generator, batch: int, block: int, d_vocab: int = D_VOCAB) -> Tensor:
     """``[batch, 1 + 2 * block]``: BOS (0) then a block of distinct ids in ``1 .. d_vocab - 1``, twice."""
-    ids = torch.rand(batch, d_vocab - 1, generator=generator).argsort(dim=-1)[:, :block] + 1
+    ids = random_blocks(torch.arange(1, d_vocab), batch, block, generator)
     return torch.cat([torch.zeros(batch, 1, dtype=torch.long), ids, ids], dim=1)
 
 
