@@ -202,7 +202,8 @@ def normalise(notebook: nbformat.NotebookNode) -> list[tuple[str, list[str]]]:
                     if mime.startswith("image/"):
                         parts.append(f"{mime} (image bytes not compared)")
                     else:
-                        parts.append(f"{mime}: " + (value if isinstance(value, str) else json.dumps(value, sort_keys=True)))
+                        shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+                        parts.append(f"{mime}: {shown}")
             text = "\n".join(parts)
             for pattern, replacement in _SCRUB:
                 text = pattern.sub(replacement, text)
@@ -267,7 +268,7 @@ def differences(committed: nbformat.NotebookNode, fresh: nbformat.NotebookNode) 
 
 
 def _excerpt(a: str, b: str) -> str:
-    start = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     lo = max(0, start - 60)
     return f"{a[lo:start + 60]!r}, now {b[lo:start + 60]!r}"
 
@@ -316,7 +317,8 @@ def test_notebook_points_at_nothing_the_reader_lacks(path):
 def test_reference_check_finds_exercise_pointers():
     text = "as in seed 000, exercise 1.3; Task 2.2 of the seed exercises (seeds/ beside the repository)"
     assert len(REFERENCES_THE_READER_LACKS.findall(text)) == 6
-    assert not REFERENCES_THE_READER_LACKS.findall("RepeatedTokens(seed=0); torch.manual_seed(0); the task is induction")
+    plain = "RepeatedTokens(seed=0); torch.manual_seed(0); the task is induction"
+    assert not REFERENCES_THE_READER_LACKS.findall(plain)
 
 
 def _resolve(path: str) -> Any:
