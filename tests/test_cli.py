@@ -198,3 +198,101 @@ def test_same_scan_gives_the_same_bytes(scanned, hf_dir, tmp_path):
     assert main(["scan", str(hf_dir), "--out", str(tmp_path), *SCAN_ARGS]) == 0
     for name in ("report.html", "scores.json"):
         assert (tmp_path / name).read_bytes() == (first / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------------- --sort and --quick
+def _table_rows(table) -> list[list[str]]:
+    """The rendered rows of a ranked table (rank, head, one cell per column), read from rich's own text."""
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    Console(file=buffer, width=300, color_system=None).print(table)
+    lines = buffer.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("rank"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.strip() or not line.split()[0].isdigit():
+            break
+        rows.append(line.split())
+    return rows
+
+
+@pytest.fixture(scope="module")
+def scan_all(hf_dir):
+    """The tiny model scanned with every head ablated exactly (4 heads): every ablated cell is filled."""
+    import circuitkit as ck
+    from circuitkit.detect import RepeatedTokens
+    from circuitkit.models.loading import load_model
+
+    return ck.scan(load_model(str(hf_dir)), tokens=RepeatedTokens(block_len=6, batch=2), ablate="all", circuit=False)
+
+
+@pytest.mark.parametrize("column, source", [("ablate", "ablation"), ("ablated", "ablation"),
+                                            ("attrib", "attribution"), ("prev", "previous_token"),
+                                            ("previous_token", "previous_token"), ("dup", "duplicate_token")])
+def test_sort_orders_the_table_by_any_column(scan_all, column, source):
+    from circuitkit.cli import ranked_table
+    from circuitkit.ranking import head_name
+
+    table = ranked_table(scan_all, sort=column)
+    values = (getattr(scan_all, source).effect if source in ("ablation", "attribution")
+              else scan_all.head_scores[source])
+    # the oracle: torch's own descending sort of the column's values (no ties in this random model)
+    order = torch.argsort(values.reshape(-1), descending=True).tolist()
+    expected = [head_name(divmod(i, values.shape[1])) for i in order]
+    assert [row[1] for row in _table_rows(table)] == expected
+    label = {"ablation": "ablated (loss rise, nats)", "attribution": "attrib (loss rise, nats)"}
+    assert table.title.endswith("ranked by " + label.get(source, f"{source} score"))
+
+
+def test_default_table_order_is_the_induction_score(scan_all):
+    from circuitkit.cli import ranked_table
+
+    values = scan_all.head_scores["induction"].reshape(-1)
+    heads = [row[1] for row in _table_rows(ranked_table(scan_all))]
+    assert heads[0] == "{}.{}".format(*divmod(int(values.argmax()), 2))
+
+
+def test_sort_puts_heads_that_were_not_ablated_last(hf_dir, tmp_path, capsys):
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--ablate-top", "1", "--sort", "ablate",
+                 *SCAN_ARGS]) == 0
+    data = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+    exact = sum(value is not None for row in data["ablation"]["effect"] for value in row)  # JSON null: not ablated
+    printed = capsys.readouterr().out
+    assert "heads ranked by ablated" in printed
+    assert 0 < exact < 4  # a few heads ablated exactly, the others not: their cells are blank, at the bottom
+    rows = [line.split() for line in printed.splitlines() if line.strip()[:1].isdigit() and "." in line]
+    filled = [len(row) for row in rows]
+    assert filled == sorted(filled, reverse=True) and filled[0] > filled[-1]
+
+
+def test_quick_skips_exact_ablation_and_edge_evidence(hf_dir, tmp_path, capsys):
+    assert main(["scan", str(hf_dir), "--out", str(tmp_path), "--quick", *SCAN_ARGS]) == 0
+    data = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+    assert data["settings"]["ablate"] == "none"
+    assert data["ablation"] is None and data["circuit"] is None
+    assert data["attribution"] is not None and set(data["composition"]) == {"Q", "K", "V"}
+    assert "ablated" not in capsys.readouterr().out.split("attrib:")[0]
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--sort", "nope"], "--sort: given 'nope'; expected a column of the table: ablated, attrib, copy"),
+        (["--quick", "--sort", "ablated"], "ablates no head exactly"),
+        (["--ablate", "none", "--sort", "ablate"], "ablates no head exactly"),
+        (["--quick", "--ablate", "top"], "--quick: given with --ablate top"),
+    ],
+    ids=["unknown-column", "quick-ablated", "none-ablated", "quick-with-ablate"],
+)
+def test_bad_sort_and_quick_are_one_line_errors_before_any_work(args, match, tmp_path, capsys, monkeypatch):
+    import circuitkit
+
+    def must_not_scan(*a, **k):
+        raise AssertionError("the scan ran before the options were checked")
+
+    monkeypatch.setattr(circuitkit, "scan", must_not_scan)
+    assert main(["scan", "--out", str(tmp_path / "out"), *args]) == 2
+    assert match in _one_error_line(capsys.readouterr().err)

@@ -31,3 +31,25 @@ def test_quick_start_is_two_commands_and_runs_scan_and_pytest():
     assert commands[1] == "python -m pytest -q"
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "python -m pytest -q" in ci and 'pip install --quiet -e ".[dev]"' in ci
+
+
+def test_notebook_extra_the_readme_names_exists():
+    """``pip install -e ".[notebooks]"`` in the README installs JupyterLab and ipywidgets (no widget warnings)."""
+    text = README.read_text(encoding="utf-8")
+    assert 'pip install -e ".[notebooks]"' in text and "jupyter lab notebooks/" in text
+    pyproject = (README.parent / "pyproject.toml").read_text(encoding="utf-8")  # tomllib is Python >= 3.11 only
+    extra = re.search(r"^notebooks = \[(.*?)^\]", pyproject, flags=re.S | re.M).group(1)
+    names = {re.split(r"[<>=\[ ]", requirement, maxsplit=1)[0] for requirement in re.findall(r'"([^"]+)"', extra)}
+    assert {"jupyterlab", "ipywidgets"} <= names
+
+
+USER_DOCS = ("README.md", "benchmarks/README.md")
+DEVELOPMENT_HISTORY = re.compile(r"\bissue #?\d+|\(issue|\bgoal\b|\b0\.1\.0 took\b|#\d{1,3}\b", re.I)
+"""Issue numbers, goals and project history: the user docs speak about what the tool does now."""
+
+
+def test_docs_carry_no_issue_numbers_goals_or_history():
+    root = README.parent
+    hits = {name: DEVELOPMENT_HISTORY.findall((root / name).read_text(encoding="utf-8")) for name in USER_DOCS}
+    assert not any(hits.values()), hits
+    assert DEVELOPMENT_HISTORY.findall("edge attribution 4.5x (goal 5x); 0.1.0 took about 370x; issue 20")

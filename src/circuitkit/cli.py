@@ -1,7 +1,7 @@
 """The ``circuitkit`` command line: argument parsing, then ``circuitkit.scan(...).save(...)``.
 
 ``circuitkit scan [MODEL] [--out DIR] [--device D] [--device-map auto] [--block-len N] [--batch B] [--seed S]
-[--ablate top|all|none] [--ablate-top K] [--top-k K] [--json] [--png] [--allow-download]``
+[--ablate top|all|none] [--ablate-top K] [--quick] [--sort COLUMN] [--top-k K] [--json] [--png] [--allow-download]``
 
 Every error is one ``circuitkit: error: ...`` line on stderr and exit code 2 (argparse's own errors too);
 Ctrl-C is one ``circuitkit: interrupted`` line and exit code 130, with earlier outputs left intact (the
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="length of the random block that is repeated (default: 20 or what fits the context)")
     scan.add_argument("--batch", type=_int_in(1), default=16, metavar="B", help="sequences per batch (16)")
     scan.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="seed of the random tokens (0)")
-    scan.add_argument("--ablate", choices=("top", "all", "none"), default="top",
+    scan.add_argument("--ablate", choices=("top", "all", "none"), default=None,
                       help="exact ablation of the top heads by attribution plus the detected circuit (top, the "
                       "default), of every head (all), or none")
     scan.add_argument("--ablate-top", type=_int_in(1), default=16, metavar="K",
@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--top-k", type=_int_in(1), default=5, metavar="K",
                       help="heads per score and composition edges per mode to list (5)")
     scan.add_argument("--no-circuit", action="store_true", help="skip edge attribution and path patching")
+    scan.add_argument("--quick", action="store_true",
+                      help="scores, attribution, composition and spectra only: no exact ablation and no edge "
+                      "evidence (the same as --ablate none --no-circuit)")
+    scan.add_argument("--sort", default=None, metavar="COLUMN",
+                      help="sort the table by this column, largest first: a score's short or full name (induct, "
+                      "prev, dup, self, first, copy, ...), attrib, or ablated (alias: ablate); default: induction")
     scan.add_argument("--json", action="store_true", help="print the scores JSON to stdout instead of the table")
     scan.add_argument("--allow-download", action="store_true",
                       help="let a model name be fetched from the Hugging Face hub (default: local cache only)")
@@ -134,15 +140,18 @@ def run_scan(args: argparse.Namespace) -> int:
         if model is None:
             raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
         model = load_model(model, device_map=device_map, allow_download=args.allow_download)
+    ablate = _ablate_mode(args)
+    if args.sort is not None:
+        sort_column(args.sort, ablated=ablate != "none")
     progress = True if sys.stderr.isatty() else False
     result = ck.scan(
         model,
         tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
-        ablate=args.ablate,
+        ablate=ablate,
         ablate_top=args.ablate_top,
         ablation_method=args.ablation_method,
         top_k=args.top_k,
-        circuit=not args.no_circuit,
+        circuit=not (args.no_circuit or args.quick),
         device=args.device,
         progress=progress,
         name=args.model,
@@ -156,16 +165,65 @@ def run_scan(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(highlight=False)
-    console.print(ranked_table(result))
+    console.print(ranked_table(result, sort=args.sort))
     console.print(f"wrote {saved.report} and {saved.scores}")
     for path in saved.pngs:
         console.print(f"wrote {path}")
     return 0
 
 
-def ranked_table(scan: Any, rows: int = TABLE_ROWS):
-    """A rich Table of heads ranked by induction score (or the first score): one column per registered score
-    (its short name), then the attribution estimate and the exact ablation effect where computed."""
+def _ablate_mode(args: argparse.Namespace) -> str:
+    """``--ablate`` as given, ``"none"`` under ``--quick``, else ``"top"``; ``--quick`` with exact ablation is a
+    contradiction, refused."""
+    if args.quick and args.ablate not in (None, "none"):
+        raise CircuitkitError(
+            f"--quick: given with --ablate {args.ablate}; expected --quick alone (it skips exact ablation) or "
+            f"--ablate {args.ablate} without --quick."
+        )
+    return args.ablate or ("none" if args.quick else "top")
+
+
+EFFECT_COLUMNS = {"attrib": "attribution", "ablated": "ablation"}
+"""Table columns of causal effects -> the scan result's attribute holding them."""
+_COLUMN_ALIASES = {"attribution": "attrib", "ablate": "ablated", "ablation": "ablated", "exact": "ablated"}
+
+
+def sort_column(text: str, *, ablated: bool = True, scores: Any = None) -> str:
+    """The table column ``--sort`` names: a head score's full name (``"induction"``) or short name
+    (``"induct"``), ``"attrib"`` or ``"ablated"`` (aliases ``attribution``, ``ablate``, ``ablation``, ``exact``).
+
+    Returns the score's full name or the effect column's label. ``scores`` (a scan's ``head_scores``) limits
+    the score names to those the scan computed; without it, the registered scores are the choices.
+    ``ablated=False`` (``--ablate none``, ``--quick``) refuses ``ablated``: that column is empty."""
+    if scores is not None:
+        definitions = {name: scores.definitions[name] for name in scores}
+    else:
+        from circuitkit.detect import registry
+
+        definitions = {d.name: d for d in registry.registered()}
+    by_short = {d.short: name for name, d in definitions.items()}
+    key = text.strip().lower()
+    key = _COLUMN_ALIASES.get(key, key)
+    if key in definitions:
+        return key
+    if key in by_short:
+        return by_short[key]
+    if key in EFFECT_COLUMNS:
+        if key == "ablated" and not ablated:
+            raise CircuitkitError(
+                f"--sort: given {text!r}, but this scan ablates no head exactly (--ablate none or --quick); "
+                "expected another column, or --ablate top|all."
+            )
+        return key
+    choices = sorted({*by_short, *EFFECT_COLUMNS})
+    raise CircuitkitError(f"--sort: given {text!r}; expected a column of the table: {', '.join(choices)}.")
+
+
+def ranked_table(scan: Any, rows: int = TABLE_ROWS, sort: str | None = None):
+    """A rich Table of the ``rows`` first heads, largest first by ``sort`` (a column :func:`sort_column` reads;
+    default the induction score, or the first score): one column per registered score (its short name), then
+    the attribution estimate and the exact ablation effect where computed. Heads without a value in the sort
+    column (not ablated) come last."""
     from rich import box
     from rich.table import Table
 
@@ -173,10 +231,23 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS):
 
     scores = scan.head_scores
     names = list(scores)
-    key = "induction" if "induction" in names else names[0]
+    effects = [(label, e) for label, e in (("attrib", scan.attribution), ("ablated", scan.ablation)) if e is not None]
+    if sort is None:
+        key = "induction" if "induction" in names else names[0]
+    else:
+        key = sort_column(sort, ablated=scan.ablation is not None, scores=scores)
+    if key in EFFECT_COLUMNS:
+        effect = getattr(scan, EFFECT_COLUMNS[key])
+        if effect is None:
+            raise CircuitkitError(f"--sort: given {sort!r}, but this scan has no {key} column; expected another.")
+        ranking = effect.effect
+        title = f"heads ranked by {key} (loss rise, nats)"
+    else:
+        ranking = scores[key]
+        title = f"heads ranked by {key} score"
     m = scan.model
     table = Table(
-        title=f"{m.name}: heads ranked by {key} score",
+        title=f"{m.name}: {title}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
@@ -190,10 +261,9 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS):
     table.add_column("head", justify="right", min_width=4, no_wrap=True)
     for name in names:
         table.add_column(scores.definitions[name].short, justify="right", min_width=6, no_wrap=True)
-    effects = [(label, e) for label, e in (("attrib", scan.attribution), ("ablated", scan.ablation)) if e is not None]
     for label, _ in effects:
         table.add_column(label, justify="right", min_width=len(label), no_wrap=True)
-    for rank, (head, _) in enumerate(top_heads(scores[key], min(rows, m.n_layers * m.n_heads)), start=1):
+    for rank, (head, _) in enumerate(top_heads(ranking, min(rows, m.n_layers * m.n_heads)), start=1):
         cells = [f"{float(scores[name][head]):.3f}" for name in names]
         for _, effect in effects:
             value = float(effect.effect[head])

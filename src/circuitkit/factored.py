@@ -6,8 +6,9 @@ costs ``O(d_model^2)`` (or ``O(d_vocab^2)``) memory per head for information tha
 dimensions. :class:`Factored` holds ``M = A @ B`` with ``A: [..., m, r]`` and ``B: [..., r, n]`` and answers
 every question about ``M`` from ``r x r`` matrices:
 
-- singular values: with ``A = Q_A R_A`` and ``B.T = Q_B R_B`` (thin QR), ``M = Q_A (R_A R_B.T) Q_B.T`` and
-  the ``Q`` factors have orthonormal columns, so ``svdvals(M) = svdvals(R_A @ R_B.T)`` (``r x r``);
+- singular values: with ``A = Q_A R_A`` and ``B.T = Q_B R_B`` (``R`` a root of the Gram matrix,
+  ``R.T R = A.T A``: a Cholesky factor, or a thin QR's), ``M = Q_A (R_A R_B.T) Q_B.T`` and the ``Q`` factors
+  have orthonormal columns, so ``svdvals(M) = svdvals(R_A @ R_B.T)`` (``r x r``), every head at once;
 - Frobenius norm: ``||A B||_F^2 = trace(A.T A B B.T) = sum((A.T A) * (B B.T))`` (two ``r x r`` Gram matrices);
 - eigenvalues (square ``M``): the non-zero eigenvalues of ``A B`` are those of ``B A`` (``r x r``).
 
@@ -210,18 +211,33 @@ class Factored:
         B, scale_B = _unit_scale(self.B)
         return A, B, (scale_A.double() * scale_B.double())[..., 0]
 
-    def _core(self) -> tuple[Tensor, Tensor]:
-        """``(R_A @ R_B.T / scale, scale)``: the ``[..., r, r]`` core (float64) has the singular values of
-        ``A @ B`` divided by ``scale [..., 1]``."""
+    def _unit_sigma(self) -> tuple[Tensor, Tensor]:
+        """``(sigma / scale, scale)``: the ``k = min(m, r, n)`` singular values of ``A @ B`` (float64, descending)
+        of the unit-scale factors, and the scale ``[..., 1]`` to multiply back; every matrix of the batch at once.
+
+        Float64 factors: ``svdvals(R_A @ R_B.T)`` with thin-QR ``R`` factors (float64-accurate, also for tiny
+        singular values). Other dtypes: ``sigma^2 = eigvalsh(R_B (A.T A) R_B.T)`` with ``A.T A`` formed in float64
+        and ``R_B`` its Cholesky-type root (:func:`_gram_root`): ``R_B (A.T A) R_B.T`` is the Gram matrix of
+        ``A @ R_B.T``, which has the singular values of ``A @ B``. A symmetric ``r x r`` eigenvalue problem costs a
+        fraction of an SVD; its rounding (``eps64 * sigma_max^2`` in ``sigma^2``) is the Gram matrix's own, far
+        below float32's. Where ``k < r`` the core has ``r - k`` more values, zero up to rounding: dropped.
+        """
         A, B, scale = self._scaled()
-        _, R_A = torch.linalg.qr(A.float() if A.dtype in _HALF else A)
-        _, R_B = torch.linalg.qr((B.float() if B.dtype in _HALF else B).transpose(-1, -2))
-        return R_A.double() @ R_B.double().transpose(-1, -2), scale
+        k = min(self.A.shape[-2], self.inner_dim, self.B.shape[-1])
+        if A.dtype == torch.float64:
+            R_A = torch.linalg.qr(A, mode="r")[1]
+            R_B = torch.linalg.qr(B.transpose(-1, -2), mode="r")[1]
+            return torch.linalg.svdvals(R_A @ R_B.transpose(-1, -2))[..., :k], scale
+        A64 = A.double()
+        R_B = _gram_root(B.transpose(-1, -2))
+        core = R_B @ (A64.transpose(-1, -2) @ A64) @ R_B.transpose(-1, -2)
+        squares = torch.linalg.eigvalsh(core).flip(-1)[..., :k]
+        return squares.clamp_min(0).sqrt(), scale
 
     def singular_values(self) -> Float[Tensor, "*batch k"]:
         """Singular values of each ``A @ B``, descending; ``k = min(m, r, n)``."""
-        core, scale = self._core()
-        return _in_dtype(torch.linalg.svdvals(core) * scale, self.A.dtype, "Factored.singular_values")
+        sigma, scale = self._unit_sigma()
+        return _in_dtype(sigma * scale, self.A.dtype, "Factored.singular_values")
 
     def norm(self) -> Float[Tensor, "*batch"]:
         """Frobenius norms ``||A @ B||_F`` from the two ``r x r`` Gram matrices."""
@@ -261,15 +277,32 @@ class Factored:
         Between 1 (one direction carries everything) and the numerical rank (a flat spectrum); 0 for a zero
         matrix. Scale-free: computed from the unit-scale core.
         """
-        core, _ = self._core()
-        rank = _effective_rank_from_sigma(torch.linalg.svdvals(core))
+        sigma, _ = self._unit_sigma()
+        rank = _effective_rank_from_sigma(sigma)
         return _in_dtype(rank, self.A.dtype, "Factored.effective_rank")
 
     def __repr__(self) -> str:
         return f"Factored(shape={tuple(self.shape)}, inner_dim={self.inner_dim}, dtype={self.A.dtype})"
 
 
-_HALF = (torch.float16, torch.bfloat16)
+def _gram_root(F: Float[Tensor, "*batch m r"]) -> Float[Tensor, "*batch r r"]:
+    """``R`` (float64) with ``R.T @ R == F.T @ F``, every matrix of the batch at once: ``F = U R`` for some ``U``
+    with orthonormal columns on ``R``'s row space, so ``R`` stands in for ``F`` in singular values.
+
+    The Cholesky factor of the ``r x r`` Gram matrix formed in float64 (products of float32 numbers are exact in
+    float64); a singular Gram (a head of rank < r, or ``r > m``) takes ``diag(sqrt(s)) U.T`` from its
+    eigendecomposition ``U diag(s) U.T`` instead. One batched ``r x r`` Cholesky costs a fraction of a batch of
+    Householder QRs of the tall ``m x r`` matrices.
+    """
+    F64 = F.double()
+    gram = F64.transpose(-1, -2) @ F64
+    factor, info = torch.linalg.cholesky_ex(gram)
+    root = factor.transpose(-1, -2).contiguous()
+    singular = info != 0
+    if bool(singular.any()):
+        values, vectors = torch.linalg.eigh(gram[singular])
+        root[singular] = values.clamp_min(0).sqrt().unsqueeze(-1) * vectors.transpose(-1, -2)
+    return root
 
 
 def _rank_from_sigma(sigma: Tensor, rtol: float) -> Tensor:
@@ -351,8 +384,39 @@ def singular_values(weights, circuit: CircuitName = "OV") -> Float[Tensor, "laye
 
     (``"full_QK"`` / ``"full_OV"`` give the spectra of the circuits through the embeddings.)
     """
+    which = validate.option("singular_values: circuit", circuit, ("QK", "OV", "full_QK", "full_OV"))
+    w = _weights(weights, "singular_values")
     with torch.no_grad():
-        return _circuit(weights, circuit, "singular_values").singular_values()
+        if which in ("QK", "OV") and w.dtype != torch.float64:
+            return _head_singular_values(w, which)
+        return _circuit(w, which, "singular_values").singular_values()
+
+
+def _head_singular_values(w: HeadWeights, which: str) -> Tensor:
+    """:meth:`Factored.singular_values` of :func:`qk_circuit` / :func:`ov_circuit` (float32 and half weights),
+    with the key/value side's Gram matrices and roots computed once per group instead of once per query head
+    (no repeated copy of ``W_K`` / ``W_V``). Same maths and scale handling as :meth:`Factored._unit_sigma`:
+    ``QK = W_Q W_K.T`` has ``A = W_Q`` (per head), ``B.T = W_K`` (per group); ``OV = W_V W_O`` has ``A = W_V``
+    (per group), ``B.T = W_O.T`` (per head)."""
+    if which == "QK":
+        A, Bt, a_grouped = w.W_Q, w.W_K, False
+    else:
+        A, Bt, a_grouped = w.W_V, w.W_O.transpose(-1, -2), True
+    validate.tensor(f"singular_values: {which} factor", A, finite=True)
+    validate.tensor(f"singular_values: {which} factor", Bt, finite=True)
+    kv = w.kv_index
+    a_index = kv if a_grouped else slice(None)
+    b_index = slice(None) if a_grouped else kv
+    A, scale_A = _unit_scale(A)
+    Bt, scale_B = _unit_scale(Bt)
+    A64 = A.double()
+    gram_A = (A64.transpose(-1, -2) @ A64)[:, a_index]
+    R_B = _gram_root(Bt)[:, b_index]
+    core = R_B @ gram_A @ R_B.transpose(-1, -2)
+    k = min(w.d_model, w.d_head)
+    squares = torch.linalg.eigvalsh(core).flip(-1)[..., :k]
+    scale = (scale_A.double()[:, a_index] * scale_B.double()[:, b_index])[..., 0]
+    return _in_dtype(squares.clamp_min(0).sqrt() * scale, w.dtype, "Factored.singular_values")
 
 
 def numerical_rank(weights, circuit: CircuitName = "OV", rtol: float | None = None) -> Tensor:
