@@ -278,7 +278,7 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
             alpha = torch.tensor(chunk, device=x.device, dtype=x.dtype).view(-1, 1, 1, 1)
             return (start + alpha * (clean - start)).view_as(x)
 
-        def on_z(z: Tensor, hook: Any) -> Tensor:
+        def on_z(z: Tensor, hook: Any, leaves: dict[int, Tensor] = leaves) -> Tensor:
             leaves[HOOKS.layer_of(hook.name)] = leaf = torch.zeros_like(z, requires_grad=True)
             return z + leaf
 
