@@ -257,6 +257,18 @@ def test_gqa_edge_ig_splits_per_query_head_and_sums_to_the_group():
     torch.testing.assert_close(scores.scores, reference.scores, atol=1e-6, rtol=1e-5, equal_nan=True)
 
 
+def test_circuit_evidence_passes_steps_to_its_edge_attribution():
+    from circuitkit.circuits import circuit_evidence
+
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=6)
+    batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(model)
+    evidence = circuit_evidence(model, tokens=batch, top_k=3, steps=3)
+    alone = edge_attribution(model, tokens=batch, steps=3)
+    torch.testing.assert_close(evidence.attribution.scores, alone.scores, atol=1e-6, rtol=1e-5, equal_nan=True)
+    with pytest.raises(CircuitkitError, match="circuit_evidence: steps"):
+        circuit_evidence(model, tokens=batch, steps=0)
+
+
 # ---------------------------------------------------------------------- closer to exact as steps grow
 @pytest.fixture(scope="module")
 def bundled():
