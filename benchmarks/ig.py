@@ -14,14 +14,17 @@ counts ``(L - l) / L``) and the measured wall time in units of one forward pass 
 
 Edges (``--edges``, the zoo model only: all its edges are path-patched exactly): :func:`circuitkit.edge_attribution`
 on the inputs path against :func:`circuitkit.path_patching` of every edge, per metric and corruption: Spearman,
-relative error ``||est - exact|| / ||exact||`` and the largest-effect edge's estimate.
+relative error ``||est - exact|| / ||exact||``, how many of the exact top :data:`TOP_EDGES` edges the estimate's own top
+:data:`TOP_EDGES` holds (the edges a scan would path-patch), and the largest-effect edge's estimate.
 
 Models: the bundled ``induction-2l`` (trained), and Hugging Face checkpoints of the GPT-2-small shape (12 x 12) and
 the SmolLM-135M shape (Llama, 30 layers x 9 query heads in 3 key/value groups) with RANDOM weights (no pretrained
 weights can be downloaded here): on random weights attention is not saturated, so they measure cost and the
 no-saturation case, not the real-model failure IG is for.
 
-Run: ``python benchmarks/ig.py [--json out.json] [--quick] [--batch N] [--steps 1 2 4 8]``.
+Run: ``python benchmarks/ig.py [--json out.json] [--models zoo gpt2 smollm] [--batch N] [--steps 1 2 4 8]
+[--large-steps 1 2 4] [--large-paths inputs/resample layer]`` (the large shapes cost minutes per gradient pass
+configuration on 2 CPU cores: fewer steps and paths there by default).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from typing import Any
 import torch
 from _common import emit_json  # benchmarks/ is on sys.path when a script here runs
 from scan import save_gpt2_small_shape, save_smollm_shape
+
+TOP_EDGES = 5
 
 PATHS: tuple[tuple[str, str, str], ...] = (
     ("inputs/resample", "inputs", "resample"),
@@ -72,7 +77,7 @@ def miss(estimate: torch.Tensor, exact: torch.Tensor, n_heads: int) -> dict[str,
             "estimate": float(estimate[index]), "abs": float(error[index])}
 
 
-def bench_heads(label: str, model: Any, tokens: Any, steps_list: list[int]) -> dict[str, Any]:
+def bench_heads(label: str, model: Any, tokens: Any, steps_list: list[int], paths: list[str]) -> dict[str, Any]:
     import circuitkit as ck
     from circuitkit.detect.agreement import spearman
     from circuitkit.detect.tokens import as_batch
@@ -87,8 +92,10 @@ def bench_heads(label: str, model: Any, tokens: Any, steps_list: list[int]) -> d
     exact_s = time.perf_counter() - start
     rows = []
     for name, path, corrupt in PATHS:
+        if name not in paths:
+            continue
         for steps in steps_list:
-            if steps == 1 and name != PATHS[0][0]:
+            if steps == 1 and name != paths[0]:
                 continue  # steps=1 is the same first-order estimate on every path
             start = time.perf_counter()
             estimate = ck.attribution_effects(model, batch, method="mean", steps=steps, path=path,
@@ -128,6 +135,7 @@ def bench_edges(model: Any, steps_list: list[int]) -> list[dict[str, Any]]:
             exact = torch.tensor([e.effect for e in ck.path_patching(model, keys, metric=metric,
                                                                       corrupt=corrupt).edges])
             top = int(exact.abs().argmax())
+            exact_top = set(exact.abs().argsort(descending=True)[:TOP_EDGES].tolist())
             for steps in steps_list:
                 scores = ck.edge_attribution(model, metric=metric, corrupt=corrupt, steps=steps)
                 estimate = torch.tensor([scores.value(*key) for key in keys])
@@ -135,6 +143,7 @@ def bench_edges(model: Any, steps_list: list[int]) -> list[dict[str, Any]]:
                     "metric": metric, "corrupt": corrupt, "steps": steps, "n_edges": len(keys),
                     "spearman": spearman(estimate, exact),
                     "relative_error": float((estimate - exact).norm() / exact.norm()),
+                    "top_overlap": len(exact_top & set(estimate.abs().argsort(descending=True)[:TOP_EDGES].tolist())),
                     "top_edge": f"{keys[top][0][0]}.{keys[top][0][1]} -> {keys[top][1][0]}.{keys[top][1][1]} "
                     f"({keys[top][2]})",
                     "top_exact": float(exact[top]), "top_estimate": float(estimate[top]),
@@ -145,9 +154,12 @@ def bench_edges(model: Any, steps_list: list[int]) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=str, default=None, help="also write the JSON here")
-    parser.add_argument("--quick", action="store_true", help="the zoo model only")
+    parser.add_argument("--models", nargs="+", default=["zoo", "gpt2", "smollm"], choices=["zoo", "gpt2", "smollm"])
     parser.add_argument("--batch", type=int, default=8, help="sequences in the batch of the large shapes")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--large-steps", type=int, nargs="+", default=[1, 2, 4], help="steps on the large shapes")
+    parser.add_argument("--large-paths", nargs="+", default=["inputs/resample", "layer"],
+                        choices=[p[0] for p in PATHS], help="paths measured on the large shapes")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
     if args.threads:
@@ -157,16 +169,20 @@ def main() -> None:
     from circuitkit.detect.tokens import RepeatedTokens
     from circuitkit.models import load_model
 
-    heads = [bench_heads("zoo induction-2l", zoo.load(), RepeatedTokens(), args.steps)]
-    edges = bench_edges(zoo.load(), args.steps)
-    if not args.quick:
-        with tempfile.TemporaryDirectory(prefix="circuitkit-bench-") as root:
-            for save in (save_gpt2_small_shape, save_smollm_shape):
-                path = Path(root) / save.__name__
-                label = save(path)
-                model = load_model(path)
-                heads.append(bench_heads(label + " (random)", model, RepeatedTokens(batch=args.batch), args.steps))
-                del model
+    heads, edges = [], []
+    if "zoo" in args.models:
+        heads.append(bench_heads("zoo induction-2l", zoo.load(), RepeatedTokens(), args.steps, [p[0] for p in PATHS]))
+        edges = bench_edges(zoo.load(), args.steps)
+    saves = {"gpt2": save_gpt2_small_shape, "smollm": save_smollm_shape}
+    large = [saves[key] for key in args.models if key in saves]
+    with tempfile.TemporaryDirectory(prefix="circuitkit-bench-") as root:
+        for save in large:
+            path = Path(root) / save.__name__
+            label = save(path)
+            model = load_model(path)
+            heads.append(bench_heads(label + " (random)", model, RepeatedTokens(batch=args.batch), args.large_steps,
+                                     args.large_paths))
+            del model
 
     for h in heads:
         print(f"\n{h['model']}  {h['shape']}  batch {tuple(h['batch'])}  forward {h['forward_s'] * 1e3:.0f} ms; "
@@ -178,10 +194,12 @@ def main() -> None:
             print(f"  {r['path']:<16} {r['steps']:>5} {r['spearman']:>6.3f} {r['gradient_passes']:>11.1f} "
                   f"{r['forward_ratio']:>6.0f}x  {m['head']}: exact {m['exact']:+.3f}, est {m['estimate']:+.3f}")
     print("\nzoo edges, inputs path, against exact path patching of every edge")
-    print(f"  {'metric':<10} {'corrupt':<9} {'steps':>5} {'rho':>6} {'rel err':>7}  largest edge: exact, estimate")
+    print(f"  {'metric':<10} {'corrupt':<9} {'steps':>5} {'rho':>6} {'rel err':>7} {'top' + str(TOP_EDGES):>5}  "
+          "largest edge: exact, estimate")
     for e in edges:
         print(f"  {e['metric']:<10} {e['corrupt']:<9} {e['steps']:>5} {e['spearman']:>6.3f} "
-              f"{e['relative_error']:>7.3f}  {e['top_edge']}: {e['top_exact']:+.3f}, {e['top_estimate']:+.3f}")
+              f"{e['relative_error']:>7.3f} {e['top_overlap']:>5}  {e['top_edge']}: {e['top_exact']:+.3f}, "
+              f"{e['top_estimate']:+.3f}")
     emit_json({"torch_threads": torch.get_num_threads(), "heads": heads, "edges": edges}, args.json)
 
 
