@@ -103,7 +103,7 @@ def oracle_heads(model, batch, steps, path, corrupt="resample"):
 
 @pytest.mark.parametrize("steps", [1, 2, 5])
 @pytest.mark.parametrize(("path", "corrupt"), [("inputs", "resample"), ("inputs", "mean"), ("layer", "resample")])
-@pytest.mark.parametrize("kv", [None, 2], ids=["multi-head", "grouped-query"])
+@pytest.mark.parametrize("kv", [None, 2, 1], ids=["multi-head", "grouped-query", "multi-query"])
 def test_heads_equal_the_independent_implementation(steps, path, corrupt, kv):
     model = toy(n_kv_heads=kv)
     batch = TOKENS.build(model)
@@ -244,10 +244,11 @@ def test_edges_equal_the_independent_implementation_through_a_norm(norm):
     torch.testing.assert_close(got, want, atol=BRIDGE_TOL * scale, rtol=BRIDGE_TOL)
 
 
-def test_gqa_edge_ig_splits_per_query_head_and_sums_to_the_group():
-    """Grouped-query: each point's K gradient is split per query head; the query heads of a group sum to the
-    gradient of their shared key, so the group's total equals a multi-head model whose query heads share keys."""
-    model = toy(n_layers=2, n_kv_heads=2, seed=4)
+@pytest.mark.parametrize("kv", [2, 1], ids=["grouped-query", "multi-query"])
+def test_gqa_edge_ig_equals_the_model_with_keys_copied_per_query_head(kv):
+    """Grouped-query / multi-query: each point's K and V gradients are split per query head, so the edges equal
+    those of the multi-head model whose query heads each hold a copy of their group's keys and values."""
+    model = toy(n_layers=2, n_kv_heads=kv, seed=4)
     batch = TOKENS.build(model)
     scores = edge_attribution(model, tokens=batch, steps=3)
     w = model.head_weights()
