@@ -37,6 +37,14 @@ differences ``delta_s`` stay those of the clean and corrupted runs. Each further
 backward pass on the clean labels and its own contraction (with its own normalisation pullback), taken and
 added before the next point runs: memory stays that of ``m = 1``.
 
+Measured on the bundled model against exact path patching of all 48 edges (``benchmarks/ig.py``): with the
+loss metric the strongest edge (previous-token head 0.1 -> induction head 1.3 through K, exact +0.160) is
+estimated +0.016 at first order (10x low) and +0.197 at 2 steps; the estimate's top 3 edges are the exact top 3 in
+order from 2 steps on, and its top 5 hold all of the exact top 5 from 4 steps on (4 of 5 at first order), but the
+rank correlation over all edges falls (0.95 -> 0.68 at 2 steps: the path moves every sender at once, so the many
+small edges are credited with joint effects). With the induction metric the error shrinks with the steps
+(relative error 0.75, 0.64, 0.55 at 1, 2, 4 steps; Spearman 0.91 -> 0.97).
+
 Grouped-query attention: edges are per query head (see :mod:`~circuitkit.circuits.edges`). The gradient at a
 group's key (value) activation is the sum over its query heads; each query head's part is taken by a local
 backward through that layer's pattern (``z``) alone, with the upstream gradient restricted to that head.

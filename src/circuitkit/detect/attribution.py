@@ -36,6 +36,16 @@ over ``m`` points of a straight path whose last point (``k = m``) is the clean r
   the layer's exact ablation, IG's completeness). Cost ``(m - 1)`` gradient passes per layer (resumed from
   ``resid_pre[l]`` where the model can), i.e. ``~ L (m - 1) / 2`` full passes.
 
+Which path (measured, ``benchmarks/ig.py``, figures in ``benchmarks/README.md``). The inputs path is the
+documented EAP-IG, but it moves every head at once: a head's readers are being corrupted on the way, so heads
+that back each other up are all credited with the joint effect. On the bundled model (exact mean ablation of all
+8 heads) it ranks heads *worse* than first order (Spearman 0.43 at 2-8 steps, from either corrupted input, against
+0.74), while the layer path ranks them exactly (Spearman 1.00 from 2 steps on) and turns the previous-token head
+0.1, exact +1.26 nats and first-order +0.04, into the largest estimate. Its magnitudes overshoot where the heads of
+one layer back each other up (the four layer-1 induction heads: their IG shares add up to the layer's joint
+ablation, each exact single-head effect is 0.08-0.23). So for ranking heads by their single-head ablation use
+``path="layer"``; two steps already give its ranking, at ``1 + (L + 1) / 2`` gradient passes for ``L`` layers.
+
 How. Each ``hook_z`` returns ``z + delta_l`` with ``delta_l`` a zero tensor that requires grad, and
 ``torch.autograd.grad(L, [delta_l])`` gives ``dL/dz`` for every layer from one backward pass. Gradients are
 taken with respect to these activation leaves only: every parameter's ``requires_grad`` is switched off for the
