@@ -45,6 +45,9 @@ that back each other up are all credited with the joint effect. On the bundled m
 one layer back each other up (the four layer-1 induction heads: their IG shares add up to the layer's joint
 ablation, each exact single-head effect is 0.08-0.23). So for ranking heads by their single-head ablation use
 ``path="layer"``; two steps already give its ranking, at ``1 + (L + 1) / 2`` gradient passes for ``L`` layers.
+On random-weight checkpoints of real shapes (nothing saturates; all heads ablated exactly) the layer path at 2
+steps keeps or raises the rank correlation (GPT-2 small 0.999 -> 0.999, SmolLM-135M 30 x 9 GQA 0.970 -> 0.993)
+while the inputs path lowers it (0.990; 0.941 at 2 and 0.902 at 4 steps).
 
 How. Each ``hook_z`` returns ``z + delta_l`` with ``delta_l`` a zero tensor that requires grad, and
 ``torch.autograd.grad(L, [delta_l])`` gives ``dL/dz`` for every layer from one backward pass. Gradients are
