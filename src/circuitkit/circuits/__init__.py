@@ -8,7 +8,8 @@ them causally, per edge and per channel (the receiver's query, key or value inpu
 - :mod:`~circuitkit.circuits.metrics`: the metrics (receiver's induction score, repeated-copies loss, a callable);
 - :mod:`~circuitkit.circuits.patching`: :func:`path_patching`, exact (Wang et al. 2022), many edges per pass;
 - :mod:`~circuitkit.circuits.attribution`: :func:`edge_attribution`, first-order for all ``[L, H, L, H, 3]``
-  edges from one forward and one backward pass (Syed et al. 2023);
+  edges from one forward and one backward pass (Syed et al. 2023), or with ``steps > 1`` integrated gradients
+  over the input embeddings (EAP-IG, Hanna et al. 2024), one more forward and backward pass per step;
 - :mod:`~circuitkit.circuits.evidence`: :func:`circuit_evidence`, composition, attribution and patching side by side.
 """
 

@@ -25,6 +25,26 @@ them all, because each head's output ``z`` is detached in that pass (a head's sc
 queries and keys only, not on what earlier heads' scores did downstream). V edges get exactly 0. For
 ``"loss"`` and callables, the metric of the logits is differentiated through everything downstream.
 
+Integrated gradients (``steps = m > 1``; EAP-IG-inputs, Hanna, Pezzelle & Belinkov 2024): ``g_{r,c}`` is replaced
+by its mean over ``m`` points of the straight path between the corrupted and the clean input embeddings
+(``blocks.0.hook_resid_pre``, token + position embedding; ``e'`` of the corrupted batch, or for
+``corrupt="mean"`` the clean embeddings' batch mean at each position)::
+
+    attribution[s, r, c] = sum_{b, p} delta_s[b, p] . (1/m) sum_{k=1..m} g_{r,c}[b, p] |_(e' + (k/m) (e - e'))
+
+The point ``k = m`` is the clean run, so ``m = 1`` is the first-order estimate above, bit for bit; the sender
+differences ``delta_s`` stay those of the clean and corrupted runs. Each further point is one forward and one
+backward pass on the clean labels and its own contraction (with its own normalisation pullback), taken and
+added before the next point runs: memory stays that of ``m = 1``.
+
+Measured on the bundled model against exact path patching of all 48 edges (``benchmarks/ig.py``): with the
+loss metric the strongest edge (previous-token head 0.1 -> induction head 1.3 through K, exact +0.160) is
+estimated +0.016 at first order (10x low) and +0.197 at 2 steps; the estimate's top 3 edges are the exact top 3 in
+order from 2 steps on, and its top 5 hold all of the exact top 5 from 4 steps on (4 of 5 at first order), but the
+rank correlation over all edges falls (0.95 -> 0.68 at 2 steps: the path moves every sender at once, so the many
+small edges are credited with joint effects). With the induction metric the error shrinks with the steps
+(relative error 0.75, 0.64, 0.55 at 1, 2, 4 steps; Spearman 0.91 -> 0.97).
+
 Grouped-query attention: edges are per query head (see :mod:`~circuitkit.circuits.edges`). The gradient at a
 group's key (value) activation is the sum over its query heads; each query head's part is taken by a local
 backward through that layer's pattern (``z``) alone, with the upstream gradient restricted to that head.
@@ -55,9 +75,10 @@ from circuitkit.circuits._engine import (
     context,
     corrupt_z,
 )
+from circuitkit.circuits.corrupt import resampled_batch
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import InductionReader, Metric, check_value, resolve_metric
-from circuitkit.detect.attribution import frozen_parameters
+from circuitkit.detect.attribution import check_steps, frozen_parameters, input_embedding
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, norm_parameters
@@ -132,17 +153,22 @@ def edge_attribution(
     tokens: RepeatedTokens | TokenBatch | None = None,
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
     device: str | torch.device | None = None,
+    steps: int = 1,
 ) -> EdgeAttribution:
-    """First-order effects of all ``[L, H, L, H, 3]`` edges (see the module docstring). Arguments as
+    """Estimated effects of all ``[L, H, L, H, 3]`` edges (see the module docstring). Arguments as
     :func:`~circuitkit.circuits.path_patching` (``metric`` ``"loss"``, ``"induction"`` or a differentiable callable
-    ``metric(logits, batch) -> scalar``; ``corrupt`` ``"resample"``, ``"mean"`` or a corrupted ``TokenBatch``)."""
+    ``metric(logits, batch) -> scalar``; ``corrupt`` ``"resample"``, ``"mean"`` or a corrupted ``TokenBatch``).
+    ``steps``: points the gradient is averaged over on the inputs path (integrated gradients); 1 (default) is
+    first-order attribution, at most :data:`~circuitkit.detect.attribution.MAX_IG_STEPS`."""
+    steps = check_steps("edge_attribution", steps)
     ctx = context(model, tokens, corrupt, corrupt_seed, device, "edge_attribution")
-    return attribute(ctx, resolve_metric(metric, "edge_attribution"))
+    return attribute(ctx, resolve_metric(metric, "edge_attribution"), steps=steps)
 
 
-def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
-    """:func:`edge_attribution` in a prepared context; leaves the clean activations in ``ctx.clean`` and the
-    corrupted ``z`` in ``ctx.z_corrupt`` for a later :func:`~circuitkit.circuits.patching.patch` on the batch."""
+def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
+    """:func:`edge_attribution` in a prepared context (``steps`` checked by the caller); leaves the clean activations
+    in ``ctx.clean`` and the corrupted ``z`` in ``ctx.z_corrupt`` for a later
+    :func:`~circuitkit.circuits.patching.patch` on the batch."""
     spec = ctx.spec
     L, H = spec.n_layers, spec.n_heads
     scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
@@ -152,33 +178,84 @@ def attribute(ctx: Context, m: Metric) -> EdgeAttribution:
         with frozen_parameters(ctx.adapter.model):
             _clean_gradients(ctx, m)
     clean = ctx.clean
-    grads, clean_z, resid, value = clean.grads, clean.z, clean.resid, clean.total
+    clean_z, value = clean.z, clean.total
     with torch.no_grad():
         z_corrupt = corrupt_z(ctx, clean_z, range(L - 1))
         work = torch.promote_types(clean_z[0].dtype, torch.float32)
         dz = [(z_corrupt[s] - clean_z[s]).flatten(0, 1).transpose(0, 1).to(work) for s in range(L - 1)]  # [H, N, dh]
         W_O = ctx.W_O[: L - 1].to(work)
-        # per receiver layer: its normalisation's input [N, d_model] and whether the closed form applies to it
-        x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
-        kind = ctx.adapter.norm_kind
-        forms = {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}
         totals = [torch.zeros(l2 * H, len(CHANNELS) * H, dtype=work, device=W_O.device) for l2 in range(1, L)]
-        n_positions, d_model = dz[0].shape[1], spec.d_model
-        chunk = max(1, MAX_DELTA_BYTES // ((L - 1) * H * d_model * W_O.element_size()))
-        for first in range(0, n_positions, chunk):
-            part = slice(first, min(first + chunk, n_positions))
-            # the senders' output differences on these positions: [L - 1, H, n, d_model]
-            deltas = torch.empty(L - 1, H, part.stop - part.start, d_model, dtype=work, device=W_O.device)
-            for s in range(L - 1):
-                torch.matmul(dz[s][:, part], W_O[s], out=deltas[s])
-            for l2 in range(1, L):
-                # built per chunk (one receiver layer in memory at a time); the closed-form check runs once
-                receiver = _Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work)
-                totals[l2 - 1] += receiver.contract(deltas[:l2].flatten(0, 1))
+        _contract_all(ctx, clean.grads, clean.resid, dz, W_O, totals)
+    if steps > 1:
+        base = _corrupted_input(ctx)
+        for k in range(1, steps):
+            point = _path_gradients(ctx, m, base, k / steps)
+            with torch.no_grad():
+                _contract_all(ctx, point.grads, point.resid, dz, W_O, totals)
+            del point
+    with torch.no_grad():
         for l2 in range(1, L):
-            scores[:l2, :, l2] = totals[l2 - 1].reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
+            total = totals[l2 - 1] / steps if steps > 1 else totals[l2 - 1]
+            scores[:l2, :, l2] = total.reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
     validate.finite_result("edge_attribution", scores[~scores.isnan()], why="the gradients overflowed")
     return EdgeAttribution(scores, m.name, ctx.corrupt, value)
+
+
+def _contract_all(ctx: Context, grads: dict, resid: dict[int, Tensor], dz: list[Tensor], W_O: Tensor,
+                  totals: list[Tensor]) -> None:
+    """Add ``sum_{b, p} delta_s . g_{r,c}`` for every edge to ``totals[l2 - 1]`` ``[l2 * H, 3 H]``, with ``g`` from
+    the receivers' gradients ``grads`` and normalisation inputs ``resid`` of one run (the clean one or a point of
+    the integration path); ``dz`` ``[H, N, d_head]`` per sender layer, the senders' corrupted minus clean ``z``."""
+    spec = ctx.spec
+    L, H = spec.n_layers, spec.n_heads
+    work = W_O.dtype
+    # per receiver layer: its normalisation's input [N, d_model] and whether the closed form applies to it
+    x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
+    kind = ctx.adapter.norm_kind
+    forms = {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}
+    n_positions, d_model = dz[0].shape[1], spec.d_model
+    chunk = max(1, MAX_DELTA_BYTES // ((L - 1) * H * d_model * W_O.element_size()))
+    for first in range(0, n_positions, chunk):
+        part = slice(first, min(first + chunk, n_positions))
+        # the senders' output differences on these positions: [L - 1, H, n, d_model]
+        deltas = torch.empty(L - 1, H, part.stop - part.start, d_model, dtype=work, device=W_O.device)
+        for s in range(L - 1):
+            torch.matmul(dz[s][:, part], W_O[s], out=deltas[s])
+        for l2 in range(1, L):
+            # built per chunk (one receiver layer in memory at a time); the closed-form check runs once
+            receiver = _Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work)
+            totals[l2 - 1] += receiver.contract(deltas[:l2].flatten(0, 1))
+
+
+def _corrupted_input(ctx: Context) -> Tensor | None:
+    """``e'``, the embedded corrupted input (``blocks.0.hook_resid_pre`` of the corrupted batch), or None for
+    ``corrupt="mean"`` (then the clean embeddings' batch mean at each position, taken in the pass)."""
+    if ctx.corrupt == "mean":
+        return None
+    corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
+    return input_embedding(ctx.adapter, corrupted.tokens)
+
+
+def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alpha: float) -> CleanRun:
+    """The receivers' gradients (and normalisation inputs) at the point ``e' + alpha (e - e')`` of the inputs path:
+    one forward pass with gradients from layer 1 on and one backward pass (a :class:`GradientTap` of its own)."""
+
+    def interpolate(x: Tensor, hook: Any) -> Tensor:
+        start = x.mean(dim=0, keepdim=True) if base is None else base.to(x.device, x.dtype)
+        return start + alpha * (x - start)
+
+    tap = GradientTap(ctx, m, leaf=True)
+    with frozen_parameters(ctx.adapter.model), torch.enable_grad():
+        try:
+            logits = ctx.adapter.run(ctx.batch.tokens, [(HOOKS.resid_pre(0), interpolate), *tap.hooks()])
+        except StopForward:
+            logits = None
+        if m.local:
+            total = torch.stack(tap.local_scores).sum()
+        else:
+            total = check_value(m.fn(logits, ctx.batch), "edge_attribution: metric(interpolated logits)")
+        found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
+        return tap.record(total, found)
 
 
 def _clean_gradients(ctx: Context, m: Metric) -> None:
@@ -251,6 +328,10 @@ class GradientTap:
     def finish(self, total: Tensor, found: tuple[Tensor | None, ...]) -> None:
         """Per-query-head gradients from ``found`` (one per :meth:`inputs`), kept with the clean activations in
         ``ctx.clean``."""
+        self.ctx.clean = self.record(total, found)
+
+    def record(self, total: Tensor, found: tuple[Tensor | None, ...]) -> CleanRun:
+        """:meth:`finish`'s :class:`CleanRun`, without keeping it in the context (a point of the IG path)."""
         ctx, m, acts = self.ctx, self.m, self.acts
         L, gs = ctx.spec.n_layers, ctx.group_size
         grads = {key: (torch.zeros_like(acts[key]) if g is None else g.detach())
@@ -265,8 +346,8 @@ class GradientTap:
                     grads[("v", layer)] = _per_query_head(acts[("z", layer)], acts[("v", layer)],
                                                           grads[("z", layer)], gs, head_axis=2)
         patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
-        ctx.clean = CleanRun(m, self.clean_z, self.resid, patterns, grads, float(total.detach()))
         self.acts = {}  # the graph is no longer needed
+        return CleanRun(m, self.clean_z, self.resid, patterns, grads, float(total.detach()))
 
     # ------------------------------------------------------------------ hooks
     def _leaf(self, x: Tensor, hook: Any) -> Tensor:

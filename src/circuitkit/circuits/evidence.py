@@ -35,6 +35,7 @@ from circuitkit.circuits.attribution import EdgeAttribution, attribute
 from circuitkit.circuits.edges import CHANNELS, parse_edges
 from circuitkit.circuits.metrics import Metric, resolve_metric
 from circuitkit.circuits.patching import PathPatching, patch
+from circuitkit.detect.attribution import check_steps
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import adapt
 from circuitkit.ranking import Head, head_name, top_indices, unravel
@@ -159,18 +160,22 @@ def circuit_evidence(
     tokens: RepeatedTokens | TokenBatch | None = None,
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
     device: str | torch.device | None = None,
+    steps: int = 1,
 ) -> CircuitEvidence:
     """The edge table of the module docstring.
 
     ``composition``: ``None`` computes raw Q/K/V composition scores (:func:`circuitkit.composition_scores`);
     or a mapping ``{"q"|"k"|"v": [L, H, L, H]}`` (any subset), or an ``[L, H, L, H, 3]`` tensor. ``top_k`` edges
     are taken by composition and by ``|attribution|``; the ``n_patch`` (default ``top_k``) edges with the largest
-    ``|attribution|`` are path-patched exactly. Other arguments as :func:`~circuitkit.circuits.path_patching`.
+    ``|attribution|`` are path-patched exactly. ``steps``: the edge attribution's integration points
+    (:func:`~circuitkit.circuits.edge_attribution`; 1 is first order). Other arguments as
+    :func:`~circuitkit.circuits.path_patching`.
     """
     adapter = adapt(model, device)
     spec = adapter.spec
     L, H = spec.n_layers, spec.n_heads
     top_k = validate.positive_int("circuit_evidence: top_k", top_k)
+    steps = check_steps("circuit_evidence", steps)
     n_patch = top_k if n_patch is None else validate.positive_int("circuit_evidence: n_patch", n_patch)
     if L < 2:
         raise validate.fail("circuit_evidence: model", validate.given(f"a model with {L} layer"),
@@ -179,15 +184,16 @@ def circuit_evidence(
     comp = _composition(weights, composition, L, H)
     # one context: patching reuses the clean activations and corrupted z the attribution's passes left
     ctx = context(adapter, tokens, corrupt, corrupt_seed, None, "circuit_evidence", weights)
-    return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch)
+    return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch, steps=steps)
 
 
-def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_patch: int) -> CircuitEvidence:
+def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_patch: int, *,
+                steps: int = 1) -> CircuitEvidence:
     """:func:`circuit_evidence` in a prepared context (checked arguments, ``comp`` ``channel -> [L, H, L, H]``):
     where a host pass carried a :class:`~circuitkit.circuits.attribution.GradientTap` for ``ctx``, the
-    attribution runs only its corrupted pass."""
+    attribution runs only its corrupted pass (and, with ``steps > 1``, its further integration points)."""
     L, H = ctx.spec.n_layers, ctx.spec.n_heads
-    attribution = attribute(ctx, m)
+    attribution = attribute(ctx, m, steps=steps)
     by_attribution = attribution.top(max(top_k, n_patch))
     patch_edges = [(e.src, e.dst, e.channel) for e in by_attribution[:n_patch]]
     patching = patch(ctx, parse_edges(patch_edges, "all", ctx.spec, where="circuit_evidence"), m)
