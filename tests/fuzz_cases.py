@@ -1059,15 +1059,23 @@ case(f"{V}:real", lambda: {"name": "x", "value": 1.0, "minimum": 0.0, "maximum":
 case(f"{V}:seed", lambda: {"name": "x", "value": 3}, value="seed")
 case(f"{V}:tensor", lambda: {"name": "x", "value": torch.ones(2, 3), "shape": (2, None), "floating": True,
      "finite": True}, value="tensor", extra_bad={})
+case(f"{V}:dense", lambda: {"name": "x", "value": torch.ones(2, 3)}, extra_bad={"value": [
+    ("meta", lambda v: v.to("meta"), STRICT), ("sparse-coo", lambda v: v.to_sparse(), STRICT),
+    ("sparse-csr", lambda v: v.to_sparse_csr(), STRICT), ("str", const("x"), STRICT),
+    ("numpy", const(np.ones((2, 3))), STRICT)]})
 CASES[f"{V}:tensor"].kinds = {}
 CASES[f"{V}:tensor"].extra_bad = {"value": [b for b in _tensors(empty=False) if b[0] != "non-contiguous"]}
 
 # --- circuitkit.zoo
 Z = "circuitkit.zoo"
 case(f"{Z}:available", lambda: {})
-case(f"{Z}:curve", lambda: {"name": "induction-2l"}, name="zoo_name")
-case(f"{Z}:info", lambda: {"name": "induction-2l"}, name="zoo_name")
-case(f"{Z}:load", lambda: {"name": "induction-2l", "device": "cpu"}, name="zoo_name", device="device?")
+ZOO_PATHS = [("dotdot", const("../zoo/induction-2l"), STRICT), ("inner-dotdot", const("induction-2l/../induction-2l"),
+             STRICT), ("absolute", const("/etc"), STRICT), ("name-too-long", const("x" * 300), STRICT)]
+"""Names that would reach outside the bundled models' folder (or past NAME_MAX)."""
+case(f"{Z}:curve", lambda: {"name": "induction-2l"}, name="zoo_name", extra_bad={"name": ZOO_PATHS})
+case(f"{Z}:info", lambda: {"name": "induction-2l"}, name="zoo_name", extra_bad={"name": ZOO_PATHS})
+case(f"{Z}:load", lambda: {"name": "induction-2l", "device": "cpu"}, name="zoo_name", device="device?",
+     extra_bad={"name": ZOO_PATHS})
 case(f"{Z}:native_config", lambda: {"directory": __import__("circuitkit.zoo").zoo.info().path},
      directory="out_dir")
 

@@ -61,6 +61,7 @@ from circuitkit.detect.attribution import frozen_parameters
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_indices
 
 
@@ -127,6 +128,7 @@ class EdgeAttribution:
         return f"EdgeAttribution({L} layers x {H} heads, metric={self.metric!r}; top {best})"
 
 
+@keeps_model_state
 def edge_attribution(
     model: Any,
     *,

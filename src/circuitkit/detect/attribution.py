@@ -40,6 +40,7 @@ from circuitkit.detect.loss import token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, HookFn, ModelAdapter, adapt
+from circuitkit.models.state import keeps_model_state
 from circuitkit.scan_types import HeadEffects
 
 
@@ -144,6 +145,7 @@ def attribute(
     return effects, run
 
 
+@keeps_model_state
 def attribution_effects(
     model: Any,
     tokens: RepeatedTokens | TokenBatch | None = None,

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.viz._checks import as_float_array, check_head
 
@@ -184,6 +185,7 @@ def view_props(view: RenderedHTML) -> dict[str, Any]:
     return parse_rendered(view).props
 
 
+@keeps_model_state
 def model_patterns(
     model: Any,
     tokens: Int[Tensor, "*one pos"],
@@ -229,6 +231,7 @@ def model_patterns(
     return out
 
 
+@keeps_model_state
 def token_strings(model: Any, tokens: Int[Tensor, "*batch pos"]) -> list[str]:
     """Readable strings for token ids: the model's tokenizer where it has one, else ``"<id>"``-style numbers.
 
