@@ -133,6 +133,15 @@ def run_scan(args: argparse.Namespace) -> int:
         if model is None:
             raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
         model = load_model(model, device_map=device_map, allow_download=args.allow_download)
+    from circuitkit import zoo
+    from circuitkit.memory import check_memory
+
+    if model is None or isinstance(model, str):  # loaded here so the memory check runs before any pass
+        from circuitkit.models.loading import load_model
+
+        model = load_model(model, device=args.device, allow_download=args.allow_download)
+
+    check_memory(model, args.batch, args.block_len, circuit=not args.no_circuit, device=args.device)
     progress = True if sys.stderr.isatty() else False
     result = ck.scan(
         model,
@@ -144,7 +153,7 @@ def run_scan(args: argparse.Namespace) -> int:
         circuit=not args.no_circuit,
         device=args.device,
         progress=progress,
-        name=args.model,
+        name=args.model or zoo.DEFAULT,
         allow_download=args.allow_download,
     )
     saved = result.save(out, png=args.png)
