@@ -83,8 +83,22 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
     if not text.strip() or "\0" in text:
         raise validate.fail(where, text, "a non-empty directory path without NUL characters")
     out = Path(text).expanduser()
+    from circuitkit.models.files import check_path_length
+
+    check_path_length(out, where)
+    dangling = _dangling_link(out)
+    if dangling is not None:
+        raise validate.fail(where, text, "a directory path",
+                            f"{str(dangling)!r} is a symlink to {os.readlink(dangling)!r}, which does not exist; "
+                            "create its target or remove the link.")
     if out.exists() and not out.is_dir():
-        raise validate.fail(where, text, "a directory to write report.html into, not a file", "Pick another path.")
+        raise validate.fail(where, text, f"a directory to write report.html into, not {_what_is(out)}",
+                            "Pick another path.")
+    for name in (REPORT_NAME, SCORES_NAME):
+        target = out / name
+        if os.path.lexists(target) and not (target.is_file() or _dangling_link(target) == target):
+            raise validate.fail(where, text, f"a directory where {name} can be written",
+                                f"{str(target)!r} is {_what_is(target)}; move it away or pick another path.")
     try:
         out.mkdir(parents=True, exist_ok=True)
         if probe:
@@ -93,8 +107,47 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
             check.unlink()
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or str(error)
-        raise validate.fail(where, text, f"a writable directory (cannot write to it: {reason})") from error
+        missing = _first_missing(out)
+        if missing is not None and missing.parent.exists() and not missing.parent.is_dir():
+            reason = f"cannot create {missing.name!r} in {str(missing.parent)!r}, which is {_what_is(missing.parent)}"
+        elif missing is not None:
+            reason = f"cannot create {missing.name!r} in {str(missing.parent)!r}: {reason}"
+        else:
+            reason = f"cannot write to it: {reason}"
+        raise validate.fail(where, text, f"a writable directory ({reason})") from None
     return out
+
+
+def _dangling_link(path: Path) -> Path | None:
+    """The first of ``path`` and its ancestors that is a symlink to nothing, or None."""
+    for candidate in (path, *path.parents):
+        if os.path.islink(candidate) and not os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost ancestor of ``path`` (or ``path``) that does not exist, or None if it exists."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            break
+        missing = candidate
+    return missing
+
+
+def _what_is(path: Path) -> str:
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "unreadable"
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def write_together(out: Path, files: dict[str, bytes]) -> None:
