@@ -40,7 +40,7 @@ from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
-from circuitkit.viz._checks import as_float_array, check_head
+from circuitkit.viz._checks import as_float_array, check_head, token_ids
 
 # softmax outputs in float32 may overshoot [0, 1] and row sums of 1 by rounding
 PATTERN_ATOL = 1e-4
@@ -211,6 +211,7 @@ def model_patterns(
             f"model_patterns: given {type(model).__name__}; expected a model with .cfg and .run_with_cache "
             "(a TransformerLens TransformerBridge or circuitkit.models.AttentionOnlyModel)."
         )
+    token_ids("model_patterns", tokens, cfg)
     chosen = [check_head(head, cfg.n_layers, cfg.n_heads, "model_patterns") for head in heads]
     if not chosen:
         raise CircuitkitError("model_patterns: given no heads; expected at least one (layer, head).")
