@@ -37,6 +37,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit._html import script_json
 from circuitkit.errors import CircuitkitError, describe
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
@@ -84,18 +85,7 @@ def parse_rendered(rendered: RenderedHTML) -> ParsedView:
     return ParsedView(match["bundle"].strip(), match["element"], json.loads(match["props"]))
 
 
-_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-
 _CDN_PROPS = re.compile(r"(?P<props>\{.*\})\s*\)\s*</script>\s*$", re.DOTALL)
-
-
-def script_json(value: Any) -> str:
-    """``value`` as JSON that is safe inside an HTML ``<script>``: no ``<``, ``>``, ``&`` or line separators
-    appear literally (each is a ``\\uXXXX`` escape, which ``JSON.parse`` and JavaScript read back unchanged)."""
-    text = json.dumps(value, allow_nan=False)
-    for char, escape in _SCRIPT_ESCAPES.items():
-        text = text.replace(char, escape)
-    return text
 
 
 def _with_props(rendered: RenderedHTML, **props: Any) -> CircuitsVisView:
