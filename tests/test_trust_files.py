@@ -111,6 +111,10 @@ HOSTILE = {
                                             os.symlink(d / "gone", d / "model.safetensors")), "does not exist"),
     "weight_map-escaping-with-dotdot": (_weight_map_escaping, "outside"),
     "tokenizer_config-a-socket": (_socket, "socket"),
+    "generation_config-a-fifo": (lambda d: ((d / "generation_config.json").unlink(missing_ok=True),
+                                            os.mkfifo(d / "generation_config.json")), "FIFO"),
+    "generation_config-deep": (lambda d: (d / "generation_config.json").write_text("[" * 50_000 + "]" * 50_000),
+                               "nested"),
     "flash_attention_2-in-config": (lambda d: _edit_json(d / "config.json", attn_implementation="flash_attention_2"),
                                     "flash_attention_2"),
 }

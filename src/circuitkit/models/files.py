@@ -48,7 +48,8 @@ TOKENIZER_READS = (
 """The files a Hugging Face tokenizer may read from a directory; each is checked before the tokenizer loads."""
 
 __all__ = [
-    "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TOKENIZER_BYTES", "check_path_length", "check_tokenizer_files",
+    "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TOKENIZER_BYTES", "check_directory", "check_path_length",
+    "check_tokenizer_files",
     "checked_file", "exists",
     "is_dir", "read_bytes", "read_json", "read_text",
 ]
@@ -250,6 +251,31 @@ def read_json(path: str | os.PathLike, directory: str | os.PathLike | None = Non
     if depth > max_depth:
         raise _error(path, f"is JSON nested {depth} levels deep", f"at most {max_depth} levels of nesting")
     return data
+
+
+READ_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".jinja", ".tiktoken")
+"""Files of a model directory that Hugging Face may open (configs, generation config, weights, tokenizer files)."""
+
+
+def check_directory(directory: str | os.PathLike) -> None:
+    """Every file of ``directory`` that Hugging Face may read (:data:`READ_SUFFIXES`, e.g. a
+    ``generation_config.json`` circuitkit never opens itself) checked before anything loads: a regular file inside
+    the directory, size-capped unless it holds weights; JSON files parsed (UTF-8, depth-limited)."""
+    directory = Path(directory)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as error:
+        raise _error(directory, f"cannot be listed ({error.strerror or error})", "a readable directory") from None
+    for name in names:
+        if not name.endswith(READ_SUFFIXES) or name.startswith("."):
+            continue
+        path = directory / name
+        if name.endswith(".safetensors"):
+            checked_file(path, directory)
+        elif name.endswith(".json") and name not in ("tokenizer.json", "vocab.json"):  # those: check_tokenizer_files
+            read_json(path, directory, max_bytes=MAX_TOKENIZER_BYTES)
+        else:
+            checked_file(path, directory, max_bytes=MAX_TOKENIZER_BYTES)
 
 
 def check_tokenizer_files(directory: str | os.PathLike) -> None:

@@ -169,6 +169,7 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
                      "'eager' (or no entry): circuitkit reads every attention pattern, which only eager attention "
                      "computes", "Remove the attn_implementation entry from config.json.")
     files = _weight_files(path)
+    guarded.check_directory(path)  # also the files only Hugging Face opens (generation_config.json, ...)
     _check_weights(path, config, files)
     return ModelDirectory(path=path, config=config, weight_files=files)
 
