@@ -31,6 +31,7 @@ def test_script_json_is_inert_in_a_script_and_reads_back(text):
     out = _html.script_json({"label": text, "values": [1, 2.5]})
     for char in ("<", ">", "&", "\u2028", "\u2029"):
         assert char not in out
+    assert out.isascii()  # read the same under any page charset
     assert json.loads(out) == {"label": text, "values": [1, 2.5]}
 
 

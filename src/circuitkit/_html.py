@@ -5,7 +5,8 @@ and the report and the views each had a ``script_json`` with a different set of 
 JavaScript line separators U+2028/U+2029). A fix to one copy did not reach the others.
 
 - :func:`escape`: text for HTML element content and attribute values (``&``, ``<``, ``>``, ``"``, ``'``).
-- :func:`script_json`: JSON to embed in a ``<script>`` element: strict (no NaN/Infinity), compact, and with
+- :func:`script_json`: JSON to embed in a ``<script>`` element: strict (no NaN/Infinity), compact, ASCII only (so
+  it reads the same whatever charset the page is decoded with: a CircuitsVis view declares none), and with
   ``<``, ``>``, ``&``, U+2028 and U+2029 written as ``\\uXXXX`` escapes, which ``JSON.parse`` and JavaScript read
   back unchanged, so no value can close the script (``</script>``), open a comment (``<!--``) or end a
   JavaScript string literal.
@@ -30,7 +31,7 @@ def escape(text: Any) -> str:
 
 def script_json(value: Any) -> str:
     """``value`` as compact strict JSON that is safe inside an HTML ``<script>`` (see the module docstring)."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     for char, escaped in SCRIPT_ESCAPES.items():
         text = text.replace(char, escaped)
     return text
