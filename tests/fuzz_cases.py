@@ -65,6 +65,16 @@ METHODS = (
     "circuitkit.models.toy:AttentionOnlyModel.to",
     "circuitkit.build.subspace:ResidualLayout.stack",
     "circuitkit.build.subspace:Subspace.span",
+    # operators and reads of the hand-building API (a bad operand is a user's argument like any other)
+    "circuitkit.factored:Factored.__matmul__",
+    "circuitkit.factored:Factored.__rmatmul__",
+    "circuitkit.factored:Factored.__getitem__",
+    "circuitkit.build.heads:QK.__add__",
+    "circuitkit.build.heads:OV.__add__",
+    "circuitkit.build.subspace:Subspace.__getitem__",
+    "circuitkit.build.subspace:Subspace.__add__",
+    "circuitkit.build.subspace:Subspace.read",
+    "circuitkit.build.exercises:VirtualHeadExercise.paths",
 )
 """Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
 
@@ -744,7 +754,14 @@ CASES["circuitkit.detect:unregister"].run_valid = False  # its valid call would 
 # --- circuitkit.models
 case("circuitkit.models:AttentionOnlyModel", lambda: {"weights": weights(), "attention": "soft", "n_ctx": N_CTX,
      "attn_scale": 2.0}, weights=W, attention="option", n_ctx="size>=1?", attn_scale="real>0?")
-record("circuitkit.models:ToyConfig", "the toy model's config record, built by AttentionOnlyModel")
+case("circuitkit.models:ToyConfig", lambda: {"n_layers": 2, "n_heads": 2, "d_model": 8, "d_head": 4, "d_vocab": 16,
+     "n_ctx": 8, "n_key_value_heads": None, "attention": "soft", "attn_scale": None, "attn_only": True,
+     "normalization_type": None, "default_prepend_bos": False}, n_layers="int>=1", n_heads="int>=1",
+     d_model="int>=1", d_head="int>=1", d_vocab="int>=1?", n_ctx="int>=1", n_key_value_heads="int>=1?",
+     attention="option", attn_scale="real>0?", default_prepend_bos="bool",
+     extra_bad={"n_key_value_heads": [("not-a-divisor", const(3), STRICT)],
+                "attn_only": [("False", const(False), STRICT)],
+                "normalization_type": [("LN", const("LN"), STRICT)]})
 case("circuitkit.models:load_model", lambda: {"name_or_path": "/nonexistent/dir"}, name_or_path="model-static?",
      device="device?", allow_download="bool", device_map="option?", n_devices="int>=1?",
      max_memory="heads", offload_folder="text")
@@ -836,6 +853,52 @@ case("circuitkit.build:repeated_tokens", lambda: {"d_vocab": 8, "length": 4, "ba
 case("circuitkit.build:virtual_head_exercise", lambda: {})
 method("circuitkit.build.subspace:ResidualLayout.stack", _layout, lambda: {"d_model": 8, "a": 2, "b": 3},
        d_model="size>=1?", a="size>=1")
+OPERANDS: list[Bad] = [("int", const(3), STRICT), ("str", const("x"), STRICT), ("None", const(None), STRICT),
+                       ("list", const([[1.0] * 8] * 8), STRICT), ("numpy", const(np.ones((8, 8))), STRICT),
+                       ("wrong-rows", const(torch.ones(5, 8)), STRICT), ("vector", const(torch.ones(8)), STRICT),
+                       ("int-dtype", const(torch.ones(8, 8, dtype=torch.long)), STRICT),
+                       ("wrong-batch", const(torch.ones(7, 8, 8)), STRICT),
+                       ("nan", const(torch.full((8, 8), math.nan)), STRICT)]
+
+
+def _factored():
+    from circuitkit import Factored
+
+    g = torch.Generator().manual_seed(0)
+    return Factored(torch.randn(2, 3, 8, 4, generator=g), torch.randn(2, 3, 4, 8, generator=g))
+
+
+method("circuitkit.factored:Factored.__matmul__", _factored, lambda: {"other": torch.eye(8)}, positional=("other",),
+       extra_bad={"other": OPERANDS})
+method("circuitkit.factored:Factored.__rmatmul__", _factored, lambda: {"other": torch.eye(8)}, positional=("other",),
+       extra_bad={"other": OPERANDS})
+method("circuitkit.factored:Factored.__getitem__", _factored, lambda: {"index": (1, 2)}, positional=("index",),
+       extra_bad={"index": [("out-of-range", const(5), STRICT), ("negative-out", const(-3), STRICT),
+                            ("second-axis-out", const((0, 3)), STRICT), ("str", const("a"), STRICT),
+                            ("float", const(0.5), STRICT), ("None", const(None), STRICT),
+                            ("too-many", const((0, 0, 0)), STRICT), ("empty-slice", const(slice(1, 1)), STRICT),
+                            ("mask-wrong-length", const(torch.tensor([True, False, True])), STRICT)]})
+ADDENDS: list[Bad] = [("int", const(1), STRICT), ("None", const(None), STRICT), ("tensor", const(torch.eye(8)), STRICT),
+                      ("str", const("x"), STRICT)]
+method("circuitkit.build.heads:QK.__add__", _qk, lambda: {"other": _qk()}, positional=("other",),
+       extra_bad={"other": [*ADDENDS, ("an-OV", lambda v: _ov(), STRICT)]})
+method("circuitkit.build.heads:OV.__add__", _ov, lambda: {"other": _ov()}, positional=("other",),
+       extra_bad={"other": [*ADDENDS, ("a-QK", lambda v: _qk(), STRICT)]})
+method("circuitkit.build.subspace:Subspace.__getitem__", lambda: _layout()["c"], lambda: {"index": 1},
+       positional=("index",), extra_bad={"index": [
+           ("out-of-range", const(4), STRICT), ("negative-out", const(-5), STRICT), ("str", const("a"), STRICT),
+           ("float", const(1.5), STRICT), ("bool", const(True), STRICT), ("None", const(None), STRICT),
+           ("tuple", const((0, 1)), STRICT), ("empty-slice", const(slice(2, 2)), STRICT),
+           ("zero-step", const(slice(None, None, 0)), STRICT), ("numpy-out", const(np.int64(9)), STRICT)]})
+method("circuitkit.build.subspace:Subspace.__add__", lambda: _layout()["a"], lambda: {"other": _layout()["b"]},
+       positional=("other",), extra_bad={"other": [*ADDENDS, ("overlapping", lambda v: _layout()["a"], STRICT)]})
+method("circuitkit.build.subspace:Subspace.read", lambda: _layout()["a"], lambda: {"resid": torch.ones(3, 8)},
+       resid="tensor-any-rank", extra_bad={"resid": [("wrong-width", const(torch.ones(3, 5)), STRICT),
+                                                     ("scalar", const(torch.tensor(1.0)), STRICT)]})
+method("circuitkit.build.exercises:VirtualHeadExercise.paths", lambda: __import__("circuitkit").build
+       .virtual_head_exercise(), lambda: {"x": torch.randn(1, 3, 16)}, x="tensor",
+       extra_bad={"x": [("wrong-width", const(torch.ones(1, 3, 8)), STRICT),
+                        ("no-positions", const(torch.ones(1, 0, 16)), STRICT)]})
 method("circuitkit.build.subspace:Subspace.span", lambda: _layout()["a"], lambda: {"name": "s", "start": 0,
        "stop": 2, "d_model": 8}, name="text", start="int>=0", stop="int>=1", d_model="size>=1")
 
@@ -958,6 +1021,13 @@ MASK: list[Bad] = [
     ("wrong-shape", lambda v: v[..., :-1], STRICT),
     ("str", const("mask"), STRICT),
     ("all-masked", lambda v: torch.ones_like(v), STRICT),
+    ("batch-mismatch", lambda v: torch.zeros(3, v.shape[-1], dtype=torch.bool), STRICT),
+    ("1-d-over-a-batch", lambda v: torch.zeros(v.shape[-1] + 1, dtype=torch.bool), STRICT),
+]
+NP_MASK: list[Bad] = [
+    ("batch-mismatch", lambda v: np.zeros((3, v.shape[-1]), dtype=bool), STRICT),
+    ("wrong-length", lambda v: v[..., :-1], STRICT),
+    ("int-mask", lambda v: v.astype(int), STRICT),
 ]
 for _name, _np in (("sdpa_numpy", True), ("sdpa_torch", False), ("pattern_numpy", True), ("pattern_torch", False)):
     _keys = ("q", "k", "v") if _name.startswith("sdpa") else ("q", "k")
@@ -968,7 +1038,7 @@ for _name, _np in (("sdpa_numpy", True), ("sdpa_torch", False), ("pattern_numpy"
         out.update(causal=False, key_padding_mask=mask.numpy() if as_np else mask, scale=0.5)
         return out
 
-    case(f"{T}:{_name}", _valid, causal="bool", scale="real?", extra_bad={"key_padding_mask": [] if _np else MASK},
+    case(f"{T}:{_name}", _valid, causal="bool", scale="real?", extra_bad={"key_padding_mask": NP_MASK if _np else MASK},
          **{k: ("tensor-any-rank" if not _np else "np") for k in _keys})
 case(f"{T}:split_heads", lambda: {"x": torch.randn(2, 5, 8), "n_heads": 2}, x="tensor", n_heads="size>=1",
      extra_bad={"n_heads": [("not-a-divisor", const(3), STRICT)]})
@@ -1012,7 +1082,8 @@ case(f"{T}:sinusoidal_offset_map", lambda: {"offset": 2, "d_model": 8}, offset="
 case(f"{T}:rope_rotation_matrix", lambda: {"position": 3.0, "d": 4}, position="real", d="size>=2")
 case(f"{T}:rope", lambda: {"x": torch.randn(2, 5, 4), "positions": [0.0, 1.0, 2.0, 3.0, 4.0]}, x="tensor",
      extra_bad={"positions": [("too-short", const([0.0]), STRICT), ("nan", const([math.nan] * 5), STRICT),
-                              ("str", const("01234"), STRICT)]})
+                              ("str", const("01234"), STRICT), ("inf", const([0.0, math.inf, 2.0, 3.0, 4.0]), STRICT),
+                              ("huge", const([0.0, 1e300, 2.0, 3.0, 4.0]), STRICT)]})
 record(f"{T}:RankCollapse", "result record of rank_collapse")
 case(f"{T}:rank_collapse", lambda: {"n_layers": 3, "n_tokens": 4, "d_model": 8, "n_heads": 2, "d_head": 4,
      "plot_layers": [0, 3], "seed": 0}, n_layers="size>=1", n_tokens="size>=1", d_model="size>=1",
@@ -1023,8 +1094,11 @@ case(f"{T}:chinchilla_optimal", lambda: {"compute": 1e20, "tokens_per_param": 20
 case(f"{T}:param_count", lambda: {"n_layers": 2, "d_model": 8, "d_vocab": 16}, n_layers="int>=1",
      d_model="int>=1", d_vocab="int>=1")
 case(f"{T}:mha_param_count", lambda: {"d_model": 8, "n_heads": 2}, d_model="int>=1", n_heads="int>=1")
-case(f"{T}:training_flops", lambda: {"n_params": 1e6, "n_tokens": 1e7}, n_params="real>0", n_tokens="real>0")
-case(f"{T}:inference_flops_per_token", lambda: {"n_params": 1e6}, n_params="real>0")
+OVERFLOWING: list[Bad] = [("overflows-float64", const(1e308), STRICT)]
+case(f"{T}:training_flops", lambda: {"n_params": 1e6, "n_tokens": 1e7}, n_params="real>0", n_tokens="real>0",
+     extra_bad={"n_params": OVERFLOWING, "n_tokens": OVERFLOWING})
+case(f"{T}:inference_flops_per_token", lambda: {"n_params": 1e6}, n_params="real>0",
+     extra_bad={"n_params": OVERFLOWING})
 case(f"{T}:kv_cache_bytes", lambda: {"n_layers": 2, "n_kv_heads": 2, "d_head": 4, "n_tokens": 8,
      "bytes_per_value": 2, "batch": 1}, n_layers="int>=1", n_kv_heads="int>=1", d_head="int>=1",
      n_tokens="int>=1", bytes_per_value="int>=1", batch="int>=1")
@@ -1059,15 +1133,23 @@ case(f"{V}:real", lambda: {"name": "x", "value": 1.0, "minimum": 0.0, "maximum":
 case(f"{V}:seed", lambda: {"name": "x", "value": 3}, value="seed")
 case(f"{V}:tensor", lambda: {"name": "x", "value": torch.ones(2, 3), "shape": (2, None), "floating": True,
      "finite": True}, value="tensor", extra_bad={})
+case(f"{V}:dense", lambda: {"name": "x", "value": torch.ones(2, 3)}, extra_bad={"value": [
+    ("meta", lambda v: v.to("meta"), STRICT), ("sparse-coo", lambda v: v.to_sparse(), STRICT),
+    ("sparse-csr", lambda v: v.to_sparse_csr(), STRICT), ("str", const("x"), STRICT),
+    ("numpy", const(np.ones((2, 3))), STRICT)]})
 CASES[f"{V}:tensor"].kinds = {}
 CASES[f"{V}:tensor"].extra_bad = {"value": [b for b in _tensors(empty=False) if b[0] != "non-contiguous"]}
 
 # --- circuitkit.zoo
 Z = "circuitkit.zoo"
 case(f"{Z}:available", lambda: {})
-case(f"{Z}:curve", lambda: {"name": "induction-2l"}, name="zoo_name")
-case(f"{Z}:info", lambda: {"name": "induction-2l"}, name="zoo_name")
-case(f"{Z}:load", lambda: {"name": "induction-2l", "device": "cpu"}, name="zoo_name", device="device?")
+ZOO_PATHS = [("dotdot", const("../zoo/induction-2l"), STRICT), ("inner-dotdot", const("induction-2l/../induction-2l"),
+             STRICT), ("absolute", const("/etc"), STRICT), ("name-too-long", const("x" * 300), STRICT)]
+"""Names that would reach outside the bundled models' folder (or past NAME_MAX)."""
+case(f"{Z}:curve", lambda: {"name": "induction-2l"}, name="zoo_name", extra_bad={"name": ZOO_PATHS})
+case(f"{Z}:info", lambda: {"name": "induction-2l"}, name="zoo_name", extra_bad={"name": ZOO_PATHS})
+case(f"{Z}:load", lambda: {"name": "induction-2l", "device": "cpu"}, name="zoo_name", device="device?",
+     extra_bad={"name": ZOO_PATHS})
 case(f"{Z}:native_config", lambda: {"directory": __import__("circuitkit.zoo").zoo.info().path},
      directory="out_dir")
 

@@ -79,6 +79,11 @@ CALL_LIMIT_S = 5
 is a failure. The slowest valid call here takes about a second."""
 
 
+MAX_MESSAGE = 1000
+"""A message names the call, summarises what was given (type, shape, dtype) and says what was expected: one line,
+well under this length. More means a repr of the value was pasted in."""
+
+
 class _Hung(Exception):
     pass
 
@@ -98,7 +103,9 @@ def outcome(key: str, arg: str, label: str, make, strict: bool) -> str:
             warnings.simplefilter("always")
             kwargs[arg] = make(kwargs.get(arg))
             result = c.call(kwargs)
-    except CircuitkitError:
+    except CircuitkitError as error:
+        if "\n" in str(error) or len(str(error)) > MAX_MESSAGE:  # a multi-line repr (numpy, tensor) slipped in
+            return f"CircuitkitError of {len(str(error))} characters over several lines: {str(error)[:300]!r}"
         return "raised"
     except _Hung:
         return f"still running after {CALL_LIMIT_S} s"

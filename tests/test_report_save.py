@@ -184,7 +184,7 @@ def test_ctrl_c_during_the_renames_is_delivered_after_both(scans, tmp_path, monk
     "out_dir, message",
     [(None, "save: out_dir: given None; expected a directory path"), ("file", "not a file"),
      ("", "a non-empty directory path"), ("a\0b", "without NUL"), (b"dir", "str or os.PathLike"),
-     ("under-file", "a writable directory \\(cannot write to it")],
+     ("under-file", "a writable directory \\(cannot create 'sub' in .*, which is a file")],
     ids=["none", "a-file", "empty", "nul", "bytes", "under-a-file"],
 )
 def test_bad_out_dir_is_a_circuitkit_error(scans, tmp_path, out_dir, message):

@@ -143,6 +143,15 @@ def run_scan(args: argparse.Namespace) -> int:
     ablate = _ablate_mode(args)
     if args.sort is not None:
         sort_column(args.sort, ablated=ablate != "none")
+    from circuitkit import zoo
+    from circuitkit.memory import check_memory
+
+    if model is None or isinstance(model, str):  # loaded here so the memory check runs before any pass
+        from circuitkit.models.loading import load_model
+
+        model = load_model(model, device=args.device, allow_download=args.allow_download)
+
+    check_memory(model, args.batch, args.block_len, circuit=not (args.no_circuit or args.quick), device=args.device)
     progress = True if sys.stderr.isatty() else False
     result = ck.scan(
         model,
@@ -154,7 +163,7 @@ def run_scan(args: argparse.Namespace) -> int:
         circuit=not (args.no_circuit or args.quick),
         device=args.device,
         progress=progress,
-        name=args.model,
+        name=args.model or zoo.DEFAULT,
         allow_download=args.allow_download,
     )
     saved = result.save(out, png=args.png)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any, Literal
 
 import torch
@@ -186,10 +187,19 @@ class Factored:
                 f"Factored[...]: given {len(index)} indices; expected at most {len(self.batch_shape)} "
                 f"(the batch axes of shape {tuple(self.batch_shape)})."
             )
-        return Factored(self.A[index], self.B[index])
+        _check_batch_index(index, self.batch_shape)
+        try:
+            A, B = self.A[index], self.B[index]
+        except (IndexError, RuntimeError, TypeError, ValueError) as error:
+            raise validate.fail("Factored[...]", validate.given(f"index {_index_text(index)}"),
+                                f"indices of the batch axes of shape {tuple(self.batch_shape)} ({error})") from None
+        return Factored(A, B)
+
+    __array_ufunc__ = None  # numpy defers ``array @ factored`` to __rmatmul__ (its checks) instead of failing inside
 
     def __matmul__(self, other: Tensor | Factored) -> Factored:
         """``self @ other``: a dense right factor is absorbed into ``B``; a factored one keeps the smaller inner."""
+        _check_operand(self, other, right=True)
         if isinstance(other, Factored):
             middle = self.B @ other.A
             if self.inner_dim <= other.inner_dim:
@@ -198,6 +208,7 @@ class Factored:
         return Factored(self.A, self.B @ other)
 
     def __rmatmul__(self, other: Tensor) -> Factored:
+        _check_operand(self, other, right=False)
         return Factored(other @ self.A, self.B)
 
     def dense(self) -> Tensor:
@@ -303,6 +314,60 @@ def _gram_root(F: Float[Tensor, "*batch m r"]) -> Float[Tensor, "*batch r r"]:
         values, vectors = torch.linalg.eigh(gram[singular])
         root[singular] = values.clamp_min(0).sqrt().unsqueeze(-1) * vectors.transpose(-1, -2)
     return root
+
+
+def _index_text(index: tuple) -> str:
+    return "[" + ", ".join(describe(i) if isinstance(i, Tensor) else repr(i)[:40] for i in index) + "]"
+
+
+def _check_batch_index(index: tuple, batch_shape: torch.Size) -> None:
+    """Each index is an int within its batch axis, a slice of ints that keeps something, ``...``, or an integer
+    or boolean tensor (checked by torch); ``None`` (a new axis), floats and strings are refused."""
+    expected = f"ints, slices or index tensors for the batch axes of shape {tuple(batch_shape)}"
+    for axis, item in enumerate(index):
+        if item is Ellipsis or isinstance(item, Tensor) and (item.dtype == torch.bool or not (
+                item.is_floating_point() or item.is_complex())):
+            continue
+        if isinstance(item, Integral) and not isinstance(item, bool):
+            size = batch_shape[axis]
+            if not -size <= int(item) < size:
+                raise validate.fail("Factored[...]", validate.given(f"index {int(item)} for batch axis {axis}"),
+                                    f"an index in [-{size}, {size}) (axis {axis} of the batch shape "
+                                    f"{tuple(batch_shape)})")
+            continue
+        if isinstance(item, slice) and all(p is None or isinstance(p, Integral) and not isinstance(p, bool)
+                                           for p in (item.start, item.stop, item.step)) and item.step != 0:
+            if len(range(*item.indices(batch_shape[axis]))) == 0:
+                raise validate.fail("Factored[...]", validate.given(f"slice {item.start}:{item.stop} for batch axis "
+                                    f"{axis}"), f"a slice that keeps at least one of its {batch_shape[axis]} "
+                                    "entries")
+            continue
+        raise validate.fail("Factored[...]", item, expected)
+
+
+def _check_operand(self: Factored, other: Any, *, right: bool) -> None:
+    """``self @ other`` (``right``) or ``other @ self``: ``other`` a Factored or a floating tensor of self's dtype
+    whose matrix axis matches, with no batch shape or self's."""
+    where = "Factored @ other" if right else "other @ Factored"
+    if not isinstance(other, (Factored, Tensor)):
+        raise validate.fail(where, other, "a torch.Tensor or a Factored", "Convert with torch.as_tensor(...).")
+    shape = other.shape
+    if len(shape) < 2:
+        raise validate.fail(where, other if isinstance(other, Tensor) else validate.given(f"shape {tuple(shape)}"),
+                            "a matrix or a batch of matrices (at least 2 axes)")
+    if isinstance(other, Tensor):
+        validate.dense(where, other)
+        if other.dtype != self.A.dtype:
+            raise validate.fail(where, other, f"dtype {self.A.dtype}, the factors' dtype", "Cast with .to(...).")
+    size, need = (shape[-2], self.shape[-1]) if right else (shape[-1], self.shape[-2])
+    if size != need:
+        axis = "rows" if right else "columns"
+        raise validate.fail(where, validate.given(f"shape {tuple(shape)}"),
+                            f"{need} {axis} to match the factored shape {tuple(self.shape)}")
+    batch = tuple(shape[:-2])
+    if batch and batch != tuple(self.batch_shape):
+        raise validate.fail(where, validate.given(f"batch shape {batch}"),
+                            f"no batch axes or the factored batch shape {tuple(self.batch_shape)}")
 
 
 def _rank_from_sigma(sigma: Tensor, rtol: float) -> Tensor:

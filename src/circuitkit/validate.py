@@ -168,6 +168,7 @@ def tensor(
             value = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:
             raise fail(name, value, "a tensor or array-like of numbers") from error
+    dense(name, value)
     if shape is not None:
         ndim = len(shape)
     if ndim is not None and value.ndim != ndim:
@@ -190,6 +191,19 @@ def tensor(
     return value
 
 
+def dense(name: str, value: Tensor) -> Tensor:
+    """``value`` if it is a dense (strided) tensor that holds data: sparse layouts and the ``meta`` device (shapes
+    only, e.g. a model moved with ``.to("meta")`` or weights offloaded without an offload folder) are refused."""
+    if not isinstance(value, Tensor):
+        raise fail(name, value, "a torch.Tensor")
+    if value.layout != torch.strided:
+        raise fail(name, value, "a dense (strided) tensor", "Convert with .to_dense().")
+    if value.is_meta:
+        raise fail(name, value, "a tensor that holds data, not one on the meta device",
+                   "The weights were never loaded (or were moved to 'meta'); load the model onto a real device.")
+    return value
+
+
 def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
     """Raise if a computed result holds NaN or inf (a result must never be silently non-finite)."""
     if value.is_floating_point() or value.is_complex():
@@ -207,6 +221,7 @@ def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
 __all__ = [
     "MAX_SEED",
     "boolean",
+    "dense",
     "device",
     "fail",
     "finite_result",

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
+from circuitkit.models.state import keeps_model_state
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -76,6 +77,7 @@ class HeadWeights:
                 raise validate.fail(
                     f"HeadWeights.{f.name}", value, "a torch.Tensor", "Convert with torch.as_tensor(...)."
                 )
+            validate.dense(f"HeadWeights.{f.name}", value)
             if value.dtype not in _FLOAT_DTYPES:
                 raise validate.fail(
                     f"HeadWeights.{f.name}",
@@ -262,6 +264,7 @@ class HeadWeights:
         return cls(**values)
 
     @classmethod
+    @keeps_model_state
     def from_model(cls, model: Any, *, embeddings: bool = True) -> HeadWeights:
         """Read the attention weights of a TransformerLens model (or any object shaped like one).
 

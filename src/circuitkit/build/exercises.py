@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -156,10 +157,7 @@ class VirtualHeadExercise:
         For inputs with dims 8-15 zero, positions ``t >= 2`` get ``[8:12] = x[t-1, 0:4]``,
         ``[12:15] = x[t-1, 4:7]``, ``[15] = x[t-2, 0]``; dims 0-7 pass through unchanged.
         """
-        if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != D_MODEL or not x.is_floating_point():
-            raise CircuitkitError(
-                f"VirtualHeadExercise.run: given {describe(x)}; expected a float tensor [batch, pos, {D_MODEL}]."
-            )
+        x = _residual_input("VirtualHeadExercise.run", x)
         pattern = previous_token_pattern(x.shape[1], dtype=self.model.head_weights().dtype)
 
         def fix_pattern(scores_pattern: Tensor, hook: ToyHook) -> Tensor:
@@ -170,12 +168,22 @@ class VirtualHeadExercise:
     def paths(self, x: Float[Tensor, "batch pos 16"]) -> dict[str, Tensor]:
         """The path expansion of :meth:`run`: ``direct = x``, ``one_token = P x (W_net1 + W_net2)``,
         ``two_token = P^2 x (W_net1 @ W_net2)``; they sum to ``run(x)`` for every ``x``."""
+        x = _residual_input("VirtualHeadExercise.paths", x)
         P = previous_token_pattern(x.shape[1], dtype=x.dtype)
         return {
             "direct": x,
             "one_token": torch.einsum("qk,bkm->bqm", P, x) @ self.one_token.to(x.dtype),
             "two_token": torch.einsum("qk,bkm->bqm", P @ P, x) @ self.two_token.to(x.dtype),
         }
+
+
+def _residual_input(name: str, x: Any) -> Tensor:
+    """``x`` checked: a finite float tensor ``[batch, pos, 16]`` with at least one position."""
+    if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != D_MODEL or not x.is_floating_point():
+        raise CircuitkitError(f"{name}: given {describe(x)}; expected a float tensor [batch, pos, {D_MODEL}].")
+    if x.shape[1] == 0:
+        raise CircuitkitError(f"{name}: given {describe(x)}; expected at least one position.")
+    return validate.tensor(f"{name}: x", x, finite=True)
 
 
 def virtual_head_exercise() -> VirtualHeadExercise:

@@ -33,6 +33,9 @@ from circuitkit.errors import CircuitkitError, describe
 def _matrix(name: str, value: Tensor, rows: int | None = None) -> Tensor:
     if not isinstance(value, Tensor) or value.ndim != 2 or not value.is_floating_point():
         raise CircuitkitError(f"{name}: given {describe(value)}; expected a 2-d float tensor.")
+    validate.dense(name, value)
+    if value.numel() == 0:
+        raise CircuitkitError(f"{name}: given {describe(value)}; expected a non-empty matrix (rank r >= 1).")
     if rows is not None and value.shape[0] != rows:
         raise CircuitkitError(f"{name}: given {describe(value)}; expected {rows} rows.")
     if not bool(torch.isfinite(value).all()):
@@ -74,6 +77,8 @@ class QK:
         return torch.zeros(self.rank, dtype=self.W_Q.dtype) if self.b_Q is None else self.b_Q
 
     def __add__(self, other: QK) -> QK:
+        if not isinstance(other, QK):
+            raise validate.fail("QK + other", other, "a QK (heads' QK parts add to a QK of the summed rank)")
         _same_width(self.d_model, other.d_model, "QK + QK")
         b_Q = None
         if self.b_Q is not None or other.b_Q is not None:
@@ -107,6 +112,8 @@ class OV:
         return self.W_V.shape[0]
 
     def __add__(self, other: OV) -> OV:
+        if not isinstance(other, OV):
+            raise validate.fail("OV + other", other, "an OV (heads' OV parts add to an OV of the summed rank)")
         _same_width(self.d_model, other.d_model, "OV + OV")
         return OV(torch.cat([self.W_V, other.W_V], 1), torch.cat([self.W_O, other.W_O], 0))
 
@@ -122,6 +129,10 @@ class HeadSpec:
 
     def __post_init__(self) -> None:
         limits.text("HeadSpec: name", self.name)
+        if self.qk is not None and not isinstance(self.qk, QK):
+            raise validate.fail("HeadSpec: qk", self.qk, "a QK (e.g. match_qk(...)) or None")
+        if self.ov is not None and not isinstance(self.ov, OV):
+            raise validate.fail("HeadSpec: ov", self.ov, "an OV (e.g. copy_ov(...)) or None")
         if self.qk is not None and self.ov is not None:
             _same_width(self.qk.d_model, self.ov.d_model, f"head {self.name!r}")
 
@@ -134,6 +145,11 @@ class HeadSpec:
     def d_model(self) -> int | None:
         part = self.qk if self.qk is not None else self.ov
         return None if part is None else part.d_model
+
+
+def _float_dtype(name: str, dtype: object) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise validate.fail(name, dtype, "a floating torch.dtype such as torch.float32")
 
 
 def _same_width(a: int, b: int, what: str) -> None:
@@ -238,6 +254,7 @@ class PositionCode:
         return math.pi / 2.0 ** torch.arange(self.n_freqs, dtype=torch.float64)
 
     def codes(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "n_ctx dim"]:
+        _float_dtype("PositionCode.codes: dtype", dtype)
         angles = torch.arange(self.n_ctx, dtype=torch.float64)[:, None] * self._omegas()  # [n_ctx, B]
         cols = [angles[:, 0].cos()]
         for b in range(1, self.n_freqs):
@@ -246,7 +263,8 @@ class PositionCode:
 
     def shift(self, offset: int = 1, dtype: torch.dtype = torch.float32) -> Float[Tensor, "dim dim"]:
         """``[dim, dim]`` block rotation with ``codes()[i] @ shift(offset) == codes()[i - offset]`` (row convention)."""
-        if not isinstance(offset, int) or not 0 <= offset < self.n_ctx:
+        _float_dtype("PositionCode.shift: dtype", dtype)
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < self.n_ctx:
             raise CircuitkitError(
                 f"PositionCode.shift: given offset={offset!r}; expected an int in [0, {self.n_ctx})."
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.build import limits
-from circuitkit.errors import CircuitkitError
+from circuitkit.errors import CircuitkitError, describe
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,12 @@ class Subspace:
         if not dims:
             raise CircuitkitError(f"Subspace {self.name!r}: given no dimensions; expected at least one.")
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-            raise CircuitkitError(f"Subspace {self.name!r}: given dims {dims!r}; expected ints.")
+            raise CircuitkitError(f"Subspace {self.name!r}: given dims {describe(dims)}; expected ints.")
         bad = [d for d in dims if not 0 <= d < self.d_model]
         if bad:
             raise CircuitkitError(
-                f"Subspace {self.name!r}: given dims {bad} out of range; expected dims in [0, {self.d_model}) "
+                f"Subspace {self.name!r}: given dims {describe(bad)} out of range; expected dims in "
+                f"[0, {self.d_model}) "
                 f"for a residual stream of width {self.d_model}."
             )
         if len(set(dims)) != len(dims):
@@ -75,32 +77,47 @@ class Subspace:
 
     def __getitem__(self, index: int | slice) -> Subspace:
         """A sub-subspace: ``tokens[0:4]`` is the first four dims of ``tokens`` (named ``tokens[0:4]``)."""
-        if isinstance(index, int):
+        expected = f"an int in [-{self.size}, {self.size}) or a slice with a non-zero int step"
+        if isinstance(index, Integral) and not isinstance(index, bool):
+            index = int(index)
             if not -self.size <= index < self.size:
-                raise CircuitkitError(
-                    f"Subspace {self.name!r}: given index {index}; expected an index in [0, {self.size})."
-                )
+                raise validate.fail(f"Subspace {self.name!r}[...]", validate.given(f"index {index}"), expected)
             return Subspace(f"{self.name}[{index}]", (self.dims[index],), self.d_model)
+        if not isinstance(index, slice) or any(
+            part is not None and (isinstance(part, bool) or not isinstance(part, Integral))
+            for part in (index.start, index.stop, index.step)
+        ) or index.step == 0:
+            raise validate.fail(f"Subspace {self.name!r}[...]", index, expected)
         picked = self.dims[index]
+        if not picked:
+            raise validate.fail(f"Subspace {self.name!r}[...]", index, f"a slice that keeps at least one of the "
+                                f"{self.size} dims")
         label = f"{index.start or 0}:{index.stop if index.stop is not None else self.size}"
         return Subspace(f"{self.name}[{label}]", picked, self.d_model)
 
     def __add__(self, other: Subspace) -> Subspace:
         """The union, in order (``a + b`` reads ``a``'s dims then ``b``'s); they must not overlap."""
+        if not isinstance(other, Subspace):
+            raise validate.fail(f"Subspace {self.name!r} + other", other, "a Subspace")
         check_disjoint([self, other])
         return Subspace(f"{self.name}+{other.name}", self.dims + other.dims, self.d_model)
 
     def basis(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "k d_model"]:
         """``[k, d_model]`` unit rows: ``coords @ basis`` writes, ``resid @ basis.T`` reads (row convention)."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise validate.fail(f"Subspace {self.name!r}.basis: dtype", dtype, "a floating torch.dtype (e.g. "
+                                "torch.float32)")
         out = torch.zeros(self.size, self.d_model, dtype=dtype)
         out[torch.arange(self.size), torch.tensor(self.dims)] = 1
         return out
 
     def read(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... k"]:
         """The coordinates of ``resid`` in this subspace."""
-        if resid.shape[-1] != self.d_model:
+        resid = validate.tensor(f"Subspace {self.name!r}.read: resid", resid, floating=True, finite=True)
+        if resid.ndim == 0 or resid.shape[-1] != self.d_model:
             raise CircuitkitError(
-                f"Subspace {self.name!r}.read: given last axis {resid.shape[-1]}; expected d_model={self.d_model}."
+                f"Subspace {self.name!r}.read: given {describe(resid)}; expected a last axis of d_model="
+                f"{self.d_model}."
             )
         return resid[..., list(self.dims)]
 

@@ -82,6 +82,7 @@ from circuitkit.detect.attribution import check_steps, frozen_parameters, input_
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, norm_parameters
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_indices, unravel
 
 
@@ -145,6 +146,7 @@ class EdgeAttribution:
         return f"EdgeAttribution({L} layers x {H} heads, metric={self.metric!r}; top {best})"
 
 
+@keeps_model_state
 def edge_attribution(
     model: Any,
     *,

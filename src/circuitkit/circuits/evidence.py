@@ -38,6 +38,7 @@ from circuitkit.circuits.patching import PathPatching, patch
 from circuitkit.detect.attribution import check_steps
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import adapt
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_indices, unravel
 
 STRONG_WEIGHT_QUANTILE = 0.9
@@ -149,6 +150,7 @@ def _composition(weights: Any, composition: Any, L: int, H: int) -> dict[str, Te
                         "None (computed), a {'q'|'k'|'v': [L, H, L, H]} mapping or an [L, H, L, H, 3] tensor")
 
 
+@keeps_model_state
 def circuit_evidence(
     model: Any,
     composition: Any = None,

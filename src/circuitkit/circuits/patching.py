@@ -49,6 +49,7 @@ from circuitkit.circuits.metrics import (
 )
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import HOOKS
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_indices
 
 PASS_MEMORY_BUDGET = 2**28
@@ -116,6 +117,7 @@ def _plain(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
+@keeps_model_state
 def path_patching(
     model: Any,
     edges: Any,

@@ -31,6 +31,7 @@ from circuitkit.detect.loss import token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
 from circuitkit.scan_types import HeadEffects
 
@@ -161,6 +162,7 @@ def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], met
     return float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
 
 
+@keeps_model_state
 def ablation_effects(
     model: Any,
     tokens: RepeatedTokens | TokenBatch | None = None,

@@ -73,6 +73,7 @@ from circuitkit.detect.loss import token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, HookFn, ModelAdapter, adapt
+from circuitkit.models.state import keeps_model_state
 from circuitkit.scan_types import HeadEffects
 
 MAX_IG_STEPS = 1024
@@ -339,6 +340,7 @@ def _layer_path(adapter: ModelAdapter, run: CleanRun, steps: int, values: dict[i
             _add(sums, layer, grad, copies)
 
 
+@keeps_model_state
 def attribution_effects(
     model: Any,
     tokens: RepeatedTokens | TokenBatch | None = None,

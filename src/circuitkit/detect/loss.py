@@ -19,6 +19,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.models.contract import adapt
+from circuitkit.models.state import keeps_model_state
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def summarise(losses: Float[Tensor, "batch pos_minus_1"], batch: TokenBatch) -> 
     )
 
 
+@keeps_model_state
 def induction_loss(
     model: Any, tokens: RepeatedTokens | TokenBatch | None = None, *, device: str | torch.device | None = None
 ) -> InductionLoss:

@@ -26,6 +26,7 @@ from circuitkit.detect.registry import ScoreDefinition
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_heads
 
 ACAUSAL_TOLERANCE = 1e-6
@@ -292,6 +293,7 @@ def pattern_scores(
     return PatternReducer(tokens, registry.registered("pattern"))(patterns.float())
 
 
+@keeps_model_state
 def head_scores(
     model: Any, tokens: RepeatedTokens | TokenBatch | None = None, *, device: str | torch.device | None = None
 ) -> HeadScores:

@@ -37,6 +37,7 @@ from circuitkit.detect.targets import (  # noqa: F401  (re-exported: the target 
 )
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import ModelAdapter, ModelSpec, adapt
+from circuitkit.models.state import keeps_model_state
 
 DEFAULT_BLOCK_LEN = 20
 """Default repeated-block length: long enough that chance matches are rare, short enough to be cheap."""
@@ -82,6 +83,7 @@ class RepeatedTokens:
             validate.integer("RepeatedTokens: token_range low", pair[0], minimum=0)
             validate.integer("RepeatedTokens: token_range high", pair[1], minimum=1)
 
+    @keeps_model_state
     def build(self, model: Any, device: str | torch.device | None = None) -> TokenBatch:
         """The ``[batch, pos]`` batch for ``model`` (or a :class:`ModelAdapter`), on the model's device (or
         ``device``). Deterministic for a given spec and vocabulary."""

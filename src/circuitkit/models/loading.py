@@ -34,7 +34,6 @@ A directory without tokenizer files gets a generated word-level tokenizer (:mod:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ import torch
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.models import files as guarded
 from circuitkit.models.tokenizer import (  # noqa: F401  (re-exported: the names used to live here)
     BOS_TOKEN,
     TOKENIZER_FILES,
@@ -134,17 +134,10 @@ def _error(what: str, given: str, expected: str, fix: str = "") -> CircuitkitErr
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise _error(what, f"{str(path)!r} that cannot be read ({type(error).__name__})", "a UTF-8 JSON file") from None
-    if not text.strip():
-        raise _error(what, f"{str(path)!r}, which is empty", "a JSON object written by save_pretrained(...)")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise _error(what, f"{str(path)!r}, which is not JSON ({error.msg} at line {error.lineno})",
-                     "a JSON object written by save_pretrained(...)") from None
+    try:  # regular file inside the directory, size-capped, UTF-8, depth-limited (circuitkit.models.files)
+        data = guarded.read_json(path, path.parent)
+    except CircuitkitError as error:
+        raise CircuitkitError(f"load_model: {what}: {error}") from None
     if not isinstance(data, dict):
         raise _error(what, f"{str(path)!r} holding a JSON {type(data).__name__}", "a JSON object")
     return data
@@ -162,7 +155,7 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
     Mixtral's per-expert weights): a weight transformers would initialise at random is refused then."""
     path = Path(directory)
     config_path = path / "config.json"
-    if not config_path.is_file():
+    if not guarded.exists(config_path):
         raise _error("given directory", f"{str(path)!r} with no config.json",
                      "a Hugging Face model directory written by save_pretrained(...)")
     config = _read_json(config_path, "given config")
@@ -175,8 +168,14 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
         raise _error(f"{str(config_path)!r} has", shown,
                      "a model_type that the installed transformers knows (e.g. 'gpt2', 'llama')",
                      "Upgrade transformers if the architecture is newer than it.")
+    attention = config.get("attn_implementation", config.get("_attn_implementation"))
+    if attention not in (None, "eager", "sdpa"):
+        raise _error(f"{str(config_path)!r} asks for", f"attn_implementation {attention!r}",
+                     "'eager' (or no entry): circuitkit reads every attention pattern, which only eager attention "
+                     "computes", "Remove the attn_implementation entry from config.json.")
     _refuse_unsupported(path, _hf_config(path))
     files = _weight_files(path)
+    guarded.check_directory(path)  # also the files only Hugging Face opens (generation_config.json, ...)
     _check_shapes(path, config, files)
     return ModelDirectory(path=path, config=config, weight_files=files)
 
@@ -198,7 +197,7 @@ def _refuse_unsupported(path: Path, hf_config: Any) -> None:
 def _refuse_custom_code(path: Path, config: dict[str, Any]) -> None:
     sources = {"config.json": config}
     tokenizer_config = path / "tokenizer_config.json"
-    if tokenizer_config.is_file():
+    if guarded.exists(tokenizer_config):
         sources["tokenizer_config.json"] = _read_json(tokenizer_config, "given tokenizer config")
     for name, data in sources.items():
         if data.get("auto_map"):
@@ -209,20 +208,20 @@ def _refuse_custom_code(path: Path, config: dict[str, Any]) -> None:
 
 def _weight_files(path: Path) -> tuple[Path, ...]:
     index = path / SAFETENSORS_INDEX
-    if index.is_file():
+    if guarded.exists(index):
         weight_map = _read_json(index, "given safetensors index").get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise _error("given safetensors index", f"{str(index)!r} with no weight_map",
                          "the index written by save_pretrained(...)")
         names = sorted(set(map(str, weight_map.values())))
-        missing = [name for name in names if not (path / name).is_file()]
+        missing = [name for name in names if not guarded.exists(path / name)]
         if missing:
             raise _error("given directory", f"{str(path)!r} missing {missing[:3]} named in {SAFETENSORS_INDEX}",
                          "every weight shard the index names")
-        return tuple(path / name for name in names)
+        return tuple(guarded.checked_file(path / name, path) for name in names)
     files = tuple(sorted(path.glob("*.safetensors")))
     if files:
-        return files
+        return tuple(guarded.checked_file(file, path) for file in files)
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles:
         raise _error("given directory", f"{str(path)!r} whose only weights are pickle files {pickles[:3]}",
@@ -478,6 +477,10 @@ def _boot(model_name: str, checked: ModelDirectory, sharding: Sharding, *, allow
                          "a decoder-only architecture that TransformerLens supports") from None
     _check_loading_info(model_name, load)
     bridge.eval()
+    if sharding.offload_folder is None and any(p.is_meta for p in bridge.parameters()):
+        raise _error("given device_map", f"{sharding.device_map!r}, which left weights on the meta device (no data)",
+                     "an offload_folder beside a device_map with 'disk' entries, or devices with room for every "
+                     "weight", "Pass offload_folder=... (circuitkit scan: a map without 'disk').")
     return bridge
 
 
@@ -511,19 +514,33 @@ def load_model(
 
     allow_download = validate.boolean("load_model: allow_download", allow_download)
     sharding = _sharding(device, device_map, max_memory, n_devices, offload_folder)
-    if name_or_path is None or (isinstance(name_or_path, str) and name_or_path in zoo.available()):
+    if name_or_path is None or (isinstance(name_or_path, str) and name_or_path in zoo.available()
+                                and not _local_model_directory(name_or_path)):
         return _load_zoo(zoo, name_or_path or zoo.DEFAULT, sharding)
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise validate.fail("load_model: name_or_path", name_or_path,
                             "a zoo name, a local Hugging Face directory or a model name")
     path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    guarded.check_path_length(path, "load_model: name_or_path")
+    if guarded.is_dir(path):
         checked = inspect_directory(path)
         return _boot(str(path), checked, sharding, allow_download=False)
-    if path.exists():
+    if guarded.exists(path):
         raise validate.fail("load_model: name_or_path", str(name_or_path),
                             "a directory holding config.json and the weights, not a file")
     return _load_hub_name(str(name_or_path), sharding, allow_download, zoo.available())
+
+
+def _local_model_directory(name: str) -> bool:
+    """Whether the zoo name ``name`` is also a model directory here (it holds a config.json): the path wins, and
+    a warning says so (``circuitkit.zoo.load(name)`` loads the bundled one)."""
+    if not guarded.exists(Path(name) / "config.json"):
+        return False
+    import warnings
+
+    warnings.warn(f"load_model: {name!r} is both a bundled model and the model directory {str(Path(name).resolve())!r}"
+                  f" here; loading the directory (circuitkit.zoo.load({name!r}) loads the bundled one).", stacklevel=3)
+    return True
 
 
 def _load_zoo(zoo, name: str, sharding: Sharding):

@@ -53,15 +53,37 @@ def word_tokenizer_files(d_vocab: int, directory: str | Path) -> Path:
 
 def has_tokenizer(directory: str | Path) -> bool:
     """Whether ``directory`` holds tokenizer files of its own (see :data:`TOKENIZER_FILES`)."""
-    return any((Path(directory) / name).exists() for name in TOKENIZER_FILES)
+    from circuitkit.models.files import exists
+
+    return any(exists(Path(directory) / name) for name in TOKENIZER_FILES)
 
 
 def load_tokenizer(directory: str | Path):
     """A tokenizer saved with ``save_pretrained`` in ``directory``: read from the directory only (no hub
-    access), never running code shipped with it (``trust_remote_code=False``)."""
+    access), never running code shipped with it (``trust_remote_code=False``).
+
+    Every file the tokenizer may read is checked first by :func:`circuitkit.models.files.check_tokenizer_files`
+    (regular, inside the directory, size-capped, UTF-8 JSON of bounded depth); whatever Hugging Face still
+    refuses (a ``tokenizer.json`` of the wrong structure, an unknown ``tokenizer_class``) is one
+    :class:`~circuitkit.CircuitkitError` line naming the directory."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    from circuitkit.errors import CircuitkitError
+    from circuitkit.models.files import check_tokenizer_files
+
+    check_tokenizer_files(directory)
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    except CircuitkitError:
+        raise
+    except Exception as error:  # malformed structure, unknown tokenizer_class, a BPE model that does not build
+        lines = str(error).strip().splitlines()
+        detail = f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+        raise CircuitkitError(
+            f"load_model: given tokenizer files in {str(directory)!r} that Hugging Face cannot load ({detail}); "
+            "expected the tokenizer files written by tokenizer.save_pretrained(...). Remove them to get a "
+            "generated word-level tokenizer instead."
+        ) from None
 
 
 @functools.lru_cache(maxsize=8)

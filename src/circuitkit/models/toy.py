@@ -98,6 +98,27 @@ class ToyConfig:
     normalization_type: None = None
     default_prepend_bos: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "n_heads", "d_model", "d_head", "n_ctx"):
+            validate.positive_int(f"ToyConfig: {name}", getattr(self, name))
+        if self.d_vocab is not None:
+            validate.integer("ToyConfig: d_vocab", self.d_vocab, minimum=1, why="or None for residual inputs")
+        if self.n_key_value_heads is not None:
+            kv = validate.positive_int("ToyConfig: n_key_value_heads", self.n_key_value_heads)
+            if self.n_heads % kv:
+                raise validate.fail("ToyConfig: n_key_value_heads", kv,
+                                    f"a divisor of n_heads={self.n_heads} (each group serves n_heads / kv heads)")
+        validate.option("ToyConfig: attention", self.attention, tuple(_PATTERNS))
+        if self.attn_scale is not None:
+            validate.real("ToyConfig: attn_scale (None for sqrt(d_head))", self.attn_scale, minimum=0.0,
+                          strict_minimum=True)
+        if self.attn_only is not True:
+            raise validate.fail("ToyConfig: attn_only", self.attn_only, "True (the toy model has no MLPs)")
+        if self.normalization_type is not None:
+            raise validate.fail("ToyConfig: normalization_type", self.normalization_type,
+                                "None (the toy model has no LayerNorm)")
+        validate.boolean("ToyConfig: default_prepend_bos", self.default_prepend_bos)
+
     @property
     def scale(self) -> float:
         """The divisor of the attention scores."""

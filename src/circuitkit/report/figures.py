@@ -9,12 +9,12 @@ escaped; coordinates are rounded to 0.1 px so the output is deterministic and sh
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from circuitkit._html import escape as _esc
 from circuitkit.ranking import Head, head_name
 
 if TYPE_CHECKING:
@@ -29,10 +29,6 @@ UNMEASURED_COLOUR = "#a0a4a8"
 """Circuit-diagram links with no causal figure in the evidence, where others are coloured by theirs."""
 MAX_LABELLED_EDGES = 16
 """Edge graphs print the score next to at most this many edges (more would overlap); all have a tooltip."""
-
-
-def _esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def _f(x: float) -> str:

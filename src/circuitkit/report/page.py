@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import base64
 import gzip
-import json
 import math
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from circuitkit import validate
+from circuitkit._html import script_json
 from circuitkit.ranking import top_heads
 from circuitkit.report import data, summary
 from circuitkit.report.sections import SECTIONS, Section, esc
@@ -80,12 +80,6 @@ def circuitsvis_bundle() -> str:
 def packed_circuitsvis(compress: bool) -> tuple[str, str]:
     """:func:`circuitsvis_bundle` packed (MIME type, base64 text); the same bytes every time."""
     return pack(circuitsvis_bundle().encode("utf-8"), compress=compress)
-
-
-def script_json(value: Any) -> str:
-    """JSON safe inside ``<script>``: ``<``, ``>``, ``&`` escaped as ``\\u00XX`` (still valid JSON), no NaN."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def script_code(code: str) -> str:

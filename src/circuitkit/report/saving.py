@@ -6,9 +6,16 @@ leave a report that disagrees with its scores, or half a file. The protocol:
 1. both files are written to temporary files in the output directory (same file system, so a rename is
    atomic), flushed and ``fsync``-ed — any failure or ``KeyboardInterrupt`` here deletes the temporaries and
    leaves the previous pair untouched;
-2. with SIGINT deferred, the previous files are hard-linked to backups, then each temporary is renamed over
-   its target (``os.replace``); if the second rename fails, the first target is restored from its backup;
+2. with SIGINT, SIGTERM and SIGHUP deferred, the previous files are hard-linked to backups, then each temporary
+   is renamed over its target (``os.replace``); if the second rename fails, the first target is restored from its
+   backup;
 3. the directory is ``fsync``-ed and the backups removed.
+
+Termination signals: for the whole of :func:`write_together`, SIGTERM and SIGHUP (whose default action would end
+the process on the spot, leaving temporaries behind) raise an exception instead, so the temporaries are removed;
+inside step 2 all three signals wait until both renames are done. Then the signal takes its course: the handler
+that was installed before runs, or, where that was the default action, the process ends by that signal (exit
+status 128 + the signal's number, as without circuitkit).
 
 What remains possible: a hard kill (SIGKILL, power loss) *between* the two renames of step 2, a window of two
 system calls, leaves the new report beside the old scores; a hard kill before step 2 leaves hidden
@@ -24,9 +31,9 @@ import secrets
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
@@ -76,8 +83,22 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
     if not text.strip() or "\0" in text:
         raise validate.fail(where, text, "a non-empty directory path without NUL characters")
     out = Path(text).expanduser()
+    from circuitkit.models.files import check_path_length
+
+    check_path_length(out, where)
+    dangling = _dangling_link(out)
+    if dangling is not None:
+        raise validate.fail(where, text, "a directory path",
+                            f"{str(dangling)!r} is a symlink to {os.readlink(dangling)!r}, which does not exist; "
+                            "create its target or remove the link.")
     if out.exists() and not out.is_dir():
-        raise validate.fail(where, text, "a directory to write report.html into, not a file", "Pick another path.")
+        raise validate.fail(where, text, f"a directory to write report.html into, not {_what_is(out)}",
+                            "Pick another path.")
+    for name in (REPORT_NAME, SCORES_NAME):
+        target = out / name
+        if os.path.lexists(target) and not (target.is_file() or _dangling_link(target) == target):
+            raise validate.fail(where, text, f"a directory where {name} can be written",
+                                f"{str(target)!r} is {_what_is(target)}; move it away or pick another path.")
     try:
         out.mkdir(parents=True, exist_ok=True)
         if probe:
@@ -86,31 +107,87 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
             check.unlink()
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or str(error)
-        raise validate.fail(where, text, f"a writable directory (cannot write to it: {reason})") from error
+        missing = _first_missing(out)
+        if missing is not None and missing.parent.exists() and not missing.parent.is_dir():
+            reason = f"cannot create {missing.name!r} in {str(missing.parent)!r}, which is {_what_is(missing.parent)}"
+        elif missing is not None:
+            reason = f"cannot create {missing.name!r} in {str(missing.parent)!r}: {reason}"
+        else:
+            reason = f"cannot write to it: {reason}"
+        raise validate.fail(where, text, f"a writable directory ({reason})") from None
     return out
+
+
+def _dangling_link(path: Path) -> Path | None:
+    """The first of ``path`` and its ancestors that is a symlink to nothing, or None."""
+    for candidate in (path, *path.parents):
+        if os.path.islink(candidate) and not os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost ancestor of ``path`` (or ``path``) that does not exist, or None if it exists."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            break
+        missing = candidate
+    return missing
+
+
+def _what_is(path: Path) -> str:
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "unreadable"
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a file"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def write_together(out: Path, files: dict[str, bytes]) -> None:
     """Replace ``out/<name>`` by ``payload`` for every item, all or none (see the module docstring)."""
-    temps: dict[str, Path] = {}
+    with _termination_unwinds(out) as progress:
+        temps: dict[str, Path] = {}
+        try:
+            for name, payload in files.items():
+                temps[name] = write_temp(out, name, payload)
+            _commit(out, temps, progress)
+        except OSError as error:
+            raise CircuitkitError(
+                f"save: cannot write {str(out)!r} ({error.strerror or error}); expected a writable directory. The "
+                "previous report and scores (if any) are unchanged."
+            ) from error
+        finally:
+            # every temporary of this writer, also one whose path was lost to an exception (a signal) arriving
+            # between its creation and its entry in ``temps``
+            for path in {*temps.values(), *_own_temporaries(out, files)}:
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
+
+
+def _temp_prefix(name: str) -> str:
+    """Temporaries of this process and thread start so: ``.ck-tmp-<name>.<pid>-<thread>.``."""
+    return f"{TEMP_PREFIX}{name}.{os.getpid()}-{threading.get_ident()}." if name else TEMP_PREFIX
+
+
+def _own_temporaries(out: Path, names: Iterable[str]) -> list[Path]:
+    """The temporaries this process and thread wrote for ``names`` in ``out`` (backups excluded)."""
+    prefixes = tuple(_temp_prefix(name) for name in names)
     try:
-        for name, payload in files.items():
-            temps[name] = write_temp(out, name, payload)
-        _commit(out, temps)
-    except OSError as error:
-        raise CircuitkitError(
-            f"save: cannot write {str(out)!r} ({error.strerror or error}); expected a writable directory. The "
-            "previous report and scores (if any) are unchanged."
-        ) from error
-    finally:
-        for path in temps.values():
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
+        return [out / n for n in os.listdir(out) if n.startswith(prefixes) and ".old." not in n]
+    except OSError:
+        return []
 
 
 def write_temp(out: Path, name: str, payload: bytes) -> Path:
     """``payload`` in a new hidden file in ``out``, flushed to disk; its path."""
-    fd, temp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{name}.", dir=out)
+    fd, temp = tempfile.mkstemp(prefix=_temp_prefix(name), dir=out)
     path = Path(temp)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -125,10 +202,10 @@ def write_temp(out: Path, name: str, payload: bytes) -> Path:
     return path
 
 
-def _commit(out: Path, temps: dict[str, Path]) -> None:
+def _commit(out: Path, temps: dict[str, Path], progress: dict[str, bool] | None = None) -> None:
     backups: dict[str, Path] = {}
     done: list[str] = []
-    with _sigint_deferred():
+    with _signals_deferred():
         try:
             for name in temps:
                 target = out / name
@@ -139,6 +216,9 @@ def _commit(out: Path, temps: dict[str, Path]) -> None:
             for name, temp in temps.items():
                 os.replace(temp, out / name)
                 done.append(name)
+            if progress is not None:
+                progress["committed"] = True
+            _fsync_directory(out)  # before a deferred signal is delivered
         except BaseException:
             for name in done:  # put back what was already replaced
                 with contextlib.suppress(OSError):
@@ -151,7 +231,6 @@ def _commit(out: Path, temps: dict[str, Path]) -> None:
             for backup in backups.values():
                 with contextlib.suppress(OSError):
                     backup.unlink()
-    _fsync_directory(out)
 
 
 def _fsync_directory(out: Path) -> None:
@@ -163,24 +242,84 @@ def _fsync_directory(out: Path) -> None:
             os.close(fd)
 
 
+TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+"""Signals whose default action ends the process at once (SIGHUP does not exist on Windows)."""
+DEFERRED_SIGNALS = (signal.SIGINT, *TERMINATION_SIGNALS)
+
+
+class _Terminated(BaseException):
+    """A termination signal turned into an exception, so that ``finally`` clauses remove the temporaries."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated(signum)
+
+
 @contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) until the block is done, then deliver it (main thread only: elsewhere Python
-    delivers no signals anyway)."""
+def _termination_unwinds(out: Path) -> Iterator[dict[str, bool]]:
+    """SIGTERM / SIGHUP raise :class:`_Terminated` inside the block (unless they were ignored); once the block has
+    unwound, the signal takes its course: the handler installed before runs, or the default action ends the
+    process by that signal. Main thread only (elsewhere Python delivers no signals)."""
+    progress = {"committed": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield progress
+        return
+    previous = {}
+    for number in TERMINATION_SIGNALS:
+        if signal.getsignal(number) is not signal.SIG_IGN:
+            previous[number] = signal.signal(number, _raise_terminated)
+    try:
+        yield progress
+    except _Terminated as caught:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        _deliver(caught.signum, previous.get(caught.signum, signal.SIG_DFL))
+        if not progress["committed"]:  # the caller's handler returned: say the save did not happen
+            raise CircuitkitError(
+                f"save: interrupted by signal {signal.Signals(caught.signum).name} before {str(out)!r} was "
+                "written; the previous report and scores (if any) are unchanged. Save again."
+            ) from None
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _deliver(signum: int, handler: Any) -> None:
+    if callable(handler):
+        handler(signum, None)
+    elif handler in (signal.SIG_DFL, None):
+        os.kill(os.getpid(), signum)  # the default action: the process ends by this signal
+        raise SystemExit(128 + signum)  # not reached on POSIX
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block is done, then deliver the first one received to the handler
+    that was installed before (main thread only: elsewhere Python delivers no signals anyway)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    previous = {number: signal.signal(number, lambda number, frame: received.append(number))
+                for number in DEFERRED_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         if received:
-            if callable(previous):
-                previous(signal.SIGINT, None)
-            elif previous == signal.SIG_DFL:
-                raise KeyboardInterrupt
+            number = received[0]
+            handler = previous[number]
+            if callable(handler):
+                handler(number, None)
+            elif handler == signal.SIG_DFL:
+                if number == signal.SIGINT:
+                    raise KeyboardInterrupt
+                raise _Terminated(number)
 
 
 __all__ = ["REPORT_NAME", "SCORES_NAME", "save", "scores_text", "write_together"]

@@ -10,11 +10,11 @@ selects that head when clicked.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from circuitkit._html import escape as esc
 from circuitkit.ranking import head_name
 from circuitkit.report import data, figures, summary
 
@@ -26,11 +26,6 @@ STRONG_WEIGHT_Z = 2.0
 deviations above the baseline mean (a 2-sigma excess is rare among random head pairs)."""
 SMALL_EFFECT = 0.1
 """An edge carries (almost) nothing when its causal effect is below this fraction of the largest |effect|."""
-
-
-def esc(text: Any) -> str:
-    """``text`` escaped for HTML text and attribute values."""
-    return html.escape(str(text), quote=True)
 
 
 @dataclass(frozen=True)

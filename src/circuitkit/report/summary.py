@@ -12,10 +12,10 @@ next to that mode's random baseline, and its causal effect where the scan's circ
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from circuitkit._html import escape as _esc
 from circuitkit.ranking import Head, head_name
 from circuitkit.report import data
 
@@ -97,10 +97,6 @@ def find_story(scan: Scan) -> Story:
 
 
 # ---------------------------------------------------------------------------------------------- text
-def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
-
-
 def _num(value: float | None, fmt: str = ".2f") -> str:
     return "n/a" if value is None else format(value, fmt)
 

@@ -64,6 +64,31 @@ __all__ = [
 def _qkv_sizes(q_shape, k_shape, v_shape) -> None:
     same("q", q_shape[-1], "k", k_shape[-1], "last-axis size d_k")
     same("k", k_shape[-2], "v", v_shape[-2], "key count n_k (axis -2)")
+    _same_batch(q=q_shape, k=k_shape, v=v_shape)
+
+
+def _same_batch(**shapes) -> None:
+    """The leading (batch) axes of q, k (and v) agree exactly: a silent broadcast would pair the wrong rows."""
+    batches = {name: tuple(shape[:-2]) for name, shape in shapes.items()}
+    if len(set(batches.values())) > 1:
+        given = ", ".join(f"{name} {batch}" for name, batch in batches.items())
+        raise CircuitkitError(f"batch axes differ ({given}); expected the same leading shape for q, k and v. "
+                              "Expand the smaller one explicitly if you mean to share it.")
+
+
+def _mask_shape(mask_shape, batch, n_k: int, description: str) -> None:
+    """A key padding mask ``[..., n_k]`` whose leading axes broadcast to ``batch`` without enlarging it."""
+    expected = (f"a boolean mask of shape [{', '.join(map(str, batch)) + ', ' if batch else ''}n_k={n_k}] "
+                "(axes of size 1 broadcast; True = padding)")
+    if tuple(mask_shape[-1:]) != (n_k,):
+        raise CircuitkitError(f"key_padding_mask is {description}; expected {expected}.")
+    lead = tuple(mask_shape[:-1])
+    try:
+        joined = tuple(np.broadcast_shapes(lead, tuple(batch)))
+    except ValueError:
+        joined = None
+    if joined != tuple(batch):
+        raise CircuitkitError(f"key_padding_mask is {description}; expected {expected}.")
 
 
 def _check_rows(allowed_any_row: bool) -> None:
@@ -87,7 +112,9 @@ def pattern_numpy(
     float_array("k", k, ndim_min=2)
     causal = validate.boolean("causal", causal)
     same("q", q.shape[-1], "k", k.shape[-1], "last-axis size d_k")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale)
+    _same_batch(q=q.shape, k=k.shape)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale, minimum=0.0,
+                                                                                  strict_minimum=True)
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     n_q, n_k = scores.shape[-2:]
     allowed = np.ones((n_q, n_k), dtype=bool)
@@ -95,11 +122,12 @@ def pattern_numpy(
         allowed = np.tril(allowed)
     if key_padding_mask is not None:
         mask = np.asarray(key_padding_mask)
-        if mask.dtype != np.bool_ or mask.shape[-1:] != (n_k,):
+        if mask.dtype != np.bool_:
             raise CircuitkitError(
                 f"key_padding_mask has shape {mask.shape} and dtype {mask.dtype}; expected a boolean array "
                 f"broadcastable to [..., n_k={n_k}] (True = padding)."
             )
+        _mask_shape(mask.shape, q.shape[:-2], n_k, f"an array of shape {mask.shape}")
         allowed = allowed & ~mask[..., None, :]
     _check_rows(bool(allowed.any(axis=-1).all()))
     scores = np.where(allowed, scores, -np.inf)
@@ -147,7 +175,9 @@ def pattern_torch(
     causal = validate.boolean("causal", causal)
     same("q", q.shape[-1], "k", k.shape[-1], "last-axis size d_k")
     _same_dtype(q=q, k=k)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale)
+    _same_batch(q=q.shape, k=k.shape)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else validate.real("scale", scale, minimum=0.0,
+                                                                                  strict_minimum=True)
     scores = q @ k.transpose(-1, -2) * scale
     n_q, n_k = scores.shape[-2:]
     allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
@@ -163,6 +193,7 @@ def pattern_torch(
                 f"key_padding_mask is a {describe(key_padding_mask)}; expected a boolean tensor broadcastable "
                 f"to [..., n_k={n_k}] (True = padding)."
             )
+        _mask_shape(key_padding_mask.shape, q.shape[:-2], n_k, f"a {describe(key_padding_mask)}")
         allowed = allowed & ~key_padding_mask[..., None, :]
     _check_rows(bool(allowed.any(dim=-1).all()))
     pattern = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
@@ -247,6 +278,10 @@ def multi_head_attention(
     No biases. ``key_padding_mask`` is ``[batch, pos]``, True = padding.
     """
     n_heads, n_kv = _check_mha_weights(x, W_Q, W_K, W_V, W_O)
+    if key_padding_mask is not None and (not isinstance(key_padding_mask, Tensor)
+                                         or tuple(key_padding_mask.shape) != tuple(x.shape[:2])):
+        raise CircuitkitError(f"key_padding_mask is a {describe(key_padding_mask)}; expected a boolean tensor "
+                              f"[batch, pos] = {list(x.shape[:2])} (True = padding).")
     q = einsum(x, W_Q, "b p m, h m d -> b h p d")
     k = einsum(x, W_K, "b p m, g m d -> b g p d")
     v = einsum(x, W_V, "b p m, g m d -> b g p d")

@@ -32,6 +32,16 @@ __all__ = [
 ]
 
 
+def _finite(name: str, value: float, *inputs: tuple[str, float]) -> float:
+    """``value`` if it is a finite float; else one line naming the inputs (the result overflowed float64, about
+    1.8e308, or underflowed to 0 where it divides)."""
+    if not math.isfinite(value):
+        given = ", ".join(f"{n}={v:g}" for n, v in inputs)
+        raise CircuitkitError(f"{name}: the result overflows float64 (max about 1.8e308) for {given}; expected "
+                              "inputs whose result is representable. Check the units (e.g. 1e9, not 1e900).")
+    return value
+
+
 class ChinchillaOptimal(NamedTuple):
     """Compute-optimal model size ``n_params`` (N) and training tokens ``n_tokens`` (D)."""
 
@@ -49,8 +59,11 @@ def chinchilla_optimal(
     compute = positive_real("compute", compute)
     tokens_per_param = positive_real("tokens_per_param", tokens_per_param)
     flops_per_param_token = positive_real("flops_per_param_token", flops_per_param_token)
-    n = math.sqrt(compute / (flops_per_param_token * tokens_per_param))
-    return ChinchillaOptimal(n, tokens_per_param * n)
+    inputs = (("compute", compute), ("tokens_per_param", tokens_per_param),
+              ("flops_per_param_token", flops_per_param_token))
+    per_param = _finite("chinchilla_optimal", flops_per_param_token * tokens_per_param, *inputs)
+    n = _finite("chinchilla_optimal", math.sqrt(compute / per_param) if per_param > 0 else math.inf, *inputs)
+    return ChinchillaOptimal(n, _finite("chinchilla_optimal", tokens_per_param * n, *inputs))
 
 
 def param_count(n_layers: int, d_model: int, d_vocab: int) -> int:
@@ -78,12 +91,14 @@ def mha_param_count(d_model: int, n_heads: int) -> int:
 
 def training_flops(n_params: float, n_tokens: float) -> float:
     """``6 N D`` (seed 002 ex. 13.13: 13e9 params x 2e12 tokens = 1.56e23 FLOPs)."""
-    return 6.0 * positive_real("n_params", n_params) * positive_real("n_tokens", n_tokens)
+    n_params, n_tokens = positive_real("n_params", n_params), positive_real("n_tokens", n_tokens)
+    return _finite("training_flops", 6.0 * n_params * n_tokens, ("n_params", n_params), ("n_tokens", n_tokens))
 
 
 def inference_flops_per_token(n_params: float) -> float:
     """``2 N`` for a forward pass (seed 002 ex. 13.29): one multiply and one add per weight per token."""
-    return 2.0 * positive_real("n_params", n_params)
+    n_params = positive_real("n_params", n_params)
+    return _finite("inference_flops_per_token", 2.0 * n_params, ("n_params", n_params))
 
 
 def kv_cache_bytes(
@@ -124,7 +139,8 @@ def jl_min_dim(n_points: float, eps: float) -> int:
     if n_points < 2:
         raise CircuitkitError(f"n_points = {n_points!r}; expected at least 2 points (distances need pairs).")
     eps = open_unit("eps", eps)
-    return math.ceil(8.0 * math.log(n_points) / eps**2)
+    bound = 8.0 * math.log(n_points) / eps**2 if eps**2 > 0 else math.inf
+    return math.ceil(_finite("jl_min_dim", bound, ("n_points", n_points), ("eps", eps)))
 
 
 def receptive_field(n_layers: int, n_heads: int) -> int:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
-from circuitkit.theory._validate import MAX_SIZE, float_tensor, positive_real, size
+from circuitkit.theory._validate import MAX_SIZE, float_tensor, size
 
 __all__ = [
     "sinusoidal_frequencies",
@@ -41,7 +41,7 @@ def _even(name: str, d: int) -> int:
 def sinusoidal_frequencies(d_model: int, *, base: float = 10000.0) -> Tensor:
     """``w_i = base^(-2i/d_model)`` for ``i = 0 .. d_model/2 - 1``: shape ``[d_model/2]``, float64."""
     d_model = _even("d_model", d_model)
-    base = positive_real("base", base)
+    base = _base(base)
     return base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
 
 
@@ -75,7 +75,21 @@ def sinusoidal_offset_map(offset: int, d_model: int, *, base: float = 10000.0) -
     return M
 
 
+MAX_POSITION = 2**31
+"""Largest |position| of the RoPE helpers: beyond it the float64 angles ``m * theta`` lose the precision that
+relative positions need (and sin/cos of huge arguments return NaN)."""
+
+
+def _base(base: object) -> float:
+    """The frequency base: a finite real > 1 (at 1 every frequency is 1; below, they grow instead of decay)."""
+    return validate.real("base", base, minimum=1.0, strict_minimum=True)
+
+
 def _rope_angles(positions: Tensor, d: int, base: float) -> Tensor:
+    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
+        raise validate.fail("positions", positions, "finite positions", "It holds NaN or infinite entries.")
+    if positions.numel() and float(positions.abs().max()) > MAX_POSITION:
+        raise validate.fail("positions", positions, f"positions of magnitude at most {MAX_POSITION}")
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [pair]
     return positions.to(torch.float64)[..., None] * theta  # [..., pair]
 
@@ -86,7 +100,7 @@ def rope_rotation_matrix(position: float, d: int, *, base: float = 10000.0) -> F
     """
     position = validate.real("position", position)
     d = _even("d", d)
-    base = positive_real("base", base)
+    base = _base(base)
     angles = _rope_angles(torch.tensor(position), d, base)
     c, s = angles.cos(), angles.sin()
     R = torch.zeros(d, d, dtype=torch.float64)
@@ -109,9 +123,14 @@ def rope(
     """
     float_tensor("x", x, ndim_min=2)
     d = _even("x.shape[-1]", x.shape[-1])
-    base = positive_real("base", base)
+    base = _base(base)
     n_pos = x.shape[-2]
-    pos = torch.arange(n_pos) if positions is None else torch.as_tensor(positions)
+    try:
+        pos = torch.arange(n_pos) if positions is None else torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError):
+        raise validate.fail("positions", positions, "a sequence or tensor of real positions") from None
+    if pos.is_complex() or pos.dtype == torch.bool:
+        raise validate.fail("positions", pos, "real positions")
     if pos.shape != (n_pos,):
         raise CircuitkitError(
             f"positions has shape {tuple(pos.shape)}; expected one position per row of x, i.e. ({n_pos},)."

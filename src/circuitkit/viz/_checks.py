@@ -37,6 +37,22 @@ def check_head(head: Any, n_layers: int, n_heads: int, caller: str) -> tuple[int
     return layer, index
 
 
+def token_ids(caller: str, tokens: torch.Tensor, cfg: Any) -> None:
+    """Integer ``tokens`` checked against the model: at least one, at most ``cfg.n_ctx`` positions (last axis), ids
+    in ``[0, cfg.d_vocab)`` (where the config says)."""
+    label = f"{caller}: tokens"
+    if tokens.numel() == 0:
+        raise validate.fail(label, tokens, "at least one token")
+    n_ctx = getattr(cfg, "n_ctx", None)
+    if isinstance(n_ctx, int) and tokens.shape[-1] > n_ctx:
+        raise validate.fail(label, tokens, f"at most n_ctx={n_ctx} positions, the model's context")
+    d_vocab = getattr(cfg, "d_vocab", None)
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or (isinstance(d_vocab, int) and high >= d_vocab):
+        bound = f"[0, {d_vocab})" if isinstance(d_vocab, int) else "[0, d_vocab)"
+        raise validate.fail(label, tokens, f"token ids in {bound}", f"It holds ids from {low} to {high}.")
+
+
 def text(name: str, value: Any) -> str:
     """``value`` if it is a ``str`` (titles, labels)."""
     if not isinstance(value, str):

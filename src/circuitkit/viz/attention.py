@@ -37,9 +37,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit._html import script_json
 from circuitkit.errors import CircuitkitError, describe
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
-from circuitkit.viz._checks import as_float_array, check_head
+from circuitkit.viz._checks import as_float_array, check_head, token_ids
 
 # softmax outputs in float32 may overshoot [0, 1] and row sums of 1 by rounding
 PATTERN_ATOL = 1e-4
@@ -83,18 +85,7 @@ def parse_rendered(rendered: RenderedHTML) -> ParsedView:
     return ParsedView(match["bundle"].strip(), match["element"], json.loads(match["props"]))
 
 
-_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-
 _CDN_PROPS = re.compile(r"(?P<props>\{.*\})\s*\)\s*</script>\s*$", re.DOTALL)
-
-
-def script_json(value: Any) -> str:
-    """``value`` as JSON that is safe inside an HTML ``<script>``: no ``<``, ``>``, ``&`` or line separators
-    appear literally (each is a ``\\uXXXX`` escape, which ``JSON.parse`` and JavaScript read back unchanged)."""
-    text = json.dumps(value, allow_nan=False)
-    for char, escape in _SCRIPT_ESCAPES.items():
-        text = text.replace(char, escape)
-    return text
 
 
 def _with_props(rendered: RenderedHTML, **props: Any) -> CircuitsVisView:
@@ -184,6 +175,7 @@ def view_props(view: RenderedHTML) -> dict[str, Any]:
     return parse_rendered(view).props
 
 
+@keeps_model_state
 def model_patterns(
     model: Any,
     tokens: Int[Tensor, "*one pos"],
@@ -207,6 +199,7 @@ def model_patterns(
     from circuitkit.models.contract import adapt
 
     adapter = adapt(model)
+    token_ids("model_patterns", tokens, adapter.spec)
     chosen = [check_head(head, adapter.spec.n_layers, adapter.spec.n_heads, "model_patterns") for head in heads]
     if not chosen:
         raise CircuitkitError("model_patterns: given no heads; expected at least one (layer, head).")
@@ -219,6 +212,7 @@ def model_patterns(
     return out
 
 
+@keeps_model_state
 def token_strings(model: Any, tokens: Int[Tensor, "*batch pos"]) -> list[str]:
     """Readable strings for token ids: the model's tokenizer where it has one, else ``"<id>"``-style numbers.
 

@@ -83,7 +83,7 @@ def load(name: str = DEFAULT, *, device: str | torch.device | None = None):
 
 
 def _directory(name: str) -> Path:
-    if not isinstance(name, str) or not (ROOT / name / "zoo.json").exists():
+    if not isinstance(name, str) or name not in available():  # exact names only: no '../' reaches outside the zoo
         raise CircuitkitError(f"zoo: given {name!r}; expected one of {available()}.")
     return ROOT / name
 
