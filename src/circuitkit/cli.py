@@ -133,7 +133,7 @@ def run_scan(args: argparse.Namespace) -> int:
         if model is None:
             raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
         model = load_model(model, device_map=device_map, allow_download=args.allow_download)
-    progress = True if sys.stderr.isatty() else False
+    progress = True  # a bar on a terminal, one line per stage in a log or a pipe
     result = ck.scan(
         model,
         tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
@@ -156,6 +156,7 @@ def run_scan(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False)
     console.print(ranked_table(result))
+    print_answer(console, result)
     console.print(f"wrote {saved.report} and {saved.scores}")
     for path in saved.pngs:
         console.print(f"wrote {path}")
@@ -199,6 +200,18 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS):
             cells.append("" if value != value else f"{value:+.2f}")
         table.add_row(str(rank), head_name(head), *cells)
     return table
+
+
+def print_answer(console: Any, scan: Any) -> None:
+    """The report's answer box in a few lines (circuit, roles, exact edge effects, faithfulness, loss): the same
+    :class:`circuitkit.report.summary.Answer` the HTML writes."""
+    from rich.markup import escape
+
+    from circuitkit.report.summary import answer_lines
+
+    for line in answer_lines(scan):
+        label, _, rest = line.partition(": ")
+        console.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
 
 
 COMMANDS = {"scan": run_scan}

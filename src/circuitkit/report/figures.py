@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from circuitkit.ranking import Head, head_name
 
 if TYPE_CHECKING:
-    from circuitkit.report.summary import Story
+    from circuitkit.report.summary import Answer, Story
 
 MODE_COLOURS = {"Q": "#3b6fb6", "K": "#2e9d5b", "V": "#d9822b"}
 GRAPH_WIDTH = 900
@@ -142,6 +142,97 @@ def circuit_diagram(story: Story) -> str:
     return "".join(parts)
 
 
+def answer_diagram(answer: Answer) -> str:
+    """The verified circuit: heads of roles that feed another role (previous-token) on the left, the other
+    circuit heads on the right, the carrying edges between them coloured and sized by their exact effect (path
+    patching, labelled in nats). At most :data:`circuitkit.report.summary.MAX_NAMED` * 2 heads a side."""
+    from circuitkit.report.summary import MAX_NAMED, ROLE_SHORT
+
+    limit = 2 * MAX_NAMED
+    sources = {e.src for e in answer.edges} - {e.dst for e in answer.edges}
+    left = [(h, roles) for h, roles in answer.circuit if h in sources][:limit]
+    right = [(h, roles) for h, roles in answer.circuit if h not in sources][:limit]
+    rows = max(len(left), len(right), 1)
+    width, x_l, x_r, row_h, top = 340, 50, 280, 34, 24
+    height = top + rows * row_h + 16
+    parts = [
+        f'<svg class="ck-diagram" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'font-family="system-ui, sans-serif" font-size="11" role="img" aria-label="circuit diagram">'
+        '<defs><marker id="ck-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" markerHeight="9" '
+        'markerUnits="userSpaceOnUse" orient="auto"><path d="M0 0L10 5L0 10z" fill="#555"/></marker></defs>'
+        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">circuit: {len(answer.circuit)} heads, '
+        f'faithfulness {answer.faithfulness:.2f}</text>'
+    ]
+    ys_l = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(left)}
+    ys_r = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(right)}
+    shown = [e for e in answer.edges if e.src in ys_l and e.dst in ys_r]
+    scale = max((abs(e.effect) for e in shown), default=0.0)
+    labelled = len(shown) <= 2 * MAX_LINK_LABELS
+    for e in shown:
+        y1, y2 = ys_l[e.src], ys_r[e.dst]
+        t = e.effect / scale if scale > 0 else 0.0
+        label = f"{e.channel.upper()} {e.effect:+.2f}"
+        mx, my = x_l + 34 + 0.4 * (x_r - x_l - 72), y1 + 0.4 * (y2 - y1)
+        parts.append(
+            f'<g><title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect '
+            f'{e.effect:+.3f} nats (path patching)</title>'
+            f'<line x1="{x_l + 34}" y1="{_f(y1)}" x2="{x_r - 38}" y2="{_f(y2)}" stroke="{diverging(t)}" '
+            f'stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/>'
+            + (f'<text x="{_f(mx)}" y="{_f(my - 4)}" text-anchor="middle" font-size="10" fill="#333" '
+               f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>' if labelled else "")
+            + "</g>"
+        )
+    for column, ys, x, colour in ((left, ys_l, x_l, "#e3eefb"), (right, ys_r, x_r, "#fde3d9")):
+        for h, roles in column:
+            caption = "/".join(ROLE_SHORT.get(r, r) for r in roles) or "no role"
+            parts.append(_node(x, ys[h], h, caption, colour))
+    caption = "edges: exact effect (path patching, nats)" + ("" if labelled else "; hover for figures")
+    parts.append(f'<text x="{width // 2}" y="{height - 3}" text-anchor="middle" font-size="9" fill="#666">'
+                 f"{caption}</text></svg>")
+    return "".join(parts)
+
+
+def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int) -> str:
+    """Faithfulness of the top-``n`` heads against ``n`` (every point measured exactly), a log2(n + 1) axis, the
+    target dashed and the circuit's point ringed."""
+    width, height, ml, mr, mt, mb = 300, 170, 40, 12, 22, 34
+    top_x = math.log2(total + 1) or 1.0
+    values = [f for _, f in curve]
+    lo = min(0.0, *values) if values else 0.0
+    hi = max(1.0, *values) if values else 1.0
+
+    def x(n: int) -> float:
+        return ml + (width - ml - mr) * math.log2(n + 1) / top_x
+
+    def y(f: float) -> float:
+        return mt + (height - mt - mb) * (hi - f) / (hi - lo)
+
+    parts = [
+        f'<svg class="ck-curve" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'font-family="system-ui, sans-serif" font-size="10" role="img" aria-label="faithfulness curve">'
+        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">faithfulness of the top-n heads (exact)'
+        "</text>"
+    ]
+    for tick in sorted({0.0, 0.5, 1.0}):
+        parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(tick))}" y2="{_f(y(tick))}" stroke="#eee"/>'
+                     f'<text x="{ml - 4}" y="{_f(y(tick) + 3)}" text-anchor="end" fill="#666">{tick:.1f}</text>')
+    parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(target))}" y2="{_f(y(target))}" stroke="#b2182b" '
+                 f'stroke-dasharray="4 3"/><text x="{width - mr}" y="{_f(y(target) - 3)}" text-anchor="end" '
+                 f'fill="#b2182b">target {target:.2f}</text>')
+    ticks = sorted({0, chosen, total} | {n for n in (1, 4, 16, 64, 256) if n < total})
+    for n in ticks:
+        parts.append(f'<text x="{_f(x(n))}" y="{height - mb + 12}" text-anchor="middle" fill="#666">{n}</text>')
+    points = " ".join(f"{_f(x(n))},{_f(y(f))}" for n, f in curve)
+    parts.append(f'<polyline points="{points}" fill="none" stroke="#2e6db4" stroke-width="1.5"/>')
+    for n, f in curve:
+        ring = ' r="5" fill="none" stroke="#b2182b" stroke-width="2"' if n == chosen else ' r="2.5" fill="#2e6db4"'
+        parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{ring}><title>top {n} heads: faithfulness '
+                     f"{f:.3f}</title></circle>")
+    parts.append(f'<text x="{(width + ml) // 2}" y="{height - 4}" text-anchor="middle" fill="#555">heads kept '
+                 f"(ringed: the circuit, {chosen} of {total})</text></svg>")
+    return "".join(parts)
+
+
 @dataclass(frozen=True)
 class GraphEdge:
     src: Head
@@ -258,4 +349,6 @@ def loss_curve(per_position: Sequence[float | None], boundaries: Sequence[float]
     return "".join(parts)
 
 
-__all__ = ["GraphEdge", "circuit_diagram", "diverging", "head_graph", "loss_curve"]
+__all__ = [
+    "GraphEdge", "answer_diagram", "circuit_diagram", "diverging", "faithfulness_curve", "head_graph", "loss_curve",
+]
