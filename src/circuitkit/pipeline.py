@@ -3,17 +3,23 @@
 (The module is called ``pipeline``, not ``scan``: a submodule named like the public function would replace
 ``circuitkit.scan`` on import.)
 
-The path of data, each pass done once::
+The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which run)::
 
-    tokens (RepeatedTokens)  ->  one forward + one backward pass: every head's pattern scores, per-token losses,
-                                 mean z per head, residual streams (for resumed ablation), and attribution:
-                                 a first-order ablation estimate for every head
-                             ->  exact ablation of the heads that count: the top ``ablate_top`` by |attribution|
-                                 joined with the heads called induction / previous-token heads (``ablate="top"``),
-                                 every head (``"all"``) or none; agreement of estimate and exact;
-                                 the called induction / previous-token heads ablated together
-    weights (HeadWeights)    ->  Q/K/V composition + random baselines + top edges, QK/OV spectra
-                             ->  edge-level causal evidence (edge attribution, path patching of the top edges)
+    scores   tokens (RepeatedTokens) -> one forward + one backward pass: every head's pattern scores, per-token
+             losses, mean z per head, residual streams (for resumed ablation), attribution (a first-order ablation
+             estimate for every head) and the clean half of edge attribution
+    ablate   exact ablation of the heads that count: the top ``ablate_top`` by |attribution| joined with the
+             heads called induction / previous-token heads (``ablate="top"``), every head (``"all"``) or none;
+             agreement of estimate and exact; the called heads ablated together
+    circuit  the verified circuit: heads ranked by exact ablation where measured, else the estimate; the
+             smallest top-n set whose faithfulness reaches ``target``, measured exactly
+             (:mod:`circuitkit.circuits.faithfulness`), and its necessity
+    weights  Q/K/V composition + random baselines + top edges, QK/OV spectra (weights only, no forward pass)
+    edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
+             heads; then the roles the evidence gives the circuit's heads (:func:`circuit_roles`)
+
+Progress (:class:`Progress`) is planned in forward passes from these stages, corrected to the measured cost as
+each stage ends (the bar ends at 100%); without a terminal it prints one line per stage.
 
 A head is *called* an induction (previous-token) head when its score is at least
 :data:`HEAD_CALL_THRESHOLD` and at least :data:`HEAD_CALL_NEUTRAL_RATIO` times what a uniformly attending head
@@ -60,6 +66,13 @@ HEAD_CALL_NEUTRAL_RATIO = 3.0
 
 DEFAULT_ROLES = (Role("induction", "induction"), Role("previous-token", "previous_token", feeds="induction"))
 """The roles the answer gives circuit heads: induction heads, and previous-token heads that feed one."""
+
+ATTRIBUTION_METHOD = "gradient"
+"""How the scan's attribution estimates are computed: ``"gradient"`` (first order) or ``"ig"`` (integrated
+gradients); recorded in ``scores.json``."""
+ATTRIBUTION_STEPS = 1
+"""Integration steps of the attribution (1: the plain gradient)."""
+
 
 ATTRIBUTION_COST = 3.0
 """Forward passes of one forward + backward pass (a backward costs about two forwards)."""
@@ -515,13 +528,6 @@ def scan(
         verified_error=work.verified_error,
         stages=tuple(bar.ran),
     )
-
-
-ATTRIBUTION_METHOD = "gradient"
-"""How the scan's attribution estimates are computed: ``"gradient"`` (first order) or ``"ig"`` (integrated
-gradients); recorded in ``scores.json``."""
-ATTRIBUTION_STEPS = 1
-"""Integration steps of the attribution (1: the plain gradient)."""
 
 
 def called_heads(scores: HeadScores, name: str) -> tuple[Head, ...]:

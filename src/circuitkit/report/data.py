@@ -515,6 +515,13 @@ def circuit_view_heads(scan: Scan, limit: int = CIRCUIT_VIEW_HEADS) -> list[tupl
         # stable: equal scores keep the scan's order
         return sorted(heads, key=lambda h: -_finite(values[h[0], h[1]]))
 
+    verified = getattr(scan, "verified", None)
+    if verified is not None:  # the verified circuit's heads, with the roles the evidence gave them
+        given = getattr(verified, "roles", {}) or {}
+        short = {"induction": "induct", "previous-token": "prev"}
+        heads = [(tuple(h), next((short.get(r, r) for r, hs in given.items() if tuple(h) in hs), "circuit"))
+                 for h in verified.heads]
+        return sorted(heads[:limit])
     induction = best([tuple(h) for h in scan.induction_heads], "induction")
     previous = best([tuple(h) for h in scan.previous_token_heads], "previous_token")
     roles = {"induct": induction, "prev": previous}

@@ -166,27 +166,40 @@ def answer_diagram(answer: Answer) -> str:
     ys_l = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(left)}
     ys_r = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(right)}
     shown = [e for e in answer.edges if e.src in ys_l and e.dst in ys_r]
+    labels: list[str] = []
     scale = max((abs(e.effect) for e in shown), default=0.0)
-    labelled = len(shown) <= 2 * MAX_LINK_LABELS
+    placed: list[tuple[float, float]] = []  # labels claim places strongest first, never overlapping
+    x1, x2 = x_l + 34, x_r - 38
+    n_hidden = 0
     for e in shown:
         y1, y2 = ys_l[e.src], ys_r[e.dst]
         t = e.effect / scale if scale > 0 else 0.0
         label = f"{e.channel.upper()} {e.effect:+.2f}"
-        mx, my = x_l + 34 + 0.4 * (x_r - x_l - 72), y1 + 0.4 * (y2 - y1)
+        spot = None
+        for frac in (0.5, 0.28, 0.72, 0.15, 0.85):
+            mx, my = x1 + frac * (x2 - x1), y1 + frac * (y2 - y1) - 4
+            if all(abs(mx - px) > 52 or abs(my - py) > 12 for px, py in placed):
+                spot = (mx, my)
+                break
+        if spot is None:
+            n_hidden += 1
+        else:
+            placed.append(spot)
         parts.append(
             f'<g><title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect '
             f'{e.effect:+.3f} nats (path patching)</title>'
-            f'<line x1="{x_l + 34}" y1="{_f(y1)}" x2="{x_r - 38}" y2="{_f(y2)}" stroke="{diverging(t)}" '
-            f'stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/>'
-            + (f'<text x="{_f(mx)}" y="{_f(my - 4)}" text-anchor="middle" font-size="10" fill="#333" '
-               f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>' if labelled else "")
-            + "</g>"
+            f'<line x1="{x1}" y1="{_f(y1)}" x2="{x2}" y2="{_f(y2)}" stroke="{diverging(t)}" '
+            f'stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/></g>'
         )
+        if spot is not None:
+            labels.append(f'<text x="{_f(spot[0])}" y="{_f(spot[1])}" text-anchor="middle" font-size="10" '
+                          f'fill="#333" paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>')
+    parts += labels  # over every line
     for column, ys, x, colour in ((left, ys_l, x_l, "#e3eefb"), (right, ys_r, x_r, "#fde3d9")):
         for h, roles in column:
             caption = "/".join(ROLE_SHORT.get(r, r) for r in roles) or "no role"
             parts.append(_node(x, ys[h], h, caption, colour))
-    caption = "edges: exact effect (path patching, nats)" + ("" if labelled else "; hover for figures")
+    caption = "edges: exact effect (path patching, nats)" + ("; hover for figures" if n_hidden else "")
     parts.append(f'<text x="{width // 2}" y="{height - 3}" text-anchor="middle" font-size="9" fill="#666">'
                  f"{caption}</text></svg>")
     return "".join(parts)
@@ -217,10 +230,13 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
         parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(tick))}" y2="{_f(y(tick))}" stroke="#eee"/>'
                      f'<text x="{ml - 4}" y="{_f(y(tick) + 3)}" text-anchor="end" fill="#666">{tick:.1f}</text>')
     parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(target))}" y2="{_f(y(target))}" stroke="#b2182b" '
-                 f'stroke-dasharray="4 3"/><text x="{width - mr}" y="{_f(y(target) - 3)}" text-anchor="end" '
+                 f'stroke-dasharray="4 3"/><text x="{width - mr}" y="{_f(y(target) + 11)}" text-anchor="end" '
                  f'fill="#b2182b">target {target:.2f}</text>')
-    ticks = sorted({0, chosen, total} | {n for n in (1, 4, 16, 64, 256) if n < total})
-    for n in ticks:
+    ticks: list[int] = []
+    for n in [chosen, total, 0, 1, 4, 16, 64, 256]:  # the circuit's size and the total first; none overlapping
+        if n <= total and all(abs(x(n) - x(m)) > 16 for m in ticks):
+            ticks.append(n)
+    for n in sorted(ticks):
         parts.append(f'<text x="{_f(x(n))}" y="{height - mb + 12}" text-anchor="middle" fill="#666">{n}</text>')
     points = " ".join(f"{_f(x(n))},{_f(y(f))}" for n, f in curve)
     parts.append(f'<polyline points="{points}" fill="none" stroke="#2e6db4" stroke-width="1.5"/>')

@@ -255,7 +255,8 @@ class Answer:
     curve: tuple[tuple[int, float], ...]
     edges: tuple[AnswerEdge, ...]  # carrying edges between circuit heads, largest |effect| first
     n_silent: int  # patched edges between circuit heads that carry nothing
-    weight_only: tuple[tuple[Head, Head, str, float | None, float | None], ...]  # (src, dst, channel, comp, effect)
+    # (src, dst, channel, composition, effect, "patched" (exact) | "attribution" (estimate))
+    weight_only: tuple[tuple[Head, Head, str, float | None, float | None, str], ...]
     outside: tuple[tuple[Head, str, float | None], ...]  # pattern-called heads not in the circuit
     first_copy: float | None
     repeated_copies: float | None
@@ -279,7 +280,7 @@ def find_answer(scan: Scan) -> Answer | None:
     edges = tuple(AnswerEdge(tuple(r.src), tuple(r.dst), str(r.channel), float(r.patched),
                              data.number(r.attribution), data.number(r.composition)) for r in carrying)
     weight_only = tuple((tuple(r.src), tuple(r.dst), str(r.channel), data.number(r.composition),
-                         data.edge_effect(r)[0]) for r in data.circuit_rows(scan) if getattr(r, "weight_only", False))
+                         *data.edge_effect(r)) for r in data.circuit_rows(scan) if getattr(r, "weight_only", False))
     members = {h for h, _ in circuit}
     outside = []
     for heads, score in ((scan.induction_heads, "induction"), (scan.previous_token_heads, "previous_token")):
@@ -344,13 +345,14 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
     elif len(answer.circuit) > 1:
         out.append(("Edges", [("text", "no edge between the circuit's heads carries a measurable effect")]))
     if answer.weight_only:
-        parts = [("text", "composition score vs exact or estimated effect: ")]
-        for i, (src, dst, channel, comp, effect) in enumerate(answer.weight_only[:MAX_EDGES]):
+        parts = [("text", "composition score vs effect on the loss (nats): ")]
+        for i, (src, dst, channel, comp, effect, kind) in enumerate(answer.weight_only[:MAX_EDGES]):
             if i:
                 parts.append(("text", "; "))
+            source = "exact, path patching" if kind == "patched" else "estimate, edge attribution"
             parts += [("head", src), ("text", " \u2192 "), ("head", dst), ("text", f" {channel.upper()} composition "),
                       ("num", "n/a" if comp is None else f"{comp:.2f}"), ("text", ", effect "),
-                      ("num", "n/a" if effect is None else f"{effect:+.2f}")]
+                      ("num", "n/a" if effect is None else f"{effect:+.2f}"), ("text", f" ({source})")]
         out.append(("Strong in the weights, carries nothing", parts))
     if answer.outside:
         parts = [("text", "pattern score above threshold, not needed for faithfulness: ")]
