@@ -207,7 +207,7 @@ def synthetic_circuit(previous: list, induction: list, n_total: int, evidence: F
         if r.patched is not None and r.src in heads and r.dst in heads)
     return Circuit(heads, 0.92, 3.1, 0.8, "mean", 0.5, 4.0, 0.78, curve, heads, 14,
                    PathPatching(patched, "loss", "resample"),
-                   {"induction": tuple(induction), "previous-token": tuple(previous)})
+                   {"induction": tuple(induction), "previous-token": tuple(previous)}, "joint")
 
 
 def sized_scan(size: str, *, block_len: int = 20, seed: int = 0, verified: bool = False) -> Scan:

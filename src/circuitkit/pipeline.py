@@ -271,15 +271,18 @@ def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str
         bar.advance(1)
 
 
-def circuit_estimate(n_heads_total: int, method: str) -> float:
+def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect") -> float:
     """Planned forward passes of the circuit search: the geometric sizes with n = 0, about log2 of the total for
-    the bisection, one for necessity, one for the resampled batch."""
-    from circuitkit.circuits.faithfulness import geometric_sizes
+    the bisection, one for necessity, one for the resampled batch; the joint-path ranking's passes where it is
+    asked for (``"auto"`` adds them only when it turns to it: the plan is corrected then)."""
+    from circuitkit.circuits.faithfulness import DEFAULT_JOINT_STEPS, geometric_sizes
 
-    return len(geometric_sizes(n_heads_total)) + math.log2(max(2, n_heads_total)) + 1 + (method == "resample")
+    search = len(geometric_sizes(n_heads_total)) + math.log2(max(2, n_heads_total))
+    joint = 3 * DEFAULT_JOINT_STEPS if rank == "joint" else 0
+    return search + joint + 1 + (method == "resample")
 
 
-def circuit_stage(work: _Work, target: float, method: str, bar: Progress) -> None:
+def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progress) -> None:
     """The smallest set of top-ranked heads whose faithfulness reaches ``target`` (exact forward passes); heads
     ranked by exact single-head ablation where the scan ran it, else by the attribution estimate."""
     from circuitkit.circuits.faithfulness import Ablator, ablation_values, discover, rank_heads
@@ -297,7 +300,7 @@ def circuit_stage(work: _Work, target: float, method: str, bar: Progress) -> Non
         work.edge_tap.ctx.z_corrupt.update(values)
     try:
         work.verified = discover(Ablator(adapter, work.batch, values), order, target, method,
-                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance)
+                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
         work.verified, work.verified_error = None, str(error)
 
@@ -389,6 +392,7 @@ def scan(
     circuit: bool = True,
     target: float = DEFAULT_TARGET,
     faithfulness_method: str | None = None,
+    circuit_rank: str = "auto",
     roles: Sequence[Role] | None = None,
     device: str | torch.device | None = None,
     progress: bool | str | None = False,
@@ -412,6 +416,10 @@ def scan(
         target: the faithfulness the circuit must reach, in ``(0, 1]``.
         faithfulness_method: how heads outside the circuit are ablated: ``"mean"``, ``"zero"``, ``"resample"``
             (default: ``ablation_method``).
+        circuit_rank: the order heads join the circuit (:data:`circuitkit.circuits.faithfulness.RANKINGS`):
+            ``"effect"`` (exact single-head ablation where measured, else the estimate), ``"joint"`` (integrated
+            gradients along the joint all-ablated -> clean path: heads that matter together), ``"auto"``
+            (default: effect, and joint too where the effect ranking needs more than 10% of the heads).
         roles: the roles the answer gives circuit heads (default :data:`DEFAULT_ROLES`): :class:`Role` s or
             ``(name, score[, feeds])`` with any registered head score.
         device: where to run (default: the model's device).
@@ -422,7 +430,7 @@ def scan(
     Returns:
         :class:`~circuitkit.scan_types.Scan`; ``.save(dir)`` writes report.html and scores.json.
     """
-    from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, check_target
+    from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
 
     ablate = validate.option("scan: ablate", ablate, ABLATE_OPTIONS)
     ablate_top = validate.positive_int("scan: ablate_top", ablate_top)
@@ -433,6 +441,7 @@ def scan(
     target = check_target("scan: target", target)
     faithfulness_method = validate.option("scan: faithfulness_method", faithfulness_method or ablation_method,
                                           FAITHFULNESS_METHODS)
+    circuit_rank = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
     roles = check_roles(DEFAULT_ROLES if roles is None else roles)
     device = validate.device("scan: device", device)
     mode = progress_mode(progress)
@@ -455,7 +464,7 @@ def scan(
         "scores": 1 + ATTRIBUTION_COST,
         # the exact set is known after the first stage; planned here at its size bound
         "ablate": {"all": n_total, "top": min(n_total, ablate_top + 4), "none": 0}[ablate],
-        "circuit": circuit_estimate(n_total, faithfulness_method),
+        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank),
         "weights": WEIGHT_STAGE_COST,
         "edges": 1 + n_patch,
     }
@@ -471,7 +480,7 @@ def scan(
             bar.end()
         if circuit:
             bar.start("circuit")
-            circuit_stage(work, target, faithfulness_method, bar)
+            circuit_stage(work, target, faithfulness_method, circuit_rank, bar)
             bar.end()
         bar.start("weights")
         weights_stage(work, top_k)
@@ -501,6 +510,7 @@ def scan(
         n_patch=n_patch,
         target=target,
         faithfulness_method=faithfulness_method,
+        circuit_rank=circuit_rank,
         attribution_method=ATTRIBUTION_METHOD,
         attribution_steps=ATTRIBUTION_STEPS,
         roles=roles,

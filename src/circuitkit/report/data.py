@@ -292,6 +292,7 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         "curve": [{"n_heads": p.n_heads, "faithfulness": number(p.faithfulness), "loss": number(p.loss)}
                   for p in verified.curve],
         "passes": verified.passes,
+        "ranked_by": getattr(verified, "ranked_by", "effect"),
         "roles": {role: names(heads) for role, heads in verified.roles.items()},
         "edges": [
             {"src": head_name(r.src), "dst": head_name(r.dst), "channel": r.channel,

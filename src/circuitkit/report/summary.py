@@ -252,6 +252,7 @@ class Answer:
     necessity: float | None
     method: str
     passes: int
+    ranked_by: str  # "effect" | "joint"
     curve: tuple[tuple[int, float], ...]
     edges: tuple[AnswerEdge, ...]  # carrying edges between circuit heads, largest |effect| first
     n_silent: int  # patched edges between circuit heads that carry nothing
@@ -298,7 +299,8 @@ def find_answer(scan: Scan) -> Answer | None:
         circuit=circuit, n_total=scan.model.n_layers * scan.model.n_heads,
         faithfulness=float(verified.faithfulness), target=float(verified.target),
         necessity=None if verified.necessity is None else float(verified.necessity), method=verified.method,
-        passes=int(verified.passes), curve=tuple((p.n_heads, float(p.faithfulness)) for p in verified.curve),
+        passes=int(verified.passes), ranked_by=getattr(verified, "ranked_by", "effect"),
+        curve=tuple((p.n_heads, float(p.faithfulness)) for p in verified.curve),
         edges=edges, n_silent=len(rows) - len(carrying), weight_only=weight_only, outside=tuple(outside),
         first_copy=first, repeated_copies=repeated, agreement=agreement,
         attribution=f"integrated gradients, {steps} steps" if method == "ig" else "first-order gradient",
@@ -306,6 +308,7 @@ def find_answer(scan: Scan) -> Answer | None:
 
 
 ROLE_SHORT = {"induction": "induction", "previous-token": "prev-token"}
+RANKED_BY = {"effect": "their single-head ablation effect", "joint": "their joint-path attribution"}
 
 
 def _roles_text(roles: tuple[str, ...]) -> str:
@@ -324,7 +327,8 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
     out.append(("Circuit", parts))
     faith = [("num", f"{answer.faithfulness:.2f}"),
              ("text", f" (target {answer.target:.2f}; exact: every other head {answer.method}-ablated, the circuit "
-                      f"alone recovers {100 * answer.faithfulness:.0f}% of what all heads do; "
+                      f"alone recovers {100 * answer.faithfulness:.0f}% of what all heads do; heads added in the "
+                      f"order of {RANKED_BY.get(answer.ranked_by, answer.ranked_by)}; "
                       f"{answer.passes} forward passes)")]
     if answer.necessity is not None:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
