@@ -13,14 +13,15 @@ import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from circuitkit.ranking import Head, head_name
 
-if TYPE_CHECKING:
-    from circuitkit.report.summary import Answer, Story
-
 MODE_COLOURS = {"Q": "#3b6fb6", "K": "#2e9d5b", "V": "#d9822b"}
+MAX_NAMED = 4
+"""Heads named per role in the summary sentences and the diagram; the rest are counted ("and 3 more")."""
+ROLE_SHORT = {"induction": "induction", "previous-token": "prev-token"}
+"""Role names as the diagram and the answer write them."""
 GRAPH_WIDTH = 900
 MAX_LINK_LABELS = 2
 """The diagram writes scores on its links only up to this many (more cross and collide; the sentences and
@@ -59,11 +60,10 @@ def _node(x: float, y: float, head: Head, caption: str, colour: str) -> str:
     )
 
 
-def circuit_diagram(story: Story) -> str:
-    """Previous-token heads (left) -> induction heads (right), links labelled with the composition score (and
-    the causal edge effect where measured), and two bars: loss on the first copy vs the repeated copies."""
-    from circuitkit.report.summary import MAX_NAMED
-
+def circuit_diagram(story: Any) -> str:
+    """``story`` (:class:`circuitkit.report.summary.Story`): previous-token heads (left) -> induction heads
+    (right), links labelled with the composition score (and the causal edge effect where measured), and two bars:
+    loss on the first copy vs the repeated copies."""
     previous = [h for h, _ in story.previous][:MAX_NAMED]
     induction = [h for h, _ in story.induction][:MAX_NAMED]
     rows = max(len(previous), len(induction), 1)
@@ -142,12 +142,11 @@ def circuit_diagram(story: Story) -> str:
     return "".join(parts)
 
 
-def answer_diagram(answer: Answer) -> str:
+def answer_diagram(answer: Any) -> str:
     """The verified circuit: heads of roles that feed another role (previous-token) on the left, the other
     circuit heads on the right, the carrying edges between them coloured and sized by their exact effect (path
-    patching, labelled in nats). At most :data:`circuitkit.report.summary.MAX_NAMED` * 2 heads a side."""
-    from circuitkit.report.summary import MAX_NAMED, ROLE_SHORT
-
+    patching, labelled in nats). At most ``2 *`` :data:`MAX_NAMED` heads a side. ``answer``:
+    :class:`circuitkit.report.summary.Answer` (this module does not import the summary, which draws with it)."""
     limit = 2 * MAX_NAMED
     sources = {e.src for e in answer.edges} - {e.dst for e in answer.edges}
     left = [(h, roles) for h, roles in answer.circuit if h in sources][:limit]

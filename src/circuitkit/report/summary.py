@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from circuitkit.ranking import Head, head_name
 from circuitkit.report import data
+from circuitkit.report.figures import MAX_NAMED, ROLE_SHORT, answer_diagram, circuit_diagram, faithfulness_curve
 
 if TYPE_CHECKING:
     from circuitkit.scan_types import Scan
 
-MAX_NAMED = 4
-"""Heads named per role in the summary sentences and diagram; the rest are counted ("and 3 more")."""
 LINK_MODES = ("K", "Q")
 EFFECT_METHODS = {"patched": "path patching", "attribution": "edge attribution"}
 """Composition modes through which a previous-token head can feed an induction head's attention."""
@@ -206,8 +205,6 @@ def model_line(scan: Scan) -> str:
 def story_html(scan: Scan, *, diagram: bool = True) -> str:
     """The summary block: sentences and (``diagram``) the circuit diagram and faithfulness curve, as escaped HTML,
     no script. On the verified circuit where the scan found one (:func:`answer_html`)."""
-    from circuitkit.report.figures import answer_diagram, circuit_diagram, faithfulness_curve
-
     answer = find_answer(scan)
     if answer is not None:
         text = "".join(f"<p>{s}</p>" for s in answer_html(answer))
@@ -307,7 +304,6 @@ def find_answer(scan: Scan) -> Answer | None:
     )
 
 
-ROLE_SHORT = {"induction": "induction", "previous-token": "prev-token"}
 RANKED_BY = {"effect": "their single-head ablation effect", "joint": "their joint-path attribution"}
 
 
