@@ -11,9 +11,9 @@ The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which 
     ablate   exact ablation of the heads that count: the top ``ablate_top`` by |attribution| joined with the
              heads called induction / previous-token heads (``ablate="top"``), every head (``"all"``) or none;
              agreement of estimate and exact; the called heads ablated together
-    circuit  the verified circuit: heads ranked by exact ablation where measured, else the estimate; the
-             smallest top-n set whose faithfulness reaches ``target``, measured exactly
-             (:mod:`circuitkit.circuits.faithfulness`), and its necessity
+    circuit  the verified circuit: heads ranked by their joint-path attribution (or by exact ablation where
+             measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
+             exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity
     weights  Q/K/V composition + random baselines + top edges, QK/OV spectra (weights only, no forward pass)
     edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
              heads; then the roles the evidence gives the circuit's heads (:func:`circuit_roles`)
@@ -278,13 +278,14 @@ def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect") -> f
     from circuitkit.circuits.faithfulness import DEFAULT_JOINT_STEPS, geometric_sizes
 
     search = len(geometric_sizes(n_heads_total)) + math.log2(max(2, n_heads_total))
-    joint = 3 * DEFAULT_JOINT_STEPS if rank == "joint" else 0
+    joint = 3 * DEFAULT_JOINT_STEPS if rank == "joint" else 0  # "auto" adds them only where it turns to them
     return search + joint + 1 + (method == "resample")
 
 
 def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progress) -> None:
     """The smallest set of top-ranked heads whose faithfulness reaches ``target`` (exact forward passes); heads
-    ranked by exact single-head ablation where the scan ran it, else by the attribution estimate."""
+    ranked along the joint path (``rank="joint"``) or by exact single-head ablation where the scan ran it, else
+    by the attribution estimate (``"effect"``)."""
     from circuitkit.circuits.faithfulness import Ablator, ablation_values, discover, rank_heads
 
     adapter = work.adapter
@@ -392,7 +393,7 @@ def scan(
     circuit: bool = True,
     target: float = DEFAULT_TARGET,
     faithfulness_method: str | None = None,
-    circuit_rank: str = "auto",
+    circuit_rank: str = "joint",
     roles: Sequence[Role] | None = None,
     device: str | torch.device | None = None,
     progress: bool | str | None = False,
@@ -417,9 +418,10 @@ def scan(
         faithfulness_method: how heads outside the circuit are ablated: ``"mean"``, ``"zero"``, ``"resample"``
             (default: ``ablation_method``).
         circuit_rank: the order heads join the circuit (:data:`circuitkit.circuits.faithfulness.RANKINGS`):
-            ``"effect"`` (exact single-head ablation where measured, else the estimate), ``"joint"`` (integrated
-            gradients along the joint all-ablated -> clean path: heads that matter together), ``"auto"``
-            (default: effect, and joint too where the effect ranking needs more than 10% of the heads).
+            ``"joint"`` (default: integrated gradients along the joint all-ablated -> clean path, so heads that
+            matter together join together; about 9 passes), ``"effect"`` (exact single-head ablation where
+            measured, else the estimate; no extra pass), ``"auto"`` (effect, and joint too where the effect
+            ranking needs more than 10% of the heads).
         roles: the roles the answer gives circuit heads (default :data:`DEFAULT_ROLES`): :class:`Role` s or
             ``(name, score[, feeds])`` with any registered head score.
         device: where to run (default: the model's device).

@@ -62,7 +62,7 @@ class ScanSettings:
     n_patch: int = 16
     target: float = 0.8
     faithfulness_method: str = "mean"  # "mean" | "zero" | "resample"
-    circuit_rank: str = "auto"  # "auto" | "effect" | "joint"
+    circuit_rank: str = "joint"  # "joint" | "effect" | "auto"
     attribution_method: str = "gradient"  # "gradient" | "ig"
     attribution_steps: int = 1
     roles: tuple[Role, ...] = ()

@@ -277,7 +277,7 @@ def search(
     return high, all_ablated, measured[high][1], measured
 
 
-DEFAULT_JOINT_STEPS = 4
+DEFAULT_JOINT_STEPS = 3
 """Midpoints of the joint path from every head ablated to none (``alpha = (k + 1/2) / steps``) averaged by
 :func:`joint_attribution`; all of them run as stacked copies in one forward and one backward pass."""
 
@@ -349,7 +349,7 @@ def find_circuit(
     method: str = "mean",
     ranking: Tensor | Sequence[Head] | None = None,
     necessity: bool = True,
-    rank: str = "auto",
+    rank: str = "joint",
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
     device: str | torch.device | None = None,
 ) -> Circuit:
@@ -364,7 +364,7 @@ def find_circuit(
             head; default: the attribution estimate of each head's ablation (``method`` ``"zero"`` for zero,
             ``"mean"`` otherwise).
         necessity: also measure the loss rise with only the circuit ablated (one pass).
-        rank: :data:`RANKINGS` (``"auto"``: the effect ranking, and the joint path where that needs many heads).
+        rank: :data:`RANKINGS` (default ``"joint"``: heads that matter together join together).
     """
     target = check_target("find_circuit: target", target)
     method = validate.option("find_circuit: method", method, FAITHFULNESS_METHODS)
@@ -391,10 +391,11 @@ def find_circuit(
                     extra_passes=passes, rank=rank)
 
 
-RANKINGS = ("auto", "effect", "joint")
-"""How heads are ordered for the search: by their single-head effect (``"effect"``), by the joint-path share
-(:func:`joint_attribution`, ``"joint"``), or ``"auto"``: by effect, and by the joint path too where the effect
-ranking needs more than :data:`JOINT_FALLBACK_SHARE` of the heads (the smaller circuit wins)."""
+RANKINGS = ("joint", "effect", "auto")
+"""How heads are ordered for the search: by the joint-path share (:func:`joint_attribution`, ``"joint"``, the
+default: about ``3 * DEFAULT_JOINT_STEPS`` passes), by their single-head effect (``"effect"``: no extra pass), or
+``"auto"``: by effect, and by the joint path too where the effect ranking needs more than
+:data:`JOINT_FALLBACK_SHARE` of the heads (the smaller circuit wins; the most passes)."""
 JOINT_FALLBACK_SHARE = 0.1
 """``"auto"`` tries the joint-path ranking when the single-head ranking's circuit holds more than this share of
 the heads: there heads that matter only together are likely being missed, and the extra passes are worth it."""
