@@ -191,9 +191,10 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
         result = ck.scan(model, tokens=tokens, ablate="none")
     finally:
         handle.remove()
-    # the scan's clean pass with attribution, the circuit search's passes and the evidence's corrupted pass;
-    # patching resumes mid-model
-    assert len(embedded) == 2 + len(searched)
+    # the scan's clean pass with attribution, the circuit search's passes (the joint-path ranking's one stacked
+    # pass, the stacked faithfulness passes) and the evidence's corrupted pass; patching resumes mid-model
+    assert result.verified.ranked_by == "joint"
+    assert len(embedded) == 2 + 1 + len(searched)
     composition = {mode.lower(): scores for mode, scores in result.composition.items()}
     ctx = context(model, tokens, "resample", DEFAULT_CORRUPT_SEED, None, "test")
     alone = evidence_in(ctx, resolve_metric("loss", "test"), composition, result.settings.top_k,
