@@ -217,6 +217,7 @@ def test_progress_plan_equals_the_stages_run_and_ends_at_the_work_done(model, ab
 
     result = ck.scan(model, tokens=RepeatedTokens(batch=2), ablate=ablate, progress="lines")
     lines = capsys.readouterr().err.strip().splitlines()
+    assert lines.pop(0) == "scan: preparing the model and the batch"  # printed before anything is loaded
     ran = [stage.name for stage in result.stages]
     assert ran == stage_plan(ablate, True, 2)
     assert lines[0].startswith(f"scan: {len(ran)} stages ({', '.join(ran)})")
@@ -257,7 +258,8 @@ def test_non_terminal_cli_prints_stage_lines_and_the_answer(tmp_path, capsys):
     assert main(["scan", "--out", str(tmp_path), "--batch", "4"]) == 0
     captured = capsys.readouterr()
     err = captured.err.splitlines()
-    assert err[0].startswith("scan: 5 stages (scores, ablate, circuit, weights, edges)")
+    assert err[0] == "scan: preparing the model and the batch"
+    assert err[1].startswith("scan: 5 stages (scores, ablate, circuit, weights, edges)")
     assert sum(line.startswith("scan [") for line in err) == 5
     out = " ".join(captured.out.split())
     for label in ("Circuit:", "Faithfulness:", "Necessity", "Edges: exact effect on the loss, path patching",

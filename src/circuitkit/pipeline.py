@@ -449,6 +449,8 @@ def scan(
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise validate.fail("scan: name", name, "a non-empty string")
+    if mode == "lines":  # the first line at once: loading a model can take a while
+        print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     if model is None or isinstance(model, (str, os.PathLike)):
         from circuitkit import zoo
         from circuitkit.models.loading import load_model

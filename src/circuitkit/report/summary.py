@@ -260,6 +260,7 @@ class Answer:
     repeated_copies: float | None
     agreement: tuple[float, int, tuple[Head, float, float] | None] | None  # (spearman, n_exact, largest miss)
     attribution: str  # "gradient" | "ig", with steps
+    top_k: int = 5  # the circuit's edges named (the scan's top_k setting)
 
 
 def find_answer(scan: Scan) -> Answer | None:
@@ -300,6 +301,7 @@ def find_answer(scan: Scan) -> Answer | None:
         curve=tuple((p.n_heads, float(p.faithfulness)) for p in verified.curve),
         edges=edges, n_silent=len(rows) - len(carrying), weight_only=weight_only, outside=tuple(outside),
         first_copy=first, repeated_copies=repeated, agreement=agreement,
+        top_k=int(scan.settings.top_k),
         attribution=f"integrated gradients, {steps} steps" if method == "ig" else "first-order gradient",
     )
 
@@ -332,13 +334,13 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
     out.append(("Faithfulness", faith))
     if answer.edges:
         parts = [("text", "exact effect on the loss, path patching, nats: ")]
-        for i, e in enumerate(answer.edges[:MAX_EDGES]):
+        for i, e in enumerate(answer.edges[:answer.top_k]):
             if i:
                 parts.append(("text", "; "))
             parts += [("head", e.src), ("text", " \u2192 "), ("head", e.dst),
                       ("text", f" {e.channel.upper()} "), ("num", f"{e.effect:+.2f}")]
-        if len(answer.edges) > MAX_EDGES:
-            parts.append(("text", f"; {len(answer.edges) - MAX_EDGES} more"))
+        if len(answer.edges) > answer.top_k:
+            parts.append(("text", f"; {len(answer.edges) - answer.top_k} more"))
         if answer.n_silent:
             parts.append(("text", f" ({answer.n_silent} other patched edges between circuit heads carry nothing)"))
         out.append(("Edges", parts))
@@ -380,7 +382,8 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
 
 
 MAX_EDGES = 6
-"""Edges named in an answer sentence; the rest are counted."""
+"""Weight-only edges and heads outside the circuit named in an answer sentence (the circuit's edges: the scan's
+``top_k``); the rest are counted."""
 
 
 def answer_html(answer: Answer) -> list[str]:
