@@ -223,7 +223,10 @@ class Scan:
         return (
             f"Scan({m.name}: {m.n_layers} layers x {m.n_heads} heads; induction heads "
             f"{[f'{a}.{b}' for a, b in self.induction_heads]}, previous-token heads "
-            f"{[f'{a}.{b}' for a, b in self.previous_token_heads]})"
+            f"{[f'{a}.{b}' for a, b in self.previous_token_heads]}"
+            + ("" if self.verified is None else f"; circuit {[f'{a}.{b}' for a, b in self.verified.heads]} "
+               f"faithfulness {self.verified.faithfulness:.2f}")
+            + ")"
         )
 
 
