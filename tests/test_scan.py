@@ -193,19 +193,23 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
         handle.remove()
     # the scan's clean pass with attribution, the circuit search's passes (the joint-path ranking's one stacked
     # pass, the stacked faithfulness passes) and the evidence's corrupted pass; patching resumes mid-model
-    assert result.verified.ranked_by == "joint"
-    assert len(embedded) == 2 + 1 + len(searched)
+    # (a random model whose heads together barely move the loss has no circuit: one pass finds that out, the
+    # joint-path ranking is not run, and the top edges by attribution are patched instead)
+    joint = result.verified is not None
+    assert not joint or result.verified.ranked_by == "joint"
+    assert len(embedded) == 2 + joint + len(searched)
     composition = {mode.lower(): scores for mode, scores in result.composition.items()}
     ctx = context(model, tokens, "resample", DEFAULT_CORRUPT_SEED, None, "test")
     alone = evidence_in(ctx, resolve_metric("loss", "test"), composition, result.settings.top_k,
-                        result.settings.n_patch, result.verified.heads)
+                        result.settings.n_patch, result.verified.heads if joint else None)
     scale = float(alone.attribution.scores.nan_to_num().abs().max())
     torch.testing.assert_close(result.circuit.attribution.scores, alone.attribution.scores, equal_nan=True,
                                atol=1e-5 * scale, rtol=1e-4)
     assert [r.name for r in result.circuit.rows] == [r.name for r in alone.rows]
     torch.testing.assert_close(result.circuit.patching.effects, alone.patching.effects, atol=1e-6, rtol=1e-4)
-    members = set(result.verified.heads)
-    assert all(e.src in members and e.dst in members for e in result.circuit.patching.edges)
+    if joint:
+        members = set(result.verified.heads)
+        assert all(e.src in members and e.dst in members for e in result.circuit.patching.edges)
 
 
 # ---------------------------------------------------------------------- progress that tells the truth
