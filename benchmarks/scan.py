@@ -15,6 +15,12 @@ Ratio = scan seconds / forward seconds. Target: ``ablate="top"`` <= 30x. The agr
 result's own ``agreement`` (Spearman rank correlation of attribution vs exact over the exactly ablated heads,
 and the largest miss |estimate - exact|).
 
+Stage breakdown: for the ``ablate="top"`` scan, each stage (``scores, ablate, circuit, weights, edges``) in forward
+passes two ways: *counted* (the scan's own count: batch copies run, a resumed pass as the fraction of layers it runs)
+and *timed* (the stage's wall seconds / one forward pass). The circuit found by faithfulness (its size, share of the
+heads, faithfulness, necessity) is listed too. On random weights there is no induction circuit: the circuit is the
+set of heads that carries the loss of a random model, and the figures measure cost, not discovery.
+
 Run: ``python benchmarks/scan.py [--json out.json] [--quick] [--no-all] [--threads N]``. Prints a table, then
 the same numbers as JSON. Forward timings are medians of ``--repeats`` runs (half before, half after the scans,
 so load from other processes falls on both); each scan runs once after a warm-up scan of the zoo model.
@@ -124,9 +130,22 @@ def bench(label: str, model: Any, *, repeats: int, run_all: bool) -> dict[str, A
         "induction_heads": [f"{a}.{b}" for a, b in top.induction_heads],
         "previous_token_heads": [f"{a}.{b}" for a, b in top.previous_token_heads],
     }
+    row["stages"] = [{"stage": st.name, "passes_counted": st.passes, "seconds": st.seconds,
+                      "passes_timed": st.seconds / forward} for st in top.stages]
+    row["circuit"] = circuit_row(top, spec.n_layers * spec.n_heads)
     if every is not None:
         row.update(scan_all_s=all_s, ratio_all=all_s / forward, agreement_all=agreement_row(every))
     return row
+
+
+def circuit_row(result: Any, n_total: int) -> dict[str, Any]:
+    v = result.verified
+    if v is None:
+        return {"n_heads": None, "error": result.verified_error}
+    return {"n_heads": len(v.heads), "share": len(v.heads) / n_total, "faithfulness": v.faithfulness,
+            "necessity": v.necessity, "target": v.target, "passes": v.passes,
+            "curve": [(p.n_heads, p.faithfulness) for p in v.curve],
+            "edges_patched": 0 if v.edges is None else len(v.edges.edges)}
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -174,6 +193,17 @@ def main() -> None:
             f"{fmt(r['agreement_top']['spearman'], '>7.3f')} "
             f"{fmt((r.get('agreement_all') or {}).get('spearman'), '>7.3f')}  {miss_text}"
         )
+    print()
+    print(f"{'model':<30} {'stage':<8} {'counted':>8} {'timed':>8} {'seconds':>8}")
+    for r in rows:
+        for st in r["stages"]:
+            print(f"{r['model']:<30} {st['stage']:<8} {st['passes_counted']:>7.1f}x {st['passes_timed']:>7.1f}x "
+                  f"{st['seconds']:>7.2f}s")
+        c = r["circuit"]
+        text = (f"circuit {c['n_heads']} heads ({100 * c['share']:.0f}%), faithfulness {c['faithfulness']:.3f}, "
+                f"necessity {c['necessity']:+.2f} nats, {c['passes']} passes, {c['edges_patched']} edges patched"
+                if c["n_heads"] is not None else f"no circuit: {c['error']}")
+        print(f"{r['model']:<30} {text}")
     print(f"target: scan(ablate='top') <= {TARGET_RATIO:.0f}x one forward pass of the scan's batch ('no edges': "
           "circuit=False, without the edge attribution and path patching); "
           f"torch threads {torch.get_num_threads()}")

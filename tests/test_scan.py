@@ -170,26 +170,105 @@ def test_circuit_ablated_together_equals_hand_written_hooks(model, result):
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2], ids=["mha", "gqa"])
-def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence(kv_heads):
+def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence(kv_heads, monkeypatch):
     """The scan's edge attribution takes its clean half from the scan's own attribution pass (one backward of the
-    same loss); the table equals a standalone circuit_evidence on the same batch and composition scores."""
-    from circuitkit.circuits import circuit_evidence
+    same loss); the table equals a standalone evidence computation on the same batch and composition scores,
+    patching the edges between the circuit's heads."""
+    from circuitkit.circuits import faithfulness
+    from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
+    from circuitkit.circuits.evidence import evidence_in
+    from circuitkit.circuits.metrics import resolve_metric
     from tests.conftest import boot_bridge
 
     model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=kv_heads, seed=7)
     tokens = RepeatedTokens(block_len=6, batch=3, bos=False)
-    embedded = []
+    embedded, searched = [], []
+    original = faithfulness.Ablator._pass
+    monkeypatch.setattr(faithfulness.Ablator, "_pass", lambda self, ablated: searched.append(1) or original(
+        self, ablated))
     handle = model.embed.register_forward_hook(lambda *args: embedded.append(1))
     try:
         result = ck.scan(model, tokens=tokens, ablate="none")
     finally:
         handle.remove()
-    # the scan's clean pass with attribution and the evidence's corrupted pass; patching resumes mid-model
-    assert len(embedded) == 2
+    # the scan's clean pass with attribution, the circuit search's passes (the joint-path ranking's one stacked
+    # pass, the stacked faithfulness passes) and the evidence's corrupted pass; patching resumes mid-model
+    # (a random model whose heads together barely move the loss has no circuit: one pass finds that out, the
+    # joint-path ranking is not run, and the top edges by attribution are patched instead)
+    joint = result.verified is not None
+    assert not joint or result.verified.ranked_by == "joint"
+    assert len(embedded) == 2 + joint + len(searched)
     composition = {mode.lower(): scores for mode, scores in result.composition.items()}
-    alone = circuit_evidence(model, composition, tokens=tokens, top_k=result.settings.top_k)
+    ctx = context(model, tokens, "resample", DEFAULT_CORRUPT_SEED, None, "test")
+    alone = evidence_in(ctx, resolve_metric("loss", "test"), composition, result.settings.top_k,
+                        result.settings.n_patch, result.verified.heads if joint else None)
     scale = float(alone.attribution.scores.nan_to_num().abs().max())
     torch.testing.assert_close(result.circuit.attribution.scores, alone.attribution.scores, equal_nan=True,
                                atol=1e-5 * scale, rtol=1e-4)
     assert [r.name for r in result.circuit.rows] == [r.name for r in alone.rows]
     torch.testing.assert_close(result.circuit.patching.effects, alone.patching.effects, atol=1e-6, rtol=1e-4)
+    if joint:
+        members = set(result.verified.heads)
+        assert all(e.src in members and e.dst in members for e in result.circuit.patching.edges)
+
+
+# ---------------------------------------------------------------------- progress that tells the truth
+@pytest.mark.parametrize("ablate", ["top", "all", "none"])
+def test_progress_plan_equals_the_stages_run_and_ends_at_the_work_done(model, ablate, capsys):
+    """The plan (stage names announced in the first line) is the list of stages that ran; each stage line reports
+    the passes it cost; the total announced at the end is their sum (the bar's total is the work done)."""
+    from circuitkit.pipeline import stage_plan
+
+    result = ck.scan(model, tokens=RepeatedTokens(batch=2), ablate=ablate, progress="lines")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines.pop(0) == "scan: preparing the model and the batch"  # printed before anything is loaded
+    ran = [stage.name for stage in result.stages]
+    assert ran == stage_plan(ablate, True, True)
+    assert lines[0].startswith(f"scan: {len(ran)} stages ({', '.join(ran)})")
+    stage_lines = [line for line in lines if line.startswith("scan [")]
+    assert [line.split("] ")[1].split()[0] for line in stage_lines] == ran
+    assert lines[-1].startswith(f"scan: done, {sum(s.passes for s in result.stages):.1f} forward passes")
+    if ablate == "none":
+        assert "ablate" not in ran
+    else:  # the ablate stage's passes are counted from the heads actually ablated (resumed at their layer)
+        from circuitkit.pipeline import ablation_cost
+
+        heads = [tuple(h) for h in result.ablation.exact.nonzero().tolist()]
+        groups = len(result.circuit_ablation)
+        stage = next(s for s in result.stages if s.name == "ablate")
+        assert stage.passes == pytest.approx(ablation_cost(heads, 2, True) + groups)
+
+
+def test_progress_bar_ends_at_100_percent(model):
+    import io
+
+    from circuitkit.pipeline import Progress
+
+    stream = io.StringIO()
+    bar = Progress("bar", [("scores", 4.0), ("ablate", 20.0)], stream=stream)
+    bar.start("scores")
+    bar.advance(4.0)
+    bar.end()
+    bar.start("ablate", 6.0)  # the plan is corrected once the ablation set is known
+    bar.advance(5.5)
+    bar.end()
+    assert bar.bar.n == pytest.approx(bar.bar.total) and bar.bar.total == pytest.approx(9.5)
+    bar.close()
+
+
+def test_non_terminal_cli_prints_stage_lines_and_the_answer(tmp_path, capsys):
+    """Without a terminal (pytest captures both streams) the CLI prints one line per stage on stderr, the first at
+    once, and after the table the answer: circuit, faithfulness, edges with exact effects, loss."""
+    assert main(["scan", "--out", str(tmp_path), "--batch", "4"]) == 0
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert err[0] == "scan: preparing the model and the batch"
+    assert err[1].startswith("scan: 5 stages (scores, ablate, circuit, weights, edges)")
+    assert sum(line.startswith("scan [") for line in err) == 5
+    out = " ".join(captured.out.split())
+    for label in ("Circuit:", "Faithfulness:", "Necessity", "Edges: exact effect on the loss, path patching",
+                  "Loss: repeated copies"):
+        assert label in out, label
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert f"Faithfulness: {scores['circuit']['faithfulness']:.2f}" in out
+    assert all(name in out for name in scores["circuit"]["heads"])

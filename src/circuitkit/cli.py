@@ -152,7 +152,7 @@ def run_scan(args: argparse.Namespace) -> int:
         model = load_model(model, device=args.device, allow_download=args.allow_download)
 
     check_memory(model, args.batch, args.block_len, circuit=not (args.no_circuit or args.quick), device=args.device)
-    progress = True if sys.stderr.isatty() else False
+    progress = True  # a bar on a terminal, one line per stage in a log or a pipe
     result = ck.scan(
         model,
         tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
@@ -175,6 +175,7 @@ def run_scan(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False)
     console.print(ranked_table(result, sort=args.sort))
+    print_answer(console, result)
     console.print(f"wrote {saved.report} and {saved.scores}")
     for path in saved.pngs:
         console.print(f"wrote {path}")
@@ -370,6 +371,18 @@ def run_track(args: argparse.Namespace) -> int:
     for path in saved.pngs:
         print(f"wrote {path}")
     return 0
+
+
+def print_answer(console: Any, scan: Any) -> None:
+    """The report's answer box in a few lines (circuit, roles, exact edge effects, faithfulness, loss): the same
+    :class:`circuitkit.report.summary.Answer` the HTML writes."""
+    from rich.markup import escape
+
+    from circuitkit.report.summary import answer_lines
+
+    for line in answer_lines(scan):
+        label, _, rest = line.partition(": ")
+        console.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
 
 
 COMMANDS = {"scan": run_scan, "track": run_track}

@@ -3,17 +3,23 @@
 (The module is called ``pipeline``, not ``scan``: a submodule named like the public function would replace
 ``circuitkit.scan`` on import.)
 
-The path of data, each pass done once::
+The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which run)::
 
-    tokens (RepeatedTokens)  ->  one forward + one backward pass: every head's pattern scores, per-token losses,
-                                 mean z per head, residual streams (for resumed ablation), and attribution:
-                                 a first-order ablation estimate for every head
-                             ->  exact ablation of the heads that count: the top ``ablate_top`` by |attribution|
-                                 joined with the heads called induction / previous-token heads (``ablate="top"``),
-                                 every head (``"all"``) or none; agreement of estimate and exact;
-                                 the called induction / previous-token heads ablated together
-    weights (HeadWeights)    ->  Q/K/V composition + random baselines + top edges, QK/OV spectra
-                             ->  edge-level causal evidence (edge attribution, path patching of the top edges)
+    scores   tokens (RepeatedTokens) -> one forward + one backward pass: every head's pattern scores, per-token
+             losses, mean z per head, residual streams (for resumed ablation), attribution (a first-order ablation
+             estimate for every head) and the clean half of edge attribution
+    ablate   exact ablation of the heads that count: the top ``ablate_top`` by |attribution| joined with the
+             heads called induction / previous-token heads (``ablate="top"``), every head (``"all"``) or none;
+             agreement of estimate and exact; the called heads ablated together
+    circuit  the verified circuit: heads ranked by their joint-path attribution (or by exact ablation where
+             measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
+             exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity
+    weights  Q/K/V composition + random baselines + top edges, QK/OV spectra (weights only, no forward pass)
+    edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
+             heads; then the roles the evidence gives the circuit's heads (:func:`circuit_roles`)
+
+Progress (:class:`Progress`) is planned in forward passes from these stages, corrected to the measured cost as
+each stage ends (the bar ends at 100%); without a terminal it prints one line per stage.
 
 A head is *called* an induction (previous-token) head when its score is at least
 :data:`HEAD_CALL_THRESHOLD` and at least :data:`HEAD_CALL_NEUTRAL_RATIO` times what a uniformly attending head
@@ -22,12 +28,18 @@ scores on the same batch (the score definition's ``neutral``).
 
 from __future__ import annotations
 
+import math
 import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from circuitkit import validate
+from circuitkit.circuits.faithfulness import DEFAULT_TARGET
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
@@ -35,12 +47,17 @@ from circuitkit.detect.attribution import attribute
 from circuitkit.detect.loss import summarise
 from circuitkit.detect.scores import HeadScores, PatternCollector
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.errors import CircuitkitError
+from circuitkit.memory import check_memory
 from circuitkit.models.contract import ModelAdapter, adapt
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_heads
-from circuitkit.scan_types import HeadEffects, ModelSummary, Scan, ScanSettings
+from circuitkit.scan_types import HeadEffects, ModelSummary, Role, Scan, ScanSettings, StageRecord
 
 ABLATE_OPTIONS = ("top", "all", "none")
 DEFAULT_ABLATE_TOP = 16
+DEFAULT_N_PATCH = 16
+"""Edges between the circuit's heads path-patched exactly (those with the largest |edge attribution|)."""
 COMPOSITION_MODES = ("Q", "K", "V")
 SPECTRA = ("QK", "OV")
 
@@ -49,32 +66,333 @@ HEAD_CALL_THRESHOLD = 0.3
 HEAD_CALL_NEUTRAL_RATIO = 3.0
 """...and only if it scores at least this many times a uniformly attending head on the same batch."""
 
+DEFAULT_ROLES = (Role("induction", "induction"), Role("previous-token", "previous_token", feeds="induction"))
+"""The roles the answer gives circuit heads: induction heads, and previous-token heads that feed one."""
+
+ATTRIBUTION_METHOD = "gradient"
+"""How the scan's attribution estimates are computed: ``"gradient"`` (first order) or ``"ig"`` (integrated
+gradients); recorded in ``scores.json``."""
+ATTRIBUTION_STEPS = 1
+"""Integration steps of the head attribution (1: the plain gradient). Heads stay first order in the scan: the
+integrated path that ranks heads like exact ablation (each layer's own, ``path="layer"``) costs about
+``1 + (L + 1) / 2`` gradient passes (about 50 forward passes at 30 layers), the heads that count are ablated
+exactly anyway, and the circuit search ranks heads with its own joint-path integrated gradients."""
+EDGE_ATTRIBUTION_STEPS = 2
+"""Integration steps of the scan's edge attribution (inputs path, EAP-IG). Two steps put the bundled model's
+exact top 3 edges first, in order (first order: its strongest edge estimated at a tenth of its exact effect),
+for one more gradient pass; the edges that count are then path-patched exactly."""
+
+
 ATTRIBUTION_COST = 3.0
-"""Progress units of one forward + backward pass, in forward passes (a backward costs about two forwards)."""
-EDGE_ATTRIBUTION_COST = 2.0
-"""Progress units of edge attribution in the scan (its corrupted pass and the contraction; the clean half rides on
-the attribution pass). Path patching adds about one pass per patched edge (``top_k`` of them)."""
+"""Forward passes of one forward + backward pass (a backward costs about two forwards)."""
+WEIGHT_STAGE_COST = 0.0
+"""Composition and spectra read the weights only: no forward pass."""
 
 
-class _Progress:
-    """One bar over the scan's stages, in units of one forward pass over the batch, with tqdm's estimate."""
+# ---------------------------------------------------------------------------------------------- progress
+class Progress:
+    """The scan's progress over its stages, in forward passes of the batch.
 
-    def __init__(self, enabled: bool | None, total: float) -> None:
-        from tqdm.auto import tqdm
+    ``plan``: the stage names the scan will run (known from its settings before the first pass); each stage's
+    estimate is replaced by its measured cost when it ends, so the total is the work done and the bar ends at
+    100%. ``mode``: ``"bar"`` (tqdm, for a terminal), ``"lines"`` (one line per stage on ``stream``: a log or a
+    pipe; the first at once), or ``"off"``."""
 
-        self.bar = tqdm(total=round(total, 2), disable=not enabled if enabled is not None else None,
-                        desc="scan", unit="pass", bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+    def __init__(self, mode: str, plan: list[tuple[str, float]], stream: Any = None) -> None:
+        self.mode = mode
+        self.plan = [name for name, _ in plan]
+        self.estimates = dict(plan)
+        self.ran: list[StageRecord] = []
+        self.stream = stream if stream is not None else sys.stderr
+        self.current: str | None = None
+        self.done = 0.0
+        self.stage_passes = 0.0
+        self.bar = None
+        self.started = time.perf_counter()
+        total = sum(self.estimates.values())
+        if mode == "bar":
+            from tqdm.auto import tqdm
 
-    def stage(self, name: str) -> None:
-        self.bar.set_description_str(f"scan: {name}")
+            self.bar = tqdm(total=round(total, 2), desc="scan", unit="pass", file=self.stream,
+                            bar_format="{desc:<16}{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} passes "
+                            "[{elapsed}<{remaining}]")
+        elif mode == "lines":
+            self._line(f"scan: {len(self.plan)} stages ({', '.join(self.plan)}), about {total:.0f} forward passes")
 
-    def advance(self, units: float) -> None:
-        self.bar.update(round(units, 2))
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def _total(self) -> float:
+        return sum(self.estimates.values())
+
+    def start(self, name: str, estimate: float | None = None) -> None:
+        self.current, self.stage_passes, self.stage_started = name, 0.0, time.perf_counter()
+        if estimate is not None:
+            self.estimates[name] = estimate
+        if self.bar is not None:
+            self.bar.total = round(self._total(), 2)
+            self.bar.set_description_str(f"scan: {name}")
+            self.bar.refresh()
+
+    def advance(self, passes: float) -> None:
+        self.stage_passes += passes
+        if self.bar is not None:
+            shown = min(self.stage_passes, self.estimates[self.current])
+            self.bar.n = round(self.done + shown, 2)
+            self.bar.refresh()
+
+    def end(self, passes: float | None = None) -> None:
+        """End the current stage; its cost is ``passes`` (default: what was advanced)."""
+        name = self.current
+        passes = self.stage_passes if passes is None else passes
+        seconds = time.perf_counter() - self.stage_started
+        self.estimates[name] = passes
+        self.done += passes
+        self.ran.append(StageRecord(name, passes, seconds))
+        if self.bar is not None:
+            self.bar.total = round(self._total(), 2)
+            self.bar.n = round(self.done, 2)
+            self.bar.refresh()
+        elif self.mode == "lines":
+            self._line(f"scan [{len(self.ran)}/{len(self.plan)}] {name:<8} {passes:6.1f} passes {seconds:7.2f} s")
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+        elif self.mode == "lines" and len(self.ran) == len(self.plan):
+            total = sum(r.passes for r in self.ran)
+            self._line(f"scan: done, {total:.1f} forward passes in {time.perf_counter() - self.started:.2f} s")
 
 
+def progress_mode(progress: Any, stream: Any = None) -> str:
+    """``progress`` (True / False / None / ``"bar"`` / ``"lines"``) as a mode: True and None draw a bar on a
+    terminal and print lines elsewhere (None: nothing elsewhere)."""
+    if isinstance(progress, str):
+        return validate.option("scan: progress", progress, ("bar", "lines", "off"))
+    if progress is not None:
+        progress = validate.boolean("scan: progress", progress)
+        if not progress:
+            return "off"
+    stream = stream if stream is not None else sys.stderr
+    terminal = bool(getattr(stream, "isatty", lambda: False)())
+    if terminal:
+        return "bar"
+    return "lines" if progress else "off"
+
+
+# ---------------------------------------------------------------------------------------------- the stages
+@dataclass
+class _Work:
+    """What the stages hand each other."""
+
+    adapter: ModelAdapter
+    batch: TokenBatch
+    weights: Any
+    edge_tap: Any = None
+    attribution: HeadEffects | None = None
+    run: Any = None
+    head_scores: HeadScores | None = None
+    loss: Any = None
+    ablation: HeadEffects | None = None
+    agreement: Any = None
+    circuit_ablation: dict[str, float] = field(default_factory=dict)
+    composition: dict = field(default_factory=dict)
+    baselines: dict = field(default_factory=dict)
+    edges: dict = field(default_factory=dict)
+    spectra: dict = field(default_factory=dict)
+    evidence: Any = None
+    verified: Any = None
+    verified_error: str | None = None
+
+
+STAGE_NAMES = {
+    "scores": "one forward + backward pass: pattern scores, loss, every head's attribution estimate",
+    "ablate": "exact ablation of the chosen heads, then the called heads together",
+    "circuit": "circuit search: faithfulness of the top-n heads, exactly",
+    "weights": "composition and QK/OV spectra (weights only)",
+    "edges": "edge attribution and exact path patching of the circuit's edges",
+}
+"""The scan's stages, in order (short names that fit a progress bar; what each does)."""
+
+
+def stage_plan(ablate: str, circuit: bool, with_edges: bool) -> list[str]:
+    """The stages a scan with these settings runs, in order (``with_edges``: edge evidence applies: a circuit
+    search asked for, two layers or more, heads that add into the residual stream)."""
+    plan = ["scores"]
+    if ablate != "none":
+        plan.append("ablate")
+    if circuit:
+        plan.append("circuit")
+    plan.append("weights")
+    if circuit and with_edges:
+        plan.append("edges")
+    return plan
+
+
+def scores_stage(work: _Work, ablation_method: str, resumable: bool, with_edges: bool, bar: Progress) -> None:
+    """One forward (+ one backward) pass: head scores, the loss, mean z, residual streams, head attribution and
+    the clean half of edge attribution."""
+    adapter, batch = work.adapter, work.batch
+    spec = adapter.spec
+    collector = PatternCollector(adapter, batch)
+    work.edge_tap = _edge_tap(adapter, batch, work.weights) if with_edges else None
+    work.attribution, work.run = attribute(
+        adapter,
+        batch,
+        ablation_method,
+        resid_layers=range(1, spec.n_layers) if resumable else (),
+        observers=collector.hooks(),
+        taps=[work.edge_tap] if work.edge_tap is not None else [],
+    )
+    work.head_scores = collector.result(work.weights)
+    work.loss = summarise(work.run.losses, batch)
+    bar.advance(1 + ATTRIBUTION_COST)
+
+
+def ablation_cost(heads: list[Head], n_layers: int, resumable: bool) -> float:
+    """Forward passes of exact single-head ablation: one batch copy per head, from its layer on when resumed."""
+    return sum((n_layers - layer) / n_layers if resumable and layer > 0 else 1.0 for layer, _ in heads)
+
+
+def ablation_groups(head_scores: HeadScores) -> dict[str, tuple[Head, ...]]:
+    induction = called_heads(head_scores, "induction")
+    previous = called_heads(head_scores, "previous_token")
+    groups = {"induction heads": induction, "previous-token heads": previous, "circuit": induction + previous}
+    return {label: heads for label, heads in groups.items() if heads}
+
+
+def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str, resumable: bool,
+                 bar: Progress) -> None:
+    """Exact ablation of the heads that count, their agreement with the estimate, the called heads together."""
+    adapter, spec = work.adapter, work.adapter.spec
+    groups = ablation_groups(work.head_scores)
+    called = groups.get("circuit", ())
+    chosen = exact_set(work.attribution, ablate, ablate_top, called)
+    per_head = {head: ablation_cost([head], spec.n_layers, resumable) for head in chosen}
+    bar.start("ablate", sum(per_head.values()) + len(groups))
+    done = iter(chosen)
+    work.ablation = ablate_heads(
+        adapter, work.run, chosen, ablation_method, resume=resumable,
+        progress=lambda n: bar.advance(sum(per_head[next(done)] for _ in range(n))),
+    )
+    work.agreement = agreement(work.attribution, work.ablation)
+    for label, heads in groups.items():
+        work.circuit_ablation[label] = ablate_together(adapter, work.run, list(heads), ablation_method)
+        bar.advance(1)
+
+
+def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect") -> float:
+    """Planned forward passes of the circuit search: the geometric sizes with n = 0, about log2 of the total for
+    the bisection, one for necessity, one for the resampled batch; the joint-path ranking's passes where it is
+    asked for (``"auto"`` adds them only when it turns to it: the plan is corrected then)."""
+    from circuitkit.circuits.faithfulness import DEFAULT_JOINT_STEPS, geometric_sizes
+
+    search = len(geometric_sizes(n_heads_total)) + math.log2(max(2, n_heads_total))
+    joint = 3 * DEFAULT_JOINT_STEPS if rank == "joint" else 0  # "auto" adds them only where it turns to them
+    return search + joint + 1 + (method == "resample")
+
+
+def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progress) -> None:
+    """The smallest set of top-ranked heads whose faithfulness reaches ``target`` (exact forward passes); heads
+    ranked along the joint path (``rank="joint"``) or by exact single-head ablation where the scan ran it, else
+    by the attribution estimate (``"effect"``)."""
+    from circuitkit.circuits.faithfulness import Ablator, ablation_values, discover, rank_heads
+
+    adapter = work.adapter
+    effect = work.attribution.effect.clone()
+    if work.ablation is not None and work.ablation.exact is not None:
+        effect = torch.where(work.ablation.exact, work.ablation.effect, effect)
+    order = rank_heads(effect)
+    corrupt_z = work.edge_tap.ctx.z_corrupt if work.edge_tap is not None else None
+    values, passes = ablation_values(adapter, work.batch, method, z_means=work.run.z_means, corrupt_z=corrupt_z)
+    bar.advance(passes)
+    if method == "resample" and work.edge_tap is not None and work.edge_tap.ctx.corrupt == "resample":
+        # the same resampled batch (seed) as edge attribution's corrupted run: that run is then not needed
+        work.edge_tap.ctx.z_corrupt.update(values)
+    try:
+        work.verified = discover(Ablator(adapter, work.batch, values), order, target, method,
+                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank)
+    except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
+        work.verified, work.verified_error = None, str(error)
+
+
+def weights_stage(work: _Work, top_k: int) -> None:
+    work.composition, work.baselines, work.edges = _composition(work.weights, top_k)
+    work.spectra = _spectra(work.weights)
+
+
+def edges_stage(work: _Work, top_k: int, n_patch: int, bar: Progress) -> None:
+    """Edge attribution over every edge and exact path patching of the ``n_patch`` edges among the circuit's
+    heads with the largest |attribution| (without a circuit: the top ``n_patch`` edges of the model)."""
+    ctx = work.edge_tap.ctx
+    corrupt_pass = 0.0 if len(ctx.z_corrupt) >= ctx.spec.n_layers - 1 else 1.0
+    among = work.verified.heads if work.verified is not None else None
+    work.evidence = _circuit_evidence(work.edge_tap, work.composition, top_k, n_patch, among)
+    patched = work.evidence.patching.edges
+    L = ctx.spec.n_layers
+    integration = (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST  # one forward + backward per further point
+    cost = corrupt_pass + integration + sum((L - e.dst[0]) / L if ctx.adapter.can_resume else 1.0 for e in patched)
+    bar.advance(cost)
+    if work.verified is not None:
+        work.verified = replace(work.verified, edges=work.evidence.patching)
+
+
+def circuit_roles(head_scores: HeadScores, circuit: Any, roles: Sequence[Role]) -> dict[str, tuple[Head, ...]]:
+    """Which circuit heads the answer gives each role: a head of the circuit whose ``role.score`` passes the
+    threshold (:func:`called_heads`); for a role that ``feeds`` another, only where it sits in an earlier layer
+    than a head of that role and an exactly patched edge from it into one carries (|effect| at least
+    :data:`circuitkit.circuits.evidence.CARRIES_NOTHING_FRACTION` of the circuit's largest)."""
+    from circuitkit.circuits.evidence import CARRIES_NOTHING_FRACTION
+
+    members = set(circuit.heads)
+    out: dict[str, tuple[Head, ...]] = {}
+    edges = list(circuit.edges.edges) if circuit.edges is not None else []
+    largest = max((abs(e.effect) for e in edges), default=0.0)
+    ordered = sorted(roles, key=lambda role: role.feeds is not None)  # roles fed by others first
+    for role in ordered:
+        heads = tuple(h for h in called_heads(head_scores, role.score) if h in members)
+        if role.feeds is not None:
+            fed = out.get(role.feeds, ())
+            heads = tuple(h for h in heads if any(
+                e.src == h and e.dst in fed and largest > 0 and abs(e.effect) >= CARRIES_NOTHING_FRACTION * largest
+                for e in edges))
+        out[role.name] = heads
+    return {role.name: out[role.name] for role in roles}
+
+
+def check_roles(roles: Any, head_scores: HeadScores | None = None) -> tuple[Role, ...]:
+    """``roles`` as :class:`Role` s: each a Role, ``(name, score)`` or ``(name, score, feeds)``; with ``head_scores``
+    every score must be one the scan computed, and every ``feeds`` another role's name."""
+    if isinstance(roles, (str, bytes)) or not isinstance(roles, Iterable):
+        raise validate.fail("scan: roles", roles, "a list of Role(name, score, feeds=None) or (name, score) pairs")
+    out = []
+    for item in roles:
+        if isinstance(item, Role):
+            role = item
+        elif isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(
+                isinstance(x, str) or x is None for x in item):
+            role = Role(*item)
+        else:
+            raise validate.fail("scan: roles", item, "a Role(name, score, feeds=None) or a (name, score) pair")
+        if not role.name or not isinstance(role.name, str) or not isinstance(role.score, str):
+            raise validate.fail("scan: roles", item, "a non-empty role name and a score name")
+        out.append(role)
+    names = [role.name for role in out]
+    if len(set(names)) != len(names):
+        raise validate.fail("scan: roles", names, "distinct role names")
+    for role in out:
+        if role.feeds is not None and role.feeds not in names:
+            raise validate.fail(f"scan: roles: {role.name} feeds", role.feeds, f"one of the role names {names}")
+        if role.feeds == role.name:
+            raise validate.fail(f"scan: roles: {role.name} feeds", role.feeds, "another role")
+        if head_scores is not None and role.score not in head_scores:
+            raise validate.fail(f"scan: roles: {role.name}", role.score,
+                                f"a registered head score the scan computed: {list(head_scores)}")
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------- scan
+@keeps_model_state
 def scan(
     model: Any = None,
     *,
@@ -83,13 +401,18 @@ def scan(
     ablate_top: int = DEFAULT_ABLATE_TOP,
     ablation_method: str = "mean",
     top_k: int = 5,
+    n_patch: int = DEFAULT_N_PATCH,
     circuit: bool = True,
+    target: float = DEFAULT_TARGET,
+    faithfulness_method: str | None = None,
+    circuit_rank: str = "joint",
+    roles: Sequence[Role] | None = None,
     device: str | torch.device | None = None,
-    progress: bool | None = False,
+    progress: bool | str | None = False,
     name: str | None = None,
     allow_download: bool = False,
 ) -> Scan:
-    """Score every head of ``model``, check the important ones causally, read composition and spectra.
+    """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
     Args:
         model: a loaded model (TransformerBridge, toy model, any model under :mod:`circuitkit.models.contract`),
@@ -99,23 +422,47 @@ def scan(
         ablate: ``"top"`` (default: exact ablation of the top ``ablate_top`` heads by |attribution| joined with
             the heads called induction / previous-token heads), ``"all"`` or ``"none"``.
         ablation_method: ``"mean"`` or ``"zero"`` (for attribution and exact ablation alike).
-        top_k: composition edges per mode and heads per score the summary lists.
-        circuit: compute edge-level causal evidence (edge attribution + path patching of the top edges).
+        top_k: composition edges per mode, heads per score and edges the summary lists.
+        n_patch: edges between the circuit's heads path-patched exactly (largest |edge attribution| first).
+        circuit: find the circuit by faithfulness (:mod:`circuitkit.circuits.faithfulness`) and compute edge-level
+            causal evidence (edge attribution + path patching of the circuit's edges).
+        target: the faithfulness the circuit must reach, in ``(0, 1]``.
+        faithfulness_method: how heads outside the circuit are ablated: ``"mean"``, ``"zero"``, ``"resample"``
+            (default: ``ablation_method``).
+        circuit_rank: the order heads join the circuit (:data:`circuitkit.circuits.faithfulness.RANKINGS`):
+            ``"joint"`` (default: integrated gradients along the joint all-ablated -> clean path, so heads that
+            matter together join together; about 9 passes), ``"effect"`` (exact single-head ablation where
+            measured, else the estimate; no extra pass), ``"auto"`` (effect, and joint too where the effect
+            ranking needs more than 10% of the heads).
+        roles: the roles the answer gives circuit heads (default :data:`DEFAULT_ROLES`): :class:`Role` s or
+            ``(name, score[, feeds])`` with any registered head score.
         device: where to run (default: the model's device).
-        progress: one progress bar over the stages (``None``: tqdm decides; default off in library use).
+        progress: ``True``: a bar on a terminal, one line per stage otherwise (logs, pipes); ``"bar"``,
+            ``"lines"``; ``None``: a bar on a terminal, else nothing; ``False`` (default in library use): nothing.
         name: the model's name in the report (default: the name it was loaded by, else its class).
 
     Returns:
         :class:`~circuitkit.scan_types.Scan`; ``.save(dir)`` writes report.html and scores.json.
     """
+    from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
+
     ablate = validate.option("scan: ablate", ablate, ABLATE_OPTIONS)
     ablate_top = validate.positive_int("scan: ablate_top", ablate_top)
     ablation_method = validate.option("scan: ablation_method", ablation_method, ABLATION_METHODS)
     top_k = validate.positive_int("scan: top_k", top_k)
+    n_patch = validate.positive_int("scan: n_patch", n_patch)
     circuit = validate.boolean("scan: circuit", circuit)
+    target = check_target("scan: target", target)
+    faithfulness_method = validate.option("scan: faithfulness_method", faithfulness_method or ablation_method,
+                                          FAITHFULNESS_METHODS)
+    circuit_rank = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
+    roles = check_roles(DEFAULT_ROLES if roles is None else roles)
     device = validate.device("scan: device", device)
+    mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise validate.fail("scan: name", name, "a non-empty string")
+    if mode == "lines":  # the first line at once: loading a model can take a while
+        print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     if model is None or isinstance(model, (str, os.PathLike)):
         from circuitkit import zoo
         from circuitkit.models.loading import load_model
@@ -126,59 +473,44 @@ def scan(
     spec = adapter.spec
     batch = as_batch(tokens, adapter)
     resumable = ablate != "none" and adapter.can_resume
-    n_heads = spec.n_total_heads
-    expected_exact = {"all": n_heads, "top": min(n_heads, ablate_top + 4), "none": 0}[ablate]
-    with_evidence = circuit and spec.n_layers > 1 and adapter.additive_heads  # else edges cannot be isolated
-    evidence_cost = (EDGE_ATTRIBUTION_COST + top_k) * with_evidence
-    total = 1 + ATTRIBUTION_COST + expected_exact / max(1, spec.n_heads) + 1 + evidence_cost
-    bar = _Progress(progress, total)
+    n_total = spec.n_total_heads
+    with_edges = circuit and spec.n_layers > 1 and adapter.additive_heads  # else edges cannot be isolated
+    if isinstance(tokens, RepeatedTokens) or tokens is None:  # before any pass: refuse what cannot fit
+        spec_tokens = tokens or RepeatedTokens()
+        check_memory(adapter.model, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
+                     bos=spec_tokens.bos is not False, circuit=circuit, device=device)
+    plan = stage_plan(ablate, circuit, with_edges)
+    estimates = {
+        "scores": 1 + ATTRIBUTION_COST,
+        # the exact set is known after the first stage; planned here at its size bound
+        "ablate": {"all": n_total, "top": min(n_total, ablate_top + 4), "none": 0}[ablate],
+        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank),
+        "weights": WEIGHT_STAGE_COST,
+        "edges": 1 + (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST + n_patch,
+    }
+    bar = Progress(mode, [(stage, estimates[stage]) for stage in plan])
+    work = _Work(adapter, batch, adapter.weights())
     try:
-        bar.stage("clean pass with attribution: head scores, loss, every head's estimated effect")
-        collector = PatternCollector(adapter, batch)
-        weights = adapter.weights()
-        edge_tap = _edge_tap(adapter, batch, weights) if with_evidence else None
-        # one forward (+ one backward) serves head scores, the loss, mean z, the residual streams, head attribution
-        # and the clean half of edge attribution
-        attribution, run = attribute(
-            adapter,
-            batch,
-            ablation_method,
-            resid_layers=range(1, spec.n_layers) if resumable else (),
-            observers=collector.hooks(),
-            taps=[edge_tap] if edge_tap is not None else [],
-        )
-        head_scores = collector.result(weights)
-        loss = summarise(run.losses, batch)
-        bar.advance(1 + ATTRIBUTION_COST)
-
-        induction_heads = called_heads(head_scores, "induction")
-        previous_heads = called_heads(head_scores, "previous_token")
-        ablation = agreement_result = None
-        circuit_ablation: dict[str, float] = {}
+        bar.start("scores")
+        scores_stage(work, ablation_method, resumable, with_edges, bar)
+        bar.end()
+        roles = check_roles(roles, work.head_scores)
         if ablate != "none":
-            bar.stage("exact ablation")
-            chosen = exact_set(attribution, ablate, ablate_top, induction_heads + previous_heads)
-            ablation = ablate_heads(
-                adapter, run, chosen, ablation_method, resume=resumable,
-                progress=lambda n: bar.advance(n / max(1, spec.n_heads)),
-            )
-            agreement_result = agreement(attribution, ablation)
-            groups = {"induction heads": induction_heads, "previous-token heads": previous_heads,
-                      "circuit": induction_heads + previous_heads}
-            circuit_ablation = {
-                label: ablate_together(adapter, run, list(heads), ablation_method)
-                for label, heads in groups.items() if heads
-            }
-
-        bar.stage("composition and spectra")
-        composition, baselines, edges = _composition(weights, top_k)
-        spectra = _spectra(weights)
-        bar.advance(1)
-        evidence = None
-        if with_evidence:
-            bar.stage("edge attribution and path patching")
-            evidence = _circuit_evidence(edge_tap, composition, top_k)
-            bar.advance(evidence_cost)
+            ablate_stage(work, ablate, ablate_top, ablation_method, resumable, bar)  # starts its own stage
+            bar.end()
+        if circuit:
+            bar.start("circuit")
+            circuit_stage(work, target, faithfulness_method, circuit_rank, bar)
+            bar.end()
+        bar.start("weights")
+        weights_stage(work, top_k)
+        bar.end()
+        if with_edges:
+            bar.start("edges")
+            edges_stage(work, top_k, n_patch, bar)
+            bar.end()
+        if work.verified is not None:
+            work.verified = replace(work.verified, roles=circuit_roles(work.head_scores, work.verified, roles))
     finally:
         bar.close()
 
@@ -195,25 +527,37 @@ def scan(
         ablation_method=ablation_method,
         top_k=top_k,
         device=str(spec.device),
+        n_patch=n_patch,
+        target=target,
+        faithfulness_method=faithfulness_method,
+        circuit_rank=circuit_rank,
+        attribution_method=ATTRIBUTION_METHOD,
+        attribution_steps=ATTRIBUTION_STEPS,
+        edge_attribution_steps=EDGE_ATTRIBUTION_STEPS if with_edges else None,
+        roles=roles,
     )
+    head_scores = work.head_scores
     return Scan(
         model=summarise_model(adapter, name),
         settings=settings,
         head_scores=head_scores,
         tokens=tuple(token_strings(model, batch.tokens[0].cpu())),
         patterns=head_scores.patterns,
-        induction_loss=loss,
-        attribution=attribution,
-        ablation=ablation,
-        agreement=agreement_result,
-        composition=composition,
-        baselines=baselines,
-        edges=edges,
-        spectra=spectra,
-        circuit=evidence,
-        induction_heads=induction_heads,
-        previous_token_heads=previous_heads,
-        circuit_ablation=circuit_ablation,
+        induction_loss=work.loss,
+        attribution=work.attribution,
+        ablation=work.ablation,
+        agreement=work.agreement,
+        composition=work.composition,
+        baselines=work.baselines,
+        edges=work.edges,
+        spectra=work.spectra,
+        circuit=work.evidence,
+        induction_heads=called_heads(head_scores, "induction"),
+        previous_token_heads=called_heads(head_scores, "previous_token"),
+        circuit_ablation=work.circuit_ablation,
+        verified=work.verified,
+        verified_error=work.verified_error,
+        stages=tuple(bar.ran),
     )
 
 
@@ -283,19 +627,26 @@ def _edge_tap(adapter: ModelAdapter, batch: TokenBatch, weights: Any) -> Any:
     return GradientTap(ctx, resolve_metric("loss", "scan"), leaf=False)
 
 
-def _circuit_evidence(tap: Any, composition: dict, top_k: int) -> Any:
+def _circuit_evidence(tap: Any, composition: dict, top_k: int, n_patch: int, among: Any) -> Any:
     """Edge-level evidence (:func:`circuitkit.circuits.circuit_evidence`) on the scan's batch, from the tap's
-    clean pass and the scan's composition scores (keyed by lower-case channel there)."""
+    clean pass and the scan's composition scores (keyed by lower-case channel there); the patched edges are
+    those among the heads ``among`` (the circuit) where given."""
     from circuitkit.circuits.evidence import evidence_in
 
     # composition exists whenever evidence does (both need two layers)
     channels = {mode.lower(): scores.float().cpu() for mode, scores in composition.items()}
-    return evidence_in(tap.ctx, tap.m, channels, top_k, top_k)
+    return evidence_in(tap.ctx, tap.m, channels, top_k, n_patch, among, steps=EDGE_ATTRIBUTION_STEPS)
 
 
 __all__ = [
     "ABLATE_OPTIONS",
     "DEFAULT_ABLATE_TOP",
+    "DEFAULT_N_PATCH",
+    "DEFAULT_ROLES",
+    "STAGE_NAMES",
+    "Progress",
+    "circuit_roles",
+    "stage_plan",
     "HEAD_CALL_NEUTRAL_RATIO",
     "HEAD_CALL_THRESHOLD",
     "called_heads",

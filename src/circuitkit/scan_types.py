@@ -59,9 +59,43 @@ class ScanSettings:
     ablation_method: str  # "mean" | "zero"
     top_k: int
     device: str
+    n_patch: int = 16
+    target: float = 0.8
+    faithfulness_method: str = "mean"  # "mean" | "zero" | "resample"
+    circuit_rank: str = "joint"  # "joint" | "effect" | "auto"
+    attribution_method: str = "gradient"  # "gradient" | "ig"
+    attribution_steps: int = 1
+    edge_attribution_steps: int | None = None  # integration steps of the edge attribution; None: no edge evidence
+    roles: tuple[Role, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["roles"] = [role.describe() for role in self.roles]
+        return out
+
+
+@dataclass(frozen=True)
+class Role:
+    """A role a circuit head can be given in the answer: ``name`` (``"induction"``), the registered head score
+    that must pass its threshold (``score``), and optionally the role it must feed (``feeds``): a head of this
+    role sits in an earlier layer than a head of role ``feeds`` and its exactly patched edge into it carries."""
+
+    name: str
+    score: str
+    feeds: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.score}" + (f" feeding {self.feeds}" if self.feeds else "")
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """One stage of a scan as it ran: its short ``name``, forward passes of the batch it cost (``passes``;
+    weight-only work counts 0) and wall ``seconds``."""
+
+    name: str
+    passes: float
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -128,7 +162,11 @@ class Scan:
     - ``induction_heads``, ``previous_token_heads``: the heads the scan calls so (see
       :data:`circuitkit.pipeline.HEAD_CALL_THRESHOLD`);
     - ``circuit_ablation``: the rise of the repeated-copies loss with a group of heads ablated together:
-      ``"induction heads"``, ``"previous-token heads"``, ``"circuit"`` (both), where the group is non-empty.
+      ``"induction heads"``, ``"previous-token heads"``, ``"circuit"`` (both), where the group is non-empty;
+    - ``verified``: the circuit found by faithfulness (:class:`circuitkit.circuits.faithfulness.Circuit`: its
+      heads, faithfulness, necessity, curve, exactly patched edges and roles) or None, with ``verified_error``
+      saying why where the scan tried and could not (e.g. no head changes the loss);
+    - ``stages``: the stages the scan ran, with their cost in forward passes and seconds (not saved: timings).
     """
 
     model: ModelSummary
@@ -148,6 +186,9 @@ class Scan:
     induction_heads: tuple[Head, ...] = ()
     previous_token_heads: tuple[Head, ...] = ()
     circuit_ablation: Mapping[str, float] = field(default_factory=dict)
+    verified: Any | None = None
+    verified_error: str | None = None
+    stages: tuple[StageRecord, ...] = ()
 
     def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
         """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""
@@ -183,7 +224,10 @@ class Scan:
         return (
             f"Scan({m.name}: {m.n_layers} layers x {m.n_heads} heads; induction heads "
             f"{[f'{a}.{b}' for a, b in self.induction_heads]}, previous-token heads "
-            f"{[f'{a}.{b}' for a, b in self.previous_token_heads]})"
+            f"{[f'{a}.{b}' for a, b in self.previous_token_heads]}"
+            + ("" if self.verified is None else f"; circuit {[f'{a}.{b}' for a, b in self.verified.heads]} "
+               f"faithfulness {self.verified.faithfulness:.2f}")
+            + ")"
         )
 
 
@@ -196,4 +240,4 @@ class SavedReport:
     pngs: tuple[Path, ...] = ()
 
 
-__all__ = ["Agreement", "HeadEffects", "ModelSummary", "SavedReport", "Scan", "ScanSettings"]
+__all__ = ["Agreement", "HeadEffects", "ModelSummary", "Role", "SavedReport", "Scan", "ScanSettings", "StageRecord"]

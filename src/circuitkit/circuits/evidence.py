@@ -189,16 +189,34 @@ def circuit_evidence(
     return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch, steps=steps)
 
 
-def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_patch: int, *,
-                steps: int = 1) -> CircuitEvidence:
+def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_patch: int,
+                among: Any = None, *, steps: int = 1) -> CircuitEvidence:
     """:func:`circuit_evidence` in a prepared context (checked arguments, ``comp`` ``channel -> [L, H, L, H]``):
     where a host pass carried a :class:`~circuitkit.circuits.attribution.GradientTap` for ``ctx``, the
-    attribution runs only its corrupted pass (and, with ``steps > 1``, its further integration points)."""
+    attribution runs only its corrupted pass (and, with ``steps > 1``, its further integration points).
+    ``among``: heads (a circuit); the ``n_patch`` edges patched are then those between these heads with the largest
+    ``|attribution|``."""
     L, H = ctx.spec.n_layers, ctx.spec.n_heads
     attribution = attribute(ctx, m, steps=steps)
     by_attribution = attribution.top(max(top_k, n_patch))
     patch_edges = [(e.src, e.dst, e.channel) for e in by_attribution[:n_patch]]
+    if among is not None:
+        inside = torch.zeros(L, H, dtype=torch.bool)
+        for layer, head in among:
+            inside[layer, head] = True
+        pairs = (inside[:, :, None, None] & inside[None, None]).unsqueeze(-1).expand(L, H, L, H, len(CHANNELS))
+        within = EdgeAttribution(torch.where(pairs, attribution.scores, math.nan), m.name, ctx.corrupt, math.nan)
+        patch_edges = [(e.src, e.dst, e.channel) for e in within.top(n_patch)]
+        if not patch_edges:  # no two circuit heads in different layers: nothing to patch
+            empty = PathPatching((), m.name, ctx.corrupt)
+            return _table(ctx, attribution, by_attribution, empty, comp, top_k)
     patching = patch(ctx, parse_edges(patch_edges, "all", ctx.spec, where="circuit_evidence"), m)
+    return _table(ctx, attribution, by_attribution, patching, comp, top_k)
+
+
+def _table(ctx: Context, attribution: EdgeAttribution, by_attribution: list, patching: PathPatching,
+           comp: dict[str, Tensor], top_k: int) -> CircuitEvidence:
+    L, H = ctx.spec.n_layers, ctx.spec.n_heads
     keys: dict[tuple[Head, Head, str], None] = {}
     for e in by_attribution[:top_k]:
         keys[(e.src, e.dst, e.channel)] = None

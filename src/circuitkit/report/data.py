@@ -28,8 +28,29 @@ from circuitkit.ranking import Head, head_name, top_heads
 if TYPE_CHECKING:
     from circuitkit.scan_types import Scan
 
-JSON_FORMAT = 2
-"""Version of the ``scores.json`` layout (1 was the pre-``Scan`` CLI's)."""
+JSON_FORMAT = 3
+"""Version of the ``scores.json`` layout (1 was the pre-``Scan`` CLI's; 3 adds the verified circuit, ``units``,
+moves the edge table to ``evidence`` and names the attribution method). Validated by ``scores.schema.json``."""
+UNITS = {
+    "head_scores": "per score: pattern scores are attention fractions in [0, 1]; copying is in [-1, 1]",
+    "induction_loss": "nats (mean next-token cross-entropy)",
+    "attribution.effect": "nats: estimated rise of the repeated-copies loss when the head is ablated",
+    "ablation.effect": "nats: exact rise of the repeated-copies loss when the head is ablated",
+    "agreement.spearman": "rank correlation in [-1, 1]",
+    "agreement.largest_miss": "nats",
+    "composition": "ratio ||W_A W_B||_F / (||W_A||_F ||W_B||_F), dimensionless",
+    "circuit_ablation": "nats: rise of the repeated-copies loss with the group ablated together",
+    "circuit.faithfulness": "fraction (L_all - L_circuit) / (L_all - L_clean): 1 = the circuit alone does what "
+    "all heads do",
+    "circuit.curve.faithfulness": "fraction, as circuit.faithfulness",
+    "circuit.necessity": "nats: rise of the repeated-copies loss with only the circuit ablated",
+    "circuit.losses": "nats",
+    "circuit.passes": "forward passes of the batch",
+    "circuit.edges.effect": "nats: exact change of the repeated-copies loss, path patching",
+    "circuit.edges.estimate": "nats: first-order estimate (edge attribution), not a measurement",
+    "evidence.rows": "composition: ratio; attribution (estimate) and patched (exact): nats",
+}
+"""The unit of every quantity in ``scores.json`` (written into the file as ``units``)."""
 JSON_DIGITS = 7
 """Significant digits in scores.json: float32 carries about 7; more would print rounding noise."""
 PAGE_DIGITS = 4
@@ -157,13 +178,16 @@ def edge_effect(row: Any) -> tuple[float | None, str]:
 # ---------------------------------------------------------------------------------------------- scores.json
 def scan_json(scan: Scan) -> dict[str, Any]:
     """The machine-readable scan (what ``scores.json`` holds). Plain numbers (7 significant digits), NaN as
-    null, deterministic. Keys:
+    null, deterministic. Keys (the layout is ``circuitkit/report/scores.schema.json``; units in ``units``):
 
-    ``format, circuitkit_version, model, settings, scores`` (definitions: short, description, kind, neutral),
-    ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best ``settings.top_k`` heads, also for
-    ``attribution`` and ``ablation``), ``induction_heads, previous_token_heads, induction_loss, attribution,
-    ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition`` (mode -> random
-    baseline and top edges), ``circuit`` (the evidence's ``to_json()``, or null).
+    ``format, circuitkit_version, units, model, settings, scores`` (definitions: short, description, kind,
+    neutral), ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best ``settings.top_k`` heads,
+    also for ``attribution`` and ``ablation``), ``induction_heads, previous_token_heads`` (called by pattern score
+    alone), ``induction_loss, attribution`` (``method`` ``"gradient"`` | ``"ig"``, ``steps``,
+    ``ablation_method``), ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
+    (mode -> random baseline and top edges), ``circuit`` (the verified circuit: ``heads``, ``faithfulness``,
+    ``necessity``, ``curve``, ``roles``, ``edges`` with exact effects; null when not found, with
+    ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``.
     """
     from circuitkit import __version__
 
@@ -175,6 +199,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     out: dict[str, Any] = {
         "format": JSON_FORMAT,
         "circuitkit_version": __version__,
+        "units": dict(UNITS),
         "model": plain(scan.model.as_dict()),
         "settings": plain(scan.settings.as_dict()),
         "scores": {name: definition_json(definitions.get(name)) for name in hs},
@@ -187,7 +212,9 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         "ablation": None,
         "agreement": None,
         "composition": {},
-        "circuit": None,
+        "circuit": circuit_json(scan),
+        "circuit_error": getattr(scan, "verified_error", None),
+        "evidence": None,
         "circuit_ablation": {label: number(value) for label, value in getattr(scan, "circuit_ablation", {}).items()},
     }
     if scan.induction_loss is not None:
@@ -201,12 +228,12 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         effects = getattr(scan, kind)
         if effects is None:
             continue
-        record = {
-            "method": effects.method,
-            "clean_loss": number(effects.clean_loss),
-            "effect": grid(effects.effect),
-            "top": ranked(effects.effect, k),
-        }
+        record: dict[str, Any] = {"method": effects.method}
+        if kind == "attribution":
+            record = {"method": scan.settings.attribution_method, "steps": scan.settings.attribution_steps,
+                      "ablation_method": effects.method}
+        record.update(clean_loss=number(effects.clean_loss), effect=grid(effects.effect),
+                      top=ranked(effects.effect, k))
         if kind == "ablation":
             record["ablated"] = names(ablated_heads(scan))
         out[kind] = record
@@ -233,8 +260,47 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         }
     if scan.circuit is not None:
         to_json = getattr(scan.circuit, "to_json", None)
-        out["circuit"] = plain(to_json()) if callable(to_json) else [row_json(r) for r in circuit_rows(scan)]
+        out["evidence"] = plain(to_json()) if callable(to_json) else {"rows": [row_json(r) for r in circuit_rows(scan)]}
     return out
+
+
+def circuit_edges(scan: Scan) -> list[Any]:
+    """The evidence rows between two heads of the verified circuit that were path-patched (exact effect), largest
+    |effect| first; [] without a circuit."""
+    verified = getattr(scan, "verified", None)
+    if verified is None:
+        return []
+    members = {tuple(h) for h in verified.heads}
+    rows = [r for r in circuit_rows(scan)
+            if tuple(r.src) in members and tuple(r.dst) in members and number(getattr(r, "patched", None)) is not None]
+    return sorted(rows, key=lambda r: -abs(float(r.patched)))
+
+
+def circuit_json(scan: Scan) -> dict[str, Any] | None:
+    """``scores.json``'s ``circuit``: the verified circuit (see :func:`scan_json`), or None."""
+    verified = getattr(scan, "verified", None)
+    if verified is None:
+        return None
+    return {
+        "heads": names(verified.heads),
+        "faithfulness": number(verified.faithfulness),
+        "necessity": number(verified.necessity),
+        "target": number(verified.target),
+        "method": verified.method,
+        "losses": {"clean": number(verified.clean_loss), "all_ablated": number(verified.all_ablated_loss),
+                   "circuit_only": number(verified.circuit_loss)},
+        "curve": [{"n_heads": p.n_heads, "faithfulness": number(p.faithfulness), "loss": number(p.loss)}
+                  for p in verified.curve],
+        "passes": verified.passes,
+        "ranked_by": getattr(verified, "ranked_by", "effect"),
+        "roles": {role: names(heads) for role, heads in verified.roles.items()},
+        "edges": [
+            {"src": head_name(r.src), "dst": head_name(r.dst), "channel": r.channel,
+             "effect": number(r.patched), "estimate": number(r.attribution), "composition": number(r.composition),
+             "weight_only": bool(getattr(r, "weight_only", False))}
+            for r in circuit_edges(scan)
+        ],
+    }
 
 
 def definition_json(definition: Any) -> dict[str, Any]:
@@ -450,6 +516,13 @@ def circuit_view_heads(scan: Scan, limit: int = CIRCUIT_VIEW_HEADS) -> list[tupl
         # stable: equal scores keep the scan's order
         return sorted(heads, key=lambda h: -_finite(values[h[0], h[1]]))
 
+    verified = getattr(scan, "verified", None)
+    if verified is not None:  # the verified circuit's heads, with the roles the evidence gave them
+        given = getattr(verified, "roles", {}) or {}
+        short = {"induction": "induct", "previous-token": "prev"}
+        heads = [(tuple(h), next((short.get(r, r) for r, hs in given.items() if tuple(h) in hs), "circuit"))
+                 for h in verified.heads]
+        return sorted(heads[:limit])
     induction = best([tuple(h) for h in scan.induction_heads], "induction")
     previous = best([tuple(h) for h in scan.previous_token_heads], "previous_token")
     roles = {"induct": induction, "prev": previous}
@@ -520,4 +593,7 @@ def page_data(scan: Scan) -> tuple[dict[str, Any], dict[str, bytes]]:
     return data, blobs
 
 
-__all__ = ["JSON_FORMAT", "Column", "columns", "number", "page_data", "plain", "scan_json"]
+__all__ = [
+    "JSON_FORMAT", "UNITS", "Column", "circuit_edges", "circuit_json", "columns", "number", "page_data", "plain",
+    "scan_json",
+]

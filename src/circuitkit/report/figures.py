@@ -12,15 +12,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from circuitkit._html import escape as _esc
 from circuitkit.ranking import Head, head_name
 
-if TYPE_CHECKING:
-    from circuitkit.report.summary import Story
-
 MODE_COLOURS = {"Q": "#3b6fb6", "K": "#2e9d5b", "V": "#d9822b"}
+MAX_NAMED = 4
+"""Heads named per role in the summary sentences and the diagram; the rest are counted ("and 3 more")."""
+ROLE_SHORT = {"induction": "induction", "previous-token": "prev-token"}
+"""Role names as the diagram and the answer write them."""
 GRAPH_WIDTH = 900
 MAX_LINK_LABELS = 2
 """The diagram writes scores on its links only up to this many (more cross and collide; the sentences and
@@ -55,11 +56,10 @@ def _node(x: float, y: float, head: Head, caption: str, colour: str) -> str:
     )
 
 
-def circuit_diagram(story: Story) -> str:
-    """Previous-token heads (left) -> induction heads (right), links labelled with the composition score (and
-    the causal edge effect where measured), and two bars: loss on the first copy vs the repeated copies."""
-    from circuitkit.report.summary import MAX_NAMED
-
+def circuit_diagram(story: Any) -> str:
+    """``story`` (:class:`circuitkit.report.summary.Story`): previous-token heads (left) -> induction heads
+    (right), links labelled with the composition score (and the causal edge effect where measured), and two bars:
+    loss on the first copy vs the repeated copies."""
     previous = [h for h, _ in story.previous][:MAX_NAMED]
     induction = [h for h, _ in story.induction][:MAX_NAMED]
     rows = max(len(previous), len(induction), 1)
@@ -135,6 +135,112 @@ def circuit_diagram(story: Story) -> str:
                 f'<text x="{_f(94 + w)}" y="{_f(y + 13)}" fill="#333">{value:.2f} nats</text>'
             )
     parts.append("</svg>")
+    return "".join(parts)
+
+
+def answer_diagram(answer: Any) -> str:
+    """The verified circuit: heads of roles that feed another role (previous-token) on the left, the other
+    circuit heads on the right, the carrying edges between them coloured and sized by their exact effect (path
+    patching, labelled in nats). At most ``2 *`` :data:`MAX_NAMED` heads a side. ``answer``:
+    :class:`circuitkit.report.summary.Answer` (this module does not import the summary, which draws with it)."""
+    limit = 2 * MAX_NAMED
+    sources = {e.src for e in answer.edges} - {e.dst for e in answer.edges}
+    left = [(h, roles) for h, roles in answer.circuit if h in sources][:limit]
+    right = [(h, roles) for h, roles in answer.circuit if h not in sources][:limit]
+    rows = max(len(left), len(right), 1)
+    width, x_l, x_r, row_h, top = 340, 50, 280, 34, 24
+    height = top + rows * row_h + 16
+    parts = [
+        f'<svg class="ck-diagram" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'font-family="system-ui, sans-serif" font-size="11" role="img" aria-label="circuit diagram">'
+        '<defs><marker id="ck-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" markerHeight="9" '
+        'markerUnits="userSpaceOnUse" orient="auto"><path d="M0 0L10 5L0 10z" fill="#555"/></marker></defs>'
+        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">circuit: {len(answer.circuit)} heads, '
+        f'faithfulness {answer.faithfulness:.2f}</text>'
+    ]
+    ys_l = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(left)}
+    ys_r = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(right)}
+    shown = [e for e in answer.edges if e.src in ys_l and e.dst in ys_r]
+    labels: list[str] = []
+    scale = max((abs(e.effect) for e in shown), default=0.0)
+    placed: list[tuple[float, float]] = []  # labels claim places strongest first, never overlapping
+    x1, x2 = x_l + 34, x_r - 38
+    n_hidden = 0
+    for e in shown:
+        y1, y2 = ys_l[e.src], ys_r[e.dst]
+        t = e.effect / scale if scale > 0 else 0.0
+        label = f"{e.channel.upper()} {e.effect:+.2f}"
+        spot = None
+        for frac in (0.5, 0.28, 0.72, 0.15, 0.85):
+            mx, my = x1 + frac * (x2 - x1), y1 + frac * (y2 - y1) - 4
+            if all(abs(mx - px) > 52 or abs(my - py) > 12 for px, py in placed):
+                spot = (mx, my)
+                break
+        if spot is None:
+            n_hidden += 1
+        else:
+            placed.append(spot)
+        parts.append(
+            f'<g><title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect '
+            f'{e.effect:+.3f} nats (path patching)</title>'
+            f'<line x1="{x1}" y1="{_f(y1)}" x2="{x2}" y2="{_f(y2)}" stroke="{diverging(t)}" '
+            f'stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/></g>'
+        )
+        if spot is not None:
+            labels.append(f'<text x="{_f(spot[0])}" y="{_f(spot[1])}" text-anchor="middle" font-size="10" '
+                          f'fill="#333" paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>')
+    parts += labels  # over every line
+    for column, ys, x, colour in ((left, ys_l, x_l, "#e3eefb"), (right, ys_r, x_r, "#fde3d9")):
+        for h, roles in column:
+            caption = "/".join(ROLE_SHORT.get(r, r) for r in roles) or "no role"
+            parts.append(_node(x, ys[h], h, caption, colour))
+    caption = "edges: exact effect (path patching, nats)" + ("; hover for figures" if n_hidden else "")
+    parts.append(f'<text x="{width // 2}" y="{height - 3}" text-anchor="middle" font-size="9" fill="#666">'
+                 f"{caption}</text></svg>")
+    return "".join(parts)
+
+
+def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int) -> str:
+    """Faithfulness of the top-``n`` heads against ``n`` (every point measured exactly), a log2(n + 1) axis, the
+    target dashed and the circuit's point ringed."""
+    width, height, ml, mr, mt, mb = 300, 170, 40, 12, 22, 34
+    top_x = math.log2(total + 1) or 1.0
+    values = [f for _, f in curve]
+    lo = min(0.0, *values) if values else 0.0
+    hi = max(1.0, *values) if values else 1.0
+
+    def x(n: int) -> float:
+        return ml + (width - ml - mr) * math.log2(n + 1) / top_x
+
+    def y(f: float) -> float:
+        return mt + (height - mt - mb) * (hi - f) / (hi - lo)
+
+    parts = [
+        f'<svg class="ck-curve" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        'font-family="system-ui, sans-serif" font-size="10" role="img" aria-label="faithfulness curve">'
+        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">faithfulness of the top-n heads (exact)'
+        "</text>"
+    ]
+    for tick in sorted({0.0, 0.5, 1.0}):
+        parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(tick))}" y2="{_f(y(tick))}" stroke="#eee"/>'
+                     f'<text x="{ml - 4}" y="{_f(y(tick) + 3)}" text-anchor="end" fill="#666">{tick:.1f}</text>')
+    parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(target))}" y2="{_f(y(target))}" stroke="#b2182b" '
+                 f'stroke-dasharray="4 3"/><text x="{width - mr}" y="{_f(y(target) + 11)}" text-anchor="end" '
+                 f'fill="#b2182b">target {target:.2f}</text>')
+    ticks: list[int] = []
+    for n in [chosen, total, 0, 1, 4, 16, 64, 256]:  # the circuit's size and the total first; none overlapping
+        if n <= total and all(abs(x(n) - x(m)) > 16 for m in ticks):
+            ticks.append(n)
+    for n in sorted(ticks):
+        parts.append(f'<text x="{_f(x(n))}" y="{height - mb + 12}" text-anchor="middle" fill="#666">{n}</text>')
+    points = " ".join(f"{_f(x(n))},{_f(y(f))}" for n, f in curve)
+    parts.append(f'<polyline points="{points}" fill="none" stroke="#2e6db4" stroke-width="1.5"/>')
+    for n, f in curve:
+        ring = ' r="5" fill="none" stroke="#b2182b" stroke-width="2"' if n == chosen else ' r="2.5" fill="#2e6db4"'
+        parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{ring}><title>top {n} heads: faithfulness '
+                     f"{f:.3f}</title></circle>")
+    parts.append(f'<text x="{(width + ml) // 2}" y="{height - 4}" text-anchor="middle" fill="#555">heads kept '
+                 f"(ringed: the circuit, {chosen} of {total})</text></svg>")
     return "".join(parts)
 
 
@@ -254,4 +360,6 @@ def loss_curve(per_position: Sequence[float | None], boundaries: Sequence[float]
     return "".join(parts)
 
 
-__all__ = ["GraphEdge", "circuit_diagram", "diverging", "head_graph", "loss_curve"]
+__all__ = [
+    "GraphEdge", "answer_diagram", "circuit_diagram", "diverging", "faithfulness_curve", "head_graph", "loss_curve",
+]

@@ -21,11 +21,6 @@ from circuitkit.report import data, figures, summary
 if TYPE_CHECKING:
     from circuitkit.scan_types import Scan
 
-STRONG_WEIGHT_Z = 2.0
-"""An edge is strong in the weights when its composition score is this many random-baseline standard
-deviations above the baseline mean (a 2-sigma excess is rare among random head pairs)."""
-SMALL_EFFECT = 0.1
-"""An edge carries (almost) nothing when its causal effect is below this fraction of the largest |effect|."""
 
 
 @dataclass(frozen=True)
@@ -134,55 +129,52 @@ def composition_section(scan: Scan) -> Section | None:
 
 
 def circuit_section(scan: Scan) -> Section | None:
+    """The edge table (composition, edge attribution, path patching side by side, each in its own column) and a
+    graph of the exactly patched edges only (an estimate is never drawn as if measured). The flags come from the
+    evidence (:mod:`circuitkit.circuits.evidence`, the one home of their thresholds)."""
     rows = data.circuit_rows(scan)
     if not rows:
         return None
-    effects = [data.edge_effect(r) for r in rows]
-    largest = max((abs(v) for v, _ in effects if v is not None), default=0.0)
+    members = {tuple(h) for h in scan.verified.heads} if getattr(scan, "verified", None) is not None else set()
+    patched = [(row, data.number(getattr(row, "patched", None))) for row in rows]
+    largest = max((abs(v) for _, v in patched if v is not None), default=0.0)
     edges, table = [], []
-    for row, (effect, kind) in zip(rows, effects, strict=True):
+    for row, effect in patched:
         channel = str(row.channel).upper()
-        baseline = scan.baselines.get(channel)
         comp = data.number(row.composition)
-        strong = None
-        if comp is not None and baseline is not None:
-            std = float(getattr(baseline, "std", 0.0) or 0.0)
-            strong = comp > float(baseline.mean) + STRONG_WEIGHT_Z * std
-        small = effect is None or largest == 0 or abs(effect) < SMALL_EFFECT * largest
-        # the evidence's own flags where it has them (circuitkit.circuits.EdgeEvidence), else the thresholds here
-        weight_only = getattr(row, "weight_only", None)
-        effect_only = getattr(row, "effect_only", None)
-        if weight_only is None or effect_only is None:
-            weight_only, effect_only = bool(strong and small), bool(strong is False and not small)
         flag = ""
-        if weight_only:
+        if getattr(row, "weight_only", False):
             flag = "strong in the weights, carries nothing"
-        elif effect_only:
+        elif getattr(row, "effect_only", False):
             flag = "carries an effect without weight support"
-        t = 0.0 if effect is None or largest == 0 else effect / largest
-        edges.append(figures.GraphEdge(
-            tuple(row.src), tuple(row.dst), figures.diverging(t), 1.5 + 4.0 * abs(t),
-            f"{head_name(row.src)} -> {head_name(row.dst)} ({channel}): effect "
-            + ("n/a" if effect is None else f"{effect:+.3f} ({kind})")
-            + ("" if comp is None else f", composition {comp:.3f}") + (f"; {flag}" if flag else ""),
-            "" if effect is None else f"{effect:+.2g}",  # two significant figures: small effects do not read +0.00
-            dash=bool(flag),
-        ))
+        inside = tuple(row.src) in members and tuple(row.dst) in members
+        if effect is not None:
+            t = 0.0 if largest == 0 else effect / largest
+            edges.append(figures.GraphEdge(
+                tuple(row.src), tuple(row.dst), figures.diverging(t), 1.5 + 4.0 * abs(t),
+                f"{head_name(row.src)} -> {head_name(row.dst)} ({channel}): exact effect {effect:+.3f} nats "
+                "(path patching)" + ("" if comp is None else f", composition {comp:.3f}") + (f"; {flag}" if flag
+                                                                                             else ""),
+                f"{effect:+.2g}",  # two significant figures: small effects do not read +0.00
+                dash=bool(flag),
+            ))
         cells = [
-            f"{_head(row.src)} &rarr; {_head(row.dst)}", esc(channel), _fmt(comp), _fmt(data.number(row.attribution)),
-            _fmt(data.number(getattr(row, "patched", None))), esc(flag),
+            f"{_head(row.src)} &rarr; {_head(row.dst)}", esc(channel), "yes" if inside else "", _fmt(comp),
+            _fmt(data.number(row.attribution)), _fmt(effect), esc(flag),
         ]
         table.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     legend = [("effect > 0", figures.diverging(1.0), False), ("effect < 0", figures.diverging(-1.0), False),
               ("weights and effect disagree", "#888", True)]
-    graph = figures.head_graph(scan.model.n_layers, scan.model.n_heads, edges, legend=legend)
+    graph = figures.head_graph(scan.model.n_layers, scan.model.n_heads, edges, legend=legend) if edges else ""
     body = graph + (
-        '<table class="ck-small"><tr><th>edge</th><th>channel</th><th>composition</th><th>edge attribution</th>'
-        f"<th>path patching</th><th></th></tr>{''.join(table)}</table>"
+        '<table class="ck-small"><tr><th>edge</th><th>channel</th><th>in the circuit</th><th>composition</th>'
+        "<th>edge attribution (estimate, nats)</th><th>path patching (exact, nats)</th><th></th></tr>"
+        f"{''.join(table)}</table>"
     )
     note = ("Edge-level causal evidence: the change of the repeated-copies loss when only the sender's path into "
-            "the receiver's query/key/value is corrupted (path patching; edge attribution where not patched). "
-            "Dashed: the weights and the effect disagree.")
+            "the receiver's query/key/value is corrupted. The graph draws the exactly patched edges only (the edges "
+            "between the circuit's heads); the table adds the top edges by composition and by edge attribution, "
+            "an estimate. Dashed: the weights and the effect disagree.")
     return Section("circuit", "Causal evidence per edge", body, note)
 
 

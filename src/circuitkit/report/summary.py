@@ -1,9 +1,16 @@
 """The answer first: which circuit the scan found, in a few sentences with the figures.
 
-:func:`find_story` reads the scan into a :class:`Story` (induction heads, the previous-token heads that feed
-them and by how much, the loss on the first copy vs the repeated copies, what removing the heads does);
-:func:`story_html` writes it as escaped HTML (no script: it is also the notebook summary,
-:func:`circuitkit.report.summary_html`).
+Where the scan found a circuit by faithfulness (``scan.verified``), :func:`find_answer` reads it into one
+:class:`Answer` (the circuit's heads and the roles the evidence gives them, the edges between them with their exact
+path-patching effects, faithfulness and necessity, the faithfulness curve, edges strong in the weights that carry
+nothing, the loss, how well the estimates agreed). The report's answer box (:func:`answer_html`) and the terminal
+(:func:`answer_lines`) both write that one structure; every figure names its source (exact measurement or
+estimate, never mixed in one figure).
+
+Without a circuit (``circuit=False``, or no head matters), :func:`find_story` reads the pattern-called heads into
+a :class:`Story` (induction heads, the previous-token heads that feed them and by how much, the loss, what
+removing the heads does); :func:`story_html` writes it as escaped HTML (no script: it is also the notebook
+summary, :func:`circuitkit.report.summary_html`).
 
 A previous-token head ``p`` *feeds* induction head ``i`` when ``p`` sits in an earlier layer; the link's
 strength is its best Q- or K-composition score (the mechanism of Elhage et al. 2021 is K-composition), shown
@@ -13,17 +20,16 @@ next to that mode's random baseline, and its causal effect where the scan's circ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from circuitkit._html import escape as _esc
 from circuitkit.ranking import Head, head_name
 from circuitkit.report import data
+from circuitkit.report.figures import MAX_NAMED, ROLE_SHORT, answer_diagram, circuit_diagram, faithfulness_curve
 
 if TYPE_CHECKING:
     from circuitkit.scan_types import Scan
 
-MAX_NAMED = 4
-"""Heads named per role in the summary sentences and diagram; the rest are counted ("and 3 more")."""
 LINK_MODES = ("K", "Q")
 EFFECT_METHODS = {"patched": "path patching", "attribution": "edge attribution"}
 """Composition modes through which a previous-token head can feed an induction head's attention."""
@@ -193,13 +199,213 @@ def model_line(scan: Scan) -> str:
 
 
 def story_html(scan: Scan, *, diagram: bool = True) -> str:
-    """The summary block: sentences and (``diagram``) the circuit diagram, as escaped HTML, no script."""
-    from circuitkit.report.figures import circuit_diagram
-
+    """The summary block: sentences and (``diagram``) the circuit diagram and faithfulness curve, as escaped HTML,
+    no script. On the verified circuit where the scan found one (:func:`answer_html`)."""
+    answer = find_answer(scan)
+    if answer is not None:
+        text = "".join(f"<p>{s}</p>" for s in answer_html(answer))
+        figures = (answer_diagram(answer) + faithfulness_curve(answer.curve, answer.target, len(answer.circuit),
+                                                               answer.n_total)) if diagram else ""
+        return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
     story = find_story(scan)
     text = "".join(f"<p>{s}</p>" for s in sentences(scan, story))
+    error = getattr(scan, "verified_error", None)
+    if error:
+        text = f"<p><b>No circuit found by faithfulness:</b> {_esc(error)}</p>" + text
     figure = circuit_diagram(story) if diagram else ""
     return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figure}</div>'
 
 
-__all__ = ["Link", "Story", "find_story", "model_line", "sentences", "story_html"]
+# ---------------------------------------------------------------------------------------------- the answer
+@dataclass(frozen=True)
+class AnswerEdge:
+    """An edge between two circuit heads: its exact ``effect`` (path patching, nats), the first-order ``estimate``
+    (edge attribution, nats; None where not computed) and the ``composition`` score."""
+
+    src: Head
+    dst: Head
+    channel: str
+    effect: float
+    estimate: float | None
+    composition: float | None
+
+    @property
+    def name(self) -> str:
+        return f"{head_name(self.src)} -> {head_name(self.dst)} {self.channel.upper()}"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The scan's answer on its verified circuit (see the module docstring). Losses and effects in nats."""
+
+    circuit: tuple[tuple[Head, tuple[str, ...]], ...]  # heads in ranking order, each with its roles
+    n_total: int
+    faithfulness: float
+    target: float
+    necessity: float | None
+    method: str
+    passes: int
+    ranked_by: str  # "effect" | "joint"
+    curve: tuple[tuple[int, float], ...]
+    edges: tuple[AnswerEdge, ...]  # carrying edges between circuit heads, largest |effect| first
+    n_silent: int  # patched edges between circuit heads that carry nothing
+    # (src, dst, channel, composition, effect, "patched" (exact) | "attribution" (estimate))
+    weight_only: tuple[tuple[Head, Head, str, float | None, float | None, str], ...]
+    outside: tuple[tuple[Head, str, float | None], ...]  # pattern-called heads not in the circuit
+    first_copy: float | None
+    repeated_copies: float | None
+    agreement: tuple[float, int, tuple[Head, float, float] | None] | None  # (spearman, n_exact, largest miss)
+    attribution: str  # "gradient" | "ig", with steps
+    top_k: int = 5  # the circuit's edges named (the scan's top_k setting)
+
+
+def find_answer(scan: Scan) -> Answer | None:
+    """:class:`Answer` of a scan with a verified circuit; None without one."""
+    from circuitkit.circuits.evidence import CARRIES_NOTHING_FRACTION
+
+    verified = getattr(scan, "verified", None)
+    if verified is None:
+        return None
+    roles = getattr(verified, "roles", {}) or {}
+    circuit = tuple((tuple(h), tuple(role for role, heads in roles.items() if tuple(h) in heads))
+                    for h in verified.heads)
+    rows = data.circuit_edges(scan)
+    largest = max((abs(float(r.patched)) for r in rows), default=0.0)
+    carrying = [r for r in rows if largest > 0 and abs(float(r.patched)) >= CARRIES_NOTHING_FRACTION * largest]
+    edges = tuple(AnswerEdge(tuple(r.src), tuple(r.dst), str(r.channel), float(r.patched),
+                             data.number(r.attribution), data.number(r.composition)) for r in carrying)
+    weight_only = tuple((tuple(r.src), tuple(r.dst), str(r.channel), data.number(r.composition),
+                         *data.edge_effect(r)) for r in data.circuit_rows(scan) if getattr(r, "weight_only", False))
+    members = {h for h, _ in circuit}
+    outside = []
+    for heads, score in ((scan.induction_heads, "induction"), (scan.previous_token_heads, "previous_token")):
+        for h in heads:
+            if tuple(h) not in members:
+                outside.append((tuple(h), score, _score(scan, score, tuple(h))))
+    first, repeated = data.loss_figures(scan)
+    agreement = None
+    if scan.agreement is not None and scan.agreement.spearman is not None:
+        agreement = (scan.agreement.spearman, scan.agreement.n_exact, scan.agreement.largest_miss)
+    settings = scan.settings
+    method = getattr(settings, "attribution_method", "gradient")
+    steps = getattr(settings, "attribution_steps", 1)
+    return Answer(
+        circuit=circuit, n_total=scan.model.n_layers * scan.model.n_heads,
+        faithfulness=float(verified.faithfulness), target=float(verified.target),
+        necessity=None if verified.necessity is None else float(verified.necessity), method=verified.method,
+        passes=int(verified.passes), ranked_by=getattr(verified, "ranked_by", "effect"),
+        curve=tuple((p.n_heads, float(p.faithfulness)) for p in verified.curve),
+        edges=edges, n_silent=len(rows) - len(carrying), weight_only=weight_only, outside=tuple(outside),
+        first_copy=first, repeated_copies=repeated, agreement=agreement,
+        top_k=int(scan.settings.top_k),
+        attribution=f"integrated gradients, {steps} steps" if method == "ig" else "first-order gradient",
+    )
+
+
+RANKED_BY = {"effect": "their single-head ablation effect", "joint": "their joint-path attribution"}
+
+
+def _roles_text(roles: tuple[str, ...]) -> str:
+    return "/".join(ROLE_SHORT.get(r, r) for r in roles) if roles else "no role"
+
+
+def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """The answer as (label, [(kind, value)]) sentences: ``kind`` ``"text"`` (plain words), ``"head"`` (a head),
+    ``"num"`` (a figure, already formatted). :func:`answer_html` and :func:`answer_lines` both write these."""
+    out: list[tuple[str, list[tuple[str, Any]]]] = []
+    parts: list[tuple[str, Any]] = [("text", f"{len(answer.circuit)} of {answer.n_total} heads: ")]
+    for i, (head, roles) in enumerate(answer.circuit):
+        if i:
+            parts.append(("text", ", "))
+        parts += [("head", head), ("text", f" {_roles_text(roles)}")]
+    out.append(("Circuit", parts))
+    faith = [("num", f"{answer.faithfulness:.2f}"),
+             ("text", f" (target {answer.target:.2f}; exact: every other head {answer.method}-ablated, the circuit "
+                      f"alone recovers {100 * answer.faithfulness:.0f}% of what all heads do; heads added in the "
+                      f"order of {RANKED_BY.get(answer.ranked_by, answer.ranked_by)}; "
+                      f"{answer.passes} forward passes)")]
+    if answer.necessity is not None:
+        faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
+                  ("num", f"{answer.necessity:+.2f}"), ("text", " nats (exact)")]
+    out.append(("Faithfulness", faith))
+    if answer.edges:
+        parts = [("text", "exact effect on the loss, path patching, nats: ")]
+        for i, e in enumerate(answer.edges[:answer.top_k]):
+            if i:
+                parts.append(("text", "; "))
+            parts += [("head", e.src), ("text", " \u2192 "), ("head", e.dst),
+                      ("text", f" {e.channel.upper()} "), ("num", f"{e.effect:+.2f}")]
+        if len(answer.edges) > answer.top_k:
+            parts.append(("text", f"; {len(answer.edges) - answer.top_k} more"))
+        if answer.n_silent:
+            parts.append(("text", f" ({answer.n_silent} other patched edges between circuit heads carry nothing)"))
+        out.append(("Edges", parts))
+    elif len(answer.circuit) > 1:
+        out.append(("Edges", [("text", "no edge between the circuit's heads carries a measurable effect")]))
+    if answer.weight_only:
+        parts = [("text", "composition score vs effect on the loss (nats): ")]
+        for i, (src, dst, channel, comp, effect, kind) in enumerate(answer.weight_only[:MAX_EDGES]):
+            if i:
+                parts.append(("text", "; "))
+            source = "exact, path patching" if kind == "patched" else "estimate, edge attribution"
+            parts += [("head", src), ("text", " \u2192 "), ("head", dst), ("text", f" {channel.upper()} composition "),
+                      ("num", "n/a" if comp is None else f"{comp:.2f}"), ("text", ", effect "),
+                      ("num", "n/a" if effect is None else f"{effect:+.2f}"), ("text", f" ({source})")]
+        out.append(("Strong in the weights, carries nothing", parts))
+    if answer.outside:
+        parts = [("text", "pattern score above threshold, not needed for faithfulness: ")]
+        for i, (head, score, value) in enumerate(answer.outside[:MAX_EDGES]):
+            if i:
+                parts.append(("text", ", "))
+            parts += [("head", head), ("text", f" ({score} "), ("num", _num(value)), ("text", ")")]
+        out.append(("Outside the circuit", parts))
+    if answer.first_copy is not None and answer.repeated_copies is not None:
+        verdict = "in-context copying works" if answer.first_copy - answer.repeated_copies > 0.5 else \
+            "little in-context copying"
+        out.append(("Loss", [("text", "repeated copies "), ("num", f"{answer.repeated_copies:.2f}"),
+                             ("text", " nats vs "), ("num", f"{answer.first_copy:.2f}"),
+                             ("text", f" on the first copy ({verdict})")]))
+    if answer.agreement is not None:
+        spearman, n_exact, miss = answer.agreement
+        parts = [("text", f"head attribution ({answer.attribution}) vs exact ablation: Spearman "),
+                 ("num", f"{spearman:.2f}"), ("text", f" over {n_exact} heads")]
+        if miss is not None:
+            head, exact, estimate = miss
+            parts += [("text", "; largest miss "), ("head", head), ("text", " exact "), ("num", f"{exact:+.2f}"),
+                      ("text", ", estimated "), ("num", f"{estimate:+.2f}")]
+        out.append(("Estimates", parts))
+    return out
+
+
+MAX_EDGES = 6
+"""Weight-only edges and heads outside the circuit named in an answer sentence (the circuit's edges: the scan's
+``top_k``); the rest are counted."""
+
+
+def answer_html(answer: Answer) -> list[str]:
+    """The answer's sentences as escaped HTML (heads clickable, figures bold)."""
+    out = []
+    for label, parts in answer_parts(answer):
+        body = "".join(_head(v) if kind == "head" else f"<b>{_esc(v)}</b>" if kind == "num" else _esc(v)
+                       for kind, v in parts)
+        out.append(f"<b>{_esc(label)}</b>: {body}.")
+    return out
+
+
+def answer_lines(scan: Scan) -> list[str]:
+    """The answer as plain text lines (the terminal's), from the same :class:`Answer` as the report's box; the
+    pattern-called heads with a note where the scan found no circuit."""
+    answer = find_answer(scan)
+    if answer is None:
+        error = getattr(scan, "verified_error", None)
+        lines = ["No circuit found by faithfulness" + (f": {error}" if error else " (run with the circuit stage)")]
+        induction = ", ".join(head_name(h) for h in scan.induction_heads) or "none"
+        previous = ", ".join(head_name(h) for h in scan.previous_token_heads) or "none"
+        lines.append(f"Heads by pattern score alone: induction {induction}; previous-token {previous}.")
+        return lines
+    return [f"{label}: " + "".join(head_name(v) if kind == "head" else str(v) for kind, v in parts) + "."
+            for label, parts in answer_parts(answer)]
+
+
+__all__ = ["Answer", "AnswerEdge", "Link", "Story", "answer_html", "answer_lines", "answer_parts", "find_answer",
+           "find_story", "model_line", "sentences", "story_html"]
