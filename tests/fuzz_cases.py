@@ -718,6 +718,16 @@ case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "to
      tokens="tokens", ablate="option", ablate_top="int>=1", ablation_method="option", top_k="int>=1",
      circuit="bool")
 
+record("circuitkit:Track", "result record of track() (built and checked by it; Track.load reads a saved one)")
+case("circuitkit:track", lambda: {"checkpoints": [toy(), toy()], "steps": [0, 100], "tokens": spec(), "top_k": 2,
+     "out": tmp_out_dir(), "resume": True, "write_track": True, "device": "cpu", "allow_download": False,
+     "progress": False}, positional=("checkpoints",), tokens="tokens", top_k="int>=0", out="out_dir?",
+     resume="bool", write_track="bool", device="device?", allow_download="bool", progress="bool?",
+     extra_bad={"checkpoints": [("empty", const([]), STRICT), ("none", const(None), STRICT),
+                                ("missing-dir", const(["/nonexistent/step100"]), STRICT)],
+                "steps": [("duplicate", const([5, 5]), STRICT), ("too-few", const([1]), STRICT),
+                          ("negative", const([-1, 2]), STRICT)]})
+
 # --- circuitkit.detect
 record("circuitkit.detect:InductionLoss", "result record of induction_loss")
 record("circuitkit.detect:TokenBatch", "built by RepeatedTokens.build; every runner checks a user's TokenBatch "

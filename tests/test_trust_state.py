@@ -140,8 +140,6 @@ def test_training_mode_model_is_measured_without_dropout(dropout_bridge):
     assert loss_train == ck.induction_loss(dropout_bridge, tokens).repeated_copies
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline.scan runs its passes itself: it needs @keeps_model_state "
-                   "(circuitkit.models.state), added on the branch that rewrites pipeline.py; then drop this marker")
 def test_scan_of_a_training_mode_model_runs_without_dropout(dropout_bridge):
     tokens = ck.RepeatedTokens(block_len=6, batch=4, seed=0)
     dropout_bridge.eval()

@@ -127,6 +127,8 @@ def track(
     write_track = validate.boolean("track: write_track", write_track)
     allow_download = validate.boolean("track: allow_download", allow_download)
     device = validate.device("track: device", device)
+    if progress is not None:
+        progress = validate.boolean("track: progress", progress)
     out_dir = None
     if out is not None:
         from circuitkit.report.saving import prepare_directory
