@@ -651,11 +651,13 @@ back; their fields are checked where they are computed), so only their valid con
 
 def case(key: str, valid: Callable[[], dict[str, Any]], /, **kinds: Any) -> None:
     """``kinds``: argument -> kind; besides, ``positional`` (names passed positionally), ``extra_bad`` (argument ->
-    further bad values) and ``target`` (builds the callable, for bound methods)."""
+    further bad values), ``target`` (builds the callable, for bound methods) and ``named_kinds`` (argument -> kind
+    for arguments whose names are taken by these options, e.g. an argument called ``target``)."""
     assert key not in CASES, key
     positional = kinds.pop("positional", ())
     extra_bad = kinds.pop("extra_bad", None) or {}
     target = kinds.pop("target", None)
+    kinds.update(kinds.pop("named_kinds", None) or {})
     CASES[key] = Case(key, valid, kinds, positional, extra_bad, target)
 
 
@@ -727,6 +729,20 @@ case("circuitkit:track", lambda: {"checkpoints": [toy(), toy()], "steps": [0, 10
                                 ("missing-dir", const(["/nonexistent/step100"]), STRICT)],
                 "steps": [("duplicate", const([5, 5]), STRICT), ("too-few", const([1]), STRICT),
                           ("negative", const([-1, 2]), STRICT)]})
+
+record("circuitkit:Circuit", "result record of find_circuit() (built and checked by it)")
+case("circuitkit:find_circuit", lambda: {"model": toy(), "tokens": spec(), "target": 0.8, "method": "mean",
+     "necessity": True, "rank": "effect", "corrupt_seed": 0, "device": "cpu"}, positional=("model",),
+     model="model-loss", tokens="tokens", method="option", necessity="bool", rank="option",
+     corrupt_seed="seed", device="device?", named_kinds={"target": "real>0"},
+     extra_bad={"target": [("above-one", const(1.5), STRICT), ("zero", const(0.0), STRICT)],
+                "ranking": [("not-heads", const("abc"), STRICT), ("too-few", const([(0, 0)]), STRICT)]})
+CASES["circuitkit:find_circuit"].run_valid = False  # random toy weights: no head moves the loss (a clear error)
+case("circuitkit:faithfulness", lambda: {"model": toy(), "heads": [(0, 1)], "tokens": spec(), "method": "mean",
+     "corrupt_seed": 0, "device": "cpu"}, positional=("model", "heads"), model="model-loss", heads="heads",
+     tokens="tokens", method="option", corrupt_seed="seed", device="device?",
+     extra_bad={"heads": [("empty", const([]), STRICT)]})
+CASES["circuitkit:faithfulness"].run_valid = False  # random toy weights: no head moves the loss (a clear error)
 
 # --- circuitkit.detect
 record("circuitkit.detect:InductionLoss", "result record of induction_loss")

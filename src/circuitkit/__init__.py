@@ -13,6 +13,8 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   :func:`head_scores`, :func:`induction_loss`, :func:`ablation_effects`, :func:`attribution_effects`;
   scores are a registry (``circuitkit.detect.register``).
 - Edge-level causal evidence: :func:`path_patching`, :func:`edge_attribution` (``circuitkit.circuits``).
+- The circuit by faithfulness: :func:`find_circuit` -> :class:`Circuit`, :func:`faithfulness`.
+- Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located).
 - Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.models`` (toy model, adapters),
   ``circuitkit.zoo`` (bundled known-answer models), ``circuitkit.viz`` (figures), ``circuitkit.theory``
   (the seed exercises, computed).
@@ -57,6 +59,9 @@ _LAZY: dict[str, str] = {
     "path_patching": "circuitkit.circuits.patching",
     "edge_attribution": "circuitkit.circuits.attribution",
     "circuit_evidence": "circuitkit.circuits.evidence",
+    "find_circuit": "circuitkit.circuits.faithfulness",
+    "faithfulness": "circuitkit.circuits.faithfulness",
+    "Circuit": "circuitkit.circuits.faithfulness",
     "track": "circuitkit.tracking", "Track": "circuitkit.tracking",
 }
 _SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report"}

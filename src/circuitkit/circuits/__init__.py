@@ -31,6 +31,8 @@ _LAZY = {
     "CircuitEvidence": "circuitkit.circuits.evidence",
     "EdgeEvidence": "circuitkit.circuits.evidence",
     "circuit_evidence": "circuitkit.circuits.evidence",
+    "Circuit": "circuitkit.circuits.faithfulness",
+    "find_circuit": "circuitkit.circuits.faithfulness",
 }
 __all__ = sorted(_LAZY)
 

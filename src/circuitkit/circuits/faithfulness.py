@@ -47,6 +47,7 @@ from circuitkit.detect.loss import token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
 
 FAITHFULNESS_METHODS = ("mean", "zero", "resample")
@@ -348,6 +349,7 @@ def check_target(where: str, target: Any) -> float:
     return validate.real(where, target, minimum=0.0, maximum=1.0, strict_minimum=True)
 
 
+@keeps_model_state
 def find_circuit(
     model: Any,
     tokens: RepeatedTokens | TokenBatch | None = None,
@@ -447,6 +449,7 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
                    ranking, ablator.passes + extra_passes, ranked_by=ranked_by)
 
 
+@keeps_model_state
 def faithfulness(
     model: Any,
     heads: Iterable[Head],
