@@ -178,6 +178,7 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
     from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
     from circuitkit.circuits.evidence import evidence_in
     from circuitkit.circuits.metrics import resolve_metric
+    from circuitkit.pipeline import EDGE_ATTRIBUTION_STEPS
     from tests.conftest import boot_bridge
 
     model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=kv_heads, seed=7)
@@ -197,11 +198,14 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
     # joint-path ranking is not run, and the top edges by attribution are patched instead)
     joint = result.verified is not None
     assert not joint or result.verified.ranked_by == "joint"
-    assert len(embedded) == 2 + joint + len(searched)
+    # integrated gradients on the inputs path: the corrupted input embedded once, then one pass per further point
+    integration = EDGE_ATTRIBUTION_STEPS if EDGE_ATTRIBUTION_STEPS > 1 else 0
+    assert len(embedded) == 2 + joint + len(searched) + integration
     composition = {mode.lower(): scores for mode, scores in result.composition.items()}
     ctx = context(model, tokens, "resample", DEFAULT_CORRUPT_SEED, None, "test")
     alone = evidence_in(ctx, resolve_metric("loss", "test"), composition, result.settings.top_k,
-                        result.settings.n_patch, result.verified.heads if joint else None)
+                        result.settings.n_patch, result.verified.heads if joint else None,
+                        steps=EDGE_ATTRIBUTION_STEPS)
     scale = float(alone.attribution.scores.nan_to_num().abs().max())
     torch.testing.assert_close(result.circuit.attribution.scores, alone.attribution.scores, equal_nan=True,
                                atol=1e-5 * scale, rtol=1e-4)

@@ -23,10 +23,11 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from circuitkit.tracking.result import Track
+Track = Any
+"""A :class:`circuitkit.tracking.result.Track` (not imported: ``tracking.result`` imports this module to write its
+report, and the two must not import each other)."""
 
 WIDTH, HEIGHT = 860, 300
 MARGIN = (56, 150, 28, 44)  # left, right, top, bottom: the right margin holds the legend
