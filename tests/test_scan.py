@@ -195,13 +195,19 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
     # pass, the stacked faithfulness passes) and the evidence's corrupted pass; patching resumes mid-model
     # (a random model whose heads together barely move the loss has no circuit: one pass finds that out, the
     # joint-path ranking is not run, and the top edges by attribution are patched instead)
+    # edge attribution's integrated path adds, for its points k = 1 .. steps - 1, one pass each from the embedding,
+    # and once the embedded corrupted input (a pass stopped at blocks.0.hook_resid_pre: it calls embed too)
+    from circuitkit.pipeline import EDGE_ATTRIBUTION_STEPS
+
+    integration = (EDGE_ATTRIBUTION_STEPS - 1) + (EDGE_ATTRIBUTION_STEPS > 1)
     joint = result.verified is not None
     assert not joint or result.verified.ranked_by == "joint"
-    assert len(embedded) == 2 + joint + len(searched)
+    assert len(embedded) == 2 + joint + len(searched) + integration
     composition = {mode.lower(): scores for mode, scores in result.composition.items()}
     ctx = context(model, tokens, "resample", DEFAULT_CORRUPT_SEED, None, "test")
     alone = evidence_in(ctx, resolve_metric("loss", "test"), composition, result.settings.top_k,
-                        result.settings.n_patch, result.verified.heads if joint else None)
+                        result.settings.n_patch, result.verified.heads if joint else None,
+                        steps=result.settings.edge_attribution_steps)
     scale = float(alone.attribution.scores.nan_to_num().abs().max())
     torch.testing.assert_close(result.circuit.attribution.scores, alone.attribution.scores, equal_nan=True,
                                atol=1e-5 * scale, rtol=1e-4)
@@ -272,3 +278,11 @@ def test_non_terminal_cli_prints_stage_lines_and_the_answer(tmp_path, capsys):
     scores = json.loads((tmp_path / "scores.json").read_text())
     assert f"Faithfulness: {scores['circuit']['faithfulness']:.2f}" in out
     assert all(name in out for name in scores["circuit"]["heads"])
+
+
+def test_cli_ablate_top_default_is_the_library_default():
+    from circuitkit.cli import build_parser
+    from circuitkit.pipeline import DEFAULT_ABLATE_TOP
+
+    args = build_parser().parse_args(["scan"])
+    assert args.ablate_top == DEFAULT_ABLATE_TOP

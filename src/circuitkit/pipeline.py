@@ -55,9 +55,15 @@ from circuitkit.ranking import Head, top_heads
 from circuitkit.scan_types import HeadEffects, ModelSummary, Role, Scan, ScanSettings, StageRecord
 
 ABLATE_OPTIONS = ("top", "all", "none")
-DEFAULT_ABLATE_TOP = 16
-DEFAULT_N_PATCH = 16
-"""Edges between the circuit's heads path-patched exactly (those with the largest |edge attribution|)."""
+DEFAULT_ABLATE_TOP = 8
+"""Heads ranked by |attribution| ablated exactly (joined with the called heads). Each costs about one resumed pass
+of the batch; beyond the top 8 the exact effects of random-weight GPT-2-small / SmolLM shapes only confirm the
+estimate's order (see benchmarks/README.md, "Scan"), and the circuit search ranks heads on its own joint path."""
+DEFAULT_N_PATCH = 8
+"""Edges between the circuit's heads path-patched exactly (those with the largest |edge attribution|), each about
+one resumed pass. Eight covers every previous-token -> induction K-edge of the bundled model's largest circuit
+(2 x 4 heads at target 0.99: its eight K-edges rank first by two-step edge attribution, every Q/V edge below them
+carries under 0.006 nats), and more than the ``top_k`` edges the answer lists."""
 COMPOSITION_MODES = ("Q", "K", "V")
 SPECTRA = ("QK", "OV")
 
