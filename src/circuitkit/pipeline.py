@@ -437,7 +437,7 @@ def scan(
             (default: ``ablation_method``).
         circuit_rank: the order heads join the circuit (:data:`circuitkit.circuits.faithfulness.RANKINGS`):
             ``"joint"`` (default: integrated gradients along the joint all-ablated -> clean path, so heads that
-            matter together join together; about 9 passes), ``"effect"`` (exact single-head ablation where
+            matter together join together; about 6 passes), ``"effect"`` (exact single-head ablation where
             measured, else the estimate; no extra pass), ``"auto"`` (effect, and joint too where the effect
             ranking needs more than 10% of the heads).
         roles: the roles the answer gives circuit heads (default :data:`DEFAULT_ROLES`): :class:`Role` s or

@@ -288,9 +288,11 @@ def search(
     return high, all_ablated, measured[high][1], measured
 
 
-DEFAULT_JOINT_STEPS = 3
+DEFAULT_JOINT_STEPS = 2
 """Midpoints of the joint path from every head ablated to none (``alpha = (k + 1/2) / steps``) averaged by
-:func:`joint_attribution`; all of them run as stacked copies in one forward and one backward pass."""
+:func:`joint_attribution`; all of them run as stacked copies in one forward and one backward pass (``3 * steps``
+passes). Two order the bundled model's heads and the hand-built circuit's exactly as 16 midpoints do (the shares
+themselves within 15% of the largest), for 6 passes instead of 9 at three."""
 
 
 def joint_attribution(ablator: Ablator, steps: int = DEFAULT_JOINT_STEPS) -> Tensor:
