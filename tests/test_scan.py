@@ -237,12 +237,15 @@ def test_progress_plan_equals_the_stages_run_and_ends_at_the_work_done(model, ab
     if ablate == "none":
         assert "ablate" not in ran
     else:  # the ablate stage's passes are counted from the heads actually ablated (resumed at their layer)
-        from circuitkit.pipeline import ablation_cost
+        from circuitkit.pipeline import ablation_cost, ablation_groups
 
         heads = [tuple(h) for h in result.ablation.exact.nonzero().tolist()]
-        groups = len(result.circuit_ablation)
+        groups = ablation_groups(result.head_scores)
+        assert set(groups) == set(result.circuit_ablation)
+        # the called heads together: one pass resumed at their first layer (a full pass from layer 0)
+        together = sum((2 - min(layer for layer, _ in g)) / 2 for g in groups.values())
         stage = next(s for s in result.stages if s.name == "ablate")
-        assert stage.passes == pytest.approx(ablation_cost(heads, 2, True) + groups)
+        assert stage.passes == pytest.approx(ablation_cost(heads, 2, True) + together)
 
 
 def test_progress_bar_ends_at_100_percent(model):
@@ -286,3 +289,23 @@ def test_cli_ablate_top_default_is_the_library_default():
 
     args = build_parser().parse_args(["scan"])
     assert args.ablate_top == DEFAULT_ABLATE_TOP
+
+
+def test_heads_ablated_together_resume_at_their_first_layer_and_equal_the_full_pass(model):
+    """ablate_together resumes from the clean run's residual stream at the first ablated layer; the result equals
+    the full forward pass (a clean run without saved residual streams) to float tolerance."""
+    from circuitkit.detect.ablation import ablate_together, together_cost
+    from circuitkit.detect.clean_run import clean_run
+    from circuitkit.detect.tokens import as_batch
+    from circuitkit.models.contract import adapt
+
+    adapter = adapt(model)
+    batch = as_batch(RepeatedTokens(batch=4), adapter)
+    saved = clean_run(adapter, batch, z_means=True, resid_layers=[1])
+    full = clean_run(adapter, batch, z_means=True)
+    heads = [(1, 0), (1, 2)]
+    assert together_cost(heads, 2, saved, adapter) == 0.5 and together_cost(heads, 2, full, adapter) == 1.0
+    assert together_cost([(0, 1), *heads], 2, saved, adapter) == 1.0
+    resumed = ablate_together(adapter, saved, heads, "mean")
+    assert resumed == pytest.approx(ablate_together(adapter, full, heads, "mean"), abs=1e-5)
+    assert abs(resumed) > 1e-3  # the heads matter: the comparison is not of two zeros

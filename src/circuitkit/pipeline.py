@@ -40,7 +40,7 @@ import torch
 
 from circuitkit import validate
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET
-from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together
+from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together, together_cost
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
 from circuitkit.detect.attribution import attribute
@@ -284,7 +284,7 @@ def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str
     work.agreement = agreement(work.attribution, work.ablation)
     for label, heads in groups.items():
         work.circuit_ablation[label] = ablate_together(adapter, work.run, list(heads), ablation_method)
-        bar.advance(1)
+        bar.advance(together_cost(list(heads), spec.n_layers, work.run, adapter))
 
 
 def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect") -> float:
