@@ -56,9 +56,10 @@ from circuitkit.scan_types import HeadEffects, ModelSummary, Role, Scan, ScanSet
 
 ABLATE_OPTIONS = ("top", "all", "none")
 DEFAULT_ABLATE_TOP = 8
-"""Heads ranked by |attribution| ablated exactly (joined with the called heads). Each costs about one resumed pass
-of the batch; beyond the top 8 the exact effects of random-weight GPT-2-small / SmolLM shapes only confirm the
-estimate's order (see benchmarks/README.md, "Scan"), and the circuit search ranks heads on its own joint path."""
+"""Heads ranked by |attribution| ablated exactly (joined with the called heads), each about one resumed pass of
+the batch. The exact set feeds the agreement figure and the ranked table (the circuit search ranks heads on its
+own joint path); 8 keeps the scan near 24 counted passes on GPT-2-small / SmolLM shapes, Spearman over the set
+measured in benchmarks/README.md ("Scan")."""
 DEFAULT_N_PATCH = 8
 """Edges between the circuit's heads path-patched exactly (those with the largest |edge attribution|), each about
 one resumed pass. Eight covers every previous-token -> induction K-edge of the bundled model's largest circuit
