@@ -187,3 +187,15 @@ def test_joint_path_shares_add_up_to_the_gap_and_find_the_circuit(model):
     assert set(circuit.heads) == set(entry.induction_heads) | set(entry.previous_token_heads)
     with pytest.raises(CircuitkitError, match="rank"):
         find_circuit(model, TOKENS, rank="greedy")
+
+
+@pytest.mark.parametrize("target", [0.3, 0.8])
+def test_search_runs_no_geometric_size_past_the_first_reaching_the_target(model, target):
+    circuit = find_circuit(model, TOKENS, target=target, rank="effect")
+    measured = {p.n_heads: p.faithfulness for p in circuit.curve}
+    total = 8
+    first = min(n for n in geometric_sizes(total) if n in measured and measured[n] >= target)
+    assert all(n <= first or n == total for n in measured)
+    assert all(measured[n] < target for n in geometric_sizes(total) if n < first)  # every smaller size was run
+    # n = 0 and every other size measured but n = 8 (the clean run) cost one pass each, necessity one more
+    assert circuit.passes == 1 + (len(measured) - 2) + 1

@@ -178,7 +178,6 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
     from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
     from circuitkit.circuits.evidence import evidence_in
     from circuitkit.circuits.metrics import resolve_metric
-    from circuitkit.pipeline import EDGE_ATTRIBUTION_STEPS
     from tests.conftest import boot_bridge
 
     model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=kv_heads, seed=7)
@@ -196,16 +195,19 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
     # pass, the stacked faithfulness passes) and the evidence's corrupted pass; patching resumes mid-model
     # (a random model whose heads together barely move the loss has no circuit: one pass finds that out, the
     # joint-path ranking is not run, and the top edges by attribution are patched instead)
+    # edge attribution's integrated path adds, for its points k = 1 .. steps - 1, one pass each from the embedding,
+    # and once the embedded corrupted input (a pass stopped at blocks.0.hook_resid_pre: it calls embed too)
+    from circuitkit.pipeline import EDGE_ATTRIBUTION_STEPS
+
+    integration = (EDGE_ATTRIBUTION_STEPS - 1) + (EDGE_ATTRIBUTION_STEPS > 1)
     joint = result.verified is not None
     assert not joint or result.verified.ranked_by == "joint"
-    # integrated gradients on the inputs path: the corrupted input embedded once, then one pass per further point
-    integration = EDGE_ATTRIBUTION_STEPS if EDGE_ATTRIBUTION_STEPS > 1 else 0
     assert len(embedded) == 2 + joint + len(searched) + integration
     composition = {mode.lower(): scores for mode, scores in result.composition.items()}
     ctx = context(model, tokens, "resample", DEFAULT_CORRUPT_SEED, None, "test")
     alone = evidence_in(ctx, resolve_metric("loss", "test"), composition, result.settings.top_k,
                         result.settings.n_patch, result.verified.heads if joint else None,
-                        steps=EDGE_ATTRIBUTION_STEPS)
+                        steps=result.settings.edge_attribution_steps)
     scale = float(alone.attribution.scores.nan_to_num().abs().max())
     torch.testing.assert_close(result.circuit.attribution.scores, alone.attribution.scores, equal_nan=True,
                                atol=1e-5 * scale, rtol=1e-4)
@@ -235,12 +237,15 @@ def test_progress_plan_equals_the_stages_run_and_ends_at_the_work_done(model, ab
     if ablate == "none":
         assert "ablate" not in ran
     else:  # the ablate stage's passes are counted from the heads actually ablated (resumed at their layer)
-        from circuitkit.pipeline import ablation_cost
+        from circuitkit.pipeline import ablation_cost, ablation_groups
 
         heads = [tuple(h) for h in result.ablation.exact.nonzero().tolist()]
-        groups = len(result.circuit_ablation)
+        groups = ablation_groups(result.head_scores)
+        assert set(groups) == set(result.circuit_ablation)
+        # the called heads together: one pass resumed at their first layer (a full pass from layer 0)
+        together = sum((2 - min(layer for layer, _ in g)) / 2 for g in groups.values())
         stage = next(s for s in result.stages if s.name == "ablate")
-        assert stage.passes == pytest.approx(ablation_cost(heads, 2, True) + groups)
+        assert stage.passes == pytest.approx(ablation_cost(heads, 2, True) + together)
 
 
 def test_progress_bar_ends_at_100_percent(model):
@@ -276,3 +281,31 @@ def test_non_terminal_cli_prints_stage_lines_and_the_answer(tmp_path, capsys):
     scores = json.loads((tmp_path / "scores.json").read_text())
     assert f"Faithfulness: {scores['circuit']['faithfulness']:.2f}" in out
     assert all(name in out for name in scores["circuit"]["heads"])
+
+
+def test_cli_ablate_top_default_is_the_library_default():
+    from circuitkit.cli import build_parser
+    from circuitkit.pipeline import DEFAULT_ABLATE_TOP
+
+    args = build_parser().parse_args(["scan"])
+    assert args.ablate_top == DEFAULT_ABLATE_TOP
+
+
+def test_heads_ablated_together_resume_at_their_first_layer_and_equal_the_full_pass(model):
+    """ablate_together resumes from the clean run's residual stream at the first ablated layer; the result equals
+    the full forward pass (a clean run without saved residual streams) to float tolerance."""
+    from circuitkit.detect.ablation import ablate_together, together_cost
+    from circuitkit.detect.clean_run import clean_run
+    from circuitkit.detect.tokens import as_batch
+    from circuitkit.models.contract import adapt
+
+    adapter = adapt(model)
+    batch = as_batch(RepeatedTokens(batch=4), adapter)
+    saved = clean_run(adapter, batch, z_means=True, resid_layers=[1])
+    full = clean_run(adapter, batch, z_means=True)
+    heads = [(1, 0), (1, 2)]
+    assert together_cost(heads, 2, saved, adapter) == 0.5 and together_cost(heads, 2, full, adapter) == 1.0
+    assert together_cost([(0, 1), *heads], 2, saved, adapter) == 1.0
+    resumed = ablate_together(adapter, saved, heads, "mean")
+    assert resumed == pytest.approx(ablate_together(adapter, full, heads, "mean"), abs=1e-5)
+    assert abs(resumed) > 1e-3  # the heads matter: the comparison is not of two zeros

@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--ablate", choices=("top", "all", "none"), default=None,
                       help="exact ablation of the top heads by attribution plus the detected circuit (top, the "
                       "default), of every head (all), or none")
-    scan.add_argument("--ablate-top", type=_int_in(1), default=16, metavar="K",
-                      help="heads ranked by |attribution| to ablate exactly with --ablate top (16)")
+    # pipeline.DEFAULT_ABLATE_TOP, not imported: --help stays free of torch (a test checks they agree)
+    scan.add_argument("--ablate-top", type=_int_in(1), default=8, metavar="K",
+                      help="heads ranked by |attribution| to ablate exactly with --ablate top (8)")
     scan.add_argument("--ablation-method", choices=("mean", "zero"), default="mean",
                       help="replace a head's output by its mean (default) or by zeros")
     scan.add_argument("--top-k", type=_int_in(1), default=5, metavar="K",

@@ -15,6 +15,11 @@ from the clean residual stream saved by the one clean pass, instead of recomputi
 (ablating a head of layer ``l`` changes nothing before it, so the result is the same to float tolerance).
 Only the heads asked for are ablated (``heads=``): :func:`circuitkit.scan` ablates the heads attribution
 ranks first plus the detected circuit, not all of them.
+
+The loss is read only at the repeated copies (:func:`circuitkit.detect.loss.token_losses` takes the log-softmax
+there only), but at each of those positions over the full vocabulary: ``loss = logsumexp(logits) - logit[next]``,
+and the normaliser ``logsumexp`` needs every one of the ``d_vocab`` logits, so the unembedding and the
+log-softmax cannot be narrowed to the target tokens without changing the loss.
 """
 
 from __future__ import annotations
@@ -136,9 +141,17 @@ def ablate(
     return HeadEffects(kind="ablation", method=method, clean_loss=clean, effect=effect, exact=exact)
 
 
+def together_cost(heads: list[Head], n_layers: int, run: CleanRun, adapter: ModelAdapter) -> float:
+    """Forward passes :func:`ablate_together` spends on ``heads``: one, or ``(L - l) / L`` resumed at layer ``l``."""
+    first = min(layer for layer, _ in heads)
+    resumed = adapter.can_resume and first > 0 and first in run.resid_pre
+    return (n_layers - first) / n_layers if resumed else 1.0
+
+
 def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], method: str) -> float:
-    """The rise of the repeated-copies loss when all ``heads`` are ablated at once (one forward pass): what
-    removing a whole circuit does, which single-head effects do not add up to when heads back each other up."""
+    """The rise of the repeated-copies loss when all ``heads`` are ablated at once (one forward pass, resumed at the
+    first ablated layer where ``run`` saved its residual stream): what removing a whole circuit does, which
+    single-head effects do not add up to when heads back each other up."""
     if not heads:
         raise validate.fail("ablate_together: heads", heads, "at least one (layer, head)")
     values = replacements(adapter, run, method)
@@ -156,8 +169,12 @@ def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], met
         return hook
 
     hooks = [(HOOKS.z(layer), hook_for(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
+    first = min(by_layer)
     with torch.no_grad():
-        logits = adapter.run(run.batch.tokens, hooks)
+        if together_cost(heads, adapter.spec.n_layers, run, adapter) < 1.0:
+            logits = adapter.run_from(run.resid_pre[first], first, hooks)
+        else:
+            logits = adapter.run(run.batch.tokens, hooks)
     losses = token_losses(logits, run.batch.tokens, run.batch.repeated_copies).cpu()
     return float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
 
@@ -205,4 +222,5 @@ __all__ = [
     "ablation_effects",
     "check_heads",
     "replacements",
+    "together_cost",
 ]
