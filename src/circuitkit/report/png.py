@@ -8,9 +8,12 @@ its driver; ``playwright install`` is never needed). Every network request is bl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from circuitkit.errors import CircuitkitError
 
@@ -59,23 +62,13 @@ def require_browser(caller: str) -> str:
     return executable
 
 
-def export_pngs(report: str | os.PathLike, out_dir: str | os.PathLike, *, scale: float = 2.0) -> list[Path]:
-    """Screenshot every exported view of a written ``report`` into ``out_dir/<view>.png``; the paths written.
-
-    Views: each section marked for export (``summary``, ``heads``, ``scores``, ``composition-Q/K/V`` (one per
-    mode), ``circuit``, ``loss``) and ``head-<layer.head>`` (the head panel of the head selected at load).
-    """
+@contextlib.contextmanager
+def offline_page(report: Path, caller: str, scale: float) -> Iterator[Any]:
+    """A headless Chromium page (Playwright) showing the written ``report``, with the network blocked (only
+    ``file:`` URLs load); the browser is closed when the block ends."""
     from playwright.sync_api import sync_playwright
 
-    from circuitkit import validate
-
-    executable = require_browser("export_pngs")
-    scale = validate.real("export_pngs: scale", scale, minimum=0.25)
-    report, out = Path(report).resolve(), Path(out_dir)
-    if not report.is_file():
-        raise validate.fail("export_pngs: report", str(report), "a report.html written by save()")
-    out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    executable = require_browser(caller)
     with sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=executable, args=list(CHROMIUM_FLAGS))
         try:
@@ -83,31 +76,50 @@ def export_pngs(report: str | os.PathLike, out_dir: str | os.PathLike, *, scale:
             page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
                        else route.abort())
             page.goto(report.as_uri())
-            page.wait_for_function("document.documentElement.dataset.ckReady !== undefined", timeout=READY_TIMEOUT_MS)
-            if page.evaluate("document.documentElement.dataset.ckReady") != "true":
-                raise CircuitkitError(f"export_pngs: the report {str(report)!r} failed to draw: "
-                                      f"{page.inner_text('#ck-status')}")
-
-            def shoot(selector: str, name: str) -> None:
-                path = out / f"{name}.png"
-                page.locator(selector).screenshot(path=str(path))
-                written.append(path)
-
-            for section in page.evaluate("Array.from(document.querySelectorAll('[data-png]'), e => e.dataset.png)"):
-                if section == "composition":
-                    for mode in page.evaluate("Array.from(document.querySelectorAll('.ck-mode'), b => b.dataset.mode)"):
-                        page.evaluate("m => window.circuitkitReport.showMode(m)", mode)
-                        shoot("#ck-sec-composition", f"composition-{mode}")
-                    if not written or not written[-1].stem.startswith("composition-"):
-                        shoot("#ck-sec-composition", "composition")
-                else:
-                    shoot(f"#ck-sec-{section}", section)
-            head = page.evaluate("document.getElementById('ck-detail').dataset.head || ''")
-            if head:
-                shoot("#ck-detail", f"head-{head}")
+            yield page
         finally:
             browser.close()
+
+
+def export_pngs(report: str | os.PathLike, out_dir: str | os.PathLike, *, scale: float = 2.0) -> list[Path]:
+    """Screenshot every exported view of a written ``report`` into ``out_dir/<view>.png``; the paths written.
+
+    Views: each section marked for export (``summary``, ``heads``, ``scores``, ``composition-Q/K/V`` (one per
+    mode), ``circuit``, ``loss``) and ``head-<layer.head>`` (the head panel of the head selected at load).
+    """
+    from circuitkit import validate
+
+    require_browser("export_pngs")
+    scale = validate.real("export_pngs: scale", scale, minimum=0.25)
+    report, out = Path(report).resolve(), Path(out_dir)
+    if not report.is_file():
+        raise validate.fail("export_pngs: report", str(report), "a report.html written by save()")
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    with offline_page(report, "export_pngs", scale) as page:
+        page.wait_for_function("document.documentElement.dataset.ckReady !== undefined", timeout=READY_TIMEOUT_MS)
+        if page.evaluate("document.documentElement.dataset.ckReady") != "true":
+            raise CircuitkitError(f"export_pngs: the report {str(report)!r} failed to draw: "
+                                  f"{page.inner_text('#ck-status')}")
+
+        def shoot(selector: str, name: str) -> None:
+            path = out / f"{name}.png"
+            page.locator(selector).screenshot(path=str(path))
+            written.append(path)
+
+        for section in page.evaluate("Array.from(document.querySelectorAll('[data-png]'), e => e.dataset.png)"):
+            if section == "composition":
+                for mode in page.evaluate("Array.from(document.querySelectorAll('.ck-mode'), b => b.dataset.mode)"):
+                    page.evaluate("m => window.circuitkitReport.showMode(m)", mode)
+                    shoot("#ck-sec-composition", f"composition-{mode}")
+                if not written or not written[-1].stem.startswith("composition-"):
+                    shoot("#ck-sec-composition", "composition")
+            else:
+                shoot(f"#ck-sec-{section}", section)
+        head = page.evaluate("document.getElementById('ck-detail').dataset.head || ''")
+        if head:
+            shoot("#ck-detail", f"head-{head}")
     return written
 
 
-__all__ = ["CHROMIUM_FLAGS", "export_pngs", "find_chromium"]
+__all__ = ["CHROMIUM_FLAGS", "export_pngs", "find_chromium", "offline_page"]
