@@ -1,7 +1,10 @@
-"""The ``circuitkit`` command line: argument parsing, then ``circuitkit.scan(...).save(...)``.
+"""The ``circuitkit`` command line: argument parsing, then ``circuitkit.scan(...).save(...)`` (the ranked table and
+the answer printed) or ``circuitkit.track(...)``.
 
 ``circuitkit scan [MODEL] [--out DIR] [--device D] [--device-map auto] [--block-len N] [--batch B] [--seed S]
 [--ablate top|all|none] [--ablate-top K] [--quick] [--sort COLUMN] [--top-k K] [--json] [--png] [--allow-download]``
+
+``circuitkit track CKPT...|RUN_DIR [--out DIR] [--steps N,N,...] [--no-merge]`` / ``circuitkit track --merge DIR``
 
 Every error is one ``circuitkit: error: ...`` line on stderr and exit code 2 (argparse's own errors too);
 Ctrl-C is one ``circuitkit: interrupted`` line and exit code 130, with earlier outputs left intact (the
@@ -63,7 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"circuitkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    add_track_parser(sub)  # defined with run_track below (kept apart from the scan's arguments)
     scan = sub.add_parser(
         "scan",
         help="score every head, check the important ones causally, and write an offline HTML report",
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="let a model name be fetched from the Hugging Face hub (default: local cache only)")
     scan.add_argument("--png", action="store_true",
                       help="also export every figure as DIR/png/*.png (needs headless Chromium)")
+    add_track_parser(sub)  # defined with run_track below (kept apart from the scan's arguments)
     return parser
 
 
