@@ -113,12 +113,14 @@ def test_edge_attribution_and_path_patching_equal(pair, metric):
 
 
 def test_scan_equal(pair):
-    """The whole pipeline, edge evidence included, on the offloaded model."""
+    """The whole pipeline, edge evidence included, on the offloaded model. Every head is ablated: the top-k by
+    |attribution| of a random model has near-ties that float rounding may order either way, and what is compared
+    here is each head's exact effect, not which heads the estimate picks."""
     from circuitkit import scan
 
     whole, sharded = pair
-    a = scan(whole, tokens=TOKENS, ablate="top", progress=False)
-    b = scan(sharded, tokens=TOKENS, ablate="top", progress=False)
+    a = scan(whole, tokens=TOKENS, ablate="all", progress=False)
+    b = scan(sharded, tokens=TOKENS, ablate="all", progress=False)
     torch.testing.assert_close(b.ablation.effect, a.ablation.effect, atol=SHARD_TOL, rtol=0)
     assert [r.name for r in b.circuit.rows] == [r.name for r in a.circuit.rows] and a.circuit.rows
     torch.testing.assert_close(torch.tensor([r.attribution for r in b.circuit.rows]),
