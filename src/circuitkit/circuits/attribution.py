@@ -246,36 +246,31 @@ def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alpha: float) 
         start = x.mean(dim=0, keepdim=True) if base is None else base.to(x.device, x.dtype)
         return start + alpha * (x - start)
 
-    tap = GradientTap(ctx, m, leaf=True)
-    with frozen_parameters(ctx.adapter.model), torch.enable_grad():
-        try:
-            logits = ctx.adapter.run(ctx.batch.tokens, [(HOOKS.resid_pre(0), interpolate), *tap.hooks()])
-        except StopForward:
-            logits = None
-        if m.local:
-            total = torch.stack(tap.local_scores).sum()
-        else:
-            total = check_value(m.fn(logits, ctx.batch), "edge_attribution: metric(interpolated logits)")
-        found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
-        return tap.record(total, found)
+    return _tapped_pass(ctx, m, [(HOOKS.resid_pre(0), interpolate)], "interpolated logits")
 
 
 def _clean_gradients(ctx: Context, m: Metric) -> None:
     """One clean forward pass with gradients and one backward pass (:class:`GradientTap` on a pass of its own),
     leaving ``ctx.clean``: ``dM/d(q, k, v)`` per query head for every layer >= 1 (``grads[(c, l)]`` ``[batch, pos,
     head, d_head]``), the clean ``z`` and ``resid_pre`` of layers >= 1 and the metric's value."""
+    ctx.clean = _tapped_pass(ctx, m, [], "clean logits")
+
+
+def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str) -> CleanRun:
+    """One forward pass of the batch with ``hooks`` and a :class:`GradientTap` of its own, then one backward pass of
+    the metric to the tap's inputs (parameters frozen: only the receivers' gradients are wanted)."""
     tap = GradientTap(ctx, m, leaf=True)
-    with torch.enable_grad():
+    with frozen_parameters(ctx.adapter.model), torch.enable_grad():
         try:
-            logits = ctx.adapter.run(ctx.batch.tokens, tap.hooks())
+            logits = ctx.adapter.run(ctx.batch.tokens, [*hooks, *tap.hooks()])
         except StopForward:
             logits = None
         if m.local:
             total = torch.stack(tap.local_scores).sum()
         else:
-            total = check_value(m.fn(logits, ctx.batch), "edge_attribution: metric(clean logits)")
+            total = check_value(m.fn(logits, ctx.batch), f"edge_attribution: metric({what})")
         found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
-        tap.finish(total, found)
+        return tap.record(total, found)
 
 
 class GradientTap:
