@@ -63,12 +63,21 @@ def require_browser(caller: str) -> str:
 
 
 @contextlib.contextmanager
-def offline_page(report: Path, caller: str, scale: float) -> Iterator[Any]:
-    """A headless Chromium page (Playwright) showing the written ``report``, with the network blocked (only
-    ``file:`` URLs load); the browser is closed when the block ends."""
+def offline_page(report: str | os.PathLike, out_dir: str | os.PathLike, *, caller: str, scale: float,
+                 written_by: str) -> Iterator[tuple[Any, Path]]:
+    """``(page, out)``: a headless Chromium page (Playwright) showing the written ``report`` with the network blocked
+    (only ``file:`` URLs load), and ``out_dir`` created for the PNGs; the browser is closed when the block ends.
+    ``scale`` (>= 0.25) and the report (a file, ``written_by`` names what writes one) are checked first."""
     from playwright.sync_api import sync_playwright
 
+    from circuitkit import validate
+
     executable = require_browser(caller)
+    scale = validate.real(f"{caller}: scale", scale, minimum=0.25)
+    report, out = Path(report).resolve(), Path(out_dir)
+    if not report.is_file():
+        raise validate.fail(f"{caller}: report", str(report), f"a report.html written by {written_by}")
+    out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=executable, args=list(CHROMIUM_FLAGS))
         try:
@@ -76,7 +85,7 @@ def offline_page(report: Path, caller: str, scale: float) -> Iterator[Any]:
             page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
                        else route.abort())
             page.goto(report.as_uri())
-            yield page
+            yield page, out
         finally:
             browser.close()
 
@@ -87,19 +96,11 @@ def export_pngs(report: str | os.PathLike, out_dir: str | os.PathLike, *, scale:
     Views: each section marked for export (``summary``, ``heads``, ``scores``, ``composition-Q/K/V`` (one per
     mode), ``circuit``, ``loss``) and ``head-<layer.head>`` (the head panel of the head selected at load).
     """
-    from circuitkit import validate
-
-    require_browser("export_pngs")
-    scale = validate.real("export_pngs: scale", scale, minimum=0.25)
-    report, out = Path(report).resolve(), Path(out_dir)
-    if not report.is_file():
-        raise validate.fail("export_pngs: report", str(report), "a report.html written by save()")
-    out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    with offline_page(report, "export_pngs", scale) as page:
+    with offline_page(report, out_dir, caller="export_pngs", scale=scale, written_by="save()") as (page, out):
         page.wait_for_function("document.documentElement.dataset.ckReady !== undefined", timeout=READY_TIMEOUT_MS)
         if page.evaluate("document.documentElement.dataset.ckReady") != "true":
-            raise CircuitkitError(f"export_pngs: the report {str(report)!r} failed to draw: "
+            raise CircuitkitError(f"export_pngs: the report {str(Path(report).resolve())!r} failed to draw: "
                                   f"{page.inner_text('#ck-status')}")
 
         def shoot(selector: str, name: str) -> None:

@@ -348,17 +348,11 @@ def summary_html(track: Track) -> str:
 def export_track_pngs(report: str | os.PathLike, out_dir: str | os.PathLike, *, scale: float = 2.0) -> list[Path]:
     """Each section of a written track report as ``out_dir/<section>.png`` (headless Chromium, network blocked);
     the paths written."""
-    from circuitkit import validate
-    from circuitkit.report.png import offline_page, require_browser
+    from circuitkit.report.png import offline_page
 
-    require_browser("export_track_pngs")
-    scale = validate.real("export_track_pngs: scale", scale, minimum=0.25)
-    report, out = Path(report).resolve(), Path(out_dir)
-    if not report.is_file():
-        raise validate.fail("export_track_pngs: report", str(report), "a report.html written by Track.save()")
-    out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    with offline_page(report, "export_track_pngs", scale) as page:
+    with offline_page(report, out_dir, caller="export_track_pngs", scale=scale,
+                      written_by="Track.save()") as (page, out):
         for key in page.evaluate("Array.from(document.querySelectorAll('[data-png]'), e => e.dataset.png)"):
             path = out / f"{key}.png"
             page.locator(f"#ck-sec-{key}").screenshot(path=str(path))
