@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.detect.ablation import MAX_LOGIT_BYTES, MAX_SEQUENCES_PER_FORWARD, check_heads
-from circuitkit.detect.loss import token_losses
+from circuitkit.detect.ablation import check_heads, copies_per_forward
+from circuitkit.detect.loss import stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
@@ -141,10 +141,7 @@ class Ablator:
         self.batch = batch
         self.values = values
         self.passes = 0
-        spec = adapter.spec
-        n_batch = batch.tokens.shape[0]
-        per_copy = batch.tokens.numel() * spec.d_vocab * 4
-        self.per_forward = max(1, min(MAX_SEQUENCES_PER_FORWARD // n_batch, MAX_LOGIT_BYTES // per_copy))
+        self.per_forward = copies_per_forward(adapter, batch.tokens)
 
     def losses(self, ablated: Tensor) -> list[float]:
         """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
@@ -172,10 +169,9 @@ class Ablator:
         copies = tokens.repeat(S, 1)
         with torch.no_grad():
             logits = self.adapter.run(copies, [(HOOKS.z(layer), hook) for layer in layers])
-            losses = token_losses(logits, copies, self.batch.repeated_copies).float().cpu()
+            losses = stacked_losses(logits, copies, self.batch, S).cpu()
         self.passes += S
-        means = validate.finite_result("faithfulness", losses.view(S, -1).mean(dim=1),
-                                       why="the ablated model's logits overflowed")
+        means = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
         return [float(v) for v in means]
 
 
@@ -330,8 +326,7 @@ def joint_attribution(ablator: Ablator, steps: int = DEFAULT_JOINT_STEPS) -> Ten
     copies = tokens.repeat(steps, 1)
     with frozen_parameters(adapter.model), torch.enable_grad():
         logits = adapter.run(copies, [(HOOKS.z(layer), hook) for layer in range(spec.n_layers)])
-        losses = token_losses(logits, copies, batch.repeated_copies).float()
-        total = losses.view(steps, -1).mean(dim=1).sum()
+        total = stacked_losses(logits, copies, batch, steps).sum()
         layers = sorted(gates)
         grads = torch.autograd.grad(total, [gates[layer] for layer in layers], allow_unused=True)
     ablator.passes += 3 * steps

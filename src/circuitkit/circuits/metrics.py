@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.detect.loss import token_losses
+from circuitkit.detect.loss import stacked_losses
 from circuitkit.detect.tokens import TokenBatch, induction_targets
 
 METRICS: tuple[str, ...] = ("induction", "loss")
@@ -58,8 +58,7 @@ def repeated_loss(logits: Tensor, batch: TokenBatch) -> Tensor:
 def repeated_losses(logits: Tensor, batch: TokenBatch) -> Tensor:
     """:func:`repeated_loss` of stacked runs: ``logits`` ``[copies, batch, pos, d_vocab]`` -> ``[copies]``."""
     copies = logits.shape[0]
-    losses = token_losses(logits.flatten(0, 1), batch.tokens.repeat(copies, 1), batch.repeated_copies)
-    return losses.view(copies, -1).mean(dim=1)
+    return stacked_losses(logits.flatten(0, 1), batch.tokens.repeat(copies, 1), batch, copies)
 
 
 class InductionReader:

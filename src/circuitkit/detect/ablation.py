@@ -53,6 +53,13 @@ PROGRESS_MIN_HEADS = 64
 """Show a progress bar by default from this many ablated heads on (small models finish before it would draw)."""
 
 
+def copies_per_forward(adapter: ModelAdapter, tokens: Tensor) -> int:
+    """How many copies of the batch ``tokens`` ``[batch, pos]`` one forward pass stacks: at most
+    :data:`MAX_SEQUENCES_PER_FORWARD` sequences and :data:`MAX_LOGIT_BYTES` of float32 logits (at least one)."""
+    per_copy = tokens.numel() * adapter.spec.d_vocab * 4
+    return max(1, min(MAX_SEQUENCES_PER_FORWARD // tokens.shape[0], MAX_LOGIT_BYTES // per_copy))
+
+
 def check_heads(heads: Any, n_layers: int, n_heads: int, where: str) -> list[Head]:
     """``heads`` as a sorted list of distinct ``(layer, head)`` pairs inside the model; ``None``: every head."""
     if heads is None:
@@ -111,8 +118,7 @@ def ablate(
     tokens = batch.tokens
     repeated = batch.repeated_copies
     n_batch = tokens.shape[0]
-    per_copy = tokens.numel() * spec.d_vocab * 4
-    per_forward = max(1, min(MAX_SEQUENCES_PER_FORWARD // n_batch, MAX_LOGIT_BYTES // per_copy))
+    per_forward = copies_per_forward(adapter, tokens)
     values = replacements(adapter, run, method)
     effect = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     exact = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)

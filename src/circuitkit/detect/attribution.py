@@ -69,7 +69,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
 from circuitkit.detect.clean_run import CleanRun
-from circuitkit.detect.loss import token_losses
+from circuitkit.detect.loss import stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, HookFn, ModelAdapter, adapt
@@ -242,13 +242,6 @@ def _add(sums: dict[int, Tensor | None], layer: int, grad: Tensor | None, copies
     sums[layer] = grad if sums[layer] is None else sums[layer] + grad
 
 
-def _copies_loss(logits: Tensor, tokens: Tensor, batch: TokenBatch, copies: int) -> Tensor:
-    """The sum over ``copies`` stacked runs of each one's repeated-copies loss (so each copy's gradient is that
-    of its own loss)."""
-    losses = token_losses(logits, tokens, batch.repeated_copies)
-    return losses.view(copies, -1).mean(dim=1).sum()
-
-
 def input_embedding(adapter: ModelAdapter, tokens: Tensor) -> Tensor:
     """``blocks.0.hook_resid_pre`` of ``tokens`` (the embedded input, detached), from a pass stopped right there."""
     kept: list[Tensor] = []
@@ -303,8 +296,8 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
         with frozen_parameters(adapter.model), torch.enable_grad():
             logits = adapter.run(tokens, hooks)
             layers = sorted(leaves)
-            grads = torch.autograd.grad(_copies_loss(logits, tokens, batch, copies), [leaves[la] for la in layers],
-                                        allow_unused=True)
+            total = stacked_losses(logits, tokens, batch, copies).sum()  # each copy's gradient: its own loss
+            grads = torch.autograd.grad(total, [leaves[la] for la in layers], allow_unused=True)
         for layer, grad in zip(layers, grads, strict=True):
             _add(sums, layer, grad, copies)
 
@@ -336,7 +329,8 @@ def _layer_path(adapter: ModelAdapter, run: CleanRun, steps: int, values: dict[i
                     logits = adapter.run_from(run.resid_pre[layer].repeat(copies, 1, 1), layer, hooks)
                 else:
                     logits = adapter.run(tokens, hooks)
-                (grad,) = torch.autograd.grad(_copies_loss(logits, tokens, batch, copies), [leaf], allow_unused=True)
+                total = stacked_losses(logits, tokens, batch, copies).sum()  # each copy's gradient: its own loss
+                (grad,) = torch.autograd.grad(total, [leaf], allow_unused=True)
             _add(sums, layer, grad, copies)
 
 

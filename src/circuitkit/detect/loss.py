@@ -45,6 +45,14 @@ def token_losses(
     return -logprobs.gather(-1, targets[..., None])[..., 0]
 
 
+def stacked_losses(logits: Tensor, tokens: Int[Tensor, "copies_batch pos"], batch: TokenBatch,
+                   copies: int) -> Float[Tensor, " copies"]:
+    """The repeated-copies loss of each of ``copies`` runs of ``batch`` stacked along the batch axis: ``logits``
+    ``[copies * batch, pos, d_vocab]`` of ``tokens`` ``[copies * batch, pos]`` -> ``[copies]`` (float32, on
+    ``logits``' device); the mean of :func:`token_losses` at ``batch.repeated_copies`` per run."""
+    return token_losses(logits, tokens, batch.repeated_copies).view(copies, -1).mean(dim=1)
+
+
 def summarise(losses: Float[Tensor, "batch pos_minus_1"], batch: TokenBatch) -> InductionLoss:
     """:class:`InductionLoss` from per-token losses of ``batch``. Non-finite losses raise: they come from the
     model (overflowing logits), and a NaN mean would pass silently into every comparison."""
@@ -71,4 +79,4 @@ def induction_loss(
     return summarise(token_losses(logits, batch.tokens), batch)
 
 
-__all__ = ["InductionLoss", "induction_loss", "summarise", "token_losses"]
+__all__ = ["InductionLoss", "induction_loss", "stacked_losses", "summarise", "token_losses"]
