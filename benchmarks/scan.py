@@ -6,7 +6,11 @@ Models (the two Hugging Face checkpoints are saved by this script into a tempora
 - ``zoo induction-2l``: the bundled known-answer model (2 x 4 heads);
 - (a) GPT-2-small shape: 12 layers x 12 heads, d_model 768, vocab 50257, n_ctx 1024;
 - (b) SmolLM-135M shape (Llama, grouped-query): 30 layers x 9 query heads in 3 key/value groups, d_model 576,
-  d_head 64, MLP 1536, vocab 49152.
+  d_head 64, MLP 1536, vocab 49152;
+- (c) Gemma-3-270M shape (multi-query, large vocabulary): 18 layers x 4 query heads sharing one key/value head,
+  d_model 640, d_head 256, MLP 2048, vocab 262144, sliding windows of 512 keys in five of every six layers. Gemma 3
+  puts a norm after each attention output, so the scan runs no edge stage there (heads do not add into the
+  residual stream as they are); the unembedding is 63% of a forward pass's weights.
 
 For each: one forward pass over the scan's default batch (``RepeatedTokens()``, no gradients), then
 ``scan(model)`` (the default: exact ablation of the top ``DEFAULT_ABLATE_TOP`` heads by |attribution| joined
@@ -22,7 +26,8 @@ and *timed* (the stage's wall seconds / one forward pass). The circuit found by 
 heads, faithfulness, necessity) is listed too. On random weights there is no induction circuit: the circuit is the
 set of heads that carries the loss of a random model, and the figures measure cost, not discovery.
 
-Run: ``python benchmarks/scan.py [--json out.json] [--quick] [--no-all] [--threads N]``. Prints a table, then
+Run: ``python benchmarks/scan.py [--json out.json] [--quick] [--no-all] [--threads N] [--models a,b,c]
+[--checkpoints DIR]`` (``--checkpoints`` keeps the saved random checkpoints there between runs). Prints a table, then
 the same numbers as JSON. Forward timings are medians of ``--repeats`` runs (half before, half after the scans,
 so load from other processes falls on both); each scan runs once after a warm-up scan of the zoo model.
 """
@@ -30,6 +35,7 @@ so load from other processes falls on both); each scan runs once after a warm-up
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -64,6 +70,23 @@ def save_smollm_shape(path: Path) -> str:
     )
     LlamaForCausalLM(config).save_pretrained(path)
     return "(b) smollm-135m shape (GQA)"
+
+
+def save_gemma3_270m_shape(path: Path) -> str:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, hidden_size=640, head_dim=256,
+        intermediate_size=2048, vocab_size=262144, max_position_embeddings=32768, sliding_window=512,
+        query_pre_attn_scalar=256, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+    )
+    Gemma3ForCausalLM(config).save_pretrained(path)
+    return "(c) gemma-3-270m shape (MQA)"
+
+
+SHAPES = {"a": save_gpt2_small_shape, "b": save_smollm_shape, "c": save_gemma3_270m_shape}
+LABELS = {"a": "(a) gpt2-small shape", "b": "(b) smollm-135m shape (GQA)", "c": "(c) gemma-3-270m shape (MQA)"}
 
 
 def forward_seconds(model: Any, repeats: int) -> list[float]:
@@ -164,6 +187,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--quick", action="store_true", help="the zoo model only")
     parser.add_argument("--no-all", action="store_true", help="skip ablate='all' (the slow reference)")
+    parser.add_argument("--models", type=str, default="zoo,a,b,c",
+                        help="comma-separated: zoo and the shapes a, b, c (default: all)")
+    parser.add_argument("--checkpoints", type=str, default=None,
+                        help="keep the saved random checkpoints in this directory (default: a temporary one)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -171,13 +198,20 @@ def main() -> None:
     from circuitkit import zoo
     from circuitkit.models import load_model
 
+    chosen = [name.strip() for name in args.models.split(",") if name.strip()]
+    unknown = [name for name in chosen if name != "zoo" and name not in SHAPES]
+    if unknown:
+        parser.error(f"unknown models {unknown}; expected zoo, a, b, c")
     scan_seconds(zoo.load(), "top")  # warm-up: imports, first-call costs
-    rows = [bench("zoo induction-2l", zoo.load(), repeats=args.repeats, run_all=not args.no_all)]
+    rows = []
+    if "zoo" in chosen:
+        rows.append(bench("zoo induction-2l", zoo.load(), repeats=args.repeats, run_all=not args.no_all))
     if not args.quick:
-        with tempfile.TemporaryDirectory(prefix="circuitkit-bench-") as root:
-            for save in (save_gpt2_small_shape, save_smollm_shape):
-                path = Path(root) / save.__name__
-                label = save(path)
+        with contextlib.ExitStack() as stack:
+            root = args.checkpoints or stack.enter_context(tempfile.TemporaryDirectory(prefix="circuitkit-bench-"))
+            for key in [name for name in chosen if name in SHAPES]:
+                path = Path(root) / SHAPES[key].__name__
+                label = LABELS[key] if (path / "config.json").exists() else SHAPES[key](path)
                 model = load_model(path)
                 rows.append(bench(label, model, repeats=args.repeats, run_all=not args.no_all))
                 del model

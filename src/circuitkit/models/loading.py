@@ -48,6 +48,7 @@ from circuitkit.models import files as guarded
 from circuitkit.models.tokenizer import (  # noqa: F401  (re-exported: the names used to live here)
     BOS_TOKEN,
     TOKENIZER_FILES,
+    config_bos,
     has_tokenizer,
     load_tokenizer,
     word_tokenizer,
@@ -463,7 +464,8 @@ def _boot(model_name: str, checked: ModelDirectory, sharding: Sharding, *, allow
         if has_tokenizer(checked.path):
             tokenizer = load_tokenizer(checked.path)
         else:
-            tokenizer = word_tokenizer(int(checked.config.get("vocab_size") or 0) or 2)
+            d_vocab = int(checked.config.get("vocab_size") or 0) or 2
+            tokenizer = word_tokenizer(d_vocab, config_bos(checked.config, d_vocab))
         load = _CheckedLoad()
         try:
             bridge = TransformerBridge.boot_transformers(

@@ -4,8 +4,10 @@ Why a module of its own: both the bundled zoo (:mod:`circuitkit.zoo`) and the mo
 (:mod:`circuitkit.models.loading`) need tokenizers; the loader also loads zoo models. Keeping the tokenizer
 helpers here lets ``zoo`` import them without importing the loader (no import cycle).
 
-The generated tokenizer is word-level over ids ``0 .. d_vocab - 1``: ``"<bos>"`` is id 0 (also EOS, UNK and
-PAD, and prepended to every text), every other id ``i`` is the word ``"t{i}"``, words split on whitespace.
+The generated tokenizer is word-level over ids ``0 .. d_vocab - 1``: ``"<bos>"`` is the model's own BOS id where
+its config names one (else id 0; also EOS, UNK and PAD, and prepended to every text), every other id ``i`` is the
+word ``"t{i}"``, words split on whitespace. The BOS id matters: many families keep a zero embedding row for their
+padding id (Gemma's is 0), and a sequence starting from a zero residual stream is not one the model was made for.
 That is all TransformerLens needs to build its bridge and run tools that take strings.
 """
 
@@ -21,21 +23,23 @@ BOS_TOKEN = "<bos>"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 """Any one of these in a directory means it holds a tokenizer of its own."""
 
-__all__ = ["BOS_TOKEN", "TOKENIZER_FILES", "has_tokenizer", "load_tokenizer", "word_tokenizer", "word_tokenizer_files"]
+__all__ = ["BOS_TOKEN", "TOKENIZER_FILES", "config_bos", "has_tokenizer", "load_tokenizer", "word_tokenizer",
+           "word_tokenizer_files"]
 
 
-def word_tokenizer_files(d_vocab: int, directory: str | Path) -> Path:
-    """Write a word-level tokenizer for ids ``0 .. d_vocab - 1`` into ``directory`` (BOS ``"<bos>"`` = 0,
-    prepended by default; id ``i`` is the word ``"t{i}"``). Returns the directory."""
+def word_tokenizer_files(d_vocab: int, directory: str | Path, bos_id: int = 0) -> Path:
+    """Write a word-level tokenizer for ids ``0 .. d_vocab - 1`` into ``directory`` (BOS ``"<bos>"`` = ``bos_id``,
+    prepended by default; every other id ``i`` is the word ``"t{i}"``). Returns the directory."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     d_vocab = validate.integer("word_tokenizer_files: d_vocab", d_vocab, minimum=2, why="BOS and one word")
-    vocab = {BOS_TOKEN: 0, **{f"t{i}": i for i in range(1, d_vocab)}}
+    bos_id = validate.integer("word_tokenizer_files: bos_id", bos_id, minimum=0, maximum=d_vocab - 1)
+    vocab = {BOS_TOKEN: bos_id, **{f"t{i}": i for i in range(d_vocab) if i != bos_id}}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=BOS_TOKEN))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, 0)]
+        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, bos_id)]
     )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
@@ -87,7 +91,13 @@ def load_tokenizer(directory: str | Path):
 
 
 @functools.lru_cache(maxsize=8)
-def word_tokenizer(d_vocab: int):
+def word_tokenizer(d_vocab: int, bos_id: int = 0):
     """A generated word-level tokenizer (see :func:`word_tokenizer_files`), built once per process."""
     directory = Path(tempfile.mkdtemp(prefix="circuitkit-tokenizer-"))
-    return load_tokenizer(word_tokenizer_files(d_vocab, directory))
+    return load_tokenizer(word_tokenizer_files(d_vocab, directory, bos_id))
+
+
+def config_bos(config: dict, d_vocab: int) -> int:
+    """The BOS id a model's ``config.json`` names (``bos_token_id``, an int inside the vocabulary), else 0."""
+    bos = config.get("bos_token_id")
+    return bos if isinstance(bos, int) and not isinstance(bos, bool) and 0 <= bos < d_vocab else 0
