@@ -246,9 +246,13 @@ def test_receiver_contraction_equals_autograd(kind):
 
     form = _closed_form(norm, {"lying": "LN", "unknown": None}.get(kind, kind), x)
     assert (form is not None) == (kind not in ("unknown", "lying"))  # the closed form where it applies
-    got = _Receiver.from_parts(grad, W, norm, x, form).contract(deltas)
+    receiver = _Receiver.from_parts(grad, W, norm, x, form)
+    torch.testing.assert_close(receiver.pulled(), pulled, atol=NORM_VJP_TOL * float(pulled.abs().max()),
+                               rtol=NORM_VJP_TOL)
+    got = deltas.flatten(1) @ receiver.pulled().flatten(1).T
     torch.testing.assert_close(got, reference, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
-    chunked = sum(_Receiver.from_parts(grad[:, part], W, norm, x[part], form).contract(deltas[:, part])
+    chunked = sum(deltas[:, part].flatten(1)
+                  @ _Receiver.from_parts(grad[:, part], W, norm, x[part], form).pulled().flatten(1).T
                   for part in (slice(0, 7), slice(7, n)))
     torch.testing.assert_close(chunked, got, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
 

@@ -10,7 +10,7 @@ import torch
 
 from circuitkit import CircuitkitError, HeadWeights, RepeatedTokens, head_scores
 from circuitkit.detect import ablation_effects, induction_loss, pattern_scores, registry, score_names
-from tests.conftest import boot_bridge
+from tests.conftest import boot_bridge, random_weights
 
 TARGETS = {d.name: d.targets for d in registry.registered("pattern")}
 SCORE_TOL = 1e-5
@@ -260,3 +260,45 @@ def test_bad_ablation_method_and_score_name(bridge):
         ablation_effects(bridge, method="resample")
     with pytest.raises(CircuitkitError, match="expected one of"):
         head_scores(bridge, RepeatedTokens(block_len=4, batch=1)).top("successor")
+
+
+# ---------------------------------------------------------------------- logits at the loss's positions
+@pytest.mark.parametrize("kind", ["native-bridge", "toy", "duck-typed"])
+def test_logits_at_positions_equal_the_full_pass_there(bridge, kind):
+    """``positions=``: the logits at those positions only (the families that cannot unembed fewer positions
+    slice the full logits), from the start and resumed; the loss read from them equals the loss read from all."""
+    from circuitkit.detect.loss import loss_positions, token_losses
+    from circuitkit.models import AttentionOnlyModel
+    from circuitkit.models.contract import HOOKS, adapt
+
+    model = {"native-bridge": bridge, "toy": AttentionOnlyModel(random_weights(2, 4, 16, 4, d_vocab=20)),
+             "duck-typed": HooksOnly(bridge)}[kind]
+    adapter = adapt(model)
+    batch = RepeatedTokens(block_len=6, batch=3, bos=0).build(adapter)
+    at = loss_positions(batch)
+    assert at.tolist() == batch.repeated_copies.nonzero().flatten().tolist() and len(at) == 5
+    kept = {}
+    with torch.no_grad():
+        full = adapter.run(batch.tokens, [(HOOKS.resid_pre(1), lambda x, hook: kept.setdefault("r", x.detach()))])
+        some = adapter.run(batch.tokens, positions=at)
+        torch.testing.assert_close(some, full[:, at], atol=1e-6, rtol=0)
+        if adapter.can_resume:
+            torch.testing.assert_close(adapter.run_from(kept["r"], 1, positions=at), full[:, at], atol=1e-5, rtol=0)
+    torch.testing.assert_close(token_losses(some, batch.tokens, batch.repeated_copies),
+                               token_losses(full, batch.tokens, batch.repeated_copies), atol=1e-6, rtol=0)
+    with pytest.raises(CircuitkitError, match=r"token_losses: logits: given shape \[3, 4, \d+\]; expected \[batch, 13 or 5 positions"):
+        token_losses(full[:, :4], batch.tokens, batch.repeated_copies)
+
+
+@pytest.mark.parametrize("positions, match", [
+    (torch.tensor([0.5]), "1-D integer tensor"), (torch.tensor([[1]]), "1-D integer tensor"),
+    (torch.tensor([], dtype=torch.long), "non-empty"), (torch.tensor([True]), "1-D integer tensor"),
+    ([1, 2], "1-D integer tensor"), (torch.tensor([13]), r"distinct positions in 0 \.\. 12"),
+    (torch.tensor([-1]), r"distinct positions in 0 \.\. 12"), (torch.tensor([2, 2]), "distinct"),
+])
+def test_bad_positions_are_refused(bridge, positions, match):
+    from circuitkit.models.contract import adapt
+
+    tokens = RepeatedTokens(block_len=6, batch=2, bos=0).build(bridge).tokens
+    with pytest.raises(CircuitkitError, match=match):
+        adapt(bridge).run(tokens, positions=positions)

@@ -351,3 +351,32 @@ def test_resuming_from_a_residual_stream_equals_the_full_pass(built):
             return
         resumed = adapter.run_from(kept["resid"], 1)
     torch.testing.assert_close(resumed, full, atol=RESUME_TOL, rtol=0)
+
+
+def test_logits_at_the_loss_positions_equal_the_full_pass_there(built):
+    """Passes that need only the repeated-copies loss ask for logits at its positions (``positions=``): they equal
+    the full pass's logits there, from the start and resumed; families whose Hugging Face class takes
+    ``logits_to_keep`` run the unembedding on those positions only (seen at ``unembed.hook_in``)."""
+    import inspect
+
+    family, hf, bridge = built
+    adapter = adapt(bridge)
+    batch = TOKENS.build(bridge)
+    at = torch.tensor([1, 4, 6])
+    seen = {}
+
+    def keep(tensor, hook):
+        seen.setdefault("resid", tensor.detach())
+
+    def unembedded(tensor, hook):
+        seen["unembedded"] = tensor.shape[1]
+
+    with torch.no_grad():
+        full = adapter.run(batch.tokens, [(HOOKS.resid_pre(1), keep)])
+        some = adapter.run(batch.tokens, [("unembed.hook_in", unembedded)], positions=at)
+        torch.testing.assert_close(some, full[:, at], atol=RESUME_TOL, rtol=0)
+        assert adapter._keeps_logits == ("logits_to_keep" in inspect.signature(hf.forward).parameters)
+        assert seen["unembedded"] == (len(at) if adapter._keeps_logits else batch.tokens.shape[1])
+        if family.resumable:
+            resumed = adapter.run_from(seen["resid"], 1, positions=at)
+            torch.testing.assert_close(resumed, full[:, at], atol=RESUME_TOL, rtol=0)

@@ -217,7 +217,7 @@ EDGES = [((0, 1), (1, 2), "k"), ((0, 3), (2, 0), "q"), ((1, 0), (2, 3), "v"), ((
          ((1, 2), (2, 2), "q")]
 
 
-@pytest.mark.parametrize("steps", [1, 3])
+@pytest.mark.parametrize("steps", [1, 3, 6])  # 6: more runs than one contraction sums (RUNS_PER_CONTRACTION)
 def test_edges_equal_the_independent_implementation_on_the_toy_model(steps):
     model = toy(n_layers=3, seed=3)
     batch = TOKENS.build(model)

@@ -190,7 +190,9 @@ def composition_scores(
     if w.n_layers < 2:  # no pair has src layer < dst layer: all scores are 0 by definition
         return torch.zeros(w.n_layers, w.n_heads, w.n_layers, w.n_heads, device=w.device)
     with torch.no_grad():
-        scores = _raw_scores(_unit_heads(w), mode, memory_budget)
+        unit = _unit_heads(w)
+        route = _gram_scores if _gram_is_cheaper(unit, memory_budget) else _raw_scores
+        scores = route(unit, mode, memory_budget)
         validate.finite_result("composition_scores", scores)
         if baseline is not None:
             reference = composition_baseline(w, mode)
@@ -317,6 +319,89 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
             sq[src, :, start:stop, :] = block_sq
     denominator = src_sq_norm[:, :, None, None] * dst_sq_norm[None, None, :, :]
     scores = torch.where(denominator > 0, sq / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
+    return scores.to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------- Gram route
+GRAM_MIN_RATIO = 8
+"""The Gram route runs where ``d_head^2 >= GRAM_MIN_RATIO * d_model`` (see :func:`_gram_is_cheaper`)."""
+
+
+def _gram_is_cheaper(w: HeadWeights, memory_budget: int) -> bool:
+    """Whether :func:`_gram_scores` is the faster route: where ``d_head^2`` is large against ``d_model``, and one
+    layer of its packed Gram matrices (plus their unpacked form) fits in ``memory_budget``.
+
+    Flops: with ``P`` pairs of layers the tiled product costs about ``P H^2 h^2 d`` and the Gram route
+    ``N (h^2 d + d^2 h) + P H^2 d^2 / 2`` in float64 (``N`` heads, ``d = d_model``, ``h = d_head``). Measured on two
+    CPU cores: the Gram route is 1.3-1.9x faster at Gemma-3-270M's shape (``d_head`` 256, ``d_model`` 640) but 1.7-4x
+    slower at SmolLM-135M's and GPT-2's (``d_head`` 64): its per-layer products have only ``H`` rows, so they run
+    at memory speed, and float64 runs at half float32's. Hence the threshold :data:`GRAM_MIN_RATIO` rather than the
+    flop count; at 7B shapes a layer's Gram matrices are gigabytes and the tiled product runs."""
+    L, H, d, h = w.W_Q.shape
+    one_layer = 8 * H * (d * (d + 1) + d * d)  # packed P and S of one layer, one layer's unpacked products
+    return h * h >= GRAM_MIN_RATIO * d and one_layer <= memory_budget
+
+
+def _gram_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
+    """The scores from ``d_model x d_model`` Gram matrices, in float64 (see :func:`_gram_is_cheaper` for when).
+
+    With ``P_a = O'_a.T O'_a = O_a.T (V.T V) O_a`` (source head ``a``) and ``S_b = X'_b.T X'_b = X_b (Y.T Y)
+    X_b.T`` (destination head ``b``, both ``[d_model, d_model]`` and symmetric)::
+
+        ||O'_a X'_b.T||_F^2 = <P_a, S_b>_F,   ||W_A||_F^2 = tr P_a,   ||W_B||_F^2 = tr S_b,
+
+    so every numerator is an inner product of two symmetric matrices: their upper triangles (off-diagonal entries
+    counted twice) are packed into rows of length ``d_model (d_model + 1) / 2`` and one product
+    ``[source heads, T] @ [T, destination heads]`` per tile gives a whole block of scores. Float64 throughout:
+    an inner product of two positive semi-definite matrices can cancel to far below its terms (two heads in
+    orthogonal subspaces score 0), where float32 rounding would show as scores of ~1e-4. Tiles: a block of
+    destination layers' packed ``S`` at a time, each source layer's ``P`` built against it, under
+    ``memory_budget`` bytes where one layer of each allows."""
+    L, H, d_model, d_head = w.W_Q.shape
+    kv = w.kv_index
+    device = w.device
+    f64 = torch.float64
+    rows, cols = torch.triu_indices(d_model, d_model, device=device)
+    twice = torch.where(rows == cols, 1.0, 2.0).to(f64)
+    T = rows.numel()
+
+    G_V = _gram_cols(w.W_V.to(f64))  # [L, G, h, h]
+    O = w.W_O.to(f64)
+    dest = _DESTINATION[mode](w)
+    Xt, G_Y = dest.Xt.to(f64), dest.G_Y.to(f64)
+    x_index = kv if dest.x_grouped and w.group_size > 1 else slice(None)
+    y_index = kv if dest.y_grouped and w.group_size > 1 else slice(None)
+
+    def packed_sources(layer: int) -> tuple[Tensor, Tensor]:  # [H, T] (doubled off-diagonal), traces [H]
+        full = O[layer].mT @ (G_V[layer, kv] @ O[layer])  # [H, d_model, d_model]
+        return full[:, rows, cols] * twice, full.diagonal(dim1=-2, dim2=-1).sum(-1)
+
+    def packed_destinations(layer: int) -> tuple[Tensor, Tensor]:  # [H, T], traces [H]
+        X = Xt[layer, x_index]  # [H, h, d_model]
+        full = X.mT @ (G_Y[layer, y_index] @ X)
+        return full[:, rows, cols], full.diagonal(dim1=-2, dim2=-1).sum(-1)
+
+    per_layer = H * T * 8
+    block = max(1, min(L - 1, (memory_budget // 2) // per_layer))
+    sq = torch.zeros(L, H, L, H, dtype=f64, device=device)
+    src_norm = torch.zeros(L, H, dtype=f64, device=device)
+    dst_norm = torch.zeros(L, H, dtype=f64, device=device)
+    for start in range(1, L, block):
+        stop = min(start + block, L)
+        packed = []
+        for layer in range(start, stop):
+            values, dst_norm[layer] = packed_destinations(layer)
+            packed.append(values)
+        right = torch.cat(packed)  # [(stop - start) * H, T]
+        del packed
+        for src in range(stop - 1):
+            left, src_norm[src] = packed_sources(src)
+            first = max(start, src + 1)  # destination layers after the source only
+            tile = left @ right[(first - start) * H :].T  # [H, (stop - first) * H]
+            sq[src, :, first:stop] = tile.view(H, stop - first, H)
+    denominator = src_norm[:, :, None, None] * dst_norm[None, None, :, :]
+    valid = (denominator > 0) & _pair_mask(L, device)
+    scores = torch.where(valid, sq.clamp_min(0) / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
     return scores.to(torch.float32)
 
 

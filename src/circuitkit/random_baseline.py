@@ -13,8 +13,9 @@ the model's shapes (row convention: ``W_A = V O`` with ``V: [d_model, d_head]``,
 and ``W_B = X Y.T`` with ``X, Y: [d_model, d_head]``), scores each pair exactly in float64 from
 ``d_head``-sized Gram matrices, and reports their mean and standard deviation. The scale of each factor
 cancels in the score, so only ``d_model`` and ``d_head`` matter. Under i.i.d. Gaussian weights the three
-modes (Q, K, V) have the same distribution; the mode is still part of the cache key and is validated, so
-callers can pass the mode they score. Results are cached per ``(mode, d_model, d_head, n_samples, seed)``.
+modes (Q, K, V) have the same distribution, and the same seed draws the same pairs for each: the mode is
+validated, so callers can pass the mode they score, and one draw serves all three. Results are cached per
+``(d_model, d_head, n_samples, seed)``.
 """
 
 from __future__ import annotations
@@ -78,11 +79,11 @@ def composition_baseline(weights: Any, mode: Mode, *, n_samples: int = 32, seed:
     )
     seed = validate.seed("composition_baseline: seed", seed)
     hw = as_head_weights(weights, "composition_baseline")
-    return _baseline_for_shape(mode, hw.d_model, hw.d_head, n_samples, seed)
+    return _baseline_for_shape(hw.d_model, hw.d_head, n_samples, seed)
 
 
 @lru_cache(maxsize=64)
-def _baseline_for_shape(mode: str, d_model: int, d_head: int, n_samples: int, seed: int) -> CompositionBaseline:
+def _baseline_for_shape(d_model: int, d_head: int, n_samples: int, seed: int) -> CompositionBaseline:
     generator = torch.Generator().manual_seed(seed)
     per_sample_bytes = 4 * d_model * d_head * 8
     chunk = max(1, min(n_samples, _SAMPLES_PER_CHUNK_BYTES // per_sample_bytes))

@@ -204,6 +204,16 @@ def dense(name: str, value: Tensor) -> Tensor:
     return value
 
 
+def all_finite(value: Tensor) -> bool:
+    """Whether every entry of a floating ``value`` is finite, without an element-wise mask where it can: a NaN or
+    inf entry makes the sum NaN or inf, so a finite sum (float32 or wider, read once) settles it; only a sum that
+    overflowed is checked entry by entry."""
+    if not (value.is_floating_point() or value.is_complex()):
+        return True
+    total = value.sum(dtype=torch.float32) if value.dtype in (torch.float16, torch.bfloat16) else value.sum()
+    return bool(torch.isfinite(total).all()) or bool(torch.isfinite(value).all())
+
+
 def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
     """Raise if a computed result holds NaN or inf (a result must never be silently non-finite)."""
     if value.is_floating_point() or value.is_complex():
@@ -220,6 +230,7 @@ def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
 
 __all__ = [
     "MAX_SEED",
+    "all_finite",
     "boolean",
     "dense",
     "device",

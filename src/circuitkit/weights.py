@@ -95,8 +95,10 @@ class HeadWeights:
             value = value.detach()
             if value.dtype != target:
                 value = value.to(target)
-            # strided views (a transpose, a slice with a step) are stored contiguous: every analysis reshapes
-            object.__setattr__(self, name, value.contiguous())
+            # strided views (a transpose, a slice with a step) of the head tensors are stored contiguous: every
+            # analysis reshapes them. W_E / W_U / W_pos only enter matrix products, and a tied W_U is a transposed
+            # view of a [d_vocab, d_model] matrix that would cost a copy of the whole vocabulary.
+            object.__setattr__(self, name, value if name in _EMBEDDINGS else value.contiguous())
         object.__setattr__(self, "source_dtype", source_dtype)
         self._validate()
 
@@ -369,6 +371,8 @@ class HeadWeights:
                 f"HeadWeights: given tensors on several devices {sorted(map(str, devices))}; expected one device."
             )
         for name, value in self.tensors().items():
+            if validate.all_finite(value):
+                continue
             finite = torch.isfinite(value)
             if not bool(finite.all()):
                 bad = (~finite).nonzero()[0].tolist()
@@ -381,6 +385,7 @@ class HeadWeights:
 
 
 _REQUIRED = ("W_Q", "W_K", "W_V", "W_O")
+_EMBEDDINGS = ("W_E", "W_U", "W_pos")
 
 _EXPECTED = {
     "W_Q": "[layer head d_model d_head]",

@@ -77,8 +77,9 @@ from circuitkit.circuits._engine import (
 )
 from circuitkit.circuits.corrupt import resampled_batch
 from circuitkit.circuits.edges import CHANNELS
-from circuitkit.circuits.metrics import InductionReader, Metric, check_value, resolve_metric
+from circuitkit.circuits.metrics import InductionReader, Metric, check_value, repeated_loss, resolve_metric
 from circuitkit.detect.attribution import check_steps, frozen_parameters, input_embedding
+from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, norm_parameters
@@ -187,14 +188,23 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
         dz = [(z_corrupt[s] - clean_z[s]).flatten(0, 1).transpose(0, 1).to(work) for s in range(L - 1)]  # [H, N, dh]
         W_O = ctx.W_O[: L - 1].to(work)
         totals = [torch.zeros(l2 * H, len(CHANNELS) * H, dtype=work, device=W_O.device) for l2 in range(1, L)]
-        _contract_all(ctx, clean.grads, clean.resid, dz, W_O, totals)
+    # The contraction with the senders' deltas is linear in each run's pulled-back gradients: runs (the clean one,
+    # the integration points) are summed before it, so it is paid once per group of runs, not once per run.
+    runs = [(clean.grads, clean.resid)]
     if steps > 1:
         base = _corrupted_input(ctx)
         for k in range(1, steps):
             point = _path_gradients(ctx, m, base, k / steps)
-            with torch.no_grad():
-                _contract_all(ctx, point.grads, point.resid, dz, W_O, totals)
+            runs.append((point.grads, point.resid))
             del point
+            if len(runs) == RUNS_PER_CONTRACTION:
+                with torch.no_grad():
+                    _contract_all(ctx, runs, dz, W_O, totals)
+                runs = []
+    if runs:
+        with torch.no_grad():
+            _contract_all(ctx, runs, dz, W_O, totals)
+    del runs
     with torch.no_grad():
         for l2 in range(1, L):
             total = totals[l2 - 1] / steps if steps > 1 else totals[l2 - 1]
@@ -203,18 +213,26 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     return EdgeAttribution(scores, m.name, ctx.corrupt, value)
 
 
-def _contract_all(ctx: Context, grads: dict, resid: dict[int, Tensor], dz: list[Tensor], W_O: Tensor,
+RUNS_PER_CONTRACTION = 4
+"""Runs whose gradients are held at once and summed before one contraction (each holds ``dM/d(q, k, v)`` of every
+layer: 130 MB at SmolLM-135M's shape and the default batch)."""
+
+
+def _contract_all(ctx: Context, runs: list[tuple[dict, dict[int, Tensor]]], dz: list[Tensor], W_O: Tensor,
                   totals: list[Tensor]) -> None:
-    """Add ``sum_{b, p} delta_s . g_{r,c}`` for every edge to ``totals[l2 - 1]`` ``[l2 * H, 3 H]``, with ``g`` from
-    the receivers' gradients ``grads`` and normalisation inputs ``resid`` of one run (the clean one or a point of
-    the integration path); ``dz`` ``[H, N, d_head]`` per sender layer, the senders' corrupted minus clean ``z``."""
+    """Add ``sum_{b, p} delta_s . g_{r,c}`` for every edge to ``totals[l2 - 1]`` ``[l2 * H, 3 H]``, with ``g`` summed
+    over ``runs`` (the clean one, points of the integration path): each run's receivers' gradients ``grads`` pulled
+    back through the normalisation at that run's inputs ``resid``; ``dz`` ``[H, N, d_head]`` per sender layer, the
+    senders' corrupted minus clean ``z``."""
     spec = ctx.spec
     L, H = spec.n_layers, spec.n_heads
     work = W_O.dtype
-    # per receiver layer: its normalisation's input [N, d_model] and whether the closed form applies to it
-    x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
     kind = ctx.adapter.norm_kind
-    forms = {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}
+    # per run and receiver layer: the normalisation's input [N, d_model] and whether the closed form applies to it
+    inputs = []
+    for grads, resid in runs:
+        x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
+        inputs.append((grads, x, {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}))
     n_positions, d_model = dz[0].shape[1], spec.d_model
     chunk = max(1, MAX_DELTA_BYTES // ((L - 1) * H * d_model * W_O.element_size()))
     for first in range(0, n_positions, chunk):
@@ -224,9 +242,12 @@ def _contract_all(ctx: Context, grads: dict, resid: dict[int, Tensor], dz: list[
         for s in range(L - 1):
             torch.matmul(dz[s][:, part], W_O[s], out=deltas[s])
         for l2 in range(1, L):
-            # built per chunk (one receiver layer in memory at a time); the closed-form check runs once
-            receiver = _Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work)
-            totals[l2 - 1] += receiver.contract(deltas[:l2].flatten(0, 1))
+            # built per chunk (one receiver layer in memory at a time); the closed-form check runs once per run
+            u = None
+            for grads, x, forms in inputs:
+                receiver = _Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work)
+                u = receiver.pulled() if u is None else u.add_(receiver.pulled())
+            totals[l2 - 1] += deltas[:l2].flatten(0, 1).flatten(1) @ u.flatten(1).T
 
 
 def _corrupted_input(ctx: Context) -> Tensor | None:
@@ -262,7 +283,8 @@ def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str) -> CleanRun:
     tap = GradientTap(ctx, m, leaf=True)
     with frozen_parameters(ctx.adapter.model), torch.enable_grad():
         try:
-            logits = ctx.adapter.run(ctx.batch.tokens, [*hooks, *tap.hooks()])
+            at = loss_positions(ctx.batch) if m.fn is repeated_loss else None  # a user metric reads every position
+            logits = ctx.adapter.run(ctx.batch.tokens, [*hooks, *tap.hooks()], positions=at)
         except StopForward:
             logits = None
         if m.local:
@@ -421,8 +443,8 @@ ClosedForm = tuple[Tensor | None, float, bool]
 
 @dataclass
 class _Receiver:
-    """Receiver layer ``l2``'s heads seen from the residual stream on one chunk of ``n`` positions, for
-    :meth:`contract`.
+    """Receiver layer ``l2``'s heads seen from the residual stream on one chunk of ``n`` positions
+    (:meth:`pulled`).
 
     ``g_{r,c}`` (module docstring) for every receiver ``k = (c, h2)`` is built on the fly:
     ``u[k, n] = W[k] @ grad[n, k]`` ``[d_model]``, then pulled back through the normalisation. For
@@ -472,9 +494,8 @@ class _Receiver:
         a = (grad @ W.sum(dim=-1)[:, :, None]) / d_model if centred else None
         return cls(grad, W, a, b, xhat)
 
-    def contract(self, deltas: Tensor) -> Tensor:
-        """``sum_n deltas[s, n] . g[k, n]`` over this receiver's positions: ``deltas`` ``[S, n, d_model]`` ->
-        ``[S, k]``."""
+    def pulled(self) -> Tensor:
+        """``g[k, n]``: each receiver's gradient in the residual stream before the norm, ``[k, n, d_model]``."""
         u = torch.matmul(self.grad, self.W)  # [k, n, d_model]
         if self.b is not None:
             if self.a is not None:
@@ -482,7 +503,7 @@ class _Receiver:
             u.addcmul_(self.b, self.xhat, value=-1)
         elif self.pullback is not None:
             u = _autograd_pullback(self.pullback, self.resid, u)
-        return deltas.flatten(1) @ u.flatten(1).T
+        return u
 
 
 def _closed_form(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:

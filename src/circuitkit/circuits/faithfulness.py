@@ -45,7 +45,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.ablation import check_heads, copies_per_forward
-from circuitkit.detect.loss import stacked_losses, token_losses
+from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
@@ -141,7 +141,8 @@ class Ablator:
         self.batch = batch
         self.values = values
         self.passes = 0
-        self.per_forward = copies_per_forward(adapter, batch.tokens)
+        self.positions = loss_positions(batch)  # the passes unembed only where the loss reads
+        self.per_forward = copies_per_forward(adapter, batch.tokens, len(self.positions))
 
     def losses(self, ablated: Tensor) -> list[float]:
         """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
@@ -168,7 +169,7 @@ class Ablator:
         layers = sorted({int(x) for x in ablated.any(dim=(0, 2)).nonzero().flatten().tolist()})
         copies = tokens.repeat(S, 1)
         with torch.no_grad():
-            logits = self.adapter.run(copies, [(HOOKS.z(layer), hook) for layer in layers])
+            logits = self.adapter.run(copies, [(HOOKS.z(layer), hook) for layer in layers], positions=self.positions)
             losses = stacked_losses(logits, copies, self.batch, S).cpu()
         self.passes += S
         means = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
@@ -325,7 +326,8 @@ def joint_attribution(ablator: Ablator, steps: int = DEFAULT_JOINT_STEPS) -> Ten
 
     copies = tokens.repeat(steps, 1)
     with frozen_parameters(adapter.model), torch.enable_grad():
-        logits = adapter.run(copies, [(HOOKS.z(layer), hook) for layer in range(spec.n_layers)])
+        logits = adapter.run(copies, [(HOOKS.z(layer), hook) for layer in range(spec.n_layers)],
+                             positions=ablator.positions)
         total = stacked_losses(logits, copies, batch, steps).sum()
         layers = sorted(gates)
         grads = torch.autograd.grad(total, [gates[layer] for layer in layers], allow_unused=True)
@@ -395,7 +397,8 @@ def find_circuit(
     values, passes = ablation_values(adapter, batch, method, z_means=z_means, corrupt_seed=corrupt_seed)
     if clean_loss is None:
         with torch.no_grad():
-            clean_loss = float(token_losses(adapter.run(batch.tokens), batch.tokens, batch.repeated_copies).mean())
+            logits = adapter.run(batch.tokens, positions=loss_positions(batch))
+            clean_loss = float(token_losses(logits, batch.tokens, batch.repeated_copies).mean())
         passes += 1
     return discover(Ablator(adapter, batch, values), order, target, method, clean_loss, necessity=necessity,
                     extra_passes=passes, rank=rank)

@@ -47,6 +47,7 @@ from circuitkit.circuits.metrics import (
     repeated_losses,
     resolve_metric,
 )
+from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import HOOKS
 from circuitkit.models.state import keeps_model_state
@@ -282,14 +283,15 @@ def _patched_pass(
             raise StopForward  # the "induction" metric needs nothing after the receiver's pattern
 
         hooks.append((HOOKS.pattern(layer), pattern_hook))
+    at = loss_positions(ctx.batch) if m.fn is repeated_loss else None  # a user metric reads every position
     try:
         if ctx.adapter.can_resume:
-            logits = ctx.adapter.run_from(resid.repeat(E, 1, 1), layer, hooks)
+            logits = ctx.adapter.run_from(resid.repeat(E, 1, 1), layer, hooks, positions=at)
         else:
-            logits = ctx.adapter.run(ctx.batch.tokens.repeat(E, 1), hooks)
+            logits = ctx.adapter.run(ctx.batch.tokens.repeat(E, 1), hooks, positions=at)
     except StopForward:
         return [float(v) for v in read[0]]
-    stacked = logits.view(E, B, P, -1)
+    stacked = logits.view(E, B, logits.shape[1], -1)
     if m.fn is repeated_loss:
         return [float(v) for v in repeated_losses(stacked, ctx.batch)]
     return [float(check_value(m.fn(stacked[i], ctx.batch), "path_patching: metric(patched logits)")) for i in range(E)]

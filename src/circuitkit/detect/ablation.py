@@ -16,10 +16,11 @@ from the clean residual stream saved by the one clean pass, instead of recomputi
 Only the heads asked for are ablated (``heads=``): :func:`circuitkit.scan` ablates the heads attribution
 ranks first plus the detected circuit, not all of them.
 
-The loss is read only at the repeated copies (:func:`circuitkit.detect.loss.token_losses` takes the log-softmax
-there only), but at each of those positions over the full vocabulary: ``loss = logsumexp(logits) - logit[next]``,
-and the normaliser ``logsumexp`` needs every one of the ``d_vocab`` logits, so the unembedding and the
-log-softmax cannot be narrowed to the target tokens without changing the loss.
+The loss is read only at the repeated copies, and the ablated passes compute logits only there
+(:func:`circuitkit.detect.loss.loss_positions`: the model unembeds 19 of the default batch's 41 positions), but at
+each of those positions over the full vocabulary: ``loss = logsumexp(logits) - logit[next]``, and the normaliser
+``logsumexp`` needs every one of the ``d_vocab`` logits, so the unembedding and the log-softmax cannot be narrowed
+to the target tokens without changing the loss.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.clean_run import CleanRun, clean_run
-from circuitkit.detect.loss import token_losses
+from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
@@ -46,17 +47,18 @@ ABLATION_METHODS = ("mean", "zero")
 MAX_SEQUENCES_PER_FORWARD = 512
 """Ablated copies of the batch run together up to this many sequences, to bound memory..."""
 MAX_LOGIT_BYTES = 256 * 2**20
-"""...and only as many as keep one pass's float32 logits ``[sequences, pos, d_vocab]`` under this (at vocabulary
-50k, 16 sequences of 41 tokens are 132 MB: larger passes only thrash memory)."""
+"""...and only as many as keep one pass's float32 logits ``[sequences, positions, d_vocab]`` under this (at
+vocabulary 50k, 16 sequences at 19 positions are 61 MB: larger passes only thrash memory)."""
 
 PROGRESS_MIN_HEADS = 64
 """Show a progress bar by default from this many ablated heads on (small models finish before it would draw)."""
 
 
-def copies_per_forward(adapter: ModelAdapter, tokens: Tensor) -> int:
+def copies_per_forward(adapter: ModelAdapter, tokens: Tensor, positions: int | None = None) -> int:
     """How many copies of the batch ``tokens`` ``[batch, pos]`` one forward pass stacks: at most
-    :data:`MAX_SEQUENCES_PER_FORWARD` sequences and :data:`MAX_LOGIT_BYTES` of float32 logits (at least one)."""
-    per_copy = tokens.numel() * adapter.spec.d_vocab * 4
+    :data:`MAX_SEQUENCES_PER_FORWARD` sequences and :data:`MAX_LOGIT_BYTES` of float32 logits at ``positions``
+    positions per sequence (default: every position) (at least one)."""
+    per_copy = tokens.shape[0] * (tokens.shape[1] if positions is None else positions) * adapter.spec.d_vocab * 4
     return max(1, min(MAX_SEQUENCES_PER_FORWARD // tokens.shape[0], MAX_LOGIT_BYTES // per_copy))
 
 
@@ -118,7 +120,8 @@ def ablate(
     tokens = batch.tokens
     repeated = batch.repeated_copies
     n_batch = tokens.shape[0]
-    per_forward = copies_per_forward(adapter, tokens)
+    at = loss_positions(batch)
+    per_forward = copies_per_forward(adapter, tokens, len(at))
     values = replacements(adapter, run, method)
     effect = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     exact = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
@@ -135,9 +138,9 @@ def ablate(
                 copies = tokens.repeat(len(chunk), 1)
                 if resume and layer > 0:
                     resid = run.resid_pre[layer]
-                    logits = adapter.run_from(resid.repeat(len(chunk), 1, 1), layer, [hook])
+                    logits = adapter.run_from(resid.repeat(len(chunk), 1, 1), layer, [hook], positions=at)
                 else:
-                    logits = adapter.run(copies, [hook])
+                    logits = adapter.run(copies, [hook], positions=at)
                 losses = token_losses(logits, copies, repeated).cpu()
                 effect[layer, chunk] = losses.view(len(chunk), -1).mean(dim=1) - clean
                 exact[layer, chunk] = True
@@ -176,11 +179,12 @@ def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], met
 
     hooks = [(HOOKS.z(layer), hook_for(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
     first = min(by_layer)
+    at = loss_positions(run.batch)
     with torch.no_grad():
         if together_cost(heads, adapter.spec.n_layers, run, adapter) < 1.0:
-            logits = adapter.run_from(run.resid_pre[first], first, hooks)
+            logits = adapter.run_from(run.resid_pre[first], first, hooks, positions=at)
         else:
-            logits = adapter.run(run.batch.tokens, hooks)
+            logits = adapter.run(run.batch.tokens, hooks, positions=at)
     losses = token_losses(logits, run.batch.tokens, run.batch.repeated_copies).cpu()
     return float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
 

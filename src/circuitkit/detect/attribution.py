@@ -69,7 +69,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
 from circuitkit.detect.clean_run import CleanRun
-from circuitkit.detect.loss import stacked_losses, token_losses
+from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, HookFn, ModelAdapter, adapt
@@ -190,9 +190,9 @@ def attribute(
                 f"attribution_effects: the model ran without calling hook_z of layers {missing}; expected every "
                 "layer to expose blocks.{l}.attn.hook_z [batch, pos, head, d_head]."
             )
-        losses = token_losses(logits, batch.tokens)
-        repeated = batch.repeated_copies.to(losses.device)
-        loss = losses[:, repeated].mean()
+        with torch.no_grad():  # every position's loss is reported; only the repeated copies' is differentiated
+            losses = token_losses(logits.detach(), batch.tokens)
+        loss = token_losses(logits, batch.tokens, batch.repeated_copies).mean()
         layers = sorted(leaves)
         extra = [tap.inputs() for tap in taps]
         grads = torch.autograd.grad(loss, [leaves[layer] for layer in layers] + [x for xs in extra for x in xs],
@@ -230,8 +230,10 @@ def attribute(
 
 
 def _copies_per_pass(adapter: ModelAdapter, batch: TokenBatch) -> int:
-    """How many interpolation points run together as copies of the batch (:data:`MAX_IG_LOGIT_BYTES`)."""
-    return max(1, MAX_IG_LOGIT_BYTES // (batch.tokens.numel() * adapter.spec.d_vocab * 4))
+    """How many interpolation points run together as copies of the batch (:data:`MAX_IG_LOGIT_BYTES` of float32
+    logits at the loss's positions)."""
+    n_logits = batch.tokens.shape[0] * len(loss_positions(batch))
+    return max(1, MAX_IG_LOGIT_BYTES // (n_logits * adapter.spec.d_vocab * 4))
 
 
 def _add(sums: dict[int, Tensor | None], layer: int, grad: Tensor | None, copies: int) -> None:
@@ -294,7 +296,7 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
 
         hooks = [(HOOKS.resid_pre(0), interpolate)] + [(HOOKS.z(layer), on_z) for layer in range(spec.n_layers)]
         with frozen_parameters(adapter.model), torch.enable_grad():
-            logits = adapter.run(tokens, hooks)
+            logits = adapter.run(tokens, hooks, positions=loss_positions(batch))
             layers = sorted(leaves)
             total = stacked_losses(logits, tokens, batch, copies).sum()  # each copy's gradient: its own loss
             grads = torch.autograd.grad(total, [leaves[la] for la in layers], allow_unused=True)
@@ -325,10 +327,11 @@ def _layer_path(adapter: ModelAdapter, run: CleanRun, steps: int, values: dict[i
 
             hooks = [(HOOKS.z(layer), on_z)]
             with frozen_parameters(adapter.model), torch.enable_grad():
+                at = loss_positions(batch)
                 if resume and layer > 0:
-                    logits = adapter.run_from(run.resid_pre[layer].repeat(copies, 1, 1), layer, hooks)
+                    logits = adapter.run_from(run.resid_pre[layer].repeat(copies, 1, 1), layer, hooks, positions=at)
                 else:
-                    logits = adapter.run(tokens, hooks)
+                    logits = adapter.run(tokens, hooks, positions=at)
                 total = stacked_losses(logits, tokens, batch, copies).sum()  # each copy's gradient: its own loss
                 (grad,) = torch.autograd.grad(total, [leaf], allow_unused=True)
             _add(sums, layer, grad, copies)

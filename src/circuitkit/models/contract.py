@@ -37,6 +37,8 @@ Hugging Face model, the answers come from the model's :class:`~circuitkit.models
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -86,6 +88,19 @@ class HOOKS:
     def layer_of(name: str) -> int:
         """The layer a ``blocks.{l}....`` hook name belongs to."""
         return int(name.split(".")[1])
+
+
+def _check_positions(positions: Any, n_pos: int) -> Tensor | None:
+    """``positions`` as a non-empty 1-D int64 CPU tensor of distinct positions in ``0 .. n_pos - 1`` (or None)."""
+    if positions is None:
+        return None
+    if (not isinstance(positions, Tensor) or positions.ndim != 1 or positions.numel() == 0
+            or positions.dtype.is_floating_point or positions.dtype == torch.bool):
+        raise validate.fail("run: positions", positions, "a non-empty 1-D integer tensor of sequence positions")
+    positions = positions.detach().to("cpu", torch.long)
+    if int(positions.min()) < 0 or int(positions.max()) >= n_pos or len(positions.unique()) != len(positions):
+        raise validate.fail("run: positions", positions.tolist(), f"distinct positions in 0 .. {n_pos - 1}")
+    return positions
 
 
 class _Stop(Exception):
@@ -295,23 +310,47 @@ class ModelAdapter:
         return kept
 
     # ------------------------------------------------------------------ running
-    def run(self, tokens: Tensor, fwd_hooks: FwdHooks = ()) -> Tensor:
+    def run(self, tokens: Tensor, fwd_hooks: FwdHooks = (), *, positions: Tensor | None = None) -> Tensor:
         """Logits ``[batch, pos, d_vocab]`` of ``tokens`` with ``fwd_hooks`` attached; no gradients unless the
-        caller enables them."""
+        caller enables them. With ``positions`` (a 1-D long tensor of sequence positions): the logits at those
+        positions only, ``[batch, len(positions), d_vocab]``; families whose model can say so compute the
+        unembedding only there (:meth:`_keep_kwargs`), the others slice the full logits."""
         hooks = list(fwd_hooks)
-        out = self.model.run_with_hooks(tokens, fwd_hooks=hooks) if hooks else self.model(tokens)
-        return self._logits(out, tuple(tokens.shape[:2]))
+        positions = _check_positions(positions, tokens.shape[-1])
+        keep = self._keep_kwargs(positions)
+        if hooks or not callable(self.model):  # the contract promises run_with_hooks, not __call__
+            out = self.model.run_with_hooks(tokens, fwd_hooks=hooks, **keep)
+        else:
+            out = self.model(tokens, **keep)
+        return self._finish(out, tuple(tokens.shape[:2]), positions, bool(keep))
 
-    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
+                 positions: Tensor | None = None) -> Tensor:
         """Logits from the residual stream ``resid`` ``[batch, pos, d_model]`` entering ``start_at_layer``
-        (layers before it skipped). Only for families with ``can_resume``."""
+        (layers before it skipped); ``positions`` as for :meth:`run`. Only for families with ``can_resume``."""
         raise CircuitkitError(
             f"{type(self.model).__name__} cannot resume a forward pass from layer {start_at_layer}; expected a "
             "TransformerBridge or AttentionOnlyModel. Callers check ModelAdapter.can_resume first."
         )
 
-    def _logits(self, out: Any, batch_pos: tuple[int, ...]) -> Tensor:
+    def _keep_kwargs(self, positions: Tensor | None) -> dict[str, Any]:
+        """Keyword arguments telling the model to unembed only at ``positions`` (none: it cannot, or all wanted)."""
+        return {}
+
+    def _finish(self, out: Any, batch_pos: tuple[int, ...], positions: Tensor | None, kept: bool) -> Tensor:
+        """The checked logits of ``out`` at ``positions``: as the model returned them where it was asked to keep
+        only those (``kept``), else sliced from every position."""
+        logits = self._logits(out, batch_pos, positions if kept else None)
+        if positions is None or kept:
+            return logits
+        return logits.index_select(1, positions.to(logits.device))
+
+    def _logits(self, out: Any, batch_pos: tuple[int, ...], kept: Tensor | None = None) -> Tensor:
+        """The logits in the model's output, checked: ``[batch, pos, d_vocab]``, or ``[batch, len(kept), d_vocab]``
+        where the model was asked to unembed only at ``kept``."""
         logits = out if isinstance(out, Tensor) else getattr(out, "logits", None)
+        if kept is not None:
+            batch_pos = (batch_pos[0], len(kept))
         if not isinstance(logits, Tensor) or logits.ndim != 3 or tuple(logits.shape[:2]) != batch_pos:
             shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(out).__name__
             raise CircuitkitError(
@@ -394,16 +433,35 @@ class BridgeAdapter(ModelAdapter):
         windows = attention_windows(self.hf_config, n_layers)
         return windows if any(w is not None for w in windows) else None
 
-    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
+                 positions: Tensor | None = None) -> Tensor:
         if not self.can_resume:
             return super().run_from(resid, start_at_layer, fwd_hooks)  # refuses
         hooks = list(fwd_hooks)
+        positions = _check_positions(positions, resid.shape[1])
+        keep = self._keep_kwargs(positions)
         with self._skipping_blocks(start_at_layer):
             if hooks:
-                out = self.model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=start_at_layer)
+                out = self.model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=start_at_layer, **keep)
             else:
-                out = self.model(resid, start_at_layer=start_at_layer)
-        return self._logits(out, tuple(resid.shape[:2]))
+                out = self.model(resid, start_at_layer=start_at_layer, **keep)
+        return self._finish(out, tuple(resid.shape[:2]), positions, bool(keep))
+
+    def _keep_kwargs(self, positions: Tensor | None) -> dict[str, Any]:
+        """Hugging Face causal LMs take ``logits_to_keep`` (a tensor of positions: ``lm_head`` runs only there,
+        final norm and soft-capping elementwise before it); masked LMs and native bridges do not. The positions
+        stay on the CPU: they index the last hidden state wherever an offloaded model keeps it."""
+        if positions is None or not self._keeps_logits:
+            return {}
+        return {"logits_to_keep": positions.cpu()}
+
+    @functools.cached_property
+    def _keeps_logits(self) -> bool:
+        forward = getattr(getattr(self.model, "original_model", None), "forward", None)
+        try:
+            return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+        except (TypeError, ValueError):  # a forward without a readable signature: unembed everywhere
+            return False
 
     @contextlib.contextmanager
     def _skipping_blocks(self, start_at_layer: int) -> Iterator[None]:
@@ -453,9 +511,11 @@ class ToyAdapter(ModelAdapter):
 
         return isinstance(model, AttentionOnlyModel)
 
-    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = ()) -> Tensor:
+    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
+                 positions: Tensor | None = None) -> Tensor:
+        positions = _check_positions(positions, resid.shape[1])
         out = self.model.run_with_hooks(resid, fwd_hooks=list(fwd_hooks), start_at_layer=start_at_layer)
-        return self._logits(out, tuple(resid.shape[:2]))
+        return self._finish(out, tuple(resid.shape[:2]), positions, kept=False)
 
 
 ADAPTERS: tuple[type[ModelAdapter], ...] = (BridgeAdapter, ToyAdapter, ModelAdapter)

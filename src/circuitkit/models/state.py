@@ -15,13 +15,15 @@ it) give every entry point the same contract:
 A ``TransformerBridge`` installs capture hooks of its own on its first forward pass (once); those are installed
 before the state is saved, so they count as the model's own.
 
-Nested entry points (``scan`` calls ``head_scores`` ...) are cheap: the inner ones find the model already in
-eval mode and restore that.
+Nested entry points (``scan`` calls ``head_scores`` ...) cost nothing: while a call holds the model's state, the
+calls inside it leave the model to it (walking a 270M model's 1,500 modules to save and compare their state took
+0.1 s per call, and a scan makes ten such calls).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Iterator
@@ -41,6 +43,10 @@ HOOK_DICTS = (
 """The per-module hook registries of ``torch.nn.Module`` (those present in the installed torch are saved)."""
 
 __all__ = ["caller_state", "keeps_model_state", "module_of", "settle", "state_of"]
+
+
+_HELD: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("circuitkit_held_models", default=frozenset())
+"""``id`` of each module whose state an enclosing :func:`caller_state` will put back."""
 
 
 def module_of(model: Any) -> torch.nn.Module | None:
@@ -106,8 +112,8 @@ def caller_state(model: Any, where: str = "circuitkit") -> Iterator[None]:
     ``requires_grad`` flags and parameter/buffer devices (see the module docstring). A no-op for objects that are
     not (and do not wrap) a ``torch.nn.Module``."""
     module = module_of(model)
-    if module is None:
-        yield
+    if module is None or id(module) in _HELD.get():
+        yield  # not a module, or an enclosing call restores it
         return
     _refuse_meta(module, where)
     settle(module)
@@ -117,9 +123,11 @@ def caller_state(model: Any, where: str = "circuitkit") -> Iterator[None]:
     grads = [(p, p.requires_grad) for p in module.parameters()]
     places = [(t, t.device) for t in [*module.parameters(), *module.buffers()]]
     module.eval()
+    held = _HELD.set(_HELD.get() | {id(module)})
     try:
         yield
     finally:
+        _HELD.reset(held)
         for m, training in modes:
             m.training = training
         for m, attr, saved in hooks:
