@@ -191,7 +191,7 @@ def composition_scores(
         return torch.zeros(w.n_layers, w.n_heads, w.n_layers, w.n_heads, device=w.device)
     with torch.no_grad():
         unit = _unit_heads(w)
-        route = _gram_scores if _gram_is_cheaper(unit, memory_budget) else _raw_scores
+        route = _gram_scores if _gram_is_cheaper(unit, mode, memory_budget) else _raw_scores
         scores = route(unit, mode, memory_budget)
         validate.finite_result("composition_scores", scores)
         if baseline is not None:
@@ -323,86 +323,75 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- Gram route
-GRAM_MIN_RATIO = 8
-"""The Gram route runs where ``d_head^2 >= GRAM_MIN_RATIO * d_model`` (see :func:`_gram_is_cheaper`)."""
+def _gram_is_cheaper(w: HeadWeights, mode: str, memory_budget: int) -> bool:
+    """Whether :func:`_gram_scores` costs fewer float32-equivalent flops than :func:`_raw_scores` (float64 counted
+    twice) and its folded factors fit in ``memory_budget``.
 
-
-def _gram_is_cheaper(w: HeadWeights, memory_budget: int) -> bool:
-    """Whether :func:`_gram_scores` is the faster route: where ``d_head^2`` is large against ``d_model``, and one
-    layer of its packed Gram matrices (plus their unpacked form) fits in ``memory_budget``.
-
-    Flops: with ``P`` pairs of layers the tiled product costs about ``P H^2 h^2 d`` and the Gram route
-    ``N (h^2 d + d^2 h) + P H^2 d^2 / 2`` in float64 (``N`` heads, ``d = d_model``, ``h = d_head``). Measured on two
-    CPU cores: the Gram route is 1.3-1.9x faster at Gemma-3-270M's shape (``d_head`` 256, ``d_model`` 640) but 1.7-4x
-    slower at SmolLM-135M's and GPT-2's (``d_head`` 64): its per-layer products have only ``H`` rows, so they run
-    at memory speed, and float64 runs at half float32's. Hence the threshold :data:`GRAM_MIN_RATIO` rather than the
-    flop count; at 7B shapes a layer's Gram matrices are gigabytes and the tiled product runs."""
+    With ``N`` heads, ``P`` pairs of layers, ``d = d_model``, ``h = d_head``, the tiled product costs ``2 P (H h)^2 d``
+    (K and V composition with ``G`` key/value groups: ``2 P (H h)(G h) d + 2 P H^2 h^3``) and the Gram route
+    ``2 (2 N h d^2 + N^2 d^2)`` in float64. Measured on two CPU cores, as the model says: the Gram route is 1.2x
+    faster for SmolLM-135M's Q composition and 1.5-2.4x for all three at Gemma-3-270M's ``d_head`` 256, and slower
+    for GPT-2's shape and SmolLM's K and V; at 7B shapes its folded factors are gigabytes and the tiled product
+    runs."""
     L, H, d, h = w.W_Q.shape
-    one_layer = 8 * H * (d * (d + 1) + d * d)  # packed P and S of one layer, one layer's unpacked products
-    return h * h >= GRAM_MIN_RATIO * d and one_layer <= memory_budget
+    N = L * H
+    pairs = L * (L - 1) / 2
+    if mode != "Q" and w.group_size > 1:  # the destination's X is the group's: fewer columns, then per head
+        direct = pairs * 2 * (H * h) * (w.n_kv_heads * h) * d + pairs * 2 * H * H * h**3
+    else:
+        direct = pairs * 2 * (H * h) ** 2 * d
+    gram = 2 * 2 * (2 * N * h * d * d + N * N * d * d)
+    folded = 8 * 2 * N * (h + 1) * d  # the two sides' folded factors and one row of each side's Gram matrices
+    return gram < direct and folded <= memory_budget
 
 
 def _gram_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
     """The scores from ``d_model x d_model`` Gram matrices, in float64 (see :func:`_gram_is_cheaper` for when).
 
-    With ``P_a = O'_a.T O'_a = O_a.T (V.T V) O_a`` (source head ``a``) and ``S_b = X'_b.T X'_b = X_b (Y.T Y)
-    X_b.T`` (destination head ``b``, both ``[d_model, d_model]`` and symmetric)::
+    With the folded factors ``O'_a = R_V O_a`` (source head ``a``) and ``X'_b = R_Y X_b.T`` (destination head
+    ``b``; module docstring), ``P_a = O'_a.T O'_a`` and ``S_b = X'_b.T X'_b`` (``[d_model, d_model]``, symmetric)::
 
-        ||O'_a X'_b.T||_F^2 = <P_a, S_b>_F,   ||W_A||_F^2 = tr P_a,   ||W_B||_F^2 = tr S_b,
+        ||O'_a X'_b.T||_F^2 = <P_a, S_b>_F,   ||W_A||_F^2 = ||O'_a||_F^2,   ||W_B||_F^2 = ||X'_b||_F^2,
 
-    so every numerator is an inner product of two symmetric matrices: their upper triangles (off-diagonal entries
-    counted twice) are packed into rows of length ``d_model (d_model + 1) / 2`` and one product
-    ``[source heads, T] @ [T, destination heads]`` per tile gives a whole block of scores. Float64 throughout:
-    an inner product of two positive semi-definite matrices can cancel to far below its terms (two heads in
-    orthogonal subspaces score 0), where float32 rounding would show as scores of ~1e-4. Tiles: a block of
-    destination layers' packed ``S`` at a time, each source layer's ``P`` built against it, under
-    ``memory_budget`` bytes where one layer of each allows."""
+    so all numerators are one product ``[heads, T] @ [T, heads]`` of the Gram matrices' upper triangles (``T =
+    d_model (d_model + 1) / 2``, off-diagonal entries counted twice), every head against every head at once (the
+    product's rows are all heads, so it runs at the machine's compute speed; pairs whose source layer is not before
+    the destination's are computed and dropped). It is taken in blocks of rows of the Gram matrices, built as they
+    are needed under ``memory_budget`` bytes. Float64 throughout: an inner product of two positive semi-definite
+    matrices can cancel to far below its terms (heads in orthogonal subspaces score 0), where float32 rounding would
+    show as scores of ~1e-4."""
     L, H, d_model, d_head = w.W_Q.shape
+    N = L * H
     kv = w.kv_index
-    device = w.device
     f64 = torch.float64
-    rows, cols = torch.triu_indices(d_model, d_model, device=device)
-    twice = torch.where(rows == cols, 1.0, 2.0).to(f64)
-    T = rows.numel()
-
-    G_V = _gram_cols(w.W_V.to(f64))  # [L, G, h, h]
-    O = w.W_O.to(f64)
+    R_V = _gram_root(_gram_cols(w.W_V.to(f64)))  # [L, G, h, h]
+    source = (R_V[:, kv] @ w.W_O.to(f64)).reshape(N, d_head, d_model)
     dest = _DESTINATION[mode](w)
-    Xt, G_Y = dest.Xt.to(f64), dest.G_Y.to(f64)
     x_index = kv if dest.x_grouped and w.group_size > 1 else slice(None)
     y_index = kv if dest.y_grouped and w.group_size > 1 else slice(None)
+    R_Y = _gram_root(dest.G_Y.to(f64))
+    destination = (R_Y[:, y_index] @ dest.Xt.to(f64)[:, x_index]).reshape(N, d_head, d_model)
+    source_sq = source.square().sum((-2, -1))
+    destination_sq = destination.square().sum((-2, -1))
 
-    def packed_sources(layer: int) -> tuple[Tensor, Tensor]:  # [H, T] (doubled off-diagonal), traces [H]
-        full = O[layer].mT @ (G_V[layer, kv] @ O[layer])  # [H, d_model, d_model]
-        return full[:, rows, cols] * twice, full.diagonal(dim1=-2, dim2=-1).sum(-1)
-
-    def packed_destinations(layer: int) -> tuple[Tensor, Tensor]:  # [H, T], traces [H]
-        X = Xt[layer, x_index]  # [H, h, d_model]
-        full = X.mT @ (G_Y[layer, y_index] @ X)
-        return full[:, rows, cols], full.diagonal(dim1=-2, dim2=-1).sum(-1)
-
-    per_layer = H * T * 8
-    block = max(1, min(L - 1, (memory_budget // 2) // per_layer))
-    sq = torch.zeros(L, H, L, H, dtype=f64, device=device)
-    src_norm = torch.zeros(L, H, dtype=f64, device=device)
-    dst_norm = torch.zeros(L, H, dtype=f64, device=device)
-    for start in range(1, L, block):
-        stop = min(start + block, L)
-        packed = []
-        for layer in range(start, stop):
-            values, dst_norm[layer] = packed_destinations(layer)
-            packed.append(values)
-        right = torch.cat(packed)  # [(stop - start) * H, T]
-        del packed
-        for src in range(stop - 1):
-            left, src_norm[src] = packed_sources(src)
-            first = max(start, src + 1)  # destination layers after the source only
-            tile = left @ right[(first - start) * H :].T  # [H, (stop - first) * H]
-            sq[src, :, first:stop] = tile.view(H, stop - first, H)
-    denominator = src_norm[:, :, None, None] * dst_norm[None, None, :, :]
-    valid = (denominator > 0) & _pair_mask(L, device)
-    scores = torch.where(valid, sq.clamp_min(0) / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
-    return scores.to(torch.float32)
+    spare = max(0, memory_budget - 8 * 2 * N * d_head * d_model)
+    block = max(1, min(d_model, spare // (8 * 2 * N * d_model)))  # rows of P and S per step
+    sq = torch.zeros(N, N, dtype=f64, device=w.device)
+    for first in range(0, d_model, block):
+        last = min(first + block, d_model)
+        # rows first..last-1, columns first..d_model-1 of every P_a and S_b: the upper triangle, a block of rows at a
+        # time; in the diagonal block the entries below it are weighted 0, the diagonal 1, the ones above it 2.
+        P = source[:, :, first:last].mT @ source[:, :, first:]  # [N, rows, columns]
+        S = destination[:, :, first:last].mT @ destination[:, :, first:]
+        row = torch.arange(first, last, device=w.device)[:, None]
+        column = torch.arange(first, d_model, device=w.device)[None, :]
+        P.mul_(torch.where(column > row, 2.0, torch.where(column == row, 1.0, 0.0)).to(f64))
+        sq += P.reshape(N, -1) @ S.reshape(N, -1).T
+        del P, S
+    denominator = source_sq[:, None] * destination_sq[None, :]
+    scores = torch.where(denominator > 0, sq.clamp_min(0) / denominator.where(denominator > 0, 1.0), 0.0).sqrt_()
+    scores = scores.view(L, H, L, H)
+    return torch.where(_pair_mask(L, w.device), scores, 0.0).to(torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------- edges

@@ -29,6 +29,7 @@ cannot hold them (values beyond ~3e38 or below ~1e-38), in which case they are r
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, Literal
@@ -112,17 +113,23 @@ PARALLEL_EIG_MIN_SIZE = 64
 
 
 def _eigvals(matrices: Tensor) -> Tensor:
-    """``torch.linalg.eigvals`` of a batch, its matrices shared among ``torch.get_num_threads()`` worker threads on
-    the CPU: LAPACK solves a batch one matrix after another (72 heads of d_head 256 took 1.9 s on two cores, 1.1 s
-    shared between two threads). Each matrix's eigenvalues are the same however the batch is split."""
+    """``torch.linalg.eigvals`` of a batch (see :func:`_shared`)."""
+    return _shared(torch.linalg.eigvals, matrices)
+
+
+def _shared(solve: Callable[[Tensor], Tensor], matrices: Tensor) -> Tensor:
+    """``solve`` (a batched LAPACK routine returning ``[..., n]``) of a batch of ``[..., n, n]`` matrices, the batch
+    shared among ``torch.get_num_threads()`` worker threads on the CPU: LAPACK solves a batch one matrix after
+    another (the copying score's eigenvalues of 72 heads of ``d_head`` 256 took 1.9 s on two cores, 1.1 s shared
+    between two threads). Each matrix's result is the same however the batch is split."""
     workers = min(torch.get_num_threads(), matrices[..., 0, 0].numel())
     if matrices.device.type != "cpu" or workers < 2 or matrices.shape[-1] < PARALLEL_EIG_MIN_SIZE:
-        return torch.linalg.eigvals(matrices)
+        return solve(matrices)
     from concurrent.futures import ThreadPoolExecutor
 
     flat = matrices.reshape(-1, *matrices.shape[-2:])
     with ThreadPoolExecutor(workers) as pool:
-        parts = list(pool.map(torch.linalg.eigvals, flat.chunk(workers)))
+        parts = list(pool.map(solve, flat.chunk(workers)))
     return torch.cat(parts).reshape(matrices.shape[:-1])
 
 
@@ -261,7 +268,7 @@ class Factored:
         A64 = A.double()
         R_B = _gram_root(B.transpose(-1, -2))
         core = R_B @ (A64.transpose(-1, -2) @ A64) @ R_B.transpose(-1, -2)
-        squares = torch.linalg.eigvalsh(core).flip(-1)[..., :k]
+        squares = _shared(torch.linalg.eigvalsh, core).flip(-1)[..., :k]
         return squares.clamp_min(0).sqrt(), scale
 
     def singular_values(self) -> Float[Tensor, "*batch k"]:
@@ -498,7 +505,7 @@ def _head_singular_values(w: HeadWeights, which: str) -> Tensor:
     R_B = _gram_root(Bt)[:, b_index]
     core = R_B @ gram_A @ R_B.transpose(-1, -2)
     k = min(w.d_model, w.d_head)
-    squares = torch.linalg.eigvalsh(core).flip(-1)[..., :k]
+    squares = _shared(torch.linalg.eigvalsh, core).flip(-1)[..., :k]
     scale = (scale_A.double()[:, a_index] * scale_B.double()[:, b_index])[..., 0]
     return _in_dtype(squares.clamp_min(0).sqrt() * scale, w.dtype, "Factored.singular_values")
 
