@@ -1150,6 +1150,8 @@ case(f"{V}:finite_result", lambda: {"name": "x", "value": torch.ones(2, 3)}, ext
     ("complex-nan", lambda v: _poison(v.to(torch.complex64), complex(math.nan, 0)), STRICT),
     ("str", const("x"), STRICT), ("None", const(None), STRICT), ("numpy-nan", const(np.array([math.nan])), STRICT),
     ("int-dtype", lambda v: v.long(), LENIENT), ("empty", lambda v: v[:0], LENIENT)]})
+case(f"{V}:all_finite", lambda: {"value": torch.ones(2, 3)}, extra_bad={"value": [  # a predicate: NaN gives False
+    ("str", const("x"), STRICT), ("None", const(None), STRICT), ("numpy", const(np.ones((2, 3))), STRICT)]})
 case(f"{V}:integer", lambda: {"name": "x", "value": 3, "minimum": 0, "maximum": 5}, value="int>=0",
      extra_bad={"value": [("above-maximum", const(6), STRICT)]})
 case(f"{V}:option", lambda: {"name": "x", "value": "a", "options": ("a", "b")}, value="option")

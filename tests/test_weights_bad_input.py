@@ -3,6 +3,8 @@ valid edge cases work."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -148,3 +150,20 @@ def test_rank_collapse_rejects_layers_that_do_not_exist(plot_layers, match):
 def test_numpy_inputs_to_pattern_numpy_give_rows_that_sum_to_one():
     q = np.random.default_rng(0).standard_normal((3, 4))
     assert np.allclose(pattern_numpy(q, q).sum(-1), 1.0)
+
+
+def test_all_finite_settles_by_the_sum_and_checks_entries_only_when_the_sum_overflows():
+    """``validate.all_finite``: a NaN or inf anywhere makes it False; finite entries whose float32 sum overflows
+    (3e38 twice) are still finite; half-precision sums in float32."""
+    from circuitkit import validate
+
+    x = torch.ones(1000)
+    assert validate.all_finite(x) and validate.all_finite(torch.arange(3))
+    for bad in (math.nan, math.inf, -math.inf):
+        y = x.clone()
+        y[517] = bad
+        assert not validate.all_finite(y) and not validate.all_finite(y.half())
+    assert validate.all_finite(torch.full((4,), 3e38)) and validate.all_finite(torch.full((100,), 60000.0).half())
+    y = torch.full((4,), 3e38)
+    y[2] = math.nan
+    assert not validate.all_finite(y)

@@ -207,7 +207,9 @@ def dense(name: str, value: Tensor) -> Tensor:
 def all_finite(value: Tensor) -> bool:
     """Whether every entry of a floating ``value`` is finite, without an element-wise mask where it can: a NaN or
     inf entry makes the sum NaN or inf, so a finite sum (float32 or wider, read once) settles it; only a sum that
-    overflowed is checked entry by entry."""
+    overflowed is checked entry by entry. ``value`` must be a tensor (``CircuitkitError`` otherwise)."""
+    if not isinstance(value, Tensor):
+        raise fail("all_finite: value", value, "a torch.Tensor")
     if not (value.is_floating_point() or value.is_complex()):
         return True
     total = value.sum(dtype=torch.float32) if value.dtype in (torch.float16, torch.bfloat16) else value.sum()
