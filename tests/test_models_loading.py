@@ -55,6 +55,27 @@ def test_local_directory_round_trip(tmp_path, with_tokenizer):
     assert scores["induction"].shape == (2, 4) and scores.bos == 0
 
 
+@pytest.mark.parametrize("bos, expected", [(2, 2), (None, 0), (500, 0)], ids=["config-bos", "none", "outside"])
+def test_generated_tokenizer_starts_with_the_configs_own_bos(tmp_path, bos, expected):
+    """Without tokenizer files, the generated tokenizer's BOS is the one ``config.json`` names (inside the
+    vocabulary), else id 0: a Gemma checkpoint keeps a zero embedding row for its pad id 0, and sequences that
+    start there run from an exactly zero residual stream."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from circuitkit.models.contract import adapt
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=32, bos_token_id=bos, eos_token_id=1,
+                         pad_token_id=0)
+    LlamaForCausalLM(config).save_pretrained(str(tmp_path), safe_serialization=True)
+    bridge = load_model(str(tmp_path))
+    assert bridge.tokenizer.bos_token_id == expected and adapt(bridge).spec.default_bos == expected
+    if expected:  # id 0 is then an ordinary word, "t0"
+        assert bridge.to_tokens("t3 t0").tolist() == [[expected, 3, 0]]
+    assert RepeatedTokens(block_len=4, batch=2).build(bridge).tokens[:, 0].tolist() == [expected, expected]
+
+
 def test_directory_without_config_raises(tmp_path):
     with pytest.raises(CircuitkitError, match="config.json"):
         load_model(str(tmp_path))

@@ -7,7 +7,6 @@ named ``"layer.head"`` (``"1.3"``), as in the Framework paper's figures.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -28,17 +27,14 @@ def top_indices(values: Tensor, k: int, *, absolute: bool = False, largest: bool
     """The ``k`` best flat indices of ``values`` as ``(index, value)``: descending (``largest``) or ascending,
     by ``|value|`` when ``absolute`` (the value returned keeps its sign). Ties keep flat order; NaN last."""
     k = validate.positive_int("k", k)
-    flat = values.detach().reshape(-1).to("cpu", torch.float64).tolist()
-
-    def key(i: int) -> tuple[bool, float, int]:
-        v = flat[i]
-        if math.isnan(v):
-            return True, 0.0, i
-        v = abs(v) if absolute else v
-        return False, -v if largest else v, i
-
-    order = sorted(range(len(flat)), key=key)[:k]
-    return [(i, flat[i]) for i in order]
+    flat = values.detach().reshape(-1).to("cpu", torch.float64)
+    key = flat.abs() if absolute else flat
+    key = -key if largest else key
+    # two stable sorts (torch's, in C: a Python sort of the 219k edges of a 30-layer model took 0.1 s each): by
+    # the key, then NaN last; stability keeps flat order among ties
+    order = torch.sort(torch.where(flat.isnan(), 0.0, key), stable=True).indices
+    order = order[torch.sort(flat.isnan()[order].to(torch.uint8), stable=True).indices][:k].tolist()
+    return [(i, float(flat[i])) for i in order]
 
 
 def unravel(index: int, shape: Sequence[int]) -> tuple[int, ...]:

@@ -213,6 +213,9 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     return EdgeAttribution(scores, m.name, ctx.corrupt, value)
 
 
+RECEIVER_LAYERS_PER_PRODUCT = 8
+"""Receiver layers contracted with the senders' deltas in one product (see :func:`_contract_all`)."""
+
 RUNS_PER_CONTRACTION = 4
 """Runs whose gradients are held at once and summed before one contraction (each holds ``dM/d(q, k, v)`` of every
 layer: 130 MB at SmolLM-135M's shape and the default batch)."""
@@ -234,20 +237,31 @@ def _contract_all(ctx: Context, runs: list[tuple[dict, dict[int, Tensor]]], dz: 
         x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
         inputs.append((grads, x, {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}))
     n_positions, d_model = dz[0].shape[1], spec.d_model
-    chunk = max(1, MAX_DELTA_BYTES // ((L - 1) * H * d_model * W_O.element_size()))
+    K = len(CHANNELS) * H  # receivers per layer
+    block = min(RECEIVER_LAYERS_PER_PRODUCT, L - 1)
+    rows = ((L - 1) * H + block * K) * d_model * W_O.element_size()  # deltas and one block of receivers, per position
+    chunk = min(n_positions, max(1, MAX_DELTA_BYTES // rows))
+    buffer = torch.empty(block * K * chunk * d_model, dtype=work, device=W_O.device)  # written in place, per block
+    weights: dict[int, Tensor] = {}
     for first in range(0, n_positions, chunk):
         part = slice(first, min(first + chunk, n_positions))
         # the senders' output differences on these positions: [L - 1, H, n, d_model]
         deltas = torch.empty(L - 1, H, part.stop - part.start, d_model, dtype=work, device=W_O.device)
         for s in range(L - 1):
             torch.matmul(dz[s][:, part], W_O[s], out=deltas[s])
-        for l2 in range(1, L):
-            # built per chunk (one receiver layer in memory at a time); the closed-form check runs once per run
-            u = None
-            for grads, x, forms in inputs:
-                receiver = _Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work)
-                u = receiver.pulled() if u is None else u.add_(receiver.pulled())
-            totals[l2 - 1] += deltas[:l2].flatten(0, 1).flatten(1) @ u.flatten(1).T
+        # Receiver layers a block at a time, so that one product reads the deltas once for the whole block (one
+        # product per layer read them once per layer, and ran at memory speed); the block's products with senders
+        # in or after a receiver's own layer are computed and dropped.
+        n = part.stop - part.start
+        for start in range(1, L, block):
+            layers = range(start, min(start + block, L))
+            U = buffer[: len(layers) * K * n * d_model].view(len(layers), K, n, d_model)
+            for i, l2 in enumerate(layers):  # the closed-form check ran once per run, above
+                _Receiver.pulled_sum([_Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work, weights)
+                                      for grads, x, forms in inputs], out=U[i])
+            product = deltas[: layers[-1]].flatten(0, 1).flatten(1) @ U.flatten(2).flatten(0, 1).T  # [senders, .. K]
+            for i, l2 in enumerate(layers):
+                totals[l2 - 1] += product[: l2 * H, i * K : (i + 1) * K]
 
 
 def _corrupted_input(ctx: Context) -> Tensor | None:
@@ -426,8 +440,9 @@ def _per_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, gs: int,
 
 
 MAX_DELTA_BYTES = 256 * 2**20
-"""The senders' output differences ``[L - 1, H, positions, d_model]`` are held for this many bytes at a time: the
-attribution is a sum over (batch, position), taken in chunks of positions."""
+"""The senders' output differences ``[L - 1, H, positions, d_model]`` and one block of receivers' pulled-back
+gradients are held for this many bytes at a time: the attribution is a sum over (batch, position), taken in chunks
+of positions."""
 
 NORM_CHECK_RTOL = 1e-4
 """The closed-form pullback must match autograd on a random cotangent to this relative tolerance (float32 sums
@@ -469,12 +484,15 @@ class _Receiver:
 
     @classmethod
     def build(cls, ctx: Context, layer: int, grads: dict, x: Tensor | None, form: ClosedForm | None, part: slice,
-              work: torch.dtype) -> _Receiver:
+              work: torch.dtype, weights: dict[int, Tensor]) -> _Receiver:
         """Layer ``layer``'s receivers on the positions ``part``, from ``grads[(c, layer)]`` ``[batch, pos, head,
-        d_head]`` and its normalisation's input ``x`` ``[N, d_model]``, in dtype ``work``."""
+        d_head]`` and its normalisation's input ``x`` ``[N, d_model]``, in dtype ``work``. ``weights``: the
+        layers' stacked ``W_c^T`` already built (filled here; the same for every chunk and run)."""
         grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1)[part].transpose(0, 1) for c in CHANNELS])
-        W = torch.cat([ctx.W_in[c][layer] for c in CHANNELS]).transpose(1, 2)  # [k, d_head, d_model]
-        return cls.from_parts(grad.to(work), W.to(work), ctx.norms[layer], None if x is None else x[part], form)
+        W = weights.get(layer)
+        if W is None:  # contiguous: the products and gamma's scaling read it many times
+            W = weights[layer] = torch.cat([ctx.W_in[c][layer] for c in CHANNELS]).transpose(1, 2).to(work).contiguous()
+        return cls.from_parts(grad.to(work), W, ctx.norms[layer], None if x is None else x[part], form)
 
     @classmethod
     def from_parts(cls, grad: Tensor, W: Tensor, norm: Any, x: Tensor | None, form: ClosedForm | None) -> _Receiver:
@@ -490,19 +508,42 @@ class _Receiver:
         if gamma is not None:
             W = W * gamma
         d_model = x.shape[-1]
-        b = (grad * torch.matmul(xhat, W.transpose(1, 2))).sum(dim=-1, keepdim=True) / d_model
+        k, d_head = W.shape[0], W.shape[1]
+        projected = (xhat @ W.reshape(k * d_head, d_model).T).view(-1, k, d_head).transpose(0, 1)  # one product
+        b = (grad * projected).sum(dim=-1, keepdim=True) / d_model
         a = (grad @ W.sum(dim=-1)[:, :, None]) / d_model if centred else None
         return cls(grad, W, a, b, xhat)
+
+    @staticmethod
+    def pulled_sum(receivers: list[_Receiver], out: Tensor) -> Tensor:
+        """``out`` (``[k, n, d_model]``, contiguous) set to the sum of the receivers' :meth:`pulled` (one layer,
+        several runs). Where every run has the closed form (or no norm), the ``d_model``-wide product is linear in
+        the scaled gradients and ``W`` is the same for all (``gamma`` is the layer's): the gradients are summed first
+        and multiplied once, into ``out`` (a fresh 15 MB result per product cost more than the product)."""
+        if any(r.pullback is not None for r in receivers):
+            out.copy_(receivers[0].pulled())
+            for receiver in receivers[1:]:
+                out.add_(receiver.pulled())
+            return out
+        grad = receivers[0].grad if len(receivers) == 1 else sum(r.grad for r in receivers)
+        torch.matmul(grad, receivers[0].W, out=out)
+        for r in receivers:
+            r._correct(out)
+        return out
 
     def pulled(self) -> Tensor:
         """``g[k, n]``: each receiver's gradient in the residual stream before the norm, ``[k, n, d_model]``."""
         u = torch.matmul(self.grad, self.W)  # [k, n, d_model]
+        if self.pullback is not None:
+            return _autograd_pullback(self.pullback, self.resid, u)
+        return self._correct(u)
+
+    def _correct(self, u: Tensor) -> Tensor:
+        """The closed form's per-position terms taken off ``u = grad @ W`` in place (none without a norm)."""
         if self.b is not None:
             if self.a is not None:
                 u.sub_(self.a)
             u.addcmul_(self.b, self.xhat, value=-1)
-        elif self.pullback is not None:
-            u = _autograd_pullback(self.pullback, self.resid, u)
         return u
 
 
