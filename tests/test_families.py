@@ -380,3 +380,35 @@ def test_logits_at_the_loss_positions_equal_the_full_pass_there(built):
         if family.resumable:
             resumed = adapter.run_from(seen["resid"], 1, positions=at)
             torch.testing.assert_close(resumed, full[:, at], atol=RESUME_TOL, rtol=0)
+
+
+def test_an_unembedding_graph_kept_at_some_positions_gives_the_same_logits_and_gradients(built):
+    """``graph_positions=``: every position's logits, the unembedding's autograd graph only at those positions (the
+    head attribution's pass). Logits and the gradient of a loss read there equal the full graph's, in every family;
+    where ``lm_head`` is a plain ``Linear`` the split is really made (the others keep the full graph)."""
+    family, hf, bridge = built
+    adapter = adapt(bridge)
+    tokens = TOKENS.build(bridge).tokens
+    at = torch.tensor([2, 5, 8])
+    others = torch.tensor([p for p in range(tokens.shape[1]) if p not in at.tolist()])
+    results = []
+    for graph in (None, at):
+        leaf = {}
+
+        def on_z(z, hook):
+            leaf["z"] = torch.zeros_like(z, requires_grad=True)
+            return z + leaf["z"]
+
+        with torch.enable_grad():
+            logits = adapter.run(tokens, [(HOOKS.z(0), on_z)], graph_positions=graph)
+            loss = logits[:, at].float().logsumexp(-1).sum()
+            (grad,) = torch.autograd.grad(loss, leaf["z"], retain_graph=True)
+            (elsewhere,) = torch.autograd.grad(logits[:, others].float().sum(), leaf["z"], allow_unused=True)
+        results.append((logits.detach(), grad, elsewhere))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=RESUME_TOL, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=RESUME_TOL, rtol=1e-4)
+    head = bridge.unembed.original_component
+    split = type(head) is torch.nn.Linear
+    assert "forward" not in head.__dict__  # put back after the pass
+    assert float(results[0][2].abs().sum()) > 0  # the full graph reaches the other positions ...
+    assert (results[1][2] is None or float(results[1][2].abs().sum()) == 0) == split  # ... a split one does not

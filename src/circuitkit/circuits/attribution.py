@@ -335,6 +335,11 @@ class GradientTap:
                 self.keys += [("z", layer) for layer in range(1, L)]
         self.retain_graph = gs > 1  # the per-query-head split of a group's gradient differentiates again
 
+    @property
+    def reads_repeated_loss_only(self) -> bool:
+        """Whether the tap's metric reads the logits at the repeated-copies loss's positions only (or none)."""
+        return self.m.local or self.m.fn is repeated_loss
+
     def hooks(self) -> list[tuple[str, Any]]:
         L = self.ctx.spec.n_layers
         hooks = [(HOOKS.resid_pre(1), self._leaf)] if self.leaf else []

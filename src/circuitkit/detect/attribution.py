@@ -183,16 +183,25 @@ def attribute(
     hooks += [(HOOKS.z(layer), on_z) for layer in range(spec.n_layers)]
     hooks += [hook for tap in taps for hook in tap.hooks()]
     with frozen_parameters(adapter.model), torch.enable_grad():
-        logits = adapter.run(batch.tokens, hooks)
+        # every position's logits (the reported loss), the graph only where the differentiated losses read them
+        # (a tap's own metric may read any position: then everywhere)
+        graph = loss_positions(batch) if all(tap.reads_repeated_loss_only for tap in taps) else None
+        logits = adapter.run(batch.tokens, hooks, graph_positions=graph)
         missing = [layer for layer in range(spec.n_layers) if layer not in leaves]
         if missing:
             raise CircuitkitError(
                 f"attribution_effects: the model ran without calling hook_z of layers {missing}; expected every "
                 "layer to expose blocks.{l}.attn.hook_z [batch, pos, head, d_head]."
             )
-        with torch.no_grad():  # every position's loss is reported; only the repeated copies' is differentiated
-            losses = token_losses(logits.detach(), batch.tokens)
-        loss = token_losses(logits, batch.tokens, batch.repeated_copies).mean()
+        # every position's loss is reported; only the repeated copies' is differentiated
+        repeated = batch.repeated_copies
+        differentiated = token_losses(logits, batch.tokens, repeated)
+        loss = differentiated.mean()
+        with torch.no_grad():
+            losses = torch.empty(batch.tokens.shape[0], len(repeated), device=differentiated.device)
+            losses[:, repeated.to(losses.device)] = differentiated.detach()
+            if not bool(repeated.all()):
+                losses[:, ~repeated.to(losses.device)] = token_losses(logits.detach(), batch.tokens, ~repeated)
         layers = sorted(leaves)
         extra = [tap.inputs() for tap in taps]
         grads = torch.autograd.grad(loss, [leaves[layer] for layer in layers] + [x for xs in extra for x in xs],

@@ -72,8 +72,9 @@ def _wide(W: Tensor) -> Tensor:
 
 
 def _largest(W: Tensor) -> float:
-    """``max |W|`` (the smallest positive normal number of W's dtype for a zero matrix), without a copy of ``W``."""
-    low, high = torch.aminmax(W)
+    """``max |W|`` (the smallest positive normal number of W's dtype for a zero matrix), without a copy of ``W``;
+    a transposed view (a tied ``W_U``) is read in its storage order (a strided read of 168M entries took 0.3 s)."""
+    low, high = torch.aminmax(W.mT if not W.is_contiguous() and W.mT.is_contiguous() else W)
     return max(-float(low), float(high), torch.finfo(W.dtype).tiny)
 
 

@@ -310,19 +310,30 @@ class ModelAdapter:
         return kept
 
     # ------------------------------------------------------------------ running
-    def run(self, tokens: Tensor, fwd_hooks: FwdHooks = (), *, positions: Tensor | None = None) -> Tensor:
+    def run(self, tokens: Tensor, fwd_hooks: FwdHooks = (), *, positions: Tensor | None = None,
+            graph_positions: Tensor | None = None) -> Tensor:
         """Logits ``[batch, pos, d_vocab]`` of ``tokens`` with ``fwd_hooks`` attached; no gradients unless the
         caller enables them. With ``positions`` (a 1-D long tensor of sequence positions): the logits at those
         positions only, ``[batch, len(positions), d_vocab]``; families whose model can say so compute the
-        unembedding only there (:meth:`_keep_kwargs`), the others slice the full logits."""
+        unembedding only there (:meth:`_keep_kwargs`), the others slice the full logits. With ``graph_positions``
+        (every position's logits wanted, gradients only through these): families that can
+        (:meth:`_unembedding_split`) keep the autograd graph of the unembedding to those positions, so a backward
+        pass does not multiply the vocabulary matrix at the others; the logits are the same."""
         hooks = list(fwd_hooks)
         positions = _check_positions(positions, tokens.shape[-1])
+        graph_positions = _check_positions(graph_positions, tokens.shape[-1])
         keep = self._keep_kwargs(positions)
-        if hooks or not callable(self.model):  # the contract promises run_with_hooks, not __call__
-            out = self.model.run_with_hooks(tokens, fwd_hooks=hooks, **keep)
-        else:
-            out = self.model(tokens, **keep)
+        with self._unembedding_split(graph_positions if positions is None else None):
+            if hooks or not callable(self.model):  # the contract promises run_with_hooks, not __call__
+                out = self.model.run_with_hooks(tokens, fwd_hooks=hooks, **keep)
+            else:
+                out = self.model(tokens, **keep)
         return self._finish(out, tuple(tokens.shape[:2]), positions, bool(keep))
+
+    def _unembedding_split(self, graph_positions: Tensor | None) -> contextlib.AbstractContextManager[None]:
+        """A context in which the model's unembedding keeps its autograd graph only at ``graph_positions``
+        (nothing to do by default: the graph covers every position, the same gradients at more cost)."""
+        return contextlib.nullcontext()
 
     def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
                  positions: Tensor | None = None) -> Tensor:
@@ -462,6 +473,36 @@ class BridgeAdapter(ModelAdapter):
             return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
         except (TypeError, ValueError):  # a forward without a readable signature: unembed everywhere
             return False
+
+    @contextlib.contextmanager
+    def _unembedding_split(self, graph_positions: Tensor | None) -> Iterator[None]:
+        """While the block runs, the wrapped model's ``lm_head`` (a plain ``torch.nn.Linear`` behind the bridge's
+        ``unembed``) computes every position's logits, but with gradients only at ``graph_positions``: the others
+        are computed under ``no_grad`` and written around them. What the model does after ``lm_head`` (soft-capping,
+        scaling) is elementwise and unchanged. A backward pass then multiplies the ``[d_vocab, d_model]`` matrix for
+        those positions only (at vocabulary 262k the unembedding is two thirds of a pass)."""
+        head = getattr(getattr(self.model, "unembed", None), "original_component", None)
+        if graph_positions is None or type(head) is not torch.nn.Linear or not torch.is_grad_enabled():
+            yield
+            return
+
+        def forward(hidden: Tensor) -> Tensor:
+            if hidden.ndim != 3 or not hidden.requires_grad:
+                return torch.nn.functional.linear(hidden, head.weight, head.bias)
+            at = graph_positions.to(hidden.device)
+            others = torch.ones(hidden.shape[1], dtype=torch.bool, device=hidden.device)
+            others[at] = False
+            with torch.no_grad():
+                out = hidden.new_empty(*hidden.shape[:2], head.weight.shape[0])
+                out[:, others] = torch.nn.functional.linear(hidden[:, others], head.weight, head.bias)
+            out[:, at] = torch.nn.functional.linear(hidden[:, at], head.weight, head.bias)
+            return out
+
+        head.forward = forward
+        try:
+            yield
+        finally:
+            head.__dict__.pop("forward", None)
 
     @contextlib.contextmanager
     def _skipping_blocks(self, start_at_layer: int) -> Iterator[None]:
