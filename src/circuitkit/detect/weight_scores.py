@@ -56,14 +56,20 @@ VOCAB_CHUNK = 8192
 
 def _unembed_embed(W_U: Tensor, W_E: Tensor) -> Float[Tensor, "d_model d_model"]:
     """``W_U W_E / (max|W_U| max|W_E|)`` in float64, from float32 slices of the vocabulary (a zero matrix stays 0).
-    Only slices are ever copied: at a 262k vocabulary a scaled float32 copy of ``W_U`` alone is 670 MB."""
-    scale_U, scale_E = (1.0 / _largest(W) for W in (W_U, W_E))
+    Only slices are ever copied (at a 262k vocabulary a scaled float32 copy of ``W_U`` alone is 670 MB), and float32
+    weights whose slices' products cannot leave float32's normal range are multiplied as they are, unscaled."""
+    largest_U, largest_E = _largest(W_U), _largest(W_E)
+    scale_U, scale_E = 1.0 / largest_U, 1.0 / largest_E
+    info = torch.finfo(torch.float32)
+    as_they_are = (W_U.dtype == W_E.dtype == torch.float32
+                   and info.tiny / info.eps < largest_U * largest_E * VOCAB_CHUNK < info.max * 1e-4)
     total = torch.zeros(W_U.shape[0], W_E.shape[1], dtype=torch.float64, device=W_U.device)
     for start in range(0, W_E.shape[0], VOCAB_CHUNK):
-        U = (_wide(W_U[:, start : start + VOCAB_CHUNK]) * scale_U).float()
-        E = (_wide(W_E[start : start + VOCAB_CHUNK]) * scale_E).float()
+        U, E = W_U[:, start : start + VOCAB_CHUNK], W_E[start : start + VOCAB_CHUNK]
+        if not as_they_are:
+            U, E = (_wide(U) * scale_U).float(), (_wide(E) * scale_E).float()
         total += (U @ E).double()
-    return total
+    return total * (scale_U * scale_E) if as_they_are else total
 
 
 def _wide(W: Tensor) -> Tensor:
