@@ -48,8 +48,8 @@ def main() -> None:
             W_V=torch.randn(L, G, d_model, d_head, generator=g), W_O=torch.randn(L, H, d_head, d_model, generator=g),
         ))
         for mode in ("Q", "K", "V"):
-            tiled_s, tiled = best(lambda: _raw_scores(w, mode, DEFAULT_MEMORY_BUDGET), args.repeats)
-            gram_s, gram = best(lambda: _gram_scores(w, mode, DEFAULT_MEMORY_BUDGET), args.repeats)
+            tiled_s, tiled = best(lambda w=w, mode=mode: _raw_scores(w, mode, DEFAULT_MEMORY_BUDGET), args.repeats)
+            gram_s, gram = best(lambda w=w, mode=mode: _gram_scores(w, mode, DEFAULT_MEMORY_BUDGET), args.repeats)
             rows.append({"shape": name, "mode": mode, "tiled_s": tiled_s, "gram_s": gram_s,
                          "picked": "gram" if _gram_is_cheaper(w, mode, DEFAULT_MEMORY_BUDGET) else "tiled",
                          "max_difference": float((tiled - gram).abs().max())})

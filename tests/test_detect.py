@@ -286,7 +286,8 @@ def test_logits_at_positions_equal_the_full_pass_there(bridge, kind):
             torch.testing.assert_close(adapter.run_from(kept["r"], 1, positions=at), full[:, at], atol=1e-5, rtol=0)
     torch.testing.assert_close(token_losses(some, batch.tokens, batch.repeated_copies),
                                token_losses(full, batch.tokens, batch.repeated_copies), atol=1e-6, rtol=0)
-    with pytest.raises(CircuitkitError, match=r"token_losses: logits: given shape \[3, 4, \d+\]; expected \[batch, 13 or 5 positions"):
+    expected = r"token_losses: logits: given shape \[3, 4, \d+\]; expected \[batch, 13 or 5 positions"
+    with pytest.raises(CircuitkitError, match=expected):
         token_losses(full[:, :4], batch.tokens, batch.repeated_copies)
 
 

@@ -395,7 +395,7 @@ def test_an_unembedding_graph_kept_at_some_positions_gives_the_same_logits_and_g
     for graph in (None, at):
         leaf = {}
 
-        def on_z(z, hook):
+        def on_z(z, hook, leaf=leaf):
             leaf["z"] = torch.zeros_like(z, requires_grad=True)
             return z + leaf["z"]
 
