@@ -303,3 +303,22 @@ def test_bad_positions_are_refused(bridge, positions, match):
     tokens = RepeatedTokens(block_len=6, batch=2, bos=0).build(bridge).tokens
     with pytest.raises(CircuitkitError, match=match):
         adapt(bridge).run(tokens, positions=positions)
+
+
+def test_losses_read_in_place_equal_the_losses_of_selected_logits():
+    """``token_losses`` on every position's logits with a mask reads each sequence's runs of consecutive positions in
+    place; the same losses as from the positions copied out, for masks of one run, several runs and single ones."""
+    from circuitkit.detect.loss import _contiguous_runs, token_losses
+
+    assert _contiguous_runs([2, 3, 4, 7]) == [(2, 5), (7, 8)] and _contiguous_runs([]) == []
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 12, 30, generator=g)
+    tokens = torch.randint(0, 30, (3, 12), generator=g)
+    for chosen in ([4, 5, 6, 7], [0, 1, 5, 9, 10], [10], list(range(11))):
+        mask = torch.zeros(11, dtype=torch.bool)
+        mask[chosen] = True
+        want = torch.nn.functional.cross_entropy(logits[:, chosen].transpose(1, 2), tokens[:, [c + 1 for c in chosen]],
+                                                 reduction="none")
+        torch.testing.assert_close(token_losses(logits, tokens, mask), want, atol=1e-6, rtol=0)
+        torch.testing.assert_close(token_losses(logits[:, chosen], tokens, mask), want, atol=1e-6, rtol=0)
+    assert token_losses(logits, tokens, torch.zeros(11, dtype=torch.bool)).shape == (3, 0)

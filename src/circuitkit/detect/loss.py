@@ -54,16 +54,35 @@ def token_losses(
         targets = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], IGNORED)], dim=1).to(logits.device)
         return _cross_entropy(logits, targets)[:, :-1]
     targets = tokens[:, 1:].to(logits.device)
-    index = positions.nonzero().squeeze(1).to(logits.device)
-    targets = targets.index_select(1, index)
+    index = positions.nonzero().squeeze(1)
+    if logits.shape[1] == tokens.shape[1] and logits.requires_grad:
+        # one copy of the selected positions: slices read in place would each pull back into a zero tensor of the
+        # full logits' size in a backward pass
+        index = index.to(logits.device)
+        return _cross_entropy(logits.index_select(1, index), targets.index_select(1, index))
     if logits.shape[1] == tokens.shape[1]:
-        predict = logits.index_select(1, index)
-    elif logits.shape[1] == len(index):
-        predict = logits
-    else:
-        raise validate.fail("token_losses: logits", validate.given(f"shape {list(logits.shape)}"),
-                            f"[batch, {tokens.shape[1]} or {len(index)} positions, d_vocab]")
-    return _cross_entropy(predict, targets)
+        # read in place: each sequence's runs of consecutive positions are contiguous rows of the logits (a copy
+        # of the selected positions is [batch, n, d_vocab], 320 MB a pass at vocabulary 262k)
+        runs = _contiguous_runs(index.tolist())
+        if not runs:
+            return logits.new_zeros(logits.shape[0], 0, dtype=torch.float32)
+        return torch.stack([torch.cat([_cross_entropy(logits[row, a:b], targets[row, a:b]) for a, b in runs])
+                            for row in range(logits.shape[0])])
+    if logits.shape[1] == len(index):
+        return _cross_entropy(logits, targets.index_select(1, index.to(logits.device)))
+    raise validate.fail("token_losses: logits", validate.given(f"shape {list(logits.shape)}"),
+                        f"[batch, {tokens.shape[1]} or {len(index)} positions, d_vocab]")
+
+
+def _contiguous_runs(positions: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct ``positions`` as half-open runs of consecutive ones: ``[2, 3, 4, 7] -> [(2, 5), (7, 8)]``."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
 
 
 IGNORED = -100
@@ -112,4 +131,5 @@ def induction_loss(
     return summarise(token_losses(logits, batch.tokens), batch)
 
 
-__all__ = ["InductionLoss", "induction_loss", "loss_positions", "stacked_losses", "summarise", "token_losses"]
+__all__ = ["InductionLoss", "induction_loss", "loss_positions", "stacked_losses", "summarise",
+           "token_losses"]

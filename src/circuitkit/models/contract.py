@@ -489,14 +489,17 @@ class BridgeAdapter(ModelAdapter):
         def forward(hidden: Tensor) -> Tensor:
             if hidden.ndim != 3 or not hidden.requires_grad:
                 return torch.nn.functional.linear(hidden, head.weight, head.bias)
-            at = graph_positions.to(hidden.device)
-            others = torch.ones(hidden.shape[1], dtype=torch.bool, device=hidden.device)
-            others[at] = False
-            with torch.no_grad():
-                out = hidden.new_empty(*hidden.shape[:2], head.weight.shape[0])
-                out[:, others] = torch.nn.functional.linear(hidden[:, others], head.weight, head.bias)
-            out[:, at] = torch.nn.functional.linear(hidden[:, at], head.weight, head.bias)
-            return out
+            # runs of consecutive positions, each with or without a graph, joined in order (one copy of the logits)
+            keep = torch.zeros(hidden.shape[1], dtype=torch.bool)
+            keep[graph_positions[graph_positions < hidden.shape[1]]] = True
+            pieces, start = [], 0
+            for stop in [*(i for i in range(1, len(keep)) if keep[i] != keep[i - 1]), len(keep)]:
+                with torch.set_grad_enabled(bool(keep[start])):
+                    # contiguous first (a few kB): a strided 3-D input makes linear batch its matmul per sequence
+                    piece = hidden[:, start:stop].contiguous()
+                    pieces.append(torch.nn.functional.linear(piece, head.weight, head.bias))
+                start = stop
+            return torch.cat(pieces, dim=1)
 
         head.forward = forward
         try:
