@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,9 @@ import pytest
 from circuitkit import CircuitkitError
 from circuitkit.report import build_report, save
 from circuitkit.report import saving as save_module
-from circuitkit.report.saving import REPORT_NAME, SCORES_NAME, TEMP_PREFIX, scores_text
+from circuitkit.report.saving import scores_text
 from tests.report_fixtures import synthetic_scan
+from tests.save_helpers import leftover_temporaries, saved_pair, signal_between_renames, wait_until_ready
 
 KILL_TIMEOUT_S = 60  # the child builds a small report first: seconds on a loaded 2-core machine
 
@@ -31,20 +31,12 @@ def scans():
     return old, new
 
 
-def _pair(out: Path) -> tuple[bytes, bytes]:
-    return (out / REPORT_NAME).read_bytes(), (out / SCORES_NAME).read_bytes()
-
-
-def _leftovers(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir() if p.name.startswith(TEMP_PREFIX))
-
-
 def test_save_writes_the_report_and_its_scores(scans, tmp_path):
     old, _ = scans
     saved = save(old, tmp_path / "a" / "b")
     assert saved.report.read_text(encoding="utf-8") == build_report(old)
     assert saved.scores.read_text(encoding="utf-8") == scores_text(old)
-    assert saved.pngs == () and _leftovers(saved.report.parent) == []
+    assert saved.pngs == () and leftover_temporaries(saved.report.parent) == []
     # the Scan methods go through the same functions
     assert old.save(tmp_path / "c").report.read_bytes() == saved.report.read_bytes()
     assert old.to_json()["format"] == 3 and "Induction heads" in old._repr_html_()
@@ -53,10 +45,10 @@ def test_save_writes_the_report_and_its_scores(scans, tmp_path):
 @pytest.mark.parametrize("when", ["first-file", "second-file"])
 @pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()],
                          ids=["disk-full", "ctrl-c"])
-def test_failure_while_writing_keeps_the_previous_pair(scans, tmp_path, monkeypatch, when, error):
+def test_failure_while_writing_keeps_the_previoussaved_pair(scans, tmp_path, monkeypatch, when, error):
     old, new = scans
     save(old, tmp_path)
-    before = _pair(tmp_path)
+    before = saved_pair(tmp_path)
     real = save_module.write_temp
     calls = []
 
@@ -71,16 +63,16 @@ def test_failure_while_writing_keeps_the_previous_pair(scans, tmp_path, monkeypa
     expected = CircuitkitError if isinstance(error, OSError) else KeyboardInterrupt
     with pytest.raises(expected):
         save(new, tmp_path)
-    assert _pair(tmp_path) == before
+    assert saved_pair(tmp_path) == before
     # the half-written temporary of the failing call is not cleaned by write_together (it never got its path):
     # it is hidden and never read; the complete one of the first call is removed
-    assert all(".old." not in name for name in _leftovers(tmp_path))
+    assert all(".old." not in name for name in leftover_temporaries(tmp_path))
 
 
 def test_failure_between_the_renames_restores_the_first_file(scans, tmp_path, monkeypatch):
     old, new = scans
     save(old, tmp_path)
-    before = _pair(tmp_path)
+    before = saved_pair(tmp_path)
     real_replace = os.replace
     calls = []
 
@@ -93,8 +85,8 @@ def test_failure_between_the_renames_restores_the_first_file(scans, tmp_path, mo
     monkeypatch.setattr(save_module.os, "replace", replace)
     with pytest.raises(CircuitkitError, match="unchanged"):
         save(new, tmp_path)
-    assert _pair(tmp_path) == before
-    assert _leftovers(tmp_path) == []
+    assert saved_pair(tmp_path) == before
+    assert leftover_temporaries(tmp_path) == []
 
 
 def test_failure_on_a_fresh_directory_leaves_nothing(scans, tmp_path, monkeypatch):
@@ -139,45 +131,32 @@ _CHILD = textwrap.dedent(
 )
 
 
-def test_a_process_killed_while_writing_leaves_the_previous_pair(scans, tmp_path):
+def test_a_process_killed_while_writing_leaves_the_previoussaved_pair(scans, tmp_path):
     old, _ = scans
     out = tmp_path / "out"
     save(old, out)
-    before = _pair(out)
+    before = saved_pair(out)
     ready = tmp_path / "ready"
     root = Path(__file__).resolve().parents[1]
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(out), str(ready)], cwd=root)
     try:
-        deadline = time.monotonic() + KILL_TIMEOUT_S
-        while not ready.exists():
-            assert child.poll() is None, "the child process ended before writing"
-            assert time.monotonic() < deadline, "the child never started writing"
-            time.sleep(0.05)
+        wait_until_ready(child, ready, KILL_TIMEOUT_S, poll_s=0.05)
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.wait()
     assert child.returncode == -signal.SIGKILL
-    assert _pair(out) == before
-    assert len(_leftovers(out)) == 1  # the hidden temporary a hard kill cannot clean; never read
+    assert saved_pair(out) == before
+    assert len(leftover_temporaries(out)) == 1  # the hidden temporary a hard kill cannot clean; never read
 
 
 def test_ctrl_c_during_the_renames_is_delivered_after_both(scans, tmp_path, monkeypatch):
     old, new = scans
     save(old, tmp_path)
-    real_replace = os.replace
-    calls = []
-
-    def replace(src, dst):
-        calls.append(dst)
-        if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGINT)  # arrives between the two renames
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(save_module.os, "replace", replace)
+    calls = signal_between_renames(monkeypatch, signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         save(new, tmp_path)
     assert len(calls) == 2  # both renames ran before the interrupt was delivered
-    assert _pair(tmp_path) == (build_report(new).encode(), scores_text(new).encode())
+    assert saved_pair(tmp_path) == (build_report(new).encode(), scores_text(new).encode())
 
 
 @pytest.mark.parametrize(
@@ -235,6 +214,6 @@ def test_unwritable_directory_is_a_circuitkit_error(scans, tmp_path):
 
 def test_saved_pair_is_deterministic(scans, tmp_path):
     old, _ = scans
-    first = _pair(save(old, tmp_path / "1").report.parent)
-    second = _pair(save(dataclasses.replace(old), tmp_path / "2").report.parent)
+    first = saved_pair(save(old, tmp_path / "1").report.parent)
+    second = saved_pair(save(dataclasses.replace(old), tmp_path / "2").report.parent)
     assert first == second

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,9 @@ import pytest
 from circuitkit import CircuitkitError
 from circuitkit.report import build_report, save
 from circuitkit.report import saving as save_module
-from circuitkit.report.saving import REPORT_NAME, SCORES_NAME, TEMP_PREFIX, scores_text
+from circuitkit.report.saving import scores_text
 from tests.report_fixtures import synthetic_scan
+from tests.save_helpers import leftover_temporaries, saved_pair, signal_between_renames, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_TIMEOUT_S = 90
@@ -33,14 +33,6 @@ SIGNALS = [signal.SIGTERM, signal.SIGHUP]
 @pytest.fixture(scope="module")
 def scans():
     return synthetic_scan(seed=0), synthetic_scan(seed=1)
-
-
-def _pair(out: Path) -> tuple[bytes, bytes]:
-    return (out / REPORT_NAME).read_bytes(), (out / SCORES_NAME).read_bytes()
-
-
-def _leftovers(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir() if p.name.startswith(TEMP_PREFIX))
 
 
 class Caught(Exception):
@@ -60,21 +52,12 @@ def own_handler(request):
 def test_signal_between_the_renames_is_delivered_after_both(scans, tmp_path, monkeypatch, own_handler):
     old, new = scans
     save(old, tmp_path)
-    real_replace = os.replace
-    calls = []
-
-    def replace(src, dst):
-        calls.append(dst)
-        if len(calls) == 1:
-            os.kill(os.getpid(), own_handler)  # arrives between the two renames
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(save_module.os, "replace", replace)
+    calls = signal_between_renames(monkeypatch, own_handler)
     with pytest.raises(Caught):
         save(new, tmp_path)
     assert len(calls) == 2
-    assert _pair(tmp_path) == (build_report(new).encode(), scores_text(new).encode())
-    assert _leftovers(tmp_path) == []
+    assert saved_pair(tmp_path) == (build_report(new).encode(), scores_text(new).encode())
+    assert leftover_temporaries(tmp_path) == []
 
 
 @pytest.mark.parametrize("own_handler", SIGNALS, indirect=True, ids=lambda s: s.name)
@@ -82,7 +65,7 @@ def test_signal_while_writing_the_temporaries_keeps_the_old_pair_and_removes_the
                                                                                    own_handler):
     old, new = scans
     save(old, tmp_path)
-    before = _pair(tmp_path)
+    before = saved_pair(tmp_path)
     real = save_module.write_temp
     calls = []
 
@@ -96,14 +79,14 @@ def test_signal_while_writing_the_temporaries_keeps_the_old_pair_and_removes_the
     monkeypatch.setattr(save_module, "write_temp", write)
     with pytest.raises(Caught):
         save(new, tmp_path)
-    assert _pair(tmp_path) == before
-    assert _leftovers(tmp_path) == []
+    assert saved_pair(tmp_path) == before
+    assert leftover_temporaries(tmp_path) == []
 
 
 def test_a_handler_that_returns_makes_an_unfinished_save_one_error_line(scans, tmp_path, monkeypatch):
     old, new = scans
     save(old, tmp_path)
-    before = _pair(tmp_path)
+    before = saved_pair(tmp_path)
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda n, f: seen.append(n))
     real = save_module.write_temp
@@ -118,7 +101,7 @@ def test_a_handler_that_returns_makes_an_unfinished_save_one_error_line(scans, t
             save(new, tmp_path)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert seen == [signal.SIGTERM] and _pair(tmp_path) == before and _leftovers(tmp_path) == []
+    assert seen == [signal.SIGTERM] and saved_pair(tmp_path) == before and leftover_temporaries(tmp_path) == []
 
 
 _CHILD = textwrap.dedent(
@@ -164,11 +147,7 @@ def test_sigterm_from_outside_in_a_child_process(scans, tmp_path, when):
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(out), str(ready), when], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + CHILD_TIMEOUT_S
-        while not ready.exists():
-            assert child.poll() is None, f"the child ended before writing: {child.stderr.read()[-2000:]}"
-            assert time.monotonic() < deadline, "the child never started writing"
-            time.sleep(0.02)
+        wait_until_ready(child, ready, CHILD_TIMEOUT_S, poll_s=0.02)
         os.kill(child.pid, signal.SIGTERM)
         stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
     finally:
@@ -179,5 +158,5 @@ def test_sigterm_from_outside_in_a_child_process(scans, tmp_path, when):
     assert "finished" not in stdout
     expected = (build_report(new) if when == "between-renames" else build_report(old)).encode()
     expected_scores = (scores_text(new) if when == "between-renames" else scores_text(old)).encode()
-    assert _pair(out) == (expected, expected_scores)
-    assert _leftovers(out) == []
+    assert saved_pair(out) == (expected, expected_scores)
+    assert leftover_temporaries(out) == []
