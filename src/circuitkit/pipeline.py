@@ -418,6 +418,7 @@ def scan(
     progress: bool | str | None = False,
     name: str | None = None,
     allow_download: bool = False,
+    task: Any = None,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -447,9 +448,15 @@ def scan(
         progress: ``True``: a bar on a terminal, one line per stage otherwise (logs, pipes); ``"bar"``,
             ``"lines"``; ``None``: a bar on a terminal, else nothing; ``False`` (default in library use): nothing.
         name: the model's name in the report (default: the name it was loaded by, else its class).
+        task: the behaviour to find the circuit of: ``None`` or ``"induction"`` (repeated random tokens, this
+            scan), a :class:`circuitkit.tasks.Task`, a built-in task's name (``"ioi"``, ``"greater-than"``,
+            ``"docstring"``) or a task file's path: then :func:`circuitkit.tasks.scan_task` runs (node and edge
+            circuits by counterfactual patching, with ``target``) and a :class:`~circuitkit.tasks.TaskScan` is
+            returned.
 
     Returns:
-        :class:`~circuitkit.scan_types.Scan`; ``.save(dir)`` writes report.html and scores.json.
+        :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
+        writes report.html and scores.json.
     """
     from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
 
@@ -476,6 +483,10 @@ def scan(
 
         name = name or (str(model) if model is not None else zoo.DEFAULT)
         model = load_model(model, device=device, allow_download=allow_download)
+    if task is not None and not (isinstance(task, str) and task == "induction"):
+        if tokens is not None:
+            raise validate.fail("scan: tokens", tokens, "None when a task is given (the task brings its prompts)")
+        return _task_scan(model, task, target=target, device=device, name=name, mode=mode)
     adapter = adapt(model, device)
     spec = adapter.spec
     batch = as_batch(tokens, adapter)
@@ -566,6 +577,25 @@ def scan(
         verified_error=work.verified_error,
         stages=tuple(bar.ran),
     )
+
+
+def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str) -> Any:
+    """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
+    ``"off"``."""
+    from circuitkit.tasks import Task, get_task, scan_task
+
+    if not isinstance(task, Task):
+        if not isinstance(task, (str, os.PathLike)):
+            raise validate.fail("scan: task", task, "a Task, a built-in task name or a task file's path")
+        task = get_task(os.fspath(task), model)
+    started = time.perf_counter()
+
+    def line(stage: str, passes: float) -> None:
+        if mode != "off":
+            print(f"scan {task.name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s",
+                  file=sys.stderr, flush=True)
+
+    return scan_task(model, task, target=target, device=device, name=name, progress=line)
 
 
 def called_heads(scores: HeadScores, name: str) -> tuple[Head, ...]:

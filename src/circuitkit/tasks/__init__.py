@@ -1,0 +1,27 @@
+"""Tasks: behaviours as clean/corrupted prompt pairs, their metrics, and circuits found on them.
+
+    import circuitkit as ck
+    task = ck.tasks.ioi(model, n=32)                 # or ck.tasks.load_task("pairs.jsonl"), Task.from_pairs([...])
+    result = ck.scan(model, task=task)               # node and edge circuits, faithfulness curves, CPR / CMD
+    result.save("out")                               # report.html + scores.json
+"""
+
+from circuitkit.tasks.circuit import EDGE_FRACTIONS, TaskCircuit
+from circuitkit.tasks.files import load_task
+from circuitkit.tasks.generators import BUILT_IN, GENERATORS, docstring, greater_than, ioi
+from circuitkit.tasks.metrics import METRICS
+from circuitkit.tasks.scan import TaskScan, scan_task
+from circuitkit.tasks.task import Pair, Task, TaskBatch
+
+
+def get_task(name_or_path: str, model: object, *, n: int = 32, seed: int = 0) -> Task:
+    """A built-in task by name (:data:`GENERATORS`) written for ``model``'s tokenizer, or a task file's path."""
+    if name_or_path in GENERATORS:
+        return GENERATORS[name_or_path](model, n, seed=seed)
+    return load_task(name_or_path)
+
+
+__all__ = [
+    "BUILT_IN", "EDGE_FRACTIONS", "GENERATORS", "METRICS", "Pair", "Task", "TaskBatch", "TaskCircuit", "TaskScan",
+    "docstring", "get_task", "greater_than", "ioi", "load_task", "scan_task",
+]

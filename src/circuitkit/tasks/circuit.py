@@ -1,0 +1,294 @@
+"""Task circuits at two granularities, measured exactly: nodes (heads, and MLPs on request) and edges.
+
+With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`` the fully corrupted one::
+
+    faithfulness(C) = (m_C - m_corr) / (m_clean - m_corr)        1.0: C alone recovers the clean behaviour
+
+**Node circuit**: every head (and MLP, when MLPs are nodes) outside ``C`` takes its value from the corrupted prompt
+of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); ``m_corr`` patches every node.
+Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
+set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
+up to the first size reaching the target, then bisection (every point measured, none interpolated). **Necessity**:
+``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
+
+**Edge circuit**: the top ``k`` edges by EAP-IG score kept, every other edge patched
+(:meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`; ``m_corr`` is the corrupted run: no edge kept). The
+faithfulness curve is measured at MIB's sizes (:data:`EDGE_FRACTIONS` of all edges), then the smallest ``k``
+reaching ``target`` is bisected between the last size below it and the first at or above it.
+
+Ranking: by **signed** score (default: an edge that works against the behaviour comes last) or by **absolute**
+score (``rank="abs"``: MIB reports both; signed ranking favours high faithfulness, absolute ranking favours
+faithfulness near 1 from either side). The areas under the edge curve (MIB, Mueller et al. 2025), by the trapezoid
+rule over the fraction of edges ``x`` at ``0`` (no edge: faithfulness 0) and :data:`EDGE_FRACTIONS`::
+
+    CPR = integral f(x) dx          higher is better
+    CMD = integral |1 - f(x)| dx    lower is better
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit.errors import CircuitkitError
+from circuitkit.ranking import head_name
+from circuitkit.tasks.graph import TaskRunner
+
+EDGE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+"""Circuit sizes as fractions of all edges (MIB's circuit-localization sizes)."""
+RANKS = ("signed", "abs")
+MIN_TASK_GAP = 1e-3
+"""Smallest ``|m_clean - m_corr|`` faithfulness divides by (in the metric's units): below it the corrupted prompts
+do not change what the model does, and there is no behaviour to explain."""
+N_EXACT_EDGES = 8
+"""The circuit's strongest edges whose exact effect (the metric lost when only that edge is patched) is measured."""
+
+
+@dataclass(frozen=True)
+class TaskCurvePoint:
+    """``size`` nodes (or edges) kept: ``faithfulness`` and the mean metric ``metric``."""
+
+    size: int
+    faithfulness: float
+    metric: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "faithfulness": self.faithfulness, "metric": self.metric}
+
+
+@dataclass(frozen=True)
+class EdgeEffect:
+    """One edge (``name`` ``"sender->receiver"``): its EAP-IG ``score`` and its exact ``effect`` (the mean metric
+    lost when only this edge is patched from the corrupted prompt, every other edge clean: path patching)."""
+
+    name: str
+    score: float
+    effect: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"edge": self.name, "score": self.score, "effect": self.effect}
+
+
+@dataclass(frozen=True, eq=False)
+class TaskCircuit:
+    """The node circuit (``heads``, ``mlps``, ``faithfulness``, ``necessity``, ``curve``) and the edge circuit
+    (``edges``, ``edge_faithfulness``, ``edge_curve`` over :data:`EDGE_FRACTIONS`, ``cpr``, ``cmd``,
+    ``edge_effects``) of one task; ``clean`` / ``corrupted``: the mean metric; ``rank``: signed or abs;
+    ``n_edges_total``: edges in the graph."""
+
+    heads: tuple[tuple[int, int], ...]
+    mlps: tuple[int, ...]
+    faithfulness: float
+    necessity: float
+    target: float
+    curve: tuple[TaskCurvePoint, ...]
+    n_nodes_total: int
+    edges: tuple[str, ...]
+    edge_faithfulness: float | None
+    edge_curve: tuple[TaskCurvePoint, ...]
+    n_edges_total: int
+    cpr: float | None
+    cmd: float | None
+    edge_effects: tuple[EdgeEffect, ...]
+    rank: str
+    clean: float
+    corrupted: float
+    node_corrupted: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "heads": [head_name(h) for h in self.heads],
+            "mlps": list(self.mlps),
+            "faithfulness": self.faithfulness,
+            "necessity": self.necessity,
+            "target": self.target,
+            "ablation": "corrupted",
+            "curve": [p.to_json() for p in self.curve],
+            "nodes_total": self.n_nodes_total,
+            "edges": list(self.edges),
+            "edge_faithfulness": self.edge_faithfulness,
+            "edge_curve": [dict(p.to_json(), fraction=p.size / self.n_edges_total) for p in self.edge_curve],
+            "edges_total": self.n_edges_total,
+            "cpr": self.cpr,
+            "cmd": self.cmd,
+            "edge_effects": [e.to_json() for e in self.edge_effects],
+            "rank": self.rank,
+            "metric_all_nodes_patched": self.node_corrupted,
+        }
+
+
+def faithfulness_of(m: float, clean: float, corrupted: float) -> float:
+    return (m - corrupted) / (clean - corrupted)
+
+
+def check_gap(clean: float, corrupted: float, metric: str) -> None:
+    gap = clean - corrupted
+    if not math.isfinite(gap) or abs(gap) < MIN_TASK_GAP:
+        raise CircuitkitError(
+            f"task circuit: the mean {metric} is {clean:.6g} on the clean prompts and {corrupted:.6g} on the "
+            f"corrupted ones (a difference of {gap:+.3g}); expected a difference of at least {MIN_TASK_GAP:g}. "
+            "The corrupted prompts do not change what the model does here, so there is no behaviour for a circuit "
+            "to explain: check the pairs and the answers, or use a model that does the task."
+        )
+
+
+def _order(scores: Tensor, rank: str) -> Tensor:
+    """Indices by score, largest first (``abs``: by magnitude); ties broken by index (stable)."""
+    key = scores.abs() if rank == "abs" else scores
+    return torch.sort(-key, stable=True).indices
+
+
+def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measured: dict[int, float]) -> int:
+    """Run ``evaluate(n) -> faithfulness`` at ``sizes`` in order until one reaches ``target``, then bisect for the
+    smallest ``n`` reaching it; ``measured`` collects every point. Returns ``total`` when none reaches it."""
+    for n in sizes:
+        if n not in measured:
+            measured[n] = evaluate(n)
+        if measured[n] >= target:
+            break
+    reached = [n for n in sorted(measured) if measured[n] >= target]
+    if not reached:
+        return total
+    high = reached[0]
+    low = max([n for n in measured if n < high], default=0)
+    while high - low > 1:
+        mid = (low + high) // 2
+        measured[mid] = evaluate(mid)
+        if measured[mid] >= target:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: str,
+                 progress: Any = None) -> tuple[tuple, tuple, float, float, tuple, float, int]:
+    """The smallest top-``n`` node set reaching ``target`` (module docstring). ``node_scores``: ``[sender]`` from
+    :meth:`~circuitkit.tasks.graph.TaskRunner.edge_gradients`. Returns ``(heads, mlps, faithfulness, necessity,
+    curve, m_all_patched, n_nodes)``."""
+    graph, spec = runner.graph, runner.spec
+    L, H = spec.n_layers, spec.n_heads
+    nodes = [(layer, h) for layer in range(L) for h in range(H)] + ([(layer, None) for layer in range(L)]
+                                                                     if graph.mlps else [])
+    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes])
+    order = [nodes[i] for i in _order(scores, rank).tolist()]
+    clean = float(runner.clean["metric"].mean())
+
+    def masks(kept: list) -> tuple[Tensor, Tensor | None]:
+        heads = torch.ones(L, H, dtype=torch.bool)
+        mlps = torch.ones(L, dtype=torch.bool) if graph.mlps else None
+        for layer, h in kept:
+            if h is None:
+                mlps[layer] = False
+            else:
+                heads[layer, h] = False
+        return heads, mlps
+
+    def metric_of(kept: list) -> float:
+        heads, mlps = masks(kept)
+        before = runner.passes
+        value = float(runner.node_metric(heads[None], None if mlps is None else mlps[None])[0])
+        if progress is not None:
+            progress(runner.passes - before)
+        return value
+
+    all_patched = metric_of([])
+    check_gap(clean, all_patched, runner.metric_name)
+    metrics: dict[int, float] = {0: all_patched, len(order): clean}
+
+    def evaluate(n: int) -> float:
+        metrics[n] = metric_of(order[:n])
+        return faithfulness_of(metrics[n], clean, all_patched)
+
+    N = len(order)
+    measured = {0: 0.0, N: 1.0}
+    sizes = [n for n in _geometric(N) if n < N]
+    n = _smallest(evaluate, sizes, N, target, measured)
+    kept = order[:n]
+    heads, mlps = masks(kept)
+    before = runner.passes
+    only = float(runner.node_metric((~heads)[None], None if mlps is None else (~mlps)[None])[0])
+    if progress is not None:
+        progress(runner.passes - before)
+    curve = tuple(TaskCurvePoint(k, measured[k], metrics[k]) for k in sorted(measured))
+    circuit_heads = tuple(sorted((layer, h) for layer, h in kept if h is not None))
+    circuit_mlps = tuple(sorted(layer for layer, h in kept if h is None))
+    return circuit_heads, circuit_mlps, measured[n], clean - only, curve, all_patched, N
+
+
+def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, progress: Any = None,
+                 ) -> tuple[tuple[str, ...], float | None, tuple, float | None, float | None, tuple, int]:
+    """The edge curve at :data:`EDGE_FRACTIONS`, the smallest top-``k`` edge set reaching ``target``, CPR/CMD and
+    the exact effects of the circuit's strongest edges. Returns ``(edges, faithfulness, curve, cpr, cmd, effects,
+    n_edges)``."""
+    graph = runner.graph
+    allowed = graph.allowed
+    index = allowed.nonzero()  # [E, 2]
+    E = index.shape[0]
+    flat = scores[index[:, 0], index[:, 1]]
+    order = _order(flat, rank)
+    clean = float(runner.clean["metric"].mean())
+    corrupted = float(runner.corrupted["metric"].mean())
+    check_gap(clean, corrupted, runner.metric_name)
+
+    def kept_mask(k: int, drop: int | None = None) -> Tensor:
+        mask = torch.zeros_like(allowed)
+        top = index[order[:k]]
+        mask[top[:, 0], top[:, 1]] = True
+        if drop is not None:
+            mask[index[drop, 0], index[drop, 1]] = False
+        return mask
+
+    metrics: dict[int, float] = {0: corrupted, E: clean}
+
+    def run(masks: list[Tensor]) -> list[float]:
+        before = runner.passes
+        values = runner.edge_metric(torch.stack(masks)).tolist()
+        if progress is not None:
+            progress(runner.passes - before)
+        return values
+
+    sizes = sorted({max(1, round(f * E)) for f in EDGE_FRACTIONS})
+    todo = [k for k in sizes if k < E]
+    for k, value in zip(todo, run([kept_mask(k) for k in todo]), strict=True):  # stacked: the whole curve at once
+        metrics[k] = value
+    curve_sizes = sorted(set(todo) | {E})
+    measured = {k: faithfulness_of(metrics[k], clean, corrupted) for k in metrics}
+
+    def evaluate(k: int) -> float:
+        metrics[k] = run([kept_mask(k)])[0]
+        return faithfulness_of(metrics[k], clean, corrupted)
+
+    k = _smallest(evaluate, curve_sizes, E, target, measured)
+    xs = [0.0] + [s / E for s in curve_sizes]
+    ys = [0.0] + [measured[s] for s in curve_sizes]
+    cpr = _trapezoid(xs, ys)
+    cmd = _trapezoid(xs, [abs(1.0 - y) for y in ys])
+    names = graph.edge_names(index[order[:k]])
+    strongest = order[:min(k, N_EXACT_EDGES)].tolist()
+    effects: list[EdgeEffect] = []
+    if strongest:
+        values = run([kept_mask(E, drop=i) for i in strongest])  # that edge alone patched, every other kept
+        effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v)
+                   for i, v in zip(strongest, values, strict=True)]
+    curve = tuple(TaskCurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))
+    return tuple(names), measured[k], curve, cpr, cmd, tuple(effects), E
+
+
+def _trapezoid(xs: list[float], ys: list[float]) -> float:
+    return float(sum((xs[i + 1] - xs[i]) * (ys[i + 1] + ys[i]) / 2 for i in range(len(xs) - 1)))
+
+
+def _geometric(n_total: int) -> list[int]:
+    sizes, n = [], 1
+    while n < n_total:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, n_total]
+
+
+__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit", "node_circuit"]

@@ -1,0 +1,158 @@
+"""Task files, read safely: JSON Lines, CSV, EAP-IG's CSV and auto-circuit's JSON prompt files.
+
+Formats (one pair a row or object):
+
+- **JSON Lines** (``.jsonl``): ``{"clean": ..., "corrupted": ..., "answer": ..., "wrong": ...}`` per line;
+  ``answer`` / ``wrong`` a string, a token id, or a list of them.
+- **CSV** (``.csv``) with the columns ``clean, corrupted, answer, wrong`` (text), or EAP-IG's columns
+  ``clean, corrupted, correct_idx, incorrect_idx`` (answers as token ids of the model the file was written for).
+- **auto-circuit JSON** (``.json``): ``{"prompts": [{"clean": ..., "corrupt": ..., "answers": [...],
+  "wrong_answers": [...]}, ...]}``.
+
+The file goes through the guarded reader (:func:`circuitkit.models.files.read_bytes`: a regular file, at most
+:data:`MAX_TASK_BYTES`, strict UTF-8); every fault is one line naming the file and the row. Nothing is truncated:
+a file with more than :data:`~circuitkit.tasks.task.MAX_PAIRS` pairs is refused.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from circuitkit.errors import CircuitkitError
+from circuitkit.tasks.task import MAX_PAIRS, Task, as_pair
+
+MAX_TASK_BYTES = 64 * 2**20
+"""Largest task file read (64 MiB: about 300,000 IOI rows, past :data:`MAX_PAIRS`)."""
+TEXT_COLUMNS = ("clean", "corrupted", "answer", "wrong")
+EAP_COLUMNS = ("clean", "corrupted", "correct_idx", "incorrect_idx")
+
+
+def _fail(path: Any, problem: str, expected: str) -> CircuitkitError:
+    return CircuitkitError(f"task file {str(path)!r}: {problem}; expected {expected}.")
+
+
+def load_task(path: str | os.PathLike, *, name: str | None = None, metric: str = "logit_diff",
+              ablation: str = "corrupted") -> Task:
+    """The task in the file ``path`` (module docstring); ``name`` defaults to the file's stem."""
+    from circuitkit.models.files import check_path_length, read_bytes
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise CircuitkitError(f"load_task: given {type(path).__name__} {path!r}; expected the path of a task file.")
+    check_path_length(path, "load_task")
+    p = Path(path)
+    if not p.exists():
+        raise _fail(path, "no such file", "a .jsonl, .csv or .json task file")
+    raw = read_bytes(p, max_bytes=MAX_TASK_BYTES)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise _fail(path, f"is not UTF-8 text (byte {error.start})", "a UTF-8 text file") from None
+    suffix = p.suffix.lower()
+    if suffix == ".jsonl":
+        rows = _jsonl(path, text)
+    elif suffix == ".csv":
+        rows = _csv(path, text)
+    elif suffix == ".json":
+        rows = _auto_circuit(path, text)
+    else:
+        raise _fail(path, f"has the suffix {suffix!r}", "a .jsonl, .csv or .json task file")
+    if not rows:
+        raise _fail(path, "holds no pairs", "at least one clean/corrupted pair")
+    pairs = tuple(as_pair(row, f"task file {str(path)!r}: row {i + 1}") for i, row in enumerate(rows))
+    return Task(name or p.stem, pairs, metric=metric, ablation=ablation, description=f"read from {p.name}")
+
+
+def _count(path: Any, n: int) -> None:
+    if n > MAX_PAIRS:
+        raise _fail(path, f"holds more than {MAX_PAIRS} pairs", f"at most {MAX_PAIRS} (take a sample)")
+
+
+def _jsonl(path: Any, text: str) -> list[dict]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        _count(path, len(rows) + 1)
+        try:
+            row = json.loads(line, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as error:
+            raise _fail(path, f"line {number} is not JSON ({_reason(error)})", "one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise _fail(path, f"line {number} is a {type(row).__name__}", "a JSON object per line")
+        rows.append(row)
+    return rows
+
+
+def _csv(path: Any, text: str) -> list[dict]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        header = reader.fieldnames or []
+    except csv.Error as error:
+        raise _fail(path, f"is not CSV ({error})", "a CSV file with a header row") from None
+    eap = all(c in header for c in EAP_COLUMNS)
+    if not eap and "correct_idx" in header:
+        raise _fail(path, "has EAP-IG's greater-than columns (correct_idx is a year, not a token)",
+                    "the columns clean, corrupted, answer, wrong; or use the built-in greater-than task")
+    missing = [c for c in TEXT_COLUMNS if c not in header]
+    if not eap and missing:
+        raise _fail(path, f"has the columns {header} (missing {missing})",
+                    f"the columns {list(TEXT_COLUMNS)} or EAP-IG's {list(EAP_COLUMNS)}")
+    rows = []
+    try:
+        for number, row in enumerate(reader, 2):
+            _count(path, len(rows) + 1)
+            if None in row or any(v is None for v in row.values()):
+                raise _fail(path, f"row {number} has {len(row)} fields", f"{len(header)} fields, as the header")
+            if eap:
+                rows.append({"clean": row["clean"], "corrupted": row["corrupted"],
+                             "answer": _token_id(path, number, row["correct_idx"]),
+                             "wrong": _token_id(path, number, row["incorrect_idx"])})
+            else:
+                rows.append({k: row[k] for k in TEXT_COLUMNS})
+    except csv.Error as error:
+        raise _fail(path, f"is not CSV ({error})", "a CSV file with a header row") from None
+    return rows
+
+
+def _token_id(path: Any, number: int, value: str) -> int:
+    try:
+        token = int(value)
+    except ValueError:
+        raise _fail(path, f"row {number} gives the token index {value!r}", "an integer token id") from None
+    return token
+
+
+def _auto_circuit(path: Any, text: str) -> list[dict]:
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as error:
+        raise _fail(path, f"is not JSON ({_reason(error)})", "auto-circuit's {\"prompts\": [...]} file") from None
+    prompts = data.get("prompts") if isinstance(data, dict) else None
+    if not isinstance(prompts, list):
+        raise _fail(path, "has no list under \"prompts\"", "auto-circuit's {\"prompts\": [{\"clean\", \"corrupt\", "
+                    "\"answers\", \"wrong_answers\"}, ...]}")
+    _count(path, len(prompts))
+    rows = []
+    for i, item in enumerate(prompts, 1):
+        if not isinstance(item, dict) or any(k not in item for k in ("clean", "corrupt", "answers", "wrong_answers")):
+            raise _fail(path, f"prompt {i} is not an object with clean, corrupt, answers, wrong_answers",
+                        "auto-circuit's prompt objects")
+        rows.append({"clean": item["clean"], "corrupted": item["corrupt"], "answer": item["answers"],
+                     "wrong": item["wrong_answers"]})
+    return rows
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _reason(error: Exception) -> str:
+    return "nested too deeply" if isinstance(error, RecursionError) else str(error).split(":")[0]
+
+
+__all__ = ["MAX_TASK_BYTES", "load_task"]

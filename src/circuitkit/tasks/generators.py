@@ -1,0 +1,153 @@
+"""Built-in tasks, written for the loaded model's own tokenizer (seeded, deterministic).
+
+- :func:`ioi` — indirect-object identification (Wang et al. 2022): ``"When Mary and John went to the store, John
+  gave a drink to"`` -> `` Mary`` (the indirect object) against `` John`` (the subject). Several templates, both
+  name orders; names are kept only where `` Name`` is one token of this tokenizer. Corruption "ABC": the second
+  subject replaced by a third name (``"..., Anna gave a drink to"``), so the prompt no longer says who is who.
+- :func:`greater_than` — Hanna et al. 2023: ``"The war lasted from the year 1732 to the year 17"``. Where the
+  tokenizer writes two-digit numbers as one token, the answers are the two-digit years above ``YY`` and the wrong
+  ones those at or below it (metric ``prob_diff``, as in the paper). Where it writes numbers **digit by digit**
+  (Llama, Qwen), the next token is the tens digit: the answers are the digits above ``YY``'s tens digit, the wrong
+  ones those below it (a later year starts with a larger or the same tens digit; the same digit is left out,
+  since it can go either way). Corruption: the start year ``1701``/``1700``... becomes ``17`` + ``00``-style
+  ``"01"``, after which every year is later.
+- :func:`docstring` — Heimersheim & Janiak 2023, for code models: a function with four arguments whose docstring
+  documents the first two; the next ``:param`` names the third (answer), against the first two (wrong).
+  Corruption: the arguments in the signature renamed (same token count), so the signature no longer says which
+  name comes next.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+from circuitkit.tasks.task import Pair, Task
+
+NAMES = (
+    "Mary", "John", "Alice", "Bob", "Tom", "James", "Anna", "Sarah", "David", "Emma", "Paul", "Laura", "Mark",
+    "Lisa", "Peter", "Kate", "Daniel", "Michael", "Jessica", "Robert", "Linda", "Susan", "Steve", "Kevin", "Jack",
+    "Rachel", "Amy", "Chris", "Jennifer", "Richard", "Jane", "George", "Helen", "Frank", "Grace", "Henry", "Eric",
+)
+PLACES = ("store", "park", "school", "office", "station", "garden", "market", "hospital", "beach", "library")
+OBJECTS = ("a drink", "a book", "a ring", "a bag", "an apple", "a letter", "a kiss", "a gift", "a snack", "a key")
+IOI_TEMPLATES = (
+    "When {A} and {B} went to the {place}, {B} gave {object} to",
+    "When {A} and {B} got to the {place}, {B} handed {object} to",
+    "After {A} and {B} went to the {place}, {B} gave {object} to",
+    "Then, {A} and {B} had a long day at the {place}. {B} gave {object} to",
+    "While {A} and {B} were working at the {place}, {B} passed {object} to",
+)
+ARGUMENTS = ("load", "size", "files", "last", "name", "path", "data", "mode", "user", "value", "item", "count",
+             "text", "key", "line", "port", "host", "flag", "limit", "index", "start", "end", "step", "node")
+WORDS = ("oil column piece", "crime population", "unit dark", "shape fire", "river gold", "table sound")
+
+
+def _tokenizer(model: Any) -> Any:
+    from circuitkit.models.contract import ModelAdapter, adapt
+
+    adapter = model if isinstance(model, ModelAdapter) else adapt(model)
+    tokenizer = adapter.tokenizer
+    if tokenizer is None:
+        raise CircuitkitError(
+            f"task generator: given a {type(adapter.model).__name__} without a tokenizer; expected a model with a "
+            "tokenizer (built-in tasks write text for it). Build a Task from token ids with Task.from_pairs instead."
+        )
+    return tokenizer
+
+
+def _one_token(tokenizer: Any, text: str) -> bool:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1
+
+
+def _check(n: int, seed: int, where: str) -> tuple[int, random.Random]:
+    n = validate.integer(f"{where}: n", n, minimum=2, maximum=10_000)
+    return n, random.Random(validate.seed(f"{where}: seed", seed))
+
+
+def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = IOI_TEMPLATES) -> Task:
+    """``n`` IOI pairs with ABC corruption for ``model``'s tokenizer (module docstring); metric ``logit_diff``."""
+    n, rng = _check(n, seed, "ioi")
+    tokenizer = _tokenizer(model)
+    names = [name for name in NAMES if _one_token(tokenizer, " " + name)]
+    if len(names) < 3:
+        raise CircuitkitError(f"ioi: this tokenizer writes only {len(names)} of {len(NAMES)} common names as one "
+                              "token; expected at least 3 (the task needs three one-token names).")
+    pairs = []
+    for i in range(n):
+        template = templates[i % len(templates)]
+        a, b, c = rng.sample(names, 3)
+        fill = {"place": rng.choice(PLACES), "object": rng.choice(OBJECTS)}
+        clean = template.format(A=a, B=b, **fill)
+        # ABC: the second mention of the subject (after the comma / full stop) becomes a third name
+        head, tail = clean.rsplit(f" {b} ", 1)
+        corrupted = f"{head} {c} {tail}"
+        pairs.append(Pair(clean, corrupted, (" " + a,), (" " + b,)))
+    return Task("ioi", tuple(pairs), metric="logit_diff",
+                description="indirect-object identification: the name that appeared once, against the subject; "
+                            "corrupted: the second subject replaced by a third name")
+
+
+def greater_than(model: Any, n: int = 32, *, seed: int = 0) -> Task:
+    """``n`` greater-than pairs for ``model``'s tokenizer (module docstring); metric ``prob_diff``."""
+    n, rng = _check(n, seed, "greater_than")
+    tokenizer = _tokenizer(model)
+    nouns = ("war", "expedition", "drought", "reign", "famine", "project", "siege", "voyage")
+    two_digit = all(_one_token(tokenizer, f"{y:02d}") for y in (10, 32, 57, 99))
+    pairs = []
+    for _ in range(n):
+        noun = rng.choice(nouns)
+        century = rng.choice((11, 12, 13, 14, 15, 16, 17, 18))
+        if two_digit:
+            yy = rng.randint(2, 97)
+            answers = tuple(f"{y:02d}" for y in range(yy + 1, 100))[:16]
+            wrongs = tuple(f"{y:02d}" for y in range(max(0, yy - 15), yy + 1))
+            start_clean, start_corrupt = f"{century}{yy:02d}", f"{century}01"
+        else:
+            tens = rng.randint(2, 8)
+            yy = tens * 10 + rng.randint(0, 9)
+            answers = tuple(str(d) for d in range(tens + 1, 10))
+            wrongs = tuple(str(d) for d in range(0, tens))
+            start_clean, start_corrupt = f"{century}{yy:02d}", f"{century}0{rng.randint(0, 9)}"
+        clean = f"The {noun} lasted from the year {start_clean} to the year {century}"
+        corrupted = f"The {noun} lasted from the year {start_corrupt} to the year {century}"
+        pairs.append(Pair(clean, corrupted, answers, wrongs))
+    return Task("greater-than", tuple(pairs), metric="prob_diff",
+                description="a later year than the one given: the probability of later years (or tens digits) "
+                            "minus earlier ones; corrupted: the start year at the century's beginning")
+
+
+def docstring(model: Any, n: int = 32, *, seed: int = 0) -> Task:
+    """``n`` docstring pairs for ``model``'s tokenizer (module docstring); metric ``logit_diff``."""
+    n, rng = _check(n, seed, "docstring")
+    tokenizer = _tokenizer(model)
+    args = [a for a in ARGUMENTS if _one_token(tokenizer, " " + a)]
+    if len(args) < 8:
+        raise CircuitkitError(f"docstring: this tokenizer writes only {len(args)} of the argument names as one "
+                              "token; expected at least 8.")
+    pairs = []
+    for _ in range(n):
+        names = rng.sample(args, 8)
+        clean_args, corrupt_args = names[:4], names[4:]
+        w1, w2 = rng.sample(WORDS, 2)
+
+        def text(sig: list[str]) -> str:
+            return (f'def {rng_name}(self, {", ".join(sig)}):\n    """{w1}\n\n    :param {clean_args[0]}: {w2}\n'
+                    f"    :param {clean_args[1]}: {w1}\n    :param")
+
+        rng_name = rng.choice(("port", "load", "run", "check", "update", "build"))
+        pairs.append(Pair(text(clean_args), text(corrupt_args), (" " + clean_args[2],),
+                          (" " + clean_args[0], " " + clean_args[1])))
+    return Task("docstring", tuple(pairs), metric="logit_diff",
+                description="the next argument a docstring documents; corrupted: the signature's names replaced")
+
+
+GENERATORS: dict[str, Callable[..., Task]] = {"ioi": ioi, "greater-than": greater_than, "docstring": docstring}
+"""Built-in tasks by name (``induction`` is the induction scan's own batch of repeated random tokens)."""
+BUILT_IN = ("induction", *GENERATORS)
+
+
+__all__ = ["BUILT_IN", "GENERATORS", "docstring", "greater_than", "ioi"]

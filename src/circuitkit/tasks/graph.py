@@ -1,0 +1,551 @@
+"""The computational graph of a task circuit (EAP-IG / MIB): nodes, edges, and the passes that measure them.
+
+Nodes. **Senders** write into the residual stream: the input embeddings (``input``: the residual stream entering
+layer 0), every attention head ``(l, h)`` (``z[:, :, h] @ W_O[l, h]``), every MLP ``l`` (``hook_mlp_out``).
+**Receivers** read from it: each query head's query input ``l.h:q``, each key/value group's key and value inputs
+``l.g:k`` / ``l.g:v`` (with grouped-query attention a group's key is one input, read by all its query heads; with
+multi-head attention the group is the head), each MLP's input ``m{l}``, and the ``logits``. An **edge** joins every
+sender to every receiver downstream of it: a head of layer ``l`` feeds receivers of layers ``> l``, the MLP of its
+own layer (not where attention and MLP run in parallel) and the logits; an MLP of layer ``l`` feeds layers ``> l``
+and the logits; the input feeds everything.
+
+Edge patching (a circuit of edges ``E``). With ``out_u`` a sender's output in the current (patched) run and
+``out'_u`` its output on the corrupted prompt of the same pair, receiver ``v`` reads::
+
+    x_v = resid_v + sum_{u -> v not in E} (out'_u - out_u)          [pair, pos, d_model]
+
+where ``resid_v`` is the residual stream at ``v`` in the current run (``resid_pre`` for attention inputs, the
+MLP's ``ln2`` input, the final residual stream for the logits). A query/key/value input goes through the block's
+attention norm and the head's weight: ``c += (norm(x_v) - norm(resid_v)) @ W_c`` at ``hook_q/k/v`` (biases cancel);
+an MLP input replaces the input of its norm (``blocks.{l}.ln2.hook_in``); the logits' replaces the last block's
+output. Every edge kept: the clean run; none: the corrupted run (both exact, tested).
+
+Node patching (a circuit of nodes): a head outside it has ``z`` replaced by its corrupted (or mean, zero) value, an
+MLP outside it (when MLPs are nodes) its output; everything else is recomputed.
+
+Edge attribution (EAP-IG, Hanna et al. 2024): with ``g_v = dM/dx_v`` averaged over the ``steps`` points
+``alpha = k / steps`` (``k = 1 .. steps``) on the straight line from the corrupted to the clean input embeddings
+(``steps = 1``: plain attribution patching, the gradient at the clean run),
+``score(u -> v) = sum_{pair, pos} (out_u - out'_u) . g_v / n_pairs``: the first-order estimate of how much the
+mean metric falls when the edge is corrupted (positive: the edge carries the clean behaviour). A node's score is
+the sum over its outgoing edges (the estimate of patching the node itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+from circuitkit.models.contract import HOOKS, ModelAdapter
+from circuitkit.tasks.metrics import METRICS, last_logits
+from circuitkit.tasks.task import TaskBatch
+
+MLP_IN = "blocks.{}.ln2.hook_in"
+MLP_OUT = "blocks.{}.hook_mlp_out"
+FINAL = "blocks.{}.hook_resid_post"
+FINAL_SCALE = "ln_final.hook_scale"
+SENDER_BUDGET = 2**30
+"""Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy)."""
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The nodes and edges of one model (module docstring). ``senders`` / ``receivers``: names in order;
+    ``sender_layer`` / ``receiver_layer``: ``[n]`` (input: -1, logits: ``n_layers``); ``allowed``: ``[sender,
+    receiver]`` bool, True where an edge exists."""
+
+    n_layers: int
+    n_heads: int
+    n_kv: int
+    mlps: bool
+    parallel: bool
+    senders: tuple[str, ...]
+    receivers: tuple[str, ...]
+    allowed: Tensor
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.allowed.sum())
+
+    def sender_index(self, layer: int, head: int | None) -> int:
+        """Index of head ``(layer, head)`` (or the MLP of ``layer`` with ``head=None``) among the senders."""
+        per = self.n_heads + int(self.mlps)
+        return 1 + layer * per + (self.n_heads if head is None else head)
+
+    def receivers_of(self, layer: int) -> dict[str, slice]:
+        """Receiver index ranges of ``layer``: ``q`` (query heads), ``k``, ``v`` (kv groups), ``mlp``."""
+        per = self.n_heads + 2 * self.n_kv + int(self.mlps)
+        start = layer * per
+        out = {"q": slice(start, start + self.n_heads),
+               "k": slice(start + self.n_heads, start + self.n_heads + self.n_kv),
+               "v": slice(start + self.n_heads + self.n_kv, start + self.n_heads + 2 * self.n_kv)}
+        if self.mlps:
+            out["mlp"] = slice(start + per - 1, start + per)
+        return out
+
+    @property
+    def logits_index(self) -> int:
+        return len(self.receivers) - 1
+
+    def edge_names(self, index: Tensor) -> list[str]:
+        """``index`` ``[n, 2]`` (sender, receiver) as ``"sender->receiver"`` names."""
+        return [f"{self.senders[int(s)]}->{self.receivers[int(r)]}" for s, r in index.tolist()]
+
+
+def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
+    """The graph of ``adapter``'s model (``mlps``: MLPs are nodes; refused where the model has none)."""
+    spec = adapter.spec
+    L, H, G = spec.n_layers, spec.n_heads, spec.n_kv_heads
+    facts = getattr(adapter, "facts", None)
+    parallel = bool(facts is not None and "parallel attention" in (facts.notes or ""))
+    senders = ["input"]
+    sender_layer = [-1]
+    receivers: list[str] = []
+    receiver_layer: list[int] = []
+    for layer in range(L):
+        senders += [f"{layer}.{h}" for h in range(H)]
+        sender_layer += [layer] * H
+        if mlps:
+            senders.append(f"m{layer}")
+            sender_layer.append(layer)
+        kv = (lambda g: f"{layer}.{g}") if G == H else (lambda g: f"{layer}.g{g}")
+        receivers += [f"{layer}.{h}:q" for h in range(H)] + [f"{kv(g)}:k" for g in range(G)]
+        receivers += [f"{kv(g)}:v" for g in range(G)]
+        receiver_layer += [layer] * (H + 2 * G)
+        if mlps:
+            receivers.append(f"m{layer}")
+            receiver_layer.append(layer)
+    receivers.append("logits")
+    receiver_layer.append(L)
+    s_layer = torch.tensor(sender_layer)
+    r_layer = torch.tensor(receiver_layer)
+    allowed = s_layer[:, None] < r_layer[None, :]
+    if mlps and not parallel:  # a head feeds the MLP of its own layer
+        is_head = torch.tensor([not (n == "input" or n.startswith("m")) for n in senders])
+        is_mlp_in = torch.tensor([n.startswith("m") for n in receivers])
+        allowed |= is_head[:, None] & is_mlp_in[None, :] & (s_layer[:, None] == r_layer[None, :])
+    return Graph(L, H, G, mlps, parallel, tuple(senders), tuple(receivers), allowed)
+
+
+class TaskRunner:
+    """A model ready to measure one :class:`TaskBatch`: weights, norms, the clean and corrupted runs' sender outputs
+    (computed once, on demand), the metric.
+
+    ``metric``: a name in :data:`~circuitkit.tasks.metrics.METRICS`; ``mlps``: MLPs are graph nodes."""
+
+    def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str) -> None:
+        if not adapter.additive_heads:
+            raise validate.fail("task circuit: model", validate.given(f"a {adapter.spec.family} model"),
+                                "a model whose heads add z @ W_O into the residual stream (in this family a norm "
+                                "follows attention, so a head's contribution cannot be isolated)")
+        if mlps and adapter.attn_only:
+            raise validate.fail("task circuit: mlps", mlps, "False for an attention-only model (it has no MLPs)")
+        self.adapter = adapter
+        self.spec = adapter.spec
+        self.batch = batch
+        self.metric_name = metric
+        self.metric_fn = METRICS[metric]
+        self.ablation = ablation
+        self.graph = build_graph(adapter, mlps)
+        weights = adapter.weights(embeddings=False).to(device=self.spec.device)
+        self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
+        self.W_O = weights.W_O
+        self.norms = [adapter.attention_norm(layer) for layer in range(self.spec.n_layers)]
+        # the logits are computed only at the positions where some pair's prompt ends (the vocabulary matrix is
+        # most of a small model's forward pass); ``last_index`` is each pair's among them
+        self.positions = torch.unique(batch.last).cpu()
+        self.last_index = torch.searchsorted(self.positions, batch.last.cpu())
+        self.passes = 0.0
+        self._clean: dict[str, Any] | None = None
+        self._corrupt: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ the two reference runs
+    @property
+    def clean(self) -> dict[str, Any]:
+        """The clean run: ``out`` (sender outputs ``[sender, pair, pos, d_model]``), ``z`` and ``mlp`` by layer,
+        ``metric`` ``[pair]``, ``logprobs`` ``[pair, vocab]`` at the last token, ``dla`` ``[sender]``."""
+        if self._clean is None:
+            self._clean = self._reference(self.batch.clean, dla=True)
+        return self._clean
+
+    @property
+    def corrupted(self) -> dict[str, Any]:
+        """The corrupted run (as :attr:`clean`, without ``dla``)."""
+        if self._corrupt is None:
+            _ = self.clean  # the KL metric of the corrupted run reads the clean run's distribution
+            self._corrupt = self._reference(self.batch.corrupted, dla=False)
+        return self._corrupt
+
+    def _reference(self, tokens: Tensor, dla: bool) -> dict[str, Any]:
+        """One pass capturing every sender's output (with ``dla``: and a backward of the logit difference through
+        the final norm with its scale frozen, for direct logit attribution)."""
+        spec, graph = self.spec, self.graph
+        outs: list[Tensor | None] = [None] * len(graph.senders)
+        z_kept: dict[int, Tensor] = {}
+        mlp_kept: dict[int, Tensor] = {}
+        final: list[Tensor] = []
+
+        def resid0(x: Tensor, hook: Any) -> None:
+            outs[0] = x.detach()
+
+        def z_hook(z: Tensor, hook: Any) -> None:
+            layer = HOOKS.layer_of(hook.name)
+            z_kept[layer] = z.detach()
+            head_out = torch.einsum("bphd,hdm->hbpm", z.detach(), self.W_O[layer].to(z.dtype))
+            for h in range(spec.n_heads):
+                outs[graph.sender_index(layer, h)] = head_out[h]
+
+        def mlp_hook(x: Tensor, hook: Any) -> None:
+            layer = HOOKS.layer_of(hook.name)
+            mlp_kept[layer] = x.detach()
+            if graph.mlps:
+                outs[graph.sender_index(layer, None)] = x.detach()
+
+        def final_hook(x: Tensor, hook: Any) -> Tensor:
+            if not dla:
+                return x
+            x = x.detach().requires_grad_(True)
+            final.append(x)
+            return x
+
+        def frozen_scale(scale: Tensor, hook: Any) -> Tensor:
+            return scale.detach()
+
+        L = spec.n_layers
+        hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
+        if not self.adapter.attn_only:
+            hooks += [(MLP_OUT.format(layer), mlp_hook) for layer in range(L)]
+        hooks.append((FINAL.format(L - 1), final_hook))
+        if dla and _has_hook(self.adapter, FINAL_SCALE):
+            hooks.append((FINAL_SCALE, frozen_scale))
+        from circuitkit.detect.attribution import frozen_parameters
+
+        with frozen_parameters(self.adapter.model), torch.enable_grad() if dla else torch.no_grad():
+            logits = self.adapter.run(tokens, hooks, positions=self.positions)
+            last = last_logits(logits, self.last_index)[0]
+            dla_values = None
+            if dla:
+                from circuitkit.tasks.metrics import logit_diff
+
+                diff = logit_diff(last, self.batch).mean()
+                (grad,) = torch.autograd.grad(diff, final[0])
+        self.passes += 3.0 if dla else 1.0
+        out = torch.stack(outs)  # [sender, pair, pos, d_model]
+        logprobs = last.detach().float().log_softmax(-1)
+        clean_lp = self._clean["logprobs"] if self._clean is not None else None
+        metric = self.metric_fn(last.detach(), self.batch, clean_lp).float()
+        if dla:
+            rows = torch.arange(self.batch.n_pairs, device=out.device)
+            at_last = out[:, rows, self.batch.last]  # [sender, pair, d_model]
+            g_last = grad[rows, self.batch.last]  # [pair, d_model]
+            # the gradient is of the mean over pairs: the sum over pairs is the mean of each pair's attribution
+            dla_values = torch.einsum("spm,pm->s", at_last.float(), g_last.float())
+        result = {"out": out, "z": z_kept, "mlp": mlp_kept, "metric": validate.finite_result(
+            "task metric", metric.cpu(), why="the model's logits overflowed"), "logprobs": logprobs,
+            "dla": None if dla_values is None else dla_values.detach().cpu()}
+        return result
+
+    def metric(self, logits: Tensor) -> Tensor:
+        """Per-pair metric ``[copies, pair]`` of stacked logits ``[copies * pair, pos, vocab]``."""
+        last = last_logits(logits, self.last_index)
+        clean_lp = self.clean["logprobs"] if self.metric_name == "neg_kl" else None
+        return self.metric_fn(last, self.batch, clean_lp).float()
+
+    # ------------------------------------------------------------------ node patching
+    def node_values(self) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+        """What a node outside a circuit becomes: per layer, a head's ``z`` and an MLP's output, on the corrupted
+        prompts (``"corrupted"``), their mean over the corrupted prompts' real positions (``"mean"``) or zeros."""
+        cz, cm = self.corrupted["z"], self.corrupted["mlp"]
+        if self.ablation == "corrupted":
+            return cz, cm
+        real = self.batch.real.to(next(iter(cz.values())).dtype)
+        weight = real / real.sum()
+
+        def mean(x: Tensor) -> Tensor:
+            m = torch.einsum("bp,bp...->...", weight, x.float()).to(x.dtype)
+            return (torch.zeros_like(m) if self.ablation == "zero" else m).expand_as(x)
+
+        return {k: mean(v) for k, v in cz.items()}, {k: mean(v) for k, v in cm.items()}
+
+    def node_metric(self, heads: Tensor, mlps: Tensor | None) -> Tensor:
+        """``heads`` ``[sets, layer, head]`` / ``mlps`` ``[sets, layer]`` bool, True where a node is **patched**:
+        the mean metric of each set, ``[sets]`` (one stacked copy of the pairs per set)."""
+        out = []
+        per = self._copies_per_pass(node=True)
+        for start in range(0, heads.shape[0], per):
+            stop = start + per
+            out.append(self._node_pass(heads[start:stop], None if mlps is None else mlps[start:stop]))
+        return torch.cat(out)
+
+    def _node_pass(self, heads: Tensor, mlps: Tensor | None) -> Tensor:
+        S = heads.shape[0]
+        B = self.batch.n_pairs
+        z_values, mlp_values = self.node_values()
+
+        def z_hook(z: Tensor, hook: Any) -> Tensor:
+            layer = HOOKS.layer_of(hook.name)
+            mask = heads[:, layer].to(z.device)
+            if not bool(mask.any()):
+                return z
+            view = z.view(S, B, *z.shape[1:])
+            value = z_values[layer].to(z.dtype)[None]
+            return torch.where(mask[:, None, None, :, None], value, view).reshape(z.shape)
+
+        def mlp_hook(x: Tensor, hook: Any) -> Tensor:
+            layer = HOOKS.layer_of(hook.name)
+            mask = mlps[:, layer].to(x.device)
+            if not bool(mask.any()):
+                return x
+            view = x.view(S, B, *x.shape[1:])
+            value = mlp_values[layer].to(x.dtype)[None]
+            return torch.where(mask[:, None, None, None], value, view).reshape(x.shape)
+
+        L = self.spec.n_layers
+        hooks = [(HOOKS.z(layer), z_hook) for layer in range(L) if bool(heads[:, layer].any())]
+        if mlps is not None:
+            hooks += [(MLP_OUT.format(layer), mlp_hook) for layer in range(L) if bool(mlps[:, layer].any())]
+        with torch.no_grad():
+            logits = self.adapter.run(self.batch.clean.repeat(S, 1), hooks, positions=self.positions)
+        self.passes += S
+        return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
+                                      why="the patched model's logits overflowed")
+
+    # ------------------------------------------------------------------ edge passes
+    def edge_metric(self, kept: Tensor) -> Tensor:
+        """``kept`` ``[sets, sender, receiver]`` bool (True: the edge is in the circuit, clean): the mean metric of
+        each set with every other edge patched from the corrupted prompt, ``[sets]``."""
+        out = []
+        per = self._copies_per_pass(node=False)
+        for start in range(0, kept.shape[0], per):
+            chunk = kept[start : start + per]
+            with torch.no_grad():
+                logits = self._edge_pass(chunk.shape[0], chunk, None, None)
+            self.passes += chunk.shape[0]
+            out.append(validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
+                                              why="the patched model's logits overflowed"))
+        return torch.cat(out)
+
+    def edge_gradients(self, steps: int) -> tuple[Tensor, Tensor]:
+        """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge."""
+        from circuitkit.detect.attribution import frozen_parameters
+
+        spec, graph = self.spec, self.graph
+        clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
+        alphas = torch.arange(1, steps + 1, dtype=torch.float32) / steps
+        start = corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
+            clean_in - corrupt_in)[None]  # [steps, pair, pos, d_model]
+        grads: dict[int, Tensor] = {}
+        resid: dict[int, Tensor] = {}
+        with frozen_parameters(self.adapter.model), torch.enable_grad():
+            logits = self._edge_pass(steps, None, start.reshape(-1, *start.shape[2:]), grads, resid)
+            total = self.metric(logits).mean(-1).sum()
+            leaves = sorted(grads)
+            got = torch.autograd.grad(total, [grads[i] for i in leaves], allow_unused=True)
+        self.passes += 3.0 * steps
+        delta = (self.clean["out"] - self.corrupted["out"]).float()  # [sender, pair, pos, d_model]
+        flat = delta.reshape(delta.shape[0], -1)
+        scores = torch.zeros(len(graph.senders), len(graph.receivers))
+        for index, grad in zip(leaves, got, strict=True):
+            if grad is None:
+                continue
+            g = self._pulled_back(index, grad.detach().float(), resid, steps) / steps  # mean over the points
+            cols = self._receiver_columns(index)
+            scores[:, cols] = (flat @ g.T).cpu()
+        scores = scores * graph.allowed
+        return scores, scores.sum(1)
+
+    def _pulled_back(self, key: int, grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:
+        """``[R, pair * pos * d_model]``: dM/d(receiver input) summed over the ``steps`` copies, from a gradient
+        ``grad`` at a q/k/v activation ``[steps * pair, pos, R, d_head]`` (through the head's weight and the
+        block's attention norm at the run's residual stream) or at an MLP / logits input ``[steps * pair, pos,
+        d_model]``."""
+        d = self.spec.d_model
+        if key == -1 or key % 4 == 3:
+            return grad.reshape(steps, -1).sum(0).reshape(1, -1)
+        layer, c = divmod(key, 4)
+        W = (self.W_Q, self.W_K, self.W_V)[c][layer].to(grad.dtype)  # [R, d_model, d_head]
+        cot = torch.einsum("npre,rme->rnpm", grad, W)  # [R, steps * pair, pos, d_model]
+        R, N, P = cot.shape[:3]
+        norm = self.norms[layer]
+        if norm is not None:
+            x = resid[layer].detach()[None].expand(R, N, P, d).reshape(R * N, P, d).requires_grad_(True)
+            with torch.enable_grad():
+                (cot,) = torch.autograd.grad(norm(x), x, cot.reshape(R * N, P, d))
+        return cot.reshape(R, steps, -1).sum(1)
+
+    def _receiver_columns(self, key: int) -> slice:
+        """Grad leaves are keyed ``layer * 4 + channel`` (q 0, k 1, v 2, mlp 3), the logits as ``-1``."""
+        if key == -1:
+            return slice(self.graph.logits_index, self.graph.logits_index + 1)
+        layer, c = divmod(key, 4)
+        return self.graph.receivers_of(layer)[("q", "k", "v", "mlp")[c]]
+
+    def _copies_per_pass(self, node: bool) -> int:
+        B, P = self.batch.clean.shape
+        d = self.spec.d_model
+        per_copy = B * P * d * 4 * (1 if node else len(self.graph.senders))
+        return max(1, min(32, SENDER_BUDGET // max(1, per_copy)))
+
+    def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None, grads: dict[int, Tensor] | None,
+                   resid: dict[int, Tensor] | None = None) -> Tensor:
+        """One stacked pass of ``S`` copies. ``kept``: edge masks (patching) or None (every edge clean); ``start``:
+        the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with zero leaves
+        added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input); ``resid``: filled
+        with each layer's ``resid_pre``."""
+        spec, graph, batch = self.spec, self.graph, self.batch
+        B, P = batch.clean.shape
+        d = spec.d_model
+        corrupt_out = self.corrupted["out"] if kept is not None else None
+        # every sender's (corrupted - current) output, filled in as the pass reaches it; rows not reached are zero
+        deltas = None if corrupt_out is None else torch.zeros(len(graph.senders), S, B, P, d,
+                                                               dtype=corrupt_out.dtype, device=corrupt_out.device)
+        reached = [0]  # one past the last sender index recorded (senders are in layer order)
+        total = [None]  # [S, B, P, d]: the sum of every recorded sender's delta
+        resid = {} if resid is None else resid
+        missing = None if kept is None else (~kept & graph.allowed[None])
+        kept_f = None if kept is None else kept.to(corrupt_out.dtype)
+
+        def record(index: int, current: Tensor) -> None:
+            if deltas is not None:
+                deltas[index] = corrupt_out[index][None] - current.view(S, B, P, d)
+                total[0] = deltas[index].clone() if total[0] is None else total[0] + deltas[index]
+                reached[0] = max(reached[0], index + 1)
+
+        def patch_for(cols: slice) -> Tensor | None:
+            """``[S, R, B, P, d]``: the summed deltas of the missing edges into receivers ``cols``. Computed over
+            the fewer of two sender sets: those with a missing edge into ``cols``, or (where every recorded sender
+            may feed ``cols``) those with a kept edge, subtracted from the total."""
+            if missing is None or reached[0] == 0:
+                return None
+            upto = reached[0]
+            miss = missing[:, :upto, cols]  # [S, sender so far, R]
+            by_missing = miss.any(dim=(0, 2)).nonzero().flatten()
+            all_allowed = bool(graph.allowed[:upto, cols].all())
+            if all_allowed:
+                keep = kept_f[:, :upto, cols]
+                by_kept = keep.any(dim=2).any(dim=0).nonzero().flatten()
+                if len(by_kept) < len(by_missing):
+                    R = cols.stop - cols.start
+                    out = total[0][:, None].expand(S, R, B, P, d)
+                    if len(by_kept) == 0:
+                        return out
+                    part = torch.einsum("usbpd,sur->srbpd", deltas[by_kept], keep[:, by_kept].to(deltas.device))
+                    return out - part
+            if len(by_missing) == 0:
+                return torch.zeros(S, cols.stop - cols.start, B, P, d, dtype=deltas.dtype, device=deltas.device)
+            m = miss[:, by_missing].to(deltas.dtype).to(deltas.device)
+            return torch.einsum("usbpd,sur->srbpd", deltas[by_missing], m)
+
+        def leaf(key: int, shape: tuple[int, ...], like: Tensor) -> Tensor | None:
+            if grads is None:
+                return None
+            e = torch.zeros(shape, dtype=like.dtype, device=like.device, requires_grad=True)
+            grads[key] = e
+            return e
+
+        def resid_hook(x: Tensor, hook: Any) -> Tensor:
+            layer = HOOKS.layer_of(hook.name)
+            if layer == 0:
+                if start is not None:
+                    x = start.to(x.dtype)
+                record(0, x)
+            resid[layer] = x
+            return x
+
+        def channel_hook(c: int) -> Callable[[Tensor, Any], Tensor]:
+            name = ("q", "k", "v")[c]
+
+            def hook(act: Tensor, hook: Any) -> Tensor:
+                layer = HOOKS.layer_of(hook.name)
+                cols = graph.receivers_of(layer)[name]
+                R = cols.stop - cols.start
+                r = resid[layer].view(S, B, P, d)
+                if grads is not None:  # dM/d(act) here; pulled back to each receiver's input after the backward
+                    return act + leaf(layer * 4 + c, tuple(act.shape), act)
+                extra = patch_for(cols)  # [S, R, B, P, d] or None
+                if extra is None:
+                    return act
+                x = r[:, None].expand(S, R, B, P, d) + extra
+                norm = self.norms[layer]
+                if norm is not None:
+                    inc = norm(x.reshape(-1, P, d)).reshape(S, R, B, P, -1) - norm(r.reshape(-1, P, d)).reshape(
+                        S, 1, B, P, -1)
+                else:
+                    inc = x - r[:, None]
+                W = (self.W_Q, self.W_K, self.W_V)[c][layer].to(inc.dtype)  # [R, d_model, d_head]
+                add = torch.einsum("srbpm,rmd->sbprd", inc, W)
+                return act + add.reshape(act.shape).to(act.dtype)
+
+            return hook
+
+        def z_hook(z: Tensor, hook: Any) -> None:
+            if corrupt_out is None:
+                return
+            layer = HOOKS.layer_of(hook.name)
+            head_out = torch.einsum("bphd,hdm->hbpm", z, self.W_O[layer].to(z.dtype))
+            for h in range(spec.n_heads):
+                record(graph.sender_index(layer, h), head_out[h])
+
+        def mlp_in_hook(x: Tensor, hook: Any) -> Tensor:
+            layer = HOOKS.layer_of(hook.name)
+            cols = graph.receivers_of(layer)["mlp"]
+            extra = patch_for(cols)
+            e = leaf(layer * 4 + 3, (S, B, P, d), x)
+            if extra is not None:
+                x = x + extra[:, 0].reshape(x.shape)
+            if e is not None:
+                x = x + e.reshape(x.shape)
+            return x
+
+        def mlp_out_hook(x: Tensor, hook: Any) -> None:
+            record(graph.sender_index(HOOKS.layer_of(hook.name), None), x)
+
+        def final_hook(x: Tensor, hook: Any) -> Tensor:
+            cols = slice(graph.logits_index, graph.logits_index + 1)
+            extra = patch_for(cols)
+            e = leaf(-1, (S, B, P, d), x)
+            if extra is not None:
+                x = x + extra[:, 0].reshape(x.shape)
+            if e is not None:
+                x = x + e.reshape(x.shape)
+            return x
+
+        L = spec.n_layers
+        hooks: list[tuple[str, Callable]] = []
+        for layer in range(L):
+            hooks.append((HOOKS.resid_pre(layer), resid_hook))
+            hooks += [(getattr(HOOKS, c)(layer), channel_hook(i)) for i, c in enumerate(("q", "k", "v"))]
+            hooks.append((HOOKS.z(layer), z_hook))
+            if graph.mlps:
+                hooks += [(MLP_IN.format(layer), mlp_in_hook), (MLP_OUT.format(layer), mlp_out_hook)]
+        hooks.append((FINAL.format(L - 1), final_hook))
+        return self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
+
+
+def _has_hook(adapter: ModelAdapter, name: str) -> bool:
+    hook_dict = getattr(adapter.model, "hook_dict", None)
+    return isinstance(hook_dict, dict) and name in hook_dict
+
+
+def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
+    """Refuse a model without the hook points edge patching needs (named in the error)."""
+    hook_dict = getattr(adapter.model, "hook_dict", None)
+    names = [FINAL.format(adapter.spec.n_layers - 1)]
+    if mlps:
+        names += [MLP_IN.format(0), MLP_OUT.format(0)]
+    if isinstance(hook_dict, dict):
+        absent = [n for n in names if n not in hook_dict]
+        if absent:
+            raise CircuitkitError(
+                f"task circuit: {type(adapter.model).__name__} has no hook points {absent}; expected a "
+                "TransformerBridge, an AttentionOnlyModel, or a model with TransformerLens hook names."
+            )
+
+
+__all__ = ["Graph", "TaskRunner", "build_graph", "check_hooks"]

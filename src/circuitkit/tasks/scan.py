@@ -1,0 +1,210 @@
+"""``scan_task(model, task) -> TaskScan``: a task's circuit found and measured, in declared stages.
+
+Stages (each counted in forward passes of the task's pairs; a backward pass counts two)::
+
+    clean      one forward + backward: every sender's output, the clean metric, direct logit attribution
+    corrupted  one forward: every sender's output on the corrupted prompts, the corrupted metric
+    attribute  EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
+    nodes      the node circuit: all nodes patched, the geometric sizes and bisection, necessity
+    edges      the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
+
+``circuitkit.scan(model, task=...)`` and ``circuitkit scan MODEL --task NAME|FILE`` run this for any task other
+than ``induction`` (which the induction scan measures with its own loss).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.models.state import keeps_model_state
+from circuitkit.ranking import head_name
+from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, node_circuit
+from circuitkit.tasks.graph import TaskRunner, check_hooks
+from circuitkit.tasks.metrics import UNITS
+from circuitkit.tasks.task import Task
+
+DEFAULT_IG_STEPS = 3
+"""EAP-IG interpolation points (``k / steps`` of the way from the corrupted to the clean input embeddings), all in
+one stacked forward + backward pass."""
+TASK_FORMAT = 1
+"""Version of a task scan's ``scores.json``."""
+
+
+@dataclass(frozen=True)
+class TaskStage:
+    name: str
+    passes: float
+    seconds: float
+
+
+@dataclass(frozen=True, eq=False)
+class TaskScan:
+    """A task scan: ``task``; per-pair metric on the clean and corrupted prompts (``clean`` / ``corrupted``
+    ``[pair]``); ``dla`` (each head's direct contribution to logit(answer) - logit(wrong) through the final norm
+    with its scale frozen at the clean run's, ``[layer, head]``; ``dla_mlp`` ``[layer]`` or None); ``scores``
+    (each head's EAP-IG node score, ``[layer, head]``; ``scores_mlp``); ``circuit``; ``stages``."""
+
+    model: Any  # circuitkit.scan_types.ModelSummary
+    task: Task
+    clean: Tensor
+    corrupted: Tensor
+    dla: Tensor | None
+    dla_mlp: Tensor | None
+    scores: Tensor
+    scores_mlp: Tensor | None
+    circuit: TaskCircuit | None
+    circuit_error: str | None
+    settings: dict[str, Any]
+    stages: tuple[TaskStage, ...] = field(default=())
+
+    @property
+    def passes(self) -> float:
+        return sum(s.passes for s in self.stages)
+
+    def to_json(self) -> dict[str, Any]:
+        n = lambda t: None if t is None else [[_num(v) for v in row] for row in t.tolist()]  # noqa: E731
+        return {
+            "format": f"circuitkit-task-scan/{TASK_FORMAT}",
+            "model": self.model.as_dict(),
+            "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
+                     "units": UNITS[self.task.metric]},
+            "settings": self.settings,
+            "heads": {"dla": n(self.dla), "score": n(self.scores)},
+            "mlps": {"dla": None if self.dla_mlp is None else [_num(v) for v in self.dla_mlp.tolist()],
+                     "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
+            "circuit": None if self.circuit is None else self.circuit.to_json(),
+            "circuit_error": self.circuit_error,
+            "stages": [{"name": s.name, "passes": s.passes, "seconds": round(s.seconds, 3)} for s in self.stages],
+        }
+
+    def answer(self) -> str:
+        """The answer in a few lines of plain text (the terminal's and the report's)."""
+        t = self.task
+        lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {t.metric} ({UNITS[t.metric]}): "
+                 f"clean {float(self.clean.mean()):+.3f}, corrupted {float(self.corrupted.mean()):+.3f}."]
+        c = self.circuit
+        if c is None:
+            lines.append(f"No circuit: {self.circuit_error}")
+            return "\n".join(lines)
+        heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
+        mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
+        lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
+                     f"reach faithfulness {c.faithfulness:.3f} (target {c.target}); patching only them loses "
+                     f"{c.necessity:+.3f}. Heads: {heads}.")
+        if c.edge_faithfulness is not None:
+            lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
+                         f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} (edges ranked by {c.rank} score).")
+        for e in c.edge_effects[:5]:
+            lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
+        return "\n".join(lines)
+
+    def save(self, out_dir: str | os.PathLike) -> Any:
+        """Write ``out_dir/scores.json`` and ``out_dir/report.html`` together (atomically)."""
+        from circuitkit.report.saving import REPORT_NAME, SCORES_NAME, prepare_directory, write_together
+        from circuitkit.scan_types import SavedReport
+        from circuitkit.tasks.report import task_report
+
+        out = prepare_directory(out_dir)
+        scores = json.dumps(self.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n"
+        write_together(out, {REPORT_NAME: task_report(self).encode("utf-8"), SCORES_NAME: scores.encode("utf-8")})
+        return SavedReport(report=out / REPORT_NAME, scores=out / SCORES_NAME, pngs=())
+
+    def __repr__(self) -> str:
+        return f"TaskScan({self.task!r}, {self.model.name!r})\n{self.answer()}"
+
+
+def _num(value: Any) -> float | None:
+    value = float(value)
+    return round(value, 6) if value == value and abs(value) != float("inf") else None
+
+
+@keeps_model_state
+def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, rank: str = "signed",
+              steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
+              progress: Any = None) -> TaskScan:
+    """Find and measure ``task``'s circuit in ``model`` (module docstring).
+
+    Args:
+        target: the faithfulness the node and edge circuits must reach, in (0, 1].
+        mlps: MLPs are graph nodes (default: where the model has MLPs). In the node circuit they are patched like
+            heads; in the edge graph they send and receive edges.
+        rank: order nodes and edges by ``"signed"`` (default) or ``"abs"`` EAP-IG score.
+        steps: EAP-IG interpolation points.
+        edges: measure the edge circuit too (``False``: nodes only).
+        progress: ``progress(stage, passes)`` called as passes run (or None).
+    """
+    from circuitkit.circuits.faithfulness import check_target
+    from circuitkit.models.contract import adapt
+    from circuitkit.pipeline import summarise_model
+
+    if not isinstance(task, Task):
+        raise validate.fail("scan_task: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, ioi, ...)")
+    target = check_target("scan_task: target", target)
+    rank = validate.option("scan_task: rank", rank, RANKS)
+    steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
+    edges = validate.boolean("scan_task: edges", edges)
+    adapter = adapt(model, validate.device("scan_task: device", device))
+    mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
+    check_hooks(adapter, mlps)
+    batch = task.tokenize(adapter)
+    runner = TaskRunner(adapter, batch, task.metric, mlps=mlps, ablation=task.ablation)
+    stages: list[TaskStage] = []
+
+    def stage(name: str, fn: Any) -> Any:
+        before, started = runner.passes, time.perf_counter()
+        result = fn()
+        stages.append(TaskStage(name, runner.passes - before, time.perf_counter() - started))
+        if progress is not None:
+            progress(name, runner.passes - before)
+        return result
+
+    clean = stage("clean", lambda: runner.clean)
+    corrupted = stage("corrupted", lambda: runner.corrupted)
+    scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
+    graph, spec = runner.graph, adapter.spec
+    L, H = spec.n_layers, spec.n_heads
+    head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)])
+    mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)]) if mlps else None
+    dla_all = clean["dla"]
+    circuit, error = None, None
+    from circuitkit.errors import CircuitkitError
+
+    try:
+        heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes = stage(
+            "nodes", lambda: node_circuit(runner, node_scores, target, rank))
+        edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
+        if edges:
+            edge_part = stage("edges", lambda: edge_circuit(runner, scores, target, rank))
+        names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
+        circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
+                              edge_curve, n_edges, cpr, cmd, effects, rank, float(clean["metric"].mean()),
+                              float(corrupted["metric"].mean()), all_patched)
+    except CircuitkitError as exc:  # no behaviour to explain: reported, not raised
+        error = str(exc)
+    settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "edges": edges,
+                "ablation": task.ablation, "device": str(spec.device)}
+    return TaskScan(
+        model=summarise_model(adapter, name),
+        task=task,
+        clean=clean["metric"],
+        corrupted=corrupted["metric"],
+        dla=dla_all[head_index],
+        dla_mlp=None if mlp_index is None else dla_all[mlp_index],
+        scores=node_scores[head_index],
+        scores_mlp=None if mlp_index is None else node_scores[mlp_index],
+        circuit=circuit,
+        circuit_error=error,
+        settings=settings,
+        stages=tuple(stages),
+    )
+
+
+__all__ = ["DEFAULT_IG_STEPS", "TaskScan", "TaskStage", "scan_task"]

@@ -1,0 +1,308 @@
+"""``Task``: a behaviour as clean/corrupted prompt pairs, the answers each pair should and should not get, a metric.
+
+Why: circuits are found on behaviours. Indirect-object identification, greater-than, docstring completion and a
+researcher's own prompts all take one shape (Wang et al. 2022; Hanna et al. 2023; EAP-IG; auto-circuit; MIB): a
+clean prompt, a corrupted prompt of the same token length that differs where the behaviour's information is, the
+answer token(s) and the wrong answer token(s). A metric is read at each prompt's **own last token**.
+
+Tokenization (:meth:`Task.tokenize`): prompts as the model's tokenizer does by default (its own BOS rule); answers
+as continuations (no special tokens; a leading space is part of the answer, as in ``" Mary"``), each exactly one
+token. Token ids may be given instead of text. A pair whose clean and corrupted prompts have different token
+lengths is refused (naming the pair); so is an answer that is not one token.
+
+Batching: prompts of different lengths are **right-padded**. The models circuitkit runs are causal, so a position
+never attends to a later one: the pads sit after every real token of their row and change nothing at the real
+positions (the metric, read at each row's last real token, equals the prompt run alone; a test checks it).
+Statistics over positions (mean ablation values) use the real positions only (:attr:`TaskBatch.real`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+
+MAX_PAIRS = 100_000
+"""Pairs one task may hold. Published task sets hold hundreds to a few thousand; a circuit search runs every pair
+through the model several times, so a larger set is refused with this figure rather than loaded."""
+MAX_PROMPT_CHARS = 20_000
+"""Characters of one prompt (a few thousand tokens at most): longer text is refused, never truncated."""
+MAX_ANSWERS = 16
+"""Answer (or wrong-answer) tokens one pair may list."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One clean/corrupted pair: prompts as text or token ids, one or more answers and wrong answers (text or ids)."""
+
+    clean: str | tuple[int, ...]
+    corrupted: str | tuple[int, ...]
+    answers: tuple[str | int, ...]
+    wrongs: tuple[str | int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clean": _plain(self.clean), "corrupted": _plain(self.corrupted),
+                "answer": [_plain(a) for a in self.answers], "wrong": [_plain(w) for w in self.wrongs]}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass(frozen=True, eq=False)
+class TaskBatch:
+    """A task tokenized for one model. ``clean`` / ``corrupted``: ``[pair, pos]`` token ids, right-padded;
+    ``last``: ``[pair]`` each row's last real position; ``answers`` / ``wrongs``: ``[pair, A]`` / ``[pair, W]`` ids,
+    ``answer_mask`` / ``wrong_mask`` True where an entry is listed (rows may list fewer)."""
+
+    clean: Tensor
+    corrupted: Tensor
+    last: Tensor
+    answers: Tensor
+    wrongs: Tensor
+    answer_mask: Tensor
+    wrong_mask: Tensor
+
+    @property
+    def n_pairs(self) -> int:
+        return self.clean.shape[0]
+
+    @property
+    def pos(self) -> int:
+        return self.clean.shape[1]
+
+    @property
+    def real(self) -> Tensor:
+        """``[pair, pos]`` bool: True at real (not padding) positions."""
+        return torch.arange(self.pos, device=self.last.device)[None, :] <= self.last[:, None]
+
+    def subset(self, index: Tensor) -> TaskBatch:
+        """The pairs at ``index`` (a 1-D long tensor; repeats allowed: bootstrap resamples)."""
+        index = index.to(self.clean.device)
+        last = self.last[index]
+        width = int(last.max()) + 1
+        return TaskBatch(self.clean[index, :width], self.corrupted[index, :width], last, self.answers[index],
+                         self.wrongs[index], self.answer_mask[index], self.wrong_mask[index])
+
+    def to(self, device: torch.device) -> TaskBatch:
+        return TaskBatch(*(getattr(self, f).to(device) for f in
+                           ("clean", "corrupted", "last", "answers", "wrongs", "answer_mask", "wrong_mask")))
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """A behaviour: ``pairs`` (:class:`Pair`), the ``metric`` read at each prompt's last token
+    (:data:`circuitkit.tasks.metrics.METRICS`: ``"logit_diff"`` by default), a ``name`` and a ``description``.
+
+    ``ablation``: how a node outside a circuit is replaced: ``"corrupted"`` (its value on the corrupted prompt of the
+    same pair: counterfactual patching, the default), ``"mean"`` (its mean over the corrupted prompts' real
+    positions) or ``"zero"``.
+
+    Build one with :meth:`from_pairs` (lists, ``datasets``-style dicts), :func:`circuitkit.tasks.load_task` (a
+    JSON Lines / CSV / EAP-IG CSV / auto-circuit JSON file) or a generator (:func:`circuitkit.tasks.ioi`, ...).
+    """
+
+    name: str
+    pairs: tuple[Pair, ...]
+    metric: str = "logit_diff"
+    ablation: str = "corrupted"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        from circuitkit.tasks.metrics import METRICS
+
+        if not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name or len(self.name) > 100:
+            raise validate.fail("Task: name", self.name, "a one-line name of at most 100 characters")
+        if not isinstance(self.pairs, tuple) or not self.pairs:
+            raise validate.fail(f"Task {self.name!r}: pairs", self.pairs, "a non-empty tuple of Pair")
+        if len(self.pairs) > MAX_PAIRS:
+            raise CircuitkitError(
+                f"Task {self.name!r}: given {len(self.pairs)} pairs; expected at most {MAX_PAIRS}. "
+                "Take a sample of the pairs: a circuit search runs every pair through the model many times."
+            )
+        validate.option(f"Task {self.name!r}: metric", self.metric, tuple(METRICS))
+        validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pairs)
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[Any], *, name: str = "custom", metric: str = "logit_diff",
+                   ablation: str = "corrupted", description: str = "") -> Task:
+        """A task from pairs: each a :class:`Pair`, a ``(clean, corrupted, answer, wrong)`` tuple, or a dict with
+        keys ``clean``, ``corrupted``, ``answer``, ``wrong`` (a ``datasets``-style row; ``answer`` / ``wrong`` may
+        be lists). Text or token ids; at most :data:`MAX_PAIRS` pairs (an endless iterator is refused after that)."""
+        if isinstance(pairs, (str, bytes, dict)) or not isinstance(pairs, Iterable):
+            raise validate.fail("Task.from_pairs: pairs", pairs, "a list of (clean, corrupted, answer, wrong) or dicts")
+        out = []
+        for i, item in enumerate(pairs):
+            if i >= MAX_PAIRS:
+                raise CircuitkitError(
+                    f"Task.from_pairs: given more than {MAX_PAIRS} pairs; expected at most {MAX_PAIRS}. "
+                    "Take a sample of the pairs."
+                )
+            out.append(as_pair(item, f"Task.from_pairs: pair {i}"))
+        return cls(name=name, pairs=tuple(out), metric=metric, ablation=ablation, description=description)
+
+    def tokenize(self, model_or_adapter: Any) -> TaskBatch:
+        """The pairs as token ids for the model (see the module docstring), on the model's device."""
+        from circuitkit.models.contract import ModelAdapter, adapt
+
+        adapter = model_or_adapter if isinstance(model_or_adapter, ModelAdapter) else adapt(model_or_adapter)
+        return tokenize(self, adapter)
+
+    def to_json(self, n_examples: int = 3) -> dict[str, Any]:
+        return {"name": self.name, "metric": self.metric, "pairs": self.n_pairs, "ablation": self.ablation,
+                "description": self.description, "examples": [p.to_json() for p in self.pairs[:n_examples]]}
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, {self.n_pairs} pairs, metric {self.metric!r}, ablation {self.ablation!r})"
+
+
+ABLATIONS = ("corrupted", "mean", "zero")
+
+
+def as_pair(item: Any, where: str) -> Pair:
+    """One pair from a :class:`Pair`, a 4-tuple or a dict (see :meth:`Task.from_pairs`), checked."""
+    if isinstance(item, Pair):
+        clean, corrupted, answers, wrongs = item.clean, item.corrupted, item.answers, item.wrongs
+    elif isinstance(item, dict):
+        missing = [k for k in ("clean", "corrupted", "answer", "wrong") if k not in item]
+        if missing:
+            raise validate.fail(where, sorted(item), f"the keys clean, corrupted, answer, wrong (missing {missing})")
+        clean, corrupted, answers, wrongs = item["clean"], item["corrupted"], item["answer"], item["wrong"]
+    elif isinstance(item, (tuple, list)) and len(item) == 4:
+        clean, corrupted, answers, wrongs = item
+    else:
+        raise validate.fail(where, item, "a (clean, corrupted, answer, wrong) tuple or a dict with those keys")
+    return Pair(_prompt(clean, f"{where}: clean"), _prompt(corrupted, f"{where}: corrupted"),
+                _answers(answers, f"{where}: answer"), _answers(wrongs, f"{where}: wrong"))
+
+
+def _prompt(value: Any, where: str) -> str | tuple[int, ...]:
+    if isinstance(value, str):
+        if not value:
+            raise validate.fail(where, value, "a non-empty prompt")
+        if len(value) > MAX_PROMPT_CHARS:
+            raise validate.fail(where, f"{len(value)} characters", f"a prompt of at most {MAX_PROMPT_CHARS} characters")
+        return value
+    ids = _ids(value, where)
+    if not ids:
+        raise validate.fail(where, value, "a non-empty prompt (text or token ids)")
+    return ids
+
+
+def _ids(value: Any, where: str) -> tuple[int, ...]:
+    if isinstance(value, Tensor):
+        if value.ndim != 1 or value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
+            raise validate.fail(where, value, "text or a 1-D integer tensor / list of token ids")
+        return tuple(int(v) for v in value.tolist())
+    if isinstance(value, (list, tuple)) and len(value) <= MAX_PROMPT_CHARS and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    raise validate.fail(where, value, "text or a list of token ids (ints)")
+
+
+def _answers(value: Any, where: str) -> tuple[str | int, ...]:
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items or len(items) > MAX_ANSWERS:
+        raise validate.fail(where, value, f"one to {MAX_ANSWERS} answers (text or token ids)")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int)) or (isinstance(item, str) and not item):
+            raise validate.fail(where, item, "a non-empty answer text or a token id")
+    return tuple(items)
+
+
+def _tokenizer_of(adapter: Any) -> Any:
+    tokenizer = adapter.tokenizer
+    if tokenizer is None:
+        raise CircuitkitError(
+            f"Task: given text prompts for a {type(adapter.model).__name__} without a tokenizer; expected a model "
+            "with a tokenizer, or prompts and answers as token ids."
+        )
+    return tokenizer
+
+
+def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...]) -> list[int]:
+    if isinstance(prompt, tuple):
+        return list(prompt)
+    return [int(t) for t in _tokenizer_of(adapter)(prompt)["input_ids"]]
+
+
+def _encode_answer(adapter: Any, answer: str | int, where: str) -> int:
+    if isinstance(answer, int):
+        return answer
+    ids = _tokenizer_of(adapter)(answer, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise CircuitkitError(
+            f"{where}: given {answer!r}, which the model's tokenizer splits into {len(ids)} tokens {list(ids)}; "
+            "expected one token. Choose a one-token answer (a leading space is part of it: ' Mary')."
+        )
+    return int(ids[0])
+
+
+def tokenize(task: Task, adapter: Any) -> TaskBatch:
+    """``task`` as a :class:`TaskBatch` for ``adapter``'s model (module docstring), every id checked against the
+    vocabulary, clean and corrupted lengths equal per pair."""
+    spec = adapter.spec
+    V = spec.d_vocab
+    clean, corrupted, answers, wrongs = [], [], [], []
+    for i, pair in enumerate(task.pairs):
+        where = f"task {task.name!r}: pair {i}"
+        c, k = _encode_prompt(adapter, pair.clean), _encode_prompt(adapter, pair.corrupted)
+        if len(c) != len(k):
+            raise CircuitkitError(
+                f"{where}: the clean prompt is {len(c)} tokens and the corrupted prompt {len(k)}; expected the same "
+                f"token length (clean {_short(pair.clean)}, corrupted {_short(pair.corrupted)}). Corrupt with "
+                "substitutions of the same token length."
+            )
+        if spec.n_ctx and len(c) > spec.n_ctx:
+            raise validate.fail(f"{where}: prompt", f"{len(c)} tokens", f"at most the model's n_ctx {spec.n_ctx}")
+        a = [_encode_answer(adapter, x, f"{where}: answer") for x in pair.answers]
+        w = [_encode_answer(adapter, x, f"{where}: wrong") for x in pair.wrongs]
+        for label, ids in (("clean prompt", c), ("corrupted prompt", k), ("answer", a), ("wrong", w)):
+            bad = [t for t in ids if not 0 <= t < V]
+            if bad:
+                raise CircuitkitError(
+                    f"{where}: the {label} holds token ids {bad[:5]}; expected ids in [0, {V}) (the model's vocabulary)."
+                )
+        if set(a) & set(w):
+            raise validate.fail(f"{where}: answer and wrong", (pair.answers, pair.wrongs),
+                                "different tokens (an answer that is also a wrong answer measures nothing)")
+        clean.append(c)
+        corrupted.append(k)
+        answers.append(a)
+        wrongs.append(w)
+    device = spec.device
+    return TaskBatch(
+        clean=_padded(clean).to(device),
+        corrupted=_padded(corrupted).to(device),
+        last=torch.tensor([len(c) - 1 for c in clean], device=device),
+        answers=_padded(answers).to(device),
+        wrongs=_padded(wrongs).to(device),
+        answer_mask=_padded([[1] * len(a) for a in answers]).bool().to(device),
+        wrong_mask=_padded([[1] * len(w) for w in wrongs]).bool().to(device),
+    )
+
+
+def _padded(rows: Sequence[Sequence[int]]) -> Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def _short(prompt: Any) -> str:
+    text = repr(prompt if isinstance(prompt, str) else list(prompt))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+__all__ = ["ABLATIONS", "MAX_PAIRS", "Pair", "Task", "TaskBatch", "as_pair", "tokenize"]

@@ -1,0 +1,377 @@
+"""Tasks: pairs, files, metrics, and circuits found on them, checked against independent computations.
+
+Oracles: the edge graph's two ends (every edge kept = the clean run, none = the corrupted run), hand-written hook
+computations of node patching and of single edges (through the block's own modules), padded batches against each
+prompt alone, IG completeness, direct logit attribution against the unembedding by hand, and TransformerLens
+4.3's own edge attribution patching.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from circuitkit import CircuitkitError
+from circuitkit.models.contract import HOOKS, adapt
+from circuitkit.tasks import Task, load_task, scan_task
+from circuitkit.tasks.graph import TaskRunner, build_graph
+from circuitkit.tasks.metrics import METRICS
+from circuitkit.tasks.task import MAX_PAIRS
+from tests.conftest import boot_bridge
+
+EXACT = 1e-5
+"""Patching with hooks vs by hand: the same float32 operations in a different order."""
+
+
+def toy_pairs(n: int = 6, d_vocab: int = 50, seed: int = 1) -> list[tuple]:
+    """Random prompts of 5-7 tokens; the corruption changes token 1; answer: token 1, wrong: its replacement."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for i in range(n):
+        clean = torch.randint(1, d_vocab, (5 + i % 3,), generator=g).tolist()
+        corrupted = list(clean)
+        corrupted[1] = (clean[1] + 7) % d_vocab
+        pairs.append((clean, corrupted, [clean[1]], [corrupted[1]]))
+    return pairs
+
+
+@pytest.fixture(scope="module", params=["mha-mlp", "attn-only", "gqa-mlp"])
+def runner(request):
+    attn_only = request.param == "attn-only"
+    kv = 2 if request.param == "gqa-mlp" else None
+    model = boot_bridge(attn_only=attn_only, n_layers=3, n_key_value_heads=kv, d_vocab=50, seed=3)
+    adapter = adapt(model)
+    task = Task.from_pairs(toy_pairs(), name="toy")
+    return TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=not attn_only, ablation="corrupted")
+
+
+# ---------------------------------------------------------------------------------------------- pairs and files
+def test_pairs_from_tuples_dicts_and_pair_objects_agree():
+    rows = toy_pairs(3)
+    dicts = [{"clean": c, "corrupted": k, "answer": a, "wrong": w} for c, k, a, w in rows]
+    a, b = Task.from_pairs(rows), Task.from_pairs(dicts)
+    assert a.pairs == b.pairs
+    assert Task.from_pairs(a.pairs).pairs == a.pairs
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ([], "non-empty"),
+    ("text", "list of"),
+    ([("a", "b", "c")], "(clean, corrupted, answer, wrong)"),
+    ([{"clean": "a", "corrupted": "b", "answer": "c"}], "missing ['wrong']"),
+    ([("", "b", "c", "d")], "non-empty prompt"),
+    ([("a", "b", [], "d")], "one to 16 answers"),
+    ([("a", "b", "c", True)], "answer text or a token id"),
+])
+def test_bad_pairs_are_one_clear_line(bad, needle):
+    with pytest.raises(CircuitkitError) as info:
+        Task.from_pairs(bad)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_endless_iterator_of_pairs_is_refused_at_the_bound():
+    endless = itertools.repeat(([1, 2], [1, 3], [2], [3]))
+    with pytest.raises(CircuitkitError, match=f"more than {MAX_PAIRS} pairs"):
+        Task.from_pairs(endless)
+
+
+def test_unknown_metric_and_ablation_are_refused():
+    with pytest.raises(CircuitkitError, match="logit_diff"):
+        Task.from_pairs(toy_pairs(2), metric="accuracy")
+    with pytest.raises(CircuitkitError, match="corrupted"):
+        Task.from_pairs(toy_pairs(2), ablation="resample")
+
+
+def test_unequal_lengths_out_of_vocab_and_shared_answers_name_the_pair():
+    adapter = adapt(boot_bridge(d_vocab=50))
+    with pytest.raises(CircuitkitError, match="pair 1: the clean prompt is 3 tokens and the corrupted prompt 2"):
+        Task.from_pairs([([1, 2], [1, 3], [2], [3]), ([1, 2, 3], [1, 3], [2], [3])]).tokenize(adapter)
+    with pytest.raises(CircuitkitError, match=r"pair 0: the answer holds token ids \[99\]"):
+        Task.from_pairs([([1, 2], [1, 3], [99], [3])]).tokenize(adapter)
+    with pytest.raises(CircuitkitError, match="pair 0: answer and wrong"):
+        Task.from_pairs([([1, 2], [1, 3], [2], [2])]).tokenize(adapter)
+
+
+def test_text_needs_a_tokenizer_and_answers_must_be_one_token(tmp_path):
+    from circuitkit.models.tokenizer import word_tokenizer
+
+    model = boot_bridge(d_vocab=50)
+    with pytest.raises(CircuitkitError, match="without a tokenizer"):
+        Task.from_pairs([("a b", "a c", " b", " c")]).tokenize(model)
+    model.tokenizer = word_tokenizer(50)
+    words = model.tokenizer.convert_ids_to_tokens(list(range(5, 9)))
+    ok = Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", words[1], words[2])])
+    batch = ok.tokenize(model)
+    assert batch.answers.shape == (1, 1)
+    with pytest.raises(CircuitkitError, match="splits into 2 tokens"):
+        Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", f"{words[1]} {words[3]}",
+                          words[2])]).tokenize(model)
+
+
+def write(path, text: str | bytes):
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def test_files_jsonl_csv_eap_ig_and_auto_circuit_read_the_same_pairs(tmp_path):
+    rows = [{"clean": "a b c", "corrupted": "a d c", "answer": " x", "wrong": " y"},
+            {"clean": "e f", "corrupted": "e g", "answer": [" x", " z"], "wrong": " y"}]
+    jsonl = write(tmp_path / "t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    task = load_task(jsonl)
+    assert task.name == "t" and task.n_pairs == 2 and task.pairs[1].answers == (" x", " z")
+    csv = write(tmp_path / "t.csv", 'clean,corrupted,answer,wrong\n"a b c","a d c", x, y\n')
+    assert load_task(csv).pairs[0].clean == "a b c"
+    eap = write(tmp_path / "eap.csv", "clean,corrupted,correct_idx,incorrect_idx\nab,ac,5,7\n")
+    assert load_task(eap).pairs[0].answers == (5,) and load_task(eap).pairs[0].wrongs == (7,)
+    auto = {"prompts": [{"clean": "a b", "corrupt": "a c", "answers": [" b"], "wrong_answers": [" c"]}]}
+    auto_path = write(tmp_path / "auto.json", json.dumps(auto))
+    assert load_task(auto_path).pairs[0].corrupted == "a c"
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("empty.jsonl", "", "holds no pairs"),
+    ("latin.jsonl", b"\xff\xfe{", "is not UTF-8"),
+    ("cols.csv", "clean,corrupted,answer\na,b,c\n", "missing ['wrong']"),
+    ("bad.jsonl", '{"clean": "a", "corrupted": "b", "answer": "c", "wrong": "d"}\n{oops\n', "line 2 is not JSON"),
+    ("nan.jsonl", '{"clean": NaN}\n', "line 1 is not JSON"),
+    ("list.jsonl", "[1, 2]\n", "line 1 is a list"),
+    ("x.txt", "hello", "suffix '.txt'"),
+    ("gt.csv", "clean,corrupted,correct_idx\na,b,3\n", "greater-than"),
+    ("short.csv", 'clean,corrupted,answer,wrong\n"a","b","c"\n', "fields"),
+    ("deep.json", "[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    ("auto.json", '{"prompts": [{"clean": "a"}]}', "prompt 1 is not an object"),
+])
+def test_bad_task_files_are_one_clear_line(tmp_path, name, content, needle):
+    path = write(tmp_path / name, content)
+    with pytest.raises(CircuitkitError) as info:
+        load_task(path)
+    assert needle in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_missing_file_a_directory_and_too_many_rows_are_refused(tmp_path):
+    with pytest.raises(CircuitkitError, match="no such file"):
+        load_task(tmp_path / "nope.jsonl")
+    with pytest.raises(CircuitkitError):
+        load_task(tmp_path)
+    line = json.dumps({"clean": "a", "corrupted": "b", "answer": "c", "wrong": "d"}) + "\n"
+    big = write(tmp_path / "big.jsonl", line * (MAX_PAIRS + 1))
+    with pytest.raises(CircuitkitError, match=f"more than {MAX_PAIRS} pairs"):
+        load_task(big)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def test_metrics_against_their_definitions():
+    adapter = adapt(boot_bridge(d_vocab=50))
+    task = Task.from_pairs([([1, 2], [1, 3], [4, 5], [6])])
+    batch = task.tokenize(adapter)
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(0))
+    p = logits.softmax(-1)[0]
+    assert torch.allclose(METRICS["logit_diff"](logits, batch), (logits[0, 4] + logits[0, 5]) / 2 - logits[0, 6])
+    assert torch.allclose(METRICS["prob_diff"](logits, batch), p[4] + p[5] - p[6])
+    assert torch.allclose(METRICS["answer_logprob"](logits, batch), (p[4] + p[5]).log())
+    other = torch.randn(1, 50, generator=torch.Generator().manual_seed(1))
+    q = other.log_softmax(-1)
+    kl = (p * (logits.log_softmax(-1)[0] - q[0])).sum()
+    assert torch.allclose(METRICS["neg_kl"](other, batch, logits.log_softmax(-1)), -kl, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- the graph
+def test_graph_counts_and_order():
+    adapter = adapt(boot_bridge(attn_only=False, n_layers=2, n_heads=4, n_key_value_heads=2))
+    graph = build_graph(adapter, mlps=True)
+    # senders: input + 2 x (4 heads + mlp); receivers: 2 x (4 q + 2 k + 2 v + mlp) + logits
+    assert len(graph.senders) == 11 and len(graph.receivers) == 19
+    assert graph.senders[graph.sender_index(1, 2)] == "1.2" and graph.senders[graph.sender_index(0, None)] == "m0"
+    allowed = dict(zip(graph.edge_names(graph.allowed.nonzero()), [True] * graph.n_edges, strict=True))
+    assert "0.1->m0" in allowed and "0.1->1.g1:k" in allowed and "m0->1.3:q" in allowed and "input->logits" in allowed
+    assert "0.1->0.2:q" not in allowed and "m0->m0" not in allowed and "1.0->m0" not in allowed
+
+
+def test_every_edge_kept_is_the_clean_run_and_none_the_corrupted_run(runner):
+    allowed = runner.graph.allowed[None]
+    values = runner.edge_metric(torch.cat([allowed, torch.zeros_like(allowed)]))
+    assert values[0] == pytest.approx(float(runner.clean["metric"].mean()), abs=EXACT)
+    assert values[1] == pytest.approx(float(runner.corrupted["metric"].mean()), abs=EXACT)
+
+
+def test_padded_pairs_equal_each_prompt_alone(runner):
+    adapter = runner.adapter
+    for i, pair in enumerate(toy_pairs()):
+        alone = Task.from_pairs([pair]).tokenize(adapter)
+        one = TaskRunner(adapter, alone, "logit_diff", mlps=runner.graph.mlps, ablation="corrupted")
+        assert float(one.clean["metric"][0]) == pytest.approx(float(runner.clean["metric"][i]), abs=EXACT)
+        assert float(one.corrupted["metric"][0]) == pytest.approx(float(runner.corrupted["metric"][i]), abs=EXACT)
+
+
+def _logit_diff_by_hand(model, batch, hooks) -> float:
+    with torch.no_grad():
+        logits = model.run_with_hooks(batch.clean, fwd_hooks=hooks)
+    rows = torch.arange(batch.n_pairs)
+    last = logits[rows, batch.last]
+    return float((last[rows, batch.answers[:, 0]] - last[rows, batch.wrongs[:, 0]]).mean())
+
+
+def test_node_patching_equals_a_hand_written_hook(runner):
+    model, batch = runner.adapter.model, runner.batch
+    corrupted_z = runner.corrupted["z"]
+    patched = {(0, 1), (1, 3), (2, 0)}
+
+    def hook(z, hook):
+        layer = int(hook.name.split(".")[1])
+        z = z.clone()
+        for lay, head in patched:
+            if lay == layer:
+                z[:, :, head] = corrupted_z[layer][:, :, head]
+        return z
+
+    by_hand = _logit_diff_by_hand(model, batch, [(HOOKS.z(layer), hook) for layer in range(3)])
+    heads = torch.zeros(1, 3, 4, dtype=torch.bool)
+    for layer, head in patched:
+        heads[0, layer, head] = True
+    mlps = torch.zeros(1, 3, dtype=torch.bool) if runner.graph.mlps else None
+    assert float(runner.node_metric(heads, mlps)[0]) == pytest.approx(by_hand, abs=EXACT)
+
+
+def test_single_edges_equal_hand_written_hooks(runner):
+    """Edges into the logits, an MLP and a query head, patched by hand through the block's own modules."""
+    graph, model, batch = runner.graph, runner.adapter.model, runner.batch
+    W_O = runner.W_O
+    delta = (runner.corrupted["z"][0][:, :, 2] - runner.clean["z"][0][:, :, 2]) @ W_O[0, 2]  # sender 0.2
+    sender = graph.sender_index(0, 2)
+
+    def only(receiver: str) -> torch.Tensor:
+        kept = graph.allowed.clone()
+        kept[sender, graph.receivers.index(receiver)] = False
+        return runner.edge_metric(kept[None])[0]
+
+    def add(x, hook):
+        return x + delta
+
+    assert float(only("logits")) == pytest.approx(
+        _logit_diff_by_hand(model, batch, [("blocks.2.hook_resid_post", add)]), abs=EXACT)
+    if graph.mlps:
+        assert float(only("m1")) == pytest.approx(
+            _logit_diff_by_hand(model, batch, [("blocks.1.ln2.hook_in", add)]), abs=EXACT)
+    resid = {}
+
+    def keep(x, hook):
+        resid["x"] = x
+
+    def q_hook(q, hook):
+        block = model.blocks[1]
+        head = 3
+        x = block.ln1(resid["x"] + delta) if runner.norms[1] is not None else resid["x"] + delta
+        q = q.clone()
+        q[:, :, head] = x @ runner.W_Q[1, head] + (q[:, :, head] - block.ln1(resid["x"]) @ runner.W_Q[1, head])
+        return q
+
+    by_hand = _logit_diff_by_hand(model, batch, [("blocks.1.hook_resid_pre", keep), ("blocks.1.attn.hook_q", q_hook)])
+    assert float(only("1.3:q")) == pytest.approx(by_hand, abs=EXACT)
+
+
+def test_ig_completeness_of_the_input_node(runner):
+    """Integrated gradients of the input embeddings add up to the metric's change (the input node's outgoing edges
+    carry every path from the tokens)."""
+    scores, node = runner.edge_gradients(256)  # the Riemann sum's error is about 1/steps of the path's curvature
+    gap = float(runner.clean["metric"].mean() - runner.corrupted["metric"].mean())
+    assert float(node[0]) == pytest.approx(gap, rel=0.01, abs=1e-4)
+    assert torch.equal(scores != 0, (scores != 0) & runner.graph.allowed)
+
+
+def test_direct_logit_attribution_by_hand(runner):
+    """A head's direct logit attribution: its output at the last token through the final norm with the clean scale
+    frozen, read by W_U[:, answer] - W_U[:, wrong]."""
+    model, batch = runner.adapter.model, runner.batch
+    final = {}
+
+    def keep(x, hook):
+        final["x"] = x
+
+    with torch.no_grad():
+        model.run_with_hooks(batch.clean, fwd_hooks=[("ln_final.hook_in", keep)])
+    rows = torch.arange(batch.n_pairs)
+    x = final["x"][rows, batch.last]  # [pair, d_model]
+    ln = model.ln_final.original_component if hasattr(model.ln_final, "original_component") else model.ln_final
+    eps = getattr(ln, "eps", 1e-5)
+    centred = x - x.mean(-1, keepdim=True)
+    scale = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    W_U = model.W_U if hasattr(model, "W_U") else model.unembed.W_U
+    direction = W_U[:, batch.answers[:, 0]] - W_U[:, batch.wrongs[:, 0]]  # [d_model, pair]
+    head = runner.graph.sender_index(2, 1)
+    out = runner.clean["out"][head][rows, batch.last]
+    out = out - out.mean(-1, keepdim=True)
+    expected = ((out / scale * ln.weight) * direction.T).sum(-1).mean()
+    assert float(runner.clean["dla"][head]) == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_edge_attribution_equals_transformer_lens(tmp_path):
+    """TransformerLens 4.3's edge attribution patching (gradient at its "corrupt" run, so called with the pairs
+    swapped), on a GPT-2 checkpoint (MHA with MLPs), one pair at a time and averaged: circuitkit's EAP with one
+    step, sign flipped."""
+    from transformer_lens.tools.analysis.attribution_patching import EdgeAttributionConfig, attribution_patch
+
+    from circuitkit.models.loading import load_model
+    from tests.test_models_loading import save_tiny_gpt2
+
+    save_tiny_gpt2(tmp_path, with_tokenizer=False, seed=5)
+    model = load_model(str(tmp_path))
+    adapter = adapt(model)
+    pairs = [p for p in toy_pairs(9, d_vocab=40) if len(p[0]) == 6]  # TL scores a batch of one length
+    task = Task.from_pairs(pairs)
+    runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=True, ablation="corrupted")
+    scores, _ = runner.edge_gradients(1)
+    answers = [p[2][0] for p in pairs]
+    wrongs = [p[3][0] for p in pairs]
+    clean = torch.tensor([p[0] for p in pairs])
+    corrupt = torch.tensor([p[1] for p in pairs])
+    state = {"i": 0}
+
+    def metric(logits):
+        i = state["i"] % len(pairs)
+        return logits[0, -1, answers[i]] - logits[0, -1, wrongs[i]]
+
+    # TL scores each pair with its own metric only when the batch is one pair: run pair by pair and average
+    totals: dict = {}
+    for i in range(len(pairs)):
+        state["i"] = i
+        result = attribution_patch(model, corrupt[i : i + 1], clean[i : i + 1], metric,
+                                   EdgeAttributionConfig(granularity="edge"))
+        for (src, dst), value in result.edge_scores.items():  # per position: summed over positions
+            key = (_tl_sender(src), _tl_receiver(dst))
+            totals[key] = totals.get(key, 0.0) + value / len(pairs)
+    graph = runner.graph
+    compared = 0
+    for (s, r), value in totals.items():
+        assert s in graph.senders and r in graph.receivers, (s, r)
+        ours = float(scores[graph.senders.index(s), graph.receivers.index(r)])
+        assert ours == pytest.approx(-value, rel=1e-4, abs=1e-6), (s, r)
+        compared += 1
+    assert compared == graph.n_edges, (compared, graph.n_edges)
+
+
+TL_RECEIVERS = {"q_input": "q", "k_input": "k", "v_input": "v"}
+
+
+def _tl_sender(node) -> str | None:
+    """TransformerLens's writer ``Node(kind, layer, position, head)`` as a circuitkit sender name."""
+    if node.kind == "embed":
+        return "input"
+    if node.kind == "mlp_out":
+        return f"m{node.layer}"
+    if node.kind == "attn_head_out":
+        return f"{node.layer}.{node.head}"
+    return None
+
+
+def _tl_receiver(node) -> str | None:
+    """TransformerLens's reader node as a circuitkit receiver name."""
+    if node.kind == "logits":
+        return "logits"
+    if node.kind == "mlp_in":
+        return f"m{node.layer}"
+    if node.kind in TL_RECEIVERS:
+        return f"{node.layer}.{node.head}:{TL_RECEIVERS[node.kind]}"
+    return None
