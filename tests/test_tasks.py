@@ -375,3 +375,195 @@ def _tl_receiver(node) -> str | None:
     if node.kind in TL_RECEIVERS:
         return f"{node.layer}.{node.head}:{TL_RECEIVERS[node.kind]}"
     return None
+
+
+# ---------------------------------------------------------------------------------------------- circuits
+def copy_next_task(n: int = 12, d_vocab: int = 10, seed: int = 0) -> Task:
+    """Prompts of distinct tokens ending in a repeat of an earlier one; the answer is the token that followed it
+    (the wrong one: the first token). Corrupted: the earlier occurrence replaced by an unused token, so nothing
+    says what comes next. A task in pairs, not the induction scan's repeated random blocks."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(n):
+        tokens = torch.randperm(d_vocab, generator=g)[:7].tolist()
+        prompt, spare = tokens[:6], tokens[6]
+        i = int(torch.randint(1, 4, (1,), generator=g))
+        clean = [*prompt, prompt[i]]
+        corrupted = list(clean)
+        corrupted[i] = spare
+        pairs.append((clean, corrupted, [prompt[i + 1]], [prompt[0]]))
+    return Task.from_pairs(pairs, name="copy-next")
+
+
+def test_the_hand_built_circuit_is_found_at_node_and_edge_level():
+    """The hand-built two-layer circuit (previous-token head 0.0 writes the previous token; head 1.0 matches it
+    through K and copies): the node circuit is both heads and the edge circuit is exactly its three edges."""
+    from circuitkit.build.induction import induction_circuit
+
+    result = scan_task(induction_circuit(10, 16).model, copy_next_task(), target=0.9)
+    c = result.circuit
+    assert float(result.clean.mean()) > float(result.corrupted.mean()) + 1.0
+    assert c.heads == ((0, 0), (1, 0)) and c.faithfulness >= 0.9
+    assert set(c.edges) == {"input->0.0:v", "0.0->1.0:k", "1.0->logits"} and c.edge_faithfulness >= 0.9
+    gap = float(result.clean.mean() - result.corrupted.mean())
+    for effect in c.edge_effects:  # each of the three alone carries the whole behaviour
+        assert effect.effect == pytest.approx(gap, rel=1e-4)
+    assert 0.0 <= c.cmd <= 1.0 and c.cpr == pytest.approx(1.0 - c.cmd, abs=1e-6)  # faithfulness stays in [0, 1]
+
+
+def test_task_scan_json_report_and_save(tmp_path):
+    from circuitkit.build.induction import induction_circuit
+
+    result = scan_task(induction_circuit(10, 16).model, copy_next_task(), target=0.9, name="hand-built")
+    data = result.to_json()
+    assert data["task"]["name"] == "copy-next" and data["task"]["metric"] == "logit_diff"
+    assert data["task"]["pairs"] == 12 and data["task"]["clean"] > data["task"]["corrupted"]
+    circuit = data["circuit"]
+    assert circuit["heads"] == ["0.0", "1.0"] and circuit["mlps"] == [] and circuit["ablation"] == "corrupted"
+    for key in ("faithfulness", "edges", "edge_faithfulness", "curve", "edge_curve", "cpr", "cmd"):
+        assert key in circuit
+    assert sum(s["passes"] for s in data["stages"]) == result.passes
+    saved = result.save(tmp_path / "out")
+    assert json.loads(saved.scores.read_text()) == json.loads(json.dumps(data))
+    page = saved.report.read_text()
+    assert "copy-next" in page and "0.0-&gt;1.0:k" in page
+    assert "CircuitsVis" in page and "https://" not in page.split("CircuitsVis")[0]  # the bundle inlined
+
+
+def test_no_behaviour_is_reported_not_raised():
+    """Pairs whose corruption changes nothing: the scan says so instead of dividing by zero."""
+    model = boot_bridge(d_vocab=50)
+    same = [(c, c, a, [(a[0] + 1) % 50]) for c, _, a, _ in toy_pairs(3)]
+    result = scan_task(model, Task.from_pairs(same))
+    assert result.circuit is None and "do not change what the model does" in result.circuit_error
+    assert "No circuit" in result.answer()
+
+
+def test_scan_dispatches_tasks_and_keeps_induction_as_it_was():
+    import circuitkit as ck
+    from circuitkit.build.induction import induction_circuit
+
+    model = induction_circuit(10, 16).model
+    assert isinstance(ck.scan(model, task=copy_next_task()), ck.tasks.TaskScan)
+    with pytest.raises(CircuitkitError, match="no such file"):
+        ck.scan(model, task="no-such-task.jsonl")
+    with pytest.raises(CircuitkitError, match="a Task, a built-in task name"):
+        ck.scan(model, task=3)
+
+
+def test_the_induction_task_is_the_default_scan_unchanged():
+    import circuitkit as ck
+    from circuitkit.report.saving import scores_text
+
+    assert scores_text(ck.scan(task="induction")) == scores_text(ck.scan())
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(target=0.0), "target"), (dict(rank="magnitude"), "signed"), (dict(steps=0), "steps"),
+    (dict(mlps=True), "attention-only"),
+])
+def test_scan_task_refuses_bad_settings(kwargs, needle):
+    from circuitkit.build.induction import induction_circuit
+
+    with pytest.raises(CircuitkitError, match=needle):
+        scan_task(induction_circuit(10, 16).model, copy_next_task(4), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- generators
+def english_model(digits: bool = False):
+    """A random bridge with a word-level tokenizer over the built-in tasks' words (punctuation and, with
+    ``digits``, every digit split off), so the generators write real text for it."""
+    import re
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from circuitkit.tasks import generators as gen
+
+    text = " ".join([*gen.IOI_TEMPLATES, *gen.NAMES, *gen.PLACES, *gen.OBJECTS, *gen.ARGUMENTS, *gen.WORDS,
+                     "def self port load run check update build param The war expedition drought reign famine "
+                     "project siege voyage lasted from the year to"])
+    words = sorted(set(re.findall(r"\w+|[^\w\s]", text.replace("{", " ").replace("}", " "))))
+    words += [str(d) for d in range(10)] if digits else [f"{y:02d}" for y in range(100)] + [
+        f"{c}{y:02d}" for c in range(11, 19) for y in range(100)] + [str(c) for c in range(11, 19)]
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(words))}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    split = [pre_tokenizers.Whitespace()] + ([pre_tokenizers.Digits(individual_digits=True)] if digits else [])
+    core.pre_tokenizer = pre_tokenizers.Sequence(split)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>")
+    model = boot_bridge(attn_only=False, n_layers=2, d_vocab=len(vocab), n_ctx=96, seed=0)
+    model.tokenizer = tokenizer
+    return model
+
+
+def test_ioi_pairs_are_equal_length_with_one_token_names_and_marks():
+    from circuitkit.tasks import ioi
+
+    model = english_model()
+    task = ioi(model, n=10, seed=3)
+    batch = task.tokenize(model)
+    assert task.metric == "logit_diff" and task.n_pairs == 10
+    assert torch.equal(batch.clean != batch.corrupted, (batch.clean != batch.corrupted))  # tokenized without error
+    for i, pair in enumerate(task.pairs):
+        ids = batch.clean[i]
+        assert int(ids[task.marks[i]["io"]]) == int(batch.answers[i, 0])  # the indirect object's own token
+        assert int(ids[task.marks[i]["s1"]]) == int(batch.wrongs[i, 0])
+        assert int((batch.clean[i] != batch.corrupted[i]).sum()) == 1  # ABC: one name replaced
+    assert ioi(model, n=10, seed=3).pairs == task.pairs and ioi(model, n=10, seed=4).pairs != task.pairs
+    result = scan_task(model, task, edges=False)
+    patterns = {}
+
+    def keep(pattern, hook):
+        patterns[int(hook.name.split(".")[1])] = pattern
+
+    with torch.no_grad():
+        model.run_with_hooks(batch.clean, fwd_hooks=[(HOOKS.pattern(layer), keep) for layer in range(2)])
+    expected = torch.zeros(2, 4)
+    for i, marks in enumerate(task.marks):
+        last = int(batch.last[i])
+        for layer in range(2):
+            row = patterns[layer][i, :, last]
+            expected[layer] += (row[:, marks["io"]] - row[:, marks["s1"]]) / task.n_pairs
+    torch.testing.assert_close(result.head_scores["io_attention"], expected, atol=1e-6, rtol=0)
+    with pytest.raises(CircuitkitError, match="as one token"):
+        ioi(_named(model), n=4)
+
+
+def _named(model):
+    """The same model whose tokenizer knows no names (each is split into characters)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel(vocab={"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    model.tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>")
+    return model
+
+
+@pytest.mark.parametrize("digits", [False, True], ids=["two-digit-tokens", "digit-by-digit"])
+def test_greater_than_answers_are_later_years_or_tens_digits(digits):
+    from circuitkit.tasks import greater_than
+
+    model = english_model(digits=digits)
+    task = greater_than(model, n=8, seed=1)
+    task.tokenize(model)
+    for pair in task.pairs:
+        year = pair.clean.split("year ")[1].split(" ")[0]
+        if digits:
+            assert all(int(a) > int(year[2]) for a in pair.answers) and all(int(w) < int(year[2]) for w in pair.wrongs)
+        else:
+            assert all(int(a) > int(year[2:]) for a in pair.answers)
+            assert all(int(w) <= int(year[2:]) for w in pair.wrongs)
+    assert task.metric == "prob_diff"
+
+
+def test_docstring_pairs_differ_only_in_the_signature():
+    from circuitkit.tasks import docstring
+
+    model = english_model()
+    task = docstring(model, n=6, seed=2)
+    batch = task.tokenize(model)
+    for i, pair in enumerate(task.pairs):
+        assert pair.clean.split(":", 1)[1] == pair.corrupted.split(":", 1)[1]  # the docstring is the same
+        assert pair.answers[0].strip() in pair.clean.split("(")[1].split(")")[0]
+    assert batch.answers.shape == (6, 1) and batch.wrongs.shape == (6, 2)

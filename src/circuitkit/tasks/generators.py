@@ -76,7 +76,7 @@ def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = 
     if len(names) < 3:
         raise CircuitkitError(f"ioi: this tokenizer writes only {len(names)} of {len(NAMES)} common names as one "
                               "token; expected at least 3 (the task needs three one-token names).")
-    pairs = []
+    pairs, marks = [], []
     for i in range(n):
         template = templates[i % len(templates)]
         a, b, c = rng.sample(names, 3)
@@ -86,9 +86,24 @@ def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = 
         head, tail = clean.rsplit(f" {b} ", 1)
         corrupted = f"{head} {c} {tail}"
         pairs.append(Pair(clean, corrupted, (" " + a,), (" " + b,)))
-    return Task("ioi", tuple(pairs), metric="logit_diff",
+        marks.append(_name_positions(tokenizer, clean, {"io": a, "s1": b}))
+    return Task("ioi", tuple(pairs), metric="logit_diff", marks=tuple(marks),
+                attention_scores=(("io_attention", "io", "s1"),),
                 description="indirect-object identification: the name that appeared once, against the subject; "
                             "corrupted: the second subject replaced by a third name")
+
+
+def _name_positions(tokenizer: Any, prompt: str, names: dict[str, str]) -> dict[str, int]:
+    """The position of each name's first occurrence (as the one token `` Name``) in the tokenized prompt."""
+    ids = list(tokenizer(prompt)["input_ids"])
+    out = {}
+    for mark, name in names.items():
+        token = tokenizer(" " + name, add_special_tokens=False)["input_ids"][0]
+        if token not in ids:
+            raise CircuitkitError(f"ioi: the tokenizer writes {name!r} in {prompt!r} differently from ' {name}'; "
+                                  "expected the name's own token in the prompt.")
+        out[mark] = ids.index(token)
+    return out
 
 
 def greater_than(model: Any, n: int = 32, *, seed: int = 0) -> Task:

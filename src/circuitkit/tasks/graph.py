@@ -169,7 +169,9 @@ class TaskRunner:
     @property
     def clean(self) -> dict[str, Any]:
         """The clean run: ``out`` (sender outputs ``[sender, pair, pos, d_model]``), ``z`` and ``mlp`` by layer,
-        ``metric`` ``[pair]``, ``logprobs`` ``[pair, vocab]`` at the last token, ``dla`` ``[sender]``."""
+        ``metric`` ``[pair]``, ``logprobs`` ``[pair, vocab]`` at the last token, ``dla`` ``[sender]``,
+        ``last_attention`` (each head's attention from each prompt's last token, ``[layer, pair, head, pos]``) and
+        ``first_patterns`` (the first prompt's patterns, ``[layer, head, q, k]``)."""
         if self._clean is None:
             self._clean = self._reference(self.batch.clean, dla=True)
         return self._clean
@@ -217,6 +219,17 @@ class TaskRunner:
         def frozen_scale(scale: Tensor, hook: Any) -> Tensor:
             return scale.detach()
 
+        rows = torch.arange(self.batch.n_pairs)
+        last_rows: dict[int, Tensor] = {}
+        first: dict[int, Tensor] = {}
+
+        def pattern_hook(pattern: Tensor, hook: Any) -> None:
+            layer = HOOKS.layer_of(hook.name)
+            p = pattern.detach()
+            last_rows[layer] = p[rows.to(p.device), :, self.batch.last.to(p.device)].float().cpu()  # [pair, head, k]
+            n = int(self.batch.last[0]) + 1
+            first[layer] = p[0, :, :n, :n].float().cpu()
+
         L = spec.n_layers
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
         if not self.adapter.attn_only:
@@ -224,6 +237,8 @@ class TaskRunner:
         hooks.append((FINAL.format(L - 1), final_hook))
         if dla and _has_hook(self.adapter, FINAL_SCALE):
             hooks.append((FINAL_SCALE, frozen_scale))
+        if dla:
+            hooks += [(HOOKS.pattern(layer), pattern_hook) for layer in range(L)]
         from circuitkit.detect.attribution import frozen_parameters
 
         with frozen_parameters(self.adapter.model), torch.enable_grad() if dla else torch.no_grad():
@@ -249,6 +264,9 @@ class TaskRunner:
         result = {"out": out, "z": z_kept, "mlp": mlp_kept, "metric": validate.finite_result(
             "task metric", metric.cpu(), why="the model's logits overflowed"), "logprobs": logprobs,
             "dla": None if dla_values is None else dla_values.detach().cpu()}
+        if dla:
+            result["last_attention"] = torch.stack([last_rows[layer] for layer in range(L)])  # [layer, pair, head, k]
+            result["first_patterns"] = torch.stack([first[layer] for layer in range(L)])  # [layer, head, q, k]
         return result
 
     def metric(self, logits: Tensor) -> Tensor:

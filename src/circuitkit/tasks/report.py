@@ -1,8 +1,9 @@
-"""A task scan's ``report.html``: one self-contained page (no script, no network) that puts the answer first.
+"""A task scan's ``report.html``: one self-contained page (opens offline) that puts the answer first.
 
 Sections: the answer; the task (metric on clean and corrupted prompts, a few pairs); the node circuit's
-faithfulness curve and the edge circuit's (MIB sizes, CPR / CMD); the circuit's heads with their EAP-IG score and
-direct logit attribution; the strongest edges with their exact effects.
+faithfulness curve and the edge circuit's (MIB sizes, CPR / CMD); the circuit's heads with their EAP-IG score,
+direct logit attribution and the task's own head scores; the strongest edges with their exact effects; the
+circuit heads' attention on the first clean prompt (CircuitsVis, its JavaScript inlined).
 """
 
 from __future__ import annotations
@@ -58,12 +59,15 @@ def task_report(result: Any) -> str:
                          f"<figcaption>Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges): CPR "
                          f"{c.cpr:.3f}, CMD {c.cmd:.3f}, edges ranked by {c.rank} score.</figcaption></figure>")
         parts.append("</div>")
+        extra = list(result.head_scores)
         parts.append("<h2>The circuit's heads</h2><table><tr><th class=l>head</th><th>EAP-IG score</th>"
-                     "<th>direct logit attribution</th></tr>")
+                     "<th>direct logit attribution</th>" + "".join(f"<th>{escape(n)}</th>" for n in extra)
+                     + "</tr>")
         for layer, head in c.heads:
             dla = "" if result.dla is None else f"{float(result.dla[layer, head]):+.3f}"
+            cells = "".join(f"<td>{float(result.head_scores[n][layer, head]):+.3f}</td>" for n in extra)
             parts.append(f"<tr><td class=l>{head_name((layer, head))}</td>"
-                         f"<td>{float(result.scores[layer, head]):+.3f}</td><td>{dla}</td></tr>")
+                         f"<td>{float(result.scores[layer, head]):+.3f}</td><td>{dla}</td>{cells}</tr>")
         parts.append("</table>")
         if c.edge_effects:
             parts.append("<h2>The strongest edges</h2><table><tr><th class=l>edge</th><th>EAP-IG score</th>"
@@ -72,8 +76,21 @@ def task_report(result: Any) -> str:
                 parts.append(f"<tr><td class=l>{escape(e.name)}</td><td>{e.score:+.3f}</td>"
                              f"<td>{e.effect:+.3f}</td></tr>")
             parts.append("</table>")
+        if c.heads:
+            parts.append(_patterns(result, c.heads[:MAX_PATTERN_HEADS]))
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+MAX_PATTERN_HEADS = 16
+"""Circuit heads whose attention the report draws (the first in layer order)."""
+
+
+def _patterns(result: Any, heads: Any) -> str:
+    from circuitkit.viz.attention import attention_heads
+
+    view = attention_heads({h: result.patterns[h[0], h[1]] for h in heads}, list(result.tokens))
+    return (f"<h2>Attention of the circuit's heads on the first clean prompt</h2><div>{view.local_src}</div>")
 
 
 def _text(value: Any) -> str:

@@ -50,7 +50,9 @@ class TaskScan:
     """A task scan: ``task``; per-pair metric on the clean and corrupted prompts (``clean`` / ``corrupted``
     ``[pair]``); ``dla`` (each head's direct contribution to logit(answer) - logit(wrong) through the final norm
     with its scale frozen at the clean run's, ``[layer, head]``; ``dla_mlp`` ``[layer]`` or None); ``scores``
-    (each head's EAP-IG node score, ``[layer, head]``; ``scores_mlp``); ``circuit``; ``stages``."""
+    (each head's EAP-IG node score, ``[layer, head]``; ``scores_mlp``); ``head_scores``: the task's own head scores
+    by name (:attr:`Task.attention_scores`, ``[layer, head]``); ``patterns``: every head's attention on the first
+    clean prompt ``[layer, head, q, k]`` and its ``tokens``; ``circuit``; ``stages``."""
 
     model: Any  # circuitkit.scan_types.ModelSummary
     task: Task
@@ -60,6 +62,9 @@ class TaskScan:
     dla_mlp: Tensor | None
     scores: Tensor
     scores_mlp: Tensor | None
+    head_scores: dict[str, Tensor]
+    patterns: Tensor
+    tokens: tuple[str, ...]
     circuit: TaskCircuit | None
     circuit_error: str | None
     settings: dict[str, Any]
@@ -77,7 +82,7 @@ class TaskScan:
             "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
                      "units": UNITS[self.task.metric]},
             "settings": self.settings,
-            "heads": {"dla": n(self.dla), "score": n(self.scores)},
+            "heads": {"dla": n(self.dla), "score": n(self.scores), **{k: n(v) for k, v in self.head_scores.items()}},
             "mlps": {"dla": None if self.dla_mlp is None else [_num(v) for v in self.dla_mlp.tolist()],
                      "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
             "circuit": None if self.circuit is None else self.circuit.to_json(),
@@ -104,6 +109,13 @@ class TaskScan:
                          f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} (edges ranked by {c.rank} score).")
         for e in c.edge_effects[:5]:
             lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
+        for score, values in self.head_scores.items():
+            from circuitkit.ranking import top_heads
+
+            best = top_heads(values, 3)
+            named = ", ".join(f"{head_name(h)} ({v:+.2f}){'' if h in c.heads else ' not in the circuit'}"
+                              for h, v in best)
+            lines.append(f"Largest {score}: {named}.")
         return "\n".join(lines)
 
     def save(self, out_dir: str | os.PathLike) -> Any:
@@ -174,6 +186,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)])
     mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)]) if mlps else None
     dla_all = clean["dla"]
+    head_scores = {name: _attention_score(clean["last_attention"], task, to, minus)
+                   for name, to, minus in task.attention_scores}
     circuit, error = None, None
     from circuitkit.errors import CircuitkitError
 
@@ -200,11 +214,32 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         dla_mlp=None if mlp_index is None else dla_all[mlp_index],
         scores=node_scores[head_index],
         scores_mlp=None if mlp_index is None else node_scores[mlp_index],
+        head_scores=head_scores,
+        patterns=clean["first_patterns"],
+        tokens=_token_strings(adapter, batch.clean[0, : int(batch.last[0]) + 1]),
         circuit=circuit,
         circuit_error=error,
         settings=settings,
         stages=tuple(stages),
     )
+
+
+def _attention_score(last_attention: Tensor, task: Task, to: str, minus: str) -> Tensor:
+    """``[layer, head]``: attention from each prompt's last token to mark ``to`` minus to mark ``minus``, averaged
+    over pairs (``last_attention``: ``[layer, pair, head, pos]``)."""
+    rows = torch.arange(task.n_pairs)
+    at = torch.tensor([m[to] for m in task.marks])
+    away = torch.tensor([m[minus] for m in task.marks])
+    per_pair = last_attention.permute(1, 0, 2, 3)  # [pair, layer, head, pos]
+    return (per_pair[rows, :, :, at] - per_pair[rows, :, :, away]).mean(0)
+
+
+def _token_strings(adapter: Any, tokens: Tensor) -> tuple[str, ...]:
+    tokenizer = adapter.tokenizer
+    ids = tokens.tolist()
+    if tokenizer is None:
+        return tuple(str(t) for t in ids)
+    return tuple(tokenizer.decode([t]) for t in ids)
 
 
 __all__ = ["DEFAULT_IG_STEPS", "TaskScan", "TaskStage", "scan_task"]

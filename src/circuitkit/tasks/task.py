@@ -100,6 +100,10 @@ class Task:
     """A behaviour: ``pairs`` (:class:`Pair`), the ``metric`` read at each prompt's last token
     (:data:`circuitkit.tasks.metrics.METRICS`: ``"logit_diff"`` by default), a ``name`` and a ``description``.
 
+    ``marks``: per pair, named token positions of the clean prompt (IOI: ``io``, ``s1``, ``s2``); with them a task
+    brings its own head scores, ``attention_scores``: ``(name, to, minus)`` is each head's attention from the
+    prompt's last token to mark ``to`` minus to mark ``minus``, averaged over pairs (IOI's ``io_attention``).
+
     ``ablation``: how a node outside a circuit is replaced: ``"corrupted"`` (its value on the corrupted prompt of the
     same pair: counterfactual patching, the default), ``"mean"`` (its mean over the corrupted prompts' real
     positions) or ``"zero"``.
@@ -113,6 +117,8 @@ class Task:
     metric: str = "logit_diff"
     ablation: str = "corrupted"
     description: str = ""
+    marks: tuple[dict[str, int], ...] = ()
+    attention_scores: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         from circuitkit.tasks.metrics import METRICS
@@ -126,8 +132,17 @@ class Task:
                 f"Task {self.name!r}: given {len(self.pairs)} pairs; expected at most {MAX_PAIRS}. "
                 "Take a sample of the pairs: a circuit search runs every pair through the model many times."
             )
-        validate.option(f"Task {self.name!r}: metric", self.metric, tuple(METRICS))
+        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRICS, *ALIASES))
+        object.__setattr__(self, "metric", ALIASES.get(metric, metric))
         validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
+        if self.marks and len(self.marks) != len(self.pairs):
+            raise validate.fail(f"Task {self.name!r}: marks", f"{len(self.marks)} entries",
+                                f"one dict of token positions per pair ({len(self.pairs)})")
+        for name, to, minus in self.attention_scores:
+            missing = [m for m in (to, minus) if not self.marks or any(m not in row for row in self.marks)]
+            if missing:
+                raise validate.fail(f"Task {self.name!r}: attention score {name!r}", missing,
+                                    "marks that every pair names")
 
     @property
     def n_pairs(self) -> int:
@@ -167,6 +182,9 @@ class Task:
 
 
 ABLATIONS = ("corrupted", "mean", "zero")
+ALIASES = {"loss": "answer_logprob", "kl": "neg_kl"}
+"""Other names for two metrics: the answer's loss (kept as a log-probability, so that higher is more of the
+behaviour) and the KL divergence to the clean run (negated likewise)."""
 
 
 def as_pair(item: Any, where: str) -> Pair:
