@@ -504,7 +504,7 @@ def test_ioi_pairs_are_equal_length_with_one_token_names_and_marks():
     batch = task.tokenize(model)
     assert task.metric == "logit_diff" and task.n_pairs == 10
     assert torch.equal(batch.clean != batch.corrupted, (batch.clean != batch.corrupted))  # tokenized without error
-    for i, pair in enumerate(task.pairs):
+    for i in range(task.n_pairs):
         ids = batch.clean[i]
         assert int(ids[task.marks[i]["io"]]) == int(batch.answers[i, 0])  # the indirect object's own token
         assert int(ids[task.marks[i]["s1"]]) == int(batch.wrongs[i, 0])
@@ -563,7 +563,7 @@ def test_docstring_pairs_differ_only_in_the_signature():
     model = english_model()
     task = docstring(model, n=6, seed=2)
     batch = task.tokenize(model)
-    for i, pair in enumerate(task.pairs):
+    for pair in task.pairs:
         assert pair.clean.split(":", 1)[1] == pair.corrupted.split(":", 1)[1]  # the docstring is the same
         assert pair.answers[0].strip() in pair.clean.split("(")[1].split(")")[0]
     assert batch.answers.shape == (6, 1) and batch.wrongs.shape == (6, 2)

@@ -148,14 +148,11 @@ def docstring(model: Any, n: int = 32, *, seed: int = 0) -> Task:
         names = rng.sample(args, 8)
         clean_args, corrupt_args = names[:4], names[4:]
         w1, w2 = rng.sample(WORDS, 2)
-
-        def text(sig: list[str]) -> str:
-            return (f'def {rng_name}(self, {", ".join(sig)}):\n    """{w1}\n\n    :param {clean_args[0]}: {w2}\n'
-                    f"    :param {clean_args[1]}: {w1}\n    :param")
-
-        rng_name = rng.choice(("port", "load", "run", "check", "update", "build"))
-        pairs.append(Pair(text(clean_args), text(corrupt_args), (" " + clean_args[2],),
-                          (" " + clean_args[0], " " + clean_args[1])))
+        function = rng.choice(("port", "load", "run", "check", "update", "build"))
+        body = f'    """{w1}\n\n    :param {clean_args[0]}: {w2}\n    :param {clean_args[1]}: {w1}\n    :param'
+        clean = f"def {function}(self, {', '.join(clean_args)}):\n{body}"
+        corrupted = f"def {function}(self, {', '.join(corrupt_args)}):\n{body}"
+        pairs.append(Pair(clean, corrupted, (" " + clean_args[2],), (" " + clean_args[0], " " + clean_args[1])))
     return Task("docstring", tuple(pairs), metric="logit_diff",
                 description="the next argument a docstring documents; corrupted: the signature's names replaced")
 

@@ -114,9 +114,8 @@ def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
         if mlps:
             senders.append(f"m{layer}")
             sender_layer.append(layer)
-        kv = (lambda g: f"{layer}.{g}") if G == H else (lambda g: f"{layer}.g{g}")
-        receivers += [f"{layer}.{h}:q" for h in range(H)] + [f"{kv(g)}:k" for g in range(G)]
-        receivers += [f"{kv(g)}:v" for g in range(G)]
+        groups = [f"{layer}.{g}" if G == H else f"{layer}.g{g}" for g in range(G)]
+        receivers += [f"{layer}.{h}:q" for h in range(H)] + [f"{g}:k" for g in groups] + [f"{g}:v" for g in groups]
         receiver_layer += [layer] * (H + 2 * G)
         if mlps:
             receivers.append(f"m{layer}")
@@ -353,7 +352,7 @@ class TaskRunner:
         """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge."""
         from circuitkit.detect.attribution import frozen_parameters
 
-        spec, graph = self.spec, self.graph
+        graph = self.graph
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
         alphas = torch.arange(1, steps + 1, dtype=torch.float32) / steps
         start = corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (

@@ -106,7 +106,8 @@ class TaskScan:
                      f"{c.necessity:+.3f}. Heads: {heads}.")
         if c.edge_faithfulness is not None:
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
-                         f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} (edges ranked by {c.rank} score).")
+                         f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} "
+                         f"(edges ranked by {c.rank} score).")
         for e in c.edge_effects[:5]:
             lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
         for score, values in self.head_scores.items():

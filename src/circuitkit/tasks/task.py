@@ -289,7 +289,8 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
             bad = [t for t in ids if not 0 <= t < V]
             if bad:
                 raise CircuitkitError(
-                    f"{where}: the {label} holds token ids {bad[:5]}; expected ids in [0, {V}) (the model's vocabulary)."
+                    f"{where}: the {label} holds token ids {bad[:5]}; expected ids in [0, {V}) "
+                    "(the model's vocabulary)."
                 )
         if set(a) & set(w):
             raise validate.fail(f"{where}: answer and wrong", (pair.answers, pair.wrongs),
