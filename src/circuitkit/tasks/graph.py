@@ -419,20 +419,28 @@ class TaskRunner:
         B, P = batch.clean.shape
         d = spec.d_model
         corrupt_out = self.corrupted["out"] if kept is not None else None
-        # every sender's (corrupted - current) output, filled in as the pass reaches it; rows not reached are zero
-        deltas = None if corrupt_out is None else torch.zeros(len(graph.senders), S, B, P, d,
+        # every sender's (corrupted - current) output ``[S, sender, B * P * d]`` (copy-major, so that each copy's
+        # sum over senders is one matrix product over a prefix view), filled in as the pass reaches it
+        deltas = None if corrupt_out is None else torch.zeros(S, len(graph.senders), B * P * d,
                                                                dtype=corrupt_out.dtype, device=corrupt_out.device)
         reached = [0]  # one past the last sender index recorded (senders are in layer order)
-        total = [None]  # [S, B, P, d]: the sum of every recorded sender's delta
+        total = [None]  # [S, B * P * d]: the sum of every recorded sender's delta
         resid = {} if resid is None else resid
         missing = None if kept is None else (~kept & graph.allowed[None])
         kept_f = None if kept is None else kept.to(corrupt_out.dtype)
+        attention_patch: dict[int, Tensor | None] = {}  # layer -> [S, R_qkv, B, P, d], computed at its q hook
 
         def record(index: int, current: Tensor) -> None:
             if deltas is not None:
-                deltas[index] = corrupt_out[index][None] - current.view(S, B, P, d)
-                total[0] = deltas[index].clone() if total[0] is None else total[0] + deltas[index]
+                deltas[:, index] = (corrupt_out[index][None] - current.view(S, B, P, d)).reshape(S, -1)
+                total[0] = deltas[:, index].clone() if total[0] is None else total[0] + deltas[:, index]
                 reached[0] = max(reached[0], index + 1)
+
+        def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
+            """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
+            chosen = deltas[:, senders]  # a view for a prefix slice, a small gather otherwise
+            out = torch.bmm(weights.transpose(1, 2).to(chosen.dtype).to(chosen.device), chosen)  # [S, R, BPd]
+            return out.view(S, -1, B, P, d)
 
         def patch_for(cols: slice) -> Tensor | None:
             """``[S, R, B, P, d]``: the summed deltas of the missing edges into receivers ``cols``. Computed over
@@ -441,23 +449,20 @@ class TaskRunner:
             if missing is None or reached[0] == 0:
                 return None
             upto = reached[0]
+            R = cols.stop - cols.start
             miss = missing[:, :upto, cols]  # [S, sender so far, R]
             by_missing = miss.any(dim=(0, 2)).nonzero().flatten()
-            all_allowed = bool(graph.allowed[:upto, cols].all())
-            if all_allowed:
+            if bool(graph.allowed[:upto, cols].all()):
                 keep = kept_f[:, :upto, cols]
                 by_kept = keep.any(dim=2).any(dim=0).nonzero().flatten()
                 if len(by_kept) < len(by_missing):
-                    R = cols.stop - cols.start
-                    out = total[0][:, None].expand(S, R, B, P, d)
-                    if len(by_kept) == 0:
-                        return out
-                    part = torch.einsum("usbpd,sur->srbpd", deltas[by_kept], keep[:, by_kept].to(deltas.device))
-                    return out - part
+                    out = total[0].view(S, 1, B, P, d).expand(S, R, B, P, d)
+                    return out if len(by_kept) == 0 else out - weighted(by_kept, keep[:, by_kept])
             if len(by_missing) == 0:
-                return torch.zeros(S, cols.stop - cols.start, B, P, d, dtype=deltas.dtype, device=deltas.device)
-            m = miss[:, by_missing].to(deltas.dtype).to(deltas.device)
-            return torch.einsum("usbpd,sur->srbpd", deltas[by_missing], m)
+                return torch.zeros(S, R, B, P, d, dtype=deltas.dtype, device=deltas.device)
+            if len(by_missing) > upto // 2:  # dense: the prefix as a view, no gather
+                return weighted(slice(0, upto), miss)
+            return weighted(by_missing, miss[:, by_missing])
 
         def leaf(key: int, shape: tuple[int, ...], like: Tensor) -> Tensor | None:
             if grads is None:
@@ -480,14 +485,19 @@ class TaskRunner:
 
             def hook(act: Tensor, hook: Any) -> Tensor:
                 layer = HOOKS.layer_of(hook.name)
-                cols = graph.receivers_of(layer)[name]
+                receivers = graph.receivers_of(layer)
+                cols = receivers[name]
                 R = cols.stop - cols.start
                 r = resid[layer].view(S, B, P, d)
                 if grads is not None:  # dM/d(act) here; pulled back to each receiver's input after the backward
                     return act + leaf(layer * 4 + c, tuple(act.shape), act)
-                extra = patch_for(cols)  # [S, R, B, P, d] or None
-                if extra is None:
+                if layer not in attention_patch:  # q, k and v of a layer read the same senders: one product
+                    attention_patch[layer] = patch_for(slice(receivers["q"].start, receivers["v"].stop))
+                both = attention_patch[layer]
+                if both is None:
                     return act
+                first = receivers["q"].start
+                extra = both[:, cols.start - first : cols.stop - first]
                 x = r[:, None].expand(S, R, B, P, d) + extra
                 norm = self.norms[layer]
                 if norm is not None:
