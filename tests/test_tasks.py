@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -423,6 +424,12 @@ def test_task_scan_json_report_and_save(tmp_path):
     for key in ("faithfulness", "edges", "edge_faithfulness", "curve", "edge_curve", "cpr", "cmd"):
         assert key in circuit
     assert sum(s["passes"] for s in data["stages"]) == result.passes
+    import jsonschema
+
+    from circuitkit import tasks
+
+    schema = json.loads((Path(tasks.__file__).parent / "task_scores.schema.json").read_text())
+    jsonschema.validate(data, schema)
     saved = result.save(tmp_path / "out")
     assert json.loads(saved.scores.read_text()) == json.loads(json.dumps(data))
     page = saved.report.read_text()
@@ -437,6 +444,12 @@ def test_no_behaviour_is_reported_not_raised():
     result = scan_task(model, Task.from_pairs(same))
     assert result.circuit is None and "do not change what the model does" in result.circuit_error
     assert "No circuit" in result.answer()
+    import jsonschema
+
+    from circuitkit import tasks
+
+    schema = json.loads((Path(tasks.__file__).parent / "task_scores.schema.json").read_text())
+    jsonschema.validate(result.to_json(), schema)
 
 
 def test_scan_dispatches_tasks_and_keeps_induction_as_it_was():
