@@ -15,7 +15,9 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
 - Edge-level causal evidence: :func:`path_patching`, :func:`edge_attribution` (``circuitkit.circuits``).
 - The circuit by faithfulness: :func:`find_circuit` -> :class:`Circuit`, :func:`faithfulness`.
 - Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located).
-- Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.models`` (toy model, adapters),
+- Circuits of any behaviour: ``circuitkit.tasks`` (clean/corrupted prompt pairs from lists, files or built-in
+  generators; node and edge circuits by counterfactual patching); ``scan(model, task=...)``.
+- Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.tasks``, ``circuitkit.models`` (toy model, adapters),
   ``circuitkit.zoo`` (bundled known-answer models), ``circuitkit.viz`` (figures), ``circuitkit.theory``
   (the seed exercises, computed).
 """
@@ -64,7 +66,7 @@ _LAZY: dict[str, str] = {
     "Circuit": "circuitkit.circuits.faithfulness",
     "track": "circuitkit.tracking", "Track": "circuitkit.tracking",
 }
-_SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report"}
+_SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report", "tasks"}
 
 __all__ = ["CircuitkitError", "__version__", *_LAZY, *sorted(_SUBPACKAGES)]
 
