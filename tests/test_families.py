@@ -286,6 +286,39 @@ def test_scan_runs_end_to_end(built):
     assert result.model.family == f"{family.name} (TransformerBridge)"
 
 
+def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built):
+    """The task graph with MLPs in every family whose heads add into the residual stream: every edge kept is the
+    clean run and none the corrupted run (the query/key/value, MLP and logits inputs each rebuilt from the senders'
+    outputs), and a prompt padded in a batch scores as it does alone."""
+    from circuitkit.tasks import Task
+    from circuitkit.tasks.graph import TaskRunner
+
+    family, hf, bridge = built
+    adapter = adapt(bridge)
+    if not family.additive_heads or adapter.spec.bidirectional:  # refused in one line
+        with pytest.raises(CircuitkitError):
+            TaskRunner(adapter, _task_pairs().tokenize(adapter), "logit_diff", mlps=not adapter.attn_only,
+                       ablation="corrupted")
+        return
+    task = _task_pairs()
+    runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=not adapter.attn_only,
+                        ablation="corrupted")
+    allowed = runner.graph.allowed[None]
+    ends = runner.edge_metric(torch.cat([allowed, torch.zeros_like(allowed)]))
+    assert float(ends[0]) == pytest.approx(float(runner.clean["metric"].mean()), abs=1e-4)
+    assert float(ends[1]) == pytest.approx(float(runner.corrupted["metric"].mean()), abs=1e-4)
+    alone = TaskRunner(adapter, Task.from_pairs([task.pairs[1]]).tokenize(adapter), "logit_diff",
+                       mlps=not adapter.attn_only, ablation="corrupted")
+    assert float(alone.clean["metric"][0]) == pytest.approx(float(runner.clean["metric"][1]), abs=1e-4)
+
+
+def _task_pairs():
+    from circuitkit.tasks import Task
+
+    return Task.from_pairs([([5, 9, 12, 7, 9], [5, 11, 12, 7, 9], [12], [5]),
+                            ([6, 13, 8, 6], [6, 13, 10, 6], [13], [8])])
+
+
 def test_edge_evidence_is_refused_where_heads_do_not_add_into_the_residual_stream(tmp_path):
     import transformers
 

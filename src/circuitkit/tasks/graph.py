@@ -47,9 +47,14 @@ from circuitkit.tasks.metrics import METRICS, last_logits
 from circuitkit.tasks.task import TaskBatch
 
 MLP_IN = "blocks.{}.ln2.hook_in"
+"""An MLP's input before its norm (the residual stream it reads): replacing it changes only the MLP."""
+MLP_NORMED_IN = "blocks.{}.mlp.hook_in"
+"""An MLP's input after the norm: where attention and MLP share one norm (parallel blocks without ``ln2``), the
+receiver's input is rebuilt through that norm (``ln1``) as the query/key/value inputs are."""
 MLP_OUT = "blocks.{}.hook_mlp_out"
 FINAL = "blocks.{}.hook_resid_post"
 FINAL_SCALE = "ln_final.hook_scale"
+FINAL_NORMALIZED = "ln_final.hook_normalized"
 SENDER_BUDGET = 2**30
 """Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy)."""
 
@@ -143,6 +148,10 @@ class TaskRunner:
             raise validate.fail("task circuit: model", validate.given(f"a {adapter.spec.family} model"),
                                 "a model whose heads add z @ W_O into the residual stream (in this family a norm "
                                 "follows attention, so a head's contribution cannot be isolated)")
+        if adapter.spec.bidirectional:
+            raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
+                                "a causal language model (a task's metric is read at each prompt's last token, "
+                                "which sees only the tokens before it)")
         if mlps and adapter.attn_only:
             raise validate.fail("task circuit: mlps", mlps, "False for an attention-only model (it has no MLPs)")
         self.adapter = adapter
@@ -152,6 +161,7 @@ class TaskRunner:
         self.metric_fn = METRICS[metric]
         self.ablation = ablation
         self.graph = build_graph(adapter, mlps)
+        self.mlp_hook = mlp_input_hook(adapter) if mlps else MLP_IN
         weights = adapter.weights(embeddings=False).to(device=self.spec.device)
         self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
         self.W_O = weights.W_O
@@ -215,8 +225,14 @@ class TaskRunner:
             final.append(x)
             return x
 
-        def frozen_scale(scale: Tensor, hook: Any) -> Tensor:
-            return scale.detach()
+        norm_seen: dict[str, Tensor] = {}
+
+        def keep_scale(scale: Tensor, hook: Any) -> None:  # read only: an edited norm hook changes some families
+            norm_seen["scale"] = scale.detach()
+
+        def keep_normalized_grad(normalized: Tensor, hook: Any) -> None:
+            if normalized.requires_grad:
+                normalized.register_hook(lambda g: norm_seen.__setitem__("grad", g.detach()))
 
         rows = torch.arange(self.batch.n_pairs)
         last_rows: dict[int, Tensor] = {}
@@ -234,8 +250,9 @@ class TaskRunner:
         if not self.adapter.attn_only:
             hooks += [(MLP_OUT.format(layer), mlp_hook) for layer in range(L)]
         hooks.append((FINAL.format(L - 1), final_hook))
-        if dla and _has_hook(self.adapter, FINAL_SCALE):
-            hooks.append((FINAL_SCALE, frozen_scale))
+        final_norm = dla and self.adapter.norm_kind is not None and _has_hook(self.adapter, FINAL_SCALE)
+        if final_norm:
+            hooks += [(FINAL_SCALE, keep_scale), (FINAL_NORMALIZED, keep_normalized_grad)]
         if dla:
             hooks += [(HOOKS.pattern(layer), pattern_hook) for layer in range(L)]
         from circuitkit.detect.attribution import frozen_parameters
@@ -249,6 +266,8 @@ class TaskRunner:
 
                 diff = logit_diff(last, self.batch).mean()
                 (grad,) = torch.autograd.grad(diff, final[0])
+                if final_norm and "grad" in norm_seen and "scale" in norm_seen:
+                    grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
         self.passes += 3.0 if dla else 1.0
         out = torch.stack(outs)  # [sender, pair, pos, d_model]
         logprobs = last.detach().float().log_softmax(-1)
@@ -383,6 +402,11 @@ class TaskRunner:
         block's attention norm at the run's residual stream) or at an MLP / logits input ``[steps * pair, pos,
         d_model]``."""
         d = self.spec.d_model
+        if key % 4 == 3 and key != -1 and self.mlp_hook == MLP_NORMED_IN:  # back through the shared norm
+            norm = self.norms[key // 4]
+            x = resid[key // 4].detach().reshape(grad.shape).requires_grad_(True)
+            with torch.enable_grad():
+                (grad,) = torch.autograd.grad(norm(x), x, grad)
         if key == -1 or key % 4 == 3:
             return grad.reshape(steps, -1).sum(0).reshape(1, -1)
         layer, c = divmod(key, 4)
@@ -525,7 +549,12 @@ class TaskRunner:
             extra = patch_for(cols)
             e = leaf(layer * 4 + 3, (S, B, P, d), x)
             if extra is not None:
-                x = x + extra[:, 0].reshape(x.shape)
+                if self.mlp_hook == MLP_NORMED_IN:  # x = ln1(resid_pre): rebuilt through that norm
+                    r = resid[layer]
+                    norm = self.norms[layer]
+                    x = x + (norm(r + extra[:, 0].reshape(r.shape)) - norm(r)).to(x.dtype)
+                else:
+                    x = x + extra[:, 0].reshape(x.shape)
             if e is not None:
                 x = x + e.reshape(x.shape)
             return x
@@ -550,9 +579,20 @@ class TaskRunner:
             hooks += [(getattr(HOOKS, c)(layer), channel_hook(i)) for i, c in enumerate(("q", "k", "v"))]
             hooks.append((HOOKS.z(layer), z_hook))
             if graph.mlps:
-                hooks += [(MLP_IN.format(layer), mlp_in_hook), (MLP_OUT.format(layer), mlp_out_hook)]
+                hooks += [(self.mlp_hook.format(layer), mlp_in_hook), (MLP_OUT.format(layer), mlp_out_hook)]
         hooks.append((FINAL.format(L - 1), final_hook))
         return self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
+
+
+def _frozen_scale_pullback(grad_normalized: Tensor, scale: Tensor, kind: str) -> Tensor:
+    """d(metric)/d(final residual) through the final norm with its scale ``s`` frozen at the clean run's: the norm is
+    then linear, ``y = gamma * center(x) / s + beta`` (LayerNorm; RMSNorm without the centring), so the gradient is
+    ``center(g) / s`` with ``g`` the gradient at the normalised vector ``center(x) / s`` (``hook_normalized``, before
+    ``gamma``), read from the backward pass rather than from the norm's weights (some families have none)."""
+    g = grad_normalized.float()
+    if kind.startswith("LN"):
+        g = g - g.mean(-1, keepdim=True)
+    return g / scale.float()
 
 
 def _has_hook(adapter: ModelAdapter, name: str) -> bool:
@@ -560,12 +600,26 @@ def _has_hook(adapter: ModelAdapter, name: str) -> bool:
     return isinstance(hook_dict, dict) and name in hook_dict
 
 
+def mlp_input_hook(adapter: ModelAdapter) -> str:
+    """Where an MLP receiver's input is rebuilt: before the MLP's own norm (:data:`MLP_IN`) where the model has one,
+    else, in parallel blocks that share ``ln1``, after it (:data:`MLP_NORMED_IN`)."""
+    hook_dict = getattr(adapter.model, "hook_dict", None)
+    if not isinstance(hook_dict, dict) or MLP_IN.format(0) in hook_dict:
+        return MLP_IN
+    if build_graph(adapter, mlps=True).parallel and MLP_NORMED_IN.format(0) in hook_dict:
+        return MLP_NORMED_IN
+    raise CircuitkitError(
+        f"task circuit: {type(adapter.model).__name__} has no hook point {MLP_IN.format(0)!r} (an MLP's input before "
+        "its norm); expected it, or parallel attention and MLP sharing ln1. Pass mlps=False for a graph of heads only."
+    )
+
+
 def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
     """Refuse a model without the hook points edge patching needs (named in the error)."""
     hook_dict = getattr(adapter.model, "hook_dict", None)
     names = [FINAL.format(adapter.spec.n_layers - 1)]
     if mlps:
-        names += [MLP_IN.format(0), MLP_OUT.format(0)]
+        names += [mlp_input_hook(adapter).format(0), MLP_OUT.format(0)]
     if isinstance(hook_dict, dict):
         absent = [n for n in names if n not in hook_dict]
         if absent:
