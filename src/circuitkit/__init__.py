@@ -17,7 +17,7 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
 - Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located).
 - Circuits of any behaviour: ``circuitkit.tasks`` (clean/corrupted prompt pairs from lists, files or built-in
   generators; node and edge circuits by counterfactual patching); ``scan(model, task=...)``.
-- Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.tasks``, ``circuitkit.models`` (toy model, adapters),
+- Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.tasks``, ``circuitkit.models`` (adapters),
   ``circuitkit.zoo`` (bundled known-answer models), ``circuitkit.viz`` (figures), ``circuitkit.theory``
   (the seed exercises, computed).
 """
