@@ -140,16 +140,19 @@ def _num(value: Any) -> float | None:
 
 
 @keeps_model_state
-def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, rank: str = "signed",
+def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
+              rank: str = "abs",
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
               progress: Any = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
         target: the faithfulness the node and edge circuits must reach, in (0, 1].
-        mlps: MLPs are graph nodes (default: where the model has MLPs). In the node circuit they are patched like
-            heads; in the edge graph they send and receive edges.
-        rank: order nodes and edges by ``"signed"`` (default) or ``"abs"`` EAP-IG score.
+        mlps: MLPs are nodes of the edge graph, sending and receiving edges (default: where the model has MLPs).
+        mlp_nodes: MLPs are nodes of the node circuit too, patched like heads (default False: every MLP stays
+            clean, recomputed from its input, and the node circuit is a set of heads).
+        rank: order nodes and edges by ``"abs"`` (default, as EAP-IG's ``apply_topn``: an edge that works strongly
+            against the behaviour is still part of the mechanism) or ``"signed"`` EAP-IG score.
         steps: EAP-IG interpolation points.
         edges: measure the edge circuit too (``False``: nodes only).
         progress: ``progress(stage, passes)`` called as passes run (or None).
@@ -164,6 +167,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     edges = validate.boolean("scan_task: edges", edges)
+    mlp_nodes = validate.boolean("scan_task: mlp_nodes", mlp_nodes)
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
@@ -194,7 +198,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
 
     try:
         heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes = stage(
-            "nodes", lambda: node_circuit(runner, node_scores, target, rank))
+            "nodes", lambda: node_circuit(runner, node_scores, target, rank, mlp_nodes=mlp_nodes))
         edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
         if edges:
             edge_part = stage("edges", lambda: edge_circuit(runner, scores, target, rank))
@@ -204,7 +208,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                               float(corrupted["metric"].mean()), all_patched)
     except CircuitkitError as exc:  # no behaviour to explain: reported, not raised
         error = str(exc)
-    settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "edges": edges,
+    settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "ablation": task.ablation, "device": str(spec.device)}
     return TaskScan(
         model=summarise_model(adapter, name),
