@@ -27,6 +27,8 @@ STEP_PATTERN = re.compile(r"(?:step|checkpoint)[-_]?(\d+)$", re.IGNORECASE)
 """A training step at the end of a checkpoint's name."""
 CHECKPOINT_DIR_PATTERN = re.compile(r"^(?:global_)?(?:step|checkpoint)[-_]?\d+$", re.IGNORECASE)
 """Subdirectory names that :func:`expand_directory` takes as checkpoints."""
+MAX_CHECKPOINTS = 100_000
+"""The most checkpoints one track reads (a list, or an iterator read that far: an endless one is refused)."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,11 @@ def resolve(checkpoints: Any, steps: Sequence[int] | None, labels: Sequence[str]
             checkpoints = expand_directory(path)
         else:
             checkpoints = [checkpoints]
-    if isinstance(checkpoints, (bytes, dict)) or not isinstance(checkpoints, Sequence):
-        try:
-            checkpoints = list(checkpoints)
-        except TypeError:
-            raise validate.fail("track: checkpoints", checkpoints,
-                                "a list of models, checkpoint directories or hub names") from None
-    items = list(checkpoints)
+    if isinstance(checkpoints, (bytes, dict)):
+        raise validate.fail("track: checkpoints", checkpoints, "a list of models, checkpoint directories or hub names")
+    items = validate.bounded_list("track: checkpoints", checkpoints, MAX_CHECKPOINTS,
+                                  "a list of models, checkpoint directories or hub names",
+                                  why="MAX_CHECKPOINTS checkpoints in one track")
     if not items:
         raise validate.fail("track: checkpoints", items, "at least one checkpoint (a model, directory or hub name)")
     steps_given = _given_list("steps", steps, len(items))
