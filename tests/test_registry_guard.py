@@ -16,7 +16,6 @@ from circuitkit.detect import registry
 from circuitkit.detect.targets import induction_targets
 from circuitkit.errors import CircuitkitError
 
-
 SHAPE = (2, 4)
 """The bundled model's [layer, head]."""
 
