@@ -47,6 +47,8 @@ class Source:
 
 def step_from_name(name: str) -> int | None:
     """The training step at the end of ``name`` (``step1000``, ``checkpoint-1000``), or ``None``."""
+    if not isinstance(name, str):
+        raise validate.fail("step_from_name: name", name, "a checkpoint name (a string such as 'step1000')")
     match = STEP_PATTERN.search(name.strip().rstrip("/\\"))
     if match is None:
         return None
@@ -214,6 +216,7 @@ def load_checkpoint(checkpoint: str | os.PathLike, *, device: Any = None, allow_
         raise validate.fail("load_checkpoint: checkpoint", checkpoint,
                             "a checkpoint directory, a zoo or hub name, or 'hub-name@revision'")
     check_name(checkpoint, "load_checkpoint: checkpoint")
+    allow_download = validate.boolean("load_checkpoint: allow_download", allow_download)
     where = os.fspath(checkpoint)
     return load(Source(item=checkpoint, label=_name_of(checkpoint), step=0, where=where), device=device,
                 allow_download=allow_download)
