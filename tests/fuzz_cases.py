@@ -515,6 +515,11 @@ ENDLESS: list[Bad] = [
     ("raising-iterator", _raising, STRICT),
 ]
 """Iterators a user may pass where a list is expected: read with a bound (L x H heads), never for ever."""
+ENDLESS_INTS: list[Bad] = [
+    ("endless-ints", lambda v: (i % 2 for i in itertools.count()), STRICT),
+    ("endless-zeros", lambda v: (i for i in itertools.cycle([0])), STRICT),
+]
+"""The same for arguments that take a list of ints (layers, a token range)."""
 HEAD_LISTS += ENDLESS
 
 HEADS: list[Bad] = [(label, (lambda m: lambda v: m(v)[0])(make), s) for label, make, s in HEAD_LISTS
@@ -867,7 +872,7 @@ record("circuitkit:CompositionBaseline", "result record of composition_baseline"
 # --- detection
 case("circuitkit:RepeatedTokens", lambda: {"block_len": 4, "n_repeats": 2, "batch": 2, "seed": 0, "bos": 0,
      "token_range": (1, 8)}, block_len="int>=2?", n_repeats="int>=2", batch="int>=1", seed="seed", bos="int>=0?",
-     token_range="heads")
+     token_range="heads", extra_bad={"token_range": ENDLESS_INTS})
 case("circuitkit:head_scores", lambda: {"model": toy(), "tokens": spec(), "device": "cpu"}, positional=("model",),
      model="model", tokens="tokens", device="device?")
 case("circuitkit:induction_loss", lambda: {"model": toy(), "tokens": spec(), "device": "cpu"}, positional=("model",),
@@ -1304,7 +1309,8 @@ case(f"{T}:rope", lambda: {"x": torch.randn(2, 5, 4), "positions": [0.0, 1.0, 2.
 record(f"{T}:RankCollapse", "result record of rank_collapse")
 case(f"{T}:rank_collapse", lambda: {"n_layers": 3, "n_tokens": 4, "d_model": 8, "n_heads": 2, "d_head": 4,
      "plot_layers": [0, 3], "seed": 0}, n_layers="size>=1", n_tokens="size>=1", d_model="size>=1",
-     n_heads="size>=1", d_head="size>=1", plot_layers="heads", seed="seed")
+     n_heads="size>=1", d_head="size>=1", plot_layers="heads", seed="seed",
+     extra_bad={"plot_layers": ENDLESS_INTS})
 record(f"{T}:ChinchillaOptimal", "result record of chinchilla_optimal")
 case(f"{T}:chinchilla_optimal", lambda: {"compute": 1e20, "tokens_per_param": 20.0,
      "flops_per_param_token": 6.0}, compute="real>0", tokens_per_param="real>0", flops_per_param_token="real>0")
@@ -1394,7 +1400,7 @@ case(f"{HW}.from_tensors", lambda: {"tensors": {k: v for k, v in weights().tenso
                             ("list-values", lambda v: {k: t.tolist() for k, t in v.items()}, LENIENT)]})
 case(f"{HW}.from_model", lambda: {"model": toy(), "embeddings": False}, model="weights", embeddings="bool")
 method(f"{HW}.to", weights, lambda: {"device": "cpu", "dtype": torch.float64}, device="device?", dtype="dtype")
-method(f"{HW}.layers", weights, lambda: {"layers": [1]}, layers="heads")
+method(f"{HW}.layers", weights, lambda: {"layers": [1]}, layers="heads", extra_bad={"layers": ENDLESS_INTS})
 method(f"{HW}.per_query_head", weights, lambda: {"name": "W_K"}, name="option")
 HS = "circuitkit.detect.scores:HeadScores"
 method(f"{HS}.top", head_scores_result, lambda: {"name": "induction", "k": 2}, name="option", k="int>=1")
