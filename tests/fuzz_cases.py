@@ -408,8 +408,10 @@ MODELS_COMMON: list[Bad] = [
 ]
 
 
+@cache
 def module_with(value: float):
-    """The bundled model (a torch module) with one attention weight poisoned: refused naming the parameter."""
+    """The bundled model (a torch module) with one attention weight poisoned: refused naming the parameter (before
+    any work, so one copy per value serves every call)."""
     from circuitkit import zoo
 
     model = zoo.load()
@@ -419,7 +421,9 @@ def module_with(value: float):
     return model
 
 
+@cache
 def half_bridge(dtype=torch.bfloat16):
+    """The bundled model in half precision (every entry point gives it back as it was: one copy serves all)."""
     from circuitkit import zoo
 
     return zoo.load().to(dtype)
@@ -810,6 +814,9 @@ class Case:
         for arg, kind in self.kinds.items():
             for label, make, strict in [*_kind(kind), *self.extra_bad.get(arg, [])]:
                 out.append((arg, label, make, strict))
+        for arg, bad in self.extra_bad.items():  # arguments with bad values of their own only (no kind)
+            if arg not in self.kinds:
+                out.extend((arg, label, make, strict) for label, make, strict in bad)
         return out
 
 
@@ -1443,6 +1450,9 @@ VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
     "circuitkit.theory:self_attention": {"x": {"rank-plus-1": "any leading *batch dims (docstring)"}},
     "circuitkit.theory:receptive_field": {"n_layers": {"int0": "0 layers see 1 position, by definition"}},
     "circuitkit.theory:sinusoidal_offset_map": {"offset": {"int-1": "negative offsets are documented: M_-k = M_k^T"}},
+    "circuitkit.factored:Factored.__rmatmul__": {"other": {"wrong-rows": "other @ self needs only its columns to "
+                                                                        "match: [5, 8] @ [8, 8] is a valid product"}},
+    "circuitkit.viz:attention_heads": {"head_names": {"None": "head_names is optional (default: 'layer.head')"}},
 }
 """Generated "bad" values that are valid for that callable, with the reason: not thrown as bad inputs."""
 

@@ -243,6 +243,8 @@ def all_finite(value: Tensor) -> bool:
 
 def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
     """Raise if a computed result holds NaN or inf (a result must never be silently non-finite)."""
+    if not isinstance(value, Tensor):
+        raise fail(name, value, "a torch.Tensor result")
     if value.is_floating_point() or value.is_complex():
         finite = torch.isfinite(value)
         if not bool(finite.all()):
