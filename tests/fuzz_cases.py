@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from functools import cache
@@ -39,6 +41,7 @@ PACKAGES = (
     "circuitkit.theory",
     "circuitkit.circuits",
     "circuitkit.validate",
+    "circuitkit.tracking",
 )
 ZOO = "circuitkit.zoo"
 ZOO_PUBLIC = ("available", "curve", "info", "load", "native_config")
@@ -75,6 +78,7 @@ METHODS = (
     "circuitkit.build.subspace:Subspace.__add__",
     "circuitkit.build.subspace:Subspace.read",
     "circuitkit.build.exercises:VirtualHeadExercise.paths",
+    "circuitkit.tracking.result:Track.load",
 )
 """Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
 
@@ -399,7 +403,30 @@ MODELS_COMMON: list[Bad] = [
     ("duck-nan-weights", lambda v: DuckWeights(math.nan), STRICT),
     ("duck-inf-weights", lambda v: DuckWeights(math.inf), STRICT),
     ("missing-dir", const("/nonexistent/circuitkit-fuzz-model"), STRICT),
+    ("module-nan-weight", lambda v: module_with(math.nan), STRICT),
+    ("module-inf-weight", lambda v: module_with(math.inf), STRICT),
 ]
+
+
+@cache
+def module_with(value: float):
+    """The bundled model (a torch module) with one attention weight poisoned: refused naming the parameter (before
+    any work, so one copy per value serves every call)."""
+    from circuitkit import zoo
+
+    model = zoo.load()
+    name = next(n for n, _ in model.named_parameters() if n.endswith("k._original_component.weight"))
+    with torch.no_grad():
+        model.get_parameter(name).view(-1)[0] = value
+    return model
+
+
+@cache
+def half_bridge(dtype=torch.bfloat16):
+    """The bundled model in half precision (every entry point gives it back as it was: one copy serves all)."""
+    from circuitkit import zoo
+
+    return zoo.load().to(dtype)
 
 
 def _models(*, needs_unembed: bool = False, optional: bool = False, runs: bool = True) -> list[Bad]:
@@ -412,6 +439,8 @@ def _models(*, needs_unembed: bool = False, optional: bool = False, runs: bool =
     ]
     if runs:
         bad += [
+            ("bridge-bfloat16", lambda v: half_bridge(torch.bfloat16), LENIENT),
+            ("bridge-float16", lambda v: half_bridge(torch.float16), LENIENT),
             ("huge-qk-x1e10", lambda v: toy_from(scaled(weights(), 1e10, ("W_Q", "W_K"))), LENIENT),
             ("huge-all-x1e30", lambda v: toy_from(scaled(weights(), 1e30)), LENIENT),
             ("hard-attention", lambda v: toy_from(weights(), attention="hard"), LENIENT),
@@ -471,8 +500,35 @@ HEAD_LISTS: list[Bad] = [
     ("2**70", const([(2**70, 0)]), STRICT),
 ]
 
+def _endless_count(valid):
+    return ((i % 2, i % 2) for i in itertools.count())  # a Python generator: the call-time alarm can stop it
+
+
+def _endless_cycle(valid):
+    return (head for head in itertools.cycle([(0, 0)]))
+
+
+def _raising(valid):
+    yield (0, 0)
+    raise RuntimeError("the caller's iterator failed")
+
+
+ENDLESS: list[Bad] = [
+    ("endless-count", _endless_count, STRICT),
+    ("endless-cycle", _endless_cycle, STRICT),
+    ("raising-iterator", _raising, STRICT),
+]
+"""Iterators a user may pass where a list is expected: read with a bound (L x H heads), never for ever."""
+ENDLESS_INTS: list[Bad] = [
+    ("endless-ints", lambda v: (i % 2 for i in itertools.count()), STRICT),
+    ("endless-zeros", lambda v: (i for i in itertools.cycle([0])), STRICT),
+]
+"""The same for arguments that take a list of ints (layers, a token range)."""
+HEAD_LISTS += ENDLESS
+
 HEADS: list[Bad] = [(label, (lambda m: lambda v: m(v)[0])(make), s) for label, make, s in HEAD_LISTS
-                    if label not in ("str", "int")] + [("str", const("0.0"), STRICT), ("None", const(None), STRICT)]
+                    if label not in ("str", "int") and (label, make, s) not in ENDLESS]
+HEADS += [("str", const("0.0"), STRICT), ("None", const(None), STRICT)]
 
 CALLABLES: list[Bad] = [
     ("int", const(3), STRICT),
@@ -526,6 +582,122 @@ ZOO_NAMES: list[Bad] = [
     ("hub-name", const("gpt2"), STRICT),
 ]
 
+# --- track files and checkpoint names
+@cache
+def track_directory() -> str:
+    """A finished track of two toy checkpoints (two records, track.json, report.html), written once."""
+    import circuitkit as ck
+
+    out = tmp_out_dir()
+    ck.track([toy(), toy()], steps=[0, 100], tokens=spec(), top_k=2, out=out, progress=False)
+    return out
+
+
+@cache
+def checkpoint_directory() -> str:
+    """A copy of the bundled model's directory named like a checkpoint."""
+    import shutil
+    import tempfile
+
+    from circuitkit import zoo
+
+    target = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "step100"
+    shutil.copytree(zoo.info().path, target)
+    return str(target)
+
+
+def _scan_directory() -> str:
+    out = Path(tmp_out_dir())
+    out.mkdir(parents=True)
+    (out / "scores.json").write_text("{}")
+    return str(out)
+
+
+def _broken_track(change) -> Callable[[Any], str]:
+    """A copy of :func:`track_directory` with ``change(directory)`` applied."""
+
+    def make(valid):
+        import shutil
+
+        out = Path(tmp_out_dir())
+        shutil.copytree(track_directory(), out)
+        change(out)
+        return str(out)
+
+    return make
+
+
+def _edit_json(name: str, edit) -> Callable[[Path], None]:
+    def change(out: Path) -> None:
+        import json
+
+        data = json.loads((out / name).read_text())
+        edit(data)
+        (out / name).write_text(json.dumps(data))
+
+    return change
+
+
+def _replace_file(name: str, make) -> Callable[[Path], None]:
+    def change(out: Path) -> None:
+        (out / name).unlink()
+        make(out / name)
+
+    return change
+
+
+def _for_both(edit) -> Callable[[Path], None]:
+    """Apply a record edit to the step-100 record and to track.json's entry, so merge and load both see it."""
+
+    def change(out: Path) -> None:
+        _edit_json("track-step100.json", edit)(out)
+        _edit_json("track.json", lambda d: edit(d["checkpoints"][1]))(out)
+
+    return change
+
+
+TRACK_DIRS: list[Bad] = [
+    *[(f"record-without-{key}", _broken_track(_for_both(lambda d, k=key: d.pop(k))), STRICT)
+      for key in ("step", "label", "icl_score", "called", "scores")],
+    *[(f"step-{label}", _broken_track(_for_both(lambda d, s=step: d.update(step=s))), STRICT)
+      for label, step in (("text", "abc"), ("null", None), ("true", True), ("negative", -5), ("float", 10.7))],
+    ("nan-token", _broken_track(lambda out: [(out / n).write_text((out / n).read_text().replace(
+        '"icl_score": ', '"icl_score": NaN, "x": ', 1)) for n in ("track-step100.json", "track.json")]), STRICT),
+    ("grid-short", _broken_track(_for_both(lambda d: d["scores"]["induction"].pop())), STRICT),
+    ("head-out-of-range", _broken_track(_for_both(lambda d: d["called"].update(induction=["9.9"]))), STRICT),
+    ("deep-json", _broken_track(lambda out: [(out / n).write_text("[" * 200_000 + "]" * 200_000)
+                                             for n in ("track-step100.json", "track.json")]), STRICT),
+    ("huge-file", _broken_track(lambda out: [os.truncate(out / n, 600 * 2**20)
+                                             for n in ("track-step100.json", "track.json")]), STRICT),
+    ("dev-zero", _broken_track(lambda out: [_replace_file(n, lambda p: p.symlink_to("/dev/zero"))(out)
+                                            for n in ("track-step100.json", "track.json")]), STRICT),
+    ("fifo", _broken_track(lambda out: [_replace_file(n, os.mkfifo)(out)
+                                        for n in ("track-step100.json", "track.json")]), STRICT),
+    ("duplicate-step", _broken_track(lambda out: (
+        __import__("shutil").copy(out / "track-step100.json", out / "track-step0100.json"),
+        _edit_json("track.json", lambda d: d["checkpoints"][0].update(step=100))(out))), STRICT),
+    ("score-missing", _broken_track(lambda out: (
+        _edit_json("track-step100.json", lambda d: d["scores"].pop("duplicate_token"))(out),
+        _edit_json("track.json", lambda d: d.update(checkpoints=[]))(out))), STRICT),
+    ("other-family", _broken_track(lambda out: (
+        _edit_json("track-step100.json", lambda d: d["model"].update(family="GPT-NeoX"))(out),
+        _edit_json("track.json", lambda d: d.pop("model"))(out))), STRICT),
+    ("not-a-directory", const("/nonexistent/circuitkit-fuzz-track"), STRICT),
+    ("int", const(3), STRICT),
+    ("None", const(None), STRICT),
+]
+
+CHECKPOINT_NAMES: list[Bad] = [
+    ("name-300", const("org/" + "a" * 300), STRICT),
+    ("step-4301-digits", const("EleutherAI/pythia-70m@step" + "1" * 4301), STRICT),
+    ("revision-newline", const("EleutherAI/pythia-70m@step1\nstep2"), STRICT),
+    ("revision-dotdot", const("someone/tiny@../../../etc"), STRICT),
+    ("nul", const("step1\0"), STRICT),
+    ("blank", const("   "), STRICT),
+    ("int", const(3), STRICT),
+]
+
+
 DTYPES: list[Bad] = [
     ("str", const("float32"), STRICT),
     ("int", const(3), STRICT),
@@ -574,6 +746,8 @@ def _kind(kind: str) -> list[Bad]:
         "out_dir": OUT_DIRS,
         "zoo_name": ZOO_NAMES,
         "dtype": DTYPES,
+        "track_dir": TRACK_DIRS,
+        "checkpoint_name": CHECKPOINT_NAMES,
     }
     if base in simple:
         bad = simple[base]
@@ -640,6 +814,9 @@ class Case:
         for arg, kind in self.kinds.items():
             for label, make, strict in [*_kind(kind), *self.extra_bad.get(arg, [])]:
                 out.append((arg, label, make, strict))
+        for arg, bad in self.extra_bad.items():  # arguments with bad values of their own only (no kind)
+            if arg not in self.kinds:
+                out.extend((arg, label, make, strict) for label, make, strict in bad)
         return out
 
 
@@ -702,7 +879,7 @@ record("circuitkit:CompositionBaseline", "result record of composition_baseline"
 # --- detection
 case("circuitkit:RepeatedTokens", lambda: {"block_len": 4, "n_repeats": 2, "batch": 2, "seed": 0, "bos": 0,
      "token_range": (1, 8)}, block_len="int>=2?", n_repeats="int>=2", batch="int>=1", seed="seed", bos="int>=0?",
-     token_range="heads")
+     token_range="heads", extra_bad={"token_range": ENDLESS_INTS})
 case("circuitkit:head_scores", lambda: {"model": toy(), "tokens": spec(), "device": "cpu"}, positional=("model",),
      model="model", tokens="tokens", device="device?")
 case("circuitkit:induction_loss", lambda: {"model": toy(), "tokens": spec(), "device": "cpu"}, positional=("model",),
@@ -718,7 +895,8 @@ record("circuitkit:Scan", "result record of scan() (its top() and save() are fuz
 case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "top", "ablate_top": 2,
      "ablation_method": "mean", "top_k": 2, "circuit": False}, positional=("model",), model="model-loss?",
      tokens="tokens", ablate="option", ablate_top="int>=1", ablation_method="option", top_k="int>=1",
-     circuit="bool")
+     circuit="bool", extra_bad={"roles": [*ENDLESS, ("blank-name", const([(" ", "induction")]), STRICT),
+                                          ("tab-name", const([("\t", "induction")]), STRICT)]})
 
 record("circuitkit:Track", "result record of track() (built and checked by it; Track.load reads a saved one)")
 case("circuitkit:track", lambda: {"checkpoints": [toy(), toy()], "steps": [0, 100], "tokens": spec(), "top_k": 2,
@@ -726,9 +904,24 @@ case("circuitkit:track", lambda: {"checkpoints": [toy(), toy()], "steps": [0, 10
      "progress": False}, positional=("checkpoints",), tokens="tokens", top_k="int>=0", out="out_dir?",
      resume="bool", write_track="bool", device="device?", allow_download="bool", progress="bool?",
      extra_bad={"checkpoints": [("empty", const([]), STRICT), ("none", const(None), STRICT),
-                                ("missing-dir", const(["/nonexistent/step100"]), STRICT)],
+                                ("missing-dir", const(["/nonexistent/step100"]), STRICT),
+                                *[(label, (lambda m: lambda v: [m(v)])(make), s)
+                                  for label, make, s in CHECKPOINT_NAMES],
+                                ("endless", lambda v: (toy() for _ in itertools.count()), STRICT)],
+                "out": [("holds-a-scan", lambda v: _scan_directory(), STRICT)],
                 "steps": [("duplicate", const([5, 5]), STRICT), ("too-few", const([1]), STRICT),
                           ("negative", const([-1, 2]), STRICT)]})
+
+
+# --- circuitkit.tracking: what a track reads back
+record("circuitkit.tracking:SavedTrack", "result record of Track.save")
+case("circuitkit.tracking:merge", lambda: {"directory": track_directory()}, directory="track_dir")
+method("circuitkit.tracking.result:Track.load", lambda: __import__("circuitkit").Track,
+       lambda: {"path": track_directory()}, path="track_dir")
+case("circuitkit.tracking:load_checkpoint", lambda: {"checkpoint": checkpoint_directory(), "device": "cpu",
+     "allow_download": False}, checkpoint="checkpoint_name", device="device?", allow_download="bool")
+case("circuitkit.tracking:step_from_name", lambda: {"name": "step100"}, name="text",
+     extra_bad={"name": [("4301-digits", const("step" + "1" * 4301), STRICT)]})
 
 record("circuitkit:Circuit", "result record of find_circuit() (built and checked by it)")
 case("circuitkit:find_circuit", lambda: {"model": toy(), "tokens": spec(), "target": 0.8, "method": "mean",
@@ -769,7 +962,17 @@ case("circuitkit.detect:weight_score", lambda: {"name": "fuzz_w", "short": "fw",
 case("circuitkit.detect:pattern_scores", lambda: {"patterns": head_scores_result().patterns[:, :, :].reshape(
      1, 4, *head_scores_result().patterns.shape[-2:]).repeat(2, 1, 1, 1), "tokens": batch().tokens},
      patterns="tensor", tokens="token_ids-novocab")
-case("circuitkit.detect:register", lambda: {"definition": None}, definition="scan")
+def _column_named(field: str, value: str):
+    from circuitkit import detect
+
+    names = {"name": "fuzz_col", "short": "fzc"} | {field: value}
+    return detect.weight_score(names["name"], short=names["short"], description="d", compute=lambda w: None)
+
+
+case("circuitkit.detect:register", lambda: {"definition": None}, definition="scan",
+     extra_bad={"definition": [("short-attrib", lambda v: _column_named("short", "attrib"), STRICT),
+                               ("short-ablated", lambda v: _column_named("short", "ablated"), STRICT),
+                               ("name-attribution", lambda v: _column_named("name", "attribution"), STRICT)]})
 CASES["circuitkit.detect:register"].run_valid = False  # registering mutates global state
 case("circuitkit.detect:registered", lambda: {"kind": "pattern"}, kind="option?")
 case("circuitkit.detect:score_names", lambda: {})
@@ -1113,7 +1316,8 @@ case(f"{T}:rope", lambda: {"x": torch.randn(2, 5, 4), "positions": [0.0, 1.0, 2.
 record(f"{T}:RankCollapse", "result record of rank_collapse")
 case(f"{T}:rank_collapse", lambda: {"n_layers": 3, "n_tokens": 4, "d_model": 8, "n_heads": 2, "d_head": 4,
      "plot_layers": [0, 3], "seed": 0}, n_layers="size>=1", n_tokens="size>=1", d_model="size>=1",
-     n_heads="size>=1", d_head="size>=1", plot_layers="heads", seed="seed")
+     n_heads="size>=1", d_head="size>=1", plot_layers="heads", seed="seed",
+     extra_bad={"plot_layers": ENDLESS_INTS})
 record(f"{T}:ChinchillaOptimal", "result record of chinchilla_optimal")
 case(f"{T}:chinchilla_optimal", lambda: {"compute": 1e20, "tokens_per_param": 20.0,
      "flops_per_param_token": 6.0}, compute="real>0", tokens_per_param="real>0", flops_per_param_token="real>0")
@@ -1159,6 +1363,9 @@ case(f"{V}:positive_int", lambda: {"name": "x", "value": 3}, value="int>=1")
 case(f"{V}:real", lambda: {"name": "x", "value": 1.0, "minimum": 0.0, "maximum": 2.0}, value="real>=0",
      extra_bad={"value": [("above-maximum", const(2.5), STRICT)]})
 case(f"{V}:seed", lambda: {"name": "x", "value": 3}, value="seed")
+case(f"{V}:bounded_list", lambda: {"name": "x", "value": [(0, 0), (1, 1)], "limit": 4, "expected": "heads"},
+     extra_bad={"value": [*ENDLESS, ("too-long", const([(0, 0)] * 5), STRICT), ("str", const("ab"), STRICT),
+                          ("int", const(3), STRICT), ("None", const(None), STRICT)]})
 case(f"{V}:tensor", lambda: {"name": "x", "value": torch.ones(2, 3), "shape": (2, None), "floating": True,
      "finite": True}, value="tensor", extra_bad={})
 case(f"{V}:dense", lambda: {"name": "x", "value": torch.ones(2, 3)}, extra_bad={"value": [
@@ -1200,7 +1407,7 @@ case(f"{HW}.from_tensors", lambda: {"tensors": {k: v for k, v in weights().tenso
                             ("list-values", lambda v: {k: t.tolist() for k, t in v.items()}, LENIENT)]})
 case(f"{HW}.from_model", lambda: {"model": toy(), "embeddings": False}, model="weights", embeddings="bool")
 method(f"{HW}.to", weights, lambda: {"device": "cpu", "dtype": torch.float64}, device="device?", dtype="dtype")
-method(f"{HW}.layers", weights, lambda: {"layers": [1]}, layers="heads")
+method(f"{HW}.layers", weights, lambda: {"layers": [1]}, layers="heads", extra_bad={"layers": ENDLESS_INTS})
 method(f"{HW}.per_query_head", weights, lambda: {"name": "W_K"}, name="option")
 HS = "circuitkit.detect.scores:HeadScores"
 method(f"{HS}.top", head_scores_result, lambda: {"name": "induction", "k": 2}, name="option", k="int>=1")
@@ -1243,6 +1450,9 @@ VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
     "circuitkit.theory:self_attention": {"x": {"rank-plus-1": "any leading *batch dims (docstring)"}},
     "circuitkit.theory:receptive_field": {"n_layers": {"int0": "0 layers see 1 position, by definition"}},
     "circuitkit.theory:sinusoidal_offset_map": {"offset": {"int-1": "negative offsets are documented: M_-k = M_k^T"}},
+    "circuitkit.factored:Factored.__rmatmul__": {"other": {"wrong-rows": "other @ self needs only its columns to "
+                                                                        "match: [5, 8] @ [8, 8] is a valid product"}},
+    "circuitkit.viz:attention_heads": {"head_names": {"None": "head_names is optional (default: 'layer.head')"}},
 }
 """Generated "bad" values that are valid for that callable, with the reason: not thrown as bad inputs."""
 

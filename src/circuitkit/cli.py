@@ -135,7 +135,7 @@ def run_scan(args: argparse.Namespace) -> int:
     from circuitkit.detect.tokens import RepeatedTokens
     from circuitkit.report.saving import prepare_directory
 
-    out = prepare_directory(args.out, where="--out", probe=True)
+    out = prepare_directory(args.out, where="--out", probe=True, kind="scan")
     model = args.model
     device_map = _device_map(args.device_map)
     if device_map is not None:

@@ -32,7 +32,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -75,6 +75,8 @@ HEAD_CALL_NEUTRAL_RATIO = 3.0
 
 DEFAULT_ROLES = (Role("induction", "induction"), Role("previous-token", "previous_token", feeds="induction"))
 """The roles the answer gives circuit heads: induction heads, and previous-token heads that feed one."""
+MAX_ROLES = 100
+"""The most roles one scan takes (an iterator of roles is read that far: an endless one is refused)."""
 
 ATTRIBUTION_METHOD = "gradient"
 """How the scan's attribution estimates are computed: ``"gradient"`` (first order) or ``"ig"`` (integrated
@@ -370,10 +372,11 @@ def circuit_roles(head_scores: HeadScores, circuit: Any, roles: Sequence[Role]) 
 def check_roles(roles: Any, head_scores: HeadScores | None = None) -> tuple[Role, ...]:
     """``roles`` as :class:`Role` s: each a Role, ``(name, score)`` or ``(name, score, feeds)``; with ``head_scores``
     every score must be one the scan computed, and every ``feeds`` another role's name."""
-    if isinstance(roles, (str, bytes)) or not isinstance(roles, Iterable):
-        raise validate.fail("scan: roles", roles, "a list of Role(name, score, feeds=None) or (name, score) pairs")
+    items = validate.bounded_list("scan: roles", roles, MAX_ROLES,
+                                  "a list of Role(name, score, feeds=None) or (name, score) pairs",
+                                  why="MAX_ROLES roles")
     out = []
-    for item in roles:
+    for item in items:
         if isinstance(item, Role):
             role = item
         elif isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(
@@ -381,8 +384,8 @@ def check_roles(roles: Any, head_scores: HeadScores | None = None) -> tuple[Role
             role = Role(*item)
         else:
             raise validate.fail("scan: roles", item, "a Role(name, score, feeds=None) or a (name, score) pair")
-        if not role.name or not isinstance(role.name, str) or not isinstance(role.score, str):
-            raise validate.fail("scan: roles", item, "a non-empty role name and a score name")
+        if not isinstance(role.name, str) or not role.name.strip() or not isinstance(role.score, str):
+            raise validate.fail("scan: roles", item, "a role name with a visible character and a score name")
         out.append(role)
     names = [role.name for role in out]
     if len(set(names)) != len(names):

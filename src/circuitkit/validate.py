@@ -6,13 +6,15 @@ Why one module: hand-written checks drift (one accepts ``True`` as an int, anoth
 ``float``, a ``torch.device``) or raises ``CircuitkitError("<name>: given <what>; expected <what>. <fix>")``.
 
 Functions: :func:`integer`, :func:`positive_int`, :func:`real`, :func:`option`, :func:`boolean`,
-:func:`seed`, :func:`device`, :func:`tensor`, :func:`finite_result`.
+:func:`seed`, :func:`device`, :func:`tensor`, :func:`finite_result`, :func:`bounded_list` (an iterable, read with
+a bound: an endless iterator is refused, never read forever).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from numbers import Integral, Real
 from typing import Any
 
@@ -39,6 +41,29 @@ class _Given(str):
 def given(text: str) -> _Given:
     """Mark ``text`` as the description of what was given, for :func:`fail`."""
     return _Given(text)
+
+
+def bounded_list(name: str, value: Any, limit: int, expected: str, *, why: str = "") -> list:
+    """``value`` (a list, tuple, set, generator or any iterator) as a list of at most ``limit`` entries. At most
+    ``limit + 1`` entries are read, so an endless iterator (``itertools.count()``, ``itertools.cycle(...)``) is
+    refused instead of read forever; an iterator that raises is refused with its error. ``expected`` says what
+    the entries are; ``why`` where the bound comes from (e.g. ``"L x H = 48 heads"``)."""
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Iterable):
+        raise fail(name, value, expected)
+    try:
+        items = list(itertools.islice(value, limit + 1))
+    except Exception as error:  # noqa: BLE001 - the caller's iterator: any error it raises is bad input
+        raise fail(name, given(f"an iterable that raised {type(error).__name__}: {_line(error)}"), expected) from None
+    if len(items) > limit:
+        bound = f" ({why})" if why else ""
+        raise fail(name, given(f"more than {limit} entries"), f"{expected}, at most {limit} entries{bound}",
+                   "An endless iterator (itertools.count, itertools.cycle) is read only that far; pass a list.")
+    return items
+
+
+def _line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
 
 
 def integer(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None, why: str = "") -> int:
@@ -218,6 +243,8 @@ def all_finite(value: Tensor) -> bool:
 
 def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
     """Raise if a computed result holds NaN or inf (a result must never be silently non-finite)."""
+    if not isinstance(value, Tensor):
+        raise fail(name, value, "a torch.Tensor result")
     if value.is_floating_point() or value.is_complex():
         finite = torch.isfinite(value)
         if not bool(finite.all()):
@@ -233,6 +260,7 @@ def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
 __all__ = [
     "MAX_SEED",
     "all_finite",
+    "bounded_list",
     "boolean",
     "dense",
     "device",

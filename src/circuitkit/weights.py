@@ -203,7 +203,8 @@ class HeadWeights:
             if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
                 raise validate.fail("HeadWeights.layers: layers", layers, expected)
             layers = [validate.integer("HeadWeights.layers: layer", layer, minimum=0, maximum=self.n_layers - 1)
-                      for layer in layers]
+                      for layer in validate.bounded_list("HeadWeights.layers: layers", layers, self.n_layers,
+                                                         expected, why=f"the model's {self.n_layers} layers")]
             if not layers:
                 raise validate.fail("HeadWeights.layers: layers", layers, expected)
         elif len(range(self.n_layers)[layers]) == 0:

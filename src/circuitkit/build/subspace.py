@@ -37,9 +37,9 @@ class Subspace:
     def __post_init__(self) -> None:
         limits.text("Subspace: name", self.name)
         d_model = limits.width(f"Subspace {self.name!r}: d_model", self.d_model)
-        if isinstance(self.dims, (str, bytes)) or not isinstance(self.dims, Iterable):
-            raise validate.fail(f"Subspace {self.name!r}: dims", self.dims, "an iterable of ints (e.g. range(0, 4))")
-        dims = tuple(self.dims)
+        dims = tuple(validate.bounded_list(f"Subspace {self.name!r}: dims", self.dims, d_model,
+                                           "an iterable of distinct ints (e.g. range(0, 4))",
+                                           why=f"d_model = {d_model} dimensions"))
         if not dims:
             raise CircuitkitError(f"Subspace {self.name!r}: given no dimensions; expected at least one.")
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):

@@ -102,7 +102,10 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
     channel = validate.option(f"{where}: input", channel, INPUTS)
     if isinstance(edges, (str, bytes)) or not isinstance(edges, Iterable):
         raise validate.fail(where, edges, "a list of edges ((src_layer, src_head), (dst_layer, dst_head))")
-    items = list(edges)
+    L, H = spec.n_layers, spec.n_heads
+    limit = L * (L - 1) // 2 * H * H * len(INPUTS)
+    items = validate.bounded_list(where, edges, max(limit, 1), "a list of edges ((src_layer, src_head), (dst_layer, "
+                                  "dst_head))", why=f"every edge of {L} x {H} heads once per input {list(INPUTS)}")
     if not items:
         raise validate.fail(where, items, "at least one edge ((src_layer, src_head), (dst_layer, dst_head))")
     out = []

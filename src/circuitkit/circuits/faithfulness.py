@@ -485,9 +485,9 @@ def _ranking(ranking: Any, n_layers: int, n_heads: int) -> list[Head]:
     if isinstance(ranking, Tensor):
         values = validate.tensor("find_circuit: ranking", ranking, shape=(n_layers, n_heads), floating=True)
         return rank_heads(values)
-    order = list(ranking) if isinstance(ranking, Iterable) and not isinstance(ranking, (str, bytes)) else None
-    if order is None:
-        raise validate.fail("find_circuit: ranking", ranking, "an [L, H] effect tensor or a list of every head")
+    order = validate.bounded_list("find_circuit: ranking", ranking, n_layers * n_heads,
+                                  "an [L, H] effect tensor or a list of every head",
+                                  why=f"L x H = {n_layers} x {n_heads} heads")
     heads = check_heads(order, n_layers, n_heads, "find_circuit: ranking")
     if len(heads) != len(order) or len(heads) != n_layers * n_heads:
         raise validate.fail("find_circuit: ranking", validate.given(f"{len(order)} heads"),

@@ -13,13 +13,16 @@ or a user metric of the logits.
   first token (:attr:`circuitkit.detect.TokenBatch.repeated_copies`), averaged over batch and positions.
 - a callable ``metric(logits, batch) -> scalar tensor`` (global): ``logits`` ``[batch, pos, d_vocab]`` of the
   (patched) run and the clean :class:`~circuitkit.detect.TokenBatch`. For edge attribution it must be
-  differentiable in the logits.
+  differentiable in the logits. It is the user's code, so it runs guarded: it receives a copy of the batch's
+  tokens (writing into them changes nothing else), and an exception it raises becomes one
+  :class:`~circuitkit.CircuitkitError` line naming the metric and the original error.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,6 +31,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.loss import stacked_losses
 from circuitkit.detect.tokens import TokenBatch, induction_targets
+from circuitkit.errors import CircuitkitError
 
 METRICS: tuple[str, ...] = ("induction", "loss")
 """Named metrics; a callable ``metric(logits, batch) -> scalar`` is accepted too."""
@@ -45,9 +49,29 @@ class Metric:
 
 def resolve_metric(metric: Any, where: str) -> Metric:
     if callable(metric) and not isinstance(metric, type):
-        return Metric(getattr(metric, "__name__", type(metric).__name__), local=False, fn=metric)
+        name = getattr(metric, "__name__", type(metric).__name__)
+        return Metric(name, local=False, fn=_guarded(metric, name))
     name = validate.option(f"{where}: metric", metric, METRICS)
     return Metric(name, local=name == "induction", fn=repeated_loss if name == "loss" else None)
+
+
+def _guarded(metric: Callable[[Tensor, TokenBatch], Any], name: str) -> Callable[[Tensor, TokenBatch], Any]:
+    """``metric`` called on a copy of the batch's tokens, its exceptions labelled with its name."""
+
+    @functools.wraps(metric)
+    def guarded(logits: Tensor, batch: TokenBatch) -> Any:
+        try:
+            return metric(logits, replace(batch, tokens=batch.tokens.clone()))
+        except CircuitkitError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the user's code: every error it raises is reported, labelled
+            text = " ".join(str(error).split())[:300]
+            raise CircuitkitError(
+                f"metric {name!r}: metric(logits, batch) raised {type(error).__name__}: {text}; expected a scalar "
+                "float tensor from the logits [batch, pos, d_vocab] and the TokenBatch. Fix the metric function."
+            ) from error
+
+    return guarded
 
 
 def repeated_loss(logits: Tensor, batch: TokenBatch) -> Tensor:

@@ -241,9 +241,9 @@ def _patched_pass(
     spec = ctx.spec
     B, P = ctx.batch.tokens.shape
     deltas = torch.stack(
-        [(z_corrupt[e.src[0]][:, :, e.src[1]] - z_clean[e.src[0]][:, :, e.src[1]]) @ ctx.W_O[e.src[0], e.src[1]]
-         for e in edges]
-    ).to(resid.dtype)  # [E, B, P, d_model]
+        [(z_corrupt[e.src[0]][:, :, e.src[1]].float() - z_clean[e.src[0]][:, :, e.src[1]].float())
+         @ ctx.W_O[e.src[0], e.src[1]].float() for e in edges]
+    ).to(resid.dtype)  # [E, B, P, d_model]; the difference in float32 (half-precision activations, float32 W_O)
     norm = ctx.norms[layer]
     if norm is not None:
         stacked = (resid[None] + deltas).reshape(E * B, P, spec.d_model)

@@ -63,13 +63,15 @@ def copies_per_forward(adapter: ModelAdapter, tokens: Tensor, positions: int | N
 
 
 def check_heads(heads: Any, n_layers: int, n_heads: int, where: str) -> list[Head]:
-    """``heads`` as a sorted list of distinct ``(layer, head)`` pairs inside the model; ``None``: every head."""
+    """``heads`` as a sorted list of distinct ``(layer, head)`` pairs inside the model; ``None``: every head.
+    Any iterable is read, at most ``L x H`` entries of it (a longer one, or an endless iterator, is refused)."""
     if heads is None:
         return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
-        raise validate.fail(f"{where}: heads", heads, "an iterable of (layer, head) pairs, or None for every head")
+    items = validate.bounded_list(f"{where}: heads", heads, n_layers * n_heads,
+                                  "an iterable of (layer, head) pairs, or None for every head",
+                                  why=f"L x H = {n_layers} x {n_heads} heads")
     out = set()
-    for item in heads:
+    for item in items:
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise validate.fail(f"{where}: heads", item, "a (layer, head) pair")
         layer = validate.integer(f"{where}: heads layer", item[0], minimum=0, maximum=n_layers - 1)

@@ -17,6 +17,12 @@ Two kinds:
 - **weight** scores are functions of the weights alone: ``compute(HeadWeights) -> [layer, head]`` (or ``None``
   when the model lacks what the score needs, e.g. no unembedding), with a fixed ``neutral``.
 
+A definition's functions are the user's code: they run inside a guard (:func:`targets_of`, :func:`read_rows`,
+:func:`compute_scores`): an exception becomes one :class:`~circuitkit.CircuitkitError` naming the score and the
+original error; the output is checked (a tensor of the promised shape, a real dtype, the input's device, finite
+values); ``targets`` receives a copy of the tokens, so a function that writes into them changes nothing else.
+Names and short names must not be a built-in table column (:data:`RESERVED_COLUMNS`).
+
 Register your own::
 
     from circuitkit import detect
@@ -33,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from circuitkit import validate
@@ -66,6 +73,12 @@ class ScoreDefinition:
 
 
 _REGISTRY: dict[str, ScoreDefinition] = {}
+
+RESERVED_COLUMNS = frozenset({
+    "rank", "head", "layer", "attrib", "ablated", "attr", "ablate", "attribution", "ablation", "exact",
+})
+"""Column labels and keys the head tables (command line, report, ``scores.json``) use for other things than a
+registered score; a score named (or short-named) so would be shown in, or sorted by, the wrong column."""
 
 
 def _check_text(field: str, value: Any) -> str:
@@ -117,6 +130,10 @@ def register(definition: ScoreDefinition, *, replace_existing: bool = False) -> 
             f"register: given score {definition.name!r}, which is already registered; expected a new name "
             "(or replace_existing=True to redefine it)."
         )
+    for field, value in (("name", definition.name), ("short", definition.short)):
+        if value.strip().lower() in RESERVED_COLUMNS:
+            raise validate.fail(f"register: {field}", value,
+                                f"a name that is not a built-in table column ({sorted(RESERVED_COLUMNS)})")
     if not replace_existing and any(d.short == definition.short for d in _REGISTRY.values()):
         raise CircuitkitError(
             f"register: given short name {definition.short!r}, already used by another score; expected a unique "
@@ -150,6 +167,72 @@ def registered(kind: ScoreKind | None = None) -> tuple[ScoreDefinition, ...]:
 def score_names() -> tuple[str, ...]:
     """Names of the registered scores, in order."""
     return tuple(_REGISTRY)
+
+
+# ------------------------------------------------------------------------------ the user's code, guarded
+def _guarded(definition: ScoreDefinition, what: str, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``; any exception it raises becomes one line naming the score and the original error."""
+    try:
+        return function(*args)
+    except CircuitkitError as error:
+        if f"score {definition.name!r}" in str(error):
+            raise
+        raise CircuitkitError(f"score {definition.name!r}: {what}: {_one_line(error)}") from error
+    except Exception as error:  # noqa: BLE001 - the user's code: every error it raises is reported, labelled
+        raise CircuitkitError(
+            f"score {definition.name!r}: {what} raised {type(error).__name__}: {_one_line(error)}; expected it to "
+            "run on the documented input (see circuitkit.detect.registry). Fix the function or unregister the score."
+        ) from error
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
+def targets_of(definition: ScoreDefinition, tokens: Tensor) -> Tensor:
+    """The pattern score's ``[batch, q, k]`` bool target mask on ``tokens`` ``[batch, pos]``, guarded: the function
+    receives a copy of the tokens; its result must be a bool tensor of that shape on the tokens' device."""
+    mask = _guarded(definition, "targets(tokens)", definition.targets, tokens.clone())
+    expected = f"a bool tensor [batch, q, k] = {[*tokens.shape, tokens.shape[1]]} on {tokens.device}"
+    if (not isinstance(mask, Tensor) or mask.shape != (*tokens.shape, tokens.shape[1]) or mask.dtype != torch.bool
+            or mask.device != tokens.device or mask.layout != torch.strided):
+        raise validate.fail(f"score {definition.name!r}: targets(tokens)", mask, expected)
+    return mask
+
+
+def read_rows(definition: ScoreDefinition, patterns: Tensor) -> Tensor:
+    """The pattern score's fast ``reader``, guarded: ``patterns [batch, head, q, k] -> [batch, head, pos - 1]``,
+    real floating, on the patterns' device."""
+    rows = _guarded(definition, "reader(patterns)", definition.reader, patterns)
+    batch, heads, pos, _ = patterns.shape
+    if (not isinstance(rows, Tensor) or tuple(rows.shape) != (batch, heads, pos - 1) or not rows.is_floating_point()
+            or rows.device != patterns.device):
+        raise validate.fail(f"score {definition.name!r}: reader(patterns)", rows,
+                            f"a real floating tensor [batch, head, pos - 1] = {[batch, heads, pos - 1]} on "
+                            f"{patterns.device}")
+    return rows
+
+
+def compute_scores(definition: ScoreDefinition, source: Any, n_layers: int, n_heads: int) -> Tensor | None:
+    """The weight score of every head (``[layer, head]`` float32 on the CPU), or None where it does not apply;
+    guarded: the result must be a real tensor of that shape holding data (not on ``meta``), every value finite
+    (a NaN or inf score is refused, not saved as ``null``)."""
+    value = _guarded(definition, "compute(weights)", definition.compute, source)
+    if value is None:
+        return None
+    name = f"score {definition.name!r}: compute(weights)"
+    if (not isinstance(value, Tensor) or tuple(value.shape) != (n_layers, n_heads)
+            or not (value.is_floating_point() or value.dtype in (torch.int32, torch.int64))
+            or value.is_meta or value.layout != torch.strided):
+        raise validate.fail(name, value, f"a real tensor [layer, head] = {[n_layers, n_heads]} holding data, or None")
+    value = value.detach().float().cpu()
+    bad = int((~torch.isfinite(value)).sum())
+    if bad:
+        raise validate.fail(name, validate.given(f"{bad} NaN or infinite scores of {value.numel()}"),
+                            "a finite score for every head", "A score that divides by zero needs a guard "
+                            "(return 0 or the neutral value there).")
+    return value
 
 
 def _copying_where_readable(model: Any) -> Any:
@@ -200,7 +283,11 @@ def _register_builtins() -> None:
 _register_builtins()
 
 __all__ = [
+    "RESERVED_COLUMNS",
     "ScoreDefinition",
+    "compute_scores",
+    "read_rows",
+    "targets_of",
     "get",
     "pattern_score",
     "register",

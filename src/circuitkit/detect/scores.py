@@ -130,6 +130,12 @@ class PatternReducer:
     def __init__(self, tokens: Int[Tensor, "batch pos"], definitions: tuple[ScoreDefinition, ...],
                  windows: tuple[int | None, ...] | None = None) -> None:
         batch, pos = tokens.shape
+        if not definitions:
+            raise CircuitkitError(
+                "head_scores: given an empty score registry (every pattern score unregistered); expected at least "
+                "one registered pattern score. Register one with circuitkit.detect.register(...) (a new Python "
+                "process starts with the built-in scores registered)."
+            )
         self.definitions = definitions
         self.masked = [d for d in definitions if d.reader is None]
         self.readers = [d for d in definitions if d.reader is not None]
@@ -155,13 +161,7 @@ class PatternReducer:
 
     @staticmethod
     def _mask(definition: ScoreDefinition, tokens: Tensor) -> Tensor:
-        mask = definition.targets(tokens)
-        if not isinstance(mask, Tensor) or mask.shape != (*tokens.shape, tokens.shape[1]) or mask.dtype != torch.bool:
-            raise validate.fail(
-                f"score {definition.name!r}: targets(tokens)", mask,
-                f"a bool tensor [batch, q, k] = {[*tokens.shape, tokens.shape[1]]}",
-            )
-        return mask
+        return registry.targets_of(definition, tokens)
 
     def __call__(self, patterns: Float[Tensor, "batch head q k"]) -> dict[str, Tensor]:
         batch, n_heads, pos, _ = patterns.shape
@@ -172,7 +172,7 @@ class PatternReducer:
             sums = torch.bmm(flat, mask).sum(dim=0) / self.mask_counts.to(patterns.device)  # [h, s]
             out.update({d.name: sums[:, i] for i, d in enumerate(self.masked)})
         for d in self.readers:
-            out[d.name] = d.reader(patterns).sum(dim=(0, 2)) / self.rows
+            out[d.name] = registry.read_rows(d, patterns).sum(dim=(0, 2)) / self.rows
         return {d.name: out[d.name] for d in self.definitions}
 
 
@@ -245,11 +245,11 @@ class PatternCollector:
                 stacklevel=3,
             )
         for d in registry.registered("weight"):
-            value = d.compute(weights if weights is not None else self.adapter.model)
+            value = registry.compute_scores(d, weights if weights is not None else self.adapter.model,
+                                            spec.n_layers, spec.n_heads)
             if value is None:
                 continue
-            value = validate.tensor(f"score {d.name!r}", value, shape=(spec.n_layers, spec.n_heads))
-            scores[d.name] = value.detach().float().cpu()
+            scores[d.name] = value
             definitions[d.name] = d
         bidirectional = spec.bidirectional or self.acausal
         if bidirectional:

@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,29 @@ TOKENIZER_READS = (
 """The files a Hugging Face tokenizer may read from a directory; each is checked before the tokenizer loads."""
 
 __all__ = [
-    "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TOKENIZER_BYTES", "check_directory", "check_path_length",
+    "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TOKENIZER_BYTES", "MODEL_FILE", "FileKind", "check_directory",
+    "check_path_length",
     "check_tokenizer_files",
     "checked_file", "exists",
     "is_dir", "read_bytes", "read_json", "read_text",
 ]
 
 
-def _error(path: Path | str, problem: str, expected: str, fix: str = "") -> CircuitkitError:
-    text = f"model file {str(path)!r} {problem}; expected {expected}."
+@dataclass(frozen=True)
+class FileKind:
+    """How errors name a file the guarded reader reads: ``label`` (``"model file"``), the ``folder`` it belongs in
+    and the ``writer`` that writes such files (named in the fixes)."""
+
+    label: str
+    folder: str
+    writer: str
+
+
+MODEL_FILE = FileKind("model file", "model directory", "save_pretrained(...)")
+
+
+def _error(path: Path | str, kind: FileKind, problem: str, expected: str, fix: str = "") -> CircuitkitError:
+    text = f"{kind.label} {str(path)!r} {problem}; expected {expected}."
     return CircuitkitError(f"{text} {fix}" if fix else text)
 
 
@@ -115,7 +130,7 @@ def _stat(path: Path, follow: bool = True) -> os.stat_result | None:
             check_path_length(path, "model path")
         if error.errno in (errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG):
             return None
-        raise _error(path, f"cannot be inspected ({error.strerror or error})", "a readable file") from None
+        raise _error(path, MODEL_FILE, f"cannot be inspected ({error.strerror or error})", "a readable file") from None
 
 
 def exists(path: str | os.PathLike) -> bool:
@@ -149,7 +164,7 @@ def _root(directory: Path) -> Path:
 
 
 def checked_file(path: str | os.PathLike, directory: str | os.PathLike | None = None, *,
-                 max_bytes: int | None = None) -> Path:
+                 max_bytes: int | None = None, kind: FileKind = MODEL_FILE) -> Path:
     """``path`` checked without opening it: it exists, is (or links to) a regular file, stays inside
     ``directory`` (its own folder when None) once symlinks are resolved, and holds at most ``max_bytes``.
     Returns the path as given; every fault is one :class:`CircuitkitError` line."""
@@ -158,43 +173,44 @@ def checked_file(path: str | os.PathLike, directory: str | os.PathLike | None = 
     directory = Path(directory) if directory is not None else path.parent
     link = _stat(path, follow=False)
     if link is None:
-        raise _error(path, "does not exist", "the file in the model directory")
+        raise _error(path, kind, "does not exist", f"the file in the {kind.folder}")
     try:
         target = path.resolve(strict=True)
     except (OSError, RuntimeError):
-        raise _error(path, f"is a symlink to {os.readlink(path)!r}, which does not exist (or loops)",
+        raise _error(path, kind, f"is a symlink to {os.readlink(path)!r}, which does not exist (or loops)",
                      "a file that exists") from None
     root = _root(directory)
     if not target.is_relative_to(root):
         what = f"is a symlink to {str(target)!r}" if stat.S_ISLNK(link.st_mode) else f"resolves to {str(target)!r}"
-        raise _error(path, f"{what}, outside {str(root)!r}", "files inside the model directory",
+        raise _error(path, kind, f"{what}, outside {str(root)!r}", f"files inside the {kind.folder}",
                      "Copy the file into the directory if you mean to use it.")
     found = _stat(path)
     if found is None:
-        raise _error(path, "does not exist", "the file in the model directory")
+        raise _error(path, kind, "does not exist", f"the file in the {kind.folder}")
     if not stat.S_ISREG(found.st_mode):
-        raise _error(path, f"is {_kind(found.st_mode)}", "a regular file",
-                     "Reading it could block or never end; replace it by the file save_pretrained(...) writes.")
+        raise _error(path, kind, f"is {_kind(found.st_mode)}", "a regular file",
+                     f"Reading it could block or never end; replace it by the file {kind.writer} writes.")
     if max_bytes is not None and found.st_size > max_bytes:
-        raise _error(path, f"is {found.st_size / 2**20:.1f} MiB", f"at most {max_bytes / 2**20:.0f} MiB for this "
-                     "kind of file", "It is not a file save_pretrained(...) writes.")
+        raise _error(path, kind, f"is {found.st_size / 2**20:.1f} MiB", f"at most {max_bytes / 2**20:.0f} MiB for this "
+                     "kind of file", f"It is not a file {kind.writer} writes.")
     return path
 
 
-def read_bytes(path: str | os.PathLike, directory: str | os.PathLike | None = None, *, max_bytes: int) -> bytes:
+def read_bytes(path: str | os.PathLike, directory: str | os.PathLike | None = None, *, max_bytes: int,
+               kind: FileKind = MODEL_FILE) -> bytes:
     """The bytes of ``path``, checked by :func:`checked_file`, read through a non-blocking descriptor that is
     checked again (``fstat``) after the open."""
-    path = checked_file(path, directory, max_bytes=max_bytes)
+    path = checked_file(path, directory, max_bytes=max_bytes, kind=kind)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
-        raise _error(path, f"cannot be opened ({error.strerror or error})", "a readable file") from None
+        raise _error(path, kind, f"cannot be opened ({error.strerror or error})", "a readable file") from None
     try:
         found = os.fstat(fd)
         if not stat.S_ISREG(found.st_mode):
-            raise _error(path, f"is {_kind(found.st_mode)}", "a regular file")
+            raise _error(path, kind, f"is {_kind(found.st_mode)}", "a regular file")
         if found.st_size > max_bytes:
-            raise _error(path, f"is {found.st_size / 2**20:.1f} MiB", f"at most {max_bytes / 2**20:.0f} MiB")
+            raise _error(path, kind, f"is {found.st_size / 2**20:.1f} MiB", f"at most {max_bytes / 2**20:.0f} MiB")
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
@@ -203,23 +219,31 @@ def read_bytes(path: str | os.PathLike, directory: str | os.PathLike | None = No
             chunks.append(chunk)
             total += len(chunk)
             if total > max_bytes:
-                raise _error(path, f"grew past {max_bytes / 2**20:.0f} MiB while being read", "a file at rest")
+                raise _error(path, kind, f"grew past {max_bytes / 2**20:.0f} MiB while being read", "a file at rest")
         return b"".join(chunks)
     except OSError as error:
-        raise _error(path, f"cannot be read ({error.strerror or error})", "a readable file") from None
+        raise _error(path, kind, f"cannot be read ({error.strerror or error})", "a readable file") from None
     finally:
         os.close(fd)
 
 
 def read_text(path: str | os.PathLike, directory: str | os.PathLike | None = None, *,
-              max_bytes: int = MAX_JSON_BYTES) -> str:
+              max_bytes: int = MAX_JSON_BYTES, kind: FileKind = MODEL_FILE) -> str:
     """The text of ``path`` (strict UTF-8), read by :func:`read_bytes`."""
-    data = read_bytes(path, directory, max_bytes=max_bytes)
+    data = read_bytes(path, directory, max_bytes=max_bytes, kind=kind)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise _error(path, f"is not UTF-8 text (byte {error.start} is {data[error.start:error.start + 1]!r})",
-                     "a UTF-8 text file written by save_pretrained(...)") from None
+        raise _error(path, kind, f"is not UTF-8 text (byte {error.start} is {data[error.start:error.start + 1]!r})",
+                     f"a UTF-8 text file written by {kind.writer}") from None
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NonFinite(token)
 
 
 def _depth(value: Any) -> int:
@@ -235,21 +259,28 @@ def _depth(value: Any) -> int:
 
 
 def read_json(path: str | os.PathLike, directory: str | os.PathLike | None = None, *,
-              max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """``path`` parsed as JSON (UTF-8, at most ``max_bytes``, nested at most ``max_depth`` levels)."""
-    text = read_text(path, directory, max_bytes=max_bytes)
+              max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH, kind: FileKind = MODEL_FILE,
+              finite: bool = False) -> Any:
+    """``path`` parsed as JSON (UTF-8, at most ``max_bytes``, nested at most ``max_depth`` levels); with
+    ``finite``, the non-standard tokens ``NaN``, ``Infinity`` and ``-Infinity`` are refused (Python's ``json``
+    accepts them by default)."""
+    text = read_text(path, directory, max_bytes=max_bytes, kind=kind)
     if not text.strip():
-        raise _error(path, "is empty", "a JSON file written by save_pretrained(...)")
+        raise _error(path, kind, "is empty", f"a JSON file written by {kind.writer}")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant) if finite else json.loads(text)
+    except _NonFinite as error:
+        raise _error(path, kind, f"holds the non-finite number {error.args[0]}",
+                     "finite numbers only (standard JSON)") from None
     except RecursionError:
-        raise _error(path, "is JSON nested too deeply to parse", f"at most {max_depth} levels of nesting") from None
+        raise _error(path, kind, "is JSON nested too deeply to parse",
+                     f"at most {max_depth} levels of nesting") from None
     except json.JSONDecodeError as error:
-        raise _error(path, f"is not JSON ({error.msg} at line {error.lineno})",
-                     "a JSON file written by save_pretrained(...)") from None
+        raise _error(path, kind, f"is not JSON ({error.msg} at line {error.lineno})",
+                     f"a JSON file written by {kind.writer}") from None
     depth = _depth(data)
     if depth > max_depth:
-        raise _error(path, f"is JSON nested {depth} levels deep", f"at most {max_depth} levels of nesting")
+        raise _error(path, kind, f"is JSON nested {depth} levels deep", f"at most {max_depth} levels of nesting")
     return data
 
 
@@ -265,7 +296,8 @@ def check_directory(directory: str | os.PathLike) -> None:
     try:
         names = sorted(os.listdir(directory))
     except OSError as error:
-        raise _error(directory, f"cannot be listed ({error.strerror or error})", "a readable directory") from None
+        raise _error(directory, MODEL_FILE, f"cannot be listed ({error.strerror or error})",
+                     "a readable directory") from None
     for name in names:
         if not name.endswith(READ_SUFFIXES) or name.startswith("."):
             continue
@@ -289,9 +321,10 @@ def check_tokenizer_files(directory: str | os.PathLike) -> None:
         if name.endswith(".json"):
             data = read_json(path, directory, max_bytes=MAX_TOKENIZER_BYTES)
             if not isinstance(data, dict):
-                raise _error(path, f"holds a JSON {type(data).__name__}", "a JSON object")
+                raise _error(path, MODEL_FILE, f"holds a JSON {type(data).__name__}", "a JSON object")
             if name == "tokenizer.json" and not isinstance(data.get("model"), dict):
-                raise _error(path, "has no 'model' object", "a tokenizer.json written by a Hugging Face tokenizer")
+                raise _error(path, MODEL_FILE, "has no 'model' object",
+                             "a tokenizer.json written by a Hugging Face tokenizer")
         elif name in ("merges.txt", "vocab.txt", "chat_template.jinja"):
             read_text(path, directory, max_bytes=MAX_TOKENIZER_BYTES)
         else:

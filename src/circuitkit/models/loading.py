@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -587,23 +588,110 @@ def _hub_repo_id(name: str) -> str | None:
 
 
 def _cached_snapshot(repo: str) -> Path | None:
-    """The local snapshot directory of ``repo`` (its ``main`` revision), read with the hub offline."""
-    from huggingface_hub import snapshot_download
-
-    if not _in_local_cache(repo):
-        return None
+    """The local snapshot directory of ``repo`` (its ``main`` revision) if it holds a config.json, else None."""
     try:
-        with hub_offline():
-            return Path(snapshot_download(repo, local_files_only=True))
-    except Exception:  # no refs/main, or a malformed repository id
+        check_hub_name(repo, "main", "load_model")
+    except CircuitkitError:  # not a hub repository id: nothing of it can be cached
         return None
+    snapshot = cached_revision(repo, "main", "load_model")
+    if snapshot is None or not guarded.exists(snapshot / "config.json"):
+        return None
+    return snapshot
+
+
+# ------------------------------------------------------------------------------- hub names, revisions, cache refs
+MAX_REPO_PART = 96
+"""The hub's limit on an organisation or repository name."""
+MAX_REVISION = 255
+"""A branch or tag name (git allows longer, the hub's and file systems' limits are about this)."""
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+REVISION = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._/+=-]*$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+MAX_REF_BYTES = 1024
+"""A ``refs/<revision>`` file holds a 40-character commit hash."""
+
+
+def check_hub_name(repo: Any, revision: Any, where: str) -> tuple[str, str]:
+    """``repo`` (``org/name``) and ``revision`` checked for length and form before any file-system call: the hub's
+    characters, at most :data:`MAX_REPO_PART` per part and :data:`MAX_REVISION` in a revision, no control
+    characters, no ``..`` (a revision names ``refs/<revision>`` inside the cache)."""
+    shown = _shown(f"{repo}@{revision}")
+    if not isinstance(repo, str) or not REPO_ID.match(repo) or ".." in repo:
+        raise validate.fail(where, validate.given(shown),
+                            "'org/name@revision' with a hub repository name of letters, digits, '.', '_' and '-'")
+    longest = max(len(part) for part in repo.split("/"))
+    if longest > MAX_REPO_PART:
+        raise validate.fail(where, validate.given(f"{shown}, a repository name part of {longest} characters"),
+                            f"at most {MAX_REPO_PART} characters per part (the hub's limit)")
+    if not isinstance(revision, str) or len(revision) > MAX_REVISION:
+        size = len(revision) if isinstance(revision, str) else 0
+        raise validate.fail(where, validate.given(f"{shown}, a revision of {size} characters"),
+                            f"a revision of 1 to {MAX_REVISION} characters")
+    if not REVISION.match(revision) or ".." in revision.split("/") or revision.endswith("/"):
+        raise validate.fail(where, validate.given(shown),
+                            "a revision (branch, tag or commit) of letters, digits and '._/+=-', without control "
+                            "characters, spaces or '..'")
+    return repo, revision
+
+
+def _shown(text: str) -> str:
+    """``text`` as one short line (control characters escaped, long text elided)."""
+    text = repr(text)[1:-1]
+    return text if len(text) <= 80 else text[:38] + "..." + text[-38:]
+
+
+def _repo_cache(repo: str) -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE).expanduser() / f"models--{repo.replace('/', '--')}"
+
+
+def cached_revision(repo: str, revision: str, where: str) -> Path | None:
+    """The cached snapshot directory of ``repo`` at ``revision`` (a branch, tag or commit), or None if it is not in
+    the local Hugging Face cache. The ``refs/<revision>`` file is read as data (a regular file, size-capped,
+    through :mod:`circuitkit.models.files`) that must be a commit hash naming a directory under the repository's
+    ``snapshots/``: a ref pointing elsewhere (``../../other``) or a snapshot that leaves the cache is refused."""
+    repo, revision = check_hub_name(repo, revision, where)
+    root = _repo_cache(repo)
+    if COMMIT.match(revision):
+        commit = revision
+    else:
+        ref = root / "refs" / revision
+        if not guarded.exists(ref):
+            return None
+        text = guarded.read_text(ref, root, max_bytes=MAX_REF_BYTES).strip()
+        if not COMMIT.match(text):
+            raise CircuitkitError(
+                f"{where}: the local Hugging Face cache's ref {str(ref)!r} holds {_shown(text)}; expected a "
+                "40-character commit hash. The cache entry is damaged: remove it and fetch the revision again."
+            )
+        commit = text
+    snapshot = root / "snapshots" / commit
+    if not guarded.is_dir(snapshot):
+        return None
+    return inside_cache(repo, snapshot, where)
+
+
+def inside_cache(repo: str, snapshot: str | os.PathLike, where: str) -> Path:
+    """``snapshot`` checked to be a directory under ``repo``'s ``snapshots/`` in the cache, links resolved."""
+    snapshots = (_repo_cache(repo) / "snapshots").resolve()
+    resolved = Path(snapshot).resolve()
+    if resolved.parent != snapshots or not COMMIT.match(resolved.name):
+        raise CircuitkitError(
+            f"{where}: the local Hugging Face cache names {_shown(str(snapshot))} for {repo}, which resolves to "
+            f"{_shown(str(resolved))}; expected a snapshot directory inside {_shown(str(snapshots))}. The cache "
+            "entry is damaged or points elsewhere: remove it and fetch the model again."
+        )
+    return Path(snapshot)
 
 
 def _download(repo: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo, allow_patterns=list(DOWNLOAD_PATTERNS)))
+        return inside_cache(repo, snapshot_download(repo, allow_patterns=list(DOWNLOAD_PATTERNS)), "load_model")
+    except CircuitkitError:
+        raise
     except Exception as error:  # network, missing or gated repository
         detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise _error("could not download", f"{repo!r} ({type(error).__name__}: {detail})",
@@ -611,10 +699,6 @@ def _download(repo: str) -> Path:
 
 
 def _in_local_cache(repo: str) -> bool:
-    """Whether ``repo``'s config.json is in the local Hugging Face cache (no network access)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
-    except Exception:  # malformed repository id
-        return False
+    """Whether ``repo``'s ``main`` revision, with its config.json, is in the local Hugging Face cache (no network
+    access; refs read as data, :func:`cached_revision`)."""
+    return _cached_snapshot(repo) is not None

@@ -10,7 +10,11 @@ it) give every entry point the same contract:
   state-dict hooks), each parameter's ``requires_grad`` and the device of every parameter and buffer are what they
   were before, also when the call raised or was interrupted;
 - a model whose weights are on the ``meta`` device (moved there, or offloaded with no way to bring them back) is
-  refused with one :class:`~circuitkit.CircuitkitError` line before any work.
+  refused with one :class:`~circuitkit.CircuitkitError` line before any work;
+- so is a model with a NaN or infinite weight (the line names the parameter): every measurement of it would be
+  NaN, or, worse, finite where the bad weight happens not to reach (attention patterns ignore ``W_V``). One sum
+  per parameter (:func:`circuitkit.validate.all_finite`), read once per outermost call; buffers are not checked
+  (attention masks hold ``-inf`` by design).
 
 A ``TransformerBridge`` installs capture hooks of its own on its first forward pass (once); those are installed
 before the state is saved, so they count as the model's own.
@@ -80,6 +84,22 @@ def _refuse_meta(module: torch.nn.Module, where: str) -> None:
             )
 
 
+def _refuse_non_finite(module: torch.nn.Module, where: str) -> None:
+    from circuitkit.validate import all_finite
+
+    for name, param in module.named_parameters():
+        if param.is_meta or all_finite(param.detach()):
+            continue
+        values = param.detach()
+        bad = int((~torch.isfinite(values)).sum())
+        kind = "NaN" if bool(torch.isnan(values).any()) else "infinite"
+        raise CircuitkitError(
+            f"{where}: given a model whose weight {name!r} {tuple(values.shape)} holds {bad} {kind} values; expected "
+            "finite weights. Check the checkpoint or the training run that produced it (a loss that diverged, "
+            "an overflow in half precision)."
+        )
+
+
 def _offloaded(module: torch.nn.Module, name: str) -> bool:
     """Whether accelerate brings this meta parameter in from disk on use (its module, or one above it, has a
     ``_hf_hook`` with a weights map)."""
@@ -116,6 +136,7 @@ def caller_state(model: Any, where: str = "circuitkit") -> Iterator[None]:
         yield  # not a module, or an enclosing call restores it
         return
     _refuse_meta(module, where)
+    _refuse_non_finite(module, where)
     settle(module)
     modules = list(module.modules())
     modes = [(m, m.training) for m in modules]

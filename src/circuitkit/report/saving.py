@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 REPORT_NAME = "report.html"
 SCORES_NAME = "scores.json"
 TEMP_PREFIX = ".ck-tmp-"
+RESULT_MARKERS = {"scan": (SCORES_NAME,), "track": ("track.json", "track-step*.json")}
+"""The files that say which kind of result a directory holds (``report.html`` is written by both): a directory
+holds one kind, so a scan's report never sits beside a track's records or the other way round."""
 
 
 def scores_text(scan: Scan) -> str:
@@ -62,7 +65,7 @@ def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedR
 
     check_scan("save: scan", scan)
     png = validate.boolean("save: png", png)
-    out = prepare_directory(out_dir)
+    out = prepare_directory(out_dir, kind="scan")
     files = {REPORT_NAME: build_report(scan).encode("utf-8"), SCORES_NAME: scores_text(scan).encode("utf-8")}
     write_together(out, files)
     pngs: tuple[Path, ...] = ()
@@ -73,10 +76,12 @@ def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedR
     return SavedReport(report=out / REPORT_NAME, scores=out / SCORES_NAME, pngs=pngs)
 
 
-def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir", probe: bool = False) -> Path:
+def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir", probe: bool = False,
+                      kind: str | None = None) -> Path:
     """``out_dir`` checked (a non-empty path that is not a file) and created with its parents; with ``probe``, an
     empty file is written there and removed, so that an unwritable directory fails before any work (the CLI
-    checks ``--out`` before the scan runs). Errors name ``where``."""
+    checks ``--out`` before the scan runs); with ``kind`` (``"scan"`` or ``"track"``), a directory that holds the
+    other kind of result is refused (:func:`check_kind`). Errors name ``where``."""
     if not isinstance(out_dir, (str, os.PathLike)) or isinstance(os.fspath(out_dir), bytes):
         raise validate.fail(where, out_dir, "a directory path (str or os.PathLike)")
     text = os.fspath(out_dir)
@@ -94,6 +99,8 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
     if out.exists() and not out.is_dir():
         raise validate.fail(where, text, f"a directory to write report.html into, not {_what_is(out)}",
                             "Pick another path.")
+    if kind is not None:
+        check_kind(out, kind, where)
     for name in (REPORT_NAME, SCORES_NAME):
         target = out / name
         if os.path.lexists(target) and not (target.is_file() or _dangling_link(target) == target):
@@ -116,6 +123,20 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
             reason = f"cannot write to it: {reason}"
         raise validate.fail(where, text, f"a writable directory ({reason})") from None
     return out
+
+
+def check_kind(out: Path, kind: str, where: str) -> None:
+    """Refuse ``out`` if it holds a result of another kind than ``kind`` (:data:`RESULT_MARKERS`)."""
+    kind = validate.option(f"{where}: kind", kind, tuple(RESULT_MARKERS))
+    if not out.is_dir():
+        return
+    for other, patterns in RESULT_MARKERS.items():
+        if other == kind:
+            continue
+        found = sorted(path.name for pattern in patterns for path in out.glob(pattern))
+        if found:
+            raise validate.fail(where, str(out), f"a directory for a {kind}, not one holding a {other} ({found[0]})",
+                                f"A directory holds one kind of result: write the {kind} to another directory.")
 
 
 def _dangling_link(path: Path) -> Path | None:

@@ -31,10 +31,15 @@ DIGITS = 6
 
 
 def architecture(adapter: ModelAdapter) -> dict[str, Any]:
-    """The shape every checkpoint of one track must share."""
+    """The shape and family every checkpoint of one track must share (two families of one shape differ in what
+    their heads compute: a Llama and a GPT-NeoX checkpoint are not one training run)."""
     spec = adapter.spec
+    family = str(spec.family)
+    model_type = getattr(getattr(adapter, "hf_config", None), "model_type", None)
+    if isinstance(model_type, str) and model_type:  # Llama, Mistral and Qwen2 share one bridge family entry
+        family = f"{family} [{model_type}]"
     return {"n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_model": spec.d_model, "d_head": spec.d_head,
-            "d_vocab": spec.d_vocab, "n_ctx": spec.n_ctx, "n_kv_heads": spec.n_kv_heads}
+            "d_vocab": spec.d_vocab, "n_ctx": spec.n_ctx, "n_kv_heads": spec.n_kv_heads, "family": family}
 
 
 def _round(value: float) -> float:

@@ -12,6 +12,9 @@ Files in a track's directory (every one written atomically: a temporary file, ``
 - ``report.html``: the offline report (:mod:`circuitkit.report.track_page`), written with ``track.json`` at the
   end (and when a track is interrupted).
 
+Every file read back (a record on a rerun or a merge, ``track.json`` in :meth:`Track.load`) goes through
+:mod:`circuitkit.tracking.records`: the guarded file reader, then the schema.
+
 Units: losses and the ICL score are nats per token (natural-log cross-entropy, mean over the batch); steps are
 the training steps the checkpoints were saved at.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,9 +34,8 @@ import torch
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.tracking.phase import locate
+from circuitkit.tracking.records import RECORD_FORMAT, TRACK_FORMAT, read_record, read_track
 
-TRACK_FORMAT = "circuitkit-track/1"
-RECORD_FORMAT = "circuitkit-track-checkpoint/1"
 TRACK_NAME = "track.json"
 REPORT_NAME = "report.html"
 RECORD_PREFIX = "track-step"
@@ -44,6 +47,9 @@ UNITS = {
 }
 RECORD_KEYS = ("label", "step", "source", "icl_score", "first_copy_loss", "repeated_loss", "loss_per_position",
                "scores", "called", "top_edges")
+OPTIONAL_KEYS = ("fingerprint",)
+"""Kept in ``track.json``'s checkpoint entries where the record has them."""
+RECORD_FILE = re.compile(r"^track-step(\d+)\.json$")
 
 
 def record_name(step: int) -> str:
@@ -115,7 +121,8 @@ class Track:
             "model": self.model,
             "tokens_sha256": self.tokens_sha256,
             "phase_change": self.phase_change,
-            "checkpoints": [{key: r[key] for key in RECORD_KEYS} for r in self.checkpoints],
+            "checkpoints": [{key: r[key] for key in (*RECORD_KEYS, *OPTIONAL_KEYS) if key in r}
+                            for r in self.checkpoints],
         }
 
     def save(self, out_dir: str | os.PathLike, *, png: bool = False) -> SavedTrack:
@@ -125,7 +132,7 @@ class Track:
         from circuitkit.report.track_page import build_track_report
 
         png = validate.boolean("Track.save: png", png)
-        out = prepare_directory(out_dir, where="Track.save: out_dir")
+        out = prepare_directory(out_dir, where="Track.save: out_dir", kind="track")
         write_together(out, {TRACK_NAME: dumps(self.to_json()), REPORT_NAME: build_track_report(self).encode()})
         pngs: tuple[Path, ...] = ()
         if png:
@@ -137,10 +144,12 @@ class Track:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Track:
         """A track read back from ``track.json`` (or the directory holding it)."""
+        if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+            raise validate.fail("Track.load: path", path, "the path of a track.json file or of its directory")
         file = Path(path).expanduser()
         if file.is_dir():
             file = file / TRACK_NAME
-        data = _read(file, TRACK_FORMAT, "Track.load: path")
+        data = read_track(file, "Track.load")
         return cls(checkpoints=tuple(data["checkpoints"]), settings=data["settings"], model=data["model"],
                    tokens_sha256=data.get("tokens_sha256"), complete=bool(data.get("complete", True)))
 
@@ -155,34 +164,55 @@ class Track:
         return f"Track({len(self.checkpoints)} checkpoints, steps {self.steps[:1]}..{self.steps[-1:]}, {where})"
 
 
-def _read(file: Path, expected_format: str, where: str) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise validate.fail(where, str(file), f"an existing {expected_format} file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise validate.fail(where, str(file), f"a readable {expected_format} JSON file ({error})") from None
-    if not isinstance(data, dict) or data.get("format") != expected_format:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise validate.fail(where, f"{str(file)!r} of format {got!r}", f"format {expected_format!r}")
-    return data
-
-
-def read_records(directory: Path) -> dict[int, dict[str, Any]]:
-    """``step -> record`` for every ``track-step<N>.json`` in ``directory`` (unreadable ones raise)."""
+def read_records(directory: Path, where: str = "track") -> dict[int, dict[str, Any]]:
+    """``step -> record`` for every ``track-step<N>.json`` in ``directory``, each read by the guarded reader and
+    checked against the record schema (:mod:`circuitkit.tracking.records`); a file whose name is not the step it
+    holds, or two files holding one step, are refused naming both."""
     out: dict[int, dict[str, Any]] = {}
+    files: dict[int, Path] = {}
     for file in sorted(directory.glob(f"{RECORD_PREFIX}*.json")):
-        record = _read(file, RECORD_FORMAT, "track: record")
-        out[int(record["step"])] = record
+        record = read_record(file, directory, f"{where}: record")
+        step = record["step"]
+        named = RECORD_FILE.match(file.name)
+        if named is None or int(named.group(1)) != step:
+            raise CircuitkitError(
+                f"{where}: record {str(file)!r} holds step {step}; expected the step its name says (a record of "
+                f"step {step} is written as {record_name(step)}). Rename or remove it."
+            )
+        if step in files:
+            raise CircuitkitError(
+                f"{where}: records {str(files[step])!r} and {str(file)!r} both hold step {step}; expected one "
+                "record per step. Remove one of them."
+            )
+        files[step] = file
+        out[step] = record
     return out
 
 
+def record_file(directory: Path, step: int, where: str) -> dict[str, Any] | None:
+    """The record already written for ``step`` in ``directory`` (checked), or None."""
+    file = directory / record_name(step)
+    if not os.path.lexists(file):
+        return None
+    return read_record(file, directory, f"{where}: record")
+
+
 def same_run(records: list[dict[str, Any]], where: str) -> None:
-    """Every record measured with the same settings, batch and architecture, or one error naming the first
-    that differs."""
+    """Every record measured with the same score set, settings, batch and architecture (family included), or one
+    error naming the first that differs and how."""
     first = records[0]
     for record in records[1:]:
-        for key, what in (("model", "architecture and vocabulary"), ("settings", "settings"),
+        mine, theirs = set(record["scores"]), set(first["scores"])
+        if mine != theirs:
+            extra, missing = sorted(mine - theirs), sorted(theirs - mine)
+            raise CircuitkitError(
+                f"{where}: checkpoint {record['label']!r} (step {record['step']}) has scores "
+                f"{'with ' + str(extra) if extra else ''}{' and ' if extra and missing else ''}"
+                f"{'without ' + str(missing) if missing else ''} unlike {first['label']!r} (step {first['step']}); "
+                "expected one score set in one track (a score was registered or removed between the runs: measure "
+                "the checkpoints again with one registry)."
+            )
+        for key, what in (("model", "architecture, family and vocabulary"), ("settings", "settings"),
                           ("tokens_sha256", "token batch")):
             if record.get(key) != first.get(key):
                 raise CircuitkitError(
@@ -203,7 +233,7 @@ def merge(directory: str | os.PathLike) -> Track:
     path = Path(os.fspath(directory)).expanduser() if isinstance(directory, (str, os.PathLike)) else None
     if path is None or not path.is_dir():
         raise validate.fail("track merge: directory", directory, "a directory holding track-step<N>.json records")
-    records = read_records(path)
+    records = read_records(path, "track merge")
     if not records:
         raise validate.fail("track merge: directory", str(path),
                             "a directory holding track-step<N>.json records (found none)",

@@ -4,8 +4,15 @@ The loop: resolve the checkpoints and their steps (:mod:`circuitkit.tracking.sou
 order: load it, check it has the first one's architecture and vocabulary, measure it on the one token batch
 (:mod:`circuitkit.tracking.measure`: one forward pass plus weight-only composition), write its record, drop the
 model. Memory is one model's at a time (plus the records: kilobytes per checkpoint). With ``out``, every record is
-written as it is finished and ``track.json`` rewritten, so an interrupted track leaves a valid ``track.json`` of
-the checkpoints done, and a rerun with the same settings skips them (``resume``).
+written as it is finished, together with ``track.json`` and ``report.html`` (one atomic replacement of the three,
+signals deferred between the renames: :func:`circuitkit.report.saving.write_together`), so an interrupted track
+leaves a ``track.json`` and a report of the same checkpoints done, and a rerun with the same settings skips them
+(``resume``) unless the checkpoint changed on disk since (its fingerprint, :mod:`circuitkit.tracking.fingerprint`).
+
+A track is one experiment: one architecture and family, one vocabulary, one token batch, one score set (the
+registry's names are part of the settings). Records that differ are refused, never mixed; a record already in
+``out`` for a step, written from another checkpoint (two jobs given the same step), is refused too. In-memory
+models are measured in eval mode and given back as they were (:func:`circuitkit.models.state.caller_state`).
 """
 
 from __future__ import annotations
@@ -23,16 +30,21 @@ from circuitkit import validate
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import adapt
+from circuitkit.models.state import caller_state
 from circuitkit.tracking import sources as _sources
+from circuitkit.tracking.fingerprint import fingerprint
 from circuitkit.tracking.measure import architecture, measure
 from circuitkit.tracking.result import (
     RECORD_FORMAT,
+    REPORT_NAME,
     TRACK_NAME,
     Track,
     dumps,
     from_records,
     read_records,
+    record_file,
     record_name,
+    same_run,
 )
 
 DEFAULT_TOP_K = 10
@@ -53,7 +65,10 @@ def _settings(tokens: Any, keep: tuple[str, ...] | None, top_k: int) -> dict[str
                      "bos": tokens.bos, "sha256": _sha(tokens)}
     else:
         raise validate.fail("track: tokens", tokens, "a circuitkit.RepeatedTokens spec, a TokenBatch, or None")
-    return {"tokens": described, "scores": list(keep) if keep is not None else None, "top_k": top_k}
+    from circuitkit.detect.registry import score_names
+
+    return {"tokens": described, "scores": list(keep) if keep is not None else None, "top_k": top_k,
+            "registry": list(score_names())}
 
 
 def _keep(scores: Any) -> tuple[str, ...] | None:
@@ -133,7 +148,7 @@ def track(
     if out is not None:
         from circuitkit.report.saving import prepare_directory
 
-        out_dir = prepare_directory(out, where="track: out", probe=True)
+        out_dir = prepare_directory(out, where="track: out", probe=True, kind="track")
     previous = read_records(out_dir) if out_dir is not None and resume else {}
 
     from tqdm.auto import tqdm
@@ -147,23 +162,22 @@ def track(
         for source in sources:
             bar.set_postfix_str(source.label, refresh=False)
             old = previous.get(source.step)
+            stamp = fingerprint(source.where)
             if (old is not None and source.where is not None and old.get("settings") == settings
-                    and old.get("source") == source.where and old.get("label") == source.label):
+                    and old.get("source") == source.where and old.get("label") == source.label
+                    and stamp is not None and old.get("fingerprint") == stamp):
                 _check_same(done, old)
                 done.append(old)
                 bar.update(1)
                 continue
             record = _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download,
                                   done[0] if done else None)
+            record["fingerprint"] = stamp
             batch = record.pop("_batch")
             _check_same(done, record)
             done.append(record)
             if out_dir is not None:
-                from circuitkit.report.saving import write_together
-
-                write_together(out_dir, {record_name(source.step): dumps(record)})
-                if write_track:
-                    write_together(out_dir, {TRACK_NAME: dumps(from_records(done, complete=False).to_json())})
+                _write(out_dir, record, done if write_track else None)
             bar.update(1)
         finished = True
     finally:
@@ -177,17 +191,41 @@ def track(
     return result
 
 
+def _write(out_dir, record: dict[str, Any], done: list[dict[str, Any]] | None) -> None:
+    """The record, and with ``done`` the ``track.json`` + ``report.html`` of every record so far, replaced
+    together. A record of this step already there from another checkpoint is refused, not replaced."""
+    from circuitkit.report.saving import check_kind, write_together
+    from circuitkit.report.track_page import build_track_report
+
+    check_kind(out_dir, "track", "track: out")  # a scan may have been saved there since the track began
+    there = record_file(out_dir, record["step"], "track")
+    if there is not None and (there["source"] != record["source"] or there["label"] != record["label"]):
+        raise CircuitkitError(
+            f"track: {str(out_dir / record_name(record['step']))!r} already holds step {record['step']} of "
+            f"checkpoint {there['label']!r} ({there['source']}); expected one checkpoint per step, but "
+            f"{record['label']!r} ({record['source']}) was given the same step. Give each job its own steps, or "
+            "remove the old record."
+        )
+    files = {record_name(record["step"]): dumps(record)}
+    if done is not None:
+        partial = from_records(done, complete=False)
+        files[TRACK_NAME] = dumps(partial.to_json())
+        files[REPORT_NAME] = build_track_report(partial).encode()
+    write_together(out_dir, files)
+
+
 def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download, first) -> dict[str, Any]:
     model = _sources.load(source, device=device, allow_download=allow_download)
     large = source.where is not None and _parameter_bytes(model) >= GC_MIN_BYTES
     try:
-        adapter = adapt(model, device)
-        arch = architecture(adapter)
-        if first is not None:  # before the batch meets the model: another vocabulary would fail there, less clearly
-            _check_architecture(source.label, source.step, arch, first)
-        batch = as_batch(batch if batch is not None else tokens, adapter)
-        with torch.no_grad():
-            measured = measure(adapter, batch, keep=keep, top_k=top_k)
+        with caller_state(model, "track"):
+            adapter = adapt(model, device)
+            arch = architecture(adapter)
+            if first is not None:  # before the batch meets the model: another vocabulary would fail there
+                _check_architecture(source.label, source.step, arch, first)
+            batch = as_batch(batch if batch is not None else tokens, adapter)
+            with torch.no_grad():
+                measured = measure(adapter, batch, keep=keep, top_k=top_k)
     finally:
         del model
         if large:
@@ -218,6 +256,7 @@ def _check_same(done: list[dict[str, Any]], record: dict[str, Any]) -> None:
         return
     first = done[0]
     _check_architecture(record["label"], record["step"], record["model"], first)
+    same_run([first, record], "track")
     if record.get("tokens_sha256") != first.get("tokens_sha256"):
         raise CircuitkitError(
             f"track: checkpoint {record['label']!r} (step {record['step']}) was measured on another token batch "

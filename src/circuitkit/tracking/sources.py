@@ -25,8 +25,13 @@ from circuitkit.errors import CircuitkitError
 
 STEP_PATTERN = re.compile(r"(?:step|checkpoint)[-_]?(\d+)$", re.IGNORECASE)
 """A training step at the end of a checkpoint's name."""
+MAX_STEP_DIGITS = 18
+"""A step read from a name has at most this many digits (it is kept as a JSON integer; Python refuses to parse
+numbers of more than 4,300 digits, and no run takes 10**18 steps)."""
 CHECKPOINT_DIR_PATTERN = re.compile(r"^(?:global_)?(?:step|checkpoint)[-_]?\d+$", re.IGNORECASE)
 """Subdirectory names that :func:`expand_directory` takes as checkpoints."""
+MAX_CHECKPOINTS = 100_000
+"""The most checkpoints one track reads (a list, or an iterator read that far: an endless one is refused)."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,49 @@ class Source:
 
 def step_from_name(name: str) -> int | None:
     """The training step at the end of ``name`` (``step1000``, ``checkpoint-1000``), or ``None``."""
+    if not isinstance(name, str):
+        raise validate.fail("step_from_name: name", name, "a checkpoint name (a string such as 'step1000')")
     match = STEP_PATTERN.search(name.strip().rstrip("/\\"))
-    return int(match.group(1)) if match else None
+    if match is None:
+        return None
+    digits = match.group(1)
+    if len(digits) > MAX_STEP_DIGITS:
+        raise validate.fail("track: step", validate.given(f"a step of {len(digits)} digits in {_shown(name)}"),
+                            f"a step of at most {MAX_STEP_DIGITS} digits")
+    return int(digits)
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted on one line (control characters escaped), long text elided."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= 82 else quoted[:40] + "..." + quoted[-40:]
+
+
+def check_name(item: Any, where: str) -> None:
+    """A checkpoint's path or hub name checked for form and length before any file-system call: no control
+    characters (a newline would break every message that names it), a revision after ``@`` of at most
+    :data:`circuitkit.models.loading.MAX_REVISION` characters, no path component longer than the file system
+    allows."""
+    if not _is_path_like(item):
+        return
+    text = os.fspath(item)
+    if not text.strip() or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise validate.fail(where, validate.given(_shown(text)),
+                            "a checkpoint directory or hub name, not blank and without control characters")
+    from circuitkit.models.files import check_path_length
+    from circuitkit.models.loading import MAX_REVISION
+
+    revision = text.rsplit("@", 1)[1] if "@" in text else ""
+    if len(revision) > MAX_REVISION and "/" not in revision:
+        raise validate.fail(where, validate.given(f"{_shown(text)}, a revision of {len(revision)} characters"),
+                            f"'name@revision' with a revision of at most {MAX_REVISION} characters")
+    step_from_name(_tail(text))
+    check_path_length(text, where)
+
+
+def _tail(text: str) -> str:
+    """The part a step is read from, without touching the file system: the revision or the last component."""
+    return text.rsplit("@", 1)[1] if "@" in text else (Path(text).name or text)
 
 
 def _is_path_like(item: Any) -> bool:
@@ -78,22 +124,23 @@ def _is_checkpoint_directory(path: Path) -> bool:
 def resolve(checkpoints: Any, steps: Sequence[int] | None, labels: Sequence[str] | None) -> list[Source]:
     """The checkpoints as :class:`Source` s, sorted by step; every error is one :class:`CircuitkitError`."""
     if _is_path_like(checkpoints):
+        check_name(checkpoints, "track: checkpoints")
         path = Path(os.fspath(checkpoints)).expanduser()
         if path.is_dir() and not _is_checkpoint_directory(path):
             checkpoints = expand_directory(path)
         else:
             checkpoints = [checkpoints]
-    if isinstance(checkpoints, (bytes, dict)) or not isinstance(checkpoints, Sequence):
-        try:
-            checkpoints = list(checkpoints)
-        except TypeError:
-            raise validate.fail("track: checkpoints", checkpoints,
-                                "a list of models, checkpoint directories or hub names") from None
-    items = list(checkpoints)
+    if isinstance(checkpoints, (bytes, dict)):
+        raise validate.fail("track: checkpoints", checkpoints, "a list of models, checkpoint directories or hub names")
+    items = validate.bounded_list("track: checkpoints", checkpoints, MAX_CHECKPOINTS,
+                                  "a list of models, checkpoint directories or hub names",
+                                  why="MAX_CHECKPOINTS checkpoints in one track")
     if not items:
         raise validate.fail("track: checkpoints", items, "at least one checkpoint (a model, directory or hub name)")
     steps_given = _given_list("steps", steps, len(items))
     labels_given = _given_list("labels", labels, len(items))
+    for index, item in enumerate(items):
+        check_name(item, f"track: checkpoints[{index}]")
     sources: list[Source] = []
     for index, item in enumerate(items):
         where = None if not _is_path_like(item) else os.fspath(item)
@@ -168,6 +215,8 @@ def load_checkpoint(checkpoint: str | os.PathLike, *, device: Any = None, allow_
     if not _is_path_like(checkpoint) or not os.fspath(checkpoint).strip():
         raise validate.fail("load_checkpoint: checkpoint", checkpoint,
                             "a checkpoint directory, a zoo or hub name, or 'hub-name@revision'")
+    check_name(checkpoint, "load_checkpoint: checkpoint")
+    allow_download = validate.boolean("load_checkpoint: allow_download", allow_download)
     where = os.fspath(checkpoint)
     return load(Source(item=checkpoint, label=_name_of(checkpoint), step=0, where=where), device=device,
                 allow_download=allow_download)
@@ -178,23 +227,32 @@ def _revision_snapshot(name: str, revision: str, allow_download: bool) -> Path:
     offline; fetched first (configs, tokenizer, safetensors only) when ``allow_download``."""
     from huggingface_hub import snapshot_download
 
-    from circuitkit.models.loading import DOWNLOAD_PATTERNS, _hub_repo_id, hub_offline
+    from circuitkit.models.loading import (
+        DOWNLOAD_PATTERNS,
+        _hub_repo_id,
+        cached_revision,
+        check_hub_name,
+        inside_cache,
+    )
 
+    check_hub_name(name, revision, "track: checkpoint")  # before any file-system call
     repo = _hub_repo_id(name)
-    if not repo or not revision:
+    if not repo:
         raise validate.fail("track: checkpoint", f"{name}@{revision}", "'hub-name@revision', e.g. "
                             "'EleutherAI/pythia-70m@step1000'")
+    snapshot = cached_revision(repo, revision, "track")
+    if snapshot is not None:
+        return snapshot
+    if not allow_download:
+        raise CircuitkitError(
+            f"track: given {name}@{revision}, which is not in the local Hugging Face cache; expected a cached "
+            "revision. Pass allow_download=True (--allow-download) to fetch it, which needs the network."
+        )
     try:
-        with hub_offline():
-            return Path(snapshot_download(repo, revision=revision, local_files_only=True))
-    except Exception:
-        if not allow_download:
-            raise CircuitkitError(
-                f"track: given {name}@{revision}, which is not in the local Hugging Face cache; expected a cached "
-                "revision. Pass allow_download=True (--allow-download) to fetch it, which needs the network."
-            ) from None
-    try:
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=list(DOWNLOAD_PATTERNS)))
+        return inside_cache(repo, snapshot_download(repo, revision=revision, allow_patterns=list(DOWNLOAD_PATTERNS)),
+                            "track")
+    except CircuitkitError:
+        raise
     except Exception as error:
         detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise CircuitkitError(f"track: could not download {repo}@{revision} ({detail}); expected a public "

@@ -200,7 +200,10 @@ def model_patterns(
 
     adapter = adapt(model)
     token_ids("model_patterns", tokens, adapter.spec)
-    chosen = [check_head(head, adapter.spec.n_layers, adapter.spec.n_heads, "model_patterns") for head in heads]
+    L, H = adapter.spec.n_layers, adapter.spec.n_heads
+    items = validate.bounded_list("model_patterns: heads", heads, L * H, "a list of (layer, head) pairs, e.g. [(0, 1)]",
+                                  why=f"L x H = {L} x {H} heads")
+    chosen = [check_head(head, L, H, "model_patterns") for head in items]
     if not chosen:
         raise CircuitkitError("model_patterns: given no heads; expected at least one (layer, head).")
     with torch.inference_mode():

@@ -19,6 +19,8 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import head_name
 from circuitkit.viz._checks import check_head, text
 
+MAX_GRAPH_EDGES = 10_000
+"""The most edges a graph draws per mode (an iterator is read that far: an endless one is refused)."""
 MODE_COLOURS = {"Q": "#1f77b4", "K": "#2ca02c", "V": "#d62728", "": "#555555"}
 MIN_WIDTH, MAX_WIDTH = 1.0, 8.0
 # with several modes, each mode's edges are shifted this far apart vertically so Q, K and V edges between the
@@ -109,7 +111,10 @@ def composition_graph(
 
 def _groups(edges: Sequence[Any] | Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
     if isinstance(edges, Mapping):
-        return {str(mode): list(group) for mode, group in edges.items()}
+        return {str(mode): validate.bounded_list(f"composition_graph: edges[{mode!r}]", group, MAX_GRAPH_EDGES,
+                                                 "a list of Edge (circuitkit.top_edges(scores))",
+                                                 why="MAX_GRAPH_EDGES edges per mode")
+                for mode, group in edges.items()}
     if isinstance(edges, (str, bytes)) or not isinstance(edges, Sequence):
         raise CircuitkitError(
             f"composition_graph: given {type(edges).__name__}; expected a list of Edge "
