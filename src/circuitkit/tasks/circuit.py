@@ -14,8 +14,9 @@ up to the first size reaching the target, then bisection (every point measured, 
 
 **Edge circuit**: the top ``k`` edges by EAP-IG score kept, every other edge patched
 (:meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`; ``m_corr`` is the corrupted run: no edge kept). The
-faithfulness curve is measured at MIB's sizes (:data:`EDGE_FRACTIONS` of all edges), then the smallest ``k``
-reaching ``target`` is bisected between the last size below it and the first at or above it.
+faithfulness curve is measured at MIB's sizes (:data:`EDGE_FRACTIONS` of all edges, in stacked copies), then the
+smallest ``k`` reaching ``target`` is bisected between the last size below it and the first at or above it, to
+within :data:`EDGE_RESOLUTION` of ``k``.
 
 Ranking: by **absolute** score (default, as EAP-IG's ``apply_topn``) or by **signed** score (``rank="signed"``:
 an edge estimated to work against the behaviour comes last). MIB reports both. On a real model absolute ranking is
@@ -44,6 +45,9 @@ from circuitkit.tasks.graph import TaskRunner
 EDGE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Circuit sizes as fractions of all edges (MIB's circuit-localization sizes)."""
 RANKS = ("signed", "abs")
+EDGE_RESOLUTION = 1 / 64
+"""The edge circuit's size is bisected to within this share of itself (a circuit of 8,000 edges to within 125):
+each halving is a patched pass, and the last few would move the size by less than the curve's own noise."""
 MIN_TASK_GAP = 1e-3
 """Smallest ``|m_clean - m_corr|`` faithfulness divides by (in the metric's units): below it the corrupted prompts
 do not change what the model does, and there is no behaviour to explain."""
@@ -145,9 +149,11 @@ def _order(scores: Tensor, rank: str) -> Tensor:
     return torch.sort(-key, stable=True).indices
 
 
-def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measured: dict[int, float]) -> int:
+def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measured: dict[int, float],
+              resolution: float = 0.0) -> int:
     """Run ``evaluate(n) -> faithfulness`` at ``sizes`` in order until one reaches ``target``, then bisect for the
-    smallest ``n`` reaching it; ``measured`` collects every point. Returns ``total`` when none reaches it."""
+    smallest ``n`` reaching it (to within ``resolution`` of ``n``, relative; 0: exactly); ``measured`` collects every
+    point. Returns ``total`` when none reaches it."""
     for n in sizes:
         if n not in measured:
             measured[n] = evaluate(n)
@@ -158,7 +164,7 @@ def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measur
         return total
     high = reached[0]
     low = max([n for n in measured if n < high], default=0)
-    while high - low > 1:
+    while high - low > max(1, int(resolution * high)):
         mid = (low + high) // 2
         measured[mid] = evaluate(mid)
         if measured[mid] >= target:
@@ -268,7 +274,7 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
         metrics[k] = run([kept_mask(k)])[0]
         return faithfulness_of(metrics[k], clean, corrupted)
 
-    k = _smallest(evaluate, curve_sizes, E, target, measured)
+    k = _smallest(evaluate, curve_sizes, E, target, measured, EDGE_RESOLUTION)
     xs = [0.0] + [s / E for s in curve_sizes]
     ys = [0.0] + [measured[s] for s in curve_sizes]
     cpr = _trapezoid(xs, ys)
