@@ -125,7 +125,7 @@ class TaskScan:
         from circuitkit.scan_types import SavedReport
         from circuitkit.tasks.report import task_report
 
-        out = prepare_directory(out_dir)
+        out = prepare_directory(out_dir, kind="scan")  # a scan's pair of files: never beside a track's
         scores = json.dumps(self.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n"
         write_together(out, {REPORT_NAME: task_report(self).encode("utf-8"), SCORES_NAME: scores.encode("utf-8")})
         return SavedReport(report=out / REPORT_NAME, scores=out / SCORES_NAME, pngs=())
