@@ -273,6 +273,32 @@ def test_single_edges_equal_hand_written_hooks(runner):
     assert float(only("1.3:q")) == pytest.approx(by_hand, abs=EXACT)
 
 
+def test_registered_pattern_scores_on_task_prompts_equal_each_prompt_alone(runner):
+    """The previous-token score on the task's padded prompts: the mean over real query rows (q >= 1) of the
+    attention to q - 1, from each prompt run alone (padding rows and keys count nowhere)."""
+    from circuitkit.tasks.scan import registered_pattern_masks
+
+    adapter = runner.adapter
+    fresh = TaskRunner(adapter, runner.batch, "logit_diff", mlps=runner.graph.mlps, ablation="corrupted")
+    fresh.pattern_masks = registered_pattern_masks(runner.batch)
+    _ = fresh.clean
+    total, rows = torch.zeros(3, 4), 0
+    for pair in toy_pairs():
+        tokens = torch.tensor([pair[0]])
+        kept = {}
+
+        def keep(pattern, hook, kept=kept):
+            kept[int(hook.name.split(".")[1])] = pattern[0]
+
+        with torch.no_grad():
+            adapter.model.run_with_hooks(tokens, fwd_hooks=[(HOOKS.pattern(layer), keep) for layer in range(3)])
+        n = tokens.shape[1]
+        for layer in range(3):
+            total[layer] += kept[layer][:, torch.arange(1, n), torch.arange(n - 1)].sum(-1)
+        rows += n - 1
+    torch.testing.assert_close(fresh.pattern_scores["previous_token"], total / rows, atol=1e-5, rtol=0)
+
+
 def test_ig_completeness_of_the_input_node(runner):
     """Integrated gradients of the input embeddings add up to the metric's change (the input node's outgoing edges
     carry every path from the tokens)."""

@@ -170,6 +170,8 @@ class TaskRunner:
         # most of a small model's forward pass); ``last_index`` is each pair's among them
         self.positions = torch.unique(batch.last).cpu()
         self.last_index = torch.searchsorted(self.positions, batch.last.cpu())
+        self.pattern_masks: dict[str, tuple[Tensor, float]] = {}  # score -> ([pair, q, k] targets, target rows)
+        self.pattern_scores: dict[str, Tensor] = {}  # filled by the clean pass: score -> [layer, head]
         self.passes = 0.0
         self._clean: dict[str, Any] | None = None
         self._corrupt: dict[str, Any] | None = None
@@ -244,6 +246,11 @@ class TaskRunner:
             last_rows[layer] = p[rows.to(p.device), :, self.batch.last.to(p.device)].float().cpu()  # [pair, head, k]
             n = int(self.batch.last[0]) + 1
             first[layer] = p[0, :, :n, :n].float().cpu()
+            for name, (mask, rows_with_target) in self.pattern_masks.items():
+                if name not in self.pattern_scores:
+                    self.pattern_scores[name] = torch.zeros(L, spec.n_heads)
+                self.pattern_scores[name][layer] = (
+                    torch.einsum("bhqk,bqk->h", p.float(), mask.to(p.device)) / rows_with_target).cpu()
 
         L = spec.n_layers
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]

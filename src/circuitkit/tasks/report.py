@@ -59,13 +59,14 @@ def task_report(result: Any) -> str:
                          f"<figcaption>Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges): CPR "
                          f"{c.cpr:.3f}, CMD {c.cmd:.3f}, edges ranked by {c.rank} score.</figcaption></figure>")
         parts.append("</div>")
-        extra = list(result.head_scores)
+        extra = list(result.head_scores) + [n for n in result.pattern_scores if n not in result.head_scores]
+        values = {**result.pattern_scores, **result.head_scores}
         parts.append("<h2>The circuit's heads</h2><table><tr><th class=l>head</th><th>EAP-IG score</th>"
                      "<th>direct logit attribution</th>" + "".join(f"<th>{escape(n)}</th>" for n in extra)
                      + "</tr>")
         for layer, head in c.heads:
             dla = "" if result.dla is None else f"{float(result.dla[layer, head]):+.3f}"
-            cells = "".join(f"<td>{float(result.head_scores[n][layer, head]):+.3f}</td>" for n in extra)
+            cells = "".join(f"<td>{float(values[n][layer, head]):+.3f}</td>" for n in extra)
             parts.append(f"<tr><td class=l>{head_name((layer, head))}</td>"
                          f"<td>{float(result.scores[layer, head]):+.3f}</td><td>{dla}</td>{cells}</tr>")
         parts.append("</table>")

@@ -51,7 +51,8 @@ class TaskScan:
     ``[pair]``); ``dla`` (each head's direct contribution to logit(answer) - logit(wrong) through the final norm
     with its scale frozen at the clean run's, ``[layer, head]``; ``dla_mlp`` ``[layer]`` or None); ``scores``
     (each head's EAP-IG node score, ``[layer, head]``; ``scores_mlp``); ``head_scores``: the task's own head scores
-    by name (:attr:`Task.attention_scores`, ``[layer, head]``); ``patterns``: every head's attention on the first
+    by name (:attr:`Task.attention_scores`, ``[layer, head]``); ``pattern_scores``: the registered pattern scores
+    (:mod:`circuitkit.detect`) on the task's clean prompts, where their targets occur there; ``patterns``: every head's attention on the first
     clean prompt ``[layer, head, q, k]`` and its ``tokens``; ``circuit``; ``stages``."""
 
     model: Any  # circuitkit.scan_types.ModelSummary
@@ -63,6 +64,7 @@ class TaskScan:
     scores: Tensor
     scores_mlp: Tensor | None
     head_scores: dict[str, Tensor]
+    pattern_scores: dict[str, Tensor]
     patterns: Tensor
     tokens: tuple[str, ...]
     circuit: TaskCircuit | None
@@ -82,7 +84,8 @@ class TaskScan:
             "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
                      "units": UNITS[self.task.metric]},
             "settings": self.settings,
-            "heads": {"dla": n(self.dla), "score": n(self.scores), **{k: n(v) for k, v in self.head_scores.items()}},
+            "heads": {"dla": n(self.dla), "score": n(self.scores), **{k: n(v) for k, v in self.head_scores.items()},
+                      **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores}},
             "mlps": {"dla": None if self.dla_mlp is None else [_num(v) for v in self.dla_mlp.tolist()],
                      "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
             "circuit": None if self.circuit is None else self.circuit.to_json(),
@@ -173,6 +176,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     check_hooks(adapter, mlps)
     batch = task.tokenize(adapter)
     runner = TaskRunner(adapter, batch, task.metric, mlps=mlps, ablation=task.ablation)
+    runner.pattern_masks = registered_pattern_masks(batch)
     stages: list[TaskStage] = []
 
     def stage(name: str, fn: Any) -> Any:
@@ -220,6 +224,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         scores=node_scores[head_index],
         scores_mlp=None if mlp_index is None else node_scores[mlp_index],
         head_scores=head_scores,
+        pattern_scores=dict(runner.pattern_scores),
         patterns=clean["first_patterns"],
         tokens=_token_strings(adapter, batch.clean[0, : int(batch.last[0]) + 1]),
         circuit=circuit,
@@ -227,6 +232,24 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         settings=settings,
         stages=tuple(stages),
     )
+
+
+def registered_pattern_masks(batch: Any) -> dict[str, tuple[Tensor, float]]:
+    """Each registered pattern score's targets on the clean prompts, restricted to real (not padding) queries and
+    keys, with the number of query rows that have a target; scores without a target here are left out (a task's
+    prompts need not repeat tokens). A score is then ``sum(pattern * targets) / rows`` (the registry's
+    definition)."""
+    from circuitkit.detect import registry
+
+    real = batch.real.cpu()
+    keep = real[:, :, None] & real[:, None, :]
+    out: dict[str, tuple[Tensor, float]] = {}
+    for definition in registry.registered("pattern"):  # targets, not the fast row readers: padding is masked
+        mask = registry.targets_of(definition, batch.clean.cpu()) & keep
+        rows = int(mask.any(dim=2).sum())
+        if rows:
+            out[definition.name] = (mask.float(), float(rows))
+    return out
 
 
 def _attention_score(last_attention: Tensor, task: Task, to: str, minus: str) -> Tensor:
