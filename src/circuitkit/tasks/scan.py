@@ -52,8 +52,9 @@ class TaskScan:
     with its scale frozen at the clean run's, ``[layer, head]``; ``dla_mlp`` ``[layer]`` or None); ``scores``
     (each head's EAP-IG node score, ``[layer, head]``; ``scores_mlp``); ``head_scores``: the task's own head scores
     by name (:attr:`Task.attention_scores`, ``[layer, head]``); ``pattern_scores``: the registered pattern scores
-    (:mod:`circuitkit.detect`) on the task's clean prompts, where their targets occur there; ``patterns``: every head's attention on the first
-    clean prompt ``[layer, head, q, k]`` and its ``tokens``; ``circuit``; ``stages``."""
+    (:mod:`circuitkit.detect`) on the task's clean prompts, where their targets occur there; ``patterns``: every
+    head's attention on the first clean prompt ``[layer, head, q, k]`` and its ``tokens``; ``circuit``;
+    ``stages``."""
 
     model: Any  # circuitkit.scan_types.ModelSummary
     task: Task
