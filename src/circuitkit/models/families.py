@@ -46,6 +46,12 @@ class Family:
     resumable: bool = True
     notes: str = ""
 
+    @property
+    def parallel_attention(self) -> bool:
+        """Attention and MLP read the same residual stream (``resid_pre``) and add their outputs together: a head
+        of layer ``l`` does not feed the MLP of layer ``l`` (every family with it says so in its notes)."""
+        return "parallel attention" in self.notes
+
 
 FAMILIES: tuple[Family, ...] = (
     Family("GPT-2", ("gpt2",), "gpt2", notes="fused QKV, learned positions"),

@@ -61,9 +61,10 @@ SENDER_BUDGET = 2**30
 
 @dataclass(frozen=True)
 class Graph:
-    """The nodes and edges of one model (module docstring). ``senders`` / ``receivers``: names in order;
-    ``sender_layer`` / ``receiver_layer``: ``[n]`` (input: -1, logits: ``n_layers``); ``allowed``: ``[sender,
-    receiver]`` bool, True where an edge exists."""
+    """The nodes and edges of one model (module docstring). ``senders`` / ``receivers``: names in order (senders:
+    ``input``, then per layer its heads ``l.h`` and MLP ``m{l}``; receivers: per layer ``l.h:q``, the key/value
+    groups' ``l.g:k`` / ``l.g:v`` (``l.h`` where every head has its own), ``m{l}``; then ``logits``); ``allowed``:
+    ``[sender, receiver]`` bool, True where an edge exists; ``parallel``: attention and MLP read the same stream."""
 
     n_layers: int
     n_heads: int
@@ -108,7 +109,7 @@ def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
     spec = adapter.spec
     L, H, G = spec.n_layers, spec.n_heads, spec.n_kv_heads
     facts = getattr(adapter, "facts", None)
-    parallel = bool(facts is not None and "parallel attention" in (facts.notes or ""))
+    parallel = bool(facts is not None and facts.parallel_attention)
     senders = ["input"]
     sender_layer = [-1]
     receivers: list[str] = []
