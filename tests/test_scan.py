@@ -271,6 +271,9 @@ def test_non_terminal_cli_prints_stage_lines_and_the_answer(tmp_path, capsys):
     assert main(["scan", "--out", str(tmp_path), "--batch", "4"]) == 0
     captured = capsys.readouterr()
     err = captured.err.splitlines()
+    assert err[0] == "scan: loading induction-2l (the bundled model)"  # before torch and the model load
+    assert err[1].startswith("scan: loaded induction-2l in ")
+    err = err[2:]
     assert err[0] == "scan: preparing the model and the batch"
     assert err[1].startswith("scan: 5 stages (scores, ablate, circuit, weights, edges)")
     assert sum(line.startswith("scan [") for line in err) == 5

@@ -21,7 +21,10 @@ from typing import Any, NoReturn
 
 from circuitkit import __version__
 from circuitkit.errors import CircuitkitError
-from circuitkit.validate import MAX_SEED
+
+# Nothing above imports torch: argument and path errors are answered in a fraction of a second. The constants
+# below mirror their homes (validate.MAX_SEED, pipeline.DEFAULT_ABLATE_TOP); a test checks they agree.
+MAX_SEED = 2**63 - 1
 
 DEFAULT_OUT = "circuitkit-report"
 TABLE_ROWS = 16
@@ -99,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace a head's output by its mean (default) or by zeros")
     scan.add_argument("--top-k", type=_int_in(1), default=5, metavar="K",
                       help="heads per score and composition edges per mode to list (5)")
-    scan.add_argument("--no-circuit", action="store_true", help="skip edge attribution and path patching")
+    scan.add_argument("--no-circuit", action="store_true",
+                      help="skip the circuit search (faithfulness) and the edge evidence that serves it (edge "
+                      "attribution and path patching)")
     scan.add_argument("--quick", action="store_true",
                       help="scores, attribution, composition and spectra only: no exact ablation and no edge "
                       "evidence (the same as --ablate none --no-circuit)")
@@ -130,33 +135,45 @@ def _device_map(text: str | None) -> Any:
     return value
 
 
+def _say(text: str) -> None:
+    """A progress line on stderr (stdout stays the table, or the JSON under --json)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def run_scan(args: argparse.Namespace) -> int:
-    import circuitkit as ck
-    from circuitkit.detect.tokens import RepeatedTokens
+    import time
+
+    from circuitkit.models.locate import check_model_name
     from circuitkit.report.saving import prepare_directory
 
+    started = time.perf_counter()
+    check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
     out = prepare_directory(args.out, where="--out", probe=True)
-    model = args.model
     device_map = _device_map(args.device_map)
-    if device_map is not None:
-        from circuitkit.models.loading import load_model
-
-        if model is None:
-            raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
-        model = load_model(model, device_map=device_map, allow_download=args.allow_download)
+    if device_map is not None and args.model is None:
+        raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
     ablate = _ablate_mode(args)
+    circuit = not (args.no_circuit or args.quick)
+    from circuitkit import zoo
+
+    name = args.model or zoo.DEFAULT
+    _say(f"scan: loading {name}" + (" (the bundled model)" if args.model is None else ""))
     if args.sort is not None:
         sort_column(args.sort, ablated=ablate != "none")
-    from circuitkit import zoo
+    import circuitkit as ck
+    from circuitkit.detect.tokens import RepeatedTokens
     from circuitkit.memory import check_memory
+    from circuitkit.models.loading import load_model
+    from circuitkit.validate import device as check_device
 
-    if model is None or isinstance(model, str):  # loaded here so the memory check runs before any pass
-        from circuitkit.models.loading import load_model
-
-        model = load_model(model, device=args.device, allow_download=args.allow_download)
-
-    check_memory(model, args.batch, args.block_len, circuit=not (args.no_circuit or args.quick), device=args.device)
-    progress = True  # a bar on a terminal, one line per stage in a log or a pipe
+    check_device("--device", args.device)
+    with _quiet_loading(args.allow_download):
+        if device_map is not None:
+            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download)
+        else:
+            model = load_model(args.model, device=args.device, allow_download=args.allow_download)
+    _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s")
+    check_memory(model, args.batch, args.block_len, circuit=circuit, device=args.device)
     result = ck.scan(
         model,
         tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
@@ -164,10 +181,10 @@ def run_scan(args: argparse.Namespace) -> int:
         ablate_top=args.ablate_top,
         ablation_method=args.ablation_method,
         top_k=args.top_k,
-        circuit=not (args.no_circuit or args.quick),
+        circuit=circuit,
         device=args.device,
-        progress=progress,
-        name=args.model or zoo.DEFAULT,
+        progress=True,  # a bar on a terminal, one line per stage in a log or a pipe
+        name=name,
         allow_download=args.allow_download,
     )
     saved = result.save(out, png=args.png)
@@ -175,15 +192,49 @@ def run_scan(args: argparse.Namespace) -> int:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
         sys.stdout.flush()
         return 0
-    from rich.console import Console
-
-    console = Console(highlight=False)
+    console = _console()
     console.print(ranked_table(result, sort=args.sort))
-    print_answer(console, result)
+    print_answer(console, result, skipped=_skipped_flag(args))
     console.print(f"wrote {saved.report} and {saved.scores}")
     for path in saved.pngs:
         console.print(f"wrote {path}")
     return 0
+
+
+def _skipped_flag(args: argparse.Namespace) -> str | None:
+    """The flag that skipped the circuit search, if one did."""
+    return "--quick" if args.quick else "--no-circuit" if args.no_circuit else None
+
+
+class _quiet_loading:
+    """Hugging Face's own ``Loading weights`` bars off while a model loads (circuitkit prints one line instead);
+    left on where a download may run (its bars say how far it is)."""
+
+    def __init__(self, allow_download: bool) -> None:
+        self.active = not allow_download
+
+    def __enter__(self) -> None:
+        if self.active:
+            from transformers.utils import logging as hf_logging
+
+            self.was = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active and self.was:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.enable_progress_bar()
+
+
+def _console():
+    """A rich Console for the table and the answer: on a terminal it wraps at the terminal's width; without one
+    (a pipe, a file) nothing is wrapped: each line is as long as its content."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=100_000, soft_wrap=True)
 
 
 def _ablate_mode(args: argparse.Namespace) -> str:
@@ -377,14 +428,15 @@ def run_track(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_answer(console: Any, scan: Any) -> None:
+def print_answer(console: Any, scan: Any, skipped: str | None = None) -> None:
     """The report's answer box in a few lines (circuit, roles, exact edge effects, faithfulness, loss): the same
-    :class:`circuitkit.report.summary.Answer` the HTML writes."""
+    :class:`circuitkit.report.summary.Answer` the HTML writes; ``skipped``: the flag that skipped the circuit
+    search (named in the line that says so)."""
     from rich.markup import escape
 
     from circuitkit.report.summary import answer_lines
 
-    for line in answer_lines(scan):
+    for line in answer_lines(scan, skipped):
         label, _, rest = line.partition(": ")
         console.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
 
