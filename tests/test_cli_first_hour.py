@@ -130,3 +130,33 @@ def test_the_answer_says_why_there_is_no_circuit():
     assert line == ("No circuit found by faithfulness: ablating every attention head changes the loss by only "
                     "+0.001 nats")
     assert answer_lines(failed)[1] == "Heads by pattern score alone: induction 1.0; previous-token none."
+
+
+def test_load_model_says_a_missing_path_is_missing(tmp_path, monkeypatch):
+    import circuitkit as ck
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    for name in ("./no-such-dir", "smol-randm"):
+        with pytest.raises(CircuitkitError, match=f"given '{name}': no such directory or file"):
+            ck.load_model(name)
+
+
+EDGES = ("Edges: exact effect on the loss, path patching, nats: 0.1 → 1.3 K +0.16; 0.1 → 1.1 K +0.11; "
+         "0.0 → 1.3 K +0.06; 0.0 → 1.1 K +0.05 (4 other patched edges between circuit heads carry nothing).")
+CIRCUIT = "Circuit: 4 of 8 heads: 0.1 prev-token, 0.0 prev-token, 1.3 induction, 1.1 induction."
+
+
+@pytest.mark.parametrize("width", [20, 32, 50, 80, 200])
+@pytest.mark.parametrize("text", [EDGES, CIRCUIT], ids=["edges", "circuit"])
+def test_terminal_lines_wrap_between_items_never_inside_one(text, width):
+    from circuitkit.cli import wrap_items
+
+    lines = wrap_items(text, width)
+    assert " ".join(" ".join(lines).split()) == text  # nothing lost or reordered
+    assert all(len(line) <= width for line in lines if " " in line.strip())
+    items = ["0.1 → 1.3 K +0.16", "0.0 → 1.3 K +0.06", "0.1 prev-token", "1.3 induction", "1.1 induction"]
+    for item in items:
+        if item in text and len(item) + 2 <= width:
+            assert any(item in line for line in lines), (item, lines)
+    if width >= len(text):
+        assert lines == [text]

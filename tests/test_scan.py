@@ -277,6 +277,10 @@ def test_non_terminal_cli_prints_stage_lines_and_the_answer(tmp_path, capsys):
     assert err[0] == "scan: preparing the model and the batch"
     assert err[1].startswith("scan: 5 stages (scores, ablate, circuit, weights, edges)")
     assert sum(line.startswith("scan [") for line in err) == 5
+    # not a terminal: nothing hard-wrapped, no trailing spaces (each answer line whole, however long)
+    assert all(line == line.rstrip() for line in captured.out.splitlines())
+    faithfulness_line = next(line for line in captured.out.splitlines() if line.startswith("Faithfulness:"))
+    assert "Necessity:" in faithfulness_line and len(faithfulness_line) > 120
     out = " ".join(captured.out.split())
     for label in ("Circuit:", "Faithfulness:", "Necessity", "Edges: exact effect on the loss, path patching",
                   "Loss: repeated copies"):

@@ -192,12 +192,12 @@ def run_scan(args: argparse.Namespace) -> int:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
         sys.stdout.flush()
         return 0
-    console = _console()
-    console.print(ranked_table(result, sort=args.sort))
-    print_answer(console, result, skipped=_skipped_flag(args))
-    console.print(f"wrote {saved.report} and {saved.scores}")
+    output = _Output()
+    output.print(ranked_table(result, sort=args.sort))
+    print_answer(output, result, skipped=_skipped_flag(args))
+    output.text(f"wrote {saved.report} and {saved.scores}", "")
     for path in saved.pngs:
-        console.print(f"wrote {path}")
+        output.text(f"wrote {path}", "")
     return 0
 
 
@@ -227,14 +227,80 @@ class _quiet_loading:
             hf_logging.enable_progress_bar()
 
 
-def _console():
-    """A rich Console for the table and the answer: on a terminal it wraps at the terminal's width; without one
-    (a pipe, a file) nothing is wrapped: each line is as long as its content."""
-    from rich.console import Console
+class _Output:
+    """The table and the answer on stdout. On a terminal: a rich Console at the terminal's width, the answer's
+    lines wrapped between items (:func:`wrap_items`). Without one (a pipe, a file): nothing wrapped and no
+    trailing spaces; each line is as long as its content."""
 
-    if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, width=100_000, soft_wrap=True)
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.terminal = sys.stdout.isatty()
+        self.console = Console(highlight=False) if self.terminal else Console(
+            highlight=False, width=10_000, soft_wrap=True, color_system=None, force_terminal=False)
+
+    def print(self, renderable: Any) -> None:
+        if self.terminal:
+            self.console.print(renderable)
+            return
+        with self.console.capture() as captured:
+            self.console.print(renderable)
+        text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    def text(self, label: str, rest: str) -> None:
+        """A ``label: rest`` line, the label in bold on a terminal."""
+        from rich.markup import escape
+
+        if not self.terminal:
+            sys.stdout.write((f"{label}: {rest}" if rest else label) + "\n")
+            return
+        width = self.console.width
+        lines = wrap_items(f"{label}: {rest}" if rest else label, width)
+        first = lines[0]
+        if rest and first.startswith(f"{label}: "):
+            first = f"[bold]{escape(label)}:[/bold] {escape(first[len(label) + 2:])}"
+        else:
+            first = escape(first)
+        for line in [first, *(escape(line) for line in lines[1:])]:
+            self.console.print(line, soft_wrap=True)
+
+
+ITEM_BREAKS = ("; ", ", ", ": ")
+"""Where a terminal line of the answer may wrap: after these separators (between items), before words only where
+one item is wider than the terminal."""
+
+
+def wrap_items(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken only after ``"; "``, ``", "`` or ``": "`` (so
+    ``0.1 -> 1.3 K +0.16`` or ``1.1 induction`` stays on one line); an item wider than ``width`` alone is broken
+    between words. Continuation lines are indented by two spaces. Joining the lines with spaces and collapsing
+    whitespace gives back ``text``."""
+    import re
+    import textwrap
+
+    width = max(int(width), 20)
+    items = [item for item in re.split(r"(?<=[;,:]) ", text) if item]
+    lines: list[str] = []
+    current = ""
+    for item in items:
+        candidate = f"{current} {item}" if current else item
+        indent = 2 if lines else 0
+        if len(candidate) + indent <= width:
+            current = candidate
+            continue
+        if current:
+            lines.append(current)
+        if len(item) + 2 > width:  # one item wider than the terminal: break it between words
+            parts = textwrap.wrap(item, width - 2, break_long_words=False, break_on_hyphens=False)
+            lines.extend(parts[:-1])
+            current = parts[-1]
+        else:
+            current = item
+    if current:
+        lines.append(current)
+    return [line if i == 0 else "  " + line for i, line in enumerate(lines)]
 
 
 def _ablate_mode(args: argparse.Namespace) -> str:
@@ -428,17 +494,20 @@ def run_track(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_answer(console: Any, scan: Any, skipped: str | None = None) -> None:
+def print_answer(output: Any, scan: Any, skipped: str | None = None) -> None:
     """The report's answer box in a few lines (circuit, roles, exact edge effects, faithfulness, loss): the same
     :class:`circuitkit.report.summary.Answer` the HTML writes; ``skipped``: the flag that skipped the circuit
-    search (named in the line that says so)."""
-    from rich.markup import escape
-
+    search (named in the line that says so). ``output``: the CLI's :class:`_Output`, or a rich Console."""
     from circuitkit.report.summary import answer_lines
 
     for line in answer_lines(scan, skipped):
         label, _, rest = line.partition(": ")
-        console.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
+        if isinstance(output, _Output):
+            output.text(label, rest)
+        else:
+            from rich.markup import escape
+
+            output.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
 
 
 COMMANDS = {"scan": run_scan, "track": run_track}

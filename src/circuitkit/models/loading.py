@@ -562,13 +562,13 @@ def _load_hub_name(name: str, sharding: Sharding, allow_download: bool, zoo_name
     )
     repo = _hub_repo_id(name)
     if repo is None:
-        raise _error("given", f"{name!r}, which is neither a zoo model, a local directory, nor a hub name", expected)
+        raise _error("given", f"{name!r}: no such directory or file, and not a zoo model or hub name", expected)
     snapshot = _cached_snapshot(repo)
     if snapshot is None and allow_download:
         snapshot = _download(repo)
     if snapshot is None:
-        raise _error("given", f"{name!r}, which is neither a zoo model, a local directory, nor a model in the "
-                     "local Hugging Face cache", expected,
+        raise _error("given", f"{name!r}: no such directory or file, no zoo model of that name, and no model "
+                     "of that name in the local Hugging Face cache", expected,
                      "Pass allow_download=True (circuitkit scan --allow-download) to fetch it from the hub, "
                      "which needs the network.")
     checked = inspect_directory(snapshot)
