@@ -58,6 +58,9 @@ METHODS = (
     "circuitkit.scan_types:HeadEffects.top",
     "circuitkit.scan_types:Scan.top",
     "circuitkit.scan_types:Scan.save",
+    "circuitkit.scan_types:Scan.load",
+    "circuitkit.scan_types:Scan.table",
+    "circuitkit.scan_types:Scan.to_pandas",
     "circuitkit.detect.tokens:RepeatedTokens.build",
     "circuitkit.detect.tokens:TokenBatch.targets",
     "circuitkit.models.toy:AttentionOnlyModel.run_with_hooks",
@@ -177,6 +180,14 @@ def scan():
     from tests.report_fixtures import synthetic_scan
 
     return synthetic_scan(2, 4)
+
+
+@cache
+def saved_scan_dir() -> str:
+    """A synthetic scan saved once (report.html + scores.json), for Scan.load."""
+    out = tmp_out_dir()
+    scan().save(out)
+    return out
 
 
 def comp_scores():
@@ -1212,6 +1223,12 @@ method("circuitkit.scan_types:HeadEffects.top", effects, lambda: {"k": 2, "absol
 method("circuitkit.scan_types:Scan.top", scan, lambda: {"score": "induction", "k": 2}, score="option", k="int>=1")
 method("circuitkit.scan_types:Scan.save", scan, lambda: {"out_dir": tmp_out_dir(), "png": False},
        out_dir="out_dir", png="bool")
+case("circuitkit.scan_types:Scan.load", lambda: {"path": saved_scan_dir()}, path="text",
+     target=lambda: __import__("circuitkit").Scan.load,
+     extra_bad={"path": [("missing-dir", const("/nonexistent/scan-dir"), STRICT),
+                         ("not-a-scan", lambda v: _existing_file(v), STRICT)]})
+method("circuitkit.scan_types:Scan.table", scan, lambda: {"sort": "induction"}, sort="option?")
+method("circuitkit.scan_types:Scan.to_pandas", scan, lambda: {"sort": "previous_token"}, sort="option?")
 method("circuitkit.detect.tokens:RepeatedTokens.build", spec, lambda: {"model": toy(), "device": "cpu"},
        model="model-static", device="device?")
 method("circuitkit.detect.tokens:TokenBatch.targets", batch, lambda: {"name": "induction"}, name="option",

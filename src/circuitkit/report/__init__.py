@@ -12,6 +12,8 @@ Rooms:
   (:func:`summary_html`); the page script and stylesheet are package assets (``assets/report.js``,
   ``assets/report.css``);
 - :mod:`~circuitkit.report.saving`: writing report + scores together or not at all (:func:`save`);
+- :mod:`~circuitkit.report.reload`: a saved scan read back (:func:`load_scan`, ``Scan.load``);
+- :mod:`~circuitkit.report.table`: the head table as rows or a DataFrame (``Scan.table``, ``Scan.to_pandas``);
 - :mod:`~circuitkit.report.png`: PNG export with headless Chromium (:func:`export_pngs`).
 """
 
@@ -31,6 +33,10 @@ _LAZY = {
     "export_pngs": "circuitkit.report.png",
     "find_chromium": "circuitkit.report.png",
     "save": "circuitkit.report.saving",
+    "load_scan": "circuitkit.report.reload",
+    "scan_from_json": "circuitkit.report.reload",
+    "head_table": "circuitkit.report.table",
+    "to_pandas": "circuitkit.report.table",
     "SECTIONS": "circuitkit.report.sections",
     "Section": "circuitkit.report.sections",
 }
