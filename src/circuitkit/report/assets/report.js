@@ -346,12 +346,18 @@
     };
     headCanvas.onmouseleave = hideTip;
     headCanvas.onclick = function (e) { var p = at(e); if (p) select(p.dst, "composition"); };
+    axis("ck-comp-layers-x", "destination layer 0 \u2192 " + (L - 1));
+    axis("ck-comp-layers-y", "source layer 0 \u2192 " + (L - 1));
+    axis("ck-comp-heads-x", "destination heads: layers " + win.d0 + " \u2192 " + win.d1 + " (" + H + " per block)");
+    axis("ck-comp-heads-y", "source heads: layers " + win.s0 + " \u2192 " + win.s1);
     $("ck-comp-where").textContent = "showing source layers " + win.s0 + "-" + win.s1 + ", destination layers " +
       win.d0 + "-" + win.d1 + "; white = random baseline" + (C.baseline === null ? "" : " " + fmt(C.baseline));
     Array.prototype.forEach.call(document.querySelectorAll(".ck-mode"), function (b) {
       b.setAttribute("aria-pressed", b.dataset.mode === mode ? "true" : "false");
     });
   }
+
+  function axis(id, text) { var node = $(id); if (node) node.textContent = text; }
 
   function showMode(m) {
     if (!D.composition[m]) return;
@@ -574,6 +580,12 @@
     }
     drawHeatmaps();
     showDetail(i);
+    // narrow pages stack the head panel under everything: bring it into view, or a click would seem to do nothing
+    var box = $("ck-detail");
+    if (box && ["table", "heatmap", "composition", "link"].indexOf(from) >= 0) {
+      var rect = box.getBoundingClientRect();
+      if (rect.top > window.innerHeight || rect.bottom < 0) box.scrollIntoView({block: "start"});
+    }
   }
 
   // the pattern views carry data-head (which head they show) but a click inside them selects nothing
