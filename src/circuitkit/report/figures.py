@@ -306,6 +306,8 @@ def head_graph(
     first, last = (min(touched), max(touched)) if touched else (0, n_layers - 1)
     if last == first:
         first, last = max(0, first - 1), min(n_layers - 1, first + 1)
+    partial = first > 0 or last < n_layers - 1
+    height += 10 if partial else 0  # room for the line that says which layers these are
     span = max(1, last - first)
     dx = (GRAPH_WIDTH - margin_l - margin_r) / span
 
@@ -319,11 +321,12 @@ def head_graph(
     step = max(1, math.ceil((span + 1) / 24))
     for layer in range(first, last + 1):
         x = margin_l + (layer - first) * dx
-        parts.append(f'<line x1="{_f(x)}" y1="{margin_t - 6}" x2="{_f(x)}" y2="{_f(height - 26)}" stroke="#eee"/>')
+        bottom = height - (10 if partial else 0)
+        parts.append(f'<line x1="{_f(x)}" y1="{margin_t - 6}" x2="{_f(x)}" y2="{_f(bottom - 26)}" stroke="#eee"/>')
         if (layer - first) % step == 0:
-            parts.append(f'<text x="{_f(x)}" y="{_f(height - 12)}" text-anchor="middle" fill="#666">L{layer}</text>')
-    if first > 0 or last < n_layers - 1:
-        parts.append(f'<text x="{GRAPH_WIDTH - 4}" y="{_f(height - 1)}" text-anchor="end" fill="#666">layers '
+            parts.append(f'<text x="{_f(x)}" y="{_f(bottom - 12)}" text-anchor="middle" fill="#666">L{layer}</text>')
+    if partial:
+        parts.append(f'<text x="{GRAPH_WIDTH - 4}" y="{_f(height - 4)}" text-anchor="end" fill="#666">layers '
                      f"{first}-{last} of {n_layers} (the layers these edges join)</text>")
     x_legend = margin_l
     for text, colour, dashed in legend:

@@ -279,7 +279,7 @@
     if (!aggCanvas || !mode) return;
     var C = D.composition[mode], agg = aggregate(mode);
     var c = {neutral: C.baseline === null ? 0 : C.baseline, lo: 0, hi: C.scale};
-    var total = aggCanvas.parentNode.parentNode.clientWidth;
+    var total = aggCanvas.closest(".ck-comp").clientWidth;
     var aggSize = Math.min(L * 36, 280, Math.max(120, Math.floor(total * 0.3)));
     var cell = aggSize / L, ctx = sizeCanvas(aggCanvas, aggSize, aggSize);
     for (var a = 0; a < L; a++) for (var b = 0; b < L; b++) {
@@ -302,7 +302,7 @@
     };
     // head x head view of the window: one pixel per device pixel, sampled from the quantised blocks
     var nr = (win.s1 - win.s0 + 1) * H, nc = (win.d1 - win.d0 + 1) * H;
-    var room = Math.max(160, Math.min(620, total - aggSize - 40));
+    var room = Math.max(160, Math.min(620, total - aggSize - 70));  // 70: the gap and both y-axis labels
     var px = Math.min(28, room / Math.max(nr, nc)), w = Math.max(1, Math.floor(nc * px)), h = Math.max(1, Math.floor(nr * px));
     var g = sizeCanvas(headCanvas, w, h), r = dpr(), W = headCanvas.width, Hh = headCanvas.height;
     var image = g.createImageData(W, Hh), pixels = image.data, lut = compLut(C), bytes = blobs[C.blob];
