@@ -799,6 +799,9 @@ case("circuitkit.models:ToyConfig", lambda: {"n_layers": 2, "n_heads": 2, "d_mod
      extra_bad={"n_key_value_heads": [("not-a-divisor", const(3), STRICT)],
                 "attn_only": [("False", const(False), STRICT)],
                 "normalization_type": [("LN", const("LN"), STRICT)]})
+record("circuitkit.models:HOOKS", "a namespace of TransformerLens hook names (HOOKS.z(layer)), never built by users")
+case("circuitkit:load_checkpoint", lambda: {"checkpoint": "induction-2l"}, checkpoint="text", device="device?",
+     allow_download="bool")
 case("circuitkit.models:load_model", lambda: {"name_or_path": "/nonexistent/dir"}, name_or_path="model-static?",
      device="device?", allow_download="bool", device_map="option?", n_devices="int>=1?",
      max_memory="heads", offload_folder="text")

@@ -14,7 +14,8 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   scores are a registry (``circuitkit.detect.register``).
 - Edge-level causal evidence: :func:`path_patching`, :func:`edge_attribution` (``circuitkit.circuits``).
 - The circuit by faithfulness: :func:`find_circuit` -> :class:`Circuit`, :func:`faithfulness`.
-- Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located).
+- Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located);
+  :func:`load_checkpoint` loads one checkpoint as ``track`` does.
 - Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.models`` (toy model, adapters),
   ``circuitkit.zoo`` (bundled known-answer models), ``circuitkit.viz`` (figures), ``circuitkit.theory``
   (the seed exercises, computed).
@@ -62,7 +63,7 @@ _LAZY: dict[str, str] = {
     "find_circuit": "circuitkit.circuits.faithfulness",
     "faithfulness": "circuitkit.circuits.faithfulness",
     "Circuit": "circuitkit.circuits.faithfulness",
-    "track": "circuitkit.tracking", "Track": "circuitkit.tracking",
+    "track": "circuitkit.tracking", "Track": "circuitkit.tracking", "load_checkpoint": "circuitkit.tracking",
 }
 _SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report"}
 
