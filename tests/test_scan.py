@@ -326,12 +326,12 @@ def test_progress_bar_total_is_fixed_and_changes_say_why(model):
     bar.end()
     assert bar.bar.total == 29 and bar.bar.n == 4  # as planned: nothing moves
     bar.revise("ablate", 6, "6 heads known now")
-    assert bar.bar.total == 15 and "ablate: 6 heads known now" in stream.getvalue()
+    assert bar.bar.total == 15 and "scan: plan 29 -> 15 passes: ablate 20 -> 6 (6 heads known now)" in stream.getvalue()
     bar.start("ablate")
     bar.advance(6)
     bar.end()
     bar.skip("edges", "no circuit found")
-    assert bar.bar.n == bar.bar.total == 10 and "edges: skipped: no circuit found" in stream.getvalue()
+    assert bar.bar.n == bar.bar.total == 10 and "edges 5 -> 0 (skipped: no circuit found)" in stream.getvalue()
     assert [(r.stage, r.before, r.after) for r in bar.revisions] == [("ablate", 20, 6), ("edges", 5, 0)]
     bar.close()
 

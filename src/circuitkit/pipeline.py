@@ -140,7 +140,7 @@ class Progress:
 
             self.bar = tqdm(total=self.planned_total, desc="scan", unit="pass", file=self.stream,
                             bar_format="{desc:<16}{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} passes "
-                            "[{elapsed}<{remaining}]{postfix}")
+                            "[{elapsed}<{remaining}]")
         elif mode == "lines":
             stages = ", ".join(f"{name} {passes}" for name, passes in self.estimates.items())
             self._line(f"scan: {len(self.plan)} stages, {self.planned_total} passes planned ({stages})")
@@ -160,11 +160,13 @@ class Progress:
         old_total = self._total()
         self.estimates[name] = passes
         self.revisions.append(Revision(name, before, passes, why))
-        if self.bar is not None:
+        line = f"scan: plan {old_total} -> {self._total()} passes: {name} {before} -> {passes} ({why})"
+        if self.bar is not None:  # the reason as a line above the bar (a postfix would squeeze the bar away)
             self.bar.total = self._total()
-            self.bar.set_postfix_str(f"{name}: {why}", refresh=True)
+            self.bar.write(line, file=self.stream)
+            self.bar.refresh()
         elif self.mode == "lines":
-            self._line(f"scan: plan {old_total} -> {self._total()} passes: {name} {before} -> {passes} ({why})")
+            self._line(line)
 
     def skip(self, name: str, why: str) -> None:
         """``name`` will not run: its passes leave the plan, and the bar says ``why``."""
