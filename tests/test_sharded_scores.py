@@ -113,9 +113,9 @@ def test_edge_attribution_and_path_patching_equal(pair, metric):
 
 
 def test_scan_equal(pair):
-    """The whole pipeline on the offloaded model (edge evidence where a circuit is found). Every head is ablated: the top-k by
-    |attribution| of a random model has near-ties that float rounding may order either way, and what is compared
-    here is each head's exact effect, not which heads the estimate picks."""
+    """The whole pipeline on the offloaded model (edge evidence where a circuit is found). Every head is ablated:
+    the top-k by |attribution| of a random model has near-ties that float rounding may order either way, and what is
+    compared here is each head's exact effect, not which heads the estimate picks."""
     from circuitkit import scan
 
     whole, sharded = pair
