@@ -49,9 +49,11 @@ def check_model_name(name: str | None, *, allow_download: bool = False, where: s
     if name is None:
         return
     from circuitkit import zoo
+    from circuitkit.models.files import check_path_length
 
     names = zoo.available()
     path = Path(name).expanduser()
+    check_path_length(path, where)  # a name longer than the file system allows: said as such
     if name in names or os.path.lexists(path):
         return
     absolute = Path(os.path.abspath(path))
