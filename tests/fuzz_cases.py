@@ -61,6 +61,7 @@ METHODS = (
     "circuitkit.scan_types:Scan.load",
     "circuitkit.scan_types:Scan.table",
     "circuitkit.scan_types:Scan.to_pandas",
+    "circuitkit.tracking.result:Track.chart",
     "circuitkit.detect.tokens:RepeatedTokens.build",
     "circuitkit.detect.tokens:TokenBatch.targets",
     "circuitkit.models.toy:AttentionOnlyModel.run_with_hooks",
@@ -754,6 +755,18 @@ case("circuitkit:faithfulness", lambda: {"model": toy(), "heads": [(0, 1)], "tok
      tokens="tokens", method="option", corrupt_seed="seed", device="device?",
      extra_bad={"heads": [("empty", const([]), STRICT)]})
 CASES["circuitkit:faithfulness"].run_valid = False  # random toy weights: no head moves the loss (a clear error)
+
+@cache
+def track_result():
+    """A two-checkpoint track of toy models (for Track.chart)."""
+    import circuitkit as ck
+
+    return ck.track([toy(), toy()], steps=[0, 100], tokens=spec(), top_k=2, out=tmp_out_dir(), progress=False)
+
+
+method("circuitkit.tracking.result:Track.chart", track_result, lambda: {"score": "induction", "highlight": ["1.0"],
+       "hline": 0.3}, score="option", highlight="text", hline="real?",
+       extra_bad={"highlight": [("not-names", const([1, 2]), STRICT)]})
 
 # --- circuitkit.detect
 record("circuitkit.detect:InductionLoss", "result record of induction_loss")

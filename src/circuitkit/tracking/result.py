@@ -152,9 +152,14 @@ class Track:
 
         names = sorted(self.checkpoints[0]["scores"]) if self.checkpoints else []
         validate.option("Track.chart: score", score, names)
+        heads = set()
+        if self.checkpoints:
+            n_layers, n_heads = self.scores(score).shape[1:]
+            heads = {f"{layer}.{head}" for layer in range(n_layers) for head in range(n_heads)}
         if isinstance(highlight, str) or not isinstance(highlight, (list, tuple)) or not all(
-                isinstance(h, str) for h in highlight):
-            raise validate.fail("Track.chart: highlight", highlight, "a list of head names such as ['1.3', '0.1']")
+                isinstance(h, str) and h in heads for h in highlight):
+            raise validate.fail("Track.chart: highlight", highlight, "a list of this model's head names such as "
+                                "['1.3', '0.1']")
         if hline is not None:
             hline = validate.real("Track.chart: hline", hline)
         return head_chart(self, score, list(highlight), hline=hline)
