@@ -61,6 +61,10 @@ METHODS = (
     "circuitkit.scan_types:HeadEffects.top",
     "circuitkit.scan_types:Scan.top",
     "circuitkit.scan_types:Scan.save",
+    "circuitkit.scan_types:Scan.load",
+    "circuitkit.scan_types:Scan.table",
+    "circuitkit.scan_types:Scan.to_pandas",
+    "circuitkit.tracking.result:Track.chart",
     "circuitkit.detect.tokens:RepeatedTokens.build",
     "circuitkit.detect.tokens:TokenBatch.targets",
     "circuitkit.models.toy:AttentionOnlyModel.run_with_hooks",
@@ -181,6 +185,14 @@ def scan():
     from tests.report_fixtures import synthetic_scan
 
     return synthetic_scan(2, 4)
+
+
+@cache
+def saved_scan_dir() -> str:
+    """A synthetic scan saved once (report.html + scores.json), for Scan.load."""
+    out = tmp_out_dir()
+    scan().save(out)
+    return out
 
 
 def comp_scores():
@@ -937,6 +949,18 @@ case("circuitkit:faithfulness", lambda: {"model": toy(), "heads": [(0, 1)], "tok
      extra_bad={"heads": [("empty", const([]), STRICT)]})
 CASES["circuitkit:faithfulness"].run_valid = False  # random toy weights: no head moves the loss (a clear error)
 
+@cache
+def track_result():
+    """A two-checkpoint track of toy models (for Track.chart)."""
+    import circuitkit as ck
+
+    return ck.track([toy(), toy()], steps=[0, 100], tokens=spec(), top_k=2, out=tmp_out_dir(), progress=False)
+
+
+method("circuitkit.tracking.result:Track.chart", track_result, lambda: {"score": "induction", "highlight": ["1.0"],
+       "hline": 0.3}, score="option", highlight="text", hline="real?",
+       extra_bad={"highlight": [("not-names", const([1, 2]), STRICT)]})
+
 # --- circuitkit.detect
 record("circuitkit.detect:InductionLoss", "result record of induction_loss")
 record("circuitkit.detect:TokenBatch", "built by RepeatedTokens.build; every runner checks a user's TokenBatch "
@@ -991,6 +1015,9 @@ case("circuitkit.models:ToyConfig", lambda: {"n_layers": 2, "n_heads": 2, "d_mod
      extra_bad={"n_key_value_heads": [("not-a-divisor", const(3), STRICT)],
                 "attn_only": [("False", const(False), STRICT)],
                 "normalization_type": [("LN", const("LN"), STRICT)]})
+record("circuitkit.models:HOOKS", "a namespace of TransformerLens hook names (HOOKS.z(layer)), never built by users")
+case("circuitkit:load_checkpoint", lambda: {"checkpoint": "induction-2l"}, checkpoint="text", device="device?",
+     allow_download="bool")
 case("circuitkit.models:load_model", lambda: {"name_or_path": "/nonexistent/dir"}, name_or_path="model-static?",
      device="device?", allow_download="bool", device_map="option?", n_devices="int>=1?",
      max_memory="heads", offload_folder="text")
@@ -1419,6 +1446,12 @@ method("circuitkit.scan_types:HeadEffects.top", effects, lambda: {"k": 2, "absol
 method("circuitkit.scan_types:Scan.top", scan, lambda: {"score": "induction", "k": 2}, score="option", k="int>=1")
 method("circuitkit.scan_types:Scan.save", scan, lambda: {"out_dir": tmp_out_dir(), "png": False},
        out_dir="out_dir", png="bool")
+case("circuitkit.scan_types:Scan.load", lambda: {"path": saved_scan_dir()}, path="text",
+     target=lambda: __import__("circuitkit").Scan.load,
+     extra_bad={"path": [("missing-dir", const("/nonexistent/scan-dir"), STRICT),
+                         ("not-a-scan", lambda v: _existing_file(v), STRICT)]})
+method("circuitkit.scan_types:Scan.table", scan, lambda: {"sort": "induction"}, sort="option?")
+method("circuitkit.scan_types:Scan.to_pandas", scan, lambda: {"sort": "previous_token"}, sort="option?")
 method("circuitkit.detect.tokens:RepeatedTokens.build", spec, lambda: {"model": toy(), "device": "cpu"},
        model="model-static", device="device?")
 method("circuitkit.detect.tokens:TokenBatch.targets", batch, lambda: {"name": "induction"}, name="option",

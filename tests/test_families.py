@@ -282,7 +282,12 @@ def test_scan_runs_end_to_end(built):
     assert torch.isfinite(result.head_scores["induction"]).all()
     assert math.isfinite(result.induction_loss.repeated_copies)
     assert result.ablation is not None and result.ablation.exact.any()
-    assert (result.circuit is not None) == family.additive_heads
+    # edge evidence serves the circuit: computed where heads add into the residual stream and a circuit was found
+    assert (result.circuit is not None) == (family.additive_heads and result.verified is not None)
+    assert ("edges" in [s.name for s in result.stages]) == (result.circuit is not None)
+    if family.additive_heads and result.verified is None:  # a random tiny model: the evidence on its own still runs
+        evidence = ck.circuit_evidence(bridge, tokens=TOKENS, top_k=2)
+        assert evidence.rows and all(math.isfinite(r.attribution) for r in evidence.rows)
     assert result.model.family == f"{family.name} (TransformerBridge)"
 
 

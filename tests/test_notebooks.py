@@ -127,9 +127,82 @@ def committed_problems(notebook: nbformat.NotebookNode) -> list[str]:
             if "application/vnd.jupyter.widget-view+json" in output.get("data", {}):
                 problems.append(f"cell {index} has a widget output (its state is not saved; nothing would show)")
             views += text.count('id="circuits-vis-')
+            data = output.get("data", {})
+            if "application/vnd.plotly.v1+json" in data and "image/png" not in data:
+                problems.append(f"cell {index} has a plotly figure without a PNG (most web viewers draw no plotly "
+                                "JSON): pio.renderers.default = 'plotly_mimetype+png'")
     if views > MAX_CIRCUITSVIS_VIEWS:
         problems.append(f"{views} CircuitsVis views; expected at most {MAX_CIRCUITSVIS_VIEWS} (each embeds ~1.3 MB)")
     return problems
+
+
+QUOTED_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d{2,}(?![\w.])")
+"""A measured-looking number in prose (two decimals or more; ``0.1``, ``1.3`` are head names)."""
+
+
+def quoted_numbers(notebook: nbformat.NotebookNode) -> list[str]:
+    """Numbers the markdown quotes outside code spans and maths: prose that quotes results goes stale when the
+    outputs change (a re-run, a better estimate), so the figures live in the outputs and the prose describes them."""
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "markdown":
+            continue
+        prose = re.sub(r"\$[^$]*\$", "", re.sub(r"`[^`]*`", "", cell.source))
+        found += [f"cell {index}: {number}" for number in QUOTED_NUMBER.findall(prose)]
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_prose_quotes_no_measured_numbers(path):
+    found = quoted_numbers(nbformat.read(path, as_version=4))
+    assert not found, f"{path.name} quotes numbers in its prose (describe the outputs instead): {found}"
+
+
+def test_quoted_number_check_finds_a_stale_figure():
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("The estimate is smaller (0.016 against 0.16 nats for 0.1 -> 1.3);"
+                                                    " `x = 0.25` in code and $0.125$ in maths are not prose.")]
+    assert quoted_numbers(notebook) == ["cell 0: 0.016", "cell 0: 0.16"]
+
+
+PUBLIC_MODULES = {"circuitkit", *(f"circuitkit.{name}" for name in ("build", "circuits", "detect", "models", "zoo",
+                                                                   "viz", "theory", "report")),
+                  "circuitkit.zoo.train"}
+"""Where notebooks may import from: the package and its public subpackages (names in their ``__all__``), and the
+bundled model's training script (its documented entry points: the training notebook reruns it)."""
+
+
+def private_imports(sources: list[str]) -> list[str]:
+    """``from circuitkit.X import name`` where X is an internal module, or name is not in X's ``__all__``."""
+    found = []
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            modules = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("circuitkit"):
+                modules = [(node.module, [alias.name for alias in node.names])]
+            elif isinstance(node, ast.Import):
+                modules = [(alias.name, []) for alias in node.names if alias.name.startswith("circuitkit")]
+            for module, names in modules:
+                if module not in PUBLIC_MODULES:
+                    found.append(f"{module} (internal)")
+                    continue
+                public = getattr(importlib.import_module(module), "__all__", None)
+                submodules = getattr(importlib.import_module(module), "_SUBPACKAGES", ())
+                found += [f"{module}.{name}" for name in names
+                          if public is not None and name not in public and name not in submodules]
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_imports_public_names_only(path):
+    found = private_imports(_code_sources(path))
+    assert not found, f"{path.name} imports internals: {found}"
+
+
+def test_private_import_check_finds_internal_modules():
+    assert private_imports(["from circuitkit.viz.attention import token_strings\nimport circuitkit.report.track_page"
+                            "\nfrom circuitkit.viz import token_strings\nfrom circuitkit import scan, nope"]) == [
+        "circuitkit.viz.attention (internal)", "circuitkit.report.track_page (internal)", "circuitkit.nope"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

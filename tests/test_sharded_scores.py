@@ -113,18 +113,23 @@ def test_edge_attribution_and_path_patching_equal(pair, metric):
 
 
 def test_scan_equal(pair):
-    """The whole pipeline, edge evidence included, on the offloaded model. Every head is ablated: the top-k by
-    |attribution| of a random model has near-ties that float rounding may order either way, and what is compared
-    here is each head's exact effect, not which heads the estimate picks."""
+    """The whole pipeline on the offloaded model (edge evidence where a circuit is found). Every head is ablated:
+    the top-k by |attribution| of a random model has near-ties that float rounding may order either way, and what is
+    compared here is each head's exact effect, not which heads the estimate picks."""
     from circuitkit import scan
 
     whole, sharded = pair
     a = scan(whole, tokens=TOKENS, ablate="all", progress=False)
     b = scan(sharded, tokens=TOKENS, ablate="all", progress=False)
     torch.testing.assert_close(b.ablation.effect, a.ablation.effect, atol=SHARD_TOL, rtol=0)
-    assert [r.name for r in b.circuit.rows] == [r.name for r in a.circuit.rows] and a.circuit.rows
-    torch.testing.assert_close(torch.tensor([r.attribution for r in b.circuit.rows]),
-                               torch.tensor([r.attribution for r in a.circuit.rows]), atol=SHARD_TOL, rtol=SHARD_TOL)
+    # edge evidence serves the circuit: a random tiny model has none, so both skip it (the evidence itself is
+    # compared on the offloaded model above)
+    assert (a.verified is None) == (b.verified is None) and (a.circuit is None) == (a.verified is None)
+    if a.circuit is not None:
+        assert [r.name for r in b.circuit.rows] == [r.name for r in a.circuit.rows] and a.circuit.rows
+        torch.testing.assert_close(torch.tensor([r.attribution for r in b.circuit.rows]),
+                                   torch.tensor([r.attribution for r in a.circuit.rows]), atol=SHARD_TOL,
+                                   rtol=SHARD_TOL)
 
 
 def test_weight_scores_equal(pair):

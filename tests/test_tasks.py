@@ -164,6 +164,12 @@ def test_a_missing_file_a_directory_and_too_many_rows_are_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- metrics
+def test_the_metric_names_a_task_accepts_are_the_metrics_defined():
+    from circuitkit.tasks.task import METRIC_NAMES
+
+    assert tuple(METRICS) == METRIC_NAMES
+
+
 def test_metrics_against_their_definitions():
     adapter = adapt(boot_bridge(d_vocab=50))
     task = Task.from_pairs([([1, 2], [1, 3], [4, 5], [6])])

@@ -380,3 +380,19 @@ def test_user_scores_are_tracked_and_scores_selects(series, tokens):
         assert record["scores"]["two_back_test"][layer] == pytest.approx(expected.tolist(), abs=1e-5)
     with pytest.raises(CircuitkitError, match="track: scores"):
         ck.track(series[-1:], scores=["no_such_score"])
+
+
+def test_chart_draws_every_head_and_highlights_the_named_ones(tracked):
+    """Track.chart: the report's per-head chart, public (notebooks use it); bad arguments are one-line errors."""
+    from circuitkit import CircuitkitError
+    from circuitkit.report.track_page import head_chart
+
+    track, _ = tracked
+    svg = track.chart("induction", ["1.3"], hline=0.3)
+    assert svg == head_chart(track, "induction", ["1.3"], hline=0.3)
+    n_heads = track.scores("induction").shape[1] * track.scores("induction").shape[2]
+    assert all(f"head {layer}.{head}" in svg for layer in range(2) for head in range(n_heads // 2))
+    with pytest.raises(CircuitkitError, match="Track.chart: score"):
+        track.chart("no-such-score")
+    with pytest.raises(CircuitkitError, match="Track.chart: highlight"):
+        track.chart("induction", "1.3")

@@ -14,7 +14,8 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   scores are a registry (``circuitkit.detect.register``).
 - Edge-level causal evidence: :func:`path_patching`, :func:`edge_attribution` (``circuitkit.circuits``).
 - The circuit by faithfulness: :func:`find_circuit` -> :class:`Circuit`, :func:`faithfulness`.
-- Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located).
+- Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located);
+  :func:`load_checkpoint` loads one checkpoint as ``track`` does.
 - Circuits of any behaviour: ``circuitkit.tasks`` (clean/corrupted prompt pairs from lists, files or built-in
   generators; node and edge circuits by counterfactual patching); ``scan(model, task=...)``.
 - Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.tasks``, ``circuitkit.models`` (adapters),
@@ -64,7 +65,7 @@ _LAZY: dict[str, str] = {
     "find_circuit": "circuitkit.circuits.faithfulness",
     "faithfulness": "circuitkit.circuits.faithfulness",
     "Circuit": "circuitkit.circuits.faithfulness",
-    "track": "circuitkit.tracking", "Track": "circuitkit.tracking",
+    "track": "circuitkit.tracking", "Track": "circuitkit.tracking", "load_checkpoint": "circuitkit.tracking",
 }
 _SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report", "tasks"}
 

@@ -21,7 +21,10 @@ from typing import Any, NoReturn
 
 from circuitkit import __version__
 from circuitkit.errors import CircuitkitError
-from circuitkit.validate import MAX_SEED
+
+# Nothing above imports torch: argument and path errors are answered in a fraction of a second. The constants
+# below mirror their homes (validate.MAX_SEED, pipeline.DEFAULT_ABLATE_TOP); a test checks they agree.
+MAX_SEED = 2**63 - 1
 
 DEFAULT_OUT = "circuitkit-report"
 TABLE_ROWS = 16
@@ -99,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace a head's output by its mean (default) or by zeros")
     scan.add_argument("--top-k", type=_int_in(1), default=5, metavar="K",
                       help="heads per score and composition edges per mode to list (5)")
-    scan.add_argument("--no-circuit", action="store_true", help="skip edge attribution and path patching")
+    scan.add_argument("--no-circuit", action="store_true",
+                      help="skip the circuit search (faithfulness) and the edge evidence that serves it (edge "
+                      "attribution and path patching)")
     scan.add_argument("--quick", action="store_true",
                       help="scores, attribution, composition and spectra only: no exact ablation and no edge "
                       "evidence (the same as --ablate none --no-circuit)")
@@ -130,33 +135,45 @@ def _device_map(text: str | None) -> Any:
     return value
 
 
+def _say(text: str) -> None:
+    """A progress line on stderr (stdout stays the table, or the JSON under --json)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def run_scan(args: argparse.Namespace) -> int:
-    import circuitkit as ck
-    from circuitkit.detect.tokens import RepeatedTokens
+    import time
+
+    from circuitkit.models.locate import check_model_name
     from circuitkit.report.saving import prepare_directory
 
+    started = time.perf_counter()
+    check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
     out = prepare_directory(args.out, where="--out", probe=True, kind="scan")
-    model = args.model
     device_map = _device_map(args.device_map)
-    if device_map is not None:
-        from circuitkit.models.loading import load_model
-
-        if model is None:
-            raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
-        model = load_model(model, device_map=device_map, allow_download=args.allow_download)
+    if device_map is not None and args.model is None:
+        raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
     ablate = _ablate_mode(args)
+    circuit = not (args.no_circuit or args.quick)
+    from circuitkit import zoo
+
+    name = args.model or zoo.DEFAULT
+    _say(f"scan: loading {name}" + (" (the bundled model)" if args.model is None else ""))
     if args.sort is not None:
         sort_column(args.sort, ablated=ablate != "none")
-    from circuitkit import zoo
+    import circuitkit as ck
+    from circuitkit.detect.tokens import RepeatedTokens
     from circuitkit.memory import check_memory
+    from circuitkit.models.loading import load_model
+    from circuitkit.validate import device as check_device
 
-    if model is None or isinstance(model, str):  # loaded here so the memory check runs before any pass
-        from circuitkit.models.loading import load_model
-
-        model = load_model(model, device=args.device, allow_download=args.allow_download)
-
-    check_memory(model, args.batch, args.block_len, circuit=not (args.no_circuit or args.quick), device=args.device)
-    progress = True  # a bar on a terminal, one line per stage in a log or a pipe
+    check_device("--device", args.device)
+    with _quiet_loading(args.allow_download):
+        if device_map is not None:
+            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download)
+        else:
+            model = load_model(args.model, device=args.device, allow_download=args.allow_download)
+    _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s")
+    check_memory(model, args.batch, args.block_len, circuit=circuit, device=args.device)
     result = ck.scan(
         model,
         tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
@@ -164,10 +181,10 @@ def run_scan(args: argparse.Namespace) -> int:
         ablate_top=args.ablate_top,
         ablation_method=args.ablation_method,
         top_k=args.top_k,
-        circuit=not (args.no_circuit or args.quick),
+        circuit=circuit,
         device=args.device,
-        progress=progress,
-        name=args.model or zoo.DEFAULT,
+        progress=True,  # a bar on a terminal, one line per stage in a log or a pipe
+        name=name,
         allow_download=args.allow_download,
     )
     saved = result.save(out, png=args.png)
@@ -175,15 +192,115 @@ def run_scan(args: argparse.Namespace) -> int:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
         sys.stdout.flush()
         return 0
-    from rich.console import Console
-
-    console = Console(highlight=False)
-    console.print(ranked_table(result, sort=args.sort))
-    print_answer(console, result)
-    console.print(f"wrote {saved.report} and {saved.scores}")
+    output = _Output()
+    output.print(ranked_table(result, sort=args.sort))
+    print_answer(output, result, skipped=_skipped_flag(args))
+    output.text(f"wrote {saved.report} and {saved.scores}", "")
     for path in saved.pngs:
-        console.print(f"wrote {path}")
+        output.text(f"wrote {path}", "")
     return 0
+
+
+def _skipped_flag(args: argparse.Namespace) -> str | None:
+    """The flag that skipped the circuit search, if one did."""
+    return "--quick" if args.quick else "--no-circuit" if args.no_circuit else None
+
+
+class _quiet_loading:
+    """Hugging Face's own ``Loading weights`` bars off while a model loads (circuitkit prints one line instead);
+    left on where a download may run (its bars say how far it is)."""
+
+    def __init__(self, allow_download: bool) -> None:
+        self.active = not allow_download
+
+    def __enter__(self) -> None:
+        if self.active:
+            from transformers.utils import logging as hf_logging
+
+            self.was = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active and self.was:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.enable_progress_bar()
+
+
+class _Output:
+    """The table and the answer on stdout. On a terminal: a rich Console at the terminal's width, the answer's
+    lines wrapped between items (:func:`wrap_items`). Without one (a pipe, a file): nothing wrapped and no
+    trailing spaces; each line is as long as its content."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.terminal = sys.stdout.isatty()
+        self.console = Console(highlight=False) if self.terminal else Console(
+            highlight=False, width=10_000, soft_wrap=True, color_system=None, force_terminal=False)
+
+    def print(self, renderable: Any) -> None:
+        if self.terminal:
+            self.console.print(renderable)
+            return
+        with self.console.capture() as captured:
+            self.console.print(renderable)
+        text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    def text(self, label: str, rest: str) -> None:
+        """A ``label: rest`` line, the label in bold on a terminal."""
+        from rich.markup import escape
+
+        if not self.terminal:
+            sys.stdout.write((f"{label}: {rest}" if rest else label) + "\n")
+            return
+        width = self.console.width
+        lines = wrap_items(f"{label}: {rest}" if rest else label, width)
+        first = lines[0]
+        if rest and first.startswith(f"{label}: "):
+            first = f"[bold]{escape(label)}:[/bold] {escape(first[len(label) + 2:])}"
+        else:
+            first = escape(first)
+        for line in [first, *(escape(line) for line in lines[1:])]:
+            self.console.print(line, soft_wrap=True)
+
+
+ITEM_BREAKS = ("; ", ", ", ": ")
+"""Where a terminal line of the answer may wrap: after these separators (between items), before words only where
+one item is wider than the terminal."""
+
+
+def wrap_items(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken only after ``"; "``, ``", "`` or ``": "`` (so
+    ``0.1 -> 1.3 K +0.16`` or ``1.1 induction`` stays on one line); an item wider than ``width`` alone is broken
+    between words. Continuation lines are indented by two spaces. Joining the lines with spaces and collapsing
+    whitespace gives back ``text``."""
+    import re
+    import textwrap
+
+    width = max(int(width), 20)
+    items = [item for item in re.split(r"(?<=[;,:]) ", text) if item]
+    lines: list[str] = []
+    current = ""
+    for item in items:
+        candidate = f"{current} {item}" if current else item
+        indent = 2 if lines else 0
+        if len(candidate) + indent <= width:
+            current = candidate
+            continue
+        if current:
+            lines.append(current)
+        if len(item) + 2 > width:  # one item wider than the terminal: break it between words
+            parts = textwrap.wrap(item, width - 2, break_long_words=False, break_on_hyphens=False)
+            lines.extend(parts[:-1])
+            current = parts[-1]
+        else:
+            current = item
+    if current:
+        lines.append(current)
+    return [line if i == 0 else "  " + line for i, line in enumerate(lines)]
 
 
 def _ablate_mode(args: argparse.Namespace) -> str:
@@ -377,16 +494,20 @@ def run_track(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_answer(console: Any, scan: Any) -> None:
+def print_answer(output: Any, scan: Any, skipped: str | None = None) -> None:
     """The report's answer box in a few lines (circuit, roles, exact edge effects, faithfulness, loss): the same
-    :class:`circuitkit.report.summary.Answer` the HTML writes."""
-    from rich.markup import escape
-
+    :class:`circuitkit.report.summary.Answer` the HTML writes; ``skipped``: the flag that skipped the circuit
+    search (named in the line that says so). ``output``: the CLI's :class:`_Output`, or a rich Console."""
     from circuitkit.report.summary import answer_lines
 
-    for line in answer_lines(scan):
+    for line in answer_lines(scan, skipped):
         label, _, rest = line.partition(": ")
-        console.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
+        if isinstance(output, _Output):
+            output.text(label, rest)
+        else:
+            from rich.markup import escape
+
+            output.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
 
 
 COMMANDS = {"scan": run_scan, "track": run_track}

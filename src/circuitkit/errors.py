@@ -6,9 +6,8 @@ Every message says three things: what was given, what was expected, and how to f
 
 from __future__ import annotations
 
+import sys
 from typing import Any
-
-import torch
 
 
 class CircuitkitError(ValueError):
@@ -19,7 +18,8 @@ def describe(value: Any) -> str:
     """A short one-line description of ``value`` for error messages: type, shape and dtype for tensors and arrays
     (numpy, anything with ``shape`` and ``dtype``), never a multi-line repr; other values as a repr cut at 80
     characters with line breaks escaped."""
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported here: the CLI's errors come before torch loads
+    if torch is not None and isinstance(value, torch.Tensor):
         layout = "" if value.layout == torch.strided else f" ({value.layout})"
         return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype} on {value.device}{layout}"
     if value is None:

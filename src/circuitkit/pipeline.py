@@ -18,8 +18,10 @@ The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which 
     edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
              heads; then the roles the evidence gives the circuit's heads (:func:`circuit_roles`)
 
-Progress (:class:`Progress`) is planned in forward passes from these stages, corrected to the measured cost as
-each stage ends (the bar ends at 100%); without a terminal it prints one line per stage.
+Progress (:class:`Progress`) is planned in passes of the batch (integers) from these stages before the first pass;
+the plan changes only where a stage's size becomes known, grows, shrinks or the stage is skipped (the edges without a
+circuit), and each change is said in words; without a terminal it prints the plan, each change and one line per
+stage.
 
 A head is *called* an induction (previous-token) head when its score is at least
 :data:`HEAD_CALL_THRESHOLD` and at least :data:`HEAD_CALL_NEUTRAL_RATIO` times what a uniformly attending head
@@ -40,7 +42,7 @@ import torch
 
 from circuitkit import validate
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET
-from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together, together_cost
+from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
 from circuitkit.detect.attribution import attribute
@@ -92,85 +94,123 @@ exact top 3 edges first, in order (first order: its strongest edge estimated at 
 for one more gradient pass; the edges that count are then path-patched exactly."""
 
 
-ATTRIBUTION_COST = 3.0
-"""Forward passes of one forward + backward pass (a backward costs about two forwards)."""
-WEIGHT_STAGE_COST = 0.0
+ATTRIBUTION_COST = 3
+"""Passes of one forward + backward pass (a backward costs about two forwards)."""
+SCORES_STAGE_COST = 1 + ATTRIBUTION_COST
+"""The first stage: the forward + backward pass (3) and the pattern scores read on it (counted one, as planned
+since the first version of the bar)."""
+WEIGHT_STAGE_COST = 0
 """Composition and spectra read the weights only: no forward pass."""
 
 
 # ---------------------------------------------------------------------------------------------- progress
+@dataclass(frozen=True)
+class Revision:
+    """A change of the plan: ``stage``'s passes went from ``before`` to ``after`` (0: skipped), ``why`` in words."""
+
+    stage: str
+    before: int
+    after: int
+    why: str
+
+
 class Progress:
-    """The scan's progress over its stages, in forward passes of the batch.
+    """The scan's progress over its stages, in passes of the batch (integers: one run of the batch through the
+    model, resumed from a later layer or not, counts one; a backward pass counts two).
 
-    ``plan``: the stage names the scan will run (known from its settings before the first pass); each stage's
-    estimate is replaced by its measured cost when it ends, so the total is the work done and the bar ends at
-    100%. ``mode``: ``"bar"`` (tqdm, for a terminal), ``"lines"`` (one line per stage on ``stream``: a log or a
-    pipe; the first at once), or ``"off"``."""
+    ``plan``: ``(stage, passes)`` for each stage the scan will run, fixed before the first pass: the bar's total
+    is their sum. The plan changes only through :meth:`revise` (a stage whose size became known, grew, shrank or
+    is skipped), and each change is said in words (:attr:`revisions`; the bar's text, or a line). ``mode``:
+    ``"bar"`` (tqdm, for a terminal), ``"lines"`` (one line per stage on ``stream``: a log or a pipe; the plan
+    first), or ``"off"``."""
 
-    def __init__(self, mode: str, plan: list[tuple[str, float]], stream: Any = None) -> None:
+    def __init__(self, mode: str, plan: list[tuple[str, int]], stream: Any = None) -> None:
         self.mode = mode
         self.plan = [name for name, _ in plan]
-        self.estimates = dict(plan)
+        self.estimates = {name: int(passes) for name, passes in plan}
+        self.planned_total = self._total()
+        self.revisions: list[Revision] = []
         self.ran: list[StageRecord] = []
         self.stream = stream if stream is not None else sys.stderr
         self.current: str | None = None
-        self.done = 0.0
-        self.stage_passes = 0.0
+        self.done = 0
+        self.stage_passes = 0
         self.bar = None
         self.started = time.perf_counter()
-        total = sum(self.estimates.values())
         if mode == "bar":
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=round(total, 2), desc="scan", unit="pass", file=self.stream,
+            self.bar = tqdm(total=self.planned_total, desc="scan", unit="pass", file=self.stream,
                             bar_format="{desc:<16}{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} passes "
                             "[{elapsed}<{remaining}]")
         elif mode == "lines":
-            self._line(f"scan: {len(self.plan)} stages ({', '.join(self.plan)}), about {total:.0f} forward passes")
+            stages = ", ".join(f"{name} {passes}" for name, passes in self.estimates.items())
+            self._line(f"scan: {len(self.plan)} stages, {self.planned_total} passes planned ({stages})")
 
     def _line(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def _total(self) -> float:
+    def _total(self) -> int:
         return sum(self.estimates.values())
 
-    def start(self, name: str, estimate: float | None = None) -> None:
-        self.current, self.stage_passes, self.stage_started = name, 0.0, time.perf_counter()
-        if estimate is not None:
-            self.estimates[name] = estimate
+    def revise(self, name: str, passes: int, why: str) -> None:
+        """Change ``name``'s planned passes to ``passes`` (0 with a skipped stage), saying ``why``."""
+        passes = int(passes)
+        before = self.estimates.get(name, 0)
+        if passes == before:
+            return
+        old_total = self._total()
+        self.estimates[name] = passes
+        self.revisions.append(Revision(name, before, passes, why))
+        line = f"scan: plan {old_total} -> {self._total()} passes: {name} {before} -> {passes} ({why})"
+        if self.bar is not None:  # the reason as a line above the bar (a postfix would squeeze the bar away)
+            self.bar.total = self._total()
+            self.bar.write(line, file=self.stream)
+            self.bar.refresh()
+        elif self.mode == "lines":
+            self._line(line)
+
+    def skip(self, name: str, why: str) -> None:
+        """``name`` will not run: its passes leave the plan, and the bar says ``why``."""
+        self.revise(name, 0, f"skipped: {why}")
+        if name in self.plan:
+            self.plan.remove(name)
+
+    def start(self, name: str) -> None:
+        self.current, self.stage_passes, self.stage_started = name, 0, time.perf_counter()
         if self.bar is not None:
-            self.bar.total = round(self._total(), 2)
             self.bar.set_description_str(f"scan: {name}")
             self.bar.refresh()
 
-    def advance(self, passes: float) -> None:
-        self.stage_passes += passes
+    def advance(self, passes: int) -> None:
+        self.stage_passes += int(passes)
         if self.bar is not None:
-            shown = min(self.stage_passes, self.estimates[self.current])
-            self.bar.n = round(self.done + shown, 2)
+            self.bar.n = self.done + min(self.stage_passes, self.estimates[self.current])
             self.bar.refresh()
 
-    def end(self, passes: float | None = None) -> None:
-        """End the current stage; its cost is ``passes`` (default: what was advanced)."""
+    def end(self, why: str | None = None) -> None:
+        """End the current stage. Its cost is the passes advanced; where that differs from the plan, the plan is
+        revised first, saying ``why`` (default: the measured count)."""
         name = self.current
-        passes = self.stage_passes if passes is None else passes
+        passes = self.stage_passes
+        if passes != self.estimates[name]:
+            self.revise(name, passes, why or f"measured {passes} passes, planned {self.estimates[name]}")
         seconds = time.perf_counter() - self.stage_started
-        self.estimates[name] = passes
         self.done += passes
         self.ran.append(StageRecord(name, passes, seconds))
         if self.bar is not None:
-            self.bar.total = round(self._total(), 2)
-            self.bar.n = round(self.done, 2)
+            self.bar.n = self.done
             self.bar.refresh()
         elif self.mode == "lines":
-            self._line(f"scan [{len(self.ran)}/{len(self.plan)}] {name:<8} {passes:6.1f} passes {seconds:7.2f} s")
+            unit = "pass" if passes == 1 else "passes"
+            self._line(f"scan [{len(self.ran)}/{len(self.plan)}] {name:<8} {passes:4d} {unit:<6} {seconds:7.2f} s")
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         elif self.mode == "lines" and len(self.ran) == len(self.plan):
             total = sum(r.passes for r in self.ran)
-            self._line(f"scan: done, {total:.1f} forward passes in {time.perf_counter() - self.started:.2f} s")
+            self._line(f"scan: done, {total} passes in {time.perf_counter() - self.started:.2f} s")
 
 
 def progress_mode(progress: Any, stream: Any = None) -> str:
@@ -255,12 +295,33 @@ def scores_stage(work: _Work, ablation_method: str, resumable: bool, with_edges:
     )
     work.head_scores = collector.result(work.weights)
     work.loss = summarise(work.run.losses, batch)
-    bar.advance(1 + ATTRIBUTION_COST)
+    bar.advance(SCORES_STAGE_COST)
 
 
-def ablation_cost(heads: list[Head], n_layers: int, resumable: bool) -> float:
-    """Forward passes of exact single-head ablation: one batch copy per head, from its layer on when resumed."""
-    return sum((n_layers - layer) / n_layers if resumable and layer > 0 else 1.0 for layer, _ in heads)
+ABLATION_GROUPS = ("induction heads", "previous-token heads", "circuit")
+"""The groups of called heads ablated together, each one pass (a group without heads is not run)."""
+
+
+def ablate_plan(ablate: str, ablate_top: int, n_total: int) -> int:
+    """Planned passes of the ablate stage before the first pass: one per head ablated exactly (``ablate_top`` of
+    them, or every head) and one per group of called heads ablated together."""
+    heads = {"all": n_total, "top": min(n_total, ablate_top), "none": 0}[ablate]
+    return heads + len(ABLATION_GROUPS) if heads else 0
+
+
+def _ablate_revision(chosen: list[Head], groups: dict, ablate: str, ablate_top: int, n_total: int) -> str:
+    """Why the ablate stage's passes differ from :func:`ablate_plan`, in words."""
+    parts = []
+    planned_heads = {"all": n_total, "top": min(n_total, ablate_top)}[ablate]
+    if len(chosen) != planned_heads:
+        parts.append(f"{len(chosen) - planned_heads} called head(s) outside the top {ablate_top} by attribution "
+                     "join the exact set")
+    if not groups:
+        parts.append("no head is called induction or previous-token, so no group is ablated together")
+    elif len(groups) < len(ABLATION_GROUPS):
+        missing = [label[:-1] for label in ABLATION_GROUPS[:2] if label not in groups]
+        parts.append(f"{len(groups)} groups ablated together, not {len(ABLATION_GROUPS)} (no {missing[0]} called)")
+    return "; ".join(parts)
 
 
 def ablation_groups(head_scores: HeadScores) -> dict[str, tuple[Head, ...]]:
@@ -277,28 +338,38 @@ def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str
     groups = ablation_groups(work.head_scores)
     called = groups.get("circuit", ())
     chosen = exact_set(work.attribution, ablate, ablate_top, called)
-    per_head = {head: ablation_cost([head], spec.n_layers, resumable) for head in chosen}
-    bar.start("ablate", sum(per_head.values()) + len(groups))
-    done = iter(chosen)
-    work.ablation = ablate_heads(
-        adapter, work.run, chosen, ablation_method, resume=resumable,
-        progress=lambda n: bar.advance(sum(per_head[next(done)] for _ in range(n))),
-    )
+    bar.revise("ablate", len(chosen) + len(groups),
+               _ablate_revision(chosen, groups, ablate, ablate_top, spec.n_layers * spec.n_heads))
+    bar.start("ablate")
+    work.ablation = ablate_heads(adapter, work.run, chosen, ablation_method, resume=resumable, progress=bar.advance)
     work.agreement = agreement(work.attribution, work.ablation)
     for label, heads in groups.items():
         work.circuit_ablation[label] = ablate_together(adapter, work.run, list(heads), ablation_method)
-        bar.advance(together_cost(list(heads), spec.n_layers, work.run, adapter))
+        bar.advance(1)
 
 
-def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect") -> float:
-    """Planned forward passes of the circuit search: the geometric sizes with n = 0, about log2 of the total for
-    the bisection, one for necessity, one for the resampled batch; the joint-path ranking's passes where it is
-    asked for (``"auto"`` adds them only when it turns to it: the plan is corrected then)."""
+def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect", with_edges: bool = True) -> int:
+    """Planned passes of the circuit search: one with every head ablated (the gap faithfulness divides by), the
+    geometric sizes, about log2 of the total for the bisection, one for necessity, one for the resampled batch
+    where no earlier pass drew it; the joint-path ranking's passes where it is asked for (``"auto"`` adds them
+    only when it turns to it: the plan is revised then, saying so)."""
     from circuitkit.circuits.faithfulness import DEFAULT_JOINT_STEPS, geometric_sizes
 
-    search = len(geometric_sizes(n_heads_total)) + math.log2(max(2, n_heads_total))
+    search = len(geometric_sizes(n_heads_total)) + math.ceil(math.log2(max(2, n_heads_total)))
     joint = 3 * DEFAULT_JOINT_STEPS if rank == "joint" else 0  # "auto" adds them only where it turns to them
-    return search + joint + 1 + (method == "resample")
+    return 1 + search + joint + 1 + (method == "resample" and not with_edges)
+
+
+def edges_estimate(n_patch: int, circuit_heads: Sequence[Head] | None = None, *, corrupt_pass: bool = True) -> int:
+    """Planned passes of the edge stage: the corrupted run (resampled batch), the further integration points of
+    edge attribution (a forward + backward each) and one per edge path-patched: ``n_patch``, or as many edges as
+    the circuit's heads have between them (three channels per pair in different layers) where fewer.
+    ``corrupt_pass``: False where the circuit search already ran the resampled batch."""
+    edges = n_patch
+    if circuit_heads is not None:
+        pairs = sum(1 for a in circuit_heads for b in circuit_heads if a[0] < b[0])
+        edges = min(n_patch, 3 * pairs)
+    return int(corrupt_pass) + (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST + edges
 
 
 def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progress) -> None:
@@ -325,6 +396,14 @@ def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progr
         work.verified, work.verified_error = None, str(error)
 
 
+def _circuit_revision(work: _Work) -> str:
+    """Why the circuit stage's passes differ from its plan, in words."""
+    if work.verified is None:
+        return "no head changes the loss measurably, so the search stopped after its first pass"
+    sizes = len(work.verified.curve)
+    return f"the search measured {sizes} circuit sizes and stopped at {len(work.verified.heads)} heads"
+
+
 def weights_stage(work: _Work, top_k: int) -> None:
     work.composition, work.baselines, work.edges = _composition(work.weights, top_k)
     work.spectra = _spectra(work.weights)
@@ -338,10 +417,8 @@ def edges_stage(work: _Work, top_k: int, n_patch: int, bar: Progress) -> None:
     among = work.verified.heads if work.verified is not None else None
     work.evidence = _circuit_evidence(work.edge_tap, work.composition, top_k, n_patch, among)
     patched = work.evidence.patching.edges
-    L = ctx.spec.n_layers
     integration = (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST  # one forward + backward per further point
-    cost = corrupt_pass + integration + sum((L - e.dst[0]) / L if ctx.adapter.can_resume else 1.0 for e in patched)
-    bar.advance(cost)
+    bar.advance(int(corrupt_pass) + integration + len(patched))
     if work.verified is not None:
         work.verified = replace(work.verified, edges=work.evidence.patching)
 
@@ -501,13 +578,13 @@ def scan(
         check_memory(adapter.model, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
                      bos=spec_tokens.bos is not False, circuit=circuit, device=device)
     plan = stage_plan(ablate, circuit, with_edges)
+    reused_corrupt = circuit and faithfulness_method == "resample"  # the search's resampled run serves the edges
     estimates = {
-        "scores": 1 + ATTRIBUTION_COST,
-        # the exact set is known after the first stage; planned here at its size bound
-        "ablate": {"all": n_total, "top": min(n_total, ablate_top + 4), "none": 0}[ablate],
-        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank),
+        "scores": SCORES_STAGE_COST,
+        "ablate": ablate_plan(ablate, ablate_top, n_total),  # revised once the exact set is known, saying why
+        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank, with_edges),
         "weights": WEIGHT_STAGE_COST,
-        "edges": 1 + (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST + n_patch,
+        "edges": edges_estimate(n_patch, corrupt_pass=not reused_corrupt),
     }
     bar = Progress(mode, [(stage, estimates[stage]) for stage in plan])
     work = _Work(adapter, batch, adapter.weights())
@@ -522,11 +599,16 @@ def scan(
         if circuit:
             bar.start("circuit")
             circuit_stage(work, target, faithfulness_method, circuit_rank, bar)
-            bar.end()
+            bar.end(_circuit_revision(work))
         bar.start("weights")
         weights_stage(work, top_k)
         bar.end()
-        if with_edges:
+        if with_edges and work.verified is None:  # the edge evidence serves the circuit: none, so no edges
+            bar.skip("edges", "no circuit found, and edge attribution and path patching serve the circuit")
+        elif with_edges:
+            bar.revise("edges", edges_estimate(n_patch, work.verified.heads, corrupt_pass=not reused_corrupt),
+                       f"the circuit's {len(work.verified.heads)} heads have fewer than {n_patch} edges between them"
+                       if not reused_corrupt else "the circuit search already ran the resampled batch")
             bar.start("edges")
             edges_stage(work, top_k, n_patch, bar)
             bar.end()

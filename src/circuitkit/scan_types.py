@@ -214,6 +214,28 @@ class Scan:
 
         return save(self, out_dir, png=png)
 
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Scan:
+        """The scan :meth:`save` wrote into ``path`` (the directory, or its ``scores.json``), read back: every
+        figure ``scores.json`` holds, so ``Scan.load(dir).to_json()`` equals the saved JSON. Not saved, so empty:
+        ``tokens``, ``patterns``, the full composition and spectra tensors, ``stages``."""
+        from circuitkit.report import load_scan
+
+        return load_scan(path)
+
+    def table(self, sort: str | None = None) -> list[dict[str, Any]]:
+        """The head table: one dict per head (``head``, ``layer``, ``index``, every score, ``attribution``,
+        ``ablation`` where computed), largest ``sort`` first (default the induction score)."""
+        from circuitkit.report import head_table
+
+        return head_table(self, sort)
+
+    def to_pandas(self, sort: str | None = None) -> Any:
+        """:meth:`table` as a ``pandas.DataFrame`` indexed by head (needs pandas; a CircuitkitError without it)."""
+        from circuitkit.report import to_pandas
+
+        return to_pandas(self, sort)
+
     def _repr_html_(self) -> str:
         from circuitkit.report import summary_html
 

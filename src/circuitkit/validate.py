@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Collection, Iterable, Sequence
 from numbers import Integral, Real
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from circuitkit.errors import CircuitkitError, describe
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 MAX_SEED = 2**63 - 1
 """torch.Generator.manual_seed takes seeds up to 2**64 - 1; int64 keeps seeds portable to numpy as well."""
@@ -104,7 +106,8 @@ def real(
         parts.append(f"<= {maximum}")
     expected = "a finite real number" + (" " + " and ".join(parts) if parts else "")
     if isinstance(value, bool) or not isinstance(value, Real):
-        if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex():
+        torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+        if torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
             value = value.item()
         else:
             raise fail(name, value, expected)
@@ -142,6 +145,8 @@ def device(name: str, value: Any, *, allow_none: bool = True) -> torch.device | 
     """A device tensors can be put on now: ``"cpu"``, ``"cuda"``/``"cuda:N"`` when that GPU exists, ``"mps"`` when
     available. ``"meta"`` (no data) and devices that do not exist here are refused; ``None`` passes through
     (the model's own device) unless ``allow_none`` is False."""
+    import torch
+
     if value is None:
         if allow_none:
             return None
@@ -158,14 +163,16 @@ def device(name: str, value: Any, *, allow_none: bool = True) -> torch.device | 
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise fail(name, value, expected, "This machine has no CUDA GPU (torch.cuda.is_available() is False).")
+            raise fail(name, given(f"{value!r}, but CUDA is not available here (no CUDA GPU, or a CPU-only torch)"),
+                       "'cpu' or a device this machine has", "Leave the device out or pass 'cpu'.")
         if dev.index is not None and dev.index >= count:
-            raise fail(name, value, expected, f"This machine has {count} CUDA device(s): cuda:0 .. cuda:{count - 1}.")
+            raise fail(name, given(f"{value!r}, but this machine has {count} CUDA device(s)"),
+                       f"one of cuda:0 .. cuda:{count - 1}, or 'cpu'")
         return dev
     if dev.type == "mps":
         backend = getattr(torch.backends, "mps", None)
         if backend is None or not backend.is_available():
-            raise fail(name, value, expected, "MPS is not available on this machine.")
+            raise fail(name, given(f"{value!r}, but MPS is not available here"), "'cpu' or a device this machine has")
         return dev
     if dev.type == "meta":
         raise fail(name, value, expected, "The meta device holds no data, so nothing can be computed on it.")
@@ -186,7 +193,9 @@ def tensor(
     """``value`` as a ``torch.Tensor`` checked for rank (``ndim``), shape (``shape``: an int fixes a size,
     ``None`` or a name leaves it free), dtype kind (``floating`` / ``integral``; complex and bool are never
     accepted as either) and finiteness. ``convert`` accepts numpy arrays and nested lists."""
-    if not isinstance(value, Tensor):
+    import torch
+
+    if not isinstance(value, torch.Tensor):
         if not convert or isinstance(value, (str, bytes, bool)) or value is None:
             raise fail(name, value, "a torch.Tensor", "Convert with torch.as_tensor(...).")
         try:
@@ -219,7 +228,9 @@ def tensor(
 def dense(name: str, value: Tensor) -> Tensor:
     """``value`` if it is a dense (strided) tensor that holds data: sparse layouts and the ``meta`` device (shapes
     only, e.g. a model moved with ``.to("meta")`` or weights offloaded without an offload folder) are refused."""
-    if not isinstance(value, Tensor):
+    import torch
+
+    if not isinstance(value, torch.Tensor):
         raise fail(name, value, "a torch.Tensor")
     if value.layout != torch.strided:
         raise fail(name, value, "a dense (strided) tensor", "Convert with .to_dense().")
@@ -233,7 +244,9 @@ def all_finite(value: Tensor) -> bool:
     """Whether every entry of a floating ``value`` is finite, without an element-wise mask where it can: a NaN or
     inf entry makes the sum NaN or inf, so a finite sum (float32 or wider, read once) settles it; only a sum that
     overflowed is checked entry by entry. ``value`` must be a tensor (``CircuitkitError`` otherwise)."""
-    if not isinstance(value, Tensor):
+    import torch
+
+    if not isinstance(value, torch.Tensor):
         raise fail("all_finite: value", value, "a torch.Tensor")
     if not (value.is_floating_point() or value.is_complex()):
         return True
@@ -243,7 +256,9 @@ def all_finite(value: Tensor) -> bool:
 
 def finite_result(name: str, value: Tensor, *, why: str = "") -> Tensor:
     """Raise if a computed result holds NaN or inf (a result must never be silently non-finite)."""
-    if not isinstance(value, Tensor):
+    import torch
+
+    if not isinstance(value, torch.Tensor):
         raise fail(name, value, "a torch.Tensor result")
     if value.is_floating_point() or value.is_complex():
         finite = torch.isfinite(value)

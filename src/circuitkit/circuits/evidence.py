@@ -13,8 +13,9 @@ measured, else the attribution; fractions are of the largest ``|effect|`` in the
 
 - ``weight_only``: strong in the weights (composition at or above the :data:`STRONG_WEIGHT_QUANTILE` quantile of
   all edges of its channel) but carries nothing (``|effect| <`` :data:`CARRIES_NOTHING_FRACTION` of the largest);
-- ``effect_only``: carries a strong effect (``|effect| >=`` :data:`STRONG_EFFECT_FRACTION` of the largest) but is
-  unremarkable in the weights (composition below the :data:`WEAK_WEIGHT_QUANTILE` quantile of its channel).
+- ``effect_only``: carries a strong effect (``|effect| >=`` :data:`STRONG_EFFECT_FRACTION` of the largest and at
+  least :data:`MIN_EFFECT`, the threshold the scan's answer uses) but is unremarkable in the weights
+  (composition below the :data:`WEAK_WEIGHT_QUANTILE` quantile of its channel).
 
 :meth:`CircuitEvidence.to_json` gives plain floats (NaN and missing values as ``None``) for ``scores.json``.
 """
@@ -49,6 +50,10 @@ CARRIES_NOTHING_FRACTION = 0.05
 """An edge whose |effect| is below 5% of the table's largest carries nothing (seed noise of patching is ~1%)."""
 STRONG_EFFECT_FRACTION = 0.5
 """An edge whose |effect| is at least half the table's largest carries a strong effect."""
+MIN_EFFECT = 0.05
+"""An edge carries an effect worth a flag only from this |effect| on (in the metric's unit: nats for the loss), the
+threshold the scan's answer uses (:data:`circuitkit.circuits.faithfulness.MIN_GAP`): in a model where no edge
+matters, the largest of a few thousandths of a nat must not make its peers "strong"."""
 DEFAULT_TOP_K = 10
 
 
@@ -113,6 +118,7 @@ class CircuitEvidence:
                 "weak_weight_quantile": WEAK_WEIGHT_QUANTILE,
                 "carries_nothing_fraction": CARRIES_NOTHING_FRACTION,
                 "strong_effect_fraction": STRONG_EFFECT_FRACTION,
+                "min_effect": MIN_EFFECT,
             },
             "rows": [r.to_json() for r in self.rows],
         }
@@ -245,7 +251,7 @@ def _table(ctx: Context, attribution: EdgeAttribution, by_attribution: list, pat
         if comp_value is not None and largest > 0:
             strong, weak = quantiles[c]
             weight_only = comp_value >= strong and abs(effect) < CARRIES_NOTHING_FRACTION * largest
-            effect_only = comp_value < weak and abs(effect) >= STRONG_EFFECT_FRACTION * largest
+            effect_only = comp_value < weak and abs(effect) >= max(STRONG_EFFECT_FRACTION * largest, MIN_EFFECT)
         rows.append(EdgeEvidence(src, dst, c, comp_value, attr, patched_value, weight_only, effect_only))
     rows.sort(key=lambda r: (r.patched is None, -abs(r.effect)))
     return CircuitEvidence(tuple(rows), attribution.metric, attribution.corrupt, attribution, patching)

@@ -15,7 +15,7 @@ attention head ``(layer, head)`` of the model and a head set ``C``::
 A head is ablated by replacing its output ``z`` (``blocks.{l}.attn.hook_z``, ``[batch, pos, head, d_head]``) with
 its clean mean over batch and positions (``"mean"``), zeros (``"zero"``), or its ``z`` on the resampled batch
 (``"resample"``: every copy of the block redrawn, :func:`circuitkit.circuits.resampled_batch`). A zero gap
-``L_all - L_clean`` below :data:`MIN_GAP` (no head matters: faithfulness is noise, 0/0 in the limit) raises a
+``L_all - L_clean`` below :data:`MIN_GAP` (no head matters: faithfulness divides noise by noise) raises a
 ``CircuitkitError``, never a NaN.
 
 Discovery (:func:`find_circuit`). Heads are ranked by an effect estimate (default: the attribution estimate of
@@ -57,7 +57,7 @@ DEFAULT_TARGET = 0.8
 """Faithfulness the circuit must reach (circuit papers call 0.8 and above faithful)."""
 MIN_GAP = 0.05
 """Smallest ``|L_all - L_clean|`` (nats) faithfulness divides by. Below it no set of heads does anything worth a
-circuit and the ratio is noise (0/0 in the limit): random-weight GPT-2-small and SmolLM-135M shapes move the loss
+circuit and the ratio divides noise by noise: random-weight GPT-2-small and SmolLM-135M shapes move the loss
 by so little that their measured curves swing between -3 and +15; a model with induction heads moves it by nats
 (the bundled model: 4.1)."""
 DEFAULT_CORRUPT_SEED = 1
@@ -211,10 +211,9 @@ def faithfulness_of(all_ablated: float, kept: float, clean: float) -> float:
     gap = all_ablated - clean
     if not math.isfinite(gap) or abs(gap) < MIN_GAP:
         raise CircuitkitError(
-            f"faithfulness: ablating every attention head changes the repeated-copies loss by {gap:+.3g} nats "
+            f"faithfulness: ablating every attention head changes the repeated-copies loss by only {gap:+.3g} nats "
             f"(from {clean:.6g} to {all_ablated:.6g}); expected a change of at least {MIN_GAP:g} nats. No head "
-            "matters measurably on this batch, so no subset of heads can be compared with all of them (0/0 in the "
-            "limit). "
+            "matters measurably on this batch, so there is no effect for a set of heads to reproduce. "
             "Use a model that copies in context, or a longer block / larger batch."
         )
     return (all_ablated - kept) / gap

@@ -16,6 +16,7 @@ _LAZY = {
     "ToyConfig": "circuitkit.models.toy",
     "to_bridge": "circuitkit.models.bridge",
     "load_model": "circuitkit.models.loading",
+    "HOOKS": "circuitkit.models.contract",
 }
 __all__ = sorted(_LAZY)
 

@@ -46,6 +46,7 @@ import torch
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.models import files as guarded
+from circuitkit.models.gguf import is_gguf
 from circuitkit.models.tokenizer import (  # noqa: F401  (re-exported: the names used to live here)
     BOS_TOKEN,
     TOKENIZER_FILES,
@@ -502,6 +503,8 @@ def load_model(
     - ``None`` or a name in :func:`circuitkit.zoo.available`: the bundled model (``None``: ``"induction-2l"``).
     - an existing local directory: a Hugging Face model saved with ``save_pretrained``, checked by
       :func:`inspect_directory` and loaded with the hub offline.
+    - an existing ``.gguf`` file (llama.cpp, Ollama): dequantized to float32 by transformers
+      (:mod:`circuitkit.models.gguf`; needs the ``gguf`` package).
     - anything else: a hub repository id (or TransformerLens alias such as ``"gpt2-small"``). By default only a
       copy already in the local Hugging Face cache is used, with the hub client forced offline; a name that is
       not cached fails at once with a one-line :class:`CircuitkitError`. ``allow_download=True`` fetches the
@@ -525,6 +528,13 @@ def load_model(
                             "a zoo name, a local Hugging Face directory or a model name")
     path = Path(name_or_path).expanduser()
     guarded.check_path_length(path, "load_model: name_or_path")
+    if is_gguf(path) and guarded.exists(path) and not guarded.is_dir(path):
+        if sharding.sharded:
+            raise validate.fail("load_model: device_map", sharding.device_map or sharding.n_devices,
+                                "None for a GGUF file (it is dequantized on the CPU; pass device= to move it)")
+        from circuitkit.models.gguf import load_gguf
+
+        return load_gguf(path, device=sharding.device)
     if guarded.is_dir(path):
         checked = inspect_directory(path)
         return _boot(str(path), checked, sharding, allow_download=False)
@@ -563,13 +573,13 @@ def _load_hub_name(name: str, sharding: Sharding, allow_download: bool, zoo_name
     )
     repo = _hub_repo_id(name)
     if repo is None:
-        raise _error("given", f"{name!r}, which is neither a zoo model, a local directory, nor a hub name", expected)
+        raise _error("given", f"{name!r}: no such directory or file, and not a zoo model or hub name", expected)
     snapshot = _cached_snapshot(repo)
     if snapshot is None and allow_download:
         snapshot = _download(repo)
     if snapshot is None:
-        raise _error("given", f"{name!r}, which is neither a zoo model, a local directory, nor a model in the "
-                     "local Hugging Face cache", expected,
+        raise _error("given", f"{name!r}: no such directory or file, no zoo model of that name, and no model "
+                     "of that name in the local Hugging Face cache", expected,
                      "Pass allow_download=True (circuitkit scan --allow-download) to fetch it from the hub, "
                      "which needs the network.")
     checked = inspect_directory(snapshot)

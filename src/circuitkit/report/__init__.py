@@ -12,28 +12,34 @@ Rooms:
   (:func:`summary_html`); the page script and stylesheet are package assets (``assets/report.js``,
   ``assets/report.css``);
 - :mod:`~circuitkit.report.saving`: writing report + scores together or not at all (:func:`save`);
+- :mod:`~circuitkit.report.reload`: a saved scan read back (:func:`load_scan`, ``Scan.load``);
+- :mod:`~circuitkit.report.table`: the head table as rows or a DataFrame (``Scan.table``, ``Scan.to_pandas``);
 - :mod:`~circuitkit.report.png`: PNG export with headless Chromium (:func:`export_pngs`).
 """
 
 from __future__ import annotations
 
-from circuitkit.report.data import page_data, scan_json
-from circuitkit.report.page import GZIP_MIME, MAX_REPORT_BYTES, build_report, summary_html
-from circuitkit.report.png import CHROMIUM_FLAGS, export_pngs, find_chromium
-from circuitkit.report.saving import save
-from circuitkit.report.sections import SECTIONS, Section
+from circuitkit._lazy import lazy_exports
 
-__all__ = [
-    "CHROMIUM_FLAGS",
-    "GZIP_MIME",
-    "MAX_REPORT_BYTES",
-    "SECTIONS",
-    "Section",
-    "build_report",
-    "export_pngs",
-    "find_chromium",
-    "page_data",
-    "save",
-    "scan_json",
-    "summary_html",
-]
+# public name -> module that defines it (imported on first use: the CLI checks --out before torch loads)
+_LAZY = {
+    "page_data": "circuitkit.report.data",
+    "scan_json": "circuitkit.report.data",
+    "GZIP_MIME": "circuitkit.report.page",
+    "MAX_REPORT_BYTES": "circuitkit.report.page",
+    "build_report": "circuitkit.report.page",
+    "summary_html": "circuitkit.report.page",
+    "CHROMIUM_FLAGS": "circuitkit.report.png",
+    "export_pngs": "circuitkit.report.png",
+    "find_chromium": "circuitkit.report.png",
+    "save": "circuitkit.report.saving",
+    "load_scan": "circuitkit.report.reload",
+    "scan_from_json": "circuitkit.report.reload",
+    "head_table": "circuitkit.report.table",
+    "to_pandas": "circuitkit.report.table",
+    "SECTIONS": "circuitkit.report.sections",
+    "Section": "circuitkit.report.sections",
+}
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

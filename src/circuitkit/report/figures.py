@@ -138,6 +138,22 @@ def circuit_diagram(story: Any) -> str:
     return "".join(parts)
 
 
+DIAGRAM_LABEL_PLACES = (0.5, 0.38, 0.62, 0.27, 0.73, 0.18, 0.82, 0.1, 0.9)
+"""Where along its link (0: the sender, 1: the receiver) a circuit-diagram label may sit, tried in this order."""
+
+
+def _crosses(box: tuple[float, float, float, float], x1: float, y1: float, x2: float, y2: float) -> bool:
+    """Whether the segment (x1, y1) -> (x2, y2) passes through ``box`` (sampled every 2 px along x)."""
+    x0, y0, xb, yb = box
+    steps = max(2, int((x2 - x1) / 2))
+    for k in range(steps + 1):
+        x = x1 + (x2 - x1) * k / steps
+        y = y1 + (y2 - y1) * k / steps
+        if x0 <= x <= xb and y0 <= y <= yb:
+            return True
+    return False
+
+
 def answer_diagram(answer: Any) -> str:
     """The verified circuit: heads of roles that feed another role (previous-token) on the left, the other
     circuit heads on the right, the carrying edges between them coloured and sized by their exact effect (path
@@ -148,7 +164,7 @@ def answer_diagram(answer: Any) -> str:
     left = [(h, roles) for h, roles in answer.circuit if h in sources][:limit]
     right = [(h, roles) for h, roles in answer.circuit if h not in sources][:limit]
     rows = max(len(left), len(right), 1)
-    width, x_l, x_r, row_h, top = 340, 50, 280, 34, 24
+    width, x_l, x_r, row_h, top = 340, 50, 280, 44, 24
     height = top + rows * row_h + 16
     parts = [
         f'<svg class="ck-diagram" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
@@ -163,23 +179,28 @@ def answer_diagram(answer: Any) -> str:
     shown = [e for e in answer.edges if e.src in ys_l and e.dst in ys_r]
     labels: list[str] = []
     scale = max((abs(e.effect) for e in shown), default=0.0)
-    placed: list[tuple[float, float]] = []  # labels claim places strongest first, never overlapping
+    taken: list[tuple[float, float, float, float]] = []  # labels claim places strongest first, never overlapping
     x1, x2 = x_l + 34, x_r - 38
     n_hidden = 0
+    segments = [(ys_l[e.src], ys_r[e.dst]) for e in shown]
     for e in shown:
         y1, y2 = ys_l[e.src], ys_r[e.dst]
         t = e.effect / scale if scale > 0 else 0.0
         label = f"{e.channel.upper()} {e.effect:+.2f}"
         spot = None
-        for frac in (0.5, 0.28, 0.72, 0.15, 0.85):
-            mx, my = x1 + frac * (x2 - x1), y1 + frac * (y2 - y1) - 4
-            if all(abs(mx - px) > 52 or abs(my - py) > 12 for px, py in placed):
+        half = 3.1 * len(label)
+        others = [(a, b) for a, b in segments if (a, b) != (y1, y2)]
+        # beside its own line (above, else below; its halo hides where a steep line grazes it), where no other
+        # line crosses the label
+        for frac, dy in ((frac, dy) for frac in DIAGRAM_LABEL_PLACES for dy in (-4.0, 12.0)):
+            mx, my = x1 + frac * (x2 - x1), y1 + frac * (y2 - y1) + dy
+            box = (mx - half - 1, my - 9, mx + half + 1, my + 2)
+            if _free(box, taken) and not any(_crosses(box, x1, a, x2, b) for a, b in others):
                 spot = (mx, my)
+                taken.append(box)
                 break
         if spot is None:
             n_hidden += 1
-        else:
-            placed.append(spot)
         parts.append(
             f'<g><title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect '
             f'{e.effect:+.3f} nats (path patching)</title>'
@@ -255,32 +276,58 @@ class GraphEdge:
     dash: bool = False
 
 
+CHAR_WIDTH = 6.2
+"""Width of one character of the graphs' 10 px labels (system-ui), for placing labels without overlap."""
+LABEL_HEIGHT = 12.0
+
+
+def _free(box: tuple[float, float, float, float], taken: list[tuple[float, float, float, float]]) -> bool:
+    """Whether ``box`` (x0, y0, x1, y1) overlaps none of ``taken``."""
+    x0, y0, x1, y1 = box
+    return all(x1 <= a0 or x0 >= a1 or y1 <= b0 or y0 >= b1 for a0, b0, a1, b1 in taken)
+
+
 def head_graph(
     n_layers: int, n_heads: int, edges: Sequence[GraphEdge], *, legend: Sequence[tuple[str, str, bool]] = ()
 ) -> str:
     """Heads at ``(x = layer, y = head)``, the given edges as curves from the earlier to the later layer.
 
-    Only the heads an edge touches are drawn as labelled nodes (a 48 x 25 model would otherwise be 1,200
-    circles); every layer gets a faint guide line. ``legend``: (text, colour, dashed) entries.
+    The x axis spans only the layers the edges join (a circuit in layers 0-2 of a 30-layer model fills the width;
+    the axis says which layers of how many). Only the heads an edge touches are drawn as nodes (a 48 x 25 model
+    would otherwise be 1,200 circles); every layer shown gets a faint guide line. Labels never overlap: each
+    node's name takes the first free place beside it (right, left, above, below) and is left out where none is
+    free, each edge's score likewise (strongest first, at most :data:`MAX_LABELLED_EDGES`); every node and edge
+    keeps its text as a tooltip. ``legend``: (text, colour, dashed) entries.
     """
-    margin_l, margin_r, margin_t = 28, 28, 22 + (18 if legend else 0)
+    margin_l, margin_r, margin_t = 28, 36, 22 + (18 if legend else 0)
     dy = max(6.0, min(22.0, 360.0 / max(1, n_heads - 1))) if n_heads > 1 else 0.0
     height = margin_t + dy * (n_heads - 1) + 36
-    dx = (GRAPH_WIDTH - margin_l - margin_r) / max(1, n_layers - 1)
+    touched = [layer for e in edges for layer in (e.src[0], e.dst[0])]
+    first, last = (min(touched), max(touched)) if touched else (0, n_layers - 1)
+    if last == first:
+        first, last = max(0, first - 1), min(n_layers - 1, first + 1)
+    partial = first > 0 or last < n_layers - 1
+    height += 10 if partial else 0  # room for the line that says which layers these are
+    span = max(1, last - first)
+    dx = (GRAPH_WIDTH - margin_l - margin_r) / span
 
     def xy(head: Head) -> tuple[float, float]:
-        return margin_l + head[0] * dx, margin_t + head[1] * dy
+        return margin_l + (head[0] - first) * dx, margin_t + head[1] * dy
 
     parts = [
         f'<svg class="ck-graph" width="{GRAPH_WIDTH}" height="{_f(height)}" '
         f'viewBox="0 0 {GRAPH_WIDTH} {_f(height)}" font-family="system-ui, sans-serif" font-size="10">'
     ]
-    step = max(1, math.ceil(n_layers / 24))
-    for layer in range(n_layers):
-        x = margin_l + layer * dx
-        parts.append(f'<line x1="{_f(x)}" y1="{margin_t - 6}" x2="{_f(x)}" y2="{_f(height - 26)}" stroke="#eee"/>')
-        if layer % step == 0:
-            parts.append(f'<text x="{_f(x)}" y="{_f(height - 12)}" text-anchor="middle" fill="#666">L{layer}</text>')
+    step = max(1, math.ceil((span + 1) / 24))
+    for layer in range(first, last + 1):
+        x = margin_l + (layer - first) * dx
+        bottom = height - (10 if partial else 0)
+        parts.append(f'<line x1="{_f(x)}" y1="{margin_t - 6}" x2="{_f(x)}" y2="{_f(bottom - 26)}" stroke="#eee"/>')
+        if (layer - first) % step == 0:
+            parts.append(f'<text x="{_f(x)}" y="{_f(bottom - 12)}" text-anchor="middle" fill="#666">L{layer}</text>')
+    if partial:
+        parts.append(f'<text x="{GRAPH_WIDTH - 4}" y="{_f(height - 4)}" text-anchor="end" fill="#666">layers '
+                     f"{first}-{last} of {n_layers} (the layers these edges join)</text>")
     x_legend = margin_l
     for text, colour, dashed in legend:
         dash = ' stroke-dasharray="4 3"' if dashed else ""
@@ -288,7 +335,7 @@ def head_graph(
             f'<line x1="{_f(x_legend)}" y1="10" x2="{_f(x_legend + 22)}" y2="10" stroke="{colour}" '
             f'stroke-width="3"{dash}/><text x="{_f(x_legend + 27)}" y="14" fill="#333">{_esc(text)}</text>'
         )
-        x_legend += 34 + 6.2 * len(text)
+        x_legend += 34 + CHAR_WIDTH * len(text)
     nodes: dict[Head, None] = {}
     by_width = sorted(edges, key=lambda e: e.width)
     for edge in by_width:  # strongest drawn last, on top
@@ -302,13 +349,29 @@ def head_graph(
         )
         nodes[edge.src] = None
         nodes[edge.dst] = None
-    # labels claim their places strongest first (a weak edge never takes the spot of a strong one), over the curves
-    labels: list[tuple[float, float]] = []
+    # every node's circle is taken first; then node names, then edge scores (strongest first) claim free places
+    taken: list[tuple[float, float, float, float]] = [(x - 6, y - 6, x + 6, y + 6) for x, y in map(xy, nodes)]
+    names: dict[Head, str] = {}
+    for head in sorted(nodes):
+        x, y = xy(head)
+        text = head_name(head)
+        w = CHAR_WIDTH * len(text)
+        for lx, anchor, box in ((x + 7, "start", (x + 7, y - 14, x + 7 + w, y - 3)),
+                                (x - 7, "end", (x - 7 - w, y - 14, x - 7, y - 3)),
+                                (x + 7, "start", (x + 7, y + 3, x + 7 + w, y + 14)),
+                                (x - 7, "end", (x - 7 - w, y + 3, x - 7, y + 14))):
+            if box[0] >= 0 and box[2] <= GRAPH_WIDTH and _free(box, taken):
+                taken.append(box)
+                names[head] = (f'<text x="{_f(lx)}" y="{_f(box[3] - 2)}" text-anchor="{anchor}" '
+                               f'fill="#111">{text}</text>')
+                break
     for edge in [e for e in reversed(by_width) if e.label][:MAX_LABELLED_EDGES]:
         (x1, y1), (x2, y2) = xy(edge.src), xy(edge.dst)
         lx, ly = (x1 + x2) / 2, (y1 + y2) / 2 - 3
-        if all(abs(lx - x) > 30 or abs(ly - y) > 11 for x, y in labels):  # labels never overlap
-            labels.append((lx, ly))
+        w = CHAR_WIDTH * len(edge.label)
+        box = (lx - w / 2, ly - LABEL_HEIGHT + 2, lx + w / 2, ly + 2)
+        if _free(box, taken):
+            taken.append(box)
             parts.append(
                 f'<text x="{_f(lx)}" y="{_f(ly)}" text-anchor="middle" fill="#222" '
                 f'paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(edge.label)}</text>'
@@ -319,7 +382,7 @@ def head_graph(
         parts.append(
             f'<g class="ck-node" data-head="{name}" tabindex="0"><title>head {name}</title>'
             f'<circle cx="{_f(x)}" cy="{_f(y)}" r="5" fill="#fff" stroke="#333" stroke-width="1.5"/>'
-            f'<text x="{_f(x + 7)}" y="{_f(y - 5)}" fill="#111">{name}</text></g>'
+            f"{names.get(head, '')}</g>"
         )
     parts.append("</svg>")
     return "".join(parts)

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
-from circuitkit.report.data import check_scan
 
 if TYPE_CHECKING:
     from circuitkit.scan_types import SavedReport, Scan
@@ -60,6 +59,7 @@ def scores_text(scan: Scan) -> str:
 def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedReport:
     """Write ``out_dir/report.html`` and ``out_dir/scores.json`` (together or not at all, see the module
     docstring); with ``png``, every section as ``out_dir/png/<section>.png`` (needs headless Chromium)."""
+    from circuitkit.report.data import check_scan  # imported here: prepare_directory (--out) needs no torch
     from circuitkit.report.page import build_report
     from circuitkit.scan_types import SavedReport
 

@@ -84,6 +84,14 @@ def heatmaps_section(scan: Scan) -> Section:
     )
 
 
+def _axes(canvas_id: str, x_label: str, y_label: str) -> str:
+    """A heatmap canvas with its axis labels: ``y_label`` written upwards at its left, ``x_label`` below it (the page
+    script adds the layers shown to both)."""
+    return (f'<div class="ck-axes"><div class="ck-ylab" id="{canvas_id}-y">{y_label}</div>'
+            f'<div><canvas id="{canvas_id}"></canvas><div class="ck-xlab" id="{canvas_id}-x">{x_label}</div></div>'
+            "</div>")
+
+
 def composition_section(scan: Scan) -> Section | None:
     if not scan.composition and not scan.edges:
         return None
@@ -95,9 +103,9 @@ def composition_section(scan: Scan) -> Section | None:
         f'<div class="ck-controls">{buttons} <button type="button" id="ck-comp-all">whole model</button> '
         '<span id="ck-comp-where" class="note"></span></div>'
         '<div class="ck-comp"><div><div class="ck-cap">layer &rarr; layer (max over head pairs); click to zoom</div>'
-        '<canvas id="ck-comp-layers"></canvas></div>'
-        '<div><div class="ck-cap">head &rarr; head (rows: source, columns: destination)</div>'
-        '<canvas id="ck-comp-heads"></canvas></div></div>'
+        + _axes("ck-comp-layers", "destination layer &rarr;", "source layer &darr;")
+        + '</div><div><div class="ck-cap">head &rarr; head (rows: source, columns: destination)</div>'
+        + _axes("ck-comp-heads", "destination head &rarr;", "source head &darr;") + "</div></div>"
         if modes else ""
     )
     edges = []

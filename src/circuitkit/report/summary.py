@@ -211,7 +211,7 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
     text = "".join(f"<p>{s}</p>" for s in sentences(scan, story))
     error = getattr(scan, "verified_error", None)
     if error:
-        text = f"<p><b>No circuit found by faithfulness:</b> {_esc(error)}</p>" + text
+        text = f"<p><b>No circuit found by faithfulness:</b> {_esc(error.removeprefix('faithfulness: '))}</p>" + text
     figure = circuit_diagram(story) if diagram else ""
     return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figure}</div>'
 
@@ -392,13 +392,32 @@ def answer_html(answer: Answer) -> list[str]:
     return out
 
 
-def answer_lines(scan: Scan) -> list[str]:
+SEARCH_SKIPPED = "circuit=True"
+"""What turns the circuit search on in library use (the CLI names its own flags instead)."""
+
+
+def no_circuit_line(scan: Scan, skipped: str | None = None) -> str:
+    """Why the scan has no circuit: the search ran and found none (its reason, said once), or it never ran
+    (``skipped``: the flag that skipped it, e.g. ``"--quick"``; default: the library argument)."""
+    error = getattr(scan, "verified_error", None)
+    if error:
+        reason = error.removeprefix("faithfulness: ")
+        return f"No circuit found by faithfulness: {reason}"
+    ran = {stage.name for stage in getattr(scan, "stages", ())}
+    if "circuit" in ran:
+        return "No circuit found by faithfulness."
+    if skipped:
+        return f"Circuit search skipped ({skipped}); run without {skipped} to search for a circuit."
+    return f"Circuit search skipped (circuit=False); pass {SEARCH_SKIPPED} to search for a circuit."
+
+
+def answer_lines(scan: Scan, skipped: str | None = None) -> list[str]:
     """The answer as plain text lines (the terminal's), from the same :class:`Answer` as the report's box; the
-    pattern-called heads with a note where the scan found no circuit."""
+    pattern-called heads with a note where the scan has no circuit (:func:`no_circuit_line`; ``skipped``: the
+    flag that skipped the search)."""
     answer = find_answer(scan)
     if answer is None:
-        error = getattr(scan, "verified_error", None)
-        lines = ["No circuit found by faithfulness" + (f": {error}" if error else " (run with the circuit stage)")]
+        lines = [no_circuit_line(scan, skipped)]
         induction = ", ".join(head_name(h) for h in scan.induction_heads) or "none"
         previous = ", ".join(head_name(h) for h in scan.previous_token_heads) or "none"
         lines.append(f"Heads by pattern score alone: induction {induction}; previous-token {previous}.")
@@ -408,4 +427,4 @@ def answer_lines(scan: Scan) -> list[str]:
 
 
 __all__ = ["Answer", "AnswerEdge", "Link", "Story", "answer_html", "answer_lines", "answer_parts", "find_answer",
-           "find_story", "model_line", "sentences", "story_html"]
+           "find_story", "model_line", "no_circuit_line", "sentences", "story_html"]

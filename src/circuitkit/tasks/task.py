@@ -121,8 +121,6 @@ class Task:
     attention_scores: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        from circuitkit.tasks.metrics import METRICS
-
         if not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name or len(self.name) > 100:
             raise validate.fail("Task: name", self.name, "a one-line name of at most 100 characters")
         if not isinstance(self.pairs, tuple) or not self.pairs:
@@ -132,7 +130,7 @@ class Task:
                 f"Task {self.name!r}: given {len(self.pairs)} pairs; expected at most {MAX_PAIRS}. "
                 "Take a sample of the pairs: a circuit search runs every pair through the model many times."
             )
-        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRICS, *ALIASES))
+        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
         object.__setattr__(self, "metric", ALIASES.get(metric, metric))
         validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
         if self.marks and len(self.marks) != len(self.pairs):
@@ -182,6 +180,8 @@ class Task:
 
 
 ABLATIONS = ("corrupted", "mean", "zero")
+METRIC_NAMES = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl")
+"""The metrics a task may name (defined in :mod:`circuitkit.tasks.metrics`)."""
 ALIASES = {"loss": "answer_logprob", "kl": "neg_kl"}
 """Other names for two metrics: the answer's loss (kept as a log-probability, so that higher is more of the
 behaviour) and the KL divergence to the clean run (negated likewise)."""
@@ -324,4 +324,4 @@ def _short(prompt: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["ABLATIONS", "MAX_PAIRS", "Pair", "Task", "TaskBatch", "as_pair", "tokenize"]
+__all__ = ["ABLATIONS", "ALIASES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "as_pair", "tokenize"]

@@ -153,6 +153,26 @@ class Track:
         return cls(checkpoints=tuple(data["checkpoints"]), settings=data["settings"], model=data["model"],
                    tokens_sha256=data.get("tokens_sha256"), complete=bool(data.get("complete", True)))
 
+    def chart(self, score: str, highlight: list[str] | tuple[str, ...] = (), *, hline: float | None = None) -> str:
+        """Every head's ``score`` against the training step as the report draws it (SVG in HTML, no script):
+        the heads named in ``highlight`` (``"layer.head"``) in colour, the others faint; ``hline``: a dashed
+        level (e.g. the 0.3 at which the scan calls a head)."""
+        from circuitkit.report.track_page import head_chart
+
+        names = sorted(self.checkpoints[0]["scores"]) if self.checkpoints else []
+        validate.option("Track.chart: score", score, names)
+        heads = set()
+        if self.checkpoints:
+            n_layers, n_heads = self.scores(score).shape[1:]
+            heads = {f"{layer}.{head}" for layer in range(n_layers) for head in range(n_heads)}
+        if isinstance(highlight, str) or not isinstance(highlight, (list, tuple)) or not all(
+                isinstance(h, str) and h in heads for h in highlight):
+            raise validate.fail("Track.chart: highlight", highlight, "a list of this model's head names such as "
+                                "['1.3', '0.1']")
+        if hline is not None:
+            hline = validate.real("Track.chart: hline", hline)
+        return head_chart(self, score, list(highlight), hline=hline)
+
     def _repr_html_(self) -> str:
         from circuitkit.report.track_page import summary_html
 

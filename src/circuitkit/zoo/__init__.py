@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+
+if TYPE_CHECKING:  # torch loads with a model, not with the zoo's names (the CLI reads them first)
+    import torch
 
 DEFAULT = "induction-2l"
 ROOT = Path(__file__).parent
@@ -101,6 +102,7 @@ def native_config(directory: Path) -> dict[str, Any]:
 def _load_native(directory: Path, device):
     """A TL-native model from ``tl_config.json`` and ``model.safetensors``, built with TransformerLens's public
     ``native.boot`` and its parameters then overwritten with the saved ones (every name must match)."""
+    import torch
     from safetensors.torch import load_file
 
     from circuitkit.models.bridge import native_bridge

@@ -279,7 +279,7 @@
     if (!aggCanvas || !mode) return;
     var C = D.composition[mode], agg = aggregate(mode);
     var c = {neutral: C.baseline === null ? 0 : C.baseline, lo: 0, hi: C.scale};
-    var total = aggCanvas.parentNode.parentNode.clientWidth;
+    var total = aggCanvas.closest(".ck-comp").clientWidth;
     var aggSize = Math.min(L * 36, 280, Math.max(120, Math.floor(total * 0.3)));
     var cell = aggSize / L, ctx = sizeCanvas(aggCanvas, aggSize, aggSize);
     for (var a = 0; a < L; a++) for (var b = 0; b < L; b++) {
@@ -302,7 +302,7 @@
     };
     // head x head view of the window: one pixel per device pixel, sampled from the quantised blocks
     var nr = (win.s1 - win.s0 + 1) * H, nc = (win.d1 - win.d0 + 1) * H;
-    var room = Math.max(160, Math.min(620, total - aggSize - 40));
+    var room = Math.max(160, Math.min(620, total - aggSize - 70));  // 70: the gap and both y-axis labels
     var px = Math.min(28, room / Math.max(nr, nc)), w = Math.max(1, Math.floor(nc * px)), h = Math.max(1, Math.floor(nr * px));
     var g = sizeCanvas(headCanvas, w, h), r = dpr(), W = headCanvas.width, Hh = headCanvas.height;
     var image = g.createImageData(W, Hh), pixels = image.data, lut = compLut(C), bytes = blobs[C.blob];
@@ -346,12 +346,18 @@
     };
     headCanvas.onmouseleave = hideTip;
     headCanvas.onclick = function (e) { var p = at(e); if (p) select(p.dst, "composition"); };
+    axis("ck-comp-layers-x", "destination layer 0 \u2192 " + (L - 1));
+    axis("ck-comp-layers-y", "source layer 0 \u2192 " + (L - 1));
+    axis("ck-comp-heads-x", "destination heads: layers " + win.d0 + " \u2192 " + win.d1 + " (" + H + " per block)");
+    axis("ck-comp-heads-y", "source heads: layers " + win.s0 + " \u2192 " + win.s1);
     $("ck-comp-where").textContent = "showing source layers " + win.s0 + "-" + win.s1 + ", destination layers " +
       win.d0 + "-" + win.d1 + "; white = random baseline" + (C.baseline === null ? "" : " " + fmt(C.baseline));
     Array.prototype.forEach.call(document.querySelectorAll(".ck-mode"), function (b) {
       b.setAttribute("aria-pressed", b.dataset.mode === mode ? "true" : "false");
     });
   }
+
+  function axis(id, text) { var node = $(id); if (node) node.textContent = text; }
 
   function showMode(m) {
     if (!D.composition[m]) return;
@@ -574,6 +580,12 @@
     }
     drawHeatmaps();
     showDetail(i);
+    // narrow pages stack the head panel under everything: bring it into view, or a click would seem to do nothing
+    var box = $("ck-detail");
+    if (box && ["table", "heatmap", "composition", "link"].indexOf(from) >= 0) {
+      var rect = box.getBoundingClientRect();
+      if (rect.top > window.innerHeight || rect.bottom < 0) box.scrollIntoView({block: "start"});
+    }
   }
 
   // the pattern views carry data-head (which head they show) but a click inside them selects nothing

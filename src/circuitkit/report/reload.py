@@ -1,0 +1,233 @@
+"""A saved scan read back: ``scores.json`` -> :class:`~circuitkit.Scan` (``Scan.load(dir)``).
+
+Why: a scan of a large model takes minutes; its figures must come back into Python without running it again.
+Everything ``scores.json`` holds is rebuilt as the types a fresh scan has (head scores with their definitions,
+:class:`~circuitkit.HeadEffects`, the agreement, composition baselines and top edges, the verified circuit, the
+edge evidence), so ``Scan.load(dir).to_json() == json.load(open(dir / "scores.json"))``.
+
+What the file does not hold stays empty: ``tokens`` ``()``, ``patterns`` None, the full composition and spectra
+tensors ``{}``, the stages ``()``; a loaded scan therefore answers questions and prints tables, but cannot draw the
+report's attention and heatmap figures again (``report.html`` beside it has them). Tensors are float64, so the
+7 significant digits saved come back exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError
+from circuitkit.report.data import JSON_FORMAT
+from circuitkit.report.saving import SCORES_NAME
+
+MAX_SCORES_BYTES = 256 * 2**20
+"""A scores.json larger than this is refused (a 100-layer x 64-head scan writes a few MB)."""
+
+
+@dataclass(frozen=True)
+class SavedEvidence:
+    """The edge-evidence table of a saved scan: its ``rows`` (:class:`~circuitkit.circuits.evidence.EdgeEvidence`),
+    the ``metric`` and corruption they were measured with and the ``thresholds`` of the flags, as saved. (A fresh
+    scan's :class:`~circuitkit.circuits.CircuitEvidence` also holds the full attribution and patching results,
+    which ``scores.json`` does not.)"""
+
+    rows: tuple[Any, ...]
+    metric: str
+    corrupt: str
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def weight_only(self) -> list[Any]:
+        return [r for r in self.rows if r.weight_only]
+
+    @property
+    def effect_only(self) -> list[Any]:
+        return [r for r in self.rows if r.effect_only]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "corrupt": self.corrupt, "thresholds": dict(self.thresholds),
+                "rows": [r.to_json() for r in self.rows]}
+
+
+def _head(text: Any, where: str) -> tuple[int, int]:
+    """``"1.3"`` (or ``[1, 3]``) as ``(1, 3)``."""
+    try:
+        layer, head = (text.split(".") if isinstance(text, str) else text)
+        return int(layer), int(head)
+    except (ValueError, TypeError, AttributeError):
+        raise validate.fail(where, text, "a head written as 'layer.head'") from None
+
+
+def _heads(values: Any, where: str) -> tuple[tuple[int, int], ...]:
+    return tuple(_head(v, where) for v in values or ())
+
+
+def _grid(rows: Any, where: str) -> torch.Tensor:
+    """A ``[layer][head]`` list of numbers (None = NaN) as a float64 tensor."""
+    try:
+        return torch.tensor([[math.nan if v is None else float(v) for v in row] for row in rows], dtype=torch.float64)
+    except (TypeError, ValueError):
+        raise validate.fail(where, validate.given("a value that is not a [layer][head] grid of numbers"),
+                            "a [layer][head] list of numbers or null") from None
+
+
+def _float(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _settings(data: dict[str, Any]) -> Any:
+    from circuitkit.scan_types import Role, ScanSettings
+
+    known = {f.name for f in dataclasses.fields(ScanSettings)}
+    values = {key: value for key, value in data.items() if key in known}
+    roles = []
+    for text in data.get("roles", ()):
+        name, _, rest = str(text).partition(": ")
+        score, _, feeds = rest.partition(" feeding ")
+        roles.append(Role(name, score, feeds or None))
+    values["roles"] = tuple(roles)
+    return ScanSettings(**values)
+
+
+def _head_scores(data: dict[str, Any], settings: Any) -> Any:
+    from circuitkit.detect.registry import ScoreDefinition
+    from circuitkit.detect.scores import HeadScores
+
+    scores = {name: _grid(grid, f"scores.json: head_scores[{name!r}]") for name, grid in data["head_scores"].items()}
+    definitions = {}
+    for name in scores:
+        d = data.get("scores", {}).get(name) or {}
+        definitions[name] = ScoreDefinition(name=name, short=d.get("short") or name, description=d.get("description")
+                                            or "", kind=d.get("kind") or "pattern", neutral=d.get("neutral"))
+    return HeadScores(scores, definitions, tokens=torch.empty(0, 0, dtype=torch.long), patterns=None,
+                      block_len=settings.block_len, n_repeats=settings.n_repeats, bos=settings.bos)
+
+
+def _effects(record: dict[str, Any] | None, kind: str) -> Any:
+    from circuitkit.scan_types import HeadEffects
+
+    if record is None:
+        return None
+    effect = _grid(record["effect"], f"scores.json: {kind}.effect")
+    exact = None
+    if kind == "ablation":
+        exact = torch.zeros(effect.shape, dtype=torch.bool)
+        for layer, head in _heads(record.get("ablated"), "scores.json: ablation.ablated"):
+            exact[layer, head] = True
+    method = record["ablation_method"] if kind == "attribution" else record["method"]
+    return HeadEffects(kind=kind, method=method, clean_loss=_float(record["clean_loss"]), effect=effect, exact=exact)
+
+
+def _evidence(data: dict[str, Any] | None) -> SavedEvidence | None:
+    from circuitkit.circuits.evidence import EdgeEvidence
+
+    if data is None:
+        return None
+    rows = tuple(
+        EdgeEvidence(src=_head(r["src"], "scores.json: evidence.rows"), dst=_head(r["dst"], "scores.json: evidence"),
+                     channel=r["channel"], composition=r["composition"], attribution=_float(r["attribution"]),
+                     patched=r["patched"], weight_only=bool(r.get("weight_only")),
+                     effect_only=bool(r.get("effect_only")))
+        for r in data.get("rows", ()))
+    return SavedEvidence(rows=rows, metric=data.get("metric", "loss"), corrupt=data.get("corrupt", "resample"),
+                         thresholds=dict(data.get("thresholds") or {}))
+
+
+def _circuit(data: dict[str, Any] | None) -> Any:
+    from circuitkit.circuits.faithfulness import Circuit, CurvePoint
+
+    if data is None:
+        return None
+    heads = _heads(data["heads"], "scores.json: circuit.heads")
+    losses = data.get("losses") or {}
+    return Circuit(
+        heads=heads, faithfulness=_float(data["faithfulness"]), necessity=data.get("necessity"),
+        target=_float(data["target"]), method=data["method"], clean_loss=_float(losses.get("clean")),
+        all_ablated_loss=_float(losses.get("all_ablated")), circuit_loss=_float(losses.get("circuit_only")),
+        curve=tuple(CurvePoint(int(p["n_heads"]), _float(p["faithfulness"]), _float(p["loss"]))
+                    for p in data.get("curve", ())),
+        ranking=heads, passes=int(data.get("passes") or 0),
+        roles={role: _heads(members, "scores.json: circuit.roles")
+               for role, members in (data.get("roles") or {}).items()},
+        ranked_by=data.get("ranked_by", "effect"),
+    )
+
+
+def scan_from_json(data: Any, where: str = "Scan.load") -> Any:
+    """The :class:`~circuitkit.Scan` that ``data`` (a parsed ``scores.json``) describes."""
+    from circuitkit.composition import Edge
+    from circuitkit.detect.loss import InductionLoss
+    from circuitkit.random_baseline import CompositionBaseline
+    from circuitkit.scan_types import Agreement, ModelSummary, Scan
+
+    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise validate.fail(where, validate.given(f"a scores.json of format {got!r}"),
+                            f"format {JSON_FORMAT} (written by this circuitkit's Scan.save)",
+                            "Scan it again with this version, or load it with the version that wrote it.")
+    try:
+        settings = _settings(data["settings"])
+        loss = data.get("induction_loss")
+        agreement = data.get("agreement")
+        miss = agreement and agreement.get("largest_miss")
+        baselines, edges = {}, {}
+        for mode, entry in (data.get("composition") or {}).items():
+            if entry.get("baseline") is not None:
+                b = entry["baseline"]
+                baselines[mode] = CompositionBaseline(mean=_float(b["mean"]), std=_float(b.get("std")),
+                                                      closed_form=None, n_samples=0)
+            edges[mode] = [Edge(_head(e["src"], where), _head(e["dst"], where), _float(e["score"]))
+                           for e in entry.get("top_edges", ())]
+        return Scan(
+            model=ModelSummary(**data["model"]),
+            settings=settings,
+            head_scores=_head_scores(data, settings),
+            tokens=(),
+            patterns=None,
+            induction_loss=None if loss is None else InductionLoss(
+                per_position=torch.tensor([_float(v) for v in loss.get("per_position") or ()], dtype=torch.float64),
+                first_copy=_float(loss["first_copy"]), repeated_copies=_float(loss["repeated_copies"])),
+            attribution=_effects(data.get("attribution"), "attribution"),
+            ablation=_effects(data.get("ablation"), "ablation"),
+            agreement=None if not agreement else Agreement(
+                n_exact=int(agreement["n_exact"]), spearman=agreement.get("spearman"),
+                largest_miss=None if not miss else (_head(miss["head"], where), _float(miss["exact"]),
+                                                    _float(miss["estimate"]))),
+            baselines=baselines,
+            edges=edges,
+            circuit=_evidence(data.get("evidence")),
+            induction_heads=_heads(data.get("induction_heads"), where),
+            previous_token_heads=_heads(data.get("previous_token_heads"), where),
+            circuit_ablation={label: _float(v) for label, v in (data.get("circuit_ablation") or {}).items()},
+            verified=_circuit(data.get("circuit")),
+            verified_error=data.get("circuit_error"),
+        )
+    except CircuitkitError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        raise validate.fail(where, validate.given(f"a scores.json with a missing or malformed entry ({error!r})"),
+                            "a scores.json written by Scan.save") from None
+
+
+def load_scan(path: str | os.PathLike) -> Any:
+    """The scan saved in ``path`` (a directory holding ``scores.json``, or the file itself), as a
+    :class:`~circuitkit.Scan` (see the module docstring for what comes back)."""
+    from circuitkit.models import files as guarded
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise validate.fail("Scan.load: path", path, "a directory written by Scan.save, or its scores.json")
+    file = Path(path).expanduser()
+    if guarded.is_dir(file):
+        file = file / SCORES_NAME
+    if not guarded.exists(file):
+        raise validate.fail("Scan.load: path", validate.given(f"{str(path)!r}, where there is no such file or "
+                                                              f"directory ({str(file)!r})"),
+                            "a directory written by Scan.save, or its scores.json")
+    return scan_from_json(guarded.read_json(file, max_bytes=MAX_SCORES_BYTES), f"Scan.load: {str(file)!r}")
