@@ -612,3 +612,40 @@ def test_docstring_pairs_differ_only_in_the_signature():
         assert pair.clean.split(":", 1)[1] == pair.corrupted.split(":", 1)[1]  # the docstring is the same
         assert pair.answers[0].strip() in pair.clean.split("(")[1].split(")")[0]
     assert batch.answers.shape == (6, 1) and batch.wrongs.shape == (6, 2)
+
+
+# ---------------------------------------------------------------------------------------------- command line
+def test_cli_task_names_agree_with_the_library():
+    from circuitkit import cli, tasks
+
+    assert cli.BUILT_IN_TASKS == tasks.BUILT_IN
+
+
+def test_cli_scans_a_task_file_on_the_bundled_model(tmp_path, capsys):
+    """The bundled model copies in context: a file of copy-next pairs (token ids) gives it a circuit."""
+    from circuitkit import cli
+
+    task = copy_next_task(n=16, d_vocab=60)
+    lines = [json.dumps({"clean": list(p.clean), "corrupted": list(p.corrupted), "answer": list(p.answers),
+                         "wrong": list(p.wrongs)}) for p in task.pairs]
+    path = write(tmp_path / "copy.jsonl", "\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    assert cli.main(["scan", "--task", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "scores.json").read_text())
+    assert data["task"]["name"] == "copy" and data["task"]["pairs"] == 16
+    assert data["circuit"] is not None and data["circuit"]["faithfulness"] >= 0.8
+    assert "Node circuit" in printed and str(out / "report.html") in printed
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["scan", "--task", "nope.jsonl"], "no such file"),
+    (["scan", "--task", "sentiment"], "expected one of induction, ioi"),
+    (["scan", "--target", "0"], "expected a faithfulness in (0, 1]"),
+    (["scan", "--pairs", "1"], "--pairs"),
+])
+def test_cli_task_arguments_are_checked_before_any_work(argv, needle, tmp_path, capsys):
+    from circuitkit import cli
+
+    assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert needle in capsys.readouterr().err

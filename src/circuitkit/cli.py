@@ -116,8 +116,43 @@ def build_parser() -> argparse.ArgumentParser:
                       help="let a model name be fetched from the Hugging Face hub (default: local cache only)")
     scan.add_argument("--png", action="store_true",
                       help="also export every figure as DIR/png/*.png (needs headless Chromium)")
+    # tasks.BUILT_IN, not imported: --help stays free of torch (a test checks they agree)
+    scan.add_argument("--task", default="induction", metavar="TASK",
+                      help="the behaviour whose circuit to find: induction (default: repeated random tokens), ioi, "
+                      "greater-than, docstring, or a file of clean/corrupted pairs (.jsonl, .csv, .json)")
+    scan.add_argument("--pairs", type=_int_in(2, 10_000), default=32, metavar="N",
+                      help="prompt pairs a built-in task writes (32)")
+    scan.add_argument("--target", type=_target, default=0.8, metavar="F",
+                      help="the faithfulness the circuit must reach, in (0, 1] (0.8)")
     add_track_parser(sub)  # defined with run_track below (kept apart from the scan's arguments)
     return parser
+
+
+BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring")
+
+
+def _target(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected a faithfulness in (0, 1], e.g. 0.8")
+    return value
+
+
+def _check_task(text: str) -> None:
+    """A task that is not built in must be a file that exists (said before torch loads)."""
+    if text in BUILT_IN_TASKS:
+        return
+    from pathlib import Path
+
+    path = Path(text)
+    if path.suffix.lower() not in (".jsonl", ".csv", ".json"):
+        raise CircuitkitError(f"--task: given {text!r}; expected one of {', '.join(BUILT_IN_TASKS)} or a task file "
+                              "(.jsonl, .csv or .json) of clean/corrupted pairs.")
+    if not path.is_file():
+        raise CircuitkitError(f"--task: {text!r}: no such file; expected a task file of clean/corrupted pairs.")
 
 
 def _device_map(text: str | None) -> Any:
@@ -148,6 +183,7 @@ def run_scan(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
+    _check_task(args.task)
     out = prepare_directory(args.out, where="--out", probe=True, kind="scan")
     device_map = _device_map(args.device_map)
     if device_map is not None and args.model is None:
@@ -173,6 +209,8 @@ def run_scan(args: argparse.Namespace) -> int:
         else:
             model = load_model(args.model, device=args.device, allow_download=args.allow_download)
     _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s")
+    if args.task != "induction":
+        return _run_task_scan(args, model, name, out)
     check_memory(model, args.batch, args.block_len, circuit=circuit, device=args.device)
     result = ck.scan(
         model,
@@ -198,6 +236,28 @@ def run_scan(args: argparse.Namespace) -> int:
     output.text(f"wrote {saved.report} and {saved.scores}", "")
     for path in saved.pngs:
         output.text(f"wrote {path}", "")
+    return 0
+
+
+def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any) -> int:
+    """``--task``: the task's circuit (:func:`circuitkit.tasks.scan_task`), its answer printed, the pair of files
+    written."""
+    import circuitkit as ck
+    from circuitkit import tasks
+
+    task = tasks.get_task(args.task, model, n=args.pairs, seed=args.seed)
+    _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {task.metric}")
+    result = ck.scan(model, task=task, target=args.target, device=args.device, progress=True, name=name)
+    saved = result.save(out)
+    if args.json:
+        sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
+        sys.stdout.flush()
+        return 0
+    output = _Output()
+    for line in result.answer().splitlines():
+        label, _, rest = line.partition(": ")
+        output.text(label, rest)
+    output.text(f"wrote {saved.report} and {saved.scores}", "")
     return 0
 
 
