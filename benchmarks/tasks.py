@@ -54,7 +54,8 @@ def measure(model, name: str, pairs: int, seed: int, target: float) -> dict:
     c = result.circuit
     if c is not None:
         n_heads = result.model.n_layers * result.model.n_heads
-        out.update(heads=[head_name(h) for h in c.heads], mlps=list(c.mlps), head_share=len(c.heads) / n_heads,
+        out.update(heads=[head_name(h) for h in c.heads], mlps=list(c.mlps), heads_total=n_heads,
+                   head_share=len(c.heads) / n_heads,
                    faithfulness=c.faithfulness, necessity=c.necessity, node_curve=[p.to_json() for p in c.curve],
                    edges=len(c.edges), edges_total=c.n_edges_total, edge_share=len(c.edges) / c.n_edges_total,
                    edge_faithfulness=c.edge_faithfulness, cpr=c.cpr, cmd=c.cmd,
