@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from circuitkit._html import escape
+from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import head_name
 
 STYLE = """
@@ -20,13 +21,16 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #dde
 table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f8}td.l,th.l{text-align:left}.figs{display:flex;flex-wrap:wrap;gap:18px}
 .figs figure{margin:0}figcaption{font-size:13px;color:#555;max-width:320px}code{font-size:13px}
+.scroll{overflow-x:auto;max-width:100%}
 """
 
 
-def _curve_svg(points: list[tuple[int, float]], target: float, chosen: int, total: int) -> str:
+def _curve_svg(points: list[tuple[int, float]], target: float, chosen: int, total: int, unit: str = "heads") -> str:
     from circuitkit.report.figures import faithfulness_curve
 
-    return faithfulness_curve(points, target, chosen, total)
+    svg = faithfulness_curve(points, target, chosen, total)
+    # the induction report's curve counts heads; the edge curve's axis and title count edges
+    return svg.replace("heads kept", f"{unit} kept").replace("top-n heads", f"top-n {unit}")
 
 
 def task_report(result: Any) -> str:
@@ -38,7 +42,7 @@ def task_report(result: Any) -> str:
              f"<h1>The {escape(task.name)} circuit of {escape(model.name)}</h1>",
              f"<div class=answer>{escape(result.answer())}</div>"]
     parts.append("<h2>The task</h2><p>" + escape(task.description or "") + "</p>")
-    parts.append("<table><tr><th class=l>pair</th><th class=l>clean</th><th class=l>corrupted</th>"
+    parts.append("<div class=scroll><table><tr><th class=l>pair</th><th class=l>clean</th><th class=l>corrupted</th>"
                  "<th class=l>answer</th><th class=l>wrong</th><th>metric clean</th><th>corrupted</th></tr>")
     for i, pair in enumerate(task.pairs[:5]):
         parts.append(f"<tr><td>{i}</td><td class=l><code>{escape(_text(pair.clean))}</code></td>"
@@ -46,7 +50,7 @@ def task_report(result: Any) -> str:
                      f"<td class=l><code>{escape(_text(pair.answers))}</code></td>"
                      f"<td class=l><code>{escape(_text(pair.wrongs))}</code></td>"
                      f"<td>{float(result.clean[i]):+.3f}</td><td>{float(result.corrupted[i]):+.3f}</td></tr>")
-    parts.append("</table>")
+    parts.append("</table></div>")
     if c is not None:
         node_points = [(p.size, p.faithfulness) for p in c.curve]
         edge_points = [(p.size, p.faithfulness) for p in c.edge_curve]
@@ -55,21 +59,22 @@ def task_report(result: Any) -> str:
                      f"<figcaption>Node circuit: the top-n nodes by EAP-IG score kept, every other node patched from "
                      f"the corrupted prompt (every point measured).</figcaption></figure>")
         if edge_points:
-            parts.append(f"<figure>{_curve_svg(edge_points, c.target, len(c.edges), c.n_edges_total)}"
+            parts.append(f"<figure>{_curve_svg(edge_points, c.target, len(c.edges), c.n_edges_total, 'edges')}"
                          f"<figcaption>Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges): CPR "
                          f"{c.cpr:.3f}, CMD {c.cmd:.3f}, edges ranked by {c.rank} score.</figcaption></figure>")
         parts.append("</div>")
         extra = list(result.head_scores) + [n for n in result.pattern_scores if n not in result.head_scores]
+        labels = {n: _short(n) for n in extra}
         values = {**result.pattern_scores, **result.head_scores}
-        parts.append("<h2>The circuit's heads</h2><table><tr><th class=l>head</th><th>EAP-IG score</th>"
-                     "<th>direct logit attribution</th>" + "".join(f"<th>{escape(n)}</th>" for n in extra)
-                     + "</tr>")
+        parts.append("<h2>The circuit's heads</h2><div class=scroll><table><tr><th class=l>head</th><th>EAP-IG "
+                     "score</th><th>direct logit attribution</th>"
+                     + "".join(f"<th title='{escape(n)}'>{escape(labels[n])}</th>" for n in extra) + "</tr>")
         for layer, head in c.heads:
             dla = "" if result.dla is None else f"{float(result.dla[layer, head]):+.3f}"
             cells = "".join(f"<td>{float(values[n][layer, head]):+.3f}</td>" for n in extra)
             parts.append(f"<tr><td class=l>{head_name((layer, head))}</td>"
                          f"<td>{float(result.scores[layer, head]):+.3f}</td><td>{dla}</td>{cells}</tr>")
-        parts.append("</table>")
+        parts.append("</table></div>")
         if c.edge_effects:
             parts.append("<h2>The strongest edges</h2><table><tr><th class=l>edge</th><th>EAP-IG score</th>"
                          "<th>exact effect (path patched)</th></tr>")
@@ -81,6 +86,16 @@ def task_report(result: Any) -> str:
             parts.append(_patterns(result, c.heads[:MAX_PATTERN_HEADS]))
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def _short(score: str) -> str:
+    """A registered score's short column name (``prev`` for ``previous_token``), else the name itself."""
+    from circuitkit.detect import registry
+
+    try:
+        return registry.get(score).short
+    except CircuitkitError:  # a task's own score is not registered
+        return score
 
 
 MAX_PATTERN_HEADS = 16
