@@ -132,10 +132,15 @@ def faithfulness_of(m: float, clean: float, corrupted: float) -> float:
     return (m - corrupted) / (clean - corrupted)
 
 
+class NoBehaviour(CircuitkitError):
+    """The corrupted prompts do not change the metric: there is no behaviour for a circuit to explain (a scan
+    reports it instead of a circuit)."""
+
+
 def check_gap(clean: float, corrupted: float, metric: str) -> None:
     gap = clean - corrupted
     if not math.isfinite(gap) or abs(gap) < MIN_TASK_GAP:
-        raise CircuitkitError(
+        raise NoBehaviour(
             f"task circuit: the mean {metric} is {clean:.6g} on the clean prompts and {corrupted:.6g} on the "
             f"corrupted ones (a difference of {gap:+.3g}); expected a difference of at least {MIN_TASK_GAP:g}. "
             "The corrupted prompts do not change what the model does here, so there is no behaviour for a circuit "
@@ -302,4 +307,4 @@ def _geometric(n_total: int) -> list[int]:
     return [*sizes, n_total]
 
 
-__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit", "node_circuit"]
+__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit", "node_circuit"]

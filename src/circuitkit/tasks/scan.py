@@ -26,7 +26,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
-from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, node_circuit
+from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import TaskRunner, check_hooks
 from circuitkit.tasks.metrics import UNITS
 from circuitkit.tasks.task import Task
@@ -199,20 +199,22 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     head_scores = {name: _attention_score(clean["last_attention"], task, to, minus)
                    for name, to, minus in task.attention_scores}
     circuit, error = None, None
-    from circuitkit.errors import CircuitkitError
-
     try:
         heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes = stage(
             "nodes", lambda: node_circuit(runner, node_scores, target, rank, mlp_nodes=mlp_nodes))
+    except NoBehaviour as exc:  # reported, not raised
+        error = str(exc)
+    else:
         edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
         if edges:
-            edge_part = stage("edges", lambda: edge_circuit(runner, scores, target, rank))
+            try:
+                edge_part = stage("edges", lambda: edge_circuit(runner, scores, target, rank))
+            except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
+                error = f"no edge circuit: {exc}"
         names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
         circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                               edge_curve, n_edges, cpr, cmd, effects, rank, float(clean["metric"].mean()),
                               float(corrupted["metric"].mean()), all_patched)
-    except CircuitkitError as exc:  # no behaviour to explain: reported, not raised
-        error = str(exc)
     settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "ablation": task.ablation, "device": str(spec.device)}
     return TaskScan(
