@@ -307,4 +307,5 @@ def _geometric(n_total: int) -> list[int]:
     return [*sizes, n_total]
 
 
-__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit", "node_circuit"]
+__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit",
+           "node_circuit"]
