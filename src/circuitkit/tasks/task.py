@@ -130,8 +130,6 @@ class Task:
     attention_scores: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        from circuitkit.tasks.metrics import METRICS
-
         if not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name or len(self.name) > 100:
             raise validate.fail("Task: name", self.name, "a one-line name of at most 100 characters")
         if not isinstance(self.pairs, tuple) or not self.pairs:
