@@ -146,7 +146,7 @@ class Task:
         if not isinstance(self.description, str) or len(self.description) > MAX_PROMPT_CHARS:
             raise validate.fail(f"Task {self.name!r}: description", self.description,
                                 f"a string of at most {MAX_PROMPT_CHARS} characters")
-        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRICS, *ALIASES))
+        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
         object.__setattr__(self, "metric", ALIASES.get(metric, metric))
         validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
         if not isinstance(self.marks, tuple) or (self.marks and len(self.marks) != len(self.pairs)):
@@ -210,6 +210,8 @@ class Task:
 
 
 ABLATIONS = ("corrupted", "mean", "zero")
+METRIC_NAMES = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl")
+"""The metrics a task may name (defined in :mod:`circuitkit.tasks.metrics`)."""
 ALIASES = {"loss": "answer_logprob", "kl": "neg_kl"}
 """Other names for two metrics: the answer's loss (kept as a log-probability, so that higher is more of the
 behaviour) and the KL divergence to the clean run (negated likewise)."""
@@ -372,4 +374,4 @@ def _short(prompt: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["ABLATIONS", "MAX_PAIRS", "Pair", "Task", "TaskBatch", "as_pair", "tokenize"]
+__all__ = ["ABLATIONS", "ALIASES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "as_pair", "tokenize"]
