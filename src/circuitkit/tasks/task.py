@@ -139,6 +139,9 @@ class Task:
                 f"Task {self.name!r}: given {len(self.pairs)} pairs; expected at most {MAX_PAIRS}. "
                 "Take a sample of the pairs: a circuit search runs every pair through the model many times."
             )
+        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
+        object.__setattr__(self, "metric", ALIASES.get(metric, metric))
+        validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
         bad = next((i for i, p in enumerate(self.pairs) if not isinstance(p, Pair)), None)
         if bad is not None:
             raise validate.fail(f"Task {self.name!r}: pair {bad}", self.pairs[bad],
@@ -146,9 +149,6 @@ class Task:
         if not isinstance(self.description, str) or len(self.description) > MAX_PROMPT_CHARS:
             raise validate.fail(f"Task {self.name!r}: description", self.description,
                                 f"a string of at most {MAX_PROMPT_CHARS} characters")
-        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
-        object.__setattr__(self, "metric", ALIASES.get(metric, metric))
-        validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
         if not isinstance(self.marks, tuple) or (self.marks and len(self.marks) != len(self.pairs)):
             raise validate.fail(f"Task {self.name!r}: marks", self.marks,
                                 f"a tuple of one dict of token positions per pair ({len(self.pairs)})")
