@@ -10,8 +10,10 @@ Formats (one pair a row or object):
   "wrong_answers": [...]}, ...]}``.
 
 The file goes through the guarded reader (:func:`circuitkit.models.files.read_bytes`: a regular file, at most
-:data:`MAX_TASK_BYTES`, strict UTF-8); every fault is one line naming the file and the row. Nothing is truncated:
-a file with more than :data:`~circuitkit.tasks.task.MAX_PAIRS` pairs is refused.
+:data:`MAX_TASK_BYTES`, strict UTF-8); every fault is one line naming the file and the line (JSON Lines), row (CSV,
+counted with the header) or prompt (JSON). Nothing is truncated: a file with more than
+:data:`~circuitkit.tasks.task.MAX_PAIRS` pairs is refused. JSON Lines are split at ``"\n"`` only (a raw U+2028 is
+legal inside a JSON string); a byte-order mark and CRLF line ends are read as the plain file.
 """
 
 from __future__ import annotations
