@@ -42,6 +42,7 @@ PACKAGES = (
     "circuitkit.circuits",
     "circuitkit.validate",
     "circuitkit.tracking",
+    "circuitkit.tasks",
 )
 ZOO = "circuitkit.zoo"
 ZOO_PUBLIC = ("available", "curve", "info", "load", "native_config")
@@ -83,6 +84,9 @@ METHODS = (
     "circuitkit.build.subspace:Subspace.read",
     "circuitkit.build.exercises:VirtualHeadExercise.paths",
     "circuitkit.tracking.result:Track.load",
+    "circuitkit.tasks.task:Task.from_pairs",
+    "circuitkit.tasks.task:Task.tokenize",
+    "circuitkit.tasks.scan:TaskScan.save",
 )
 """Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
 
@@ -812,6 +816,17 @@ class Case:
     extra_bad: dict[str, list[Bad]] = field(default_factory=dict)
     target: Callable[[], Callable[..., Any]] | None = None
     run_valid: bool = True
+    context: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+    """argument -> changes to the valid call while that argument's bad values are thrown (``scan``'s ``task``
+    needs ``tokens=None``, or every bad task would be refused for the tokens alone)."""
+
+    def valid_for(self, *args: str) -> dict[str, Any]:
+        """The valid keyword arguments, with the :attr:`context` of each of ``args`` applied."""
+        kwargs = self.valid()
+        for arg in args:
+            if arg in self.context:
+                kwargs.update(self.context[arg]())
+        return kwargs
 
     def function(self) -> Callable[..., Any]:
         return self.target() if self.target is not None else resolve(self.key)
@@ -840,14 +855,16 @@ back; their fields are checked where they are computed), so only their valid con
 
 def case(key: str, valid: Callable[[], dict[str, Any]], /, **kinds: Any) -> None:
     """``kinds``: argument -> kind; besides, ``positional`` (names passed positionally), ``extra_bad`` (argument ->
-    further bad values), ``target`` (builds the callable, for bound methods) and ``named_kinds`` (argument -> kind
-    for arguments whose names are taken by these options, e.g. an argument called ``target``)."""
+    further bad values), ``target`` (builds the callable, for bound methods), ``context`` (see :attr:`Case.context`)
+    and ``named_kinds`` (argument -> kind for arguments whose names are taken by these options, e.g. an argument
+    called ``target``)."""
     assert key not in CASES, key
     positional = kinds.pop("positional", ())
     extra_bad = kinds.pop("extra_bad", None) or {}
     target = kinds.pop("target", None)
+    context = kinds.pop("context", None) or {}
     kinds.update(kinds.pop("named_kinds", None) or {})
-    CASES[key] = Case(key, valid, kinds, positional, extra_bad, target)
+    CASES[key] = Case(key, valid, kinds, positional, extra_bad, target, context=context)
 
 
 def record(key: str, reason: str) -> None:
@@ -1415,6 +1432,258 @@ case(f"{Z}:load", lambda: {"name": "induction-2l", "device": "cpu"}, name="zoo_n
 case(f"{Z}:native_config", lambda: {"directory": __import__("circuitkit.zoo").zoo.info().path},
      directory="out_dir")
 
+# --- circuitkit.tasks: behaviours as clean/corrupted pairs
+# The hand-built induction circuit (vocabulary 10) has a real behaviour on token-id pairs (``copy_next_task``), so a
+# valid scan_task finds a circuit; the generators need a tokenizer that knows their words (``english_model``).
+TK = "circuitkit.tasks"
+
+
+@cache
+def induction_model():
+    from circuitkit.build import induction_circuit
+
+    return induction_circuit(10, 16).model
+
+
+@cache
+def copy_task():
+    from tests.test_tasks import copy_next_task
+
+    return copy_next_task(4)
+
+
+@cache
+def english():
+    from tests.test_tasks import english_model
+
+    return english_model()
+
+
+@cache
+def task_file() -> str:
+    import json
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p.to_json()) + "\n" for p in copy_task().pairs))
+    return str(path)
+
+
+def bad_task_file(name: str, content: str | bytes | None = None, *, size: int | None = None,
+                  link: str | None = None, fifo: bool = False) -> str:
+    """A task file in a fresh temporary directory: ``content``, a sparse file of ``size`` bytes, a symlink to
+    ``link`` or a FIFO (which would block a plain ``open``)."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / name
+    if link is not None:
+        path.symlink_to(link)
+    elif fifo:
+        os.mkfifo(path)
+    elif size is not None:
+        with open(path, "wb") as handle:
+            handle.truncate(size)
+    else:
+        path.write_bytes(content if isinstance(content, bytes) else (content or "").encode("utf-8"))
+    return str(path)
+
+
+@cache
+def task_scan_result():
+    from circuitkit.tasks import scan_task
+
+    return scan_task(induction_model(), copy_task(), steps=1, edges=False)
+
+
+def _task_with(**changes):
+    from circuitkit.tasks import Task
+
+    t = copy_task()
+    return Task(**{"name": t.name, "pairs": t.pairs, **changes})
+
+
+def _pairs_task(rows):
+    from circuitkit.tasks import Task
+
+    return Task.from_pairs(rows)
+
+
+ROW = ([1, 2, 3], [1, 4, 3], [2], [4])
+PROMPTS: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("empty-str", const(""), STRICT),
+    ("empty-list", const([]), STRICT),
+    ("int", const(3), STRICT),
+    ("bytes", const(b"a b"), STRICT),
+    ("dict", const({"ids": [1]}), STRICT),
+    ("float-ids", const([1.0, 2.0]), STRICT),
+    ("nan-id", const([1, math.nan]), STRICT),
+    ("bool-ids", const([True, False]), STRICT),
+    ("negative-id", const([1, -1]), STRICT),
+    ("2**70-id", const([1, 2**70]), STRICT),
+    ("4400-digit-id", const([1, 10**4400]), STRICT),
+    ("nested-lists", const([[1, 2], [3]]), STRICT),
+    ("float-tensor", const(torch.tensor([1.0, 2.0])), STRICT),
+    ("bool-tensor", const(torch.tensor([True, False])), STRICT),
+    ("2-d-tensor", const(torch.ones(2, 2, dtype=torch.long)), STRICT),
+    ("meta-tensor", const(torch.ones(2, dtype=torch.long, device="meta")), STRICT),
+    ("too-long-text", const("a" * 20_001), STRICT),
+    ("too-long-ids", const([1] * 20_001), STRICT),
+    ("numpy-ids", const(np.array([1, 2])), LENIENT),
+    ("long-tensor", const(torch.tensor([1, 2])), LENIENT),
+]
+ANSWERS: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("empty-list", const([]), STRICT),
+    ("empty-str", const(""), STRICT),
+    ("17-answers", const(list(range(1, 18))), STRICT),
+    ("list-of-lists", const([[2], [3]]), STRICT),
+    ("float-id", const([2.0]), STRICT),
+    ("bool-id", const([True]), STRICT),
+    ("negative-id", const([-2]), STRICT),
+    ("2**70-id", const([2**70]), STRICT),
+    ("dict", const({"a": 1}), STRICT),
+    ("object", const(object()), STRICT),
+    ("too-long-text", const("a" * 20_001), STRICT),
+    ("1e6-answers", const(list(range(10**6))), STRICT),
+]
+PAIR_LISTS: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("str", const("clean,corrupted"), STRICT),
+    ("int", const(3), STRICT),
+    ("dict", const({"clean": "a"}), STRICT),
+    ("empty", const([]), STRICT),
+    ("three-fields", const([([1, 2], [1, 3], [2])]), STRICT),
+    ("dict-missing-wrong", const([{"clean": [1, 2], "corrupted": [1, 3], "answer": [2]}]), STRICT),
+    ("row-None", const([None]), STRICT),
+    ("row-str", const(["a b c d"]), STRICT),
+    *[(f"row-clean-{label}", (lambda m: lambda v: [(m(None), *ROW[1:])])(make), s) for label, make, s in PROMPTS
+      if s],
+    *[(f"row-answer-{label}", (lambda m: lambda v: [(*ROW[:2], m(None), ROW[3])])(make), s)
+      for label, make, s in ANSWERS if s],
+    ("endless", lambda v: itertools.repeat(ROW), STRICT),
+    ("raising-iterator", lambda v: (ROW if i == 0 else 1 / 0 for i in range(3)), STRICT),
+]
+TASKS: list[Bad] = [
+    ("str", const("a task"), STRICT),
+    ("dict", const({"pairs": []}), STRICT),
+    ("pair", lambda v: copy_task().pairs[0], STRICT),
+    ("list-of-pairs", lambda v: list(copy_task().pairs), STRICT),
+    ("object", const(object()), STRICT),
+    ("out-of-vocab", lambda v: _pairs_task([([1, 2, 3], [1, 4, 3], [500], [4])]), STRICT),
+    ("prompt-out-of-vocab", lambda v: _pairs_task([([1, 2, 300], [1, 4, 300], [2], [4])]), STRICT),
+    ("text-without-tokenizer", lambda v: _pairs_task([("a b", "a c", " b", " c")]), STRICT),
+    ("unequal-lengths", lambda v: _pairs_task([([1, 2, 3], [1, 4], [2], [4])]), STRICT),
+    ("longer-than-context", lambda v: _pairs_task([([1] * 400, [2] * 400, [2], [4])]), STRICT),
+    ("answer-is-wrong", lambda v: _pairs_task([([1, 2, 3], [1, 4, 3], [2], [2])]), STRICT),
+    ("marks-beyond-prompt", lambda v: _task_with(marks=tuple({"a": 50, "b": 0} for _ in copy_task().pairs),
+                                                 attention_scores=(("s", "a", "b"),)), STRICT),
+]
+TASK_PATHS: list[Bad] = [
+    ("None", const(None), STRICT),
+    ("int", const(3), STRICT),
+    ("empty", const(""), STRICT),
+    ("bytes", lambda v: os.fsencode(v), STRICT),
+    ("list", lambda v: [v], STRICT),
+    ("missing", const("/nonexistent/circuitkit-fuzz/pairs.jsonl"), STRICT),
+    ("directory", lambda v: str(Path(v).parent), STRICT),
+    ("nul-in-path", const("pairs\0.jsonl"), STRICT),
+    ("name-too-long", const("x" * 300 + ".jsonl"), STRICT),
+    ("dev-zero", const("/dev/zero"), STRICT),
+    ("link-to-dev-zero", lambda v: bad_task_file("zero.jsonl", link="/dev/zero"), STRICT),
+    ("fifo", lambda v: bad_task_file("pipe.jsonl", fifo=True), STRICT),
+    ("65-MiB", lambda v: bad_task_file("big.jsonl", size=65 * 2**20), STRICT),
+    ("txt-suffix", lambda v: bad_task_file("pairs.txt", "hello"), STRICT),
+    ("empty-file", lambda v: bad_task_file("empty.jsonl", ""), STRICT),
+    ("not-utf8", lambda v: bad_task_file("latin.jsonl", b"\xff\xfe{"), STRICT),
+    ("200k-deep", lambda v: bad_task_file("deep.json", "[" * 200_000 + "]" * 200_000), STRICT),
+    ("nan-token", lambda v: bad_task_file("nan.jsonl", '{"clean": [1, NaN], "corrupted": [1, 2], "answer": 2, '
+                                                       '"wrong": 3}\n'), STRICT),
+    ("float-ids", lambda v: bad_task_file("f.jsonl", '{"clean": [1.0, 2], "corrupted": [1, 2], "answer": 2, '
+                                                     '"wrong": 3}\n'), STRICT),
+    ("csv-short-row", lambda v: bad_task_file("s.csv", "clean,corrupted,answer,wrong\na,b,c\n"), STRICT),
+    ("eap-huge-index", lambda v: bad_task_file("e.csv", "clean,corrupted,correct_idx,incorrect_idx\na,b,"
+                                               + "9" * 5000 + ",3\n"), STRICT),
+]
+
+record(f"{TK}:TaskBatch", "built by Task.tokenize (fuzzed), which checks every id against the model")
+record(f"{TK}:TaskCircuit", "result record of scan_task (built and checked by it)")
+record(f"{TK}:TaskScan", "result record of scan_task (its save() is fuzzed)")
+case(f"{TK}:Pair", lambda: {"clean": list(ROW[0]), "corrupted": list(ROW[1]), "answers": (2,), "wrongs": (4,)},
+     extra_bad={"clean": PROMPTS, "corrupted": PROMPTS, "answers": ANSWERS, "wrongs": ANSWERS})
+case(f"{TK}:Task", lambda: {"name": "copy", "pairs": copy_task().pairs, "metric": "logit_diff",
+     "ablation": "corrupted", "description": "d", "marks": tuple({"a": 0, "b": 1} for _ in copy_task().pairs),
+     "attention_scores": (("s", "a", "b"),)}, name="text", metric="option", ablation="option", description="text",
+     extra_bad={
+         "name": [("blank", const("  "), STRICT), ("two-lines", const("a\nb"), STRICT),
+                  ("101-characters", const("x" * 101), STRICT)],
+         "pairs": [("None", const(None), STRICT), ("empty", const(()), STRICT), ("list", lambda v: list(v), STRICT),
+                   ("raw-tuples", const((ROW,)), STRICT), ("tuple-of-None", const((None,)), STRICT),
+                   ("100001-pairs", lambda v: v[:1] * 100_001, STRICT)],
+         "marks": [("None", const(None), STRICT), ("list", lambda v: list(v), STRICT),
+                   ("wrong-length", lambda v: v[:1], STRICT), ("negative", lambda v: ({"a": -1, "b": 0},) * len(v),
+                                                                STRICT),
+                   ("bool", lambda v: ({"a": True, "b": 0},) * len(v), STRICT),
+                   ("str-position", lambda v: ({"a": "0", "b": 0},) * len(v), STRICT),
+                   ("not-dicts", lambda v: ((0, 1),) * len(v), STRICT),
+                   ("missing-mark", lambda v: ({"a": 0},) * len(v), STRICT)],
+         "attention_scores": [("None", const(None), STRICT), ("unknown-mark", const((("s", "a", "zz"),)), STRICT),
+                              ("two-fields", const((("s", "a"),)), STRICT), ("str", const("s"), STRICT),
+                              ("blank-name", const(((" ", "a", "b"),)), STRICT),
+                              ("list", const([("s", "a", "b")]), STRICT)],
+     })
+case(f"{TK}.task:Task.from_pairs", lambda: {"pairs": [ROW, ([5, 6, 7], [5, 8, 7], [6], [8])], "name": "t",
+     "metric": "prob_diff", "ablation": "mean", "description": ""}, name="text", metric="option", ablation="option",
+     description="text", extra_bad={"pairs": PAIR_LISTS, "metric": [("alias-padded", const(" kl"), STRICT)]})
+method(f"{TK}.task:Task.tokenize", copy_task, lambda: {"model_or_adapter": induction_model()},
+       model_or_adapter="model-static",
+       extra_bad={"model_or_adapter": [("vocab-too-small", lambda v: toy_from(random_weights(2, 2, 8, 4, d_vocab=8)),
+                                        STRICT)]})
+case(f"{TK}:load_task", lambda: {"path": task_file(), "name": "fuzz", "metric": "logit_diff",
+     "ablation": "corrupted"}, name="text?", metric="option", ablation="option", extra_bad={"path": TASK_PATHS})
+GENERATOR_NAMES: list[Bad] = [
+    ("None", const(None), STRICT), ("int", const(3), STRICT), ("list", const(["ioi"]), STRICT),
+    ("dict", const({}), STRICT), ("bytes", const(b"ioi"), STRICT), ("unknown", const("nonsense"), STRICT),
+    ("empty", const(""), STRICT), ("upper-case", const("IOI"), STRICT), ("padded", const(" ioi "), STRICT),
+    ("induction", const("induction"), STRICT),
+]
+case(f"{TK}:get_task", lambda: {"name_or_path": "ioi", "model": english(), "n": 2, "seed": 0}, model="model-static",
+     n="size>=2", seed="seed", extra_bad={"name_or_path": GENERATOR_NAMES})
+for _name in ("ioi", "greater_than", "docstring"):
+    case(f"{TK}:{_name}", lambda: {"model": english(), "n": 2, "seed": 1}, model="model-static", n="size>=2",
+         seed="seed", extra_bad={"model": [("unknown-words-tokenizer", lambda v: bridge(), STRICT)]})
+CASES[f"{TK}:ioi"].extra_bad["templates"] = [
+    ("empty", const(()), STRICT), ("str", const("When {A} and {B} went, {B} gave it to"), STRICT),
+    ("None", const(None), STRICT), ("no-A", const(("{B} and {B} gave it to",)), STRICT),
+    ("one-B", const(("When {A} and {B} went, Tom gave it to",)), STRICT),
+    ("unknown-field", const(("When {A} and {B} went to {city}, {B} gave it to",)), STRICT),
+    ("positional-field", const(("When {A} and {B} went to {0}, {B} gave it to",)), STRICT),
+    ("attribute-field", const(("When {A.x} and {B} went, {B} gave it to",)), STRICT),
+    ("unbalanced-brace", const(("When {A and {B} went, {B} gave it to",)), STRICT),
+    ("int-entry", const((3,)), STRICT), ("101-templates", const(("When {A} and {B} went, {B} gave it to",) * 101),
+                                        STRICT),
+]
+case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task(), "target": 0.8, "mlps": None,
+     "mlp_nodes": False, "rank": "abs", "steps": 1, "edges": False, "device": "cpu", "name": None, "progress": None},
+     positional=("model",), model="model-loss", named_kinds={"target": "real>0"}, mlps="bool?", mlp_nodes="bool",
+     rank="option", steps="size>=1", edges="bool", device="device?", name="text?", progress="callable?",
+     extra_bad={"task": [("None", const(None), STRICT), *TASKS],
+                "target": [("above-one", const(1.5), STRICT), ("zero", const(0.0), STRICT)],
+                "steps": [("65", const(65), STRICT)],
+                "name": [("blank", const("  "), STRICT), ("two-lines", const("a\nb"), STRICT)]})
+method(f"{TK}.scan:TaskScan.save", task_scan_result, lambda: {"out_dir": tmp_out_dir()}, out_dir="out_dir")
+
+# ``scan(model, task=...)``: the bad tasks above, plus the names and paths scan takes, with ``tokens=None`` (a task
+# and a batch together are refused on their own) on the hand-built model.
+CASES["circuitkit:scan"].extra_bad["task"] = [
+    *TASKS, ("unknown-name", const("nonsense"), STRICT), ("empty", const(""), STRICT), ("bytes", const(b"ioi"), STRICT),
+    ("padded-induction", const(" induction "), STRICT), ("ioi-without-tokenizer", const("ioi"), STRICT),
+    ("missing-path", const(Path("/nonexistent/circuitkit-fuzz/pairs.jsonl")), STRICT),
+    ("dev-zero", const("/dev/zero"), STRICT), ("directory", const("/tmp"), STRICT),
+    ("int", const(3), STRICT),
+]
+CASES["circuitkit:scan"].context["task"] = lambda: {"model": induction_model(), "tokens": None, "task": copy_task()}
+
 # --- circuitkit.report
 R = "circuitkit.report"
 case(f"{R}:save", lambda: {"scan": scan(), "out_dir": tmp_out_dir(), "png": False}, scan="scan", out_dir="out_dir",
@@ -1486,6 +1755,14 @@ VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
     "circuitkit.factored:Factored.__rmatmul__": {"other": {"wrong-rows": "other @ self needs only its columns to "
                                                                         "match: [5, 8] @ [8, 8] is a valid product"}},
     "circuitkit.viz:attention_heads": {"head_names": {"None": "head_names is optional (default: 'layer.head')"}},
+    **{f"circuitkit.tasks:{name}": {"model": {
+        "module-nan-weight": "a generator reads the model's tokenizer only (scan_task refuses the weights)",
+        "module-inf-weight": "a generator reads the model's tokenizer only (scan_task refuses the weights)",
+    }} for name in ("get_task", "ioi", "greater_than", "docstring")},
+    "circuitkit.tasks.task:Task.tokenize": {"model_or_adapter": {
+        "module-nan-weight": "tokenizing reads the vocabulary and tokenizer only (scan_task refuses the weights)",
+        "module-inf-weight": "tokenizing reads the vocabulary and tokenizer only (scan_task refuses the weights)",
+    }},
 }
 """Generated "bad" values that are valid for that callable, with the reason: not thrown as bad inputs."""
 

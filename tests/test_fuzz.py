@@ -95,7 +95,7 @@ def _alarm(signum, frame):
 def outcome(key: str, arg: str, label: str, make, strict: bool) -> str:
     """Call ``key`` with ``arg`` replaced by the bad value; return "raised" or "finite", or a failure text."""
     c = fc.CASES[key]
-    kwargs = c.valid()
+    kwargs = c.valid_for(arg)
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CALL_LIMIT_S)
     try:
@@ -144,7 +144,7 @@ def test_every_case_argument_is_a_parameter():
     for key, c in fc.CASES.items():
         params = inspect.signature(c.function()).parameters
         takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        for arg in [*c.kinds, *c.extra_bad]:
+        for arg in [*c.kinds, *c.extra_bad, *c.context]:
             assert arg in params or takes_kwargs, f"{key}: no parameter {arg!r}"
 
 
@@ -154,6 +154,18 @@ def test_valid_call_returns_finite(key):
     c = fc.CASES[key]
     result = c.call(c.valid())
     assert fc.non_finite(result) is None, f"{key}: valid call returned a non-finite {fc.non_finite(result)}"
+
+
+CONTEXTS = [(k, a) for k, c in fc.CASES.items() for a in c.context]
+
+
+@pytest.mark.parametrize(("key", "arg"), CONTEXTS, ids=[f"{k.replace('circuitkit', 'ck')}({a})" for k, a in CONTEXTS])
+def test_valid_call_in_each_context_returns_finite(key, arg):
+    """The valid call a context makes (e.g. ``scan`` with a task) is valid too: the bad values thrown in it are
+    then the only thing wrong."""
+    c = fc.CASES[key]
+    result = c.call(c.valid_for(arg))
+    assert fc.non_finite(result) is None, f"{key} ({arg} context): non-finite {fc.non_finite(result)}"
 
 
 # ---------------------------------------------------------------------------------------------------- bad inputs
@@ -218,7 +230,7 @@ def test_several_bad_arguments_at_once(data):
     by_arg = _strict_bad(key)
     args = data.draw(st.lists(st.sampled_from(sorted(by_arg)), min_size=2, max_size=3, unique=True), label="args")
     c = fc.CASES[key]
-    kwargs = c.valid()
+    kwargs = c.valid_for(*args)
     for arg in args:
         label, make = data.draw(st.sampled_from(by_arg[arg]), label=arg)
         kwargs[arg] = make(kwargs.get(arg))

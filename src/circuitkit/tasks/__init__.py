@@ -16,6 +16,13 @@ from circuitkit.tasks.task import Pair, Task, TaskBatch
 
 def get_task(name_or_path: str, model: object, *, n: int = 32, seed: int = 0) -> Task:
     """A built-in task by name (:data:`GENERATORS`) written for ``model``'s tokenizer, or a task file's path."""
+    import os
+
+    from circuitkit import validate
+
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise validate.fail("get_task: name_or_path", name_or_path,
+                            f"a built-in task's name ({', '.join(GENERATORS)}) or a task file's path")
     if name_or_path in GENERATORS:
         return GENERATORS[name_or_path](model, n, seed=seed)
     return load_task(name_or_path)

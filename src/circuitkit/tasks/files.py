@@ -10,8 +10,10 @@ Formats (one pair a row or object):
   "wrong_answers": [...]}, ...]}``.
 
 The file goes through the guarded reader (:func:`circuitkit.models.files.read_bytes`: a regular file, at most
-:data:`MAX_TASK_BYTES`, strict UTF-8); every fault is one line naming the file and the row. Nothing is truncated:
-a file with more than :data:`~circuitkit.tasks.task.MAX_PAIRS` pairs is refused.
+:data:`MAX_TASK_BYTES`, strict UTF-8); every fault is one line naming the file and the line (JSON Lines), row (CSV,
+counted with the header) or prompt (JSON). Nothing is truncated: a file with more than
+:data:`~circuitkit.tasks.task.MAX_PAIRS` pairs is refused. JSON Lines are split at ``"\n"`` only (a raw U+2028 is
+legal inside a JSON string); a byte-order mark and CRLF line ends are read as the plain file.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _fail(path: Any, problem: str, expected: str) -> CircuitkitError:
 def load_task(path: str | os.PathLike, *, name: str | None = None, metric: str = "logit_diff",
               ablation: str = "corrupted") -> Task:
     """The task in the file ``path`` (module docstring); ``name`` defaults to the file's stem."""
-    from circuitkit.models.files import check_path_length, read_bytes
+    from circuitkit.models.files import FileKind, check_path_length, read_bytes
 
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise CircuitkitError(f"load_task: given {type(path).__name__} {path!r}; expected the path of a task file.")
@@ -47,7 +49,7 @@ def load_task(path: str | os.PathLike, *, name: str | None = None, metric: str =
     p = Path(path)
     if not p.exists():
         raise _fail(path, "no such file", "a .jsonl, .csv or .json task file")
-    raw = read_bytes(p, max_bytes=MAX_TASK_BYTES)
+    raw = read_bytes(p, max_bytes=MAX_TASK_BYTES, kind=FileKind("task file", "task file's folder", "your own code"))
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -63,7 +65,7 @@ def load_task(path: str | os.PathLike, *, name: str | None = None, metric: str =
         raise _fail(path, f"has the suffix {suffix!r}", "a .jsonl, .csv or .json task file")
     if not rows:
         raise _fail(path, "holds no pairs", "at least one clean/corrupted pair")
-    pairs = tuple(as_pair(row, f"task file {str(path)!r}: row {i + 1}") for i, row in enumerate(rows))
+    pairs = tuple(as_pair(row, f"task file {str(path)!r}: {where}") for where, row in rows)
     return Task(name or p.stem, pairs, metric=metric, ablation=ablation, description=f"read from {p.name}")
 
 
@@ -72,9 +74,11 @@ def _count(path: Any, n: int) -> None:
         raise _fail(path, f"holds more than {MAX_PAIRS} pairs", f"at most {MAX_PAIRS} (take a sample)")
 
 
-def _jsonl(path: Any, text: str) -> list[dict]:
+def _jsonl(path: Any, text: str) -> list[tuple[str, dict]]:
+    """``(where, row)`` per pair: where names the line (the CSV reader names the row, the JSON reader the prompt)."""
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # JSON Lines ends lines with "\n" (and "\r\n"); str.splitlines would also split inside strings at U+2028 etc.
+    for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         _count(path, len(rows) + 1)
@@ -84,11 +88,11 @@ def _jsonl(path: Any, text: str) -> list[dict]:
             raise _fail(path, f"line {number} is not JSON ({_reason(error)})", "one JSON object per line") from None
         if not isinstance(row, dict):
             raise _fail(path, f"line {number} is a {type(row).__name__}", "a JSON object per line")
-        rows.append(row)
+        rows.append((f"line {number}", row))
     return rows
 
 
-def _csv(path: Any, text: str) -> list[dict]:
+def _csv(path: Any, text: str) -> list[tuple[str, dict]]:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = reader.fieldnames or []
@@ -106,14 +110,15 @@ def _csv(path: Any, text: str) -> list[dict]:
     try:
         for number, row in enumerate(reader, 2):
             _count(path, len(rows) + 1)
-            if None in row or any(v is None for v in row.values()):
-                raise _fail(path, f"row {number} has {len(row)} fields", f"{len(header)} fields, as the header")
+            if None in row or any(v is None for v in row.values()):  # DictReader: None holds extras, fills gaps
+                given = sum(v is not None for k, v in row.items() if k is not None) + len(row.get(None) or ())
+                raise _fail(path, f"row {number} has {given} fields", f"{len(header)} fields, as the header")
             if eap:
-                rows.append({"clean": row["clean"], "corrupted": row["corrupted"],
-                             "answer": _token_id(path, number, row["correct_idx"]),
-                             "wrong": _token_id(path, number, row["incorrect_idx"])})
+                rows.append((f"row {number}", {"clean": row["clean"], "corrupted": row["corrupted"],
+                                                 "answer": _token_id(path, number, row["correct_idx"]),
+                                                 "wrong": _token_id(path, number, row["incorrect_idx"])}))
             else:
-                rows.append({k: row[k] for k in TEXT_COLUMNS})
+                rows.append((f"row {number}", {k: row[k] for k in TEXT_COLUMNS}))
     except csv.Error as error:
         raise _fail(path, f"is not CSV ({error})", "a CSV file with a header row") from None
     return rows
@@ -123,11 +128,12 @@ def _token_id(path: Any, number: int, value: str) -> int:
     try:
         token = int(value)
     except ValueError:
-        raise _fail(path, f"row {number} gives the token index {value!r}", "an integer token id") from None
+        shown = repr(value) if len(value) <= 40 else f"{value[:37]!r}... ({len(value)} characters)"
+        raise _fail(path, f"row {number} gives the token index {shown}", "an integer token id") from None
     return token
 
 
-def _auto_circuit(path: Any, text: str) -> list[dict]:
+def _auto_circuit(path: Any, text: str) -> list[tuple[str, dict]]:
     try:
         data = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError) as error:
@@ -142,8 +148,8 @@ def _auto_circuit(path: Any, text: str) -> list[dict]:
         if not isinstance(item, dict) or any(k not in item for k in ("clean", "corrupt", "answers", "wrong_answers")):
             raise _fail(path, f"prompt {i} is not an object with clean, corrupt, answers, wrong_answers",
                         "auto-circuit's prompt objects")
-        rows.append({"clean": item["clean"], "corrupted": item["corrupt"], "answer": item["answers"],
-                     "wrong": item["wrong_answers"]})
+        rows.append((f"prompt {i}", {"clean": item["clean"], "corrupted": item["corrupt"],
+                                     "answer": item["answers"], "wrong": item["wrong_answers"]}))
     return rows
 
 

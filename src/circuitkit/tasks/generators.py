@@ -60,7 +60,43 @@ def _tokenizer(model: Any) -> Any:
 
 
 def _one_token(tokenizer: Any, text: str) -> bool:
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1
+    """``text`` is one token of the tokenizer's own, not its unknown token (a tokenizer that maps every unknown
+    word to ``<unk>`` would otherwise make every name "one token", and every name the same one)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return len(ids) == 1 and ids[0] != getattr(tokenizer, "unk_token_id", None)
+
+
+def _distinct(tokenizer: Any, texts: Any) -> list[str]:
+    """``texts`` that are one token each, keeping the first of several that share a token."""
+    seen, out = set(), []
+    for text in texts:
+        if _one_token(tokenizer, text):
+            token = tokenizer(text, add_special_tokens=False)["input_ids"][0]
+            if token not in seen:
+                seen.add(token)
+                out.append(text)
+    return out
+
+
+def _templates(templates: Any) -> tuple[str, ...]:
+    """IOI templates, checked: 1 to 100 strings with ``{A}`` once, ``{B}`` at least twice, and fields only among
+    ``A``, ``B``, ``place``, ``object``."""
+    import string
+
+    expected = ("1 to 100 template strings with {A} once, {B} at least twice (the second mention is corrupted) "
+                "and no fields but {A}, {B}, {place}, {object}")
+    if not isinstance(templates, (tuple, list)) or not 1 <= len(templates) <= 100:
+        raise validate.fail("ioi: templates", templates, expected)
+    for template in templates:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None] \
+                if isinstance(template, str) and len(template) <= 2000 else None
+        except ValueError:
+            fields = None
+        if fields is None or fields.count("A") != 1 or fields.count("B") < 2 or \
+                not set(fields) <= {"A", "B", "place", "object"}:
+            raise validate.fail("ioi: templates", template, expected)
+    return tuple(templates)
 
 
 def _check(n: int, seed: int, where: str) -> tuple[int, random.Random]:
@@ -71,8 +107,9 @@ def _check(n: int, seed: int, where: str) -> tuple[int, random.Random]:
 def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = IOI_TEMPLATES) -> Task:
     """``n`` IOI pairs with ABC corruption for ``model``'s tokenizer (module docstring); metric ``logit_diff``."""
     n, rng = _check(n, seed, "ioi")
+    templates = _templates(templates)
     tokenizer = _tokenizer(model)
-    names = [name for name in NAMES if _one_token(tokenizer, " " + name)]
+    names = [name[1:] for name in _distinct(tokenizer, [" " + name for name in NAMES])]
     if len(names) < 3:
         raise CircuitkitError(f"ioi: this tokenizer writes only {len(names)} of {len(NAMES)} common names as one "
                               "token; expected at least 3 (the task needs three one-token names).")
@@ -112,6 +149,11 @@ def greater_than(model: Any, n: int = 32, *, seed: int = 0) -> Task:
     tokenizer = _tokenizer(model)
     nouns = ("war", "expedition", "drought", "reign", "famine", "project", "siege", "voyage")
     two_digit = all(_one_token(tokenizer, f"{y:02d}") for y in (10, 32, 57, 99))
+    answers = [f"{y:02d}" for y in range(100)] if two_digit else [str(d) for d in range(10)]
+    if len(_distinct(tokenizer, answers)) < len(answers):
+        kind = "two-digit number" if two_digit else "digit"
+        raise CircuitkitError(f"greater_than: this tokenizer does not write every {kind} as a token of its own; "
+                              "expected each to be one distinct token (they are the answers).")
     pairs = []
     for _ in range(n):
         noun = rng.choice(nouns)
@@ -139,7 +181,7 @@ def docstring(model: Any, n: int = 32, *, seed: int = 0) -> Task:
     """``n`` docstring pairs for ``model``'s tokenizer (module docstring); metric ``logit_diff``."""
     n, rng = _check(n, seed, "docstring")
     tokenizer = _tokenizer(model)
-    args = [a for a in ARGUMENTS if _one_token(tokenizer, " " + a)]
+    args = [a[1:] for a in _distinct(tokenizer, [" " + a for a in ARGUMENTS])]
     if len(args) < 8:
         raise CircuitkitError(f"docstring: this tokenizer writes only {len(args)} of the argument names as one "
                               "token; expected at least 8.")

@@ -172,6 +172,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     edges = validate.boolean("scan_task: edges", edges)
     mlp_nodes = validate.boolean("scan_task: mlp_nodes", mlp_nodes)
+    if name is not None and (not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 200):
+        raise validate.fail("scan_task: name", name, "a one-line model name of at most 200 characters")
+    if progress is not None and not callable(progress):
+        raise validate.fail("scan_task: progress", progress, "a function progress(stage, passes) or None")
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)

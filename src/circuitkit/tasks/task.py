@@ -18,6 +18,7 @@ Statistics over positions (mean ablation values) use the real positions only (:a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ MAX_PROMPT_CHARS = 20_000
 """Characters of one prompt (a few thousand tokens at most): longer text is refused, never truncated."""
 MAX_ANSWERS = 16
 """Answer (or wrong-answer) tokens one pair may list."""
+MAX_TOKEN_ID = 2**63 - 1
+"""Largest token id taken (int64, as token tensors hold them); the model's vocabulary is checked at tokenization."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,12 @@ class Pair:
     corrupted: str | tuple[int, ...]
     answers: tuple[str | int, ...]
     wrongs: tuple[str | int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clean", _prompt(self.clean, "Pair: clean"))
+        object.__setattr__(self, "corrupted", _prompt(self.corrupted, "Pair: corrupted"))
+        object.__setattr__(self, "answers", _answers(self.answers, "Pair: answers"))
+        object.__setattr__(self, "wrongs", _answers(self.wrongs, "Pair: wrongs"))
 
     def to_json(self) -> dict[str, Any]:
         return {"clean": _plain(self.clean), "corrupted": _plain(self.corrupted),
@@ -133,9 +142,27 @@ class Task:
         metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
         object.__setattr__(self, "metric", ALIASES.get(metric, metric))
         validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
-        if self.marks and len(self.marks) != len(self.pairs):
-            raise validate.fail(f"Task {self.name!r}: marks", f"{len(self.marks)} entries",
-                                f"one dict of token positions per pair ({len(self.pairs)})")
+        bad = next((i for i, p in enumerate(self.pairs) if not isinstance(p, Pair)), None)
+        if bad is not None:
+            raise validate.fail(f"Task {self.name!r}: pair {bad}", self.pairs[bad],
+                                "a Pair (Task.from_pairs builds them from tuples and dicts)")
+        if not isinstance(self.description, str) or len(self.description) > MAX_PROMPT_CHARS:
+            raise validate.fail(f"Task {self.name!r}: description", self.description,
+                                f"a string of at most {MAX_PROMPT_CHARS} characters")
+        if not isinstance(self.marks, tuple) or (self.marks and len(self.marks) != len(self.pairs)):
+            raise validate.fail(f"Task {self.name!r}: marks", self.marks,
+                                f"a tuple of one dict of token positions per pair ({len(self.pairs)})")
+        for i, row in enumerate(self.marks):
+            if not isinstance(row, dict) or not all(
+                    isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_PROMPT_CHARS
+                    for k, v in row.items()):
+                raise validate.fail(f"Task {self.name!r}: marks of pair {i}", row,
+                                    "a dict of names to token positions (ints >= 0)")
+        if not isinstance(self.attention_scores, tuple) or not all(
+                isinstance(s, tuple) and len(s) == 3 and all(isinstance(x, str) and x.strip() for x in s)
+                for s in self.attention_scores):
+            raise validate.fail(f"Task {self.name!r}: attention_scores", self.attention_scores,
+                                "a tuple of (name, to, minus) tuples of non-empty strings")
         for name, to, minus in self.attention_scores:
             missing = [m for m in (to, minus) if not self.marks or any(m not in row for row in self.marks)]
             if missing:
@@ -154,14 +181,17 @@ class Task:
         be lists). Text or token ids; at most :data:`MAX_PAIRS` pairs (an endless iterator is refused after that)."""
         if isinstance(pairs, (str, bytes, dict)) or not isinstance(pairs, Iterable):
             raise validate.fail("Task.from_pairs: pairs", pairs, "a list of (clean, corrupted, answer, wrong) or dicts")
-        out = []
-        for i, item in enumerate(pairs):
-            if i >= MAX_PAIRS:
-                raise CircuitkitError(
-                    f"Task.from_pairs: given more than {MAX_PAIRS} pairs; expected at most {MAX_PAIRS}. "
-                    "Take a sample of the pairs."
-                )
-            out.append(as_pair(item, f"Task.from_pairs: pair {i}"))
+        try:
+            items = list(itertools.islice(pairs, MAX_PAIRS + 1))
+        except Exception as error:  # noqa: BLE001 - the caller's iterator: any error it raises is bad input
+            raise validate.fail("Task.from_pairs: pairs", validate.given(
+                f"an iterable that raised {type(error).__name__}"), "an iterable of pairs that can be read") from None
+        if len(items) > MAX_PAIRS:
+            raise CircuitkitError(
+                f"Task.from_pairs: given more than {MAX_PAIRS} pairs; expected at most {MAX_PAIRS}. "
+                "Take a sample of the pairs."
+            )
+        out = [as_pair(item, f"Task.from_pairs: pair {i}") for i, item in enumerate(items)]
         return cls(name=name, pairs=tuple(out), metric=metric, ablation=ablation, description=description)
 
     def tokenize(self, model_or_adapter: Any) -> TaskBatch:
@@ -219,13 +249,24 @@ def _prompt(value: Any, where: str) -> str | tuple[int, ...]:
 
 def _ids(value: Any, where: str) -> tuple[int, ...]:
     if isinstance(value, Tensor):
-        if value.ndim != 1 or value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
+        if value.ndim != 1 or value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex() \
+                or value.numel() > MAX_PROMPT_CHARS or value.is_meta:
             raise validate.fail(where, value, "text or a 1-D integer tensor / list of token ids")
-        return tuple(int(v) for v in value.tolist())
-    if isinstance(value, (list, tuple)) and len(value) <= MAX_PROMPT_CHARS and all(
+        ids = tuple(int(v) for v in value.tolist())
+    elif isinstance(value, (list, tuple)) and len(value) <= MAX_PROMPT_CHARS and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    raise validate.fail(where, value, "text or a list of token ids (ints)")
+        ids = tuple(int(v) for v in value)
+    else:
+        raise validate.fail(where, value, "text or a list of token ids (ints)")
+    bad = next((v for v in ids if not 0 <= v <= MAX_TOKEN_ID), None)
+    if bad is not None:
+        raise validate.fail(where, validate.given(f"the token id {_short_int(bad)}"),
+                            "token ids in [0, 2**63) (then checked against the model's vocabulary)")
+    return ids
+
+
+def _short_int(value: int) -> str:
+    return str(value) if abs(value) < 10**30 else f"{'-' if value < 0 else ''}an int of {value.bit_length()} bits"
 
 
 def _answers(value: Any, where: str) -> tuple[str | int, ...]:
@@ -235,6 +276,10 @@ def _answers(value: Any, where: str) -> tuple[str | int, ...]:
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (str, int)) or (isinstance(item, str) and not item):
             raise validate.fail(where, item, "a non-empty answer text or a token id")
+        if isinstance(item, str) and len(item) > MAX_PROMPT_CHARS:
+            raise validate.fail(where, f"{len(item)} characters", f"an answer of at most {MAX_PROMPT_CHARS} characters")
+        if isinstance(item, int) and not 0 <= item <= MAX_TOKEN_ID:
+            raise validate.fail(where, validate.given(f"the token id {_short_int(item)}"), "token ids in [0, 2**63)")
     return tuple(items)
 
 
@@ -260,7 +305,8 @@ def _encode_answer(adapter: Any, answer: str | int, where: str) -> int:
     ids = _tokenizer_of(adapter)(answer, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         raise CircuitkitError(
-            f"{where}: given {answer!r}, which the model's tokenizer splits into {len(ids)} tokens {list(ids)}; "
+            f"{where}: given {_short(answer)}, which the model's tokenizer splits into {len(ids)} tokens "
+            f"{list(ids)[:8]}; "
             "expected one token. Choose a one-token answer (a leading space is part of it: ' Mary')."
         )
     return int(ids[0])
@@ -292,6 +338,10 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
                     f"{where}: the {label} holds token ids {bad[:5]}; expected ids in [0, {V}) "
                     "(the model's vocabulary)."
                 )
+        marks = task.marks[i] if task.marks else {}
+        beyond = {m: p for m, p in marks.items() if p >= len(c)}
+        if beyond:
+            raise validate.fail(f"{where}: marks", beyond, f"token positions inside the {len(c)}-token clean prompt")
         if set(a) & set(w):
             raise validate.fail(f"{where}: answer and wrong", (pair.answers, pair.wrongs),
                                 "different tokens (an answer that is also a wrong answer measures nothing)")
