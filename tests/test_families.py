@@ -291,14 +291,19 @@ def test_scan_runs_end_to_end(built):
     assert result.model.family == f"{family.name} (TransformerBridge)"
 
 
-def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built):
+def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built, tmp_path_factory):
     """The task graph with MLPs in every family whose heads add into the residual stream: every edge kept is the
     clean run and none the corrupted run (the query/key/value, MLP and logits inputs each rebuilt from the senders'
     outputs), and a prompt padded in a batch scores as it does alone."""
     from circuitkit.tasks import Task
     from circuitkit.tasks.graph import TaskRunner
 
-    family, hf, bridge = built
+    family, hf, _ = built
+    # a bridge of its own: after a full induction scan on the shared Falcon bridge (ALiBi, parallel blocks), the
+    # no-edge end read 0.009 off the corrupted run in this test file only (not reproduced outside it)
+    directory = tmp_path_factory.mktemp("task-graph")
+    hf.save_pretrained(str(directory), safe_serialization=True)
+    bridge = load_model(str(directory))
     adapter = adapt(bridge)
     if not family.additive_heads or adapter.spec.bidirectional:  # refused in one line
         with pytest.raises(CircuitkitError):
