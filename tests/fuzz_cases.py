@@ -695,6 +695,11 @@ case("circuitkit:composition_baseline", lambda: {"weights": weights(), "mode": "
      weights=W, mode="option", n_samples="size>=2", seed="seed")
 case("circuitkit:top_edges", lambda: {"scores": comp_scores(), "k": 3}, scores="tensor", k="int>=1")
 record("circuitkit:Edge", "result record of top_edges")
+case("circuitkit:bootstrap_ci", lambda: {"values": torch.randn(6, 2), "n_resamples": 50, "level": 0.9, "seed": 0,
+     "statistic": None}, positional=("values",), values="tensor-any-rank", n_resamples="size>=2", level="real>0",
+     seed="seed", statistic="callable?",
+     extra_bad={"values": [("one-sequence", const(torch.ones(1, 2)), STRICT)],
+                "level": [("one", const(1.0), STRICT), ("above-one", const(1.5), STRICT)]})
 record("circuitkit:CircuitkitError", "the error type itself")
 record("circuitkit.theory:FeatureMap", "a typing.Literal alias of option strings (fuzzed as feature_map=)")
 record("circuitkit:CompositionBaseline", "result record of composition_baseline")
