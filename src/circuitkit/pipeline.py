@@ -40,7 +40,7 @@ import torch
 
 from circuitkit import validate
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET
-from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together, together_cost
+from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each, together_cost
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
 from circuitkit.detect.attribution import attribute
@@ -52,7 +52,9 @@ from circuitkit.memory import check_memory
 from circuitkit.models.contract import ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_heads
+from circuitkit.scan_intervals import scan_intervals
 from circuitkit.scan_types import HeadEffects, ModelSummary, Role, Scan, ScanSettings, StageRecord
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
 
 ABLATE_OPTIONS = ("top", "all", "none")
 DEFAULT_ABLATE_TOP = 8
@@ -210,6 +212,8 @@ class _Work:
     evidence: Any = None
     verified: Any = None
     verified_error: str | None = None
+    ci: tuple[int, float, int] | None = None  # (n_resamples, level, seed) of the bootstrap intervals
+    circuit_ablation_each: dict[str, torch.Tensor] = field(default_factory=dict)  # label -> [batch] rises
 
 
 STAGE_NAMES = {
@@ -284,7 +288,8 @@ def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str
     )
     work.agreement = agreement(work.attribution, work.ablation)
     for label, heads in groups.items():
-        work.circuit_ablation[label] = ablate_together(adapter, work.run, list(heads), ablation_method)
+        work.circuit_ablation[label], work.circuit_ablation_each[label] = ablate_together_each(
+            adapter, work.run, list(heads), ablation_method)
         bar.advance(together_cost(list(heads), spec.n_layers, work.run, adapter))
 
 
@@ -318,7 +323,8 @@ def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progr
         work.edge_tap.ctx.z_corrupt.update(values)
     try:
         work.verified = discover(Ablator(adapter, work.batch, values), order, target, method,
-                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank)
+                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank,
+                                 clean_losses=work.run.repeated_per_sequence, intervals=work.ci)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
         work.verified, work.verified_error = None, str(error)
 
@@ -418,6 +424,8 @@ def scan(
     progress: bool | str | None = False,
     name: str | None = None,
     allow_download: bool = False,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    ci_level: float = DEFAULT_LEVEL,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -447,6 +455,8 @@ def scan(
         progress: ``True``: a bar on a terminal, one line per stage otherwise (logs, pipes); ``"bar"``,
             ``"lines"``; ``None``: a bar on a terminal, else nothing; ``False`` (default in library use): nothing.
         name: the model's name in the report (default: the name it was loaded by, else its class).
+        n_resamples, ci_level: the percentile bootstrap over the batch's sequences behind every figure's interval
+            (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
 
     Returns:
         :class:`~circuitkit.scan_types.Scan`; ``.save(dir)`` writes report.html and scores.json.
@@ -464,6 +474,7 @@ def scan(
                                           FAITHFULNESS_METHODS)
     circuit_rank = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
     roles = check_roles(DEFAULT_ROLES if roles is None else roles)
+    n_resamples, ci_level, ci_seed = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
     device = validate.device("scan: device", device)
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -496,7 +507,7 @@ def scan(
         "edges": 1 + (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST + n_patch,
     }
     bar = Progress(mode, [(stage, estimates[stage]) for stage in plan])
-    work = _Work(adapter, batch, adapter.weights())
+    work = _Work(adapter, batch, adapter.weights(), ci=(n_resamples, ci_level, ci_seed))
     try:
         bar.start("scores")
         scores_stage(work, ablation_method, resumable, with_edges, bar)
@@ -518,6 +529,10 @@ def scan(
             bar.end()
         if work.verified is not None:
             work.verified = replace(work.verified, roles=circuit_roles(work.head_scores, work.verified, roles))
+        intervals = scan_intervals(
+            head_scores=work.head_scores, run=work.run, attribution=work.attribution, ablation=work.ablation,
+            circuit_ablation=work.circuit_ablation_each, edges=getattr(work.verified, "edges", None),
+            n_resamples=n_resamples, level=ci_level, seed=ci_seed)
     finally:
         bar.close()
 
@@ -542,6 +557,8 @@ def scan(
         attribution_steps=ATTRIBUTION_STEPS,
         edge_attribution_steps=EDGE_ATTRIBUTION_STEPS if with_edges else None,
         roles=roles,
+        n_resamples=n_resamples,
+        ci_level=ci_level,
     )
     head_scores = work.head_scores
     return Scan(
@@ -565,6 +582,7 @@ def scan(
         verified=work.verified,
         verified_error=work.verified_error,
         stages=tuple(bar.ran),
+        intervals=intervals,
     )
 
 

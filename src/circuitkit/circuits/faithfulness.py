@@ -51,6 +51,7 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
 
 FAITHFULNESS_METHODS = ("mean", "zero", "resample")
 DEFAULT_TARGET = 0.8
@@ -74,6 +75,15 @@ class CurvePoint:
 
     def to_json(self) -> dict[str, Any]:
         return {"n_heads": self.n_heads, "faithfulness": self.faithfulness, "loss": self.loss}
+
+
+def _plain_interval(value: Any) -> Any:
+    """An interval (or a mapping of them) as lists of floats; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _plain_interval(v) for k, v in value.items()}
+    return [float(value[0]), float(value[1])]
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +112,10 @@ class Circuit:
     edges: Any = None
     roles: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
     ranked_by: str = "effect"  # "effect" (single-head effects) | "joint" (joint-path integrated gradients)
+    intervals: Mapping[str, Any] = field(default_factory=dict)
+    """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
+    ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
+    ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
 
     @property
     def n_heads(self) -> int:
@@ -121,6 +135,7 @@ class Circuit:
             "ranked_by": self.ranked_by,
             "roles": {role: [head_name(h) for h in heads] for role, heads in self.roles.items()},
             "edges": [] if self.edges is None else [e.to_json() for e in self.edges.edges],
+            "ci": {key: _plain_interval(value) for key, value in self.intervals.items() if key != "curve"},
         }
 
     def __repr__(self) -> str:
@@ -143,6 +158,12 @@ class Ablator:
         self.passes = 0
         self.positions = loss_positions(batch)  # the passes unembed only where the loss reads
         self.per_forward = copies_per_forward(adapter, batch.tokens, len(self.positions))
+        self._each: dict[bytes, Tensor] = {}  # ablated mask -> each sequence's loss [batch] (kept for the intervals)
+
+    def sequence_losses(self, ablated: Tensor) -> Tensor | None:
+        """Each sequence's repeated-copies loss ``[batch]`` with the heads of ``ablated`` ``[layer, head]`` ablated,
+        where a pass measured that set (their mean is :meth:`losses`' figure); else None. No extra pass."""
+        return self._each.get(_key(ablated))
 
     def losses(self, ablated: Tensor) -> list[float]:
         """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
@@ -170,10 +191,18 @@ class Ablator:
         copies = tokens.repeat(S, 1)
         with torch.no_grad():
             logits = self.adapter.run(copies, [(HOOKS.z(layer), hook) for layer in layers], positions=self.positions)
-            losses = stacked_losses(logits, copies, self.batch, S).cpu()
+            each = token_losses(logits, copies, self.batch.repeated_copies)  # as stacked_losses, kept per sequence
+            losses = each.view(S, -1).mean(dim=1).cpu()
+            each = each.view(S, B, -1).float().mean(dim=2).cpu()
         self.passes += S
+        for i in range(S):
+            self._each[_key(ablated[i])] = each[i]
         means = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
         return [float(v) for v in means]
+
+
+def _key(ablated: Tensor) -> bytes:
+    return ablated.detach().to("cpu", torch.bool).contiguous().numpy().tobytes()
 
 
 def ablation_values(adapter: ModelAdapter, batch: TokenBatch, method: str, *, z_means: dict[int, Tensor] | None = None,
@@ -363,6 +392,8 @@ def find_circuit(
     necessity: bool = True,
     rank: str = "joint",
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    ci_level: float = DEFAULT_LEVEL,
     device: str | torch.device | None = None,
 ) -> Circuit:
     """The smallest top-``n`` set of heads whose faithfulness reaches ``target`` (see the module docstring).
@@ -377,8 +408,11 @@ def find_circuit(
             ``"mean"`` otherwise).
         necessity: also measure the loss rise with only the circuit ablated (one pass).
         rank: :data:`RANKINGS` (default ``"joint"``: heads that matter together join together).
+        n_resamples, ci_level: the bootstrap intervals of the figures over the batch's sequences
+            (:attr:`Circuit.intervals`, seed 0; from the losses the search measured, no extra pass).
     """
     target = check_target("find_circuit: target", target)
+    n_resamples, ci_level, ci_seed = check_settings("find_circuit", n_resamples, ci_level, DEFAULT_SEED)
     method = validate.option("find_circuit: method", method, FAITHFULNESS_METHODS)
     necessity = validate.boolean("find_circuit: necessity", necessity)
     rank = validate.option("find_circuit: rank", rank, RANKINGS)
@@ -391,6 +425,7 @@ def find_circuit(
 
         estimate, run = attribute(adapter, batch, "zero" if method == "zero" else "mean")
         order, clean_loss, z_means = rank_heads(estimate.effect), run.repeated_loss, run.z_means
+        clean_each = run.repeated_per_sequence
     else:
         order = _ranking(ranking, spec.n_layers, spec.n_heads)
         z_means, clean_loss = None, None
@@ -398,10 +433,13 @@ def find_circuit(
     if clean_loss is None:
         with torch.no_grad():
             logits = adapter.run(batch.tokens, positions=loss_positions(batch))
-            clean_loss = float(token_losses(logits, batch.tokens, batch.repeated_copies).mean())
+            losses = token_losses(logits, batch.tokens, batch.repeated_copies)
+            clean_loss = float(losses.mean())
+            clean_each = losses.float().mean(dim=1).cpu()
         passes += 1
     return discover(Ablator(adapter, batch, values), order, target, method, clean_loss, necessity=necessity,
-                    extra_passes=passes, rank=rank)
+                    extra_passes=passes, rank=rank, clean_losses=clean_each,
+                    intervals=(n_resamples, ci_level, ci_seed))
 
 
 RANKINGS = ("joint", "effect", "auto")
@@ -416,8 +454,11 @@ the heads: there heads that matter only together are likely being missed, and th
 
 def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str, clean_loss: float, *,
              necessity: bool = True, extra_passes: int = 0, progress: Any = None, rank: str = "effect",
-             joint_steps: int = DEFAULT_JOINT_STEPS) -> Circuit:
-    """:func:`find_circuit` with the ablation values and the effect ranking at hand (the scan's entry point)."""
+             joint_steps: int = DEFAULT_JOINT_STEPS, clean_losses: Tensor | None = None,
+             intervals: tuple[int, float, int] | None = None) -> Circuit:
+    """:func:`find_circuit` with the ablation values and the effect ranking at hand (the scan's entry point).
+    ``clean_losses``: each sequence's clean repeated-copies loss ``[batch]``; with ``intervals``
+    ``(n_resamples, level, seed)`` the circuit's figures get bootstrap intervals (no extra pass)."""
     spec = ablator.adapter.spec
     N = spec.n_layers * spec.n_heads
     L, H = spec.n_layers, spec.n_heads
@@ -449,8 +490,13 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
         if progress is not None:
             progress(ablator.passes - before)
     curve = tuple(CurvePoint(k, f, loss) for k, (f, loss) in sorted(measured.items()))
+    bounds: dict[str, Any] = {}
+    if intervals is not None and clean_losses is not None:
+        from circuitkit.circuits.intervals import circuit_intervals
+
+        bounds = circuit_intervals(ablator, ranking, sorted(measured), heads, clean_losses, necessity, *intervals)
     return Circuit(heads, measured[n][0], rise, target, method, clean_loss, all_ablated, circuit_loss, curve,
-                   ranking, ablator.passes + extra_passes, ranked_by=ranked_by)
+                   ranking, ablator.passes + extra_passes, ranked_by=ranked_by, intervals=bounds)
 
 
 @keeps_model_state
