@@ -66,7 +66,8 @@ def test_synthetic_scans_validate(size, verified):
 
 def test_schema_refuses_what_the_format_forbids(zoo_scan):
     data = json.loads(json.dumps(scan_json(zoo_scan)))
-    for path, value in ((("format",), 3), (("circuit", "heads"), []), (("circuit", "ci", "faithfulness"), [0.1]), (("circuit", "target"), 1.5),
+    for path, value in ((("format",), 3), (("circuit", "heads"), []),
+                        (("circuit", "ci", "faithfulness"), [0.1]), (("circuit", "target"), 1.5),
                         (("attribution", "method"), "exact"), (("circuit", "curve"), [{"n_heads": 1}])):
         bad = json.loads(json.dumps(data))
         where = bad
