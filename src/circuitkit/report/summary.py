@@ -205,7 +205,7 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
     if answer is not None:
         text = "".join(f"<p>{s}</p>" for s in answer_html(answer))
         figures = (answer_diagram(answer) + faithfulness_curve(answer.curve, answer.target, len(answer.circuit),
-                                                               answer.n_total)) if diagram else ""
+                                                               answer.n_total, answer.curve_ci)) if diagram else ""
         return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
     story = find_story(scan)
     text = "".join(f"<p>{s}</p>" for s in sentences(scan, story))
@@ -228,6 +228,7 @@ class AnswerEdge:
     effect: float
     estimate: float | None
     composition: float | None
+    ci: tuple[float, float] | None = None  # the effect's bootstrap interval over the batch's sequences
 
     @property
     def name(self) -> str:
@@ -257,6 +258,13 @@ class Answer:
     agreement: tuple[float, int, tuple[Head, float, float] | None] | None  # (spearman, n_exact, largest miss)
     attribution: str  # "gradient" | "ig", with steps
     top_k: int = 5  # the circuit's edges named (the scan's top_k setting)
+    # bootstrap intervals over the batch's sequences ((lo, hi); None where not computed) and how they were made
+    faithfulness_ci: tuple[float, float] | None = None
+    necessity_ci: tuple[float, float] | None = None
+    curve_ci: dict[int, tuple[float, float] | None] | None = None
+    first_copy_ci: tuple[float, float] | None = None
+    repeated_copies_ci: tuple[float, float] | None = None
+    intervals: tuple[float, int, int] | None = None  # (level, n_resamples, sequences)
 
 
 def find_answer(scan: Scan) -> Answer | None:
@@ -272,8 +280,13 @@ def find_answer(scan: Scan) -> Answer | None:
     rows = data.circuit_edges(scan)
     largest = max((abs(float(r.patched)) for r in rows), default=0.0)
     carrying = [r for r in rows if largest > 0 and abs(float(r.patched)) >= CARRIES_NOTHING_FRACTION * largest]
+    bounds = getattr(scan, "intervals", None) or {}
+    circuit_bounds = getattr(verified, "intervals", None) or {}
+    edge_bounds = bounds.get("edges", {})
     edges = tuple(AnswerEdge(tuple(r.src), tuple(r.dst), str(r.channel), float(r.patched),
-                             data.number(r.attribution), data.number(r.composition)) for r in carrying)
+                             data.number(r.attribution), data.number(r.composition),
+                             edge_bounds.get((tuple(r.src), tuple(r.dst), str(r.channel))))
+                  for r in carrying)
     weight_only = tuple((tuple(r.src), tuple(r.dst), str(r.channel), data.number(r.composition),
                          *data.edge_effect(r)) for r in data.circuit_rows(scan) if getattr(r, "weight_only", False))
     members = {h for h, _ in circuit}
@@ -299,6 +312,12 @@ def find_answer(scan: Scan) -> Answer | None:
         first_copy=first, repeated_copies=repeated, agreement=agreement,
         top_k=int(scan.settings.top_k),
         attribution=f"integrated gradients, {steps} steps" if method == "ig" else "first-order gradient",
+        faithfulness_ci=circuit_bounds.get("faithfulness"), necessity_ci=circuit_bounds.get("necessity"),
+        curve_ci=circuit_bounds.get("curve"),
+        first_copy_ci=bounds.get("induction_loss", {}).get("first_copy"),
+        repeated_copies_ci=bounds.get("induction_loss", {}).get("repeated_copies"),
+        intervals=(float(getattr(settings, "ci_level", 0.95)), int(getattr(settings, "n_resamples", 0)),
+                   int(settings.batch)) if (bounds or circuit_bounds) else None,
     )
 
 
@@ -307,6 +326,13 @@ RANKED_BY = {"effect": "their single-head ablation effect", "joint": "their join
 
 def _roles_text(roles: tuple[str, ...]) -> str:
     return "/".join(ROLE_SHORT.get(r, r) for r in roles) if roles else "no role"
+
+
+def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> list[tuple[str, Any]]:
+    """The parts `` [lo, hi]`` after a figure (none without an interval)."""
+    if interval is None:
+        return []
+    return [("text", f" [{format(interval[0], fmt)}, {format(interval[1], fmt)}]")]
 
 
 def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
@@ -319,14 +345,14 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
             parts.append(("text", ", "))
         parts += [("head", head), ("text", f" {_roles_text(roles)}")]
     out.append(("Circuit", parts))
-    faith = [("num", f"{answer.faithfulness:.2f}"),
+    faith = [("num", f"{answer.faithfulness:.2f}"), *_ci(answer.faithfulness_ci),
              ("text", f" (target {answer.target:.2f}; exact: every other head {answer.method}-ablated, the circuit "
                       f"alone recovers {100 * answer.faithfulness:.0f}% of what all heads do; heads added in the "
                       f"order of {RANKED_BY.get(answer.ranked_by, answer.ranked_by)}; "
                       f"{answer.passes} forward passes)")]
     if answer.necessity is not None:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
-                  ("num", f"{answer.necessity:+.2f}"), ("text", " nats (exact)")]
+                  ("num", f"{answer.necessity:+.2f}"), *_ci(answer.necessity_ci, "+.2f"), ("text", " nats (exact)")]
     out.append(("Faithfulness", faith))
     if answer.edges:
         parts = [("text", "exact effect on the loss, path patching, nats: ")]
@@ -334,7 +360,7 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
             if i:
                 parts.append(("text", "; "))
             parts += [("head", e.src), ("text", " \u2192 "), ("head", e.dst),
-                      ("text", f" {e.channel.upper()} "), ("num", f"{e.effect:+.2f}")]
+                      ("text", f" {e.channel.upper()} "), ("num", f"{e.effect:+.2f}"), *_ci(e.ci, "+.2f")]
         if len(answer.edges) > answer.top_k:
             parts.append(("text", f"; {len(answer.edges) - answer.top_k} more"))
         if answer.n_silent:
@@ -363,7 +389,8 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
         verdict = "in-context copying works" if answer.first_copy - answer.repeated_copies > 0.5 else \
             "little in-context copying"
         out.append(("Loss", [("text", "repeated copies "), ("num", f"{answer.repeated_copies:.2f}"),
-                             ("text", " nats vs "), ("num", f"{answer.first_copy:.2f}"),
+                             *_ci(answer.repeated_copies_ci), ("text", " nats vs "),
+                             ("num", f"{answer.first_copy:.2f}"), *_ci(answer.first_copy_ci),
                              ("text", f" on the first copy ({verdict})")]))
     if answer.agreement is not None:
         spearman, n_exact, miss = answer.agreement
@@ -374,6 +401,11 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
             parts += [("text", "; largest miss "), ("head", head), ("text", " exact "), ("num", f"{exact:+.2f}"),
                       ("text", ", estimated "), ("num", f"{estimate:+.2f}")]
         out.append(("Estimates", parts))
+    if answer.intervals is not None:
+        level, resamples, sequences = answer.intervals
+        out.append(("Intervals", [("text", f"[lo, hi] beside a figure: its {100 * level:g}% percentile bootstrap "
+                                           f"interval over the batch's {sequences} sequences ({resamples} resamples, "
+                                           "seed 0; from the passes above, no extra pass)")]))
     return out
 
 
