@@ -738,9 +738,10 @@ case("circuitkit:track", lambda: {"checkpoints": [toy(), toy()], "steps": [0, 10
 
 record("circuitkit:Circuit", "result record of find_circuit() (built and checked by it)")
 case("circuitkit:find_circuit", lambda: {"model": toy(), "tokens": spec(), "target": 0.8, "method": "mean",
-     "necessity": True, "rank": "effect", "corrupt_seed": 0, "n_resamples": 20, "ci_level": 0.9, "device": "cpu"},
-     positional=("model",), model="model-loss", tokens="tokens", method="option", necessity="bool", rank="option",
-     corrupt_seed="seed", n_resamples="size>=2", ci_level="real>0", device="device?", named_kinds={"target": "real>0"},
+     "necessity": True, "rank": "effect", "corrupt_seed": 0, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
+     "stability": 0, "device": "cpu"}, positional=("model",), model="model-loss", tokens="tokens", method="option",
+     necessity="bool", rank="option", corrupt_seed="seed", n_resamples="size>=2", ci_level="real>0",
+     random_sets="size>=0", stability="size>=0", device="device?", named_kinds={"target": "real>0"},
      extra_bad={"target": [("above-one", const(1.5), STRICT), ("zero", const(0.0), STRICT)],
                 "ranking": [("not-heads", const("abc"), STRICT), ("too-few", const([(0, 0)]), STRICT)]})
 CASES["circuitkit:find_circuit"].run_valid = False  # random toy weights: no head moves the loss (a clear error)

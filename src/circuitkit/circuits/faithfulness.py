@@ -113,6 +113,10 @@ class Circuit:
     roles: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
     ranked_by: str = "effect"  # "effect" (single-head effects) | "joint" (joint-path integrated gradients)
     intervals: Mapping[str, Any] = field(default_factory=dict)
+    random_baseline: Any = None
+    """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random sets of the circuit's size (where asked for)."""
+    stability: Any = None
+    """:class:`~circuitkit.circuits.stability.Stability`: the search rerun on resampled batches (where asked for)."""
     """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
     ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
     ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
@@ -136,6 +140,8 @@ class Circuit:
             "roles": {role: [head_name(h) for h in heads] for role, heads in self.roles.items()},
             "edges": [] if self.edges is None else [e.to_json() for e in self.edges.edges],
             "ci": {key: _plain_interval(value) for key, value in self.intervals.items() if key != "curve"},
+            "random_baseline": None if self.random_baseline is None else self.random_baseline.to_json(),
+            "stability": None if self.stability is None else self.stability.to_json(),
         }
 
     def __repr__(self) -> str:
@@ -394,6 +400,8 @@ def find_circuit(
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
     n_resamples: int = DEFAULT_RESAMPLES,
     ci_level: float = DEFAULT_LEVEL,
+    random_sets: int = 0,
+    stability: int = 0,
     device: str | torch.device | None = None,
 ) -> Circuit:
     """The smallest top-``n`` set of heads whose faithfulness reaches ``target`` (see the module docstring).
@@ -410,9 +418,17 @@ def find_circuit(
         rank: :data:`RANKINGS` (default ``"joint"``: heads that matter together join together).
         n_resamples, ci_level: the bootstrap intervals of the figures over the batch's sequences
             (:attr:`Circuit.intervals`, seed 0; from the losses the search measured, no extra pass).
+        random_sets: measure the faithfulness of that many random head sets of the circuit's size, uniform and
+            with the circuit's per-layer counts (:attr:`Circuit.random_baseline`; ``2 * random_sets`` passes;
+            0: none, else at least 2).
+        stability: rerun the search on that many bootstrap resamples of the batch's sequences and report each
+            head's inclusion frequency and the circuits' mean pairwise Jaccard (:attr:`Circuit.stability`; each
+            rerun costs about what this search costs; 0: none, else at least 2).
     """
     target = check_target("find_circuit: target", target)
     n_resamples, ci_level, ci_seed = check_settings("find_circuit", n_resamples, ci_level, DEFAULT_SEED)
+    random_sets = check_repeats("find_circuit: random_sets", random_sets)
+    stability = check_repeats("find_circuit: stability", stability)
     method = validate.option("find_circuit: method", method, FAITHFULNESS_METHODS)
     necessity = validate.boolean("find_circuit: necessity", necessity)
     rank = validate.option("find_circuit: rank", rank, RANKINGS)
@@ -420,14 +436,32 @@ def find_circuit(
     adapter = adapt(model, device)
     spec = adapter.spec
     batch = as_batch(tokens, adapter)
-    if ranking is None:
+    order = None if ranking is None else _ranking(ranking, spec.n_layers, spec.n_heads)
+    found = search_batch(adapter, batch, target, method, order, necessity=necessity, rank=rank,
+                         corrupt_seed=corrupt_seed, intervals=(n_resamples, ci_level, ci_seed),
+                         random_sets=random_sets)
+    if stability:
+        from dataclasses import replace
+
+        from circuitkit.circuits.stability import rerun
+
+        found = replace(found, stability=rerun(adapter, batch, found, stability, target=target, method=method,
+                                               order=order, rank=rank, corrupt_seed=corrupt_seed))
+    return found
+
+
+def search_batch(adapter: ModelAdapter, batch: TokenBatch, target: float, method: str, order: list[Head] | None,
+                 *, necessity: bool = True, rank: str = "joint", corrupt_seed: int = DEFAULT_CORRUPT_SEED,
+                 intervals: tuple[int, float, int] | None = None, random_sets: int = 0) -> Circuit:
+    """:func:`find_circuit` on a built batch with validated arguments (``order``: every head, or None for the
+    attribution estimate's order: its forward and backward pass, 3 passes, are not in :attr:`Circuit.passes`)."""
+    if order is None:
         from circuitkit.detect.attribution import attribute
 
         estimate, run = attribute(adapter, batch, "zero" if method == "zero" else "mean")
         order, clean_loss, z_means = rank_heads(estimate.effect), run.repeated_loss, run.z_means
         clean_each = run.repeated_per_sequence
     else:
-        order = _ranking(ranking, spec.n_layers, spec.n_heads)
         z_means, clean_loss = None, None
     values, passes = ablation_values(adapter, batch, method, z_means=z_means, corrupt_seed=corrupt_seed)
     if clean_loss is None:
@@ -438,8 +472,16 @@ def find_circuit(
             clean_each = losses.float().mean(dim=1).cpu()
         passes += 1
     return discover(Ablator(adapter, batch, values), order, target, method, clean_loss, necessity=necessity,
-                    extra_passes=passes, rank=rank, clean_losses=clean_each,
-                    intervals=(n_resamples, ci_level, ci_seed))
+                    extra_passes=passes, rank=rank, clean_losses=clean_each, intervals=intervals,
+                    random_sets=random_sets)
+
+
+def check_repeats(name: str, value: Any) -> int:
+    """A count of extra measurements: 0 (none) or at least 2 (one gives no spread)."""
+    value = validate.integer(name, value, minimum=0, maximum=10_000)
+    if value == 1:
+        raise validate.fail(name, value, "0 (none) or at least 2 (a single draw has no spread)")
+    return value
 
 
 RANKINGS = ("joint", "effect", "auto")
@@ -455,10 +497,12 @@ the heads: there heads that matter only together are likely being missed, and th
 def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str, clean_loss: float, *,
              necessity: bool = True, extra_passes: int = 0, progress: Any = None, rank: str = "effect",
              joint_steps: int = DEFAULT_JOINT_STEPS, clean_losses: Tensor | None = None,
-             intervals: tuple[int, float, int] | None = None) -> Circuit:
+             intervals: tuple[int, float, int] | None = None, random_sets: int = 0) -> Circuit:
     """:func:`find_circuit` with the ablation values and the effect ranking at hand (the scan's entry point).
     ``clean_losses``: each sequence's clean repeated-copies loss ``[batch]``; with ``intervals``
-    ``(n_resamples, level, seed)`` the circuit's figures get bootstrap intervals (no extra pass)."""
+    ``(n_resamples, level, seed)`` the circuit's figures get bootstrap intervals (no extra pass).
+    ``random_sets``: that many random sets of the circuit's size per kind measured as its baseline
+    (:mod:`circuitkit.circuits.baseline`, ``2 * random_sets`` passes; 0: none)."""
     spec = ablator.adapter.spec
     N = spec.n_layers * spec.n_heads
     L, H = spec.n_layers, spec.n_heads
@@ -490,13 +534,21 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
         if progress is not None:
             progress(ablator.passes - before)
     curve = tuple(CurvePoint(k, f, loss) for k, (f, loss) in sorted(measured.items()))
+    baseline = None
+    if random_sets:
+        from circuitkit.circuits.baseline import measure
+
+        resamples, level, _ = intervals or (DEFAULT_RESAMPLES, DEFAULT_LEVEL, DEFAULT_SEED)
+        baseline = measure(ablator, heads, clean_loss, all_ablated, clean_losses, random_sets, 0, level, resamples,
+                           progress)
     bounds: dict[str, Any] = {}
     if intervals is not None and clean_losses is not None:
         from circuitkit.circuits.intervals import circuit_intervals
 
         bounds = circuit_intervals(ablator, ranking, sorted(measured), heads, clean_losses, necessity, *intervals)
     return Circuit(heads, measured[n][0], rise, target, method, clean_loss, all_ablated, circuit_loss, curve,
-                   ranking, ablator.passes + extra_passes, ranked_by=ranked_by, intervals=bounds)
+                   ranking, ablator.passes + extra_passes, ranked_by=ranked_by, intervals=bounds,
+                   random_baseline=baseline)
 
 
 @keeps_model_state
