@@ -721,9 +721,10 @@ case("circuitkit:copying_scores", lambda: {"weights": weights()}, weights=W)
 record("circuitkit:HeadEffects", "result record of ablation_effects / attribution_effects (its top() is fuzzed)")
 record("circuitkit:Scan", "result record of scan() (its top() and save() are fuzzed)")
 case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "top", "ablate_top": 2,
-     "ablation_method": "mean", "top_k": 2, "circuit": False, "n_resamples": 20, "ci_level": 0.9},
-     positional=("model",), model="model-loss?", tokens="tokens", ablate="option", ablate_top="int>=1",
-     ablation_method="option", top_k="int>=1", circuit="bool", n_resamples="size>=2", ci_level="real>0",
+     "ablation_method": "mean", "top_k": 2, "circuit": False, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
+     "stability": 0}, positional=("model",), model="model-loss?", tokens="tokens", ablate="option",
+     ablate_top="int>=1", ablation_method="option", top_k="int>=1", circuit="bool", n_resamples="size>=2",
+     ci_level="real>0", random_sets="size>=0", stability="size>=0",
      extra_bad={"ci_level": [("one", const(1.0), STRICT)]})
 
 record("circuitkit:Track", "result record of track() (built and checked by it; Track.load reads a saved one)")

@@ -100,3 +100,30 @@ def test_jaccard():
 def test_bad_counts_are_refused(model, kwargs):
     with pytest.raises(CircuitkitError):
         ck.find_circuit(model, RepeatedTokens(batch=2), **kwargs)
+
+
+def test_scan_options_are_opt_in_planned_and_reported(model, tmp_path):
+    import json
+
+    from tests.test_report_scores import validate
+
+    plain = ck.scan(model, tokens=RepeatedTokens(batch=8))
+    assert plain.verified.random_baseline is None and plain.verified.stability is None
+    assert [r.name for r in plain.stages] == ["scores", "ablate", "circuit", "weights", "edges"]
+    assert sum(r.passes for r in plain.stages) <= 33  # the default scan's cost is unchanged by the options
+    scan = ck.scan(model, tokens=RepeatedTokens(batch=8), random_sets=4, stability=3)
+    stages = {r.name: r.passes for r in scan.stages}
+    assert stages["stability"] == scan.verified.stability.passes > 0
+    assert stages["circuit"] == pytest.approx(plain.stages[2].passes + 8)  # 2 kinds x 4 sets
+    assert scan.verified.passes == plain.verified.passes
+    saved = scan.save(tmp_path)
+    data = json.loads(saved.scores.read_text())
+    validate(data)
+    assert data["circuit"]["stability"]["inclusion"] == {f"{a}.{b}": f for (a, b), f in
+                                                         scan.verified.stability.ranked()}
+    assert data["circuit"]["random_baseline"]["uniform"]["mean"] == pytest.approx(
+        scan.verified.random_baseline.uniform.mean, rel=1e-6)
+    report = saved.report.read_text()
+    assert "Stability" in report and "Random sets" in report and 'class="ck-baseline"' in report
+    for head, share in scan.verified.stability.ranked():
+        assert f'data-head="{head[0]}.{head[1]}"' in report and f"{100 * share:.0f}%" in report

@@ -213,6 +213,7 @@ class _Work:
     verified: Any = None
     verified_error: str | None = None
     ci: tuple[int, float, int] | None = None  # (n_resamples, level, seed) of the bootstrap intervals
+    random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
     circuit_ablation_each: dict[str, torch.Tensor] = field(default_factory=dict)  # label -> [batch] rises
 
 
@@ -222,18 +223,22 @@ STAGE_NAMES = {
     "circuit": "circuit search: faithfulness of the top-n heads, exactly",
     "weights": "composition and QK/OV spectra (weights only)",
     "edges": "edge attribution and exact path patching of the circuit's edges",
+    "stability": "the circuit search rerun on bootstrap resamples of the batch (opt-in)",
 }
 """The scan's stages, in order (short names that fit a progress bar; what each does)."""
 
 
-def stage_plan(ablate: str, circuit: bool, with_edges: bool) -> list[str]:
+def stage_plan(ablate: str, circuit: bool, with_edges: bool, stability: bool = False) -> list[str]:
     """The stages a scan with these settings runs, in order (``with_edges``: edge evidence applies: a circuit
-    search asked for, two layers or more, heads that add into the residual stream)."""
+    search asked for, two layers or more, heads that add into the residual stream; ``stability``: the search rerun
+    on resampled batches, after the circuit stage)."""
     plan = ["scores"]
     if ablate != "none":
         plan.append("ablate")
     if circuit:
         plan.append("circuit")
+    if circuit and stability:
+        plan.append("stability")
     plan.append("weights")
     if circuit and with_edges:
         plan.append("edges")
@@ -324,9 +329,27 @@ def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progr
     try:
         work.verified = discover(Ablator(adapter, work.batch, values), order, target, method,
                                  work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank,
-                                 clean_losses=work.run.repeated_per_sequence, intervals=work.ci)
+                                 clean_losses=work.run.repeated_per_sequence, intervals=work.ci,
+                                 random_sets=work.random_sets)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
         work.verified, work.verified_error = None, str(error)
+
+
+def stability_stage(work: _Work, n: int, target: float, method: str, rank: str, bar: Progress) -> None:
+    """The circuit search rerun on ``n`` bootstrap resamples of the batch (:mod:`circuitkit.circuits.stability`;
+    each resample ranked by its own attribution estimate and, with ``rank="joint"``, its joint path)."""
+    from circuitkit.circuits.stability import rerun
+
+    if work.verified is None:
+        return
+    stability = rerun(work.adapter, work.batch, work.verified, n, target=target, method=method, rank=rank,
+                      progress=bar.advance)
+    work.verified = replace(work.verified, stability=stability)
+
+
+def stability_estimate(n: int, n_heads_total: int, method: str, rank: str) -> float:
+    """Planned passes of ``n`` reruns: each an attribution pass (3), the mean values (1) and a circuit search."""
+    return n * (ATTRIBUTION_COST + 1 + circuit_estimate(n_heads_total, method, rank))
 
 
 def weights_stage(work: _Work, top_k: int) -> None:
@@ -426,6 +449,8 @@ def scan(
     allow_download: bool = False,
     n_resamples: int = DEFAULT_RESAMPLES,
     ci_level: float = DEFAULT_LEVEL,
+    random_sets: int = 0,
+    stability: int = 0,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -457,6 +482,12 @@ def scan(
         name: the model's name in the report (default: the name it was loaded by, else its class).
         n_resamples, ci_level: the percentile bootstrap over the batch's sequences behind every figure's interval
             (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
+        random_sets: measure that many random head sets of the circuit's size per kind (uniform, and with the
+            circuit's per-layer counts) beside the circuit (:mod:`circuitkit.circuits.baseline`; ``2 *
+            random_sets`` passes, in the circuit stage's plan; 0, the default: none).
+        stability: rerun the circuit search on that many bootstrap resamples of the batch: each head's inclusion
+            frequency and the mean pairwise Jaccard (:mod:`circuitkit.circuits.stability`; a stage of its own,
+            each rerun about one circuit search plus an attribution pass; 0, the default: none).
 
     Returns:
         :class:`~circuitkit.scan_types.Scan`; ``.save(dir)`` writes report.html and scores.json.
@@ -475,6 +506,10 @@ def scan(
     circuit_rank = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
     roles = check_roles(DEFAULT_ROLES if roles is None else roles)
     n_resamples, ci_level, ci_seed = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
+    from circuitkit.circuits.faithfulness import check_repeats
+
+    random_sets = check_repeats("scan: random_sets", random_sets)
+    stability = check_repeats("scan: stability", stability)
     device = validate.device("scan: device", device)
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -497,17 +532,18 @@ def scan(
         spec_tokens = tokens or RepeatedTokens()
         check_memory(adapter.model, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
                      bos=spec_tokens.bos is not False, circuit=circuit, device=device)
-    plan = stage_plan(ablate, circuit, with_edges)
+    plan = stage_plan(ablate, circuit, with_edges, stability > 0)
     estimates = {
         "scores": 1 + ATTRIBUTION_COST,
         # the exact set is known after the first stage; planned here at its size bound
         "ablate": {"all": n_total, "top": min(n_total, ablate_top + 4), "none": 0}[ablate],
-        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank),
+        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank) + 2 * random_sets,
+        "stability": stability_estimate(stability, n_total, faithfulness_method, circuit_rank),
         "weights": WEIGHT_STAGE_COST,
         "edges": 1 + (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST + n_patch,
     }
     bar = Progress(mode, [(stage, estimates[stage]) for stage in plan])
-    work = _Work(adapter, batch, adapter.weights(), ci=(n_resamples, ci_level, ci_seed))
+    work = _Work(adapter, batch, adapter.weights(), ci=(n_resamples, ci_level, ci_seed), random_sets=random_sets)
     try:
         bar.start("scores")
         scores_stage(work, ablation_method, resumable, with_edges, bar)
@@ -519,6 +555,10 @@ def scan(
         if circuit:
             bar.start("circuit")
             circuit_stage(work, target, faithfulness_method, circuit_rank, bar)
+            bar.end()
+        if circuit and stability:
+            bar.start("stability")
+            stability_stage(work, stability, target, faithfulness_method, circuit_rank, bar)
             bar.end()
         bar.start("weights")
         weights_stage(work, top_k)
@@ -559,6 +599,8 @@ def scan(
         roles=roles,
         n_resamples=n_resamples,
         ci_level=ci_level,
+        random_sets=random_sets,
+        stability=stability,
     )
     head_scores = work.head_scores
     return Scan(

@@ -69,6 +69,8 @@ class ScanSettings:
     roles: tuple[Role, ...] = ()
     n_resamples: int = 1000  # bootstrap resamples behind every interval
     ci_level: float = 0.95  # the intervals' confidence level
+    random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
+    stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -94,7 +94,8 @@ class Circuit:
     loss rise with only ``heads`` ablated; None where not measured); ``target``; ``method`` (how heads are ablated);
     ``clean_loss`` / ``all_ablated_loss`` / ``circuit_loss`` (nats: nothing, every head, every head outside the
     circuit ablated); ``curve``: every measured point, by ``n_heads``; ``ranking``: all heads in the order they
-    were added; ``passes``: forward passes of the batch spent (stacked copies count one each); ``edges``: exact
+    were added; ``passes``: forward passes of the batch the search spent (stacked copies count one each; the random
+    baseline's and the stability reruns' are their own); ``edges``: exact
     path patching of the edges among the circuit's heads (:class:`~circuitkit.circuits.PathPatching`) or None.
     """
 
@@ -546,8 +547,9 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
         from circuitkit.circuits.intervals import circuit_intervals
 
         bounds = circuit_intervals(ablator, ranking, sorted(measured), heads, clean_losses, necessity, *intervals)
+    search_passes = ablator.passes + extra_passes - (baseline.passes if baseline is not None else 0)
     return Circuit(heads, measured[n][0], rise, target, method, clean_loss, all_ablated, circuit_loss, curve,
-                   ranking, ablator.passes + extra_passes, ranked_by=ranked_by, intervals=bounds,
+                   ranking, search_passes, ranked_by=ranked_by, intervals=bounds,
                    random_baseline=baseline)
 
 

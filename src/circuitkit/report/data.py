@@ -47,6 +47,10 @@ UNITS = {
     "circuit.necessity": "nats: rise of the repeated-copies loss with only the circuit ablated",
     "circuit.losses": "nats",
     "circuit.passes": "forward passes of the batch",
+    "circuit.random_baseline": "faithfulness (fraction) of random head sets of the circuit's size: mean, spread (the "
+    "central range of the sets), ci (bootstrap over sequences)",
+    "circuit.stability": "inclusion: share of bootstrap-resampled circuits holding the head; jaccard: mean pairwise "
+    "Jaccard of those circuits, in [0, 1]",
     "circuit.edges.effect": "nats: exact change of the repeated-copies loss, path patching",
     "circuit.edges.estimate": "nats: first-order estimate (edge attribution), not a measurement",
     "evidence.rows": "composition: ratio; attribution (estimate) and patched (exact): nats",
@@ -356,6 +360,10 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
             for r in circuit_edges(scan)
         ],
     }
+    for key in ("random_baseline", "stability"):  # opt-in measurements, only where asked for
+        found = getattr(verified, key, None)
+        if found is not None:
+            out[key] = plain(found.to_json())
     if bounds:
         out["ci"] = {"faithfulness": interval(bounds.get("faithfulness")),
                      "necessity": interval(bounds.get("necessity")),

@@ -205,7 +205,8 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
     if answer is not None:
         text = "".join(f"<p>{s}</p>" for s in answer_html(answer))
         figures = (answer_diagram(answer) + faithfulness_curve(answer.curve, answer.target, len(answer.circuit),
-                                                               answer.n_total, answer.curve_ci)) if diagram else ""
+                                                               answer.n_total, answer.curve_ci,
+                                                               _baseline_mark(answer))) if diagram else ""
         return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
     story = find_story(scan)
     text = "".join(f"<p>{s}</p>" for s in sentences(scan, story))
@@ -214,6 +215,15 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
         text = f"<p><b>No circuit found by faithfulness:</b> {_esc(error)}</p>" + text
     figure = circuit_diagram(story) if diagram else ""
     return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figure}</div>'
+
+
+def _baseline_mark(answer: Any) -> tuple[float, float, float] | None:
+    """``(mean, lo, hi)`` of the uniform random sets for the curve: the interval, else the sets' spread."""
+    baseline = getattr(answer, "random_baseline", None)
+    if baseline is None:
+        return None
+    low, high = baseline.uniform.interval or baseline.uniform.spread
+    return baseline.uniform.mean, low, high
 
 
 # ---------------------------------------------------------------------------------------------- the answer
@@ -265,6 +275,8 @@ class Answer:
     first_copy_ci: tuple[float, float] | None = None
     repeated_copies_ci: tuple[float, float] | None = None
     intervals: tuple[float, int, int] | None = None  # (level, n_resamples, sequences)
+    random_baseline: Any = None  # circuits.baseline.RandomBaseline where measured
+    stability: Any = None  # circuits.stability.Stability where measured
 
 
 def find_answer(scan: Scan) -> Answer | None:
@@ -318,6 +330,7 @@ def find_answer(scan: Scan) -> Answer | None:
         repeated_copies_ci=bounds.get("induction_loss", {}).get("repeated_copies"),
         intervals=(float(getattr(settings, "ci_level", 0.95)), int(getattr(settings, "n_resamples", 0)),
                    int(settings.batch)) if (bounds or circuit_bounds) else None,
+        random_baseline=getattr(verified, "random_baseline", None), stability=getattr(verified, "stability", None),
     )
 
 
@@ -354,6 +367,27 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
                   ("num", f"{answer.necessity:+.2f}"), *_ci(answer.necessity_ci, "+.2f"), ("text", " nats (exact)")]
     out.append(("Faithfulness", faith))
+    if answer.random_baseline is not None:
+        baseline = answer.random_baseline
+        parts = [("text", f"faithfulness of {baseline.n_sets} random sets of {baseline.size} heads: uniform ")]
+        for i, kind in enumerate((baseline.uniform, baseline.layered)):
+            if i:
+                parts.append(("text", "; with the circuit's heads per layer "))
+            parts += [("num", f"{kind.mean:.2f}"), *_ci(kind.interval),
+                      ("text", f" (sets from {kind.spread[0]:.2f} to {kind.spread[1]:.2f})")]
+        parts.append(("text", f" ({baseline.passes} forward passes)"))
+        out.append(("Random sets", parts))
+    if answer.stability is not None:
+        stability = answer.stability
+        parts = [("text", f"rerun on {stability.n_resamples} bootstrap resamples of the batch, mean pairwise "
+                          "Jaccard "), ("num", "n/a" if stability.jaccard is None else f"{stability.jaccard:.2f}"),
+                 ("text", " (stable from 0.80); heads in the resampled circuits: ")]
+        for i, (head, share) in enumerate(stability.ranked()[:MAX_EDGES]):
+            if i:
+                parts.append(("text", ", "))
+            parts += [("head", head), ("text", " "), ("num", f"{100 * share:.0f}%")]
+        parts.append(("text", f" ({stability.passes} forward passes)"))
+        out.append(("Stability", parts))
     if answer.edges:
         parts = [("text", "exact effect on the loss, path patching, nats: ")]
         for i, e in enumerate(answer.edges[:answer.top_k]):
