@@ -119,3 +119,17 @@ def test_intervals_are_deterministic_and_use_the_settings(scan, model):
 def test_bad_interval_settings_are_refused(model, kwargs):
     with pytest.raises(CircuitkitError):
         ck.scan(model, tokens=RepeatedTokens(batch=2), circuit=False, **kwargs)
+
+
+def test_a_score_undefined_on_some_resample_gets_no_interval():
+    """A sequence without a target row contributes 0 / 0; resamples of only such sequences leave the score
+    undefined, so it gets no interval (never a NaN interval, never an error that stops the scan)."""
+    from circuitkit.scan_intervals import head_score_intervals
+
+    generator = torch.Generator().manual_seed(0)
+    attention = torch.rand(4, 2, 3, generator=generator)
+    attention[:3] = 0
+    out = head_score_intervals({"sparse": (attention, torch.tensor([0.0, 0.0, 0.0, 5.0])),
+                                "dense": (torch.rand(4, 2, 3, generator=generator), torch.full((4,), 5.0))},
+                               200, 0.95, 0)
+    assert "sparse" not in out and out["dense"][0].shape == (2, 3)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from circuitkit.errors import CircuitkitError
 from circuitkit.uncertainty import bootstrap_ci, ratio_of_means
 
 Interval = tuple[Any, Any]
@@ -50,7 +51,10 @@ def head_score_intervals(per_sequence: Mapping[str, tuple[Tensor, Tensor]], n_re
         values = torch.stack([attention.double(), rows.double()[:, None, None].expand_as(attention)], dim=1)
         if not bool(torch.isfinite(values).all()):  # NaN attention (reported with a warning): no interval
             continue
-        out[name] = bootstrap_ci(values, n_resamples, level, seed, statistic=ratio_of_means)
+        try:
+            out[name] = bootstrap_ci(values, n_resamples, level, seed, statistic=ratio_of_means)
+        except CircuitkitError:  # some resample holds only sequences without a target row: no interval
+            continue
     return out
 
 

@@ -414,9 +414,11 @@ class Column:
     lo: float
     hi: float
     top: tuple[int, ...]  # flat indices of the best heads (highlighted)
+    interval: tuple[Tensor, Tensor] | None = None  # (lo, hi) [layer, head]: bootstrap interval over sequences
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        bounds = {} if self.interval is None else {"ci_lo": flat(self.interval[0]), "ci_hi": flat(self.interval[1])}
+        return {**bounds,
             "key": self.key,
             "short": self.short,
             "description": self.description,
@@ -440,6 +442,7 @@ def columns(scan: Scan) -> list[Column]:
     hs = scan.head_scores
     definitions = getattr(hs, "definitions", {})
     k = marked_top(scan)
+    bounds = getattr(scan, "intervals", None) or {}
     out = []
     for name in hs:
         definition = definitions.get(name)
@@ -462,6 +465,7 @@ def columns(scan: Scan) -> list[Column]:
                 lo=min(lo, neutral),
                 hi=max(hi, neutral),
                 top=_top_flat(values, k),
+                interval=bounds.get("head_scores", {}).get(name),
             )
         )
     for kind, short, description in (
@@ -479,7 +483,8 @@ def columns(scan: Scan) -> list[Column]:
         lo, hi = _range(values)
         bound = max(abs(lo), abs(hi), 1e-12)
         description = f"{description} ({effects.method} ablation)"
-        out.append(Column(kind, short, description, values, 0.0, -bound, bound, _top_flat(values, k)))
+        out.append(Column(kind, short, description, values, 0.0, -bound, bound, _top_flat(values, k),
+                          bounds.get(kind)))
     return out
 
 
