@@ -338,12 +338,13 @@ def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progr
 def stability_stage(work: _Work, n: int, target: float, method: str, rank: str, bar: Progress) -> None:
     """The circuit search rerun on ``n`` bootstrap resamples of the batch (:mod:`circuitkit.circuits.stability`;
     each resample ranked by its own attribution estimate and, with ``rank="joint"``, its joint path)."""
+    from circuitkit.circuits.faithfulness import DEFAULT_CORRUPT_SEED, resampled_search
     from circuitkit.circuits.stability import rerun
 
     if work.verified is None:
         return
-    stability = rerun(work.adapter, work.batch, work.verified, n, target=target, method=method, rank=rank,
-                      progress=bar.advance)
+    search = resampled_search(target, method, None, rank, DEFAULT_CORRUPT_SEED)
+    stability = rerun(work.adapter, work.batch, n, search, progress=bar.advance)
     work.verified = replace(work.verified, stability=stability)
 
 

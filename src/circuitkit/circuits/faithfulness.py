@@ -44,6 +44,8 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.intervals import circuit_intervals
+from circuitkit.circuits.intervals import head_mask as _mask
 from circuitkit.detect.ablation import check_heads, copies_per_forward
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
@@ -256,14 +258,6 @@ def faithfulness_of(all_ablated: float, kept: float, clean: float) -> float:
     return (all_ablated - kept) / gap
 
 
-def _mask(heads: Iterable[Head], n_layers: int, n_heads: int, *, keep: bool) -> Tensor:
-    """``[layer, head]`` bool: True where a head is ablated (``keep``: every head but ``heads``; else ``heads``)."""
-    inside = torch.zeros(n_layers, n_heads, dtype=torch.bool)
-    for layer, head in heads:
-        inside[layer, head] = True
-    return ~inside if keep else inside
-
-
 def geometric_sizes(n_total: int) -> list[int]:
     """``1, 2, 4, ...`` below ``n_total``, then ``n_total``."""
     sizes, n = [], 1
@@ -446,9 +440,22 @@ def find_circuit(
 
         from circuitkit.circuits.stability import rerun
 
-        found = replace(found, stability=rerun(adapter, batch, found, stability, target=target, method=method,
-                                               order=order, rank=rank, corrupt_seed=corrupt_seed))
+        found = replace(found, stability=rerun(adapter, batch, stability, resampled_search(
+            target, method, order, rank, corrupt_seed)))
     return found
+
+
+def resampled_search(target: float, method: str, order: list[Head] | None, rank: str, corrupt_seed: int) -> Any:
+    """``(adapter, batch) -> (Circuit, passes)``: the search :func:`find_circuit` runs, on another batch (no
+    necessity, no intervals), with its cost in forward passes (the attribution ranking's 3 included where it ran);
+    what :mod:`circuitkit.circuits.stability` reruns on each resample."""
+
+    def search(adapter: ModelAdapter, batch: TokenBatch) -> tuple[Circuit, float]:
+        found = search_batch(adapter, batch, target, method, order, necessity=False, rank=rank,
+                             corrupt_seed=corrupt_seed)
+        return found, found.passes + (3 if order is None else 0)
+
+    return search
 
 
 def search_batch(adapter: ModelAdapter, batch: TokenBatch, target: float, method: str, order: list[Head] | None,
@@ -544,8 +551,6 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
                            progress)
     bounds: dict[str, Any] = {}
     if intervals is not None and clean_losses is not None:
-        from circuitkit.circuits.intervals import circuit_intervals
-
         bounds = circuit_intervals(ablator, ranking, sorted(measured), heads, clean_losses, necessity, *intervals)
     search_passes = ablator.passes + extra_passes - (baseline.passes if baseline is not None else 0)
     return Circuit(heads, measured[n][0], rise, target, method, clean_loss, all_ablated, circuit_loss, curve,

@@ -16,7 +16,7 @@ The curve's end points are fixed by definition (``n = 0``: 0, every head: 1) and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,14 @@ from torch import Tensor
 from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import Head
 from circuitkit.uncertainty import bootstrap_ci
+
+
+def head_mask(heads: Iterable[Head], n_layers: int, n_heads: int, *, keep: bool) -> Tensor:
+    """``[layer, head]`` bool: True where a head is ablated (``keep``: every head but ``heads``; else ``heads``)."""
+    inside = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    for layer, head in heads:
+        inside[layer, head] = True
+    return ~inside if keep else inside
 
 
 def faithfulness_ratio(means: Tensor) -> Tensor:
@@ -54,15 +62,13 @@ def circuit_intervals(ablator: Any, ranking: Sequence[Head], curve_sizes: Sequen
     """The intervals of a search's figures: ``faithfulness``, ``necessity`` (where measured), ``losses``
     (``clean``, ``all_ablated``, ``circuit_only``) and ``curve`` (``n_heads -> interval``). Empty where the
     batch has one sequence or a set's per-sequence losses were not kept."""
-    from circuitkit.circuits.faithfulness import _mask
-
     spec = ablator.adapter.spec
     L, H = spec.n_layers, spec.n_heads
     if clean_each is None or clean_each.numel() < 2:
         return {}
     clean_each = clean_each.float().cpu()
     all_each = ablator.sequence_losses(torch.ones(L, H, dtype=torch.bool))
-    kept_each = ablator.sequence_losses(_mask(heads, L, H, keep=True))
+    kept_each = ablator.sequence_losses(head_mask(heads, L, H, keep=True))
     if all_each is None or kept_each is None:
         return {}
     out: dict[str, Any] = {
@@ -78,14 +84,14 @@ def circuit_intervals(ablator: Any, ranking: Sequence[Head], curve_sizes: Sequen
         elif n == N:
             out["curve"][n] = (1.0, 1.0)
         else:
-            each = ablator.sequence_losses(_mask(ranking[:n], L, H, keep=True))
+            each = ablator.sequence_losses(head_mask(ranking[:n], L, H, keep=True))
             if each is not None:
                 out["curve"][n] = faithfulness_interval(all_each, each, clean_each, n_resamples, level, seed)
     if necessity:
-        removed = ablator.sequence_losses(_mask(heads, L, H, keep=False))
+        removed = ablator.sequence_losses(head_mask(heads, L, H, keep=False))
         if removed is not None:
             out["necessity"] = mean_interval(removed - clean_each, n_resamples, level, seed)
     return out
 
 
-__all__ = ["circuit_intervals", "faithfulness_interval", "faithfulness_ratio", "mean_interval"]
+__all__ = ["circuit_intervals", "faithfulness_interval", "faithfulness_ratio", "head_mask", "mean_interval"]

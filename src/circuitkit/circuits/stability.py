@@ -20,6 +20,7 @@ about ``2 log2(circuit size)`` search passes, one for the mean values, the joint
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ class Stability:
     inclusion: Tensor
     jaccard: float | None
     faithfulness: tuple[float | None, ...]
-    passes: int
+    passes: float
 
     @property
     def stable(self) -> bool:
@@ -97,22 +98,19 @@ def resampled_batch(batch: TokenBatch, counts: Tensor) -> TokenBatch:
     return TokenBatch(batch.tokens[index], batch.block_len, batch.n_repeats, batch.bos)
 
 
-def rerun(adapter: Any, batch: TokenBatch, circuit: Any, n_resamples: int, *, target: float, method: str,
-          order: list[Head] | None = None, rank: str = "joint", corrupt_seed: int = 1, seed: int = 0,
-          progress: Any = None) -> Stability:
-    """:class:`Stability` of ``circuit``'s search: the search rerun on ``n_resamples`` resamples of ``batch``
-    (``order``: a fixed ranking, else each resample's attribution estimate). ``progress(passes)`` after each."""
-    from circuitkit.circuits.faithfulness import search_batch
-
+def rerun(adapter: Any, batch: TokenBatch, n_resamples: int, search: Callable[[Any, TokenBatch], tuple[Any, float]],
+          *, seed: int = 0, progress: Any = None) -> Stability:
+    """:class:`Stability` of a search: ``search(adapter, batch) -> (Circuit, passes)`` (e.g.
+    :func:`circuitkit.circuits.faithfulness.resampled_search`) rerun on ``n_resamples`` resamples of ``batch``.
+    ``progress(passes)`` after each."""
     spec = adapter.spec
     counts = resample_counts(batch.tokens.shape[0], n_resamples, seed)
     circuits: list[tuple[Head, ...] | None] = []
     faithfulness: list[float | None] = []
-    passes = 0
+    passes = 0.0
     for row in counts:
         try:
-            found = search_batch(adapter, resampled_batch(batch, row), target, method, order, necessity=False,
-                                 rank=rank, corrupt_seed=corrupt_seed)
+            found, spent = search(adapter, resampled_batch(batch, row))
         except CircuitkitError:  # no head moves this resample's loss: no circuit on it
             circuits.append(None)
             faithfulness.append(None)
@@ -120,7 +118,6 @@ def rerun(adapter: Any, batch: TokenBatch, circuit: Any, n_resamples: int, *, ta
         else:
             circuits.append(tuple(found.heads))
             faithfulness.append(float(found.faithfulness))
-            spent = found.passes + (ATTRIBUTION_PASSES if order is None else 0)
         passes += spent
         if progress is not None:
             progress(spent)
