@@ -13,10 +13,15 @@ The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which 
              agreement of estimate and exact; the called heads ablated together
     circuit  the verified circuit: heads ranked by their joint-path attribution (or by exact ablation where
              measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
-             exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity
+             exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity; with ``random_sets``, random
+             head sets of its size measured beside it (2 passes a set pair)
+    stability  (opt-in, ``stability=N``) the circuit search rerun on N bootstrap resamples of the batch
     weights  Q/K/V composition + random baselines + top edges, QK/OV spectra (weights only, no forward pass)
     edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
              heads; then the roles the evidence gives the circuit's heads (:func:`circuit_roles`)
+
+Every figure that is a mean over the batch gets a bootstrap interval from per-sequence values the stages kept
+(:mod:`circuitkit.scan_intervals`; no extra pass).
 
 Progress (:class:`Progress`) is planned in forward passes from these stages, corrected to the measured cost as
 each stage ends (the bar ends at 100%); without a terminal it prints one line per stage.
@@ -39,7 +44,7 @@ from typing import Any
 import torch
 
 from circuitkit import validate
-from circuitkit.circuits.faithfulness import DEFAULT_TARGET
+from circuitkit.circuits.faithfulness import DEFAULT_TARGET, check_repeats
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each, together_cost
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
@@ -221,9 +226,9 @@ STAGE_NAMES = {
     "scores": "one forward + backward pass: pattern scores, loss, every head's attribution estimate",
     "ablate": "exact ablation of the chosen heads, then the called heads together",
     "circuit": "circuit search: faithfulness of the top-n heads, exactly",
+    "stability": "the circuit search rerun on bootstrap resamples of the batch (opt-in)",
     "weights": "composition and QK/OV spectra (weights only)",
     "edges": "edge attribution and exact path patching of the circuit's edges",
-    "stability": "the circuit search rerun on bootstrap resamples of the batch (opt-in)",
 }
 """The scan's stages, in order (short names that fit a progress bar; what each does)."""
 
@@ -507,8 +512,6 @@ def scan(
     circuit_rank = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
     roles = check_roles(DEFAULT_ROLES if roles is None else roles)
     n_resamples, ci_level, ci_seed = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
-    from circuitkit.circuits.faithfulness import check_repeats
-
     random_sets = check_repeats("scan: random_sets", random_sets)
     stability = check_repeats("scan: stability", stability)
     device = validate.device("scan: device", device)
