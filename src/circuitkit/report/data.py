@@ -225,7 +225,10 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     ``ablation_method``), ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
     (mode -> random baseline and top edges), ``circuit`` (the verified circuit: ``heads``, ``faithfulness``,
     ``necessity``, ``curve``, ``roles``, ``edges`` with exact effects; null when not found, with
-    ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``.
+    ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``; where the scan has bootstrap
+    intervals, ``ci: [lo, hi]`` beside each figure over the batch (``induction_loss.ci``, ``attribution.ci``,
+    ``ablation.ci``, each ``top_heads`` record, ``circuit.ci``, each curve point and circuit edge), and
+    ``head_scores_ci``, ``circuit_ablation_ci`` and ``uncertainty`` (how the intervals were made).
     """
     from circuitkit import __version__
 
