@@ -127,3 +127,12 @@ def test_scan_options_are_opt_in_planned_and_reported(model, tmp_path):
     assert "Stability" in report and "Random sets" in report and 'class="ck-baseline"' in report
     for head, share in scan.verified.stability.ranked():
         assert f'data-head="{head[0]}.{head[1]}"' in report and f"{100 * share:.0f}%" in report
+
+
+def test_stability_is_a_planned_stage_after_the_circuit():
+    from circuitkit.pipeline import STAGE_NAMES, stability_estimate, stage_plan
+
+    assert stage_plan("top", True, True, True) == ["scores", "ablate", "circuit", "stability", "weights", "edges"]
+    assert "stability" not in stage_plan("top", False, False, True) and "stability" in STAGE_NAMES
+    assert stability_estimate(0, 8, "mean", "joint") == 0
+    assert stability_estimate(20, 8, "mean", "joint") == pytest.approx(20 * stability_estimate(1, 8, "mean", "joint"))
