@@ -156,9 +156,12 @@ def sentences(scan: Scan, story: Story) -> list[str]:
     if story.first_copy is not None and story.repeated_copies is not None:
         drop = story.first_copy - story.repeated_copies
         verdict = "in-context copying works" if drop > 0.5 else "little in-context copying"
+        bounds = (getattr(scan, "intervals", None) or {}).get("induction_loss", {})
+        repeated_ci, first_ci = (_esc("".join(v for _, v in _ci(bounds.get(key))))
+                                 for key in ("repeated_copies", "first_copy"))
         out.append(
-            f"<b>Loss</b> on the repeated copies <b>{_num(story.repeated_copies)}</b> nats vs "
-            f"<b>{_num(story.first_copy)}</b> on the first copy ({verdict})."
+            f"<b>Loss</b> on the repeated copies <b>{_num(story.repeated_copies)}</b>{repeated_ci} nats vs "
+            f"<b>{_num(story.first_copy)}</b>{first_ci} on the first copy ({verdict})."
         )
     removal = [(h, v, kind) for h, v, kind in story.removal if v is not None]
     if removal:
