@@ -40,6 +40,10 @@ def test_per_sequence_values_average_to_the_figures(scan):
                               rtol=SUM_TOLERANCE, atol=SUM_TOLERANCE)
     for name, (attention, rows) in scan.head_scores.per_sequence.items():
         assert torch.allclose(attention.sum(dim=0) / rows.sum(), scan.head_scores[name], atol=SUM_TOLERANCE)
+    clean = float(scan.induction_loss.repeated_copies)
+    for edge in scan.verified.edges.edges:  # each patched edge's per-sequence losses average to its patched loss
+        assert float(edge.patched_each.mean()) == pytest.approx(edge.patched, rel=SUM_TOLERANCE)
+        assert edge.clean == pytest.approx(clean, rel=SUM_TOLERANCE)
 
 
 def test_exact_ablation_per_sequence_equals_one_sequence_batches(scan, model):
