@@ -901,6 +901,11 @@ case("circuitkit:composition_baseline", lambda: {"weights": weights(), "mode": "
      weights=W, mode="option", n_samples="size>=2", seed="seed")
 case("circuitkit:top_edges", lambda: {"scores": comp_scores(), "k": 3}, scores="tensor", k="int>=1")
 record("circuitkit:Edge", "result record of top_edges")
+case("circuitkit:bootstrap_ci", lambda: {"values": torch.randn(6, 2), "n_resamples": 50, "level": 0.9, "seed": 0,
+     "statistic": None}, positional=("values",), values="tensor-any-rank", n_resamples="size>=2", level="real>0",
+     seed="seed", statistic="callable?",
+     extra_bad={"values": [("one-sequence", const(torch.ones(1, 2)), STRICT)],
+                "level": [("one", const(1.0), STRICT), ("above-one", const(1.5), STRICT)]})
 record("circuitkit:CircuitkitError", "the error type itself")
 record("circuitkit.theory:FeatureMap", "a typing.Literal alias of option strings (fuzzed as feature_map=)")
 record("circuitkit:CompositionBaseline", "result record of composition_baseline")
@@ -922,10 +927,13 @@ case("circuitkit:copying_scores", lambda: {"weights": weights()}, weights=W)
 record("circuitkit:HeadEffects", "result record of ablation_effects / attribution_effects (its top() is fuzzed)")
 record("circuitkit:Scan", "result record of scan() (its top() and save() are fuzzed)")
 case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "top", "ablate_top": 2,
-     "ablation_method": "mean", "top_k": 2, "circuit": False}, positional=("model",), model="model-loss?",
-     tokens="tokens", ablate="option", ablate_top="int>=1", ablation_method="option", top_k="int>=1",
-     circuit="bool", extra_bad={"roles": [*ENDLESS, ("blank-name", const([(" ", "induction")]), STRICT),
-                                          ("tab-name", const([("\t", "induction")]), STRICT)]})
+     "ablation_method": "mean", "top_k": 2, "circuit": False, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
+     "stability": 0}, positional=("model",), model="model-loss?", tokens="tokens", ablate="option",
+     ablate_top="int>=1", ablation_method="option", top_k="int>=1", circuit="bool", n_resamples="size>=2",
+     ci_level="real>0", random_sets="size>=0", stability="size>=0",
+     extra_bad={"ci_level": [("one", const(1.0), STRICT)],
+                "roles": [*ENDLESS, ("blank-name", const([(" ", "induction")]), STRICT),
+                          ("tab-name", const([("\t", "induction")]), STRICT)]})
 
 record("circuitkit:Track", "result record of track() (built and checked by it; Track.load reads a saved one)")
 case("circuitkit:track", lambda: {"checkpoints": [toy(), toy()], "steps": [0, 100], "tokens": spec(), "top_k": 2,
@@ -954,9 +962,10 @@ case("circuitkit.tracking:step_from_name", lambda: {"name": "step100"}, name="te
 
 record("circuitkit:Circuit", "result record of find_circuit() (built and checked by it)")
 case("circuitkit:find_circuit", lambda: {"model": toy(), "tokens": spec(), "target": 0.8, "method": "mean",
-     "necessity": True, "rank": "effect", "corrupt_seed": 0, "device": "cpu"}, positional=("model",),
-     model="model-loss", tokens="tokens", method="option", necessity="bool", rank="option",
-     corrupt_seed="seed", device="device?", named_kinds={"target": "real>0"},
+     "necessity": True, "rank": "effect", "corrupt_seed": 0, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
+     "stability": 0, "device": "cpu"}, positional=("model",), model="model-loss", tokens="tokens", method="option",
+     necessity="bool", rank="option", corrupt_seed="seed", n_resamples="size>=2", ci_level="real>0",
+     random_sets="size>=0", stability="size>=0", device="device?", named_kinds={"target": "real>0"},
      extra_bad={"target": [("above-one", const(1.5), STRICT), ("zero", const(0.0), STRICT)],
                 "ranking": [("not-heads", const("abc"), STRICT), ("too-few", const([(0, 0)]), STRICT)]})
 CASES["circuitkit:find_circuit"].run_valid = False  # random toy weights: no head moves the loss (a clear error)
@@ -1800,6 +1809,16 @@ def non_finite(value: Any, path: str = "result", depth: int = 0) -> str | None:
     if name == "HeadEffects" and value.exact is not None:  # NaN marks heads that were not ablated (documented)
         return non_finite(value.effect[value.exact], f"{path}.effect[exact]", depth + 1) or (
             None if bool((value.effect[~value.exact].isnan()).all()) else f"{path}.effect[~exact] (expected NaN)")
+    if name == "Scan" and value.ablation is not None and "ablation" in value.intervals:
+        # the ablation's interval is NaN where the head was not ablated, as its effect is (documented)
+        exact = value.ablation.exact
+        low, high = value.intervals["ablation"]
+        if not bool(low[~exact].isnan().all() and high[~exact].isnan().all()):
+            return f"{path}.intervals['ablation'][~exact] (expected NaN)"
+        rest = replace(value, intervals={**value.intervals, "ablation": (low[exact], high[exact])})
+        return non_finite(rest.intervals, f"{path}.intervals", depth + 1) or next(
+            (found for f in fields(value) if f.name != "intervals"
+             for found in [non_finite(getattr(value, f.name), f"{path}.{f.name}", depth + 1)] if found), None)
     if name == "EdgeAttribution":  # NaN marks src layer >= dst layer, which are not edges (documented)
         layers = value.scores.shape[0]
         edge = torch.arange(layers)[:, None, None, None, None] < torch.arange(layers)[None, None, :, None, None]

@@ -201,7 +201,7 @@ def test_strongest_edges_against_a_sorting_oracle():
 
 def test_scores_json_holds_every_score_and_the_causal_checks(scan):
     data = json.loads(json.dumps(scan_json(scan), allow_nan=False))
-    assert data["format"] == 3 and data["model"]["n_heads"] == 4 and data["settings"]["block_len"] == 6
+    assert data["format"] == 4 and data["model"]["n_heads"] == 4 and data["settings"]["block_len"] == 6
     for name, values in scan.head_scores.items():
         assert sum(data["head_scores"][name], []) == pytest.approx(values.flatten().tolist(), rel=JSON_RTOL)
         assert data["scores"][name]["short"] == scan.head_scores.definitions[name].short

@@ -39,7 +39,7 @@ def test_save_writes_the_report_and_its_scores(scans, tmp_path):
     assert saved.pngs == () and leftover_temporaries(saved.report.parent) == []
     # the Scan methods go through the same functions
     assert old.save(tmp_path / "c").report.read_bytes() == saved.report.read_bytes()
-    assert old.to_json()["format"] == 3 and "Induction heads" in old._repr_html_()
+    assert old.to_json()["format"] == 4 and "Induction heads" in old._repr_html_()
 
 
 @pytest.mark.parametrize("when", ["first-file", "second-file"])

@@ -1,4 +1,4 @@
-"""scores.json format 3: every written file validates against the JSON Schema shipped in the package, carries a
+"""scores.json format 4: every written file validates against the JSON Schema shipped in the package, carries a
 unit for every quantity, and the verified circuit's figures equal the scan's."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_a_real_scan_writes_valid_scores_with_its_circuit(zoo_scan, tmp_path):
     saved = zoo_scan.save(tmp_path)
     data = json.loads(saved.scores.read_text())
     validate(data)
-    assert data["format"] == JSON_FORMAT == 3 and data["units"] == UNITS
+    assert data["format"] == JSON_FORMAT == 4 and data["units"] == UNITS
     circuit, verified = data["circuit"], zoo_scan.verified
     assert circuit["heads"] == [f"{a}.{b}" for a, b in verified.heads]
     assert circuit["faithfulness"] == pytest.approx(verified.faithfulness, rel=1e-6)
@@ -44,6 +44,18 @@ def test_a_real_scan_writes_valid_scores_with_its_circuit(zoo_scan, tmp_path):
         assert edge["effect"] == pytest.approx(patched[key], rel=1e-6, abs=1e-9)
     assert data["attribution"]["method"] == "gradient" and data["attribution"]["steps"] == 1
     assert set(data["agreement"]) >= {"spearman", "largest_miss"}
+    # every figure over the batch has its interval beside it, and the interval holds the figure
+    low, high = circuit["ci"]["faithfulness"]
+    assert low <= circuit["faithfulness"] <= high
+    assert all(len(p["ci"]) == 2 for p in circuit["curve"])
+    assert all(e["ci"][0] <= e["effect"] <= e["ci"][1] for e in circuit["edges"])
+    for name, grid in data["head_scores_ci"].items():  # pattern scores; weight scores have no sample of sequences
+        definition = data["scores"][name]
+        assert (grid is None) == (definition["kind"] == "weight"), name
+        assert grid is None or len(grid) == len(data["head_scores"][name])
+    for record in data["top_heads"]["induction"] + data["top_heads"]["ablation"]:
+        assert record["ci"][0] <= record["value"] <= record["ci"][1]
+    assert data["uncertainty"]["n_resamples"] == 1000 and data["uncertainty"]["extra_passes"] == 0
 
 
 @pytest.mark.parametrize("verified", [False, True], ids=["no-circuit", "circuit"])
@@ -54,7 +66,8 @@ def test_synthetic_scans_validate(size, verified):
 
 def test_schema_refuses_what_the_format_forbids(zoo_scan):
     data = json.loads(json.dumps(scan_json(zoo_scan)))
-    for path, value in ((("format",), 2), (("circuit", "heads"), []), (("circuit", "target"), 1.5),
+    for path, value in ((("format",), 3), (("circuit", "heads"), []),
+                        (("circuit", "ci", "faithfulness"), [0.1]), (("circuit", "target"), 1.5),
                         (("attribution", "method"), "exact"), (("circuit", "curve"), [{"n_heads": 1}])):
         bad = json.loads(json.dumps(data))
         where = bad

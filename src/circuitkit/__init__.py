@@ -14,6 +14,7 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   scores are a registry (``circuitkit.detect.register``).
 - Edge-level causal evidence: :func:`path_patching`, :func:`edge_attribution` (``circuitkit.circuits``).
 - The circuit by faithfulness: :func:`find_circuit` -> :class:`Circuit`, :func:`faithfulness`.
+- Uncertainty: :func:`bootstrap_ci` (the seeded percentile bootstrap behind every interval a scan reports).
 - Training runs: :func:`track` -> :class:`Track` (head scores per checkpoint, the phase change located);
   :func:`load_checkpoint` loads one checkpoint as ``track`` does.
 - Circuits of any behaviour: ``circuitkit.tasks`` (clean/corrupted prompt pairs from lists, files or built-in
@@ -66,6 +67,7 @@ _LAZY: dict[str, str] = {
     "faithfulness": "circuitkit.circuits.faithfulness",
     "Circuit": "circuitkit.circuits.faithfulness",
     "track": "circuitkit.tracking", "Track": "circuitkit.tracking", "load_checkpoint": "circuitkit.tracking",
+    "bootstrap_ci": "circuitkit.uncertainty",
 }
 _SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report", "tasks"}
 

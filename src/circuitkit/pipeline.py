@@ -13,10 +13,15 @@ The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which 
              agreement of estimate and exact; the called heads ablated together
     circuit  the verified circuit: heads ranked by their joint-path attribution (or by exact ablation where
              measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
-             exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity
+             exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity; with ``random_sets``, random
+             head sets of its size measured beside it (2 passes a set pair)
+    stability  (opt-in, ``stability=N``) the circuit search rerun on N bootstrap resamples of the batch
     weights  Q/K/V composition + random baselines + top edges, QK/OV spectra (weights only, no forward pass)
     edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
              heads; then the roles the evidence gives the circuit's heads (:func:`circuit_roles`)
+
+Every figure that is a mean over the batch gets a bootstrap interval from per-sequence values the stages kept
+(:mod:`circuitkit.scan_intervals`; no extra pass).
 
 Progress (:class:`Progress`) is planned in passes of the batch (integers) from these stages before the first pass;
 the plan changes only where a stage's size becomes known, grows, shrinks or the stage is skipped (the edges without a
@@ -41,8 +46,8 @@ from typing import Any
 import torch
 
 from circuitkit import validate
-from circuitkit.circuits.faithfulness import DEFAULT_TARGET
-from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together
+from circuitkit.circuits.faithfulness import DEFAULT_TARGET, check_repeats
+from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
 from circuitkit.detect.attribution import attribute
@@ -54,7 +59,9 @@ from circuitkit.memory import check_memory
 from circuitkit.models.contract import ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_heads
+from circuitkit.scan_intervals import scan_intervals
 from circuitkit.scan_types import HeadEffects, ModelSummary, Role, Scan, ScanSettings, StageRecord
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
 
 ABLATE_OPTIONS = ("top", "all", "none")
 DEFAULT_ABLATE_TOP = 8
@@ -252,26 +259,33 @@ class _Work:
     evidence: Any = None
     verified: Any = None
     verified_error: str | None = None
+    ci: tuple[int, float, int] | None = None  # (n_resamples, level, seed) of the bootstrap intervals
+    random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
+    circuit_ablation_each: dict[str, torch.Tensor] = field(default_factory=dict)  # label -> [batch] rises
 
 
 STAGE_NAMES = {
     "scores": "one forward + backward pass: pattern scores, loss, every head's attribution estimate",
     "ablate": "exact ablation of the chosen heads, then the called heads together",
     "circuit": "circuit search: faithfulness of the top-n heads, exactly",
+    "stability": "the circuit search rerun on bootstrap resamples of the batch (opt-in)",
     "weights": "composition and QK/OV spectra (weights only)",
     "edges": "edge attribution and exact path patching of the circuit's edges",
 }
 """The scan's stages, in order (short names that fit a progress bar; what each does)."""
 
 
-def stage_plan(ablate: str, circuit: bool, with_edges: bool) -> list[str]:
+def stage_plan(ablate: str, circuit: bool, with_edges: bool, stability: bool = False) -> list[str]:
     """The stages a scan with these settings runs, in order (``with_edges``: edge evidence applies: a circuit
-    search asked for, two layers or more, heads that add into the residual stream)."""
+    search asked for, two layers or more, heads that add into the residual stream; ``stability``: the search rerun
+    on resampled batches, after the circuit stage)."""
     plan = ["scores"]
     if ablate != "none":
         plan.append("ablate")
     if circuit:
         plan.append("circuit")
+    if circuit and stability:
+        plan.append("stability")
     plan.append("weights")
     if circuit and with_edges:
         plan.append("edges")
@@ -344,7 +358,8 @@ def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str
     work.ablation = ablate_heads(adapter, work.run, chosen, ablation_method, resume=resumable, progress=bar.advance)
     work.agreement = agreement(work.attribution, work.ablation)
     for label, heads in groups.items():
-        work.circuit_ablation[label] = ablate_together(adapter, work.run, list(heads), ablation_method)
+        work.circuit_ablation[label], work.circuit_ablation_each[label] = ablate_together_each(
+            adapter, work.run, list(heads), ablation_method)
         bar.advance(1)
 
 
@@ -391,7 +406,9 @@ def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progr
         work.edge_tap.ctx.z_corrupt.update(values)
     try:
         work.verified = discover(Ablator(adapter, work.batch, values), order, target, method,
-                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank)
+                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank,
+                                 clean_losses=work.run.repeated_per_sequence, intervals=work.ci,
+                                 random_sets=work.random_sets)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
         work.verified, work.verified_error = None, str(error)
 
@@ -402,6 +419,24 @@ def _circuit_revision(work: _Work) -> str:
         return "no head changes the loss measurably, so the search stopped after its first pass"
     sizes = len(work.verified.curve)
     return f"the search measured {sizes} circuit sizes and stopped at {len(work.verified.heads)} heads"
+
+
+def stability_stage(work: _Work, n: int, target: float, method: str, rank: str, bar: Progress) -> None:
+    """The circuit search rerun on ``n`` bootstrap resamples of the batch (:mod:`circuitkit.circuits.stability`;
+    each resample ranked by its own attribution estimate and, with ``rank="joint"``, its joint path)."""
+    from circuitkit.circuits.faithfulness import DEFAULT_CORRUPT_SEED, resampled_search
+    from circuitkit.circuits.stability import rerun
+
+    if work.verified is None:
+        return
+    search = resampled_search(target, method, None, rank, DEFAULT_CORRUPT_SEED)
+    stability = rerun(work.adapter, work.batch, n, search, progress=bar.advance)
+    work.verified = replace(work.verified, stability=stability)
+
+
+def stability_estimate(n: int, n_heads_total: int, method: str, rank: str) -> float:
+    """Planned passes of ``n`` reruns: each an attribution pass (3), the mean values (1) and a circuit search."""
+    return int(n * (ATTRIBUTION_COST + 1 + circuit_estimate(n_heads_total, method, rank, with_edges=False)))
 
 
 def weights_stage(work: _Work, top_k: int) -> None:
@@ -499,6 +534,10 @@ def scan(
     name: str | None = None,
     allow_download: bool = False,
     task: Any = None,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    ci_level: float = DEFAULT_LEVEL,
+    random_sets: int = 0,
+    stability: int = 0,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -533,6 +572,14 @@ def scan(
             ``"docstring"``) or a task file's path: then :func:`circuitkit.tasks.scan_task` runs (node and edge
             circuits by counterfactual patching, with ``target``) and a :class:`~circuitkit.tasks.TaskScan` is
             returned.
+        n_resamples, ci_level: the percentile bootstrap over the batch's sequences behind every figure's interval
+            (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
+        random_sets: measure that many random head sets of the circuit's size per kind (uniform, and with the
+            circuit's per-layer counts) beside the circuit (:mod:`circuitkit.circuits.baseline`; ``2 *
+            random_sets`` passes, in the circuit stage's plan; 0, the default: none).
+        stability: rerun the circuit search on that many bootstrap resamples of the batch: each head's inclusion
+            frequency and the mean pairwise Jaccard (:mod:`circuitkit.circuits.stability`; a stage of its own,
+            each rerun about one circuit search plus an attribution pass; 0, the default: none).
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -551,6 +598,9 @@ def scan(
                                           FAITHFULNESS_METHODS)
     circuit_rank = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
     roles = check_roles(DEFAULT_ROLES if roles is None else roles)
+    n_resamples, ci_level, ci_seed = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
+    random_sets = check_repeats("scan: random_sets", random_sets)
+    stability = check_repeats("scan: stability", stability)
     device = validate.device("scan: device", device)
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -577,17 +627,18 @@ def scan(
         spec_tokens = tokens or RepeatedTokens()
         check_memory(adapter.model, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
                      bos=spec_tokens.bos is not False, circuit=circuit, device=device)
-    plan = stage_plan(ablate, circuit, with_edges)
+    plan = stage_plan(ablate, circuit, with_edges, stability > 0)
     reused_corrupt = circuit and faithfulness_method == "resample"  # the search's resampled run serves the edges
     estimates = {
         "scores": SCORES_STAGE_COST,
         "ablate": ablate_plan(ablate, ablate_top, n_total),  # revised once the exact set is known, saying why
-        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank, with_edges),
+        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank, with_edges) + 2 * random_sets,
+        "stability": stability_estimate(stability, n_total, faithfulness_method, circuit_rank),
         "weights": WEIGHT_STAGE_COST,
         "edges": edges_estimate(n_patch, corrupt_pass=not reused_corrupt),
     }
     bar = Progress(mode, [(stage, estimates[stage]) for stage in plan])
-    work = _Work(adapter, batch, adapter.weights())
+    work = _Work(adapter, batch, adapter.weights(), ci=(n_resamples, ci_level, ci_seed), random_sets=random_sets)
     try:
         bar.start("scores")
         scores_stage(work, ablation_method, resumable, with_edges, bar)
@@ -600,6 +651,10 @@ def scan(
             bar.start("circuit")
             circuit_stage(work, target, faithfulness_method, circuit_rank, bar)
             bar.end(_circuit_revision(work))
+        if circuit and stability:
+            bar.start("stability")
+            stability_stage(work, stability, target, faithfulness_method, circuit_rank, bar)
+            bar.end()
         bar.start("weights")
         weights_stage(work, top_k)
         bar.end()
@@ -614,6 +669,10 @@ def scan(
             bar.end()
         if work.verified is not None:
             work.verified = replace(work.verified, roles=circuit_roles(work.head_scores, work.verified, roles))
+        intervals = scan_intervals(
+            head_scores=work.head_scores, run=work.run, attribution=work.attribution, ablation=work.ablation,
+            circuit_ablation=work.circuit_ablation_each, edges=getattr(work.verified, "edges", None),
+            n_resamples=n_resamples, level=ci_level, seed=ci_seed)
     finally:
         bar.close()
 
@@ -638,6 +697,10 @@ def scan(
         attribution_steps=ATTRIBUTION_STEPS,
         edge_attribution_steps=EDGE_ATTRIBUTION_STEPS if with_edges else None,
         roles=roles,
+        n_resamples=n_resamples,
+        ci_level=ci_level,
+        random_sets=random_sets,
+        stability=stability,
     )
     head_scores = work.head_scores
     return Scan(
@@ -661,6 +724,7 @@ def scan(
         verified=work.verified,
         verified_error=work.verified_error,
         stages=tuple(bar.ran),
+        intervals=intervals,
     )
 
 

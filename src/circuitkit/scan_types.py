@@ -67,6 +67,10 @@ class ScanSettings:
     attribution_steps: int = 1
     edge_attribution_steps: int | None = None  # integration steps of the edge attribution; None: no edge evidence
     roles: tuple[Role, ...] = ()
+    n_resamples: int = 1000  # bootstrap resamples behind every interval
+    ci_level: float = 0.95  # the intervals' confidence level
+    random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
+    stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -104,6 +108,9 @@ class HeadEffects:
 
     ``effect[layer, head]``: for ``kind="attribution"`` the first-order estimate for every head; for
     ``kind="ablation"`` the exact rise where ``exact[layer, head]`` is True and NaN elsewhere (not ablated).
+    ``per_sequence`` ``[batch, layer, head]`` (where kept): each sequence's value, whose batch mean is ``effect``
+    (the exact rise of that sequence's loss; for attribution, the sequence's term of the estimate times the batch
+    size), what :mod:`circuitkit.uncertainty` resamples for the intervals; no extra pass.
     """
 
     kind: str  # "attribution" | "ablation"
@@ -111,6 +118,7 @@ class HeadEffects:
     clean_loss: float
     effect: Float[Tensor, "layer head"]
     exact: Bool[Tensor, "layer head"] | None = None
+    per_sequence: Float[Tensor, "batch layer head"] | None = None
 
     @property
     def delta(self) -> Float[Tensor, "layer head"]:
@@ -166,7 +174,9 @@ class Scan:
     - ``verified``: the circuit found by faithfulness (:class:`circuitkit.circuits.faithfulness.Circuit`: its
       heads, faithfulness, necessity, curve, exactly patched edges and roles) or None, with ``verified_error``
       saying why where the scan tried and could not (e.g. no head changes the loss);
-    - ``stages``: the stages the scan ran, with their cost in forward passes and seconds (not saved: timings).
+    - ``stages``: the stages the scan ran, with their cost in forward passes and seconds (not saved: timings);
+    - ``intervals``: the bootstrap intervals of the figures over the batch's sequences
+      (:func:`circuitkit.scan_intervals.scan_intervals`; the circuit's own are ``verified.intervals``).
     """
 
     model: ModelSummary
@@ -189,6 +199,7 @@ class Scan:
     verified: Any | None = None
     verified_error: str | None = None
     stages: tuple[StageRecord, ...] = ()
+    intervals: Mapping[str, Any] = field(default_factory=dict)
 
     def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
         """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""

@@ -44,6 +44,8 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.intervals import circuit_intervals
+from circuitkit.circuits.intervals import head_mask as _mask
 from circuitkit.detect.ablation import check_heads, copies_per_forward
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
@@ -51,6 +53,7 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
 
 FAITHFULNESS_METHODS = ("mean", "zero", "resample")
 DEFAULT_TARGET = 0.8
@@ -76,6 +79,15 @@ class CurvePoint:
         return {"n_heads": self.n_heads, "faithfulness": self.faithfulness, "loss": self.loss}
 
 
+def _plain_interval(value: Any) -> Any:
+    """An interval (or a mapping of them) as lists of floats; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _plain_interval(v) for k, v in value.items()}
+    return [float(value[0]), float(value[1])]
+
+
 @dataclass(frozen=True, eq=False)
 class Circuit:
     """A circuit found by :func:`find_circuit`.
@@ -84,7 +96,8 @@ class Circuit:
     loss rise with only ``heads`` ablated; None where not measured); ``target``; ``method`` (how heads are ablated);
     ``clean_loss`` / ``all_ablated_loss`` / ``circuit_loss`` (nats: nothing, every head, every head outside the
     circuit ablated); ``curve``: every measured point, by ``n_heads``; ``ranking``: all heads in the order they
-    were added; ``passes``: forward passes of the batch spent (stacked copies count one each); ``edges``: exact
+    were added; ``passes``: forward passes of the batch the search spent (stacked copies count one each; the random
+    baseline's and the stability reruns' are their own); ``edges``: exact
     path patching of the edges among the circuit's heads (:class:`~circuitkit.circuits.PathPatching`) or None.
     """
 
@@ -102,6 +115,14 @@ class Circuit:
     edges: Any = None
     roles: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
     ranked_by: str = "effect"  # "effect" (single-head effects) | "joint" (joint-path integrated gradients)
+    intervals: Mapping[str, Any] = field(default_factory=dict)
+    random_baseline: Any = None
+    """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random sets of the circuit's size (where asked for)."""
+    stability: Any = None
+    """:class:`~circuitkit.circuits.stability.Stability`: the search rerun on resampled batches (where asked for)."""
+    """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
+    ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
+    ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
 
     @property
     def n_heads(self) -> int:
@@ -121,6 +142,9 @@ class Circuit:
             "ranked_by": self.ranked_by,
             "roles": {role: [head_name(h) for h in heads] for role, heads in self.roles.items()},
             "edges": [] if self.edges is None else [e.to_json() for e in self.edges.edges],
+            "ci": {key: _plain_interval(value) for key, value in self.intervals.items() if key != "curve"},
+            "random_baseline": None if self.random_baseline is None else self.random_baseline.to_json(),
+            "stability": None if self.stability is None else self.stability.to_json(),
         }
 
     def __repr__(self) -> str:
@@ -143,6 +167,12 @@ class Ablator:
         self.passes = 0
         self.positions = loss_positions(batch)  # the passes unembed only where the loss reads
         self.per_forward = copies_per_forward(adapter, batch.tokens, len(self.positions))
+        self._each: dict[bytes, Tensor] = {}  # ablated mask -> each sequence's loss [batch] (kept for the intervals)
+
+    def sequence_losses(self, ablated: Tensor) -> Tensor | None:
+        """Each sequence's repeated-copies loss ``[batch]`` with the heads of ``ablated`` ``[layer, head]`` ablated,
+        where a pass measured that set (their mean is :meth:`losses`' figure); else None. No extra pass."""
+        return self._each.get(_key(ablated))
 
     def losses(self, ablated: Tensor) -> list[float]:
         """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
@@ -170,10 +200,18 @@ class Ablator:
         copies = tokens.repeat(S, 1)
         with torch.no_grad():
             logits = self.adapter.run(copies, [(HOOKS.z(layer), hook) for layer in layers], positions=self.positions)
-            losses = stacked_losses(logits, copies, self.batch, S).cpu()
+            each = token_losses(logits, copies, self.batch.repeated_copies)  # as stacked_losses, kept per sequence
+            losses = each.view(S, -1).mean(dim=1).cpu()
+            each = each.view(S, B, -1).float().mean(dim=2).cpu()
         self.passes += S
+        for i in range(S):
+            self._each[_key(ablated[i])] = each[i]
         means = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
         return [float(v) for v in means]
+
+
+def _key(ablated: Tensor) -> bytes:
+    return ablated.detach().to("cpu", torch.bool).contiguous().numpy().tobytes()
 
 
 def ablation_values(adapter: ModelAdapter, batch: TokenBatch, method: str, *, z_means: dict[int, Tensor] | None = None,
@@ -217,14 +255,6 @@ def faithfulness_of(all_ablated: float, kept: float, clean: float) -> float:
             "Use a model that copies in context, or a longer block / larger batch."
         )
     return (all_ablated - kept) / gap
-
-
-def _mask(heads: Iterable[Head], n_layers: int, n_heads: int, *, keep: bool) -> Tensor:
-    """``[layer, head]`` bool: True where a head is ablated (``keep``: every head but ``heads``; else ``heads``)."""
-    inside = torch.zeros(n_layers, n_heads, dtype=torch.bool)
-    for layer, head in heads:
-        inside[layer, head] = True
-    return ~inside if keep else inside
 
 
 def geometric_sizes(n_total: int) -> list[int]:
@@ -362,6 +392,10 @@ def find_circuit(
     necessity: bool = True,
     rank: str = "joint",
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    ci_level: float = DEFAULT_LEVEL,
+    random_sets: int = 0,
+    stability: int = 0,
     device: str | torch.device | None = None,
 ) -> Circuit:
     """The smallest top-``n`` set of heads whose faithfulness reaches ``target`` (see the module docstring).
@@ -376,8 +410,19 @@ def find_circuit(
             ``"mean"`` otherwise).
         necessity: also measure the loss rise with only the circuit ablated (one pass).
         rank: :data:`RANKINGS` (default ``"joint"``: heads that matter together join together).
+        n_resamples, ci_level: the bootstrap intervals of the figures over the batch's sequences
+            (:attr:`Circuit.intervals`, seed 0; from the losses the search measured, no extra pass).
+        random_sets: measure the faithfulness of that many random head sets of the circuit's size, uniform and
+            with the circuit's per-layer counts (:attr:`Circuit.random_baseline`; ``2 * random_sets`` passes;
+            0: none, else at least 2).
+        stability: rerun the search on that many bootstrap resamples of the batch's sequences and report each
+            head's inclusion frequency and the circuits' mean pairwise Jaccard (:attr:`Circuit.stability`; each
+            rerun costs about what this search costs; 0: none, else at least 2).
     """
     target = check_target("find_circuit: target", target)
+    n_resamples, ci_level, ci_seed = check_settings("find_circuit", n_resamples, ci_level, DEFAULT_SEED)
+    random_sets = check_repeats("find_circuit: random_sets", random_sets)
+    stability = check_repeats("find_circuit: stability", stability)
     method = validate.option("find_circuit: method", method, FAITHFULNESS_METHODS)
     necessity = validate.boolean("find_circuit: necessity", necessity)
     rank = validate.option("find_circuit: rank", rank, RANKINGS)
@@ -385,22 +430,65 @@ def find_circuit(
     adapter = adapt(model, device)
     spec = adapter.spec
     batch = as_batch(tokens, adapter)
-    if ranking is None:
+    order = None if ranking is None else _ranking(ranking, spec.n_layers, spec.n_heads)
+    found = search_batch(adapter, batch, target, method, order, necessity=necessity, rank=rank,
+                         corrupt_seed=corrupt_seed, intervals=(n_resamples, ci_level, ci_seed),
+                         random_sets=random_sets)
+    if stability:
+        from dataclasses import replace
+
+        from circuitkit.circuits.stability import rerun
+
+        found = replace(found, stability=rerun(adapter, batch, stability, resampled_search(
+            target, method, order, rank, corrupt_seed)))
+    return found
+
+
+def resampled_search(target: float, method: str, order: list[Head] | None, rank: str, corrupt_seed: int) -> Any:
+    """``(adapter, batch) -> (Circuit, passes)``: the search :func:`find_circuit` runs, on another batch (no
+    necessity, no intervals), with its cost in forward passes (the attribution ranking's 3 included where it ran);
+    what :mod:`circuitkit.circuits.stability` reruns on each resample."""
+
+    def search(adapter: ModelAdapter, batch: TokenBatch) -> tuple[Circuit, float]:
+        found = search_batch(adapter, batch, target, method, order, necessity=False, rank=rank,
+                             corrupt_seed=corrupt_seed)
+        return found, found.passes + (3 if order is None else 0)
+
+    return search
+
+
+def search_batch(adapter: ModelAdapter, batch: TokenBatch, target: float, method: str, order: list[Head] | None,
+                 *, necessity: bool = True, rank: str = "joint", corrupt_seed: int = DEFAULT_CORRUPT_SEED,
+                 intervals: tuple[int, float, int] | None = None, random_sets: int = 0) -> Circuit:
+    """:func:`find_circuit` on a built batch with validated arguments (``order``: every head, or None for the
+    attribution estimate's order: its forward and backward pass, 3 passes, are not in :attr:`Circuit.passes`)."""
+    if order is None:
         from circuitkit.detect.attribution import attribute
 
         estimate, run = attribute(adapter, batch, "zero" if method == "zero" else "mean")
         order, clean_loss, z_means = rank_heads(estimate.effect), run.repeated_loss, run.z_means
+        clean_each = run.repeated_per_sequence
     else:
-        order = _ranking(ranking, spec.n_layers, spec.n_heads)
         z_means, clean_loss = None, None
     values, passes = ablation_values(adapter, batch, method, z_means=z_means, corrupt_seed=corrupt_seed)
     if clean_loss is None:
         with torch.no_grad():
             logits = adapter.run(batch.tokens, positions=loss_positions(batch))
-            clean_loss = float(token_losses(logits, batch.tokens, batch.repeated_copies).mean())
+            losses = token_losses(logits, batch.tokens, batch.repeated_copies)
+            clean_loss = float(losses.mean())
+            clean_each = losses.float().mean(dim=1).cpu()
         passes += 1
     return discover(Ablator(adapter, batch, values), order, target, method, clean_loss, necessity=necessity,
-                    extra_passes=passes, rank=rank)
+                    extra_passes=passes, rank=rank, clean_losses=clean_each, intervals=intervals,
+                    random_sets=random_sets)
+
+
+def check_repeats(name: str, value: Any) -> int:
+    """A count of extra measurements: 0 (none) or at least 2 (one gives no spread)."""
+    value = validate.integer(name, value, minimum=0, maximum=10_000)
+    if value == 1:
+        raise validate.fail(name, value, "0 (none) or at least 2 (a single draw has no spread)")
+    return value
 
 
 RANKINGS = ("joint", "effect", "auto")
@@ -415,8 +503,13 @@ the heads: there heads that matter only together are likely being missed, and th
 
 def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str, clean_loss: float, *,
              necessity: bool = True, extra_passes: int = 0, progress: Any = None, rank: str = "effect",
-             joint_steps: int = DEFAULT_JOINT_STEPS) -> Circuit:
-    """:func:`find_circuit` with the ablation values and the effect ranking at hand (the scan's entry point)."""
+             joint_steps: int = DEFAULT_JOINT_STEPS, clean_losses: Tensor | None = None,
+             intervals: tuple[int, float, int] | None = None, random_sets: int = 0) -> Circuit:
+    """:func:`find_circuit` with the ablation values and the effect ranking at hand (the scan's entry point).
+    ``clean_losses``: each sequence's clean repeated-copies loss ``[batch]``; with ``intervals``
+    ``(n_resamples, level, seed)`` the circuit's figures get bootstrap intervals (no extra pass).
+    ``random_sets``: that many random sets of the circuit's size per kind measured as its baseline
+    (:mod:`circuitkit.circuits.baseline`, ``2 * random_sets`` passes; 0: none)."""
     spec = ablator.adapter.spec
     N = spec.n_layers * spec.n_heads
     L, H = spec.n_layers, spec.n_heads
@@ -448,8 +541,20 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
         if progress is not None:
             progress(ablator.passes - before)
     curve = tuple(CurvePoint(k, f, loss) for k, (f, loss) in sorted(measured.items()))
+    baseline = None
+    if random_sets:
+        from circuitkit.circuits.baseline import measure
+
+        resamples, level, _ = intervals or (DEFAULT_RESAMPLES, DEFAULT_LEVEL, DEFAULT_SEED)
+        baseline = measure(ablator, heads, clean_loss, all_ablated, clean_losses, random_sets, 0, level, resamples,
+                           progress)
+    bounds: dict[str, Any] = {}
+    if intervals is not None and clean_losses is not None:
+        bounds = circuit_intervals(ablator, ranking, sorted(measured), heads, clean_losses, necessity, *intervals)
+    search_passes = ablator.passes + extra_passes - (baseline.passes if baseline is not None else 0)
     return Circuit(heads, measured[n][0], rise, target, method, clean_loss, all_ablated, circuit_loss, curve,
-                   ranking, ablator.passes + extra_passes, ranked_by=ranked_by)
+                   ranking, search_passes, ranked_by=ranked_by, intervals=bounds,
+                   random_baseline=baseline)
 
 
 @keeps_model_state

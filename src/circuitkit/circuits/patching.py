@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,10 +44,9 @@ from circuitkit.circuits.metrics import (
     Metric,
     check_value,
     repeated_loss,
-    repeated_losses,
     resolve_metric,
 )
-from circuitkit.detect.loss import loss_positions
+from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.contract import HOOKS
 from circuitkit.models.state import keeps_model_state
@@ -67,6 +66,9 @@ class EdgeEffect:
     channel: str
     clean: float
     patched: float
+    patched_each: Tensor | None = field(default=None, compare=False, repr=False)
+    """Each sequence's patched metric ``[batch]`` (the repeated-copies loss only; their mean is ``patched``): the
+    bootstrap intervals resample it against the clean run's per-sequence loss. No extra pass."""
 
     @property
     def effect(self) -> float:
@@ -175,16 +177,20 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
         for i, e in enumerate(specs):
             by_layer[e.dst[0]].append(i)
         patched = [math.nan] * len(specs)
+        each: list[Tensor | None] = [None] * len(specs)
         for layer, indices in sorted(by_layer.items()):
             for start in range(0, len(indices), per_pass):
                 chunk = indices[start : start + per_pass]
+                kept: list[Tensor] = []
                 values = _patched_pass(ctx, layer, [specs[i] for i in chunk], resid[layer], z_clean, z_corrupt, m,
-                                       reader)
+                                       reader, kept)
                 for i, value in zip(chunk, values, strict=True):
                     patched[i] = value
+                for i, sequences in zip(chunk, kept, strict=False):
+                    each[i] = sequences
     validate.finite_result("path_patching", torch.tensor(patched), why="the patched runs overflowed")
     effects = tuple(
-        EdgeEffect(e.src, e.dst, e.channel, c, p) for e, c, p in zip(specs, clean, patched, strict=True)
+        EdgeEffect(e.src, e.dst, e.channel, c, p, q) for e, c, p, q in zip(specs, clean, patched, each, strict=True)
     )
     return PathPatching(effects, m.name, ctx.corrupt)
 
@@ -234,9 +240,11 @@ def _patched_pass(
     z_corrupt: dict[int, Tensor],
     m: Metric,
     reader: InductionReader,
+    keep: list[Tensor] | None = None,
 ) -> list[float]:
     """The metric with each of ``edges`` (all into ``layer``) patched, one stacked copy of the batch per edge;
-    ``resid`` ``[B, P, d_model]`` is the layer's clean ``resid_pre``."""
+    ``resid`` ``[B, P, d_model]`` is the layer's clean ``resid_pre``. ``keep`` (the repeated-copies loss): each
+    edge's per-sequence loss ``[B]`` is appended to it."""
     E = len(edges)
     spec = ctx.spec
     B, P = ctx.batch.tokens.shape
@@ -293,7 +301,12 @@ def _patched_pass(
         return [float(v) for v in read[0]]
     stacked = logits.view(E, B, logits.shape[1], -1)
     if m.fn is repeated_loss:
-        return [float(v) for v in repeated_losses(stacked, ctx.batch)]
+        # repeated_losses(stacked, batch), with each sequence's mean kept
+        tokens = ctx.batch.tokens.repeat(E, 1)
+        per_token = token_losses(stacked.flatten(0, 1), tokens, ctx.batch.repeated_copies)
+        if keep is not None:
+            keep.extend(per_token.view(E, B, -1).float().mean(dim=2).cpu())
+        return [float(v) for v in per_token.view(E, -1).mean(dim=1)]
     return [float(check_value(m.fn(stacked[i], ctx.batch), "path_patching: metric(patched logits)")) for i in range(E)]
 
 

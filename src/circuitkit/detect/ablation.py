@@ -128,6 +128,8 @@ def ablate(
     effect = torch.full((spec.n_layers, spec.n_heads), float("nan"))
     exact = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
     clean = run.repeated_loss
+    clean_each = run.repeated_per_sequence
+    per_sequence = torch.full((n_batch, spec.n_layers, spec.n_heads), float("nan"))
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
@@ -145,11 +147,14 @@ def ablate(
                     logits = adapter.run(copies, [hook], positions=at)
                 losses = token_losses(logits, copies, repeated).cpu()
                 effect[layer, chunk] = losses.view(len(chunk), -1).mean(dim=1) - clean
+                each = losses.view(len(chunk), n_batch, -1).mean(dim=2) - clean_each  # [heads, batch]
+                per_sequence[:, layer, chunk] = each.T
                 exact[layer, chunk] = True
                 if progress is not None:
                     progress(len(chunk))
     validate.finite_result("ablation_effects", effect[exact], why="the ablated model's logits overflowed")
-    return HeadEffects(kind="ablation", method=method, clean_loss=clean, effect=effect, exact=exact)
+    return HeadEffects(kind="ablation", method=method, clean_loss=clean, effect=effect, exact=exact,
+                       per_sequence=per_sequence)
 
 
 def together_cost(heads: list[Head], n_layers: int, run: CleanRun, adapter: ModelAdapter) -> float:
@@ -163,6 +168,12 @@ def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], met
     """The rise of the repeated-copies loss when all ``heads`` are ablated at once (one forward pass, resumed at the
     first ablated layer where ``run`` saved its residual stream): what removing a whole circuit does, which
     single-head effects do not add up to when heads back each other up."""
+    return ablate_together_each(adapter, run, heads, method)[0]
+
+
+def ablate_together_each(adapter: ModelAdapter, run: CleanRun, heads: list[Head], method: str
+                         ) -> tuple[float, Tensor]:
+    """:func:`ablate_together` and each sequence's rise ``[batch]`` (their mean is the rise) from the same pass."""
     if not heads:
         raise validate.fail("ablate_together: heads", heads, "at least one (layer, head)")
     values = replacements(adapter, run, method)
@@ -188,7 +199,8 @@ def ablate_together(adapter: ModelAdapter, run: CleanRun, heads: list[Head], met
         else:
             logits = adapter.run(run.batch.tokens, hooks, positions=at)
     losses = token_losses(logits, run.batch.tokens, run.batch.repeated_copies).cpu()
-    return float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
+    rise = float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
+    return rise, losses.float().mean(dim=1) - run.repeated_per_sequence
 
 
 @keeps_model_state

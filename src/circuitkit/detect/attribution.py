@@ -223,6 +223,10 @@ def attribute(
     elif steps > 1:
         _layer_path(adapter, run, steps, values, targets, sums, resume=ig_layer)
     effect = torch.zeros(spec.n_layers, spec.n_heads)
+    B = batch.tokens.shape[0]
+    # each sequence's term of the sum, times the batch size: their batch mean is the effect (the intervals resample
+    # them; the ablation value and the gradient stay those of the whole batch)
+    per_sequence = torch.zeros(B, spec.n_layers, spec.n_heads)
     for layer in layers:
         grad = sums[layer]
         if grad is None:  # no path from this layer's heads to the loss: the estimate is 0
@@ -230,11 +234,14 @@ def attribute(
         if steps > 1:
             grad = grad / steps
         z = values[layer].float()
-        effect[layer] = ((targets[layer] - z) * grad).sum(dim=(0, 1, 3)).cpu()
+        terms = (targets[layer] - z) * grad
+        effect[layer] = terms.sum(dim=(0, 1, 3)).cpu()
+        per_sequence[:, layer] = terms.sum(dim=(1, 3)).cpu() * B
     validate.finite_result(
         "attribution_effects", effect, why="the model's logits or their gradients overflowed or are NaN"
     )
-    effects = HeadEffects(kind="attribution", method=method, clean_loss=run.repeated_loss, effect=effect)
+    effects = HeadEffects(kind="attribution", method=method, clean_loss=run.repeated_loss, effect=effect,
+                          per_sequence=per_sequence)
     return effects, run
 
 

@@ -36,6 +36,11 @@ class CleanRun:
         """Mean loss over the repeated copies (the quantity ablation and attribution move)."""
         return float(self.losses[:, self.batch.repeated_copies].mean())
 
+    @property
+    def repeated_per_sequence(self) -> Tensor:
+        """``[batch]``: each sequence's mean loss over the repeated copies (their mean is :attr:`repeated_loss`)."""
+        return self.losses[:, self.batch.repeated_copies].float().mean(dim=1)
+
 
 def clean_run(
     adapter: ModelAdapter,

@@ -40,7 +40,10 @@ class HeadScores(Mapping):
       what a uniformly attending head scores on this batch (pattern scores) or the definition's fixed value;
     - ``tokens``: the ``[batch, pos]`` batch; ``patterns``: every head's attention on the first sequence,
       ``[layer, head, pos, pos]``; ``block_len``, ``n_repeats``, ``bos``: how the batch was built;
-    - ``bidirectional``: the model attended to later positions (an encoder).
+    - ``bidirectional``: the model attended to later positions (an encoder);
+    - ``per_sequence[name]`` (pattern scores): ``(attention [batch, layer, head], rows [batch])``, each sequence's
+      attention on the score's targets summed over its query rows, and the rows counted; the score is
+      ``attention.sum(0) / rows.sum()`` (a ratio of batch means, what :mod:`circuitkit.uncertainty` resamples).
     """
 
     def __init__(
@@ -54,8 +57,10 @@ class HeadScores(Mapping):
         n_repeats: int,
         bos: int | None,
         bidirectional: bool = False,
+        per_sequence: dict[str, tuple[Tensor, Tensor]] | None = None,
     ) -> None:
         self._scores = scores
+        self.per_sequence = per_sequence or {}
         self.definitions = definitions
         self.tokens = tokens
         self.patterns = patterns
@@ -158,6 +163,11 @@ class PatternReducer:
             self.mask_matrix = stacked.float().reshape(batch, pos * pos, len(self.masked))
             self.mask_counts = torch.stack([counts[by_name[d.name]] for d in self.masked])
         self.rows = batch * (pos - 1)
+        # per sequence, the rows a score averages over: a score is sum_b num_b / sum_b rows_b (the bootstrap's ratio)
+        self.sequence_rows = {d.name: m.any(dim=2).sum(dim=1).float() for d, m in zip(definitions, masks, strict=True)
+                              if d.reader is None}
+        self.sequence_rows.update({d.name: torch.full((batch,), float(pos - 1)) for d in self.readers})
+        self.last_per_sequence: dict[str, Tensor] = {}
 
     @staticmethod
     def _mask(definition: ScoreDefinition, tokens: Tensor) -> Tensor:
@@ -169,10 +179,14 @@ class PatternReducer:
         if self.masked:
             flat = patterns.reshape(batch, n_heads, pos * pos)
             mask = self.mask_matrix.to(device=patterns.device, dtype=patterns.dtype)
-            sums = torch.bmm(flat, mask).sum(dim=0) / self.mask_counts.to(patterns.device)  # [h, s]
+            per_sequence = torch.bmm(flat, mask)  # [b, h, s]
+            sums = per_sequence.sum(dim=0) / self.mask_counts.to(patterns.device)  # [h, s]
             out.update({d.name: sums[:, i] for i, d in enumerate(self.masked)})
+            self.last_per_sequence.update({d.name: per_sequence[:, :, i] for i, d in enumerate(self.masked)})
         for d in self.readers:
-            out[d.name] = registry.read_rows(d, patterns).sum(dim=(0, 2)) / self.rows
+            read = registry.read_rows(d, patterns)
+            out[d.name] = read.sum(dim=(0, 2)) / self.rows
+            self.last_per_sequence[d.name] = read.sum(dim=2)
         return {d.name: out[d.name] for d in self.definitions}
 
 
@@ -199,6 +213,7 @@ class PatternCollector:
         self.reduce = PatternReducer(batch.tokens, self.definitions, adapter.spec.windows)
         n_layers = adapter.spec.n_layers
         self.per_layer: dict[int, dict[str, Tensor]] = {}
+        self.per_sequence: dict[int, dict[str, Tensor]] = {}  # layer -> score -> [batch, head] attention on targets
         self.first: dict[int, Tensor] = {}
         self.acausal = False
         self.names = {HOOKS.pattern(layer): layer for layer in range(n_layers)}
@@ -221,6 +236,7 @@ class PatternCollector:
         if float(first.nan_to_num(0.0).triu(1).sum(dim=-1).amax()) > ACAUSAL_TOLERANCE:
             self.acausal = True
         self.per_layer[layer] = {name: value.cpu() for name, value in self.reduce(pattern).items()}
+        self.per_sequence[layer] = {name: value.float().cpu() for name, value in self.reduce.last_per_sequence.items()}
 
     def result(self, weights: Any = None) -> HeadScores:
         spec = self.adapter.spec
@@ -267,6 +283,11 @@ class PatternCollector:
             n_repeats=self.batch.n_repeats,
             bos=self.batch.bos,
             bidirectional=bidirectional,
+            per_sequence={
+                d.name: (torch.stack([self.per_sequence[layer][d.name] for layer in range(spec.n_layers)], dim=1),
+                         self.reduce.sequence_rows[d.name])
+                for d in self.definitions
+            },
         )
 
 

@@ -28,9 +28,10 @@ from circuitkit.ranking import Head, head_name, top_heads
 if TYPE_CHECKING:
     from circuitkit.scan_types import Scan
 
-JSON_FORMAT = 3
+JSON_FORMAT = 4
 """Version of the ``scores.json`` layout (1 was the pre-``Scan`` CLI's; 3 adds the verified circuit, ``units``,
-moves the edge table to ``evidence`` and names the attribution method). Validated by ``scores.schema.json``."""
+moves the edge table to ``evidence`` and names the attribution method; 4 adds the bootstrap intervals: ``ci``
+beside each figure, ``uncertainty``). Validated by ``scores.schema.json``."""
 UNITS = {
     "head_scores": "per score: pattern scores are attention fractions in [0, 1]; copying is in [-1, 1]",
     "induction_loss": "nats (mean next-token cross-entropy)",
@@ -46,9 +47,15 @@ UNITS = {
     "circuit.necessity": "nats: rise of the repeated-copies loss with only the circuit ablated",
     "circuit.losses": "nats",
     "circuit.passes": "forward passes of the batch",
+    "circuit.random_baseline": "faithfulness (fraction) of random head sets of the circuit's size: mean, spread (the "
+    "central range of the sets), ci (bootstrap over sequences)",
+    "circuit.stability": "inclusion: share of bootstrap-resampled circuits holding the head; jaccard: mean pairwise "
+    "Jaccard of those circuits, in [0, 1]",
     "circuit.edges.effect": "nats: exact change of the repeated-copies loss, path patching",
     "circuit.edges.estimate": "nats: first-order estimate (edge attribution), not a measurement",
     "evidence.rows": "composition: ratio; attribution (estimate) and patched (exact): nats",
+    "ci": "[lo, hi]: the percentile bootstrap interval over the batch's sequences (uncertainty.level), in the "
+    "unit of the figure beside it; null where the figure was not measured",
 }
 """The unit of every quantity in ``scores.json`` (written into the file as ``units``)."""
 JSON_DIGITS = 7
@@ -127,6 +134,37 @@ def check_scan(where: str, scan: Any) -> Scan:
     return scan
 
 
+def interval(value: Any) -> list[float | None] | None:
+    """A scalar interval ``(lo, hi)`` as ``[lo, hi]`` rounded; None for None."""
+    if value is None:
+        return None
+    return [number(value[0]), number(value[1])]
+
+
+def interval_grid(value: Any) -> list[list[list[float | None] | None]] | None:
+    """A per-head interval ``(lo [L, H], hi [L, H])`` as ``[layer][head] -> [lo, hi]`` (None where not measured)."""
+    if value is None:
+        return None
+    lo, hi = (grid(t) for t in value)
+    return [[None if a is None or b is None else [a, b] for a, b in zip(row_lo, row_hi, strict=True)]
+            for row_lo, row_hi in zip(lo, hi, strict=True)]
+
+
+def head_interval(value: Any, head: Sequence[int]) -> list[float | None] | None:
+    """One head's ``[lo, hi]`` from a per-head interval (None where there is none)."""
+    if value is None:
+        return None
+    lo, hi = (number(t[head[0], head[1]]) for t in value)
+    return None if lo is None or hi is None else [lo, hi]
+
+
+def ranked_ci(records: list[dict[str, Any]], value: Any) -> list[dict[str, Any]]:
+    """``records`` from :func:`ranked` with each head's ``ci`` added (where the scan has intervals)."""
+    if value is None:
+        return records
+    return [{**r, "ci": head_interval(value, (r["layer"], r["index"]))} for r in records]
+
+
 # ---------------------------------------------------------------------------------------------- scan facts
 def loss_figures(scan: Scan) -> tuple[float | None, float | None]:
     """(first-copy loss, repeated-copies loss) in nats, None where the scan did not measure it."""
@@ -187,7 +225,10 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     ``ablation_method``), ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
     (mode -> random baseline and top edges), ``circuit`` (the verified circuit: ``heads``, ``faithfulness``,
     ``necessity``, ``curve``, ``roles``, ``edges`` with exact effects; null when not found, with
-    ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``.
+    ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``; where the scan has bootstrap
+    intervals, ``ci: [lo, hi]`` beside each figure over the batch (``induction_loss.ci``, ``attribution.ci``,
+    ``ablation.ci``, each ``top_heads`` record, ``circuit.ci``, each curve point and circuit edge), and
+    ``head_scores_ci``, ``circuit_ablation_ci`` and ``uncertainty`` (how the intervals were made).
     """
     from circuitkit import __version__
 
@@ -196,6 +237,8 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     hs = scan.head_scores
     definitions = getattr(hs, "definitions", {})
     first, repeated = loss_figures(scan)
+    bounds = getattr(scan, "intervals", None) or {}
+    score_bounds = bounds.get("head_scores", {})
     out: dict[str, Any] = {
         "format": JSON_FORMAT,
         "circuitkit_version": __version__,
@@ -204,7 +247,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         "settings": plain(scan.settings.as_dict()),
         "scores": {name: definition_json(definitions.get(name)) for name in hs},
         "head_scores": {name: grid(hs[name]) for name in hs},
-        "top_heads": {name: ranked(hs[name], k) for name in hs},
+        "top_heads": {name: ranked_ci(ranked(hs[name], k), score_bounds.get(name)) for name in hs},
         "induction_heads": names(scan.induction_heads),
         "previous_token_heads": names(scan.previous_token_heads),
         "induction_loss": None,
@@ -217,6 +260,16 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         "evidence": None,
         "circuit_ablation": {label: number(value) for label, value in getattr(scan, "circuit_ablation", {}).items()},
     }
+    if bounds:
+        settings = scan.settings
+        out["uncertainty"] = {
+            "method": "percentile bootstrap over the batch's sequences, one seeded draw for every figure",
+            "n_resamples": getattr(settings, "n_resamples", None), "level": number(getattr(settings, "ci_level", None)),
+            "seed": 0, "extra_passes": 0,
+        }
+        out["head_scores_ci"] = {name: interval_grid(score_bounds.get(name)) for name in hs}
+        out["circuit_ablation_ci"] = {label: interval(bounds.get("circuit_ablation", {}).get(label))
+                                      for label in out["circuit_ablation"]}
     if scan.induction_loss is not None:
         per_position = getattr(scan.induction_loss, "per_position", None)
         out["induction_loss"] = {
@@ -224,6 +277,8 @@ def scan_json(scan: Scan) -> dict[str, Any]:
             "repeated_copies": repeated,
             "per_position": None if per_position is None else flat(per_position, JSON_DIGITS),
         }
+        if "induction_loss" in bounds:
+            out["induction_loss"]["ci"] = {key: interval(value) for key, value in bounds["induction_loss"].items()}
     for kind in ("attribution", "ablation"):
         effects = getattr(scan, kind)
         if effects is None:
@@ -233,7 +288,9 @@ def scan_json(scan: Scan) -> dict[str, Any]:
             record = {"method": scan.settings.attribution_method, "steps": scan.settings.attribution_steps,
                       "ablation_method": effects.method}
         record.update(clean_loss=number(effects.clean_loss), effect=grid(effects.effect),
-                      top=ranked(effects.effect, k))
+                      top=ranked_ci(ranked(effects.effect, k), bounds.get(kind)))
+        if kind in bounds:
+            record["ci"] = {"effect": interval_grid(bounds[kind])}
         if kind == "ablation":
             record["ablated"] = names(ablated_heads(scan))
         out[kind] = record
@@ -281,7 +338,10 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
     verified = getattr(scan, "verified", None)
     if verified is None:
         return None
-    return {
+    bounds = getattr(verified, "intervals", None) or {}
+    curve_bounds = bounds.get("curve", {})
+    edge_bounds = (getattr(scan, "intervals", None) or {}).get("edges", {})
+    out = {
         "heads": names(verified.heads),
         "faithfulness": number(verified.faithfulness),
         "necessity": number(verified.necessity),
@@ -289,7 +349,8 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         "method": verified.method,
         "losses": {"clean": number(verified.clean_loss), "all_ablated": number(verified.all_ablated_loss),
                    "circuit_only": number(verified.circuit_loss)},
-        "curve": [{"n_heads": p.n_heads, "faithfulness": number(p.faithfulness), "loss": number(p.loss)}
+        "curve": [{"n_heads": p.n_heads, "faithfulness": number(p.faithfulness), "loss": number(p.loss),
+                   **({"ci": interval(curve_bounds.get(p.n_heads))} if bounds else {})}
                   for p in verified.curve],
         "passes": verified.passes,
         "ranked_by": getattr(verified, "ranked_by", "effect"),
@@ -297,10 +358,20 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         "edges": [
             {"src": head_name(r.src), "dst": head_name(r.dst), "channel": r.channel,
              "effect": number(r.patched), "estimate": number(r.attribution), "composition": number(r.composition),
-             "weight_only": bool(getattr(r, "weight_only", False))}
+             "weight_only": bool(getattr(r, "weight_only", False)),
+             **({"ci": interval(edge_bounds.get((tuple(r.src), tuple(r.dst), r.channel)))} if edge_bounds else {})}
             for r in circuit_edges(scan)
         ],
     }
+    for key in ("random_baseline", "stability"):  # opt-in measurements, only where asked for
+        found = getattr(verified, key, None)
+        if found is not None:
+            out[key] = plain(found.to_json())
+    if bounds:
+        out["ci"] = {"faithfulness": interval(bounds.get("faithfulness")),
+                     "necessity": interval(bounds.get("necessity")),
+                     "losses": {key: interval(value) for key, value in bounds.get("losses", {}).items()}}
+    return out
 
 
 def definition_json(definition: Any) -> dict[str, Any]:
@@ -346,9 +417,11 @@ class Column:
     lo: float
     hi: float
     top: tuple[int, ...]  # flat indices of the best heads (highlighted)
+    interval: tuple[Tensor, Tensor] | None = None  # (lo, hi) [layer, head]: bootstrap interval over sequences
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        bounds = {} if self.interval is None else {"ci_lo": flat(self.interval[0]), "ci_hi": flat(self.interval[1])}
+        return {**bounds,
             "key": self.key,
             "short": self.short,
             "description": self.description,
@@ -372,6 +445,7 @@ def columns(scan: Scan) -> list[Column]:
     hs = scan.head_scores
     definitions = getattr(hs, "definitions", {})
     k = marked_top(scan)
+    bounds = getattr(scan, "intervals", None) or {}
     out = []
     for name in hs:
         definition = definitions.get(name)
@@ -394,6 +468,7 @@ def columns(scan: Scan) -> list[Column]:
                 lo=min(lo, neutral),
                 hi=max(hi, neutral),
                 top=_top_flat(values, k),
+                interval=bounds.get("head_scores", {}).get(name),
             )
         )
     for kind, short, description in (
@@ -411,7 +486,8 @@ def columns(scan: Scan) -> list[Column]:
         lo, hi = _range(values)
         bound = max(abs(lo), abs(hi), 1e-12)
         description = f"{description} ({effects.method} ablation)"
-        out.append(Column(kind, short, description, values, 0.0, -bound, bound, _top_flat(values, k)))
+        out.append(Column(kind, short, description, values, 0.0, -bound, bound, _top_flat(values, k),
+                          bounds.get(kind)))
     return out
 
 

@@ -10,7 +10,7 @@ escaped; coordinates are rounded to 0.1 px so the output is deterministic and sh
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,12 +221,17 @@ def answer_diagram(answer: Any) -> str:
     return "".join(parts)
 
 
-def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int) -> str:
+def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int,
+                       whiskers: Mapping[int, tuple[float, float] | None] | None = None,
+                       baseline: tuple[float, float, float] | None = None) -> str:
     """Faithfulness of the top-``n`` heads against ``n`` (every point measured exactly), a log2(n + 1) axis, the
-    target dashed and the circuit's point ringed."""
+    target dashed and the circuit's point ringed; ``whiskers``: ``n -> (lo, hi)``, each point's bootstrap interval
+    over the batch's sequences; ``baseline``: ``(mean, lo, hi)`` of random head sets of the circuit's size, a grey
+    cross with its whisker at the circuit's size."""
     width, height, ml, mr, mt, mb = 300, 170, 40, 12, 22, 34
     top_x = math.log2(total + 1) or 1.0
-    values = [f for _, f in curve]
+    whiskers = {n: w for n, w in (whiskers or {}).items() if w is not None}
+    values = [f for _, f in curve] + [v for w in whiskers.values() for v in w] + list(baseline or ())
     lo = min(0.0, *values) if values else 0.0
     hi = max(1.0, *values) if values else 1.0
 
@@ -256,6 +261,17 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
         parts.append(f'<text x="{_f(x(n))}" y="{height - mb + 12}" text-anchor="middle" fill="#666">{n}</text>')
     points = " ".join(f"{_f(x(n))},{_f(y(f))}" for n, f in curve)
     parts.append(f'<polyline points="{points}" fill="none" stroke="#2e6db4" stroke-width="1.5"/>')
+    for n, (low, high) in sorted(whiskers.items()):
+        if high > low:
+            parts.append(f'<path class="ck-whisker" d="M{_f(x(n))},{_f(y(low))}V{_f(y(high))}M{_f(x(n) - 3)},'
+                         f'{_f(y(low))}h6M{_f(x(n) - 3)},{_f(y(high))}h6" stroke="#2e6db4" stroke-width="1">'
+                         f"<title>top {n} heads: interval {low:.3f} to {high:.3f}</title></path>")
+    if baseline is not None:
+        mean, low, high = baseline
+        bx = x(chosen) + 7
+        parts.append(f'<path class="ck-baseline" d="M{_f(bx)},{_f(y(low))}V{_f(y(high))}M{_f(bx - 3)},{_f(y(mean))}'
+                     f'h6" stroke="#888" stroke-width="1.5"><title>random sets of {chosen} heads: faithfulness '
+                     f"{mean:.3f} (interval {low:.3f} to {high:.3f})</title></path>")
     for n, f in curve:
         ring = ' r="5" fill="none" stroke="#b2182b" stroke-width="2"' if n == chosen else ' r="2.5" fill="#2e6db4"'
         parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{ring}><title>top {n} heads: faithfulness '

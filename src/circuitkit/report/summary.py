@@ -156,9 +156,12 @@ def sentences(scan: Scan, story: Story) -> list[str]:
     if story.first_copy is not None and story.repeated_copies is not None:
         drop = story.first_copy - story.repeated_copies
         verdict = "in-context copying works" if drop > 0.5 else "little in-context copying"
+        bounds = (getattr(scan, "intervals", None) or {}).get("induction_loss", {})
+        repeated_ci, first_ci = (_esc("".join(v for _, v in _ci(bounds.get(key))))
+                                 for key in ("repeated_copies", "first_copy"))
         out.append(
-            f"<b>Loss</b> on the repeated copies <b>{_num(story.repeated_copies)}</b> nats vs "
-            f"<b>{_num(story.first_copy)}</b> on the first copy ({verdict})."
+            f"<b>Loss</b> on the repeated copies <b>{_num(story.repeated_copies)}</b>{repeated_ci} nats vs "
+            f"<b>{_num(story.first_copy)}</b>{first_ci} on the first copy ({verdict})."
         )
     removal = [(h, v, kind) for h, v, kind in story.removal if v is not None]
     if removal:
@@ -205,7 +208,8 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
     if answer is not None:
         text = "".join(f"<p>{s}</p>" for s in answer_html(answer))
         figures = (answer_diagram(answer) + faithfulness_curve(answer.curve, answer.target, len(answer.circuit),
-                                                               answer.n_total)) if diagram else ""
+                                                               answer.n_total, answer.curve_ci,
+                                                               _baseline_mark(answer))) if diagram else ""
         return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
     story = find_story(scan)
     text = "".join(f"<p>{s}</p>" for s in sentences(scan, story))
@@ -214,6 +218,15 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
         text = f"<p><b>No circuit found by faithfulness:</b> {_esc(error.removeprefix('faithfulness: '))}</p>" + text
     figure = circuit_diagram(story) if diagram else ""
     return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figure}</div>'
+
+
+def _baseline_mark(answer: Any) -> tuple[float, float, float] | None:
+    """``(mean, lo, hi)`` of the uniform random sets for the curve: the interval, else the sets' spread."""
+    baseline = getattr(answer, "random_baseline", None)
+    if baseline is None:
+        return None
+    low, high = baseline.uniform.interval or baseline.uniform.spread
+    return baseline.uniform.mean, low, high
 
 
 # ---------------------------------------------------------------------------------------------- the answer
@@ -228,6 +241,7 @@ class AnswerEdge:
     effect: float
     estimate: float | None
     composition: float | None
+    ci: tuple[float, float] | None = None  # the effect's bootstrap interval over the batch's sequences
 
     @property
     def name(self) -> str:
@@ -257,6 +271,15 @@ class Answer:
     agreement: tuple[float, int, tuple[Head, float, float] | None] | None  # (spearman, n_exact, largest miss)
     attribution: str  # "gradient" | "ig", with steps
     top_k: int = 5  # the circuit's edges named (the scan's top_k setting)
+    # bootstrap intervals over the batch's sequences ((lo, hi); None where not computed) and how they were made
+    faithfulness_ci: tuple[float, float] | None = None
+    necessity_ci: tuple[float, float] | None = None
+    curve_ci: dict[int, tuple[float, float] | None] | None = None
+    first_copy_ci: tuple[float, float] | None = None
+    repeated_copies_ci: tuple[float, float] | None = None
+    intervals: tuple[float, int, int] | None = None  # (level, n_resamples, sequences)
+    random_baseline: Any = None  # circuits.baseline.RandomBaseline where measured
+    stability: Any = None  # circuits.stability.Stability where measured
 
 
 def find_answer(scan: Scan) -> Answer | None:
@@ -272,8 +295,13 @@ def find_answer(scan: Scan) -> Answer | None:
     rows = data.circuit_edges(scan)
     largest = max((abs(float(r.patched)) for r in rows), default=0.0)
     carrying = [r for r in rows if largest > 0 and abs(float(r.patched)) >= CARRIES_NOTHING_FRACTION * largest]
+    bounds = getattr(scan, "intervals", None) or {}
+    circuit_bounds = getattr(verified, "intervals", None) or {}
+    edge_bounds = bounds.get("edges", {})
     edges = tuple(AnswerEdge(tuple(r.src), tuple(r.dst), str(r.channel), float(r.patched),
-                             data.number(r.attribution), data.number(r.composition)) for r in carrying)
+                             data.number(r.attribution), data.number(r.composition),
+                             edge_bounds.get((tuple(r.src), tuple(r.dst), str(r.channel))))
+                  for r in carrying)
     weight_only = tuple((tuple(r.src), tuple(r.dst), str(r.channel), data.number(r.composition),
                          *data.edge_effect(r)) for r in data.circuit_rows(scan) if getattr(r, "weight_only", False))
     members = {h for h, _ in circuit}
@@ -299,6 +327,13 @@ def find_answer(scan: Scan) -> Answer | None:
         first_copy=first, repeated_copies=repeated, agreement=agreement,
         top_k=int(scan.settings.top_k),
         attribution=f"integrated gradients, {steps} steps" if method == "ig" else "first-order gradient",
+        faithfulness_ci=circuit_bounds.get("faithfulness"), necessity_ci=circuit_bounds.get("necessity"),
+        curve_ci=circuit_bounds.get("curve"),
+        first_copy_ci=bounds.get("induction_loss", {}).get("first_copy"),
+        repeated_copies_ci=bounds.get("induction_loss", {}).get("repeated_copies"),
+        intervals=(float(getattr(settings, "ci_level", 0.95)), int(getattr(settings, "n_resamples", 0)),
+                   int(settings.batch)) if (bounds or circuit_bounds) else None,
+        random_baseline=getattr(verified, "random_baseline", None), stability=getattr(verified, "stability", None),
     )
 
 
@@ -307,6 +342,13 @@ RANKED_BY = {"effect": "their single-head ablation effect", "joint": "their join
 
 def _roles_text(roles: tuple[str, ...]) -> str:
     return "/".join(ROLE_SHORT.get(r, r) for r in roles) if roles else "no role"
+
+
+def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> list[tuple[str, Any]]:
+    """The parts `` [lo, hi]`` after a figure (none without an interval)."""
+    if interval is None:
+        return []
+    return [("text", f" [{format(interval[0], fmt)}, {format(interval[1], fmt)}]")]
 
 
 def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
@@ -319,22 +361,43 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
             parts.append(("text", ", "))
         parts += [("head", head), ("text", f" {_roles_text(roles)}")]
     out.append(("Circuit", parts))
-    faith = [("num", f"{answer.faithfulness:.2f}"),
+    faith = [("num", f"{answer.faithfulness:.2f}"), *_ci(answer.faithfulness_ci),
              ("text", f" (target {answer.target:.2f}; exact: every other head {answer.method}-ablated, the circuit "
                       f"alone recovers {100 * answer.faithfulness:.0f}% of what all heads do; heads added in the "
                       f"order of {RANKED_BY.get(answer.ranked_by, answer.ranked_by)}; "
                       f"{answer.passes} forward passes)")]
     if answer.necessity is not None:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
-                  ("num", f"{answer.necessity:+.2f}"), ("text", " nats (exact)")]
+                  ("num", f"{answer.necessity:+.2f}"), *_ci(answer.necessity_ci, "+.2f"), ("text", " nats (exact)")]
     out.append(("Faithfulness", faith))
+    if answer.random_baseline is not None:
+        baseline = answer.random_baseline
+        parts = [("text", f"faithfulness of {baseline.n_sets} random sets of {baseline.size} heads: uniform ")]
+        for i, kind in enumerate((baseline.uniform, baseline.layered)):
+            if i:
+                parts.append(("text", "; with the circuit's heads per layer "))
+            parts += [("num", f"{kind.mean:.2f}"), *_ci(kind.interval),
+                      ("text", f" (sets from {kind.spread[0]:.2f} to {kind.spread[1]:.2f})")]
+        parts.append(("text", f" ({baseline.passes} forward passes)"))
+        out.append(("Random sets", parts))
+    if answer.stability is not None:
+        stability = answer.stability
+        parts = [("text", f"rerun on {stability.n_resamples} bootstrap resamples of the batch, mean pairwise "
+                          "Jaccard "), ("num", "n/a" if stability.jaccard is None else f"{stability.jaccard:.2f}"),
+                 ("text", " (stable from 0.80); heads in the resampled circuits: ")]
+        for i, (head, share) in enumerate(stability.ranked()[:MAX_EDGES]):
+            if i:
+                parts.append(("text", ", "))
+            parts += [("head", head), ("text", " "), ("num", f"{100 * share:.0f}%")]
+        parts.append(("text", f" ({stability.passes} forward passes)"))
+        out.append(("Stability", parts))
     if answer.edges:
         parts = [("text", "exact effect on the loss, path patching, nats: ")]
         for i, e in enumerate(answer.edges[:answer.top_k]):
             if i:
                 parts.append(("text", "; "))
             parts += [("head", e.src), ("text", " \u2192 "), ("head", e.dst),
-                      ("text", f" {e.channel.upper()} "), ("num", f"{e.effect:+.2f}")]
+                      ("text", f" {e.channel.upper()} "), ("num", f"{e.effect:+.2f}"), *_ci(e.ci, "+.2f")]
         if len(answer.edges) > answer.top_k:
             parts.append(("text", f"; {len(answer.edges) - answer.top_k} more"))
         if answer.n_silent:
@@ -363,7 +426,8 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
         verdict = "in-context copying works" if answer.first_copy - answer.repeated_copies > 0.5 else \
             "little in-context copying"
         out.append(("Loss", [("text", "repeated copies "), ("num", f"{answer.repeated_copies:.2f}"),
-                             ("text", " nats vs "), ("num", f"{answer.first_copy:.2f}"),
+                             *_ci(answer.repeated_copies_ci), ("text", " nats vs "),
+                             ("num", f"{answer.first_copy:.2f}"), *_ci(answer.first_copy_ci),
                              ("text", f" on the first copy ({verdict})")]))
     if answer.agreement is not None:
         spearman, n_exact, miss = answer.agreement
@@ -374,6 +438,11 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
             parts += [("text", "; largest miss "), ("head", head), ("text", " exact "), ("num", f"{exact:+.2f}"),
                       ("text", ", estimated "), ("num", f"{estimate:+.2f}")]
         out.append(("Estimates", parts))
+    if answer.intervals is not None:
+        level, resamples, sequences = answer.intervals
+        out.append(("Intervals", [("text", f"[lo, hi] beside a figure: its {100 * level:g}% percentile bootstrap "
+                                           f"interval over the batch's {sequences} sequences ({resamples} resamples, "
+                                           "seed 0; from the passes above, no extra pass)")]))
     return out
 
 

@@ -39,6 +39,11 @@
     return +m[1] * H + +m[2];
   }
   function fmt(v, digits) { return v === null || v === undefined ? "" : v.toFixed(digits === undefined ? 3 : digits); }
+  // a head's bootstrap interval in a column, as element attributes (a tooltip), or null where there is none
+  function interval(c, i) {
+    if (!c.ci_lo || c.ci_lo[i] === null || c.ci_hi[i] === null) return null;
+    return {title: "interval " + fmt(c.ci_lo[i]) + " to " + fmt(c.ci_hi[i]) + " (bootstrap over the batch's sequences)"};
+  }
   function dpr() { return Math.max(1, Math.min(2, window.devicePixelRatio || 1)); }
 
   // as circuitkit.viz.attention.inert_html_text: HTML element content that shows the text itself, in the page and
@@ -115,7 +120,7 @@
       var row = el("tr", {"data-head": headName(i), "data-i": String(i)});
       row.appendChild(el("th", {scope: "row"}, headName(i)));
       for (var j = 0; j < cols.length; j++) {
-        var c = cols[j], v = c.values[i], t = tone(v, c), td = el("td", null, fmt(v));
+        var c = cols[j], v = c.values[i], t = tone(v, c), td = el("td", interval(c, i), fmt(v));
         if (t !== null) td.style.background = rgb(t);
         if (t !== null && Math.abs(t) > 0.55) td.style.color = "#fff";
         if (c.topSet[i]) td.className = "top";
@@ -554,7 +559,9 @@
     box.appendChild(el("h3", null, "head " + headName(i) + (roles.length ? " (" + roles.join(", ") + ")" : "")));
     var chips = el("div", {"class": "ck-chips"});
     cols.forEach(function (c) {
-      var v = c.values[i], t = tone(v, c), chip = el("span", {"class": "ck-chip", title: c.description}, c.short + " " + fmt(v));
+      var v = c.values[i], t = tone(v, c), range = interval(c, i);
+      var chip = el("span", {"class": "ck-chip", title: c.description + (range ? "; " + range.title : "")},
+                    c.short + " " + fmt(v) + (range ? " [" + fmt(c.ci_lo[i]) + ", " + fmt(c.ci_hi[i]) + "]" : ""));
       if (t !== null) { chip.style.background = rgb(t); if (Math.abs(t) > 0.55) chip.style.color = "#fff"; }
       if (c.topSet[i]) chip.style.fontWeight = "700";
       chips.appendChild(chip);
