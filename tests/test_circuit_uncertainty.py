@@ -110,7 +110,7 @@ def test_scan_options_are_opt_in_planned_and_reported(model, tmp_path):
     plain = ck.scan(model, tokens=RepeatedTokens(batch=8))
     assert plain.verified.random_baseline is None and plain.verified.stability is None
     assert [r.name for r in plain.stages] == ["scores", "ablate", "circuit", "weights", "edges"]
-    assert sum(r.passes for r in plain.stages) <= 33  # the default scan's cost is unchanged by the options
+    assert sum(r.passes for r in plain.stages) <= 40  # whole passes; the default cost is unchanged by the options
     scan = ck.scan(model, tokens=RepeatedTokens(batch=8), random_sets=4, stability=3)
     stages = {r.name: r.passes for r in scan.stages}
     assert stages["stability"] == scan.verified.stability.passes > 0

@@ -12,6 +12,7 @@ import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError, RepeatedTokens
+from circuitkit.report.data import JSON_FORMAT
 
 FLOAT32_RTOL = 1e-6
 """scores.json keeps 7 significant digits of float32 values: a loaded figure is within 1e-6 of the fresh one."""
@@ -101,7 +102,7 @@ def test_load_refuses_what_is_not_a_saved_scan(tmp_path):
     (tmp_path / "scores.json").write_text(json.dumps({"format": 1}))
     with pytest.raises(CircuitkitError, match="format 1"):
         ck.Scan.load(tmp_path)
-    (tmp_path / "scores.json").write_text(json.dumps({"format": 3, "model": {}}))
+    (tmp_path / "scores.json").write_text(json.dumps({"format": JSON_FORMAT, "model": {}}))
     with pytest.raises(CircuitkitError, match="missing or malformed entry"):
         ck.Scan.load(tmp_path)
     (tmp_path / "scores.json").write_text("{not json")

@@ -140,6 +140,66 @@ def _evidence(data: dict[str, Any] | None) -> SavedEvidence | None:
                          thresholds=dict(data.get("thresholds") or {}))
 
 
+@dataclass(frozen=True)
+class SavedRecord:
+    """An opt-in measurement a saved circuit holds (its random-set baseline, its stability), as saved."""
+
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.data
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    """A saved ``[lo, hi]`` (None entries as NaN), or None."""
+    if value is None:
+        return None
+    lo, hi = value
+    return (math.nan if lo is None else float(lo), math.nan if hi is None else float(hi))
+
+
+def _pair_grid(rows: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A saved ``[layer][head] -> [lo, hi] | null`` as ``(lo, hi)`` float64 grids (NaN where null)."""
+    if rows is None:
+        return None
+    lo = [[math.nan if c is None or c[0] is None else float(c[0]) for c in row] for row in rows]
+    hi = [[math.nan if c is None or c[1] is None else float(c[1]) for c in row] for row in rows]
+    return torch.tensor(lo, dtype=torch.float64), torch.tensor(hi, dtype=torch.float64)
+
+
+def _scan_intervals(data: dict[str, Any]) -> dict[str, Any]:
+    """``Scan.intervals`` as :func:`circuitkit.report.data.scan_json` wrote them (empty for a scan without)."""
+    if "uncertainty" not in data:
+        return {}
+    out: dict[str, Any] = {"head_scores": {name: _pair_grid(rows)
+                                           for name, rows in (data.get("head_scores_ci") or {}).items()},
+                           "circuit_ablation": {label: _pair(value)
+                                                for label, value in (data.get("circuit_ablation_ci") or {}).items()}}
+    loss = data.get("induction_loss") or {}
+    if "ci" in loss:
+        out["induction_loss"] = {key: _pair(value) for key, value in loss["ci"].items()}
+    for kind in ("attribution", "ablation"):
+        record = data.get(kind) or {}
+        if "ci" in record:
+            out[kind] = _pair_grid(record["ci"]["effect"])
+    edges = {(_head(e["src"], "scores.json: circuit.edges"), _head(e["dst"], "scores.json: circuit.edges"),
+              e["channel"]): _pair(e["ci"])
+             for e in ((data.get("circuit") or {}).get("edges") or ()) if "ci" in e}
+    if edges:
+        out["edges"] = edges
+    return out
+
+
+def _circuit_intervals(data: dict[str, Any]) -> dict[str, Any]:
+    """The verified circuit's intervals as saved (empty without)."""
+    if "ci" not in data:
+        return {}
+    ci = data["ci"]
+    return {"faithfulness": _pair(ci.get("faithfulness")), "necessity": _pair(ci.get("necessity")),
+            "losses": {key: _pair(value) for key, value in (ci.get("losses") or {}).items()},
+            "curve": {int(p["n_heads"]): _pair(p.get("ci")) for p in data.get("curve", ())}}
+
+
 def _circuit(data: dict[str, Any] | None) -> Any:
     from circuitkit.circuits.faithfulness import Circuit, CurvePoint
 
@@ -157,6 +217,9 @@ def _circuit(data: dict[str, Any] | None) -> Any:
         roles={role: _heads(members, "scores.json: circuit.roles")
                for role, members in (data.get("roles") or {}).items()},
         ranked_by=data.get("ranked_by", "effect"),
+        intervals=_circuit_intervals(data),
+        random_baseline=None if data.get("random_baseline") is None else SavedRecord(data["random_baseline"]),
+        stability=None if data.get("stability") is None else SavedRecord(data["stability"]),
     )
 
 
@@ -208,6 +271,7 @@ def scan_from_json(data: Any, where: str = "Scan.load") -> Any:
             circuit_ablation={label: _float(v) for label, v in (data.get("circuit_ablation") or {}).items()},
             verified=_circuit(data.get("circuit")),
             verified_error=data.get("circuit_error"),
+            intervals=_scan_intervals(data),
         )
     except CircuitkitError:
         raise
