@@ -649,3 +649,26 @@ def test_cli_task_arguments_are_checked_before_any_work(argv, needle, tmp_path, 
 
     assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_task_intervals_hold_the_figures_and_are_deterministic():
+    """Bootstrap intervals over the pairs (from each pair's values in the passes already run): they hold the mean
+    metric, the node circuit's faithfulness and necessity, repeat exactly, and narrow with more pairs."""
+    from circuitkit import zoo
+
+    model = zoo.load()
+    small = scan_task(model, copy_next_task(n=8, d_vocab=60, seed=1), edges=False)
+    again = scan_task(model, copy_next_task(n=8, d_vocab=60, seed=1), edges=False)
+    large = scan_task(model, copy_next_task(n=32, d_vocab=60, seed=1), edges=False)
+    assert small.intervals == again.intervals and small.circuit.intervals == again.circuit.intervals
+    for key, values in (("clean", small.clean), ("corrupted", small.corrupted)):
+        lo, hi = small.intervals[key]
+        assert lo <= float(values.mean()) <= hi
+    c = small.circuit
+    assert c.intervals["faithfulness"][0] <= c.faithfulness <= c.intervals["faithfulness"][1]
+    assert c.intervals["necessity"][0] <= c.necessity <= c.intervals["necessity"][1]
+    width = lambda scan: scan.intervals["clean"][1] - scan.intervals["clean"][0]  # noqa: E731
+    assert width(large) < width(small)
+    data = small.to_json()
+    assert data["task"]["ci"]["clean"] == [pytest.approx(v, abs=1e-6) for v in small.intervals["clean"]]
+    assert "faithfulness" in data["circuit"]["ci"] and "[" in small.answer().splitlines()[1]

@@ -32,7 +32,7 @@ rule over the fraction of edges ``x`` at ``0`` (no edge: faithfulness 0) and :da
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -85,7 +85,9 @@ class TaskCircuit:
     """The node circuit (``heads``, ``mlps``, ``faithfulness``, ``necessity``, ``curve``) and the edge circuit
     (``edges``, ``edge_faithfulness``, ``edge_curve`` over :data:`EDGE_FRACTIONS`, ``cpr``, ``cmd``,
     ``edge_effects``) of one task; ``clean`` / ``corrupted``: the mean metric; ``rank``: signed or abs;
-    ``n_edges_total``: edges in the graph."""
+    ``n_edges_total``: edges in the graph; ``intervals``: ``faithfulness`` and ``necessity`` as ``(lo, hi)``, the
+    percentile bootstrap over the pairs (:func:`circuitkit.bootstrap_ci`) from each pair's metric in the passes
+    that measured them (no extra pass; the edge circuit's figures have none)."""
 
     heads: tuple[tuple[int, int], ...]
     mlps: tuple[int, ...]
@@ -105,6 +107,7 @@ class TaskCircuit:
     clean: float
     corrupted: float
     node_corrupted: float
+    intervals: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,6 +128,7 @@ class TaskCircuit:
             "edge_effects": [e.to_json() for e in self.edge_effects],
             "rank": self.rank,
             "metric_all_nodes_patched": self.node_corrupted,
+            **({"ci": {key: [lo, hi] for key, (lo, hi) in self.intervals.items()}} if self.intervals else {}),
         }
 
 
@@ -180,11 +184,12 @@ def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measur
 
 
 def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: str, *, mlp_nodes: bool = False,
-                 progress: Any = None) -> tuple[tuple, tuple, float, float, tuple, float, int]:
+                 progress: Any = None) -> tuple[tuple, tuple, float, float, tuple, float, int, dict[str, Tensor]]:
     """The smallest top-``n`` node set reaching ``target`` (module docstring). ``node_scores``: ``[sender]`` from
     :meth:`~circuitkit.tasks.graph.TaskRunner.edge_gradients`; ``mlp_nodes``: MLPs are nodes that can be patched
     (default: heads only, every MLP recomputed from its input). Returns ``(heads, mlps, faithfulness, necessity,
-    curve, m_all_patched, n_nodes)``."""
+    curve, m_all_patched, n_nodes, pairs)``, ``pairs``: each pair's metric ``[pair]`` with the circuit kept
+    (``"circuit"``), every node patched (``"all_patched"``) and only the circuit patched (``"only_circuit"``)."""
     graph, spec = runner.graph, runner.spec
     L, H = spec.n_layers, spec.n_heads
     mlp_nodes = mlp_nodes and graph.mlps
@@ -204,13 +209,16 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
                 heads[layer, h] = False
         return heads, mlps
 
+    per_pair: dict[int, Tensor] = {}  # circuit size -> each pair's metric (kept for the intervals)
+
     def metric_of(kept: list) -> float:
         heads, mlps = masks(kept)
         before = runner.passes
-        value = float(runner.node_metric(heads[None], None if mlps is None else mlps[None])[0])
+        values = runner.node_metric(heads[None], None if mlps is None else mlps[None], per_pair=True)[0]
+        per_pair[len(kept)] = values
         if progress is not None:
             progress(runner.passes - before)
-        return value
+        return float(values.mean())
 
     all_patched = metric_of([])
     check_gap(clean, all_patched, runner.metric_name)
@@ -227,13 +235,16 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
     kept = order[:n]
     heads, mlps = masks(kept)
     before = runner.passes
-    only = float(runner.node_metric((~heads)[None], None if mlps is None else (~mlps)[None])[0])
+    only_pairs = runner.node_metric((~heads)[None], None if mlps is None else (~mlps)[None], per_pair=True)[0]
+    only = float(only_pairs.mean())
     if progress is not None:
         progress(runner.passes - before)
+    pairs = {"circuit": per_pair.get(n, runner.clean["metric"]), "all_patched": per_pair[0],
+             "only_circuit": only_pairs}
     curve = tuple(TaskCurvePoint(k, measured[k], metrics[k]) for k in sorted(measured))
     circuit_heads = tuple(sorted((layer, h) for layer, h in kept if h is not None))
     circuit_mlps = tuple(sorted(layer for layer, h in kept if h is None))
-    return circuit_heads, circuit_mlps, measured[n], clean - only, curve, all_patched, N
+    return circuit_heads, circuit_mlps, measured[n], clean - only, curve, all_patched, N, pairs
 
 
 def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, progress: Any = None,

@@ -317,15 +317,17 @@ class TaskRunner:
 
         return {k: mean(v) for k, v in cz.items()}, {k: mean(v) for k, v in cm.items()}
 
-    def node_metric(self, heads: Tensor, mlps: Tensor | None) -> Tensor:
+    def node_metric(self, heads: Tensor, mlps: Tensor | None, *, per_pair: bool = False) -> Tensor:
         """``heads`` ``[sets, layer, head]`` / ``mlps`` ``[sets, layer]`` bool, True where a node is **patched**:
-        the mean metric of each set, ``[sets]`` (one stacked copy of the pairs per set)."""
+        the mean metric of each set, ``[sets]`` (one stacked copy of the pairs per set); with ``per_pair``, each
+        pair's metric, ``[sets, pair]`` (what the bootstrap intervals resample)."""
         out = []
         per = self._copies_per_pass(node=True)
         for start in range(0, heads.shape[0], per):
             stop = start + per
             out.append(self._node_pass(heads[start:stop], None if mlps is None else mlps[start:stop]))
-        return torch.cat(out)
+        values = torch.cat(out)
+        return values if per_pair else values.mean(-1)
 
     def _node_pass(self, heads: Tensor, mlps: Tensor | None) -> Tensor:
         S = heads.shape[0]
@@ -357,7 +359,7 @@ class TaskRunner:
         with torch.no_grad():
             logits = self.adapter.run(self.batch.clean.repeat(S, 1), hooks, positions=self.positions)
         self.passes += S
-        return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
+        return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
                                       why="the patched model's logits overflowed")
 
     # ------------------------------------------------------------------ edge passes

@@ -72,6 +72,7 @@ class TaskScan:
     circuit_error: str | None
     settings: dict[str, Any]
     stages: tuple[TaskStage, ...] = field(default=())
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def passes(self) -> float:
@@ -83,7 +84,9 @@ class TaskScan:
             "format": f"circuitkit-task-scan/{TASK_FORMAT}",
             "model": self.model.as_dict(),
             "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
-                     "units": UNITS[self.task.metric]},
+                     "units": UNITS[self.task.metric],
+                     **({"ci": {k: [_num(lo), _num(hi)] for k, (lo, hi) in self.intervals.items()}}
+                        if self.intervals else {})},
             "settings": self.settings,
             "heads": {"dla": n(self.dla), "score": n(self.scores), **{k: n(v) for k, v in self.head_scores.items()},
                       **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores}},
@@ -98,7 +101,8 @@ class TaskScan:
         """The answer in a few lines of plain text (the terminal's and the report's)."""
         t = self.task
         lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {t.metric} ({UNITS[t.metric]}): "
-                 f"clean {float(self.clean.mean()):+.3f}, corrupted {float(self.corrupted.mean()):+.3f}."]
+                 f"clean {float(self.clean.mean()):+.3f}{_ci(self.intervals.get('clean'))}, corrupted "
+                 f"{float(self.corrupted.mean()):+.3f}{_ci(self.intervals.get('corrupted'))}."]
         c = self.circuit
         if c is None:
             lines.append(f"No circuit: {self.circuit_error}")
@@ -106,8 +110,9 @@ class TaskScan:
         heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
         mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
-                     f"reach faithfulness {c.faithfulness:.3f} (target {c.target}); patching only them loses "
-                     f"{c.necessity:+.3f}. Heads: {heads}.")
+                     f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
+                     f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
+                     f"Heads: {heads}.")
         if c.edge_faithfulness is not None:
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} "
@@ -138,6 +143,37 @@ class TaskScan:
         return f"TaskScan({self.task!r}, {self.model.name!r})\n{self.answer()}"
 
 
+def _ci(pair: tuple[float, float] | None) -> str:
+    return "" if pair is None else f" [{pair[0]:+.3f}, {pair[1]:+.3f}]"
+
+
+def _metric_intervals(clean: Tensor, corrupted: Tensor, n_resamples: int, level: float) -> dict[str, tuple]:
+    """The mean metric's intervals over the pairs (none with a single pair: no spread to resample)."""
+    from circuitkit.uncertainty import bootstrap_ci
+
+    if clean.shape[0] < 2:
+        return {}
+    out = {}
+    for key, values in (("clean", clean), ("corrupted", corrupted)):
+        lo, hi = bootstrap_ci(values, n_resamples, level)
+        out[key] = (float(lo), float(hi))
+    return out
+
+
+def _circuit_intervals(pairs: dict[str, Tensor], clean: Tensor, n_resamples: int, level: float) -> dict[str, tuple]:
+    """Faithfulness ``(m_C - m_all) / (m_clean - m_all)`` and necessity ``m_clean - m_{only C patched}`` over the
+    same resamples of the pairs (one draw: the ratio of resampled means, as the figure itself is)."""
+    from circuitkit.uncertainty import bootstrap_ci
+
+    if clean.shape[0] < 2:
+        return {}
+    stacked = torch.stack([pairs["circuit"].double(), pairs["all_patched"].double(), clean.double()], dim=1)
+    lo, hi = bootstrap_ci(stacked, n_resamples, level,
+                          statistic=lambda m: ((m[:, 0] - m[:, 1]) / (m[:, 2] - m[:, 1]))[:, None])
+    nlo, nhi = bootstrap_ci(clean.double() - pairs["only_circuit"].double(), n_resamples, level)
+    return {"faithfulness": (float(lo[0]), float(hi[0])), "necessity": (float(nlo), float(nhi))}
+
+
 def _num(value: Any) -> float | None:
     value = float(value)
     return round(value, 6) if value == value and abs(value) != float("inf") else None
@@ -147,6 +183,7 @@ def _num(value: Any) -> float | None:
 def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
               rank: str = "abs",
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
+              n_resamples: int = 1000, ci_level: float = 0.95,
               progress: Any = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
@@ -160,6 +197,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         steps: EAP-IG interpolation points.
         edges: measure the edge circuit too (``False``: nodes only).
         progress: ``progress(stage, passes)`` called as passes run (or None).
+        n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
+            node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
     """
     from circuitkit.circuits.faithfulness import check_target
     from circuitkit.models.contract import adapt
@@ -171,6 +210,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     edges = validate.boolean("scan_task: edges", edges)
+    from circuitkit.uncertainty import check_settings
+
+    n_resamples, ci_level, _ = check_settings("scan_task", n_resamples, ci_level, 0)
     mlp_nodes = validate.boolean("scan_task: mlp_nodes", mlp_nodes)
     if name is not None and (not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 200):
         raise validate.fail("scan_task: name", name, "a one-line model name of at most 200 characters")
@@ -204,7 +246,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                    for name, to, minus in task.attention_scores}
     circuit, error = None, None
     try:
-        heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes = stage(
+        heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
             "nodes", lambda: node_circuit(runner, node_scores, target, rank, mlp_nodes=mlp_nodes))
     except NoBehaviour as exc:  # reported, not raised
         error = str(exc)
@@ -218,9 +260,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
         circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                               edge_curve, n_edges, cpr, cmd, effects, rank, float(clean["metric"].mean()),
-                              float(corrupted["metric"].mean()), all_patched)
+                              float(corrupted["metric"].mean()), all_patched,
+                              intervals=_circuit_intervals(pairs, clean["metric"], n_resamples, ci_level))
     settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
-                "ablation": task.ablation, "device": str(spec.device)}
+                "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
+                "ci_level": ci_level}
     return TaskScan(
         model=summarise_model(adapter, name),
         task=task,
@@ -237,6 +281,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         circuit=circuit,
         circuit_error=error,
         settings=settings,
+        intervals=_metric_intervals(clean["metric"], corrupted["metric"], n_resamples, ci_level),
         stages=tuple(stages),
     )
 
