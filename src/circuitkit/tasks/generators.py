@@ -47,13 +47,14 @@ WORDS = ("oil column piece", "crime population", "unit dark", "shape fire", "riv
 
 
 def _tokenizer(model: Any) -> Any:
-    from circuitkit.models.contract import ModelAdapter, adapt
+    """The model's tokenizer (the model itself is neither adapted nor run: its state is untouched)."""
+    from circuitkit.models.contract import ModelAdapter
 
-    adapter = model if isinstance(model, ModelAdapter) else adapt(model)
-    tokenizer = adapter.tokenizer
+    inner = model.model if isinstance(model, ModelAdapter) else model
+    tokenizer = getattr(inner, "tokenizer", None)
     if tokenizer is None:
         raise CircuitkitError(
-            f"task generator: given a {type(adapter.model).__name__} without a tokenizer; expected a model with a "
+            f"task generator: given a {type(inner).__name__} without a tokenizer; expected a model with a "
             "tokenizer (built-in tasks write text for it). Build a Task from token ids with Task.from_pairs instead."
         )
     return tokenizer
