@@ -336,7 +336,7 @@ def test_direct_logit_attribution_by_hand(runner):
     head = runner.graph.sender_index(2, 1)
     out = runner.clean["out"][head][rows, batch.last]
     out = out - out.mean(-1, keepdim=True)
-    expected = ((out / scale * ln.weight) * direction.T).sum(-1).mean()
+    expected = ((out / scale * ln.weight.detach()) * direction.T.detach()).sum(-1).mean()
     assert float(runner.clean["dla"][head]) == pytest.approx(float(expected), abs=1e-5)
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from circuitkit.circuits.faithfulness import geometric_sizes
 from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import head_name
 from circuitkit.tasks.graph import TaskRunner
@@ -230,7 +231,7 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
 
     N = len(order)
     measured = {0: 0.0, N: 1.0}
-    sizes = [n for n in _geometric(N) if n < N]
+    sizes = [n for n in geometric_sizes(N) if n < N]
     n = _smallest(evaluate, sizes, N, target, measured)
     kept = order[:n]
     heads, mlps = masks(kept)
@@ -308,14 +309,6 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
 
 def _trapezoid(xs: list[float], ys: list[float]) -> float:
     return float(sum((xs[i + 1] - xs[i]) * (ys[i + 1] + ys[i]) / 2 for i in range(len(xs) - 1)))
-
-
-def _geometric(n_total: int) -> list[int]:
-    sizes, n = [], 1
-    while n < n_total:
-        sizes.append(n)
-        n *= 2
-    return [*sizes, n_total]
 
 
 __all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit",
