@@ -1691,7 +1691,10 @@ CASES["circuitkit:scan"].extra_bad["task"] = [
     ("dev-zero", const("/dev/zero"), STRICT), ("directory", const("/tmp"), STRICT),
     ("int", const(3), STRICT),
 ]
-CASES["circuitkit:scan"].context["task"] = lambda: {"model": induction_model(), "tokens": None, "task": copy_task()}
+CASES["circuitkit:scan"].context["task"] = lambda: {
+    "model": induction_model(), "tokens": None, "task": copy_task(),
+    # the induction scan's own settings at their defaults: a task scan refuses any other value of them
+    "ablate_top": 8, "top_k": 5, "circuit": True}
 
 # --- circuitkit.report
 R = "circuitkit.report"

@@ -616,7 +616,19 @@ def scan(
     if task is not None and not (isinstance(task, str) and task == "induction"):
         if tokens is not None:
             raise validate.fail("scan: tokens", tokens, "None when a task is given (the task brings its prompts)")
-        return _task_scan(model, task, target=target, device=device, name=name, mode=mode)
+        induction_only = {"ablate": (ablate, "top"), "ablate_top": (ablate_top, DEFAULT_ABLATE_TOP),
+                          "ablation_method": (ablation_method, "mean"), "top_k": (top_k, 5),
+                          "n_patch": (n_patch, DEFAULT_N_PATCH), "circuit": (circuit, True),
+                          "faithfulness_method": (faithfulness_method, ablation_method),
+                          "circuit_rank": (circuit_rank, "joint"), "roles": (roles, DEFAULT_ROLES),
+                          "random_sets": (random_sets, 0), "stability": (stability, 0)}
+        changed = [key for key, (value, default) in induction_only.items() if value != default]
+        if changed:
+            raise validate.fail(f"scan: {changed[0]}", induction_only[changed[0]][0],
+                                f"its default with a task (the induction scan's settings {changed} do not apply "
+                                "to a task scan; see circuitkit.tasks.scan_task for its own)")
+        return _task_scan(model, task, target=target, device=device, name=name, mode=mode,
+                          n_resamples=n_resamples, ci_level=ci_level)
     adapter = adapt(model, device)
     spec = adapter.spec
     batch = as_batch(tokens, adapter)
@@ -728,7 +740,8 @@ def scan(
     )
 
 
-def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str) -> Any:
+def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
+               n_resamples: int, ci_level: float) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
     ``"off"``."""
     from circuitkit.tasks import Task, get_task, scan_task
@@ -744,7 +757,8 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
             print(f"scan {task.name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s",
                   file=sys.stderr, flush=True)
 
-    return scan_task(model, task, target=target, device=device, name=name, progress=line)
+    return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
+                     ci_level=ci_level)
 
 
 def called_heads(scores: HeadScores, name: str) -> tuple[Head, ...]:
