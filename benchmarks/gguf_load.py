@@ -56,7 +56,7 @@ def main() -> None:
     if len(rows) == 2:
         import torch
 
-        a, b = (torch.load(r["logits_file"]) for r in rows)
+        a, b = (torch.load(r["logits_file"], weights_only=True) for r in rows)
         out["max_abs_logit_diff"] = float((a - b).abs().max())
         print(f"max |logits(GGUF) - logits(safetensors)| = {out['max_abs_logit_diff']:.3g}")
     print(json.dumps(out, indent=2))

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 
+import gguf  # a dependency of circuitkit (pyproject.toml): GGUF reading and writing
 import numpy as np
 import pytest
 import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError
-
-gguf = pytest.importorskip("gguf", reason="a dependency of circuitkit (pyproject.toml): GGUF reading and writing")
 
 N_LAYERS, N_HEADS, N_KV, D_MODEL, D_MLP, VOCAB, N_CTX = 2, 4, 2, 16, 32, 32, 64
 LOGITS_ATOL = 1e-5

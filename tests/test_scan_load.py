@@ -81,7 +81,7 @@ def test_table_ranks_every_head_like_the_scan(scans):
 
 
 def test_to_pandas_is_the_table(scans):
-    pandas = pytest.importorskip("pandas", reason="optional dependency: pandas")
+    import pandas  # optional for users, in the dev extra: the tests always have it
     fresh, directory = scans["full"]
     frame = ck.Scan.load(directory).to_pandas()
     assert isinstance(frame, pandas.DataFrame)
