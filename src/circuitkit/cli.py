@@ -124,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="prompt pairs a built-in task writes (32)")
     scan.add_argument("--target", type=_target, default=0.8, metavar="F",
                       help="the faithfulness the circuit must reach, in (0, 1] (0.8)")
+    # uncertainty.DEFAULT_RESAMPLES / DEFAULT_LEVEL, not imported: --help stays free of torch
+    scan.add_argument("--resamples", type=_int_in(2, 1_000_000), default=1000, metavar="N",
+                      help="bootstrap resamples behind every interval (1000; no extra forward pass)")
+    scan.add_argument("--ci-level", type=_level, default=0.95, metavar="F",
+                      help="the intervals' confidence level, in (0, 1) (0.95)")
+    scan.add_argument("--random-sets", type=_int_in(0, 10_000), default=0, metavar="N",
+                      help="also measure N random head sets of the circuit's size per kind (2N passes; default 0)")
+    scan.add_argument("--stability", type=_int_in(0, 10_000), default=0, metavar="N",
+                      help="rerun the circuit search on N bootstrap resamples of the batch: each head's inclusion "
+                      "frequency and the circuits' mean Jaccard (each about one circuit search; default 0)")
     add_track_parser(sub)  # defined with run_track below (kept apart from the scan's arguments)
     return parser
 
@@ -138,6 +148,16 @@ def _target(text: str) -> float:
         value = float("nan")
     if not 0.0 < value <= 1.0:
         raise argparse.ArgumentTypeError(f"given {text!r}; expected a faithfulness in (0, 1], e.g. 0.8")
+    return value
+
+
+def _level(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected a confidence level in (0, 1), e.g. 0.95")
     return value
 
 
@@ -224,6 +244,11 @@ def run_scan(args: argparse.Namespace) -> int:
         progress=True,  # a bar on a terminal, one line per stage in a log or a pipe
         name=name,
         allow_download=args.allow_download,
+        target=args.target,
+        n_resamples=args.resamples,
+        ci_level=args.ci_level,
+        random_sets=args.random_sets,
+        stability=args.stability,
     )
     saved = result.save(out, png=args.png)
     if args.json:
@@ -247,7 +272,9 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any) ->
 
     task = tasks.get_task(args.task, model, n=args.pairs, seed=args.seed)
     _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {task.metric}")
-    result = ck.scan(model, task=task, target=args.target, device=args.device, progress=True, name=name)
+    result = ck.scan(model, task=task, target=args.target, device=args.device, progress=True, name=name,
+                     n_resamples=args.resamples, ci_level=args.ci_level, random_sets=args.random_sets,
+                     stability=args.stability)
     saved = result.save(out)
     if args.json:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
