@@ -122,12 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                       "greater-than, docstring, or a file of clean/corrupted pairs (.jsonl, .csv, .json)")
     scan.add_argument("--pairs", type=_int_in(2, 10_000), default=32, metavar="N",
                       help="prompt pairs a built-in task writes (32)")
-    scan.add_argument("--target", type=_target, default=0.8, metavar="F",
+    scan.add_argument("--target", type=_fraction("a faithfulness", "0.8", one=True), default=0.8, metavar="F",
                       help="the faithfulness the circuit must reach, in (0, 1] (0.8)")
     # uncertainty.DEFAULT_RESAMPLES / DEFAULT_LEVEL, not imported: --help stays free of torch
     scan.add_argument("--resamples", type=_int_in(2, 1_000_000), default=1000, metavar="N",
                       help="bootstrap resamples behind every interval (1000; no extra forward pass)")
-    scan.add_argument("--ci-level", type=_level, default=0.95, metavar="F",
+    scan.add_argument("--ci-level", type=_fraction("a confidence level", "0.95", one=False), default=0.95, metavar="F",
                       help="the intervals' confidence level, in (0, 1) (0.95)")
     scan.add_argument("--random-sets", type=_int_in(0, 10_000), default=0, metavar="N",
                       help="also measure N random head sets of the circuit's size per kind (2N passes; default 0)")
@@ -141,24 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
 BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring")
 
 
-def _target(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"given {text!r}; expected a faithfulness in (0, 1], e.g. 0.8")
-    return value
+def _fraction(what: str, example: str, *, one: bool):
+    """An argparse type: a float in ``(0, 1]`` (``one``) or ``(0, 1)``, refused in one line naming ``what``."""
+    interval = "(0, 1]" if one else "(0, 1)"
 
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (0.0 < value <= 1.0 if one else 0.0 < value < 1.0):
+            raise argparse.ArgumentTypeError(f"given {text!r}; expected {what} in {interval}, e.g. {example}")
+        return value
 
-def _level(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"given {text!r}; expected a confidence level in (0, 1), e.g. 0.95")
-    return value
+    return parse
 
 
 def _check_task(text: str) -> None:

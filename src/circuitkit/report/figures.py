@@ -223,11 +223,12 @@ def answer_diagram(answer: Any) -> str:
 
 def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int,
                        whiskers: Mapping[int, tuple[float, float] | None] | None = None,
-                       baseline: tuple[float, float, float] | None = None) -> str:
+                       baseline: tuple[float, float, float] | None = None, unit: str = "heads") -> str:
     """Faithfulness of the top-``n`` heads against ``n`` (every point measured exactly), a log2(n + 1) axis, the
     target dashed and the circuit's point ringed; ``whiskers``: ``n -> (lo, hi)``, each point's bootstrap interval
     over the batch's sequences; ``baseline``: ``(mean, lo, hi)`` of random head sets of the circuit's size, a grey
-    cross with its whisker at the circuit's size."""
+    cross with its whisker at the circuit's size; ``unit``: what ``n`` counts in the labels (a task's edge circuit
+    counts ``"edges"``)."""
     width, height, ml, mr, mt, mb = 300, 170, 40, 12, 22, 34
     top_x = math.log2(total + 1) or 1.0
     whiskers = {n: w for n, w in (whiskers or {}).items() if w is not None}
@@ -244,7 +245,7 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
     parts = [
         f'<svg class="ck-curve" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="system-ui, sans-serif" font-size="10" role="img" aria-label="faithfulness curve">'
-        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">faithfulness of the top-n heads (exact)'
+        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">faithfulness of the top-n {unit} (exact)'
         "</text>"
     ]
     for tick in sorted({0.0, 0.5, 1.0}):
@@ -265,18 +266,18 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
         if high > low:
             parts.append(f'<path class="ck-whisker" d="M{_f(x(n))},{_f(y(low))}V{_f(y(high))}M{_f(x(n) - 3)},'
                          f'{_f(y(low))}h6M{_f(x(n) - 3)},{_f(y(high))}h6" stroke="#2e6db4" stroke-width="1">'
-                         f"<title>top {n} heads: interval {low:.3f} to {high:.3f}</title></path>")
+                         f"<title>top {n} {unit}: interval {low:.3f} to {high:.3f}</title></path>")
     if baseline is not None:
         mean, low, high = baseline
         bx = x(chosen) + 7
         parts.append(f'<path class="ck-baseline" d="M{_f(bx)},{_f(y(low))}V{_f(y(high))}M{_f(bx - 3)},{_f(y(mean))}'
-                     f'h6" stroke="#888" stroke-width="1.5"><title>random sets of {chosen} heads: faithfulness '
+                     f'h6" stroke="#888" stroke-width="1.5"><title>random sets of {chosen} {unit}: faithfulness '
                      f"{mean:.3f} (interval {low:.3f} to {high:.3f})</title></path>")
     for n, f in curve:
         ring = ' r="5" fill="none" stroke="#b2182b" stroke-width="2"' if n == chosen else ' r="2.5" fill="#2e6db4"'
-        parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{ring}><title>top {n} heads: faithfulness '
+        parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{ring}><title>top {n} {unit}: faithfulness '
                      f"{f:.3f}</title></circle>")
-    parts.append(f'<text x="{(width + ml) // 2}" y="{height - 4}" text-anchor="middle" fill="#555">heads kept '
+    parts.append(f'<text x="{(width + ml) // 2}" y="{height - 4}" text-anchor="middle" fill="#555">{unit} kept '
                  f"(ringed: the circuit, {chosen} of {total})</text></svg>")
     return "".join(parts)
 

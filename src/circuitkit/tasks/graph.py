@@ -321,13 +321,14 @@ class TaskRunner:
         """``heads`` ``[sets, layer, head]`` / ``mlps`` ``[sets, layer]`` bool, True where a node is **patched**:
         the mean metric of each set, ``[sets]`` (one stacked copy of the pairs per set); with ``per_pair``, each
         pair's metric, ``[sets, pair]`` (what the bootstrap intervals resample)."""
-        out = []
-        per = self._copies_per_pass(node=True)
-        for start in range(0, heads.shape[0], per):
-            stop = start + per
-            out.append(self._node_pass(heads[start:stop], None if mlps is None else mlps[start:stop]))
-        values = torch.cat(out)
+        values = self._in_passes(heads.shape[0], node=True, run=lambda part: self._node_pass(
+            heads[part], None if mlps is None else mlps[part]))
         return values if per_pair else values.mean(-1)
+
+    def _in_passes(self, sets: int, *, node: bool, run: Callable[[slice], Tensor]) -> Tensor:
+        """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated."""
+        per = self._copies_per_pass(node=node)
+        return torch.cat([run(slice(start, start + per)) for start in range(0, sets, per)])
 
     def _node_pass(self, heads: Tensor, mlps: Tensor | None) -> Tensor:
         S = heads.shape[0]
@@ -366,16 +367,15 @@ class TaskRunner:
     def edge_metric(self, kept: Tensor) -> Tensor:
         """``kept`` ``[sets, sender, receiver]`` bool (True: the edge is in the circuit, clean): the mean metric of
         each set with every other edge patched from the corrupted prompt, ``[sets]``."""
-        out = []
-        per = self._copies_per_pass(node=False)
-        for start in range(0, kept.shape[0], per):
-            chunk = kept[start : start + per]
+        def run(part: slice) -> Tensor:
+            chunk = kept[part]
             with torch.no_grad():
                 logits = self._edge_pass(chunk.shape[0], chunk, None, None)
             self.passes += chunk.shape[0]
-            out.append(validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
-                                              why="the patched model's logits overflowed"))
-        return torch.cat(out)
+            return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
+                                          why="the patched model's logits overflowed")
+
+        return self._in_passes(kept.shape[0], node=False, run=run)
 
     def edge_gradients(self, steps: int) -> tuple[Tensor, Tensor]:
         """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge."""

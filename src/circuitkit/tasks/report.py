@@ -28,9 +28,7 @@ th{background:#f6f6f8}td.l,th.l{text-align:left}.figs{display:flex;flex-wrap:wra
 def _curve_svg(points: list[tuple[int, float]], target: float, chosen: int, total: int, unit: str = "heads") -> str:
     from circuitkit.report.figures import faithfulness_curve
 
-    svg = faithfulness_curve(points, target, chosen, total)
-    # the induction report's curve counts heads; the edge curve's axis and title count edges
-    return svg.replace("heads kept", f"{unit} kept").replace("top-n heads", f"top-n {unit}")
+    return faithfulness_curve(points, target, chosen, total, unit=unit)
 
 
 def task_report(result: Any) -> str:

@@ -184,14 +184,19 @@ def check_entry(record: Any, at: _Field, model: dict[str, Any], prefix: str = ""
     return record
 
 
+def _header(data: Any, kind: str, fmt: Any, at: _Field) -> tuple[dict[str, Any], Any]:
+    """What a record and ``track.json`` both open with: a JSON object of ``fmt``, its settings and its model."""
+    data = _dict(data, kind, at)
+    if data.get("format") != fmt:
+        raise at.fail("format", data.get("format"), repr(fmt))
+    _dict(_require(data, "settings", at), "settings", at)
+    return data, check_model(_require(data, "model", at), at)
+
+
 def check_record(data: Any, file: Path | str, where: str) -> dict[str, Any]:
     """A whole ``track-step<N>.json`` record checked (see the module docstring)."""
     at = _Field(where, file)
-    data = _dict(data, "record", at)
-    if data.get("format") != RECORD_FORMAT:
-        raise at.fail("format", data.get("format"), repr(RECORD_FORMAT))
-    _dict(_require(data, "settings", at), "settings", at)
-    model = check_model(_require(data, "model", at), at)
+    data, model = _header(data, "record", RECORD_FORMAT, at)
     sha = _require(data, "tokens_sha256", at)
     if not isinstance(sha, str) or not SHA256.match(sha):
         raise at.fail("tokens_sha256", sha, "64 hexadecimal digits")
@@ -201,11 +206,7 @@ def check_record(data: Any, file: Path | str, where: str) -> dict[str, Any]:
 def check_track(data: Any, file: Path | str, where: str) -> dict[str, Any]:
     """A whole ``track.json`` checked: its settings, architecture and every checkpoint entry; at least one."""
     at = _Field(where, file)
-    data = _dict(data, "track", at)
-    if data.get("format") != TRACK_FORMAT:
-        raise at.fail("format", data.get("format"), repr(TRACK_FORMAT))
-    _dict(_require(data, "settings", at), "settings", at)
-    model = check_model(_require(data, "model", at), at)
+    data, model = _header(data, "track", TRACK_FORMAT, at)
     if not isinstance(data.get("complete", True), bool):
         raise at.fail("complete", data["complete"], "true or false")
     sha = data.get("tokens_sha256")
