@@ -38,7 +38,7 @@ from circuitkit.circuits import edge_attribution, path_patching
 from circuitkit.circuits.metrics import repeated_loss
 from circuitkit.detect import RepeatedTokens
 from circuitkit.detect.attribution import frozen_parameters
-from circuitkit.models.contract import HOOKS, adapt
+from circuitkit.models.adapters import HOOKS, adapt
 
 ATTRIBUTION_TARGET = 5.0
 PATCHING_TARGET = 40.0

@@ -38,7 +38,7 @@ from circuitkit.detect.agreement import spearman  # noqa: E402
 from circuitkit.detect.attribution import attribute  # noqa: E402
 from circuitkit.detect.scores import PatternCollector  # noqa: E402
 from circuitkit.detect.tokens import RepeatedTokens  # noqa: E402
-from circuitkit.models.contract import adapt  # noqa: E402
+from circuitkit.models.adapters import adapt  # noqa: E402
 from circuitkit.pipeline import called_heads  # noqa: E402
 from circuitkit.uncertainty import resample_counts  # noqa: E402
 

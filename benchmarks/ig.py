@@ -81,7 +81,7 @@ def bench_heads(label: str, model: Any, tokens: Any, steps_list: list[int], path
     import circuitkit as ck
     from circuitkit.detect.agreement import spearman
     from circuitkit.detect.tokens import as_batch
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     adapter = adapt(model)
     spec = adapter.spec
@@ -123,7 +123,7 @@ def bench_heads(label: str, model: Any, tokens: Any, steps_list: list[int], path
 def bench_edges(model: Any, steps_list: list[int]) -> list[dict[str, Any]]:
     import circuitkit as ck
     from circuitkit.detect.agreement import spearman
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     spec = adapt(model).spec
     L, H = spec.n_layers, spec.n_heads

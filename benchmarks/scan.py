@@ -91,7 +91,7 @@ LABELS = {"a": "(a) gpt2-small shape", "b": "(b) smollm-135m shape (GQA)", "c": 
 
 def forward_seconds(model: Any, repeats: int) -> list[float]:
     from circuitkit.detect.tokens import as_batch
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     adapter = adapt(model)
     tokens = as_batch(None, adapter).tokens
@@ -128,7 +128,7 @@ def agreement_row(result: Any) -> dict[str, Any]:
 
 def bench(label: str, model: Any, *, repeats: int, run_all: bool) -> dict[str, Any]:
     from circuitkit.detect.tokens import as_batch
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     adapter = adapt(model)
     spec = adapter.spec

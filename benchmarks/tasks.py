@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def forward_seconds(model, task, repeats: int = 2) -> float:
     """Median seconds of one plain forward pass of the task's clean prompts (logits at every position)."""
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     adapter = adapt(model)
     batch = task.tokenize(adapter)

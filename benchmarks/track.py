@@ -89,7 +89,7 @@ def child_cost(path: str, threads: int, repeats: int) -> dict[str, Any]:
 
     import circuitkit as ck
     from circuitkit.detect.tokens import RepeatedTokens
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
 
     _threads(threads)

@@ -36,7 +36,7 @@ PACKAGES = (
     "circuitkit",
     "circuitkit.detect",
     "circuitkit.models",
-    "circuitkit.build",
+    "circuitkit.handbuilt",
     "circuitkit.viz",
     "circuitkit.theory",
     "circuitkit.circuits",
@@ -71,18 +71,18 @@ METHODS = (
     "circuitkit.models.toy:AttentionOnlyModel.run_with_hooks",
     "circuitkit.models.toy:AttentionOnlyModel.with_attention",
     "circuitkit.models.toy:AttentionOnlyModel.to",
-    "circuitkit.build.subspace:ResidualLayout.stack",
-    "circuitkit.build.subspace:Subspace.span",
+    "circuitkit.handbuilt.subspace:ResidualLayout.stack",
+    "circuitkit.handbuilt.subspace:Subspace.span",
     # operators and reads of the hand-building API (a bad operand is a user's argument like any other)
     "circuitkit.factored:Factored.__matmul__",
     "circuitkit.factored:Factored.__rmatmul__",
     "circuitkit.factored:Factored.__getitem__",
-    "circuitkit.build.heads:QK.__add__",
-    "circuitkit.build.heads:OV.__add__",
-    "circuitkit.build.subspace:Subspace.__getitem__",
-    "circuitkit.build.subspace:Subspace.__add__",
-    "circuitkit.build.subspace:Subspace.read",
-    "circuitkit.build.exercises:VirtualHeadExercise.paths",
+    "circuitkit.handbuilt.heads:QK.__add__",
+    "circuitkit.handbuilt.heads:OV.__add__",
+    "circuitkit.handbuilt.subspace:Subspace.__getitem__",
+    "circuitkit.handbuilt.subspace:Subspace.__add__",
+    "circuitkit.handbuilt.subspace:Subspace.read",
+    "circuitkit.handbuilt.exercises:VirtualHeadExercise.paths",
     "circuitkit.tracking.result:Track.load",
     "circuitkit.tasks.task:Task.from_pairs",
     "circuitkit.tasks.task:Task.tokenize",
@@ -725,7 +725,7 @@ DTYPES: list[Bad] = [
 
 
 def _subspaces() -> list[Bad]:
-    from circuitkit.build import Subspace
+    from circuitkit.handbuilt import Subspace
 
     return [
         ("None", const(None), STRICT),
@@ -1051,35 +1051,35 @@ CASES["circuitkit.models:load_model"].run_valid = False  # no Hugging Face model
 case("circuitkit.models:to_bridge", lambda: {"model_or_weights": weights(), "device": "cpu"},
      model_or_weights=W, device="device?")
 
-# --- circuitkit.build
+# --- circuitkit.handbuilt
 
 
 def _layout():
-    from circuitkit.build import ResidualLayout
+    from circuitkit.handbuilt import ResidualLayout
 
     return ResidualLayout(8, {"a": range(0, 2), "b": range(2, 4), "c": range(4, 8)})
 
 
 def _code():
-    from circuitkit.build import PositionCode
+    from circuitkit.handbuilt import PositionCode
 
     return PositionCode(8)
 
 
 def _qk():
-    from circuitkit.build import match_qk
+    from circuitkit.handbuilt import match_qk
 
     return match_qk(_layout()["a"], _layout()["b"], d_head=2)
 
 
 def _ov():
-    from circuitkit.build import copy_ov
+    from circuitkit.handbuilt import copy_ov
 
     return copy_ov(_layout()["a"], _layout()["b"], d_head=2)
 
 
 def _head_spec():
-    from circuitkit.build import HeadSpec
+    from circuitkit.handbuilt import HeadSpec
 
     return HeadSpec(qk=_qk(), ov=_ov(), name="h")
 
@@ -1095,45 +1095,45 @@ SPEC_LAYERS: list[Bad] = [
 
 HEAD_PARTS: list[Bad] = [("str", const("qk"), STRICT), ("int", const(3), STRICT), ("tuple", const((0, 1)), STRICT),
                          ("subspace", lambda v: _layout()["a"], STRICT)]
-case("circuitkit.build:HeadSpec", lambda: {"qk": _qk(), "ov": _ov(), "name": "h"}, name="text",
+case("circuitkit.handbuilt:HeadSpec", lambda: {"qk": _qk(), "ov": _ov(), "name": "h"}, name="text",
      extra_bad={"qk": [*HEAD_PARTS, ("an-OV", lambda v: _ov(), STRICT)],
                 "ov": [*HEAD_PARTS, ("a-QK", lambda v: _qk(), STRICT)]})
-case("circuitkit.build:QK", lambda: {"W_Q": torch.randn(8, 2), "W_K": torch.randn(8, 2), "b_Q": torch.randn(2)},
+case("circuitkit.handbuilt:QK", lambda: {"W_Q": torch.randn(8, 2), "W_K": torch.randn(8, 2), "b_Q": torch.randn(2)},
      W_Q="tensor", W_K="tensor", b_Q="tensor?")
-case("circuitkit.build:OV", lambda: {"W_V": torch.randn(8, 2), "W_O": torch.randn(2, 8)}, W_V="tensor",
+case("circuitkit.handbuilt:OV", lambda: {"W_V": torch.randn(8, 2), "W_O": torch.randn(2, 8)}, W_V="tensor",
      W_O="tensor")
-case("circuitkit.build:PositionCode", lambda: {"n_ctx": 8}, n_ctx="size>=2")
-case("circuitkit.build:ResidualLayout", lambda: {"d_model": 8, "spaces": {"a": [0, 1], "b": [2, 3]}},
+case("circuitkit.handbuilt:PositionCode", lambda: {"n_ctx": 8}, n_ctx="size>=2")
+case("circuitkit.handbuilt:ResidualLayout", lambda: {"d_model": 8, "spaces": {"a": [0, 1], "b": [2, 3]}},
      d_model="size>=1", spaces="heads")
-case("circuitkit.build:Subspace", lambda: {"name": "a", "dims": (0, 1), "d_model": 8}, name="text",
+case("circuitkit.handbuilt:Subspace", lambda: {"name": "a", "dims": (0, 1), "d_model": 8}, name="text",
      dims="heads", d_model="size>=1")
-record("circuitkit.build:InductionCircuit", "result record of induction_circuit")
-record("circuitkit.build:VirtualHeadExercise", "result record of virtual_head_exercise")
-case("circuitkit.build:assemble", lambda: {"layers": [[_head_spec()]], "d_model": 8, "d_head": 2,
+record("circuitkit.handbuilt:InductionCircuit", "result record of induction_circuit")
+record("circuitkit.handbuilt:VirtualHeadExercise", "result record of virtual_head_exercise")
+case("circuitkit.handbuilt:assemble", lambda: {"layers": [[_head_spec()]], "d_model": 8, "d_head": 2,
      "W_E": torch.randn(D_VOCAB, 8), "W_U": torch.randn(8, D_VOCAB), "attention": "soft", "n_ctx": 8,
      "attn_scale": 1.0}, extra_bad={"layers": SPEC_LAYERS}, d_model="size>=1?", d_head="size>=1?", W_E="tensor?",
      W_U="tensor?", attention="option", n_ctx="size>=1?", attn_scale="real>0?")
-case("circuitkit.build:assemble_weights", lambda: {"layers": [[_head_spec()]], "d_model": 8, "d_head": 2,
+case("circuitkit.handbuilt:assemble_weights", lambda: {"layers": [[_head_spec()]], "d_model": 8, "d_head": 2,
      "W_pos": torch.randn(8, 8)}, extra_bad={"layers": SPEC_LAYERS}, d_model="size>=1?", d_head="size>=1?",
      W_pos="tensor?")
-case("circuitkit.build:check_disjoint", lambda: {"subspaces": [_layout()["a"], _layout()["b"]]},
+case("circuitkit.handbuilt:check_disjoint", lambda: {"subspaces": [_layout()["a"], _layout()["b"]]},
      subspaces="heads")
-case("circuitkit.build:copy_ov", lambda: {"src": _layout()["a"], "dst": _layout()["b"], "scale": 2.0,
+case("circuitkit.handbuilt:copy_ov", lambda: {"src": _layout()["a"], "dst": _layout()["b"], "scale": 2.0,
      "d_head": 4}, src="subspace", dst="subspace", scale="real", d_head="size>=1?")
-case("circuitkit.build:induction_circuit", lambda: {"d_vocab": 8, "n_ctx": 8, "gap": 20.0, "logit_scale": 10.0,
+case("circuitkit.handbuilt:induction_circuit", lambda: {"d_vocab": 8, "n_ctx": 8, "gap": 20.0, "logit_scale": 10.0,
      "attention": "hard"}, d_vocab="size>=2", n_ctx="size>=2", gap="real>0", logit_scale="real>0",
      attention="option")
-case("circuitkit.build:key_bias_qk", lambda: {"key": _layout()["a"], "bias": 1.0}, key="subspace", bias="real")
-case("circuitkit.build:match_qk", lambda: {"query": _layout()["a"], "key": _layout()["b"], "scale": 1.0,
+case("circuitkit.handbuilt:key_bias_qk", lambda: {"key": _layout()["a"], "bias": 1.0}, key="subspace", bias="real")
+case("circuitkit.handbuilt:match_qk", lambda: {"query": _layout()["a"], "key": _layout()["b"], "scale": 1.0,
      "d_head": 4}, query="subspace", key="subspace", scale="real", d_head="size>=1?")
-case("circuitkit.build:previous_token_pattern", lambda: {"n_pos": 5, "dtype": torch.float64}, n_pos="size>=1",
+case("circuitkit.handbuilt:previous_token_pattern", lambda: {"n_pos": 5, "dtype": torch.float64}, n_pos="size>=1",
      dtype="dtype")
-case("circuitkit.build:previous_token_qk", lambda: {"positions": _positions(), "code": _code(), "offset": 1,
+case("circuitkit.handbuilt:previous_token_qk", lambda: {"positions": _positions(), "code": _code(), "offset": 1,
      "scale": 1.0, "d_head": None}, positions="subspace", code="scan", offset="int>=1", scale="real")
-case("circuitkit.build:repeated_tokens", lambda: {"d_vocab": 8, "length": 4, "batch": 2, "seed": 0,
+case("circuitkit.handbuilt:repeated_tokens", lambda: {"d_vocab": 8, "length": 4, "batch": 2, "seed": 0,
      "distinct": True}, d_vocab="size>=1", length="size>=1", batch="size>=1", seed="seed", distinct="bool")
-case("circuitkit.build:virtual_head_exercise", lambda: {})
-method("circuitkit.build.subspace:ResidualLayout.stack", _layout, lambda: {"d_model": 8, "a": 2, "b": 3},
+case("circuitkit.handbuilt:virtual_head_exercise", lambda: {})
+method("circuitkit.handbuilt.subspace:ResidualLayout.stack", _layout, lambda: {"d_model": 8, "a": 2, "b": 3},
        d_model="size>=1?", a="size>=1")
 OPERANDS: list[Bad] = [("int", const(3), STRICT), ("str", const("x"), STRICT), ("None", const(None), STRICT),
                        ("list", const([[1.0] * 8] * 8), STRICT), ("numpy", const(np.ones((8, 8))), STRICT),
@@ -1162,45 +1162,45 @@ method("circuitkit.factored:Factored.__getitem__", _factored, lambda: {"index": 
                             ("mask-wrong-length", const(torch.tensor([True, False, True])), STRICT)]})
 ADDENDS: list[Bad] = [("int", const(1), STRICT), ("None", const(None), STRICT), ("tensor", const(torch.eye(8)), STRICT),
                       ("str", const("x"), STRICT)]
-method("circuitkit.build.heads:QK.__add__", _qk, lambda: {"other": _qk()}, positional=("other",),
+method("circuitkit.handbuilt.heads:QK.__add__", _qk, lambda: {"other": _qk()}, positional=("other",),
        extra_bad={"other": [*ADDENDS, ("an-OV", lambda v: _ov(), STRICT)]})
-method("circuitkit.build.heads:OV.__add__", _ov, lambda: {"other": _ov()}, positional=("other",),
+method("circuitkit.handbuilt.heads:OV.__add__", _ov, lambda: {"other": _ov()}, positional=("other",),
        extra_bad={"other": [*ADDENDS, ("a-QK", lambda v: _qk(), STRICT)]})
-method("circuitkit.build.subspace:Subspace.__getitem__", lambda: _layout()["c"], lambda: {"index": 1},
+method("circuitkit.handbuilt.subspace:Subspace.__getitem__", lambda: _layout()["c"], lambda: {"index": 1},
        positional=("index",), extra_bad={"index": [
            ("out-of-range", const(4), STRICT), ("negative-out", const(-5), STRICT), ("str", const("a"), STRICT),
            ("float", const(1.5), STRICT), ("bool", const(True), STRICT), ("None", const(None), STRICT),
            ("tuple", const((0, 1)), STRICT), ("empty-slice", const(slice(2, 2)), STRICT),
            ("zero-step", const(slice(None, None, 0)), STRICT), ("numpy-out", const(np.int64(9)), STRICT)]})
-method("circuitkit.build.subspace:Subspace.__add__", lambda: _layout()["a"], lambda: {"other": _layout()["b"]},
+method("circuitkit.handbuilt.subspace:Subspace.__add__", lambda: _layout()["a"], lambda: {"other": _layout()["b"]},
        positional=("other",), extra_bad={"other": [*ADDENDS, ("overlapping", lambda v: _layout()["a"], STRICT)]})
-method("circuitkit.build.subspace:Subspace.read", lambda: _layout()["a"], lambda: {"resid": torch.ones(3, 8)},
+method("circuitkit.handbuilt.subspace:Subspace.read", lambda: _layout()["a"], lambda: {"resid": torch.ones(3, 8)},
        resid="tensor-any-rank", extra_bad={"resid": [("wrong-width", const(torch.ones(3, 5)), STRICT),
                                                      ("scalar", const(torch.tensor(1.0)), STRICT)]})
-method("circuitkit.build.exercises:VirtualHeadExercise.paths", lambda: __import__("circuitkit").build
+method("circuitkit.handbuilt.exercises:VirtualHeadExercise.paths", lambda: __import__("circuitkit").build
        .virtual_head_exercise(), lambda: {"x": torch.randn(1, 3, 16)}, x="tensor",
        extra_bad={"x": [("wrong-width", const(torch.ones(1, 3, 8)), STRICT),
                         ("no-positions", const(torch.ones(1, 0, 16)), STRICT)]})
-method("circuitkit.build.subspace:Subspace.span", lambda: _layout()["a"], lambda: {"name": "s", "start": 0,
+method("circuitkit.handbuilt.subspace:Subspace.span", lambda: _layout()["a"], lambda: {"name": "s", "start": 0,
        "stop": 2, "d_model": 8}, name="text", start="int>=0", stop="int>=1", d_model="size>=1")
 
 
 @cache
 def _induction():
-    from circuitkit.build import induction_circuit
+    from circuitkit.handbuilt import induction_circuit
 
     return induction_circuit(8, 8)
 
 
 @cache
 def _exercise():
-    from circuitkit.build import virtual_head_exercise
+    from circuitkit.handbuilt import virtual_head_exercise
 
     return virtual_head_exercise()
 
 
 def _positions():
-    from circuitkit.build import ResidualLayout
+    from circuitkit.handbuilt import ResidualLayout
 
     return ResidualLayout(_code().dim, {"pos": range(_code().dim)})["pos"]
 
@@ -1449,7 +1449,7 @@ TK = "circuitkit.tasks"
 
 @cache
 def induction_model():
-    from circuitkit.build import induction_circuit
+    from circuitkit.handbuilt import induction_circuit
 
     return induction_circuit(10, 16).model
 
@@ -1747,10 +1747,10 @@ method(f"{AOM}.to", toy, lambda: {"device": "cpu"}, device="device")
 
 
 VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
-    "circuitkit.build:QK": {"b_Q": {"rank-minus-1": "the generator returns a 1-D tensor unchanged: valid"}},
+    "circuitkit.handbuilt:QK": {"b_Q": {"rank-minus-1": "the generator returns a 1-D tensor unchanged: valid"}},
     "circuitkit.theory:softmax_jacobian": {"z": {"rank-minus-1": "the generator returns a 1-D tensor unchanged"}},
-    "circuitkit.build:key_bias_qk": {"key": {"other-d_model": "no second subspace to compare widths with"}},
-    "circuitkit.build:previous_token_qk": {"positions": {"other-d_model": "no second subspace to compare with"}},
+    "circuitkit.handbuilt:key_bias_qk": {"key": {"other-d_model": "no second subspace to compare widths with"}},
+    "circuitkit.handbuilt:previous_token_qk": {"positions": {"other-d_model": "no second subspace to compare with"}},
     "circuitkit.circuits:EdgeSpec": {
         "dst": {"layer-out-of-range": "a legal head without a model; parse_edges checks it against the model"},
         "src": {"head-out-of-range": "a legal head without a model; parse_edges checks it against the model"},

@@ -11,7 +11,7 @@ from circuitkit import CircuitkitError, RepeatedTokens, zoo
 from circuitkit.circuits.baseline import random_sets
 from circuitkit.circuits.stability import jaccard, mean_pairwise_jaccard, resampled_batch
 from circuitkit.detect.tokens import as_batch
-from circuitkit.models.contract import adapt
+from circuitkit.models.adapters import adapt
 from circuitkit.uncertainty import resample_counts
 
 N_SETS = 20

@@ -68,7 +68,7 @@ def test_each_estimate_is_the_derivative_of_a_hand_patched_receiver_input(norm):
     ``(ln1(resid + eps * delta_s) - ln1(resid)) @ W_c[r]`` to receiver r's channel c with a hook and take
     ``d metric / d eps`` at 0; the attribution is exactly that derivative (LayerNorm and RMSNorm, MLPs)."""
     from circuitkit.circuits.corrupt import resampled_batch
-    from circuitkit.models.contract import HOOKS, adapt
+    from circuitkit.models.adapters import HOOKS, adapt
 
     model = boot_bridge(n_layers=3, attn_only=False, normalization_type=norm, seed=3)
     metric = _linear_metric(50)

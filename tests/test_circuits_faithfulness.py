@@ -8,9 +8,9 @@ import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError, RepeatedTokens, zoo
-from circuitkit.build import induction_circuit
 from circuitkit.circuits.corrupt import resampled_batch
 from circuitkit.circuits.faithfulness import faithfulness, faithfulness_of, find_circuit, geometric_sizes
+from circuitkit.handbuilt import induction_circuit
 from circuitkit.report.summary import answer_lines
 from circuitkit.scan_types import Role
 
@@ -175,7 +175,7 @@ COMPLETENESS_RTOL = 0.02
 
 def test_joint_path_shares_add_up_to_the_gap_and_find_the_circuit(model):
     from circuitkit.circuits.faithfulness import Ablator, ablation_values, joint_attribution
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     adapter = adapt(model)
     batch = TOKENS.build(adapter)

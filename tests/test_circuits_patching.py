@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, HeadWeights, zoo
-from circuitkit.build import induction_circuit
 from circuitkit.circuits import path_patching, resampled_batch
 from circuitkit.detect import RepeatedTokens
+from circuitkit.handbuilt import induction_circuit
 from circuitkit.models import AttentionOnlyModel
-from circuitkit.models.contract import HOOKS, adapt
+from circuitkit.models.adapters import HOOKS, adapt
 from tests.conftest import boot_bridge, random_weights
 
 FLOAT32_TOL = 2e-5  # float32 forward passes of 3 layers at d_model 16: the two implementations agree to ~1e-6

@@ -125,7 +125,7 @@ def test_copying_equals_full_ov_circuit_eigenvalues(kv_heads):
 # ---------------------------------------------------------------------- hand-built circuits
 @pytest.fixture(scope="module")
 def circuit():
-    from circuitkit.build import induction_circuit
+    from circuitkit.handbuilt import induction_circuit
 
     return induction_circuit(d_vocab=12, n_ctx=32)
 
@@ -269,7 +269,7 @@ def test_logits_at_positions_equal_the_full_pass_there(bridge, kind):
     slice the full logits), from the start and resumed; the loss read from them equals the loss read from all."""
     from circuitkit.detect.loss import loss_positions, token_losses
     from circuitkit.models import AttentionOnlyModel
-    from circuitkit.models.contract import HOOKS, adapt
+    from circuitkit.models.adapters import HOOKS, adapt
 
     model = {"native-bridge": bridge, "toy": AttentionOnlyModel(random_weights(2, 4, 16, 4, d_vocab=20)),
              "duck-typed": HooksOnly(bridge)}[kind]
@@ -298,7 +298,7 @@ def test_logits_at_positions_equal_the_full_pass_there(bridge, kind):
     (torch.tensor([-1]), r"distinct positions in 0 \.\. 12"), (torch.tensor([2, 2]), "distinct"),
 ])
 def test_bad_positions_are_refused(bridge, positions, match):
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     tokens = RepeatedTokens(block_len=6, batch=2, bos=0).build(bridge).tokens
     with pytest.raises(CircuitkitError, match=match):

@@ -128,7 +128,7 @@ def test_ablation_matches_removing_the_head_output(bridge, method):
 
 
 def test_planted_circuit_loss_and_ablation():
-    from circuitkit.build import induction_circuit
+    from circuitkit.handbuilt import induction_circuit
 
     circuit = induction_circuit(d_vocab=12, n_ctx=32)
     tokens = RepeatedTokens(block_len=10, batch=8)

@@ -12,7 +12,7 @@ from circuitkit.detect.attribution import attribute
 from circuitkit.detect.clean_run import clean_run
 from circuitkit.detect.tokens import TokenBatch
 from circuitkit.models import AttentionOnlyModel
-from circuitkit.models.contract import HOOKS, adapt
+from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.scan_types import HeadEffects
 from tests.conftest import boot_bridge, random_weights
 
@@ -189,7 +189,7 @@ def with_distractors(circuit, n_extra=2, seed=0):
 def test_ranks_the_hand_built_circuit_first():
     """With unsaturated attention (gap 4 logits), the two circuit heads lead both estimate and exact ablation
     among four random distractor heads."""
-    from circuitkit.build import induction_circuit
+    from circuitkit.handbuilt import induction_circuit
 
     circuit = induction_circuit(d_vocab=12, n_ctx=32, gap=4.0, logit_scale=3.0)
     model = with_distractors(circuit)
@@ -205,7 +205,7 @@ def test_saturated_attention_hides_the_previous_token_head_and_agreement_says_so
     """The default circuit's attention is saturated (gap 20 logits: d softmax ~ e^-20), so the previous-token
     head, which acts only through the induction head's attention, gets an estimate of ~0 while ablating it costs
     nats. That is the limit of a linear estimate; agreement must point at it."""
-    from circuitkit.build import induction_circuit
+    from circuitkit.handbuilt import induction_circuit
 
     circuit = induction_circuit(d_vocab=12, n_ctx=32)
     tokens = RepeatedTokens(block_len=10, batch=8)

@@ -28,7 +28,7 @@ from circuitkit import CircuitkitError, HeadWeights
 from circuitkit.composition import composition_scores
 from circuitkit.detect import RepeatedTokens, head_scores
 from circuitkit.models import load_model
-from circuitkit.models.contract import HOOKS, adapt
+from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.models.families import FAMILIES, README_END, README_START, table_rows
 
 LOGIT_TOL = 1e-5

@@ -17,7 +17,7 @@ from circuitkit.detect.agreement import spearman
 from circuitkit.detect.attribution import MAX_IG_STEPS
 from circuitkit.detect.clean_run import clean_run
 from circuitkit.models import AttentionOnlyModel
-from circuitkit.models.contract import HOOKS, adapt
+from circuitkit.models.adapters import HOOKS, adapt
 from tests.conftest import boot_bridge, random_weights
 
 ORACLE_TOL = 1e-5

@@ -62,7 +62,7 @@ def test_generated_tokenizer_starts_with_the_configs_own_bos(tmp_path, bos, expe
     start there run from an exactly zero residual stream."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

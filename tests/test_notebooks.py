@@ -165,7 +165,7 @@ def test_quoted_number_check_finds_a_stale_figure():
     assert quoted_numbers(notebook) == ["cell 0: 0.016", "cell 0: 0.16"]
 
 
-PUBLIC_MODULES = {"circuitkit", *(f"circuitkit.{name}" for name in ("build", "circuits", "detect", "models", "zoo",
+PUBLIC_MODULES = {"circuitkit", *(f"circuitkit.{name}" for name in ("handbuilt", "circuits", "detect", "models", "zoo",
                                                                    "viz", "theory", "report")),
                   "circuitkit.zoo.train"}
 """Where notebooks may import from: the package and its public subpackages (names in their ``__all__``), and the

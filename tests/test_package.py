@@ -11,13 +11,13 @@ import circuitkit as ck
 
 
 def test_import_does_not_load_transformer_lens_or_plotly():
-    code = "import sys, circuitkit, circuitkit.build, circuitkit.models, circuitkit.viz; " \
+    code = "import sys, circuitkit, circuitkit.handbuilt, circuitkit.models, circuitkit.viz; " \
         "print(sorted(m for m in ('transformer_lens', 'plotly') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("package", ["circuitkit", "circuitkit.build", "circuitkit.models", "circuitkit.viz"])
+@pytest.mark.parametrize("package", ["circuitkit", "circuitkit.handbuilt", "circuitkit.models", "circuitkit.viz"])
 def test_every_public_name_resolves_and_dir_lists_all(package):
     import importlib
 

@@ -375,7 +375,7 @@ def test_heads_ablated_together_resume_at_their_first_layer_and_equal_the_full_p
     from circuitkit.detect.ablation import ablate_together, together_cost
     from circuitkit.detect.clean_run import clean_run
     from circuitkit.detect.tokens import as_batch
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     adapter = adapt(model)
     batch = as_batch(RepeatedTokens(batch=4), adapter)

@@ -59,7 +59,7 @@ def test_faithfulness_replicates_equal_faithfulness_of_resampled_batches(scan, m
     """Each bootstrap replicate of faithfulness is faithfulness measured on the resampled batch itself."""
     from circuitkit.circuits.faithfulness import Ablator, _mask, ablation_values
     from circuitkit.detect.tokens import as_batch
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     heads = scan.verified.heads
     adapter = adapt(model)

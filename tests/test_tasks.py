@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError
-from circuitkit.models.contract import HOOKS, adapt
+from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.tasks import Task, load_task, scan_task
 from circuitkit.tasks.graph import TaskRunner, build_graph
 from circuitkit.tasks.metrics import METRICS
@@ -431,7 +431,7 @@ def copy_next_task(n: int = 12, d_vocab: int = 10, seed: int = 0) -> Task:
 def test_the_hand_built_circuit_is_found_at_node_and_edge_level():
     """The hand-built two-layer circuit (previous-token head 0.0 writes the previous token; head 1.0 matches it
     through K and copies): the node circuit is both heads and the edge circuit is exactly its three edges."""
-    from circuitkit.build.induction import induction_circuit
+    from circuitkit.handbuilt.induction import induction_circuit
 
     result = scan_task(induction_circuit(10, 16).model, copy_next_task(), target=0.9)
     c = result.circuit
@@ -445,7 +445,7 @@ def test_the_hand_built_circuit_is_found_at_node_and_edge_level():
 
 
 def test_task_scan_json_report_and_save(tmp_path):
-    from circuitkit.build.induction import induction_circuit
+    from circuitkit.handbuilt.induction import induction_circuit
 
     result = scan_task(induction_circuit(10, 16).model, copy_next_task(), target=0.9, name="hand-built")
     data = result.to_json()
@@ -486,7 +486,7 @@ def test_no_behaviour_is_reported_not_raised():
 
 def test_scan_dispatches_tasks_and_keeps_induction_as_it_was():
     import circuitkit as ck
-    from circuitkit.build.induction import induction_circuit
+    from circuitkit.handbuilt.induction import induction_circuit
 
     model = induction_circuit(10, 16).model
     assert isinstance(ck.scan(model, task=copy_next_task()), ck.tasks.TaskScan)
@@ -514,7 +514,7 @@ def test_the_induction_task_is_the_default_scan_unchanged():
     (dict(mlps=True), "attention-only"),
 ])
 def test_scan_task_refuses_bad_settings(kwargs, needle):
-    from circuitkit.build.induction import induction_circuit
+    from circuitkit.handbuilt.induction import induction_circuit
 
     with pytest.raises(CircuitkitError, match=needle):
         scan_task(induction_circuit(10, 16).model, copy_next_task(4), **kwargs)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from circuitkit import CircuitkitError
-from circuitkit.build.induction import induction_circuit
+from circuitkit.handbuilt.induction import induction_circuit
 from circuitkit.tasks import load_task
 from circuitkit.tasks.files import MAX_TASK_BYTES
 from circuitkit.tasks.task import MAX_ANSWERS, MAX_PAIRS

@@ -15,7 +15,7 @@ import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError
-from circuitkit.build import OV, QK, HeadSpec, ResidualLayout, Subspace
+from circuitkit.handbuilt import OV, QK, HeadSpec, ResidualLayout, Subspace
 from circuitkit.models import ToyConfig
 
 MAX_MESSAGE = 600
@@ -103,19 +103,19 @@ CASES = {
         "ResidualLayout-negative-d_model": lambda: ResidualLayout(-4, {"a": range(2)}),
         "ResidualLayout-missing-key": lambda: ResidualLayout(8, {"a": range(2)})["b"],
         "ResidualLayout-key-int": lambda: ResidualLayout(8, {"a": range(2)})[0],
-        "paths-list": lambda: ck.build.virtual_head_exercise().paths([[[0.0] * 16]]),
-        "paths-wrong-width": lambda: ck.build.virtual_head_exercise().paths(torch.ones(1, 3, 8)),
-        "paths-2d": lambda: ck.build.virtual_head_exercise().paths(torch.ones(3, 16)),
-        "paths-int-dtype": lambda: ck.build.virtual_head_exercise().paths(torch.ones(1, 3, 16, dtype=torch.long)),
-        "paths-nan": lambda: ck.build.virtual_head_exercise().paths(torch.full((1, 3, 16), math.nan)),
-        "paths-None": lambda: ck.build.virtual_head_exercise().paths(None),
-        "paths-empty-pos": lambda: ck.build.virtual_head_exercise().paths(torch.ones(1, 0, 16)),
-        "run-numpy": lambda: ck.build.virtual_head_exercise().run(np.ones((1, 3, 16))),
-        "PositionCode-negative": lambda: ck.build.PositionCode(-3),
-        "PositionCode-shift-str": lambda: ck.build.PositionCode(8).shift("1"),
-        "PositionCode-codes-dtype-str": lambda: ck.build.PositionCode(8).codes("float"),
-        "previous_token_pattern-negative": lambda: ck.build.previous_token_pattern(-1),
-        "previous_token_pattern-dtype-int": lambda: ck.build.previous_token_pattern(4, dtype=torch.long),
+        "paths-list": lambda: ck.handbuilt.virtual_head_exercise().paths([[[0.0] * 16]]),
+        "paths-wrong-width": lambda: ck.handbuilt.virtual_head_exercise().paths(torch.ones(1, 3, 8)),
+        "paths-2d": lambda: ck.handbuilt.virtual_head_exercise().paths(torch.ones(3, 16)),
+        "paths-int-dtype": lambda: ck.handbuilt.virtual_head_exercise().paths(torch.ones(1, 3, 16, dtype=torch.long)),
+        "paths-nan": lambda: ck.handbuilt.virtual_head_exercise().paths(torch.full((1, 3, 16), math.nan)),
+        "paths-None": lambda: ck.handbuilt.virtual_head_exercise().paths(None),
+        "paths-empty-pos": lambda: ck.handbuilt.virtual_head_exercise().paths(torch.ones(1, 0, 16)),
+        "run-numpy": lambda: ck.handbuilt.virtual_head_exercise().run(np.ones((1, 3, 16))),
+        "PositionCode-negative": lambda: ck.handbuilt.PositionCode(-3),
+        "PositionCode-shift-str": lambda: ck.handbuilt.PositionCode(8).shift("1"),
+        "PositionCode-codes-dtype-str": lambda: ck.handbuilt.PositionCode(8).codes("float"),
+        "previous_token_pattern-negative": lambda: ck.handbuilt.previous_token_pattern(-1),
+        "previous_token_pattern-dtype-int": lambda: ck.handbuilt.previous_token_pattern(4, dtype=torch.long),
     },
     "factored": {
         "matmul-int": lambda: _factored() @ 3,

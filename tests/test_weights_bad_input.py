@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, HeadWeights
-from circuitkit.build import ResidualLayout, previous_token_pattern, repeated_tokens
+from circuitkit.handbuilt import ResidualLayout, previous_token_pattern, repeated_tokens
 from circuitkit.theory import pattern_numpy, pattern_torch, rank_collapse
 from circuitkit.weights import as_head_weights
 from tests.conftest import random_weights

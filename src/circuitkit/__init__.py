@@ -19,7 +19,7 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   :func:`load_checkpoint` loads one checkpoint as ``track`` does.
 - Circuits of any behaviour: ``circuitkit.tasks`` (clean/corrupted prompt pairs from lists, files or built-in
   generators; node and edge circuits by counterfactual patching); ``scan(model, task=...)``.
-- Subpackages: ``circuitkit.build`` (hand-built circuits), ``circuitkit.tasks``, ``circuitkit.models`` (adapters),
+- Subpackages: ``circuitkit.handbuilt`` (hand-built circuits), ``circuitkit.tasks``, ``circuitkit.models`` (adapters),
   ``circuitkit.zoo`` (bundled known-answer models), ``circuitkit.viz`` (figures), ``circuitkit.theory``
   (the seed exercises, computed).
 """
@@ -69,9 +69,12 @@ _LAZY: dict[str, str] = {
     "track": "circuitkit.tracking", "Track": "circuitkit.tracking", "load_checkpoint": "circuitkit.tracking",
     "bootstrap_ci": "circuitkit.uncertainty",
 }
-_SUBPACKAGES = {"build", "circuits", "detect", "models", "zoo", "viz", "theory", "report", "tasks"}
+_SUBPACKAGES = {"handbuilt", "circuits", "detect", "models", "zoo", "viz", "theory", "report", "tasks"}
 
 __all__ = ["CircuitkitError", "__version__", *_LAZY, *sorted(_SUBPACKAGES)]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY, _SUBPACKAGES)
+_RENAMED = {"build": "handbuilt"}
+"""Former subpackage names still answered as attributes (``from circuitkit import build``)."""
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, _SUBPACKAGES, _RENAMED)

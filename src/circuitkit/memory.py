@@ -82,7 +82,7 @@ def _size(n: float) -> str:
 
 
 def _spec(model: Any, device: Any = None):
-    from circuitkit.models.contract import ModelAdapter, adapt
+    from circuitkit.models.adapters import ModelAdapter, adapt
 
     adapter = model if isinstance(model, ModelAdapter) else adapt(model, device)
     return adapter.spec

@@ -56,7 +56,7 @@ from circuitkit.detect.scores import HeadScores, PatternCollector
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.memory import check_memory
-from circuitkit.models.contract import ModelAdapter, adapt
+from circuitkit.models.adapters import ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_heads
 from circuitkit.scan_intervals import scan_intervals
@@ -542,7 +542,7 @@ def scan(
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
     Args:
-        model: a loaded model (TransformerBridge, toy model, any model under :mod:`circuitkit.models.contract`),
+        model: a loaded model (TransformerBridge, toy model, any model under :mod:`circuitkit.models.adapters`),
             or what :func:`circuitkit.models.load_model` takes (a zoo name, a local Hugging Face directory, a
             cached hub name; ``None``: the bundled known-answer model).
         tokens: the batch spec (:class:`~circuitkit.detect.RepeatedTokens`) or a built batch.

@@ -6,7 +6,7 @@ Sender output (row convention): head ``(l1, h1)`` writes ``z[l1][:, :, h1] @ W_O
 d_model]`` into the residual stream; its difference ``delta = (z_corrupt - z_clean) @ W_O`` is what an edge
 carries. Receiver input: head ``(l2, h2)``'s channel ``c`` reads ``x = norm(resid_pre[l2])`` through
 ``W_c[l2, h2]`` (``W_K``/``W_V`` of its key/value group); ``norm`` is the model's attention normalisation
-(:meth:`~circuitkit.models.contract.ModelAdapter.attention_norm`) where it has one, else the identity.
+(:meth:`~circuitkit.models.adapters.ModelAdapter.attention_norm`) where it has one, else the identity.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resampled_batch
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
-from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
 
 Norm = Callable[[Tensor], Tensor]
 

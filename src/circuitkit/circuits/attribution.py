@@ -82,7 +82,7 @@ from circuitkit.detect.attribution import check_steps, frozen_parameters, input_
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import HOOKS, norm_parameters
+from circuitkit.models.adapters import HOOKS, norm_parameters
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_indices, unravel
 

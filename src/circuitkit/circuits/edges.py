@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from circuitkit import validate
-from circuitkit.models.contract import ModelSpec
+from circuitkit.models.adapters import ModelSpec
 from circuitkit.ranking import Head, head_name
 
 Channel = Literal["q", "k", "v"]

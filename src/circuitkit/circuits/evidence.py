@@ -38,7 +38,7 @@ from circuitkit.circuits.metrics import Metric, resolve_metric
 from circuitkit.circuits.patching import PathPatching, patch
 from circuitkit.detect.attribution import check_steps
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
-from circuitkit.models.contract import adapt
+from circuitkit.models.adapters import adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_indices, unravel
 

@@ -50,7 +50,7 @@ from circuitkit.detect.ablation import check_heads, copies_per_forward
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
@@ -401,7 +401,7 @@ def find_circuit(
     """The smallest top-``n`` set of heads whose faithfulness reaches ``target`` (see the module docstring).
 
     Args:
-        model: a TransformerBridge, a circuitkit toy model, or any model under :mod:`circuitkit.models.contract`.
+        model: a TransformerBridge, a circuitkit toy model, or any model under :mod:`circuitkit.models.adapters`.
         tokens: the batch spec or a built batch (default ``RepeatedTokens()``).
         target: faithfulness to reach, in ``(0, 1]``.
         method: ``"mean"``, ``"zero"`` or ``"resample"`` (how a head outside the circuit is ablated).

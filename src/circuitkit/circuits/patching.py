@@ -48,7 +48,7 @@ from circuitkit.circuits.metrics import (
 )
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
-from circuitkit.models.contract import HOOKS
+from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_indices
 

@@ -36,7 +36,7 @@ from circuitkit.detect.clean_run import CleanRun, clean_run
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
 from circuitkit.scan_types import HeadEffects

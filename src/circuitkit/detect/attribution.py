@@ -72,7 +72,7 @@ from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import HOOKS, HookFn, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.scan_types import HeadEffects
 
@@ -370,7 +370,7 @@ def attribution_effects(
 
     Args:
         model: a ``TransformerBridge``, an ``AttentionOnlyModel`` or any model under the contract
-            (:mod:`circuitkit.models.contract`); its layers may sit on different devices.
+            (:mod:`circuitkit.models.adapters`); its layers may sit on different devices.
         tokens: a :class:`RepeatedTokens` spec (default ``RepeatedTokens()``) or a built :class:`TokenBatch`;
             the same one as given to :func:`~circuitkit.detect.ablation_effects` makes the two comparable.
         method: ``"mean"`` (replace ``z`` by its clean mean over batch and positions) or ``"zero"``.

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from circuitkit.detect.loss import token_losses
 from circuitkit.detect.tokens import TokenBatch
-from circuitkit.models.contract import HOOKS, HookFn, ModelAdapter
+from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 
 
 @dataclass

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
-from circuitkit.models.contract import adapt
+from circuitkit.models.adapters import adapt
 from circuitkit.models.state import keeps_model_state
 
 

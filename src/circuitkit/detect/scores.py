@@ -25,7 +25,7 @@ from circuitkit.detect import registry
 from circuitkit.detect.registry import ScoreDefinition
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_heads
 
@@ -322,7 +322,7 @@ def head_scores(
 
     Args:
         model: a TransformerLens ``TransformerBridge``, a circuitkit ``AttentionOnlyModel``, or any model under
-            the contract of :mod:`circuitkit.models.contract`.
+            the contract of :mod:`circuitkit.models.adapters`.
         tokens: a :class:`RepeatedTokens` spec (default ``RepeatedTokens()``) or a built :class:`TokenBatch`;
             pass the same one to :func:`induction_loss` and :func:`ablation_effects` to measure on the same batch.
         device: where the tokens go (default: the model's embedding device).

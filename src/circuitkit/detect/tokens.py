@@ -36,7 +36,7 @@ from circuitkit.detect.targets import (  # noqa: F401  (re-exported: the target 
     previous_targets,
 )
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import ModelAdapter, ModelSpec, adapt
+from circuitkit.models.adapters import ModelAdapter, ModelSpec, adapt
 from circuitkit.models.state import keeps_model_state
 
 DEFAULT_BLOCK_LEN = 20

@@ -16,7 +16,7 @@ _LAZY = {
     "ToyConfig": "circuitkit.models.toy",
     "to_bridge": "circuitkit.models.bridge",
     "load_model": "circuitkit.models.loading",
-    "HOOKS": "circuitkit.models.contract",
+    "HOOKS": "circuitkit.models.adapters",
 }
 __all__ = sorted(_LAZY)
 

@@ -2,7 +2,7 @@
 
 Why: the bridge gives every family the same hook names and the same ``W_Q/W_K/W_V/W_O``, but not the same
 residual stream. Three facts change what circuitkit may compute, and they are written down here, once per family
-(:class:`Family`), for :class:`~circuitkit.models.contract.BridgeAdapter` to answer from:
+(:class:`Family`), for :class:`~circuitkit.models.adapters.BridgeAdapter` to answer from:
 
 - **where the attention reads from** (``norm_before_attention``): a pre-norm block (GPT-2, Llama, ...) reads
   ``ln1(resid_pre)``; a post-norm block (BERT, RoBERTa, OpenAI GPT: the norm comes after the residual sum; OLMo 2

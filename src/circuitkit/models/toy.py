@@ -1,6 +1,6 @@
 """A runnable attention-only transformer for hand-built and loaded :class:`~circuitkit.HeadWeights`.
 
-Why it exists: circuitkit lets a user write a circuit's matrices by hand (``circuitkit.build``) and then
+Why it exists: circuitkit lets a user write a circuit's matrices by hand (``circuitkit.handbuilt``) and then
 *run* them, look at the attention patterns through TransformerLens-named hooks, and ablate heads. A
 ``TransformerBridge`` can run such weights too (:func:`circuitkit.models.to_bridge`), but it cannot take
 residual-stream inputs directly, cannot do hard (argmax) attention, and costs seconds to build.

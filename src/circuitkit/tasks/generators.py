@@ -48,7 +48,7 @@ WORDS = ("oil column piece", "crime population", "unit dark", "shape fire", "riv
 
 def _tokenizer(model: Any) -> Any:
     """The model's tokenizer (the model itself is neither adapted nor run: its state is untouched)."""
-    from circuitkit.models.contract import ModelAdapter
+    from circuitkit.models.adapters import ModelAdapter
 
     inner = model.model if isinstance(model, ModelAdapter) else model
     tokenizer = getattr(inner, "tokenizer", None)

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import HOOKS, ModelAdapter
+from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.tasks.metrics import METRICS, last_logits
 from circuitkit.tasks.task import TaskBatch
 

@@ -201,7 +201,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
     """
     from circuitkit.circuits.faithfulness import check_target
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
     from circuitkit.pipeline import summarise_model
 
     if not isinstance(task, Task):

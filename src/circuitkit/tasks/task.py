@@ -196,7 +196,7 @@ class Task:
 
     def tokenize(self, model_or_adapter: Any) -> TaskBatch:
         """The pairs as token ids for the model (see the module docstring), on the model's device."""
-        from circuitkit.models.contract import ModelAdapter, adapt
+        from circuitkit.models.adapters import ModelAdapter, adapt
 
         adapter = model_or_adapter if isinstance(model_or_adapter, ModelAdapter) else adapt(model_or_adapter)
         return tokenize(self, adapter)

@@ -20,7 +20,7 @@ from circuitkit.detect.clean_run import clean_run
 from circuitkit.detect.loss import summarise
 from circuitkit.detect.scores import PatternCollector
 from circuitkit.detect.tokens import TokenBatch
-from circuitkit.models.contract import ModelAdapter
+from circuitkit.models.adapters import ModelAdapter
 from circuitkit.ranking import head_name
 
 COMPOSITION_MODES = ("Q", "K", "V")

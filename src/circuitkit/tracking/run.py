@@ -29,7 +29,7 @@ import torch
 from circuitkit import validate
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.contract import adapt
+from circuitkit.models.adapters import adapt
 from circuitkit.models.state import caller_state
 from circuitkit.tracking import sources as _sources
 from circuitkit.tracking.fingerprint import fingerprint

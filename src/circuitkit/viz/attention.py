@@ -184,7 +184,7 @@ def model_patterns(
     """Run ``model`` on one sequence and return the attention pattern ``[q_pos, k_pos]`` of each chosen head.
 
     Reads the patterns through the model's adapter (``ModelAdapter.patterns``; any model
-    :func:`~circuitkit.models.contract.adapt` accepts). No gradients are tracked. ``heads`` is a non-empty list
+    :func:`~circuitkit.models.adapters.adapt` accepts). No gradients are tracked. ``heads`` is a non-empty list
     of ``(layer, head)``. A pattern holding NaN or inf (weights too large for the model's dtype) raises
     ``CircuitkitError``.
     """
@@ -196,7 +196,7 @@ def model_patterns(
         raise CircuitkitError(
             f"model_patterns: given tokens {describe(tokens)}; expected an integer tensor [pos] or [1, pos]."
         )
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     adapter = adapt(model)
     token_ids("model_patterns", tokens, adapter.spec)
@@ -219,11 +219,11 @@ def model_patterns(
 def token_strings(model: Any, tokens: Int[Tensor, "*batch pos"]) -> list[str]:
     """Readable strings for token ids: the model's tokenizer where it has one, else ``"<id>"``-style numbers.
 
-    ``model`` is anything :func:`circuitkit.models.contract.adapt` accepts (it is not run); ``tokens`` a non-empty
+    ``model`` is anything :func:`circuitkit.models.adapters.adapt` accepts (it is not run); ``tokens`` a non-empty
     integer tensor ``[pos]`` or ``[batch, pos]`` of ids in ``[0, d_vocab)``, ``pos <= n_ctx``. The strings of all
     ids are returned in order (``batch * pos`` of them).
     """
-    from circuitkit.models.contract import adapt
+    from circuitkit.models.adapters import adapt
 
     spec = adapt(model).spec
     ids = validate.tensor("token_strings: tokens", tokens, integral=True)

@@ -1,6 +1,6 @@
 """Assemble hand-built heads into :class:`HeadWeights` and a runnable :class:`AttentionOnlyModel`.
 
-Each :class:`~circuitkit.build.heads.HeadSpec` of rank ``r <= d_head`` is padded with zero columns (rows for
+Each :class:`~circuitkit.handbuilt.heads.HeadSpec` of rank ``r <= d_head`` is padded with zero columns (rows for
 ``W_O``) to ``d_head``; padding changes no raw score ``q . k`` and no output, but the model divides scores by
 ``sqrt(d_head)`` (as TransformerLens), so under soft attention a larger ``d_head`` flattens the patterns unless
 ``attn_scale`` is pinned. Hard attention does not depend on the scale. Layers with fewer heads than the widest layer
@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.build import limits
-from circuitkit.build.heads import HeadSpec
 from circuitkit.errors import CircuitkitError, describe
+from circuitkit.handbuilt import limits
+from circuitkit.handbuilt.heads import HeadSpec
 from circuitkit.models.toy import AttentionMode, AttentionOnlyModel
 from circuitkit.weights import HeadWeights
 
@@ -35,7 +35,7 @@ def assemble_weights(
 
     ``W_Q/W_K/W_V [layer, head, d_model, d_head]``, ``W_O [layer, head, d_head, d_model]``; ``b_Q`` is set when
     any head has a query bias. ``d_model`` is read from the heads (or ``W_E``) unless given; ``d_model`` and
-    ``d_head`` are ints in ``[1, MAX_WIDTH]`` (:data:`circuitkit.build.limits.MAX_WIDTH`).
+    ``d_head`` are ints in ``[1, MAX_WIDTH]`` (:data:`circuitkit.handbuilt.limits.MAX_WIDTH`).
     """
     d_model = limits.optional_width("assemble: d_model", d_model)
     d_head = limits.optional_width("assemble: d_head", d_head)

@@ -40,11 +40,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.build import limits
-from circuitkit.build.assembly import assemble
-from circuitkit.build.heads import OV, HeadSpec, copy_ov
-from circuitkit.build.subspace import ResidualLayout
 from circuitkit.errors import CircuitkitError, describe
+from circuitkit.handbuilt import limits
+from circuitkit.handbuilt.assembly import assemble
+from circuitkit.handbuilt.heads import OV, HeadSpec, copy_ov
+from circuitkit.handbuilt.subspace import ResidualLayout
 from circuitkit.models.toy import AttentionOnlyModel, ToyHook
 
 D_MODEL = 16
@@ -54,7 +54,7 @@ D_HEAD = 4
 def previous_token_pattern(n_pos: int, dtype: torch.dtype = torch.float32) -> Float[Tensor, "pos pos"]:
     """``[pos, pos]`` with ``P[t, t-1] = 1``; row 0 is all zero (position 0 has no previous token).
 
-    ``n_pos`` is an int in ``[1, MAX_POSITIONS]`` (:mod:`circuitkit.build.limits`); ``dtype`` a floating dtype.
+    ``n_pos`` is an int in ``[1, MAX_POSITIONS]`` (:mod:`circuitkit.handbuilt.limits`); ``dtype`` a floating dtype.
     """
     n_pos = limits.positions("previous_token_pattern: n_pos", n_pos)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

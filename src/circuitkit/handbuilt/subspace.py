@@ -22,8 +22,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.build import limits
 from circuitkit.errors import CircuitkitError, describe
+from circuitkit.handbuilt import limits
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, numerical_rank
-from circuitkit.build import induction_circuit, repeated_tokens
+from circuitkit.handbuilt import induction_circuit, repeated_tokens
 from circuitkit.models import to_bridge
 
 D_VOCAB, N_CTX, BLOCK = 20, 64, 20

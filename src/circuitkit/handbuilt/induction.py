@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import torch
 
 from circuitkit import validate
-from circuitkit.build import limits
-from circuitkit.build.assembly import assemble
-from circuitkit.build.heads import HeadSpec, PositionCode, copy_ov, key_bias_qk, match_qk, previous_token_qk
-from circuitkit.build.subspace import ResidualLayout
 from circuitkit.errors import CircuitkitError
+from circuitkit.handbuilt import limits
+from circuitkit.handbuilt.assembly import assemble
+from circuitkit.handbuilt.heads import HeadSpec, PositionCode, copy_ov, key_bias_qk, match_qk, previous_token_qk
+from circuitkit.handbuilt.subspace import ResidualLayout
 from circuitkit.models.toy import AttentionMode, AttentionOnlyModel
 
 DEFAULT_GAP = 20.0
@@ -52,7 +52,7 @@ DEFAULT_LOGIT_SCALE = 10.0
 
 MAX_VOCAB = (limits.MAX_WIDTH - 2 * math.ceil(math.log2(limits.MAX_POSITIONS))) // 3
 """Largest ``d_vocab`` of :func:`induction_circuit`: its residual stream (three vocabulary blocks and the position
-code) must fit :data:`circuitkit.build.limits.MAX_WIDTH`."""
+code) must fit :data:`circuitkit.handbuilt.limits.MAX_WIDTH`."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,7 +127,7 @@ def repeated_tokens(
 ) -> torch.Tensor:
     """``[batch, 2 * length]`` random blocks repeated twice (``distinct``: no token twice within a block,
     so every repeated-half prediction is unambiguous). ``d_vocab`` is an int in ``[1, MAX_WIDTH]``, ``length``
-    in ``[1, MAX_POSITIONS // 2]``, ``batch`` in ``[1, MAX_BATCH]`` (:mod:`circuitkit.build.limits`), ``seed`` an
+    in ``[1, MAX_POSITIONS // 2]``, ``batch`` in ``[1, MAX_BATCH]`` (:mod:`circuitkit.handbuilt.limits`), ``seed`` an
     int in ``[0, 2**63 - 1]``, ``distinct`` a bool."""
     d_vocab = limits.width("repeated_tokens: d_vocab", d_vocab)
     length = validate.integer("repeated_tokens: length", length, minimum=1, maximum=limits.MAX_POSITIONS // 2,

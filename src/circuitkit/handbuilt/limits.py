@@ -19,7 +19,7 @@ MAX_POSITIONS = 2**14
 """Largest ``n_ctx`` / ``n_pos``: the dense ``[pos, pos]`` previous-token pattern is then at most 1 GiB."""
 
 MAX_BATCH = 2**16
-"""Largest batch of :func:`~circuitkit.build.repeated_tokens` (one random permutation is drawn per row)."""
+"""Largest batch of :func:`~circuitkit.handbuilt.repeated_tokens` (one random permutation is drawn per row)."""
 
 
 def width(name: str, value: Any, *, minimum: int = 1) -> int:

@@ -8,7 +8,7 @@ A head is two independent bilinear maps (row convention, as TransformerLens):
 
 :class:`QK` holds ``W_Q, W_K: [d_model, r]`` (and an optional query bias ``b_Q: [r]``), :class:`OV` holds
 ``W_V: [d_model, r]`` and ``W_O: [r, d_model]``; ``r`` is the rank the part needs, at most the model's
-``d_head`` (:func:`circuitkit.build.assembly` pads to ``d_head``). The Framework paper's column-convention
+``d_head`` (:func:`circuitkit.handbuilt.assembly` pads to ``d_head``). The Framework paper's column-convention
 matrices are the transposes: ``W_QK = W_Q^T W_K``, ``W_OV = W_O W_V``.
 
 Parts add: ``qk_a + qk_b`` scores with the sum of the two bilinear forms (the factors are concatenated, so
@@ -25,9 +25,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.build import limits
-from circuitkit.build.subspace import Subspace, check_disjoint
 from circuitkit.errors import CircuitkitError, describe
+from circuitkit.handbuilt import limits
+from circuitkit.handbuilt.subspace import Subspace, check_disjoint
 
 
 def _matrix(name: str, value: Tensor, rows: int | None = None) -> Tensor:

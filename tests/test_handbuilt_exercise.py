@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, numerical_rank
-from circuitkit.build import previous_token_pattern, virtual_head_exercise
+from circuitkit.handbuilt import previous_token_pattern, virtual_head_exercise
 
 EXACT_TOL = 1e-5  # the tolerance; the heads are 0/1 matrices, so runs are exact up to float32 sums
 

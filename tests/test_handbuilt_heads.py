@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError
-from circuitkit.build import (
+from circuitkit.handbuilt import (
     OV,
     QK,
     HeadSpec,
