@@ -26,10 +26,17 @@ and *timed* (the stage's wall seconds / one forward pass). The circuit found by 
 heads, faithfulness, necessity) is listed too. On random weights there is no induction circuit: the circuit is the
 set of heads that carries the loss of a random model, and the figures measure cost, not discovery.
 
-Run: ``python benchmarks/scan.py [--json out.json] [--quick] [--no-all] [--threads N] [--models a,b,c]
-[--checkpoints DIR]`` (``--checkpoints`` keeps the saved random checkpoints there between runs). Prints a table, then
-the same numbers as JSON. Forward timings are medians of ``--repeats`` runs (half before, half after the scans,
-so load from other processes falls on both); each scan runs once after a warm-up scan of the zoo model.
+Real models: ``--model-dir DIR`` (repeatable) scans a local Hugging Face directory too, e.g. the pretrained
+Qwen2.5-Coder-0.5B that ``shared/models/qwen25_coder_05b.py DIR`` writes (``--models ""`` to skip the random shapes).
+``--beside-busy N`` runs the whole benchmark beside N other processes that keep the cores busy (each a torch matmul
+loop on every core), to measure how the scan degrades on a shared machine relative to a plain forward pass measured
+beside the same load.
+
+Run: ``python benchmarks/scan.py [--json out.json] [--quick] [--no-all] [--no-quick-scan] [--threads N]
+[--models a,b,c] [--model-dir DIR] [--beside-busy N] [--checkpoints DIR]`` (``--checkpoints`` keeps the saved random
+checkpoints there between runs). Prints a table, then the same numbers as JSON. Forward timings are medians of
+``--repeats`` runs (half before, half after the scans, so load from other processes falls on both); each scan
+runs once after a warm-up scan of the zoo model.
 """
 
 from __future__ import annotations
@@ -126,7 +133,30 @@ def agreement_row(result: Any) -> dict[str, Any]:
     return {"n_exact": a.n_exact, "spearman": a.spearman, "largest_miss": miss}
 
 
-def bench(label: str, model: Any, *, repeats: int, run_all: bool) -> dict[str, Any]:
+BUSY_LOOP = ("import torch\n"
+             "a = torch.randn(384, 384)\n"
+             "while True:\n"
+             "    a = torch.tanh(a @ a)\n")
+"""What each ``--beside-busy`` process runs: matrix products on torch's default threads (every core), forever."""
+
+
+@contextlib.contextmanager
+def beside_busy(n: int):
+    """``n`` busy processes for the duration of the block (killed at its end)."""
+    import subprocess
+
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(n)]
+    try:
+        if procs:
+            time.sleep(3.0)  # let them start spinning
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def bench(label: str, model: Any, *, repeats: int, run_all: bool, quick_scan: bool = True) -> dict[str, Any]:
     from circuitkit.detect.tokens import as_batch
     from circuitkit.models.adapters import adapt
 
@@ -135,7 +165,7 @@ def bench(label: str, model: Any, *, repeats: int, run_all: bool) -> dict[str, A
     batch = as_batch(None, adapter)
     before = forward_seconds(model, max(1, repeats // 2))
     top_s, top = scan_seconds(model, "top")
-    quick_s, quick = scan_seconds(model, "none", circuit=False)
+    quick_s, quick = scan_seconds(model, "none", circuit=False) if quick_scan else (None, None)
     all_s, every = scan_seconds(model, "all") if run_all else (None, None)
     after = forward_seconds(model, max(1, repeats - repeats // 2))
     forward = statistics.median(before + after)
@@ -148,9 +178,9 @@ def bench(label: str, model: Any, *, repeats: int, run_all: bool) -> dict[str, A
         "scan_top_s": top_s,
         "ratio_top": top_s / forward,
         "scan_quick_s": quick_s,
-        "ratio_quick": quick_s / forward,
-        "quick_passes_counted": sum(st.passes for st in quick.stages),
-        "quick_meets_target": quick_s / forward <= QUICK_TARGET_RATIO,
+        "ratio_quick": None if quick is None else quick_s / forward,
+        "quick_passes_counted": None if quick is None else sum(st.passes for st in quick.stages),
+        "quick_meets_target": None if quick is None else quick_s / forward <= QUICK_TARGET_RATIO,
         "passes_counted": sum(st.passes for st in top.stages),
         "exact_heads_top": int(top.ablation.exact.sum()) if top.ablation is not None else 0,
         "agreement_top": agreement_row(top),
@@ -189,6 +219,11 @@ def main() -> None:
     parser.add_argument("--no-all", action="store_true", help="skip ablate='all' (the slow reference)")
     parser.add_argument("--models", type=str, default="zoo,a,b,c",
                         help="comma-separated: zoo and the shapes a, b, c (default: all)")
+    parser.add_argument("--model-dir", action="append", default=[],
+                        help="a local Hugging Face model directory to scan too (repeatable)")
+    parser.add_argument("--beside-busy", type=int, default=0,
+                        help="run beside this many busy processes (each a matmul loop on every core)")
+    parser.add_argument("--no-quick-scan", action="store_true", help="skip the --quick scan")
     parser.add_argument("--checkpoints", type=str, default=None,
                         help="keep the saved random checkpoints in this directory (default: a temporary one)")
     args = parser.parse_args()
@@ -204,8 +239,17 @@ def main() -> None:
         parser.error(f"unknown models {unknown}; expected zoo, a, b, c")
     scan_seconds(zoo.load(), "top")  # warm-up: imports, first-call costs
     rows = []
+    busy = contextlib.ExitStack()
+    busy.enter_context(beside_busy(args.beside_busy))
+    quick_scan = not args.no_quick_scan
     if "zoo" in chosen:
-        rows.append(bench("zoo induction-2l", zoo.load(), repeats=args.repeats, run_all=not args.no_all))
+        rows.append(bench("zoo induction-2l", zoo.load(), repeats=args.repeats, run_all=not args.no_all,
+                          quick_scan=quick_scan))
+    for directory in args.model_dir:
+        model = load_model(directory)
+        rows.append(bench(Path(directory).name, model, repeats=args.repeats, run_all=not args.no_all,
+                          quick_scan=quick_scan))
+        del model
     if not args.quick:
         with contextlib.ExitStack() as stack:
             root = args.checkpoints or stack.enter_context(tempfile.TemporaryDirectory(prefix="circuitkit-bench-"))
@@ -213,8 +257,10 @@ def main() -> None:
                 path = Path(root) / SHAPES[key].__name__
                 label = LABELS[key] if (path / "config.json").exists() else SHAPES[key](path)
                 model = load_model(path)
-                rows.append(bench(label, model, repeats=args.repeats, run_all=not args.no_all))
+                rows.append(bench(label, model, repeats=args.repeats, run_all=not args.no_all,
+                                  quick_scan=quick_scan))
                 del model
+    busy.close()
 
     header = (f"{'model':<30} {'batch':>9} {'forward':>9} {'scan top':>9} {'ratio':>7} {'quick':>7} {'exact':>5} "
               f"{'scan all':>9} {'ratio':>7} {'rho top':>7} {'rho all':>7}  largest miss (all)")
@@ -226,7 +272,7 @@ def main() -> None:
         miss_text = "-" if miss is None else f"{miss['head']}: exact {miss['exact']:.3f}, est {miss['estimate']:.3f}"
         print(
             f"{r['model']:<30} {str(tuple(r['batch'])):>9} {r['forward_s'] * 1e3:>7.0f}ms "
-            f"{r['scan_top_s']:>8.1f}s {r['ratio_top']:>6.1f}x {r['ratio_quick']:>6.1f}x "
+            f"{r['scan_top_s']:>8.1f}s {r['ratio_top']:>6.1f}x {fmt(r['ratio_quick'], '>6.1f')}x "
             f"{r['exact_heads_top']:>5} "
             f"{fmt(r.get('scan_all_s'), '>8.1f')}s {fmt(r.get('ratio_all'), '>6.1f')}x "
             f"{fmt(r['agreement_top']['spearman'], '>7.3f')} "
@@ -245,12 +291,12 @@ def main() -> None:
         print(f"{r['model']:<30} {text}")
     for r in rows:
         print(f"{r['model']:<30} counted passes: default {r['passes_counted']:.1f}, quick "
-              f"{r['quick_passes_counted']:.1f}")
+              f"{fmt(r['quick_passes_counted'], '.1f')}")
     print(f"targets: scan() <= {TARGET_RATIO:.0f}x one forward pass of the scan's batch, --quick "
           f"(ablate='none', circuit=False) <= {QUICK_TARGET_RATIO:.0f}x; "
           f"torch threads {torch.get_num_threads()}")
     out = {"target_ratio": TARGET_RATIO, "quick_target_ratio": QUICK_TARGET_RATIO,
-           "torch_threads": torch.get_num_threads(), "rows": rows}
+           "torch_threads": torch.get_num_threads(), "beside_busy": args.beside_busy, "rows": rows}
     emit_json(out, args.json)
 
 

@@ -99,12 +99,22 @@ def test_default_target_keeps_a_faithful_subset_of_the_documented_heads(model):
     circuit = find_circuit(model, TOKENS, rank="effect")
     assert set(circuit.heads) <= set(entry.induction_heads) | set(entry.previous_token_heads)
     assert circuit.faithfulness >= 0.8
-    # the search measured the geometric sizes and found the smallest reaching the target among them by bisection
+    # the answer and the size below it are measured on the whole batch: the smallest top-n reaching the target
     measured = {p.n_heads: p.faithfulness for p in circuit.curve}
-    assert {n for n in geometric_sizes(8)} | {0} <= set(measured)
-    assert measured[len(circuit.heads) - 1] < 0.8 if len(circuit.heads) - 1 in measured else True
-    # attribution (3 passes), n = 0 and the geometric sizes, at most log2(8) bisection steps, necessity
-    assert circuit.passes <= 3 + len(geometric_sizes(8)) + 3 + 1
+    n = len(circuit.heads)
+    assert measured[n] >= 0.8 and measured[n - 1] < 0.8
+    # attribution (3 passes), n = 0, the coarse search's rounds (<= 3 at 8 heads), the exact bracket and bisection
+    # (<= 2 log2(8)), necessity
+    assert circuit.passes <= 3 + 1 + 3 + 6 + 1
+
+
+def test_a_batch_too_small_to_split_measures_the_geometric_sizes(model):
+    """Below 2 * COARSE_SETS sequences there is no coarse search: the sizes 1, 2, 4, ... are measured in order
+    on the whole batch, then bisection."""
+    circuit = find_circuit(model, RepeatedTokens(batch=4), rank="effect")
+    measured = {p.n_heads: p.faithfulness for p in circuit.curve}
+    assert {n for n in geometric_sizes(8) if n <= len(circuit.heads)} | {0} <= set(measured)
+    assert measured[len(circuit.heads)] >= 0.8 and measured[len(circuit.heads) - 1] < 0.8
 
 
 def test_hand_built_circuit_is_found_with_its_one_k_edge():
@@ -196,7 +206,7 @@ def test_joint_path_shares_add_up_to_the_gap_and_find_the_circuit(model):
 
 @pytest.mark.parametrize("target", [0.3, 0.8])
 def test_search_runs_no_geometric_size_past_the_first_reaching_the_target(model, target):
-    circuit = find_circuit(model, TOKENS, target=target, rank="effect")
+    circuit = find_circuit(model, RepeatedTokens(batch=4), target=target, rank="effect")  # too few to split
     measured = {p.n_heads: p.faithfulness for p in circuit.curve}
     total = 8
     first = min(n for n in geometric_sizes(total) if n in measured and measured[n] >= target)
@@ -204,3 +214,47 @@ def test_search_runs_no_geometric_size_past_the_first_reaching_the_target(model,
     assert all(measured[n] < target for n in geometric_sizes(total) if n < first)  # every smaller size was run
     # n = 0 and every other size measured but n = 8 (the clean run) cost one pass each, necessity one more
     assert circuit.passes == 1 + (len(measured) - 2) + 1
+
+
+@pytest.mark.parametrize("target", [0.2, 0.5, 0.8, 0.95, 1.0])
+def test_the_coarse_search_only_moves_where_the_exact_search_looks(model, target):
+    """Oracle: the geometric search on the whole batch. Started from the coarse search's answer, the exact search
+    finds the same size; the coarse rounds cost whole passes (four sets of a quarter of the batch each) and count."""
+    from circuitkit.circuits.faithfulness import Ablator, ablation_values, coarse_size, rank_heads, search
+    from circuitkit.detect.attribution import attribute
+    from circuitkit.detect.tokens import as_batch
+    from circuitkit.models.adapters import adapt
+
+    adapter = adapt(model)
+    batch = as_batch(RepeatedTokens(batch=16), adapter)
+    estimate, run = attribute(adapter, batch, "mean")
+    values, _ = ablation_values(adapter, batch, "mean", z_means=run.z_means)
+    ablator = Ablator(adapter, batch, values)
+    order = rank_heads(estimate.effect)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    everything = ablator.losses(torch.ones(1, L, H, dtype=torch.bool))[0]
+    plain = search(ablator, order, target, run.repeated_loss, all_ablated=everything)
+    before = ablator.passes
+    start, rounds = coarse_size(ablator, order, target, run.repeated_per_sequence,
+                                ablator.sequence_losses(torch.ones(L, H, dtype=torch.bool)))
+    assert ablator.passes == before  # the coarse passes run on the subset's own ablator
+    assert start is not None and 1 <= rounds <= 3
+    guided = search(ablator, order, target, run.repeated_loss, all_ablated=everything, predicted=start)
+    assert guided[0] == plain[0]
+    assert guided[1:3] == plain[1:3] or guided[2] == pytest.approx(plain[2])
+
+
+def test_the_coarse_search_stands_aside_without_per_sequence_losses_or_sequences(model):
+    from circuitkit.circuits.faithfulness import Ablator, ablation_values, coarse_size
+    from circuitkit.detect.tokens import as_batch
+    from circuitkit.models.adapters import adapt
+
+    adapter = adapt(model)
+    for batch_size, each in ((4, torch.ones(4)), (16, None)):
+        batch = as_batch(RepeatedTokens(batch=batch_size), adapter)
+        values, _ = ablation_values(adapter, batch, "mean")
+        order = [(layer, head) for layer in range(2) for head in range(4)]
+        assert coarse_size(Ablator(adapter, batch, values), order, 0.8, each, each) == (None, 0)
+    batch = as_batch(RepeatedTokens(batch=16), adapter)  # no gap on the subset: no coarse answer
+    values, _ = ablation_values(adapter, batch, "mean")
+    assert coarse_size(Ablator(adapter, batch, values), order, 0.8, torch.ones(16), torch.ones(16)) == (None, 0)

@@ -8,9 +8,10 @@ The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which 
     scores   tokens (RepeatedTokens) -> one forward + one backward pass: every head's pattern scores, per-token
              losses, mean z per head, residual streams (for resumed ablation), attribution (a first-order ablation
              estimate for every head) and the clean half of edge attribution
-    ablate   exact ablation of the heads that count: the top ``ablate_top`` by |attribution| joined with the
-             heads called induction / previous-token heads (``ablate="top"``), every head (``"all"``) or none;
-             agreement of estimate and exact; the called heads ablated together
+    ablate   exact ablation of the heads that count: the top ``ablate_top`` by |attribution|, and of each kind of
+             called head (induction, previous-token) without one among them its strongest (``ablate="top"``;
+             :func:`exact_set`), every head (``"all"``) or none; agreement of estimate and exact; the called heads
+             ablated together
     circuit  the verified circuit: heads ranked by their joint-path attribution (or by exact ablation where
              measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
              exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity; with ``random_sets``, random
@@ -65,10 +66,10 @@ from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEE
 
 ABLATE_OPTIONS = ("top", "all", "none")
 DEFAULT_ABLATE_TOP = 8
-"""Heads ranked by |attribution| ablated exactly (joined with the called heads), each about one resumed pass of
-the batch. The exact set feeds the agreement figure and the ranked table (the circuit search ranks heads on its
-own joint path); 8 keeps the scan near 24 counted passes on GPT-2-small / SmolLM shapes, Spearman over the set
-measured in benchmarks/README.md ("Scan")."""
+"""Heads ranked by |attribution| ablated exactly (with at most one called head per kind more, :func:`exact_set`),
+each about one resumed pass of the batch. The exact set feeds the agreement figure and the ranked table (the circuit
+search ranks heads on its own joint path); 8 keeps the scan near 24 counted passes on GPT-2-small / SmolLM shapes,
+Spearman over the set measured in benchmarks/README.md ("Scan")."""
 DEFAULT_N_PATCH = 8
 """Edges between the circuit's heads path-patched exactly (those with the largest |edge attribution|), each about
 one resumed pass. Eight covers every previous-token -> induction K-edge of the bundled model's largest circuit
@@ -328,8 +329,8 @@ def _ablate_revision(chosen: list[Head], groups: dict, ablate: str, ablate_top: 
     parts = []
     planned_heads = {"all": n_total, "top": min(n_total, ablate_top)}[ablate]
     if len(chosen) != planned_heads:
-        parts.append(f"{len(chosen) - planned_heads} called head(s) outside the top {ablate_top} by attribution "
-                     "join the exact set")
+        parts.append(f"{len(chosen) - planned_heads} called head kind(s) have no head in the top {ablate_top} by "
+                     "attribution: the strongest of each joins the exact set")
     if not groups:
         parts.append("no head is called induction or previous-token, so no group is ablated together")
     elif len(groups) < len(ABLATION_GROUPS):
@@ -350,7 +351,7 @@ def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str
     """Exact ablation of the heads that count, their agreement with the estimate, the called heads together."""
     adapter, spec = work.adapter, work.adapter.spec
     groups = ablation_groups(work.head_scores)
-    called = groups.get("circuit", ())
+    called = [groups[label] for label in ABLATION_GROUPS[:2] if label in groups]
     chosen = exact_set(work.attribution, ablate, ablate_top, called)
     bar.revise("ablate", len(chosen) + len(groups),
                _ablate_revision(chosen, groups, ablate, ablate_top, spec.n_layers * spec.n_heads))
@@ -363,15 +364,22 @@ def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str
         bar.advance(1)
 
 
-def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect", with_edges: bool = True) -> int:
-    """Planned passes of the circuit search: one with every head ablated (the gap faithfulness divides by), the
-    geometric sizes, about log2 of the total for the bisection, one for necessity, one for the resampled batch
-    where no earlier pass drew it; the joint-path ranking's passes where it is asked for (``"auto"`` adds them
-    only when it turns to it: the plan is revised then, saying so)."""
-    from circuitkit.circuits.faithfulness import DEFAULT_JOINT_STEPS, geometric_sizes
+def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect", with_edges: bool = True, *,
+                     batch: int | None = None, clean_end: bool = False) -> int:
+    """Planned passes of the circuit search: one with every head ablated (the gap faithfulness divides by); the
+    coarse search's rounds and two exact sizes where the batch splits (``batch``: its sequences), else the geometric
+    sizes and about log2 of the total for the bisection; one for necessity; one for the resampled batch where no
+    earlier pass drew it; the joint-path ranking's passes where it is asked for (one stacked copy, 3 passes, with
+    ``clean_end``: the scan's attribution gives the path's clean end; else two; ``"auto"`` adds them only when it
+    turns to it: the plan is revised then, saying so)."""
+    from circuitkit.circuits.faithfulness import COARSE_MIN_SEQUENCES, COARSE_SETS, geometric_sizes
 
-    search = len(geometric_sizes(n_heads_total)) + math.ceil(math.log2(max(2, n_heads_total)))
-    joint = 3 * DEFAULT_JOINT_STEPS if rank == "joint" else 0  # "auto" adds them only where it turns to them
+    if batch is not None and batch // COARSE_SETS >= COARSE_MIN_SEQUENCES:
+        rounds = 1 + math.ceil(math.log(max(2.0, n_heads_total / 4)) / math.log(COARSE_SETS + 1))
+        search = rounds + 2
+    else:
+        search = len(geometric_sizes(n_heads_total)) + math.ceil(math.log2(max(2, n_heads_total)))
+    joint = 3 * (1 if clean_end else 2) if rank == "joint" else 0  # "auto" adds them only where it turns to them
     return 1 + search + joint + 1 + (method == "resample" and not with_edges)
 
 
@@ -405,8 +413,13 @@ def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progr
         # the same resampled batch (seed) as edge attribution's corrupted run: that run is then not needed
         work.edge_tap.ctx.z_corrupt.update(values)
     try:
+        # the attribution estimate ablates to the same values as the search (mean: the clean run's z means; zero):
+        # minus it is the joint path's gradient at the clean end
+        same_values = method == work.attribution.method
+        clean_gradient = -work.attribution.effect if same_values else None
         work.verified = discover(Ablator(adapter, work.batch, values), order, target, method,
                                  work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank,
+                                 clean_gradient=clean_gradient,
                                  clean_losses=work.run.repeated_per_sequence, intervals=work.ci,
                                  random_sets=work.random_sets)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
@@ -434,9 +447,10 @@ def stability_stage(work: _Work, n: int, target: float, method: str, rank: str, 
     work.verified = replace(work.verified, stability=stability)
 
 
-def stability_estimate(n: int, n_heads_total: int, method: str, rank: str) -> float:
+def stability_estimate(n: int, n_heads_total: int, method: str, rank: str, batch: int | None = None) -> float:
     """Planned passes of ``n`` reruns: each an attribution pass (3), the mean values (1) and a circuit search."""
-    return int(n * (ATTRIBUTION_COST + 1 + circuit_estimate(n_heads_total, method, rank, with_edges=False)))
+    return int(n * (ATTRIBUTION_COST + 1 + circuit_estimate(n_heads_total, method, rank, with_edges=False,
+                                                             batch=batch, clean_end=method != "resample")))
 
 
 def weights_stage(work: _Work, top_k: int) -> None:
@@ -546,8 +560,8 @@ def scan(
             or what :func:`circuitkit.models.load_model` takes (a zoo name, a local Hugging Face directory, a
             cached hub name; ``None``: the bundled known-answer model).
         tokens: the batch spec (:class:`~circuitkit.detect.RepeatedTokens`) or a built batch.
-        ablate: ``"top"`` (default: exact ablation of the top ``ablate_top`` heads by |attribution| joined with
-            the heads called induction / previous-token heads), ``"all"`` or ``"none"``.
+        ablate: ``"top"`` (default: exact ablation of the top ``ablate_top`` heads by |attribution|, and the
+            strongest called induction / previous-token head where none is among them), ``"all"`` or ``"none"``.
         ablation_method: ``"mean"`` or ``"zero"`` (for attribution and exact ablation alike).
         top_k: composition edges per mode, heads per score and edges the summary lists.
         n_patch: edges between the circuit's heads path-patched exactly (largest |edge attribution| first).
@@ -644,8 +658,9 @@ def scan(
     estimates = {
         "scores": SCORES_STAGE_COST,
         "ablate": ablate_plan(ablate, ablate_top, n_total),  # revised once the exact set is known, saying why
-        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank, with_edges) + 2 * random_sets,
-        "stability": stability_estimate(stability, n_total, faithfulness_method, circuit_rank),
+        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank, with_edges, batch=batch.batch,
+                                    clean_end=faithfulness_method == ablation_method) + 2 * random_sets,
+        "stability": stability_estimate(stability, n_total, faithfulness_method, circuit_rank, batch.batch),
         "weights": WEIGHT_STAGE_COST,
         "edges": edges_estimate(n_patch, corrupt_pass=not reused_corrupt),
     }
@@ -771,13 +786,25 @@ def called_heads(scores: HeadScores, name: str) -> tuple[Head, ...]:
     return tuple(head for head, value in ranked if value >= floor)
 
 
-def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int, circuit: tuple[Head, ...]) -> list[Head]:
-    """The heads ablated exactly: all of them, or the top ``ablate_top`` by |attribution| joined with ``circuit``."""
+def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
+              called: Sequence[Sequence[Head]] = ()) -> list[Head]:
+    """The heads ablated exactly: all of them (``ablate="all"``), or the top ``ablate_top`` by |attribution|, and
+    for each group of ``called`` heads (one per kind: induction heads, previous-token heads) that has no head among
+    them, the group's head with the largest |attribution|.
+
+    Why not every called head: a pretrained model calls dozens of heads previous-token or induction heads (51 of
+    Qwen2.5-Coder-0.5B's 336), each exact ablation costs about a pass, and the circuit search measures the heads
+    that matter as sets anyway; one exact figure per kind keeps the answer's "ablating the strongest induction head"
+    exact (benchmarks/README.md, "Real models at real speed")."""
     n_layers, n_heads = attribution.effect.shape
     if ablate == "all":
         return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     chosen = {head for head, _ in attribution.top(ablate_top, absolute=True)}
-    return sorted(chosen | set(circuit))
+    size = attribution.effect.detach().abs().float().nan_to_num(nan=-1.0)
+    for group in called:
+        if group and not chosen & set(group):
+            chosen.add(max(group, key=lambda h: (float(size[h]), -h[0], -h[1])))
+    return sorted(chosen)
 
 
 def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
