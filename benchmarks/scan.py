@@ -21,8 +21,10 @@ The agreement columns are the scan result's own ``agreement`` (Spearman rank cor
 over the exactly ablated heads, and the largest miss |estimate - exact|).
 
 Stage breakdown: for the ``ablate="top"`` scan, each stage (``scores, ablate, circuit, weights, edges``) in forward
-passes two ways: *counted* (the scan's own count: batch copies run, a resumed pass as the fraction of layers it runs)
-and *timed* (the stage's wall seconds / one forward pass). The circuit found by faithfulness (its size, share of the
+passes three ways: *counted* (the scan's own count, as its progress bar shows it: every run of the batch one pass,
+resumed or not, a forward + backward three), *work* (the same with a resumed pass as the fraction of layers it runs,
+read off the adapter while the scan runs: :func:`work_meter`) and *timed* (the stage's wall seconds / one forward
+pass). The circuit found by faithfulness (its size, share of the
 heads, faithfulness, necessity) is listed too. On random weights there is no induction circuit: the circuit is the
 set of heads that carries the loss of a random model, and the figures measure cost, not discovery.
 
@@ -156,6 +158,43 @@ def beside_busy(n: int):
             proc.wait()
 
 
+@contextlib.contextmanager
+def work_meter(batch_rows: int):
+    """Per stage, the model's work in passes of the batch, resumed passes as the fraction of layers they run:
+    every ``run`` of ``r`` rows counts ``r / batch_rows``, a ``run_from(layer)`` ``(L - layer) / L`` of that,
+    and a pass run with gradients enabled three times (its backward counts two, as the progress bar counts it).
+    Read off the adapter's own entry points while the scan runs (the bar counts a resumed pass as one)."""
+    import circuitkit.pipeline as pipeline
+    from circuitkit.models.adapters import BridgeAdapter
+
+    work: dict[str, float] = {}
+    stage = {"name": "setup"}
+    run, run_from, start = BridgeAdapter.run, BridgeAdapter.run_from, pipeline.Progress.start
+
+    def add(rows: int, fraction: float) -> None:
+        factor = 3.0 if torch.is_grad_enabled() else 1.0
+        work[stage["name"]] = work.get(stage["name"], 0.0) + factor * fraction * rows / batch_rows
+
+    def metered_run(self, tokens, *args, **kwargs):
+        add(tokens.shape[0], 1.0)
+        return run(self, tokens, *args, **kwargs)
+
+    def metered_run_from(self, resid, start_at_layer, *args, **kwargs):
+        L = self.spec.n_layers
+        add(resid.shape[0], (L - start_at_layer) / L)
+        return run_from(self, resid, start_at_layer, *args, **kwargs)
+
+    def metered_start(self, name):
+        stage["name"] = name
+        return start(self, name)
+
+    BridgeAdapter.run, BridgeAdapter.run_from, pipeline.Progress.start = metered_run, metered_run_from, metered_start
+    try:
+        yield work
+    finally:
+        BridgeAdapter.run, BridgeAdapter.run_from, pipeline.Progress.start = run, run_from, start
+
+
 def bench(label: str, model: Any, *, repeats: int, run_all: bool, quick_scan: bool = True) -> dict[str, Any]:
     from circuitkit.detect.tokens import as_batch
     from circuitkit.models.adapters import adapt
@@ -164,7 +203,8 @@ def bench(label: str, model: Any, *, repeats: int, run_all: bool, quick_scan: bo
     spec = adapter.spec
     batch = as_batch(None, adapter)
     before = forward_seconds(model, max(1, repeats // 2))
-    top_s, top = scan_seconds(model, "top")
+    with work_meter(batch.tokens.shape[0]) as work:
+        top_s, top = scan_seconds(model, "top")
     quick_s, quick = scan_seconds(model, "none", circuit=False) if quick_scan else (None, None)
     all_s, every = scan_seconds(model, "all") if run_all else (None, None)
     after = forward_seconds(model, max(1, repeats - repeats // 2))
@@ -189,7 +229,9 @@ def bench(label: str, model: Any, *, repeats: int, run_all: bool, quick_scan: bo
         "previous_token_heads": [f"{a}.{b}" for a, b in top.previous_token_heads],
     }
     row["stages"] = [{"stage": st.name, "passes_counted": st.passes, "seconds": st.seconds,
-                      "passes_timed": st.seconds / forward} for st in top.stages]
+                      "passes_timed": st.seconds / forward, "passes_work": work.get(st.name, 0.0)}
+                     for st in top.stages]
+    row["passes_work"] = sum(st["passes_work"] for st in row["stages"])
     row["circuit"] = circuit_row(top, spec.n_layers * spec.n_heads)
     if every is not None:
         row.update(scan_all_s=all_s, ratio_all=all_s / forward, agreement_all=agreement_row(every))
@@ -279,19 +321,19 @@ def main() -> None:
             f"{fmt((r.get('agreement_all') or {}).get('spearman'), '>7.3f')}  {miss_text}"
         )
     print()
-    print(f"{'model':<30} {'stage':<8} {'counted':>8} {'timed':>8} {'seconds':>8}")
+    print(f"{'model':<30} {'stage':<8} {'counted':>8} {'work':>8} {'timed':>8} {'seconds':>8}")
     for r in rows:
         for st in r["stages"]:
-            print(f"{r['model']:<30} {st['stage']:<8} {st['passes_counted']:>7.1f}x {st['passes_timed']:>7.1f}x "
-                  f"{st['seconds']:>7.2f}s")
+            print(f"{r['model']:<30} {st['stage']:<8} {st['passes_counted']:>7.1f}x {st['passes_work']:>7.1f}x "
+                  f"{st['passes_timed']:>7.1f}x {st['seconds']:>7.2f}s")
         c = r["circuit"]
         text = (f"circuit {c['n_heads']} heads ({100 * c['share']:.0f}%), faithfulness {c['faithfulness']:.3f}, "
                 f"necessity {c['necessity']:+.2f} nats, {c['passes']} passes, {c['edges_patched']} edges patched"
                 if c["n_heads"] is not None else f"no circuit: {c['error']}")
         print(f"{r['model']:<30} {text}")
     for r in rows:
-        print(f"{r['model']:<30} counted passes: default {r['passes_counted']:.1f}, quick "
-              f"{fmt(r['quick_passes_counted'], '.1f')}")
+        print(f"{r['model']:<30} counted passes: default {r['passes_counted']:.1f} (work {r['passes_work']:.1f}), "
+              f"quick {fmt(r['quick_passes_counted'], '.1f')}")
     print(f"targets: scan() <= {TARGET_RATIO:.0f}x one forward pass of the scan's batch, --quick "
           f"(ablate='none', circuit=False) <= {QUICK_TARGET_RATIO:.0f}x; "
           f"torch threads {torch.get_num_threads()}")
