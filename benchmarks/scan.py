@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -195,7 +196,8 @@ def work_meter(batch_rows: int):
         BridgeAdapter.run, BridgeAdapter.run_from, pipeline.Progress.start = run, run_from, start
 
 
-def bench(label: str, model: Any, *, repeats: int, run_all: bool, quick_scan: bool = True) -> dict[str, Any]:
+def bench(label: str, model: Any, *, repeats: int, run_all: bool, quick_scan: bool = True,
+          save_dir: str | None = None) -> dict[str, Any]:
     from circuitkit.detect.tokens import as_batch
     from circuitkit.models.adapters import adapt
 
@@ -208,6 +210,8 @@ def bench(label: str, model: Any, *, repeats: int, run_all: bool, quick_scan: bo
     quick_s, quick = scan_seconds(model, "none", circuit=False) if quick_scan else (None, None)
     all_s, every = scan_seconds(model, "all") if run_all else (None, None)
     after = forward_seconds(model, max(1, repeats - repeats // 2))
+    if save_dir is not None:
+        top.save(Path(save_dir) / label.split()[0].strip("()"))
     forward = statistics.median(before + after)
     row = {
         "model": label,
@@ -266,6 +270,8 @@ def main() -> None:
     parser.add_argument("--beside-busy", type=int, default=0,
                         help="run beside this many busy processes (each a matmul loop on every core)")
     parser.add_argument("--no-quick-scan", action="store_true", help="skip the --quick scan")
+    parser.add_argument("--save-dir", type=str, default=None,
+                        help="save each model's default scan (report.html, scores.json) under DIR/<model>")
     parser.add_argument("--checkpoints", type=str, default=None,
                         help="keep the saved random checkpoints in this directory (default: a temporary one)")
     args = parser.parse_args()
@@ -290,7 +296,7 @@ def main() -> None:
     for directory in args.model_dir:
         model = load_model(directory)
         rows.append(bench(Path(directory).name, model, repeats=args.repeats, run_all=not args.no_all,
-                          quick_scan=quick_scan))
+                          quick_scan=quick_scan, save_dir=args.save_dir))
         del model
     if not args.quick:
         with contextlib.ExitStack() as stack:
@@ -338,7 +344,8 @@ def main() -> None:
           f"(ablate='none', circuit=False) <= {QUICK_TARGET_RATIO:.0f}x; "
           f"torch threads {torch.get_num_threads()}")
     out = {"target_ratio": TARGET_RATIO, "quick_target_ratio": QUICK_TARGET_RATIO,
-           "torch_threads": torch.get_num_threads(), "beside_busy": args.beside_busy, "rows": rows}
+           "torch_threads": torch.get_num_threads(), "beside_busy": args.beside_busy,
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset: active spinning)"), "rows": rows}
     emit_json(out, args.json)
 
 

@@ -597,6 +597,9 @@ COMMANDS = {"scan": run_scan, "track": run_track}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from circuitkit.cpu_threads import prefer_passive_waiting
+
+    prefer_passive_waiting()  # before torch loads: idle OpenMP threads sleep, not spin, beside other work
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
