@@ -406,7 +406,8 @@ DEFAULT_JOINT_STEPS = 2
 """Midpoints of the joint path from every head ablated to none (``alpha = (k + 1/2) / steps``) averaged by
 :func:`joint_attribution`; all of them run as stacked copies in one forward and one backward pass (``3 * steps``
 passes). Two order the bundled model's heads and the hand-built circuit's exactly as 16 midpoints do (the shares
-themselves within 15% of the largest), for 6 passes instead of 9 at three."""
+themselves within 15% of the largest), for 6 passes instead of 9 at three. (The search itself ranks by the
+Gauss-Radau rule, :data:`RADAU_POINTS`: one interior point beside the clean end the scan already has.)"""
 
 
 def joint_attribution(ablator: Ablator, steps: int = DEFAULT_JOINT_STEPS) -> Tensor:
@@ -622,9 +623,9 @@ def check_repeats(name: str, value: Any) -> int:
 
 
 RANKINGS = ("joint", "effect", "auto")
-"""How heads are ordered for the search: by the joint-path share (:func:`joint_attribution`, ``"joint"``, the
-default: about ``3 * DEFAULT_JOINT_STEPS`` passes), by their single-head effect (``"effect"``: no extra pass), or
-``"auto"``: by effect, and by the joint path too where the effect ranking needs more than
+"""How heads are ordered for the search: by the joint-path share (:func:`radau_shares`, ``"joint"``, the
+default: 3 passes where the clean end's gradient is known from the attribution pass, else 6), by their single-head
+effect (``"effect"``: no extra pass), or ``"auto"``: by effect, and by the joint path too where the effect ranking needs more than
 :data:`JOINT_FALLBACK_SHARE` of the heads (the smaller circuit wins; the most passes)."""
 JOINT_FALLBACK_SHARE = 0.1
 """``"auto"`` tries the joint-path ranking when the single-head ranking's circuit holds more than this share of
