@@ -625,8 +625,8 @@ def check_repeats(name: str, value: Any) -> int:
 RANKINGS = ("joint", "effect", "auto")
 """How heads are ordered for the search: by the joint-path share (:func:`radau_shares`, ``"joint"``, the
 default: 3 passes where the clean end's gradient is known from the attribution pass, else 6), by their single-head
-effect (``"effect"``: no extra pass), or ``"auto"``: by effect, and by the joint path too where the effect ranking needs more than
-:data:`JOINT_FALLBACK_SHARE` of the heads (the smaller circuit wins; the most passes)."""
+effect (``"effect"``: no extra pass), or ``"auto"``: by effect, and by the joint path too where the effect ranking
+needs more than :data:`JOINT_FALLBACK_SHARE` of the heads (the smaller circuit wins; the most passes)."""
 JOINT_FALLBACK_SHARE = 0.1
 """``"auto"`` tries the joint-path ranking when the single-head ranking's circuit holds more than this share of
 the heads: there heads that matter only together are likely being missed, and the extra passes are worth it."""
