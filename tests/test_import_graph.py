@@ -83,22 +83,36 @@ def _faces(files: Mapping[str, Path]) -> dict[str, dict[str, str]]:
 
 def _imports(path: Path, name: str, files: Mapping[str, Path], faces: Mapping[str, Mapping[str, str]]) -> set[str]:
     """Every circuitkit module ``path`` imports, anywhere in the file. ``from X import Y`` counts ``X.Y`` when that
-    is a module, else the module X's face says defines ``Y``, else ``X``."""
+    is a module, else the module X's face says defines ``Y``, else ``X``; a name read off an imported face
+    (``import circuitkit as ck; ck.scan``) counts the module the face says defines it."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+
+    def through(base: str, attribute: str) -> str:
+        if f"{base}.{attribute}" in files:
+            return f"{base}.{attribute}"
+        return faces.get(base, {}).get(attribute, base)
+
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    bound: dict[str, str] = {}  # local name -> the package face it is bound to
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            for alias in node.names:
+                found.add(alias.name)
+                local = alias.asname or alias.name.split(".")[0]
+                bound[local] = alias.name if alias.asname else alias.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
             for alias in node.names:
-                if f"{base}.{alias.name}" in files:
-                    found.add(f"{base}.{alias.name}")
-                else:
-                    found.add(faces.get(base, {}).get(alias.name, base))
+                found.add(through(base, alias.name))
+                bound[alias.asname or alias.name] = through(base, alias.name)
+    faced = {local: module for local, module in bound.items() if module in faces}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in faced:
+            found.add(through(faced[node.value.id], node.attr))
     return {module for module in found if module in files and module != name}
 
 
@@ -216,18 +230,21 @@ def _package(tmp_path: Path, sources: Mapping[str, str]) -> dict[str, set[str]]:
 
 
 def test_a_synthetic_up_import_is_caught(tmp_path):
-    """Control: foundation's ``validate`` importing the pipeline inside a function, and ``errors`` taking a
-    report function through the report's lazy face, are both up the layers."""
+    """Control: in foundation, ``validate`` importing the pipeline inside a function, ``errors`` taking a report
+    function through the report's lazy face and ``ranking`` reading ``ck.scan`` off the package's face are each
+    an import up the layers."""
     graph = _package(tmp_path, {
-        "__init__.py": "",
+        "__init__.py": '_LAZY = {"scan": "circuitkit.pipeline"}\n',
         "validate.py": "def check():\n    from circuitkit.pipeline import scan\n",
         "errors.py": "from circuitkit.report import save\n",
-        "pipeline.py": "from circuitkit import validate\n",
+        "ranking.py": "import circuitkit as ck\n\ndef top():\n    return ck.scan\n",
+        "pipeline.py": "",
         "report/__init__.py": '_LAZY = {"save": "circuitkit.report.saving"}\n',
         "report/saving.py": "from circuitkit.errors import CircuitkitError\n",
     })
     assert _up_imports(graph) == {("circuitkit.validate", "circuitkit.pipeline"),
-                                  ("circuitkit.errors", "circuitkit.report.saving")}
+                                  ("circuitkit.errors", "circuitkit.report.saving"),
+                                  ("circuitkit.ranking", "circuitkit.pipeline")}
     assert _circles(graph) == [["circuitkit.errors", "circuitkit.report.saving"]]
 
 
