@@ -56,7 +56,7 @@ _LAZY: dict[str, str] = {
     "ablation_effects": "circuitkit.detect.ablation",
     "attribution_effects": "circuitkit.detect.attribution",
     "copying_scores": "circuitkit.detect.weight_scores",
-    "HeadEffects": "circuitkit.scan_types",
+    "HeadEffects": "circuitkit.detect.effects",
     "Scan": "circuitkit.scan_types",
     "scan": "circuitkit.pipeline",
     "load_model": "circuitkit.models.loading",

@@ -61,7 +61,7 @@ from circuitkit.models.adapters import ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_heads
 from circuitkit.scan_intervals import scan_intervals
-from circuitkit.scan_types import HeadEffects, ModelSummary, Role, Scan, ScanSettings, StageRecord
+from circuitkit.scan_types import HeadEffects, Role, Scan, ScanSettings, StageRecord, summarise_model
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
 
 ABLATE_OPTIONS = ("top", "all", "none")
@@ -805,24 +805,6 @@ def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
         if group and not chosen & set(group):
             chosen.add(max(group, key=lambda h: (float(size[h]), -h[0], -h[1])))
     return sorted(chosen)
-
-
-def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
-    spec = adapter.spec
-    if name is None:
-        name = adapter.default_name
-    return ModelSummary(
-        name=str(name),
-        n_layers=spec.n_layers,
-        n_heads=spec.n_heads,
-        d_model=spec.d_model,
-        d_head=spec.d_head,
-        d_vocab=spec.d_vocab,
-        n_ctx=spec.n_ctx,
-        n_kv_heads=spec.n_kv_heads,
-        attn_only=adapter.attn_only,
-        family=spec.family,
-    )
 
 
 def _composition(weights: Any, top_k: int) -> tuple[dict, dict, dict]:

@@ -15,15 +15,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit.detect.effects import Agreement, HeadEffects
 from circuitkit.ranking import Head
 
 if TYPE_CHECKING:
     from circuitkit.composition import CompositionBaseline, Edge
     from circuitkit.detect.loss import InductionLoss
     from circuitkit.detect.scores import HeadScores
+    from circuitkit.models.adapters import ModelAdapter
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,25 @@ class ModelSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
+    """The :class:`ModelSummary` of an adapted model, named ``name`` (None: the adapter's own name)."""
+    spec = adapter.spec
+    if name is None:
+        name = adapter.default_name
+    return ModelSummary(
+        name=str(name),
+        n_layers=spec.n_layers,
+        n_heads=spec.n_heads,
+        d_model=spec.d_model,
+        d_head=spec.d_head,
+        d_vocab=spec.d_vocab,
+        n_ctx=spec.n_ctx,
+        n_kv_heads=spec.n_kv_heads,
+        attn_only=adapter.attn_only,
+        family=spec.family,
+    )
 
 
 @dataclass(frozen=True)
@@ -100,55 +121,6 @@ class StageRecord:
     name: str
     passes: float
     seconds: float
-
-
-@dataclass(frozen=True)
-class HeadEffects:
-    """Effect of removing each head on the repeated-copies loss (nats; positive = the loss rises).
-
-    ``effect[layer, head]``: for ``kind="attribution"`` the first-order estimate for every head; for
-    ``kind="ablation"`` the exact rise where ``exact[layer, head]`` is True and NaN elsewhere (not ablated).
-    ``per_sequence`` ``[batch, layer, head]`` (where kept): each sequence's value, whose batch mean is ``effect``
-    (the exact rise of that sequence's loss; for attribution, the sequence's term of the estimate times the batch
-    size), what :mod:`circuitkit.uncertainty` resamples for the intervals; no extra pass.
-    """
-
-    kind: str  # "attribution" | "ablation"
-    method: str  # "mean" | "zero"
-    clean_loss: float
-    effect: Float[Tensor, "layer head"]
-    exact: Bool[Tensor, "layer head"] | None = None
-    per_sequence: Float[Tensor, "batch layer head"] | None = None
-
-    @property
-    def delta(self) -> Float[Tensor, "layer head"]:
-        """Same as ``effect``: the loss rise."""
-        return self.effect
-
-    @property
-    def loss(self) -> Float[Tensor, "layer head"]:
-        """The repeated-copies loss with each head removed: ``clean_loss + effect``."""
-        return self.clean_loss + self.effect
-
-    def top(self, k: int = 5, *, absolute: bool = False) -> list[tuple[Head, float]]:
-        """The ``k`` heads with the largest effect (``absolute``: largest ``|effect|``), NaN last."""
-        from circuitkit.ranking import top_heads
-        from circuitkit.validate import boolean
-
-        return top_heads(self.effect, k, absolute=boolean("HeadEffects.top: absolute", absolute))
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """How well attribution predicted exact ablation on the heads ablated exactly.
-
-    ``spearman``: rank correlation of estimate vs exact over those heads (None with fewer than 3);
-    ``largest_miss``: the head with the largest ``|estimate - exact|`` and both values.
-    """
-
-    n_exact: int
-    spearman: float | None
-    largest_miss: tuple[Head, float, float] | None  # (head, exact, estimate)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError, describe
-from circuitkit.models.state import keeps_model_state
+from circuitkit.model_state import keeps_model_state
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -1,64 +1,9 @@
-"""The corrupted run of path patching and edge attribution, and the two ways a sender's output is replaced.
-
-Why a module: "corrupted" has to mean one thing in both methods. circuitkit measures induction circuits on
-repeated random tokens, ``[BOS] block block ...``. The corrupted batch is the same sequences (same length,
-same BOS, tokens from the same ids) with **every copy of the block replaced by its own fresh random block**
-(independent per sequence and per copy), so nothing repeats:
-
-- a sender's output differs on both sides of an induction circuit: at the *key* positions (the earlier copy,
-  where a previous-token head writes "my previous token was A" for the induction head's keys) and at the *query*
-  positions (the later copies). Resampling only the later copies would leave the earlier copy, and so every
-  K-path into an induction head, exactly clean: K-composition could never show an effect.
-- what a head writes in the corrupted run is what it writes when there is no induction to do.
-
-``resampled_batch(batch, copies="first")`` or ``copies="later"`` resample only the first or only the later copies
-(corrupting the key side or the query side alone); pass the result as ``corrupt=`` to path patching or edge
-attribution.
-
-Fresh tokens are drawn from the ids that occur in the batch's first copies (so a ``token_range`` the clean batch
-was drawn from is respected, and the BOS, never in a block, is never drawn), without replacement within a block
-when there are enough ids, as :class:`circuitkit.detect.RepeatedTokens` draws blocks.
-
-``corrupt="mean"`` instead replaces a sender's output ``z`` at each position by its mean over the clean batch at
-that position (no second batch).
-"""
+"""The corrupted run of path patching and edge attribution: defined in :mod:`circuitkit.detect.corrupt` (head
+attribution's integrated gradients redraw the same blocks, and ``detect`` stands below ``circuits``), named here
+too, where the edge measurements take it from."""
 
 from __future__ import annotations
 
-from typing import Literal
-
-import torch
-
-from circuitkit import validate
-from circuitkit.detect.tokens import TokenBatch, random_blocks
-
-Corruption = Literal["resample", "mean"]
-CORRUPTIONS: tuple[str, ...] = ("resample", "mean")
-COPIES: tuple[str, ...] = ("all", "first", "later")
-
-DEFAULT_CORRUPT_SEED = 1
-"""Seed of the resampled copies; differs from the clean batch's default seed (0) so no block is drawn twice."""
-
-
-def resampled_batch(batch: TokenBatch, seed: int = DEFAULT_CORRUPT_SEED, *, copies: str = "all") -> TokenBatch:
-    """``batch`` with the prefix kept and the chosen ``copies`` (``"all"``, ``"first"``, ``"later"``) each replaced
-    by a fresh random block (see the module docstring). Same shape, device, ``block_len``, ``n_repeats``, BOS."""
-    if not isinstance(batch, TokenBatch):
-        raise validate.fail("resampled_batch: batch", batch, "a circuitkit.detect.TokenBatch")
-    seed = validate.seed("resampled_batch: seed", seed)
-    copies = validate.option("resampled_batch: copies", copies, COPIES)
-    tokens = batch.tokens
-    n, T, p0 = tokens.shape[0], batch.block_len, batch.prefix
-    pool = torch.unique(tokens[:, p0 : p0 + T].cpu())
-    generator = torch.Generator().manual_seed(seed)
-    parts = [tokens[:, :p0].cpu()]
-    for r in range(batch.n_repeats):
-        if copies == "all" or (copies == "first") == (r == 0):
-            parts.append(random_blocks(pool, n, T, generator))
-        else:
-            parts.append(tokens[:, p0 + r * T : p0 + (r + 1) * T].cpu())
-    corrupted = torch.cat(parts, dim=1).to(tokens.device, tokens.dtype)
-    return TokenBatch(tokens=corrupted, block_len=T, n_repeats=batch.n_repeats, bos=batch.bos)
-
+from circuitkit.detect.corrupt import COPIES, CORRUPTIONS, DEFAULT_CORRUPT_SEED, Corruption, resampled_batch
 
 __all__ = ["COPIES", "CORRUPTIONS", "DEFAULT_CORRUPT_SEED", "Corruption", "resampled_batch"]

@@ -8,6 +8,8 @@
 - :mod:`~circuitkit.detect.weight_scores`: weight-only scores (copying);
 - :mod:`~circuitkit.detect.loss`: :func:`induction_loss`;
 - :mod:`~circuitkit.detect.clean_run`: the one clean pass shared by the measurements;
+- :mod:`~circuitkit.detect.effects`: what ablation and attribution return (:class:`HeadEffects`, :class:`Agreement`);
+- :mod:`~circuitkit.detect.corrupt`: the corrupted batch (every copy of the block redrawn);
 - :mod:`~circuitkit.detect.ablation`: :func:`ablation_effects` (exact, resumed from the clean residual stream);
 - :mod:`~circuitkit.detect.attribution`: :func:`attribution_effects` (first-order, all heads in one backward).
 """

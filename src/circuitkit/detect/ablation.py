@@ -33,13 +33,13 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.clean_run import CleanRun, clean_run
+from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
-from circuitkit.scan_types import HeadEffects
 
 AblationMethod = Literal["zero", "mean"]
 ABLATION_METHODS = ("mean", "zero")

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.scan_types import Agreement, HeadEffects
+from circuitkit.detect.effects import Agreement, HeadEffects
 
 MIN_HEADS_FOR_RANK_CORRELATION = 3
 """With two heads a rank correlation is always +1 or -1: it says nothing."""

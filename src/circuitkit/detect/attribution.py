@@ -69,12 +69,12 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
 from circuitkit.detect.clean_run import CleanRun
+from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
-from circuitkit.scan_types import HeadEffects
 
 MAX_IG_STEPS = 1024
 """The most integration points accepted: each costs a forward and a backward pass (per layer on the
@@ -287,7 +287,7 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
     base = None
     if not isinstance(corrupt, str) or corrupt == "resample":
         if isinstance(corrupt, str):
-            from circuitkit.circuits.corrupt import resampled_batch
+            from circuitkit.detect.corrupt import resampled_batch
 
             corrupt = resampled_batch(batch, corrupt_seed)
         base = input_embedding(adapter, corrupt.tokens)

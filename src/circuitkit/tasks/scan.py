@@ -202,7 +202,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     """
     from circuitkit.circuits.faithfulness import check_target
     from circuitkit.models.adapters import adapt
-    from circuitkit.pipeline import summarise_model
+    from circuitkit.scan_types import summarise_model
 
     if not isinstance(task, Task):
         raise validate.fail("scan_task: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, ioi, ...)")
