@@ -15,7 +15,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("__init__", "errors", "_lazy", "_html", "validate", "ranking", "uncertainty", "model_state")),
+    ("foundation", ("__init__", "errors", "_lazy", "_html", "validate", "ranking", "uncertainty", "model_state",
+                    "cpu_threads")),
     ("weights", ("weights", "factored", "composition", "random_baseline", "theory")),
     ("models", ("models", "zoo")),
     ("hand-built circuits, views", ("handbuilt", "viz")),
