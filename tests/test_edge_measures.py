@@ -65,7 +65,8 @@ def test_a_new_measure_shows_in_scores_json_and_loads_back(scanned, tmp_path):
 
 def test_a_new_measure_shows_in_the_report(scanned, tmp_path):
     html = scanned.save(tmp_path).report.read_text()
-    section = html[html.index("Causal evidence per edge"):]
+    section = html[html.index('id="ck-sec-circuit"'):]
+    section = section[section.index("<th>in the circuit</th>"):]  # the evidence table
     section = section[: section.index("</table>")]
     assert "<th>composition x attribution</th>" in section
     for row in scanned.circuit.rows:
@@ -73,10 +74,15 @@ def test_a_new_measure_shows_in_the_report(scanned, tmp_path):
 
 
 def test_without_the_measure_nothing_shows(scanned):
-    """Control: once unregistered, a new scan has no such column (the fixture's scan kept it)."""
-    assert "weighted" not in measures.measure_names()
-    evidence = ck.circuit_evidence(zoo.load(), tokens=RepeatedTokens(batch=2), top_k=2)
-    assert evidence.rows and all("weighted" not in dict(r.values) for r in evidence.rows)
+    """Control: once unregistered, new evidence has no such value (the fixture's scan kept it)."""
+    removed = measures.unregister("weighted")
+    try:
+        assert "weighted" not in measures.measure_names()
+        evidence = ck.circuit_evidence(zoo.load(), tokens=RepeatedTokens(batch=2), top_k=2)
+        assert evidence.rows and all("weighted" not in dict(r.values) for r in evidence.rows)
+        assert "weighted" not in evidence.to_json()["rows"][0] and "weighted" not in evidence.measured
+    finally:
+        measures.register(removed)
 
 
 # ------------------------------------------------------------------------------------------------ the guards

@@ -74,7 +74,7 @@ class EdgeMeasure:
 
 RESERVED_NAMES = frozenset({
     "src", "dst", "channel", "input", "name", "key", "values", "flags", "measures", "get", "effect", "weight_only",
-    "effect_only", "value", "score", "clean",
+    "effect_only", "value", "score", "clean", "patched_each", "to_json", "of",
 })
 """Attributes and JSON keys an edge record has besides its measured values: a measure named so would hide one."""
 
