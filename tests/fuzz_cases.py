@@ -901,6 +901,9 @@ case("circuitkit:composition_baseline", lambda: {"weights": weights(), "mode": "
      weights=W, mode="option", n_samples="size>=2", seed="seed")
 case("circuitkit:top_edges", lambda: {"scores": comp_scores(), "k": 3}, scores="tensor", k="int>=1")
 record("circuitkit:Edge", "result record of top_edges")
+case("circuitkit:HeadValues", lambda: {"values": torch.randn(3, 2), "name": "effect"}, values="tensor", name="text")
+case("circuitkit:EdgeValues", lambda: {"values": torch.randn(2, 2, 2, 2, 3), "name": "attribution"}, values="tensor",
+     name="text")
 case("circuitkit:bootstrap_ci", lambda: {"values": torch.randn(6, 2), "n_resamples": 50, "level": 0.9, "seed": 0,
      "statistic": None}, positional=("values",), values="tensor-any-rank", n_resamples="size>=2", level="real>0",
      seed="seed", statistic="callable?",
@@ -1260,6 +1263,12 @@ case("circuitkit.viz:view_props", lambda: {"view": _rendered()}, view="scan")
 for _name in ("AttributedEdge", "CircuitEvidence", "EdgeAttribution", "EdgeEffect", "EdgeEvidence",
               "PathPatching"):
     record(f"circuitkit.circuits:{_name}", "result record of edge_attribution / path_patching / circuit_evidence")
+record("circuitkit.circuits:EdgeMeasure", "built by edge_measure, which validates it")
+record("circuitkit.circuits:EdgeInputs", "what the evidence hands a measure's compute (built by circuit_evidence)")
+case("circuitkit.circuits:edge_measure", lambda: {"name": "weighted", "column": "composition x attribution",
+     "description": "composition times attribution", "compute": lambda inputs: inputs.measured["composition"].values},
+     name="text", column="text", description="text", compute="callable",
+     extra_bad={"name": [("reserved", const("src"), STRICT), ("not-identifier", const("two words"), STRICT)]})
 case("circuitkit.circuits:EdgeSpec", lambda: {"src": (0, 0), "dst": (1, 1), "channel": "K"}, src="head",
      dst="head", channel="option")
 case("circuitkit.circuits:circuit_evidence", lambda: {"model": toy(), "composition": None, "top_k": 2,
@@ -1751,6 +1760,9 @@ VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
     "circuitkit.theory:softmax_jacobian": {"z": {"rank-minus-1": "the generator returns a 1-D tensor unchanged"}},
     "circuitkit.handbuilt:key_bias_qk": {"key": {"other-d_model": "no second subspace to compare widths with"}},
     "circuitkit.handbuilt:previous_token_qk": {"positions": {"other-d_model": "no second subspace to compare with"}},
+    **{f"circuitkit:{name}": {"values": {"nan": "NaN means not measured (documented)",
+                                          "int-dtype": "an int quantity is a quantity (held as float32)"}}
+       for name in ("HeadValues", "EdgeValues")},
     "circuitkit.circuits:EdgeSpec": {
         "dst": {"layer-out-of-range": "a legal head without a model; parse_edges checks it against the model"},
         "src": {"head-out-of-range": "a legal head without a model; parse_edges checks it against the model"},
@@ -1822,6 +1834,8 @@ def non_finite(value: Any, path: str = "result", depth: int = 0) -> str | None:
         return non_finite(rest.intervals, f"{path}.intervals", depth + 1) or next(
             (found for f in fields(value) if f.name != "intervals"
              for found in [non_finite(getattr(value, f.name), f"{path}.{f.name}", depth + 1)] if found), None)
+    if name in ("HeadValues", "EdgeValues"):  # NaN marks "not measured" and non-edges (documented); never inf
+        return f"{path}.values (infinite)" if bool(value.values.isinf().any()) else None
     if name == "EdgeAttribution":  # NaN marks src layer >= dst layer, which are not edges (documented)
         layers = value.scores.shape[0]
         edge = torch.arange(layers)[:, None, None, None, None] < torch.arange(layers)[None, None, :, None, None]

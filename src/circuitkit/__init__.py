@@ -7,6 +7,8 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
   :func:`full_ov_circuit`, :func:`singular_values`, :func:`numerical_rank`, :func:`effective_rank`,
   :func:`frobenius_norm`, :func:`ov_eigenvalues`.
 - Composition between heads: :func:`composition_scores`, :func:`composition_baseline`, :func:`top_edges`.
+- The two result types: :class:`HeadValues` (a quantity per head ``[layer, head]``) and :class:`EdgeValues` (per
+  edge ``[sender, receiver, input]``), each with ``top``, names and ``to_json``; NaN is "not measured".
 - The whole pipeline: :func:`scan` -> :class:`Scan` (``.save(dir)``, ``.to_json()``, ``.top(...)``).
 - Loading: :func:`load_model` (a zoo name, a local Hugging Face directory, a cached hub name; offline).
 - Head detection on repeated random tokens (:class:`RepeatedTokens` is the batch every entry point takes):
@@ -49,6 +51,8 @@ _LAZY: dict[str, str] = {
     "top_edges": "circuitkit.composition",
     "Edge": "circuitkit.composition",
     "CompositionBaseline": "circuitkit.composition",
+    "HeadValues": "circuitkit.results",
+    "EdgeValues": "circuitkit.results",
     "RepeatedTokens": "circuitkit.detect.tokens",
     "head_scores": "circuitkit.detect.scores",
     "HeadScores": "circuitkit.detect.scores",

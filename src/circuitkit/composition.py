@@ -54,6 +54,7 @@ from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.random_baseline import MODES, CompositionBaseline, Mode, check_mode, composition_baseline
 from circuitkit.ranking import top_indices, unravel
+from circuitkit.results import Edge as ResultEdge
 from circuitkit.weights import HeadWeights, as_head_weights
 
 __all__ = [
@@ -395,18 +396,21 @@ def _gram_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- edges
-@dataclass(frozen=True)
-class Edge:
-    """One composition edge: head ``src = (layer, head)`` feeds head ``dst`` with ``score``."""
+class Edge(ResultEdge):
+    """One composition edge: head ``src = (layer, head)`` feeds head ``dst`` with ``score``; an
+    :class:`~circuitkit.results.Edge` holding the value ``"composition"`` and no channel (the mode's list it is
+    in says which composition)."""
 
-    src: tuple[int, int]
-    dst: tuple[int, int]
-    score: float
+    def __init__(self, src: tuple[int, int], dst: tuple[int, int], score: float) -> None:
+        super().__init__(tuple(src), tuple(dst), None, (("composition", score),))
 
     @property
-    def name(self) -> str:
-        """``"0.7 -> 1.4"``: source ``layer.head`` -> destination ``layer.head``."""
-        return f"{self.src[0]}.{self.src[1]} -> {self.dst[0]}.{self.dst[1]}"
+    def score(self) -> float:
+        """The composition score."""
+        return self.values[0][1]
+
+    def __repr__(self) -> str:
+        return f"Edge(src={self.src!r}, dst={self.dst!r}, score={self.score!r})"
 
 
 def top_edges(scores: Float[Tensor, "src_layer src_head dst_layer dst_head"], k: int = 10) -> list[Edge]:

@@ -10,7 +10,9 @@ them causally, per edge and per channel (the receiver's query, key or value inpu
 - :mod:`~circuitkit.circuits.attribution`: :func:`edge_attribution`, first-order for all ``[L, H, L, H, 3]``
   edges from one forward and one backward pass (Syed et al. 2023), or with ``steps > 1`` integrated gradients
   over the input embeddings (EAP-IG, Hanna et al. 2024), one more forward and backward pass per step;
-- :mod:`~circuitkit.circuits.evidence`: :func:`circuit_evidence`, composition, attribution and patching side by side.
+- :mod:`~circuitkit.circuits.measures`: the edge-measure registry (:func:`edge_measure`, ``measures.register``):
+  a new edge measure is one definition and appears in the evidence table, ``scores.json`` and the report;
+- :mod:`~circuitkit.circuits.evidence`: :func:`circuit_evidence`, every registered edge measure side by side.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ _LAZY = {
     "CircuitEvidence": "circuitkit.circuits.evidence",
     "EdgeEvidence": "circuitkit.circuits.evidence",
     "circuit_evidence": "circuitkit.circuits.evidence",
+    "EdgeInputs": "circuitkit.circuits.measures",
+    "EdgeMeasure": "circuitkit.circuits.measures",
+    "edge_measure": "circuitkit.circuits.measures",
     "Circuit": "circuitkit.circuits.faithfulness",
     "find_circuit": "circuitkit.circuits.faithfulness",
 }

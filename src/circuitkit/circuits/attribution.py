@@ -84,33 +84,42 @@ from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, norm_parameters
 from circuitkit.models.state import keeps_model_state
-from circuitkit.ranking import Head, head_name, top_indices, unravel
+from circuitkit.ranking import Head
+from circuitkit.results import Edge, EdgeValues
 
 
-@dataclass(frozen=True)
-class AttributedEdge:
-    """One edge and its first-order effect estimate."""
+class AttributedEdge(Edge):
+    """One edge and its first-order effect estimate: an :class:`~circuitkit.results.Edge` holding the value
+    ``"attribution"``."""
 
-    src: Head
-    dst: Head
-    channel: str
-    value: float
+    def __init__(self, src: Head, dst: Head, channel: str, value: float) -> None:
+        super().__init__(tuple(src), tuple(dst), channel, (("attribution", value),))
 
     @property
-    def name(self) -> str:
-        return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
+    def value(self) -> float:
+        """The estimated ``metric(patched) - metric(clean)``."""
+        return self.values[0][1]
+
+    def __repr__(self) -> str:
+        return f"AttributedEdge(src={self.src!r}, dst={self.dst!r}, channel={self.channel!r}, value={self.value!r})"
 
 
 @dataclass(frozen=True, eq=False)
 class EdgeAttribution:
     """``scores`` ``[src_layer, src_head, dst_layer, dst_head, channel]`` (float32, CPU; channels :data:`CHANNELS`,
-    NaN where src layer >= dst layer): the estimated ``metric(patched) - metric(clean)`` of each edge.
-    ``clean_metric`` is the metric on the clean run (for ``"induction"``, the sum of all later heads' scores)."""
+    NaN where src layer >= dst layer): the estimated ``metric(patched) - metric(clean)`` of each edge, also as the
+    per-edge result :attr:`edge_values`. ``clean_metric`` is the metric on the clean run (for ``"induction"``, the
+    sum of all later heads' scores)."""
 
     scores: Tensor
     metric: str
     corrupt: str
     clean_metric: float
+
+    @property
+    def edge_values(self) -> EdgeValues:
+        """The scores as :class:`~circuitkit.results.EdgeValues` named ``"attribution"``."""
+        return EdgeValues(self.scores, "attribution")
 
     def channel(self, name: str) -> Tensor:
         """The ``[src_layer, src_head, dst_layer, dst_head]`` scores of channel ``"q"``, ``"k"`` or ``"v"``."""
@@ -123,23 +132,16 @@ class EdgeAttribution:
         """The ``k`` edges with the largest ``|attribution|`` (all channels, or one), largest first; non-edges
         (NaN) never come before edges."""
         k = validate.positive_int("EdgeAttribution.top: k", k)
-        values = self.scores if channel is None else self.channel(channel)[..., None]
-        channels = CHANNELS if channel is None else (channel,)
-        L, H = self.scores.shape[0], self.scores.shape[1]
-        n_edges = H * H * len(channels) * L * (L - 1) // 2
-        out = []
-        for index, value in top_indices(values, max(1, min(k, n_edges)), absolute=True):
-            l1, h1, l2, h2, c = unravel(index, (L, H, L, H, len(channels)))
-            if not math.isnan(value):
-                out.append(AttributedEdge((l1, h1), (l2, h2), channels[c], value))
-        return out
+        if channel is not None:
+            channel = validate.option("EdgeAttribution.channel", channel, CHANNELS)
+        return [AttributedEdge(e.src, e.dst, e.channel, e.attribution)
+                for e in self.edge_values.top(k, absolute=True, input=channel)]
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON: nested lists ``[src_layer][src_head][dst_layer][dst_head][channel]``, NaN -> None."""
-        nested = [[[[[None if math.isnan(v) else v for v in c] for c in h2] for h2 in l2] for l2 in h1]
-                  for h1 in self.scores.double().tolist()]
+        values = self.edge_values.to_json()
         return {"metric": self.metric, "corrupt": self.corrupt, "clean_metric": self.clean_metric,
-                "channels": list(CHANNELS), "scores": nested}
+                "channels": values["inputs"], "scores": values["values"]}
 
     def __repr__(self) -> str:
         best = ", ".join(f"{e.name}: {e.value:+.4g}" for e in self.top(3))

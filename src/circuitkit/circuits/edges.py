@@ -15,58 +15,39 @@ over the group's query heads.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from circuitkit import validate
 from circuitkit.models.adapters import ModelSpec
 from circuitkit.ranking import Head, head_name
+from circuitkit.results import CHANNELS, INPUTS, Edge
+from circuitkit.results import channel as as_channel
 
 Channel = Literal["q", "k", "v"]
-CHANNELS: tuple[str, ...] = ("q", "k", "v")
-"""The receiver inputs, in the order of the last axis of :class:`~circuitkit.circuits.EdgeAttribution` scores."""
-INPUTS: tuple[str, ...] = (*CHANNELS, "all")
-"""What :func:`~circuitkit.circuits.path_patching` can patch: one channel, or ``"all"`` three at once."""
 
 
-@dataclass(frozen=True)
-class EdgeSpec:
-    """One edge: ``src = (layer, head)`` feeds ``dst = (layer, head)`` through ``channel``.
+class EdgeSpec(Edge):
+    """One edge to measure: ``src = (layer, head)`` feeds ``dst = (layer, head)`` through ``channel``, as an
+    :class:`~circuitkit.results.Edge` with nothing measured yet.
 
     ``src`` and ``dst`` are pairs of non-negative ints with ``src`` layer < ``dst`` layer (stored as tuples);
     ``channel`` is one of :data:`INPUTS` (``"q"``, ``"k"``, ``"v"``, ``"all"``), upper case accepted and stored
     in lower case. Whether the heads exist in a model is checked where a model is at hand (:func:`parse_edges`).
     """
 
-    src: Head
-    dst: Head
-    channel: str
-
-    def __post_init__(self) -> None:
-        src = _pair("EdgeSpec: src", self.src)
-        dst = _pair("EdgeSpec: dst", self.dst)
+    def __init__(self, src: Head, dst: Head, channel: str) -> None:
+        src = _pair("EdgeSpec: src", src)
+        dst = _pair("EdgeSpec: dst", dst)
         if src[0] >= dst[0]:
             raise validate.fail(
                 "EdgeSpec", validate.given(f"{head_name(src)} -> {head_name(dst)}"),
                 "an edge from an earlier layer to a later one (src layer < dst layer)",
                 "A head only reads what earlier layers wrote.",
             )
-        channel = self.channel
-        if isinstance(channel, str) and channel in _UPPER:
-            channel = channel.lower()
-        channel = validate.option("EdgeSpec: channel", channel, INPUTS)
-        object.__setattr__(self, "src", src)
-        object.__setattr__(self, "dst", dst)
-        object.__setattr__(self, "channel", channel)
+        super().__init__(src, dst, as_channel(channel, "EdgeSpec: channel", INPUTS))
 
-    @property
-    def name(self) -> str:
-        """``"0.1 -> 1.3 (k)"``."""
-        return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
-
-
-_UPPER = tuple(c.upper() for c in INPUTS)
-"""``"Q"``, ``"K"``, ``"V"``, ``"ALL"``: the composition modes' spelling, accepted by :class:`EdgeSpec`."""
+    def __repr__(self) -> str:
+        return f"EdgeSpec(src={self.src!r}, dst={self.dst!r}, channel={self.channel!r})"
 
 
 MAX_HEAD_INDEX = 2**16 - 1
@@ -114,7 +95,7 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
         own = channel
         if hasattr(item, "src") and hasattr(item, "dst"):
             src, dst = item.src, item.dst
-            own = getattr(item, "channel", channel)
+            own = getattr(item, "channel", None) or channel  # a composition edge has no channel: None
         elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
             src, dst = item[0], item[1]
             if len(item) == 3:

@@ -23,8 +23,8 @@ measured, else the attribution; fractions are of the largest ``|effect|`` in the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,13 +34,16 @@ from circuitkit import validate
 from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, context
 from circuitkit.circuits.attribution import EdgeAttribution, attribute
 from circuitkit.circuits.edges import CHANNELS, parse_edges
+from circuitkit.circuits.measures import EdgeInputs, measure_all
 from circuitkit.circuits.metrics import Metric, resolve_metric
 from circuitkit.circuits.patching import PathPatching, patch
 from circuitkit.detect.attribution import check_steps
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.adapters import adapt
 from circuitkit.models.state import keeps_model_state
-from circuitkit.ranking import Head, head_name, top_indices, unravel
+from circuitkit.ranking import Head, top_indices, unravel
+from circuitkit.results import Edge, EdgeValues, plain
+from circuitkit.results import channel as as_channel
 
 STRONG_WEIGHT_QUANTILE = 0.9
 """Composition at or above this quantile of its channel's edges counts as strong in the weights."""
@@ -57,23 +60,46 @@ matters, the largest of a few thousandths of a nat must not make its peers "stro
 DEFAULT_TOP_K = 10
 
 
-@dataclass(frozen=True)
-class EdgeEvidence:
-    """One edge's three numbers: ``composition`` (None if not given for its channel), ``attribution``, and the
-    exact ``patched`` effect (None where not patched), plus the two disagreement flags."""
+class EdgeEvidence(Edge):
+    """One row of the edge table: an :class:`~circuitkit.results.Edge` holding the value of every registered edge
+    measure (:mod:`~circuitkit.circuits.measures`; built in: ``composition``, None if not given for its channel,
+    ``attribution``, and the exact ``patched`` effect, None where not patched), plus the two disagreement flags.
+    Built positionally from the three built-in values, or with :meth:`of` from all the measured ones."""
 
-    src: Head
-    dst: Head
-    channel: str
-    composition: float | None
-    attribution: float
-    patched: float | None
-    weight_only: bool = False
-    effect_only: bool = False
+    def __init__(self, src: Head, dst: Head, channel: str, composition: float | None, attribution: float,
+                 patched: float | None, weight_only: bool = False, effect_only: bool = False) -> None:
+        flags = {name for name, on in (("weight_only", weight_only), ("effect_only", effect_only)) if on}
+        super().__init__(tuple(src), tuple(dst), channel,
+                         (("composition", composition), ("attribution", attribution), ("patched", patched)),
+                         frozenset(flags))
+
+    @classmethod
+    def of(cls, src: Head, dst: Head, channel: str, values: Mapping[str, float | None],
+           flags: Iterable[str] = ()) -> EdgeEvidence:
+        """A row holding ``values`` (measure name -> value, None where not measured), in that order."""
+        row = cls.__new__(cls)
+        Edge.__init__(row, tuple(src), tuple(dst), channel, tuple(values.items()), frozenset(flags))
+        return row
 
     @property
-    def name(self) -> str:
-        return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
+    def composition(self) -> float | None:
+        return self.get("composition")
+
+    @property
+    def attribution(self) -> float | None:
+        return self.get("attribution")
+
+    @property
+    def patched(self) -> float | None:
+        return self.get("patched")
+
+    @property
+    def weight_only(self) -> bool:
+        return "weight_only" in self.flags
+
+    @property
+    def effect_only(self) -> bool:
+        return "effect_only" in self.flags
 
     @property
     def effect(self) -> float:
@@ -81,23 +107,29 @@ class EdgeEvidence:
         return self.attribution if self.patched is None else self.patched
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(src=list(self.src), dst=list(self.dst), name=self.name)
-        for key in ("composition", "attribution", "patched"):
-            value = out[key]
-            out[key] = None if value is None or math.isnan(value) else float(value)
-        return out
+        """``src``, ``dst`` (``[layer, head]``), ``channel``, every measured value by name (None where not
+        measured), the flags and ``name``."""
+        return {"src": list(self.src), "dst": list(self.dst), "channel": self.channel,
+                **{name: plain(value) for name, value in self.values},
+                "weight_only": self.weight_only, "effect_only": self.effect_only, "name": self.name}
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{name}={value!r}" for name, value in self.values)
+        return (f"EdgeEvidence(src={self.src!r}, dst={self.dst!r}, channel={self.channel!r}, {values}, "
+                f"weight_only={self.weight_only}, effect_only={self.effect_only})")
 
 
 @dataclass(frozen=True, eq=False)
 class CircuitEvidence:
-    """The edge table (``rows``, strongest effect first) and the full results it was drawn from."""
+    """The edge table (``rows``, strongest effect first), the full results it was drawn from and ``measured``:
+    every registered edge measure's values over all edges (:class:`~circuitkit.results.EdgeValues` by name)."""
 
     rows: tuple[EdgeEvidence, ...]
     metric: str
     corrupt: str
     attribution: EdgeAttribution
     patching: PathPatching
+    measured: Mapping[str, EdgeValues] = field(default_factory=dict)
 
     @property
     def weight_only(self) -> list[EdgeEvidence]:
@@ -126,12 +158,17 @@ class CircuitEvidence:
     def __repr__(self) -> str:
         lines = [f"CircuitEvidence({len(self.rows)} edges, metric={self.metric!r}, corrupt={self.corrupt!r})"]
         for r in self.rows:
-            comp = "-" if r.composition is None else f"{r.composition:.3f}"
-            patched = "-" if r.patched is None else f"{r.patched:+.4g}"
+            cells = "  ".join(f"{name} {_cell(name, value)}" for name, value in r.values)
             flag = " weight-only" if r.weight_only else " effect-only" if r.effect_only else ""
-            lines.append(f"  {r.name:<16} composition {comp:>6}  attribution {r.attribution:+.4g}  "
-                         f"patched {patched}{flag}")
+            lines.append(f"  {r.name:<16} {cells}{flag}")
         return "\n".join(lines)
+
+
+def _cell(name: str, value: float | None) -> str:
+    """A value of the printed table: composition as a ratio, the rest signed (``-``: not measured)."""
+    if value is None:
+        return "-" if name != "composition" else f"{'-':>6}"
+    return f"{value:>6.3f}" if name == "composition" else f"{value:+.4g}"
 
 
 def _composition(weights: Any, composition: Any, L: int, H: int) -> dict[str, Tensor]:
@@ -147,8 +184,7 @@ def _composition(weights: Any, composition: Any, L: int, H: int) -> dict[str, Te
     if isinstance(composition, Mapping):
         out = {}
         for key, value in composition.items():
-            channel = validate.option("circuit_evidence: composition key", str(key).lower() if isinstance(
-                key, str) else key, CHANNELS)
+            channel = as_channel(key, "circuit_evidence: composition key")  # "q" or the mode's "Q"
             out[channel] = validate.tensor(f"circuit_evidence: composition[{key!r}]", value, shape=(L, H, L, H),
                                            floating=True).detach().float().cpu()
         return out
@@ -236,25 +272,30 @@ def _table(ctx: Context, attribution: EdgeAttribution, by_attribution: list, pat
         keys[((l1, h1), (l2, h2), CHANNELS[c])] = None
     for e in patching.edges:
         keys[(e.src, e.dst, e.channel)] = None
-    patched = {(e.src, e.dst, e.channel): e.effect for e in patching.edges}
+    # every registered measure over all edges; each row holds its edge's value of each
+    measured = measure_all(EdgeInputs(L, H, comp, attribution, patching, context=ctx))
     quantiles = {c: (torch.quantile(comp[c][valid], STRONG_WEIGHT_QUANTILE).item(),
                      torch.quantile(comp[c][valid], WEAK_WEIGHT_QUANTILE).item()) for c in comp}
     raw = []
     for src, dst, c in keys:
+        values = {name: plain(v.value(src, dst, c)) for name, v in measured.items()}
         composition_value = float(comp[c][src[0], src[1], dst[0], dst[1]]) if c in comp else None
-        raw.append((src, dst, c, composition_value, attribution.value(src, dst, c), patched.get((src, dst, c))))
-    effects = [p if p is not None else a for *_, a, p in raw]
+        raw.append((src, dst, c, composition_value, values))
+    patched = {(e.src, e.dst, e.channel): e.effect for e in patching.edges}
+    effects = [patched.get((src, dst, c), attribution.value(src, dst, c)) for src, dst, c, _, _ in raw]
     largest = max((abs(e) for e in effects), default=0.0)
     rows = []
-    for (src, dst, c, comp_value, attr, patched_value), effect in zip(raw, effects, strict=True):
+    for (src, dst, c, comp_value, values), effect in zip(raw, effects, strict=True):
         weight_only = effect_only = False
         if comp_value is not None and largest > 0:
             strong, weak = quantiles[c]
             weight_only = comp_value >= strong and abs(effect) < CARRIES_NOTHING_FRACTION * largest
             effect_only = comp_value < weak and abs(effect) >= max(STRONG_EFFECT_FRACTION * largest, MIN_EFFECT)
-        rows.append(EdgeEvidence(src, dst, c, comp_value, attr, patched_value, weight_only, effect_only))
+        flags = [name for name, on in (("weight_only", weight_only), ("effect_only", effect_only)) if on]
+        rows.append(EdgeEvidence.of(src, dst, c, values, flags))
     rows.sort(key=lambda r: (r.patched is None, -abs(r.effect)))
-    return CircuitEvidence(tuple(rows), attribution.metric, attribution.corrupt, attribution, patching)
+    return CircuitEvidence(tuple(rows), attribution.metric, attribution.corrupt, attribution, patching, measured)
+
 
 
 __all__ = [

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,33 +50,31 @@ from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
-from circuitkit.ranking import Head, head_name, top_indices
+from circuitkit.ranking import Head, top_indices
+from circuitkit.results import Edge, EdgeValues
 
 PASS_MEMORY_BUDGET = 2**28
 """Bytes of the largest stacked activation (logits, or patterns for ``"induction"``) one pass may hold (256 MiB):
 the passes' total compute does not depend on it, only how many edges share one pass."""
 
 
-@dataclass(frozen=True)
-class EdgeEffect:
-    """One patched edge: the metric on the clean run and with the edge patched; ``effect = patched - clean``."""
+class EdgeEffect(Edge):
+    """One patched edge: the metric on the clean run and with the edge patched; ``effect = patched - clean``. An
+    :class:`~circuitkit.results.Edge` holding the values ``"clean"``, ``"patched"`` and ``"effect"``.
 
-    src: Head
-    dst: Head
-    channel: str
-    clean: float
-    patched: float
-    patched_each: Tensor | None = field(default=None, compare=False, repr=False)
-    """Each sequence's patched metric ``[batch]`` (the repeated-copies loss only; their mean is ``patched``): the
-    bootstrap intervals resample it against the clean run's per-sequence loss. No extra pass."""
+    ``patched_each``: each sequence's patched metric ``[batch]`` (the repeated-copies loss only; their mean is
+    ``patched``): the bootstrap intervals resample it against the clean run's per-sequence loss. No extra pass.
+    """
 
-    @property
-    def effect(self) -> float:
-        return self.patched - self.clean
+    def __init__(self, src: Head, dst: Head, channel: str, clean: float, patched: float,
+                 patched_each: Tensor | None = None) -> None:
+        super().__init__(tuple(src), tuple(dst), channel,
+                         (("clean", clean), ("patched", patched), ("effect", patched - clean)))
+        object.__setattr__(self, "patched_each", patched_each)  # not a field: equality ignores it
 
-    @property
-    def name(self) -> str:
-        return f"{head_name(self.src)} -> {head_name(self.dst)} ({self.channel})"
+    def __repr__(self) -> str:
+        return (f"EdgeEffect(src={self.src!r}, dst={self.dst!r}, channel={self.channel!r}, clean={self.clean!r}, "
+                f"patched={self.patched!r})")
 
     def to_json(self) -> dict[str, Any]:
         return {"src": list(self.src), "dst": list(self.dst), "channel": self.channel, "clean": _plain(self.clean),
@@ -90,6 +88,18 @@ class PathPatching:
     edges: tuple[EdgeEffect, ...]
     metric: str
     corrupt: str
+
+    def edge_values(self, n_layers: int, n_heads: int) -> EdgeValues:
+        """The effects as :class:`~circuitkit.results.EdgeValues` named ``"patched"`` (float64) over a model of
+        ``n_layers`` x ``n_heads`` heads: NaN on every edge not patched."""
+        n_layers = validate.positive_int("PathPatching.edge_values: n_layers", n_layers)
+        n_heads = validate.positive_int("PathPatching.edge_values: n_heads", n_heads)
+        for e in self.edges:
+            if e.src[0] >= n_layers or e.dst[0] >= n_layers or max(e.src[1], e.dst[1]) >= n_heads:
+                raise validate.fail("PathPatching.edge_values", validate.given(f"edge {e.name}"),
+                                    f"edges between heads of a model of {n_layers} layers x {n_heads} heads")
+        return EdgeValues.from_edges(((e.src, e.dst, e.channel, e.effect) for e in self.edges), n_layers, n_heads,
+                                     "patched")
 
     @property
     def effects(self) -> Tensor:

@@ -23,9 +23,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit.circuits.measures import registered as registered_measures
 from circuitkit.ranking import Head, head_name, top_heads
+from circuitkit.results import HeadValues
 
 if TYPE_CHECKING:
+    from circuitkit.circuits.evidence import EdgeEvidence
     from circuitkit.scan_types import Scan
 
 JSON_FORMAT = 4
@@ -116,11 +119,10 @@ def names(heads: Iterable[Sequence[int]]) -> list[str]:
 
 
 def ranked(values: Tensor, k: int, *, absolute: bool = False) -> list[dict[str, Any]]:
-    """The ``k`` best heads of a ``[layer, head]`` tensor (NaN never listed) as JSON records."""
+    """The ``k`` best heads of a ``[layer, head]`` tensor (not measured, NaN, never listed) as JSON records."""
     return [
         {"head": head_name(h), "layer": h[0], "index": h[1], "value": number(v)}
-        for h, v in top_heads(values, k, absolute=absolute)
-        if not math.isnan(v)
+        for h, v in HeadValues(values).top(k, absolute=absolute)
     ]
 
 
@@ -197,20 +199,32 @@ def ablated_heads(scan: Scan) -> list[Head]:
     return [(int(a), int(b)) for a, b in exact.nonzero().tolist()]
 
 
-def circuit_rows(scan: Scan) -> list[Any]:
-    """The rows of the scan's circuit evidence (duck-typed: ``src, dst, channel, composition, attribution,
-    patched``), or [] when there is none."""
+def circuit_rows(scan: Scan) -> list[EdgeEvidence]:
+    """The rows of the scan's circuit evidence (:class:`~circuitkit.circuits.evidence.EdgeEvidence`: ``src, dst,
+    channel`` and the value of each edge measure), or [] when there is none."""
     if scan.circuit is None:
         return []
-    return list(getattr(scan.circuit, "rows", ()) or ())
+    return list(scan.circuit.rows)
 
 
-def edge_effect(row: Any) -> tuple[float | None, str]:
+def evidence_columns(rows: Sequence[EdgeEvidence]) -> list[tuple[str, str]]:
+    """The edge measures the rows hold, as ``(name, column heading)`` in the order measured: the registered
+    measures (:mod:`circuitkit.circuits.measures`) under their own headings, any other (a saved scan's measure no
+    longer registered) under its name."""
+    headings = {m.name: m.column for m in registered_measures()}
+    seen: dict[str, str] = {}
+    for row in rows:
+        for name, _ in row.values:
+            seen.setdefault(name, headings.get(name, name))
+    return list(seen.items())
+
+
+def edge_effect(row: EdgeEvidence) -> tuple[float | None, str]:
     """An evidence row's causal effect: path patching where computed, else edge attribution."""
-    patched = number(getattr(row, "patched", None))
+    patched = number(row.patched)
     if patched is not None:
         return patched, "patched"
-    return number(getattr(row, "attribution", None)), "attribution"
+    return number(row.attribution), "attribution"
 
 
 # ---------------------------------------------------------------------------------------------- scores.json
@@ -316,8 +330,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
             ],
         }
     if scan.circuit is not None:
-        to_json = getattr(scan.circuit, "to_json", None)
-        out["evidence"] = plain(to_json()) if callable(to_json) else {"rows": [row_json(r) for r in circuit_rows(scan)]}
+        out["evidence"] = plain(scan.circuit.to_json())
     return out
 
 
@@ -329,7 +342,7 @@ def circuit_edges(scan: Scan) -> list[Any]:
         return []
     members = {tuple(h) for h in verified.heads}
     rows = [r for r in circuit_rows(scan)
-            if tuple(r.src) in members and tuple(r.dst) in members and number(getattr(r, "patched", None)) is not None]
+            if tuple(r.src) in members and tuple(r.dst) in members and number(r.patched) is not None]
     return sorted(rows, key=lambda r: -abs(float(r.patched)))
 
 
@@ -358,7 +371,7 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         "edges": [
             {"src": head_name(r.src), "dst": head_name(r.dst), "channel": r.channel,
              "effect": number(r.patched), "estimate": number(r.attribution), "composition": number(r.composition),
-             "weight_only": bool(getattr(r, "weight_only", False)),
+             "weight_only": bool(r.weight_only),
              **({"ci": interval(edge_bounds.get((tuple(r.src), tuple(r.dst), r.channel)))} if edge_bounds else {})}
             for r in circuit_edges(scan)
         ],
@@ -382,17 +395,6 @@ def definition_json(definition: Any) -> dict[str, Any]:
         "description": definition.description,
         "kind": definition.kind,
         "neutral": number(definition.neutral),
-    }
-
-
-def row_json(row: Any) -> dict[str, Any]:
-    return {
-        "src": head_name(row.src),
-        "dst": head_name(row.dst),
-        "channel": row.channel,
-        "composition": number(row.composition),
-        "attribution": number(row.attribution),
-        "patched": number(getattr(row, "patched", None)),
     }
 
 

@@ -125,19 +125,32 @@ def _effects(record: dict[str, Any] | None, kind: str) -> Any:
     return HeadEffects(kind=kind, method=method, clean_loss=_float(record["clean_loss"]), effect=effect, exact=exact)
 
 
+EVIDENCE_ROW_KEYS = ("src", "dst", "channel", "weight_only", "effect_only", "name")
+"""The keys of an evidence row that are not an edge measure's value (every other key is one, by its name)."""
+
+
 def _evidence(data: dict[str, Any] | None) -> SavedEvidence | None:
     from circuitkit.circuits.evidence import EdgeEvidence
 
     if data is None:
         return None
-    rows = tuple(
-        EdgeEvidence(src=_head(r["src"], "scores.json: evidence.rows"), dst=_head(r["dst"], "scores.json: evidence"),
-                     channel=r["channel"], composition=r["composition"], attribution=_float(r["attribution"]),
-                     patched=r["patched"], weight_only=bool(r.get("weight_only")),
-                     effect_only=bool(r.get("effect_only")))
-        for r in data.get("rows", ()))
-    return SavedEvidence(rows=rows, metric=data.get("metric", "loss"), corrupt=data.get("corrupt", "resample"),
+    rows = []
+    for i, r in enumerate(data.get("rows", ())):
+        where = f"scores.json: evidence.rows[{i}]"
+        values = {key: _measured(value, f"{where}.{key}") for key, value in r.items() if key not in EVIDENCE_ROW_KEYS}
+        flags = [flag for flag in ("weight_only", "effect_only") if r.get(flag)]
+        rows.append(EdgeEvidence.of(_head(r["src"], where), _head(r["dst"], where), r["channel"], values, flags))
+    return SavedEvidence(rows=tuple(rows), metric=data.get("metric", "loss"), corrupt=data.get("corrupt", "resample"),
                          thresholds=dict(data.get("thresholds") or {}))
+
+
+def _measured(value: Any, where: str) -> float | None:
+    """An edge measure's saved value: a number, or None (not measured)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise validate.fail(where, value, "a number or null (an edge measure's value)")
+    return float(value)
 
 
 @dataclass(frozen=True)

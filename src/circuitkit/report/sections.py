@@ -137,23 +137,25 @@ def composition_section(scan: Scan) -> Section | None:
 
 
 def circuit_section(scan: Scan) -> Section | None:
-    """The edge table (composition, edge attribution, path patching side by side, each in its own column) and a
+    """The edge table (every edge measure side by side, each in its own column: composition, edge attribution,
+    path patching and any registered measure, :mod:`circuitkit.circuits.measures`) and a
     graph of the exactly patched edges only (an estimate is never drawn as if measured). The flags come from the
     evidence (:mod:`circuitkit.circuits.evidence`, the one home of their thresholds)."""
     rows = data.circuit_rows(scan)
     if not rows:
         return None
+    measures = data.evidence_columns(rows)  # one column per edge measure (circuitkit.circuits.measures)
     members = {tuple(h) for h in scan.verified.heads} if getattr(scan, "verified", None) is not None else set()
-    patched = [(row, data.number(getattr(row, "patched", None))) for row in rows]
+    patched = [(row, data.number(row.patched)) for row in rows]
     largest = max((abs(v) for _, v in patched if v is not None), default=0.0)
     edges, table = [], []
     for row, effect in patched:
         channel = str(row.channel).upper()
         comp = data.number(row.composition)
         flag = ""
-        if getattr(row, "weight_only", False):
+        if row.weight_only:
             flag = "strong in the weights, carries nothing"
-        elif getattr(row, "effect_only", False):
+        elif row.effect_only:
             flag = "carries an effect without weight support"
         inside = tuple(row.src) in members and tuple(row.dst) in members
         if effect is not None:
@@ -167,17 +169,17 @@ def circuit_section(scan: Scan) -> Section | None:
                 dash=bool(flag),
             ))
         cells = [
-            f"{_head(row.src)} &rarr; {_head(row.dst)}", esc(channel), "yes" if inside else "", _fmt(comp),
-            _fmt(data.number(row.attribution)), _fmt(effect), esc(flag),
+            f"{_head(row.src)} &rarr; {_head(row.dst)}", esc(channel), "yes" if inside else "",
+            *(_fmt(data.number(row.get(name))) for name, _ in measures), esc(flag),
         ]
         table.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     legend = [("effect > 0", figures.diverging(1.0), False), ("effect < 0", figures.diverging(-1.0), False),
               ("weights and effect disagree", "#888", True)]
     graph = figures.head_graph(scan.model.n_layers, scan.model.n_heads, edges, legend=legend) if edges else ""
     body = graph + (
-        '<table class="ck-small"><tr><th>edge</th><th>channel</th><th>in the circuit</th><th>composition</th>'
-        "<th>edge attribution (estimate, nats)</th><th>path patching (exact, nats)</th><th></th></tr>"
-        f"{''.join(table)}</table>"
+        '<table class="ck-small"><tr><th>edge</th><th>channel</th><th>in the circuit</th>'
+        + "".join(f"<th>{esc(heading)}</th>" for _, heading in measures)
+        + f"<th></th></tr>{''.join(table)}</table>"
     )
     note = ("Edge-level causal evidence: the change of the repeated-copies loss when only the sender's path into "
             "the receiver's query/key/value is corrupted. The graph draws the exactly patched edges only (the edges "
