@@ -52,15 +52,27 @@ from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
 from circuitkit.detect.attribution import attribute
 from circuitkit.detect.loss import summarise
+from circuitkit.detect.roles import (
+    DEFAULT_ROLES,
+    HEAD_CALL_NEUTRAL_RATIO,
+    HEAD_CALL_THRESHOLD,
+    MAX_ROLES,
+    Role,
+    called_by_score,
+    called_heads,
+    check_roles,
+    group_labels,
+    role_groups,
+)
 from circuitkit.detect.scores import HeadScores, PatternCollector
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.memory import check_memory
 from circuitkit.models.adapters import ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
-from circuitkit.ranking import Head, top_heads
+from circuitkit.ranking import Head
 from circuitkit.scan_intervals import scan_intervals
-from circuitkit.scan_types import HeadEffects, ModelSummary, Role, Scan, ScanSettings, StageRecord
+from circuitkit.scan_types import HeadEffects, ModelSummary, Scan, ScanSettings, StageRecord
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
 
 ABLATE_OPTIONS = ("top", "all", "none")
@@ -76,16 +88,6 @@ one resumed pass. Eight covers every previous-token -> induction K-edge of the b
 carries under 0.006 nats), and more than the ``top_k`` edges the answer lists."""
 COMPOSITION_MODES = ("Q", "K", "V")
 SPECTRA = ("QK", "OV")
-
-HEAD_CALL_THRESHOLD = 0.3
-"""A head is called an induction / previous-token head from this score on (a perfect head scores 1.0)..."""
-HEAD_CALL_NEUTRAL_RATIO = 3.0
-"""...and only if it scores at least this many times a uniformly attending head on the same batch."""
-
-DEFAULT_ROLES = (Role("induction", "induction"), Role("previous-token", "previous_token", feeds="induction"))
-"""The roles the answer gives circuit heads: induction heads, and previous-token heads that feed one."""
-MAX_ROLES = 100
-"""The most roles one scan takes (an iterator of roles is read that far: an endless one is refused)."""
 
 ATTRIBUTION_METHOD = "gradient"
 """How the scan's attribution estimates are computed: ``"gradient"`` (first order) or ``"ig"`` (integrated
@@ -312,48 +314,49 @@ def scores_stage(work: _Work, ablation_method: str, resumable: bool, with_edges:
     bar.advance(SCORES_STAGE_COST)
 
 
-ABLATION_GROUPS = ("induction heads", "previous-token heads", "circuit")
-"""The groups of called heads ablated together, each one pass (a group without heads is not run)."""
+ABLATION_GROUPS = group_labels(DEFAULT_ROLES)
+"""The groups of called heads ablated together with the default roles (each role's, then all of them), each one
+pass (a group without heads is not run)."""
 
 
-def ablate_plan(ablate: str, ablate_top: int, n_total: int) -> int:
+def ablate_plan(ablate: str, ablate_top: int, n_total: int, n_groups: int = len(ABLATION_GROUPS)) -> int:
     """Planned passes of the ablate stage before the first pass: one per head ablated exactly (``ablate_top`` of
-    them, or every head) and one per group of called heads ablated together."""
+    them, or every head) and one per group of called heads ablated together (``n_groups``)."""
     heads = {"all": n_total, "top": min(n_total, ablate_top), "none": 0}[ablate]
-    return heads + len(ABLATION_GROUPS) if heads else 0
+    return heads + n_groups if heads else 0
 
 
-def _ablate_revision(chosen: list[Head], groups: dict, ablate: str, ablate_top: int, n_total: int) -> str:
+def _ablate_revision(chosen: list[Head], groups: dict, ablate: str, ablate_top: int, n_total: int,
+                     roles: Sequence[Role] = DEFAULT_ROLES) -> str:
     """Why the ablate stage's passes differ from :func:`ablate_plan`, in words."""
     parts = []
+    labels = group_labels(roles)
     planned_heads = {"all": n_total, "top": min(n_total, ablate_top)}[ablate]
     if len(chosen) != planned_heads:
         parts.append(f"{len(chosen) - planned_heads} called head(s) outside the top {ablate_top} by attribution "
                      "join the exact set")
     if not groups:
-        parts.append("no head is called induction or previous-token, so no group is ablated together")
-    elif len(groups) < len(ABLATION_GROUPS):
-        missing = [label[:-1] for label in ABLATION_GROUPS[:2] if label not in groups]
-        parts.append(f"{len(groups)} groups ablated together, not {len(ABLATION_GROUPS)} (no {missing[0]} called)")
+        parts.append(f"no head is called {' or '.join(role.name for role in roles)}, so no group is ablated together")
+    elif len(groups) < len(labels):
+        missing = [role.group[:-1] for role in roles if role.group not in groups]
+        parts.append(f"{len(groups)} groups ablated together, not {len(labels)} (no {missing[0]} called)")
     return "; ".join(parts)
 
 
-def ablation_groups(head_scores: HeadScores) -> dict[str, tuple[Head, ...]]:
-    induction = called_heads(head_scores, "induction")
-    previous = called_heads(head_scores, "previous_token")
-    groups = {"induction heads": induction, "previous-token heads": previous, "circuit": induction + previous}
-    return {label: heads for label, heads in groups.items() if heads}
+def ablation_groups(head_scores: HeadScores, roles: Sequence[Role] = DEFAULT_ROLES) -> dict[str, tuple[Head, ...]]:
+    """The groups of heads the roles' scores call, ablated together (:func:`circuitkit.detect.roles.role_groups`)."""
+    return role_groups(roles, called_by_score(head_scores, roles))
 
 
 def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str, resumable: bool,
-                 bar: Progress) -> None:
+                 bar: Progress, roles: Sequence[Role] = DEFAULT_ROLES) -> None:
     """Exact ablation of the heads that count, their agreement with the estimate, the called heads together."""
     adapter, spec = work.adapter, work.adapter.spec
-    groups = ablation_groups(work.head_scores)
-    called = groups.get("circuit", ())
+    groups = ablation_groups(work.head_scores, roles)
+    called = tuple(dict.fromkeys(h for heads in groups.values() for h in heads))
     chosen = exact_set(work.attribution, ablate, ablate_top, called)
     bar.revise("ablate", len(chosen) + len(groups),
-               _ablate_revision(chosen, groups, ablate, ablate_top, spec.n_layers * spec.n_heads))
+               _ablate_revision(chosen, groups, ablate, ablate_top, spec.n_layers * spec.n_heads, roles))
     bar.start("ablate")
     work.ablation = ablate_heads(adapter, work.run, chosen, ablation_method, resume=resumable, progress=bar.advance)
     work.agreement = agreement(work.attribution, work.ablation)
@@ -479,38 +482,6 @@ def circuit_roles(head_scores: HeadScores, circuit: Any, roles: Sequence[Role]) 
                 for e in edges))
         out[role.name] = heads
     return {role.name: out[role.name] for role in roles}
-
-
-def check_roles(roles: Any, head_scores: HeadScores | None = None) -> tuple[Role, ...]:
-    """``roles`` as :class:`Role` s: each a Role, ``(name, score)`` or ``(name, score, feeds)``; with ``head_scores``
-    every score must be one the scan computed, and every ``feeds`` another role's name."""
-    items = validate.bounded_list("scan: roles", roles, MAX_ROLES,
-                                  "a list of Role(name, score, feeds=None) or (name, score) pairs",
-                                  why="MAX_ROLES roles")
-    out = []
-    for item in items:
-        if isinstance(item, Role):
-            role = item
-        elif isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(
-                isinstance(x, str) or x is None for x in item):
-            role = Role(*item)
-        else:
-            raise validate.fail("scan: roles", item, "a Role(name, score, feeds=None) or a (name, score) pair")
-        if not isinstance(role.name, str) or not role.name.strip() or not isinstance(role.score, str):
-            raise validate.fail("scan: roles", item, "a role name with a visible character and a score name")
-        out.append(role)
-    names = [role.name for role in out]
-    if len(set(names)) != len(names):
-        raise validate.fail("scan: roles", names, "distinct role names")
-    for role in out:
-        if role.feeds is not None and role.feeds not in names:
-            raise validate.fail(f"scan: roles: {role.name} feeds", role.feeds, f"one of the role names {names}")
-        if role.feeds == role.name:
-            raise validate.fail(f"scan: roles: {role.name} feeds", role.feeds, "another role")
-        if head_scores is not None and role.score not in head_scores:
-            raise validate.fail(f"scan: roles: {role.name}", role.score,
-                                f"a registered head score the scan computed: {list(head_scores)}")
-    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------- scan
@@ -643,7 +614,8 @@ def scan(
     reused_corrupt = circuit and faithfulness_method == "resample"  # the search's resampled run serves the edges
     estimates = {
         "scores": SCORES_STAGE_COST,
-        "ablate": ablate_plan(ablate, ablate_top, n_total),  # revised once the exact set is known, saying why
+        # revised once the exact set is known, saying why
+        "ablate": ablate_plan(ablate, ablate_top, n_total, len(group_labels(roles))),
         "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank, with_edges) + 2 * random_sets,
         "stability": stability_estimate(stability, n_total, faithfulness_method, circuit_rank),
         "weights": WEIGHT_STAGE_COST,
@@ -657,7 +629,7 @@ def scan(
         bar.end()
         roles = check_roles(roles, work.head_scores)
         if ablate != "none":
-            ablate_stage(work, ablate, ablate_top, ablation_method, resumable, bar)  # starts its own stage
+            ablate_stage(work, ablate, ablate_top, ablation_method, resumable, bar, roles)  # starts its own stage
             bar.end()
         if circuit:
             bar.start("circuit")
@@ -730,8 +702,7 @@ def scan(
         edges=work.edges,
         spectra=work.spectra,
         circuit=work.evidence,
-        induction_heads=called_heads(head_scores, "induction"),
-        previous_token_heads=called_heads(head_scores, "previous_token"),
+        called=called_by_score(head_scores, roles),
         circuit_ablation=work.circuit_ablation,
         verified=work.verified,
         verified_error=work.verified_error,
@@ -759,16 +730,6 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
 
     return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
                      ci_level=ci_level)
-
-
-def called_heads(scores: HeadScores, name: str) -> tuple[Head, ...]:
-    """The heads the scan calls ``name`` heads (see the module docstring), best first."""
-    if name not in scores:
-        return ()
-    neutral = scores.definitions[name].neutral or 0.0
-    floor = max(HEAD_CALL_THRESHOLD, HEAD_CALL_NEUTRAL_RATIO * neutral)
-    ranked = top_heads(scores[name], scores[name].numel())
-    return tuple(head for head, value in ranked if value >= floor)
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int, circuit: tuple[Head, ...]) -> list[Head]:
@@ -848,6 +809,9 @@ __all__ = [
     "circuit_roles",
     "stage_plan",
     "HEAD_CALL_NEUTRAL_RATIO",
+    "MAX_ROLES",
+    "Role",
+    "check_roles",
     "HEAD_CALL_THRESHOLD",
     "called_heads",
     "exact_set",

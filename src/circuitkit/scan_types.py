@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from circuitkit.detect.roles import Role
 from circuitkit.ranking import Head
 
 if TYPE_CHECKING:
@@ -76,20 +77,6 @@ class ScanSettings:
         out = asdict(self)
         out["roles"] = [role.describe() for role in self.roles]
         return out
-
-
-@dataclass(frozen=True)
-class Role:
-    """A role a circuit head can be given in the answer: ``name`` (``"induction"``), the registered head score
-    that must pass its threshold (``score``), and optionally the role it must feed (``feeds``): a head of this
-    role sits in an earlier layer than a head of role ``feeds`` and its exactly patched edge into it carries."""
-
-    name: str
-    score: str
-    feeds: str | None = None
-
-    def describe(self) -> str:
-        return f"{self.name}: {self.score}" + (f" feeding {self.feeds}" if self.feeds else "")
 
 
 @dataclass(frozen=True)
@@ -167,10 +154,13 @@ class Scan:
       :class:`~circuitkit.Edge` list;
     - ``spectra``: ``"QK" | "OV"`` -> ``[L, H, d_head]`` singular values, descending;
     - ``circuit``: edge-level causal evidence (:class:`circuitkit.circuits.CircuitEvidence`) or None;
-    - ``induction_heads``, ``previous_token_heads``: the heads the scan calls so (see
-      :data:`circuitkit.pipeline.HEAD_CALL_THRESHOLD`);
-    - ``circuit_ablation``: the rise of the repeated-copies loss with a group of heads ablated together:
-      ``"induction heads"``, ``"previous-token heads"``, ``"circuit"`` (both), where the group is non-empty;
+    - ``called``: score name -> the heads that score calls, for the score of each of the scan's roles
+      (:mod:`circuitkit.detect.roles`: the threshold and the roles); ``induction_heads``,
+      ``previous_token_heads``: those the ``"induction"`` / ``"previous_token"`` scores call (properties of
+      ``called``; as keyword arguments they set its entries);
+    - ``circuit_ablation``: the rise of the repeated-copies loss with a group of heads ablated together: each
+      role's (``"induction heads"``, ``"previous-token heads"``), then ``"circuit"`` (all of them), where the group
+      is non-empty;
     - ``verified``: the circuit found by faithfulness (:class:`circuitkit.circuits.faithfulness.Circuit`: its
       heads, faithfulness, necessity, curve, exactly patched edges and roles) or None, with ``verified_error``
       saying why where the scan tried and could not (e.g. no head changes the loss);
@@ -193,13 +183,26 @@ class Scan:
     edges: Mapping[str, list[Edge]] = field(default_factory=dict)
     spectra: Mapping[str, Float[Tensor, "layer head k"]] = field(default_factory=dict)
     circuit: Any | None = None
-    induction_heads: tuple[Head, ...] = ()
-    previous_token_heads: tuple[Head, ...] = ()
+    called: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
+    induction_heads: InitVar[tuple[Head, ...] | None] = None
+    previous_token_heads: InitVar[tuple[Head, ...] | None] = None
     circuit_ablation: Mapping[str, float] = field(default_factory=dict)
     verified: Any | None = None
     verified_error: str | None = None
     stages: tuple[StageRecord, ...] = ()
     intervals: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self, induction_heads: tuple[Head, ...] | None,
+                      previous_token_heads: tuple[Head, ...] | None) -> None:
+        called = dict(self.called)
+        for score, heads in (("induction", induction_heads), ("previous_token", previous_token_heads)):
+            if heads is not None:  # the keyword arguments of the two default roles' scores
+                called[score] = tuple(heads)
+        object.__setattr__(self, "called", called)
+
+    def called_by(self, score: str) -> tuple[Head, ...]:
+        """The heads ``score`` calls (best first; () where no role of the scan reads ``score``)."""
+        return tuple(self.called.get(score, ()))
 
     def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
         """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""
@@ -262,6 +265,12 @@ class Scan:
                f"faithfulness {self.verified.faithfulness:.2f}")
             + ")"
         )
+
+
+Scan.induction_heads = property(lambda self: self.called_by("induction"),  # type: ignore[assignment]
+                                doc="The heads the induction score calls (best first).")
+Scan.previous_token_heads = property(lambda self: self.called_by("previous_token"),  # type: ignore[assignment]
+                                     doc="The heads the previous-token score calls (best first).")
 
 
 @dataclass(frozen=True)

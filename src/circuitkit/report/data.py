@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuitkit.detect.roles import called_key
 from circuitkit.ranking import Head, head_name, top_heads
 
 if TYPE_CHECKING:
@@ -220,8 +221,9 @@ def scan_json(scan: Scan) -> dict[str, Any]:
 
     ``format, circuitkit_version, units, model, settings, scores`` (definitions: short, description, kind,
     neutral), ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best ``settings.top_k`` heads,
-    also for ``attribution`` and ``ablation``), ``induction_heads, previous_token_heads`` (called by pattern score
-    alone), ``induction_loss, attribution`` (``method`` ``"gradient"`` | ``"ig"``, ``steps``,
+    also for ``attribution`` and ``ablation``), ``<score>_heads`` for the score of each role (the heads it calls:
+    ``induction_heads, previous_token_heads`` with the default roles), ``induction_loss, attribution``
+    (``method`` ``"gradient"`` | ``"ig"``, ``steps``,
     ``ablation_method``), ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
     (mode -> random baseline and top edges), ``circuit`` (the verified circuit: ``heads``, ``faithfulness``,
     ``necessity``, ``curve``, ``roles``, ``edges`` with exact effects; null when not found, with
@@ -248,8 +250,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         "scores": {name: definition_json(definitions.get(name)) for name in hs},
         "head_scores": {name: grid(hs[name]) for name in hs},
         "top_heads": {name: ranked_ci(ranked(hs[name], k), score_bounds.get(name)) for name in hs},
-        "induction_heads": names(scan.induction_heads),
-        "previous_token_heads": names(scan.previous_token_heads),
+        **{called_key(score): names(heads) for score, heads in scan.called.items()},
         "induction_loss": None,
         "attribution": None,
         "ablation": None,
