@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,8 @@ from circuitkit.detect.roles import Role
 from circuitkit.ranking import Head
 
 if TYPE_CHECKING:
+    from circuitkit.circuits.evidence import CircuitEvidence
+    from circuitkit.circuits.faithfulness import Circuit
     from circuitkit.composition import CompositionBaseline, Edge
     from circuitkit.detect.loss import InductionLoss
     from circuitkit.detect.scores import HeadScores
@@ -46,9 +48,20 @@ class ModelSummary:
         return asdict(self)
 
 
+UNSAVED = {"saved": False}
+"""Field metadata of a :class:`ScanSettings` field that ``scores.json`` does not hold (it says it otherwise)."""
+
+
 @dataclass(frozen=True)
 class ScanSettings:
-    """The options a scan ran with (shown verbatim in the report: no timestamps, no paths)."""
+    """The options a scan runs with, built once before its first pass (shown verbatim in the report: no
+    timestamps, no paths).
+
+    ``top_k`` sets the three listing sizes where they are not given: ``heads_per_score`` (the best heads of each
+    score listed, ``top_heads`` in ``scores.json``), ``edges_per_mode`` (the top composition edges per mode) and
+    ``edges_listed`` (the edges the evidence table and the answer list); ``scores.json`` holds one of them only
+    where it differs from ``top_k``. ``circuit``: the circuit search (and the edge evidence) runs; ``scores.json``
+    says so by its ``circuit``."""
 
     block_len: int
     n_repeats: int
@@ -72,11 +85,38 @@ class ScanSettings:
     ci_level: float = 0.95  # the intervals' confidence level
     random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
     stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
+    circuit: bool = field(default=True, metadata=UNSAVED)
+    heads_per_score: int | None = None  # None: top_k
+    edges_per_mode: int | None = None  # None: top_k
+    edges_listed: int | None = None  # None: top_k
+
+    def __post_init__(self) -> None:
+        for name in LISTING_SIZES:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.top_k)
+
+    @property
+    def with_edges(self) -> bool:
+        """Whether the scan measures edge evidence (a circuit search on a model whose heads can be isolated)."""
+        return self.edge_attribution_steps is not None
+
+    @property
+    def reuses_corrupt_run(self) -> bool:
+        """Whether the circuit search runs the resampled batch the edge evidence needs (so the edges stage does
+        not)."""
+        return self.circuit and self.faithfulness_method == "resample"
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["roles"] = [role.describe() for role in self.roles]
+        for f in fields(self):
+            if f.metadata.get("saved", True) is False or (f.name in LISTING_SIZES and out[f.name] == self.top_k):
+                del out[f.name]
         return out
+
+
+LISTING_SIZES = ("heads_per_score", "edges_per_mode", "edges_listed")
+"""The :class:`ScanSettings` fields ``top_k`` sets where they are not given."""
 
 
 @dataclass(frozen=True)
@@ -182,15 +222,15 @@ class Scan:
     baselines: Mapping[str, CompositionBaseline] = field(default_factory=dict)
     edges: Mapping[str, list[Edge]] = field(default_factory=dict)
     spectra: Mapping[str, Float[Tensor, "layer head k"]] = field(default_factory=dict)
-    circuit: Any | None = None
+    circuit: CircuitEvidence | None = None
     called: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
     induction_heads: InitVar[tuple[Head, ...] | None] = None
     previous_token_heads: InitVar[tuple[Head, ...] | None] = None
     circuit_ablation: Mapping[str, float] = field(default_factory=dict)
-    verified: Any | None = None
+    verified: Circuit | None = None
     verified_error: str | None = None
     stages: tuple[StageRecord, ...] = ()
-    intervals: Mapping[str, Any] = field(default_factory=dict)
+    intervals: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self, induction_heads: tuple[Head, ...] | None,
                       previous_token_heads: tuple[Head, ...] | None) -> None:

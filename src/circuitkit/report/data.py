@@ -220,11 +220,11 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     null, deterministic. Keys (the layout is ``circuitkit/report/scores.schema.json``; units in ``units``):
 
     ``format, circuitkit_version, units, model, settings, scores`` (definitions: short, description, kind,
-    neutral), ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best ``settings.top_k`` heads,
-    also for ``attribution`` and ``ablation``), ``<score>_heads`` for the score of each role (the heads it calls:
-    ``induction_heads, previous_token_heads`` with the default roles), ``induction_loss, attribution``
-    (``method`` ``"gradient"`` | ``"ig"``, ``steps``,
-    ``ablation_method``), ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
+    neutral), ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best
+    ``settings.heads_per_score`` heads, also for ``attribution`` and ``ablation``), ``<score>_heads`` for the score
+    of each role (the heads it calls: ``induction_heads, previous_token_heads`` with the default roles),
+    ``induction_loss, attribution`` (``method`` ``"gradient"`` | ``"ig"``, ``steps``, ``ablation_method``),
+    ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
     (mode -> random baseline and top edges), ``circuit`` (the verified circuit: ``heads``, ``faithfulness``,
     ``necessity``, ``curve``, ``roles``, ``edges`` with exact effects; null when not found, with
     ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``; where the scan has bootstrap
@@ -235,7 +235,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     from circuitkit import __version__
 
     check_scan("scan_json: scan", scan)
-    k = scan.settings.top_k
+    k = scan.settings.heads_per_score
     hs = scan.head_scores
     definitions = getattr(hs, "definitions", {})
     first, repeated = loss_figures(scan)

@@ -308,7 +308,7 @@ class Answer:
     repeated_copies: float | None
     agreement: tuple[float, int, tuple[Head, float, float] | None] | None  # (spearman, n_exact, largest miss)
     attribution: str  # "gradient" | "ig", with steps
-    top_k: int = 5  # the circuit's edges named (the scan's top_k setting)
+    top_k: int = 5  # the circuit's edges named (the scan's edges_listed setting)
     # bootstrap intervals over the batch's sequences ((lo, hi); None where not computed) and how they were made
     faithfulness_ci: tuple[float, float] | None = None
     necessity_ci: tuple[float, float] | None = None
@@ -363,7 +363,7 @@ def find_answer(scan: Scan) -> Answer | None:
         curve=tuple((p.n_heads, float(p.faithfulness)) for p in verified.curve),
         edges=edges, n_silent=len(rows) - len(carrying), weight_only=weight_only, outside=tuple(outside),
         first_copy=first, repeated_copies=repeated, agreement=agreement,
-        top_k=int(scan.settings.top_k),
+        top_k=int(scan.settings.edges_listed),
         attribution=f"integrated gradients, {steps} steps" if method == "ig" else "first-order gradient",
         faithfulness_ci=circuit_bounds.get("faithfulness"), necessity_ci=circuit_bounds.get("necessity"),
         curve_ci=circuit_bounds.get("curve"),
