@@ -69,7 +69,9 @@ def test_edge_measurements_share_the_session_caches(tiny_bridge, session, monkey
     ctx = context(session, None, "resample", 0, None, "test")  # a second context on the same session
     shared = patch(ctx, parse_edges(edges, "all", ctx.spec, where="test"), m)
     assert passes.n == 1  # the patched pass only: the clean activations and the corrupted z came from the session
-    fresh = ck.circuits.path_patching(tiny_bridge, edges, metric="loss", corrupt_seed=0,
+    from circuitkit.circuits import path_patching
+
+    fresh = path_patching(tiny_bridge, edges, metric="loss", corrupt_seed=0,
                                       tokens=RepeatedTokens(batch=2, block_len=6))
     for a, b in zip(shared.edges, fresh.edges, strict=True):
         assert a.effect == pytest.approx(b.effect, abs=PATCH_TOLERANCE)
@@ -119,8 +121,11 @@ def test_heads_per_score_sets_the_listed_heads():
 
     scan = synthetic_scan(3, 4)
     fewer = dataclasses.replace(scan, settings=dataclasses.replace(scan.settings, heads_per_score=2))
-    assert all(len(ranked) == 2 for ranked in fewer.to_json()["top_heads"].values())
-    assert all(len(ranked) == 5 for name, ranked in scan.to_json()["top_heads"].items())
+    scores = list(scan.head_scores)  # 12 heads each: the listing is the setting's size
+    assert all(len(fewer.to_json()["top_heads"][name]) == 2 for name in scores)
+    assert all(len(scan.to_json()["top_heads"][name]) == scan.settings.top_k == 5 for name in scores)
+    assert "heads_per_score" not in scan.to_json()["settings"]
+    assert fewer.to_json()["settings"]["heads_per_score"] == 2
 
 
 def test_the_stages_declare_what_they_read_and_write():

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from circuitkit.detect.roles import Role
 from circuitkit.ranking import Head
 
 if TYPE_CHECKING:
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from circuitkit.circuits.faithfulness import Circuit
     from circuitkit.composition import CompositionBaseline, Edge
     from circuitkit.detect.loss import InductionLoss
+    from circuitkit.detect.roles import Role
     from circuitkit.detect.scores import HeadScores
 
 
@@ -236,7 +236,9 @@ class Scan:
                       previous_token_heads: tuple[Head, ...] | None) -> None:
         called = dict(self.called)
         for score, heads in (("induction", induction_heads), ("previous_token", previous_token_heads)):
-            if heads is not None:  # the keyword arguments of the two default roles' scores
+            # the keyword arguments of the two default roles' scores (dataclasses.replace passes the properties
+            # back: an empty one adds no score the scan did not call by)
+            if heads is not None and (heads or score in called):
                 called[score] = tuple(heads)
         object.__setattr__(self, "called", called)
 
@@ -311,6 +313,16 @@ Scan.induction_heads = property(lambda self: self.called_by("induction"),  # typ
                                 doc="The heads the induction score calls (best first).")
 Scan.previous_token_heads = property(lambda self: self.called_by("previous_token"),  # type: ignore[assignment]
                                      doc="The heads the previous-token score calls (best first).")
+
+
+def __getattr__(name: str) -> object:
+    """``Role`` lives with the calling policy in :mod:`circuitkit.detect.roles` (read from there on first use: the
+    ``detect`` package imports this module)."""
+    if name == "Role":
+        from circuitkit.detect.roles import Role
+
+        return Role
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

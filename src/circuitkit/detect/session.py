@@ -90,7 +90,9 @@ class Session:
     def weights(self, *, embeddings: bool = True) -> HeadWeights:
         """The model's weights per head (with ``embeddings``: ``W_E``/``W_U``/``W_pos`` too), read once; a read with
         embeddings serves a later one without."""
-        held = self._weights.get(True) or self._weights.get(embeddings)
+        held = self._weights.get(True)
+        if held is None:
+            held = self._weights.get(embeddings)
         if held is None:
             held = self._weights[embeddings] = self.adapter.weights(embeddings=embeddings)
         return held

@@ -83,7 +83,8 @@ def _float(value: Any) -> float:
 
 
 def _settings(data: dict[str, Any]) -> Any:
-    from circuitkit.scan_types import Role, ScanSettings
+    from circuitkit.detect.roles import Role
+    from circuitkit.scan_types import ScanSettings
 
     known = {f.name for f in dataclasses.fields(ScanSettings)}
     values = {key: value for key, value in data.items() if key in known}
