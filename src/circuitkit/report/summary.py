@@ -68,11 +68,6 @@ class Story:
     feeder: Role | None = DEFAULT_ROLES[1]
 
 
-def scan_roles(scan: Any) -> tuple[Role, ...]:
-    """The roles ``scan`` ran with (the defaults where it records none)."""
-    return tuple(getattr(getattr(scan, "settings", None), "roles", ()) or DEFAULT_ROLES)
-
-
 def _called(scan: Any, score: str) -> tuple[Head, ...]:
     return tuple(tuple(h) for h in (getattr(scan, "called", None) or {}).get(score, ()))
 
@@ -94,7 +89,7 @@ def _score(scan: Scan, name: str, head: Head) -> float | None:
 
 
 def find_story(scan: Scan) -> Story:
-    fed, feeder = _story_roles(scan_roles(scan))
+    fed, feeder = _story_roles(data.scan_roles(scan))
     induction = [(h, _score(scan, fed.score, h)) for h in _called(scan, fed.score)]
     previous = [] if feeder is None else [(h, _score(scan, feeder.score, h)) for h in _called(scan, feeder.score)]
     evidence = {(tuple(r.src), tuple(r.dst), str(r.channel).upper()): r for r in data.circuit_rows(scan)}
@@ -132,12 +127,6 @@ def find_story(scan: Scan) -> Story:
 
 
 # ---------------------------------------------------------------------------------------------- text
-def _short(scan: Scan, role: Role) -> str:
-    """The short name of ``role``'s score (``"prev"``), else the score's name."""
-    definition = getattr(scan.head_scores, "definitions", {}).get(role.score)
-    return str(getattr(definition, "short", None) or role.score)
-
-
 def _num(value: float | None, fmt: str = ".2f") -> str:
     return "n/a" if value is None else format(value, fmt)
 
@@ -161,7 +150,8 @@ def sentences(scan: Scan, story: Story) -> list[str]:
     if story.induction:
         text = f"<b>{_esc(fed.title)} heads:</b> {_listing(story.induction, _esc(fed.score))}."
         if story.previous and feeder is not None:
-            text += f" <b>{_esc(feeder.title)} heads:</b> {_listing(story.previous, _esc(_short(scan, feeder)))}."
+            label = _esc(data.score_short(scan, feeder.score))
+            text += f" <b>{_esc(feeder.title)} heads:</b> {_listing(story.previous, label)}."
         out.append(text)
         if story.links:
             parts = []
@@ -344,7 +334,7 @@ def find_answer(scan: Scan) -> Answer | None:
                          *data.edge_effect(r)) for r in data.circuit_rows(scan) if getattr(r, "weight_only", False))
     members = {h for h, _ in circuit}
     outside = []
-    for score in dict.fromkeys(role.score for role in scan_roles(scan)):
+    for score in dict.fromkeys(role.score for role in data.scan_roles(scan)):
         for h in _called(scan, score):
             if h not in members:
                 outside.append((h, score, _score(scan, score, h)))
@@ -526,7 +516,7 @@ def answer_lines(scan: Scan, skipped: str | None = None) -> list[str]:
     if answer is None:
         lines = [no_circuit_line(scan, skipped)]
         called = "; ".join(f"{role.name} {', '.join(head_name(h) for h in _called(scan, role.score)) or 'none'}"
-                           for role in scan_roles(scan))
+                           for role in data.scan_roles(scan))
         lines.append(f"Heads by pattern score alone: {called}.")
         return lines
     return [f"{label}: " + "".join(head_name(v) if kind == "head" else str(v) for kind, v in parts) + "."

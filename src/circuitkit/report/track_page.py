@@ -218,10 +218,12 @@ def head_chart(track: Track, score: str, highlight: Sequence[str], *, hline: flo
 
 def _role_section(track: Track, role: Role) -> str:
     """A role's score of every head against the step, its called heads coloured (:func:`_highlight`)."""
-    phase = " or at the phase change" if role.score == PHASE_SCORE else ""
     title = f"{role.score.replace('_', '-').capitalize()} score of every head"
-    note = (f"Coloured: the heads called {role.group} at the last checkpoint{phase}; grey: the rest; dashed: the "
-            f"calling threshold {HEAD_CALL_THRESHOLD}.")
+    note = f"Coloured: the heads called {role.group} at the last checkpoint"
+    if role.score == PHASE_SCORE:  # the first chart says what the highlight and the dashed line mean for all
+        note += f" or at the phase change; grey: the rest; dashed: the calling threshold {HEAD_CALL_THRESHOLD}."
+    else:
+        note += "; grey: the rest."
     return _section(role.score, title, note, head_chart(track, role.score, _highlight(track, role.score),
                                                          hline=HEAD_CALL_THRESHOLD))
 
