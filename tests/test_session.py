@@ -155,3 +155,20 @@ def test_session_fields_are_typed():
     from circuitkit.scan_types import Scan
 
     assert not [f.name for f in dataclasses.fields(Scan) if "Any" in str(f.type)]
+
+
+def test_the_public_edge_measurements_reuse_a_session_given(tiny_bridge, monkeypatch):
+    from circuitkit.circuits import edge_attribution, path_patching
+
+    tokens = RepeatedTokens(batch=2, block_len=6)
+    session = open_session(tiny_bridge, tokens)
+    estimates = edge_attribution(session)
+    edges = [(e.src, e.dst, e.channel) for e in estimates.top(3)]
+    passes = Counter(session.adapter, monkeypatch)
+    shared = path_patching(session, edges)
+    assert passes.n == 1  # one stacked patched pass: no clean pass, no corrupted pass of its own
+    fresh = path_patching(tiny_bridge, edges, tokens=tokens)
+    for a, b in zip(shared.edges, fresh.edges, strict=True):
+        assert a.effect == pytest.approx(b.effect, abs=PATCH_TOLERANCE)
+    with pytest.raises(CircuitkitError, match="session: tokens"):
+        path_patching(session, edges, tokens=tokens)

@@ -177,7 +177,7 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
     if L < 2:
         return EdgeAttribution(scores, m.name, ctx.corrupt, math.nan)
-    if ctx.clean is None or ctx.clean.metric is not m:  # else a host pass carried the GradientTap
+    if ctx.clean is None or ctx.clean.metric != m:  # else a host pass (or an earlier call) left them in the session
         with frozen_parameters(ctx.adapter.model):
             _clean_gradients(ctx, m)
     clean = ctx.clean

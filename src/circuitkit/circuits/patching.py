@@ -206,7 +206,7 @@ def _clean_activations(
     if ctx.group_size > 1 and not m.local:
         needed_z |= set(receivers)  # the group's other query heads are restored from the clean z
     cached = ctx.clean
-    if (cached is not None and cached.metric is m and needed_z <= cached.z.keys()
+    if (cached is not None and cached.metric == m and needed_z <= cached.z.keys()
             and set(receivers) <= cached.resid.keys() and (not m.local or set(receivers) <= cached.patterns.keys())):
         z_clean, resid, patterns, value = cached.z, cached.resid, cached.patterns, cached.value
         dtype = next(iter(z_clean.values())).dtype

@@ -17,6 +17,10 @@ What it holds (shapes: ``B`` sequences, ``P`` positions, ``H`` query heads):
   ``resid_pre`` by layer, the receivers' gradients ``dM/d(q, k, v)``, the metric's value);
 - ``corrupted(key)``: the senders' corrupted ``z`` by layer ``[B, P, H, d_head]``, one map per corruption
   (``("resample", seed)``, ``("mean",)``, ``("given", id)``), filled as layers are asked for.
+
+The public measurements take a session where they take a model (``tokens`` then None: the session brings its
+batch): ``edge_attribution(session)`` then ``path_patching(session, edges)`` runs the clean pass once, and the
+corrupted pass once, for both (a named metric is the same metric in both calls; a callable is wrapped per call).
 """
 
 from __future__ import annotations
@@ -78,6 +82,11 @@ class Session:
     gradients: EdgeGradients | None = None
     _corrupted: dict[CorruptKey, dict[int, Tensor]] = field(default_factory=dict, repr=False)
     _weights: dict[bool, HeadWeights] = field(default_factory=dict, repr=False)
+
+    @property
+    def model(self) -> object:
+        """The model itself (what :func:`circuitkit.models.state.keeps_model_state` restores after a call)."""
+        return self.adapter.model
 
     @property
     def spec(self) -> ModelSpec:
