@@ -113,7 +113,7 @@ def test_no_circuit_help_says_it_skips_the_circuit_search():
 
 def _fake_scan(error=None, stages=("scores", "weights")):
     return SimpleNamespace(verified=None, verified_error=error, stages=[SimpleNamespace(name=s) for s in stages],
-                           induction_heads=((1, 0),), previous_token_heads=())
+                           called={"induction": ((1, 0),), "previous_token": ()})
 
 
 def test_the_answer_says_why_there_is_no_circuit():

@@ -3,15 +3,20 @@
 (The module is called ``pipeline``, not ``scan``: a submodule named like the public function would replace
 ``circuitkit.scan`` on import.)
 
-The stages (:data:`STAGE_NAMES`, a function each; :func:`stage_plan` says which run)::
+How a scan runs: its options are checked, the model is adapted once and the batch built in one
+:class:`~circuitkit.detect.session.Session` (which then holds every cache a measurement reads: the clean run, the
+corrupted ``z``, the edge gradients), the settings become one :class:`~circuitkit.scan_types.ScanSettings`, and the
+declared stages (:data:`STAGES`, each a :class:`Stage`: its name, the :class:`ScanState` fields it reads and writes,
+its planned passes, its run) fill a :class:`ScanState`, which :func:`scan_result` turns into the
+:class:`~circuitkit.scan_types.Scan` record. The stages (:data:`STAGE_NAMES`; :func:`stage_plan` says which run)::
 
     scores   tokens (RepeatedTokens) -> one forward + one backward pass: every head's pattern scores, per-token
              losses, mean z per head, residual streams (for resumed ablation), attribution (a first-order ablation
              estimate for every head) and the clean half of edge attribution
-    ablate   exact ablation of the heads that count: the top ``ablate_top`` by |attribution|, and of each kind of
-             called head (induction, previous-token) without one among them its strongest (``ablate="top"``;
-             :func:`exact_set`), every head (``"all"``) or none; agreement of estimate and exact; the called heads
-             ablated together
+    ablate   exact ablation of the heads that count: the top ``ablate_top`` by |attribution|, and for each role
+             whose called heads have none among them its strongest (``ablate="top"``; :func:`exact_set`), every
+             head (``"all"``) or none; agreement of estimate and exact; each role's called heads ablated together,
+             then all of them
     circuit  the verified circuit: heads ranked by their joint-path attribution (or by exact ablation where
              measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
              exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity; with ``random_sets``, random
@@ -29,9 +34,8 @@ the plan changes only where a stage's size becomes known, grows, shrinks or the 
 circuit), and each change is said in words; without a terminal it prints the plan, each change and one line per
 stage.
 
-A head is *called* an induction (previous-token) head when its score is at least
-:data:`HEAD_CALL_THRESHOLD` and at least :data:`HEAD_CALL_NEUTRAL_RATIO` times what a uniformly attending head
-scores on the same batch (the score definition's ``neutral``).
+Which heads a score calls and the roles the answer gives (:data:`DEFAULT_ROLES`: induction, previous-token) are
+data in :mod:`circuitkit.detect.roles` (re-exported here).
 """
 
 from __future__ import annotations
@@ -40,29 +44,50 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitkit import validate
+from circuitkit.circuits.attribution import GradientTap
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET, check_repeats
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
 from circuitkit.detect.attribution import attribute
-from circuitkit.detect.loss import summarise
+from circuitkit.detect.clean_run import CleanRun
+from circuitkit.detect.loss import InductionLoss, summarise
+from circuitkit.detect.roles import (
+    DEFAULT_ROLES,
+    HEAD_CALL_NEUTRAL_RATIO,
+    HEAD_CALL_THRESHOLD,
+    MAX_ROLES,
+    TOGETHER,
+    Role,
+    called_by_score,
+    called_heads,
+    check_roles,
+    group_labels,
+    role_groups,
+)
 from circuitkit.detect.scores import HeadScores, PatternCollector
-from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.detect.session import Session, open_session
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.memory import check_memory
-from circuitkit.models.adapters import ModelAdapter, adapt
 from circuitkit.models.state import keeps_model_state
-from circuitkit.ranking import Head, top_heads
+from circuitkit.ranking import Head
 from circuitkit.scan_intervals import scan_intervals
-from circuitkit.scan_types import HeadEffects, Role, Scan, ScanSettings, StageRecord, summarise_model
+from circuitkit.scan_types import Agreement, HeadEffects, Scan, ScanSettings, StageRecord, summarise_model
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
+
+if TYPE_CHECKING:
+    from circuitkit.circuits.evidence import CircuitEvidence
+    from circuitkit.circuits.faithfulness import Circuit
+    from circuitkit.composition import CompositionBaseline, Edge
+    from circuitkit.weights import HeadWeights
 
 ABLATE_OPTIONS = ("top", "all", "none")
 DEFAULT_ABLATE_TOP = 8
@@ -77,16 +102,6 @@ one resumed pass. Eight covers every previous-token -> induction K-edge of the b
 carries under 0.006 nats), and more than the ``top_k`` edges the answer lists."""
 COMPOSITION_MODES = ("Q", "K", "V")
 SPECTRA = ("QK", "OV")
-
-HEAD_CALL_THRESHOLD = 0.3
-"""A head is called an induction / previous-token head from this score on (a perfect head scores 1.0)..."""
-HEAD_CALL_NEUTRAL_RATIO = 3.0
-"""...and only if it scores at least this many times a uniformly attending head on the same batch."""
-
-DEFAULT_ROLES = (Role("induction", "induction"), Role("previous-token", "previous_token", feeds="induction"))
-"""The roles the answer gives circuit heads: induction heads, and previous-token heads that feed one."""
-MAX_ROLES = 100
-"""The most roles one scan takes (an iterator of roles is read that far: an endless one is refused)."""
 
 ATTRIBUTION_METHOD = "gradient"
 """How the scan's attribution estimates are computed: ``"gradient"`` (first order) or ``"ig"`` (integrated
@@ -239,30 +254,50 @@ def progress_mode(progress: Any, stream: Any = None) -> str:
 
 # ---------------------------------------------------------------------------------------------- the stages
 @dataclass
-class _Work:
-    """What the stages hand each other."""
+class ScanState:
+    """What the stages read and write: the :class:`~circuitkit.detect.session.Session` (the adapted model, the
+    batch, the clean run, the corrupted ``z`` and the gradients, each made once) and each stage's results (empty
+    until the stage that writes them ran; :attr:`Stage.reads` / :attr:`Stage.writes` name these fields)."""
 
-    adapter: ModelAdapter
-    batch: TokenBatch
-    weights: Any
-    edge_tap: Any = None
+    session: Session
+    edge_tap: GradientTap | None = None
     attribution: HeadEffects | None = None
-    run: Any = None
     head_scores: HeadScores | None = None
-    loss: Any = None
+    loss: InductionLoss | None = None
     ablation: HeadEffects | None = None
-    agreement: Any = None
+    agreement: Agreement | None = None
     circuit_ablation: dict[str, float] = field(default_factory=dict)
-    composition: dict = field(default_factory=dict)
-    baselines: dict = field(default_factory=dict)
-    edges: dict = field(default_factory=dict)
-    spectra: dict = field(default_factory=dict)
-    evidence: Any = None
-    verified: Any = None
-    verified_error: str | None = None
-    ci: tuple[int, float, int] | None = None  # (n_resamples, level, seed) of the bootstrap intervals
-    random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
     circuit_ablation_each: dict[str, torch.Tensor] = field(default_factory=dict)  # label -> [batch] rises
+    composition: dict[str, torch.Tensor] = field(default_factory=dict)
+    baselines: dict[str, CompositionBaseline] = field(default_factory=dict)
+    edges: dict[str, list[Edge]] = field(default_factory=dict)
+    spectra: dict[str, torch.Tensor] = field(default_factory=dict)
+    evidence: CircuitEvidence | None = None
+    verified: Circuit | None = None
+    verified_error: str | None = None
+
+    @property
+    def run(self) -> CleanRun:
+        """The clean run the scores stage's pass filled (losses, mean ``z``, residual streams)."""
+        if self.session.clean is None:
+            raise RuntimeError("scan: a stage read the clean run before the scores stage ran")  # a bug, not input
+        return self.session.clean
+
+
+StageRun = Callable[[ScanState, ScanSettings, Progress], None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the scan: its short ``name`` (:data:`STAGE_NAMES`), the :class:`ScanState` fields it ``reads``
+    and ``writes``, its planned passes before the first pass (``estimate(settings, n_heads_total)``) and ``run``,
+    which starts and ends its part of the progress (revising the plan where its size became known)."""
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    estimate: Callable[[ScanSettings, int], int]
+    run: StageRun
 
 
 STAGE_NAMES = {
@@ -293,75 +328,86 @@ def stage_plan(ablate: str, circuit: bool, with_edges: bool, stability: bool = F
     return plan
 
 
-def scores_stage(work: _Work, ablation_method: str, resumable: bool, with_edges: bool, bar: Progress) -> None:
+def _resumable(state: ScanState, settings: ScanSettings) -> bool:
+    """Whether exact ablation resumes each head's pass at its layer (the scores pass then keeps the streams)."""
+    return settings.ablate != "none" and state.session.adapter.can_resume
+
+
+def scores_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:
     """One forward (+ one backward) pass: head scores, the loss, mean z, residual streams, head attribution and
-    the clean half of edge attribution."""
-    adapter, batch = work.adapter, work.batch
-    spec = adapter.spec
+    the clean half of edge attribution; then the roles are checked against the scores computed."""
+    session = state.session
+    adapter, batch = session.adapter, session.batch
+    bar.start("scores")
     collector = PatternCollector(adapter, batch)
-    work.edge_tap = _edge_tap(adapter, batch, work.weights) if with_edges else None
-    work.attribution, work.run = attribute(
+    state.edge_tap = _edge_tap(session) if settings.with_edges else None
+    state.attribution, session.clean = attribute(
         adapter,
         batch,
-        ablation_method,
-        resid_layers=range(1, spec.n_layers) if resumable else (),
+        settings.ablation_method,
+        resid_layers=range(1, adapter.spec.n_layers) if _resumable(state, settings) else (),
         observers=collector.hooks(),
-        taps=[work.edge_tap] if work.edge_tap is not None else [],
+        taps=[state.edge_tap] if state.edge_tap is not None else [],
     )
-    work.head_scores = collector.result(work.weights)
-    work.loss = summarise(work.run.losses, batch)
+    state.head_scores = collector.result(session.weights())
+    state.loss = summarise(session.clean.losses, batch)
     bar.advance(SCORES_STAGE_COST)
+    bar.end()
+    check_roles(settings.roles, state.head_scores)
 
 
-ABLATION_GROUPS = ("induction heads", "previous-token heads", "circuit")
-"""The groups of called heads ablated together, each one pass (a group without heads is not run)."""
+ABLATION_GROUPS = group_labels(DEFAULT_ROLES)
+"""The groups of called heads ablated together with the default roles (each role's, then all of them), each one
+pass (a group without heads is not run)."""
 
 
-def ablate_plan(ablate: str, ablate_top: int, n_total: int) -> int:
+def ablate_plan(ablate: str, ablate_top: int, n_total: int, n_groups: int = len(ABLATION_GROUPS)) -> int:
     """Planned passes of the ablate stage before the first pass: one per head ablated exactly (``ablate_top`` of
-    them, or every head) and one per group of called heads ablated together."""
+    them, or every head) and one per group of called heads ablated together (``n_groups``)."""
     heads = {"all": n_total, "top": min(n_total, ablate_top), "none": 0}[ablate]
-    return heads + len(ABLATION_GROUPS) if heads else 0
+    return heads + n_groups if heads else 0
 
 
-def _ablate_revision(chosen: list[Head], groups: dict, ablate: str, ablate_top: int, n_total: int) -> str:
+def _ablate_revision(chosen: list[Head], groups: dict, ablate: str, ablate_top: int, n_total: int,
+                     roles: Sequence[Role] = DEFAULT_ROLES) -> str:
     """Why the ablate stage's passes differ from :func:`ablate_plan`, in words."""
     parts = []
+    labels = group_labels(roles)
     planned_heads = {"all": n_total, "top": min(n_total, ablate_top)}[ablate]
     if len(chosen) != planned_heads:
-        parts.append(f"{len(chosen) - planned_heads} called head kind(s) have no head in the top {ablate_top} by "
+        parts.append(f"{len(chosen) - planned_heads} role(s) have no called head in the top {ablate_top} by "
                      "attribution: the strongest of each joins the exact set")
     if not groups:
-        parts.append("no head is called induction or previous-token, so no group is ablated together")
-    elif len(groups) < len(ABLATION_GROUPS):
-        missing = [label[:-1] for label in ABLATION_GROUPS[:2] if label not in groups]
-        parts.append(f"{len(groups)} groups ablated together, not {len(ABLATION_GROUPS)} (no {missing[0]} called)")
+        parts.append(f"no head is called {' or '.join(role.name for role in roles)}, so no group is ablated together")
+    elif len(groups) < len(labels):
+        missing = [role.group[:-1] for role in roles if role.group not in groups]
+        parts.append(f"{len(groups)} groups ablated together, not {len(labels)} (no {missing[0]} called)")
     return "; ".join(parts)
 
 
-def ablation_groups(head_scores: HeadScores) -> dict[str, tuple[Head, ...]]:
-    induction = called_heads(head_scores, "induction")
-    previous = called_heads(head_scores, "previous_token")
-    groups = {"induction heads": induction, "previous-token heads": previous, "circuit": induction + previous}
-    return {label: heads for label, heads in groups.items() if heads}
+def ablation_groups(head_scores: HeadScores, roles: Sequence[Role] = DEFAULT_ROLES) -> dict[str, tuple[Head, ...]]:
+    """The groups of heads the roles' scores call, ablated together (:func:`circuitkit.detect.roles.role_groups`)."""
+    return role_groups(roles, called_by_score(head_scores, roles))
 
 
-def ablate_stage(work: _Work, ablate: str, ablate_top: int, ablation_method: str, resumable: bool,
-                 bar: Progress) -> None:
+def ablate_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:
     """Exact ablation of the heads that count, their agreement with the estimate, the called heads together."""
-    adapter, spec = work.adapter, work.adapter.spec
-    groups = ablation_groups(work.head_scores)
-    called = [groups[label] for label in ABLATION_GROUPS[:2] if label in groups]
-    chosen = exact_set(work.attribution, ablate, ablate_top, called)
+    adapter, spec = state.session.adapter, state.session.spec
+    roles, method = settings.roles, settings.ablation_method
+    groups = ablation_groups(state.head_scores, roles)
+    called = [heads for label, heads in groups.items() if label != TOGETHER]  # one group per role
+    chosen = exact_set(state.attribution, settings.ablate, settings.ablate_top, called)
     bar.revise("ablate", len(chosen) + len(groups),
-               _ablate_revision(chosen, groups, ablate, ablate_top, spec.n_layers * spec.n_heads))
+               _ablate_revision(chosen, groups, settings.ablate, settings.ablate_top, spec.n_total_heads, roles))
     bar.start("ablate")
-    work.ablation = ablate_heads(adapter, work.run, chosen, ablation_method, resume=resumable, progress=bar.advance)
-    work.agreement = agreement(work.attribution, work.ablation)
+    state.ablation = ablate_heads(adapter, state.run, chosen, method, resume=_resumable(state, settings),
+                                  progress=bar.advance)
+    state.agreement = agreement(state.attribution, state.ablation)
     for label, heads in groups.items():
-        work.circuit_ablation[label], work.circuit_ablation_each[label] = ablate_together_each(
-            adapter, work.run, list(heads), ablation_method)
+        state.circuit_ablation[label], state.circuit_ablation_each[label] = ablate_together_each(
+            adapter, state.run, list(heads), method)
         bar.advance(1)
+    bar.end()
 
 
 def circuit_estimate(n_heads_total: int, method: str, rank: str = "effect", with_edges: bool = True, *,
@@ -395,56 +441,63 @@ def edges_estimate(n_patch: int, circuit_heads: Sequence[Head] | None = None, *,
     return int(corrupt_pass) + (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST + edges
 
 
-def circuit_stage(work: _Work, target: float, method: str, rank: str, bar: Progress) -> None:
+def circuit_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:
     """The smallest set of top-ranked heads whose faithfulness reaches ``target`` (exact forward passes); heads
     ranked along the joint path (``rank="joint"``) or by exact single-head ablation where the scan ran it, else
     by the attribution estimate (``"effect"``)."""
     from circuitkit.circuits.faithfulness import Ablator, ablation_values, discover, rank_heads
 
-    adapter = work.adapter
-    effect = work.attribution.effect.clone()
-    if work.ablation is not None and work.ablation.exact is not None:
-        effect = torch.where(work.ablation.exact, work.ablation.effect, effect)
+    session, method = state.session, settings.faithfulness_method
+    bar.start("circuit")
+    effect = state.attribution.effect.clone()
+    if state.ablation is not None and state.ablation.exact is not None:
+        effect = torch.where(state.ablation.exact, state.ablation.effect, effect)
     order = rank_heads(effect)
-    corrupt_z = work.edge_tap.ctx.z_corrupt if work.edge_tap is not None else None
-    values, passes = ablation_values(adapter, work.batch, method, z_means=work.run.z_means, corrupt_z=corrupt_z)
+    ctx = state.edge_tap.ctx if state.edge_tap is not None else None
+    values, passes = ablation_values(session.adapter, session.batch, method, z_means=state.run.z_means,
+                                     corrupt_z=ctx.z_corrupt if ctx is not None else None)
     bar.advance(passes)
-    if method == "resample" and work.edge_tap is not None and work.edge_tap.ctx.corrupt == "resample":
+    if method == "resample" and ctx is not None and ctx.corrupt == "resample":
         # the same resampled batch (seed) as edge attribution's corrupted run: that run is then not needed
-        work.edge_tap.ctx.z_corrupt.update(values)
+        ctx.z_corrupt.update(values)
     try:
         # the attribution estimate ablates to the same values as the search (mean: the clean run's z means; zero):
         # minus it is the joint path's gradient at the clean end
-        same_values = method == work.attribution.method
-        clean_gradient = -work.attribution.effect if same_values else None
-        work.verified = discover(Ablator(adapter, work.batch, values), order, target, method,
-                                 work.run.repeated_loss, extra_passes=passes, progress=bar.advance, rank=rank,
-                                 clean_gradient=clean_gradient,
-                                 clean_losses=work.run.repeated_per_sequence, intervals=work.ci,
-                                 random_sets=work.random_sets)
+        clean_gradient = -state.attribution.effect if method == state.attribution.method else None
+        state.verified = discover(Ablator(session.adapter, session.batch, values), order, settings.target, method,
+                                  state.run.repeated_loss, extra_passes=passes, progress=bar.advance,
+                                  rank=settings.circuit_rank, clean_gradient=clean_gradient,
+                                  clean_losses=state.run.repeated_per_sequence,
+                                  intervals=(settings.n_resamples, settings.ci_level, DEFAULT_SEED),
+                                  random_sets=settings.random_sets)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
-        work.verified, work.verified_error = None, str(error)
+        state.verified, state.verified_error = None, str(error)
+    bar.end(_circuit_revision(state))
 
 
-def _circuit_revision(work: _Work) -> str:
+def _circuit_revision(state: ScanState) -> str:
     """Why the circuit stage's passes differ from its plan, in words."""
-    if work.verified is None:
+    if state.verified is None:
         return "no head changes the loss measurably, so the search stopped after its first pass"
-    sizes = len(work.verified.curve)
-    return f"the search measured {sizes} circuit sizes and stopped at {len(work.verified.heads)} heads"
+    sizes = len(state.verified.curve)
+    return f"the search measured {sizes} circuit sizes and stopped at {len(state.verified.heads)} heads"
 
 
-def stability_stage(work: _Work, n: int, target: float, method: str, rank: str, bar: Progress) -> None:
-    """The circuit search rerun on ``n`` bootstrap resamples of the batch (:mod:`circuitkit.circuits.stability`;
-    each resample ranked by its own attribution estimate and, with ``rank="joint"``, its joint path)."""
+def stability_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:
+    """The circuit search rerun on ``settings.stability`` bootstrap resamples of the batch
+    (:mod:`circuitkit.circuits.stability`; each resample ranked by its own attribution estimate and, with
+    ``rank="joint"``, its joint path)."""
     from circuitkit.circuits.faithfulness import DEFAULT_CORRUPT_SEED, resampled_search
     from circuitkit.circuits.stability import rerun
 
-    if work.verified is None:
-        return
-    search = resampled_search(target, method, None, rank, DEFAULT_CORRUPT_SEED)
-    stability = rerun(work.adapter, work.batch, n, search, progress=bar.advance)
-    work.verified = replace(work.verified, stability=stability)
+    bar.start("stability")
+    if state.verified is not None:
+        search = resampled_search(settings.target, settings.faithfulness_method, None, settings.circuit_rank,
+                                  DEFAULT_CORRUPT_SEED)
+        stability = rerun(state.session.adapter, state.session.batch, settings.stability, search,
+                          progress=bar.advance)
+        state.verified = replace(state.verified, stability=stability)
+    bar.end()
 
 
 def stability_estimate(n: int, n_heads_total: int, method: str, rank: str, batch: int | None = None) -> float:
@@ -453,26 +506,63 @@ def stability_estimate(n: int, n_heads_total: int, method: str, rank: str, batch
                                                              batch=batch, clean_end=method != "resample")))
 
 
-def weights_stage(work: _Work, top_k: int) -> None:
-    work.composition, work.baselines, work.edges = _composition(work.weights, top_k)
-    work.spectra = _spectra(work.weights)
+def weights_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:
+    """Composition scores, their random baselines and top edges per mode; the QK/OV spectra (no forward pass)."""
+    bar.start("weights")
+    weights = state.session.weights()
+    state.composition, state.baselines, state.edges = _composition(weights, settings.edges_per_mode)
+    state.spectra = _spectra(weights)
+    bar.end()
 
 
-def edges_stage(work: _Work, top_k: int, n_patch: int, bar: Progress) -> None:
+def edges_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:
     """Edge attribution over every edge and exact path patching of the ``n_patch`` edges among the circuit's
-    heads with the largest |attribution| (without a circuit: the top ``n_patch`` edges of the model)."""
-    ctx = work.edge_tap.ctx
+    heads with the largest |attribution| (skipped without a circuit: the edge evidence serves it)."""
+    if state.verified is None:
+        bar.skip("edges", "no circuit found, and edge attribution and path patching serve the circuit")
+        return
+    reused = settings.reuses_corrupt_run
+    bar.revise("edges", edges_estimate(settings.n_patch, state.verified.heads, corrupt_pass=not reused),
+               f"the circuit's {len(state.verified.heads)} heads have fewer than {settings.n_patch} edges between "
+               "them" if not reused else "the circuit search already ran the resampled batch")
+    bar.start("edges")
+    ctx = state.edge_tap.ctx
     corrupt_pass = 0.0 if len(ctx.z_corrupt) >= ctx.spec.n_layers - 1 else 1.0
-    among = work.verified.heads if work.verified is not None else None
-    work.evidence = _circuit_evidence(work.edge_tap, work.composition, top_k, n_patch, among)
-    patched = work.evidence.patching.edges
+    state.evidence = _circuit_evidence(state.edge_tap, state.composition, settings.edges_listed, settings.n_patch,
+                                       state.verified.heads)
+    patched = state.evidence.patching.edges
     integration = (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST  # one forward + backward per further point
     bar.advance(int(corrupt_pass) + integration + len(patched))
-    if work.verified is not None:
-        work.verified = replace(work.verified, edges=work.evidence.patching)
+    state.verified = replace(state.verified, edges=state.evidence.patching)
+    bar.end()
 
 
-def circuit_roles(head_scores: HeadScores, circuit: Any, roles: Sequence[Role]) -> dict[str, tuple[Head, ...]]:
+STAGES = (
+    Stage("scores", reads=("session",), writes=("edge_tap", "attribution", "head_scores", "loss", "session.clean"),
+          estimate=lambda settings, n_total: SCORES_STAGE_COST, run=scores_stage),
+    Stage("ablate", reads=("session", "attribution", "head_scores"),
+          writes=("ablation", "agreement", "circuit_ablation", "circuit_ablation_each"),
+          estimate=lambda s, n_total: ablate_plan(s.ablate, s.ablate_top, n_total, len(group_labels(s.roles))),
+          run=ablate_stage),
+    Stage("circuit", reads=("session", "attribution", "ablation", "edge_tap"), writes=("verified", "verified_error"),
+          estimate=lambda s, n_total: circuit_estimate(n_total, s.faithfulness_method, s.circuit_rank, s.with_edges,
+                                                       batch=s.batch,
+                                                       clean_end=s.faithfulness_method == s.ablation_method)
+          + 2 * s.random_sets, run=circuit_stage),
+    Stage("stability", reads=("session", "verified"), writes=("verified",),
+          estimate=lambda s, n_total: stability_estimate(s.stability, n_total, s.faithfulness_method, s.circuit_rank,
+                                                         s.batch),
+          run=stability_stage),
+    Stage("weights", reads=("session",), writes=("composition", "baselines", "edges", "spectra"),
+          estimate=lambda settings, n_total: WEIGHT_STAGE_COST, run=weights_stage),
+    Stage("edges", reads=("session", "edge_tap", "composition", "verified"), writes=("evidence", "verified"),
+          estimate=lambda s, n_total: edges_estimate(s.n_patch, corrupt_pass=not s.reuses_corrupt_run),
+          run=edges_stage),
+)
+"""The stages in the order they run (:func:`stage_plan` says which run with given settings)."""
+
+
+def circuit_roles(head_scores: HeadScores, circuit: Circuit, roles: Sequence[Role]) -> dict[str, tuple[Head, ...]]:
     """Which circuit heads the answer gives each role: a head of the circuit whose ``role.score`` passes the
     threshold (:func:`called_heads`); for a role that ``feeds`` another, only where it sits in an earlier layer
     than a head of that role and an exactly patched edge from it into one carries (|effect| at least
@@ -495,36 +585,63 @@ def circuit_roles(head_scores: HeadScores, circuit: Any, roles: Sequence[Role]) 
     return {role.name: out[role.name] for role in roles}
 
 
-def check_roles(roles: Any, head_scores: HeadScores | None = None) -> tuple[Role, ...]:
-    """``roles`` as :class:`Role` s: each a Role, ``(name, score)`` or ``(name, score, feeds)``; with ``head_scores``
-    every score must be one the scan computed, and every ``feeds`` another role's name."""
-    items = validate.bounded_list("scan: roles", roles, MAX_ROLES,
-                                  "a list of Role(name, score, feeds=None) or (name, score) pairs",
-                                  why="MAX_ROLES roles")
-    out = []
-    for item in items:
-        if isinstance(item, Role):
-            role = item
-        elif isinstance(item, (tuple, list)) and len(item) in (2, 3) and all(
-                isinstance(x, str) or x is None for x in item):
-            role = Role(*item)
-        else:
-            raise validate.fail("scan: roles", item, "a Role(name, score, feeds=None) or a (name, score) pair")
-        if not isinstance(role.name, str) or not role.name.strip() or not isinstance(role.score, str):
-            raise validate.fail("scan: roles", item, "a role name with a visible character and a score name")
-        out.append(role)
-    names = [role.name for role in out]
-    if len(set(names)) != len(names):
-        raise validate.fail("scan: roles", names, "distinct role names")
-    for role in out:
-        if role.feeds is not None and role.feeds not in names:
-            raise validate.fail(f"scan: roles: {role.name} feeds", role.feeds, f"one of the role names {names}")
-        if role.feeds == role.name:
-            raise validate.fail(f"scan: roles: {role.name} feeds", role.feeds, "another role")
-        if head_scores is not None and role.score not in head_scores:
-            raise validate.fail(f"scan: roles: {role.name}", role.score,
-                                f"a registered head score the scan computed: {list(head_scores)}")
-    return tuple(out)
+def run_stages(state: ScanState, settings: ScanSettings, mode: str) -> tuple[StageRecord, ...]:
+    """Run the stages :func:`stage_plan` picks for ``settings`` on ``state``, with progress in ``mode`` planned from
+    their estimates before the first pass; then the roles the evidence gives the circuit's heads. The stages as they
+    ran."""
+    plan = stage_plan(settings.ablate, settings.circuit, settings.with_edges, settings.stability > 0)
+    n_total = state.session.spec.n_total_heads
+    stages = [stage for stage in STAGES if stage.name in plan]
+    bar = Progress(mode, [(stage.name, stage.estimate(settings, n_total)) for stage in stages])
+    try:
+        for stage in stages:
+            stage.run(state, settings, bar)
+        if state.verified is not None:
+            state.verified = replace(state.verified,
+                                     roles=circuit_roles(state.head_scores, state.verified, settings.roles))
+    finally:
+        bar.close()
+    return tuple(bar.ran)
+
+
+# ---------------------------------------------------------------------------------------------- settings
+def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: int, n_patch: int, circuit: bool,
+                  target: float, faithfulness_method: str | None, circuit_rank: str, roles: Sequence[Role] | None,
+                  n_resamples: int, ci_level: float, random_sets: int, stability: int) -> dict[str, object]:
+    """The scan's options, each checked (a CircuitkitError naming the first bad one), before any model is read."""
+    from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
+
+    checked: dict[str, object] = {
+        "ablate": validate.option("scan: ablate", ablate, ABLATE_OPTIONS),
+        "ablate_top": validate.positive_int("scan: ablate_top", ablate_top),
+        "ablation_method": validate.option("scan: ablation_method", ablation_method, ABLATION_METHODS),
+        "top_k": validate.positive_int("scan: top_k", top_k),
+        "n_patch": validate.positive_int("scan: n_patch", n_patch),
+        "circuit": validate.boolean("scan: circuit", circuit),
+        "target": check_target("scan: target", target),
+    }
+    checked["faithfulness_method"] = validate.option(
+        "scan: faithfulness_method", faithfulness_method or checked["ablation_method"], FAITHFULNESS_METHODS)
+    checked["circuit_rank"] = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
+    checked["roles"] = check_roles(DEFAULT_ROLES if roles is None else roles)
+    checked["n_resamples"], checked["ci_level"], _ = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
+    checked["random_sets"] = check_repeats("scan: random_sets", random_sets)
+    checked["stability"] = check_repeats("scan: stability", stability)
+    return checked
+
+
+def scan_settings(options: Mapping[str, object], session: Session,
+                  tokens: RepeatedTokens | TokenBatch | None) -> ScanSettings:
+    """The one :class:`ScanSettings` of a scan, built from its checked ``options`` and its session before the first
+    pass (``top_k`` sets the three listing sizes; edge evidence applies with a circuit search, two layers or more
+    and heads that add into the residual stream)."""
+    batch, adapter = session.batch, session.adapter
+    with_edges = bool(options["circuit"]) and adapter.spec.n_layers > 1 and adapter.additive_heads
+    return ScanSettings(
+        block_len=batch.block_len, n_repeats=batch.n_repeats, batch=batch.batch,
+        seed=tokens.seed if isinstance(tokens, RepeatedTokens) else 0, bos=batch.bos,
+        device=str(adapter.spec.device), attribution_method=ATTRIBUTION_METHOD, attribution_steps=ATTRIBUTION_STEPS,
+        edge_attribution_steps=EDGE_ATTRIBUTION_STEPS if with_edges else None, **options)
 
 
 # ---------------------------------------------------------------------------------------------- scan
@@ -599,22 +716,10 @@ def scan(
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
         writes report.html and scores.json.
     """
-    from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
-
-    ablate = validate.option("scan: ablate", ablate, ABLATE_OPTIONS)
-    ablate_top = validate.positive_int("scan: ablate_top", ablate_top)
-    ablation_method = validate.option("scan: ablation_method", ablation_method, ABLATION_METHODS)
-    top_k = validate.positive_int("scan: top_k", top_k)
-    n_patch = validate.positive_int("scan: n_patch", n_patch)
-    circuit = validate.boolean("scan: circuit", circuit)
-    target = check_target("scan: target", target)
-    faithfulness_method = validate.option("scan: faithfulness_method", faithfulness_method or ablation_method,
-                                          FAITHFULNESS_METHODS)
-    circuit_rank = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
-    roles = check_roles(DEFAULT_ROLES if roles is None else roles)
-    n_resamples, ci_level, ci_seed = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
-    random_sets = check_repeats("scan: random_sets", random_sets)
-    stability = check_repeats("scan: stability", stability)
+    options = check_options(ablate=ablate, ablate_top=ablate_top, ablation_method=ablation_method, top_k=top_k,
+                            n_patch=n_patch, circuit=circuit, target=target, faithfulness_method=faithfulness_method,
+                            circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
+                            random_sets=random_sets, stability=stability)
     device = validate.device("scan: device", device)
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -628,129 +733,64 @@ def scan(
         name = name or (str(model) if model is not None else zoo.DEFAULT)
         model = load_model(model, device=device, allow_download=allow_download)
     if task is not None and not (isinstance(task, str) and task == "induction"):
-        if tokens is not None:
-            raise validate.fail("scan: tokens", tokens, "None when a task is given (the task brings its prompts)")
-        induction_only = {"ablate": (ablate, "top"), "ablate_top": (ablate_top, DEFAULT_ABLATE_TOP),
-                          "ablation_method": (ablation_method, "mean"), "top_k": (top_k, 5),
-                          "n_patch": (n_patch, DEFAULT_N_PATCH), "circuit": (circuit, True),
-                          "faithfulness_method": (faithfulness_method, ablation_method),
-                          "circuit_rank": (circuit_rank, "joint"), "roles": (roles, DEFAULT_ROLES),
-                          "random_sets": (random_sets, 0), "stability": (stability, 0)}
-        changed = [key for key, (value, default) in induction_only.items() if value != default]
-        if changed:
-            raise validate.fail(f"scan: {changed[0]}", induction_only[changed[0]][0],
-                                f"its default with a task (the induction scan's settings {changed} do not apply "
-                                "to a task scan; see circuitkit.tasks.scan_task for its own)")
-        return _task_scan(model, task, target=target, device=device, name=name, mode=mode,
-                          n_resamples=n_resamples, ci_level=ci_level)
-    adapter = adapt(model, device)
-    spec = adapter.spec
-    batch = as_batch(tokens, adapter)
-    resumable = ablate != "none" and adapter.can_resume
-    n_total = spec.n_total_heads
-    with_edges = circuit and spec.n_layers > 1 and adapter.additive_heads  # else edges cannot be isolated
+        _refuse_induction_options(options, tokens)
+        return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
+                          n_resamples=options["n_resamples"], ci_level=options["ci_level"])
+    session = open_session(model, tokens, device)  # the model adapted once, the batch built once
+    settings = scan_settings(options, session, tokens)
     if isinstance(tokens, RepeatedTokens) or tokens is None:  # before any pass: refuse what cannot fit
         spec_tokens = tokens or RepeatedTokens()
-        check_memory(adapter.model, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
-                     bos=spec_tokens.bos is not False, circuit=circuit, device=device)
-    plan = stage_plan(ablate, circuit, with_edges, stability > 0)
-    reused_corrupt = circuit and faithfulness_method == "resample"  # the search's resampled run serves the edges
-    estimates = {
-        "scores": SCORES_STAGE_COST,
-        "ablate": ablate_plan(ablate, ablate_top, n_total),  # revised once the exact set is known, saying why
-        "circuit": circuit_estimate(n_total, faithfulness_method, circuit_rank, with_edges, batch=batch.batch,
-                                    clean_end=faithfulness_method == ablation_method) + 2 * random_sets,
-        "stability": stability_estimate(stability, n_total, faithfulness_method, circuit_rank, batch.batch),
-        "weights": WEIGHT_STAGE_COST,
-        "edges": edges_estimate(n_patch, corrupt_pass=not reused_corrupt),
-    }
-    bar = Progress(mode, [(stage, estimates[stage]) for stage in plan])
-    work = _Work(adapter, batch, adapter.weights(), ci=(n_resamples, ci_level, ci_seed), random_sets=random_sets)
-    try:
-        bar.start("scores")
-        scores_stage(work, ablation_method, resumable, with_edges, bar)
-        bar.end()
-        roles = check_roles(roles, work.head_scores)
-        if ablate != "none":
-            ablate_stage(work, ablate, ablate_top, ablation_method, resumable, bar)  # starts its own stage
-            bar.end()
-        if circuit:
-            bar.start("circuit")
-            circuit_stage(work, target, faithfulness_method, circuit_rank, bar)
-            bar.end(_circuit_revision(work))
-        if circuit and stability:
-            bar.start("stability")
-            stability_stage(work, stability, target, faithfulness_method, circuit_rank, bar)
-            bar.end()
-        bar.start("weights")
-        weights_stage(work, top_k)
-        bar.end()
-        if with_edges and work.verified is None:  # the edge evidence serves the circuit: none, so no edges
-            bar.skip("edges", "no circuit found, and edge attribution and path patching serve the circuit")
-        elif with_edges:
-            bar.revise("edges", edges_estimate(n_patch, work.verified.heads, corrupt_pass=not reused_corrupt),
-                       f"the circuit's {len(work.verified.heads)} heads have fewer than {n_patch} edges between them"
-                       if not reused_corrupt else "the circuit search already ran the resampled batch")
-            bar.start("edges")
-            edges_stage(work, top_k, n_patch, bar)
-            bar.end()
-        if work.verified is not None:
-            work.verified = replace(work.verified, roles=circuit_roles(work.head_scores, work.verified, roles))
-        intervals = scan_intervals(
-            head_scores=work.head_scores, run=work.run, attribution=work.attribution, ablation=work.ablation,
-            circuit_ablation=work.circuit_ablation_each, edges=getattr(work.verified, "edges", None),
-            n_resamples=n_resamples, level=ci_level, seed=ci_seed)
-    finally:
-        bar.close()
+        check_memory(session.adapter, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
+                     bos=spec_tokens.bos is not False, circuit=settings.circuit, device=device)
+    state = ScanState(session)
+    stages = run_stages(state, settings, mode)
+    return scan_result(state, settings, stages, name)
 
+
+def _refuse_induction_options(options: Mapping[str, object], tokens: RepeatedTokens | TokenBatch | None) -> None:
+    """A task scan takes none of the induction scan's own options: each must keep its default."""
+    if tokens is not None:
+        raise validate.fail("scan: tokens", tokens, "None when a task is given (the task brings its prompts)")
+    defaults = {"ablate": "top", "ablate_top": DEFAULT_ABLATE_TOP, "ablation_method": "mean", "top_k": 5,
+                "n_patch": DEFAULT_N_PATCH, "circuit": True, "faithfulness_method": options["ablation_method"],
+                "circuit_rank": "joint", "roles": DEFAULT_ROLES, "random_sets": 0, "stability": 0}
+    changed = [key for key, default in defaults.items() if options[key] != default]
+    if changed:
+        raise validate.fail(f"scan: {changed[0]}", options[changed[0]],
+                            f"its default with a task (the induction scan's settings {changed} do not apply "
+                            "to a task scan; see circuitkit.tasks.scan_task for its own)")
+
+
+def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRecord, ...], name: str | None) -> Scan:
+    """The :class:`Scan` record of a finished ``state``: every stage's results, the bootstrap intervals of the
+    figures over the batch (from the per-sequence values the passes kept: no extra pass)."""
     from circuitkit.viz.attention import token_strings
 
-    settings = ScanSettings(
-        block_len=batch.block_len,
-        n_repeats=batch.n_repeats,
-        batch=batch.batch,
-        seed=tokens.seed if isinstance(tokens, RepeatedTokens) else 0,
-        bos=batch.bos,
-        ablate=ablate,
-        ablate_top=ablate_top,
-        ablation_method=ablation_method,
-        top_k=top_k,
-        device=str(spec.device),
-        n_patch=n_patch,
-        target=target,
-        faithfulness_method=faithfulness_method,
-        circuit_rank=circuit_rank,
-        attribution_method=ATTRIBUTION_METHOD,
-        attribution_steps=ATTRIBUTION_STEPS,
-        edge_attribution_steps=EDGE_ATTRIBUTION_STEPS if with_edges else None,
-        roles=roles,
-        n_resamples=n_resamples,
-        ci_level=ci_level,
-        random_sets=random_sets,
-        stability=stability,
-    )
-    head_scores = work.head_scores
+    session, head_scores = state.session, state.head_scores
+    intervals = scan_intervals(
+        head_scores=head_scores, run=state.run, attribution=state.attribution, ablation=state.ablation,
+        circuit_ablation=state.circuit_ablation_each, edges=state.verified.edges if state.verified else None,
+        n_resamples=settings.n_resamples, level=settings.ci_level, seed=DEFAULT_SEED)
     return Scan(
-        model=summarise_model(adapter, name),
+        model=summarise_model(session.adapter, name),
         settings=settings,
         head_scores=head_scores,
-        tokens=tuple(token_strings(model, batch.tokens[0].cpu())),
+        tokens=tuple(token_strings(session.adapter, session.batch.tokens[0].cpu())),
         patterns=head_scores.patterns,
-        induction_loss=work.loss,
-        attribution=work.attribution,
-        ablation=work.ablation,
-        agreement=work.agreement,
-        composition=work.composition,
-        baselines=work.baselines,
-        edges=work.edges,
-        spectra=work.spectra,
-        circuit=work.evidence,
-        induction_heads=called_heads(head_scores, "induction"),
-        previous_token_heads=called_heads(head_scores, "previous_token"),
-        circuit_ablation=work.circuit_ablation,
-        verified=work.verified,
-        verified_error=work.verified_error,
-        stages=tuple(bar.ran),
+        induction_loss=state.loss,
+        attribution=state.attribution,
+        ablation=state.ablation,
+        agreement=state.agreement,
+        composition=state.composition,
+        baselines=state.baselines,
+        edges=state.edges,
+        spectra=state.spectra,
+        circuit=state.evidence,
+        called=called_by_score(head_scores, settings.roles),
+        circuit_ablation=state.circuit_ablation,
+        verified=state.verified,
+        verified_error=state.verified_error,
+        stages=stages,
         intervals=intervals,
     )
 
@@ -776,16 +816,6 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                      ci_level=ci_level)
 
 
-def called_heads(scores: HeadScores, name: str) -> tuple[Head, ...]:
-    """The heads the scan calls ``name`` heads (see the module docstring), best first."""
-    if name not in scores:
-        return ()
-    neutral = scores.definitions[name].neutral or 0.0
-    floor = max(HEAD_CALL_THRESHOLD, HEAD_CALL_NEUTRAL_RATIO * neutral)
-    ranked = top_heads(scores[name], scores[name].numel())
-    return tuple(head for head, value in ranked if value >= floor)
-
-
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
               called: Sequence[Sequence[Head]] = ()) -> list[Head]:
     """The heads ablated exactly: all of them (``ablate="all"``), or the top ``ablate_top`` by |attribution|, and
@@ -807,7 +837,7 @@ def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
     return sorted(chosen)
 
 
-def _composition(weights: Any, top_k: int) -> tuple[dict, dict, dict]:
+def _composition(weights: HeadWeights, top_k: int) -> tuple[dict, dict, dict]:
     from circuitkit.composition import composition_baseline, composition_scores, top_edges
 
     composition, baselines, edges = {}, {}, {}
@@ -819,24 +849,24 @@ def _composition(weights: Any, top_k: int) -> tuple[dict, dict, dict]:
     return composition, baselines, edges
 
 
-def _spectra(weights: Any) -> dict[str, torch.Tensor]:
+def _spectra(weights: HeadWeights) -> dict[str, torch.Tensor]:
     from circuitkit.factored import singular_values
 
     return {circuit: singular_values(weights, circuit).float().cpu() for circuit in SPECTRA}
 
 
-def _edge_tap(adapter: ModelAdapter, batch: TokenBatch, weights: Any) -> Any:
+def _edge_tap(session: Session) -> GradientTap:
     """Edge attribution's clean pass (repeated-copies loss, resampled corruption) as a tap on the scan's
-    attribution pass: the same loss, differentiated once."""
+    attribution pass: the same loss, differentiated once; its context is built on the scan's session."""
     from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
-    from circuitkit.circuits.attribution import GradientTap
     from circuitkit.circuits.metrics import resolve_metric
 
-    ctx = context(adapter, batch, "resample", DEFAULT_CORRUPT_SEED, None, "scan", weights)
+    ctx = context(session, None, "resample", DEFAULT_CORRUPT_SEED, None, "scan", session.weights())
     return GradientTap(ctx, resolve_metric("loss", "scan"), leaf=False)
 
 
-def _circuit_evidence(tap: Any, composition: dict, top_k: int, n_patch: int, among: Any) -> Any:
+def _circuit_evidence(tap: GradientTap, composition: Mapping[str, torch.Tensor], top_k: int, n_patch: int,
+                      among: Sequence[Head] | None) -> CircuitEvidence:
     """Edge-level evidence (:func:`circuitkit.circuits.circuit_evidence`) on the scan's batch, from the tap's
     clean pass and the scan's composition scores (keyed by lower-case channel there); the patched edges are
     those among the heads ``among`` (the circuit) where given."""
@@ -849,6 +879,11 @@ def _circuit_evidence(tap: Any, composition: dict, top_k: int, n_patch: int, amo
 
 __all__ = [
     "ABLATE_OPTIONS",
+    "STAGES",
+    "ScanState",
+    "Stage",
+    "run_stages",
+    "scan_settings",
     "DEFAULT_ABLATE_TOP",
     "DEFAULT_N_PATCH",
     "DEFAULT_ROLES",
@@ -857,6 +892,9 @@ __all__ = [
     "circuit_roles",
     "stage_plan",
     "HEAD_CALL_NEUTRAL_RATIO",
+    "MAX_ROLES",
+    "Role",
+    "check_roles",
     "HEAD_CALL_THRESHOLD",
     "called_heads",
     "exact_set",

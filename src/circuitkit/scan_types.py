@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,11 @@ from circuitkit.detect.effects import Agreement, HeadEffects
 from circuitkit.ranking import Head
 
 if TYPE_CHECKING:
+    from circuitkit.circuits.evidence import CircuitEvidence
+    from circuitkit.circuits.faithfulness import Circuit
     from circuitkit.composition import CompositionBaseline, Edge
     from circuitkit.detect.loss import InductionLoss
+    from circuitkit.detect.roles import Role
     from circuitkit.detect.scores import HeadScores
     from circuitkit.models.adapters import ModelAdapter
 
@@ -64,11 +67,20 @@ def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
         attn_only=adapter.attn_only,
         family=spec.family,
     )
+UNSAVED = {"saved": False}
+"""Field metadata of a :class:`ScanSettings` field that ``scores.json`` does not hold (it says it otherwise)."""
 
 
 @dataclass(frozen=True)
 class ScanSettings:
-    """The options a scan ran with (shown verbatim in the report: no timestamps, no paths)."""
+    """The options a scan runs with, built once before its first pass (shown verbatim in the report: no
+    timestamps, no paths).
+
+    ``top_k`` sets the three listing sizes where they are not given: ``heads_per_score`` (the best heads of each
+    score listed, ``top_heads`` in ``scores.json``), ``edges_per_mode`` (the top composition edges per mode) and
+    ``edges_listed`` (the edges the evidence table and the answer list); ``scores.json`` holds one of them only
+    where it differs from ``top_k``. ``circuit``: the circuit search (and the edge evidence) runs; ``scores.json``
+    says so by its ``circuit``."""
 
     block_len: int
     n_repeats: int
@@ -92,25 +104,38 @@ class ScanSettings:
     ci_level: float = 0.95  # the intervals' confidence level
     random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
     stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
+    circuit: bool = field(default=True, metadata=UNSAVED)
+    heads_per_score: int | None = None  # None: top_k
+    edges_per_mode: int | None = None  # None: top_k
+    edges_listed: int | None = None  # None: top_k
+
+    def __post_init__(self) -> None:
+        for name in LISTING_SIZES:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, self.top_k)
+
+    @property
+    def with_edges(self) -> bool:
+        """Whether the scan measures edge evidence (a circuit search on a model whose heads can be isolated)."""
+        return self.edge_attribution_steps is not None
+
+    @property
+    def reuses_corrupt_run(self) -> bool:
+        """Whether the circuit search runs the resampled batch the edge evidence needs (so the edges stage does
+        not)."""
+        return self.circuit and self.faithfulness_method == "resample"
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["roles"] = [role.describe() for role in self.roles]
+        for f in fields(self):
+            if f.metadata.get("saved", True) is False or (f.name in LISTING_SIZES and out[f.name] == self.top_k):
+                del out[f.name]
         return out
 
 
-@dataclass(frozen=True)
-class Role:
-    """A role a circuit head can be given in the answer: ``name`` (``"induction"``), the registered head score
-    that must pass its threshold (``score``), and optionally the role it must feed (``feeds``): a head of this
-    role sits in an earlier layer than a head of role ``feeds`` and its exactly patched edge into it carries."""
-
-    name: str
-    score: str
-    feeds: str | None = None
-
-    def describe(self) -> str:
-        return f"{self.name}: {self.score}" + (f" feeding {self.feeds}" if self.feeds else "")
+LISTING_SIZES = ("heads_per_score", "edges_per_mode", "edges_listed")
+"""The :class:`ScanSettings` fields ``top_k`` sets where they are not given."""
 
 
 @dataclass(frozen=True)
@@ -139,10 +164,13 @@ class Scan:
       :class:`~circuitkit.Edge` list;
     - ``spectra``: ``"QK" | "OV"`` -> ``[L, H, d_head]`` singular values, descending;
     - ``circuit``: edge-level causal evidence (:class:`circuitkit.circuits.CircuitEvidence`) or None;
-    - ``induction_heads``, ``previous_token_heads``: the heads the scan calls so (see
-      :data:`circuitkit.pipeline.HEAD_CALL_THRESHOLD`);
-    - ``circuit_ablation``: the rise of the repeated-copies loss with a group of heads ablated together:
-      ``"induction heads"``, ``"previous-token heads"``, ``"circuit"`` (both), where the group is non-empty;
+    - ``called``: score name -> the heads that score calls, for the score of each of the scan's roles
+      (:mod:`circuitkit.detect.roles`: the threshold and the roles); ``induction_heads``,
+      ``previous_token_heads``: those the ``"induction"`` / ``"previous_token"`` scores call (properties of
+      ``called``; as keyword arguments they set its entries);
+    - ``circuit_ablation``: the rise of the repeated-copies loss with a group of heads ablated together: each
+      role's (``"induction heads"``, ``"previous-token heads"``), then ``"circuit"`` (all of them), where the group
+      is non-empty;
     - ``verified``: the circuit found by faithfulness (:class:`circuitkit.circuits.faithfulness.Circuit`: its
       heads, faithfulness, necessity, curve, exactly patched edges and roles) or None, with ``verified_error``
       saying why where the scan tried and could not (e.g. no head changes the loss);
@@ -164,14 +192,29 @@ class Scan:
     baselines: Mapping[str, CompositionBaseline] = field(default_factory=dict)
     edges: Mapping[str, list[Edge]] = field(default_factory=dict)
     spectra: Mapping[str, Float[Tensor, "layer head k"]] = field(default_factory=dict)
-    circuit: Any | None = None
-    induction_heads: tuple[Head, ...] = ()
-    previous_token_heads: tuple[Head, ...] = ()
+    circuit: CircuitEvidence | None = None
+    called: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
+    induction_heads: InitVar[tuple[Head, ...] | None] = None
+    previous_token_heads: InitVar[tuple[Head, ...] | None] = None
     circuit_ablation: Mapping[str, float] = field(default_factory=dict)
-    verified: Any | None = None
+    verified: Circuit | None = None
     verified_error: str | None = None
     stages: tuple[StageRecord, ...] = ()
-    intervals: Mapping[str, Any] = field(default_factory=dict)
+    intervals: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self, induction_heads: tuple[Head, ...] | None,
+                      previous_token_heads: tuple[Head, ...] | None) -> None:
+        called = dict(self.called)
+        for score, heads in (("induction", induction_heads), ("previous_token", previous_token_heads)):
+            # the keyword arguments of the two default roles' scores (dataclasses.replace passes the properties
+            # back: an empty one adds no score the scan did not call by)
+            if heads is not None and (heads or score in called):
+                called[score] = tuple(heads)
+        object.__setattr__(self, "called", called)
+
+    def called_by(self, score: str) -> tuple[Head, ...]:
+        """The heads ``score`` calls (best first; () where no role of the scan reads ``score``)."""
+        return tuple(self.called.get(score, ()))
 
     def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
         """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""
@@ -234,6 +277,22 @@ class Scan:
                f"faithfulness {self.verified.faithfulness:.2f}")
             + ")"
         )
+
+
+Scan.induction_heads = property(lambda self: self.called_by("induction"),  # type: ignore[assignment]
+                                doc="The heads the induction score calls (best first).")
+Scan.previous_token_heads = property(lambda self: self.called_by("previous_token"),  # type: ignore[assignment]
+                                     doc="The heads the previous-token score calls (best first).")
+
+
+def __getattr__(name: str) -> object:
+    """``Role`` lives with the calling policy in :mod:`circuitkit.detect.roles` (read from there on first use: the
+    ``detect`` package imports this module)."""
+    if name == "Role":
+        from circuitkit.detect.roles import Role
+
+        return Role
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What path patching and edge attribution share: the model under the contract, its weights per query head, the
 receivers' pre-attention normalisation, activation capture, the senders' corrupted ``z``, and the clean
-activations one measurement leaves for the next on the same batch (:class:`CleanRun`).
+activations one measurement leaves for the next on the same batch (kept in the
+:class:`~circuitkit.detect.session.Session` the context is built on).
 
 Sender output (row convention): head ``(l1, h1)`` writes ``z[l1][:, :, h1] @ W_O[l1, h1]`` ``[batch, pos,
 d_model]`` into the residual stream; its difference ``delta = (z_corrupt - z_clean) @ W_O`` is what an edge
@@ -13,58 +14,66 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resampled_batch
+from circuitkit.detect.session import CorruptKey, EdgeGradients, Session, open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
-from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter, ModelSpec
+
+if TYPE_CHECKING:
+    from circuitkit.weights import HeadWeights
 
 Norm = Callable[[Tensor], Tensor]
 
 
-@dataclass
-class CleanRun:
-    """What edge attribution's clean pass (:class:`circuitkit.circuits.attribution.GradientTap`) leaves in a
-    :class:`Context` for the next measurement on the same batch (path patching): ``z`` ``[batch, pos, head,
-    d_head]`` and ``resid`` (``resid_pre``, ``[batch, pos, d_model]``) by layer, the receivers' ``patterns``
-    ``[batch, head, q, k]`` (``"induction"`` only), the gradients ``dM/d(q, k, v)`` per query head by
-    ``(channel, layer)``, and ``total``, the metric they are of (for ``"induction"``, the sum of all heads')."""
-
-    metric: Any  # the resolved circuitkit.circuits.metrics.Metric these were measured for
-    z: dict[int, Tensor]
-    resid: dict[int, Tensor]
-    patterns: dict[int, Tensor]
-    grads: dict
-    total: float
-
-    @property
-    def value(self) -> float | None:
-        """The clean metric of the logits (None for ``"induction"``, a per-receiver score)."""
-        return None if self.metric.local else self.total
-
-
-@dataclass
+@dataclass(eq=False)
 class Context:
-    """A model ready for edge measurements on one batch."""
+    """A session ready for edge measurements: its model's weights per query head, the receivers' norms and one
+    corruption. What the measurements leave (the clean gradients, the corrupted ``z``) is kept in the session, so a
+    later context on the same session finds it."""
 
-    adapter: ModelAdapter
-    batch: TokenBatch
+    session: Session
     W_in: dict[str, Tensor]  # channel -> [layer, head, d_model, d_head], per query head
     W_O: Tensor  # [layer, head, d_head, d_model]
     norms: list[Norm | None]  # per layer
     corrupt: str
     corrupt_seed: int
     corrupt_batch: TokenBatch | None = None  # a given corrupted batch (corrupt is then "given")
-    clean: CleanRun | None = None  # what a clean pass left for later measurements on this batch
-    z_corrupt: dict[int, Tensor] = field(default_factory=dict)  # the senders' corrupted z, by layer, as computed
 
     @property
-    def spec(self):
+    def adapter(self) -> ModelAdapter:
+        return self.session.adapter
+
+    @property
+    def batch(self) -> TokenBatch:
+        return self.session.batch
+
+    @property
+    def clean(self) -> EdgeGradients | None:
+        """What a clean pass with gradients left for later measurements on this batch (the session's)."""
+        return self.session.gradients
+
+    @clean.setter
+    def clean(self, gradients: EdgeGradients | None) -> None:
+        self.session.gradients = gradients
+
+    @property
+    def z_corrupt(self) -> dict[int, Tensor]:
+        """The senders' corrupted ``z`` by layer, as computed so far under this context's corruption."""
+        if self.corrupt == "given":
+            key: CorruptKey = ("given", id(self.corrupt_batch))
+        else:
+            key = (self.corrupt, self.corrupt_seed) if self.corrupt == "resample" else (self.corrupt,)
+        return self.session.corrupted(key)
+
+    @property
+    def spec(self) -> ModelSpec:
         return self.adapter.spec
 
     @property
@@ -82,17 +91,18 @@ def context(
     corrupt_seed: int,
     device: str | torch.device | None,
     where: str,
-    weights: Any = None,
+    weights: HeadWeights | None = None,
 ) -> Context:
-    """A checked :class:`Context`; ``weights``: the model's :class:`~circuitkit.HeadWeights` where the caller has
-    read them already (read here otherwise)."""
-    adapter = adapt(model, device)
+    """A checked :class:`Context` on a new session for ``model`` (or on the :class:`Session` given); ``weights``: the
+    model's :class:`~circuitkit.HeadWeights` where the caller has read them already (the session's otherwise)."""
+    session = open_session(model, tokens, device)
+    adapter = session.adapter
     if not adapter.additive_heads:
         raise validate.fail(f"{where}: model", validate.given(f"a {adapter.spec.family} model"),
                             "a model whose heads add z @ W_O into the residual stream; in this family a norm sits "
                             "between the attention output and the residual stream, so one head's contribution "
                             "cannot be isolated (head scores, ablation and attribution still apply)")
-    batch = as_batch(tokens, adapter)
+    batch = session.batch
     corrupt_batch = None
     if isinstance(corrupt, TokenBatch):
         corrupt_batch = as_batch(corrupt, adapter)
@@ -105,10 +115,10 @@ def context(
         if corrupt == "a TokenBatch":
             raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
-    weights = (adapter.weights(embeddings=False) if weights is None else weights).to(device=adapter.spec.device)
+    weights = (session.weights(embeddings=False) if weights is None else weights).to(device=adapter.spec.device)
     W_in = {"q": weights.W_Q, "k": weights.per_query_head("W_K"), "v": weights.per_query_head("W_V")}
     norms = [_receiver_norm(adapter, layer) for layer in range(adapter.spec.n_layers)]
-    return Context(adapter, batch, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)
+    return Context(session, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)
 
 
 def _receiver_norm(adapter: ModelAdapter, layer: int) -> Norm | None:
@@ -209,5 +219,6 @@ def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -
 
 
 __all__ = [
-    "DEFAULT_CORRUPT_SEED", "CleanRun", "Context", "StopForward", "capture", "context", "corrupt_z",
+    "DEFAULT_CORRUPT_SEED", "Context", "EdgeGradients", "Session", "StopForward", "capture", "context",
+    "corrupt_z",
 ]

@@ -68,8 +68,8 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.circuits._engine import (
     DEFAULT_CORRUPT_SEED,
-    CleanRun,
     Context,
+    EdgeGradients,
     ReceiverNorm,
     StopForward,
     context,
@@ -179,7 +179,7 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
     if L < 2:
         return EdgeAttribution(scores, m.name, ctx.corrupt, math.nan)
-    if ctx.clean is None or ctx.clean.metric is not m:  # else a host pass carried the GradientTap
+    if ctx.clean is None or ctx.clean.metric != m:  # else a host pass (or an earlier call) left them in the session
         with frozen_parameters(ctx.adapter.model):
             _clean_gradients(ctx, m)
     clean = ctx.clean
@@ -275,7 +275,7 @@ def _corrupted_input(ctx: Context) -> Tensor | None:
     return input_embedding(ctx.adapter, corrupted.tokens)
 
 
-def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alpha: float) -> CleanRun:
+def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alpha: float) -> EdgeGradients:
     """The receivers' gradients (and normalisation inputs) at the point ``e' + alpha (e - e')`` of the inputs path:
     one forward pass with gradients from layer 1 on and one backward pass (a :class:`GradientTap` of its own)."""
 
@@ -293,7 +293,7 @@ def _clean_gradients(ctx: Context, m: Metric) -> None:
     ctx.clean = _tapped_pass(ctx, m, [], "clean logits")
 
 
-def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str) -> CleanRun:
+def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str) -> EdgeGradients:
     """One forward pass of the batch with ``hooks`` and a :class:`GradientTap` of its own, then one backward pass of
     the metric to the tap's inputs (parameters frozen: only the receivers' gradients are wanted)."""
     tap = GradientTap(ctx, m, leaf=True)
@@ -370,8 +370,8 @@ class GradientTap:
         ``ctx.clean``."""
         self.ctx.clean = self.record(total, found)
 
-    def record(self, total: Tensor, found: tuple[Tensor | None, ...]) -> CleanRun:
-        """:meth:`finish`'s :class:`CleanRun`, without keeping it in the context (a point of the IG path)."""
+    def record(self, total: Tensor, found: tuple[Tensor | None, ...]) -> EdgeGradients:
+        """:meth:`finish`'s :class:`EdgeGradients`, without keeping it in the session (a point of the IG path)."""
         ctx, m, acts = self.ctx, self.m, self.acts
         L, gs = ctx.spec.n_layers, ctx.group_size
         grads = {key: (torch.zeros_like(acts[key]) if g is None else g.detach())
@@ -387,7 +387,7 @@ class GradientTap:
                                                           grads[("z", layer)], gs, head_axis=2)
         patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
         self.acts = {}  # the graph is no longer needed
-        return CleanRun(m, self.clean_z, self.resid, patterns, grads, float(total.detach()))
+        return EdgeGradients(m, self.clean_z, self.resid, patterns, grads, float(total.detach()))
 
     # ------------------------------------------------------------------ hooks
     def _leaf(self, x: Tensor, hook: Any) -> Tensor:

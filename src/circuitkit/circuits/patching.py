@@ -175,7 +175,7 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
     ``z`` in ``ctx.z_corrupt``; runs its own clean pass otherwise."""
     batch = ctx.batch
     with torch.no_grad():
-        z_clean, resid, patterns, value, dtype = _clean_run(ctx, specs, m)
+        z_clean, resid, patterns, value, dtype = _clean_activations(ctx, specs, m)
         z_corrupt = corrupt_z(ctx, z_clean, {e.src[0] for e in specs})
         reader = InductionReader(batch, dtype)
         if m.local:
@@ -205,18 +205,18 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
     return PathPatching(effects, m.name, ctx.corrupt)
 
 
-def _clean_run(
+def _clean_activations(
     ctx: Context, specs: list[EdgeSpec], m: Metric
 ) -> tuple[dict[int, Tensor], dict[int, Tensor], dict[int, Tensor], float | None, torch.dtype]:
     """The clean ``z``, ``resid_pre`` and (``"induction"``) receiver patterns by layer, the clean metric of the
-    logits (None for ``"induction"``) and the activations' dtype: from ``ctx.clean`` where it holds all of them
-    for ``m``, else from one clean pass."""
+    logits (None for ``"induction"``) and the activations' dtype: from the session's edge gradients (``ctx.clean``)
+    where they hold all of them for ``m``, else from one clean pass."""
     receivers = sorted({e.dst[0] for e in specs})
     needed_z = {e.src[0] for e in specs}
     if ctx.group_size > 1 and not m.local:
         needed_z |= set(receivers)  # the group's other query heads are restored from the clean z
     cached = ctx.clean
-    if (cached is not None and cached.metric is m and needed_z <= cached.z.keys()
+    if (cached is not None and cached.metric == m and needed_z <= cached.z.keys()
             and set(receivers) <= cached.resid.keys() and (not m.local or set(receivers) <= cached.patterns.keys())):
         z_clean, resid, patterns, value = cached.z, cached.resid, cached.patterns, cached.value
         dtype = next(iter(z_clean.values())).dtype

@@ -32,12 +32,13 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.detect.clean_run import CleanRun, clean_run
+from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.loss import loss_positions, token_losses
-from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.detect.session import open_session
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
 
@@ -225,12 +226,11 @@ def ablation_effects(
     resume = validate.boolean("ablation_effects: resume", resume)
     if progress is not None:
         validate.boolean("ablation_effects: progress", progress)
-    adapter = adapt(model, device)
-    spec = adapter.spec
+    session = open_session(model, tokens, device)
+    adapter, spec = session.adapter, session.spec
     chosen = check_heads(heads, spec.n_layers, spec.n_heads, "ablation_effects")
-    batch = as_batch(tokens, adapter)
     layers = {layer for layer, _ in chosen} if resume and adapter.can_resume else set()
-    run = clean_run(adapter, batch, z_means=method == "mean", resid_layers=layers)
+    run = session.clean_run(z_means=method == "mean", resid_layers=layers)
     from tqdm.auto import tqdm
 
     show = len(chosen) >= PROGRESS_MIN_HEADS if progress is None else progress

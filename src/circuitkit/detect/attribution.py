@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -71,9 +71,10 @@ from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
+from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 
 MAX_IG_STEPS = 1024
@@ -121,6 +122,35 @@ def frozen_parameters(model: Any) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+class Tap(Protocol):
+    """Further gradients of the same loss from :func:`attribute`'s one backward pass (edge attribution's clean pass,
+    :class:`circuitkit.circuits.attribution.GradientTap`, rides on the scan's head attribution this way).
+
+    The host registers :meth:`hooks` on its pass after its own (identity hooks: each returns what it was given, or
+    an equal copy), differentiates its loss with respect to :meth:`inputs` (``torch.autograd.grad(...,
+    allow_unused=True, retain_graph=retain_graph)``, still under ``enable_grad``) and hands the gradients, one per
+    input (None where unused), to :meth:`finish`."""
+
+    retain_graph: bool
+    """Whether :meth:`finish` differentiates the graph again (the host's backward must keep it)."""
+
+    @property
+    def reads_repeated_loss_only(self) -> bool:
+        """Whether the tap's metric reads the logits at the repeated-copies loss's positions only (or none): the
+        host may then build the graph there alone."""
+        ...
+
+    def hooks(self) -> list[tuple[str, HookFn]]: ...
+
+    def inputs(self) -> list[Tensor]:
+        """The activations to differentiate against, after the pass."""
+        ...
+
+    def finish(self, total: Tensor, found: tuple[Tensor | None, ...]) -> None:
+        """Take the gradients of the host's loss ``total`` at :meth:`inputs`."""
+        ...
+
+
 def attribute(
     adapter: ModelAdapter,
     batch: TokenBatch,
@@ -132,7 +162,7 @@ def attribute(
     corrupt_seed: int = DEFAULT_IG_CORRUPT_SEED,
     resid_layers: Collection[int] = (),
     observers: Sequence[tuple[str, HookFn]] = (),
-    taps: Sequence[Any] = (),
+    taps: Sequence[Tap] = (),
 ) -> tuple[HeadEffects, CleanRun]:
     """One forward and one backward pass over ``batch``: the attribution :class:`HeadEffects` and the
     :class:`CleanRun` the same forward pass filled (losses, every layer's mean ``z``, the residual streams
@@ -141,10 +171,7 @@ def attribute(
     ``observers``: extra ``(hook name, fn)`` pairs called on the detached activation (e.g. a pattern scorer);
     their return value is ignored, so they cannot change the run.
 
-    ``taps``: further gradients of the same loss from the same backward pass, each an object with ``hooks()``
-    (identity hooks: they return what they were given, or an equal copy), ``inputs()`` (activations to
-    differentiate against, after the pass), ``retain_graph`` and ``finish(loss, grads)``
-    (:class:`circuitkit.circuits.attribution.GradientTap`, edge attribution's clean pass).
+    ``taps``: further gradients of the same loss from the same backward pass (:class:`Tap`).
 
     ``steps``, ``path``, ``corrupt``, ``corrupt_seed`` (checked by the caller): integrated gradients (module
     docstring); the clean pass above is the path's last point, the others run after it without observers or taps.
@@ -395,7 +422,6 @@ def attribution_effects(
     corrupt_seed = validate.seed("attribution_effects: corrupt_seed", corrupt_seed)
     if not isinstance(corrupt, TokenBatch):
         corrupt = validate.option("attribution_effects: corrupt", corrupt, IG_CORRUPTIONS)
-    adapter = adapt(model, device)
     if clean is not None:
         if not isinstance(clean, CleanRun):
             raise validate.fail("attribution_effects: clean", clean, "a CleanRun from circuitkit.detect.clean_run")
@@ -404,7 +430,8 @@ def attribution_effects(
                 "attribution_effects: tokens", tokens, "None when clean= is given (the clean run's batch is used)"
             )
         tokens = clean.batch
-    batch = as_batch(tokens, adapter)
+    session = open_session(model, tokens, device)
+    adapter, batch = session.adapter, session.batch
     if isinstance(corrupt, TokenBatch):
         corrupt = as_batch(corrupt, adapter)
         if corrupt.tokens.shape != batch.tokens.shape:
@@ -420,6 +447,7 @@ __all__ = [
     "DEFAULT_IG_PATH",
     "IG_PATHS",
     "MAX_IG_STEPS",
+    "Tap",
     "attribute",
     "attribution_effects",
     "check_steps",

@@ -23,9 +23,9 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect import registry
 from circuitkit.detect.registry import ScoreDefinition
-from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name, top_heads
 
@@ -330,11 +330,12 @@ def head_scores(
     Returns:
         :class:`HeadScores`: ``name -> [layer, head]`` for every registered score.
     """
-    adapter = adapt(model, device)
-    batch = as_batch(tokens, adapter)
-    collector = PatternCollector(adapter, batch)
+    from circuitkit.detect.session import open_session
+
+    session = open_session(model, tokens, device)
+    collector = PatternCollector(session.adapter, session.batch)
     with torch.no_grad():
-        adapter.run(batch.tokens, collector.hooks())
+        session.adapter.run(session.batch.tokens, collector.hooks())
     return collector.result()
 
 

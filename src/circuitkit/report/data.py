@@ -24,6 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuitkit.circuits.measures import registered as registered_measures
+from circuitkit.detect.roles import DEFAULT_ROLES, Role, called_key
 from circuitkit.ranking import Head, head_name, top_heads
 from circuitkit.results import HeadValues
 
@@ -233,10 +234,11 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     null, deterministic. Keys (the layout is ``circuitkit/report/scores.schema.json``; units in ``units``):
 
     ``format, circuitkit_version, units, model, settings, scores`` (definitions: short, description, kind,
-    neutral), ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best ``settings.top_k`` heads,
-    also for ``attribution`` and ``ablation``), ``induction_heads, previous_token_heads`` (called by pattern score
-    alone), ``induction_loss, attribution`` (``method`` ``"gradient"`` | ``"ig"``, ``steps``,
-    ``ablation_method``), ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
+    neutral), ``head_scores`` (name -> ``[layer][head]``), ``top_heads`` (name -> best
+    ``settings.heads_per_score`` heads, also for ``attribution`` and ``ablation``), ``<score>_heads`` for the score
+    of each role (the heads it calls: ``induction_heads, previous_token_heads`` with the default roles),
+    ``induction_loss, attribution`` (``method`` ``"gradient"`` | ``"ig"``, ``steps``, ``ablation_method``),
+    ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
     (mode -> random baseline and top edges), ``circuit`` (the verified circuit: ``heads``, ``faithfulness``,
     ``necessity``, ``curve``, ``roles``, ``edges`` with exact effects; null when not found, with
     ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``; where the scan has bootstrap
@@ -247,7 +249,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     from circuitkit import __version__
 
     check_scan("scan_json: scan", scan)
-    k = scan.settings.top_k
+    k = scan.settings.heads_per_score
     hs = scan.head_scores
     definitions = getattr(hs, "definitions", {})
     first, repeated = loss_figures(scan)
@@ -262,8 +264,7 @@ def scan_json(scan: Scan) -> dict[str, Any]:
         "scores": {name: definition_json(definitions.get(name)) for name in hs},
         "head_scores": {name: grid(hs[name]) for name in hs},
         "top_heads": {name: ranked_ci(ranked(hs[name], k), score_bounds.get(name)) for name in hs},
-        "induction_heads": names(scan.induction_heads),
-        "previous_token_heads": names(scan.previous_token_heads),
+        **{called_key(score): names(heads) for score, heads in scan.called.items()},
         "induction_loss": None,
         "attribution": None,
         "ablation": None,
@@ -436,8 +437,9 @@ class Column:
 
 
 def marked_top(scan: Scan) -> int:
-    """How many top heads per column the table highlights: ``min(top_k, n_heads_total // 8)``, at least 1."""
-    return min(scan.settings.top_k, max(1, scan.model.n_layers * scan.model.n_heads // 8))
+    """How many top heads per column the table highlights: ``min(heads_per_score, n_heads_total // 8)``, at least
+    1."""
+    return min(scan.settings.heads_per_score, max(1, scan.model.n_layers * scan.model.n_heads // 8))
 
 
 def columns(scan: Scan) -> list[Column]:
@@ -582,11 +584,22 @@ def copy_starts(scan: Scan) -> list[int]:
     return [offset + c * settings.block_len for c in range(settings.n_repeats)]
 
 
+def scan_roles(scan: Any) -> tuple[Role, ...]:
+    """The roles ``scan`` ran with (:mod:`circuitkit.detect.roles`; the defaults where it records none)."""
+    return tuple(getattr(getattr(scan, "settings", None), "roles", ()) or DEFAULT_ROLES)
+
+
+def score_short(scan: Any, score: str) -> str:
+    """The short name of head score ``score`` (``"prev"``), else the score's name."""
+    definition = (getattr(getattr(scan, "head_scores", None), "definitions", None) or {}).get(score)
+    return str(getattr(definition, "short", None) or score)
+
+
 def circuit_view_heads(scan: Scan, limit: int = CIRCUIT_VIEW_HEADS) -> list[tuple[Head, str]]:
-    """The heads the circuit's CircuitsVis view shows, in ``(layer, head)`` order, each with its role
-    (``"prev"`` | ``"induct"``): the scan's called previous-token and induction heads, best score first within a
-    role, at most ``limit`` in all. When the scan called none, the best head by induction score and by
-    previous-token score (roles ``"best induct"``, ``"best prev"``) so the view is never empty."""
+    """The heads the circuit's CircuitsVis view shows, in ``(layer, head)`` order, each with its role, named by its
+    score's short name (``"induct"`` | ``"prev"`` with the default roles): the heads each role's score calls, best
+    score first within a role, at most ``limit`` in all. When the scan called none, the best head by each role's
+    score (``"best induct"``, ``"best prev"``) so the view is never empty."""
     def best(heads: Sequence[Head], score: str) -> list[Head]:
         values = scan.head_scores[score] if score in scan.head_scores else None
         if values is None:
@@ -597,16 +610,16 @@ def circuit_view_heads(scan: Scan, limit: int = CIRCUIT_VIEW_HEADS) -> list[tupl
     verified = getattr(scan, "verified", None)
     if verified is not None:  # the verified circuit's heads, with the roles the evidence gave them
         given = getattr(verified, "roles", {}) or {}
-        short = {"induction": "induct", "previous-token": "prev"}
+        short = {role.name: score_short(scan, role.score) for role in scan_roles(scan)}
         heads = [(tuple(h), next((short.get(r, r) for r, hs in given.items() if tuple(h) in hs), "circuit"))
                  for h in verified.heads]
         return sorted(heads[:limit])
-    induction = best([tuple(h) for h in scan.induction_heads], "induction")
-    previous = best([tuple(h) for h in scan.previous_token_heads], "previous_token")
-    roles = {"induct": induction, "prev": previous}
-    if not induction and not previous:
+    scores = list(dict.fromkeys(role.score for role in scan_roles(scan)))
+    called = getattr(scan, "called", None) or {}
+    roles = {score_short(scan, score): best([tuple(h) for h in called.get(score, ())], score) for score in scores}
+    if not any(roles.values()):
         roles = {}
-        for role, score in (("best induct", "induction"), ("best prev", "previous_token")):
+        for role, score in ((f"best {score_short(scan, score)}", score) for score in scores):
             if score in scan.head_scores:
                 top = [h for h, v in top_heads(scan.head_scores[score], 1) if not math.isnan(v)]
                 roles[role] = [h for h in top if all(h not in v for v in roles.values())]

@@ -150,7 +150,7 @@ def summary_html(scan: Scan) -> str:
     """A compact summary for notebooks (``Scan._repr_html_``): the model, the answer (sentences + diagram) and
     the top heads per score. Escaped HTML, no script, no network."""
     data.check_scan("summary_html: scan", scan)
-    k = min(scan.settings.top_k, 5)
+    k = min(scan.settings.heads_per_score, 5)
     columns = data.columns(scan)
     header = "".join(f"<th>{esc(c.short)}</th>" for c in columns)
     body = []

@@ -83,7 +83,8 @@ def _float(value: Any) -> float:
 
 
 def _settings(data: dict[str, Any]) -> Any:
-    from circuitkit.scan_types import Role, ScanSettings
+    from circuitkit.detect.roles import Role
+    from circuitkit.scan_types import ScanSettings
 
     known = {f.name for f in dataclasses.fields(ScanSettings)}
     values = {key: value for key, value in data.items() if key in known}
@@ -279,8 +280,8 @@ def scan_from_json(data: Any, where: str = "Scan.load") -> Any:
             baselines=baselines,
             edges=edges,
             circuit=_evidence(data.get("evidence")),
-            induction_heads=_heads(data.get("induction_heads"), where),
-            previous_token_heads=_heads(data.get("previous_token_heads"), where),
+            called={key.removesuffix("_heads"): _heads(value, where) for key, value in data.items()
+                    if key.endswith("_heads") and key != "top_heads"},
             circuit_ablation={label: _float(v) for label, v in (data.get("circuit_ablation") or {}).items()},
             verified=_circuit(data.get("circuit")),
             verified_error=data.get("circuit_error"),

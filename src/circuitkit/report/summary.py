@@ -7,22 +7,26 @@ nothing, the loss, how well the estimates agreed). The report's answer box (:fun
 (:func:`answer_lines`) both write that one structure; every figure names its source (exact measurement or
 estimate, never mixed in one figure).
 
-Without a circuit (``circuit=False``, or no head matters), :func:`find_story` reads the pattern-called heads into
-a :class:`Story` (induction heads, the previous-token heads that feed them and by how much, the loss, what
-removing the heads does); :func:`story_html` writes it as escaped HTML (no script: it is also the notebook
-summary, :func:`circuitkit.report.summary_html`).
+Without a circuit (``circuit=False``, or no head matters), :func:`find_story` reads the pattern-called heads of the
+scan's roles (:mod:`circuitkit.detect.roles`; a scan that records none ran with the defaults) into a :class:`Story`:
+the heads of the role another role feeds (induction heads by default), the heads of the role feeding it
+(previous-token heads) and by how much, the loss, what removing the heads does; :func:`story_html` writes it as
+escaped HTML (no script: it is also the notebook summary, :func:`circuitkit.report.summary_html`).
 
-A previous-token head ``p`` *feeds* induction head ``i`` when ``p`` sits in an earlier layer; the link's
-strength is its best Q- or K-composition score (the mechanism of Elhage et al. 2021 is K-composition), shown
-next to that mode's random baseline, and its causal effect where the scan's circuit evidence has the edge.
+A feeding head ``p`` (previous-token) *feeds* head ``i`` of the role it feeds (induction) when ``p`` sits in an
+earlier layer; the link's strength is its best Q- or K-composition score (the mechanism of Elhage et al. 2021 is
+K-composition), shown next to that mode's random baseline, and its causal effect where the scan's circuit evidence
+has the edge.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from circuitkit._html import escape as _esc
+from circuitkit.detect.roles import DEFAULT_ROLES, Role, feeding_pair
 from circuitkit.ranking import Head, head_name
 from circuitkit.report import data
 from circuitkit.report.figures import MAX_NAMED, ROLE_SHORT, answer_diagram, circuit_diagram, faithfulness_curve
@@ -50,13 +54,32 @@ class Link:
 
 @dataclass(frozen=True)
 class Story:
+    """The called heads of two roles: ``induction`` those of the role fed (``fed``; induction by default),
+    ``previous`` those of the role feeding it (``feeder``; previous-token), with their scores."""
+
     induction: list[tuple[Head, float | None]]
     previous: list[tuple[Head, float | None]]
     links: list[Link]
     first_copy: float | None
     repeated_copies: float | None
     removal: list[tuple[Head, float | None, str | None]]  # (head, effect, "ablation" | "attribution" | None)
-    best_induction: tuple[Head, float | None] | None  # the top induction-score head when none crossed the bar
+    best_induction: tuple[Head, float | None] | None  # the top head by the fed role's score when none crossed the bar
+    fed: Role = DEFAULT_ROLES[0]
+    feeder: Role | None = DEFAULT_ROLES[1]
+
+
+def _called(scan: Any, score: str) -> tuple[Head, ...]:
+    return tuple(tuple(h) for h in (getattr(scan, "called", None) or {}).get(score, ()))
+
+
+def _story_roles(roles: Sequence[Role]) -> tuple[Role, Role | None]:
+    """``(fed, feeder)``: the first role another role feeds and that feeder; else the first role alone."""
+    pair = feeding_pair(roles)
+    return (pair[1], pair[0]) if pair is not None else (roles[0], None)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def _score(scan: Scan, name: str, head: Head) -> float | None:
@@ -66,8 +89,9 @@ def _score(scan: Scan, name: str, head: Head) -> float | None:
 
 
 def find_story(scan: Scan) -> Story:
-    induction = [(h, _score(scan, "induction", h)) for h in scan.induction_heads]
-    previous = [(h, _score(scan, "previous_token", h)) for h in scan.previous_token_heads]
+    fed, feeder = _story_roles(data.scan_roles(scan))
+    induction = [(h, _score(scan, fed.score, h)) for h in _called(scan, fed.score)]
+    previous = [] if feeder is None else [(h, _score(scan, feeder.score, h)) for h in _called(scan, feeder.score)]
     evidence = {(tuple(r.src), tuple(r.dst), str(r.channel).upper()): r for r in data.circuit_rows(scan)}
     links = []
     for dst, _ in induction:
@@ -94,12 +118,12 @@ def find_story(scan: Scan) -> Story:
             links.append(Link(src, dst, mode, value, mean, effect, kind))
     links.sort(key=lambda link: (-(link.score or 0.0) + (link.baseline or 0.0), link.src, link.dst))
     best_induction = None
-    if not induction and "induction" in scan.head_scores:
-        top = scan.head_scores.top("induction", 1)
+    if not induction and fed.score in scan.head_scores:
+        top = scan.head_scores.top(fed.score, 1)
         best_induction = (top[0][0], data.number(top[0][1])) if top else None
     first, repeated = data.loss_figures(scan)
     removal = [(h, *data.effect_on(scan, h)) for h, _ in induction]
-    return Story(induction, previous, links, first, repeated, removal, best_induction)
+    return Story(induction, previous, links, first, repeated, removal, best_induction, fed, feeder)
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -122,10 +146,12 @@ def _listing(items: list[tuple[Head, float | None]], label: str) -> str:
 def sentences(scan: Scan, story: Story) -> list[str]:
     """The summary as HTML sentences (every value escaped or numeric)."""
     out = []
+    fed, feeder = story.fed, story.feeder
     if story.induction:
-        text = f"<b>Induction heads:</b> {_listing(story.induction, 'induction')}."
-        if story.previous:
-            text += f" <b>Previous-token heads:</b> {_listing(story.previous, 'prev')}."
+        text = f"<b>{_esc(fed.title)} heads:</b> {_listing(story.induction, _esc(fed.score))}."
+        if story.previous and feeder is not None:
+            label = _esc(data.score_short(scan, feeder.score))
+            text += f" <b>{_esc(feeder.title)} heads:</b> {_listing(story.previous, label)}."
         out.append(text)
         if story.links:
             parts = []
@@ -145,13 +171,14 @@ def sentences(scan: Scan, story: Story) -> list[str]:
                 notes.append(f"edge effect on the loss in nats by {methods}")
             note = f" ({'; '.join(notes)})" if notes else ""
             out.append(f"<b>They connect</b>{note}: {'; '.join(parts)}{more}.")
-        elif story.previous:
-            out.append("No previous-token head sits in an earlier layer than an induction head.")
+        elif story.previous and feeder is not None:
+            out.append(_esc(f"No {feeder.name} head sits in an earlier layer than {_article(fed.name)} {fed.name} "
+                            "head."))
     elif story.best_induction is not None:
         head, value = story.best_induction
         out.append(
-            f"<b>No induction circuit found:</b> no head crosses the induction threshold; the best is "
-            f"{_head(head)} with induction score <b>{_num(value)}</b>."
+            f"<b>No {_esc(fed.name)} circuit found:</b> no head crosses the {_esc(fed.score)} threshold; the best is "
+            f"{_head(head)} with {_esc(fed.score)} score <b>{_num(value)}</b>."
         )
     if story.first_copy is not None and story.repeated_copies is not None:
         drop = story.first_copy - story.repeated_copies
@@ -183,9 +210,10 @@ def sentences(scan: Scan, story: Story) -> list[str]:
     if together:
         parts = [f"the {_esc(label)} <b>{value:+.2f}</b>" for label, value in together]
         after = ""
-        if story.repeated_copies is not None and "induction heads" in scan.circuit_ablation:
-            rise = scan.circuit_ablation["induction heads"]
-            after = f" (with the induction heads gone the repeats cost <b>{_num(story.repeated_copies + rise)}</b>"
+        if story.repeated_copies is not None and fed.group in scan.circuit_ablation:
+            rise = scan.circuit_ablation[fed.group]
+            after = (f" (with the {_esc(fed.group)} gone the repeats cost "
+                     f"<b>{_num(story.repeated_copies + rise)}</b>")
             after += f" nats, first copy {_num(story.first_copy)})" if story.first_copy is not None else " nats)"
         out.append(f"<b>Ablated together</b>, the loss rises by: {', '.join(parts)} nats{after}.")
     return out
@@ -270,7 +298,7 @@ class Answer:
     repeated_copies: float | None
     agreement: tuple[float, int, tuple[Head, float, float] | None] | None  # (spearman, n_exact, largest miss)
     attribution: str  # "gradient" | "ig", with steps
-    top_k: int = 5  # the circuit's edges named (the scan's top_k setting)
+    top_k: int = 5  # the circuit's edges named (the scan's edges_listed setting)
     # bootstrap intervals over the batch's sequences ((lo, hi); None where not computed) and how they were made
     faithfulness_ci: tuple[float, float] | None = None
     necessity_ci: tuple[float, float] | None = None
@@ -306,10 +334,10 @@ def find_answer(scan: Scan) -> Answer | None:
                          *data.edge_effect(r)) for r in data.circuit_rows(scan) if getattr(r, "weight_only", False))
     members = {h for h, _ in circuit}
     outside = []
-    for heads, score in ((scan.induction_heads, "induction"), (scan.previous_token_heads, "previous_token")):
-        for h in heads:
-            if tuple(h) not in members:
-                outside.append((tuple(h), score, _score(scan, score, tuple(h))))
+    for score in dict.fromkeys(role.score for role in data.scan_roles(scan)):
+        for h in _called(scan, score):
+            if h not in members:
+                outside.append((h, score, _score(scan, score, h)))
     first, repeated = data.loss_figures(scan)
     agreement = None
     if scan.agreement is not None and scan.agreement.spearman is not None:
@@ -325,7 +353,7 @@ def find_answer(scan: Scan) -> Answer | None:
         curve=tuple((p.n_heads, float(p.faithfulness)) for p in verified.curve),
         edges=edges, n_silent=len(rows) - len(carrying), weight_only=weight_only, outside=tuple(outside),
         first_copy=first, repeated_copies=repeated, agreement=agreement,
-        top_k=int(scan.settings.top_k),
+        top_k=int(scan.settings.edges_listed),
         attribution=f"integrated gradients, {steps} steps" if method == "ig" else "first-order gradient",
         faithfulness_ci=circuit_bounds.get("faithfulness"), necessity_ci=circuit_bounds.get("necessity"),
         curve_ci=circuit_bounds.get("curve"),
@@ -487,9 +515,9 @@ def answer_lines(scan: Scan, skipped: str | None = None) -> list[str]:
     answer = find_answer(scan)
     if answer is None:
         lines = [no_circuit_line(scan, skipped)]
-        induction = ", ".join(head_name(h) for h in scan.induction_heads) or "none"
-        previous = ", ".join(head_name(h) for h in scan.previous_token_heads) or "none"
-        lines.append(f"Heads by pattern score alone: induction {induction}; previous-token {previous}.")
+        called = "; ".join(f"{role.name} {', '.join(head_name(h) for h in _called(scan, role.score)) or 'none'}"
+                           for role in data.scan_roles(scan))
+        lines.append(f"Heads by pattern score alone: {called}.")
         return lines
     return [f"{label}: " + "".join(head_name(v) if kind == "head" else str(v) for kind, v in parts) + "."
             for label, parts in answer_parts(answer)]

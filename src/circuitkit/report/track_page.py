@@ -7,9 +7,9 @@ hundred elements, deterministic bytes for the same track, readable before any sc
 
 - the in-context learning score against the step, the phase-change interval shaded;
 - the first-copy and repeated-copies losses against the step;
-- each head's induction score and previous-token score against the step: the heads that matter (called at the
-  last checkpoint, or named at the phase change) in colour with their names, every other head faint grey, the
-  scan's calling threshold dashed;
+- for each of the scan's default roles (:data:`circuitkit.detect.roles.DEFAULT_ROLES`: induction, previous-token),
+  each head's score against the step: the heads that matter (called at the last checkpoint, or named at the phase
+  change) in colour with their names, every other head faint grey, the scan's calling threshold dashed;
 - the loss per position at a few checkpoints (the first, the two around the phase change, the last);
 - a table of every checkpoint.
 
@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from circuitkit.detect.roles import DEFAULT_ROLES, HEAD_CALL_THRESHOLD, Role
+
 Track = Any
 """A :class:`circuitkit.tracking.result.Track` (not imported: ``tracking.result`` imports this module to write its
 report, and the two must not import each other)."""
@@ -38,6 +40,8 @@ LOG_X_RATIO = 100
 """Steps are drawn on a log axis (of 1 + step) when the largest is over this many times the smallest non-zero one
 (Pythia's checkpoints: 1, 2, 4, ..., 512, 1000, ..., 143000)."""
 MAX_LOSS_CURVES = 4
+PHASE_SCORE = "induction"
+"""The score whose heads :mod:`circuitkit.tracking.phase` names at the phase change."""
 STYLE = (
     "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.45;color:#222;"
     "max-width:1060px;margin:0 auto;padding:0 14px}h1{font-size:19px;margin:12px 0 2px}h2{font-size:16px;"
@@ -212,10 +216,22 @@ def head_chart(track: Track, score: str, highlight: Sequence[str], *, hline: flo
                       log_x=_log_x(steps), band=band, band_label=label, hline=hline, y_floor=0.0)
 
 
+def _role_section(track: Track, role: Role) -> str:
+    """A role's score of every head against the step, its called heads coloured (:func:`_highlight`)."""
+    title = f"{role.score.replace('_', '-').capitalize()} score of every head"
+    note = f"Coloured: the heads called {role.group} at the last checkpoint"
+    if role.score == PHASE_SCORE:  # the first chart says what the highlight and the dashed line mean for all
+        note += f" or at the phase change; grey: the rest; dashed: the calling threshold {HEAD_CALL_THRESHOLD}."
+    else:
+        note += "; grey: the rest."
+    return _section(role.score, title, note, head_chart(track, role.score, _highlight(track, role.score),
+                                                         hline=HEAD_CALL_THRESHOLD))
+
+
 def _highlight(track: Track, score: str) -> list[str]:
     change = track.phase_change
     names = list(change["formation"].get(score, {}))
-    if score == "induction":
+    if score == PHASE_SCORE:
         names += [h for h in change["heads"] if h not in names]
     return sorted(names, key=lambda n: tuple(int(p) for p in n.split(".")))
 
@@ -268,11 +284,11 @@ def _table(track: Track) -> str:
         cls = ' class="ck-phase"' if r["step"] == phase else ""
         rows.append(f"<tr{cls}><td>{r['step']}</td><td class=\"l\">{_esc(r['label'])}</td>"
                     f"<td>{r['icl_score']:.3f}</td><td>{r['first_copy_loss']:.3f}</td><td>{r['repeated_loss']:.3f}</td>"
-                    f"<td class=\"l\">{_esc(', '.join(r['called'].get('induction', [])))}</td>"
-                    f"<td class=\"l\">{_esc(', '.join(r['called'].get('previous_token', [])))}</td></tr>")
+                    + "".join(f"<td class=\"l\">{_esc(', '.join(r['called'].get(role.score, [])))}</td>"
+                              for role in DEFAULT_ROLES) + "</tr>")
+    called = "".join(f"<th class=\"l\">{_esc(role.group)}</th>" for role in DEFAULT_ROLES)
     return ("<table><thead><tr><th>step</th><th class=\"l\">label</th><th>ICL score</th><th>first-copy loss</th>"
-            "<th>repeated loss</th><th class=\"l\">induction heads</th><th class=\"l\">previous-token heads</th>"
-            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            f"<th>repeated loss</th>{called}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
 def _section(key: str, title: str, note: str, body: str) -> str:
@@ -283,7 +299,6 @@ def _section(key: str, title: str, note: str, body: str) -> str:
 def build_track_report(track: Track) -> str:
     """The report of ``track`` as one HTML string (see the module docstring)."""
     from circuitkit import __version__
-    from circuitkit.pipeline import HEAD_CALL_THRESHOLD
 
     steps, change = track.steps, track.phase_change
     band, band_label = _band(change)
@@ -311,13 +326,7 @@ def build_track_report(track: Track) -> str:
         _section("icl", "In-context learning score", "Shaded: the phase-change interval.", icl),
         _section("losses", "First-copy and repeated-copies loss", "The repeated copies become predictable in "
                  "context; the first copy cannot.", losses),
-        _section("induction", "Induction score of every head", f"Coloured: the heads called induction heads at the "
-                 f"last checkpoint or at the phase change; grey: the rest; dashed: the calling threshold "
-                 f"{HEAD_CALL_THRESHOLD}.", head_chart(track, "induction", _highlight(track, "induction"),
-                                                      hline=HEAD_CALL_THRESHOLD)),
-        _section("previous_token", "Previous-token score of every head", "Coloured: the heads called previous-token "
-                 "heads at the last checkpoint; grey: the rest.",
-                 head_chart(track, "previous_token", _highlight(track, "previous_token"), hline=HEAD_CALL_THRESHOLD)),
+        *(_role_section(track, role) for role in DEFAULT_ROLES),
         _section("loss_per_position", "Loss per position", "At the first and last checkpoints and either side of the "
                  "phase change; the random block repeats, so the loss drops after its first copy once the model "
                  "learns in context.", per_position),

@@ -18,14 +18,16 @@ import torch
 
 from circuitkit.detect.clean_run import clean_run
 from circuitkit.detect.loss import summarise
+from circuitkit.detect.roles import DEFAULT_ROLES, called_heads
 from circuitkit.detect.scores import PatternCollector
 from circuitkit.detect.tokens import TokenBatch
 from circuitkit.models.adapters import ModelAdapter
 from circuitkit.ranking import head_name
 
 COMPOSITION_MODES = ("Q", "K", "V")
-CALLED = ("induction", "previous_token")
-"""The scores whose called heads (the scan's rule, :func:`circuitkit.pipeline.called_heads`) each record keeps."""
+CALLED = tuple(dict.fromkeys(role.score for role in DEFAULT_ROLES))
+"""The scores whose called heads (the scan's rule, :func:`circuitkit.detect.roles.called_heads`) each record keeps:
+those of the scan's default roles."""
 DIGITS = 6
 """Decimals kept in the JSON records (scores and losses are float32: ~7 significant digits)."""
 
@@ -52,8 +54,6 @@ def _nested(tensor: torch.Tensor) -> list:
 
 def measure(adapter: ModelAdapter, batch: TokenBatch, *, keep: tuple[str, ...] | None, top_k: int) -> dict[str, Any]:
     """The measured part of a checkpoint's record (see :mod:`circuitkit.tracking.record` for the full record)."""
-    from circuitkit.pipeline import called_heads
-
     collector = PatternCollector(adapter, batch)
     run = clean_run(adapter, batch, extra_hooks=collector.hooks())  # the one forward pass
     scores = collector.result()

@@ -1,0 +1,141 @@
+"""One measurement session: the adapted model, the batch and every cache a measurement reads, each made once.
+
+Why: head scores, the loss, attribution, exact ablation, the circuit search, edge attribution and path patching all
+read the same few things about one model on one batch: its clean activations (per-token losses, each head's mean
+``z``, the residual streams exact ablation resumes from), the senders' corrupted ``z``, and the gradients of a
+metric at the receivers' inputs. A :class:`Session` holds them, so a measurement that finds what it needs there
+runs no pass of its own, and the model is adapted once per public call (:func:`open_session`).
+
+What it holds (shapes: ``B`` sequences, ``P`` positions, ``H`` query heads):
+
+- ``adapter``, ``batch``, ``device``: the model under the contract, the ``[B, P]`` token batch, where it runs;
+- ``weights()``: the model's :class:`~circuitkit.HeadWeights`, read once;
+- ``clean``: :class:`~circuitkit.detect.clean_run.CleanRun`, the clean pass's per-token losses ``[B, P - 1]``, mean
+  ``z`` per layer ``[H, d_head]`` and residual streams per layer ``[B, P, d_model]`` (:meth:`clean_run` runs it
+  where no earlier pass filled it);
+- ``gradients``: :class:`EdgeGradients`, what edge attribution's clean pass kept (the clean ``z`` and
+  ``resid_pre`` by layer, the receivers' gradients ``dM/d(q, k, v)``, the metric's value);
+- ``corrupted(key)``: the senders' corrupted ``z`` by layer ``[B, P, H, d_head]``, one map per corruption
+  (``("resample", seed)``, ``("mean",)``, ``("given", id)``), filled as layers are asked for.
+
+The public measurements take a session where they take a model (``tokens`` then None: the session brings its
+batch): ``edge_attribution(session)`` then ``path_patching(session, edges)`` runs the clean pass once, and the
+corrupted pass once, for both (a named metric is the same metric in both calls; a callable is wrapped per call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from circuitkit.detect.clean_run import CleanRun, clean_run
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.models.adapters import HookFn, ModelAdapter, ModelSpec, adapt
+
+if TYPE_CHECKING:
+    from circuitkit.weights import HeadWeights
+
+CorruptKey = tuple[str | int, ...]
+"""Which corruption a map of corrupted ``z`` belongs to: ``("resample", seed)``, ``("mean",)``, ``("given", id)``."""
+
+
+class MeasuredMetric(Protocol):
+    """What a session needs to know of the metric its gradients are of (:class:`circuitkit.circuits.metrics.Metric`):
+    its ``name`` and whether it is ``local`` (read from a receiver's pattern, not from the logits)."""
+
+    name: str
+    local: bool
+
+
+@dataclass(eq=False)
+class EdgeGradients:
+    """What edge attribution's clean pass (:class:`circuitkit.circuits.attribution.GradientTap`) keeps for the next
+    measurement on the same batch (path patching): ``z`` ``[B, P, H, d_head]`` and ``resid`` (``resid_pre``,
+    ``[B, P, d_model]``) by layer, the receivers' ``patterns`` ``[B, H, q, k]`` (``"induction"`` only), the gradients
+    ``dM/d(q, k, v)`` per query head by ``(channel, layer)``, and ``total``, the metric they are of (for
+    ``"induction"``, the sum of all heads')."""
+
+    metric: MeasuredMetric
+    z: dict[int, Tensor]
+    resid: dict[int, Tensor]
+    patterns: dict[int, Tensor]
+    grads: dict[tuple[str, int], Tensor]
+    total: float
+
+    @property
+    def value(self) -> float | None:
+        """The clean metric of the logits (None for ``"induction"``, a per-receiver score)."""
+        return None if self.metric.local else self.total
+
+
+@dataclass(eq=False)
+class Session:
+    """One model on one batch and what has been measured of it (see the module docstring)."""
+
+    adapter: ModelAdapter
+    batch: TokenBatch
+    clean: CleanRun | None = None
+    gradients: EdgeGradients | None = None
+    _corrupted: dict[CorruptKey, dict[int, Tensor]] = field(default_factory=dict, repr=False)
+    _weights: dict[bool, HeadWeights] = field(default_factory=dict, repr=False)
+
+    @property
+    def model(self) -> object:
+        """The model itself (what :func:`circuitkit.models.state.keeps_model_state` restores after a call)."""
+        return self.adapter.model
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.adapter.spec
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.spec.device
+
+    def weights(self, *, embeddings: bool = True) -> HeadWeights:
+        """The model's weights per head (with ``embeddings``: ``W_E``/``W_U``/``W_pos`` too), read once; a read with
+        embeddings serves a later one without."""
+        held = self._weights.get(True)
+        if held is None:
+            held = self._weights.get(embeddings)
+        if held is None:
+            held = self._weights[embeddings] = self.adapter.weights(embeddings=embeddings)
+        return held
+
+    def clean_run(self, *, z_means: bool = False, resid_layers: Collection[int] = (),
+                  extra_hooks: Sequence[tuple[str, HookFn]] = ()) -> CleanRun:
+        """The clean pass's :class:`CleanRun` with (at least) what is asked for: the one held where it has it and no
+        hook must see a pass, else a new pass (:func:`circuitkit.detect.clean_run.clean_run`), then held."""
+        held = self.clean
+        if (held is not None and not extra_hooks and (held.z_means or not z_means)
+                and set(resid_layers) <= held.resid_pre.keys()):
+            return held
+        self.clean = clean_run(self.adapter, self.batch, z_means=z_means, resid_layers=resid_layers,
+                               extra_hooks=extra_hooks)
+        return self.clean
+
+    def corrupted(self, key: CorruptKey) -> dict[int, Tensor]:
+        """The senders' corrupted ``z`` by layer under corruption ``key`` (filled by the caller, kept here)."""
+        return self._corrupted.setdefault(key, {})
+
+
+def open_session(model: ModelAdapter | Session | object, tokens: RepeatedTokens | TokenBatch | None = None,
+                 device: str | torch.device | None = None) -> Session:
+    """A :class:`Session` for ``model`` on ``tokens`` (the default :class:`RepeatedTokens` spec where None): the model
+    adapted once (:func:`circuitkit.models.adapters.adapt`). A session given is returned as it is (then ``tokens``
+    must be None or its own batch)."""
+    if isinstance(model, Session):
+        if tokens is not None and tokens is not model.batch:
+            from circuitkit import validate
+
+            raise validate.fail("session: tokens", tokens, "None with a session given (it brings its batch)")
+        return model
+    adapter = adapt(model, device)
+    return Session(adapter, as_batch(tokens, adapter))
+
+
+__all__ = ["CorruptKey", "EdgeGradients", "MeasuredMetric", "Session", "open_session"]
