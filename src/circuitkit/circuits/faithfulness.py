@@ -55,9 +55,10 @@ from circuitkit.circuits.intervals import circuit_intervals
 from circuitkit.circuits.intervals import head_mask as _mask
 from circuitkit.detect.ablation import check_heads, copies_per_forward
 from circuitkit.detect.loss import loss_positions, token_losses
-from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.detect.session import open_session
+from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.adapters import HOOKS, ModelAdapter, adapt
+from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
@@ -556,9 +557,9 @@ def find_circuit(
     necessity = validate.boolean("find_circuit: necessity", necessity)
     rank = validate.option("find_circuit: rank", rank, RANKINGS)
     corrupt_seed = validate.seed("find_circuit: corrupt_seed", corrupt_seed)
-    adapter = adapt(model, device)
+    session = open_session(model, tokens, device)
+    adapter, batch = session.adapter, session.batch
     spec = adapter.spec
-    batch = as_batch(tokens, adapter)
     order = None if ranking is None else _ranking(ranking, spec.n_layers, spec.n_heads)
     found = search_batch(adapter, batch, target, method, order, necessity=necessity, rank=rank,
                          corrupt_seed=corrupt_seed, intervals=(n_resamples, ci_level, ci_seed),
@@ -711,12 +712,12 @@ def faithfulness(
 ) -> float:
     """Faithfulness of the head set ``heads`` (module docstring): three losses, exactly (one stacked pass)."""
     method = validate.option("faithfulness: method", method, FAITHFULNESS_METHODS)
-    adapter = adapt(model, device)
+    session = open_session(model, tokens, device)
+    adapter, batch = session.adapter, session.batch
     spec = adapter.spec
     chosen = check_heads(heads, spec.n_layers, spec.n_heads, "faithfulness")
     if not chosen:
         raise validate.fail("faithfulness: heads", chosen, "at least one (layer, head): an empty circuit does nothing")
-    batch = as_batch(tokens, adapter)
     values, _ = ablation_values(adapter, batch, method, corrupt_seed=validate.seed("faithfulness: corrupt_seed",
                                                                                    corrupt_seed))
     ablator = Ablator(adapter, batch, values)
