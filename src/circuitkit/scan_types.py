@@ -1,231 +1,32 @@
-"""The typed result of a scan: what :func:`circuitkit.scan` computes and the report, JSON and CLI show.
+"""The typed result of a scan: :class:`Scan`, the record of :mod:`circuitkit.scan_record` with the views that call
+the report (``save``, ``load``, ``to_json``, ``table``, ``to_pandas``, the notebook view).
 
-Why a module of its own: the pipeline (:mod:`circuitkit.scan`), the report (:mod:`circuitkit.report`) and
-the command line all speak about the same object; keeping its definition apart from the code that fills it
-lets each be read (and tested) alone. Nothing here computes anything about a model.
-
-All tensors are float32 on the CPU. Shapes: ``L`` layers, ``H`` query heads, ``pos`` sequence length.
+Why two modules: the report reads a scan's record, and a scan's views call the report; with both in one module the
+report and the record would import each other. The record and its parts (:class:`ModelSummary`,
+:class:`ScanSettings`, :class:`StageRecord`, :class:`SavedReport`) stand below the report and are named here too.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import InitVar, asdict, dataclass, field, fields
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from jaxtyping import Float
-from torch import Tensor
+from typing import Any
 
 from circuitkit.detect.effects import Agreement, HeadEffects
-from circuitkit.ranking import Head
-
-if TYPE_CHECKING:
-    from circuitkit.circuits.evidence import CircuitEvidence
-    from circuitkit.circuits.faithfulness import Circuit
-    from circuitkit.composition import CompositionBaseline, Edge
-    from circuitkit.detect.loss import InductionLoss
-    from circuitkit.detect.roles import Role
-    from circuitkit.detect.scores import HeadScores
-    from circuitkit.models.adapters import ModelAdapter
-
-
-@dataclass(frozen=True)
-class ModelSummary:
-    """What a report says about the model: its name, family (adapter) and shape."""
-
-    name: str
-    n_layers: int
-    n_heads: int
-    d_model: int
-    d_head: int
-    d_vocab: int | None = None
-    n_ctx: int | None = None
-    n_kv_heads: int | None = None
-    attn_only: bool | None = None
-    family: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from circuitkit.scan_record import (
+    LISTING_SIZES,
+    UNSAVED,
+    ModelSummary,
+    SavedReport,
+    ScanRecord,
+    ScanSettings,
+    StageRecord,
+    summarise_model,
+)
 
 
-def summarise_model(adapter: ModelAdapter, name: str | None) -> ModelSummary:
-    """The :class:`ModelSummary` of an adapted model, named ``name`` (None: the adapter's own name)."""
-    spec = adapter.spec
-    if name is None:
-        name = adapter.default_name
-    return ModelSummary(
-        name=str(name),
-        n_layers=spec.n_layers,
-        n_heads=spec.n_heads,
-        d_model=spec.d_model,
-        d_head=spec.d_head,
-        d_vocab=spec.d_vocab,
-        n_ctx=spec.n_ctx,
-        n_kv_heads=spec.n_kv_heads,
-        attn_only=adapter.attn_only,
-        family=spec.family,
-    )
-UNSAVED = {"saved": False}
-"""Field metadata of a :class:`ScanSettings` field that ``scores.json`` does not hold (it says it otherwise)."""
-
-
-@dataclass(frozen=True)
-class ScanSettings:
-    """The options a scan runs with, built once before its first pass (shown verbatim in the report: no
-    timestamps, no paths).
-
-    ``top_k`` sets the three listing sizes where they are not given: ``heads_per_score`` (the best heads of each
-    score listed, ``top_heads`` in ``scores.json``), ``edges_per_mode`` (the top composition edges per mode) and
-    ``edges_listed`` (the edges the evidence table and the answer list); ``scores.json`` holds one of them only
-    where it differs from ``top_k``. ``circuit``: the circuit search (and the edge evidence) runs; ``scores.json``
-    says so by its ``circuit``."""
-
-    block_len: int
-    n_repeats: int
-    batch: int
-    seed: int
-    bos: int | None
-    ablate: str  # "top" | "all" | "none"
-    ablate_top: int
-    ablation_method: str  # "mean" | "zero"
-    top_k: int
-    device: str
-    n_patch: int = 16
-    target: float = 0.8
-    faithfulness_method: str = "mean"  # "mean" | "zero" | "resample"
-    circuit_rank: str = "joint"  # "joint" | "effect" | "auto"
-    attribution_method: str = "gradient"  # "gradient" | "ig"
-    attribution_steps: int = 1
-    edge_attribution_steps: int | None = None  # integration steps of the edge attribution; None: no edge evidence
-    roles: tuple[Role, ...] = ()
-    n_resamples: int = 1000  # bootstrap resamples behind every interval
-    ci_level: float = 0.95  # the intervals' confidence level
-    random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
-    stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
-    circuit: bool = field(default=True, metadata=UNSAVED)
-    heads_per_score: int | None = None  # None: top_k
-    edges_per_mode: int | None = None  # None: top_k
-    edges_listed: int | None = None  # None: top_k
-
-    def __post_init__(self) -> None:
-        for name in LISTING_SIZES:
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, self.top_k)
-
-    @property
-    def with_edges(self) -> bool:
-        """Whether the scan measures edge evidence (a circuit search on a model whose heads can be isolated)."""
-        return self.edge_attribution_steps is not None
-
-    @property
-    def reuses_corrupt_run(self) -> bool:
-        """Whether the circuit search runs the resampled batch the edge evidence needs (so the edges stage does
-        not)."""
-        return self.circuit and self.faithfulness_method == "resample"
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["roles"] = [role.describe() for role in self.roles]
-        for f in fields(self):
-            if f.metadata.get("saved", True) is False or (f.name in LISTING_SIZES and out[f.name] == self.top_k):
-                del out[f.name]
-        return out
-
-
-LISTING_SIZES = ("heads_per_score", "edges_per_mode", "edges_listed")
-"""The :class:`ScanSettings` fields ``top_k`` sets where they are not given."""
-
-
-@dataclass(frozen=True)
-class StageRecord:
-    """One stage of a scan as it ran: its short ``name``, forward passes of the batch it cost (``passes``;
-    weight-only work counts 0) and wall ``seconds``."""
-
-    name: str
-    passes: float
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Scan:
-    """Everything a scan measured. Build with :func:`circuitkit.scan`; save with :meth:`save`.
-
-    - ``head_scores``: :class:`~circuitkit.detect.HeadScores`, score name -> ``[L, H]`` in registry order,
-      with ``.definitions`` (short name, description, kind, neutral value) for every score;
-    - ``tokens``, ``patterns``: the first sequence's token strings and every head's attention on it,
-      ``[L, H, pos, pos]`` (rows are queries);
-    - ``induction_loss``: per-position loss and its first-copy / repeated-copies means;
-    - ``attribution`` / ``ablation`` / ``agreement``: :class:`HeadEffects` and :class:`Agreement` (None when
-      not computed);
-    - ``composition``: mode ``"Q" | "K" | "V"`` -> ``[L, H, L, H]`` (src layer < dst layer only; 0 elsewhere),
-      ``baselines``: mode -> :class:`~circuitkit.CompositionBaseline`, ``edges``: mode -> top
-      :class:`~circuitkit.Edge` list;
-    - ``spectra``: ``"QK" | "OV"`` -> ``[L, H, d_head]`` singular values, descending;
-    - ``circuit``: edge-level causal evidence (:class:`circuitkit.circuits.CircuitEvidence`) or None;
-    - ``called``: score name -> the heads that score calls, for the score of each of the scan's roles
-      (:mod:`circuitkit.detect.roles`: the threshold and the roles); ``induction_heads``,
-      ``previous_token_heads``: those the ``"induction"`` / ``"previous_token"`` scores call (properties of
-      ``called``; as keyword arguments they set its entries);
-    - ``circuit_ablation``: the rise of the repeated-copies loss with a group of heads ablated together: each
-      role's (``"induction heads"``, ``"previous-token heads"``), then ``"circuit"`` (all of them), where the group
-      is non-empty;
-    - ``verified``: the circuit found by faithfulness (:class:`circuitkit.circuits.faithfulness.Circuit`: its
-      heads, faithfulness, necessity, curve, exactly patched edges and roles) or None, with ``verified_error``
-      saying why where the scan tried and could not (e.g. no head changes the loss);
-    - ``stages``: the stages the scan ran, with their cost in forward passes and seconds (not saved: timings);
-    - ``intervals``: the bootstrap intervals of the figures over the batch's sequences
-      (:func:`circuitkit.scan_intervals.scan_intervals`; the circuit's own are ``verified.intervals``).
-    """
-
-    model: ModelSummary
-    settings: ScanSettings
-    head_scores: HeadScores
-    tokens: tuple[str, ...]
-    patterns: Float[Tensor, "layer head pos pos"]
-    induction_loss: InductionLoss
-    attribution: HeadEffects | None = None
-    ablation: HeadEffects | None = None
-    agreement: Agreement | None = None
-    composition: Mapping[str, Float[Tensor, "layer head layer head"]] = field(default_factory=dict)
-    baselines: Mapping[str, CompositionBaseline] = field(default_factory=dict)
-    edges: Mapping[str, list[Edge]] = field(default_factory=dict)
-    spectra: Mapping[str, Float[Tensor, "layer head k"]] = field(default_factory=dict)
-    circuit: CircuitEvidence | None = None
-    called: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
-    induction_heads: InitVar[tuple[Head, ...] | None] = None
-    previous_token_heads: InitVar[tuple[Head, ...] | None] = None
-    circuit_ablation: Mapping[str, float] = field(default_factory=dict)
-    verified: Circuit | None = None
-    verified_error: str | None = None
-    stages: tuple[StageRecord, ...] = ()
-    intervals: Mapping[str, object] = field(default_factory=dict)
-
-    def __post_init__(self, induction_heads: tuple[Head, ...] | None,
-                      previous_token_heads: tuple[Head, ...] | None) -> None:
-        called = dict(self.called)
-        for score, heads in (("induction", induction_heads), ("previous_token", previous_token_heads)):
-            # the keyword arguments of the two default roles' scores (dataclasses.replace passes the properties
-            # back: an empty one adds no score the scan did not call by)
-            if heads is not None and (heads or score in called):
-                called[score] = tuple(heads)
-        object.__setattr__(self, "called", called)
-
-    def called_by(self, score: str) -> tuple[Head, ...]:
-        """The heads ``score`` calls (best first; () where no role of the scan reads ``score``)."""
-        return tuple(self.called.get(score, ()))
-
-    def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
-        """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""
-        if score in ("attribution", "ablation"):
-            effects = getattr(self, score)
-            if effects is None:
-                from circuitkit.validate import fail
-
-                raise fail("Scan.top: score", score, f"a score this scan computed ({score} was not run)")
-            return effects.top(k)
-        return self.head_scores.top(score, k)
+class Scan(ScanRecord):
+    """Everything a scan measured (:class:`circuitkit.scan_record.ScanRecord`: the fields), with its views. Build
+    with :func:`circuitkit.scan`; save with :meth:`save`."""
 
     def to_json(self) -> dict[str, Any]:
         """The machine-readable scan (what ``scores.json`` holds): plain numbers, NaN as null, deterministic."""
@@ -247,7 +48,7 @@ class Scan:
         ``tokens``, ``patterns``, the full composition and spectra tensors, ``stages``."""
         from circuitkit.report import load_scan
 
-        return load_scan(path)
+        return load_scan(path, cls)
 
     def table(self, sort: str | None = None) -> list[dict[str, Any]]:
         """The head table: one dict per head (``head``, ``layer``, ``index``, every score, ``attribution``,
@@ -267,27 +68,10 @@ class Scan:
 
         return summary_html(self)
 
-    def __repr__(self) -> str:
-        m = self.model
-        return (
-            f"Scan({m.name}: {m.n_layers} layers x {m.n_heads} heads; induction heads "
-            f"{[f'{a}.{b}' for a, b in self.induction_heads]}, previous-token heads "
-            f"{[f'{a}.{b}' for a, b in self.previous_token_heads]}"
-            + ("" if self.verified is None else f"; circuit {[f'{a}.{b}' for a, b in self.verified.heads]} "
-               f"faithfulness {self.verified.faithfulness:.2f}")
-            + ")"
-        )
-
-
-Scan.induction_heads = property(lambda self: self.called_by("induction"),  # type: ignore[assignment]
-                                doc="The heads the induction score calls (best first).")
-Scan.previous_token_heads = property(lambda self: self.called_by("previous_token"),  # type: ignore[assignment]
-                                     doc="The heads the previous-token score calls (best first).")
 
 
 def __getattr__(name: str) -> object:
-    """``Role`` lives with the calling policy in :mod:`circuitkit.detect.roles` (read from there on first use: the
-    ``detect`` package imports this module)."""
+    """``Role`` lives with the calling policy in :mod:`circuitkit.detect.roles` (read from there on first use)."""
     if name == "Role":
         from circuitkit.detect.roles import Role
 
@@ -295,13 +79,5 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclass(frozen=True)
-class SavedReport:
-    """The files :meth:`Scan.save` wrote."""
-
-    report: Path
-    scores: Path
-    pngs: tuple[Path, ...] = ()
-
-
-__all__ = ["Agreement", "HeadEffects", "ModelSummary", "Role", "SavedReport", "Scan", "ScanSettings", "StageRecord"]
+__all__ = ["LISTING_SIZES", "UNSAVED", "Agreement", "HeadEffects", "ModelSummary", "SavedReport", "Scan",
+           "ScanRecord", "ScanSettings", "StageRecord", "summarise_model"]

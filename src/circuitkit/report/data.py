@@ -30,7 +30,7 @@ from circuitkit.results import HeadValues
 
 if TYPE_CHECKING:
     from circuitkit.circuits.evidence import EdgeEvidence
-    from circuitkit.scan_types import Scan
+    from circuitkit.scan_record import ScanRecord as Scan
 
 JSON_FORMAT = 4
 """Version of the ``scores.json`` layout (1 was the pre-``Scan`` CLI's; 3 adds the verified circuit, ``units``,
@@ -128,11 +128,11 @@ def ranked(values: Tensor, k: int, *, absolute: bool = False) -> list[dict[str, 
 
 
 def check_scan(where: str, scan: Any) -> Scan:
-    """``scan`` if it is a :class:`~circuitkit.scan_types.Scan`, else a ``CircuitkitError``."""
-    from circuitkit.scan_types import Scan
+    """``scan`` if it is a scan's record (a :class:`~circuitkit.scan_types.Scan`), else a ``CircuitkitError``."""
+    from circuitkit.scan_record import ScanRecord
     from circuitkit.validate import fail
 
-    if not isinstance(scan, Scan):
+    if not isinstance(scan, ScanRecord):
         raise fail(where, scan, "a circuitkit Scan (from circuitkit.scan(model))")
     return scan
 

@@ -45,7 +45,7 @@ from circuitkit.report import data, summary
 from circuitkit.report.sections import SECTIONS, Section, esc
 
 if TYPE_CHECKING:
-    from circuitkit.scan_types import Scan
+    from circuitkit.scan_record import ScanRecord as Scan
 
 GZIP_MIME = "application/x-circuitkit-gzip-base64"
 BASE64_MIME = "application/x-circuitkit-base64"

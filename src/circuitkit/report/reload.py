@@ -84,7 +84,7 @@ def _float(value: Any) -> float:
 
 def _settings(data: dict[str, Any]) -> Any:
     from circuitkit.detect.roles import Role
-    from circuitkit.scan_types import ScanSettings
+    from circuitkit.scan_record import ScanSettings
 
     known = {f.name for f in dataclasses.fields(ScanSettings)}
     values = {key: value for key, value in data.items() if key in known}
@@ -112,7 +112,7 @@ def _head_scores(data: dict[str, Any], settings: Any) -> Any:
 
 
 def _effects(record: dict[str, Any] | None, kind: str) -> Any:
-    from circuitkit.scan_types import HeadEffects
+    from circuitkit.detect.effects import HeadEffects
 
     if record is None:
         return None
@@ -237,12 +237,14 @@ def _circuit(data: dict[str, Any] | None) -> Any:
     )
 
 
-def scan_from_json(data: Any, where: str = "Scan.load") -> Any:
-    """The :class:`~circuitkit.Scan` that ``data`` (a parsed ``scores.json``) describes."""
+def scan_from_json(data: Any, where: str = "Scan.load", cls: type | None = None) -> Any:
+    """The scan that ``data`` (a parsed ``scores.json``) describes, built as ``cls`` (:meth:`circuitkit.Scan.load`
+    passes :class:`~circuitkit.Scan`; default the record, :class:`~circuitkit.scan_record.ScanRecord`)."""
     from circuitkit.composition import Edge
+    from circuitkit.detect.effects import Agreement
     from circuitkit.detect.loss import InductionLoss
     from circuitkit.random_baseline import CompositionBaseline
-    from circuitkit.scan_types import Agreement, ModelSummary, Scan
+    from circuitkit.scan_record import ModelSummary, ScanRecord
 
     if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
@@ -262,7 +264,7 @@ def scan_from_json(data: Any, where: str = "Scan.load") -> Any:
                                                       closed_form=None, n_samples=0)
             edges[mode] = [Edge(_head(e["src"], where), _head(e["dst"], where), _float(e["score"]))
                            for e in entry.get("top_edges", ())]
-        return Scan(
+        return (cls or ScanRecord)(
             model=ModelSummary(**data["model"]),
             settings=settings,
             head_scores=_head_scores(data, settings),
@@ -294,9 +296,10 @@ def scan_from_json(data: Any, where: str = "Scan.load") -> Any:
                             "a scores.json written by Scan.save") from None
 
 
-def load_scan(path: str | os.PathLike) -> Any:
-    """The scan saved in ``path`` (a directory holding ``scores.json``, or the file itself), as a
-    :class:`~circuitkit.Scan` (see the module docstring for what comes back)."""
+def load_scan(path: str | os.PathLike, cls: type | None = None) -> Any:
+    """The scan saved in ``path`` (a directory holding ``scores.json``, or the file itself), built as ``cls``
+    (default :class:`~circuitkit.scan_record.ScanRecord`; :meth:`circuitkit.Scan.load` passes
+    :class:`~circuitkit.Scan`, with its views; see the module docstring for what comes back)."""
     from circuitkit.models import files as guarded
 
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
@@ -308,4 +311,4 @@ def load_scan(path: str | os.PathLike) -> Any:
         raise validate.fail("Scan.load: path", validate.given(f"{str(path)!r}, where there is no such file or "
                                                               f"directory ({str(file)!r})"),
                             "a directory written by Scan.save, or its scores.json")
-    return scan_from_json(guarded.read_json(file, max_bytes=MAX_SCORES_BYTES), f"Scan.load: {str(file)!r}")
+    return scan_from_json(guarded.read_json(file, max_bytes=MAX_SCORES_BYTES), f"Scan.load: {str(file)!r}", cls)

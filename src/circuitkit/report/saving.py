@@ -39,7 +39,8 @@ from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 
 if TYPE_CHECKING:
-    from circuitkit.scan_types import SavedReport, Scan
+    from circuitkit.scan_record import SavedReport
+    from circuitkit.scan_record import ScanRecord as Scan
 
 REPORT_NAME = "report.html"
 SCORES_NAME = "scores.json"
@@ -61,7 +62,7 @@ def save(scan: Scan, out_dir: str | os.PathLike, *, png: bool = False) -> SavedR
     docstring); with ``png``, every section as ``out_dir/png/<section>.png`` (needs headless Chromium)."""
     from circuitkit.report.data import check_scan  # imported here: prepare_directory (--out) needs no torch
     from circuitkit.report.page import build_report
-    from circuitkit.scan_types import SavedReport
+    from circuitkit.scan_record import SavedReport
 
     check_scan("save: scan", scan)
     png = validate.boolean("save: png", png)

@@ -19,7 +19,7 @@ from circuitkit.ranking import head_name
 from circuitkit.report import data, figures, summary
 
 if TYPE_CHECKING:
-    from circuitkit.scan_types import Scan
+    from circuitkit.scan_record import ScanRecord as Scan
 
 
 

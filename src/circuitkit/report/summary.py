@@ -32,7 +32,7 @@ from circuitkit.report import data
 from circuitkit.report.figures import MAX_NAMED, ROLE_SHORT, answer_diagram, circuit_diagram, faithfulness_curve
 
 if TYPE_CHECKING:
-    from circuitkit.scan_types import Scan
+    from circuitkit.scan_record import ScanRecord as Scan
 
 LINK_MODES = ("K", "Q")
 EFFECT_METHODS = {"patched": "path patching", "attribution": "edge attribution"}

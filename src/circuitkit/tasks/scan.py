@@ -56,7 +56,7 @@ class TaskScan:
     head's attention on the first clean prompt ``[layer, head, q, k]`` and its ``tokens``; ``circuit``;
     ``stages``."""
 
-    model: Any  # circuitkit.scan_types.ModelSummary
+    model: Any  # circuitkit.scan_record.ModelSummary
     task: Task
     clean: Tensor
     corrupted: Tensor
@@ -131,7 +131,7 @@ class TaskScan:
     def save(self, out_dir: str | os.PathLike) -> Any:
         """Write ``out_dir/scores.json`` and ``out_dir/report.html`` together (atomically)."""
         from circuitkit.report.saving import REPORT_NAME, SCORES_NAME, prepare_directory, write_together
-        from circuitkit.scan_types import SavedReport
+        from circuitkit.scan_record import SavedReport
         from circuitkit.tasks.report import task_report
 
         out = prepare_directory(out_dir, kind="scan")  # a scan's pair of files: never beside a track's
@@ -202,7 +202,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     """
     from circuitkit.circuits.faithfulness import check_target
     from circuitkit.models.adapters import adapt
-    from circuitkit.scan_types import summarise_model
+    from circuitkit.scan_record import summarise_model
 
     if not isinstance(task, Task):
         raise validate.fail("scan_task: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, ioi, ...)")
