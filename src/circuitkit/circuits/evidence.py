@@ -38,8 +38,8 @@ from circuitkit.circuits.measures import EdgeInputs, measure_all
 from circuitkit.circuits.metrics import Metric, resolve_metric
 from circuitkit.circuits.patching import PathPatching, patch
 from circuitkit.detect.attribution import check_steps
+from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
-from circuitkit.models.adapters import adapt
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_indices, unravel
 from circuitkit.results import Edge, EdgeValues, plain
@@ -215,8 +215,8 @@ def circuit_evidence(
     (:func:`~circuitkit.circuits.edge_attribution`; 1 is first order). Other arguments as
     :func:`~circuitkit.circuits.path_patching`.
     """
-    adapter = adapt(model, device)
-    spec = adapter.spec
+    session = open_session(model, tokens, device)
+    spec = session.spec
     L, H = spec.n_layers, spec.n_heads
     top_k = validate.positive_int("circuit_evidence: top_k", top_k)
     steps = check_steps("circuit_evidence", steps)
@@ -224,10 +224,10 @@ def circuit_evidence(
     if L < 2:
         raise validate.fail("circuit_evidence: model", validate.given(f"a model with {L} layer"),
                             "at least 2 layers (an edge runs from an earlier layer to a later one)")
-    weights = adapter.weights(embeddings=False)  # read once: composition and the context
+    weights = session.weights(embeddings=False)  # read once: composition and the context
     comp = _composition(weights, composition, L, H)
     # one context: patching reuses the clean activations and corrupted z the attribution's passes left
-    ctx = context(adapter, tokens, corrupt, corrupt_seed, None, "circuit_evidence", weights)
+    ctx = context(session, None, corrupt, corrupt_seed, None, "circuit_evidence", weights)
     return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch, steps=steps)
 
 
