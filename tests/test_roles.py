@@ -104,6 +104,19 @@ def test_a_new_role_is_called_grouped_and_saved(scanned):
     assert "late-induction: late_induction" in data["settings"]["roles"]
 
 
+def test_the_report_page_labels_heads_by_every_role(scanned):
+    """The page's head detail names a head by each role whose score calls it, the new role included."""
+    from circuitkit.report.data import page_data
+
+    result, _, _ = scanned
+    data, _ = page_data(result)
+    H = result.model.n_heads
+    labelled = {entry["role"]: entry["heads"] for entry in data["role_heads"]}
+    assert list(labelled) == ["induction head", "previous-token head", "late-induction head"]
+    assert labelled["late-induction head"] == [a * H + b for a, b in called_heads(result.head_scores, NEW_SCORE)]
+    assert labelled["induction head"] == [a * H + b for a, b in result.induction_heads]
+
+
 def test_a_new_role_reaches_the_answer(scanned):
     from circuitkit.report.summary import answer_lines, find_answer
 

@@ -651,8 +651,10 @@ def page_data(scan: Scan) -> tuple[dict[str, Any], dict[str, bytes]]:
         "n_heads": m.n_heads,
         "columns": [c.as_json() for c in columns(scan)],
         "tokens": list(scan.tokens),
-        "induction_heads": [a * m.n_heads + b for a, b in scan.induction_heads],
-        "previous_token_heads": [a * m.n_heads + b for a, b in scan.previous_token_heads],
+        # the roles in order, each with the heads its score calls: the page's role labels and its first head
+        "role_heads": [{"role": f"{role.name} head", "heads": [layer * m.n_heads + head
+                                                               for layer, head in scan.called_by(role.score)]}
+                       for role in scan_roles(scan)],
         "pattern": None,
         "copies": copy_starts(scan),
         "circuit_view": [{"head": a * m.n_heads + b, "role": role} for (a, b), role in circuit_view_heads(scan)],

@@ -57,9 +57,10 @@ def _node(x: float, y: float, head: Head, caption: str, colour: str) -> str:
 
 
 def circuit_diagram(story: Any) -> str:
-    """``story`` (:class:`circuitkit.report.summary.Story`): previous-token heads (left) -> induction heads
-    (right), links labelled with the composition score (and the causal edge effect where measured), and two bars:
-    loss on the first copy vs the repeated copies."""
+    """``story`` (:class:`circuitkit.report.summary.Story`): the feeding role's heads (left; previous-token heads
+    with the default roles) -> the fed role's (right; induction heads), each column named by its role, links
+    labelled with the composition score (and the causal edge effect where measured), and two bars: loss on the first
+    copy vs the repeated copies."""
     previous = [h for h, _ in story.previous][:MAX_NAMED]
     induction = [h for h, _ in story.induction][:MAX_NAMED]
     rows = max(len(previous), len(induction), 1)
@@ -74,8 +75,10 @@ def circuit_diagram(story: Any) -> str:
         'aria-label="circuit diagram">'
     ]
     if has_heads:
-        parts.append(f'<text x="{x_prev}" y="12" text-anchor="middle" fill="#555">previous-token</text>'
-                     f'<text x="{x_ind}" y="12" text-anchor="middle" fill="#555">induction</text>')
+        feeder = story.feeder.name if getattr(story, "feeder", None) is not None else ""
+        fed = story.fed.name if getattr(story, "fed", None) is not None else "induction"
+        parts.append(f'<text x="{x_prev}" y="12" text-anchor="middle" fill="#555">{_esc(feeder)}</text>'
+                     f'<text x="{x_ind}" y="12" text-anchor="middle" fill="#555">{_esc(fed)}</text>')
     ys_prev = {h: top + row_h * (i + 0.5) for i, h in enumerate(previous)}
     ys_ind = {h: top + row_h * (i + 0.5) for i, h in enumerate(induction)}
     shown = [link for link in story.links if link.src in ys_prev and link.dst in ys_ind]

@@ -553,9 +553,8 @@
     releaseCharts(box);
     box.textContent = "";
     box.dataset.head = headName(i);
-    var roles = [];
-    if (D.induction_heads.indexOf(i) >= 0) roles.push("induction head");
-    if (D.previous_token_heads.indexOf(i) >= 0) roles.push("previous-token head");
+    var roles = D.role_heads.filter(function (r) { return r.heads.indexOf(i) >= 0; })
+                            .map(function (r) { return r.role; });
     box.appendChild(el("h3", null, "head " + headName(i) + (roles.length ? " (" + roles.join(", ") + ")" : "")));
     var chips = el("div", {"class": "ck-chips"});
     cols.forEach(function (c) {
@@ -625,7 +624,8 @@
     if (modes.length) showMode(modes.indexOf("K") >= 0 ? "K" : modes[0]);
     var byInduction = cols.filter(function (c) { return c.key === "induction"; })[0];
     if (cols.length) sortBy(byInduction ? "induction" : cols[0].key);
-    var first = D.induction_heads.length ? D.induction_heads[0] : (cols.length && cols[0].top.length ? cols[0].top[0] : 0);
+    var called = D.role_heads.filter(function (r) { return r.heads.length; })[0];  // the first role that calls a head
+    var first = called ? called.heads[0] : (cols.length && cols[0].top.length ? cols[0].top[0] : 0);
     select(first, "start");
     drawCircuitView();
     var pending = null;
