@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = RepeatedTokens(block_len=settings["block_len"], n_repeats=settings["n_repeats"], batch=settings["batch"],
                           seed=settings["seed"], bos=False if settings["bos"] is None else settings["bos"])
     tokens = as_batch(spec, adapt(load_model(args.model))).tokens.cpu()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, local_files_only=True).eval()
     config = model.config
     L, H = config.num_hidden_layers, config.num_attention_heads
     d_head = getattr(config, "head_dim", None) or config.hidden_size // H

@@ -394,7 +394,7 @@ def coarse_size(ablator: Ablator, ranking: Sequence[Head], target: float, clean_
         if progress is not None:
             progress(1)
         for n, loss in zip(sizes, losses, strict=True):
-            if (everything - loss) / (everything - clean) >= target:
+            if faithfulness_of(everything, loss, clean) >= target:
                 high = min(high, n)
             elif n < high:
                 low = max(low, n)
@@ -424,7 +424,7 @@ def joint_attribution(ablator: Ablator, steps: int = DEFAULT_JOINT_STEPS) -> Ten
     are credited together, which single-head ablation from the clean run misses. Negative: restoring the head
     lowers the loss. Cost: ``steps`` stacked copies, one forward and one backward (about ``3 * steps`` passes)."""
     alphas = (torch.arange(steps, dtype=torch.float64) + 0.5) / steps
-    gradients, _, _ = gate_gradients(ablator, alphas)
+    gradients = gate_gradients(ablator, alphas)
     return gradients.mean(dim=0)
 
 
@@ -446,20 +446,19 @@ def radau_shares(ablator: Ablator, clean_gradient: Tensor | None = None) -> Tens
     (:func:`circuitkit.detect.attribution.attribute`); else it is differentiated here too. Cost: one stacked copy
     (3 passes), two without ``clean_gradient``."""
     if clean_gradient is None:
-        gradients, _, _ = gate_gradients(ablator, torch.tensor(RADAU_POINTS, dtype=torch.float64))
+        gradients = gate_gradients(ablator, torch.tensor(RADAU_POINTS, dtype=torch.float64))
         inner, end = gradients[0], gradients[1]
     else:
-        inner = gate_gradients(ablator, torch.tensor(RADAU_POINTS[:1], dtype=torch.float64))[0][0]
+        inner = gate_gradients(ablator, torch.tensor(RADAU_POINTS[:1], dtype=torch.float64))[0]
         end = clean_gradient.detach().float().cpu()
     shares = RADAU_WEIGHTS[0] * inner + RADAU_WEIGHTS[1] * end
     return validate.finite_result("joint_attribution", shares, why="the gated model's gradients overflowed")
 
 
-def gate_gradients(ablator: Ablator, alphas: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``dL/dg`` ``[points, layer, head]`` at every gate set to each ``alpha`` (see :func:`joint_attribution`),
-    the repeated-copies loss at each point ``[points]`` and each sequence's ``[points, batch]``: the points run as
-    stacked copies of the batch in one forward and one backward pass (``3 * points`` passes, counted on
-    ``ablator``)."""
+def gate_gradients(ablator: Ablator, alphas: Tensor) -> Tensor:
+    """``dL/dg`` ``[points, layer, head]`` at every gate set to each ``alpha`` (see :func:`joint_attribution`): the
+    points run as stacked copies of the batch in one forward and one backward pass (``3 * points`` passes, counted
+    on ``ablator``)."""
     from circuitkit.detect.attribution import frozen_parameters
 
     adapter, batch = ablator.adapter, ablator.batch
@@ -483,8 +482,7 @@ def gate_gradients(ablator: Ablator, alphas: Tensor) -> tuple[Tensor, Tensor, Te
     with frozen_parameters(adapter.model), torch.enable_grad():
         logits = adapter.run(copies, [(HOOKS.z(layer), hook) for layer in range(spec.n_layers)],
                              positions=ablator.positions)
-        each = token_losses(logits, copies, batch.repeated_copies).view(steps, B, -1)
-        losses = each.mean(dim=(1, 2))
+        losses = token_losses(logits, copies, batch.repeated_copies).view(steps, -1).mean(dim=1)
         layers = sorted(gates)
         grads = torch.autograd.grad(losses.sum(), [gates[layer] for layer in layers], allow_unused=True)
     ablator.passes += 3 * steps
@@ -492,10 +490,7 @@ def gate_gradients(ablator: Ablator, alphas: Tensor) -> tuple[Tensor, Tensor, Te
     for layer, grad in zip(layers, grads, strict=True):
         if grad is not None:
             out[:, layer] = grad.detach().float().cpu()
-    validate.finite_result("joint_attribution", out, why="the gated model's gradients overflowed")
-    losses = validate.finite_result("joint_attribution", losses.detach().float().cpu(),
-                                    why="the gated model's logits overflowed")
-    return out, losses, each.detach().float().mean(dim=2).cpu()
+    return validate.finite_result("joint_attribution", out, why="the gated model's gradients overflowed")
 
 
 def rank_heads(effect: Tensor) -> list[Head]:
