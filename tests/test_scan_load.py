@@ -118,3 +118,23 @@ def test_heads_not_ablated_come_last_as_none():
     exact = [r["ablation"] for r in rows if r["ablation"] is not None]
     assert 0 < len(exact) < len(rows)
     assert [r["ablation"] for r in rows] == sorted(exact, reverse=True) + [None] * (len(rows) - len(exact))
+
+
+def test_load_scan_builds_the_class_it_is_given_and_refuses_others(tmp_path):
+    """The report layer builds a scan back as the record class it is given (``Scan.load`` passes ``Scan``, with its
+    views); anything but a scan record class is one CircuitkitError naming it."""
+    import pytest
+
+    import circuitkit as ck
+    from circuitkit import CircuitkitError
+    from circuitkit.report import load_scan
+    from circuitkit.scan_record import ScanRecord
+
+    ck.scan(circuit=False).save(tmp_path)
+    record = load_scan(tmp_path)
+    assert type(record) is ScanRecord and not hasattr(record, "save")
+    loaded = ck.Scan.load(tmp_path)
+    assert type(loaded) is ck.Scan and loaded.to_json() == ck.Scan.load(tmp_path / "scores.json").to_json()
+    for bad in (dict, "Scan", 3, object()):
+        with pytest.raises(CircuitkitError, match="load_scan: cls"):
+            load_scan(tmp_path, bad)

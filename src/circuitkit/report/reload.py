@@ -301,9 +301,12 @@ def load_scan(path: str | os.PathLike, cls: type | None = None) -> Any:
     (default :class:`~circuitkit.scan_record.ScanRecord`; :meth:`circuitkit.Scan.load` passes
     :class:`~circuitkit.Scan`, with its views; see the module docstring for what comes back)."""
     from circuitkit.models import files as guarded
+    from circuitkit.scan_record import ScanRecord
 
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise validate.fail("Scan.load: path", path, "a directory written by Scan.save, or its scores.json")
+    if cls is not None and not (isinstance(cls, type) and issubclass(cls, ScanRecord)):
+        raise validate.fail("load_scan: cls", cls, "None or a scan record class (circuitkit.Scan, ScanRecord)")
     file = Path(path).expanduser()
     if guarded.is_dir(file):
         file = file / SCORES_NAME
