@@ -22,15 +22,43 @@ def test_readme_python_examples_run():
     assert namespace["out"].shape == (1, 5, 16)
 
 
-def test_quick_start_is_two_commands_and_runs_scan_and_pytest():
-    text = README.read_text(encoding="utf-8")
-    quick = text.split("## Quick start", 1)[1]
-    commands = re.search(r"```bash\n(.*?)```", quick, flags=re.S).group(1).strip().splitlines()
+CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+"""The tested torch line: PyTorch's CPU wheel index (the public package index gives the CUDA build on Linux)."""
+
+
+def _quick_start() -> list[str]:
+    quick = README.read_text(encoding="utf-8").split("## Quick start", 1)[1]
+    return re.search(r"```bash\n(.*?)```", quick, flags=re.S).group(1).strip().splitlines()
+
+
+def _pip_installs(text: str) -> list[str]:
+    """Every ``pip install ...`` step of a command line or script, ``--quiet`` dropped, in order."""
+    steps = re.findall(r"pip install [^&\n]+", text)
+    return [" ".join(word for word in step.split() if word != "--quiet") for step in steps]
+
+
+def test_quick_start_is_two_commands_a_user_install_and_the_tests():
+    commands = _quick_start()
     assert len(commands) == 2
-    assert commands[0].endswith("circuitkit scan") and "pip install torch==2.13.0" in commands[0]
-    assert commands[1] == "python -m pytest -q"
+    setup, tests = commands
+    assert setup.endswith("circuitkit scan") and setup.startswith("python3 -m venv .venv")
+    assert _pip_installs(setup) == [CPU_TORCH, "pip install -e ."], "torch first, then the user install (no dev)"
+    assert tests == 'pip install -e ".[dev]" && python -m pytest -q'
+
+
+def test_ci_installs_exactly_as_the_quick_start_says():
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
-    assert "python -m pytest -q" in ci and 'pip install --quiet -e ".[dev]"' in ci
+    steps = [step for step in _pip_installs(ci) if step != "pip install --upgrade pip"]
+    assert steps == _pip_installs("\n".join(_quick_start()))
+    assert "circuitkit scan" in ci and ci.rstrip().endswith("python -m pytest -q")
+
+
+def test_readme_offers_the_cuda_torch_line_beside_the_tested_one():
+    text = README.read_text(encoding="utf-8")
+    choice = text.split("### CPU or GPU", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in choice.splitlines() if line.startswith("| `pip install torch")]
+    assert [row.split("`")[1] for row in rows] == [CPU_TORCH, "pip install torch==2.13.0"]  # the tested one first
+    assert "CUDA" in rows[1] and "CPU build" in rows[0]
 
 
 def test_notebook_extra_the_readme_names_exists():
