@@ -93,6 +93,10 @@ def pack(blob: bytes, *, compress: bool) -> tuple[str, str]:
         return GZIP_MIME, base64.b64encode(gzip.compress(blob, compresslevel=GZIP_LEVEL, mtime=0)).decode("ascii")
     return BASE64_MIME, base64.b64encode(blob).decode("ascii")
 
+NO_SCRIPT_STATUS = ("Without JavaScript the answer and the table of all heads read as plain text; the figures, the "
+                    "attention patterns and sorting need JavaScript.")
+"""The page's status line as written; the page script replaces it (drawing, then nothing or what failed)."""
+
 
 def title(scan: Scan) -> str:
     return f"circuitkit report: {scan.model.name}"
@@ -126,7 +130,7 @@ def build_report(scan: Scan, *, compress: bool = True) -> str:
         f"<title>{esc(title(scan))}</title><style>{asset('report.css')}</style></head><body>\n"
         '<div class="ck-layout"><main class="ck-main">'
         f'<header><h1>{esc(title(scan))}</h1><p class="ck-model">{summary.model_line(scan)}</p>'
-        f'<nav>{nav}</nav><p id="ck-status" class="note">Drawing the figures&hellip; (needs JavaScript)</p></header>\n'
+        f'<nav>{nav}</nav><p id="ck-status" class="note">{NO_SCRIPT_STATUS}</p></header>\n'
         + "\n".join(render_section(s) for s in sections)
         + f'\n<footer class="note">circuitkit {esc(__version__)}</footer></main>\n'
         '<aside id="ck-detail" class="ck-detail" aria-live="polite"><p class="note">Click a head (a table row, a '

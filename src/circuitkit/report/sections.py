@@ -68,12 +68,34 @@ def heads_section(scan: Scan) -> Section:
         '<div class="ck-controls"><input id="ck-filter" type="search" spellcheck="false" '
         'placeholder="filter: 3  3.4  induct>0.5  top" aria-label="filter heads"> '
         '<span id="ck-count" class="note"></span></div>'
-        '<div class="ck-table-wrap"><table id="ck-table" class="ck-heads"><thead></thead><tbody></tbody></table></div>'
+        '<div class="ck-table-wrap"><table id="ck-table" class="ck-heads">'
+        f"{_static_table(columns, scan.model.n_layers, scan.model.n_heads)}</table></div>"
         f'<details class="ck-legend"><summary>columns</summary><ul>{legend}</ul></details>'
     )
     note = (f"Every head, every score. Click a column to sort, a row to inspect the head. Colours: white is what a "
             f"random head scores, red above, blue below; bold and boxed: top {data.marked_top(scan)} per column.")
     return Section("heads", "All heads", body, note)
+
+
+def _static_table(columns: list[data.Column], n_layers: int, n_heads: int) -> str:
+    """The head table as plain HTML (``<thead>`` and ``<tbody>``, heads in order, values as the page script writes
+    them: 3 decimals, blank where not measured), readable without JavaScript; the page script replaces it with the
+    sortable, coloured one."""
+    header = '<th scope="col">head</th>' + "".join(
+        f'<th scope="col" title="{esc(c.description)}">{esc(c.short)}</th>' for c in columns)
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            cells = "".join(f"<td>{_plain_number(c.values[layer, head])}</td>" for c in columns)
+            rows.append(f'<tr><th scope="row">{layer}.{head}</th>{cells}</tr>')
+    return f"<thead><tr>{header}</tr></thead><tbody>{''.join(rows)}</tbody>"
+
+
+def _plain_number(value: Any) -> str:
+    """A table cell's value as the page script shows it (the page data's rounded value, 3 decimals; blank for
+    NaN)."""
+    rounded = data.number(value)
+    return "" if rounded is None else f"{rounded:.3f}"
 
 
 def heatmaps_section(scan: Scan) -> Section:

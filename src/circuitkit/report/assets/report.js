@@ -107,6 +107,8 @@
   function buildTable() {
     var table = $("ck-table");
     if (!table) return;
+    table.tHead.textContent = "";  // the plain table written for readers without JavaScript
+    table.tBodies[0].textContent = "";
     var tr = el("tr");
     [{key: "head", short: "head", description: "layer.head"}].concat(cols).forEach(function (c) {
       var th = el("th", {"data-col": c.key, title: c.description, tabindex: "0", scope: "col"}, c.short);
@@ -637,6 +639,7 @@
 
   async function start() {
     var status = $("ck-status");
+    status.textContent = "Drawing the figures\u2026";
     try {
       var nodes = document.querySelectorAll('script[id^="ck-blob-"]'), library = loadCircuitsVis($("ck-lib-circuitsvis"));
       var unpacked = await Promise.all(Array.prototype.map.call(nodes, unpack));
