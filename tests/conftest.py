@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from hypothesis import settings
+from circuitkit.cpu_threads import prefer_passive_waiting
 
-from circuitkit import HeadWeights
+prefer_passive_waiting()  # before torch loads, as the CLI: the suite's idle threads sleep, not spin, beside other work
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from circuitkit import HeadWeights  # noqa: E402
 
 # CI runs the property tests on a fixed sequence of examples, so a CI result can be reproduced exactly;
 # locally hypothesis keeps exploring new examples.

@@ -29,7 +29,10 @@ Public API (imported lazily, so ``import circuitkit`` stays cheap and does not i
 from __future__ import annotations
 
 from circuitkit._lazy import lazy_exports
+from circuitkit.cpu_threads import prefer_passive_waiting
 from circuitkit.errors import CircuitkitError
+
+prefer_passive_waiting()  # as the CLI: torch's idle threads sleep, not spin, where torch is not loaded yet
 
 __version__ = "0.1.0"
 

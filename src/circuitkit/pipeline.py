@@ -53,6 +53,7 @@ import torch
 from circuitkit import validate
 from circuitkit.circuits.attribution import GradientTap
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET, check_repeats
+from circuitkit.cpu_threads import warn_if_threads_spin
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
 from circuitkit.detect.agreement import agreement
@@ -732,6 +733,7 @@ def scan(
 
         name = name or (str(model) if model is not None else zoo.DEFAULT)
         model = load_model(model, device=device, allow_download=allow_download)
+    warn_if_threads_spin()  # torch loaded before circuitkit, no wait policy, other work busy: one line, the fix
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
