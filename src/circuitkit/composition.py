@@ -278,7 +278,7 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
         roots = R_Y[start:stop].view(n, G, group, d_head, d_head)  # [n, G, s, k, c]
         return roots.permute(0, 1, 4, 2, 3).reshape(n * G, d_head, group * d_head)
 
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     budget = memory_budget // itemsize  # in elements
     per_layer = cols * d_model  # one destination layer of (folded) factors
     cache_all = (L - 1) * per_layer <= budget // 2

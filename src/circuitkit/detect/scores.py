@@ -166,7 +166,7 @@ class PatternReducer:
         # per sequence, the rows a score averages over: a score is sum_b num_b / sum_b rows_b (the bootstrap's ratio)
         self.sequence_rows = {d.name: m.any(dim=2).sum(dim=1).float() for d, m in zip(definitions, masks, strict=True)
                               if d.reader is None}
-        self.sequence_rows.update({d.name: torch.full((batch,), float(pos - 1)) for d in self.readers})
+        self.sequence_rows.update({d.name: torch.full((batch,), float(pos - 1), device="cpu") for d in self.readers})
         self.last_per_sequence: dict[str, Tensor] = {}
 
     @staticmethod

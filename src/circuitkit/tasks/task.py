@@ -363,9 +363,9 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
 
 def _padded(rows: Sequence[Sequence[int]]) -> Tensor:
     width = max(len(r) for r in rows)
-    out = torch.zeros(len(rows), width, dtype=torch.long)
+    out = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
     return out
 
 
