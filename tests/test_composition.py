@@ -205,6 +205,7 @@ def test_grouped_query_scores_equal_expanded_multi_head_scores():
         torch.testing.assert_close(grouped, ungrouped, atol=TILING_ATOL, rtol=0)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA device on this machine")
 def test_cuda_scores_stay_on_device_and_match_cpu():
     w = random_weights(3, 4, 16, 4, seed=10)

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--out", type=_out_dir, default=DEFAULT_OUT, metavar="DIR",
                       help=f"output directory (default {DEFAULT_OUT})")
     scan.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the model's)")
+    scan.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                      help="the weights' dtype (default float32): bfloat16 / float16 halve the memory; measurements "
+                      "stay within about 0.02 of float32 on the bundled model")
     scan.add_argument("--device-map", default=None, metavar="MAP",
                       help="shard the model over devices: 'auto' (accelerate decides), or a JSON object "
                       "module -> device")
@@ -221,9 +224,10 @@ def run_scan(args: argparse.Namespace) -> int:
     check_device("--device", args.device)
     with _quiet_loading(args.allow_download):
         if device_map is not None:
-            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download)
+            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download,
+                               dtype=args.dtype)
         else:
-            model = load_model(args.model, device=args.device, allow_download=args.allow_download)
+            model = load_model(args.model, device=args.device, allow_download=args.allow_download, dtype=args.dtype)
     _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s")
     if args.task != "induction":
         return _run_task_scan(args, model, name, out)

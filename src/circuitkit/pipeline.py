@@ -661,6 +661,7 @@ def scan(
     circuit_rank: str = "joint",
     roles: Sequence[Role] | None = None,
     device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
     progress: bool | str | None = False,
     name: str | None = None,
     allow_download: bool = False,
@@ -694,7 +695,10 @@ def scan(
             ranking needs more than 10% of the heads).
         roles: the roles the answer gives circuit heads (default :data:`DEFAULT_ROLES`): :class:`Role` s or
             ``(name, score[, feeds])`` with any registered head score.
-        device: where to run (default: the model's device).
+        device: where to run (default: the model's device). A model wholly on another device is moved there for
+            the call and moved back when it returns; a model spread over devices (``device_map``) runs where it is.
+        dtype: the weights' dtype when ``model`` is a name or path (``"float32"``, ``"bfloat16"``, ``"float16"``;
+            see :func:`~circuitkit.models.load_model`); a loaded model is scanned in its own dtype (cast it first).
         progress: ``True``: a bar on a terminal, one line per stage otherwise (logs, pipes); ``"bar"``,
             ``"lines"``; ``None``: a bar on a terminal, else nothing; ``False`` (default in library use): nothing.
         name: the model's name in the report (default: the name it was loaded by, else its class).
@@ -721,6 +725,10 @@ def scan(
                             circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
                             random_sets=random_sets, stability=stability)
     device = validate.device("scan: device", device)
+    dtype = validate.dtype("scan: dtype", dtype)
+    if dtype is not None and not (model is None or isinstance(model, (str, os.PathLike))):
+        raise validate.fail("scan: dtype", dtype, "None with a loaded model (it is scanned in its own dtype)",
+                            "Cast the model first, e.g. model.to(torch.bfloat16), or pass its name or path.")
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise validate.fail("scan: name", name, "a non-empty string")
@@ -731,7 +739,7 @@ def scan(
         from circuitkit.models.loading import load_model
 
         name = name or (str(model) if model is not None else zoo.DEFAULT)
-        model = load_model(model, device=device, allow_download=allow_download)
+        model = load_model(model, device=device, allow_download=allow_download, dtype=dtype)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
