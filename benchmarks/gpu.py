@@ -202,7 +202,6 @@ def section_shape(args, shape: str, *, scan: bool, task_pairs: int, dtype: torch
                             "node_circuit": len(c.heads) if c else None,
                             "edge_circuit": len(c.edges) if c and c.edges is not None else None,
                             "circuit_error": result.circuit_error}
-    del hf, bridge, session
     reset_peak()
     return out
 
