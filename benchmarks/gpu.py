@@ -26,6 +26,7 @@ runs every section at toy sizes on whatever device is there (the CPU here), to c
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -76,6 +77,7 @@ def peak_gib() -> float | None:
 
 
 def reset_peak() -> None:
+    gc.collect()  # a bridge's hooks hold reference cycles: free the last section's model first
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
