@@ -177,6 +177,24 @@ def test_the_model_goes_back_with_its_config_after_the_call():
     assert str(model.cfg.device) == "cpu"
 
 
+def test_buffers_moved_by_module_to_are_put_back_in_their_slots():
+    """``Module.to()`` moves a parameter in place but gives each buffer a new tensor (the first GPU run left a
+    bridge's causal masks on CUDA after a call with ``device="cuda"``). Simulated here by what ``.to()`` does to a
+    slot, with the meta device standing in for another device."""
+    from circuitkit.model_state import caller_state
+
+    model = gqa_model()
+    slots = [(m, name, buffer) for m in model.modules() for name, buffer in m._buffers.items() if buffer is not None]
+    assert slots, "the model has buffers (the causal masks)"
+    with caller_state(model):
+        for m, name, buffer in slots:
+            m._buffers[name] = buffer.to("meta")
+    for m, name, buffer in slots:
+        assert m._buffers[name] is buffer and buffer.device.type == "cpu"
+    batch = batch_for(model)
+    head_scores(model, batch)  # runs: no mask left elsewhere
+
+
 def test_a_model_spread_over_devices_is_refused_in_one_line():
     from types import SimpleNamespace
 

@@ -153,6 +153,9 @@ def caller_state(model: Any, where: str = "circuitkit") -> Iterator[None]:
     hooks = [(m, attr, dict(getattr(m, attr))) for m in modules for attr in HOOK_DICTS if hasattr(m, attr)]
     grads = [(p, p.requires_grad) for p in module.parameters()]
     places = [(t, t.device) for t in [*module.parameters(), *module.buffers()]]
+    # Module.to() moves a parameter in place but puts a new tensor in a buffer's slot: the buffers are put back by
+    # slot (the original tensor, which still holds the data where it was)
+    slots = [(m, name, buffer) for m in modules for name, buffer in m._buffers.items() if buffer is not None]
     cfg = getattr(module, "cfg", None)
     cfg_device = getattr(cfg, "device", _ABSENT)
     module.eval()
@@ -174,6 +177,10 @@ def caller_state(model: Any, where: str = "circuitkit") -> Iterator[None]:
         for t, device in places:
             if t.device != device:
                 t.data = t.data.to(device)
+        for m, name, buffer in slots:
+            now = m._buffers.get(name)
+            if now is not buffer and (now is None or now.device != buffer.device):
+                m._buffers[name] = buffer
         if cfg_device is not _ABSENT and getattr(cfg, "device", _ABSENT) != cfg_device:
             cfg.device = cfg_device
 
