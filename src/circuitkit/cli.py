@@ -227,14 +227,13 @@ def _task_files_beside(path: Any) -> list[str]:
 
 
 def _did_you_mean(text: str, choices: Sequence[str], *, quote: bool = False) -> str:
-    """``"; did you mean X?"`` for the choices closest to ``text`` (difflib), else ``"."``."""
+    """``"; did you mean X?"`` for the choice closest to ``text`` (difflib, similarity >= 0.6), else ``"."``."""
     import difflib
 
-    close = difflib.get_close_matches(text, list(choices), n=2, cutoff=0.6)
+    close = difflib.get_close_matches(text, list(dict.fromkeys(choices)), n=1, cutoff=0.6)
     if not close:
         return "."
-    shown = [repr(c) if quote else c for c in close]
-    return f"; did you mean {' or '.join(shown)}?"
+    return f"; did you mean {close[0]!r}?" if quote else f"; did you mean {close[0]}?"
 
 
 def _given(args: argparse.Namespace) -> frozenset[str]:
@@ -541,6 +540,10 @@ def _ablate_mode(args: argparse.Namespace) -> str:
     return args.ablate or ("none" if args.quick else "top")
 
 
+SCORE_COLUMNS = {"induction": "induct", "previous_token": "prev", "duplicate_token": "dup",
+                 "current_token": "self", "first_token": "first", "copying": "copy"}
+"""The registered head scores (full name -> short name), mirrored from :mod:`circuitkit.detect.registry` so that
+``--sort`` is checked before torch loads (a test checks they agree)."""
 EFFECT_COLUMNS = {"attrib": "attribution", "ablated": "ablation"}
 """Table columns of causal effects -> the scan result's attribute holding them."""
 _COLUMN_ALIASES = {"attribution": "attrib", "ablate": "ablated", "ablation": "ablated", "exact": "ablated"}
@@ -551,18 +554,17 @@ def sort_column(text: str, *, ablated: bool = True, scores: Any = None) -> str:
     (``"induct"``), ``"attrib"`` or ``"ablated"`` (aliases ``attribution``, ``ablate``, ``ablation``, ``exact``).
 
     Returns the score's full name or the effect column's label. ``scores`` (a scan's ``head_scores``) limits
-    the score names to those the scan computed; without it, the registered scores are the choices.
+    the score names to those the scan computed; without it, the registered scores (:data:`SCORE_COLUMNS`) are the
+    choices.
     ``ablated=False`` (``--ablate none``, ``--quick``) refuses ``ablated``: that column is empty."""
     if scores is not None:
-        definitions = {name: scores.definitions[name] for name in scores}
+        shorts = {name: scores.definitions[name].short for name in scores}
     else:
-        from circuitkit.detect import registry
-
-        definitions = {d.name: d for d in registry.registered()}
-    by_short = {d.short: name for name, d in definitions.items()}
+        shorts = dict(SCORE_COLUMNS)
+    by_short = {short: name for name, short in shorts.items()}
     key = text.strip().lower()
     key = _COLUMN_ALIASES.get(key, key)
-    if key in definitions:
+    if key in shorts:
         return key
     if key in by_short:
         return by_short[key]
@@ -574,7 +576,8 @@ def sort_column(text: str, *, ablated: bool = True, scores: Any = None) -> str:
             )
         return key
     choices = sorted({*by_short, *EFFECT_COLUMNS})
-    raise CircuitkitError(f"--sort: given {text!r}; expected a column of the table: {', '.join(choices)}.")
+    close = _did_you_mean(key, [*choices, *shorts, *_COLUMN_ALIASES])
+    raise CircuitkitError(f"--sort: given {text!r}; expected a column of the table: {', '.join(choices)}{close}")
 
 
 def ranked_table(scan: Any, rows: int = TABLE_ROWS, sort: str | None = None):
