@@ -37,9 +37,24 @@ def _run_isolated(code: str, tmp_path) -> subprocess.CompletedProcess:
         (["scan", "--task", "ioi", "--png"], "--png: given with --task ioi, which does not use it"),
         (["scan", "--task", "pairs.jsonl", "--block-len", "5"], "--block-len: given with --task pairs.jsonl"),
         (["scan", "--task", "sentiment"], "--task: given 'sentiment'; expected one of induction"),
+        (["scan", "pairs.jsonl"], "MODEL: given 'pairs.jsonl', a file; expected a model (a local Hugging Face "
+                                  "directory or a .gguf file). 'pairs.jsonl' looks like a task file: did you mean "
+                                  "--task pairs.jsonl?"),
+        (["scan", "--qiuck"], "unrecognized arguments: --qiuck; did you mean --quick?"),
+        (["scan", "--QUICK"], "unrecognized arguments: --QUICK; did you mean --quick?"),
+        (["track", "x", "--pgn"], "unrecognized arguments: --pgn; did you mean --png?"),
+        (["scan", "--task", "iio"], "clean/corrupted pairs; did you mean ioi?"),
+        (["scan", "--task", "pair.jsonl"], "--task: 'pair.jsonl': no such file; expected a task file of "
+                                           "clean/corrupted pairs; did you mean 'pairs.jsonl'?"),
+        (["scan", "--sort", "indct"], "did you mean induct?"),
+        (["scan", "--ablate", "al"], "invalid choice: 'al' (choose from 'top', 'all', 'none'); did you mean 'all'?"),
+        (["scna"], "invalid choice: 'scna' (choose from 'scan', 'track'); did you mean 'scan'?"),
+        (["scan", "induction-2"], "--allow-download to fetch it from the hub; did you mean induction-2l?"),
     ],
     ids=["typo-name", "missing-directory", "missing-gguf", "out-is-a-file", "bad-integer", "quick-with-ablate",
-         "sort-column", "option-a-task-does-not-use", "option-a-task-file-does-not-use", "task-name"],
+         "sort-column", "option-a-task-does-not-use", "option-a-task-file-does-not-use", "task-name",
+         "task-file-as-model", "flag-typo", "flag-case", "track-flag-typo", "task-name-typo", "task-file-typo",
+         "sort-typo", "choice-typo", "command-typo", "zoo-name-typo"],
 )
 def test_argument_and_path_errors_come_before_torch_is_imported(args, said, tmp_path):
     (tmp_path / "a-file").write_text("not a directory")
@@ -226,3 +241,32 @@ def test_an_unknown_sort_column_gets_the_closest_names(column, said):
     with pytest.raises(CircuitkitError) as caught:
         sort_column(column)
     assert str(caught.value).endswith(said) and "\n" not in str(caught.value)
+
+
+def test_a_file_of_a_model_directory_names_the_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-model").mkdir()
+    for name in ("config.json", "model.safetensors", "model-00001-of-00002.safetensors"):
+        (tmp_path / "my-model" / name).write_text("{}")
+        with pytest.raises(CircuitkitError) as caught:
+            check_model_name(f"my-model/{name}")
+        assert str(caught.value) == (f"MODEL: given 'my-model/{name}', a file of a model directory; expected the "
+                                     "directory itself: did you mean my-model?")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(CircuitkitError, match="given 'notes.txt', a file; expected a local Hugging Face directory"):
+        check_model_name("notes.txt")
+    (tmp_path / "weights.gguf").write_text("x")  # a .gguf file and a directory pass: loading reads them
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")  # and a dangling link: loading says what it is
+    for name in ("weights.gguf", "my-model", "dangling"):
+        assert check_model_name(name) is None
+
+
+def test_a_missing_path_suggests_its_closest_sibling(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    (tmp_path / "models" / "qwen").mkdir(parents=True)
+    with pytest.raises(CircuitkitError) as caught:
+        check_model_name(str(tmp_path / "models" / "qwn"))
+    assert str(caught.value).endswith(f"or a .gguf file; did you mean {tmp_path / 'models' / 'qwen'}?")
+    with pytest.raises(CircuitkitError) as caught:
+        check_model_name(str(tmp_path / "models" / "zzzzzz"))
+    assert str(caught.value).endswith("or a .gguf file.")

@@ -38,7 +38,23 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but its errors are one line and exit code 2 like every other circuitkit error."""
 
     def error(self, message: str) -> NoReturn:
+        import re
+
+        choice = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if choice:  # the closest choice too: "argument --ablate: invalid choice: 'al' (...); did you mean 'all'?"
+            message += _did_you_mean(choice.group(1), re.findall(r"'(.*?)'", choice.group(2)), quote=True)
         raise _UsageError(message)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, with the closest option named for an unrecognized one (``--qiuck``: did you mean --quick?)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = _subcommands(self).get(getattr(parsed, "command", None) or "", self) if self.prog == "circuitkit" \
+                else self
+            flags = [flag for action in sub._actions for flag in action.option_strings]
+            first = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), "")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(first, flags) if first else '.'}")
+        return parsed
 
 
 class _UsageError(Exception):
@@ -230,10 +246,12 @@ def _did_you_mean(text: str, choices: Sequence[str], *, quote: bool = False) -> 
     """``"; did you mean X?"`` for the choice closest to ``text`` (difflib, similarity >= 0.6), else ``"."``."""
     import difflib
 
-    close = difflib.get_close_matches(text, list(dict.fromkeys(choices)), n=1, cutoff=0.6)
+    by_lower = {choice.lower(): choice for choice in reversed(choices)}  # case aside: --QUICK is --quick
+    close = difflib.get_close_matches(text.lower(), list(by_lower), n=1, cutoff=0.6)
     if not close:
         return "."
-    return f"; did you mean {close[0]!r}?" if quote else f"; did you mean {close[0]}?"
+    best = by_lower[close[0]]
+    return f"; did you mean {best!r}?" if quote else f"; did you mean {best}?"
 
 
 def _given(args: argparse.Namespace) -> frozenset[str]:
@@ -775,9 +793,9 @@ def given_options(argv: Sequence[str]) -> frozenset[str]:
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The subcommands' parsers by name (``scan``, ``track``)."""
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
+    """The subcommands' parsers by name (``scan``, ``track``); {} for a parser without subcommands."""
+    action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return dict(action.choices) if action is not None else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
