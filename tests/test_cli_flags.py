@@ -334,6 +334,8 @@ def test_given_options_are_the_ones_on_the_command_line():
     assert cli.given_options(["scan", "--seq-len", "4", "model"]) == {"block_len", "model"}
     assert cli.given_options(["scan"]) == frozenset()
     assert cli.given_options(["track", "--merge", "d"]) == {"merge"}
+    # a namespace parsed elsewhere (no record of the command line): the options that differ from their defaults
+    assert cli._given(cli.build_parser().parse_args(["scan", "--batch", "3", "--seed", "0"])) == {"batch"}
 
 
 @pytest.mark.slow

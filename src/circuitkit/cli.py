@@ -49,8 +49,7 @@ class _Parser(argparse.ArgumentParser):
         """argparse's, with the closest option named for an unrecognized one (``--qiuck``: did you mean --quick?)."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            sub = _subcommands(self).get(getattr(parsed, "command", None) or "", self) if self.prog == "circuitkit" \
-                else self
+            sub = _subcommands(self).get(getattr(parsed, "command", None), self)  # the options where it was given
             flags = [flag for action in sub._actions for flag in action.option_strings]
             first = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), "")
             self.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(first, flags) if first else '.'}")
