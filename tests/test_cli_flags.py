@@ -363,3 +363,24 @@ def test_task_file_quick_skips_the_edge_circuit(tmp_path, capsys):
     assert "edges" not in [s["name"] for s in seen[True]["stages"]]
     assert "edges" in [s["name"] for s in seen[False]["stages"]]
     assert seen[True]["circuit"]["heads"] == seen[False]["circuit"]["heads"]  # the node circuit is the same
+
+
+def test_the_readme_commands_use_only_options_that_apply():
+    """Every `circuitkit scan` / `circuitkit track` line of the README parses and passes the refusals."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"^circuitkit ((?:scan|track)[^#\n]*)", readme, re.M)
+    assert len(commands) >= 10
+    parser = cli.build_parser()
+    for command in commands:
+        argv = shlex.split(command)
+        args = parser.parse_args(argv)
+        args._given = cli.given_options(argv)
+        if args.command == "track":
+            cli.refuse_unused_track_options(args)
+            continue
+        kind = (cli.INDUCTION if args.task == "induction" else cli.BUILT_IN_TASK if args.task in cli.BUILT_IN_TASKS
+                else cli.TASK_FILE)
+        cli.refuse_unused_scan_options(args, kind)
