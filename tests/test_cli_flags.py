@@ -90,6 +90,7 @@ class _Result:
     def __init__(self, calls: Calls, tmp: Path) -> None:
         self.calls, self.tmp = calls, tmp
         self.checkpoints = [1]
+        self.circuit = "recorded"
 
     def save(self, out, png=False):
         self.calls.save.append({"out": Path(out), "png": png})
@@ -188,6 +189,7 @@ def _tokens(c: Calls):
     return c.induction["tokens"]
 
 
+QUICK_SAID = "Edge circuit skipped (--quick); run without --quick to measure the edge circuit."
 SCAN_TABLE = {
     # dest: {kind: (argv to add, REFUSED or a check of what it changed)}
     "model": every(lambda p: [str(p.model)], lambda c, p: c.loaded["name"] == str(p.model)),
@@ -212,8 +214,8 @@ SCAN_TABLE = {
                                  and c.answer_skipped == ["--no-circuit"]),
     "quick": {"induction": (["--quick"], lambda c, p: c.induction["circuit"] is False
                             and c.induction["ablate"] == "none" and c.answer_skipped == ["--quick"]),
-              "built-in task": (["--quick"], lambda c, p: c.task_kwargs["edges"] is False),
-              "task file": (["--quick"], lambda c, p: c.task_kwargs["edges"] is False)},
+              "built-in task": (["--quick"], lambda c, p: c.task_kwargs["edges"] is False and QUICK_SAID in c.stdout),
+              "task file": (["--quick"], lambda c, p: c.task_kwargs["edges"] is False and QUICK_SAID in c.stdout)},
     "sort": induction_only(["--sort", "prev"], lambda c, p: c.table_sort == ["prev"]),
     "json": every(["--json"], lambda c, p: c.stdout == SCORES_TEXT),
     "allow_download": every(["--allow-download"], lambda c, p: c.loaded["allow_download"] is True),

@@ -428,6 +428,8 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
     for line in result.answer().splitlines():
         label, _, rest = line.partition(": ")
         output.text(label, rest)
+    if args.quick and result.circuit is not None:
+        output.text("Edge circuit skipped (--quick); run without --quick to measure the edge circuit.", "")
     output.text(f"wrote {saved.report} and {saved.scores}", "")
     return 0
 
