@@ -3,7 +3,9 @@
 Why: ``circuitkit scan smol-randm`` must answer a typo in well under a second, before torch, transformers and
 TransformerLens load (several seconds). :func:`check_model_name` reads only the file system, the bundled zoo's
 names and the local Hugging Face cache's folder names; it refuses what cannot be loaded and lets everything else
-through to :func:`circuitkit.models.loading.load_model`, which has the last word.
+through to :func:`circuitkit.models.loading.load_model`, which has the last word. A refusal names what was probably
+meant where it can tell: ``--task pairs.jsonl`` for a task file, the directory for a model's ``config.json``, the
+closest existing name for a typo.
 """
 
 from __future__ import annotations
