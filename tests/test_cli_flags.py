@@ -196,6 +196,7 @@ SCAN_TABLE = {
     "out": every(lambda p: ["--out", str(p.out)], lambda c, p: c.save[0]["out"] == p.out),
     "device": every(["--device", "cpu"],
                     lambda c, p: c.loaded["device"] == "cpu" and c.scan_kwargs["device"] == "cpu"),
+    "dtype": every(["--dtype", "bfloat16"], lambda c, p: c.loaded["dtype"] == "bfloat16"),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),
     "block_len": induction_only(["--block-len", "7"], lambda c, p: _tokens(c).block_len == 7),
