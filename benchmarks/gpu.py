@@ -225,6 +225,7 @@ def section_cli(args) -> dict[str, Any]:
         start = time.perf_counter()
         done = subprocess.run(command + extra, capture_output=True, text=True, env={**os.environ})
         runs[label] = {"seconds": time.perf_counter() - start, "exit": done.returncode,
+                       "loaded": [line for line in done.stderr.splitlines() if "loaded" in line][-1:],
                        "tail": (done.stdout + done.stderr).strip().splitlines()[-3:]}
     return {"model": shape, "runs": runs}
 
