@@ -253,16 +253,3 @@ def test_encoder_decoder_is_refused_with_the_reason(tmp_path, family):
     assert "\n" not in message and "encoder-decoder" in message and "not supported" in message
     assert "cross-attention" in message  # says why
 
-
-def test_one_gpu_reads_the_weights_straight_onto_it():
-    """A CUDA device becomes a one-entry device map (transformers then reads each tensor onto the GPU and casts it
-    there); the CPU and real device maps pass through as they are."""
-    import torch
-
-    from circuitkit.models.loading import Sharding
-
-    assert Sharding(device=torch.device("cuda", 1)).boot_kwargs() == {"device_map": {"": "cuda:1"},
-                                                                      "dtype": torch.float32}
-    assert Sharding(device=torch.device("cpu"), dtype=torch.bfloat16).boot_kwargs() == {
-        "device": torch.device("cpu"), "dtype": torch.bfloat16}
-    assert Sharding(device_map="auto").boot_kwargs()["device_map"] == "auto"

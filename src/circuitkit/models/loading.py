@@ -86,11 +86,6 @@ class Sharding:
 
     def boot_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"device": self.device if self.device is not None else torch.device("cpu")}
-        if self.device is not None and self.device.type == "cuda" and not self.sharded:
-            # one GPU named: a one-entry map has transformers read each tensor straight onto it (and cast it there),
-            # where a device loads the whole model into host memory first, then copies it over
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            kwargs = {"device_map": {"": f"cuda:{index}"}}
         if self.sharded:
             kwargs = {"device_map": self.device_map, "n_devices": self.n_devices, "max_memory": self.max_memory}
             if self.offload_folder is not None:
