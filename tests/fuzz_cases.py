@@ -296,6 +296,7 @@ def _reals(*, minimum: float | None = None, strict_minimum: bool = False, option
         ("inf", const(math.inf), STRICT),
         ("-inf", const(-math.inf), STRICT),
         ("tensor-nan", const(torch.tensor(math.nan)), STRICT),
+        ("int-10**400", const(10**400), STRICT),  # an int beyond float64: float() raises OverflowError
     ]
     if minimum is not None:
         bad.append(("below-minimum", const(minimum - 1.0), STRICT))
@@ -359,6 +360,9 @@ def _tensors(*, optional: bool = False, rank: bool = True, empty: bool = True, n
         ("huge-x1e10", lambda v: v * 1e10, LENIENT),
         ("huge-x1e30", lambda v: v * 1e30, LENIENT),
         ("tiny-x1e-30", lambda v: v * 1e-30, LENIENT),
+        ("float32-max", lambda v: torch.where(v < 0, -3e38, 3e38).to(v.dtype) if v.is_floating_point() else v,
+         LENIENT),  # finite, but any sum or product overflows float32
+        ("float64-x1e160", lambda v: v.double() * 1e160, LENIENT),  # a square overflows float64
         ("half", lambda v: v.half(), LENIENT),
         ("float64", lambda v: v.double(), LENIENT),
         ("non-contiguous", lambda v: v.transpose(-1, -2).contiguous().transpose(-1, -2) if v.ndim >= 2 else v,

@@ -1,0 +1,53 @@
+"""The older API's residual bad inputs, one clear line each (the fuzz matrix, tests/fuzz_cases.py, now also tries
+an int beyond float64 for every real argument, float32-max and float64 x 1e160 for every tensor): here the cases
+with an exact answer to check, not only a refusal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from circuitkit import CircuitkitError, validate
+from circuitkit.detect.scores import pattern_scores
+from circuitkit.theory import layernorm_output_norm, linear_attention_gd, multi_head_attention, rope
+
+
+@pytest.mark.parametrize("scale", [1e160, 1e-300, 1.0], ids=["huge", "tiny", "plain"])
+def test_layernorm_output_norm_is_exact_at_any_scale(scale):
+    """The closed form ``|gamma| sqrt(d)`` at every scale: layer norm (eps 0) is invariant to a row's scale, so a
+    row of 1e160 (whose variance overflows float64) is no longer NaN."""
+    x = torch.randn(3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * scale
+    torch.testing.assert_close(layernorm_output_norm(x, gamma=-2.5, beta=0.3),
+                               torch.full((3,), 2.5 * math.sqrt(16), dtype=torch.float64))
+
+
+def test_overflowing_results_are_refused():
+    X = torch.full((4, 3), 3e38)
+    with pytest.raises(CircuitkitError, match="linear_attention_gd.*NaN or infinite.*too large for torch.float32"):
+        linear_attention_gd(X, torch.ones(4, 2), torch.ones(2, 3))
+    with pytest.raises(CircuitkitError, match="layernorm_output_norm.*beyond float64"):
+        layernorm_output_norm(torch.randn(2, 4), gamma=1e308)
+    with pytest.raises(CircuitkitError, match="rope.*exceeds the range of torch.float32"):
+        rope(torch.full((1, 3, 4), 3e38))
+    x = torch.ones(1, 2, 4)
+    W = torch.ones(2, 4, 2)
+    with pytest.raises(CircuitkitError, match="multi_head_attention.*NaN or infinite"):
+        multi_head_attention(x, W, W, W, torch.full((2, 2, 4), 3e38))
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)], ids=["plus", "minus"])
+def test_an_int_beyond_float64_is_a_clear_line(value):
+    with pytest.raises(CircuitkitError, match="x: given int .*expected a finite real number"):
+        validate.real("x", value)
+
+
+def test_pattern_scores_refuses_what_is_not_attention():
+    tokens = torch.tensor([[1, 2, 3, 1, 2, 3]])
+    patterns = torch.full((1, 2, 6, 6), 1 / 6).tril()
+    assert set(pattern_scores(patterns, tokens))
+    with pytest.raises(CircuitkitError, match="attention weights in \\[0, 1\\]"):
+        pattern_scores(patterns * 3e38, tokens)
+    with pytest.raises(CircuitkitError, match="attention weights in \\[0, 1\\]"):
+        pattern_scores(-patterns, tokens)
