@@ -69,6 +69,8 @@ METHODS = (
     "circuitkit.detect.tokens:RepeatedTokens.build",
     "circuitkit.detect.tokens:TokenBatch.targets",
     "circuitkit.models.toy:AttentionOnlyModel.run_with_hooks",
+    "circuitkit.models.toy:AttentionOnlyModel.run_with_cache",
+    "circuitkit.models.toy:AttentionOnlyModel.forward",
     "circuitkit.models.toy:AttentionOnlyModel.with_attention",
     "circuitkit.models.toy:AttentionOnlyModel.to",
     "circuitkit.handbuilt.subspace:ResidualLayout.stack",
@@ -410,6 +412,9 @@ def _token_ids() -> list[Bad]:
         ("empty", lambda v: v[..., :0], STRICT),
         ("rank-3", lambda v: v[None, None] if v.ndim == 1 else v[None], STRICT),
         ("too-long", lambda v: v.repeat_interleave(20, dim=-1), STRICT),
+        ("meta", lambda v: v.to("meta"), STRICT),
+        ("int8-dtype", lambda v: v.to(torch.int8), LENIENT),  # valid ids in a small integer dtype
+        ("uint8-dtype", lambda v: v.to(torch.uint8), LENIENT),  # torch indexes with a uint8 tensor as a mask
     ]
 
 
@@ -1751,9 +1756,28 @@ method("circuitkit.detect.tokens:RepeatedTokens.build", spec, lambda: {"model": 
 method("circuitkit.detect.tokens:TokenBatch.targets", batch, lambda: {"name": "induction"}, name="option",
        extra_bad={"name": [("weight-score", const("copying"), STRICT)]})
 AOM = "circuitkit.models.toy:AttentionOnlyModel"
+_BAD_HOOK_RESULTS = {  # what a hook may wrongly return in place of its activation
+    "nan": lambda t, hook: torch.full_like(t, math.nan),
+    "inf": lambda t, hook: t * math.inf,
+    "int64": lambda t, hook: t.long(),
+    "float64": lambda t, hook: t.double(),
+    "bool": lambda t, hook: t > 0,
+    "complex": lambda t, hook: t.to(torch.complex64),
+    "meta": lambda t, hook: torch.empty_like(t, device="meta"),
+    "list": lambda t, hook: t.tolist(),
+    "wrong-shape": lambda t, hook: t[:1],
+}
 method(f"{AOM}.run_with_hooks", toy, lambda: {"tokens": batch().tokens, "fwd_hooks": [], "start_at_layer": None},
        tokens="token_ids", fwd_hooks="heads", start_at_layer="int>=0?",
-       extra_bad={"start_at_layer": [("past-last-layer", const(5), STRICT)]})
+       extra_bad={"start_at_layer": [("past-last-layer", const(5), STRICT)],
+                  "fwd_hooks": [(f"hook-returns-{label}", const([("blocks.0.attn.hook_z", make)]), STRICT)
+                                for label, make in _BAD_HOOK_RESULTS.items()]})
+method(f"{AOM}.run_with_cache", toy, lambda: {"tokens": batch().tokens, "names_filter": [  # not the masked scores
+           "hook_embed", "blocks.0.attn.hook_pattern", "blocks.1.hook_resid_post"]},
+       tokens="token_ids",
+       extra_bad={"names_filter": [("int", const(5), STRICT), ("list-of-int", const([5]), STRICT),
+                                   ("bytes", const(b"hook_embed"), STRICT), ("unknown", const(["nope"]), STRICT)]})
+method(f"{AOM}.forward", toy, lambda: {"tokens": batch().tokens}, tokens="token_ids")
 method(f"{AOM}.with_attention", toy, lambda: {"attention": "hard"}, attention="option")
 method(f"{AOM}.to", toy, lambda: {"device": "cpu"}, device="device")
 

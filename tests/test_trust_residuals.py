@@ -51,3 +51,25 @@ def test_pattern_scores_refuses_what_is_not_attention():
         pattern_scores(patterns * 3e38, tokens)
     with pytest.raises(CircuitkitError, match="attention weights in \\[0, 1\\]"):
         pattern_scores(-patterns, tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32], ids=str)
+def test_toy_model_reads_small_integer_token_ids_as_ids(dtype):
+    """A uint8 tensor indexes as a mask in torch and an int8 one not at all: the toy model reads both as ids."""
+    from circuitkit.models.toy import AttentionOnlyModel
+    from tests.conftest import random_weights
+
+    model = AttentionOnlyModel(random_weights(d_vocab=20))
+    tokens = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(model(tokens.to(dtype)), model(tokens))
+
+
+def test_toy_model_refuses_a_non_finite_residual_to_resume_from():
+    from circuitkit.models.toy import AttentionOnlyModel
+    from tests.conftest import random_weights
+
+    weights = random_weights(d_vocab=20)
+    model = AttentionOnlyModel(weights)
+    resid = torch.full((1, 4, weights.d_model), math.nan)
+    with pytest.raises(CircuitkitError, match="residual stream with NaN/inf"):
+        model.run_with_hooks(resid, start_at_layer=1)
