@@ -1116,7 +1116,11 @@ case("circuitkit.handbuilt:OV", lambda: {"W_V": torch.randn(8, 2), "W_O": torch.
      W_O="tensor")
 case("circuitkit.handbuilt:PositionCode", lambda: {"n_ctx": 8}, n_ctx="size>=2")
 case("circuitkit.handbuilt:ResidualLayout", lambda: {"d_model": 8, "spaces": {"a": [0, 1], "b": [2, 3]}},
-     d_model="size>=1", spaces="heads")
+     d_model="size>=1", spaces="heads",
+     extra_bad={"spaces": [("blank-name", const({" ": [0, 1]}), STRICT), ("empty-name", const({"": [0]}), STRICT),
+                           ("int-name", const({3: [0]}), STRICT), ("float-dims", const({"a": [0.0, 1.0]}), STRICT),
+                           ("bool-dims", const({"a": [True]}), STRICT),
+                           ("endless-dims", lambda v: {"a": itertools.count()}, STRICT)]})
 case("circuitkit.handbuilt:Subspace", lambda: {"name": "a", "dims": (0, 1), "d_model": 8}, name="text",
      dims="heads", d_model="size>=1")
 record("circuitkit.handbuilt:InductionCircuit", "result record of induction_circuit")

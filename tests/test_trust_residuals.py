@@ -73,3 +73,12 @@ def test_toy_model_refuses_a_non_finite_residual_to_resume_from():
     resid = torch.full((1, 4, weights.d_model), math.nan)
     with pytest.raises(CircuitkitError, match="residual stream with NaN/inf"):
         model.run_with_hooks(resid, start_at_layer=1)
+
+
+@pytest.mark.parametrize("name", [[1], {"a": 1}, None, 3, "missing"], ids=["list", "dict", "None", "int", "missing"])
+def test_residual_layout_lookup_is_one_line(name):
+    """An unhashable name raised a bare TypeError; every name that is not the layout's is one CircuitkitError."""
+    from circuitkit.handbuilt import ResidualLayout
+
+    with pytest.raises(CircuitkitError, match="ResidualLayout: given .*expected one of \\['a', 'b'\\]"):
+        ResidualLayout.stack(a=2, b=3)[name]
