@@ -82,3 +82,20 @@ def test_residual_layout_lookup_is_one_line(name):
 
     with pytest.raises(CircuitkitError, match="ResidualLayout: given .*expected one of \\['a', 'b'\\]"):
         ResidualLayout.stack(a=2, b=3)[name]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32], ids=str)
+def test_a_token_batch_of_small_integer_ids_scores_as_int64(dtype):
+    """induction_loss read uint8 targets out of bounds (IndexError); every score equals the int64 batch's."""
+    import circuitkit as ck
+    from circuitkit.detect import TokenBatch
+    from circuitkit.models.toy import AttentionOnlyModel
+    from tests.conftest import random_weights
+
+    model = AttentionOnlyModel(random_weights(d_vocab=16), n_ctx=32)
+    batch = ck.RepeatedTokens(batch=2, block_len=4).build(model)
+    small = TokenBatch(batch.tokens.to(dtype), batch.block_len, batch.n_repeats, batch.bos)
+    torch.testing.assert_close(ck.induction_loss(model, small).per_position,
+                               ck.induction_loss(model, batch).per_position)
+    assert all(torch.equal(a, b) for a, b in zip(ck.head_scores(model, small).values(),
+                                                  ck.head_scores(model, batch).values(), strict=True))
