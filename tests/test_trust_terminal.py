@@ -110,3 +110,23 @@ def test_html_and_svg_escape_the_same_names():
         assert "<script>alert" not in text and "role m0-&gt;23.g1:v: [bold]loud[/bold]" in text
     assert isinstance(scan.head_scores.definitions["induction"], ScoreDefinition)
     assert f"{EMOJI}[i]" in _printed([cli.ranked_table(scan)])  # the score's short name heads a column
+
+
+def test_the_task_progress_line_shows_the_task_name_as_written(monkeypatch, capsys):
+    """A task's name (a file's stem, or any string) is printed in each progress line of a task scan."""
+    import circuitkit.tasks
+    from circuitkit import pipeline
+    from circuitkit.tasks import Task
+
+    task = Task.from_pairs([("When Mary and John went", "When Mary and Anne went", " Mary", " John")],
+                           name=f"task {HOSTILE}")
+
+    def fake_scan_task(model, task, *, progress, **_):
+        progress("nodes", 3)
+        return "scanned"
+
+    monkeypatch.setattr(circuitkit.tasks, "scan_task", fake_scan_task)
+    assert pipeline._task_scan(None, task, target=0.8, device=None, name=None, mode="lines", n_resamples=10,
+                               ci_level=0.9) == "scanned"
+    err = capsys.readouterr().err
+    assert f"task {MARKUP} {EMOJI} {SCRIPT}" in err and CLEAR not in err and "\\x1b[2J" in err

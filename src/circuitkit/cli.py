@@ -570,7 +570,7 @@ def run_track(args: argparse.Namespace) -> int:
 
             saved = SavedTrack(track=Path(out) / TRACK_NAME, report=Path(out) / REPORT_NAME)
     for line in sentences(result):
-        print(line)
+        print(visible(line))
     print(f"wrote {saved.track} and {saved.report}")
     for path in saved.pngs:
         print(f"wrote {path}")
