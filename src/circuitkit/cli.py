@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from circuitkit import __version__
+from circuitkit._terminal import labelled, plain, visible
 from circuitkit.errors import CircuitkitError
 
 # Nothing above imports torch: argument and path errors are answered in a fraction of a second. The constants
@@ -314,8 +315,8 @@ def _device_map(text: str | None) -> Any:
 
 
 def _say(text: str) -> None:
-    """A progress line on stderr (stdout stays the table, or the JSON under --json)."""
-    print(text, file=sys.stderr, flush=True)
+    """A progress line on stderr (stdout stays the table, or the JSON under --json); names from data escaped."""
+    print(visible(text), file=sys.stderr, flush=True)
 
 
 def run_scan(args: argparse.Namespace) -> int:
@@ -499,9 +500,8 @@ class _Output:
         sys.stdout.flush()
 
     def text(self, label: str, rest: str) -> None:
-        """A ``label: rest`` line, the label in bold on a terminal."""
-        from rich.markup import escape
-
+        """A ``label: rest`` line, the label in bold on a terminal (data printed as written: :mod:`_terminal`)."""
+        label, rest = visible(label), visible(rest)
         if not self.terminal:
             sys.stdout.write((f"{label}: {rest}" if rest else label) + "\n")
             return
@@ -509,10 +509,10 @@ class _Output:
         lines = wrap_items(f"{label}: {rest}" if rest else label, width)
         first = lines[0]
         if rest and first.startswith(f"{label}: "):
-            first = f"[bold]{escape(label)}:[/bold] {escape(first[len(label) + 2:])}"
+            first = labelled(label, first[len(label) + 2:])
         else:
-            first = escape(first)
-        for line in [first, *(escape(line) for line in lines[1:])]:
+            first = plain(first)
+        for line in [first, *(plain(line) for line in lines[1:])]:
             self.console.print(line, soft_wrap=True)
 
 
@@ -631,7 +631,7 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS, sort: str | None = None):
         title = f"heads ranked by {key} score"
     m = scan.model
     table = Table(
-        title=f"{m.name}: {title}",
+        title=plain(f"{m.name}: {title}"),
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
@@ -644,7 +644,7 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS, sort: str | None = None):
     table.add_column("rank", justify="right", min_width=4, no_wrap=True)
     table.add_column("head", justify="right", min_width=4, no_wrap=True)
     for name in names:
-        table.add_column(scores.definitions[name].short, justify="right", min_width=6, no_wrap=True)
+        table.add_column(plain(scores.definitions[name].short), justify="right", min_width=6, no_wrap=True)
     for label, _ in effects:
         table.add_column(label, justify="right", min_width=len(label), no_wrap=True)
     for rank, (head, _) in enumerate(top_heads(ranking, min(rows, m.n_layers * m.n_heads)), start=1):
@@ -756,7 +756,7 @@ def run_track(args: argparse.Namespace) -> int:
 
             saved = SavedTrack(track=Path(out) / TRACK_NAME, report=Path(out) / REPORT_NAME)
     for line in sentences(result):
-        print(line)
+        print(visible(line))
     print(f"wrote {saved.track} and {saved.report}")
     for path in saved.pngs:
         print(f"wrote {path}")
@@ -774,9 +774,7 @@ def print_answer(output: Any, scan: Any, skipped: str | None = None) -> None:
         if isinstance(output, _Output):
             output.text(label, rest)
         else:
-            from rich.markup import escape
-
-            output.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
+            output.print(labelled(label, rest))
 
 
 COMMANDS = {"scan": run_scan, "track": run_track}

@@ -807,6 +807,7 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                n_resamples: int, ci_level: float) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
     ``"off"``."""
+    from circuitkit._terminal import visible
     from circuitkit.tasks import Task, get_task, scan_task
 
     if not isinstance(task, Task):
@@ -817,8 +818,8 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
 
     def line(stage: str, passes: float) -> None:
         if mode != "off":
-            print(f"scan {task.name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s",
-                  file=sys.stderr, flush=True)
+            print(visible(f"scan {task.name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s"),
+                  file=sys.stderr, flush=True)  # the task's name is data: escaped (circuitkit._terminal)
 
     return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
                      ci_level=ci_level)

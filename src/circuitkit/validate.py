@@ -111,7 +111,10 @@ def real(
             value = value.item()
         else:
             raise fail(name, value, expected)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float64 (10**400)
+        raise fail(name, value, expected) from None
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise fail(name, value, expected)
     if minimum is not None and (value < minimum or (strict_minimum and value == minimum)):

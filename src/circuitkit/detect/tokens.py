@@ -204,8 +204,9 @@ def as_batch(tokens: RepeatedTokens | TokenBatch | None, adapter: ModelAdapter) 
                 f"tokens: given token ids in [{int(ids.min())}, {int(ids.max())}]; expected ids in "
                 f"[0, {spec.d_vocab}) (the model's vocabulary)."
             )
-        if ids.device != spec.device:
-            tokens = TokenBatch(ids.to(spec.device), tokens.block_len, tokens.n_repeats, tokens.bos)
+        if ids.device != spec.device or ids.dtype != torch.long:  # int64 ids: a uint8 tensor indexes as a mask
+            tokens = TokenBatch(ids.to(device=spec.device, dtype=torch.long), tokens.block_len, tokens.n_repeats,
+                                tokens.bos)
         return tokens
     raise validate.fail("tokens", tokens, "a circuitkit.detect.RepeatedTokens spec, a TokenBatch, or None")
 
