@@ -109,3 +109,21 @@ def require_browser() -> str:
             pytest.fail(f"CI must run the browser test: {reason}")
         pytest.skip(reason)
     return executable
+
+
+@pytest.fixture(autouse=True)
+def _floating_point_state_kept():
+    """Every test leaves the floating-point state as it found it: a test (or library) that leaves subnormal floats
+    flushed to zero makes later ones fail far from the cause (hypothesis: "can't represent subnormal floats"). The
+    state is put back, and the test that changed it fails here."""
+    import sys
+
+    def flushing() -> bool:
+        return sys.float_info.min / 2 == 0.0
+
+    before = flushing()
+    yield
+    if flushing() != before:
+        torch.set_flush_denormal(before)
+        pytest.fail(f"this test left subnormal floats {'flushed to zero' if not before else 'no longer flushed'} "
+                    "(torch.set_flush_denormal or a library's floating-point flags): restore the state it found")

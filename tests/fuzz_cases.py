@@ -69,6 +69,8 @@ METHODS = (
     "circuitkit.detect.tokens:RepeatedTokens.build",
     "circuitkit.detect.tokens:TokenBatch.targets",
     "circuitkit.models.toy:AttentionOnlyModel.run_with_hooks",
+    "circuitkit.models.toy:AttentionOnlyModel.run_with_cache",
+    "circuitkit.models.toy:AttentionOnlyModel.forward",
     "circuitkit.models.toy:AttentionOnlyModel.with_attention",
     "circuitkit.models.toy:AttentionOnlyModel.to",
     "circuitkit.handbuilt.subspace:ResidualLayout.stack",
@@ -296,6 +298,7 @@ def _reals(*, minimum: float | None = None, strict_minimum: bool = False, option
         ("inf", const(math.inf), STRICT),
         ("-inf", const(-math.inf), STRICT),
         ("tensor-nan", const(torch.tensor(math.nan)), STRICT),
+        ("int-10**400", const(10**400), STRICT),  # an int beyond float64: float() raises OverflowError
     ]
     if minimum is not None:
         bad.append(("below-minimum", const(minimum - 1.0), STRICT))
@@ -359,6 +362,9 @@ def _tensors(*, optional: bool = False, rank: bool = True, empty: bool = True, n
         ("huge-x1e10", lambda v: v * 1e10, LENIENT),
         ("huge-x1e30", lambda v: v * 1e30, LENIENT),
         ("tiny-x1e-30", lambda v: v * 1e-30, LENIENT),
+        ("float32-max", lambda v: torch.where(v < 0, -3e38, 3e38).to(v.dtype) if v.is_floating_point() else v,
+         LENIENT),  # finite, but any sum or product overflows float32
+        ("float64-x1e160", lambda v: v.double() * 1e160, LENIENT),  # a square overflows float64
         ("half", lambda v: v.half(), LENIENT),
         ("float64", lambda v: v.double(), LENIENT),
         ("non-contiguous", lambda v: v.transpose(-1, -2).contiguous().transpose(-1, -2) if v.ndim >= 2 else v,
@@ -406,6 +412,9 @@ def _token_ids() -> list[Bad]:
         ("empty", lambda v: v[..., :0], STRICT),
         ("rank-3", lambda v: v[None, None] if v.ndim == 1 else v[None], STRICT),
         ("too-long", lambda v: v.repeat_interleave(20, dim=-1), STRICT),
+        ("meta", lambda v: v.to("meta"), STRICT),
+        ("int8-dtype", lambda v: v.to(torch.int8), LENIENT),  # valid ids in a small integer dtype
+        ("uint8-dtype", lambda v: v.to(torch.uint8), LENIENT),  # torch indexes with a uint8 tensor as a mask
     ]
 
 
@@ -1107,7 +1116,11 @@ case("circuitkit.handbuilt:OV", lambda: {"W_V": torch.randn(8, 2), "W_O": torch.
      W_O="tensor")
 case("circuitkit.handbuilt:PositionCode", lambda: {"n_ctx": 8}, n_ctx="size>=2")
 case("circuitkit.handbuilt:ResidualLayout", lambda: {"d_model": 8, "spaces": {"a": [0, 1], "b": [2, 3]}},
-     d_model="size>=1", spaces="heads")
+     d_model="size>=1", spaces="heads",
+     extra_bad={"spaces": [("blank-name", const({" ": [0, 1]}), STRICT), ("empty-name", const({"": [0]}), STRICT),
+                           ("int-name", const({3: [0]}), STRICT), ("float-dims", const({"a": [0.0, 1.0]}), STRICT),
+                           ("bool-dims", const({"a": [True]}), STRICT),
+                           ("endless-dims", lambda v: {"a": itertools.count()}, STRICT)]})
 case("circuitkit.handbuilt:Subspace", lambda: {"name": "a", "dims": (0, 1), "d_model": 8}, name="text",
      dims="heads", d_model="size>=1")
 record("circuitkit.handbuilt:InductionCircuit", "result record of induction_circuit")
@@ -1747,9 +1760,28 @@ method("circuitkit.detect.tokens:RepeatedTokens.build", spec, lambda: {"model": 
 method("circuitkit.detect.tokens:TokenBatch.targets", batch, lambda: {"name": "induction"}, name="option",
        extra_bad={"name": [("weight-score", const("copying"), STRICT)]})
 AOM = "circuitkit.models.toy:AttentionOnlyModel"
+_BAD_HOOK_RESULTS = {  # what a hook may wrongly return in place of its activation
+    "nan": lambda t, hook: torch.full_like(t, math.nan),
+    "inf": lambda t, hook: t * math.inf,
+    "int64": lambda t, hook: t.long(),
+    "float64": lambda t, hook: t.double(),
+    "bool": lambda t, hook: t > 0,
+    "complex": lambda t, hook: t.to(torch.complex64),
+    "meta": lambda t, hook: torch.empty_like(t, device="meta"),
+    "list": lambda t, hook: t.tolist(),
+    "wrong-shape": lambda t, hook: t[:1],
+}
 method(f"{AOM}.run_with_hooks", toy, lambda: {"tokens": batch().tokens, "fwd_hooks": [], "start_at_layer": None},
        tokens="token_ids", fwd_hooks="heads", start_at_layer="int>=0?",
-       extra_bad={"start_at_layer": [("past-last-layer", const(5), STRICT)]})
+       extra_bad={"start_at_layer": [("past-last-layer", const(5), STRICT)],
+                  "fwd_hooks": [(f"hook-returns-{label}", const([("blocks.0.attn.hook_z", make)]), STRICT)
+                                for label, make in _BAD_HOOK_RESULTS.items()]})
+method(f"{AOM}.run_with_cache", toy, lambda: {"tokens": batch().tokens, "names_filter": [  # not the masked scores
+           "hook_embed", "blocks.0.attn.hook_pattern", "blocks.1.hook_resid_post"]},
+       tokens="token_ids",
+       extra_bad={"names_filter": [("int", const(5), STRICT), ("list-of-int", const([5]), STRICT),
+                                   ("bytes", const(b"hook_embed"), STRICT), ("unknown", const(["nope"]), STRICT)]})
+method(f"{AOM}.forward", toy, lambda: {"tokens": batch().tokens}, tokens="token_ids")
 method(f"{AOM}.with_attention", toy, lambda: {"attention": "hard"}, attention="option")
 method(f"{AOM}.to", toy, lambda: {"device": "cpu"}, device="device")
 

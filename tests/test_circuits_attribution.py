@@ -307,6 +307,7 @@ def test_circuit_evidence_reuses_the_attribution_runs(metric):
                                torch.tensor([e.clean for e in alone.edges]), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
 def test_cuda_evidence_equals_cpu():
     """Edge attribution and path patching on the GPU equal the CPU run (GQA, LayerNorm, MLPs)."""

@@ -246,7 +246,7 @@ def test_sort_orders_the_table_by_any_column(scan_all, column, source):
     expected = [head_name(divmod(i, values.shape[1])) for i in order]
     assert [row[1] for row in _table_rows(table)] == expected
     label = {"ablation": "ablated (loss rise, nats)", "attribution": "attrib (loss rise, nats)"}
-    assert table.title.endswith("ranked by " + label.get(source, f"{source} score"))
+    assert str(table.title).endswith("ranked by " + label.get(source, f"{source} score"))
 
 
 def test_default_table_order_is_the_induction_score(scan_all):

@@ -33,11 +33,32 @@ def _run_isolated(code: str, tmp_path) -> subprocess.CompletedProcess:
         (["scan", "--out", "a-file"], "--out: given str 'a-file'; expected a directory"),
         (["scan", "--batch", "x"], "argument --batch: given 'x'; expected an integer"),
         (["scan", "--quick", "--ablate", "all"], "--quick: given with --ablate all"),
+        (["scan", "--sort", "foo"], "--sort: given 'foo'; expected a column of the table"),
+        (["scan", "--task", "ioi", "--png"], "--png: given with --task ioi, which does not use it"),
+        (["scan", "--task", "pairs.jsonl", "--block-len", "5"], "--block-len: given with --task pairs.jsonl"),
+        (["scan", "--task", "sentiment"], "--task: given 'sentiment'; expected one of induction"),
+        (["scan", "pairs.jsonl"], "MODEL: given 'pairs.jsonl', a file; expected a model (a local Hugging Face "
+                                  "directory or a .gguf file). 'pairs.jsonl' looks like a task file: did you mean "
+                                  "--task pairs.jsonl?"),
+        (["scan", "--qiuck"], "unrecognized arguments: --qiuck; did you mean --quick?"),
+        (["scan", "--QUICK"], "unrecognized arguments: --QUICK; did you mean --quick?"),
+        (["track", "x", "--pgn"], "unrecognized arguments: --pgn; did you mean --png?"),
+        (["scan", "--task", "iio"], "clean/corrupted pairs; did you mean ioi?"),
+        (["scan", "--task", "pair.jsonl"], "--task: 'pair.jsonl': no such file; expected a task file of "
+                                           "clean/corrupted pairs; did you mean 'pairs.jsonl'?"),
+        (["scan", "--sort", "indct"], "did you mean induct?"),
+        (["scan", "--ablate", "al"], "invalid choice: 'al' (choose from 'top', 'all', 'none'); did you mean 'all'?"),
+        (["scna"], "invalid choice: 'scna' (choose from 'scan', 'track'); did you mean 'scan'?"),
+        (["scan", "induction-2"], "--allow-download to fetch it from the hub; did you mean induction-2l?"),
     ],
-    ids=["typo-name", "missing-directory", "missing-gguf", "out-is-a-file", "bad-integer", "quick-with-ablate"],
+    ids=["typo-name", "missing-directory", "missing-gguf", "out-is-a-file", "bad-integer", "quick-with-ablate",
+         "sort-column", "option-a-task-does-not-use", "option-a-task-file-does-not-use", "task-name",
+         "task-file-as-model", "flag-typo", "flag-case", "track-flag-typo", "task-name-typo", "task-file-typo",
+         "sort-typo", "choice-typo", "command-typo", "zoo-name-typo"],
 )
 def test_argument_and_path_errors_come_before_torch_is_imported(args, said, tmp_path):
     (tmp_path / "a-file").write_text("not a directory")
+    (tmp_path / "pairs.jsonl").write_text('{"clean": "a b", "corrupted": "a c", "answer": " d", "wrong": " e"}\n')
     completed = _run_isolated(f"""
         import sys
         from circuitkit.cli import main
@@ -160,3 +181,92 @@ def test_terminal_lines_wrap_between_items_never_inside_one(text, width):
             assert any(item in line for line in lines), (item, lines)
     if width >= len(text):
         assert lines == [text]
+
+
+@pytest.mark.parametrize("name, content, said", [
+    ("missing.jsonl", '{"clean": "a b", "corrupted": "a c", "answer": " d"}\n', "(missing ['wrong'])"),
+    ("broken.jsonl", '{"clean": "a b",\n', "line 1 is not JSON"),
+    ("empty.jsonl", '{"clean": "", "corrupted": "a c", "answer": " d", "wrong": " e"}\n', "a non-empty prompt"),
+    ("columns.csv", "clean,corrupted,answer\na b,a c, d\n", "missing ['wrong']"),
+    ("prompts.json", '{"pairs": []}', 'has no list under "prompts"'),
+], ids=["missing-key", "bad-json", "empty-prompt", "csv-missing-column", "json-no-prompts"])
+def test_a_bad_task_file_is_refused_before_the_model_loads(name, content, said, tmp_path, capsys, monkeypatch):
+    import circuitkit.models.loading as loading
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the task file was read")
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+    path = tmp_path / name
+    path.write_text(content)
+    assert main(["scan", "--task", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"scan: reading the task file {path}" and len(err) == 2, err
+    assert err[1].startswith(f"circuitkit: error: task file {str(path)!r}") and said in err[1], err
+
+
+def test_a_bad_task_file_is_answered_without_the_model_libraries(tmp_path):
+    """Reading a task file needs torch (the task module's types), not transformers or TransformerLens."""
+    (tmp_path / "missing.jsonl").write_text('{"clean": "a b", "corrupted": "a c", "answer": " d"}\n')
+    completed = _run_isolated("""
+        import sys
+        from circuitkit.cli import main
+        code = main(["scan", "--task", "missing.jsonl", "--out", "out"])
+        print(code, sorted(m for m in ("transformers", "transformer_lens", "plotly") if m in sys.modules))
+    """, tmp_path)
+    assert completed.stdout.strip() == "2 []", completed.stderr
+    assert "missing ['wrong']" in completed.stderr.splitlines()[-1]
+
+
+def test_the_sort_columns_are_the_registered_scores(tmp_path):
+    """cli.SCORE_COLUMNS mirrors the registry (so --sort is checked before torch loads): a fresh interpreter's
+    registered scores, full and short names."""
+    completed = _run_isolated("""
+        from circuitkit import cli
+        from circuitkit.detect import registry
+        print({d.name: d.short for d in registry.registered()} == cli.SCORE_COLUMNS)
+    """, tmp_path)
+    assert completed.stdout.strip() == "True", completed.stderr
+
+
+@pytest.mark.parametrize("column, said", [
+    ("indct", "did you mean induct?"),
+    ("previous", "did you mean previous_token?"),
+    ("ablatd", "did you mean ablated?"),
+    ("zzz", "attrib, copy, dup, first, induct, prev, self."),
+])
+def test_an_unknown_sort_column_gets_the_closest_names(column, said):
+    from circuitkit.cli import sort_column
+
+    with pytest.raises(CircuitkitError) as caught:
+        sort_column(column)
+    assert str(caught.value).endswith(said) and "\n" not in str(caught.value)
+
+
+def test_a_file_of_a_model_directory_names_the_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-model").mkdir()
+    for name in ("config.json", "model.safetensors", "model-00001-of-00002.safetensors"):
+        (tmp_path / "my-model" / name).write_text("{}")
+        with pytest.raises(CircuitkitError) as caught:
+            check_model_name(f"my-model/{name}")
+        assert str(caught.value) == (f"MODEL: given 'my-model/{name}', a file of a model directory; expected the "
+                                     "directory itself: did you mean my-model?")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(CircuitkitError, match="given 'notes.txt', a file; expected a local Hugging Face directory"):
+        check_model_name("notes.txt")
+    (tmp_path / "weights.gguf").write_text("x")  # a .gguf file and a directory pass: loading reads them
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")  # and a dangling link: loading says what it is
+    for name in ("weights.gguf", "my-model", "dangling"):
+        assert check_model_name(name) is None
+
+
+def test_a_missing_path_suggests_its_closest_sibling(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    (tmp_path / "models" / "qwen").mkdir(parents=True)
+    with pytest.raises(CircuitkitError) as caught:
+        check_model_name(str(tmp_path / "models" / "qwn"))
+    assert str(caught.value).endswith(f"or a .gguf file; did you mean {tmp_path / 'models' / 'qwen'}?")
+    with pytest.raises(CircuitkitError) as caught:
+        check_model_name(str(tmp_path / "models" / "zzzzzz"))
+    assert str(caught.value).endswith("or a .gguf file.")

@@ -205,6 +205,7 @@ def test_grouped_query_scores_equal_expanded_multi_head_scores():
         torch.testing.assert_close(grouped, ungrouped, atol=TILING_ATOL, rtol=0)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: no CUDA device on this machine")
 def test_cuda_scores_stay_on_device_and_match_cpu():
     w = random_weights(3, 4, 16, 4, seed=10)
@@ -337,3 +338,30 @@ def test_gram_route_scores_heads_in_orthogonal_subspaces_zero():
     for mode in MODES:
         assert float(_gram_scores(w, mode, 2**20).abs().max()) == 0.0
         assert float(_raw_scores(w, mode, 2**20).abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("precision", ["highest", "high", "medium"])
+def test_matmul_precision_is_set_for_the_call_and_put_back(precision, monkeypatch):
+    """The precision option is torch's own setting, held for the call only (also when the call raises)."""
+    w = random_weights(3, 4, 16, 4, seed=10)
+    seen = []
+    original = torch.matmul
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_float32_matmul_precision())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "matmul", spy)
+    torch.set_float32_matmul_precision("highest")
+    composition_scores(w, "Q", precision=precision, memory_budget=1)  # the tiled route, which calls torch.matmul
+    assert seen and set(seen) == {precision}
+    assert torch.get_float32_matmul_precision() == "highest"
+    monkeypatch.setattr(torch, "matmul", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        composition_scores(w, "Q", precision=precision, memory_budget=1)
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_an_unknown_precision_is_one_clear_line():
+    with pytest.raises(CircuitkitError, match="precision: given str 'fp8'; expected one of 'highest', 'high'"):
+        composition_scores(random_weights(2, 2, 8, 4, seed=1), "Q", precision="fp8")

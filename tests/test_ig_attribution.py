@@ -357,6 +357,7 @@ def test_offloaded_model_ig_equals_the_whole_model(pair, path):
         torch.testing.assert_close(got, want, atol=SHARD_TOL, rtol=SHARD_TOL, equal_nan=True)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
 def test_cuda_ig_equals_cpu():
     model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=8)

@@ -252,3 +252,4 @@ def test_encoder_decoder_is_refused_with_the_reason(tmp_path, family):
     message = str(info.value)
     assert "\n" not in message and "encoder-decoder" in message and "not supported" in message
     assert "cross-attention" in message  # says why
+

@@ -103,7 +103,7 @@ def test_load_refuses_what_is_not_a_saved_scan(tmp_path):
     with pytest.raises(CircuitkitError, match="format 1"):
         ck.Scan.load(tmp_path)
     (tmp_path / "scores.json").write_text(json.dumps({"format": JSON_FORMAT, "model": {}}))
-    with pytest.raises(CircuitkitError, match="missing or malformed entry"):
+    with pytest.raises(CircuitkitError, match="field 'circuitkit_version': given nothing .the key is missing"):
         ck.Scan.load(tmp_path)
     (tmp_path / "scores.json").write_text("{not json")
     with pytest.raises(CircuitkitError, match="not JSON"):

@@ -6,6 +6,10 @@ the answer printed) or ``circuitkit.track(...)``.
 
 ``circuitkit track CKPT...|RUN_DIR [--out DIR] [--steps N,N,...] [--no-merge]`` / ``circuitkit track --merge DIR``
 
+Every option either applies to the run or is refused: an option the run would not use (``--png`` with a task,
+``--pairs`` without one, ``--ablate-top`` with ``--quick``, ...; :data:`SCAN_UNUSED`) is an error before the model
+loads, as is everything that can be checked from the arguments and files.
+
 Every error is one ``circuitkit: error: ...`` line on stderr and exit code 2 (argparse's own errors too);
 Ctrl-C is one ``circuitkit: interrupted`` line and exit code 130, with earlier outputs left intact (the
 report and scores are replaced together or not at all).
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from circuitkit import __version__
+from circuitkit._terminal import labelled, plain, visible
 from circuitkit.errors import CircuitkitError
 
 # Nothing above imports torch: argument and path errors are answered in a fraction of a second. The constants
@@ -34,7 +39,22 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but its errors are one line and exit code 2 like every other circuitkit error."""
 
     def error(self, message: str) -> NoReturn:
+        import re
+
+        choice = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if choice:  # the closest choice too: "argument --ablate: invalid choice: 'al' (...); did you mean 'all'?"
+            message += _did_you_mean(choice.group(1), re.findall(r"'(.*?)'", choice.group(2)), quote=True)
         raise _UsageError(message)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, with the closest option named for an unrecognized one (``--qiuck``: did you mean --quick?)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = _subcommands(self).get(getattr(parsed, "command", None), self)  # the options where it was given
+            flags = [flag for action in sub._actions for flag in action.option_strings]
+            first = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), "")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(first, flags) if first else '.'}")
+        return parsed
 
 
 class _UsageError(Exception):
@@ -85,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--out", type=_out_dir, default=DEFAULT_OUT, metavar="DIR",
                       help=f"output directory (default {DEFAULT_OUT})")
     scan.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the model's)")
+    scan.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                      help="the weights' dtype (default float32): bfloat16 / float16 halve the memory; measurements "
+                      "stay within about 0.02 of float32 on the bundled model")
     scan.add_argument("--device-map", default=None, metavar="MAP",
                       help="shard the model over devices: 'auto' (accelerate decides), or a JSON object "
                       "module -> device")
@@ -99,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--ablate-top", type=_int_in(1), default=8, metavar="K",
                       help="heads ranked by |attribution| to ablate exactly with --ablate top (8)")
     scan.add_argument("--ablation-method", choices=("mean", "zero"), default="mean",
-                      help="replace a head's output by its mean (default) or by zeros")
+                      help="replace a head's output by its mean (default) or by zeros; with --task, given: how "
+                      "nodes outside the circuit are replaced (default there: from the corrupted prompt)")
     scan.add_argument("--top-k", type=_int_in(1), default=5, metavar="K",
                       help="heads per score and composition edges per mode to list (5)")
     scan.add_argument("--no-circuit", action="store_true",
@@ -107,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "attribution and path patching)")
     scan.add_argument("--quick", action="store_true",
                       help="scores, attribution, composition and spectra only: no exact ablation and no edge "
-                      "evidence (the same as --ablate none --no-circuit)")
+                      "evidence (the same as --ablate none --no-circuit); with --task: the node circuit only, no "
+                      "edge circuit")
     scan.add_argument("--sort", default=None, metavar="COLUMN",
                       help="sort the table by this column, largest first: a score's short or full name (induct, "
                       "prev, dup, self, first, copy, ...), attrib, or ablated (alias: ablate); default: induction")
@@ -157,18 +182,121 @@ def _fraction(what: str, example: str, *, one: bool):
     return parse
 
 
-def _check_task(text: str) -> None:
-    """A task that is not built in must be a file that exists (said before torch loads)."""
+# ---------------------------------------------------------------------- which options each scan uses
+INDUCTION, BUILT_IN_TASK, TASK_FILE = "induction", "built-in task", "task file"
+"""The three kinds of scan: the induction scan (no --task, or --task induction), a built-in task, a task file."""
+TASK_SCANS = (BUILT_IN_TASK, TASK_FILE)
+TASK_SUFFIXES = (".jsonl", ".csv", ".json")
+
+SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
+    # option (its dest) -> (the scans it has no effect on, why). Every other option applies to every scan. An
+    # option given to a scan that does not use it is refused before the model loads; tests/test_cli_flags.py
+    # checks every option of the parser, with and without --task.
+    "block_len": (TASK_SCANS, "a task brings its own prompts"),
+    "batch": (TASK_SCANS, "a task's pairs are its batch; --pairs sets how many a built-in task writes"),
+    "seed": ((TASK_FILE,), "a task file's pairs are read as written; --seed seeds the random tokens and the "
+             "pairs a built-in task writes"),
+    "ablate": (TASK_SCANS, "a task scan patches nodes from the corrupted prompt; --ablation-method mean|zero "
+               "changes that"),
+    "ablate_top": (TASK_SCANS, "a task scan ablates no single heads exactly"),
+    "top_k": (TASK_SCANS, "a task scan's answer lists its own top heads and edges"),
+    "no_circuit": (TASK_SCANS, "a task scan is a circuit search; --quick skips its edge circuit"),
+    "sort": (TASK_SCANS, "a task scan prints its answer, not a table of heads"),
+    "png": (TASK_SCANS, "a task scan's report has no PNG export"),
+    "pairs": ((INDUCTION, TASK_FILE), "it sets how many pairs a built-in task (ioi, greater-than, docstring) "
+              "writes"),
+    "random_sets": (TASK_SCANS, "random head sets are measured by the induction scan only"),
+    "stability": (TASK_SCANS, "the bootstrap reruns of the circuit search belong to the induction scan"),
+}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _task_kind(text: str) -> str:
+    """Which scan ``--task`` asks for (:data:`INDUCTION`, :data:`BUILT_IN_TASK`, :data:`TASK_FILE`); a task that is
+    not built in must be a task file that exists (said before torch loads, with the closest names)."""
+    if text == "induction":
+        return INDUCTION
     if text in BUILT_IN_TASKS:
-        return
+        return BUILT_IN_TASK
     from pathlib import Path
 
     path = Path(text)
-    if path.suffix.lower() not in (".jsonl", ".csv", ".json"):
+    if path.suffix.lower() not in TASK_SUFFIXES:
         raise CircuitkitError(f"--task: given {text!r}; expected one of {', '.join(BUILT_IN_TASKS)} or a task file "
-                              "(.jsonl, .csv or .json) of clean/corrupted pairs.")
+                              f"(.jsonl, .csv or .json) of clean/corrupted pairs{_did_you_mean(text, BUILT_IN_TASKS)}")
     if not path.is_file():
-        raise CircuitkitError(f"--task: {text!r}: no such file; expected a task file of clean/corrupted pairs.")
+        raise CircuitkitError(f"--task: {text!r}: no such file; expected a task file of clean/corrupted pairs"
+                              f"{_did_you_mean(text, _task_files_beside(path), quote=True)}")
+    return TASK_FILE
+
+
+def _task_files_beside(path: Any) -> list[str]:
+    """The task files in ``path``'s folder, written as ``path`` is (for a suggestion); [] if it cannot be read."""
+    import os
+
+    folder = path.parent
+    try:
+        names = [entry.name for entry in os.scandir(folder) if entry.name.lower().endswith(TASK_SUFFIXES)]
+    except OSError:
+        return []
+    return [str(folder / name) if str(folder) != "." else name for name in names[:1000]]
+
+
+def _did_you_mean(text: str, choices: Sequence[str], *, quote: bool = False) -> str:
+    """``"; did you mean X?"`` for the choice closest to ``text`` (difflib, similarity >= 0.6), else ``"."``."""
+    import difflib
+
+    by_lower = {choice.lower(): choice for choice in reversed(choices)}  # case aside: --QUICK is --quick
+    close = difflib.get_close_matches(text.lower(), list(by_lower), n=1, cutoff=0.6)
+    if not close:
+        return "."
+    best = by_lower[close[0]]
+    return f"; did you mean {best!r}?" if quote else f"; did you mean {best}?"
+
+
+def _given(args: argparse.Namespace) -> frozenset[str]:
+    """The options the command line set (:func:`given_options`, kept by :func:`main`); for a namespace built
+    elsewhere, the options whose value is not the parser's default."""
+    given = getattr(args, "_given", None)
+    if given is not None:
+        return given
+    defaults = vars(build_parser().parse_args([args.command]))
+    return frozenset(k for k, v in vars(args).items() if k in defaults and v != defaults[k])
+
+
+def _refuse(dest: str, context: str, why: str, instead: str = "") -> NoReturn:
+    flag = _flag(dest)
+    raise CircuitkitError(f"{flag}: given {context}, which does not use it ({why}); expected {flag} left out"
+                          f"{instead}.")
+
+
+def refuse_unused_scan_options(args: argparse.Namespace, kind: str) -> None:
+    """Refuse, in one line before the model loads, an option the scan of this ``kind`` would not use: one that
+    :data:`SCAN_UNUSED` lists for it, or one that another option turns off."""
+    given = _given(args)
+    for dest, (kinds, why) in SCAN_UNUSED.items():
+        if dest in given and kind in kinds:
+            if kind == INDUCTION:
+                _refuse(dest, "for the induction scan (no --task)", why,
+                        f", or a built-in task: --task {' | '.join(BUILT_IN_TASKS[1:])}")
+            _refuse(dest, f"with --task {args.task}", why)
+    if "device" in given and args.device_map is not None:
+        _refuse("device", "with --device-map", "the map places the model's parts on devices")
+    if kind != INDUCTION:
+        return
+    if "ablate_top" in given and _ablate_mode(args) != "top":
+        _refuse("ablate_top", "with --quick" if args.quick else f"with --ablate {args.ablate}",
+                "it counts the heads ablated exactly under --ablate top")
+    skipped = _skipped_flag(args)
+    if skipped is not None:
+        for dest in ("target", "random_sets", "stability"):
+            if dest in given:
+                _refuse(dest, f"with {skipped}", "there is no circuit search")
+    if args.json and "sort" in given:
+        _refuse("sort", "with --json", "--json prints the scores JSON, not the table")
 
 
 def _device_map(text: str | None) -> Any:
@@ -187,8 +315,8 @@ def _device_map(text: str | None) -> Any:
 
 
 def _say(text: str) -> None:
-    """A progress line on stderr (stdout stays the table, or the JSON under --json)."""
-    print(text, file=sys.stderr, flush=True)
+    """A progress line on stderr (stdout stays the table, or the JSON under --json); names from data escaped."""
+    print(visible(text), file=sys.stderr, flush=True)
 
 
 def run_scan(args: argparse.Namespace) -> int:
@@ -198,20 +326,27 @@ def run_scan(args: argparse.Namespace) -> int:
     from circuitkit.report.saving import prepare_directory
 
     started = time.perf_counter()
+    # What the arguments and the file system decide, before torch loads (a fraction of a second).
     check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
-    _check_task(args.task)
-    out = prepare_directory(args.out, where="--out", probe=True, kind="scan")
+    kind = _task_kind(args.task)
+    refuse_unused_scan_options(args, kind)
+    ablate = _ablate_mode(args)
+    circuit = not (args.no_circuit or args.quick)
+    if args.sort is not None and kind == INDUCTION:
+        sort_column(args.sort, ablated=ablate != "none")
     device_map = _device_map(args.device_map)
     if device_map is not None and args.model is None:
         raise CircuitkitError("--device-map: given with the bundled model; expected a Hugging Face MODEL to shard.")
-    ablate = _ablate_mode(args)
-    circuit = not (args.no_circuit or args.quick)
+    out = prepare_directory(args.out, where="--out", probe=True, kind="scan")
     from circuitkit import zoo
 
     name = args.model or zoo.DEFAULT
+    # What needs torch but no model: the device, the task file read and checked (its tokens need the model).
+    task = None
+    if kind == TASK_FILE:
+        _say(f"scan: reading the task file {args.task}")
+        task = _with_ablation(args, _load_task_file(args.task))
     _say(f"scan: loading {name}" + (" (the bundled model)" if args.model is None else ""))
-    if args.sort is not None:
-        sort_column(args.sort, ablated=ablate != "none")
     import circuitkit as ck
     from circuitkit.detect.tokens import RepeatedTokens
     from circuitkit.memory import check_memory
@@ -221,12 +356,13 @@ def run_scan(args: argparse.Namespace) -> int:
     check_device("--device", args.device)
     with _quiet_loading(args.allow_download):
         if device_map is not None:
-            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download)
+            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download,
+                               dtype=args.dtype)
         else:
-            model = load_model(args.model, device=args.device, allow_download=args.allow_download)
+            model = load_model(args.model, device=args.device, allow_download=args.allow_download, dtype=args.dtype)
     _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s")
-    if args.task != "induction":
-        return _run_task_scan(args, model, name, out)
+    if kind != INDUCTION:
+        return _run_task_scan(args, model, name, out, task)
     check_memory(model, args.batch, args.block_len, circuit=circuit, device=args.device)
     result = ck.scan(
         model,
@@ -260,17 +396,34 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any) -> int:
-    """``--task``: the task's circuit (:func:`circuitkit.tasks.scan_task`), its answer printed, the pair of files
-    written."""
-    import circuitkit as ck
+def _load_task_file(path: str) -> Any:
+    """The task file read and checked by :func:`circuitkit.tasks.load_task` (everything but its tokens)."""
+    from circuitkit.tasks import load_task
+
+    return load_task(path)
+
+
+def _with_ablation(args: argparse.Namespace, task: Any) -> Any:
+    """``task`` with ``--ablation-method`` as its ablation where the option was given (a task patches nodes from
+    the corrupted prompt by default)."""
+    if "ablation_method" not in _given(args):
+        return task
+    import dataclasses
+
+    return dataclasses.replace(task, ablation=args.ablation_method)
+
+
+def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, task: Any = None) -> int:
+    """``--task``: the task's circuit (:func:`circuitkit.tasks.scan_task`; ``--quick``: the node circuit only), its
+    answer printed, the pair of files written. ``task``: the task file already read, else the built-in task is
+    written for the model's tokenizer here."""
     from circuitkit import tasks
 
-    task = tasks.get_task(args.task, model, n=args.pairs, seed=args.seed)
+    if task is None:
+        task = _with_ablation(args, tasks.get_task(args.task, model, n=args.pairs, seed=args.seed))
     _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {task.metric}")
-    result = ck.scan(model, task=task, target=args.target, device=args.device, progress=True, name=name,
-                     n_resamples=args.resamples, ci_level=args.ci_level, random_sets=args.random_sets,
-                     stability=args.stability)
+    result = tasks.scan_task(model, task, target=args.target, edges=not args.quick, device=args.device, name=name,
+                             n_resamples=args.resamples, ci_level=args.ci_level, progress=_stage_lines(task.name))
     saved = result.save(out)
     if args.json:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
@@ -280,8 +433,22 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any) ->
     for line in result.answer().splitlines():
         label, _, rest = line.partition(": ")
         output.text(label, rest)
+    if args.quick and result.circuit is not None:
+        output.text("Edge circuit skipped (--quick); run without --quick to measure the edge circuit.", "")
     output.text(f"wrote {saved.report} and {saved.scores}", "")
     return 0
+
+
+def _stage_lines(task_name: str) -> Any:
+    """A task scan's progress: one line per stage on stderr, as ``circuitkit.scan(..., progress=True)`` writes."""
+    import time
+
+    started = time.perf_counter()
+
+    def line(stage: str, passes: float) -> None:
+        _say(f"scan {task_name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s")
+
+    return line
 
 
 def _skipped_flag(args: argparse.Namespace) -> str | None:
@@ -333,9 +500,8 @@ class _Output:
         sys.stdout.flush()
 
     def text(self, label: str, rest: str) -> None:
-        """A ``label: rest`` line, the label in bold on a terminal."""
-        from rich.markup import escape
-
+        """A ``label: rest`` line, the label in bold on a terminal (data printed as written: :mod:`_terminal`)."""
+        label, rest = visible(label), visible(rest)
         if not self.terminal:
             sys.stdout.write((f"{label}: {rest}" if rest else label) + "\n")
             return
@@ -343,10 +509,10 @@ class _Output:
         lines = wrap_items(f"{label}: {rest}" if rest else label, width)
         first = lines[0]
         if rest and first.startswith(f"{label}: "):
-            first = f"[bold]{escape(label)}:[/bold] {escape(first[len(label) + 2:])}"
+            first = labelled(label, first[len(label) + 2:])
         else:
-            first = escape(first)
-        for line in [first, *(escape(line) for line in lines[1:])]:
+            first = plain(first)
+        for line in [first, *(plain(line) for line in lines[1:])]:
             self.console.print(line, soft_wrap=True)
 
 
@@ -397,6 +563,10 @@ def _ablate_mode(args: argparse.Namespace) -> str:
     return args.ablate or ("none" if args.quick else "top")
 
 
+SCORE_COLUMNS = {"induction": "induct", "previous_token": "prev", "duplicate_token": "dup",
+                 "current_token": "self", "first_token": "first", "copying": "copy"}
+"""The registered head scores (full name -> short name), mirrored from :mod:`circuitkit.detect.registry` so that
+``--sort`` is checked before torch loads (a test checks they agree)."""
 EFFECT_COLUMNS = {"attrib": "attribution", "ablated": "ablation"}
 """Table columns of causal effects -> the scan result's attribute holding them."""
 _COLUMN_ALIASES = {"attribution": "attrib", "ablate": "ablated", "ablation": "ablated", "exact": "ablated"}
@@ -407,18 +577,17 @@ def sort_column(text: str, *, ablated: bool = True, scores: Any = None) -> str:
     (``"induct"``), ``"attrib"`` or ``"ablated"`` (aliases ``attribution``, ``ablate``, ``ablation``, ``exact``).
 
     Returns the score's full name or the effect column's label. ``scores`` (a scan's ``head_scores``) limits
-    the score names to those the scan computed; without it, the registered scores are the choices.
+    the score names to those the scan computed; without it, the registered scores (:data:`SCORE_COLUMNS`) are the
+    choices.
     ``ablated=False`` (``--ablate none``, ``--quick``) refuses ``ablated``: that column is empty."""
     if scores is not None:
-        definitions = {name: scores.definitions[name] for name in scores}
+        shorts = {name: scores.definitions[name].short for name in scores}
     else:
-        from circuitkit.detect import registry
-
-        definitions = {d.name: d for d in registry.registered()}
-    by_short = {d.short: name for name, d in definitions.items()}
+        shorts = dict(SCORE_COLUMNS)
+    by_short = {short: name for name, short in shorts.items()}
     key = text.strip().lower()
     key = _COLUMN_ALIASES.get(key, key)
-    if key in definitions:
+    if key in shorts:
         return key
     if key in by_short:
         return by_short[key]
@@ -430,7 +599,8 @@ def sort_column(text: str, *, ablated: bool = True, scores: Any = None) -> str:
             )
         return key
     choices = sorted({*by_short, *EFFECT_COLUMNS})
-    raise CircuitkitError(f"--sort: given {text!r}; expected a column of the table: {', '.join(choices)}.")
+    close = _did_you_mean(key, [*choices, *shorts, *_COLUMN_ALIASES])
+    raise CircuitkitError(f"--sort: given {text!r}; expected a column of the table: {', '.join(choices)}{close}")
 
 
 def ranked_table(scan: Any, rows: int = TABLE_ROWS, sort: str | None = None):
@@ -461,7 +631,7 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS, sort: str | None = None):
         title = f"heads ranked by {key} score"
     m = scan.model
     table = Table(
-        title=f"{m.name}: {title}",
+        title=plain(f"{m.name}: {title}"),
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
@@ -474,7 +644,7 @@ def ranked_table(scan: Any, rows: int = TABLE_ROWS, sort: str | None = None):
     table.add_column("rank", justify="right", min_width=4, no_wrap=True)
     table.add_column("head", justify="right", min_width=4, no_wrap=True)
     for name in names:
-        table.add_column(scores.definitions[name].short, justify="right", min_width=6, no_wrap=True)
+        table.add_column(plain(scores.definitions[name].short), justify="right", min_width=6, no_wrap=True)
     for label, _ in effects:
         table.add_column(label, justify="right", min_width=len(label), no_wrap=True)
     for rank, (head, _) in enumerate(top_heads(ranking, min(rows, m.n_layers * m.n_heads)), start=1):
@@ -535,15 +705,31 @@ def add_track_parser(sub: Any) -> None:
                        help="also export every figure as DIR/png/*.png (needs headless Chromium)")
 
 
+TRACK_MERGE_USES = ("merge", "png")
+"""The options ``track --merge DIR`` uses: it assembles records already measured, so every option of the
+measurement is refused beside it (checkpoints and --out in a line of their own)."""
+
+
+def refuse_unused_track_options(args: argparse.Namespace) -> None:
+    """Refuse, before any checkpoint loads, a track option that this run would not use."""
+    given = _given(args)
+    if args.merge is not None:
+        if args.checkpoints or args.out is not None:
+            raise CircuitkitError("track --merge: given checkpoints or --out too; expected only the directory of "
+                                  "records (track --merge DIR).")
+        for dest in sorted(given - {"checkpoints", "out", *TRACK_MERGE_USES}):
+            _refuse(dest, "with --merge", "--merge assembles the records already measured")
+    if args.no_merge and "png" in given:
+        _refuse("png", "with --no-merge", "--no-merge writes no report; pass --png to track --merge")
+
+
 def run_track(args: argparse.Namespace) -> int:
+    refuse_unused_track_options(args)
     from circuitkit.detect.tokens import RepeatedTokens
     from circuitkit.report.track_page import sentences
     from circuitkit.tracking import merge, track
 
     if args.merge is not None:
-        if args.checkpoints or args.out is not None:
-            raise CircuitkitError("track --merge: given checkpoints or --out too; expected only the directory of "
-                                  "records (track --merge DIR).")
         result = merge(args.merge)
         saved = result.save(args.merge, png=args.png)
     else:
@@ -570,7 +756,7 @@ def run_track(args: argparse.Namespace) -> int:
 
             saved = SavedTrack(track=Path(out) / TRACK_NAME, report=Path(out) / REPORT_NAME)
     for line in sentences(result):
-        print(line)
+        print(visible(line))
     print(f"wrote {saved.track} and {saved.report}")
     for path in saved.pngs:
         print(f"wrote {path}")
@@ -588,12 +774,31 @@ def print_answer(output: Any, scan: Any, skipped: str | None = None) -> None:
         if isinstance(output, _Output):
             output.text(label, rest)
         else:
-            from rich.markup import escape
-
-            output.print(f"[bold]{escape(label)}:[/bold] {escape(rest)}" if rest else escape(line))
+            output.print(labelled(label, rest))
 
 
 COMMANDS = {"scan": run_scan, "track": run_track}
+
+
+_UNSET = object()
+
+
+def given_options(argv: Sequence[str]) -> frozenset[str]:
+    """The options (dests) the command line ``argv`` sets, whatever their value: ``argv`` parsed again with every
+    subcommand's defaults unset (an option left at its default is not "given"; ``--batch 16`` is)."""
+    parser = build_parser()
+    for sub in _subcommands(parser).values():
+        for action in sub._actions:
+            if action.default is not argparse.SUPPRESS:
+                action.default = _UNSET
+    args = parser.parse_args(argv)
+    return frozenset(k for k, v in vars(args).items() if v is not _UNSET and k != "command")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands' parsers by name (``scan``, ``track``); {} for a parser without subcommands."""
+    action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return dict(action.choices) if action is not None else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -601,11 +806,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prefer_passive_waiting()  # before torch loads: idle OpenMP threads sleep, not spin, beside other work
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 0
+        args._given = given_options(argv)
         return COMMANDS[args.command](args)
     except _UsageError as error:
         print(f"circuitkit: error: {error}", file=sys.stderr)

@@ -42,7 +42,8 @@ precision at ~1e-6). A non-finite result raises :class:`CircuitkitError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,6 +69,11 @@ __all__ = [
 ]
 
 Baseline = Literal["subtract", "zscore"]
+Precision = Literal["highest", "high", "medium"]
+PRECISIONS = ("highest", "high", "medium")
+"""How the float32 products run, in torch's own words (``torch.set_float32_matmul_precision``): ``"highest"``
+(float32, exact to rounding: the default), ``"high"`` (TF32 on GPUs that have it: 10-bit mantissa inputs, float32
+sums) or ``"medium"`` (bfloat16 inputs, float32 sums). On a CPU the three are the same computation."""
 
 ZSCORE_MIN_STD = 1e-6
 """A random baseline whose spread is below this is rounding noise, not spread: scores lie in [0, 1] and the
@@ -165,6 +171,7 @@ def composition_scores(
     *,
     baseline: Baseline | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    precision: Precision = "highest",
 ) -> Float[Tensor, "src_layer src_head dst_layer dst_head"]:
     """Composition scores of every (earlier head, later head) pair.
 
@@ -178,6 +185,10 @@ def composition_scores(
             ``"zscore"`` raises :class:`CircuitkitError` rather than dividing by rounding noise.
         memory_budget: bytes the tiled computation's working set aims to stay under. One source layer
             against one destination layer is the smallest tile, used even if it exceeds the budget.
+        precision: how the float32 products run (:data:`PRECISIONS`): ``"highest"`` (default, float32);
+            ``"high"`` (TF32 tensor cores, several times faster on a GPU at 70B shapes, at a measured error in
+            ``benchmarks/README.md``) or ``"medium"`` (bfloat16 products). Float64 steps (the Gram roots, the
+            Gram route) are unaffected.
 
     Returns:
         float32 ``[src_layer, src_head, dst_layer, dst_head]`` on the weights' device; exactly 0 wherever
@@ -187,10 +198,11 @@ def composition_scores(
     if baseline is not None:
         validate.option("composition_scores: baseline", baseline, tuple(_BASELINES))
     memory_budget = validate.positive_int("composition_scores: memory_budget", memory_budget, why="bytes")
+    validate.option("composition_scores: precision", precision, PRECISIONS)
     w = as_head_weights(weights, "composition_scores")
     if w.n_layers < 2:  # no pair has src layer < dst layer: all scores are 0 by definition
         return torch.zeros(w.n_layers, w.n_heads, w.n_layers, w.n_heads, device=w.device)
-    with torch.no_grad():
+    with torch.no_grad(), _matmul_precision(precision):
         unit = _unit_heads(w)
         route = _gram_scores if _gram_is_cheaper(unit, mode, memory_budget) else _raw_scores
         scores = route(unit, mode, memory_budget)
@@ -201,6 +213,17 @@ def composition_scores(
             scores = torch.where(_pair_mask(w.n_layers, scores.device), scores, 0.0)
             validate.finite_result("composition_scores", scores, why=f"baseline={baseline!r}")
     return scores
+
+
+@contextmanager
+def _matmul_precision(precision: str) -> Iterator[None]:
+    """torch's float32 matmul precision set to ``precision`` for the block, then put back as it was."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def _subtract(scores: Tensor, reference: CompositionBaseline, w: HeadWeights) -> Tensor:
@@ -278,7 +301,7 @@ def _raw_scores(w: HeadWeights, mode: str, memory_budget: int) -> Tensor:
         roots = R_Y[start:stop].view(n, G, group, d_head, d_head)  # [n, G, s, k, c]
         return roots.permute(0, 1, 4, 2, 3).reshape(n * G, d_head, group * d_head)
 
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     budget = memory_budget // itemsize  # in elements
     per_layer = cols * d_model  # one destination layer of (folded) factors
     cache_all = (L - 1) * per_layer <= budget // 2

@@ -84,7 +84,7 @@ def _size(n: float) -> str:
 def _spec(model: Any, device: Any = None):
     from circuitkit.models.adapters import ModelAdapter, adapt
 
-    adapter = model if isinstance(model, ModelAdapter) else adapt(model, device)
+    adapter = model if isinstance(model, ModelAdapter) else adapt(model, device, place_model=False)
     return adapter.spec
 
 

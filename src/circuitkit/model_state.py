@@ -9,6 +9,10 @@ it) give every entry point the same contract:
 - afterwards, each module's ``training`` flag, its hook dictionaries (forward, forward-pre, backward,
   state-dict hooks), each parameter's ``requires_grad`` and the device of every parameter and buffer are what they
   were before, also when the call raised or was interrupted;
+- ``device=``, where an entry point takes one, means "run there": a model wholly on another device is moved there for
+  the call (:func:`place`) and moved back afterwards (with its ``cfg.device``, which TransformerLens reads to place
+  the tensors it makes); a model spread over several devices (``device_map``) runs where it is, and a ``device=``
+  that differs is refused in one line;
 - a model whose weights are on the ``meta`` device (moved there, or offloaded with no way to bring them back) is
   refused with one :class:`~circuitkit.CircuitkitError` line before any work;
 - so is a model with a NaN or infinite weight (the line names the parameter): every measurement of it would be
@@ -49,8 +53,11 @@ HOOK_DICTS = (
 )
 """The per-module hook registries of ``torch.nn.Module`` (those present in the installed torch are saved)."""
 
-__all__ = ["caller_state", "keeps_model_state", "module_of", "settle", "state_of"]
+__all__ = ["caller_state", "keeps_model_state", "module_of", "place", "settle", "state_of"]
 
+
+_ABSENT = object()
+"""A ``cfg`` with no ``device`` attribute (nothing to restore)."""
 
 _HELD: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("circuitkit_held_models", default=frozenset())
 """``id`` of each module whose state an enclosing :func:`caller_state` will put back."""
@@ -146,6 +153,11 @@ def caller_state(model: Any, where: str = "circuitkit") -> Iterator[None]:
     hooks = [(m, attr, dict(getattr(m, attr))) for m in modules for attr in HOOK_DICTS if hasattr(m, attr)]
     grads = [(p, p.requires_grad) for p in module.parameters()]
     places = [(t, t.device) for t in [*module.parameters(), *module.buffers()]]
+    # Module.to() moves a parameter in place but puts a new tensor in a buffer's slot: the buffers are put back by
+    # slot (the original tensor, which still holds the data where it was)
+    slots = [(m, name, buffer) for m in modules for name, buffer in m._buffers.items() if buffer is not None]
+    cfg = getattr(module, "cfg", None)
+    cfg_device = getattr(cfg, "device", _ABSENT)
     module.eval()
     held = _HELD.set(_HELD.get() | {id(module)})
     try:
@@ -165,6 +177,43 @@ def caller_state(model: Any, where: str = "circuitkit") -> Iterator[None]:
         for t, device in places:
             if t.device != device:
                 t.data = t.data.to(device)
+        for m, name, buffer in slots:
+            now = m._buffers.get(name)
+            if now is not buffer and (now is None or now.device != buffer.device):
+                m._buffers[name] = buffer
+        if cfg_device is not _ABSENT and getattr(cfg, "device", _ABSENT) != cfg_device:
+            cfg.device = cfg_device
+
+
+def place(model: Any, device: torch.device, where: str = "circuitkit") -> None:
+    """Put ``model`` on ``device`` for the call that holds its state (the ``device=`` rule of the module docstring).
+
+    Nothing moves when every parameter and buffer is already there, or when ``model`` is not a ``torch.nn.Module``
+    (a duck-typed model runs where it is; its inputs go to ``device``). A model spread over several devices is
+    refused (moving it would undo its placement). Called outside a
+    :func:`caller_state` (a bare :func:`~circuitkit.models.adapters.adapt`), the move is the caller's and stays."""
+    module = module_of(model)
+    if module is None:
+        return
+    if device.type == "cuda" and device.index is None:  # "cuda" is the current GPU, as tensors report it
+        device = torch.device("cuda", torch.cuda.current_device())
+    devices = {t.device for t in [*module.parameters(), *module.buffers()]}
+    if not devices or devices == {device}:
+        return
+    if len(devices) > 1:
+        spread = ", ".join(sorted(str(d) for d in devices))
+        raise CircuitkitError(
+            f"{where}: given device={str(device)!r} for a model spread over {spread}; expected no device: a model "
+            "placed over several devices (device_map) runs where it is. Leave device out, or load the model on one "
+            "device."
+        )
+    if hasattr(module, "original_model"):  # a TransformerBridge: its own .to() also sets cfg.device
+        module.to(device, print_details=False)
+    else:
+        module.to(device)
+        cfg = getattr(module, "cfg", None)
+        if cfg is not None and getattr(cfg, "device", None) is not None:
+            cfg.device = device if isinstance(cfg.device, torch.device) else str(device)
 
 
 def keeps_model_state(function: F) -> F:

@@ -662,6 +662,7 @@ def scan(
     circuit_rank: str = "joint",
     roles: Sequence[Role] | None = None,
     device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
     progress: bool | str | None = False,
     name: str | None = None,
     allow_download: bool = False,
@@ -695,7 +696,10 @@ def scan(
             ranking needs more than 10% of the heads).
         roles: the roles the answer gives circuit heads (default :data:`DEFAULT_ROLES`): :class:`Role` s or
             ``(name, score[, feeds])`` with any registered head score.
-        device: where to run (default: the model's device).
+        device: where to run (default: the model's device). A model wholly on another device is moved there for
+            the call and moved back when it returns; a model spread over devices (``device_map``) runs where it is.
+        dtype: the weights' dtype when ``model`` is a name or path (``"float32"``, ``"bfloat16"``, ``"float16"``;
+            see :func:`~circuitkit.models.load_model`); a loaded model is scanned in its own dtype (cast it first).
         progress: ``True``: a bar on a terminal, one line per stage otherwise (logs, pipes); ``"bar"``,
             ``"lines"``; ``None``: a bar on a terminal, else nothing; ``False`` (default in library use): nothing.
         name: the model's name in the report (default: the name it was loaded by, else its class).
@@ -722,6 +726,10 @@ def scan(
                             circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
                             random_sets=random_sets, stability=stability)
     device = validate.device("scan: device", device)
+    dtype = validate.dtype("scan: dtype", dtype)
+    if dtype is not None and not (model is None or isinstance(model, (str, os.PathLike))):
+        raise validate.fail("scan: dtype", dtype, "None with a loaded model (it is scanned in its own dtype)",
+                            "Cast the model first, e.g. model.to(torch.bfloat16), or pass its name or path.")
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise validate.fail("scan: name", name, "a non-empty string")
@@ -732,7 +740,7 @@ def scan(
         from circuitkit.models.loading import load_model
 
         name = name or (str(model) if model is not None else zoo.DEFAULT)
-        model = load_model(model, device=device, allow_download=allow_download)
+        model = load_model(model, device=device, allow_download=allow_download, dtype=dtype)
     warn_if_threads_spin()  # torch loaded before circuitkit, no wait policy, other work busy: one line, the fix
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
@@ -801,6 +809,7 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                n_resamples: int, ci_level: float) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
     ``"off"``."""
+    from circuitkit._terminal import visible
     from circuitkit.tasks import Task, get_task, scan_task
 
     if not isinstance(task, Task):
@@ -811,8 +820,8 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
 
     def line(stage: str, passes: float) -> None:
         if mode != "off":
-            print(f"scan {task.name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s",
-                  file=sys.stderr, flush=True)
+            print(visible(f"scan {task.name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s"),
+                  file=sys.stderr, flush=True)  # the task's name is data: escaped (circuitkit._terminal)
 
     return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
                      ci_level=ci_level)

@@ -91,8 +91,9 @@ def _baseline_for_shape(d_model: int, d_head: int, n_samples: int, seed: int) ->
     with torch.no_grad():
         for start in range(0, n_samples, chunk):
             count = min(chunk, n_samples - start)
-            V, X, Y = (torch.randn(count, d_model, d_head, generator=generator, dtype=torch.float64) for _ in range(3))
-            out = torch.randn(count, d_head, d_model, generator=generator, dtype=torch.float64)
+            V, X, Y = (torch.randn(count, d_model, d_head, generator=generator, dtype=torch.float64, device="cpu")
+                       for _ in range(3))
+            out = torch.randn(count, d_head, d_model, generator=generator, dtype=torch.float64, device="cpu")
             scores.append(_gram_scores(V, out, X, Y))
     values = torch.cat(scores)
     closed_form = 1.0 / math.sqrt(d_model) if d_head >= CLOSED_FORM_MIN_D_HEAD else None

@@ -306,7 +306,7 @@ class EdgeValues:
 
 def edge_mask(n_layers: int, n_heads: int, n_inputs: int = len(CHANNELS)) -> Tensor:
     """``[L, H, L, H, n_inputs]`` bool: True where ``src layer < dst layer`` (an edge)."""
-    layers = torch.arange(n_layers)
+    layers = torch.arange(n_layers, device="cpu")
     return (layers[:, None, None, None, None] < layers[None, None, :, None, None]).expand(
         n_layers, n_heads, n_layers, n_heads, n_inputs)
 

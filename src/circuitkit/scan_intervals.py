@@ -39,6 +39,12 @@ from circuitkit.uncertainty import bootstrap_ci, ratio_of_means
 Interval = tuple[Any, Any]
 
 
+def _cpu(values: Tensor) -> Tensor:
+    """Per-sequence values as CPU float64, where every interval is computed (the passes that kept them may have run
+    on a GPU)."""
+    return values.detach().to("cpu", torch.float64)
+
+
 def _pair(lo: Tensor, hi: Tensor) -> tuple[float, float]:
     return float(lo), float(hi)
 
@@ -48,7 +54,8 @@ def head_score_intervals(per_sequence: Mapping[str, tuple[Tensor, Tensor]], n_re
     """Pattern score -> ``(lo [L, H], hi [L, H])``: the ratio of resampled means of attention on targets and rows."""
     out = {}
     for name, (attention, rows) in per_sequence.items():
-        values = torch.stack([attention.double(), rows.double()[:, None, None].expand_as(attention)], dim=1)
+        attention = _cpu(attention)
+        values = torch.stack([attention, _cpu(rows)[:, None, None].expand_as(attention)], dim=1)
         if not bool(torch.isfinite(values).all()):  # NaN attention (reported with a warning): no interval
             continue
         try:
@@ -63,11 +70,12 @@ def effect_intervals(per_sequence: Tensor | None, n_resamples: int, level: float
     head was not measured (NaN per-sequence values)."""
     if per_sequence is None:
         return None
+    per_sequence = _cpu(per_sequence)
     measured = torch.isfinite(per_sequence).all(dim=0)  # [L, H]
-    lo = torch.full(measured.shape, float("nan"), dtype=torch.float64)
+    lo = torch.full(measured.shape, float("nan"), dtype=torch.float64, device="cpu")
     hi = lo.clone()
     if bool(measured.any()):
-        lo[measured], hi[measured] = bootstrap_ci(per_sequence[:, measured].double(), n_resamples, level, seed)
+        lo[measured], hi[measured] = bootstrap_ci(per_sequence[:, measured], n_resamples, level, seed)
     return lo, hi
 
 
@@ -81,15 +89,15 @@ def scan_intervals(*, head_scores: Any, run: Any, attribution: Any, ablation: An
     batch = run.batch
     if batch.tokens.shape[0] < 2:
         return {}
-    clean = run.repeated_per_sequence.double()
+    clean = _cpu(run.repeated_per_sequence)
     out: dict[str, Any] = {
         "head_scores": head_score_intervals(getattr(head_scores, "per_sequence", {}), n_resamples, level, seed),
         "induction_loss": {
-            "first_copy": _pair(*bootstrap_ci(run.losses[:, batch.first_copy].double().mean(dim=1), n_resamples,
+            "first_copy": _pair(*bootstrap_ci(_cpu(run.losses)[:, batch.first_copy].mean(dim=1), n_resamples,
                                               level, seed)),
             "repeated_copies": _pair(*bootstrap_ci(clean, n_resamples, level, seed)),
         },
-        "circuit_ablation": {label: _pair(*bootstrap_ci(each.double(), n_resamples, level, seed))
+        "circuit_ablation": {label: _pair(*bootstrap_ci(_cpu(each), n_resamples, level, seed))
                              for label, each in circuit_ablation.items()},
     }
     for kind, effects in (("attribution", attribution), ("ablation", ablation)):
@@ -99,7 +107,7 @@ def scan_intervals(*, head_scores: Any, run: Any, attribution: Any, ablation: An
     out["edges"] = {}
     for edge in getattr(edges, "edges", ()) or ():
         if edge.patched_each is not None:
-            rise = edge.patched_each.double() - clean
+            rise = _cpu(edge.patched_each) - clean
             out["edges"][(edge.src, edge.dst, edge.channel)] = _pair(*bootstrap_ci(rise, n_resamples, level, seed))
     return out
 

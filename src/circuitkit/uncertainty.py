@@ -62,9 +62,10 @@ def check_settings(where: str, n_resamples: Any, level: Any, seed: Any) -> tuple
 @lru_cache(maxsize=16)
 def _counts(n: int, n_resamples: int, seed: int) -> Tensor:
     generator = torch.Generator().manual_seed(seed)
-    index = torch.randint(0, n, (n_resamples, n), generator=generator)  # [R, n]: one draw for every figure
-    counts = torch.zeros(n_resamples, n, dtype=torch.float64)
-    counts.scatter_add_(1, index, torch.ones(n_resamples, n, dtype=torch.float64))
+    # [R, n]: one draw for every figure
+    index = torch.randint(0, n, (n_resamples, n), generator=generator, device="cpu")
+    counts = torch.zeros(n_resamples, n, dtype=torch.float64, device="cpu")
+    counts.scatter_add_(1, index, torch.ones(n_resamples, n, dtype=torch.float64, device="cpu"))
     return counts
 
 
@@ -123,10 +124,10 @@ def percentile_interval(figures: Tensor, level: float = DEFAULT_LEVEL) -> tuple[
     """``(lo, hi)``: the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of ``figures`` ``[R, ...]`` over
     axis 0 (linear interpolation, float64). A non-finite resampled figure (a ratio whose denominator vanished in
     some resample) raises ``CircuitkitError``: an interval through it would be silently meaningless."""
-    figures = validate.finite_result("bootstrap interval", figures.to(torch.float64),
+    figures = validate.finite_result("bootstrap interval", figures.to("cpu", torch.float64),
                                      why="the figure is undefined on some resamples (a denominator reached 0)")
     tail = (1.0 - level) / 2.0
-    q = torch.tensor([tail, 1.0 - tail], dtype=torch.float64)
+    q = torch.tensor([tail, 1.0 - tail], dtype=torch.float64, device="cpu")
     lo, hi = torch.quantile(figures, q, dim=0)
     return lo, hi
 

@@ -111,7 +111,10 @@ def real(
             value = value.item()
         else:
             raise fail(name, value, expected)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float64 (10**400)
+        raise fail(name, value, expected) from None
     if math.isnan(value) or (math.isinf(value) and not allow_inf):
         raise fail(name, value, expected)
     if minimum is not None and (value < minimum or (strict_minimum and value == minimum)):
@@ -139,6 +142,28 @@ def boolean(name: str, value: Any) -> bool:
 def seed(name: str, value: Any) -> int:
     """A random seed: an int in ``[0, 2**63 - 1]``."""
     return integer(name, value, minimum=0, maximum=MAX_SEED)
+
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+          "fp16": "float16", "half": "float16"}
+"""The weight dtypes a model may be loaded in, by the names people write them (values: torch's names)."""
+
+
+def dtype(name: str, value: Any) -> torch.dtype | None:
+    """A floating weight dtype to load a model in: ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``, as a
+    ``torch.dtype`` or a name (``"bf16"``, ``"bfloat16"``, ``"fp16"``, ...); ``None`` passes through."""
+    import torch
+
+    if value is None:
+        return None
+    expected = "'float32', 'bfloat16' or 'float16' (or torch.float32 / torch.bfloat16 / torch.float16)"
+    if isinstance(value, torch.dtype):
+        if value in (torch.float32, torch.bfloat16, torch.float16):
+            return value
+        raise fail(name, value, expected)
+    if isinstance(value, str) and value.strip().lower() in DTYPES:
+        return getattr(torch, DTYPES[value.strip().lower()])
+    raise fail(name, value, expected)
 
 
 def device(name: str, value: Any, *, allow_none: bool = True) -> torch.device | None:

@@ -176,7 +176,7 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     :func:`~circuitkit.circuits.patching.patch` on the batch."""
     spec = ctx.spec
     L, H = spec.n_layers, spec.n_heads
-    scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan)
+    scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan, device="cpu")
     if L < 2:
         return EdgeAttribution(scores, m.name, ctx.corrupt, math.nan)
     if ctx.clean is None or ctx.clean.metric != m:  # else a host pass (or an earlier call) left them in the session
@@ -592,7 +592,8 @@ def _closed_form_agrees(norm: Any, x: Tensor, gamma: Tensor | None, eps: float, 
     relative to the scale of the terms, ``r |gamma v|``: the pullback itself can be near zero (a cotangent along
     ``x`` is in a LayerNorm's null space)."""
     x = x[:NORM_CHECK_POSITIONS]
-    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(NORM_CHECK_SEED), dtype=x.dtype).to(x.device)
+    seeded = torch.Generator().manual_seed(NORM_CHECK_SEED)
+    v = torch.randn(x.shape, generator=seeded, dtype=x.dtype, device="cpu").to(x.device)
     r, xhat = _normalise(x, eps, centred)
     u = v * gamma if gamma is not None else v
     closed = u - (xhat * u).mean(dim=-1, keepdim=True) * xhat

@@ -69,18 +69,18 @@ class RandomBaseline:
 def random_sets(heads: Any, n_layers: int, n_heads: int, n_sets: int, seed: int, kind: str) -> Tensor:
     """``[n_sets, layer, head]`` bool, True on each random set's heads (module docstring for ``kind``)."""
     generator = torch.Generator().manual_seed(seed)
-    out = torch.zeros(n_sets, n_layers, n_heads, dtype=torch.bool)
+    out = torch.zeros(n_sets, n_layers, n_heads, dtype=torch.bool, device="cpu")
     if kind == "uniform":
         for s in range(n_sets):
-            chosen = torch.randperm(n_layers * n_heads, generator=generator)[: len(heads)]
+            chosen = torch.randperm(n_layers * n_heads, generator=generator, device="cpu")[: len(heads)]
             out[s].view(-1)[chosen] = True
         return out
-    per_layer = torch.zeros(n_layers, dtype=torch.long)
+    per_layer = torch.zeros(n_layers, dtype=torch.long, device="cpu")
     for layer, _ in heads:
         per_layer[layer] += 1
     for s in range(n_sets):
         for layer in range(n_layers):
-            chosen = torch.randperm(n_heads, generator=generator)[: int(per_layer[layer])]
+            chosen = torch.randperm(n_heads, generator=generator, device="cpu")[: int(per_layer[layer])]
             out[s, layer, chosen] = True
     return out
 
@@ -93,7 +93,7 @@ def measure(ablator: Any, heads: tuple[Head, ...], clean_loss: float, all_ablate
     spec = ablator.adapter.spec
     L, H = spec.n_layers, spec.n_heads
     before = ablator.passes
-    everything = torch.ones(L, H, dtype=torch.bool)
+    everything = torch.ones(L, H, dtype=torch.bool, device="cpu")
     all_each = ablator.sequence_losses(everything)
     found = {}
     for offset, kind in enumerate(BASELINE_KINDS):
@@ -102,8 +102,8 @@ def measure(ablator: Any, heads: tuple[Head, ...], clean_loss: float, all_ablate
         # the gap L_all - L_clean was checked by the search that measured both
         values = tuple((all_ablated - loss) / (all_ablated - clean_loss) for loss in losses)
         tail = (1 - level) / 2
-        quantiles = torch.quantile(torch.tensor(values, dtype=torch.float64),
-                                   torch.tensor([tail, 1 - tail], dtype=torch.float64))
+        quantiles = torch.quantile(torch.tensor(values, dtype=torch.float64, device="cpu"),
+                                   torch.tensor([tail, 1 - tail], dtype=torch.float64, device="cpu"))
         interval = None
         if clean_each is not None and all_each is not None and clean_each.numel() >= 2:
             kept_each = torch.stack([ablator.sequence_losses(~mask) for mask in kept]).double()  # [sets, batch]

@@ -243,7 +243,7 @@ def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_
     by_attribution = attribution.top(max(top_k, n_patch))
     patch_edges = [(e.src, e.dst, e.channel) for e in by_attribution[:n_patch]]
     if among is not None:
-        inside = torch.zeros(L, H, dtype=torch.bool)
+        inside = torch.zeros(L, H, dtype=torch.bool, device="cpu")
         for layer, head in among:
             inside[layer, head] = True
         pairs = (inside[:, :, None, None] & inside[None, None]).unsqueeze(-1).expand(L, H, L, H, len(CHANNELS))
@@ -262,9 +262,11 @@ def _table(ctx: Context, attribution: EdgeAttribution, by_attribution: list, pat
     keys: dict[tuple[Head, Head, str], None] = {}
     for e in by_attribution[:top_k]:
         keys[(e.src, e.dst, e.channel)] = None
-    valid = (torch.arange(L)[:, None, None, None] < torch.arange(L)[None, None, :, None]).expand(L, H, L, H)
-    missing = torch.full((L, H, L, H), math.nan)
-    stacked = torch.stack([torch.where(valid, comp[c], math.nan) if c in comp else missing for c in CHANNELS], dim=-1)
+    layers = torch.arange(L, device="cpu")
+    valid = (layers[:, None, None, None] < layers[None, None, :, None]).expand(L, H, L, H)
+    missing = torch.full((L, H, L, H), math.nan, device="cpu")
+    stacked = torch.stack([torch.where(valid, comp[c].float().cpu(), math.nan) if c in comp else missing
+                           for c in CHANNELS], dim=-1)
     for index, value in top_indices(stacked, top_k):
         if math.isnan(value):
             break

@@ -446,10 +446,10 @@ def radau_shares(ablator: Ablator, clean_gradient: Tensor | None = None) -> Tens
     (:func:`circuitkit.detect.attribution.attribute`); else it is differentiated here too. Cost: one stacked copy
     (3 passes), two without ``clean_gradient``."""
     if clean_gradient is None:
-        gradients = gate_gradients(ablator, torch.tensor(RADAU_POINTS, dtype=torch.float64))
+        gradients = gate_gradients(ablator, torch.tensor(RADAU_POINTS, dtype=torch.float64, device="cpu"))
         inner, end = gradients[0], gradients[1]
     else:
-        inner = gate_gradients(ablator, torch.tensor(RADAU_POINTS[:1], dtype=torch.float64))[0]
+        inner = gate_gradients(ablator, torch.tensor(RADAU_POINTS[:1], dtype=torch.float64, device="cpu"))[0]
         end = clean_gradient.detach().float().cpu()
     shares = RADAU_WEIGHTS[0] * inner + RADAU_WEIGHTS[1] * end
     return validate.finite_result("joint_attribution", shares, why="the gated model's gradients overflowed")
@@ -486,7 +486,7 @@ def gate_gradients(ablator: Ablator, alphas: Tensor) -> Tensor:
         layers = sorted(gates)
         grads = torch.autograd.grad(losses.sum(), [gates[layer] for layer in layers], allow_unused=True)
     ablator.passes += 3 * steps
-    out = torch.zeros(steps, spec.n_layers, spec.n_heads)
+    out = torch.zeros(steps, spec.n_layers, spec.n_heads, device="cpu")
     for layer, grad in zip(layers, grads, strict=True):
         if grad is not None:
             out[:, layer] = grad.detach().float().cpu()
@@ -643,11 +643,12 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
     N = spec.n_layers * spec.n_heads
     L, H = spec.n_layers, spec.n_heads
     before = ablator.passes
-    everything = ablator.losses(torch.ones(1, L, H, dtype=torch.bool))[0]  # L_all, then the gap check: a model
+    every_head = torch.ones(1, L, H, dtype=torch.bool, device="cpu")
+    everything = ablator.losses(every_head)[0]  # L_all, then the gap check: a model
     if progress is not None:  # where no head matters costs one pass here
         progress(ablator.passes - before)
     faithfulness_of(everything, clean_loss, clean_loss)
-    all_each = ablator.sequence_losses(torch.ones(L, H, dtype=torch.bool))
+    all_each = ablator.sequence_losses(torch.ones(L, H, dtype=torch.bool, device="cpu"))
     coarse_passes = 0
 
     def measured_search(ranking: Sequence[Head]) -> tuple[int, float, float, dict[int, tuple[float, float]]]:

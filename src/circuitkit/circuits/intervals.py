@@ -29,7 +29,7 @@ from circuitkit.uncertainty import bootstrap_ci
 
 def head_mask(heads: Iterable[Head], n_layers: int, n_heads: int, *, keep: bool) -> Tensor:
     """``[layer, head]`` bool: True where a head is ablated (``keep``: every head but ``heads``; else ``heads``)."""
-    inside = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    inside = torch.zeros(n_layers, n_heads, dtype=torch.bool, device="cpu")
     for layer, head in heads:
         inside[layer, head] = True
     return ~inside if keep else inside
@@ -67,7 +67,7 @@ def circuit_intervals(ablator: Any, ranking: Sequence[Head], curve_sizes: Sequen
     if clean_each is None or clean_each.numel() < 2:
         return {}
     clean_each = clean_each.float().cpu()
-    all_each = ablator.sequence_losses(torch.ones(L, H, dtype=torch.bool))
+    all_each = ablator.sequence_losses(torch.ones(L, H, dtype=torch.bool, device="cpu"))
     kept_each = ablator.sequence_losses(head_mask(heads, L, H, keep=True))
     if all_each is None or kept_each is None:
         return {}

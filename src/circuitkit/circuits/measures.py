@@ -186,8 +186,8 @@ def _one_line(error: BaseException) -> str:
 def _composition(inputs: EdgeInputs) -> Tensor:
     """Input ``c`` of each edge against its own composition mode; NaN for a channel not given."""
     L, H = inputs.n_layers, inputs.n_heads
-    missing = torch.full((L, H, L, H), math.nan)
-    return torch.stack([inputs.composition[c].float() if c in inputs.composition else missing for c in CHANNELS],
+    missing = torch.full((L, H, L, H), math.nan, device="cpu")
+    return torch.stack([inputs.composition[c].float().cpu() if c in inputs.composition else missing for c in CHANNELS],
                        dim=-1)
 
 
@@ -198,7 +198,7 @@ def _attribution(inputs: EdgeInputs) -> EdgeValues:
 def _patched(inputs: EdgeInputs) -> Tensor:
     """The exact effect of each patched edge, in float64 (the difference of two float64 metrics)."""
     L, H = inputs.n_layers, inputs.n_heads
-    values = torch.full((L, H, L, H, len(CHANNELS)), math.nan, dtype=torch.float64)
+    values = torch.full((L, H, L, H, len(CHANNELS)), math.nan, dtype=torch.float64, device="cpu")
     for e in inputs.patching.edges:
         if e.channel in CHANNELS:
             values[e.src[0], e.src[1], e.dst[0], e.dst[1], CHANNELS.index(e.channel)] = e.effect

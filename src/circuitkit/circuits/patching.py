@@ -198,7 +198,7 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
                     patched[i] = value
                 for i, sequences in zip(chunk, kept, strict=False):
                     each[i] = sequences
-    validate.finite_result("path_patching", torch.tensor(patched), why="the patched runs overflowed")
+    validate.finite_result("path_patching", torch.tensor(patched, device="cpu"), why="the patched runs overflowed")
     effects = tuple(
         EdgeEffect(e.src, e.dst, e.channel, c, p, q) for e, c, p, q in zip(specs, clean, patched, each, strict=True)
     )
@@ -266,7 +266,7 @@ def _patched_pass(
     if norm is not None:
         stacked = (resid[None] + deltas).reshape(E * B, P, spec.d_model)
         deltas = norm(stacked).reshape(E, B, P, -1) - norm(resid)[None]
-    dst_heads = torch.tensor([e.dst[1] for e in edges])
+    dst_heads = torch.tensor([e.dst[1] for e in edges], device=deltas.device)
     increments: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # channel -> (copies, head slots, [n, B, P, dh])
     for c in ("q", "k", "v"):
         sel = [i for i, e in enumerate(edges) if e.channel in (c, "all")]
@@ -276,7 +276,7 @@ def _patched_pass(
         W = ctx.W_in[c][layer, heads].to(deltas.dtype)  # [n, d_model, d_head], per query head
         inc = torch.einsum("nbpm,nmd->nbpd", deltas[sel], W)
         slots = heads if c == "q" else heads // ctx.group_size
-        increments[c] = (torch.tensor(sel), slots, inc)
+        increments[c] = (torch.tensor(sel, device=deltas.device), slots, inc)
 
     def add(c: str):
         copies, slots, inc = increments[c]
@@ -332,7 +332,7 @@ def _restore_group(ctx: Context, edges: list[EdgeSpec], kv_edges: list[int], z_c
             if other != h2:
                 copies.append(i)
                 heads.append(other)
-    copies_t, heads_t = torch.tensor(copies), torch.tensor(heads)
+    copies_t, heads_t = torch.tensor(copies, device=z_clean.device), torch.tensor(heads, device=z_clean.device)
 
     def hook(z: Tensor, hook: Any) -> Tensor:
         out = z.clone()

@@ -94,7 +94,8 @@ def mean_pairwise_jaccard(circuits: list[tuple[Head, ...]]) -> float | None:
 
 def resampled_batch(batch: TokenBatch, counts: Tensor) -> TokenBatch:
     """``batch`` with sequence ``i`` taken ``counts[i]`` times (a bootstrap resample; order by sequence)."""
-    index = torch.repeat_interleave(torch.arange(batch.tokens.shape[0]), counts.long()).to(batch.tokens.device)
+    rows = torch.arange(batch.tokens.shape[0], device="cpu")
+    index = torch.repeat_interleave(rows, counts.long().cpu()).to(batch.tokens.device)
     return TokenBatch(batch.tokens[index], batch.block_len, batch.n_repeats, batch.bos)
 
 
@@ -121,7 +122,7 @@ def rerun(adapter: Any, batch: TokenBatch, n_resamples: int, search: Callable[[A
         passes += spent
         if progress is not None:
             progress(spent)
-    inclusion = torch.zeros(spec.n_layers, spec.n_heads)
+    inclusion = torch.zeros(spec.n_layers, spec.n_heads, device="cpu")
     for heads in circuits:
         for layer, head in heads or ():
             inclusion[layer, head] += 1.0

@@ -126,11 +126,11 @@ def ablate(
     at = loss_positions(batch)
     per_forward = copies_per_forward(adapter, tokens, len(at))
     values = replacements(adapter, run, method)
-    effect = torch.full((spec.n_layers, spec.n_heads), float("nan"))
-    exact = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool)
+    effect = torch.full((spec.n_layers, spec.n_heads), float("nan"), device="cpu")
+    exact = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.bool, device="cpu")
     clean = run.repeated_loss
     clean_each = run.repeated_per_sequence
-    per_sequence = torch.full((n_batch, spec.n_layers, spec.n_heads), float("nan"))
+    per_sequence = torch.full((n_batch, spec.n_layers, spec.n_heads), float("nan"), device="cpu")
     by_layer: dict[int, list[int]] = {}
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
@@ -138,7 +138,7 @@ def ablate(
     with torch.no_grad():
         for layer, layer_heads in sorted(by_layer.items()):
             for start in range(0, len(layer_heads), per_forward):
-                chunk = torch.tensor(layer_heads[start : start + per_forward])
+                chunk = torch.tensor(layer_heads[start : start + per_forward], device="cpu")
                 hook = (HOOKS.z(layer), _ablating_hook(chunk, values[layer], n_batch))
                 copies = tokens.repeat(len(chunk), 1)
                 if resume and layer > 0:

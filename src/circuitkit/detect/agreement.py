@@ -26,7 +26,7 @@ def average_ranks(values: Tensor) -> Tensor:
     values = values.double()
     order = values.argsort(stable=True)
     ranks = torch.empty_like(values)
-    ranks[order] = torch.arange(len(values), dtype=torch.float64)
+    ranks[order] = torch.arange(len(values), dtype=torch.float64, device=values.device)
     for value in values.unique():
         tied = values == value
         if int(tied.sum()) > 1:

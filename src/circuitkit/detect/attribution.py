@@ -180,7 +180,7 @@ def attribute(
     ig_layer = steps > 1 and path == "layer" and adapter.can_resume
     if ig_layer:  # the layer path resumes each layer's passes from the clean residual stream
         resid_layers = set(resid_layers) | set(range(1, spec.n_layers))
-    run = CleanRun(batch=batch, losses=torch.empty(0))
+    run = CleanRun(batch=batch, losses=torch.empty(0, device="cpu"))
     values: dict[int, Tensor] = {}  # layer -> clean z, detached
     leaves: dict[int, Tensor] = {}  # layer -> the zero tensor added to z, differentiated against
 
@@ -249,11 +249,11 @@ def attribute(
         _inputs_path(adapter, batch, steps, corrupt, corrupt_seed, sums)
     elif steps > 1:
         _layer_path(adapter, run, steps, values, targets, sums, resume=ig_layer)
-    effect = torch.zeros(spec.n_layers, spec.n_heads)
+    effect = torch.zeros(spec.n_layers, spec.n_heads, device="cpu")
     B = batch.tokens.shape[0]
     # each sequence's term of the sum, times the batch size: their batch mean is the effect (the intervals resample
     # them; the ablation value and the gradient stay those of the whole batch)
-    per_sequence = torch.zeros(B, spec.n_layers, spec.n_heads)
+    per_sequence = torch.zeros(B, spec.n_layers, spec.n_heads, device="cpu")
     for layer in layers:
         grad = sums[layer]
         if grad is None:  # no path from this layer's heads to the loss: the estimate is 0

@@ -52,7 +52,7 @@ def clean_run(
 ) -> CleanRun:
     """Run ``batch`` once through the model, keeping the losses, (optionally) every layer's mean ``z`` and the
     residual streams entering ``resid_layers``."""
-    run = CleanRun(batch=batch, losses=torch.empty(0))
+    run = CleanRun(batch=batch, losses=torch.empty(0, device="cpu"))  # filled by the pass
     hooks: list[tuple[str, HookFn]] = list(extra_hooks)
     if z_means:
 

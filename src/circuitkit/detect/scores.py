@@ -166,7 +166,7 @@ class PatternReducer:
         # per sequence, the rows a score averages over: a score is sum_b num_b / sum_b rows_b (the bootstrap's ratio)
         self.sequence_rows = {d.name: m.any(dim=2).sum(dim=1).float() for d, m in zip(definitions, masks, strict=True)
                               if d.reader is None}
-        self.sequence_rows.update({d.name: torch.full((batch,), float(pos - 1)) for d in self.readers})
+        self.sequence_rows.update({d.name: torch.full((batch,), float(pos - 1), device="cpu") for d in self.readers})
         self.last_per_sequence: dict[str, Tensor] = {}
 
     @staticmethod
@@ -298,6 +298,10 @@ def _nan_heads(scores: dict[str, Tensor]) -> list[Head]:
     return [(int(a), int(b)) for a, b in nan.nonzero().tolist()]
 
 
+PATTERN_SLACK = 1e-3
+"""How far above 1 an attention weight may be (a half-precision softmax rounds up to about 1 + 5e-4)."""
+
+
 def pattern_scores(
     patterns: Float[Tensor, "batch head q k"], tokens: Int[Tensor, "batch pos"]
 ) -> dict[str, Tensor]:
@@ -311,6 +315,10 @@ def pattern_scores(
     patterns = validate.tensor(
         "pattern_scores: patterns", patterns, shape=(tokens.shape[0], None, pos, pos), floating=True, finite=True
     )
+    if patterns.numel() and not (float(patterns.min()) >= 0.0 and float(patterns.max()) <= 1.0 + PATTERN_SLACK):
+        raise validate.fail("pattern_scores: patterns", validate.given(
+            f"values from {float(patterns.min()):.3g} to {float(patterns.max()):.3g}"),
+            "attention weights in [0, 1] (each query row a softmax over the keys)")
     return PatternReducer(tokens, registry.registered("pattern"))(patterns.float())
 
 

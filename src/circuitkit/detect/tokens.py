@@ -87,7 +87,7 @@ class RepeatedTokens:
     def build(self, model: Any, device: str | torch.device | None = None) -> TokenBatch:
         """The ``[batch, pos]`` batch for ``model`` (or a :class:`ModelAdapter`), on the model's device (or
         ``device``). Deterministic for a given spec and vocabulary."""
-        spec = adapt(model, device).spec
+        spec = adapt(model, device, place_model=False).spec
         bos = _resolve_bos(self.bos, spec)
         prefix = 0 if bos is None else 1
         block_len = self.block_len
@@ -108,7 +108,7 @@ class RepeatedTokens:
                 f"RepeatedTokens: token_range given {self.token_range!r}; expected (low, high) with 0 <= low < high "
                 f"<= d_vocab = {spec.d_vocab} (token ids outside the vocabulary cannot be embedded)."
             )
-        candidates = torch.arange(low, high)
+        candidates = torch.arange(low, high, device="cpu")
         if bos is not None:
             candidates = candidates[candidates != bos]
         if candidates.numel() < 2:
@@ -119,7 +119,7 @@ class RepeatedTokens:
         block = random_blocks(candidates, self.batch, block_len, torch.Generator().manual_seed(self.seed))
         parts = [block] * self.n_repeats
         if bos is not None:
-            parts.insert(0, torch.full((self.batch, 1), bos, dtype=torch.long))
+            parts.insert(0, torch.full((self.batch, 1), bos, dtype=torch.long, device="cpu"))
         tokens = torch.cat(parts, dim=1).to(spec.device)
         return TokenBatch(tokens=tokens, block_len=block_len, n_repeats=self.n_repeats, bos=bos)
 
@@ -147,7 +147,7 @@ class TokenBatch:
         return self.tokens.shape[1]
 
     def _copy_masks(self) -> tuple[Tensor, Tensor]:
-        t = torch.arange(1, self.pos)
+        t = torch.arange(1, self.pos, device="cpu")
         offset = t - self.prefix
         copy = offset.div(self.block_len, rounding_mode="floor")
         inside = (offset % self.block_len) != 0  # each copy's first token is unpredictable
@@ -180,7 +180,7 @@ def random_blocks(pool: Tensor, batch: int, length: int, generator: torch.Genera
     ``length``) when the pool has ``length`` ids or more, with replacement otherwise. The one sampler of random
     blocks (token batches, resampled corruptions, the zoo's training data), so that equal seeds draw equal blocks."""
     if pool.numel() >= length:
-        index = torch.rand(batch, pool.numel(), generator=generator).argsort(dim=-1)[:, :length]
+        index = torch.rand(batch, pool.numel(), generator=generator, device="cpu").argsort(dim=-1)[:, :length]
     else:
         index = torch.randint(pool.numel(), (batch, length), generator=generator)
     return pool[index]
@@ -204,8 +204,9 @@ def as_batch(tokens: RepeatedTokens | TokenBatch | None, adapter: ModelAdapter) 
                 f"tokens: given token ids in [{int(ids.min())}, {int(ids.max())}]; expected ids in "
                 f"[0, {spec.d_vocab}) (the model's vocabulary)."
             )
-        if ids.device != spec.device:
-            tokens = TokenBatch(ids.to(spec.device), tokens.block_len, tokens.n_repeats, tokens.bos)
+        if ids.device != spec.device or ids.dtype != torch.long:  # int64 ids: a uint8 tensor indexes as a mask
+            tokens = TokenBatch(ids.to(device=spec.device, dtype=torch.long), tokens.block_len, tokens.n_repeats,
+                                tokens.bos)
         return tokens
     raise validate.fail("tokens", tokens, "a circuitkit.detect.RepeatedTokens spec, a TokenBatch, or None")
 

@@ -35,7 +35,8 @@ class Subspace:
     d_model: int
 
     def __post_init__(self) -> None:
-        limits.text("Subspace: name", self.name)
+        if not limits.text("Subspace: name", self.name).strip():
+            raise validate.fail("Subspace: name", self.name, "a non-blank name (a layout is read by its names)")
         d_model = limits.width(f"Subspace {self.name!r}: d_model", self.d_model)
         dims = tuple(validate.bounded_list(f"Subspace {self.name!r}: dims", self.dims, d_model,
                                            "an iterable of distinct ints (e.g. range(0, 4))",
@@ -186,7 +187,7 @@ class ResidualLayout(Mapping[str, Subspace]):
         return cls(d_model, spaces)
 
     def __getitem__(self, name: str) -> Subspace:
-        if name not in self._spaces:
+        if name not in self:  # never raises, for an unhashable name too
             raise CircuitkitError(f"ResidualLayout: given {name!r}; expected one of {sorted(self._spaces)}.")
         return self._spaces[name]
 

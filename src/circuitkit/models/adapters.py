@@ -48,6 +48,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.model_state import place
 
 HookFn = Callable[[Tensor, Any], Tensor | None]
 FwdHooks = Sequence[tuple[str, HookFn]]
@@ -161,9 +162,13 @@ class ModelAdapter:
     family: ClassVar[str] = "duck-typed"
     can_resume: ClassVar[bool] = False
 
-    def __init__(self, model: HookedModel, device: str | torch.device | None = None) -> None:
+    def __init__(self, model: HookedModel, device: str | torch.device | None = None, *,
+                 place_model: bool = True) -> None:
         self.model: HookedModel = model
-        self.spec = self._read_spec(validate.device("device", device))
+        where = validate.device("device", device)
+        self.spec = self._read_spec(where)
+        if where is not None and place_model:  # device= means "run there": the model moves for the call (place)
+            place(model, where, "device")
 
     @classmethod
     def accepts(cls, model: Any) -> bool:
@@ -393,8 +398,8 @@ class BridgeAdapter(ModelAdapter):
 
     family = "transformer-bridge"
 
-    def __init__(self, model: Any, device: str | torch.device | None = None) -> None:
-        super().__init__(model, device)
+    def __init__(self, model: Any, device: str | torch.device | None = None, *, place_model: bool = True) -> None:
+        super().__init__(model, device, place_model=place_model)
         self._block_outputs: dict[int, tuple[str, int]] = {}  # block -> ("tensor", 0) | ("tuple", length)
 
     @classmethod
@@ -490,7 +495,7 @@ class BridgeAdapter(ModelAdapter):
             if hidden.ndim != 3 or not hidden.requires_grad:
                 return torch.nn.functional.linear(hidden, head.weight, head.bias)
             # runs of consecutive positions, each with or without a graph, joined in order (one copy of the logits)
-            keep = torch.zeros(hidden.shape[1], dtype=torch.bool)
+            keep = torch.zeros(hidden.shape[1], dtype=torch.bool, device=hidden.device)
             keep[graph_positions[graph_positions < hidden.shape[1]]] = True
             pieces, start = [], 0
             for stop in [*(i for i in range(1, len(keep)) if keep[i] != keep[i - 1]), len(keep)]:
@@ -566,13 +571,17 @@ ADAPTERS: tuple[type[ModelAdapter], ...] = (BridgeAdapter, ToyAdapter, ModelAdap
 """Families, tried in order; the last (duck-typed) accepts anything with ``cfg`` and ``run_with_hooks``."""
 
 
-def adapt(model: Any, device: str | torch.device | None = None) -> ModelAdapter:
-    """The adapter that runs ``model`` under the contract; a ``CircuitkitError`` if no family accepts it."""
+def adapt(model: Any, device: str | torch.device | None = None, *, place_model: bool = True) -> ModelAdapter:
+    """The adapter that runs ``model`` under the contract; a ``CircuitkitError`` if no family accepts it.
+
+    ``device``: where it runs (None: where the model is). A model wholly on another device is moved there
+    (:func:`circuitkit.model_state.place`; a public entry point moves it back when it returns), unless
+    ``place_model`` is False (a reader of the spec alone: memory estimates, token batches)."""
     if isinstance(model, ModelAdapter):
         return model
     for adapter in ADAPTERS:
         if adapter.accepts(model):
-            return adapter(model, device)
+            return adapter(model, device, place_model=place_model)
     raise CircuitkitError(
         f"given a {type(model).__name__}, which has no cfg or no run_with_hooks; expected a model with TransformerLens "
         "hooks (a TransformerBridge, a circuitkit AttentionOnlyModel, or a HookedTransformer-like object)."

@@ -278,6 +278,9 @@ def read_json(path: str | os.PathLike, directory: str | os.PathLike | None = Non
     except json.JSONDecodeError as error:
         raise _error(path, kind, f"is not JSON ({error.msg} at line {error.lineno})",
                      f"a JSON file written by {kind.writer}") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise _error(path, kind, "holds an integer too long to read",
+                     f"a JSON file written by {kind.writer}") from None
     depth = _depth(data)
     if depth > max_depth:
         raise _error(path, kind, f"is JSON nested {depth} levels deep", f"at most {max_depth} levels of nesting")

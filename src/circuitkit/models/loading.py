@@ -78,6 +78,7 @@ class Sharding:
     max_memory: dict[str | int, str | int] | None = None
     n_devices: int | None = None
     offload_folder: str | None = None
+    dtype: torch.dtype = torch.float32
 
     @property
     def sharded(self) -> bool:
@@ -89,7 +90,7 @@ class Sharding:
             kwargs = {"device_map": self.device_map, "n_devices": self.n_devices, "max_memory": self.max_memory}
             if self.offload_folder is not None:
                 kwargs["offload_folder"] = self.offload_folder
-        return kwargs
+        return {**kwargs, "dtype": self.dtype}
 
 
 @dataclass(frozen=True)
@@ -497,6 +498,7 @@ def load_model(
     max_memory: dict[str | int, str | int] | None = None,
     n_devices: int | None = None,
     offload_folder: str | os.PathLike | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> Any:
     """Load a model by zoo name, local directory or Hugging Face / TransformerLens name, as a ``TransformerBridge``.
 
@@ -515,11 +517,28 @@ def load_model(
     from module names to devices, ``"disk"`` included), ``max_memory`` (device -> size), ``n_devices`` (CUDA
     GPUs to split over) and ``offload_folder`` (for ``"disk"`` entries) shard a Hugging Face model through
     ``TransformerBridge.boot_transformers`` and accelerate; they exclude ``device``.
+
+    ``dtype``: the weights' dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``: a Hugging Face model is
+    read in it (half the memory of float32); the bundled and GGUF models are cast after loading.
     """
-    from circuitkit import zoo
+    from dataclasses import replace
 
     allow_download = validate.boolean("load_model: allow_download", allow_download)
     sharding = _sharding(device, device_map, max_memory, n_devices, offload_folder)
+    sharding = replace(sharding, dtype=validate.dtype("load_model: dtype", dtype) or torch.float32)
+    model = _load(name_or_path, sharding, allow_download)
+    if any(p.is_floating_point() and p.dtype != sharding.dtype for p in model.parameters()):
+        if hasattr(model, "original_model"):  # a TransformerBridge: quietly (it prints the change by default)
+            model.to(sharding.dtype, print_details=False)
+        else:
+            model.to(sharding.dtype)
+    return model
+
+
+def _load(name_or_path: str | os.PathLike | None, sharding: Sharding, allow_download: bool) -> Any:
+    """:func:`load_model` once its arguments are checked."""
+    from circuitkit import zoo
+
     if name_or_path is None or (isinstance(name_or_path, str) and name_or_path in zoo.available()
                                 and not _local_model_directory(name_or_path)):
         return _load_zoo(zoo, name_or_path or zoo.DEFAULT, sharding)

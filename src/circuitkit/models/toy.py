@@ -186,7 +186,7 @@ class AttentionOnlyModel:
             n_ctx = w.W_pos.shape[0]
         elif n_ctx is None:
             n_ctx = DEFAULT_N_CTX
-        if not isinstance(n_ctx, int) or n_ctx < 1:
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
             raise CircuitkitError(f"AttentionOnlyModel: given n_ctx={n_ctx!r}; expected a positive int.")
         if w.W_U is not None and w.W_E is not None and w.W_U.shape[1] != w.W_E.shape[0]:
             raise CircuitkitError(
@@ -317,7 +317,12 @@ class AttentionOnlyModel:
             return lambda name: name == names_filter
         if callable(names_filter):
             return names_filter
+        if isinstance(names_filter, bytes) or not hasattr(names_filter, "__iter__"):
+            raise validate.fail("run_with_cache: names_filter", names_filter,
+                                "None, a hook name, a list of hook names or a filter fn(name) -> bool")
         wanted = set(names_filter)
+        if not all(isinstance(name, str) for name in wanted):
+            raise validate.fail("run_with_cache: names_filter", names_filter, "hook names (strings)")
         self._check_names(wanted)
         return lambda name: name in wanted
 
@@ -357,8 +362,8 @@ class AttentionOnlyModel:
         w, cfg = self._weights, self.cfg
         if not isinstance(tokens, Tensor):
             raise CircuitkitError(f"AttentionOnlyModel: given {describe(tokens)}; expected a torch.Tensor.")
-        if tokens.numel() == 0:
-            raise validate.fail("AttentionOnlyModel: tokens", tokens, "a non-empty tensor")
+        if tokens.numel() == 0 or tokens.is_meta:
+            raise validate.fail("AttentionOnlyModel: tokens", tokens, "a non-empty tensor with data (not on meta)")
         if w.W_E is not None:
             if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
                 raise CircuitkitError(
@@ -376,7 +381,8 @@ class AttentionOnlyModel:
                     f"AttentionOnlyModel: given token ids in [{int(tokens.min())}, {int(tokens.max())}]; "
                     f"expected ids in [0, {cfg.d_vocab})."
                 )
-            resid = self._hook(hooks, "hook_embed", w.W_E[tokens.to(w.device)])
+            # int64 indices: a uint8 tensor would index as a mask, an int8 one not at all
+            resid = self._hook(hooks, "hook_embed", w.W_E[tokens.to(device=w.device, dtype=torch.long)])
         else:
             if not tokens.is_floating_point():
                 raise CircuitkitError(
@@ -405,10 +411,12 @@ class AttentionOnlyModel:
         for fn in hooks.get(name, ()):
             out = fn(tensor, ToyHook(name))
             if out is not None:
-                if not isinstance(out, Tensor) or out.shape != tensor.shape:
+                if not isinstance(out, Tensor) or out.shape != tensor.shape or out.dtype != tensor.dtype or (
+                        out.device != tensor.device):
                     raise CircuitkitError(
                         f"hook on {name}: returned {describe(out)}; expected a tensor of shape "
-                        f"{tuple(tensor.shape)} (or None to keep the activation)."
+                        f"{tuple(tensor.shape)}, dtype {tensor.dtype} on {tensor.device} (or None to keep the "
+                        "activation)."
                     )
                 tensor = out
         return tensor
@@ -423,7 +431,7 @@ class AttentionOnlyModel:
             )
         if not isinstance(resid, Tensor) or not resid.is_floating_point() or resid.ndim != 3 or (
             resid.shape[-1] != cfg.d_model
-        ):
+        ) or resid.is_meta:
             raise CircuitkitError(
                 f"AttentionOnlyModel: given {describe(resid)} with start_at_layer={start_at_layer}; expected the "
                 f"residual stream [batch, pos, {cfg.d_model}] entering that layer."
@@ -432,6 +440,8 @@ class AttentionOnlyModel:
             raise CircuitkitError(
                 f"AttentionOnlyModel: given {resid.shape[1]} positions; expected at most n_ctx={cfg.n_ctx}."
             )
+        if not bool(torch.isfinite(resid).all()):
+            raise CircuitkitError("AttentionOnlyModel: given a residual stream with NaN/inf; expected finite.")
         return resid.to(device=self._weights.device, dtype=self._weights.dtype)
 
     def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]], start_at_layer: int | None = None) -> Tensor:
@@ -471,4 +481,6 @@ class AttentionOnlyModel:
                 attn_out = attn_out + w.b_O[layer]
             attn_out = self._hook(hooks, prefix + "hook_attn_out", attn_out)
             resid = self._hook(hooks, prefix + "hook_resid_post", resid + attn_out)
-        return resid if w.W_U is None else resid @ w.W_U
+        out = resid if w.W_U is None else resid @ w.W_U
+        return validate.finite_result("AttentionOnlyModel", out, why="inputs or weights too large for "
+                                      f"{out.dtype}, or a hook's replacement holding NaN/inf")

@@ -12,7 +12,8 @@ Rooms:
   (:func:`summary_html`); the page script and stylesheet are package assets (``assets/report.js``,
   ``assets/report.css``);
 - :mod:`~circuitkit.report.saving`: writing report + scores together or not at all (:func:`save`);
-- :mod:`~circuitkit.report.reload`: a saved scan read back (:func:`load_scan`, ``Scan.load``);
+- :mod:`~circuitkit.report.reload`: a saved scan read back (:func:`load_scan`, ``Scan.load``), checked by
+  :mod:`~circuitkit.report.scores_check` first;
 - :mod:`~circuitkit.report.table`: the head table as rows or a DataFrame (``Scan.table``, ``Scan.to_pandas``);
 - :mod:`~circuitkit.report.png`: PNG export with headless Chromium (:func:`export_pngs`).
 """

@@ -523,7 +523,7 @@ def pattern_bytes(patterns: Tensor, *, triangular: bool) -> bytes:
     n_layers, n_heads, pos, _ = p.shape
     p = p.reshape(n_layers * n_heads, pos, pos)
     if triangular:
-        rows, cols = torch.tril_indices(pos, pos)
+        rows, cols = torch.tril_indices(pos, pos, device=p.device)
         p = p[:, rows, cols]
     return quantise(p, 1.0)
 
@@ -548,9 +548,9 @@ def strongest_edges(scores: Tensor, k: int = EDGES_PER_HEAD) -> tuple[list[list[
     s = scores.detach().to("cpu", torch.float32)
     n_layers, n_heads = s.shape[:2]
     n = n_layers * n_heads
-    layer = torch.arange(n) // n_heads
+    layer = torch.arange(n, device=s.device) // n_heads
     valid = (layer[:, None] < layer[None, :]) & torch.isfinite(s.reshape(n, n))
-    m = torch.where(valid, s.reshape(n, n), torch.tensor(-math.inf))
+    m = torch.where(valid, s.reshape(n, n), torch.tensor(-math.inf, device=s.device))
     k = min(k, n)
     return _stable_top(m, k), _stable_top(m.T.contiguous(), k)
 

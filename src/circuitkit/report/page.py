@@ -72,7 +72,7 @@ def circuitsvis_bundle() -> str:
 
     from circuitkit.viz.attention import attention_heads, parse_rendered
 
-    bundle = parse_rendered(attention_heads(torch.ones(1, 1, 1), ["t"])).bundle
+    bundle = parse_rendered(attention_heads(torch.ones(1, 1, 1, device="cpu"), ["t"])).bundle
     return "\n".join(line for line in bundle.splitlines() if not line.startswith("//# sourceMappingURL"))
 
 

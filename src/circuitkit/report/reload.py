@@ -16,16 +16,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from circuitkit import validate
-from circuitkit.errors import CircuitkitError
-from circuitkit.report.data import JSON_FORMAT
+from circuitkit.errors import CircuitkitError, describe
+from circuitkit.report.data import JSON_FORMAT, scan_json
 from circuitkit.report.saving import SCORES_NAME
+from circuitkit.report.scores_check import check_scores_json, first_difference
 
 MAX_SCORES_BYTES = 256 * 2**20
 """A scores.json larger than this is refused (a 100-layer x 64-head scan writes a few MB)."""
@@ -41,7 +42,7 @@ class SavedEvidence:
     rows: tuple[Any, ...]
     metric: str
     corrupt: str
-    thresholds: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float] | None = None  # None: the file had none (written again without)
 
     @property
     def weight_only(self) -> list[Any]:
@@ -52,8 +53,10 @@ class SavedEvidence:
         return [r for r in self.rows if r.effect_only]
 
     def to_json(self) -> dict[str, Any]:
-        return {"metric": self.metric, "corrupt": self.corrupt, "thresholds": dict(self.thresholds),
-                "rows": [r.to_json() for r in self.rows]}
+        out = {"metric": self.metric, "corrupt": self.corrupt, "rows": [r.to_json() for r in self.rows]}
+        if self.thresholds is not None:
+            out["thresholds"] = dict(self.thresholds)
+        return out
 
 
 def _head(text: Any, where: str) -> tuple[int, int]:
@@ -142,7 +145,7 @@ def _evidence(data: dict[str, Any] | None) -> SavedEvidence | None:
         flags = [flag for flag in ("weight_only", "effect_only") if r.get(flag)]
         rows.append(EdgeEvidence.of(_head(r["src"], where), _head(r["dst"], where), r["channel"], values, flags))
     return SavedEvidence(rows=tuple(rows), metric=data.get("metric", "loss"), corrupt=data.get("corrupt", "resample"),
-                         thresholds=dict(data.get("thresholds") or {}))
+                         thresholds=None if data.get("thresholds") is None else dict(data["thresholds"]))
 
 
 def _measured(value: Any, where: str) -> float | None:
@@ -156,12 +159,53 @@ def _measured(value: Any, where: str) -> float | None:
 
 @dataclass(frozen=True)
 class SavedRecord:
-    """An opt-in measurement a saved circuit holds (its random-set baseline, its stability), as saved."""
+    """An opt-in measurement a saved circuit holds (its random-set baseline, its stability), as saved; its fields
+    are read as the measurement's own (checked by :mod:`circuitkit.report.scores_check` first)."""
 
     data: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
         return self.data
+
+
+@dataclass(frozen=True)
+class SavedSets:
+    """One kind of random head sets as saved (what :class:`circuitkit.circuits.baseline.SetBaseline` holds)."""
+
+    mean: float
+    spread: tuple[float, float]
+    interval: tuple[float, float] | None
+
+
+class SavedRandomBaseline(SavedRecord):
+    """A saved :class:`circuitkit.circuits.baseline.RandomBaseline`: ``size``, ``n_sets``, ``passes``,
+    ``uniform`` and ``layered`` (:class:`SavedSets`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "data":  # not set yet (a copy being built)
+            raise AttributeError(name)
+        if name in ("uniform", "layered"):
+            kind = self.data[name]
+            return SavedSets(_float(kind["mean"]), _pair(kind["spread"]), _pair(kind.get("ci")))
+        if name in ("size", "n_sets", "seed", "passes"):
+            return self.data[name]
+        raise AttributeError(name)
+
+
+class SavedStability(SavedRecord):
+    """A saved :class:`circuitkit.circuits.stability.Stability`: ``n_resamples``, ``jaccard``, ``passes`` and
+    :meth:`ranked` (the inclusion shares, as saved: most often first)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "data":
+            raise AttributeError(name)
+        if name in ("n_resamples", "seed", "jaccard", "passes", "stable"):
+            return self.data[name]
+        raise AttributeError(name)
+
+    def ranked(self) -> list[tuple[tuple[int, int], float]]:
+        return [(_head(head, "scores.json: circuit.stability.inclusion"), float(share))
+                for head, share in self.data["inclusion"].items()]
 
 
 def _pair(value: Any) -> tuple[float, float] | None:
@@ -232,8 +276,8 @@ def _circuit(data: dict[str, Any] | None) -> Any:
                for role, members in (data.get("roles") or {}).items()},
         ranked_by=data.get("ranked_by", "effect"),
         intervals=_circuit_intervals(data),
-        random_baseline=None if data.get("random_baseline") is None else SavedRecord(data["random_baseline"]),
-        stability=None if data.get("stability") is None else SavedRecord(data["stability"]),
+        random_baseline=None if data.get("random_baseline") is None else SavedRandomBaseline(data["random_baseline"]),
+        stability=None if data.get("stability") is None else SavedStability(data["stability"]),
     )
 
 
@@ -248,9 +292,10 @@ def scan_from_json(data: Any, where: str = "Scan.load", cls: type | None = None)
 
     if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise validate.fail(where, validate.given(f"a scores.json of format {got!r}"),
+        raise validate.fail(f"{where}, field 'format'", validate.given(f"a scores.json of format {got!r}"),
                             f"format {JSON_FORMAT} (written by this circuitkit's Scan.save)",
                             "Scan it again with this version, or load it with the version that wrote it.")
+    check_scores_json(data, where)
     try:
         settings = _settings(data["settings"])
         loss = data.get("induction_loss")
@@ -264,7 +309,7 @@ def scan_from_json(data: Any, where: str = "Scan.load", cls: type | None = None)
                                                       closed_form=None, n_samples=0)
             edges[mode] = [Edge(_head(e["src"], where), _head(e["dst"], where), _float(e["score"]))
                            for e in entry.get("top_edges", ())]
-        return (cls or ScanRecord)(
+        scan = (cls or ScanRecord)(
             model=ModelSummary(**data["model"]),
             settings=settings,
             head_scores=_head_scores(data, settings),
@@ -294,6 +339,25 @@ def scan_from_json(data: Any, where: str = "Scan.load", cls: type | None = None)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
         raise validate.fail(where, validate.given(f"a scores.json with a missing or malformed entry ({error!r})"),
                             "a scores.json written by Scan.save") from None
+    _check_written_again(scan, data, where)
+    return scan
+
+
+UNWRITTEN = ("circuitkit_version", "units")
+"""Keys of ``scores.json`` a loaded scan does not keep: written again, they say this version's version and units."""
+
+
+def _check_written_again(scan: Any, data: dict[str, Any], where: str) -> None:
+    """Refuse a file whose loaded scan, written again, says something else: a field that disagrees with the fields
+    it derives from (``top_heads`` not the best heads of their grid, ``uncertainty`` beside other settings)."""
+    written = scan_json(scan)
+    found = first_difference({k: v for k, v in data.items() if k not in UNWRITTEN},
+                             {k: v for k, v in written.items() if k not in UNWRITTEN})
+    if found is not None:
+        path, saved, again = found
+        raise validate.fail(f"{where}, field {path!r}", saved,
+                            f"{describe(again)}, what the rest of the file gives (a field that disagrees with the "
+                            "fields it is derived from)")
 
 
 def load_scan(path: str | os.PathLike, cls: type | None = None) -> Any:

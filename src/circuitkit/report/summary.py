@@ -308,6 +308,25 @@ class Answer:
     intervals: tuple[float, int, int] | None = None  # (level, n_resamples, sequences)
     random_baseline: Any = None  # circuits.baseline.RandomBaseline where measured
     stability: Any = None  # circuits.stability.Stability where measured
+    edges_unmeasured: str | None = None  # why no edge between the circuit's heads was measured (None: some were)
+
+
+def edges_unmeasured(scan: Scan, heads: tuple[Head, ...], patched: int) -> str | None:
+    """Why the scan measured no edge between the circuit's ``heads`` (``patched``: the path-patched edges between
+    them), or None where it did: an answer says only what was measured."""
+    if patched:
+        return None
+    if getattr(scan, "circuit", None) is None:
+        if scan.model.n_layers < 2:
+            return "the edges were not measured: a one-layer model has no edge between heads"
+        if getattr(scan.settings, "edge_attribution_steps", None) is None:
+            return ("the edges were not measured: this model's heads do not add into the residual stream one by one "
+                    "(a norm or a scale after the attention output), so one head's path into another cannot be "
+                    "isolated; head-level figures are not affected")
+        return "the edges were not measured (the scan holds no edge evidence)"
+    if len({layer for layer, _ in heads}) < 2:
+        return "the circuit's heads are all in one layer: no edge runs between them"
+    return "no edge between the circuit's heads was path-patched (none among the edges measured)"
 
 
 def find_answer(scan: Scan) -> Answer | None:
@@ -362,6 +381,7 @@ def find_answer(scan: Scan) -> Answer | None:
         intervals=(float(getattr(settings, "ci_level", 0.95)), int(getattr(settings, "n_resamples", 0)),
                    int(settings.batch)) if (bounds or circuit_bounds) else None,
         random_baseline=getattr(verified, "random_baseline", None), stability=getattr(verified, "stability", None),
+        edges_unmeasured=edges_unmeasured(scan, tuple(h for h, _ in circuit), len(rows)),
     )
 
 
@@ -431,6 +451,9 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
         if answer.n_silent:
             parts.append(("text", f" ({answer.n_silent} other patched edges between circuit heads carry nothing)"))
         out.append(("Edges", parts))
+    elif answer.edges_unmeasured is not None:
+        if len(answer.circuit) > 1:
+            out.append(("Edges", [("text", answer.edges_unmeasured)]))
     elif len(answer.circuit) > 1:
         out.append(("Edges", [("text", "no edge between the circuit's heads carries a measurable effect")]))
     if answer.weight_only:

@@ -196,13 +196,13 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
     mlp_nodes = mlp_nodes and graph.mlps
     nodes = [(layer, h) for layer in range(L) for h in range(H)] + ([(layer, None) for layer in range(L)]
                                                                      if mlp_nodes else [])
-    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes])
+    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes], device="cpu")
     order = [nodes[i] for i in _order(scores, rank).tolist()]
     clean = float(runner.clean["metric"].mean())
 
     def masks(kept: list) -> tuple[Tensor, Tensor | None]:
-        heads = torch.ones(L, H, dtype=torch.bool)
-        mlps = torch.ones(L, dtype=torch.bool) if mlp_nodes else None
+        heads = torch.ones(L, H, dtype=torch.bool, device="cpu")
+        mlps = torch.ones(L, dtype=torch.bool, device="cpu") if mlp_nodes else None
         for layer, h in kept:
             if h is None:
                 mlps[layer] = False

@@ -128,12 +128,12 @@ def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
             receiver_layer.append(layer)
     receivers.append("logits")
     receiver_layer.append(L)
-    s_layer = torch.tensor(sender_layer)
-    r_layer = torch.tensor(receiver_layer)
+    s_layer = torch.tensor(sender_layer, device="cpu")
+    r_layer = torch.tensor(receiver_layer, device="cpu")
     allowed = s_layer[:, None] < r_layer[None, :]
     if mlps and not parallel:  # a head feeds the MLP of its own layer
-        is_head = torch.tensor([not (n == "input" or n.startswith("m")) for n in senders])
-        is_mlp_in = torch.tensor([n.startswith("m") for n in receivers])
+        is_head = torch.tensor([not (n == "input" or n.startswith("m")) for n in senders], device="cpu")
+        is_mlp_in = torch.tensor([n.startswith("m") for n in receivers], device="cpu")
         allowed |= is_head[:, None] & is_mlp_in[None, :] & (s_layer[:, None] == r_layer[None, :])
     return Graph(L, H, G, mlps, parallel, tuple(senders), tuple(receivers), allowed)
 
@@ -237,7 +237,7 @@ class TaskRunner:
             if normalized.requires_grad:
                 normalized.register_hook(lambda g: norm_seen.__setitem__("grad", g.detach()))
 
-        rows = torch.arange(self.batch.n_pairs)
+        rows = torch.arange(self.batch.n_pairs, device=spec.device)
         last_rows: dict[int, Tensor] = {}
         first: dict[int, Tensor] = {}
 
@@ -249,7 +249,7 @@ class TaskRunner:
             first[layer] = p[0, :, :n, :n].float().cpu()
             for name, (mask, rows_with_target) in self.pattern_masks.items():
                 if name not in self.pattern_scores:
-                    self.pattern_scores[name] = torch.zeros(L, spec.n_heads)
+                    self.pattern_scores[name] = torch.zeros(L, spec.n_heads, device="cpu")
                 self.pattern_scores[name][layer] = (
                     torch.einsum("bhqk,bqk->h", p.float(), mask.to(p.device)) / rows_with_target).cpu()
 
@@ -383,7 +383,7 @@ class TaskRunner:
 
         graph = self.graph
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
-        alphas = torch.arange(1, steps + 1, dtype=torch.float32) / steps
+        alphas = torch.arange(1, steps + 1, dtype=torch.float32, device=clean_in.device) / steps
         start = corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
             clean_in - corrupt_in)[None]  # [steps, pair, pos, d_model]
         grads: dict[int, Tensor] = {}
@@ -396,11 +396,11 @@ class TaskRunner:
         self.passes += 3.0 * steps
         delta = (self.clean["out"] - self.corrupted["out"]).float()  # [sender, pair, pos, d_model]
         flat = delta.reshape(delta.shape[0], -1)
-        scores = torch.zeros(len(graph.senders), len(graph.receivers))
+        scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
         for index, grad in zip(leaves, got, strict=True):
             if grad is None:
                 continue
-            g = self._pulled_back(index, grad.detach().float(), resid, steps) / steps  # mean over the points
+            g = self._pulled_back(index, grad.detach().float(), resid, steps).float() / steps  # a half norm: its dtype
             cols = self._receiver_columns(index)
             scores[:, cols] = (flat @ g.T).cpu()
         scores = scores * graph.allowed

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
@@ -168,10 +169,14 @@ def _circuit_intervals(pairs: dict[str, Tensor], clean: Tensor, n_resamples: int
     if clean.shape[0] < 2:
         return {}
     stacked = torch.stack([pairs["circuit"].double(), pairs["all_patched"].double(), clean.double()], dim=1)
-    lo, hi = bootstrap_ci(stacked, n_resamples, level,
-                          statistic=lambda m: ((m[:, 0] - m[:, 1]) / (m[:, 2] - m[:, 1]))[:, None])
     nlo, nhi = bootstrap_ci(clean.double() - pairs["only_circuit"].double(), n_resamples, level)
-    return {"faithfulness": (float(lo[0]), float(hi[0])), "necessity": (float(nlo), float(nhi))}
+    out = {"necessity": (float(nlo), float(nhi))}
+    try:
+        lo, hi = bootstrap_ci(stacked, n_resamples, level,
+                              statistic=lambda m: ((m[:, 0] - m[:, 1]) / (m[:, 2] - m[:, 1]))[:, None])
+    except CircuitkitError:  # some resample has m_clean = m_all (few pairs, a coarse dtype): the ratio is undefined
+        return out
+    return {"faithfulness": (float(lo[0]), float(hi[0])), **out}
 
 
 def _num(value: Any) -> float | None:
@@ -239,8 +244,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
     graph, spec = runner.graph, adapter.spec
     L, H = spec.n_layers, spec.n_heads
-    head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)])
-    mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)]) if mlps else None
+    head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
+    mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)], device="cpu") if mlps else None
     dla_all = clean["dla"]
     head_scores = {name: _attention_score(clean["last_attention"], task, to, minus)
                    for name, to, minus in task.attention_scores}

@@ -240,11 +240,23 @@ def _prompt(value: Any, where: str) -> str | tuple[int, ...]:
             raise validate.fail(where, value, "a non-empty prompt")
         if len(value) > MAX_PROMPT_CHARS:
             raise validate.fail(where, f"{len(value)} characters", f"a prompt of at most {MAX_PROMPT_CHARS} characters")
-        return value
+        return _unicode(value, where)
     ids = _ids(value, where)
     if not ids:
         raise validate.fail(where, value, "a non-empty prompt (text or token ids)")
     return ids
+
+
+def _unicode(text: str, where: str) -> str:
+    """``text`` if a tokenizer can read it: a lone surrogate (a JSON ``"\\ud800"`` escape without its pair) is not
+    a character, and tokenizers raise a TypeError on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise validate.fail(where, validate.given(f"text holding the lone surrogate U+{ord(text[error.start]):04X} "
+                                                  f"at character {error.start}"),
+                            "valid Unicode text (a \\uD800-\\uDFFF escape only as half of a pair)") from None
+    return text
 
 
 def _ids(value: Any, where: str) -> tuple[int, ...]:
@@ -278,6 +290,8 @@ def _answers(value: Any, where: str) -> tuple[str | int, ...]:
             raise validate.fail(where, item, "a non-empty answer text or a token id")
         if isinstance(item, str) and len(item) > MAX_PROMPT_CHARS:
             raise validate.fail(where, f"{len(item)} characters", f"an answer of at most {MAX_PROMPT_CHARS} characters")
+        if isinstance(item, str):
+            _unicode(item, where)
         if isinstance(item, int) and not 0 <= item <= MAX_TOKEN_ID:
             raise validate.fail(where, validate.given(f"the token id {_short_int(item)}"), "token ids in [0, 2**63)")
     return tuple(items)
@@ -363,9 +377,9 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
 
 def _padded(rows: Sequence[Sequence[int]]) -> Tensor:
     width = max(len(r) for r in rows)
-    out = torch.zeros(len(rows), width, dtype=torch.long)
+    out = torch.zeros(len(rows), width, dtype=torch.long, device="cpu")
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
     return out
 
 

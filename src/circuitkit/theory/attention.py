@@ -290,7 +290,8 @@ def multi_head_attention(
     v = repeat(v, "b g p d -> b (g r) p d", r=n_heads // n_kv)
     mask = None if key_padding_mask is None else key_padding_mask[:, None, :]  # broadcast over heads
     z = sdpa_torch(q, k, v, causal=causal, key_padding_mask=mask)
-    return einsum(z, W_O, "b h p d, h d m -> b p m")
+    return validate.finite_result("multi_head_attention", einsum(z, W_O, "b h p d, h d m -> b p m"),
+                                  why=f"x or the weights too large for {x.dtype}")
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,9 @@ def decode_with_kv_cache(
             z_t = sdpa_torch(q_t, k, v)[:, :, 0]  # the newest query sees every cached key: no mask needed
             outputs.append(einsum(z_t, W_O, "b h d, h d m -> b m"))
     cache_bytes = k_cache.element_size() * k_cache.nelement() + v_cache.element_size() * v_cache.nelement()
-    return KVCacheRun(torch.stack(outputs, dim=1), int(cache_bytes), n_kv, n_pos)
+    output = validate.finite_result("decode_with_kv_cache", torch.stack(outputs, dim=1),
+                                    why=f"x or the weights too large for {x.dtype}")
+    return KVCacheRun(output, int(cache_bytes), n_kv, n_pos)
 
 
 # ------------------------------------------------------------------------------------ linear attention

@@ -330,7 +330,11 @@ def linear_attention_gd(
         W_0 = X.new_zeros(X.shape[1], Y.shape[1])
         grad = X.T @ (X @ W_0 - Y)  # dL/dW of 1/2 ||X W - Y||_F^2
         W_1 = W_0 - lr * grad
-        return LinearAttentionGD((x_test @ X.T) @ Y, x_test @ W_1, W_1)
+        why = f"X, Y, x_test or lr too large for {X.dtype}"
+        return LinearAttentionGD(validate.finite_result("linear_attention_gd: attention_output", (x_test @ X.T) @ Y,
+                                                        why=why),
+                                 validate.finite_result("linear_attention_gd: gd_prediction", x_test @ W_1, why=why),
+                                 validate.finite_result("linear_attention_gd: W_1", W_1, why=why))
 
 
 # ------------------------------------------------------------------------------------------ positions
@@ -380,17 +384,20 @@ def layernorm_output_norm(
     has ``sigma = 0`` and is rejected.
     """
     float_tensor("x", x, ndim_min=1)
-    for name, val in (("gamma", gamma), ("beta", beta)):
-        if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
-            raise CircuitkitError(f"{name} = {val!r}; expected a finite scalar (the identity needs scalar scale).")
+    gamma, beta = (validate.real(name, val) for name, val in (("gamma", gamma), ("beta", beta)))
     xd = x.to(torch.float64)
+    # layer norm with eps = 0 is invariant to a row's scale: each row divided by its largest |entry| first, so rows
+    # of 1e160 (whose variance overflows float64) and of 1e-300 (whose variance underflows) give the exact result
+    top = xd.abs().amax(dim=-1, keepdim=True)
+    xd = xd / torch.where(top > 0, top, 1.0)
     if bool((xd.std(dim=-1, unbiased=False) == 0).any()):
         raise CircuitkitError("x has a constant row (standard deviation 0); expected rows with some spread.")
     d = x.shape[-1]
-    weight = torch.full((d,), float(gamma), dtype=torch.float64)
-    bias = torch.full((d,), float(beta), dtype=torch.float64)
+    weight = torch.full((d,), gamma, dtype=torch.float64)
+    bias = torch.full((d,), beta, dtype=torch.float64)
     y = F.layer_norm(xd, (d,), weight, bias, eps=0.0)
-    return torch.linalg.vector_norm(y - beta, dim=-1)
+    return validate.finite_result("layernorm_output_norm", torch.linalg.vector_norm(y - beta, dim=-1),
+                                  why="|gamma| sqrt(d) is beyond float64")
 
 
 def linear_attention_gap(

@@ -142,4 +142,4 @@ def rope(
     out = torch.empty_like(xd)
     out[..., 0::2] = even * c - odd * s
     out[..., 1::2] = even * s + odd * c
-    return out.to(x.dtype)
+    return validate.finite_result("rope", out.to(x.dtype), why=f"a rotated row exceeds the range of {x.dtype}")

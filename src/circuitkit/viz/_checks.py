@@ -41,8 +41,8 @@ def token_ids(caller: str, tokens: torch.Tensor, cfg: Any) -> None:
     """Integer ``tokens`` checked against the model: at least one, at most ``cfg.n_ctx`` positions (last axis), ids
     in ``[0, cfg.d_vocab)`` (where the config says)."""
     label = f"{caller}: tokens"
-    if tokens.numel() == 0:
-        raise validate.fail(label, tokens, "at least one token")
+    if tokens.numel() == 0 or tokens.is_meta:
+        raise validate.fail(label, tokens, "at least one token, with data (not on the meta device)")
     n_ctx = getattr(cfg, "n_ctx", None)
     if isinstance(n_ctx, int) and tokens.shape[-1] > n_ctx:
         raise validate.fail(label, tokens, f"at most n_ctx={n_ctx} positions, the model's context")

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -171,12 +172,16 @@ def _baseline_value(baseline: float | Any | None) -> float | None:
     if baseline is None:
         return None
     value = getattr(baseline, "mean", baseline)
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not np.isfinite(
-        value
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):  # not a number, or an int beyond float64 (10**400)
+        number = math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(
+        number
     ):
         raise CircuitkitError(
             f"composition_heatmap: given baseline {baseline!r}; expected a finite float or a "
             "CompositionBaseline (circuitkit.composition_baseline(weights, mode))."
         )
-    return float(value)
+    return number
 

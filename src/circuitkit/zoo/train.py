@@ -25,10 +25,12 @@ saves the bundled run up to and through its phase change (:func:`train_series`, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import torch
@@ -91,7 +93,43 @@ def train_loop(
     ``save_checkpoint(step)`` is called at each step of ``checkpoint_steps`` after ``step`` updates (before the
     next); it must only read the parameters. ``stop``: end after that many updates (the schedule still spans
     ``steps``), e.g. to save the first part of the bundled run only."""
-    torch.set_flush_denormal(True)  # tiny gradients as subnormal floats make CPU steps many times slower
+    with flushing_denormals():  # tiny gradients as subnormal floats make CPU steps many times slower
+        return _train_loop(forward, parameters, steps=steps, lr=lr, seed=seed, penalty=penalty, log=log,
+                           checkpoint_steps=checkpoint_steps, save_checkpoint=save_checkpoint, stop=stop)
+
+
+def flushes_denormals() -> bool:
+    """Whether this thread's floating-point unit flushes subnormal results to zero (half the smallest normal
+    float64 comes out 0; torch has no getter for its ``set_flush_denormal``)."""
+    return sys.float_info.min / 2 == 0.0
+
+
+@contextlib.contextmanager
+def flushing_denormals() -> Iterator[None]:
+    """Subnormal floats flushed to zero inside, the state found restored after (also on an error): a process-wide
+    flag left set breaks what runs later (hypothesis refuses to generate subnormal floats, and any result that
+    should be subnormal becomes 0)."""
+    before = flushes_denormals()
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)
+
+
+def _train_loop(
+    forward: Callable[[Tensor], Tensor],
+    parameters: list[torch.nn.Parameter],
+    *,
+    steps: int,
+    lr: float,
+    seed: int,
+    penalty: Callable[[], Tensor] | None,
+    log: Callable[[str], None],
+    checkpoint_steps: Collection[int],
+    save_checkpoint: Callable[[int], None] | None,
+    stop: int | None,
+) -> dict[str, list[float]]:
     generator = torch.Generator().manual_seed(seed)
     eval_tokens = repeated_batch(torch.Generator().manual_seed(seed + 1), 64, EVAL_BLOCK)
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.01)
