@@ -3,7 +3,9 @@ side, and the first line on stderr.
 
     python benchmarks/startup.py [--runs N] [--busy N] [--json]
 
-- **whole**: seconds from starting ``circuitkit scan --out DIR`` (bundled model) to its exit, imports included;
+- **whole**: seconds from starting ``circuitkit scan --out DIR`` (bundled model; ``python -m circuitkit._entry``,
+  the console script's code) to its exit, imports included; beside it ``python -m circuitkit.cli``, the same
+  command with Python's ordinary exit (the interpreter's teardown);
 - **parts**: the same work in one fresh process, timed step by step (:data:`PARTS`): the interpreter and the CLI
   module, ``import torch``, ``import transformers``, ``import transformer_lens`` and its ``model_bridge`` (what
   building the bundled model's ``TransformerBridge`` imports), building the model, importing the scan pipeline, the
@@ -70,7 +72,7 @@ def first_line_seconds(args: list[str], env: dict[str, str]) -> tuple[float, str
     """Seconds until ``circuitkit scan ARGS`` writes its first stderr line, and the line (the process is then
     stopped: only the start-up is timed)."""
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "circuitkit.cli", "scan", *args], stderr=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-m", "circuitkit._entry", "scan", *args], stderr=subprocess.PIPE,
                                stdout=subprocess.DEVNULL, env=env, text=True)
     line = process.stderr.readline()
     seconds = time.perf_counter() - started
@@ -79,10 +81,10 @@ def first_line_seconds(args: list[str], env: dict[str, str]) -> tuple[float, str
     return seconds, line.strip()
 
 
-def whole_seconds(args: list[str], env: dict[str, str]) -> float:
-    """Seconds from starting ``circuitkit scan ARGS`` to its exit."""
+def whole_seconds(args: list[str], env: dict[str, str], module: str = "circuitkit._entry") -> float:
+    """Seconds from starting ``python -m MODULE scan ARGS`` to its exit."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "circuitkit.cli", "scan", *args], env=env, check=True,
+    subprocess.run([sys.executable, "-m", module, "scan", *args], env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
@@ -99,13 +101,17 @@ def _summary(times: list[float]) -> dict[str, float]:
 
 
 def whole_and_parts(env: dict[str, str], out: str, runs: int) -> dict:
-    """The whole command's seconds and its parts', each over ``runs`` fresh processes after one not counted."""
-    whole = [whole_seconds(["--out", out], env) for _ in range(runs + 1)][1:]
-    parts: dict[str, list[float]] = {}
+    """The whole command's seconds (the console script's exit, and Python's ordinary exit: ``python -m
+    circuitkit.cli``) and its parts', taken in turn (whole, ordinary, parts; ``runs`` times after one round not
+    counted) so that a load that moves touches all three alike."""
+    whole, ordinary, parts = [], [], {}
     for _ in range(runs + 1):
+        whole.append(whole_seconds(["--out", out], env))
+        ordinary.append(whole_seconds(["--out", out], env, module="circuitkit.cli"))
         for name, seconds in part_seconds(out, env).items():
             parts.setdefault(name, []).append(seconds)
-    return {"whole": _summary(whole), "parts": {name: _summary(times[1:]) for name, times in parts.items()}}
+    return {"whole": _summary(whole[1:]), "whole_ordinary_exit": _summary(ordinary[1:]),
+            "parts": {name: _summary(times[1:]) for name, times in parts.items()}}
 
 
 def main() -> None:
@@ -138,6 +144,9 @@ def main() -> None:
     whole = measured["whole"]
     print(f"{'whole command (circuitkit scan)':<44} {whole['median_s']:.2f} s "
           f"({whole['min_s']:.2f}-{whole['max_s']:.2f})")
+    ordinary = measured["whole_ordinary_exit"]
+    print(f"{'  the same with the ordinary exit (-m circuitkit.cli)':<44} {ordinary['median_s']:.2f} s "
+          f"({ordinary['min_s']:.2f}-{ordinary['max_s']:.2f})")
     total = 0.0
     for name, part in measured["parts"].items():
         total += part["median_s"]

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tasks", ("tasks",)),
     ("scan", ("pipeline", "scan_types", "scan_intervals", "memory")),
     ("tracking", ("tracking",)),
-    ("entry points", ("cli", "zoo.train")),
+    ("entry points", ("cli", "_entry", "zoo.train")),
 )
 """The layers of the package, lowest first: a module may import its own layer and the layers below it, never one
 above. Each entry names a top-level module or a subpackage (relative to ``circuitkit``; ``__init__`` is the package's
