@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "greater-than, docstring, or a file of clean/corrupted pairs (.jsonl, .csv, .json)")
     scan.add_argument("--pairs", type=_int_in(2, 10_000), default=32, metavar="N",
                       help="prompt pairs a built-in task writes (32)")
+    scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
+                      help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
+                      "or the text's tokens alone (no)")
     scan.add_argument("--target", type=_fraction("a faithfulness", "0.8", one=True), default=0.8, metavar="F",
                       help="the faithfulness the circuit must reach, in (0, 1] (0.8)")
     # uncertainty.DEFAULT_RESAMPLES / DEFAULT_LEVEL, not imported: --help stays free of torch
@@ -200,6 +203,9 @@ def run_scan(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
     _check_task(args.task)
+    if args.prepend_bos != "auto" and args.task == "induction":
+        raise CircuitkitError(f"--prepend-bos: given {args.prepend_bos!r} with the induction task; expected it only "
+                              "with --task NAME|FILE (the induction batch sets its own BOS).")
     out = prepare_directory(args.out, where="--out", probe=True, kind="scan")
     device_map = _device_map(args.device_map)
     if device_map is not None and args.model is None:
@@ -269,6 +275,7 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any) ->
     task = tasks.get_task(args.task, model, n=args.pairs, seed=args.seed)
     _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {task.metric}")
     result = ck.scan(model, task=task, target=args.target, device=args.device, progress=True, name=name,
+                     prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos],
                      n_resamples=args.resamples, ci_level=args.ci_level, random_sets=args.random_sets,
                      stability=args.stability)
     saved = result.save(out)

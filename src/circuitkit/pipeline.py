@@ -665,6 +665,7 @@ def scan(
     name: str | None = None,
     allow_download: bool = False,
     task: Any = None,
+    prepend_bos: bool | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     ci_level: float = DEFAULT_LEVEL,
     random_sets: int = 0,
@@ -703,6 +704,9 @@ def scan(
             ``"docstring"``) or a task file's path: then :func:`circuitkit.tasks.scan_task` runs (node and edge
             circuits by counterfactual patching, with ``target``) and a :class:`~circuitkit.tasks.TaskScan` is
             returned.
+        prepend_bos: with a task, how its text prompts become tokens (:func:`circuitkit.tasks.scan_task`):
+            ``None`` (default: the model's tokenizer's own rule), ``True`` or ``False``; the induction scan builds
+            its own batch (``tokens``) and takes only ``None``.
         n_resamples, ci_level: the percentile bootstrap over the batch's sequences behind every figure's interval
             (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
         random_sets: measure that many random head sets of the circuit's size per kind (uniform, and with the
@@ -735,7 +739,10 @@ def scan(
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
-                          n_resamples=options["n_resamples"], ci_level=options["ci_level"])
+                          n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos)
+    if prepend_bos is not None:
+        raise validate.fail("scan: prepend_bos", prepend_bos, "None for the induction scan (its batch sets its own "
+                            "BOS: RepeatedTokens(bos=...)); prepend_bos applies to a task's text prompts")
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens)
     if isinstance(tokens, RepeatedTokens) or tokens is None:  # before any pass: refuse what cannot fit
@@ -796,7 +803,7 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 
 
 def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
-               n_resamples: int, ci_level: float) -> Any:
+               n_resamples: int, ci_level: float, prepend_bos: Any = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
     ``"off"``."""
     from circuitkit.tasks import Task, get_task, scan_task
@@ -813,7 +820,7 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                   file=sys.stderr, flush=True)
 
     return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
-                     ci_level=ci_level)
+                     ci_level=ci_level, prepend_bos=prepend_bos)
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,

@@ -29,7 +29,7 @@ from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import TaskRunner, check_hooks
 from circuitkit.tasks.metrics import UNITS
-from circuitkit.tasks.task import Task
+from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_IG_STEPS = 3
 """EAP-IG interpolation points (``k / steps`` of the way from the corrupted to the clean input embeddings), all in
@@ -84,6 +84,7 @@ class TaskScan:
             "format": f"circuitkit-task-scan/{TASK_FORMAT}",
             "model": self.model.as_dict(),
             "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
+                     "tokens": list(self.tokens),
                      "units": UNITS[self.task.metric],
                      **({"ci": {k: [_num(lo), _num(hi)] for k, (lo, hi) in self.intervals.items()}}
                         if self.intervals else {})},
@@ -106,7 +107,7 @@ class TaskScan:
         c = self.circuit
         if c is None:
             lines.append(f"No circuit: {self.circuit_error}")
-            return "\n".join(lines)
+            return "\n".join(lines + self._tokens_line())
         heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
         mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
@@ -126,7 +127,11 @@ class TaskScan:
             named = ", ".join(f"{head_name(h)} ({v:+.2f}){'' if h in c.heads else ' not in the circuit'}"
                               for h, v in best)
             lines.append(f"Largest {score}: {named}.")
-        return "\n".join(lines)
+        return "\n".join(lines + self._tokens_line())
+
+    def _tokens_line(self) -> list[str]:
+        said = self.settings.get("tokenization")
+        return [f"Tokens: {said}."] if said else []
 
     def save(self, out_dir: str | os.PathLike) -> Any:
         """Write ``out_dir/scores.json`` and ``out_dir/report.html`` together (atomically)."""
@@ -183,7 +188,7 @@ def _num(value: Any) -> float | None:
 def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
               rank: str = "abs",
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
-              n_resamples: int = 1000, ci_level: float = 0.95,
+              n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               progress: Any = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
@@ -196,6 +201,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             against the behaviour is still part of the mechanism) or ``"signed"`` EAP-IG score.
         steps: EAP-IG interpolation points.
         edges: measure the edge circuit too (``False``: nodes only).
+        prepend_bos: how text prompts become tokens: ``None`` (default: the model's tokenizer's own rule,
+            ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens
+            alone); token-id prompts run as given. The rule that ran is in ``settings["prepend_bos"]`` and
+            ``settings["tokenization"]``.
         progress: ``progress(stage, passes)`` called as passes run (or None).
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
@@ -221,7 +230,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
-    batch = task.tokenize(adapter)
+    batch = task.tokenize(adapter, check_prepend_bos("scan_task", prepend_bos))
     runner = TaskRunner(adapter, batch, task.metric, mlps=mlps, ablation=task.ablation)
     runner.pattern_masks = registered_pattern_masks(batch)
     stages: list[TaskStage] = []
@@ -242,7 +251,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)])
     mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)]) if mlps else None
     dla_all = clean["dla"]
-    head_scores = {name: _attention_score(clean["last_attention"], task, to, minus)
+    head_scores = {name: _attention_score(clean["last_attention"], task, batch, to, minus)
                    for name, to, minus in task.attention_scores}
     circuit, error = None, None
     try:
@@ -264,7 +273,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                               intervals=_circuit_intervals(pairs, clean["metric"], n_resamples, ci_level))
     settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
-                "ci_level": ci_level}
+                "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch)}
     return TaskScan(
         model=summarise_model(adapter, name),
         task=task,
@@ -304,14 +313,28 @@ def registered_pattern_masks(batch: Any) -> dict[str, tuple[Tensor, float]]:
     return out
 
 
-def _attention_score(last_attention: Tensor, task: Task, to: str, minus: str) -> Tensor:
+def _attention_score(last_attention: Tensor, task: Task, batch: Any, to: str, minus: str) -> Tensor:
     """``[layer, head]``: attention from each prompt's last token to mark ``to`` minus to mark ``minus``, averaged
-    over pairs (``last_attention``: ``[layer, pair, head, pos]``)."""
+    over pairs (``last_attention``: ``[layer, pair, head, pos]``; marks count text tokens, shifted by the special
+    tokens before them, ``batch.prefix``)."""
     rows = torch.arange(task.n_pairs)
-    at = torch.tensor([m[to] for m in task.marks])
-    away = torch.tensor([m[minus] for m in task.marks])
+    shift = batch.prefix.cpu() if batch.prefix is not None else torch.zeros(task.n_pairs, dtype=torch.long)
+    at = torch.tensor([m[to] for m in task.marks]) + shift
+    away = torch.tensor([m[minus] for m in task.marks]) + shift
     per_pair = last_attention.permute(1, 0, 2, 3)  # [pair, layer, head, pos]
     return (per_pair[rows, :, :, at] - per_pair[rows, :, :, away]).mean(0)
+
+
+def _tokenization(adapter: Any, task: Task, batch: Any) -> str:
+    """The BOS rule that ran, in words, with the special tokens it put before the first text prompt."""
+    if not any(isinstance(p.clean, str) for p in task.pairs):
+        return "token ids as given (no tokenizer ran)"
+    rule = {"auto": "the tokenizer's default (add_special_tokens=True)", "yes": "prepend_bos=True (BOS, then the "
+            "text's tokens)", "no": "prepend_bos=False (the text's tokens alone)"}[batch.rule]
+    n = int(batch.prefix[0]) if batch.prefix is not None else 0
+    before = _token_strings(adapter, batch.clean[0, :n]) if n else ()
+    added = f"{n} special token(s) {list(before)} before the text" if n else "no token before the text"
+    return f"{rule}: {added} (first prompt)"
 
 
 def _token_strings(adapter: Any, tokens: Tensor) -> tuple[str, ...]:

@@ -5,10 +5,17 @@ researcher's own prompts all take one shape (Wang et al. 2022; Hanna et al. 2023
 clean prompt, a corrupted prompt of the same token length that differs where the behaviour's information is, the
 answer token(s) and the wrong answer token(s). A metric is read at each prompt's **own last token**.
 
-Tokenization (:meth:`Task.tokenize`): prompts as the model's tokenizer does by default (its own BOS rule); answers
-as continuations (no special tokens; a leading space is part of the answer, as in ``" Mary"``), each exactly one
-token. Token ids may be given instead of text. A pair whose clean and corrupted prompts have different token
-lengths is refused (naming the pair); so is an answer that is not one token.
+Tokenization (:meth:`Task.tokenize`): text prompts as the model's tokenizer does by default
+(``add_special_tokens=True`` as the tokenizer's own files define it: a Llama or Gemma tokenizer prepends its BOS, a
+Qwen2 or GPT-2 tokenizer adds nothing), read through :func:`circuitkit.models.tokenizer.default_tokenizer` (the
+TransformerLens bridge's own tokenizer always prepends a BOS). ``prepend_bos=True`` puts the tokenizer's BOS before
+the prompt's text tokens, ``False`` runs the text tokens alone (no special token at all); token-id prompts are run
+as given under every rule. Answers as continuations (no special tokens; a leading space is part of the answer, as in
+``" Mary"``), each exactly one token. A pair whose clean and corrupted prompts have different token lengths is
+refused (naming the pair and the lengths the model gets); so is an answer that is not one token.
+
+Marks (:attr:`Task.marks`) are positions among a prompt's **text tokens** (as ``add_special_tokens=False`` gives
+them); :attr:`TaskBatch.prefix` holds, per pair, how many special tokens the rule put before them.
 
 Batching: prompts of different lengths are **right-padded**. The models circuitkit runs are causal, so a position
 never attends to a later one: the pads sit after every real token of their row and change nothing at the real
@@ -68,7 +75,9 @@ def _plain(value: Any) -> Any:
 class TaskBatch:
     """A task tokenized for one model. ``clean`` / ``corrupted``: ``[pair, pos]`` token ids, right-padded;
     ``last``: ``[pair]`` each row's last real position; ``answers`` / ``wrongs``: ``[pair, A]`` / ``[pair, W]`` ids,
-    ``answer_mask`` / ``wrong_mask`` True where an entry is listed (rows may list fewer)."""
+    ``answer_mask`` / ``wrong_mask`` True where an entry is listed (rows may list fewer); ``prefix``: ``[pair]`` the
+    special tokens put before each clean prompt's text tokens (marks are shifted by it); ``rule``: the BOS rule that
+    ran, ``"auto"`` (the tokenizer's default), ``"yes"`` or ``"no"``."""
 
     clean: Tensor
     corrupted: Tensor
@@ -77,6 +86,8 @@ class TaskBatch:
     wrongs: Tensor
     answer_mask: Tensor
     wrong_mask: Tensor
+    prefix: Tensor | None = None
+    rule: str = "auto"
 
     @property
     def n_pairs(self) -> int:
@@ -97,11 +108,13 @@ class TaskBatch:
         last = self.last[index]
         width = int(last.max()) + 1
         return TaskBatch(self.clean[index, :width], self.corrupted[index, :width], last, self.answers[index],
-                         self.wrongs[index], self.answer_mask[index], self.wrong_mask[index])
+                         self.wrongs[index], self.answer_mask[index], self.wrong_mask[index],
+                         None if self.prefix is None else self.prefix[index.to(self.prefix.device)], self.rule)
 
     def to(self, device: torch.device) -> TaskBatch:
         return TaskBatch(*(getattr(self, f).to(device) for f in
-                           ("clean", "corrupted", "last", "answers", "wrongs", "answer_mask", "wrong_mask")))
+                           ("clean", "corrupted", "last", "answers", "wrongs", "answer_mask", "wrong_mask")),
+                         prefix=None if self.prefix is None else self.prefix.to(device), rule=self.rule)
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,9 +122,10 @@ class Task:
     """A behaviour: ``pairs`` (:class:`Pair`), the ``metric`` read at each prompt's last token
     (:data:`circuitkit.tasks.metrics.METRICS`: ``"logit_diff"`` by default), a ``name`` and a ``description``.
 
-    ``marks``: per pair, named token positions of the clean prompt (IOI: ``io``, ``s1``, ``s2``); with them a task
-    brings its own head scores, ``attention_scores``: ``(name, to, minus)`` is each head's attention from the
-    prompt's last token to mark ``to`` minus to mark ``minus``, averaged over pairs (IOI's ``io_attention``).
+    ``marks``: per pair, named positions among the clean prompt's text tokens (special tokens not counted; IOI:
+    ``io``, ``s1``); with them a task brings its own head scores, ``attention_scores``: ``(name, to, minus)`` is
+    each head's attention from the prompt's last token to mark ``to`` minus to mark ``minus``, averaged over pairs
+    (IOI's ``io_attention``).
 
     ``ablation``: how a node outside a circuit is replaced: ``"corrupted"`` (its value on the corrupted prompt of the
     same pair: counterfactual patching, the default), ``"mean"`` (its mean over the corrupted prompts' real
@@ -194,12 +208,14 @@ class Task:
         out = [as_pair(item, f"Task.from_pairs: pair {i}") for i, item in enumerate(items)]
         return cls(name=name, pairs=tuple(out), metric=metric, ablation=ablation, description=description)
 
-    def tokenize(self, model_or_adapter: Any) -> TaskBatch:
-        """The pairs as token ids for the model (see the module docstring), on the model's device."""
+    def tokenize(self, model_or_adapter: Any, prepend_bos: bool | None = None) -> TaskBatch:
+        """The pairs as token ids for the model (see the module docstring), on the model's device. ``prepend_bos``:
+        ``None`` (the tokenizer's default), ``True`` (its BOS, then the text's tokens) or ``False`` (the text's
+        tokens alone)."""
         from circuitkit.models.adapters import ModelAdapter, adapt
 
         adapter = model_or_adapter if isinstance(model_or_adapter, ModelAdapter) else adapt(model_or_adapter)
-        return tokenize(self, adapter)
+        return tokenize(self, adapter, prepend_bos)
 
     def to_json(self, n_examples: int = 3) -> dict[str, Any]:
         return {"name": self.name, "metric": self.metric, "pairs": self.n_pairs, "ablation": self.ablation,
@@ -293,10 +309,48 @@ def _tokenizer_of(adapter: Any) -> Any:
     return tokenizer
 
 
-def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...]) -> list[int]:
+BOS_RULES = {None: "auto", True: "yes", False: "no"}
+"""``prepend_bos`` as the report and ``scores.json`` name it."""
+
+
+def check_prepend_bos(where: str, value: Any) -> bool | None:
+    """``prepend_bos`` checked: None, True or False (``"auto"`` / ``"yes"`` / ``"no"`` as the CLI spells them)."""
+    named = {v: k for k, v in BOS_RULES.items()}
+    if isinstance(value, str) and value in named:
+        return named[value]
+    if value is None or isinstance(value, bool):
+        return value
+    raise validate.fail(f"{where}: prepend_bos", value,
+                        "None (the tokenizer's default), True or False (or 'auto', 'yes', 'no')")
+
+
+def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...], prepend_bos: bool | None) -> tuple[list[int], int]:
+    """The token ids the model gets for ``prompt`` and how many of them come before its text tokens."""
     if isinstance(prompt, tuple):
-        return list(prompt)
-    return [int(t) for t in _tokenizer_of(adapter)(prompt)["input_ids"]]
+        return list(prompt), 0
+    from circuitkit.models.tokenizer import default_tokenizer
+
+    tokenizer = _tokenizer_of(adapter)
+    text = [int(t) for t in tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+    if prepend_bos is False:
+        return text, 0
+    if prepend_bos is True:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        if not isinstance(bos, int):
+            raise CircuitkitError(
+                f"Task: given prepend_bos=True for a tokenizer without a BOS token ({type(tokenizer).__name__}); "
+                "expected a tokenizer that names one, or prepend_bos=None (its default) or False."
+            )
+        return [bos, *text], 1
+    ids = [int(t) for t in default_tokenizer(tokenizer)(prompt)["input_ids"]]
+    return ids, _text_start(ids, text)
+
+
+def _text_start(ids: list[int], text: list[int]) -> int:
+    """Where the text tokens ``text`` start inside ``ids`` (the special tokens the default rule adds come first;
+    0 where they cannot be found as one run: the marks are then read as given)."""
+    n = len(text)
+    return next((k for k in range(len(ids) - n + 1) if ids[k : k + n] == text), 0)
 
 
 def _encode_answer(adapter: Any, answer: str | int, where: str) -> int:
@@ -312,20 +366,23 @@ def _encode_answer(adapter: Any, answer: str | int, where: str) -> int:
     return int(ids[0])
 
 
-def tokenize(task: Task, adapter: Any) -> TaskBatch:
+def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskBatch:
     """``task`` as a :class:`TaskBatch` for ``adapter``'s model (module docstring), every id checked against the
-    vocabulary, clean and corrupted lengths equal per pair."""
+    vocabulary, clean and corrupted lengths equal per pair (counted as the model gets them)."""
+    prepend_bos = check_prepend_bos(f"task {task.name!r}", prepend_bos)
     spec = adapter.spec
     V = spec.d_vocab
-    clean, corrupted, answers, wrongs = [], [], [], []
+    clean, corrupted, answers, wrongs, prefix = [], [], [], [], []
     for i, pair in enumerate(task.pairs):
         where = f"task {task.name!r}: pair {i}"
-        c, k = _encode_prompt(adapter, pair.clean), _encode_prompt(adapter, pair.corrupted)
+        (c, start), (k, _) = (_encode_prompt(adapter, pair.clean, prepend_bos),
+                              _encode_prompt(adapter, pair.corrupted, prepend_bos))
         if len(c) != len(k):
             raise CircuitkitError(
-                f"{where}: the clean prompt is {len(c)} tokens and the corrupted prompt {len(k)}; expected the same "
-                f"token length (clean {_short(pair.clean)}, corrupted {_short(pair.corrupted)}). Corrupt with "
-                "substitutions of the same token length."
+                f"{where}: the clean prompt is {len(c)} tokens and the corrupted prompt {len(k)} (as the model gets "
+                f"them, BOS rule {BOS_RULES[prepend_bos]!r}); expected the same token length (clean "
+                f"{_short(pair.clean)}, corrupted {_short(pair.corrupted)}). Corrupt with substitutions of the same "
+                "token length."
             )
         if spec.n_ctx and len(c) > spec.n_ctx:
             raise validate.fail(f"{where}: prompt", f"{len(c)} tokens", f"at most the model's n_ctx {spec.n_ctx}")
@@ -339,9 +396,10 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
                     "(the model's vocabulary)."
                 )
         marks = task.marks[i] if task.marks else {}
-        beyond = {m: p for m, p in marks.items() if p >= len(c)}
+        beyond = {m: p for m, p in marks.items() if p + start >= len(c)}
         if beyond:
-            raise validate.fail(f"{where}: marks", beyond, f"token positions inside the {len(c)}-token clean prompt")
+            raise validate.fail(f"{where}: marks", beyond,
+                                f"token positions inside the clean prompt's {len(c) - start} text tokens")
         if set(a) & set(w):
             raise validate.fail(f"{where}: answer and wrong", (pair.answers, pair.wrongs),
                                 "different tokens (an answer that is also a wrong answer measures nothing)")
@@ -349,6 +407,7 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
         corrupted.append(k)
         answers.append(a)
         wrongs.append(w)
+        prefix.append(start)
     device = spec.device
     return TaskBatch(
         clean=_padded(clean).to(device),
@@ -358,6 +417,8 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
         wrongs=_padded(wrongs).to(device),
         answer_mask=_padded([[1] * len(a) for a in answers]).bool().to(device),
         wrong_mask=_padded([[1] * len(w) for w in wrongs]).bool().to(device),
+        prefix=torch.tensor(prefix, dtype=torch.long, device=device),
+        rule=BOS_RULES[prepend_bos],
     )
 
 
@@ -374,4 +435,5 @@ def _short(prompt: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["ABLATIONS", "ALIASES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "as_pair", "tokenize"]
+__all__ = ["ABLATIONS", "ALIASES", "BOS_RULES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "as_pair",
+           "check_prepend_bos", "tokenize"]
