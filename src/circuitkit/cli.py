@@ -160,6 +160,15 @@ def _fraction(what: str, example: str, *, one: bool):
     return parse
 
 
+def _refuse_task_family(args: argparse.Namespace) -> None:
+    """A task on a family that cannot run one (a bidirectional model), said before the model loads."""
+    from circuitkit.models.families import task_refusal
+
+    reason = task_refusal(args.model) if args.task != "induction" and args.model else None
+    if reason:
+        raise CircuitkitError(f"--task {args.task}: {reason}; expected a causal language model (GPT-2, Llama, ...).")
+
+
 def _check_task(text: str) -> None:
     """A task that is not built in must be a file that exists (said before torch loads)."""
     if text in BUILT_IN_TASKS:
@@ -203,6 +212,7 @@ def run_scan(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
     _check_task(args.task)
+    _refuse_task_family(args)
     if args.prepend_bos != "auto" and args.task == "induction":
         raise CircuitkitError(f"--prepend-bos: given {args.prepend_bos!r} with the induction task; expected it only "
                               "with --task NAME|FILE (the induction batch sets its own BOS).")

@@ -735,6 +735,11 @@ def scan(
         from circuitkit.models.loading import load_model
 
         name = name or (str(model) if model is not None else zoo.DEFAULT)
+        if task is not None and not (isinstance(task, str) and task == "induction"):
+            from circuitkit.models.families import task_refusal
+
+            if reason := task_refusal(model):  # before any weight loads
+                raise validate.fail("scan: model", model, f"a causal language model for a task ({reason})")
         model = load_model(model, device=device, allow_download=allow_download)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)

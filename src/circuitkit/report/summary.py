@@ -431,8 +431,11 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
         if answer.n_silent:
             parts.append(("text", f" ({answer.n_silent} other patched edges between circuit heads carry nothing)"))
         out.append(("Edges", parts))
-    elif len(answer.circuit) > 1:
-        out.append(("Edges", [("text", "no edge between the circuit's heads carries a measurable effect")]))
+    elif len(answer.circuit) > 1 and answer.n_silent:
+        out.append(("Edges", [("text", f"no edge between the circuit's heads carries a measurable effect "
+                                       f"({answer.n_silent} path-patched)")]))
+    elif len(answer.circuit) > 1:  # nothing patched (e.g. heads that do not add into the residual stream)
+        out.append(("Edges", [("text", "not measured: no edge between the circuit's heads was path-patched")]))
     if answer.weight_only:
         parts = [("text", "composition score vs effect on the loss (nats): ")]
         for i, (src, dst, channel, comp, effect, kind) in enumerate(answer.weight_only[:MAX_EDGES]):

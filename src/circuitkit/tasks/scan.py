@@ -27,7 +27,7 @@ from circuitkit import validate
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
-from circuitkit.tasks.graph import TaskRunner, check_hooks
+from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
 from circuitkit.tasks.metrics import UNITS
 from circuitkit.tasks.task import Task, check_prepend_bos
 
@@ -114,6 +114,9 @@ class TaskScan:
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
                      f"Heads: {heads}.")
+        skipped = self.settings.get("edges_not_measured")
+        if skipped:
+            lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} "
@@ -245,7 +248,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
 
     clean = stage("clean", lambda: runner.clean)
     corrupted = stage("corrupted", lambda: runner.corrupted)
-    scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
+    if runner.edges_defined:
+        scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
+    else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
+        scores, node_scores = None, stage("attribute", lambda: runner.node_gradients(steps))
+    edges_skipped = None if not edges or runner.edges_defined else f"{adapter.spec.family}: {EDGES_UNDEFINED}"
+    edges = edges and runner.edges_defined
     graph, spec = runner.graph, adapter.spec
     L, H = spec.n_layers, spec.n_heads
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)])
@@ -272,6 +280,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                               float(corrupted["metric"].mean()), all_patched,
                               intervals=_circuit_intervals(pairs, clean["metric"], n_resamples, ci_level))
     settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+                "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
                 "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch)}
     return TaskScan(
@@ -279,8 +288,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         task=task,
         clean=clean["metric"],
         corrupted=corrupted["metric"],
-        dla=dla_all[head_index],
-        dla_mlp=None if mlp_index is None else dla_all[mlp_index],
+        dla=None if dla_all is None else dla_all[head_index],
+        dla_mlp=None if mlp_index is None or dla_all is None else dla_all[mlp_index],
         scores=node_scores[head_index],
         scores_mlp=None if mlp_index is None else node_scores[mlp_index],
         head_scores=head_scores,
