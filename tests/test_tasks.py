@@ -96,7 +96,7 @@ def test_unequal_lengths_out_of_vocab_and_shared_answers_name_the_pair():
         Task.from_pairs([([1, 2], [1, 3], [2], [2])]).tokenize(adapter)
 
 
-def test_text_needs_a_tokenizer_and_answers_must_be_one_token(tmp_path):
+def test_text_needs_a_tokenizer_and_answers_are_scored_by_their_first_token(tmp_path):
     from circuitkit.models.tokenizer import word_tokenizer
 
     model = boot_bridge(d_vocab=50)
@@ -107,9 +107,12 @@ def test_text_needs_a_tokenizer_and_answers_must_be_one_token(tmp_path):
     ok = Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", words[1], words[2])])
     batch = ok.tokenize(model)
     assert batch.answers.shape == (1, 1)
-    with pytest.raises(CircuitkitError, match="splits into 2 tokens"):
+    several = Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", f"{words[1]} {words[3]}",
+                                words[2])]).tokenize(model)
+    assert several.answers.tolist() == [[model.tokenizer.convert_tokens_to_ids(words[1])]]
+    with pytest.raises(CircuitkitError, match="different first tokens"):
         Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", f"{words[1]} {words[3]}",
-                          words[2])]).tokenize(model)
+                          f"{words[1]} {words[2]}")]).tokenize(model)
 
 
 def write(path, text: str | bytes):

@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "greater-than, docstring, or a file of clean/corrupted pairs (.jsonl, .csv, .json)")
     scan.add_argument("--pairs", type=_int_in(2, 10_000), default=32, metavar="N",
                       help="prompt pairs a built-in task writes (32)")
+    # tasks.task.METRIC_NAMES and ALIASES, not imported: --help stays free of torch (a test checks they agree)
+    scan.add_argument("--metric", choices=TASK_METRICS, default=None,
+                      help="a task's metric instead of its own: logit_diff, prob_diff, answer_logprob (alias loss), "
+                      "neg_kl (alias kl); a metric function of your own: circuitkit.tasks.scan_task in Python")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
                       "or the text's tokens alone (no)")
@@ -142,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring")
+TASK_METRICS = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "loss", "kl")
 
 
 def _fraction(what: str, example: str, *, one: bool):
@@ -213,6 +218,9 @@ def run_scan(args: argparse.Namespace) -> int:
     check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
     _check_task(args.task)
     _refuse_task_family(args)
+    if args.metric is not None and args.task == "induction":
+        raise CircuitkitError(f"--metric: given {args.metric!r} with the induction task; expected it only with "
+                              "--task NAME|FILE (the induction scan reads the repeated-copies loss).")
     if args.prepend_bos != "auto" and args.task == "induction":
         raise CircuitkitError(f"--prepend-bos: given {args.prepend_bos!r} with the induction task; expected it only "
                               "with --task NAME|FILE (the induction batch sets its own BOS).")
@@ -283,9 +291,9 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any) ->
     from circuitkit import tasks
 
     task = tasks.get_task(args.task, model, n=args.pairs, seed=args.seed)
-    _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {task.metric}")
+    _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {args.metric or task.metric}")
     result = ck.scan(model, task=task, target=args.target, device=args.device, progress=True, name=name,
-                     prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos],
+                     prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos], metric=args.metric,
                      n_resamples=args.resamples, ci_level=args.ci_level, random_sets=args.random_sets,
                      stability=args.stability)
     saved = result.save(out)

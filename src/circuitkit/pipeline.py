@@ -666,6 +666,7 @@ def scan(
     allow_download: bool = False,
     task: Any = None,
     prepend_bos: bool | None = None,
+    metric: Any = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     ci_level: float = DEFAULT_LEVEL,
     random_sets: int = 0,
@@ -707,6 +708,8 @@ def scan(
         prepend_bos: with a task, how its text prompts become tokens (:func:`circuitkit.tasks.scan_task`):
             ``None`` (default: the model's tokenizer's own rule), ``True`` or ``False``; the induction scan builds
             its own batch (``tokens``) and takes only ``None``.
+        metric: with a task, the metric to read instead of its own (a name or a function ``metric(logits, batch)
+            -> [pair]``: :func:`circuitkit.tasks.scan_task`); the induction scan reads its loss and takes ``None``.
         n_resamples, ci_level: the percentile bootstrap over the batch's sequences behind every figure's interval
             (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
         random_sets: measure that many random head sets of the circuit's size per kind (uniform, and with the
@@ -744,7 +747,11 @@ def scan(
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
-                          n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos)
+                          n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
+                          metric=metric)
+    if metric is not None:
+        raise validate.fail("scan: metric", metric, "None for the induction scan (it reads the repeated-copies "
+                            "loss); a metric applies to a task")
     if prepend_bos is not None:
         raise validate.fail("scan: prepend_bos", prepend_bos, "None for the induction scan (its batch sets its own "
                             "BOS: RepeatedTokens(bos=...)); prepend_bos applies to a task's text prompts")
@@ -808,7 +815,7 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 
 
 def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
-               n_resamples: int, ci_level: float, prepend_bos: Any = None) -> Any:
+               n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
     ``"off"``."""
     from circuitkit.tasks import Task, get_task, scan_task
@@ -825,7 +832,7 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                   file=sys.stderr, flush=True)
 
     return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
-                     ci_level=ci_level, prepend_bos=prepend_bos)
+                     ci_level=ci_level, prepend_bos=prepend_bos, metric=metric)
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,

@@ -147,7 +147,8 @@ class TaskRunner:
     """A model ready to measure one :class:`TaskBatch`: weights, norms, the clean and corrupted runs' sender outputs
     (computed once, on demand), the metric.
 
-    ``metric``: a name in :data:`~circuitkit.tasks.metrics.METRICS`; ``mlps``: MLPs are graph nodes."""
+    ``metric``: a name in :data:`~circuitkit.tasks.metrics.METRICS` or a
+    :class:`~circuitkit.tasks.metrics.UserMetric`; ``mlps``: MLPs are graph nodes."""
 
     def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str) -> None:
         if adapter.spec.bidirectional:
@@ -159,8 +160,10 @@ class TaskRunner:
         self.adapter = adapter
         self.spec = adapter.spec
         self.batch = batch
-        self.metric_name = metric
-        self.metric_fn = METRICS[metric]
+        from circuitkit.tasks.metrics import UserMetric, metric_label
+
+        self.metric_name = metric_label(metric)
+        self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
         self.ablation = ablation
         self.graph = build_graph(adapter, mlps)
         # edges need each head's z @ W_O to be its contribution to the residual stream (EDGES_UNDEFINED)

@@ -28,7 +28,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
-from circuitkit.tasks.metrics import UNITS
+from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_IG_STEPS = 3
@@ -85,7 +85,7 @@ class TaskScan:
             "model": self.model.as_dict(),
             "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
                      "tokens": list(self.tokens),
-                     "units": UNITS[self.task.metric],
+                     "units": metric_units(self.task.metric),
                      **({"ci": {k: [_num(lo), _num(hi)] for k, (lo, hi) in self.intervals.items()}}
                         if self.intervals else {})},
             "settings": self.settings,
@@ -101,7 +101,7 @@ class TaskScan:
     def answer(self) -> str:
         """The answer in a few lines of plain text (the terminal's and the report's)."""
         t = self.task
-        lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {t.metric} ({UNITS[t.metric]}): "
+        lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {metric_label(t.metric)} ({metric_units(t.metric)}): "
                  f"clean {float(self.clean.mean()):+.3f}{_ci(self.intervals.get('clean'))}, corrupted "
                  f"{float(self.corrupted.mean()):+.3f}{_ci(self.intervals.get('corrupted'))}."]
         c = self.circuit
@@ -192,7 +192,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               rank: str = "abs",
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
-              progress: Any = None) -> TaskScan:
+              metric: Any = None, progress: Any = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -208,6 +208,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens
             alone); token-id prompts run as given. The rule that ran is in ``settings["prepend_bos"]`` and
             ``settings["tokenization"]``.
+        metric: the metric to read instead of the task's own: a name in :data:`~circuitkit.tasks.METRICS` (or
+            an alias) or a function ``metric(logits [pair, vocab], batch) -> [pair]``
+            (:class:`~circuitkit.tasks.metrics.UserMetric`: checked for shape, finiteness and gradient).
         progress: ``progress(stage, passes)`` called as passes run (or None).
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
@@ -218,6 +221,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
 
     if not isinstance(task, Task):
         raise validate.fail("scan_task: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, ioi, ...)")
+    if metric is not None:
+        import dataclasses
+
+        task = dataclasses.replace(task, metric=metric)  # validated as a Task's own metric is
     target = check_target("scan_task: target", target)
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)

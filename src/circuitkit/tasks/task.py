@@ -11,8 +11,10 @@ Qwen2 or GPT-2 tokenizer adds nothing), read through :func:`circuitkit.models.to
 TransformerLens bridge's own tokenizer always prepends a BOS). ``prepend_bos=True`` puts the tokenizer's BOS before
 the prompt's text tokens, ``False`` runs the text tokens alone (no special token at all); token-id prompts are run
 as given under every rule. Answers as continuations (no special tokens; a leading space is part of the answer, as in
-``" Mary"``), each exactly one token. A pair whose clean and corrupted prompts have different token lengths is
-refused (naming the pair and the lengths the model gets); so is an answer that is not one token.
+``" Mary"``). An answer of several tokens is scored by its **first token** (the model's next-token prediction at
+the prompt's last position: the metric reads that position only, so one pass serves every answer); an answer and a
+wrong answer that share their first token are refused, since the metric cannot tell them apart. A pair whose clean
+and corrupted prompts have different token lengths is refused (naming the pair and the lengths the model gets).
 
 Marks (:attr:`Task.marks`) are positions among a prompt's **text tokens** (as ``add_special_tokens=False`` gives
 them); :attr:`TaskBatch.prefix` holds, per pair, how many special tokens the rule put before them.
@@ -26,7 +28,7 @@ Statistics over positions (mean ablation values) use the real positions only (:a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +122,9 @@ class TaskBatch:
 @dataclass(frozen=True, eq=False)
 class Task:
     """A behaviour: ``pairs`` (:class:`Pair`), the ``metric`` read at each prompt's last token
-    (:data:`circuitkit.tasks.metrics.METRICS`: ``"logit_diff"`` by default), a ``name`` and a ``description``.
+    (a name in :data:`circuitkit.tasks.metrics.METRICS`, ``"logit_diff"`` by default, or your own function
+    ``metric(logits, batch) -> [pair]``: :class:`UserMetric`), a ``name`` and a
+    ``description``.
 
     ``marks``: per pair, named positions among the clean prompt's text tokens (special tokens not counted; IOI:
     ``io``, ``s1``); with them a task brings its own head scores, ``attention_scores``: ``(name, to, minus)`` is
@@ -137,7 +141,7 @@ class Task:
 
     name: str
     pairs: tuple[Pair, ...]
-    metric: str = "logit_diff"
+    metric: Any = "logit_diff"
     ablation: str = "corrupted"
     description: str = ""
     marks: tuple[dict[str, int], ...] = ()
@@ -153,8 +157,11 @@ class Task:
                 f"Task {self.name!r}: given {len(self.pairs)} pairs; expected at most {MAX_PAIRS}. "
                 "Take a sample of the pairs: a circuit search runs every pair through the model many times."
             )
-        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
-        object.__setattr__(self, "metric", ALIASES.get(metric, metric))
+        if callable(self.metric) and not isinstance(self.metric, str):  # the researcher's own function
+            object.__setattr__(self, "metric", UserMetric(self.metric))
+        else:
+            metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
+            object.__setattr__(self, "metric", ALIASES.get(metric, metric))
         validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
         bad = next((i for i, p in enumerate(self.pairs) if not isinstance(p, Pair)), None)
         if bad is not None:
@@ -188,7 +195,7 @@ class Task:
         return len(self.pairs)
 
     @classmethod
-    def from_pairs(cls, pairs: Iterable[Any], *, name: str = "custom", metric: str = "logit_diff",
+    def from_pairs(cls, pairs: Iterable[Any], *, name: str = "custom", metric: Any = "logit_diff",
                    ablation: str = "corrupted", description: str = "") -> Task:
         """A task from pairs: each a :class:`Pair`, a ``(clean, corrupted, answer, wrong)`` tuple, or a dict with
         keys ``clean``, ``corrupted``, ``answer``, ``wrong`` (a ``datasets``-style row; ``answer`` / ``wrong`` may
@@ -218,11 +225,64 @@ class Task:
         return tokenize(self, adapter, prepend_bos)
 
     def to_json(self, n_examples: int = 3) -> dict[str, Any]:
-        return {"name": self.name, "metric": self.metric, "pairs": self.n_pairs, "ablation": self.ablation,
-                "description": self.description, "examples": [p.to_json() for p in self.pairs[:n_examples]]}
+        return {"name": self.name, "metric": metric_label(self.metric), "pairs": self.n_pairs,
+                "ablation": self.ablation, "description": self.description,
+                "examples": [p.to_json() for p in self.pairs[:n_examples]]}
 
     def __repr__(self) -> str:
-        return f"Task({self.name!r}, {self.n_pairs} pairs, metric {self.metric!r}, ablation {self.ablation!r})"
+        return (f"Task({self.name!r}, {self.n_pairs} pairs, metric {metric_label(self.metric)!r}, "
+                f"ablation {self.ablation!r})")
+
+
+class UserMetric:
+    """A researcher's metric function, checked on every call (module docstring). ``label``: ``"custom:NAME"``
+    with ``NAME`` the function's ``__name__``."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if isinstance(fn, UserMetric):
+            fn = fn.fn
+        if not callable(fn) or isinstance(fn, type):
+            raise CircuitkitError(f"task metric: given {type(fn).__name__}; expected a metric name or a function "
+                                  "metric(logits [pair, vocab], batch) -> tensor [pair].")
+        self.fn = fn
+        name = getattr(fn, "__name__", type(fn).__name__)
+        self.name = "".join(c for c in str(name) if c.isalnum() or c in "_.<>")[:60] or "metric"
+        self.label = f"custom:{self.name}"
+
+    def __call__(self, logits: Tensor, batch: TaskBatch, clean_logprobs: Tensor | None = None) -> Tensor:
+        """``logits`` ``[..., pair, vocab]`` -> ``[..., pair]``: the function called once per leading index."""
+        flat = logits.reshape(-1, *logits.shape[-2:])
+        values = torch.stack([self._one(flat[i], batch) for i in range(flat.shape[0])])
+        return values.reshape(logits.shape[:-1])
+
+    def _one(self, logits: Tensor, batch: TaskBatch) -> Tensor:
+        where = f"task metric {self.name!r}"
+        try:
+            out = self.fn(logits, batch)
+        except CircuitkitError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the researcher's function: any error it raises is theirs
+            first = (str(error).strip().splitlines() or [""])[0][:200]
+            raise CircuitkitError(f"{where}: raised {type(error).__name__}: {first}; expected metric(logits [pair, "
+                                  "vocab], batch) to return a tensor [pair].") from None
+        n = logits.shape[0]
+        if not isinstance(out, Tensor) or not out.is_floating_point() or tuple(out.shape) != (n,):
+            given = (f"a {tuple(out.shape)} {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__)
+            raise CircuitkitError(f"{where}: returned {given}; expected a floating tensor of shape ({n},), one value "
+                                  "per pair (not their mean).")
+        if logits.requires_grad and not out.requires_grad:
+            raise CircuitkitError(f"{where}: returned values that do not depend on the logits through autograd; "
+                                  "expected a differentiable function of them (no .item(), .detach(), .tolist() or "
+                                  "new tensors built from numbers): the circuit's ranking is its gradient.")
+        if not bool(torch.isfinite(out.detach()).all()):
+            raise CircuitkitError(f"{where}: returned non-finite values (NaN or infinity) for finite logits; "
+                                  "expected finite values for every pair (guard logs and divisions).")
+        return out
+
+
+def metric_label(metric: Any) -> str:
+    """How a task's metric is named in the answer and ``scores.json``."""
+    return metric.label if isinstance(metric, UserMetric) else metric
 
 
 ABLATIONS = ("corrupted", "mean", "zero")
@@ -357,13 +417,10 @@ def _encode_answer(adapter: Any, answer: str | int, where: str) -> int:
     if isinstance(answer, int):
         return answer
     ids = _tokenizer_of(adapter)(answer, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        raise CircuitkitError(
-            f"{where}: given {_short(answer)}, which the model's tokenizer splits into {len(ids)} tokens "
-            f"{list(ids)[:8]}; "
-            "expected one token. Choose a one-token answer (a leading space is part of it: ' Mary')."
-        )
-    return int(ids[0])
+    if not ids:
+        raise CircuitkitError(f"{where}: given {_short(answer)}, which the model's tokenizer writes as no token at "
+                              "all; expected an answer of at least one token.")
+    return int(ids[0])  # an answer of several tokens is scored by its first (module docstring)
 
 
 def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskBatch:
@@ -402,7 +459,8 @@ def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskB
                                 f"token positions inside the clean prompt's {len(c) - start} text tokens")
         if set(a) & set(w):
             raise validate.fail(f"{where}: answer and wrong", (pair.answers, pair.wrongs),
-                                "different tokens (an answer that is also a wrong answer measures nothing)")
+                                "different first tokens (an answer is scored by its first token; one that is also "
+                                "a wrong answer's measures nothing)")
         clean.append(c)
         corrupted.append(k)
         answers.append(a)
@@ -435,5 +493,5 @@ def _short(prompt: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["ABLATIONS", "ALIASES", "BOS_RULES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "as_pair",
-           "check_prepend_bos", "tokenize"]
+__all__ = ["ABLATIONS", "ALIASES", "BOS_RULES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "UserMetric",
+           "as_pair", "check_prepend_bos", "metric_label", "tokenize"]
