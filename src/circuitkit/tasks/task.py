@@ -374,14 +374,10 @@ BOS_RULES = {None: "auto", True: "yes", False: "no"}
 
 
 def check_prepend_bos(where: str, value: Any) -> bool | None:
-    """``prepend_bos`` checked: None, True or False (``"auto"`` / ``"yes"`` / ``"no"`` as the CLI spells them)."""
-    named = {v: k for k, v in BOS_RULES.items()}
-    if isinstance(value, str) and value in named:
-        return named[value]
+    """``prepend_bos`` checked: None, True or False."""
     if value is None or isinstance(value, bool):
         return value
-    raise validate.fail(f"{where}: prepend_bos", value,
-                        "None (the tokenizer's default), True or False (or 'auto', 'yes', 'no')")
+    raise validate.fail(f"{where}: prepend_bos", value, "None (the tokenizer's default), True or False")
 
 
 def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...], prepend_bos: bool | None) -> tuple[list[int], int]:
