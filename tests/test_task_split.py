@@ -99,3 +99,16 @@ def test_few_pairs_are_not_split_and_the_answer_says_so(model):
 def test_bad_split_settings_are_refused(model, kwargs, needle):
     with pytest.raises(CircuitkitError, match=needle):
         scan_task(model, copy_next_task(n=8, d_vocab=60), **kwargs)
+
+
+def test_the_answer_explains_the_abbreviations_it_uses():
+    from circuitkit.handbuilt.induction import induction_circuit
+
+    result = scan_task(induction_circuit(10, 16).model, copy_next_task(n=12), target=0.9, n_resamples=20)
+    lines = result.answer().splitlines()
+    legend, body = lines[-1], "\n".join(lines[:-1])
+    assert legend.startswith("Legend: ") and "CPR" in body and "CPR = area under" in legend
+    assert "EAP-IG = edge attribution patching" in legend and "L.H = head H of layer L" in legend
+    assert "mN = the MLP" not in legend  # no MLP named in this answer
+    nodes_only = scan_task(induction_circuit(10, 16).model, copy_next_task(n=12), edges=False, n_resamples=20)
+    assert "CPR" not in nodes_only.legend() and "A->B" not in nodes_only.legend()

@@ -105,7 +105,11 @@ class TaskScan:
         }
 
     def answer(self) -> str:
-        """The answer in a few lines of plain text (the terminal's and the report's)."""
+        """The answer in a few lines of plain text (the terminal's and the report's), its legend last."""
+        legend = self.legend()
+        return "\n".join(self._lines() + ([legend] if legend else []))
+
+    def _lines(self) -> list[str]:
         t = self.task
         lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {metric_label(t.metric)} ({metric_units(t.metric)}): "
                  f"clean {float(self.clean.mean()):+.3f}{_ci(self.intervals.get('clean'))}, corrupted "
@@ -113,7 +117,7 @@ class TaskScan:
         c = self.circuit
         if c is None:
             lines.append(f"No circuit: {self.circuit_error}")
-            return "\n".join(lines + self._tokens_line())
+            return lines + self._tokens_line()
         heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
         mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
@@ -152,11 +156,19 @@ class TaskScan:
             named = ", ".join(f"{head_name(h)} ({v:+.2f}){'' if h in c.heads else ' not in the circuit'}"
                               for h, v in best)
             lines.append(f"Largest {score}: {named}.")
-        return "\n".join(lines + self._tokens_line())
+        return lines + self._tokens_line()
 
     def _tokens_line(self) -> list[str]:
         said = self.settings.get("tokenization")
         return [f"Tokens: {said}."] if said else []
+
+    def legend(self) -> str:
+        """The abbreviations :meth:`answer` uses, explained (those that appear in it)."""
+        import re
+
+        text = "\n".join(self._lines())
+        found = [meaning for pattern, meaning in LEGEND if re.search(pattern, text)]
+        return "Legend: " + "; ".join(found) + "." if found else ""
 
     def save(self, out_dir: str | os.PathLike) -> Any:
         """Write ``out_dir/scores.json`` and ``out_dir/report.html`` together (atomically)."""
@@ -171,6 +183,23 @@ class TaskScan:
 
     def __repr__(self) -> str:
         return f"TaskScan({self.task!r}, {self.model.name!r})\n{self.answer()}"
+
+
+LEGEND = (
+    (r"Heads: \d+\.\d+|\d+\.\d+->|->\d+\.\d+:", "L.H = head H of layer L (from 0)"),
+    (r"\bm\d+\b", "mN = the MLP of layer N"),
+    (r"\d+\.g\d+:[kv]", "L.gG:k / L.gG:v = the key / value input of key-value group G of layer L (grouped-query "
+                          "attention: the group's query heads share it)"),
+    (r":q\b", "L.H:q = head L.H's query input"),
+    (r"->", "A->B = the edge from A's output to B's input"),
+    (r"\binput->", "input = the residual stream entering layer 0 (the embeddings)"),
+    (r"EAP-IG", "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), the "
+                "first-order estimate the heads and edges are ranked by"),
+    (r"\bCPR\b", "CPR = area under the edge circuit's faithfulness curve (MIB; higher is better)"),
+    (r"\bCMD\b", "CMD = area between that curve and 1 (lower is better)"),
+    (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
+)
+"""Abbreviations of a task answer and their meaning (:meth:`TaskScan.legend` lists those that appear)."""
 
 
 def _ci(pair: tuple[float, float] | None) -> str:
