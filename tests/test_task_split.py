@@ -112,3 +112,30 @@ def test_the_answer_explains_the_abbreviations_it_uses():
     assert "mN = the MLP" not in legend  # no MLP named in this answer
     nodes_only = scan_task(induction_circuit(10, 16).model, copy_next_task(n=12), edges=False, n_resamples=20)
     assert "CPR" not in nodes_only.legend() and "A->B" not in nodes_only.legend()
+
+
+def test_scan_and_the_cli_pass_the_split_through(tmp_path, capsys):
+    import json
+
+    import circuitkit as ck
+    from circuitkit import cli
+    from circuitkit.handbuilt.induction import induction_circuit
+
+    result = ck.scan(induction_circuit(10, 16).model, task=copy_next_task(n=12), holdout=0.25,
+                     target_on="evaluation")
+    assert result.settings["split"]["evaluation_pairs"] == 3 and result.settings["split"]["target_on"] == "evaluation"
+    with pytest.raises(CircuitkitError, match="holdout"):
+        ck.scan(None, holdout=0.5)
+    task = copy_next_task(n=8, d_vocab=60)
+    lines = [json.dumps({"clean": list(p.clean), "corrupted": list(p.corrupted), "answer": list(p.answers),
+                         "wrong": list(p.wrongs)}) for p in task.pairs]
+    path = tmp_path / "copy.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    assert cli.main(["scan", "--task", str(path), "--holdout", "0", "--resamples", "20", "--out", str(out)]) == 0
+    data = json.loads((out / "scores.json").read_text())
+    assert data["settings"]["split"]["evaluation_pairs"] == 0 and data["circuit"]["other_set"] is None
+    capsys.readouterr()
+    assert cli.main(["scan", "--holdout", "1", "--task", str(path), "--out", str(tmp_path / "b")]) == 2
+    assert cli.main(["scan", "--target-on", "evaluation", "--out", str(tmp_path / "i")]) == 2
+    assert "--target-on" in capsys.readouterr().err

@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--metric", choices=TASK_METRICS, default=None,
                       help="a task's metric instead of its own: logit_diff, prob_diff, answer_logprob (alias loss), "
                       "neg_kl (alias kl); a metric function of your own: circuitkit.tasks.scan_task in Python")
+    scan.add_argument("--holdout", type=_holdout, default=None,
+                      metavar="F", help="a task's pairs held out for evaluation, in [0, 1) (0.5; 0: no split)")
+    scan.add_argument("--target-on", choices=("discovery", "evaluation"), default=None,
+                      help="the pairs --target applies to (discovery: the ones the circuit is searched on)")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
                       "or the text's tokens alone (no)")
@@ -163,6 +167,17 @@ def _fraction(what: str, example: str, *, one: bool):
         return value
 
     return parse
+
+
+def _holdout(text: str) -> float:
+    """An argparse type: a task's held-out share, a float in ``[0, 1)``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected a share of the pairs in [0, 1), e.g. 0.5")
+    return value
 
 
 def _refuse_task_family(args: argparse.Namespace) -> None:
@@ -218,6 +233,10 @@ def run_scan(args: argparse.Namespace) -> int:
     check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
     _check_task(args.task)
     _refuse_task_family(args)
+    for flag, value in (("--holdout", args.holdout), ("--target-on", args.target_on)):
+        if value is not None and args.task == "induction":
+            raise CircuitkitError(f"{flag}: given {value!r} with the induction task; expected it only with --task "
+                                  "NAME|FILE (a task's pairs are split; the induction batch is not).")
     if args.metric is not None and args.task == "induction":
         raise CircuitkitError(f"--metric: given {args.metric!r} with the induction task; expected it only with "
                               "--task NAME|FILE (the induction scan reads the repeated-copies loss).")
@@ -294,6 +313,7 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any) ->
     _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {args.metric or task.metric}")
     result = ck.scan(model, task=task, target=args.target, device=args.device, progress=True, name=name,
                      prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos], metric=args.metric,
+                     holdout=args.holdout, target_on=args.target_on,
                      n_resamples=args.resamples, ci_level=args.ci_level, random_sets=args.random_sets,
                      stability=args.stability)
     saved = result.save(out)

@@ -667,6 +667,8 @@ def scan(
     task: Any = None,
     prepend_bos: bool | None = None,
     metric: Any = None,
+    holdout: float | None = None,
+    target_on: str | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     ci_level: float = DEFAULT_LEVEL,
     random_sets: int = 0,
@@ -710,6 +712,9 @@ def scan(
             its own batch (``tokens``) and takes only ``None``.
         metric: with a task, the metric to read instead of its own (a name or a function ``metric(logits, batch)
             -> [pair]``: :func:`circuitkit.tasks.scan_task`); the induction scan reads its loss and takes ``None``.
+        holdout, target_on: with a task, the share of its pairs held out for evaluation (default 0.5) and the set
+            ``target`` applies to (default ``"discovery"``): :func:`circuitkit.tasks.scan_task`. ``None`` for the
+            induction scan.
         n_resamples, ci_level: the percentile bootstrap over the batch's sequences behind every figure's interval
             (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
         random_sets: measure that many random head sets of the circuit's size per kind (uniform, and with the
@@ -748,7 +753,11 @@ def scan(
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
                           n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
-                          metric=metric)
+                          metric=metric, holdout=holdout, target_on=target_on)
+    if holdout is not None or target_on is not None:
+        raise validate.fail("scan: holdout" if holdout is not None else "scan: target_on",
+                            holdout if holdout is not None else target_on,
+                            "None for the induction scan (it splits no pairs); they apply to a task")
     if metric is not None:
         raise validate.fail("scan: metric", metric, "None for the induction scan (it reads the repeated-copies "
                             "loss); a metric applies to a task")
@@ -815,7 +824,8 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 
 
 def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
-               n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None) -> Any:
+               n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None,
+               holdout: float | None = None, target_on: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
     ``"off"``."""
     from circuitkit.tasks import Task, get_task, scan_task
@@ -832,7 +842,9 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                   file=sys.stderr, flush=True)
 
     return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
-                     ci_level=ci_level, prepend_bos=prepend_bos, metric=metric)
+                     ci_level=ci_level, prepend_bos=prepend_bos, metric=metric,
+                     **({} if holdout is None else {"holdout": holdout}),
+                     **({} if target_on is None else {"target_on": target_on}))
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
