@@ -101,6 +101,7 @@ class TaskScan:
                      "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
             "circuit": None if self.circuit is None else self.circuit.to_json(),
             "circuit_error": self.circuit_error,
+            "roles": _roles_json(self),
             "stages": [{"name": s.name, "passes": s.passes, "seconds": round(s.seconds, 3)} for s in self.stages],
         }
 
@@ -156,7 +157,10 @@ class TaskScan:
             named = ", ".join(f"{head_name(h)} ({v:+.2f}){'' if h in c.heads else ' not in the circuit'}"
                               for h, v in best)
             lines.append(f"Largest {score}: {named}.")
-        return lines + self._tokens_line()
+        from circuitkit.tasks.roles import roles_line
+
+        roles = roles_line(self)
+        return lines + ([roles] if roles else []) + self._tokens_line()
 
     def _tokens_line(self) -> list[str]:
         said = self.settings.get("tokenization")
@@ -198,8 +202,20 @@ LEGEND = (
     (r"\bCPR\b", "CPR = area under the edge circuit's faithfulness curve (MIB; higher is better)"),
     (r"\bCMD\b", "CMD = area between that curve and 1 (lower is better)"),
     (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
+    (r"\bDLA\b", "DLA = direct logit attribution, the head's output read straight into logit(answer) - logit(wrong) "
+                  "through the final norm at its clean-run scale"),
+    (r"IOI roles", "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): name mover DLA > 0 and "
+                   "io_attention > 0; negative name mover DLA < 0 and io_attention > 0; S-inhibition an edge into a "
+                   "name mover's query; duplicate-token / induction / previous-token a pattern score >= 0.3"),
 )
 """Abbreviations of a task answer and their meaning (:meth:`TaskScan.legend` lists those that appear)."""
+
+
+def _roles_json(scan: TaskScan) -> dict[str, list[str]] | None:
+    from circuitkit.tasks.roles import ioi_roles
+
+    roles = ioi_roles(scan)
+    return None if roles is None else {role: [head_name(h) for h in heads] for role, heads in roles.items()}
 
 
 def _ci(pair: tuple[float, float] | None) -> str:
