@@ -227,8 +227,11 @@ class TaskRunner:
             if graph.mlps:
                 outs[graph.sender_index(layer, None)] = x.detach()
 
+        # direct logit attribution exists where a head's output adds into the residual stream
+        direct = dla and self.edges_defined
+
         def final_hook(x: Tensor, hook: Any) -> Tensor:
-            if not dla:
+            if not direct:
                 return x
             x = x.detach().requires_grad_(True)
             final.append(x)
@@ -263,31 +266,32 @@ class TaskRunner:
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
         if not self.adapter.attn_only:
             hooks += [(MLP_OUT.format(layer), mlp_hook) for layer in range(L)]
-        hooks.append((FINAL.format(L - 1), final_hook))
-        final_norm = dla and self.adapter.norm_kind is not None and _has_hook(self.adapter, FINAL_SCALE)
+        if direct:
+            hooks.append((FINAL.format(L - 1), final_hook))
+        final_norm = direct and self.adapter.norm_kind is not None and _has_hook(self.adapter, FINAL_SCALE)
         if final_norm:
             hooks += [(FINAL_SCALE, keep_scale), (FINAL_NORMALIZED, keep_normalized_grad)]
         if dla:
             hooks += [(HOOKS.pattern(layer), pattern_hook) for layer in range(L)]
         from circuitkit.detect.attribution import frozen_parameters
 
-        with frozen_parameters(self.adapter.model), torch.enable_grad() if dla else torch.no_grad():
+        with frozen_parameters(self.adapter.model), torch.enable_grad() if direct else torch.no_grad():
             logits = self.adapter.run(tokens, hooks, positions=self.positions)
             last = last_logits(logits, self.last_index)[0]
             dla_values = None
-            if dla:
+            if direct:
                 from circuitkit.tasks.metrics import logit_diff
 
                 diff = logit_diff(last, self.batch).mean()
                 (grad,) = torch.autograd.grad(diff, final[0])
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
-        self.passes += 3.0 if dla else 1.0
+        self.passes += 3.0 if direct else 1.0
         out = torch.stack(outs)  # [sender, pair, pos, d_model]
         logprobs = last.detach().float().log_softmax(-1)
         clean_lp = self._clean["logprobs"] if self._clean is not None else None
         metric = self.metric_fn(last.detach(), self.batch, clean_lp).float()
-        if dla and self.edges_defined:  # a head's direct effect exists where its output adds into the stream
+        if direct:
             rows = torch.arange(self.batch.n_pairs, device=out.device)
             at_last = out[:, rows, self.batch.last]  # [sender, pair, d_model]
             g_last = grad[rows, self.batch.last]  # [pair, d_model]
