@@ -201,3 +201,30 @@ def test_the_induction_scan_takes_no_prepend_bos():
 
     with pytest.raises(CircuitkitError, match="prepend_bos"):
         ck.scan(None, prepend_bos=True)
+
+
+def test_a_bridge_booted_from_a_hub_name_reads_its_tokenizer_from_the_local_cache(saved, tmp_path, monkeypatch):
+    """A tokenizer whose ``name_or_path`` is a hub id (as ``boot_transformers("gpt2")`` leaves it): its default is
+    read from the cache snapshot (a cache laid out here as huggingface_hub lays it out; no network)."""
+    import shutil
+
+    from huggingface_hub import constants
+    from transformers import AutoTokenizer
+
+    from circuitkit.models.tokenizer import default_tokenizer
+
+    kind, directory, _ = saved
+    snapshot = tmp_path / f"models--acme--tiny-{kind}" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    for file in directory.iterdir():
+        if "token" in file.name or file.suffix == ".jinja":
+            shutil.copy(file, snapshot / file.name)
+    (tmp_path / f"models--acme--tiny-{kind}" / "refs").mkdir()
+    (tmp_path / f"models--acme--tiny-{kind}" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    forced = AutoTokenizer.from_pretrained(str(snapshot), add_bos_token=True)
+    forced.name_or_path = f"acme/tiny-{kind}"
+    default = default_tokenizer(forced)
+    assert default(PROMPTS[0])["input_ids"] == _auto(directory)(PROMPTS[0])["input_ids"]
+    if kind != "llama":  # the forced tokenizer prepends a BOS the default does not
+        assert forced(PROMPTS[0])["input_ids"] != default(PROMPTS[0])["input_ids"]

@@ -111,13 +111,33 @@ def default_tokenizer(tokenizer: Any) -> Any:
     ``bridge.tokenizer(text)`` prepends a BOS even where the model's tokenizer adds none (Qwen2, GPT-2: their BOS is
     an end-of-text or chat marker). Where the tokenizer was read from a local directory (``name_or_path``), that
     directory's tokenizer is loaded again as :func:`load_tokenizer` does (local files only, no remote code; once per
-    directory); a tokenizer built in memory has no files to go back to and is its own default."""
+    directory); a hub name (a bridge booted with ``boot_transformers("gpt2")``) is read from its snapshot in the
+    local Hugging Face cache (never the network); a tokenizer built in memory has no files to go back to and is its
+    own default."""
     import os
 
     path = getattr(tokenizer, "name_or_path", None)
-    if isinstance(path, str) and path and os.path.isdir(path) and has_tokenizer(path):
+    if not isinstance(path, str) or not path:
+        return tokenizer
+    if not os.path.isdir(path):
+        path = _cached_tokenizer_dir(path) or ""
+    if path and os.path.isdir(path) and has_tokenizer(path):
         return _default_from(os.path.realpath(path))
     return tokenizer
+
+
+def _cached_tokenizer_dir(name: str) -> str | None:
+    """The local cache snapshot holding ``name``'s tokenizer files (its ``main`` revision), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for filename in TOKENIZER_FILES:
+            found = try_to_load_from_cache(name, filename)
+            if isinstance(found, str):
+                return str(Path(found).parent)
+    except Exception:  # noqa: BLE001 - not a repository id, or no cache: no files to go back to
+        return None
+    return None
 
 
 @functools.lru_cache(maxsize=8)
