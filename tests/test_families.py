@@ -305,7 +305,7 @@ def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built, tmp_path_f
     hf.save_pretrained(str(directory), safe_serialization=True)
     bridge = load_model(str(directory))
     adapter = adapt(bridge)
-    if not family.additive_heads or adapter.spec.bidirectional:  # refused in one line
+    if adapter.spec.bidirectional:  # refused in one line
         with pytest.raises(CircuitkitError):
             TaskRunner(adapter, _task_pairs().tokenize(adapter), "logit_diff", mlps=not adapter.attn_only,
                        ablation="corrupted")
@@ -313,6 +313,16 @@ def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built, tmp_path_f
     task = _task_pairs()
     runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=not adapter.attn_only,
                         ablation="corrupted")
+    # node patching, every family: no head patched is the clean run, every head patched (z from the corrupted
+    # prompt, MLPs recomputed) is the corrupted run at the last token (only attention moves information)
+    L, H = adapter.spec.n_layers, adapter.spec.n_heads
+    none, every = torch.zeros(L, H, dtype=torch.bool), torch.ones(L, H, dtype=torch.bool)
+    node_ends = runner.node_metric(torch.stack([none, every]), None)
+    assert float(node_ends[0]) == pytest.approx(float(runner.clean["metric"].mean()), abs=1e-4)
+    assert float(node_ends[1]) == pytest.approx(float(runner.corrupted["metric"].mean()), abs=1e-4)
+    assert runner.edges_defined == family.additive_heads
+    if not family.additive_heads:  # node circuits only (tasks.graph.EDGES_UNDEFINED)
+        return
     allowed = runner.graph.allowed[None]
     ends = runner.edge_metric(torch.cat([allowed, torch.zeros_like(allowed)]))
     assert float(ends[0]) == pytest.approx(float(runner.clean["metric"].mean()), abs=1e-4)

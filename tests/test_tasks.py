@@ -96,7 +96,7 @@ def test_unequal_lengths_out_of_vocab_and_shared_answers_name_the_pair():
         Task.from_pairs([([1, 2], [1, 3], [2], [2])]).tokenize(adapter)
 
 
-def test_text_needs_a_tokenizer_and_answers_must_be_one_token(tmp_path):
+def test_text_needs_a_tokenizer_and_answers_are_scored_by_their_first_token(tmp_path):
     from circuitkit.models.tokenizer import word_tokenizer
 
     model = boot_bridge(d_vocab=50)
@@ -107,9 +107,12 @@ def test_text_needs_a_tokenizer_and_answers_must_be_one_token(tmp_path):
     ok = Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", words[1], words[2])])
     batch = ok.tokenize(model)
     assert batch.answers.shape == (1, 1)
-    with pytest.raises(CircuitkitError, match="splits into 2 tokens"):
+    several = Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", f"{words[1]} {words[3]}",
+                                words[2])]).tokenize(model)
+    assert several.answers.tolist() == [[model.tokenizer.convert_tokens_to_ids(words[1])]]
+    with pytest.raises(CircuitkitError, match="different first tokens"):
         Task.from_pairs([(f"{words[0]} {words[1]}", f"{words[0]} {words[2]}", f"{words[1]} {words[3]}",
-                          words[2])]).tokenize(model)
+                          f"{words[1]} {words[2]}")]).tokenize(model)
 
 
 def write(path, text: str | bytes):
@@ -561,7 +564,7 @@ def test_ioi_pairs_are_equal_length_with_one_token_names_and_marks():
         assert int(ids[task.marks[i]["s1"]]) == int(batch.wrongs[i, 0])
         assert int((batch.clean[i] != batch.corrupted[i]).sum()) == 1  # ABC: one name replaced
     assert ioi(model, n=10, seed=3).pairs == task.pairs and ioi(model, n=10, seed=4).pairs != task.pairs
-    result = scan_task(model, task, edges=False)
+    result = scan_task(model, task, edges=False, holdout=0)  # the score over every pair
     patterns = {}
 
     def keep(pattern, hook):

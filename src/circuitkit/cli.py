@@ -147,6 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
                       "greater-than, docstring, or a file of clean/corrupted pairs (.jsonl, .csv, .json)")
     scan.add_argument("--pairs", type=_int_in(2, 10_000), default=32, metavar="N",
                       help="prompt pairs a built-in task writes (32)")
+    # tasks.task.METRIC_NAMES and ALIASES, not imported: --help stays free of torch (a test checks they agree)
+    scan.add_argument("--metric", choices=TASK_METRICS, default=None,
+                      help="a task's metric instead of its own: logit_diff, prob_diff, answer_logprob (alias loss), "
+                      "neg_kl (alias kl); a metric function of your own: circuitkit.tasks.scan_task in Python")
+    scan.add_argument("--holdout", type=_holdout, default=None,
+                      metavar="F", help="a task's pairs held out for evaluation, in [0, 1) (0.5; 0: no split)")
+    scan.add_argument("--target-on", choices=("discovery", "evaluation"), default=None,
+                      help="the pairs --target applies to (discovery: the ones the circuit is searched on)")
+    scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
+                      help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
+                      "or the text's tokens alone (no)")
     scan.add_argument("--target", type=_fraction("a faithfulness", "0.8", one=True), default=0.8, metavar="F",
                       help="the faithfulness the circuit must reach, in (0, 1] (0.8)")
     # uncertainty.DEFAULT_RESAMPLES / DEFAULT_LEVEL, not imported: --help stays free of torch
@@ -164,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring")
+TASK_METRICS = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "loss", "kl")
 
 
 def _fraction(what: str, example: str, *, one: bool):
@@ -207,7 +219,39 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
               "writes"),
     "random_sets": (TASK_SCANS, "random head sets are measured by the induction scan only"),
     "stability": (TASK_SCANS, "the bootstrap reruns of the circuit search belong to the induction scan"),
+    "prepend_bos": ((INDUCTION,), "the induction batch sets its own BOS; the option says how a task's text prompts "
+                    "are tokenized"),
+    "metric": ((INDUCTION,), "the induction scan reads the repeated-copies loss"),
+    "holdout": ((INDUCTION,), "a task's pairs are split into discovery and evaluation sets; the induction batch is "
+                "not"),
+    "target_on": ((INDUCTION,), "it says which of a task's two sets the target applies to"),
 }
+
+
+def _holdout(text: str) -> float:
+    """An argparse type: a task's held-out share, a float in ``[0, 1)``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected a share of the pairs in [0, 1), e.g. 0.5")
+    return value
+
+
+def _given_split(args: argparse.Namespace) -> dict[str, Any]:
+    """``holdout`` and ``target_on`` where the command line gave them (else the task scan's own defaults)."""
+    return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on))
+            if value is not None}
+
+
+def _refuse_task_family(args: argparse.Namespace) -> None:
+    """A task on a family that cannot run one (a bidirectional model), said before the model loads."""
+    from circuitkit.models.families import task_refusal
+
+    reason = task_refusal(args.model) if args.task != "induction" and args.model else None
+    if reason:
+        raise CircuitkitError(f"--task {args.task}: {reason}; expected a causal language model (GPT-2, Llama, ...).")
 
 
 def _flag(dest: str) -> str:
@@ -330,6 +374,7 @@ def run_scan(args: argparse.Namespace) -> int:
     check_model_name(args.model, allow_download=args.allow_download)  # a typo answered before torch loads
     kind = _task_kind(args.task)
     refuse_unused_scan_options(args, kind)
+    _refuse_task_family(args)
     ablate = _ablate_mode(args)
     circuit = not (args.no_circuit or args.quick)
     if args.sort is not None and kind == INDUCTION:
@@ -421,9 +466,11 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
 
     if task is None:
         task = _with_ablation(args, tasks.get_task(args.task, model, n=args.pairs, seed=args.seed))
-    _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {task.metric}")
+    _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {args.metric or task.metric}")
     result = tasks.scan_task(model, task, target=args.target, edges=not args.quick, device=args.device, name=name,
-                             n_resamples=args.resamples, ci_level=args.ci_level, progress=_stage_lines(task.name))
+                             n_resamples=args.resamples, ci_level=args.ci_level, progress=_stage_lines(task.name),
+                             prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos],
+                             metric=args.metric, **_given_split(args))
     saved = result.save(out)
     if args.json:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))

@@ -667,6 +667,10 @@ def scan(
     name: str | None = None,
     allow_download: bool = False,
     task: Any = None,
+    prepend_bos: bool | None = None,
+    metric: Any = None,
+    holdout: float | None = None,
+    target_on: str | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     ci_level: float = DEFAULT_LEVEL,
     random_sets: int = 0,
@@ -708,6 +712,14 @@ def scan(
             ``"docstring"``) or a task file's path: then :func:`circuitkit.tasks.scan_task` runs (node and edge
             circuits by counterfactual patching, with ``target``) and a :class:`~circuitkit.tasks.TaskScan` is
             returned.
+        prepend_bos: with a task, how its text prompts become tokens (:func:`circuitkit.tasks.scan_task`):
+            ``None`` (default: the model's tokenizer's own rule), ``True`` or ``False``; the induction scan builds
+            its own batch (``tokens``) and takes only ``None``.
+        metric: with a task, the metric to read instead of its own (a name or a function ``metric(logits, batch)
+            -> [pair]``: :func:`circuitkit.tasks.scan_task`); the induction scan reads its loss and takes ``None``.
+        holdout, target_on: with a task, the share of its pairs held out for evaluation (default 0.5) and the set
+            ``target`` applies to (default ``"discovery"``): :func:`circuitkit.tasks.scan_task`. ``None`` for the
+            induction scan.
         n_resamples, ci_level: the percentile bootstrap over the batch's sequences behind every figure's interval
             (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
         random_sets: measure that many random head sets of the circuit's size per kind (uniform, and with the
@@ -737,15 +749,16 @@ def scan(
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     if model is None or isinstance(model, (str, os.PathLike)):
         from circuitkit import zoo
-        from circuitkit.models.loading import load_model
 
         name = name or (str(model) if model is not None else zoo.DEFAULT)
-        model = load_model(model, device=device, allow_download=allow_download, dtype=dtype)
+        model = _load_named(model, task, device=device, allow_download=allow_download, dtype=dtype)
     warn_if_threads_spin()  # torch loaded before circuitkit, no wait policy, other work busy: one line, the fix
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
-                          n_resamples=options["n_resamples"], ci_level=options["ci_level"])
+                          n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
+                          metric=metric, holdout=holdout, target_on=target_on)
+    _refuse_task_options(holdout=holdout, target_on=target_on, metric=metric, prepend_bos=prepend_bos)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens)
     if isinstance(tokens, RepeatedTokens) or tokens is None:  # before any pass: refuse what cannot fit
@@ -755,6 +768,29 @@ def scan(
     state = ScanState(session)
     stages = run_stages(state, settings, mode)
     return scan_result(state, settings, stages, name)
+
+
+def _load_named(model: Any, task: Any, *, device: Any, allow_download: bool, dtype: Any) -> Any:
+    """The model a name or path gives (:func:`~circuitkit.models.load_model`); a family that cannot run a task is
+    refused from its config first, before any weight loads."""
+    from circuitkit.models.loading import load_model
+
+    if task is not None and not (isinstance(task, str) and task == "induction"):
+        from circuitkit.models.families import task_refusal
+
+        if reason := task_refusal(model):
+            raise validate.fail("scan: model", model, f"a causal language model for a task ({reason})")
+    return load_model(model, device=device, allow_download=allow_download, dtype=dtype)
+
+
+def _refuse_task_options(**given: Any) -> None:
+    """The options that only a task takes (``holdout``, ``target_on``, ``metric``, ``prepend_bos``) must be None in
+    the induction scan: it splits no pairs, reads the repeated-copies loss and sets its own BOS."""
+    for key, value in given.items():
+        if value is not None:
+            raise validate.fail(f"scan: {key}", value, "None for the induction scan (it splits no pairs, reads the "
+                                "repeated-copies loss and sets its own BOS: RepeatedTokens(bos=...)); the option "
+                                "applies to a task")
 
 
 def _refuse_induction_options(options: Mapping[str, object], tokens: RepeatedTokens | TokenBatch | None) -> None:
@@ -806,7 +842,8 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 
 
 def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
-               n_resamples: int, ci_level: float) -> Any:
+               n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None,
+               holdout: float | None = None, target_on: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
     ``"off"``."""
     from circuitkit._terminal import visible
@@ -824,7 +861,9 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                   file=sys.stderr, flush=True)  # the task's name is data: escaped (circuitkit._terminal)
 
     return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
-                     ci_level=ci_level)
+                     ci_level=ci_level, prepend_bos=prepend_bos, metric=metric,
+                     **({} if holdout is None else {"holdout": holdout}),
+                     **({} if target_on is None else {"target_on": target_on}))
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,

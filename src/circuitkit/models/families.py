@@ -52,6 +52,18 @@ class Family:
         of layer ``l`` does not feed the MLP of layer ``l`` (every family with it says so in its notes)."""
         return "parallel attention" in self.notes
 
+    @property
+    def bidirectional(self) -> bool:
+        """Every position attends to every other (BERT-likes): no task metric read at a prompt's last token."""
+        return "bidirectional" in self.notes
+
+    @property
+    def task_circuits(self) -> str:
+        """What a task scan measures in this family (the README table's column)."""
+        if self.bidirectional:
+            return "no (bidirectional: refused before the model loads)"
+        return "nodes and edges" if self.additive_heads else "nodes (no edges: heads do not add into the stream)"
+
 
 FAMILIES: tuple[Family, ...] = (
     Family("GPT-2", ("gpt2",), "gpt2", notes="fused QKV, learned positions"),
@@ -134,6 +146,28 @@ def family_of(hf_config: Any) -> Family | None:
     return _BY_MODEL_TYPE.get(getattr(hf_config, "model_type", None))
 
 
+def task_refusal(model_dir: Any) -> str | None:
+    """Why a task scan cannot run on the model in local directory ``model_dir``, read from its ``config.json``'s
+    ``model_type`` before any weight loads (None where it can, or where the directory or its family is not known
+    here: the loaded model is checked again)."""
+    import json
+    import os
+
+    path = os.path.join(os.fspath(model_dir), "config.json") if isinstance(model_dir, (str, os.PathLike)) else None
+    if path is None or not os.path.isfile(path) or os.path.getsize(path) > 2**20:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    family = _BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+    if family is not None and family.bidirectional:
+        return (f"a {family.name} model (model_type {model_type!r}) is bidirectional; a task's metric is read at "
+                "each prompt's last token, which needs a causal language model")
+    return None
+
+
 def attention_windows(hf_config: Any, n_layers: int) -> tuple[int | None, ...]:
     """Per layer, how many keys (the query's own position and those before it) a head can see: ``None`` for every
     earlier position, ``w`` for a sliding window of ``w`` (key ``k`` visible from query ``q`` when
@@ -162,14 +196,14 @@ def _positive(value: Any) -> int | None:
 def table_rows(families: Iterable[Family] = FAMILIES) -> str:
     """The README's table of supported families (markdown), generated from :data:`FAMILIES`."""
     lines = [
-        "| family | `model_type` | e.g. | what differs | edge evidence |",
-        "|---|---|---|---|---|",
+        "| family | `model_type` | e.g. | what differs | edge evidence | task circuits |",
+        "|---|---|---|---|---|---|",
     ]
     for family in families:
         types = ", ".join(f"`{t}`" for t in family.model_types)
         edges = "yes" if family.additive_heads else "no (heads do not add into the residual stream)"
         notes = family.notes + ("" if family.resumable else "; ablation runs full passes")
-        lines.append(f"| {family.name} | {types} | `{family.example}` | {notes} | {edges} |")
+        lines.append(f"| {family.name} | {types} | `{family.example}` | {notes} | {edges} | {family.task_circuits} |")
     return "\n".join(lines)
 
 
@@ -196,6 +230,7 @@ if __name__ == "__main__":  # python -m circuitkit.models.families README.md
 
 
 __all__ = [
-    "FAMILIES", "UNSUPPORTED", "Family", "attention_windows", "family_of", "table_rows", "unsupported_reason",
+    "FAMILIES", "UNSUPPORTED", "Family", "attention_windows", "family_of", "table_rows", "task_refusal",
+    "unsupported_reason",
     "write_readme_table",
 ]

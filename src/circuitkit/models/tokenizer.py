@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from circuitkit import validate
 
@@ -23,8 +24,8 @@ BOS_TOKEN = "<bos>"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 """Any one of these in a directory means it holds a tokenizer of its own."""
 
-__all__ = ["BOS_TOKEN", "TOKENIZER_FILES", "config_bos", "has_tokenizer", "load_tokenizer", "word_tokenizer",
-           "word_tokenizer_files"]
+__all__ = ["BOS_TOKEN", "TOKENIZER_FILES", "config_bos", "default_tokenizer", "has_tokenizer", "load_tokenizer",
+           "word_tokenizer", "word_tokenizer_files"]
 
 
 def word_tokenizer_files(d_vocab: int, directory: str | Path, bos_id: int = 0) -> Path:
@@ -101,3 +102,44 @@ def config_bos(config: dict, d_vocab: int) -> int:
     """The BOS id a model's ``config.json`` names (``bos_token_id``, an int inside the vocabulary), else 0."""
     bos = config.get("bos_token_id")
     return bos if isinstance(bos, int) and not isinstance(bos, bool) and 0 <= bos < d_vocab else 0
+
+
+def default_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer as its own files define it by default: what ``AutoTokenizer.from_pretrained(directory)`` gives.
+
+    Why: TransformerLens's bridge replaces the tokenizer it is given by one reloaded with ``add_bos_token=True``, so
+    ``bridge.tokenizer(text)`` prepends a BOS even where the model's tokenizer adds none (Qwen2, GPT-2: their BOS is
+    an end-of-text or chat marker). Where the tokenizer was read from a local directory (``name_or_path``), that
+    directory's tokenizer is loaded again as :func:`load_tokenizer` does (local files only, no remote code; once per
+    directory); a hub name (a bridge booted with ``boot_transformers("gpt2")``) is read from its snapshot in the
+    local Hugging Face cache (never the network); a tokenizer built in memory has no files to go back to and is its
+    own default."""
+    import os
+
+    path = getattr(tokenizer, "name_or_path", None)
+    if not isinstance(path, str) or not path:
+        return tokenizer
+    if not os.path.isdir(path):
+        path = _cached_tokenizer_dir(path) or ""
+    if path and os.path.isdir(path) and has_tokenizer(path):
+        return _default_from(os.path.realpath(path))
+    return tokenizer
+
+
+def _cached_tokenizer_dir(name: str) -> str | None:
+    """The local cache snapshot holding ``name``'s tokenizer files (its ``main`` revision), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for filename in TOKENIZER_FILES:
+            found = try_to_load_from_cache(name, filename)
+            if isinstance(found, str):
+                return str(Path(found).parent)
+    except Exception:  # noqa: BLE001 - not a repository id, or no cache: no files to go back to
+        return None
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _default_from(directory: str) -> Any:
+    return load_tokenizer(directory)

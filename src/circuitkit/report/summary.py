@@ -454,8 +454,11 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
     elif answer.edges_unmeasured is not None:
         if len(answer.circuit) > 1:
             out.append(("Edges", [("text", answer.edges_unmeasured)]))
-    elif len(answer.circuit) > 1:
-        out.append(("Edges", [("text", "no edge between the circuit's heads carries a measurable effect")]))
+    elif len(answer.circuit) > 1 and answer.n_silent:
+        out.append(("Edges", [("text", f"no edge between the circuit's heads carries a measurable effect "
+                                       f"({answer.n_silent} path-patched)")]))
+    elif len(answer.circuit) > 1:  # nothing patched
+        out.append(("Edges", [("text", "not measured: no edge between the circuit's heads was path-patched")]))
     if answer.weight_only:
         parts = [("text", "composition score vs effect on the loss (nats): ")]
         for i, (src, dst, channel, comp, effect, kind) in enumerate(answer.weight_only[:MAX_EDGES]):

@@ -109,6 +109,10 @@ class TaskCircuit:
     corrupted: float
     node_corrupted: float
     intervals: dict[str, Any] = field(default_factory=dict)
+    other_set: dict[str, Any] | None = None
+    """The circuit measured on the pairs the search did not use (``set``: ``"evaluation"`` or ``"discovery"``,
+    ``pairs``, ``faithfulness``, ``necessity``, ``edge_faithfulness``, ``curve``); None where the pairs were not
+    split."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +134,7 @@ class TaskCircuit:
             "rank": self.rank,
             "metric_all_nodes_patched": self.node_corrupted,
             **({"ci": {key: [lo, hi] for key, (lo, hi) in self.intervals.items()}} if self.intervals else {}),
+            "other_set": self.other_set,
         }
 
 
@@ -184,6 +189,15 @@ def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measur
     return high
 
 
+def node_order(graph: Any, L: int, H: int, node_scores: Tensor, rank: str, mlp_nodes: bool) -> list:
+    """The nodes ``(layer, head)`` (and ``(layer, None)`` for MLPs with ``mlp_nodes``) in the order they join a
+    node circuit: by score, largest first (``rank``)."""
+    nodes = [(layer, h) for layer in range(L) for h in range(H)] + ([(layer, None) for layer in range(L)]
+                                                                     if mlp_nodes else [])
+    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes])
+    return [nodes[i] for i in _order(scores, rank).tolist()]
+
+
 def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: str, *, mlp_nodes: bool = False,
                  progress: Any = None) -> tuple[tuple, tuple, float, float, tuple, float, int, dict[str, Tensor]]:
     """The smallest top-``n`` node set reaching ``target`` (module docstring). ``node_scores``: ``[sender]`` from
@@ -194,10 +208,7 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
     graph, spec = runner.graph, runner.spec
     L, H = spec.n_layers, spec.n_heads
     mlp_nodes = mlp_nodes and graph.mlps
-    nodes = [(layer, h) for layer in range(L) for h in range(H)] + ([(layer, None) for layer in range(L)]
-                                                                     if mlp_nodes else [])
-    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes], device="cpu")
-    order = [nodes[i] for i in _order(scores, rank).tolist()]
+    order = node_order(graph, L, H, node_scores, rank, mlp_nodes)
     clean = float(runner.clean["metric"].mean())
 
     def masks(kept: list) -> tuple[Tensor, Tensor | None]:
@@ -312,4 +323,4 @@ def _trapezoid(xs: list[float], ys: list[float]) -> float:
 
 
 __all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit",
-           "node_circuit"]
+           "node_circuit", "node_order"]

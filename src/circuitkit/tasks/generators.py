@@ -132,8 +132,9 @@ def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = 
 
 
 def _name_positions(tokenizer: Any, prompt: str, names: dict[str, str]) -> dict[str, int]:
-    """The position of each name's first occurrence (as the one token `` Name``) in the tokenized prompt."""
-    ids = list(tokenizer(prompt)["input_ids"])
+    """The position of each name's first occurrence (as the one token `` Name``) among the prompt's text tokens
+    (no special tokens: :class:`~circuitkit.tasks.Task` marks count from the text's first token)."""
+    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     out = {}
     for mark, name in names.items():
         token = tokenizer(" " + name, add_special_tokens=False)["input_ids"][0]

@@ -55,6 +55,11 @@ MLP_OUT = "blocks.{}.hook_mlp_out"
 FINAL = "blocks.{}.hook_resid_post"
 FINAL_SCALE = "ln_final.hook_scale"
 FINAL_NORMALIZED = "ln_final.hook_normalized"
+EDGES_UNDEFINED = ("in this family a norm or a scale follows the attention, so a head's z @ W_O is not its "
+                   "contribution to the residual stream and an edge from it is not defined here")
+"""Why a family without additive heads has node circuits only. EAP-IG's own evaluation (Hanna et al.) defines a
+Gemma-2 edge through the sender layer's post-attention norm, recomputed per receiver with the missing edges' heads
+corrupted; circuitkit does not (yet) build that graph, so it measures no edge there rather than a different one."""
 SENDER_BUDGET = 2**30
 """Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy)."""
 
@@ -142,13 +147,10 @@ class TaskRunner:
     """A model ready to measure one :class:`TaskBatch`: weights, norms, the clean and corrupted runs' sender outputs
     (computed once, on demand), the metric.
 
-    ``metric``: a name in :data:`~circuitkit.tasks.metrics.METRICS`; ``mlps``: MLPs are graph nodes."""
+    ``metric``: a name in :data:`~circuitkit.tasks.metrics.METRICS` or a
+    :class:`~circuitkit.tasks.metrics.UserMetric`; ``mlps``: MLPs are graph nodes."""
 
     def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str) -> None:
-        if not adapter.additive_heads:
-            raise validate.fail("task circuit: model", validate.given(f"a {adapter.spec.family} model"),
-                                "a model whose heads add z @ W_O into the residual stream (in this family a norm "
-                                "follows attention, so a head's contribution cannot be isolated)")
         if adapter.spec.bidirectional:
             raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
                                 "a causal language model (a task's metric is read at each prompt's last token, "
@@ -158,11 +160,15 @@ class TaskRunner:
         self.adapter = adapter
         self.spec = adapter.spec
         self.batch = batch
-        self.metric_name = metric
-        self.metric_fn = METRICS[metric]
+        from circuitkit.tasks.metrics import UserMetric, metric_label
+
+        self.metric_name = metric_label(metric)
+        self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
         self.ablation = ablation
         self.graph = build_graph(adapter, mlps)
-        self.mlp_hook = mlp_input_hook(adapter) if mlps else MLP_IN
+        # edges need each head's z @ W_O to be its contribution to the residual stream (EDGES_UNDEFINED)
+        self.edges_defined = bool(adapter.additive_heads)
+        self.mlp_hook = mlp_input_hook(adapter) if mlps and self.edges_defined else MLP_IN
         weights = adapter.weights(embeddings=False).to(device=self.spec.device)
         self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
         self.W_O = weights.W_O
@@ -221,8 +227,11 @@ class TaskRunner:
             if graph.mlps:
                 outs[graph.sender_index(layer, None)] = x.detach()
 
+        # direct logit attribution exists where a head's output adds into the residual stream
+        direct = dla and self.edges_defined
+
         def final_hook(x: Tensor, hook: Any) -> Tensor:
-            if not dla:
+            if not direct:
                 return x
             x = x.detach().requires_grad_(True)
             final.append(x)
@@ -257,31 +266,32 @@ class TaskRunner:
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
         if not self.adapter.attn_only:
             hooks += [(MLP_OUT.format(layer), mlp_hook) for layer in range(L)]
-        hooks.append((FINAL.format(L - 1), final_hook))
-        final_norm = dla and self.adapter.norm_kind is not None and _has_hook(self.adapter, FINAL_SCALE)
+        if direct:
+            hooks.append((FINAL.format(L - 1), final_hook))
+        final_norm = direct and self.adapter.norm_kind is not None and _has_hook(self.adapter, FINAL_SCALE)
         if final_norm:
             hooks += [(FINAL_SCALE, keep_scale), (FINAL_NORMALIZED, keep_normalized_grad)]
         if dla:
             hooks += [(HOOKS.pattern(layer), pattern_hook) for layer in range(L)]
         from circuitkit.detect.attribution import frozen_parameters
 
-        with frozen_parameters(self.adapter.model), torch.enable_grad() if dla else torch.no_grad():
+        with frozen_parameters(self.adapter.model), torch.enable_grad() if direct else torch.no_grad():
             logits = self.adapter.run(tokens, hooks, positions=self.positions)
             last = last_logits(logits, self.last_index)[0]
             dla_values = None
-            if dla:
+            if direct:
                 from circuitkit.tasks.metrics import logit_diff
 
                 diff = logit_diff(last, self.batch).mean()
                 (grad,) = torch.autograd.grad(diff, final[0])
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
-        self.passes += 3.0 if dla else 1.0
+        self.passes += 3.0 if direct else 1.0
         out = torch.stack(outs)  # [sender, pair, pos, d_model]
         logprobs = last.detach().float().log_softmax(-1)
         clean_lp = self._clean["logprobs"] if self._clean is not None else None
         metric = self.metric_fn(last.detach(), self.batch, clean_lp).float()
-        if dla:
+        if direct:
             rows = torch.arange(self.batch.n_pairs, device=out.device)
             at_last = out[:, rows, self.batch.last]  # [sender, pair, d_model]
             g_last = grad[rows, self.batch.last]  # [pair, d_model]
@@ -405,6 +415,61 @@ class TaskRunner:
             scores[:, cols] = (flat @ g.T).cpu()
         scores = scores * graph.allowed
         return scores, scores.sum(1)
+
+    def node_gradients(self, steps: int) -> Tensor:
+        """Node-level EAP-IG, ``[sender]``: for each head ``(z - z_ablated) . mean_k dM/dz`` summed over pairs and
+        positions (the gradient of the mean metric at the ``steps`` points of :meth:`edge_gradients`), for each
+        MLP the same at its output; 0 for the input. Defined whatever follows the attention (a norm, a scale):
+        what the node circuit patches is ``z`` itself. The node scores of families without edges
+        (:data:`EDGES_UNDEFINED`)."""
+        from circuitkit.detect.attribution import frozen_parameters
+
+        graph, spec, batch = self.graph, self.spec, self.batch
+        S, L = steps, spec.n_layers
+        clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
+        alphas = torch.arange(1, S + 1, dtype=torch.float32, device=clean_in.device) / S
+        start = (corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None] * (clean_in - corrupt_in)[None])
+        z_values, mlp_values = self.node_values()
+        leaves: dict[str, Tensor] = {}
+
+        def resid_hook(x: Tensor, hook: Any) -> Tensor:
+            return start.reshape(x.shape).to(x.dtype)
+
+        def add_leaf(kind: str) -> Callable[[Tensor, Any], Tensor]:
+            def hook(x: Tensor, hook: Any) -> Tensor:  # keyed by layer: a bridge's hook.name may be an alias's target
+                leaf = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
+                leaves[f"{kind}{HOOKS.layer_of(hook.name)}"] = leaf
+                return x + leaf
+            return hook
+
+        hooks: list[tuple[str, Callable]] = [(HOOKS.resid_pre(0), resid_hook)]
+        hooks += [(HOOKS.z(layer), add_leaf("z")) for layer in range(L)]
+        if graph.mlps:
+            hooks += [(MLP_OUT.format(layer), add_leaf("m")) for layer in range(L)]
+        with frozen_parameters(self.adapter.model), torch.enable_grad():
+            logits = self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
+            total = self.metric(logits).mean(-1).sum()
+            names = sorted(leaves)
+            got = dict(zip(names, torch.autograd.grad(total, [leaves[n] for n in names], allow_unused=True),
+                           strict=True))
+        self.passes += 3.0 * S
+        scores = torch.zeros(len(graph.senders))
+        real = batch.real.to(clean_in.device)
+        for layer in range(L):
+            grad = got.get(f"z{layer}")
+            if grad is not None:  # [S * pair, pos, head, d_head]
+                g = grad.detach().float().view(S, -1, *grad.shape[1:]).sum(0)
+                delta = (self.clean["z"][layer] - z_values[layer]).float()
+                per_head = torch.einsum("bphd,bphd,bp->h", delta, g, real.float())
+                for h in range(spec.n_heads):
+                    scores[graph.sender_index(layer, h)] = float(per_head[h]) / S
+            grad = got.get(f"m{layer}")
+            if grad is not None:
+                g = grad.detach().float().view(S, -1, *grad.shape[1:]).sum(0)
+                delta = (self.clean["mlp"][layer] - mlp_values[layer]).float()
+                scores[graph.sender_index(layer, None)] = float(torch.einsum("bpm,bpm,bp->", delta, g,
+                                                                             real.float())) / S
+        return scores
 
     def _pulled_back(self, key: int, grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:
         """``[R, pair * pos * d_model]``: dM/d(receiver input) summed over the ``steps`` copies, from a gradient
@@ -629,7 +694,7 @@ def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
     hook_dict = getattr(adapter.model, "hook_dict", None)
     names = [FINAL.format(adapter.spec.n_layers - 1)]
     if mlps:
-        names += [mlp_input_hook(adapter).format(0), MLP_OUT.format(0)]
+        names += ([mlp_input_hook(adapter).format(0)] if adapter.additive_heads else []) + [MLP_OUT.format(0)]
     if isinstance(hook_dict, dict):
         absent = [n for n in names if n not in hook_dict]
         if absent:
@@ -639,4 +704,4 @@ def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
             )
 
 
-__all__ = ["Graph", "TaskRunner", "build_graph", "check_hooks"]
+__all__ = ["EDGES_UNDEFINED", "Graph", "TaskRunner", "build_graph", "check_hooks"]

@@ -11,6 +11,13 @@ last real token and ``p = softmax(z)``::
 Several answers per pair: logits are **averaged** (``logit_diff``), probabilities **summed** (``prob_diff``,
 ``answer_logprob``). Every metric is oriented so that the clean run scores above the corrupted one on a task the
 model does; faithfulness ``(m_C - m_corr) / (m_clean - m_corr)`` uses the mean over pairs.
+
+**Your own metric** (:class:`UserMetric`): a function ``metric(logits, batch) -> values`` with ``logits`` the
+``[pair, vocab]`` logits at each prompt's last token (the patched run's, one call per stacked copy) and ``batch`` the
+:class:`~circuitkit.tasks.TaskBatch` (``answers``, ``wrongs`` and their masks, ``clean``, ``last``...); it returns a
+floating tensor ``[pair]``, finite, higher for more of the clean behaviour, and differentiable in ``logits``
+(EAP-IG's scores are its gradient). Each call is checked; a function that breaks a rule is one
+:class:`~circuitkit.CircuitkitError` naming it.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from circuitkit.tasks.task import TaskBatch
+from circuitkit.tasks.task import TaskBatch, UserMetric, metric_label
 
 MetricFn = Callable[[Tensor, TaskBatch, "Tensor | None"], Tensor]
 
@@ -68,6 +75,12 @@ METRICS: dict[str, MetricFn] = {
 """The metrics by name (module docstring). ``"loss"`` and ``"kl"`` are accepted as aliases when a task is built."""
 
 UNITS = {"logit_diff": "logits", "prob_diff": "probability", "answer_logprob": "nats", "neg_kl": "nats"}
+CUSTOM_UNITS = "the metric's own units"
+"""The units of a :class:`~circuitkit.tasks.task.UserMetric` (defined beside :class:`Task`, which holds one)."""
+
+
+def metric_units(metric: str | UserMetric) -> str:
+    return CUSTOM_UNITS if isinstance(metric, UserMetric) else UNITS[metric]
 
 
 def last_logits(logits: Tensor, last: Tensor) -> Tensor:
@@ -80,4 +93,5 @@ def last_logits(logits: Tensor, last: Tensor) -> Tensor:
     return view.gather(2, index)[:, :, 0]
 
 
-__all__ = ["METRICS", "UNITS", "answer_logprob", "last_logits", "logit_diff", "neg_kl", "prob_diff"]
+__all__ = ["METRICS", "UNITS", "UserMetric", "answer_logprob", "last_logits", "logit_diff", "metric_label",
+           "metric_units", "neg_kl", "prob_diff"]

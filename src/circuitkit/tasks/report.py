@@ -56,6 +56,13 @@ def task_report(result: Any) -> str:
         parts.append(f"<figure>{_curve_svg(node_points, c.target, len(c.heads) + len(c.mlps), c.n_nodes_total)}"
                      f"<figcaption>Node circuit: the top-n nodes by EAP-IG score kept, every other node patched from "
                      f"the corrupted prompt (every point measured).</figcaption></figure>")
+        other = c.other_set
+        if other and other.get("curve"):
+            points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
+            parts.append(f"<figure>{_curve_svg(points, c.target, len(c.heads) + len(c.mlps), c.n_nodes_total)}"
+                         f"<figcaption>The same node sets on the {other['pairs']} {escape(other['set'])} pairs the "
+                         f"search did not use: faithfulness {other['faithfulness']:.3f} at the circuit's size (every "
+                         "point measured).</figcaption></figure>")
         if edge_points:
             parts.append(f"<figure>{_curve_svg(edge_points, c.target, len(c.edges), c.n_edges_total, 'edges')}"
                          f"<figcaption>Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges): CPR "

@@ -28,10 +28,16 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
-from circuitkit.tasks.graph import TaskRunner, check_hooks
-from circuitkit.tasks.metrics import UNITS
-from circuitkit.tasks.task import Task
+from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
+from circuitkit.tasks.metrics import metric_label, metric_units
+from circuitkit.tasks.task import Task, check_prepend_bos
 
+DEFAULT_HOLDOUT = 0.5
+"""Share of a task's pairs held out for evaluation by default (seeded): the circuit is searched on the rest and its
+faithfulness reported on both (MIB's discovery and evaluation splits)."""
+MIN_SPLIT_PAIRS = 8
+"""Fewest pairs that are split (four a side): below it every pair serves the search and the answer says so."""
+TARGETS_ON = ("discovery", "evaluation")
 DEFAULT_IG_STEPS = 3
 """EAP-IG interpolation points (``k / steps`` of the way from the corrupted to the clean input embeddings), all in
 one stacked forward + backward pass."""
@@ -85,7 +91,8 @@ class TaskScan:
             "format": f"circuitkit-task-scan/{TASK_FORMAT}",
             "model": self.model.as_dict(),
             "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
-                     "units": UNITS[self.task.metric],
+                     "tokens": list(self.tokens),
+                     "units": metric_units(self.task.metric),
                      **({"ci": {k: [_num(lo), _num(hi)] for k, (lo, hi) in self.intervals.items()}}
                         if self.intervals else {})},
             "settings": self.settings,
@@ -95,25 +102,49 @@ class TaskScan:
                      "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
             "circuit": None if self.circuit is None else self.circuit.to_json(),
             "circuit_error": self.circuit_error,
+            "roles": _roles_json(self),
             "stages": [{"name": s.name, "passes": s.passes, "seconds": round(s.seconds, 3)} for s in self.stages],
         }
 
     def answer(self) -> str:
-        """The answer in a few lines of plain text (the terminal's and the report's)."""
+        """The answer in a few lines of plain text (the terminal's and the report's), its legend last."""
+        legend = self.legend()
+        return "\n".join(self._lines() + ([legend] if legend else []))
+
+    def _lines(self) -> list[str]:
         t = self.task
-        lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {t.metric} ({UNITS[t.metric]}): "
+        lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {metric_label(t.metric)} ({metric_units(t.metric)}): "
                  f"clean {float(self.clean.mean()):+.3f}{_ci(self.intervals.get('clean'))}, corrupted "
                  f"{float(self.corrupted.mean()):+.3f}{_ci(self.intervals.get('corrupted'))}."]
         c = self.circuit
         if c is None:
             lines.append(f"No circuit: {self.circuit_error}")
-            return "\n".join(lines)
+            return lines + self._tokens_line()
         heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
         mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
                      f"Heads: {heads}.")
+        other = c.other_set
+        if other is not None:
+            searched = "discovery" if other["set"] == "evaluation" else "evaluation"
+            if other.get("faithfulness") is None:
+                lines.append(f"Held out: on the {other['pairs']} {other['set']} pairs {other.get('note', '')}.")
+            else:
+                edge = ("" if other.get("edge_faithfulness") is None else
+                        f"; the edge circuit {other['edge_faithfulness']:.3f} (on the {searched} pairs "
+                        f"{c.edge_faithfulness:.3f})")
+                lines.append(f"Held out: on the {other['pairs']} {other['set']} pairs (the target applied to the "
+                             f"{searched} pairs) the node circuit's faithfulness is {other['faithfulness']:.3f} "
+                             f"(on the {searched} pairs {c.faithfulness:.3f}), necessity "
+                             f"{other['necessity']:+.3f}{edge}.")
+        elif self.settings.get("split", {}).get("note"):
+            lines.append(f"Pairs: {self.settings['split']['note']}: every figure is on the pairs the circuit was "
+                         "found on.")
+        skipped = self.settings.get("edges_not_measured")
+        if skipped:
+            lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} "
@@ -127,7 +158,22 @@ class TaskScan:
             named = ", ".join(f"{head_name(h)} ({v:+.2f}){'' if h in c.heads else ' not in the circuit'}"
                               for h, v in best)
             lines.append(f"Largest {score}: {named}.")
-        return "\n".join(lines)
+        from circuitkit.tasks.roles import roles_line
+
+        roles = roles_line(self)
+        return lines + ([roles] if roles else []) + self._tokens_line()
+
+    def _tokens_line(self) -> list[str]:
+        said = self.settings.get("tokenization")
+        return [f"Tokens: {said}."] if said else []
+
+    def legend(self) -> str:
+        """The abbreviations :meth:`answer` uses, explained (those that appear in it)."""
+        import re
+
+        text = "\n".join(self._lines())
+        found = [meaning for pattern, meaning in LEGEND if re.search(pattern, text)]
+        return "Legend: " + "; ".join(found) + "." if found else ""
 
     def save(self, out_dir: str | os.PathLike) -> Any:
         """Write ``out_dir/scores.json`` and ``out_dir/report.html`` together (atomically)."""
@@ -142,6 +188,35 @@ class TaskScan:
 
     def __repr__(self) -> str:
         return f"TaskScan({self.task!r}, {self.model.name!r})\n{self.answer()}"
+
+
+LEGEND = (
+    (r"Heads: \d+\.\d+|\d+\.\d+->|->\d+\.\d+:", "L.H = head H of layer L (from 0)"),
+    (r"\bm\d+\b", "mN = the MLP of layer N"),
+    (r"\d+\.g\d+:[kv]", "L.gG:k / L.gG:v = the key / value input of key-value group G of layer L (grouped-query "
+                          "attention: the group's query heads share it)"),
+    (r":q\b", "L.H:q = head L.H's query input"),
+    (r"->", "A->B = the edge from A's output to B's input"),
+    (r"\binput->", "input = the residual stream entering layer 0 (the embeddings)"),
+    (r"EAP-IG", "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), the "
+                "first-order estimate the heads and edges are ranked by"),
+    (r"\bCPR\b", "CPR = area under the edge circuit's faithfulness curve (MIB; higher is better)"),
+    (r"\bCMD\b", "CMD = area between that curve and 1 (lower is better)"),
+    (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
+    (r"\bDLA\b", "DLA = direct logit attribution, the head's output read straight into logit(answer) - logit(wrong) "
+                  "through the final norm at its clean-run scale"),
+    (r"IOI roles", "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): name mover DLA > 0 and "
+                   "io_attention > 0; negative name mover DLA < 0 and io_attention > 0; S-inhibition an edge into a "
+                   "name mover's query; duplicate-token / induction / previous-token a pattern score >= 0.3"),
+)
+"""Abbreviations of a task answer and their meaning (:meth:`TaskScan.legend` lists those that appear)."""
+
+
+def _roles_json(scan: TaskScan) -> dict[str, list[str]] | None:
+    from circuitkit.tasks.roles import ioi_roles
+
+    roles = ioi_roles(scan)
+    return None if roles is None else {role: [head_name(h) for h in heads] for role, heads in roles.items()}
 
 
 def _ci(pair: tuple[float, float] | None) -> str:
@@ -188,8 +263,9 @@ def _num(value: Any) -> float | None:
 def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
               rank: str = "abs",
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
-              n_resamples: int = 1000, ci_level: float = 0.95,
-              progress: Any = None) -> TaskScan:
+              n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
+              metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
+              target_on: str = "discovery", progress: Any = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -201,6 +277,21 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             against the behaviour is still part of the mechanism) or ``"signed"`` EAP-IG score.
         steps: EAP-IG interpolation points.
         edges: measure the edge circuit too (``False``: nodes only).
+        prepend_bos: how text prompts become tokens: ``None`` (default: the model's tokenizer's own rule,
+            ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens
+            alone); token-id prompts run as given. The rule that ran is in ``settings["prepend_bos"]`` and
+            ``settings["tokenization"]``.
+        metric: the metric to read instead of the task's own: a name in :data:`~circuitkit.tasks.METRICS` (or
+            an alias) or a function ``metric(logits [pair, vocab], batch) -> [pair]``
+            (:class:`~circuitkit.tasks.metrics.UserMetric`: checked for shape, finiteness and gradient).
+        holdout: share of the pairs held out for evaluation (default 0.5; 0: no split; tasks of fewer than
+            :data:`MIN_SPLIT_PAIRS` pairs are not split), drawn with ``split_seed``. Attribution and the circuit
+            search use the discovery pairs; the circuit's faithfulness (its whole curve), necessity and edge
+            faithfulness are also measured on the evaluation pairs and reported beside them.
+        target_on: the set whose faithfulness ``target`` applies to: ``"discovery"`` (default: the evaluation
+            pairs then take no part in any choice, so their figure is an honest held-out estimate) or
+            ``"evaluation"`` (the circuit is sized on the evaluation pairs, e.g. to guarantee the held-out figure;
+            it is then no longer untouched, and the discovery figure is reported beside it).
         progress: ``progress(stage, passes)`` called as passes run (or None).
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
@@ -211,7 +302,15 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
 
     if not isinstance(task, Task):
         raise validate.fail("scan_task: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, ioi, ...)")
+    if metric is not None:
+        import dataclasses
+
+        task = dataclasses.replace(task, metric=metric)  # validated as a Task's own metric is
     target = check_target("scan_task: target", target)
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 <= holdout < 1:
+        raise validate.fail("scan_task: holdout", holdout, "a share of the pairs in [0, 1) (0: no split)")
+    split_seed = validate.seed("scan_task: split_seed", split_seed)
+    target_on = validate.option("scan_task: target_on", target_on, TARGETS_ON)
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     edges = validate.boolean("scan_task: edges", edges)
@@ -226,69 +325,167 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
-    batch = task.tokenize(adapter)
-    runner = TaskRunner(adapter, batch, task.metric, mlps=mlps, ablation=task.ablation)
-    runner.pattern_masks = registered_pattern_masks(batch)
+    batch = task.tokenize(adapter, check_prepend_bos("scan_task", prepend_bos))
+    discovery_index, evaluation_index = split_pairs(task.n_pairs, holdout, split_seed)
+    split = evaluation_index is not None
+    found = batch.subset(discovery_index) if split else batch
+    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation)
+    runner.pattern_masks = registered_pattern_masks(found)
+    held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
+                      ablation=task.ablation) if split else None
+    # the target applies to the discovery pairs (default) or the evaluation pairs: the search runs on that set
+    search, other = (held, runner) if split and target_on == "evaluation" else (runner, held)
     stages: list[TaskStage] = []
 
+    def count() -> float:
+        return runner.passes + (held.passes if held is not None else 0.0)
+
     def stage(name: str, fn: Any) -> Any:
-        before, started = runner.passes, time.perf_counter()
+        before, started = count(), time.perf_counter()
         result = fn()
-        stages.append(TaskStage(name, runner.passes - before, time.perf_counter() - started))
+        stages.append(TaskStage(name, count() - before, time.perf_counter() - started))
         if progress is not None:
-            progress(name, runner.passes - before)
+            progress(name, count() - before)
         return result
 
     clean = stage("clean", lambda: runner.clean)
     corrupted = stage("corrupted", lambda: runner.corrupted)
-    scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
+    if runner.edges_defined:
+        scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
+    else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
+        scores, node_scores = None, stage("attribute", lambda: runner.node_gradients(steps))
+    edges_skipped = None if not edges or runner.edges_defined else f"{adapter.spec.family}: {EDGES_UNDEFINED}"
+    edges = edges and runner.edges_defined
     graph, spec = runner.graph, adapter.spec
     L, H = spec.n_layers, spec.n_heads
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
     mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)], device="cpu") if mlps else None
     dla_all = clean["dla"]
-    head_scores = {name: _attention_score(clean["last_attention"], task, to, minus)
+    marks = [task.marks[i] for i in discovery_index.tolist()] if task.marks else []
+    head_scores = {name: _attention_score(clean["last_attention"], marks, found, to, minus)
                    for name, to, minus in task.attention_scores}
     circuit, error = None, None
     try:
         heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
-            "nodes", lambda: node_circuit(runner, node_scores, target, rank, mlp_nodes=mlp_nodes))
+            "nodes", lambda: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes))
     except NoBehaviour as exc:  # reported, not raised
         error = str(exc)
     else:
         edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
         if edges:
             try:
-                edge_part = stage("edges", lambda: edge_circuit(runner, scores, target, rank))
+                edge_part = stage("edges", lambda: edge_circuit(search, scores, target, rank))
             except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
                 error = f"no edge circuit: {exc}"
         names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
+        other_set = None
+        if other is not None:
+            other_set = stage("held-out", lambda: _other_set(
+                other, "discovery" if other is runner else "evaluation", curve, len(heads) + len(circuit_mlps),
+                node_scores, rank, mlp_nodes, names))
         circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
-                              edge_curve, n_edges, cpr, cmd, effects, rank, float(clean["metric"].mean()),
-                              float(corrupted["metric"].mean()), all_patched,
-                              intervals=_circuit_intervals(pairs, clean["metric"], n_resamples, ci_level))
+                              edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
+                              float(search.corrupted["metric"].mean()), all_patched,
+                              intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
+                              other_set=other_set)
     settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+                "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
-                "ci_level": ci_level}
+                "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
+                "split": {"holdout": holdout, "seed": split_seed, "target_on": target_on if split else "all pairs",
+                          "discovery_pairs": found.n_pairs,
+                          "evaluation_pairs": 0 if held is None else held.batch.n_pairs,
+                          "note": None if split else f"not split: fewer than {MIN_SPLIT_PAIRS} pairs or holdout 0"}}
+    clean_all, corrupted_all = clean["metric"], corrupted["metric"]
+    if split:  # every pair's metric in the task's order
+        clean_all = torch.empty(task.n_pairs)
+        corrupted_all = torch.empty(task.n_pairs)
+        clean_all[discovery_index], corrupted_all[discovery_index] = clean["metric"], corrupted["metric"]
+        clean_all[evaluation_index] = held.clean["metric"]
+        corrupted_all[evaluation_index] = held.corrupted["metric"]
     return TaskScan(
         model=summarise_model(adapter, name),
         task=task,
-        clean=clean["metric"],
-        corrupted=corrupted["metric"],
-        dla=dla_all[head_index],
-        dla_mlp=None if mlp_index is None else dla_all[mlp_index],
+        clean=clean_all,
+        corrupted=corrupted_all,
+        dla=None if dla_all is None else dla_all[head_index],
+        dla_mlp=None if mlp_index is None or dla_all is None else dla_all[mlp_index],
         scores=node_scores[head_index],
         scores_mlp=None if mlp_index is None else node_scores[mlp_index],
         head_scores=head_scores,
         pattern_scores=dict(runner.pattern_scores),
         patterns=clean["first_patterns"],
-        tokens=_token_strings(adapter, batch.clean[0, : int(batch.last[0]) + 1]),
+        tokens=_token_strings(adapter, found.clean[0, : int(found.last[0]) + 1]),
         circuit=circuit,
         circuit_error=error,
         settings=settings,
-        intervals=_metric_intervals(clean["metric"], corrupted["metric"], n_resamples, ci_level),
+        intervals=_metric_intervals(clean_all, corrupted_all, n_resamples, ci_level),
         stages=tuple(stages),
     )
+
+
+def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | None]:
+    """``(discovery, evaluation)`` pair indices: a seeded random ``holdout`` share of the ``n`` pairs held out for
+    evaluation (rounded, at least one pair each side), the rest for discovery; no split (``None``) for ``holdout``
+    0 or fewer than :data:`MIN_SPLIT_PAIRS` pairs."""
+    if holdout == 0 or n < MIN_SPLIT_PAIRS:
+        return torch.arange(n), None
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    k = min(n - 1, max(1, round(holdout * n)))
+    return order[k:].sort().values, order[:k].sort().values
+
+
+def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores: Tensor, rank: str,
+               mlp_nodes: bool, edges: tuple[str, ...]) -> dict[str, Any]:
+    """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
+    same top-``n`` node sets, one stacked pass), the chosen circuit's (``n`` nodes) faithfulness and necessity, and
+    the edge circuit's faithfulness (one pass)."""
+    from circuitkit.tasks.circuit import faithfulness_of, node_order
+
+    graph = other.graph
+    L, H = other.spec.n_layers, other.spec.n_heads
+    order = node_order(graph, L, H, node_scores, rank, mlp_nodes and graph.mlps)
+    sizes = [p.size for p in curve]
+
+    def masks(n: int) -> tuple[Tensor, Tensor | None]:
+        heads = torch.ones(L, H, dtype=torch.bool)
+        mlps = torch.ones(L, dtype=torch.bool) if mlp_nodes and graph.mlps else None
+        for layer, h in order[:n]:
+            if h is None:
+                mlps[layer] = False
+            else:
+                heads[layer, h] = False
+        return heads, mlps
+
+    sizes = sorted(set(sizes) | {0, n})
+    built = [masks(k) for k in sizes]
+    kept_heads, kept_mlps = built[sizes.index(n)]
+    built.append((~kept_heads, None if kept_mlps is None else ~kept_mlps))  # only the circuit patched: necessity
+    heads = torch.stack([b[0] for b in built])
+    mlps = None if built[0][1] is None else torch.stack([b[1] for b in built])
+    values = other.node_metric(heads, mlps).tolist()
+    only = values.pop()
+    clean, all_patched = float(other.clean["metric"].mean()), values[sizes.index(0)]
+    out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
+                           "corrupted": float(other.corrupted["metric"].mean()),
+                           "metric_all_nodes_patched": all_patched, "necessity": clean - only}
+    if abs(clean - all_patched) < 1e-3:
+        out.update(curve=[], faithfulness=None, edge_faithfulness=None,
+                   note="the corrupted prompts of this set do not change the metric")
+        return out
+    out["curve"] = [{"size": k, "faithfulness": faithfulness_of(v, clean, all_patched), "metric": v}
+                    for k, v in zip(sizes, values, strict=True)]
+    out["faithfulness"] = out["curve"][sizes.index(n)]["faithfulness"]
+    out["edge_faithfulness"] = None
+    if edges:
+        kept = torch.zeros_like(graph.allowed)
+        for edge in edges:
+            sender, receiver = edge.split("->")
+            kept[graph.senders.index(sender), graph.receivers.index(receiver)] = True
+        corrupted = float(other.corrupted["metric"].mean())
+        if abs(clean - corrupted) >= 1e-3:
+            out["edge_faithfulness"] = faithfulness_of(float(other.edge_metric(kept[None])[0]), clean, corrupted)
+    return out
 
 
 def registered_pattern_masks(batch: Any) -> dict[str, tuple[Tensor, float]]:
@@ -309,14 +506,29 @@ def registered_pattern_masks(batch: Any) -> dict[str, tuple[Tensor, float]]:
     return out
 
 
-def _attention_score(last_attention: Tensor, task: Task, to: str, minus: str) -> Tensor:
+def _attention_score(last_attention: Tensor, marks: list[dict[str, int]], batch: Any, to: str, minus: str) -> Tensor:
     """``[layer, head]``: attention from each prompt's last token to mark ``to`` minus to mark ``minus``, averaged
-    over pairs (``last_attention``: ``[layer, pair, head, pos]``)."""
-    rows = torch.arange(task.n_pairs)
-    at = torch.tensor([m[to] for m in task.marks])
-    away = torch.tensor([m[minus] for m in task.marks])
+    over the batch's pairs (``last_attention``: ``[layer, pair, head, pos]``; ``marks``: the batch's pairs' marks,
+    counting text tokens, shifted by the special tokens before them, ``batch.prefix``)."""
+    n = len(marks)
+    rows = torch.arange(n)
+    shift = batch.prefix.cpu() if batch.prefix is not None else torch.zeros(n, dtype=torch.long)
+    at = torch.tensor([m[to] for m in marks]) + shift
+    away = torch.tensor([m[minus] for m in marks]) + shift
     per_pair = last_attention.permute(1, 0, 2, 3)  # [pair, layer, head, pos]
     return (per_pair[rows, :, :, at] - per_pair[rows, :, :, away]).mean(0)
+
+
+def _tokenization(adapter: Any, task: Task, batch: Any) -> str:
+    """The BOS rule that ran, in words, with the special tokens it put before the first text prompt."""
+    if not any(isinstance(p.clean, str) for p in task.pairs):
+        return "token ids as given (no tokenizer ran)"
+    rule = {"auto": "the tokenizer's default (add_special_tokens=True)", "yes": "prepend_bos=True (BOS, then the "
+            "text's tokens)", "no": "prepend_bos=False (the text's tokens alone)"}[batch.rule]
+    n = int(batch.prefix[0]) if batch.prefix is not None else 0
+    before = _token_strings(adapter, batch.clean[0, :n]) if n else ()
+    added = f"{n} special token(s) {list(before)} before the text" if n else "no token before the text"
+    return f"{rule}: {added} (first prompt)"
 
 
 def _token_strings(adapter: Any, tokens: Tensor) -> tuple[str, ...]:
@@ -327,4 +539,5 @@ def _token_strings(adapter: Any, tokens: Tensor) -> tuple[str, ...]:
     return tuple(tokenizer.decode([t]) for t in ids)
 
 
-__all__ = ["DEFAULT_IG_STEPS", "TaskScan", "TaskStage", "scan_task"]
+__all__ = ["DEFAULT_HOLDOUT", "DEFAULT_IG_STEPS", "MIN_SPLIT_PAIRS", "TaskScan", "TaskStage", "scan_task",
+           "split_pairs"]

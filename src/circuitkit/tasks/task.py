@@ -5,10 +5,19 @@ researcher's own prompts all take one shape (Wang et al. 2022; Hanna et al. 2023
 clean prompt, a corrupted prompt of the same token length that differs where the behaviour's information is, the
 answer token(s) and the wrong answer token(s). A metric is read at each prompt's **own last token**.
 
-Tokenization (:meth:`Task.tokenize`): prompts as the model's tokenizer does by default (its own BOS rule); answers
-as continuations (no special tokens; a leading space is part of the answer, as in ``" Mary"``), each exactly one
-token. Token ids may be given instead of text. A pair whose clean and corrupted prompts have different token
-lengths is refused (naming the pair); so is an answer that is not one token.
+Tokenization (:meth:`Task.tokenize`): text prompts as the model's tokenizer does by default
+(``add_special_tokens=True`` as the tokenizer's own files define it: a Llama or Gemma tokenizer prepends its BOS, a
+Qwen2 or GPT-2 tokenizer adds nothing), read through :func:`circuitkit.models.tokenizer.default_tokenizer` (the
+TransformerLens bridge's own tokenizer always prepends a BOS). ``prepend_bos=True`` puts the tokenizer's BOS before
+the prompt's text tokens, ``False`` runs the text tokens alone (no special token at all); token-id prompts are run
+as given under every rule. Answers as continuations (no special tokens; a leading space is part of the answer, as in
+``" Mary"``). An answer of several tokens is scored by its **first token** (the model's next-token prediction at
+the prompt's last position: the metric reads that position only, so one pass serves every answer); an answer and a
+wrong answer that share their first token are refused, since the metric cannot tell them apart. A pair whose clean
+and corrupted prompts have different token lengths is refused (naming the pair and the lengths the model gets).
+
+Marks (:attr:`Task.marks`) are positions among a prompt's **text tokens** (as ``add_special_tokens=False`` gives
+them); :attr:`TaskBatch.prefix` holds, per pair, how many special tokens the rule put before them.
 
 Batching: prompts of different lengths are **right-padded**. The models circuitkit runs are causal, so a position
 never attends to a later one: the pads sit after every real token of their row and change nothing at the real
@@ -19,7 +28,7 @@ Statistics over positions (mean ablation values) use the real positions only (:a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +77,9 @@ def _plain(value: Any) -> Any:
 class TaskBatch:
     """A task tokenized for one model. ``clean`` / ``corrupted``: ``[pair, pos]`` token ids, right-padded;
     ``last``: ``[pair]`` each row's last real position; ``answers`` / ``wrongs``: ``[pair, A]`` / ``[pair, W]`` ids,
-    ``answer_mask`` / ``wrong_mask`` True where an entry is listed (rows may list fewer)."""
+    ``answer_mask`` / ``wrong_mask`` True where an entry is listed (rows may list fewer); ``prefix``: ``[pair]`` the
+    special tokens put before each clean prompt's text tokens (marks are shifted by it); ``rule``: the BOS rule that
+    ran, ``"auto"`` (the tokenizer's default), ``"yes"`` or ``"no"``."""
 
     clean: Tensor
     corrupted: Tensor
@@ -77,6 +88,8 @@ class TaskBatch:
     wrongs: Tensor
     answer_mask: Tensor
     wrong_mask: Tensor
+    prefix: Tensor | None = None
+    rule: str = "auto"
 
     @property
     def n_pairs(self) -> int:
@@ -97,21 +110,26 @@ class TaskBatch:
         last = self.last[index]
         width = int(last.max()) + 1
         return TaskBatch(self.clean[index, :width], self.corrupted[index, :width], last, self.answers[index],
-                         self.wrongs[index], self.answer_mask[index], self.wrong_mask[index])
+                         self.wrongs[index], self.answer_mask[index], self.wrong_mask[index],
+                         None if self.prefix is None else self.prefix[index.to(self.prefix.device)], self.rule)
 
     def to(self, device: torch.device) -> TaskBatch:
         return TaskBatch(*(getattr(self, f).to(device) for f in
-                           ("clean", "corrupted", "last", "answers", "wrongs", "answer_mask", "wrong_mask")))
+                           ("clean", "corrupted", "last", "answers", "wrongs", "answer_mask", "wrong_mask")),
+                         prefix=None if self.prefix is None else self.prefix.to(device), rule=self.rule)
 
 
 @dataclass(frozen=True, eq=False)
 class Task:
     """A behaviour: ``pairs`` (:class:`Pair`), the ``metric`` read at each prompt's last token
-    (:data:`circuitkit.tasks.metrics.METRICS`: ``"logit_diff"`` by default), a ``name`` and a ``description``.
+    (a name in :data:`circuitkit.tasks.metrics.METRICS`, ``"logit_diff"`` by default, or your own function
+    ``metric(logits, batch) -> [pair]``: :class:`UserMetric`), a ``name`` and a
+    ``description``.
 
-    ``marks``: per pair, named token positions of the clean prompt (IOI: ``io``, ``s1``, ``s2``); with them a task
-    brings its own head scores, ``attention_scores``: ``(name, to, minus)`` is each head's attention from the
-    prompt's last token to mark ``to`` minus to mark ``minus``, averaged over pairs (IOI's ``io_attention``).
+    ``marks``: per pair, named positions among the clean prompt's text tokens (special tokens not counted; IOI:
+    ``io``, ``s1``); with them a task brings its own head scores, ``attention_scores``: ``(name, to, minus)`` is
+    each head's attention from the prompt's last token to mark ``to`` minus to mark ``minus``, averaged over pairs
+    (IOI's ``io_attention``).
 
     ``ablation``: how a node outside a circuit is replaced: ``"corrupted"`` (its value on the corrupted prompt of the
     same pair: counterfactual patching, the default), ``"mean"`` (its mean over the corrupted prompts' real
@@ -123,7 +141,7 @@ class Task:
 
     name: str
     pairs: tuple[Pair, ...]
-    metric: str = "logit_diff"
+    metric: Any = "logit_diff"
     ablation: str = "corrupted"
     description: str = ""
     marks: tuple[dict[str, int], ...] = ()
@@ -139,8 +157,11 @@ class Task:
                 f"Task {self.name!r}: given {len(self.pairs)} pairs; expected at most {MAX_PAIRS}. "
                 "Take a sample of the pairs: a circuit search runs every pair through the model many times."
             )
-        metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
-        object.__setattr__(self, "metric", ALIASES.get(metric, metric))
+        if callable(self.metric) and not isinstance(self.metric, str):  # the researcher's own function
+            object.__setattr__(self, "metric", UserMetric(self.metric))
+        else:
+            metric = validate.option(f"Task {self.name!r}: metric", self.metric, (*METRIC_NAMES, *ALIASES))
+            object.__setattr__(self, "metric", ALIASES.get(metric, metric))
         validate.option(f"Task {self.name!r}: ablation", self.ablation, ABLATIONS)
         bad = next((i for i, p in enumerate(self.pairs) if not isinstance(p, Pair)), None)
         if bad is not None:
@@ -174,7 +195,7 @@ class Task:
         return len(self.pairs)
 
     @classmethod
-    def from_pairs(cls, pairs: Iterable[Any], *, name: str = "custom", metric: str = "logit_diff",
+    def from_pairs(cls, pairs: Iterable[Any], *, name: str = "custom", metric: Any = "logit_diff",
                    ablation: str = "corrupted", description: str = "") -> Task:
         """A task from pairs: each a :class:`Pair`, a ``(clean, corrupted, answer, wrong)`` tuple, or a dict with
         keys ``clean``, ``corrupted``, ``answer``, ``wrong`` (a ``datasets``-style row; ``answer`` / ``wrong`` may
@@ -194,19 +215,74 @@ class Task:
         out = [as_pair(item, f"Task.from_pairs: pair {i}") for i, item in enumerate(items)]
         return cls(name=name, pairs=tuple(out), metric=metric, ablation=ablation, description=description)
 
-    def tokenize(self, model_or_adapter: Any) -> TaskBatch:
-        """The pairs as token ids for the model (see the module docstring), on the model's device."""
+    def tokenize(self, model_or_adapter: Any, prepend_bos: bool | None = None) -> TaskBatch:
+        """The pairs as token ids for the model (see the module docstring), on the model's device. ``prepend_bos``:
+        ``None`` (the tokenizer's default), ``True`` (its BOS, then the text's tokens) or ``False`` (the text's
+        tokens alone)."""
         from circuitkit.models.adapters import ModelAdapter, adapt
 
         adapter = model_or_adapter if isinstance(model_or_adapter, ModelAdapter) else adapt(model_or_adapter)
-        return tokenize(self, adapter)
+        return tokenize(self, adapter, prepend_bos)
 
     def to_json(self, n_examples: int = 3) -> dict[str, Any]:
-        return {"name": self.name, "metric": self.metric, "pairs": self.n_pairs, "ablation": self.ablation,
-                "description": self.description, "examples": [p.to_json() for p in self.pairs[:n_examples]]}
+        return {"name": self.name, "metric": metric_label(self.metric), "pairs": self.n_pairs,
+                "ablation": self.ablation, "description": self.description,
+                "examples": [p.to_json() for p in self.pairs[:n_examples]]}
 
     def __repr__(self) -> str:
-        return f"Task({self.name!r}, {self.n_pairs} pairs, metric {self.metric!r}, ablation {self.ablation!r})"
+        return (f"Task({self.name!r}, {self.n_pairs} pairs, metric {metric_label(self.metric)!r}, "
+                f"ablation {self.ablation!r})")
+
+
+class UserMetric:
+    """A researcher's metric function, checked on every call (module docstring). ``label``: ``"custom:NAME"``
+    with ``NAME`` the function's ``__name__``."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if isinstance(fn, UserMetric):
+            fn = fn.fn
+        if not callable(fn) or isinstance(fn, type):
+            raise CircuitkitError(f"task metric: given {type(fn).__name__}; expected a metric name or a function "
+                                  "metric(logits [pair, vocab], batch) -> tensor [pair].")
+        self.fn = fn
+        name = getattr(fn, "__name__", type(fn).__name__)
+        self.name = "".join(c for c in str(name) if c.isalnum() or c in "_.<>")[:60] or "metric"
+        self.label = f"custom:{self.name}"
+
+    def __call__(self, logits: Tensor, batch: TaskBatch, clean_logprobs: Tensor | None = None) -> Tensor:
+        """``logits`` ``[..., pair, vocab]`` -> ``[..., pair]``: the function called once per leading index."""
+        flat = logits.reshape(-1, *logits.shape[-2:])
+        values = torch.stack([self._one(flat[i], batch) for i in range(flat.shape[0])])
+        return values.reshape(logits.shape[:-1])
+
+    def _one(self, logits: Tensor, batch: TaskBatch) -> Tensor:
+        where = f"task metric {self.name!r}"
+        try:
+            out = self.fn(logits, batch)
+        except CircuitkitError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the researcher's function: any error it raises is theirs
+            first = (str(error).strip().splitlines() or [""])[0][:200]
+            raise CircuitkitError(f"{where}: raised {type(error).__name__}: {first}; expected metric(logits [pair, "
+                                  "vocab], batch) to return a tensor [pair].") from None
+        n = logits.shape[0]
+        if not isinstance(out, Tensor) or not out.is_floating_point() or tuple(out.shape) != (n,):
+            given = (f"a {tuple(out.shape)} {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__)
+            raise CircuitkitError(f"{where}: returned {given}; expected a floating tensor of shape ({n},), one value "
+                                  "per pair (not their mean).")
+        if logits.requires_grad and not out.requires_grad:
+            raise CircuitkitError(f"{where}: returned values that do not depend on the logits through autograd; "
+                                  "expected a differentiable function of them (no .item(), .detach(), .tolist() or "
+                                  "new tensors built from numbers): the circuit's ranking is its gradient.")
+        if not bool(torch.isfinite(out.detach()).all()):
+            raise CircuitkitError(f"{where}: returned non-finite values (NaN or infinity) for finite logits; "
+                                  "expected finite values for every pair (guard logs and divisions).")
+        return out
+
+
+def metric_label(metric: Any) -> str:
+    """How a task's metric is named in the answer and ``scores.json``."""
+    return metric.label if isinstance(metric, UserMetric) else metric
 
 
 ABLATIONS = ("corrupted", "mean", "zero")
@@ -307,39 +383,73 @@ def _tokenizer_of(adapter: Any) -> Any:
     return tokenizer
 
 
-def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...]) -> list[int]:
+BOS_RULES = {None: "auto", True: "yes", False: "no"}
+"""``prepend_bos`` as the report and ``scores.json`` name it."""
+
+
+def check_prepend_bos(where: str, value: Any) -> bool | None:
+    """``prepend_bos`` checked: None, True or False."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise validate.fail(f"{where}: prepend_bos", value, "None (the tokenizer's default), True or False")
+
+
+def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...], prepend_bos: bool | None) -> tuple[list[int], int]:
+    """The token ids the model gets for ``prompt`` and how many of them come before its text tokens."""
     if isinstance(prompt, tuple):
-        return list(prompt)
-    return [int(t) for t in _tokenizer_of(adapter)(prompt)["input_ids"]]
+        return list(prompt), 0
+    from circuitkit.models.tokenizer import default_tokenizer
+
+    tokenizer = _tokenizer_of(adapter)
+    text = [int(t) for t in tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+    if prepend_bos is False:
+        return text, 0
+    if prepend_bos is True:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        if not isinstance(bos, int):
+            raise CircuitkitError(
+                f"Task: given prepend_bos=True for a tokenizer without a BOS token ({type(tokenizer).__name__}); "
+                "expected a tokenizer that names one, or prepend_bos=None (its default) or False."
+            )
+        return [bos, *text], 1
+    ids = [int(t) for t in default_tokenizer(tokenizer)(prompt)["input_ids"]]
+    return ids, _text_start(ids, text)
+
+
+def _text_start(ids: list[int], text: list[int]) -> int:
+    """Where the text tokens ``text`` start inside ``ids`` (the special tokens the default rule adds come first;
+    0 where they cannot be found as one run: the marks are then read as given)."""
+    n = len(text)
+    return next((k for k in range(len(ids) - n + 1) if ids[k : k + n] == text), 0)
 
 
 def _encode_answer(adapter: Any, answer: str | int, where: str) -> int:
     if isinstance(answer, int):
         return answer
     ids = _tokenizer_of(adapter)(answer, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        raise CircuitkitError(
-            f"{where}: given {_short(answer)}, which the model's tokenizer splits into {len(ids)} tokens "
-            f"{list(ids)[:8]}; "
-            "expected one token. Choose a one-token answer (a leading space is part of it: ' Mary')."
-        )
-    return int(ids[0])
+    if not ids:
+        raise CircuitkitError(f"{where}: given {_short(answer)}, which the model's tokenizer writes as no token at "
+                              "all; expected an answer of at least one token.")
+    return int(ids[0])  # an answer of several tokens is scored by its first (module docstring)
 
 
-def tokenize(task: Task, adapter: Any) -> TaskBatch:
+def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskBatch:
     """``task`` as a :class:`TaskBatch` for ``adapter``'s model (module docstring), every id checked against the
-    vocabulary, clean and corrupted lengths equal per pair."""
+    vocabulary, clean and corrupted lengths equal per pair (counted as the model gets them)."""
+    prepend_bos = check_prepend_bos(f"task {task.name!r}", prepend_bos)
     spec = adapter.spec
     V = spec.d_vocab
-    clean, corrupted, answers, wrongs = [], [], [], []
+    clean, corrupted, answers, wrongs, prefix = [], [], [], [], []
     for i, pair in enumerate(task.pairs):
         where = f"task {task.name!r}: pair {i}"
-        c, k = _encode_prompt(adapter, pair.clean), _encode_prompt(adapter, pair.corrupted)
+        (c, start), (k, _) = (_encode_prompt(adapter, pair.clean, prepend_bos),
+                              _encode_prompt(adapter, pair.corrupted, prepend_bos))
         if len(c) != len(k):
             raise CircuitkitError(
-                f"{where}: the clean prompt is {len(c)} tokens and the corrupted prompt {len(k)}; expected the same "
-                f"token length (clean {_short(pair.clean)}, corrupted {_short(pair.corrupted)}). Corrupt with "
-                "substitutions of the same token length."
+                f"{where}: the clean prompt is {len(c)} tokens and the corrupted prompt {len(k)} (as the model gets "
+                f"them, BOS rule {BOS_RULES[prepend_bos]!r}); expected the same token length (clean "
+                f"{_short(pair.clean)}, corrupted {_short(pair.corrupted)}). Corrupt with substitutions of the same "
+                "token length."
             )
         if spec.n_ctx and len(c) > spec.n_ctx:
             raise validate.fail(f"{where}: prompt", f"{len(c)} tokens", f"at most the model's n_ctx {spec.n_ctx}")
@@ -353,16 +463,19 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
                     "(the model's vocabulary)."
                 )
         marks = task.marks[i] if task.marks else {}
-        beyond = {m: p for m, p in marks.items() if p >= len(c)}
+        beyond = {m: p for m, p in marks.items() if p + start >= len(c)}
         if beyond:
-            raise validate.fail(f"{where}: marks", beyond, f"token positions inside the {len(c)}-token clean prompt")
+            raise validate.fail(f"{where}: marks", beyond,
+                                f"token positions inside the clean prompt's {len(c) - start} text tokens")
         if set(a) & set(w):
             raise validate.fail(f"{where}: answer and wrong", (pair.answers, pair.wrongs),
-                                "different tokens (an answer that is also a wrong answer measures nothing)")
+                                "different first tokens (an answer is scored by its first token; one that is also "
+                                "a wrong answer's measures nothing)")
         clean.append(c)
         corrupted.append(k)
         answers.append(a)
         wrongs.append(w)
+        prefix.append(start)
     device = spec.device
     return TaskBatch(
         clean=_padded(clean).to(device),
@@ -372,6 +485,8 @@ def tokenize(task: Task, adapter: Any) -> TaskBatch:
         wrongs=_padded(wrongs).to(device),
         answer_mask=_padded([[1] * len(a) for a in answers]).bool().to(device),
         wrong_mask=_padded([[1] * len(w) for w in wrongs]).bool().to(device),
+        prefix=torch.tensor(prefix, dtype=torch.long, device=device),
+        rule=BOS_RULES[prepend_bos],
     )
 
 
@@ -388,4 +503,5 @@ def _short(prompt: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["ABLATIONS", "ALIASES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "as_pair", "tokenize"]
+__all__ = ["ABLATIONS", "ALIASES", "BOS_RULES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "UserMetric",
+           "as_pair", "check_prepend_bos", "metric_label", "tokenize"]

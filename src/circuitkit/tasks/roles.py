@@ -1,0 +1,90 @@
+"""IOI roles (Wang et al. 2022) read from a task scan's own figures: which of the node circuit's heads act as name
+movers, negative name movers, S-inhibition, duplicate-token, induction and previous-token heads.
+
+Why a module: the IOI paper names its circuit by roles, and a researcher reads a circuit that way. The roles here
+are rules over figures the scan measured, never new measurements; each rule says what it reads:
+
+- **name mover**: direct logit attribution ``> 0`` (the head writes the answer over the wrong name) and
+  ``io_attention > 0`` (from the last token it attends more to the indirect object than to the subject);
+- **negative name mover**: direct logit attribution ``< 0`` with ``io_attention > 0`` (attends to the indirect
+  object and writes against it);
+- **S-inhibition**: an edge of the edge circuit from the head into a name mover's query input (``X->L.H:q``): it
+  changes where the name mover looks (only where edges were measured);
+- **duplicate-token**, **induction**, **previous-token**: the head's registered pattern score on the task's clean
+  prompts (:mod:`circuitkit.detect`) is at least :data:`PATTERN_CALL`, the largest of the three; a head may hold
+  one of these and a name-mover role.
+
+Heads outside the node circuit get no role. A role no head meets is left out; the answer names the rule set once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from circuitkit.ranking import head_name
+
+PATTERN_CALL = 0.3
+"""A pattern score (the share of attention on the score's target positions, averaged over rows that have one) from
+which a circuit head is called by it: a third of its attention, well above a uniform head's share on prompts of
+15-20 tokens."""
+PATTERN_ROLES = (("duplicate_token", "duplicate-token"), ("induction", "induction"),
+                 ("previous_token", "previous-token"))
+ROLE_ORDER = ("name mover", "negative name mover", "S-inhibition", "duplicate-token", "induction", "previous-token")
+
+
+def ioi_roles(result: Any) -> dict[str, tuple[tuple[int, int], ...]] | None:
+    """Role -> the circuit's heads holding it (module docstring), in ``ROLE_ORDER``; None where the scan has no
+    ``io_attention`` score or no circuit (not an IOI task)."""
+    c = result.circuit
+    io = result.head_scores.get("io_attention")
+    if c is None or io is None:
+        return None
+    roles: dict[str, list[tuple[int, int]]] = {name: [] for name in ROLE_ORDER}
+    dla = result.dla
+    if dla is not None:
+        by_dla = sorted(c.heads, key=lambda h: -abs(float(dla[h])))
+        for h in by_dla:
+            if float(io[h]) > 0 and float(dla[h]) > 0:
+                roles["name mover"].append(h)
+            elif float(io[h]) > 0 and float(dla[h]) < 0:
+                roles["negative name mover"].append(h)
+    movers = {head_name(h) for h in roles["name mover"]}
+    for edge in c.edges:
+        sender, receiver = edge.split("->")
+        if receiver.endswith(":q") and receiver[:-2] in movers and "." in sender and not sender.startswith("m"):
+            layer, head = (int(x) for x in sender.split("."))
+            if (layer, head) in c.heads and (layer, head) not in roles["S-inhibition"]:
+                roles["S-inhibition"].append((layer, head))
+    for h in c.heads:
+        values = {role: float(result.pattern_scores[name][h]) for name, role in PATTERN_ROLES
+                  if name in result.pattern_scores}
+        if values:
+            role, value = max(values.items(), key=lambda kv: kv[1])
+            if value >= PATTERN_CALL:
+                roles[role].append(h)
+    return {name: tuple(heads) for name, heads in roles.items() if heads}
+
+
+def roles_line(result: Any) -> str | None:
+    """The answer's line naming the roles, with the figure each rule read; None without IOI roles."""
+    roles = ioi_roles(result)
+    if roles is None:
+        return None
+    if not roles:
+        return "IOI roles (Wang et al. 2022): no circuit head meets a role's rule."
+    parts = []
+    for role, heads in roles.items():
+        if role in ("name mover", "negative name mover"):
+            named = ", ".join(f"{head_name(h)} (DLA {float(result.dla[h]):+.2f}, io_attention "
+                              f"{float(result.head_scores['io_attention'][h]):+.2f})" for h in heads[:4])
+        elif role == "S-inhibition":
+            named = ", ".join(head_name(h) for h in heads[:4]) + " (edges into a name mover's query)"
+        else:
+            score = dict((r, n) for n, r in PATTERN_ROLES)[role]
+            named = ", ".join(f"{head_name(h)} ({float(result.pattern_scores[score][h]):.2f})" for h in heads[:4])
+        parts.append(f"{role}s {named}" if role.endswith("mover") else f"{role} heads {named}")
+    edges_note = "" if result.circuit.edges else "; S-inhibition needs edges, not measured here"
+    return "IOI roles (Wang et al. 2022, from this scan's figures): " + "; ".join(parts) + edges_note + "."
+
+
+__all__ = ["PATTERN_CALL", "ROLE_ORDER", "ioi_roles", "roles_line"]

@@ -1,0 +1,44 @@
+"""IOI roles as rules over a scan's figures (``circuitkit.tasks.roles``): each rule checked on figures set by hand,
+so that every role's boundary is exercised (a head just inside and one just outside it)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from circuitkit.tasks.roles import PATTERN_CALL, ioi_roles, roles_line
+
+
+def _scan(edges=("0.1->2.0:q", "0.2->2.0:k", "m0->2.0:q", "1.3->2.0:q")):
+    L, H = 3, 4
+    dla = torch.zeros(L, H)
+    io = torch.zeros(L, H)
+    dla[2, 0], io[2, 0] = 2.0, 0.4      # name mover
+    dla[2, 1], io[2, 1] = -1.0, 0.2     # negative name mover
+    dla[2, 2], io[2, 2] = 1.5, -0.1     # writes the answer but attends to the subject: no mover role
+    patterns = {name: torch.zeros(L, H) for name in ("duplicate_token", "induction", "previous_token")}
+    patterns["duplicate_token"][0, 1] = 0.6
+    patterns["induction"][1, 0] = PATTERN_CALL
+    patterns["previous_token"][1, 0] = PATTERN_CALL - 0.01
+    patterns["previous_token"][0, 0] = PATTERN_CALL - 0.01  # just below the call
+    circuit = SimpleNamespace(heads=((0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (2, 2)), edges=tuple(edges))
+    return SimpleNamespace(circuit=circuit, dla=dla, head_scores={"io_attention": io}, pattern_scores=patterns)
+
+
+def test_each_rule_on_hand_set_figures():
+    roles = ioi_roles(_scan())
+    assert roles == {"name mover": ((2, 0),), "negative name mover": ((2, 1),), "S-inhibition": ((0, 1),),
+                     "duplicate-token": ((0, 1),), "induction": ((1, 0),)}
+    # 0.2->2.0:k is a key edge, m0 an MLP, 1.3 outside the circuit: none is S-inhibition
+    line = roles_line(_scan())
+    assert "name movers 2.0 (DLA +2.00, io_attention +0.40)" in line and "negative name movers 2.1" in line
+    assert "S-inhibition heads 0.1" in line and "induction heads 1.0 (0.30)" in line
+
+
+def test_no_roles_without_io_attention_or_edges():
+    scan = _scan()
+    scan.head_scores = {}
+    assert ioi_roles(scan) is None and roles_line(scan) is None
+    no_edges = _scan(edges=())
+    assert "S-inhibition" not in ioi_roles(no_edges) and "S-inhibition needs edges" in roles_line(no_edges)

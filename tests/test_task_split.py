@@ -1,0 +1,141 @@
+"""Discovery and evaluation pairs: the circuit is searched on one set and measured on the other, checked against
+independent computations: a scan of the discovery pairs alone (no split) finds the same circuit with the same
+figures, and the held-out figures equal node patching of the evaluation pairs computed here, with a runner of
+their own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from circuitkit import CircuitkitError, zoo
+from circuitkit.models.adapters import adapt
+from circuitkit.tasks import Task, scan_task
+from circuitkit.tasks.graph import TaskRunner
+from circuitkit.tasks.scan import MIN_SPLIT_PAIRS, split_pairs
+from tests.test_tasks import copy_next_task
+
+EXACT = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.load()
+
+
+@pytest.fixture(scope="module")
+def task():
+    return copy_next_task(n=16, d_vocab=60, seed=2)
+
+
+def test_split_pairs_is_seeded_disjoint_and_complete():
+    found, held = split_pairs(16, 0.5, 0)
+    assert len(found) == 8 and len(held) == 8
+    assert sorted(found.tolist() + held.tolist()) == list(range(16))
+    again, _ = split_pairs(16, 0.5, 0)
+    other, _ = split_pairs(16, 0.5, 1)
+    assert torch.equal(found, again) and not torch.equal(found, other)
+    assert len(split_pairs(10, 0.25, 0)[1]) == 2 and split_pairs(MIN_SPLIT_PAIRS - 1, 0.5, 0)[1] is None
+    assert split_pairs(32, 0.0, 0)[1] is None
+
+
+def _figures_by_hand(model, pairs, heads_kept) -> tuple[float, float]:
+    """Faithfulness and necessity of a head set on ``pairs`` by node patching, with a runner of their own."""
+    adapter = adapt(model)
+    sub = Task.from_pairs(pairs)
+    runner = TaskRunner(adapter, sub.tokenize(adapter), "logit_diff", mlps=not adapter.attn_only,
+                        ablation="corrupted")
+    L, H = adapter.spec.n_layers, adapter.spec.n_heads
+    outside = torch.ones(L, H, dtype=torch.bool)
+    for layer, head in heads_kept:
+        outside[layer, head] = False
+    m_c, m_all, m_only = runner.node_metric(torch.stack([outside, torch.ones_like(outside), ~outside]), None).tolist()
+    clean = float(runner.clean["metric"].mean())
+    return (m_c - m_all) / (clean - m_all), clean - m_only
+
+
+def test_the_search_uses_the_discovery_pairs_and_the_evaluation_pairs_are_measured(model, task):
+    result = scan_task(model, task, edges=False, n_resamples=20)
+    found, held = split_pairs(task.n_pairs, 0.5, 0)
+    alone = scan_task(model, Task.from_pairs([task.pairs[i] for i in found.tolist()], name="copy-next"),
+                      edges=False, n_resamples=20, holdout=0)
+    c = result.circuit
+    assert c.heads == alone.circuit.heads
+    assert c.faithfulness == pytest.approx(alone.circuit.faithfulness, abs=EXACT)
+    assert [p.size for p in c.curve] == [p.size for p in alone.circuit.curve]
+    other = c.other_set
+    assert other["set"] == "evaluation" and other["pairs"] == len(held)
+    faith, necessity = _figures_by_hand(model, [task.pairs[i] for i in held.tolist()], c.heads)
+    assert other["faithfulness"] == pytest.approx(faith, abs=EXACT)
+    assert other["necessity"] == pytest.approx(necessity, abs=EXACT)
+    assert {p["size"] for p in other["curve"]} >= {p.size for p in c.curve}  # the curve on both sets
+    # every pair's metric, in the task's order, whichever set it went to
+    unsplit = scan_task(model, task, edges=False, n_resamples=20, holdout=0)
+    torch.testing.assert_close(result.clean, unsplit.clean, atol=EXACT, rtol=0)
+    assert "Held out: on the 8 evaluation pairs" in result.answer()
+    data = result.to_json()
+    assert data["settings"]["split"]["target_on"] == "discovery" and data["circuit"]["other_set"]["pairs"] == 8
+
+
+def test_the_target_can_apply_to_the_evaluation_pairs(model, task):
+    result = scan_task(model, task, edges=False, n_resamples=20, target=0.7, target_on="evaluation")
+    _, held = split_pairs(task.n_pairs, 0.5, 0)
+    c = result.circuit
+    faith, _ = _figures_by_hand(model, [task.pairs[i] for i in held.tolist()], c.heads)
+    assert c.faithfulness == pytest.approx(faith, abs=EXACT) and faith >= 0.7
+    assert c.other_set["set"] == "discovery"
+    assert result.settings["split"]["target_on"] == "evaluation"
+
+
+def test_few_pairs_are_not_split_and_the_answer_says_so(model):
+    result = scan_task(model, copy_next_task(n=6, d_vocab=60), edges=False, n_resamples=20)
+    assert result.circuit.other_set is None and "not split" in result.answer()
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"holdout": 1.0}, "holdout"), ({"holdout": -0.1}, "holdout"), ({"holdout": True}, "holdout"),
+    ({"target_on": "test"}, "target_on"), ({"split_seed": -1}, "split_seed"),
+])
+def test_bad_split_settings_are_refused(model, kwargs, needle):
+    with pytest.raises(CircuitkitError, match=needle):
+        scan_task(model, copy_next_task(n=8, d_vocab=60), **kwargs)
+
+
+def test_the_answer_explains_the_abbreviations_it_uses():
+    from circuitkit.handbuilt.induction import induction_circuit
+
+    result = scan_task(induction_circuit(10, 16).model, copy_next_task(n=12), target=0.9, n_resamples=20)
+    lines = result.answer().splitlines()
+    legend, body = lines[-1], "\n".join(lines[:-1])
+    assert legend.startswith("Legend: ") and "CPR" in body and "CPR = area under" in legend
+    assert "EAP-IG = edge attribution patching" in legend and "L.H = head H of layer L" in legend
+    assert "mN = the MLP" not in legend  # no MLP named in this answer
+    nodes_only = scan_task(induction_circuit(10, 16).model, copy_next_task(n=12), edges=False, n_resamples=20)
+    assert "CPR" not in nodes_only.legend() and "A->B" not in nodes_only.legend()
+
+
+def test_scan_and_the_cli_pass_the_split_through(tmp_path, capsys):
+    import json
+
+    import circuitkit as ck
+    from circuitkit import cli
+    from circuitkit.handbuilt.induction import induction_circuit
+
+    result = ck.scan(induction_circuit(10, 16).model, task=copy_next_task(n=12), holdout=0.25,
+                     target_on="evaluation")
+    assert result.settings["split"]["evaluation_pairs"] == 3 and result.settings["split"]["target_on"] == "evaluation"
+    with pytest.raises(CircuitkitError, match="holdout"):
+        ck.scan(None, holdout=0.5)
+    task = copy_next_task(n=8, d_vocab=60)
+    lines = [json.dumps({"clean": list(p.clean), "corrupted": list(p.corrupted), "answer": list(p.answers),
+                         "wrong": list(p.wrongs)}) for p in task.pairs]
+    path = tmp_path / "copy.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    assert cli.main(["scan", "--task", str(path), "--holdout", "0", "--resamples", "20", "--out", str(out)]) == 0
+    data = json.loads((out / "scores.json").read_text())
+    assert data["settings"]["split"]["evaluation_pairs"] == 0 and data["circuit"]["other_set"] is None
+    capsys.readouterr()
+    assert cli.main(["scan", "--holdout", "1", "--task", str(path), "--out", str(tmp_path / "b")]) == 2
+    assert cli.main(["scan", "--target-on", "evaluation", "--out", str(tmp_path / "i")]) == 2
+    assert "--target-on" in capsys.readouterr().err
