@@ -185,6 +185,10 @@ def induction_only(argv, check):
     return {"induction": (argv, check), "built-in task": (argv, REFUSED), "task file": (argv, REFUSED)}
 
 
+def tasks_only(argv, check):
+    return {"induction": (argv, REFUSED), "built-in task": (argv, check), "task file": (argv, check)}
+
+
 def _tokens(c: Calls):
     return c.induction["tokens"]
 
@@ -197,6 +201,10 @@ SCAN_TABLE = {
     "device": every(["--device", "cpu"],
                     lambda c, p: c.loaded["device"] == "cpu" and c.scan_kwargs["device"] == "cpu"),
     "dtype": every(["--dtype", "bfloat16"], lambda c, p: c.loaded["dtype"] == "bfloat16"),
+    "metric": tasks_only(["--metric", "prob_diff"], lambda c, p: c.task_kwargs["metric"] == "prob_diff"),
+    "holdout": tasks_only(["--holdout", "0.25"], lambda c, p: c.task_kwargs["holdout"] == 0.25),
+    "target_on": tasks_only(["--target-on", "evaluation"], lambda c, p: c.task_kwargs["target_on"] == "evaluation"),
+    "prepend_bos": tasks_only(["--prepend-bos", "yes"], lambda c, p: c.task_kwargs["prepend_bos"] is True),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),
     "block_len": induction_only(["--block-len", "7"], lambda c, p: _tokens(c).block_len == 7),

@@ -738,10 +738,7 @@ def scan(
                             circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
                             random_sets=random_sets, stability=stability)
     device = validate.device("scan: device", device)
-    dtype = validate.dtype("scan: dtype", dtype)
-    if dtype is not None and not (model is None or isinstance(model, (str, os.PathLike))):
-        raise validate.fail("scan: dtype", dtype, "None with a loaded model (it is scanned in its own dtype)",
-                            "Cast the model first, e.g. model.to(torch.bfloat16), or pass its name or path.")
+    dtype = _check_dtype(model, dtype)
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise validate.fail("scan: name", name, "a non-empty string")
@@ -761,13 +758,27 @@ def scan(
     _refuse_task_options(holdout=holdout, target_on=target_on, metric=metric, prepend_bos=prepend_bos)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens)
-    if isinstance(tokens, RepeatedTokens) or tokens is None:  # before any pass: refuse what cannot fit
-        spec_tokens = tokens or RepeatedTokens()
-        check_memory(session.adapter, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
-                     bos=spec_tokens.bos is not False, circuit=settings.circuit, device=device)
+    _check_batch_memory(session, settings, tokens, device)  # before any pass: refuse what cannot fit
     state = ScanState(session)
     stages = run_stages(state, settings, mode)
     return scan_result(state, settings, stages, name)
+
+
+def _check_dtype(model: Any, dtype: Any) -> torch.dtype | None:
+    """``dtype`` checked: a dtype to load a named model in; None with a loaded model (scanned in its own)."""
+    dtype = validate.dtype("scan: dtype", dtype)
+    if dtype is not None and not (model is None or isinstance(model, (str, os.PathLike))):
+        raise validate.fail("scan: dtype", dtype, "None with a loaded model (it is scanned in its own dtype)",
+                            "Cast the model first, e.g. model.to(torch.bfloat16), or pass its name or path.")
+    return dtype
+
+
+def _check_batch_memory(session: Session, settings: ScanSettings, tokens: Any, device: Any) -> None:
+    """:func:`~circuitkit.memory.check_memory` for a batch the scan builds from a spec (a built batch is there)."""
+    if isinstance(tokens, RepeatedTokens) or tokens is None:
+        spec_tokens = tokens or RepeatedTokens()
+        check_memory(session.adapter, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
+                     bos=spec_tokens.bos is not False, circuit=settings.circuit, device=device)
 
 
 def _load_named(model: Any, task: Any, *, device: Any, allow_download: bool, dtype: Any) -> Any:
