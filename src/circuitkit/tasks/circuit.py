@@ -194,7 +194,7 @@ def node_order(graph: Any, L: int, H: int, node_scores: Tensor, rank: str, mlp_n
     node circuit: by score, largest first (``rank``)."""
     nodes = [(layer, h) for layer in range(L) for h in range(H)] + ([(layer, None) for layer in range(L)]
                                                                      if mlp_nodes else [])
-    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes])
+    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes], device="cpu")
     return [nodes[i] for i in _order(scores, rank).tolist()]
 
 

@@ -429,8 +429,8 @@ def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | Non
     evaluation (rounded, at least one pair each side), the rest for discovery; no split (``None``) for ``holdout``
     0 or fewer than :data:`MIN_SPLIT_PAIRS` pairs."""
     if holdout == 0 or n < MIN_SPLIT_PAIRS:
-        return torch.arange(n), None
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        return torch.arange(n, device="cpu"), None
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed), device="cpu")
     k = min(n - 1, max(1, round(holdout * n)))
     return order[k:].sort().values, order[:k].sort().values
 
