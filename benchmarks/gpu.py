@@ -122,15 +122,10 @@ def pair_task(n: int, d_vocab: int, length: int = 16, seed: int = 0):
 
 
 # ---------------------------------------------------------------------------------------------------- sections
-def figures(document, path: str = "") -> dict[str, Any]:
-    if isinstance(document, dict):
-        return {k: v for key, value in document.items() for k, v in figures(value, f"{path}.{key}".lstrip(".")).items()}
-    if isinstance(document, list):
-        return {k: v for i, value in enumerate(document) for k, v in figures(value, f"{path}[{i}]").items()}
-    return {path: document}
-
-
 def compare(a: dict, b: dict) -> dict[str, Any]:
+    """How far the figures of document ``a`` are from ``b``'s (the GPU suite's flattening of ``to_json()``)."""
+    from tests.test_gpu import figures
+
     fa, fb = figures(a), figures(b)
     numbers = [(p, fa[p], fb[p]) for p in fb if p in fa and isinstance(fb[p], (int, float))
                and not isinstance(fb[p], bool) and isinstance(fa[p], (int, float)) and "seconds" not in p]
