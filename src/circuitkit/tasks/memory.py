@@ -169,8 +169,7 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
     its largest parts and the most pairs that fit by the same estimate."""
     def estimate(n: int) -> TaskMemoryEstimate:
         return estimate_task_memory(model, n, pos, steps=steps, mlps=mlps, edges=edges,
-                                    logit_positions=None if logit_positions is None else min(logit_positions, pos),
-                                    device=device)
+                                    logit_positions=logit_positions, device=device)
 
     found = estimate(n_pairs)
     adapter = _adapter(model, device)
