@@ -146,59 +146,11 @@ def gpu_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def cuda_rows() -> list[dict[str, Any]]:
-    """On a CUDA device: task scans of the GPU shapes at two pair counts each (peak ``max_memory_allocated`` minus
-    the weights against the estimate), then a scan of too many pairs, which must be refused before any pass, and a
-    scan of the pair count its message names, which must run within the memory that was free."""
-    import re
-
-    import gpu
-
-    import circuitkit as ck
-    from circuitkit import CircuitkitError
-
-    rows: list[dict[str, Any]] = []
-    for shape, dtype, pairs in (("1b", "bfloat16", 16), ("1b", "bfloat16", 64), ("1b", "float32", 32),
-                                ("8b", "bfloat16", 16), ("8b", "bfloat16", 48), ("8b", "bfloat16", 4096)):
-        gc.collect()
-        torch.cuda.empty_cache()
-        model = llama(gpu.SHAPES[shape], getattr(torch, dtype), device="cuda")
-        weights = torch.cuda.memory_allocated()
-        task = gpu.pair_task(pairs, gpu.SHAPES[shape]["vocab_size"])
-        row: dict[str, Any] = {"point": f"{shape} {dtype} {pairs} pairs", "free": torch.cuda.mem_get_info()[0]}
-        row["estimate"] = estimate_of(model, task).total
-        torch.cuda.reset_peak_memory_stats()
-        try:
-            ck.scan(model, task=task)
-        except CircuitkitError as error:
-            row["refused"] = str(error)
-            row["refused_passes_peak"] = torch.cuda.max_memory_allocated() - weights
-            fit = re.search(r"at most (\d+) pairs", str(error))
-            if fit:
-                task = gpu.pair_task(int(fit.group(1)), gpu.SHAPES[shape]["vocab_size"])
-                torch.cuda.reset_peak_memory_stats()
-                ck.scan(model, task=task)
-                row["suggested_pairs"] = int(fit.group(1))
-                row["suggested_estimate"] = estimate_of(model, task).total
-                row["suggested_measured"] = torch.cuda.max_memory_allocated() - weights
-        else:
-            row["measured"] = torch.cuda.max_memory_allocated() - weights
-            row["ratio"] = row["estimate"] / row["measured"]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del model
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--gpu-results", default=str(HERE / "results" / "gpu-h200.json"))
-    parser.add_argument("--cuda", action="store_true", help="measure the GPU shapes on this machine's GPU")
     args = parser.parse_args()
-    if args.cuda:
-        emit_json({"device": torch.cuda.get_device_name(), "rows": cuda_rows()}, args.json)
-        return
     rows = gpu_rows(Path(args.gpu_results)) if Path(args.gpu_results).exists() else []
     for name in CPU_POINTS:
         rss = run_child(__file__, "child_rss", timeout=1800, name=name)
