@@ -14,19 +14,20 @@ position where the model unembeds only there, else all ``P``); every count in by
 
 **Then the largest of these, one at a time** (``stage``)
 
-- reference run: the stacked sender outputs' copy ``U N P d e`` and its logits ``N K V (e + 8)``;
+- reference run: the stacked sender outputs' copy ``U N P d e`` and its logits, ``N V (K e + 8)`` (``K``
+  positions in the model's dtype, each pair's last one in float32 for the metric);
 - EAP-IG pass (``S`` copies of the pairs, forward and backward with gradients at every receiver): the inputs
   ``S N P d e``; per copy, token and layer what autograd keeps and the backward adds (fitted to the profiled
   allocations of this engine: norms in float32, q/k/v, attention scores, the MLP's four ``m``-wide tensors),
-  ``S N P L ((4 d + (H + 2G) d_head + 4.5 m + 3 H P) e + 8 d)``; logits and their gradient ``2 S N K V (e + 4)``;
+  ``S N P L ((4 d + (H + 2G) d_head + 4.5 m + 3 H P) e + 8 d)``; logits and their gradient ``2 S N V (K e + 4)``;
 - EAP-IG pull-back: the float32 difference of the runs' sender outputs ``4 U N P d``, the receivers' leaves and
   gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e``, and a layer's query cotangents pulled back through the
   attention norm, ``[H, S N, P, d]`` float32 with the norm's own buffers, ``32 H S N P d``;
 - edge patching (``C`` stacked copies: as many as :data:`~circuitkit.tasks.graph.SENDER_BUDGET` allows, at most 32
   and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
   delta ``C U N P d e``, each layer's summed q/k/v patch ``C L (H + 2G) N P d e``, a layer's rebuilt query inputs
-  through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N K V (e + 8)``;
-- node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N K V (e + 8)``.
+  through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
+- node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``.
 
 The estimate is ``MARGIN * (resident + the largest stage)``. :data:`MARGIN` covers what the closed form leaves out
 (the allocator's rounding and caching, the model's own temporaries); measured figures and their ratios to this
@@ -145,18 +146,18 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         "sender outputs": 2 * N * P * (U * d + L * (H * dh + mlp_out)) * e,
     }
     stages = {
-        "reference run": U * N * P * d * e + N * K * V * (e + 2 * F),
+        "reference run": U * N * P * d * e + N * V * (K * e + 2 * F),
         "EAP-IG pass": S * N * P * d * e
         + S * N * P * L * ((4 * d + (H + 2 * G) * dh + 3 * H * P) * e + (9 * m * e) // 2 + 2 * d * F)
-        + 2 * S * N * K * V * (e + F),
+        + 2 * S * N * V * (K * e + F),
         "EAP-IG pull-back": F * U * N * P * d + 2 * S * N * P * (L * ((H + 2 * G) * dh + d) + d) * e
         + 8 * F * H * S * N * P * d,
-        "node patching": N * P * (3 * m + 4 * d + 3 * H * P) * e + N * K * V * (e + 2 * F),
+        "node patching": N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F),
     }
     if edges:
         C = max(1, min(MAX_COPIES, MAX_SETS, SENDER_BUDGET // max(1, N * P * d * F * U)))
         stages["edge patching"] = C * N * P * ((U + L * (H + 2 * G)) * d * e + 3 * F * H * d + (11 * m * e) // 10) \
-            + C * N * K * V * (e + 2 * F)
+            + C * N * V * (K * e + 2 * F)
     return TaskMemoryEstimate(n_pairs=N, pos=P, steps=S, resident=resident, stages=stages)
 
 
