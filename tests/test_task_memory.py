@@ -125,3 +125,21 @@ def test_bad_arguments_are_one_line(model, field, value):
         check_task_memory(model, args.pop("n_pairs"), args.pop("pos"), **args)
     message = str(info.value)
     assert "\n" not in message and (field in message or "available" in message)
+
+
+def test_the_message_names_fewer_steps_or_no_edge_circuit_only_where_that_fits_every_pair(model):
+    n, pos = 20, 12
+    no_edges = plan(model, n, pos, edges=False).total
+    assert no_edges < plan(model, n, pos).total  # here the edge passes are the peak
+    with pytest.raises(CircuitkitError) as info:
+        check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=no_edges)
+    message = str(info.value)
+    assert "keep them all with edges=False (--quick)" in message and "steps=" not in message
+    two_steps = plan(model, n, pos, steps=2, edges=False)
+    assert two_steps.stage.startswith("EAP-IG") and two_steps.total < no_edges  # steps count without edges
+    with pytest.raises(CircuitkitError) as info:
+        check_task_memory(model, n, pos, steps=3, mlps=True, edges=False, available=two_steps.total)
+    assert "keep them all with steps=2." in str(info.value)
+    with pytest.raises(CircuitkitError) as info:  # no setting keeps every pair: none is offered
+        check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=plan(model, 5, pos).total)
+    assert "keep them all" not in str(info.value) and "Use at most 5 pairs" in str(info.value)

@@ -169,10 +169,12 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
     """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
     exceeds the memory free on the model's device (``available`` bytes when given, else
     :func:`~circuitkit.device_memory.available_memory`); else return the estimate. The message names the estimate,
-    its largest parts and the most pairs that fit by the same estimate."""
-    def estimate(n: int) -> TaskMemoryEstimate:
-        return estimate_task_memory(model, n, pos, steps=steps, mlps=mlps, edges=edges,
-                                    logit_positions=logit_positions, device=device)
+    its largest parts, the most pairs that fit by the same estimate, and the fewer EAP-IG steps or the skipped edge
+    circuit that would let every pair fit, where one would."""
+    def estimate(n: int, **change: Any) -> TaskMemoryEstimate:
+        options = {"steps": steps, "edges": edges, **change}
+        return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions, device=device,
+                                    **options)
 
     found = estimate(n_pairs)
     adapter = _adapter(model, device)
@@ -189,9 +191,13 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
             low = mid
         else:
             high = mid
+    # the other settings that would let every pair fit, where one does
+    others = [f"steps={k}" for k in range(found.steps - 1, 0, -1) if estimate(n_pairs, steps=k).total <= available][:1]
+    if edges and estimate(n_pairs, edges=False).total <= available:
+        others.append("edges=False (--quick)")
+    alternatives = f", or keep them all with {' or '.join(others)}" if others else ""
     if low >= 1:
-        fix = (f"Use at most {low} pairs (split the task into parts of {low}), or fewer EAP-IG steps (steps=), or "
-               "no edge circuit (edges=False, --quick).")
+        fix = f"Use at most {low} pairs (split the task into parts of {low}){alternatives}."
     else:
         fix = (f"Even one pair needs {size_text(estimate(1).total)}: use shorter prompts, fewer EAP-IG steps "
                "(steps=), no edge circuit (edges=False, --quick), or a device with more memory.")
