@@ -80,15 +80,20 @@ def build(name: str):
     return model, pair_task(pairs, d_vocab, tokens), pair_task(2, d_vocab, tokens, seed=1)
 
 
-def estimate_of(model, task) -> Any:
+def estimate_of(model, task, *, split: bool = True) -> Any:
+    """The estimate for ``ck.scan(model, task=task)``: its default held-out split (``split``), logits where the
+    model computes them."""
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks.memory import estimate_task_memory, logit_positions
+    from circuitkit.tasks.scan import DEFAULT_HOLDOUT, split_pairs
 
     adapter = adapt(model, place_model=False)
     batch = task.tokenize(adapter)
     # on the meta device the ids have no values: gpu.pair_task's prompts all end at the last position
     last = torch.full((batch.n_pairs,), batch.pos - 1) if batch.last.is_meta else batch.last
+    held = split_pairs(batch.n_pairs, DEFAULT_HOLDOUT, 0)[1] if split else None
     return estimate_task_memory(adapter, batch.n_pairs, batch.pos, steps=3, mlps=not adapter.attn_only, edges=True,
+                                evaluation_pairs=0 if held is None else len(held),
                                 logit_positions=logit_positions(adapter, last, batch.pos))
 
 
@@ -139,7 +144,7 @@ def gpu_rows(path: Path) -> list[dict[str, Any]]:
             section = section[key]
         model = llama(gpu.SHAPES[shape], getattr(torch, dtype), device="meta")  # shapes only: nothing allocated
         task = gpu.pair_task(section["task_scan"]["pairs"], gpu.SHAPES[shape]["vocab_size"])
-        est = estimate_of(model, task)
+        est = estimate_of(model, task, split=False)  # that run's code had no held-out split
         measured = (section["task_scan"]["peak_gib"] - section["weights_gib"]) * 2**30
         rows.append({"point": name, "measured": measured, "estimate": est.total, "stage": est.stage,
                      "ratio": est.total / measured, "kind": f"{document['device']}: max_memory_allocated - weights"})

@@ -143,3 +143,41 @@ def test_the_message_names_fewer_steps_or_no_edge_circuit_only_where_that_fits_e
     with pytest.raises(CircuitkitError) as info:  # no setting keeps every pair: none is offered
         check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=plan(model, 5, pos).total)
     assert "keep them all" not in str(info.value) and "Use at most 5 pairs" in str(info.value)
+
+
+def test_held_out_pairs_attribution_on_the_others_their_outputs_beside(model):
+    split, discovery = plan(model, 12, 9, evaluation_pairs=4), plan(model, 8, 9)
+    for name in ("EAP-IG pass", "EAP-IG pull-back", "edge patching"):
+        assert split.stages[name] == discovery.stages[name], name
+    assert split.resident == discovery.resident
+    held_outputs = plan(model, 4, 9).resident["sender outputs"]
+    assert split.stages["held-out passes"] > held_outputs and "held-out passes" not in discovery.stages
+    with pytest.raises(CircuitkitError, match="evaluation_pairs"):
+        plan(model, 12, 9, evaluation_pairs=12)
+
+
+class FirstPass(Exception):
+    pass
+
+
+def test_scan_task_counts_its_held_out_split(monkeypatch):
+    """12 pairs: 6 held out by default. The check must use that split (with none, the same memory is refused)."""
+    model = boot_bridge(attn_only=False, n_layers=L, n_heads=H, n_key_value_heads=G, d_model=D, d_head=DH,
+                        d_vocab=V, seed=3)
+    task = Task.from_pairs(toy_pairs(12), name="toy")
+    adapter = adapt(model)
+    batch = task.tokenize(adapter)
+    K = logit_positions(adapter, batch.last, batch.pos)
+    split = plan(model, 12, batch.pos, evaluation_pairs=6, logit_positions=K).total
+    assert plan(model, 12, batch.pos, logit_positions=K).total > split
+
+    def stop(self, *args, **kwargs):
+        raise FirstPass
+
+    monkeypatch.setattr(type(adapter), "run", stop)
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: split)
+    with pytest.raises(FirstPass):  # the check let it through: the first pass was reached
+        scan_task(model, task)
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: split - 1)
+    with pytest.raises(CircuitkitError, match="given 12 pairs"):
+        scan_task(model, task)

@@ -29,6 +29,11 @@ position where the model unembeds only there, else all ``P``); every count in by
   through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
 - node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``.
 
+With ``N_e`` of the pairs held out for evaluation, ``N`` above is the others (attribution runs on them), and one
+stage more counts: the held-out runner's own outputs ``2 N_e P (U d + L (H d_head + d)) e`` beside the first's,
+plus the largest of its reference run and the patching passes on either set after the search (node patching with
+as many stacked circuits as ``SENDER_BUDGET`` allows, at most 32; edge patching as above), on ``max(N, N_e)`` pairs.
+
 The estimate is ``MARGIN * (resident + the largest stage)``. :data:`MARGIN` covers what the closed form leaves out
 (the allocator's rounding and caching, the model's own temporaries); measured figures and their ratios to this
 estimate are in ``benchmarks/README.md``. The weights are not counted: the check compares with the memory free now,
@@ -122,16 +127,20 @@ def logit_positions(adapter: Any, last: torch.Tensor, pos: int) -> int:
 
 
 def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
-                         logit_positions: int | None = None, device: Any = None) -> TaskMemoryEstimate:
+                         evaluation_pairs: int = 0, logit_positions: int | None = None,
+                         device: Any = None) -> TaskMemoryEstimate:
     """The estimated peak memory of :func:`~circuitkit.tasks.scan_task` on ``model`` (a model or a
     ``ModelAdapter``) for ``n_pairs`` pairs of ``pos`` tokens (module docstring): ``steps`` EAP-IG points, MLPs as
-    graph nodes (``mlps``), the edge circuit measured (``edges``), logits at ``logit_positions`` positions (None:
-    all ``pos``). Python ints throughout: no overflow for any size."""
+    graph nodes (``mlps``), the edge circuit measured (``edges``), ``evaluation_pairs`` of the pairs held out
+    (attribution runs on the others), logits at ``logit_positions`` positions (None: all ``pos``). Python ints
+    throughout: no overflow for any size."""
     n_pairs = validate.positive_int("estimate_task_memory: n_pairs", n_pairs)
     pos = validate.positive_int("estimate_task_memory: pos", pos)
     steps = validate.integer("estimate_task_memory: steps", steps, minimum=1, maximum=MAX_STEPS)
     mlps = validate.boolean("estimate_task_memory: mlps", mlps)
     edges = validate.boolean("estimate_task_memory: edges", edges)
+    held = validate.integer("estimate_task_memory: evaluation_pairs", evaluation_pairs, minimum=0,
+                            maximum=n_pairs - 1)
     K = pos if logit_positions is None else validate.integer(
         "estimate_task_memory: logit_positions", logit_positions, minimum=1, maximum=pos)
     adapter = _adapter(model, device)
@@ -140,43 +149,60 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     m = _d_mlp(adapter)
     e = _element_bytes(adapter.model)
     F = FLOAT_BYTES
-    N, P, S = n_pairs, pos, steps
+    P, S = pos, steps
     U = 1 + L * H + (L if mlps else 0)
     mlp_out = d if m else 0
-    resident = {
-        "head weights": F * L * d * dh * (2 * H + 2 * G),
-        "sender outputs": 2 * N * P * (U * d + L * (H * dh + mlp_out)) * e,
-    }
+
+    def outputs(N: int) -> int:
+        return 2 * N * P * (U * d + L * (H * dh + mlp_out)) * e
+
+    def reference(N: int) -> int:
+        return U * N * P * d * e + N * V * (K * e + 2 * F)
+
+    def node_patching(N: int, copies: int) -> int:
+        return copies * (N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F))
+
+    def edge_patching(N: int) -> int:
+        C = max(1, min(MAX_COPIES, MAX_SETS, SENDER_BUDGET // max(1, N * P * d * F * U)))
+        return C * N * P * ((U + L * (H + 2 * G)) * d * e + 3 * F * H * d + (11 * m * e) // 10) \
+            + C * N * V * (K * e + 2 * F)
+
+    N = n_pairs - held  # the pairs attribution runs on
+    resident = {"head weights": F * L * d * dh * (2 * H + 2 * G), "sender outputs": outputs(N)}
     stages = {
-        "reference run": U * N * P * d * e + N * V * (K * e + 2 * F),
+        "reference run": reference(N),
         "EAP-IG pass": S * N * P * d * e
         + S * N * P * L * ((4 * d + (H + 2 * G) * dh + 3 * H * P) * e + (9 * m * e) // 2 + 2 * d * F)
         + 2 * S * N * V * (K * e + F),
         "EAP-IG pull-back": F * U * N * P * d + 2 * S * N * P * (L * ((H + 2 * G) * dh + d) + d) * e
         + 8 * F * H * S * N * P * d,
-        "node patching": N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F),
+        "node patching": node_patching(N, 1),
     }
     if edges:
-        C = max(1, min(MAX_COPIES, MAX_SETS, SENDER_BUDGET // max(1, N * P * d * F * U)))
-        stages["edge patching"] = C * N * P * ((U + L * (H + 2 * G)) * d * e + 3 * F * H * d + (11 * m * e) // 10) \
-            + C * N * V * (K * e + 2 * F)
-    return TaskMemoryEstimate(n_pairs=N, pos=P, steps=S, resident=resident, stages=stages)
+        stages["edge patching"] = edge_patching(N)
+    if held:  # the held-out runner's own outputs, beside the first's, and the passes on either set after the search
+        most = max(N, held)
+        copies = max(1, min(MAX_COPIES, SENDER_BUDGET // max(1, most * P * d * F)))
+        stages["held-out passes"] = outputs(held) + max(reference(held), node_patching(most, copies),
+                                                         edge_patching(most) if edges else 0)
+    return TaskMemoryEstimate(n_pairs=n_pairs, pos=P, steps=S, resident=resident, stages=stages)
 
 
 def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
-                      logit_positions: int | None = None, device: Any = None, available: int | None = None,
-                      where: str = "scan_task") -> TaskMemoryEstimate:
+                      evaluation_pairs: int = 0, logit_positions: int | None = None, device: Any = None,
+                      available: int | None = None, where: str = "scan_task") -> TaskMemoryEstimate:
     """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
     exceeds the memory free on the model's device (``available`` bytes when given, else
     :func:`~circuitkit.device_memory.available_memory`); else return the estimate. The message names the estimate,
     its largest parts, the most pairs that fit by the same estimate, and the fewer EAP-IG steps or the skipped edge
-    circuit that would let every pair fit, where one would."""
+    circuit that would let every pair fit, where one would. The pairs that fit are counted without a held-out
+    split (attribution on all of them: the larger estimate), so they fit whatever split a rerun draws."""
     def estimate(n: int, **change: Any) -> TaskMemoryEstimate:
-        options = {"steps": steps, "edges": edges, **change}
+        options = {"steps": steps, "edges": edges, "evaluation_pairs": 0, **change}
         return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions, device=device,
                                     **options)
 
-    found = estimate(n_pairs)
+    found = estimate(n_pairs, evaluation_pairs=evaluation_pairs)
     adapter = _adapter(model, device)
     if available is None:
         available = available_memory(adapter.spec.device)
@@ -192,12 +218,14 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
         else:
             high = mid
     # the other settings that would let every pair fit, where one does
-    others = [f"steps={k}" for k in range(found.steps - 1, 0, -1) if estimate(n_pairs, steps=k).total <= available][:1]
-    if edges and estimate(n_pairs, edges=False).total <= available:
+    held = {"evaluation_pairs": evaluation_pairs}
+    others = [f"steps={k}" for k in range(found.steps - 1, 0, -1)
+              if estimate(n_pairs, steps=k, **held).total <= available][:1]
+    if edges and estimate(n_pairs, edges=False, **held).total <= available:
         others.append("edges=False (--quick)")
     alternatives = f", or keep them all with {' or '.join(others)}" if others else ""
     if low >= 1:
-        fix = f"Use at most {low} pairs (split the task into parts of {low}){alternatives}."
+        fix = f"Use at most {low} pairs (run the task in parts of {low}){alternatives}."
     else:
         fix = (f"Even one pair needs {size_text(estimate(1).total)}: use shorter prompts, fewer EAP-IG steps "
                "(steps=), no edge circuit (edges=False, --quick), or a device with more memory.")

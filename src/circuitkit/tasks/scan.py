@@ -331,6 +331,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     split = evaluation_index is not None
     check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
                       edges=edges and bool(adapter.additive_heads),
+                      evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                       logit_positions=logit_positions(adapter, batch.last, batch.pos))
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation)
