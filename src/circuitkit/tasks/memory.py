@@ -58,7 +58,7 @@ from circuitkit.tasks.graph import SENDER_BUDGET
 MARGIN = 1.35
 """The sum of the parts times this is the estimate. Measured (``benchmarks/README.md``, ``benchmarks/task_memory.py``):
 the peak was 1.11 to 1.15 times the sum on an H200 (``max_memory_allocated`` less the weights; Llama-3.2-1B and
-3.1-8B shapes, float32 and bfloat16) and 0.80 to 1.30 times it on a CPU (the rise of the peak resident set, and
+3.1-8B shapes, float32 and bfloat16) and 0.77 to 1.30 times it on a CPU (the rise of the peak resident set, and
 the live tensors' peak; three small shapes, the largest ratio a bfloat16 model's resident set)."""
 FIXED = 128 * 2**20
 """Added to the estimate: allocator and library buffers that do not grow with the scan (on the CPU the resident
