@@ -29,6 +29,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
+from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.task import Task, check_prepend_bos
 
@@ -328,6 +329,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     batch = task.tokenize(adapter, check_prepend_bos("scan_task", prepend_bos))
     discovery_index, evaluation_index = split_pairs(task.n_pairs, holdout, split_seed)
     split = evaluation_index is not None
+    check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
+                      edges=edges and bool(adapter.additive_heads),
+                      evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
+                      logit_positions=logit_positions(adapter, batch.last, batch.pos))
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation)
     runner.pattern_masks = registered_pattern_masks(found)

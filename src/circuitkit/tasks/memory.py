@@ -1,0 +1,239 @@
+"""A memory plan for task scans: refuse, before any pass, a scan whose estimated peak exceeds the device's free memory.
+
+The task engine (:class:`~circuitkit.tasks.graph.TaskRunner`) holds, with ``N`` pairs of ``P`` tokens, ``L``
+layers, ``H`` query heads, ``G`` key/value heads of width ``d_head``, ``d`` = d_model, ``m`` = d_mlp (0 without
+MLPs), ``V`` = d_vocab, ``S`` = EAP-IG steps, ``U = 1 + L H (+ L with MLP nodes)`` senders, ``e`` the model's bytes
+per element (4 float32, 2 bfloat16/float16), ``K`` the positions whose logits a pass computes (each prompt's last
+position where the model unembeds only there, else all ``P``); every count in bytes:
+
+**Held from the first pass to the last** (``resident``)
+
+- head weights: the float32 copy of ``W_Q, W_K, W_V, W_O`` the runner makes, ``4 L d d_head (2H + 2G)``;
+- the two reference runs (clean, corrupted): every sender's output ``[U, N, P, d]`` and each layer's ``z`` and MLP
+  output, ``2 N P (U d + L (H d_head + d)) e``.
+
+**Then the largest of these, one at a time** (``stage``)
+
+- reference run: the stacked sender outputs' copy ``U N P d e`` and its logits, ``N V (K e + 8)`` (``K``
+  positions in the model's dtype, each pair's last one in float32 for the metric);
+- EAP-IG pass (``S`` copies of the pairs, forward and backward with gradients at every receiver): the inputs
+  ``S N P d e``; per copy, token and layer what autograd keeps and the backward adds (fitted to the profiled
+  allocations of this engine: norms in float32, q/k/v, attention scores, the MLP's four ``m``-wide tensors),
+  ``S N P L ((4 d + (H + 2G) d_head + 4.5 m + 3 H P) e + 8 d)``; logits and their gradient ``2 S N V (K e + 4)``;
+- EAP-IG pull-back: the float32 difference of the runs' sender outputs ``4 U N P d``, the receivers' leaves and
+  gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e``, and a layer's query cotangents pulled back through the
+  attention norm, ``[H, S N, P, d]`` float32 with the norm's own buffers, ``32 H S N P d``;
+- edge patching (``C`` stacked copies: as many as :data:`~circuitkit.tasks.graph.SENDER_BUDGET` allows, at most 32
+  and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
+  delta ``C U N P d e``, each layer's summed q/k/v patch ``C L (H + 2G) N P d e``, a layer's rebuilt query inputs
+  through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
+- node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``.
+
+With ``N_e`` of the pairs held out for evaluation, ``N`` above is the others (attribution runs on them), and one
+stage more counts: the held-out runner's own outputs ``2 N_e P (U d + L (H d_head + d)) e`` beside the first's,
+plus the largest of its reference run and the patching passes on either set after the search (node patching with
+as many stacked circuits as ``SENDER_BUDGET`` allows, at most 32; edge patching as above), on ``max(N, N_e)`` pairs.
+
+The estimate is ``MARGIN * (resident + the largest stage) + FIXED``. :data:`MARGIN` and :data:`FIXED` cover what
+the closed form leaves out (the allocator's rounding and caching, the model's own temporaries, library buffers);
+measured figures and their ratios to this estimate are in ``benchmarks/README.md``. The weights are not counted:
+the check compares with the memory free now, after they were loaded. :func:`check_task_memory` raises one
+:class:`~circuitkit.CircuitkitError` line naming the estimate, its largest parts and a number of pairs that fits
+(found by bisection on the same estimate, which never falls as pairs are added).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from circuitkit import validate
+from circuitkit.device_memory import available_memory, size_text
+from circuitkit.errors import CircuitkitError
+from circuitkit.tasks.circuit import EDGE_FRACTIONS, N_EXACT_EDGES
+from circuitkit.tasks.graph import SENDER_BUDGET
+
+MARGIN = 1.35
+"""The sum of the parts times this is the estimate. Measured (``benchmarks/README.md``, ``benchmarks/task_memory.py``):
+the peak was 1.11 to 1.15 times the sum on an H200 (``max_memory_allocated`` less the weights; Llama-3.2-1B and
+3.1-8B shapes, float32 and bfloat16) and 0.77 to 1.30 times it on a CPU (the rise of the peak resident set, and
+the live tensors' peak; three small shapes, the largest ratio a bfloat16 model's resident set)."""
+FIXED = 128 * 2**20
+"""Added to the estimate: allocator and library buffers that do not grow with the scan (on the CPU the resident
+set rose 40 to 230 MiB above the live tensors' peak, a share that matters only for small scans)."""
+FLOAT_BYTES = 4
+MAX_COPIES = 32
+"""Most stacked copies of the pairs in one patching pass (as ``TaskRunner._copies_per_pass``)."""
+MAX_SETS = max(len(EDGE_FRACTIONS), N_EXACT_EDGES)
+"""Most circuits one call of the edge search measures together (the curve, or the single-edge effects)."""
+MAX_STEPS = 64
+
+__all__ = ["FIXED", "MARGIN", "TaskMemoryEstimate", "check_task_memory", "estimate_task_memory"]
+
+
+@dataclass(frozen=True)
+class TaskMemoryEstimate:
+    """A task scan's estimated peak, in bytes: ``resident`` parts (held throughout) and ``stages`` (the largest
+    counts), by name (module docstring); ``total`` = :data:`MARGIN` times their sum plus :data:`FIXED`."""
+
+    n_pairs: int
+    pos: int
+    steps: int
+    resident: dict[str, int]
+    stages: dict[str, int]
+
+    @property
+    def stage(self) -> str:
+        """The stage at the peak."""
+        return max(self.stages, key=lambda k: self.stages[k])
+
+    @property
+    def total(self) -> int:
+        return int(MARGIN * (sum(self.resident.values()) + self.stages[self.stage])) + FIXED
+
+    def parts(self) -> str:
+        named = {**self.resident, self.stage: self.stages[self.stage]}
+        ranked = sorted(((v, k) for k, v in named.items() if v), reverse=True)
+        return ", ".join(f"{k} {size_text(v)}" for v, k in ranked[:3])
+
+
+def _adapter(model: Any, device: Any = None) -> Any:
+    from circuitkit.models.adapters import ModelAdapter, adapt
+
+    return model if isinstance(model, ModelAdapter) else adapt(model, device, place_model=False)
+
+
+def _element_bytes(model: Any) -> int:
+    """Bytes per element of the model's floating parameters (float32 where it has none)."""
+    parameters = getattr(model, "parameters", None)
+    if callable(parameters):
+        for p in parameters():
+            if p.is_floating_point():
+                return p.element_size()
+    return FLOAT_BYTES
+
+
+def _d_mlp(adapter: Any) -> int:
+    if adapter.attn_only:
+        return 0
+    value = getattr(adapter.model.cfg, "d_mlp", None)
+    return int(value) if isinstance(value, int) and value > 0 else 4 * adapter.spec.d_model
+
+
+def logit_positions(adapter: Any, last: torch.Tensor, pos: int) -> int:
+    """How many positions' logits a pass of the task computes: the distinct last positions ``last`` where the model
+    unembeds only there (Hugging Face causal LMs), else all ``pos``."""
+    positions = torch.unique(last.detach().cpu())
+    return len(positions) if adapter._keep_kwargs(positions) else pos
+
+
+def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
+                         evaluation_pairs: int = 0, logit_positions: int | None = None,
+                         device: Any = None) -> TaskMemoryEstimate:
+    """The estimated peak memory of :func:`~circuitkit.tasks.scan_task` on ``model`` (a model or a
+    ``ModelAdapter``) for ``n_pairs`` pairs of ``pos`` tokens (module docstring): ``steps`` EAP-IG points, MLPs as
+    graph nodes (``mlps``), the edge circuit measured (``edges``), ``evaluation_pairs`` of the pairs held out
+    (attribution runs on the others), logits at ``logit_positions`` positions (None: all ``pos``). Python ints
+    throughout: no overflow for any size."""
+    n_pairs = validate.positive_int("estimate_task_memory: n_pairs", n_pairs)
+    pos = validate.positive_int("estimate_task_memory: pos", pos)
+    steps = validate.integer("estimate_task_memory: steps", steps, minimum=1, maximum=MAX_STEPS)
+    mlps = validate.boolean("estimate_task_memory: mlps", mlps)
+    edges = validate.boolean("estimate_task_memory: edges", edges)
+    held = validate.integer("estimate_task_memory: evaluation_pairs", evaluation_pairs, minimum=0,
+                            maximum=n_pairs - 1)
+    K = pos if logit_positions is None else validate.integer(
+        "estimate_task_memory: logit_positions", logit_positions, minimum=1, maximum=pos)
+    adapter = _adapter(model, device)
+    spec = adapter.spec
+    L, H, G, d, dh, V = spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_model, spec.d_head, spec.d_vocab
+    m = _d_mlp(adapter)
+    e = _element_bytes(adapter.model)
+    F = FLOAT_BYTES
+    P, S = pos, steps
+    U = 1 + L * H + (L if mlps else 0)
+    mlp_out = d if m else 0
+
+    def outputs(N: int) -> int:
+        return 2 * N * P * (U * d + L * (H * dh + mlp_out)) * e
+
+    def reference(N: int) -> int:
+        return U * N * P * d * e + N * V * (K * e + 2 * F)
+
+    def node_patching(N: int, copies: int) -> int:
+        return copies * (N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F))
+
+    def edge_patching(N: int) -> int:
+        C = max(1, min(MAX_COPIES, MAX_SETS, SENDER_BUDGET // max(1, N * P * d * F * U)))
+        return C * N * P * ((U + L * (H + 2 * G)) * d * e + 3 * F * H * d + (11 * m * e) // 10) \
+            + C * N * V * (K * e + 2 * F)
+
+    N = n_pairs - held  # the pairs attribution runs on
+    resident = {"head weights": F * L * d * dh * (2 * H + 2 * G), "sender outputs": outputs(N)}
+    stages = {
+        "reference run": reference(N),
+        "EAP-IG pass": S * N * P * d * e
+        + S * N * P * L * ((4 * d + (H + 2 * G) * dh + 3 * H * P) * e + (9 * m * e) // 2 + 2 * d * F)
+        + 2 * S * N * V * (K * e + F),
+        "EAP-IG pull-back": F * U * N * P * d + 2 * S * N * P * (L * ((H + 2 * G) * dh + d) + d) * e
+        + 8 * F * H * S * N * P * d,
+        "node patching": node_patching(N, 1),
+    }
+    if edges:
+        stages["edge patching"] = edge_patching(N)
+    if held:  # the held-out runner's own outputs, beside the first's, and the passes on either set after the search
+        most = max(N, held)
+        copies = max(1, min(MAX_COPIES, SENDER_BUDGET // max(1, most * P * d * F)))
+        stages["held-out passes"] = outputs(held) + max(reference(held), node_patching(most, copies),
+                                                         edge_patching(most) if edges else 0)
+    return TaskMemoryEstimate(n_pairs=n_pairs, pos=P, steps=S, resident=resident, stages=stages)
+
+
+def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
+                      evaluation_pairs: int = 0, logit_positions: int | None = None, device: Any = None,
+                      available: int | None = None, where: str = "scan_task") -> TaskMemoryEstimate:
+    """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
+    exceeds the memory free on the model's device (``available`` bytes when given, else
+    :func:`~circuitkit.device_memory.available_memory`); else return the estimate. The message names the estimate,
+    its largest parts, the most pairs that fit by the same estimate, and the fewer EAP-IG steps or the skipped edge
+    circuit that would let every pair fit, where one would. The pairs that fit are counted without a held-out
+    split (attribution on all of them: the larger estimate), so they fit whatever split a rerun draws."""
+    def estimate(n: int, **change: Any) -> TaskMemoryEstimate:
+        options = {"steps": steps, "edges": edges, "evaluation_pairs": 0, **change}
+        return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions, device=device,
+                                    **options)
+
+    found = estimate(n_pairs, evaluation_pairs=evaluation_pairs)
+    adapter = _adapter(model, device)
+    if available is None:
+        available = available_memory(adapter.spec.device)
+    else:
+        available = validate.integer(f"{where}: available", available, minimum=0)
+    if available is None or found.total <= available:
+        return found
+    low, high = 0, found.n_pairs  # estimate(low) fits (0: nothing), estimate(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        if estimate(mid).total <= available:
+            low = mid
+        else:
+            high = mid
+    # the other settings that would let every pair fit, where one does
+    held = {"evaluation_pairs": evaluation_pairs}
+    others = [f"steps={k}" for k in range(found.steps - 1, 0, -1)
+              if estimate(n_pairs, steps=k, **held).total <= available][:1]
+    if edges and estimate(n_pairs, edges=False, **held).total <= available:
+        others.append("edges=False (--quick)")
+    alternatives = f", or keep them all with {' or '.join(others)}" if others else ""
+    if low >= 1:
+        fix = f"Use at most {low} pairs (run the task in parts of {low}){alternatives}."
+    else:
+        fix = (f"Even one pair needs {size_text(estimate(1).total)}: use shorter prompts, fewer EAP-IG steps "
+               "(steps=), no edge circuit (edges=False, --quick), or a device with more memory.")
+    raise CircuitkitError(
+        f"{where}: given {found.n_pairs} pairs of {found.pos} tokens with {found.steps} EAP-IG steps, which need "
+        f"about {size_text(found.total)} at the peak ({found.parts()}); expected at most the {size_text(available)} "
+        f"free on {adapter.spec.device}. {fix}"
+    )

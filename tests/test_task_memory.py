@@ -1,0 +1,183 @@
+"""The task scan's memory plan: the estimate follows its formula, and a scan that cannot fit is refused in one line
+before any pass, with a number of pairs that fits by the same estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+import circuitkit.tasks.memory as task_memory
+from circuitkit import CircuitkitError
+from circuitkit.models.adapters import adapt
+from circuitkit.tasks import Task, scan_task
+from circuitkit.tasks.memory import FIXED, MARGIN, check_task_memory, estimate_task_memory, logit_positions
+from tests.conftest import boot_bridge
+from tests.test_tasks import toy_pairs
+
+L, H, G, D, DH, V = 3, 4, 2, 32, 8, 50
+
+
+@pytest.fixture(scope="module")
+def model():
+    return boot_bridge(attn_only=False, n_layers=L, n_heads=H, n_key_value_heads=G, d_model=D, d_head=DH,
+                       d_vocab=V, seed=3)
+
+
+def plan(model, n, pos, **kw):
+    options = {"steps": 3, "mlps": True, "edges": True, **kw}
+    return estimate_task_memory(model, n, pos, **options)
+
+
+def test_the_parts_equal_the_formula_by_hand(model):
+    """Independent arithmetic of the module docstring's terms for this shape (float32, d_mlp = 4 d_model)."""
+    N, P, S, e, m = 5, 7, 3, 4, model.cfg.d_mlp
+    U = 1 + L * H + L
+    est = plan(model, N, P, steps=S)
+    assert est.resident["head weights"] == 4 * L * D * DH * (2 * H + 2 * G)
+    assert est.resident["sender outputs"] == 2 * N * P * (U * D + L * (H * DH + D)) * e
+    assert est.stages["EAP-IG pull-back"] == (4 * U * N * P * D + 2 * S * N * P * (L * ((H + 2 * G) * DH + D) + D) * e
+                                             + 32 * H * S * N * P * D)
+    assert est.stages["reference run"] == U * N * P * D * e + N * V * (P * e + 8)
+    assert est.stages["node patching"] == N * P * (3 * m + 4 * D + 3 * H * P) * e + N * V * (P * e + 8)
+    largest = max(est.stages.values())
+    assert est.total == int(MARGIN * (sum(est.resident.values()) + largest)) + FIXED
+
+
+def test_the_estimate_grows_linearly_in_pairs_and_as_the_formula_says_in_pos(model):
+    one, two = plan(model, 4, 9), plan(model, 8, 9)
+    assert two.resident["head weights"] == one.resident["head weights"]  # no pair in it
+    assert two.resident["sender outputs"] == 2 * one.resident["sender outputs"]
+    for name in one.stages:  # every stage holds copies of the pairs (the edge copies stay 10 at this size)
+        assert two.stages[name] == 2 * one.stages[name], name
+    assert two.total > one.total
+    short, long = plan(model, 4, 9), plan(model, 4, 18)
+    assert long.resident["sender outputs"] == 2 * short.resident["sender outputs"]
+    # the EAP-IG pass holds attention scores, quadratic in pos: doubling pos more than doubles it, by that term,
+    # less the float32 metric's logits at each pair's last position (one per pair whatever pos is)
+    S, N, P = 3, 4, 9
+    quadratic = S * N * L * 3 * H * 4 * (18 * 18 - 2 * P * P)  # e = 4
+    assert long.stages["EAP-IG pass"] - 2 * short.stages["EAP-IG pass"] == quadratic - 2 * S * N * V * 4
+    assert plan(model, 4, 9, edges=False).stages.keys() == one.stages.keys() - {"edge patching"}
+    assert plan(model, 4, 9, steps=6).stages["EAP-IG pass"] > one.stages["EAP-IG pass"]
+
+
+def test_logits_at_the_last_positions_only_where_the_model_unembeds_only_there(model):
+    adapter = adapt(model)
+    batch = Task.from_pairs(toy_pairs(6), name="toy").tokenize(adapter)
+    assert logit_positions(adapter, batch.last, batch.pos) == batch.pos  # a native bridge slices all logits
+    assert plan(model, 6, 7, logit_positions=1).total < plan(model, 6, 7).total
+
+
+def count_runs(monkeypatch, adapter) -> list[int]:
+    """Count every pass through the adapter's class (each scan adapts the model anew)."""
+    calls = [0]
+    run = type(adapter).run
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(adapter), "run", counted)
+    return calls
+
+
+def test_a_scan_that_cannot_fit_is_refused_before_any_pass_with_pairs_that_fit(monkeypatch):
+    model = boot_bridge(attn_only=False, n_layers=L, n_heads=H, n_key_value_heads=G, d_model=D, d_head=DH,
+                        d_vocab=V, seed=3)
+    task = Task.from_pairs(toy_pairs(6), name="toy")
+    adapter = adapt(model)
+    batch = task.tokenize(adapter)
+    K = logit_positions(adapter, batch.last, batch.pos)
+    fits = plan(model, 4, batch.pos, logit_positions=K).total  # room for 4 of the 6 pairs
+    assert plan(model, 5, batch.pos, logit_positions=K).total > fits
+    calls = count_runs(monkeypatch, adapter)
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: fits)
+    with pytest.raises(CircuitkitError) as info:
+        scan_task(model, task)
+    message = str(info.value)
+    assert "\n" not in message and calls[0] == 0  # refused before the first pass
+    assert "given 6 pairs" in message and "Use at most 4 pairs" in message and "sender outputs" in message
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: None)  # unreadable: no check
+    scan_task(model, task, edges=False, n_resamples=10)
+    assert calls[0] > 0  # the spy sees passes: the zero above was not for want of counting
+
+
+def test_check_names_the_most_pairs_that_fit_by_the_same_estimate(model):
+    for n in (1, 7, 40):
+        available = plan(model, n, 12).total
+        with pytest.raises(CircuitkitError, match=f"Use at most {n} pairs") as info:
+            check_task_memory(model, 100, 12, steps=3, mlps=True, edges=True, available=available)
+        assert "\n" not in str(info.value)
+        assert plan(model, n, 12).total <= available < plan(model, n + 1, 12).total
+    found = check_task_memory(model, 100, 12, steps=3, mlps=True, edges=True, available=plan(model, 100, 12).total)
+    assert found.n_pairs == 100
+    with pytest.raises(CircuitkitError, match="Even one pair needs") as info:
+        check_task_memory(model, 3, 12, steps=3, mlps=True, edges=True, available=10)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field, value", [("n_pairs", 0), ("n_pairs", 2.0), ("n_pairs", True), ("pos", -1),
+                                          ("steps", 0), ("steps", 65), ("mlps", "yes"), ("edges", 1),
+                                          ("logit_positions", 8), ("available", -5), ("available", 1.5)])
+def test_bad_arguments_are_one_line(model, field, value):
+    args = {"n_pairs": 4, "pos": 7, "steps": 3, "mlps": True, "edges": True, "logit_positions": None,
+            "available": 10**12, field: value}
+    with pytest.raises(CircuitkitError) as info:
+        check_task_memory(model, args.pop("n_pairs"), args.pop("pos"), **args)
+    message = str(info.value)
+    assert "\n" not in message and (field in message or "available" in message)
+
+
+def test_the_message_names_fewer_steps_or_no_edge_circuit_only_where_that_fits_every_pair(model):
+    n, pos = 20, 12
+    no_edges = plan(model, n, pos, edges=False).total
+    assert no_edges < plan(model, n, pos).total  # here the edge passes are the peak
+    with pytest.raises(CircuitkitError) as info:
+        check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=no_edges)
+    message = str(info.value)
+    assert "keep them all with edges=False (--quick)" in message and "steps=" not in message
+    two_steps = plan(model, n, pos, steps=2, edges=False)
+    assert two_steps.stage.startswith("EAP-IG") and two_steps.total < no_edges  # steps count without edges
+    with pytest.raises(CircuitkitError) as info:
+        check_task_memory(model, n, pos, steps=3, mlps=True, edges=False, available=two_steps.total)
+    assert "keep them all with steps=2." in str(info.value)
+    with pytest.raises(CircuitkitError) as info:  # no setting keeps every pair: none is offered
+        check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=plan(model, 5, pos).total)
+    assert "keep them all" not in str(info.value) and "Use at most 5 pairs" in str(info.value)
+
+
+def test_held_out_pairs_attribution_on_the_others_their_outputs_beside(model):
+    split, discovery = plan(model, 12, 9, evaluation_pairs=4), plan(model, 8, 9)
+    for name in ("EAP-IG pass", "EAP-IG pull-back", "edge patching"):
+        assert split.stages[name] == discovery.stages[name], name
+    assert split.resident == discovery.resident
+    held_outputs = plan(model, 4, 9).resident["sender outputs"]
+    assert split.stages["held-out passes"] > held_outputs and "held-out passes" not in discovery.stages
+    with pytest.raises(CircuitkitError, match="evaluation_pairs"):
+        plan(model, 12, 9, evaluation_pairs=12)
+
+
+class FirstPass(Exception):
+    pass
+
+
+def test_scan_task_counts_its_held_out_split(monkeypatch):
+    """12 pairs: 6 held out by default. The check must use that split (with none, the same memory is refused)."""
+    model = boot_bridge(attn_only=False, n_layers=L, n_heads=H, n_key_value_heads=G, d_model=D, d_head=DH,
+                        d_vocab=V, seed=3)
+    task = Task.from_pairs(toy_pairs(12), name="toy")
+    adapter = adapt(model)
+    batch = task.tokenize(adapter)
+    K = logit_positions(adapter, batch.last, batch.pos)
+    split = plan(model, 12, batch.pos, evaluation_pairs=6, logit_positions=K).total
+    assert plan(model, 12, batch.pos, logit_positions=K).total > split
+
+    def stop(self, *args, **kwargs):
+        raise FirstPass
+
+    monkeypatch.setattr(type(adapter), "run", stop)
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: split)
+    with pytest.raises(FirstPass):  # the check let it through: the first pass was reached
+        scan_task(model, task)
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: split - 1)
+    with pytest.raises(CircuitkitError, match="given 12 pairs"):
+        scan_task(model, task)
