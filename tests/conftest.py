@@ -93,6 +93,13 @@ def tiny_gqa_bridge():
     return boot_bridge(n_key_value_heads=2)
 
 
+def gqa_bridge(dtype: torch.dtype = torch.float32):
+    """A small random GQA model with LayerNorm and MLPs (3 layers, 2 key/value groups): the shape of a real model,
+    seconds to run; in ``dtype``."""
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=8, d_vocab=50)
+    return model if dtype == torch.float32 else model.to(dtype)
+
+
 def require_browser() -> str:
     """The Chromium executable for browser tests (Playwright drives it). Missing Chromium or playwright skips
     the test locally but FAILS it under CI (``CI`` set), so a CI machine cannot silently skip the browser tests."""

@@ -28,14 +28,9 @@ from circuitkit import zoo
 from circuitkit.circuits import circuit_evidence, edge_attribution, find_circuit, path_patching
 from circuitkit.detect import RepeatedTokens, ablation_effects, attribution_effects, head_scores
 from circuitkit.tasks import Task, scan_task
-from tests.conftest import boot_bridge
+from tests.conftest import gqa_bridge
 from tests.device_guard import DeviceGuard
 from tests.test_tasks import toy_pairs
-
-
-def gqa_model(dtype: torch.dtype = torch.float32):
-    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=8, d_vocab=50)
-    return model if dtype == torch.float32 else model.to(dtype)
 
 
 def batch_for(model):
@@ -64,7 +59,7 @@ HALF_ENTRIES = ("scan", "scan-task", "circuit_evidence")
                          + [(e, torch.bfloat16) for e in HALF_ENTRIES],
                          ids=[*sorted(ENTRY_POINTS), *(f"{e}-bfloat16" for e in HALF_ENTRIES)])
 def test_every_entry_point_names_the_device_of_every_tensor_it_makes(entry, dtype):
-    model = gqa_model(dtype)
+    model = gqa_bridge(dtype)
     guard = DeviceGuard()
     with guard:
         ENTRY_POINTS[entry](model)
@@ -113,11 +108,12 @@ def test_the_guard_names_the_task_graphs_cpu_tensor_put_back(monkeypatch):
     """A tensor the task engine makes beside the model's activations, put back without its device."""
     from circuitkit.tasks import graph
 
-    reintroduce(monkeypatch, graph.TaskRunner, "_pulled_back", "return grad.reshape(steps, -1).sum(0).reshape(1, -1)",
-                "return grad.reshape(steps, -1).sum(0).reshape(1, -1) + torch.zeros(1)")
+    reintroduce(monkeypatch, graph.TaskRunner, "_pulled_back",
+                "return grad.float().reshape(steps, -1).sum(0).reshape(1, -1)",
+                "return grad.float().reshape(steps, -1).sum(0).reshape(1, -1) + torch.zeros(1)")
     guard = DeviceGuard()
     with guard:
-        scan_task(gqa_model(), Task.from_pairs(toy_pairs(6), name="toy"), edges=True)
+        scan_task(gqa_bridge(), Task.from_pairs(toy_pairs(6), name="toy"), edges=True)
     with pytest.raises(AssertionError, match=r"tasks/graph\.py:\d+ calls torch\.zeros without device="):
         guard.check()
 
@@ -160,7 +156,7 @@ MOVING = {
 
 @pytest.mark.parametrize("entry", sorted(MOVING))
 def test_device_moves_a_cpu_model_before_any_pass(entry, cuda_looks_available):
-    model = gqa_model()
+    model = gqa_bridge()
     with pytest.raises(Moved, match="cuda:0"):
         MOVING[entry](model)
     assert all(p.device.type == "cpu" for p in model.parameters())
@@ -171,7 +167,7 @@ def test_the_model_goes_back_with_its_config_after_the_call():
     ``TransformerBridge.to()`` rewrites when it moves a model (and TransformerLens reads to place its tensors)."""
     from circuitkit.model_state import caller_state
 
-    model = gqa_model()
+    model = gqa_bridge()
     with caller_state(model):
         model.cfg.device = "cuda:0"
     assert str(model.cfg.device) == "cpu"
@@ -183,7 +179,7 @@ def test_buffers_moved_by_module_to_are_put_back_in_their_slots():
     slot, with the meta device standing in for another device."""
     from circuitkit.model_state import caller_state
 
-    model = gqa_model()
+    model = gqa_bridge()
     slots = [(m, name, buffer) for m in model.modules() for name, buffer in m._buffers.items() if buffer is not None]
     assert slots, "the model has buffers (the causal masks)"
     with caller_state(model):

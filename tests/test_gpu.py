@@ -26,7 +26,7 @@ from circuitkit.composition import composition_scores
 from circuitkit.detect import RepeatedTokens, ablation_effects, attribution_effects, head_scores
 from circuitkit.tasks import Task, scan_task
 from circuitkit.weights import HeadWeights
-from tests.conftest import boot_bridge
+from tests.conftest import gqa_bridge
 from tests.test_tasks import toy_pairs
 
 pytestmark = [
@@ -48,12 +48,6 @@ TASK_FLOAT32 = dict(atol=1e-3, rtol=5e-3)
 
 IGNORED = ("settings.device",)
 """Paths whose values say where the run was, not what it measured."""
-
-
-def gqa_model(**kwargs):
-    """A small random GQA model with LayerNorm and MLPs: the shape of a real model, seconds to run."""
-    return boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=8,
-                       d_vocab=50, **kwargs)
 
 
 def figures(document, path: str = "") -> dict[str, object]:
@@ -102,9 +96,9 @@ def test_scan_on_cuda_equals_cpu_and_the_model_goes_back():
 
 
 def test_scan_of_a_model_living_on_cuda_equals_cpu():
-    model = gqa_model()
+    model = gqa_bridge()
     cpu = ck.scan(model, stability=2, random_sets=2)
-    gpu_model = gqa_model().to("cuda")
+    gpu_model = gqa_bridge().to("cuda")
     gpu = ck.scan(gpu_model, stability=2, random_sets=2)
     assert all(p.device.type == "cuda" for p in gpu_model.parameters())
     assert_same_figures(gpu.to_json(), cpu.to_json(), **FLOAT32)
@@ -121,7 +115,7 @@ def test_bfloat16_scan_on_cuda_agrees_with_float32():
 # ------------------------------------------------------------------------------------------------ a pair task
 def test_task_scan_on_cuda_equals_cpu():
     task = Task.from_pairs(toy_pairs(8), name="toy")
-    model = gqa_model()
+    model = gqa_bridge()
     cpu = scan_task(model, task)
     gpu = scan_task(model, task, device="cuda")
     assert on_cpu(model)
@@ -132,10 +126,10 @@ def test_task_scan_on_cuda_equals_cpu():
 
 def test_task_scan_through_scan_on_cuda_and_in_bfloat16():
     task = Task.from_pairs(toy_pairs(8), name="toy")
-    cpu = ck.scan(gqa_model(), task=task)
-    gpu = ck.scan(gqa_model().to("cuda"), task=task)
+    cpu = ck.scan(gqa_bridge(), task=task)
+    gpu = ck.scan(gqa_bridge().to("cuda"), task=task)
     assert_same_figures(gpu.to_json(), cpu.to_json(), **TASK_FLOAT32)
-    half = ck.scan(gqa_model().to(torch.bfloat16), task=task, device="cuda")
+    half = ck.scan(gqa_bridge().to(torch.bfloat16), task=task, device="cuda")
     assert half.circuit is not None
     gap = float(cpu.clean.mean() - cpu.corrupted.mean())
     assert abs(float(half.clean.mean() - half.corrupted.mean()) - gap) <= HALF * max(1.0, abs(gap)) * 4
@@ -143,7 +137,7 @@ def test_task_scan_through_scan_on_cuda_and_in_bfloat16():
 
 # ------------------------------------------------------------------------------------- the measurements alone
 def test_head_measurements_on_cuda_equal_cpu():
-    model = gqa_model()
+    model = gqa_bridge()
     batch = RepeatedTokens(block_len=6, batch=4, bos=False).build(model)
     want = head_scores(model, batch)
     got = head_scores(model, batch, device="cuda")
@@ -160,7 +154,7 @@ def test_head_measurements_on_cuda_equal_cpu():
 
 
 def test_edge_measurements_on_cuda_equal_cpu():
-    model = gqa_model()
+    model = gqa_bridge()
     batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(model)
     cpu = circuit_evidence(model, tokens=batch, top_k=4)
     gpu = circuit_evidence(model, tokens=batch, top_k=4, device="cuda")
@@ -188,7 +182,7 @@ def test_circuit_search_on_cuda_equals_cpu():
 
 
 def test_composition_on_cuda_equals_cpu():
-    weights = HeadWeights.from_model(gqa_model())
+    weights = HeadWeights.from_model(gqa_bridge())
     for mode in ("Q", "K", "V"):
         cpu = composition_scores(weights, mode)
         gpu = composition_scores(weights.to("cuda"), mode)
@@ -214,7 +208,7 @@ def test_a_batch_that_cannot_fit_is_refused_in_one_line_with_one_that_fits():
     from circuitkit.memory import check_memory
 
     free, _ = torch.cuda.mem_get_info()
-    model = gqa_model().to("cuda")
+    model = gqa_bridge().to("cuda")
     with pytest.raises(ck.CircuitkitError) as error:  # far more sequences than the card holds
         check_memory(model, batch=10**9, block_len=20, device="cuda")
     message = str(error.value)

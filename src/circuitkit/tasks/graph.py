@@ -410,7 +410,7 @@ class TaskRunner:
         for index, grad in zip(leaves, got, strict=True):
             if grad is None:
                 continue
-            g = self._pulled_back(index, grad.detach().float(), resid, steps).float() / steps  # a half norm: its dtype
+            g = self._pulled_back(index, grad.detach().float(), resid, steps) / steps  # mean over the points
             cols = self._receiver_columns(index)
             scores[:, cols] = (flat @ g.T).cpu()
         scores = scores * graph.allowed
@@ -475,7 +475,7 @@ class TaskRunner:
         """``[R, pair * pos * d_model]``: dM/d(receiver input) summed over the ``steps`` copies, from a gradient
         ``grad`` at a q/k/v activation ``[steps * pair, pos, R, d_head]`` (through the head's weight and the
         block's attention norm at the run's residual stream) or at an MLP / logits input ``[steps * pair, pos,
-        d_model]``."""
+        d_model]``. Float32 whatever the model's dtype (a half-precision norm's backward returns its own dtype)."""
         d = self.spec.d_model
         if key % 4 == 3 and key != -1 and self.mlp_hook == MLP_NORMED_IN:  # back through the shared norm
             norm = self.norms[key // 4]
@@ -483,7 +483,7 @@ class TaskRunner:
             with torch.enable_grad():
                 (grad,) = torch.autograd.grad(norm(x), x, grad)
         if key == -1 or key % 4 == 3:
-            return grad.reshape(steps, -1).sum(0).reshape(1, -1)
+            return grad.float().reshape(steps, -1).sum(0).reshape(1, -1)
         layer, c = divmod(key, 4)
         W = (self.W_Q, self.W_K, self.W_V)[c][layer].to(grad.dtype)  # [R, d_model, d_head]
         cot = torch.einsum("npre,rme->rnpm", grad, W)  # [R, steps * pair, pos, d_model]
@@ -493,7 +493,7 @@ class TaskRunner:
             x = resid[layer].detach()[None].expand(R, N, P, d).reshape(R * N, P, d).requires_grad_(True)
             with torch.enable_grad():
                 (cot,) = torch.autograd.grad(norm(x), x, cot.reshape(R * N, P, d))
-        return cot.reshape(R, steps, -1).sum(1)
+        return cot.float().reshape(R, steps, -1).sum(1)
 
     def _receiver_columns(self, key: int) -> slice:
         """Grad leaves are keyed ``layer * 4 + channel`` (q 0, k 1, v 2, mlp 3), the logits as ``-1``."""
