@@ -39,13 +39,16 @@ def family_model(request, tmp_path_factory):
     return request.param, hf, load_model(str(directory))
 
 
+def _pair_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:data:`PAIRS` as tensors: clean and corrupted prompts ``[pair, pos]``, first answer and wrong ``[pair]``."""
+    return (torch.tensor([p[0] for p in PAIRS]), torch.tensor([p[1] for p in PAIRS]),
+            torch.tensor([p[2][0] for p in PAIRS]), torch.tensor([p[3][0] for p in PAIRS]))
+
+
 def _by_hand(hf, patched: torch.Tensor) -> float:
     """Mean logit(answer) - logit(wrong) at the last token with each head where ``patched`` [layer, head] is True
     given its ``z`` from the corrupted prompt (recorded on the corrupted prompts first)."""
-    clean = torch.tensor([p[0] for p in PAIRS])
-    corrupted = torch.tensor([p[1] for p in PAIRS])
-    answers = torch.tensor([p[2][0] for p in PAIRS])
-    wrongs = torch.tensor([p[3][0] for p in PAIRS])
+    clean, corrupted, answers, wrongs = _pair_tensors()
     layers = hf.model.layers
     n_heads = hf.config.num_attention_heads
     kept: dict[int, torch.Tensor] = {}
@@ -112,10 +115,7 @@ def test_node_scores_are_the_first_order_estimate_of_patching_a_head(family_mode
     adapter = adapt(bridge)
     runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=False, ablation="corrupted")
     scores = runner.node_gradients(1)
-    clean = torch.tensor([p[0] for p in PAIRS])
-    corrupted = torch.tensor([p[1] for p in PAIRS])
-    answers = torch.tensor([p[2][0] for p in PAIRS])
-    wrongs = torch.tensor([p[3][0] for p in PAIRS])
+    clean, corrupted, answers, wrongs = _pair_tensors()
     layers = hf.model.layers
     n_heads = hf.config.num_attention_heads
     z_corr, z_clean = {}, {}

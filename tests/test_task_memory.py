@@ -80,13 +80,17 @@ def count_runs(monkeypatch, adapter) -> list[int]:
     return calls
 
 
-def test_a_scan_that_cannot_fit_is_refused_before_any_pass_with_pairs_that_fit(monkeypatch):
-    model = boot_bridge(attn_only=False, n_layers=L, n_heads=H, n_key_value_heads=G, d_model=D, d_head=DH,
-                        d_vocab=V, seed=3)
-    task = Task.from_pairs(toy_pairs(6), name="toy")
+def toy_task_on(model, n_pairs: int):
+    """A task of ``n_pairs`` toy pairs, ``model``'s adapter, the tokenized batch and the logit positions the plan
+    counts for it."""
+    task = Task.from_pairs(toy_pairs(n_pairs), name="toy")
     adapter = adapt(model)
     batch = task.tokenize(adapter)
-    K = logit_positions(adapter, batch.last, batch.pos)
+    return task, adapter, batch, logit_positions(adapter, batch.last, batch.pos)
+
+
+def test_a_scan_that_cannot_fit_is_refused_before_any_pass_with_pairs_that_fit(model, monkeypatch):
+    task, adapter, batch, K = toy_task_on(model, 6)
     fits = plan(model, 4, batch.pos, logit_positions=K).total  # room for 4 of the 6 pairs
     assert plan(model, 5, batch.pos, logit_positions=K).total > fits
     calls = count_runs(monkeypatch, adapter)
@@ -160,14 +164,9 @@ class FirstPass(Exception):
     pass
 
 
-def test_scan_task_counts_its_held_out_split(monkeypatch):
+def test_scan_task_counts_its_held_out_split(model, monkeypatch):
     """12 pairs: 6 held out by default. The check must use that split (with none, the same memory is refused)."""
-    model = boot_bridge(attn_only=False, n_layers=L, n_heads=H, n_key_value_heads=G, d_model=D, d_head=DH,
-                        d_vocab=V, seed=3)
-    task = Task.from_pairs(toy_pairs(12), name="toy")
-    adapter = adapt(model)
-    batch = task.tokenize(adapter)
-    K = logit_positions(adapter, batch.last, batch.pos)
+    task, adapter, batch, K = toy_task_on(model, 12)
     split = plan(model, 12, batch.pos, evaluation_pairs=6, logit_positions=K).total
     assert plan(model, 12, batch.pos, logit_positions=K).total > split
 

@@ -16,7 +16,7 @@ import torch
 from circuitkit import CircuitkitError
 from circuitkit.handbuilt.induction import induction_circuit
 from circuitkit.tasks import Task, scan_task
-from tests.test_tasks import copy_next_task
+from tests.test_tasks import copy_next_task, task_file
 
 EXACT = 1e-5
 """The same float32 logits read in a different order."""
@@ -127,10 +127,7 @@ def test_the_cli_reads_the_metric_it_is_given(tmp_path, capsys):
     from circuitkit import cli
 
     task = copy_next_task(n=8, d_vocab=60)
-    lines = [json.dumps({"clean": list(p.clean), "corrupted": list(p.corrupted), "answer": list(p.answers),
-                         "wrong": list(p.wrongs)}) for p in task.pairs]
-    path = tmp_path / "copy.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path = task_file(task, tmp_path / "copy.jsonl")
     out = tmp_path / "out"
     assert cli.main(["scan", "--task", str(path), "--metric", "prob_diff", "--resamples", "20", "--out",
                      str(out)]) == 0

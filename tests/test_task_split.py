@@ -13,7 +13,7 @@ from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, scan_task
 from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.scan import MIN_SPLIT_PAIRS, split_pairs
-from tests.test_tasks import copy_next_task
+from tests.test_tasks import copy_next_task, task_file
 
 EXACT = 1e-5
 
@@ -127,10 +127,7 @@ def test_scan_and_the_cli_pass_the_split_through(tmp_path, capsys):
     with pytest.raises(CircuitkitError, match="holdout"):
         ck.scan(None, holdout=0.5)
     task = copy_next_task(n=8, d_vocab=60)
-    lines = [json.dumps({"clean": list(p.clean), "corrupted": list(p.corrupted), "answer": list(p.answers),
-                         "wrong": list(p.wrongs)}) for p in task.pairs]
-    path = tmp_path / "copy.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path = task_file(task, tmp_path / "copy.jsonl")
     out = tmp_path / "out"
     assert cli.main(["scan", "--task", str(path), "--holdout", "0", "--resamples", "20", "--out", str(out)]) == 0
     data = json.loads((out / "scores.json").read_text())

@@ -414,6 +414,13 @@ def _tl_receiver(node) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- circuits
+def task_file(task: Task, path):
+    """``task``'s pairs (token ids) written as a JSON Lines task file at ``path``; the path."""
+    lines = [json.dumps({"clean": list(p.clean), "corrupted": list(p.corrupted), "answer": list(p.answers),
+                         "wrong": list(p.wrongs)}) for p in task.pairs]
+    return write(path, "\n".join(lines) + "\n")
+
+
 def copy_next_task(n: int = 12, d_vocab: int = 10, seed: int = 0) -> Task:
     """Prompts of distinct tokens ending in a repeat of an earlier one; the answer is the token that followed it
     (the wrong one: the first token). Corrupted: the earlier occurrence replaced by an unused token, so nothing
@@ -635,9 +642,7 @@ def test_cli_scans_a_task_file_on_the_bundled_model(tmp_path, capsys):
     from circuitkit import cli
 
     task = copy_next_task(n=16, d_vocab=60)
-    lines = [json.dumps({"clean": list(p.clean), "corrupted": list(p.corrupted), "answer": list(p.answers),
-                         "wrong": list(p.wrongs)}) for p in task.pairs]
-    path = write(tmp_path / "copy.jsonl", "\n".join(lines) + "\n")
+    path = task_file(task, tmp_path / "copy.jsonl")
     out = tmp_path / "out"
     assert cli.main(["scan", "--task", str(path), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
