@@ -253,3 +253,33 @@ def test_encoder_decoder_is_refused_with_the_reason(tmp_path, family):
     assert "\n" not in message and "encoder-decoder" in message and "not supported" in message
     assert "cross-attention" in message  # says why
 
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8", "", 16, True, None.__class__, "bfloat"],
+                         ids=["int8", "fp8", "empty", "int", "bool", "type", "bfloat"])
+def test_a_dtype_that_is_not_a_float_weight_dtype_is_one_clear_line(dtype):
+    from circuitkit.models.loading import load_model
+
+    with pytest.raises(CircuitkitError) as error:
+        load_model(dtype=dtype)
+    message = str(error.value)
+    assert message.startswith("load_model: dtype: given") and "'float32', 'bfloat16' or 'float16'" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(("name", "expected"), [("bf16", "bfloat16"), ("float16", "float16"), ("FP32", "float32")])
+def test_dtype_names_load_the_bundled_model_in_that_dtype(name, expected):
+    import torch
+
+    from circuitkit.models.loading import load_model
+
+    model = load_model(dtype=name)
+    assert {p.dtype for p in model.parameters()} == {getattr(torch, expected)}
+
+
+def test_scan_refuses_a_dtype_beside_a_loaded_model():
+    import circuitkit as ck
+    from circuitkit import zoo
+
+    with pytest.raises(CircuitkitError, match=r"scan: dtype: .*None with a loaded model"):
+        ck.scan(zoo.load(), dtype="bfloat16")
