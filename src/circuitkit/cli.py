@@ -399,12 +399,18 @@ def run_scan(args: argparse.Namespace) -> int:
     from circuitkit.validate import device as check_device
 
     check_device("--device", args.device)
-    with _quiet_loading(args.allow_download):
-        if device_map is not None:
-            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download,
-                               dtype=args.dtype)
-        else:
-            model = load_model(args.model, device=args.device, allow_download=args.allow_download, dtype=args.dtype)
+    if kind == INDUCTION and name in zoo.available() and args.dtype is None and device_map is None:
+        # the bundled weights run as circuitkit's attention-only model: the same figures without loading
+        # TransformerLens and transformers (seconds of a two-second answer)
+        model = zoo.load(name, device=args.device, bridge=False)
+    else:
+        with _quiet_loading(args.allow_download):
+            if device_map is not None:
+                model = load_model(args.model, device_map=device_map, allow_download=args.allow_download,
+                                   dtype=args.dtype)
+            else:
+                model = load_model(args.model, device=args.device, allow_download=args.allow_download,
+                                   dtype=args.dtype)
     _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s")
     if kind != INDUCTION:
         return _run_task_scan(args, model, name, out, task)
