@@ -166,6 +166,7 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
         )
         scan = scan_cls(**built, **_fields(scan_cls, data, set(built)))
         written = scan.to_json()
+        scan.answer()  # every figure the answer reads is there
     except CircuitkitError as error:
         if f"{where}, field '" in str(error):
             raise

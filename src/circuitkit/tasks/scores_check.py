@@ -216,7 +216,7 @@ class TaskScoresCheck(ScoresCheck):
                 at = f"patterns[{layer}][{head}]"
                 for q, row in enumerate(self.array(rows, at, length=tokens, why=f"task.tokens: {tokens}")):
                     for k, v in enumerate(self.array(row, f"{at}[{q}]", length=tokens, why=f"task.tokens: {tokens}")):
-                        self.number(v, f"{at}[{q}][{k}]", 0.0, 1.0, tolerance=SCORE_TOLERANCE)
+                        self.number(v, f"{at}[{q}][{k}]", 0.0, 1.0, nullable=False, tolerance=SCORE_TOLERANCE)
 
     def mlp(self, value: Any, field: str) -> int:
         return self.integer(value, field, 0, self.n_layers - 1)
@@ -268,8 +268,13 @@ class TaskScoresCheck(ScoresCheck):
             raise self.fail("circuit.mlps", c["mlps"], "each MLP at most once")
         for key in ("faithfulness", "necessity", "metric_all_nodes_patched", "metric_clean", "metric_corrupted"):
             self.number(c[key], f"circuit.{key}", nullable=False)
-        for key in ("edge_faithfulness", "cpr", "cmd"):
-            self.number(c[key], f"circuit.{key}")
+        measured = [self.number(c[key], f"circuit.{key}") is not None for key in ("edge_faithfulness", "cpr", "cmd")]
+        if any(measured) and not all(measured):
+            raise self.fail("circuit.edge_faithfulness", c["edge_faithfulness"], "edge_faithfulness, cpr and cmd all "
+                                                                                 "numbers (edges measured) or all null")
+        if not any(measured) and (c["edges"] or c["edge_curve"] or c["edge_effects"]):
+            raise self.fail("circuit.edges", c["edges"], "no edges, edge curve or edge effects where the edge circuit "
+                                                         "was not measured (edge_faithfulness null)")
         target = self.number(c["target"], "circuit.target", nullable=False)
         if not 0.0 < target <= 1.0:
             raise self.fail("circuit.target", target, "a faithfulness target in (0, 1]")
@@ -301,10 +306,10 @@ class TaskScoresCheck(ScoresCheck):
         if other is not None:
             self.option(other["set"], "circuit.other_set.set", ("discovery", "evaluation"))
             self.integer(other["pairs"], "circuit.other_set.pairs", 1)
-            for key in ("faithfulness", "edge_faithfulness", "necessity", "clean", "corrupted",
-                        "metric_all_nodes_patched"):
-                if key in other:
-                    self.number(other[key], f"circuit.other_set.{key}")
+            for key in ("necessity", "clean", "corrupted", "metric_all_nodes_patched"):
+                self.number(other.get(key), f"circuit.other_set.{key}", nullable=False)
+            for key in ("faithfulness", "edge_faithfulness"):
+                self.number(other.get(key), f"circuit.other_set.{key}")
             self.text(other.get("note"), "circuit.other_set.note", nullable=True)
             if "curve" in other:
                 self.points(other["curve"], "circuit.other_set.curve", nodes)
