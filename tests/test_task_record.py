@@ -115,7 +115,7 @@ def test_a_loaded_scan_saves_the_same_bytes(saved, tmp_path):
     """Both files, the report included: the page is drawn from saved figures only."""
     scan, directory, _ = saved["ioi"]
     TaskScan.load(directory).save(tmp_path / "again")
-    for name in ("scores.json",):
+    for name in ("scores.json", "report.html"):
         assert (tmp_path / "again" / name).read_bytes() == (directory / name).read_bytes(), name
 
 
