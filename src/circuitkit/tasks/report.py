@@ -36,13 +36,20 @@ HEAD_TEXT = re.compile(r"(?<![\d.+\-])(\d+)\.(0|[1-9]\d*)(?!\d|\.\d)")
 """A head name in the answer's text (``1.2``; not a number such as ``+1.284`` or ``0.048``)."""
 
 
+def _roles(scan: Any) -> dict[str, list[str]] | None:
+    """The scan's IOI roles by name, heads as ``"layer.head"`` (None where the rules do not apply)."""
+    from circuitkit.ranking import head_name
+    from circuitkit.tasks.roles import ioi_roles
+
+    roles = ioi_roles(scan)
+    return None if roles is None else {role: [head_name(h) for h in heads] for role, heads in roles.items()}
+
+
 def _answer_html(scan: Any) -> str:
     """The answer's lines as paragraphs, escaped; head names of the circuit and of the task's roles as links that
     select the head (other numbers untouched)."""
-    from circuitkit.tasks.scan import _roles_json
-
     linked = {f"{a}.{b}" for a, b in (scan.circuit.heads if scan.circuit is not None else ())}
-    linked |= {h for heads in (_roles_json(scan) or {}).values() for h in heads}
+    linked |= {h for heads in (_roles(scan) or {}).values() for h in heads}
     for values in scan.head_scores.values():
         from circuitkit.ranking import top_heads
 
@@ -205,9 +212,8 @@ def task_report(scan: Any, *, compress: bool = True) -> str:
         script_code,
     )
     from circuitkit.tasks.report_data import page_data
-    from circuitkit.tasks.scan import _roles_json
 
-    data, blobs = page_data(scan, _roles_json(scan))
+    data, blobs = page_data(scan, _roles(scan))
     sections = [s for s in (answer_section(scan), patterns_section(scan), heads_section(scan, data["columns"]),
                             heatmaps_section(scan), faithfulness_section(scan), edges_section(scan),
                             task_section(scan), details_section(scan)) if s is not None]
