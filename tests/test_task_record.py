@@ -336,3 +336,86 @@ def test_a_file_from_a_newer_scan_keeps_its_fields_with_defaults(saved):
     data = copy.deepcopy(saved["copy-next"][2])
     data["circuit"]["bogus"] = 1
     assert _outcome(data) == "refused"
+
+
+# ---------------------------------------------------------------------------------------------- the report page
+def test_the_report_reads_without_javascript_answer_first(saved):
+    """The answer (its lines as paragraphs, the circuit's heads as links and no number mistaken for a head), the
+    diagram with every circuit head and the heads' table by |EAP-IG score| are in the page as plain HTML, before any
+    script; the page data names the task's columns; no script or style is loaded from outside."""
+    import re
+
+    from circuitkit.tasks.report import HEAD_TEXT
+
+    scan, directory, _ = saved["ioi"]
+    page = (directory / "report.html").read_text(encoding="utf-8")
+    main = page[: page.index("<script")]
+    sections = re.findall(r'<section id="ck-sec-([\w-]+)"', main)
+    assert sections[0] == "summary" and {"patterns", "heads", "scores", "faithfulness", "task"} <= set(sections)
+    answer = main[main.index('id="ck-sec-summary"'):main.index('id="ck-sec-patterns"')]
+    for line in scan.answer().splitlines()[:2]:
+        assert re.sub(r"<[^>]+>", "", line) in re.sub(r"<[^>]+>", "", answer).replace("&#x27;", "'")
+    linked = set(re.findall(r'class="ck-head" data-head="(\d+\.\d+)"', answer))
+    assert {f"{a}.{b}" for a, b in scan.circuit.heads} <= linked
+    assert all(int(h.split(".")[1]) < scan.model.n_heads for h in linked)
+    # signed numbers and numbers of 3 decimals with a leading 0 are never read as heads (others are: "1.284" reads
+    # as head 284 of layer 1, which no linked set holds)
+    assert [m.group(0) for m in HEAD_TEXT.finditer("1.048, +0.048, 0.3, 1.2. [+1.000] 10.000")] == ["0.3", "1.2"]
+    diagram = answer[answer.index("ck-task-circuit"):]
+    assert {f"{a}.{b}" for a, b in scan.circuit.heads} <= set(re.findall(r'data-head="(\d+\.\d+)"', diagram))
+    assert diagram.count("<path") == len(scan.circuit.edges) and "logits" in diagram and "input" in diagram
+    table = main[main.index('id="ck-table"'):]
+    rows = re.findall(r'<tr><th scope="row">(\d+\.\d+)</th>', table)
+    assert rows == [r["head"] for r in scan.table()]
+    data = json.loads(re.search(r'id="ck-data">(.*?)</script>', page).group(1))
+    assert [c["key"] for c in data["columns"]] == [k for k in scan.table()[0] if k not in ("head", "layer", "index")]
+    assert data["sort"] == "score" and data["pattern"]["pos"] == len(scan.tokens)
+    assert not re.search(r"<(script|link)[^>]+(src|href)=", page)
+
+
+@pytest.fixture
+def browser():
+    from circuitkit.report import CHROMIUM_FLAGS
+    from tests.conftest import require_browser
+
+    executable = require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        instance = driver.chromium.launch(executable_path=executable, args=list(CHROMIUM_FLAGS))
+        yield instance
+        instance.close()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_report_in_a_browser(browser, saved):
+    """Offline at 1400 and 800 px: no error, no request, CircuitsVis drawn, the table sorted by |EAP-IG score| and
+    filtered, a click on a diagram node shows that head in the panel, no horizontal scroll. Screenshots:
+    /tmp/report-shots/task-1400.png and task-800.png."""
+    from tests.test_browser import SHOTS, _open
+
+    scan, directory, _ = saved["ioi"]
+    events = _open(browser, directory / "report.html")
+    page = events["page"]
+    assert events["ready"] == "true", page.inner_text("#ck-status")
+    assert events["errors"] == [] and events["blocked"] == [] and events["dialogs"] == []
+    assert page.evaluate("document.documentElement.dataset.ckCircuitsvis") == "drawn"
+    heads = page.evaluate("Array.from(document.querySelectorAll('#ck-table tbody tr'), r => r.dataset.head)")
+    assert heads == [r["head"] for r in scan.table()]
+    maps = page.evaluate("document.querySelectorAll('#ck-heatmaps canvas[data-col]').length")
+    assert maps == len(scan.table()[0]) - 3  # one per column
+    page.fill("#ck-filter", "circuit>0")
+    shown = page.evaluate("Array.from(document.querySelectorAll('#ck-table tbody tr'), r => r.hidden ? null : "
+                          "r.dataset.head).filter(Boolean)")
+    assert sorted(shown) == sorted(f"{a}.{b}" for a, b in scan.circuit.heads)
+    last = max(scan.circuit.heads)
+    page.click(f'.ck-task-circuit [data-head="{last[0]}.{last[1]}"]')
+    assert page.evaluate("document.getElementById('ck-detail').dataset.head") == f"{last[0]}.{last[1]}"
+    page.wait_for_function("document.querySelector('#ck-cv-pattern canvas') !== null", timeout=60_000)
+    SHOTS.mkdir(exist_ok=True)
+    for width in (1400, 800):
+        page.set_viewport_size({"width": width, "height": 1000})
+        page.evaluate("window.scrollTo(0, 0)")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        page.screenshot(path=str(SHOTS / f"task-{width}.png"))
