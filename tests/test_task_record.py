@@ -358,6 +358,8 @@ def test_the_report_reads_without_javascript_answer_first(saved):
     linked = set(re.findall(r'class="ck-head" data-head="(\d+\.\d+)"', answer))
     assert {f"{a}.{b}" for a, b in scan.circuit.heads} <= linked
     assert all(int(h.split(".")[1]) < scan.model.n_heads for h in linked)
+    legend = answer[answer.index("Legend:"):]
+    assert "pattern score &gt;= 0.3" in legend and "data-head" not in legend[:legend.index("</p>")]
     # signed numbers and numbers of 3 decimals with a leading 0 are never read as heads (others are: "1.284" reads
     # as head 284 of layer 1, which no linked set holds)
     assert [m.group(0) for m in HEAD_TEXT.finditer("1.048, +0.048, 0.3, 1.2. [+1.000] 10.000")] == ["0.3", "1.2"]

@@ -61,8 +61,9 @@ def _answer_html(scan: Any) -> str:
 
     lines = []
     for line in scan.answer().splitlines():
-        text = HEAD_TEXT.sub(link, escape(line))
-        cls = ' class="note"' if line.startswith("Legend:") else ""
+        legend = line.startswith("Legend:")  # its numbers are thresholds, never heads
+        text = escape(line) if legend else HEAD_TEXT.sub(link, escape(line))
+        cls = ' class="note"' if legend else ""
         lines.append(f"<p{cls}>{'&nbsp;&nbsp;' if line.startswith('  ') else ''}{text}</p>")
     return "".join(lines)
 
