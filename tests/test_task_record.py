@@ -421,3 +421,16 @@ def test_the_report_in_a_browser(browser, saved):
         page.evaluate("window.scrollTo(0, 0)")
         assert page.evaluate("document.documentElement.scrollWidth") <= width
         page.screenshot(path=str(SHOTS / f"task-{width}.png"))
+
+
+def test_the_diagram_of_a_node_circuit_alone_draws_its_heads_and_no_edge(scans):
+    from circuitkit.tasks.diagram import circuit_diagram
+
+    scan = scans["custom metric"]  # edges=False
+    svg = circuit_diagram(scan)
+    import re
+
+    assert set(re.findall(r'data-head="(\d+\.\d+)"', svg)) == {f"{a}.{b}" for a, b in scan.circuit.heads}
+    assert "<path" not in svg and "logits" not in svg and "edges not measured" in svg
+    full = circuit_diagram(scans["copy-next"])
+    assert full.count("<path") == 3 and ">logits<" in full and ">input<" in full

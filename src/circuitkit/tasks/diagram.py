@@ -65,12 +65,12 @@ def circuit_diagram(scan: Any) -> str:
         nodes.setdefault(sname, sx)
         nodes.setdefault(rname, rx)
         edges.append((sname, rname, channel, name))
-    if edges or members:
+    if edges:
         nodes.setdefault("logits", float(L))
     columns = sorted(set(nodes.values()))
     stacks: dict[float, list[str]] = {x: sorted((n for n, p in nodes.items() if p == x), key=_order) for x in columns}
     rows = max((min(len(s), MAX_ROWS) for s in stacks.values()), default=1)
-    top, bottom, margin = 44, 30, 8 + NODE_W / 2
+    top, bottom, margin = 44 if edges else 8, 30, 8 + NODE_W / 2
     height = top + rows * ROW_H + bottom
     dx = (WIDTH - 2 * margin) / max(1, len(columns) - 1)
     where: dict[str, tuple[float, float]] = {}
@@ -82,7 +82,8 @@ def circuit_diagram(scan: Any) -> str:
     parts = [f'<svg class="ck-graph ck-task-circuit" width="{WIDTH}" height="{_f(height)}" '
              f'viewBox="0 0 {WIDTH} {_f(height)}" font-family="system-ui, sans-serif" font-size="11" role="img" '
              'aria-label="the circuit: nodes and edges">']
-    parts.append(_legend())
+    if edges:
+        parts.append(_legend())
     largest = max((abs(e.effect) for e in c.edge_effects), default=0.0) or 1.0
     for sname, rname, channel, name in edges:
         if sname not in where or rname not in where:
