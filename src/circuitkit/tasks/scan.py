@@ -88,9 +88,9 @@ class TaskScan:
     def to_json(self) -> dict[str, Any]:
         """What ``scores.json`` holds: every figure, exactly (:mod:`circuitkit.tasks.record`), so :meth:`load`
         rebuilds this scan."""
-        from circuitkit.tasks.record import circuit_extra, dtype_name, nested, pairs_json, task_units
+        from circuitkit.tasks.record import circuit_extra, dtype_name, pairs_json, task_units
+        from circuitkit.tasks.record import nested as n
 
-        n = nested
         return {
             "format": f"circuitkit-task-scan/{TASK_FORMAT}",
             "units": task_units(self),
