@@ -157,70 +157,136 @@ def _crosses(box: tuple[float, float, float, float], x1: float, y1: float, x2: f
     return False
 
 
+ROLE_FILLS = ("#e3eefb", "#fde3d9", "#e2f2e4", "#f1e4f7", "#fbf1d0", "#dff3f3")
+"""Node fills of the circuit diagram's roles, in the order the roles first occur (then repeated)."""
+PLAIN_FILL = "#f2f2f2"
+"""The fill of a circuit member without a named role (its tooltip and the Members list say what it does)."""
+NODE_W, NODE_H = 60, 30
+DIAGRAM_ROW = 42
+DIAGRAM_PITCH = (74, 230)
+"""Distance between the circuit diagram's layer columns (px): the widest where few columns leave room for edge
+labels, down to the narrowest for many (a 30-layer circuit stays about 1,000 px wide; labels then yield to
+tooltips)."""
+DIAGRAM_SPAN = 760
+"""The width the layer columns share before the pitch reaches its narrowest."""
+
+
+def _member_node(x: float, y: float, head: Head, caption: str, colour: str, title: str) -> str:
+    name = head_name(head)
+    hw, hh = NODE_W / 2, NODE_H / 2
+    text = (f'<text x="{_f(x)}" y="{_f(y - 1)}" text-anchor="middle" font-weight="600">{name}</text>'
+            f'<text x="{_f(x)}" y="{_f(y + 11)}" text-anchor="middle" font-size="9">{_esc(caption)}</text>'
+            if caption else
+            f'<text x="{_f(x)}" y="{_f(y + 4)}" text-anchor="middle" font-weight="600">{name}</text>')
+    return (f'<g class="ck-node" data-head="{name}" data-layer="{head[0]}" tabindex="0"><title>head {name}: '
+            f'{_esc(title)}</title><rect x="{_f(x - hw)}" y="{_f(y - hh)}" width="{NODE_W}" height="{NODE_H}" rx="6" '
+            f'fill="{colour}" stroke="#333"/>{text}</g>')
+
+
+def diagram_layout(circuit: Sequence[tuple[Head, Sequence[str]]]) -> tuple[dict[Head, tuple[float, float]], float]:
+    """Where the circuit diagram puts each member: ``head -> (x, y)`` of its centre, and the pitch between columns.
+    One column per layer that holds a member, in layer order (x strictly increasing with the layer); within a
+    column, members grouped by their first role (roles in the order they first occur, members without one last),
+    then in the circuit's order."""
+    layers = sorted({h[0] for h, _ in circuit})
+    n = len(layers)
+    pitch = DIAGRAM_PITCH[1] if n <= 2 else max(DIAGRAM_PITCH[0], min(DIAGRAM_PITCH[1], DIAGRAM_SPAN / (n - 1)))
+    order = list(dict.fromkeys(r for _, roles in circuit for r in roles[:1]))
+    rank = {h: i for i, (h, _) in enumerate(circuit)}
+    roles_of = {h: tuple(roles) for h, roles in circuit}
+    out = {}
+    for c, layer in enumerate(layers):
+        column = sorted((h for h, _ in circuit if h[0] == layer),
+                        key=lambda h: (order.index(roles_of[h][0]) if roles_of[h] else len(order), rank[h]))
+        for r, h in enumerate(column):
+            out[h] = (12 + NODE_W / 2 + c * pitch, 40 + DIAGRAM_ROW * (r + 0.5))
+    return out, pitch
+
+
 def answer_diagram(answer: Any) -> str:
-    """The verified circuit: heads of roles that feed another role (previous-token) on the left, the other
-    circuit heads on the right, the carrying edges between them coloured and sized by their exact effect (path
-    patching, labelled in nats). At most ``2 *`` :data:`MAX_NAMED` heads a side. ``answer``:
-    :class:`circuitkit.report.summary.Answer` (this module does not import the summary, which draws with it)."""
-    limit = 2 * MAX_NAMED
-    sources = {e.src for e in answer.edges} - {e.dst for e in answer.edges}
-    left = [(h, roles) for h, roles in answer.circuit if h in sources][:limit]
-    right = [(h, roles) for h, roles in answer.circuit if h not in sources][:limit]
-    rows = max(len(left), len(right), 1)
-    width, x_l, x_r, row_h, top = 340, 50, 280, 44, 24
-    height = top + rows * row_h + 16
+    """The verified circuit, every member drawn: one column per layer in layer order (``L3`` left of ``L7``), the
+    members of a layer stacked, grouped and coloured by role where they hold one (:func:`diagram_layout`); the
+    carrying edges between them coloured and sized by their exact effect (path patching, labelled in nats where a
+    label fits, every one with a tooltip). Only forward edges are drawn (sender in an earlier layer than receiver);
+    any other is counted under the figure, never drawn backwards. Each node's tooltip is its explanation
+    (``answer.explanations``). ``answer``: :class:`circuitkit.report.summary.Answer` (this module does not import the
+    summary, which draws with it)."""
+    circuit = [(tuple(h), tuple(roles)) for h, roles in answer.circuit]
+    at, pitch = diagram_layout(circuit)
+    explanations = getattr(answer, "explanations", None) or {}
+    role_order = list(dict.fromkeys(r for _, roles in circuit for r in roles[:1]))
+    fills = {role: ROLE_FILLS[i % len(ROLE_FILLS)] for i, role in enumerate(role_order)}
+    rows = max((sum(1 for h, _ in circuit if h[0] == layer) for layer in {h[0] for h, _ in circuit}), default=1)
+    legend_h = 16 if role_order else 0
+    width = int(max(340, max((x for x, _ in at.values()), default=0) + NODE_W / 2 + 12))
+    height = int(40 + rows * DIAGRAM_ROW + 18 + legend_h)
     parts = [
         f'<svg class="ck-diagram" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="system-ui, sans-serif" font-size="11" role="img" aria-label="circuit diagram">'
         '<defs><marker id="ck-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" markerHeight="9" '
         'markerUnits="userSpaceOnUse" orient="auto"><path d="M0 0L10 5L0 10z" fill="#555"/></marker></defs>'
-        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">circuit: {len(answer.circuit)} heads, '
+        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">circuit: {len(circuit)} heads, '
         f'faithfulness {answer.faithfulness:.2f}</text>'
     ]
-    ys_l = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(left)}
-    ys_r = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(right)}
-    shown = [e for e in answer.edges if e.src in ys_l and e.dst in ys_r]
-    labels: list[str] = []
+    for layer in sorted({h[0] for h, _ in circuit}):
+        x = next(x for h, (x, _) in at.items() if h[0] == layer)
+        parts.append(f'<text x="{_f(x)}" y="30" text-anchor="middle" fill="#777" font-size="10">L{layer}</text>')
+    edges = [e for e in answer.edges if tuple(e.src) in at and tuple(e.dst) in at]
+    shown = [e for e in edges if e.src[0] < e.dst[0]]
+    backward = len(edges) - len(shown)
     scale = max((abs(e.effect) for e in shown), default=0.0)
-    taken: list[tuple[float, float, float, float]] = []  # labels claim places strongest first, never overlapping
-    x1, x2 = x_l + 34, x_r - 38
+    # nodes claim their boxes first; labels then take free places strongest first, never overlapping
+    taken: list[tuple[float, float, float, float]] = [
+        (x - NODE_W / 2, y - NODE_H / 2, x + NODE_W / 2, y + NODE_H / 2) for x, y in at.values()]
+    segments = [(at[e.src][0] + NODE_W / 2, at[e.src][1], at[e.dst][0] - NODE_W / 2 - 4, at[e.dst][1]) for e in shown]
+    labels: list[str] = []
     n_hidden = 0
-    segments = [(ys_l[e.src], ys_r[e.dst]) for e in shown]
-    for e in shown:
-        y1, y2 = ys_l[e.src], ys_r[e.dst]
+    for e, (x1, y1, x2, y2) in zip(shown, segments, strict=True):
         t = e.effect / scale if scale > 0 else 0.0
         label = f"{e.channel.upper()} {e.effect:+.2f}"
-        spot = None
         half = 3.1 * len(label)
-        others = [(a, b) for a, b in segments if (a, b) != (y1, y2)]
+        others = [seg for seg in segments if seg != (x1, y1, x2, y2)]
+        spot = None
         # beside its own line (above, else below; its halo hides where a steep line grazes it), where no other
-        # line crosses the label
+        # line crosses the label and no node sits
         for frac, dy in ((frac, dy) for frac in DIAGRAM_LABEL_PLACES for dy in (-4.0, 12.0)):
             mx, my = x1 + frac * (x2 - x1), y1 + frac * (y2 - y1) + dy
             box = (mx - half - 1, my - 9, mx + half + 1, my + 2)
-            if _free(box, taken) and not any(_crosses(box, x1, a, x2, b) for a, b in others):
+            if _free(box, taken) and not any(_crosses(box, *seg) for seg in others):
                 spot = (mx, my)
                 taken.append(box)
                 break
         if spot is None:
             n_hidden += 1
         parts.append(
-            f'<g><title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect '
-            f'{e.effect:+.3f} nats (path patching)</title>'
-            f'<line x1="{x1}" y1="{_f(y1)}" x2="{x2}" y2="{_f(y2)}" stroke="{diverging(t)}" '
-            f'stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/></g>'
+            f'<g class="ck-edge" data-src="{head_name(e.src)}" data-dst="{head_name(e.dst)}"><title>'
+            f'{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect {e.effect:+.3f} nats '
+            f'(path patching)</title><line x1="{_f(x1)}" y1="{_f(y1)}" x2="{_f(x2)}" y2="{_f(y2)}" '
+            f'stroke="{diverging(t)}" stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/></g>'
         )
         if spot is not None:
             labels.append(f'<text x="{_f(spot[0])}" y="{_f(spot[1])}" text-anchor="middle" font-size="10" '
                           f'fill="#333" paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>')
-    parts += labels  # over every line
-    for column, ys, x, colour in ((left, ys_l, x_l, "#e3eefb"), (right, ys_r, x_r, "#fde3d9")):
-        for h, roles in column:
-            caption = "/".join(ROLE_SHORT.get(r, r) for r in roles) or "no role"
-            parts.append(_node(x, ys[h], h, caption, colour))
-    caption = "edges: exact effect (path patching, nats)" + ("; hover for figures" if n_hidden else "")
-    parts.append(f'<text x="{width // 2}" y="{height - 3}" text-anchor="middle" font-size="9" fill="#666">'
-                 f"{caption}</text></svg>")
+    for h, roles in circuit:  # over every line
+        x, y = at[h]
+        caption = "/".join(ROLE_SHORT.get(r, r) for r in roles)
+        title = explanations.get(head_name(h)) or caption or "circuit member"
+        parts.append(_member_node(x, y, h, caption, fills.get(roles[0], PLAIN_FILL) if roles else PLAIN_FILL, title))
+    parts += labels  # over every line and node
+    bottom = height - legend_h
+    if role_order:
+        lx = 12.0
+        for role in [*role_order, None]:
+            text = "other member" if role is None else ROLE_SHORT.get(role, role)
+            colour = PLAIN_FILL if role is None else fills[role]
+            parts.append(f'<rect x="{_f(lx)}" y="{bottom}" width="10" height="10" fill="{colour}" stroke="#333"/>'
+                         f'<text x="{_f(lx + 14)}" y="{bottom + 9}" font-size="9" fill="#444">{_esc(text)}</text>')
+            lx += 24 + 5.2 * len(text)
+    caption = "columns: layers; edges: exact effect (path patching, nats)" + (
+        "; hover for figures" if n_hidden else "") + (
+        f"; {backward} edge{'s' if backward != 1 else ''} not from an earlier layer, not drawn" if backward else "")
+    parts.append(f'<text x="{width // 2}" y="{bottom - 5}" text-anchor="middle" font-size="9" fill="#666">'
+                 f"{_esc(caption)}</text></svg>")
     return "".join(parts)
 
 
@@ -444,5 +510,6 @@ def loss_curve(per_position: Sequence[float | None], boundaries: Sequence[float]
 
 
 __all__ = [
-    "GraphEdge", "answer_diagram", "circuit_diagram", "diverging", "faithfulness_curve", "head_graph", "loss_curve",
+    "GraphEdge", "answer_diagram", "circuit_diagram", "diagram_layout", "diverging", "faithfulness_curve",
+    "head_graph", "loss_curve",
 ]
