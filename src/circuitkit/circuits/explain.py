@@ -83,51 +83,52 @@ def _through(edge: MeasuredEdge, member: Head) -> str:
     channel = edge.channel.upper()
     if not channel:
         return ""
-    if edge.dst != head_name(member) and "g" in edge.dst:  # a grouped key/value input the member shares
-        return f" through its group's {channel} ({edge.dst})"
+    if edge.dst != head_name(member):  # a grouped key/value input the member shares
+        return f" through its group's {channel} input {edge.dst}:{edge.channel}"
     return f" through {channel}"
 
 
 def _edge_clauses(member: Head, edges: Sequence[MeasuredEdge], heads_per_group: int, members: set[str],
                   unit: str) -> list[str]:
-    """What the edges ``member`` sends and receives say (module docstring), strongest first."""
+    """What the edges ``member`` sends and receives say (module docstring): the carrying ones with their exact
+    effects, strongest first, then the count of those not measured one by one."""
     name = head_name(member)
     largest = max((abs(e.effect) for e in edges if e.effect is not None), default=0.0)
     floor = CARRIES_NOTHING_FRACTION * largest
+
+    def carrying(e: MeasuredEdge) -> bool:
+        return e.effect is not None and largest > 0 and abs(e.effect) >= floor
+
     sent = [e for e in edges if e.src == name]
     received = [e for e in edges if _receives(member, e.dst, heads_per_group)]
     clauses = []
-    for verb, mine, other in (("feeds", sent, "dst"), ("reads", received, "src")):
-        exact = sorted((e for e in mine if e.effect is not None and largest > 0 and abs(e.effect) >= floor),
-                       key=lambda e: -abs(e.effect or 0.0))
+    for verb, mine, other in (("feeds", [e for e in sent if e.dst != "logits"], "dst"), ("reads", received, "src")):
+        exact = sorted(filter(carrying, mine), key=lambda e: -abs(e.effect or 0.0))
         parts = []
         for i, e in enumerate(exact[:MAX_EDGES_NAMED]):
             peer = getattr(e, other)
-            where = "" if peer in members or not re.fullmatch(r"\d+\.\d+", peer) else " (outside the circuit)"
-            if peer == "logits":
-                text = f"writes into the logits (effect {_num(e.effect or 0.0)}"
-            else:
-                target = "the embeddings" if peer == "input" else peer
-                text = f"{target}{where}{_through(e, member)} ({'effect ' if i == 0 else ''}{_num(e.effect or 0.0)}"
-            parts.append(text + (f" {unit})" if i == 0 and unit else ")"))
+            outside = " (outside the circuit)" if re.fullmatch(r"\d+\.\d+", peer) and peer not in members else ""
+            label = "the embeddings" if peer == "input" else peer
+            figure = f"effect {_num(e.effect or 0.0)}{' ' + unit if unit else ''}" if i == 0 else _num(e.effect or 0.0)
+            parts.append(f"{label}{outside}{_through(e, member)} ({figure})")
         if len(exact) > MAX_EDGES_NAMED:
             parts.append(f"{len(exact) - MAX_EDGES_NAMED} more")
-        unmeasured = sum(e.effect is None for e in mine)
         if parts:
-            writes = [p for p in parts if p.startswith("writes into")]
-            rest = [p for p in parts if not p.startswith("writes into")]
-            if rest:
-                clauses.append(f"{verb} " + ", ".join(rest))
-            clauses += writes
-        if unmeasured:
-            direction = "sends" if verb == "feeds" else "receives"
-            clauses.append(f"{direction} {unmeasured} edge{'s' if unmeasured != 1 else ''} of the edge circuit "
-                           "(not measured one by one)")
-    silent = [e for e in sent + received if e.effect is not None and not (largest > 0 and abs(e.effect) >= floor)]
+            clauses.append(f"{verb} " + ", ".join(parts))
+        if verb == "feeds":
+            clauses += [f"writes into the logits (effect {_num(e.effect or 0.0)}{' ' + unit if unit else ''})"
+                        for e in sent if e.dst == "logits" and carrying(e)]
+    counts = [(word, sum(e.effect is None for e in mine)) for word, mine in (("sends", sent), ("receives", received))]
+    counts = [(word, n) for word, n in counts if n]
+    if counts:
+        said = " and ".join(f"{word} {n}" for word, n in counts)
+        total = sum(n for _, n in counts)
+        clauses.append(f"{said} edge{'s' if total != 1 else ''} of the edge circuit not measured one by one")
+    silent = [e for e in sent + received if e.effect is not None and not carrying(e)]
     if silent and not any(c.startswith(("feeds", "reads", "writes into")) for c in clauses):
+        biggest = max((e.effect or 0.0 for e in silent), key=abs)
         clauses.append(f"its {len(silent)} exactly measured edge{'s' if len(silent) != 1 else ''} carr"
-                       f"{'y' if len(silent) != 1 else 'ies'} nothing (largest "
-                       f"{_num(max((e.effect or 0.0 for e in silent), key=abs))})")
+                       f"{'y' if len(silent) != 1 else 'ies'} nothing (largest {_num(biggest)})")
     return clauses
 
 
@@ -221,7 +222,7 @@ def task_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequence[
     names = {head_name(h) for h in members}
     out = {}
     for h in members:
-        edge_clauses = _edge_clauses(h, edges, heads_per_group, names, "")
+        edge_clauses = _edge_clauses(h, edges, heads_per_group, names, unit)
         direct = None
         if dla is not None and h in dla and gap is not None and abs(gap) > 0:
             value = dla[h]

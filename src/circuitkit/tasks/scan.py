@@ -31,6 +31,7 @@ from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circu
 from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
+from circuitkit.tasks.roles import member_explanations
 from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_HOLDOUT = 0.5
@@ -101,7 +102,8 @@ class TaskScan:
                       **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores}},
             "mlps": {"dla": None if self.dla_mlp is None else [_num(v) for v in self.dla_mlp.tolist()],
                      "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
-            "circuit": None if self.circuit is None else self.circuit.to_json(),
+            "circuit": None if self.circuit is None else {**self.circuit.to_json(),
+                                                          "explanations": member_explanations(self)},
             "circuit_error": self.circuit_error,
             "roles": _roles_json(self),
             "stages": [{"name": s.name, "passes": s.passes, "seconds": round(s.seconds, 3)} for s in self.stages],
@@ -127,6 +129,7 @@ class TaskScan:
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
                      f"Heads: {heads}.")
+        lines += [f"  {name}: {text}." for name, text in (member_explanations(self) or {}).items()]
         other = c.other_set
         if other is not None:
             searched = "discovery" if other["set"] == "evaluation" else "evaluation"
