@@ -79,19 +79,22 @@ def _receives(member: Head, dst: str, heads_per_group: int) -> bool:
     return bool(match) and int(match.group(1)) == member[0] and member[1] // heads_per_group == int(match.group(2))
 
 
-def _through(edge: MeasuredEdge, member: Head) -> str:
+def _through(edge: MeasuredEdge) -> str:
+    """`` through K`` (the receiver's input), `` through its group's K input 3.g1:k`` where the receiver is a
+    key/value group its query heads share, "" into an MLP or the logits."""
     channel = edge.channel.upper()
     if not channel:
         return ""
-    if edge.dst != head_name(member):  # a grouped key/value input the member shares
+    if re.fullmatch(r"\d+\.g\d+", edge.dst):
         return f" through its group's {channel} input {edge.dst}:{edge.channel}"
     return f" through {channel}"
 
 
 def _edge_clauses(member: Head, edges: Sequence[MeasuredEdge], heads_per_group: int, members: set[str],
-                  unit: str) -> list[str]:
-    """What the edges ``member`` sends and receives say (module docstring): the carrying ones with their exact
-    effects, strongest first, then the count of those not measured one by one."""
+                  unit: str) -> tuple[list[str], list[str]]:
+    """What the edges ``member`` sends and receives say (module docstring): ``(carrying, notes)``, the carrying
+    ones with their exact effects, strongest first; the notes: the count of those not measured one by one, and,
+    where none carries, that its exactly measured edges carry nothing."""
     name = head_name(member)
     largest = max((abs(e.effect) for e in edges if e.effect is not None), default=0.0)
     floor = CARRIES_NOTHING_FRACTION * largest
@@ -109,8 +112,12 @@ def _edge_clauses(member: Head, edges: Sequence[MeasuredEdge], heads_per_group: 
             peer = getattr(e, other)
             outside = " (outside the circuit)" if re.fullmatch(r"\d+\.\d+", peer) and peer not in members else ""
             label = "the embeddings" if peer == "input" else peer
-            figure = f"effect {_num(e.effect or 0.0)}{' ' + unit if unit else ''}" if i == 0 else _num(e.effect or 0.0)
-            parts.append(f"{label}{outside}{_through(e, member)} ({figure})")
+            value = _num(e.effect or 0.0)
+            figure = f"effect {value}{' ' + unit if unit else ''}" if i == 0 else value
+            if verb == "feeds" and re.fullmatch(r"\d+\.g\d+", peer):  # the group's input, shared by its heads
+                parts.append(f"{peer}:{e.channel} (a key/value group's {e.channel.upper()} input; {figure})")
+                continue
+            parts.append(f"{label}{outside}{_through(e)} ({figure})")
         if len(exact) > MAX_EDGES_NAMED:
             parts.append(f"{len(exact) - MAX_EDGES_NAMED} more")
         if parts:
@@ -118,18 +125,19 @@ def _edge_clauses(member: Head, edges: Sequence[MeasuredEdge], heads_per_group: 
         if verb == "feeds":
             clauses += [f"writes into the logits (effect {_num(e.effect or 0.0)}{' ' + unit if unit else ''})"
                         for e in sent if e.dst == "logits" and carrying(e)]
+    notes = []
     counts = [(word, sum(e.effect is None for e in mine)) for word, mine in (("sends", sent), ("receives", received))]
     counts = [(word, n) for word, n in counts if n]
     if counts:
         said = " and ".join(f"{word} {n}" for word, n in counts)
         total = sum(n for _, n in counts)
-        clauses.append(f"{said} edge{'s' if total != 1 else ''} of the edge circuit not measured one by one")
+        notes.append(f"{said} edge{'s' if total != 1 else ''} of the edge circuit not measured one by one")
     silent = [e for e in sent + received if e.effect is not None and not carrying(e)]
-    if silent and not any(c.startswith(("feeds", "reads", "writes into")) for c in clauses):
+    if silent and not clauses:
         biggest = max((e.effect or 0.0 for e in silent), key=abs)
-        clauses.append(f"its {len(silent)} exactly measured edge{'s' if len(silent) != 1 else ''} carr"
+        notes.append(f"its {len(silent)} exactly measured edge{'s' if len(silent) != 1 else ''} carr"
                        f"{'y' if len(silent) != 1 else 'ies'} nothing (largest {_num(biggest)})")
-    return clauses
+    return clauses, notes
 
 
 def _curve_clause(member: Head, order: Sequence[Any], curve: Mapping[int, float]) -> str | None:
@@ -152,15 +160,19 @@ def _calls(calls: Sequence[Call]) -> str:
     return ", ".join(parts)
 
 
-def _explain(*, roles: Sequence[str], calls: Sequence[Call], direct: str | None, edges: list[str],
-             removal: str | None, step: str | None, share: float | None, entry: str) -> str:
+def _explain(*, roles: Sequence[str], calls: Sequence[Call], direct: str | None,
+             edges: tuple[list[str], list[str]], removal: str | None, step: str | None, share: float | None,
+             entry: str) -> str:
+    """The member's phrase: what it does (roles, calls, direct effect, carrying edges), then how much it matters;
+    with no "what", how it entered the circuit first, and "no single measured role" with no removal or step."""
     what = [", ".join(roles)] if roles else []
     if calls:
         what.append(_calls(calls))
     if direct:
         what.append(direct)
-    what += edges
-    how = [c for c in (removal, step) if c]
+    carrying, notes = edges
+    what += carrying
+    how = notes + [c for c in (removal, step) if c]
     if share is not None:
         how.append(f"in {100 * share:.0f}% of the resampled circuits")
     if what:
