@@ -162,13 +162,20 @@ ROLE_FILLS = ("#e3eefb", "#fde3d9", "#e2f2e4", "#f1e4f7", "#fbf1d0", "#dff3f3")
 PLAIN_FILL = "#f2f2f2"
 """The fill of a circuit member without a named role (its tooltip and the Members list say what it does)."""
 NODE_W, NODE_H = 60, 30
-DIAGRAM_ROW = 42
-DIAGRAM_PITCH = (74, 230)
-"""Distance between the circuit diagram's layer columns (px): the widest where few columns leave room for edge
-labels, down to the narrowest for many (a 30-layer circuit stays about 1,000 px wide; labels then yield to
-tooltips)."""
-DIAGRAM_SPAN = 760
-"""The width the layer columns share before the pitch reaches its narrowest."""
+DIAGRAM_GAP = (14, 80)
+"""Space between two members of one layer's row (px): the widest where rows are short (room for the labels of the
+edges between them), down to the narrowest for long rows."""
+DIAGRAM_WIDTH = 420
+"""The width the longest row's members share before their spacing reaches its narrowest."""
+DIAGRAM_ROW = (54, 120)
+"""Distance between the circuit diagram's layer rows (px): the widest where few rows leave room for the labels of
+crossing edges (the bundled model's two), down to the narrowest for many (room for one label between two rows)."""
+DIAGRAM_SPAN = 480
+"""The height the layer rows share before their distance reaches its narrowest."""
+DIAGRAM_LEFT, DIAGRAM_TOP = 40, 30
+"""Where the first member's box starts: left of it the layer names, above it the title."""
+LANE_GAP = 9
+"""Distance between two routed edges' vertical lanes right of the members (px)."""
 
 
 def _member_node(x: float, y: float, head: Head, caption: str, colour: str, title: str) -> str:
@@ -184,42 +191,103 @@ def _member_node(x: float, y: float, head: Head, caption: str, colour: str, titl
 
 
 def diagram_layout(circuit: Sequence[tuple[Head, Sequence[str]]]) -> tuple[dict[Head, tuple[float, float]], float]:
-    """Where the circuit diagram puts each member: ``head -> (x, y)`` of its centre, and the pitch between columns.
-    One column per layer that holds a member, in layer order (x strictly increasing with the layer); within a
-    column, members grouped by their first role (roles in the order they first occur, members without one last),
-    then in the circuit's order."""
+    """Where the circuit diagram puts each member: ``head -> (x, y)`` of its box's centre, and the distance between
+    two rows (:data:`DIAGRAM_ROW`, :data:`DIAGRAM_SPAN`). One row per layer that
+    holds a member, in layer order from the top (y strictly increasing with the layer: a 25-head circuit over 20
+    layers stays readable on a narrow page, where 20 columns would not); within a row, members grouped by their
+    first role (roles in the order they first occur, members without one last), then in the circuit's order."""
     layers = sorted({h[0] for h, _ in circuit})
-    n = len(layers)
-    pitch = DIAGRAM_PITCH[1] if n <= 2 else max(DIAGRAM_PITCH[0], min(DIAGRAM_PITCH[1], DIAGRAM_SPAN / (n - 1)))
+    pitch = DIAGRAM_ROW[1] if len(layers) <= 2 else max(DIAGRAM_ROW[0], min(DIAGRAM_ROW[1],
+                                                                             DIAGRAM_SPAN / (len(layers) - 1)))
+    widest = max((sum(1 for h, _ in circuit if h[0] == layer) for layer in layers), default=1)
+    gap = DIAGRAM_GAP[1] if widest <= 2 else max(DIAGRAM_GAP[0], min(
+        DIAGRAM_GAP[1], (DIAGRAM_WIDTH - widest * NODE_W) / (widest - 1)))
     order = list(dict.fromkeys(r for _, roles in circuit for r in roles[:1]))
     rank = {h: i for i, (h, _) in enumerate(circuit)}
     roles_of = {h: tuple(roles) for h, roles in circuit}
     out = {}
-    for c, layer in enumerate(layers):
-        column = sorted((h for h, _ in circuit if h[0] == layer),
-                        key=lambda h: (order.index(roles_of[h][0]) if roles_of[h] else len(order), rank[h]))
-        for r, h in enumerate(column):
-            out[h] = (12 + NODE_W / 2 + c * pitch, 40 + DIAGRAM_ROW * (r + 0.5))
+    for r, layer in enumerate(layers):
+        row = sorted((h for h, _ in circuit if h[0] == layer),
+                     key=lambda h: (order.index(roles_of[h][0]) if roles_of[h] else len(order), rank[h]))
+        y = DIAGRAM_TOP + NODE_H / 2 + r * pitch
+        for c, h in enumerate(row):
+            out[h] = (DIAGRAM_LEFT + NODE_W / 2 + c * (NODE_W + gap), y)
     return out, pitch
 
 
+def _route(ends: tuple[float, float, float, float], lane: float, gap: float) -> list[tuple[float, float]]:
+    """The corners of an edge routed round the members between its ends: down from the sender's bottom into the gap
+    below its row, right to the vertical ``lane``, down it to the gap above the receiver's row, back, and down into
+    the receiver's top (``gap``: between two rows). Every piece runs right, left or down, never up: an edge only
+    goes forward."""
+    x1, y1, x2, y2 = ends
+    step = 3.0 * (round(lane / LANE_GAP) % 3 - 1)  # neighbouring lanes' horizontal pieces a little apart
+    below = y1 + gap / 2 - 2 + step  # the middle of the gap under the sender's row
+    above = y2 - gap / 2 + 6 + step  # ... and over the receiver's row (y2: the arrow's tip)
+    return [(x1, y1), (x1, below), (lane, below), (lane, above), (x2, above), (x2, y2)]
+
+
+def _along(points: Sequence[tuple[float, float]], frac: float) -> tuple[float, float]:
+    """The point ``frac`` of the way along the polyline ``points`` (by length)."""
+    pieces = [math.hypot(bx - ax, by - ay) for (ax, ay), (bx, by) in zip(points, points[1:], strict=False)]
+    left = frac * sum(pieces)
+    for (ax, ay), (bx, by), length in zip(points, points[1:], pieces, strict=False):
+        if left <= length and length > 0:
+            return ax + (bx - ax) * left / length, ay + (by - ay) * left / length
+        left -= length
+    return points[-1]
+
+
+def _hits(box: tuple[float, float, float, float], points: Sequence[tuple[float, float]]) -> bool:
+    """Whether the polyline ``points`` passes through ``box`` (each piece sampled every 2 px)."""
+    x0, y0, xb, yb = box
+    for (ax, ay), (bx, by) in zip(points, points[1:], strict=False):
+        steps = max(1, int(math.hypot(bx - ax, by - ay) / 2))
+        for k in range(steps + 1):
+            x, y = ax + (bx - ax) * k / steps, ay + (by - ay) * k / steps
+            if x0 <= x <= xb and y0 <= y <= yb:
+                return True
+    return False
+
+
 def answer_diagram(answer: Any) -> str:
-    """The verified circuit, every member drawn: one column per layer in layer order (``L3`` left of ``L7``), the
-    members of a layer stacked, grouped and coloured by role where they hold one (:func:`diagram_layout`); the
-    carrying edges between them coloured and sized by their exact effect (path patching, labelled in nats where a
-    label fits, every one with a tooltip). Only forward edges are drawn (sender in an earlier layer than receiver);
-    any other is counted under the figure, never drawn backwards. Each node's tooltip is its explanation
-    (``answer.explanations``). ``answer``: :class:`circuitkit.report.summary.Answer` (this module does not import the
-    summary, which draws with it)."""
+    """The verified circuit, every member drawn: one row per layer in layer order from the top (``L3`` above
+    ``L7``), the members of a layer side by side, grouped and coloured by role where they hold one
+    (:func:`diagram_layout`); the carrying edges between them from the sender's bottom to the receiver's top,
+    coloured and sized by their exact effect (path patching, labelled in nats where a label fits, every one with a
+    tooltip), routed round any other member's box in a lane right of the members. Only forward edges are drawn
+    (sender in an earlier layer than receiver); any other is counted under the figure, never drawn backwards. Each
+    node's tooltip is its explanation (``answer.explanations``). ``answer``:
+    :class:`circuitkit.report.summary.Answer` (this module does not import the summary, which draws with it)."""
     circuit = [(tuple(h), tuple(roles)) for h, roles in answer.circuit]
     at, pitch = diagram_layout(circuit)
     explanations = getattr(answer, "explanations", None) or {}
     role_order = list(dict.fromkeys(r for _, roles in circuit for r in roles[:1]))
     fills = {role: ROLE_FILLS[i % len(ROLE_FILLS)] for i, role in enumerate(role_order)}
-    rows = max((sum(1 for h, _ in circuit if h[0] == layer) for layer in {h[0] for h, _ in circuit}), default=1)
+    boxes = {h: (x - NODE_W / 2, y - NODE_H / 2, x + NODE_W / 2, y + NODE_H / 2) for h, (x, y) in at.items()}
+    edges = [e for e in answer.edges if tuple(e.src) in at and tuple(e.dst) in at]
+    shown = [e for e in edges if e.src[0] < e.dst[0]]
+    backward = len(edges) - len(shown)
+    routes: list[tuple[tuple[float, float, float, float], list[tuple[float, float]]]] = []
+    right = max((b[2] for b in boxes.values()), default=0.0)
+    lanes = 0
+    for e in shown:  # straight where that passes no other member's box, else round them in a lane of its own
+        (xs, ys), (xd, yd) = at[tuple(e.src)], at[tuple(e.dst)]
+        ends = (xs, ys + NODE_H / 2, xd, yd - NODE_H / 2 - 4)
+        others = [b for h, b in boxes.items() if h not in (tuple(e.src), tuple(e.dst))]
+        points = [ends[:2], ends[2:]]
+        if any(_hits(box, points) for box in others):
+            lanes += 1
+            points = _route(ends, right + LANE_GAP * lanes, pitch - NODE_H)
+        routes.append((ends, points))
+    xs_all = [x for _, points in routes for x, _ in points] + [b[2] for b in boxes.values()]
+    ys_all = [b[3] for b in boxes.values()]
+    width = int(max(340, max(xs_all, default=0) + 16))
     legend_h = 16 if role_order else 0
-    width = int(max(340, max((x for x, _ in at.values()), default=0) + NODE_W / 2 + 12))
-    height = int(40 + rows * DIAGRAM_ROW + 18 + legend_h)
+    notes = ["rows: layers, from the top; edges: exact effect (path patching, nats)"]
+    if backward:
+        notes.append(f"{backward} edge{'s' if backward != 1 else ''} not from an earlier layer, not drawn")
+    height = int(max(ys_all, default=0) + 11 + 11 * (len(notes) + 1) + legend_h)
     parts = [
         f'<svg class="ck-diagram" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="system-ui, sans-serif" font-size="11" role="img" aria-label="circuit diagram">'
@@ -229,41 +297,44 @@ def answer_diagram(answer: Any) -> str:
         f'faithfulness {answer.faithfulness:.2f}</text>'
     ]
     for layer in sorted({h[0] for h, _ in circuit}):
-        x = next(x for h, (x, _) in at.items() if h[0] == layer)
-        parts.append(f'<text x="{_f(x)}" y="30" text-anchor="middle" fill="#777" font-size="10">L{layer}</text>')
-    edges = [e for e in answer.edges if tuple(e.src) in at and tuple(e.dst) in at]
-    shown = [e for e in edges if e.src[0] < e.dst[0]]
-    backward = len(edges) - len(shown)
+        y = next(y for h, (_, y) in at.items() if h[0] == layer)
+        parts.append(f'<text x="{DIAGRAM_LEFT - 6}" y="{_f(y + 4)}" text-anchor="end" fill="#777" font-size="10">'
+                     f"L{layer}</text>")
     scale = max((abs(e.effect) for e in shown), default=0.0)
-    # nodes claim their boxes first; labels then take free places strongest first, never overlapping
-    taken: list[tuple[float, float, float, float]] = [
-        (x - NODE_W / 2, y - NODE_H / 2, x + NODE_W / 2, y + NODE_H / 2) for x, y in at.values()]
-    segments = [(at[e.src][0] + NODE_W / 2, at[e.src][1], at[e.dst][0] - NODE_W / 2 - 4, at[e.dst][1]) for e in shown]
+    taken = list(boxes.values())  # labels never overlap a node or another label
     labels: list[str] = []
-    n_hidden = 0
-    for e, (x1, y1, x2, y2) in zip(shown, segments, strict=True):
+    hidden_said = False
+    for i, (e, (ends, points)) in enumerate(zip(shown, routes, strict=True)):
         t = e.effect / scale if scale > 0 else 0.0
         label = f"{e.channel.upper()} {e.effect:+.2f}"
         half = 3.1 * len(label)
-        others = [seg for seg in segments if seg != (x1, y1, x2, y2)]
+        others = [p for j, (_, p) in enumerate(routes) if j != i]
         spot = None
-        # beside its own line (above, else below; its halo hides where a steep line grazes it), where no other
-        # line crosses the label and no node sits
-        for frac, dy in ((frac, dy) for frac in DIAGRAM_LABEL_PLACES for dy in (-4.0, 12.0)):
-            mx, my = x1 + frac * (x2 - x1), y1 + frac * (y2 - y1) + dy
-            box = (mx - half - 1, my - 9, mx + half + 1, my + 2)
-            if _free(box, taken) and not any(_crosses(box, *seg) for seg in others):
-                spot = (mx, my)
+        # beside its own line (right of it, left, above, below, a little further right or left), where neither
+        # it nor another line crosses the label
+        beside = ((half + 4, 0.0), (-half - 4, 0.0), (0.0, -9.0), (0.0, 10.0), (half + 14, 0.0), (-half - 14, 0.0))
+        for frac, (dx, dy) in ((frac, d) for frac in DIAGRAM_LABEL_PLACES for d in beside):
+            px, py = _along(points, frac)
+            box = (px + dx - half - 1, py + dy - 6, px + dx + half + 1, py + dy + 5)
+            if _free(box, taken) and not any(_hits(box, p) for p in others) and not _hits(box, points):
+                spot = (px + dx, py + dy + 4)
                 taken.append(box)
                 break
-        if spot is None:
-            n_hidden += 1
-        parts.append(
-            f'<g class="ck-edge" data-src="{head_name(e.src)}" data-dst="{head_name(e.dst)}"><title>'
-            f'{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect {e.effect:+.3f} nats '
-            f'(path patching)</title><line x1="{_f(x1)}" y1="{_f(y1)}" x2="{_f(x2)}" y2="{_f(y2)}" '
-            f'stroke="{diverging(t)}" stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/></g>'
-        )
+        if spot is None and not hidden_said:
+            notes.append("hover an edge or a head for its figures")
+            hidden_said = True
+        x1, y1, x2, y2 = ends
+        title = (f"<title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect "
+                 f"{e.effect:+.3f} nats (path patching)</title>")
+        style = (f'stroke="{diverging(t)}" stroke-width="{_f(1.0 + 4.0 * abs(t))}" fill="none" '
+                 'marker-end="url(#ck-arrow)"')
+        if len(points) > 2:
+            corners = "L".join(f"{_f(x)} {_f(y)}" for x, y in points[1:])
+            shape = f'<path d="M{_f(x1)} {_f(y1)}L{corners}" stroke-linejoin="round" {style}/>'
+        else:
+            shape = f'<line x1="{_f(x1)}" y1="{_f(y1)}" x2="{_f(x2)}" y2="{_f(y2)}" {style}/>'
+        parts.append(f'<g class="ck-edge" data-src="{head_name(e.src)}" data-dst="{head_name(e.dst)}">{title}'
+                     f"{shape}</g>")
         if spot is not None:
             labels.append(f'<text x="{_f(spot[0])}" y="{_f(spot[1])}" text-anchor="middle" font-size="10" '
                           f'fill="#333" paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>')
@@ -276,17 +347,17 @@ def answer_diagram(answer: Any) -> str:
     bottom = height - legend_h
     if role_order:
         lx = 12.0
-        for role in [*role_order, None]:
+        plain = any(not roles for _, roles in circuit)
+        for role in [*role_order, *([None] if plain else [])]:
             text = "other member" if role is None else ROLE_SHORT.get(role, role)
             colour = PLAIN_FILL if role is None else fills[role]
             parts.append(f'<rect x="{_f(lx)}" y="{bottom}" width="10" height="10" fill="{colour}" stroke="#333"/>'
                          f'<text x="{_f(lx + 14)}" y="{bottom + 9}" font-size="9" fill="#444">{_esc(text)}</text>')
             lx += 24 + 5.2 * len(text)
-    caption = "columns: layers; edges: exact effect (path patching, nats)" + (
-        "; hover for figures" if n_hidden else "") + (
-        f"; {backward} edge{'s' if backward != 1 else ''} not from an earlier layer, not drawn" if backward else "")
-    parts.append(f'<text x="{width // 2}" y="{bottom - 5}" text-anchor="middle" font-size="9" fill="#666">'
-                 f"{_esc(caption)}</text></svg>")
+    for i, line in enumerate(notes):
+        parts.append(f'<text x="12" y="{bottom - 5 - 11 * (len(notes) - 1 - i)}" font-size="9" fill="#666">'
+                     f"{_esc(line)}</text>")
+    parts.append("</svg>")
     return "".join(parts)
 
 
