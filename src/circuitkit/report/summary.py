@@ -521,7 +521,7 @@ def answer_html(answer: Answer) -> list[str]:
     out = []
     for label, parts in answer_parts(answer):
         if label == "Members":  # a list, one member a line (story_html writes it as it is, not in a <p>)
-            items = "".join(f"<li>{_head(head)}: {_esc(text)}</li>" for head, text in _members(parts))
+            items = "".join(f"<li>Member {_head(head)}: {_esc(text)}.</li>" for head, text in _members(parts))
             out.append(f'<ul class="ck-members" aria-label="what each member does">{items}</ul>')
             continue
         body = "".join(_head(v) if kind == "head" else f"<b>{_esc(v)}</b>" if kind == "num" else _esc(v)
