@@ -235,9 +235,13 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
     answer = find_answer(scan)
     if answer is not None:
         text = "".join(s if s.startswith("<ul") else f"<p>{s}</p>" for s in answer_html(answer))
-        figures = (answer_diagram(answer) + faithfulness_curve(answer.curve, answer.target, len(answer.circuit),
-                                                               answer.n_total, answer.curve_ci,
-                                                               _baseline_mark(answer))) if diagram else ""
+        figures = ""
+        if diagram:  # beside the text, one above the other: the curve stays in view beside a long member list
+            drawn = answer_diagram(answer)
+            curve = faithfulness_curve(answer.curve, answer.target, len(answer.circuit), answer.n_total,
+                                       answer.curve_ci, _baseline_mark(answer))
+            tall = int(drawn.split('height="', 1)[1].split('"', 1)[0]) > TALL_DIAGRAM
+            figures = f'<div class="ck-answer-figures">{curve + drawn if tall else drawn + curve}</div>'
         return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
     story = find_story(scan)
     text = "".join(f"<p>{s}</p>" for s in sentences(scan, story))
@@ -246,6 +250,11 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
         text = f"<p><b>No circuit found by faithfulness:</b> {_esc(error.removeprefix('faithfulness: '))}</p>" + text
     figure = circuit_diagram(story) if diagram else ""
     return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figure}</div>'
+
+
+TALL_DIAGRAM = 480
+"""A circuit diagram taller than this (px: a circuit over eight layers or more) goes below the faithfulness curve,
+which then stays in view."""
 
 
 def _baseline_mark(answer: Any) -> tuple[float, float, float] | None:
