@@ -74,6 +74,22 @@ def test_a_step_is_said_only_where_both_points_were_measured():
                           f"+0.03 nats); {NO_ROLE}")
 
 
+def test_a_groups_removal_is_said_where_the_member_matters_with_the_others():
+    """3.1 alone +1.26 nats; its role's group ablated together: said from TOGETHER_RATIO times its own rise on."""
+    from circuitkit.circuits.explain import TOGETHER_RATIO
+
+    pair = {"previous-token heads": ([(3, 1), (4, 2)], 1.26 * TOGETHER_RATIO * 1.01)}
+    out = _induction(groups=pair)["3.1"]
+    assert (f"removing it alone raises the loss by +1.26 nats, with 4.2 (the other previous-token head) by "
+            f"{1.26 * TOGETHER_RATIO * 1.01:+.2f} (exact)") in out
+    weak = {"previous-token heads": ([(3, 1), (4, 2)], 1.26 * TOGETHER_RATIO * 0.99)}
+    assert "with 4.2" not in _induction(groups=weak)["3.1"]
+    many = {"circuit": ([(3, 1), (4, 2), (5, 0), (6, 1)], 9.0), "previous-token heads": ([(3, 1), (4, 2), (5, 0)], 4.0)}
+    assert "with the 2 other previous-token heads by +4.00 (exact)" in _induction(groups=many)["3.1"]
+    # no exact removal of its own: the group's rise alone says nothing of this member
+    assert "with" not in _induction(groups=pair, removal={})["3.1"].split("removing")[-1]
+
+
 def test_edges_that_carry_nothing_are_not_named_as_carrying():
     small = 0.31 * CARRIES_NOTHING_FRACTION * 0.9  # just under the floor
     edges = [MeasuredEdge("3.1", "18.6", "k", 0.31), MeasuredEdge("9.4", "18.6", "v", small)]
@@ -157,6 +173,8 @@ def test_the_bundled_answer_lists_every_member_with_its_figures(bundled, tmp_pat
     prev = float(bundled.head_scores["previous_token"][0, 1])
     effect = next(float(e.effect) for e in bundled.verified.edges.edges if (e.src, e.dst) == ((0, 1), (1, 3)))
     assert f"previous-token head (prev {prev:.2f}); feeds 1.3 through K (effect {effect:+.2f} nats)" in said["0.1"]
+    rise = bundled.circuit_ablation["induction heads"]  # the four called induction heads ablated together
+    assert f"with the 3 other induction heads by {rise:+.2f} (exact)" in said["1.3"]
     assert not any(BARE.search(line) for line in lines)
     html = " ".join(answer_html(find_answer(bundled)))
     assert html.count("<li>") == len(members) and "no role" not in html

@@ -15,7 +15,8 @@ its figures support:
   reads ``"feeds 18.6 through K (effect +0.31)"`` / ``"reads 3.1 through Q (effect +0.12)"``; where every measured
   edge of the head carries nothing, it says so; edges of an edge circuit without an exact effect are counted;
 - **removal alone** (induction: the exact single-head ablation, nats): ``"removing it alone raises the loss by
-  +1.26 nats (exact)"``;
+  +1.26 nats (exact)"``, and, where its role's group ablated together raises the loss more than
+  :data:`TOGETHER_RATIO` times as much, that rise too (``", with the 3 other induction heads by +3.50"``);
 - **its step on the faithfulness curve**, where both neighbouring points were measured: the member joins the
   circuit ``k``-th (``order``), and the curve holds the top ``k - 1`` and the top ``k``: ``"faithfulness 0.76 ->
   0.87 when it joins the top 6"``;
@@ -23,7 +24,8 @@ its figures support:
 
 A member with none of the first four (what it does) opens with how it entered: ``"in the circuit by its joint-path
 attribution (rank 9 of 270)"``, and with no figure at all adds ``"no single measured role"``. Never a bare "no role".
-Nothing here says "needed only with X": that takes the pair's joint removal, which no scan measures.
+Nothing here says "needed only with X" of one other head: that takes the pair's joint removal, which no scan
+measures; the group's joint removal is the nearest figure the scan has, and is said as such.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ DIRECT_SHARE = 0.1
 MAX_EDGES_NAMED = 2
 """Edges named per direction (sent, received) in one member's phrase, strongest first; the rest are counted."""
 NO_ROLE = "no single measured role"
+TOGETHER_RATIO = 2.0
+"""A member's group's exact removal is said beside its own where it raises the loss more than this many times as
+much (the member matters with the others more than alone: what the scan measures of "needed only with")."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,8 @@ def induction_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequ
                            order: Sequence[Head] = (), curve: Mapping[int, float] | None = None,
                            ranked_by: str = "attribution", n_total: int | None = None,
                            estimates: Mapping[Head, float] | None = None,
-                           stability: Mapping[Head, float] | None = None) -> dict[str, str]:
+                           stability: Mapping[Head, float] | None = None,
+                           groups: Mapping[str, tuple[Sequence[Head], float]] | None = None) -> dict[str, str]:
     """``head name -> explanation`` for every member of an induction circuit (module docstring).
 
     ``calls``: head -> the scores that call it (a role of the scan, previous-token feeding induction, is its
@@ -194,8 +200,10 @@ def induction_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequ
     heads ablated exactly); ``order``: every head in the order the search added them; ``curve``: ``n ->
     faithfulness`` of the top ``n`` (measured points only); ``ranked_by``: what the order reads (``"joint-path
     attribution"``); ``n_total``: heads in the model; ``estimates``: head -> the first-order estimate of its
-    removal (nats); ``stability``: head -> its share of the resampled circuits."""
-    calls, removal, curve = calls or {}, removal or {}, curve or {}
+    removal (nats); ``stability``: head -> its share of the resampled circuits; ``groups``: label (``"induction
+    heads"``) -> (the heads ablated together, the exact rise of the loss), said of a member whose own exact removal
+    is measured and less than half its group's (:data:`TOGETHER_RATIO`): it matters with the others."""
+    calls, removal, curve, groups = calls or {}, removal or {}, curve or {}, groups or {}
     names = {head_name(h) for h in members}
     out = {}
     for h in members:
@@ -209,9 +217,22 @@ def induction_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequ
             figures.append(f"estimated removal effect {_num(estimates[h])} nats")
         if figures:
             entry += f" ({', '.join(figures)})"
+        said = None if rise is None else f"removing it alone raises the loss by {_num(rise)} nats"
+        together = sorted(((len(heads), label, tuple(tuple(x) for x in heads), value)
+                           for label, (heads, value) in groups.items()
+                           if h in [tuple(x) for x in heads] and len(heads) > 1))
+        if said is not None and together:
+            _, label, heads, value = together[0]  # the smallest group holding it
+            if abs(value) > TOGETHER_RATIO * abs(rise or 0.0):
+                others = [x for x in heads if x != h]
+                one = label[:-1] if label.endswith("heads") else label
+                whom = (f"{head_name(others[0])} (the other {one})" if len(others) == 1
+                        else f"the {len(others)} other {label}")
+                said += f", with {whom} by {_num(value)}"
+        said = None if said is None else said + " (exact)"
         out[head_name(h)] = _explain(
             roles=(), calls=tuple(calls.get(h, ())), direct=None, edges=edge_clauses,
-            removal=None if rise is None else f"removing it alone raises the loss by {_num(rise)} nats (exact)",
+            removal=said,
             step=_curve_clause(h, order, curve), share=None if stability is None else stability.get(h), entry=entry)
     return out
 
@@ -286,5 +307,5 @@ def parse_edge(name: str, effect: float | None = None) -> MeasuredEdge:
     return MeasuredEdge(src, dst, channel, effect)
 
 
-__all__ = ["Call", "DIRECT_SHARE", "MAX_EDGES_NAMED", "MeasuredEdge", "NO_ROLE", "induction_explanations",
-           "parse_edge", "score_calls", "task_explanations"]
+__all__ = ["Call", "DIRECT_SHARE", "MAX_EDGES_NAMED", "MeasuredEdge", "NO_ROLE", "TOGETHER_RATIO",
+           "induction_explanations", "parse_edge", "score_calls", "task_explanations"]

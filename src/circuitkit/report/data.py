@@ -355,8 +355,8 @@ RANKED_BY = {"effect": "single-head ablation effect", "joint": "joint-path attri
 def circuit_explanations(scan: Scan) -> dict[str, str]:
     """``head name -> what it does`` for every head of the verified circuit, worded from the scan's own figures by
     :func:`circuitkit.circuits.explain.induction_explanations` (the scores that call it, its exactly patched
-    edges, its exact single-head ablation, its measured step on the faithfulness curve, its share of the resampled
-    circuits); {} without a circuit."""
+    edges, its exact single-head ablation and its role's group ablated together, its measured step on the
+    faithfulness curve, its share of the resampled circuits); {} without a circuit."""
     from circuitkit.circuits.explain import MeasuredEdge, induction_explanations, score_calls
 
     verified = getattr(scan, "verified", None)
@@ -376,12 +376,16 @@ def circuit_explanations(scan: Scan) -> dict[str, str]:
     if scan.attribution is not None:
         estimates = {h: value for h in members if (value := number(scan.attribution.effect[h[0], h[1]])) is not None}
     stability = getattr(verified, "stability", None)
+    roles = scan_roles(scan)
+    called = getattr(scan, "called", None) or {}
+    groups = {role.group: (tuple(called.get(role.score, ())), scan.circuit_ablation[role.group]) for role in roles
+              if role.group in (scan.circuit_ablation or {}) and scan.circuit_ablation[role.group] is not None}
     return induction_explanations(
         members, calls=score_calls(scan.head_scores, members, labels), edges=edges, removal=removal,
         order=[tuple(h) for h in verified.ranking], curve={p.n_heads: float(p.faithfulness) for p in verified.curve},
         ranked_by=RANKED_BY.get(getattr(verified, "ranked_by", "effect"), "attribution"),
         n_total=scan.model.n_layers * scan.model.n_heads, estimates=estimates,
-        stability=None if stability is None else dict(stability.ranked()))
+        stability=None if stability is None else dict(stability.ranked()), groups=groups)
 
 
 def circuit_json(scan: Scan) -> dict[str, Any] | None:
