@@ -141,7 +141,8 @@ def member_explanations(result: Any) -> dict[str, str] | None:
             roles[h].append(role + figure)
     effects = {e.name: e.effect for e in c.edge_effects}
     edges = [parse_edge(name, effects.get(name)) for name in c.edges]
-    edges += [parse_edge(name, effect) for name, effect in effects.items() if name not in set(c.edges)]
+    in_circuit = set(c.edges)
+    edges += [parse_edge(name, effect) for name, effect in effects.items() if name not in in_circuit]
     model = result.model
     kv = getattr(model, "n_kv_heads", None) or model.n_heads
     dla = None if result.dla is None else {h: float(result.dla[h]) for h in members}
