@@ -23,7 +23,9 @@ its figures support:
 - **stability**: its share of the circuits found on bootstrap resamples, where measured.
 
 A member with none of the first four (what it does) opens with how it entered: ``"in the circuit by its joint-path
-attribution (rank 9 of 270)"``, and with no figure at all adds ``"no single measured role"``. Never a bare "no role".
+attribution (rank 9 of 270)"``, and where neither its removal nor its step was measured adds ``"no single measured
+role"``. Never a bare "no role". The figures come in as plain mappings (head -> value), so a phrase is a function of
+the numbers given and nothing else.
 Nothing here says "needed only with X" of one other head: that takes the pair's joint removal, which no scan
 measures; the group's joint removal is the nearest figure the scan has, and is said as such.
 """
