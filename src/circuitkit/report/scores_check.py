@@ -427,7 +427,8 @@ class ScoresCheck:
     def circuit(self, value: Any) -> None:
         required = ("heads", "faithfulness", "necessity", "target", "method", "losses", "curve", "passes",
                     "ranked_by", "roles", "edges")
-        circuit = self.obj(value, "circuit", required, ("ci", "random_baseline", "stability"), nullable=True)
+        circuit = self.obj(value, "circuit", required, ("ci", "random_baseline", "stability", "explanations"),
+                           nullable=True)
         if circuit is None:
             return
         members = set(self.heads(circuit["heads"], "circuit.heads", non_empty=True))
@@ -470,6 +471,16 @@ class ScoresCheck:
             self.number(e["composition"], f"{at}.composition", 0.0, 1.0, tolerance=SCORE_TOLERANCE)
             self.flag(e["weight_only"], f"{at}.weight_only")
             self.interval(e.get("ci"), f"{at}.ci")
+        if "explanations" in circuit:  # what each member does, in words (recomputed from the figures on reload)
+            explained = self.obj(circuit["explanations"], "circuit.explanations")
+            for name, text in explained.items():
+                if self.head(name, "circuit.explanations") not in members:
+                    raise self.fail("circuit.explanations", name, "a head of circuit.heads")
+                self.text(text, f"circuit.explanations.{name}", non_empty=True)
+            missing = sorted(members - {self.head(name, "circuit.explanations") for name in explained})
+            if missing:
+                raise self.fail("circuit.explanations", validate.given(f"no entry for {missing[0][0]}.{missing[0][1]}"),
+                                "an explanation of every head of circuit.heads")
         if "ci" in circuit:
             ci = self.obj(circuit["ci"], "circuit.ci", (), ("faithfulness", "necessity", "losses"))
             self.interval(ci.get("faithfulness"), "circuit.ci.faithfulness")

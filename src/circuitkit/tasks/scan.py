@@ -32,6 +32,7 @@ from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.record import TASK_FORMAT
+from circuitkit.tasks.roles import member_explanations
 from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_HOLDOUT = 0.5
@@ -109,7 +110,8 @@ class TaskScan:
             "pairs": pairs_json(self),
             "patterns": n(self.patterns),
             "pattern_scores": [k for k in self.pattern_scores if k not in self.head_scores],
-            "circuit": None if self.circuit is None else {**self.circuit.to_json(), **circuit_extra(self.circuit)},
+            "circuit": None if self.circuit is None else {**self.circuit.to_json(), **circuit_extra(self.circuit),
+                                                          "explanations": member_explanations(self)},
             "circuit_error": self.circuit_error,
             "roles": _roles_json(self),
             "stages": [{"name": s.name, "passes": s.passes, "seconds": s.seconds} for s in self.stages],
@@ -135,6 +137,7 @@ class TaskScan:
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
                      f"Heads: {heads}.")
+        lines += [f"  {name}: {text}." for name, text in (member_explanations(self) or {}).items()]
         other = c.other_set
         if other is not None:
             searched = "discovery" if other["set"] == "evaluation" else "evaluation"

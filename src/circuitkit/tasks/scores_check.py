@@ -134,6 +134,8 @@ class TaskScoresCheck(ScoresCheck):
             names.add(triple[0])
         if "ci" in task:
             for key, pair in self.obj(task["ci"], "task.ci", (), ("clean", "corrupted")).items():
+                if pair is None:  # a task scan writes every interval it names
+                    raise self.fail(f"task.ci.{key}", pair, "an interval [lo, hi] of 2 numbers")
                 self.interval(pair, f"task.ci.{key}")
         return n, len(tokens), names
 
@@ -259,10 +261,16 @@ class TaskScoresCheck(ScoresCheck):
     def circuit(self, value: Any) -> None:  # noqa: C901 - one field after another
         from circuitkit.tasks.circuit import RANKS
 
-        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci",), nullable=True)
+        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations"), nullable=True)
         if c is None:
             return
-        self.heads(c["heads"], "circuit.heads")
+        members = set(self.heads(c["heads"], "circuit.heads"))
+        if c.get("explanations") is not None:  # what each member does, in words (recomputed from the figures)
+            explained = self.obj(c["explanations"], "circuit.explanations")
+            for name, text in explained.items():
+                if self.head(name, "circuit.explanations") not in members:
+                    raise self.fail("circuit.explanations", name, "a head of circuit.heads")
+                self.text(text, f"circuit.explanations.{name}", non_empty=True)
         mlps = [self.mlp(m, f"circuit.mlps[{i}]") for i, m in enumerate(self.array(c["mlps"], "circuit.mlps"))]
         if len(set(mlps)) != len(mlps):
             raise self.fail("circuit.mlps", c["mlps"], "each MLP at most once")
@@ -301,6 +309,8 @@ class TaskScoresCheck(ScoresCheck):
             self.number(effect["effect"], f"{at}.effect", nullable=False)
         if "ci" in c:
             for key, pair in self.obj(c["ci"], "circuit.ci").items():
+                if pair is None:  # a task scan writes every interval it names
+                    raise self.fail(f"circuit.ci.{key}", pair, "an interval [lo, hi] of 2 numbers")
                 self.interval(pair, f"circuit.ci.{key}")
         other = self.obj(c["other_set"], "circuit.other_set", ("set", "pairs"), nullable=True)
         if other is not None:
