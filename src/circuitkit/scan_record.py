@@ -134,6 +134,8 @@ class ScanSettings:
         for f in fields(self):
             if f.metadata.get("saved", True) is False or (f.name in LISTING_SIZES and out[f.name] == self.top_k):
                 del out[f.name]
+        if self.evaluation_seed is None:  # no held-out batch: written as files before it were
+            del out["evaluation_seed"]
         return out
 
 
