@@ -134,6 +134,8 @@ def test_track_json_holds_the_task_and_loads_back(tracked):
     assert loaded.task_values("gap") == track.task_values("gap")
     assert torch.equal(loaded.task_scores("dla"), track.task_scores("dla"))
     assert loaded.phase_change["task"] == track.phase_change["task"]
+    merged = ck.tracking.merge(out)  # the records alone give the same track
+    assert [r["task"] for r in merged.checkpoints] == [r["task"] for r in track.checkpoints]
 
 
 def test_report_draws_the_gap_and_the_top_heads(tracked):
