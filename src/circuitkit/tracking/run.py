@@ -140,7 +140,7 @@ def track(
 
     Returns:
         :class:`Track`. Cost per checkpoint: one forward pass (see :mod:`circuitkit.tracking.measure`), plus with
-        a task about ``13 + log2(heads)`` passes of its pairs (:mod:`circuitkit.tracking.task_figures`).
+        a task a task scan without its edge circuit (:mod:`circuitkit.tracking.task_figures`).
     """
     sources = _sources.resolve(checkpoints, steps, labels)
     keep = _keep(scores)

@@ -16,9 +16,10 @@
 a checkpoint's task figures are exactly those of a task scan of that checkpoint with the same settings (the ranking
 of the node circuit is the scan's, whichever EAP-IG pass the family allows). ``edges=False`` skips what is costly
 in a task scan, the edge circuit (MIB's sizes in stacked copies, the bisection and the exact edge effects); what
-remains per checkpoint, in forward passes of the task's pairs (a backward counts two): the clean run (3), the
-corrupted run (1), EAP-IG (``3 * ig_steps``), the node circuit (a geometric search: about ``log2(heads) + 3``
-stacked passes) and one stacked pass on the held-out pairs. The node circuit is kept because it is the task's
+remains per checkpoint, in copies of the discovery pairs (a backward counts two; the task scan's own count): the
+clean run (3), the corrupted run (1), EAP-IG (``3 * ig_steps``), the node circuit (a geometric search and a
+bisection, about ``2 log2(heads) + 2``), and on the held-out pairs one stacked pass of a copy per size of the node
+curve plus one (the bundled model, 8 heads, 12 pairs: 3 + 1 + 9 + 7 on the discovery half, 12 on the held-out half). The node circuit is kept because it is the task's
 answer ("which heads, how faithful") and its size over training is what a track asks.
 
 A task file is read (and refused if bad) before any checkpoint loads; the task's pairs, metric and ablation are
