@@ -74,8 +74,8 @@ def held_out(adapter: ModelAdapter, tokens: RepeatedTokens | TokenBatch, heads: 
     batch = as_batch(tokens, adapter)
     spec = adapter.spec
     L, H = spec.n_layers, spec.n_heads
-    masks = torch.stack([torch.zeros(L, H, dtype=torch.bool), torch.ones(L, H, dtype=torch.bool),
-                         head_mask(heads, L, H, keep=True), head_mask(heads, L, H, keep=False)])
+    nothing = torch.zeros(L, H, dtype=torch.bool, device="cpu")
+    masks = torch.stack([nothing, ~nothing, head_mask(heads, L, H, keep=True), head_mask(heads, L, H, keep=False)])
     positions = loss_positions(batch)
     if method == "mean" and copies_per_forward(adapter, batch.tokens, len(positions)) >= STACKED_COPIES:
         (clean, all_ablated, kept, only), passes = _with_clean_means(adapter, batch, masks, positions), STACKED_COPIES

@@ -152,7 +152,7 @@ class Track:
             grid = r["task"][kind]
             rows.append([[float("nan")] * H for _ in range(L)] if grid is None else
                         [[float("nan") if v is None else v for v in row] for row in grid])
-        return torch.tensor(rows, dtype=torch.float32)
+        return torch.tensor(rows, dtype=torch.float32, device="cpu")
 
     def to_json(self) -> dict[str, Any]:
         """Exactly what ``track.json`` holds."""

@@ -19,8 +19,9 @@ in a task scan, the edge circuit (MIB's sizes in stacked copies, the bisection a
 remains per checkpoint, in copies of the discovery pairs (a backward counts two; the task scan's own count): the
 clean run (3), the corrupted run (1), EAP-IG (``3 * ig_steps``), the node circuit (a geometric search and a
 bisection, about ``2 log2(heads) + 2``), and on the held-out pairs one stacked pass of a copy per size of the node
-curve plus one (the bundled model, 8 heads, 12 pairs: 3 + 1 + 9 + 7 on the discovery half, 12 on the held-out half). The node circuit is kept because it is the task's
-answer ("which heads, how faithful") and its size over training is what a track asks.
+curve plus one (the bundled model, 8 heads, 12 pairs: 3 + 1 + 9 + 7 on the discovery half, 12 on the held-out
+half). The node circuit is kept because it is the task's answer ("which heads, how faithful") and its size over
+training is what a track asks.
 
 A task file is read (and refused if bad) before any checkpoint loads; the task's pairs, metric and ablation are
 fingerprinted into the track's settings, so a rerun resumes only records measured on the same task.
