@@ -132,15 +132,19 @@ def test_other_ablations_match_faithfulness_too(model, method):
     assert held["passes"] == (5 if method == "resample" else 4)
 
 
-def test_the_in_pass_mean_equals_the_ablator_with_separate_means(model, monkeypatch):
-    """Where the four copies do not fit one forward pass the means come from a pass of their own: same figures."""
+@pytest.mark.parametrize("per_forward", [1, 2])
+def test_four_copies_that_do_not_fit_one_pass_give_the_same_figures(model, monkeypatch, per_forward):
+    """Where fewer than four copies fit a forward pass (a large vocabulary) the unablated copy runs first and keeps
+    the means: the same figures, still four copies, so the scan's plan holds."""
     spec = RepeatedTokens(batch=4, seed=3)
     stacked = held_out(adapt(model), spec, BUNDLED_CIRCUIT, "mean")
-    monkeypatch.setattr("circuitkit.circuits.heldout.copies_per_forward", lambda *a, **k: 1)
-    separate = held_out(adapt(model), spec, BUNDLED_CIRCUIT, "mean")
-    assert separate["passes"] == 5 and stacked["passes"] == 4
+    monkeypatch.setattr("circuitkit.circuits.heldout.copies_per_forward", lambda *a, **k: per_forward)
+    monkeypatch.setattr("circuitkit.circuits.faithfulness.copies_per_forward", lambda *a, **k: per_forward)
+    split = held_out(adapt(model), spec, BUNDLED_CIRCUIT, "mean")
+    assert split["passes"] == stacked["passes"] == 4
     for key in ("faithfulness", "necessity"):
-        assert stacked[key] == pytest.approx(separate[key], abs=1e-5)
+        assert stacked[key] == pytest.approx(split[key], abs=1e-5)
+    assert stacked["faithfulness"] == pytest.approx(faithfulness(model, BUNDLED_CIRCUIT, spec), abs=1e-6)
 
 
 def test_a_batch_where_no_head_matters_gives_a_reason_not_a_figure():

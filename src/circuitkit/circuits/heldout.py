@@ -14,8 +14,9 @@ clean mean ``z``; ``"resample"``: its resampled copy, :func:`circuitkit.circuits
 corrupt seed; ``"zero"``), exactly as :func:`circuitkit.circuits.faithfulness` on that batch defines it. Cost: one
 stacked pass of four copies (nothing ablated, every head, every head but the circuit's, only the circuit's; with
 ``"mean"`` each layer's mean ``z`` is read from the unablated copy in that same pass: that copy's ``z`` at a layer is
-the clean run's, since nothing before it is ablated), plus one pass for the values with ``"resample"`` (and with
-``"mean"`` where the four copies do not fit one forward pass). Where ablating every head changes the evaluation batch's
+the clean run's, since nothing before it is ablated; where four copies do not fit one forward pass, the unablated
+copy runs first and the others after it, four copies still), plus one pass for the values with ``"resample"``.
+Where ablating every head changes the evaluation batch's
 loss by less than :data:`~circuitkit.circuits.faithfulness.MIN_GAP` the faithfulness is ``None`` and ``note`` says
 why. A batch given as a built ``TokenBatch`` has no spec to draw from: no evaluation batch (the settings say so).
 """
@@ -76,9 +77,8 @@ def held_out(adapter: ModelAdapter, tokens: RepeatedTokens | TokenBatch, heads: 
     L, H = spec.n_layers, spec.n_heads
     nothing = torch.zeros(L, H, dtype=torch.bool, device="cpu")
     masks = torch.stack([nothing, ~nothing, head_mask(heads, L, H, keep=True), head_mask(heads, L, H, keep=False)])
-    positions = loss_positions(batch)
-    if method == "mean" and copies_per_forward(adapter, batch.tokens, len(positions)) >= STACKED_COPIES:
-        (clean, all_ablated, kept, only), passes = _with_clean_means(adapter, batch, masks, positions), STACKED_COPIES
+    if method == "mean":  # the means from the unablated copy of the same pass: no pass of their own
+        (clean, all_ablated, kept, only), passes = _with_clean_means(adapter, batch, masks), STACKED_COPIES
     else:
         values, passes = ablation_values(adapter, batch, method, corrupt_seed=corrupt_seed)
         ablator = Ablator(adapter, batch, values)
@@ -99,24 +99,30 @@ def held_out(adapter: ModelAdapter, tokens: RepeatedTokens | TokenBatch, heads: 
     return out
 
 
-def _with_clean_means(adapter: ModelAdapter, batch: TokenBatch, masks: torch.Tensor,
-                      positions: torch.Tensor) -> list[float]:
-    """The repeated-copies loss of each set ``masks`` ``[S, layer, head]`` (set 0 ablates nothing) in one stacked
-    pass, an ablated head's ``z`` replaced by its mean over copy 0's sequences and positions at that layer."""
-    S, B = masks.shape[0], batch.tokens.shape[0]
+def _with_clean_means(adapter: ModelAdapter, batch: TokenBatch, masks: torch.Tensor) -> list[float]:
+    """The repeated-copies loss of each set ``masks`` ``[S, layer, head]`` (set 0 ablates nothing), an ablated
+    head's ``z`` replaced by its mean over the batch's sequences and positions in the unablated copy at that layer.
+    The first pass stacks as many copies as fit (set 0 among them) and keeps those means; any sets left run after
+    it with them (:class:`~circuitkit.circuits.faithfulness.Ablator`). ``S`` copies in all."""
+    positions = loss_positions(batch)
+    S = min(masks.shape[0], copies_per_forward(adapter, batch.tokens, len(positions)))
+    B = batch.tokens.shape[0]
+    means: dict[int, torch.Tensor] = {}
 
     def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
-        mask = masks[:, HOOKS.layer_of(hook.name)].to(z.device)  # [S, head]
+        layer = HOOKS.layer_of(hook.name)
+        mask = masks[:S, layer].to(z.device)  # [S, head]
         view = z.view(S, B, *z.shape[1:])  # [S, B, pos, head, d_head]
-        mean = view[0].mean(dim=(0, 1))  # [head, d_head]: the clean run's mean z (copy 0 is unablated)
+        means[layer] = mean = view[0].mean(dim=(0, 1))  # [head, d_head]: copy 0 is unablated, its z the clean z
         return torch.where(mask[:, None, None, :, None], mean[None, None, None], view).reshape(z.shape)
 
     copies = batch.tokens.repeat(S, 1)
     with torch.no_grad():
         logits = adapter.run(copies, [(HOOKS.z(layer), hook) for layer in range(masks.shape[1])], positions=positions)
         losses = token_losses(logits, copies, batch.repeated_copies).view(S, -1).mean(dim=1).cpu()
-    means = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
-    return [float(v) for v in means]
+    first = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
+    rest = Ablator(adapter, batch, means).losses(masks[S:]) if S < masks.shape[0] else []
+    return [float(v) for v in first] + rest
 
 
 __all__ = ["EVALUATION_SEED_OFFSET", "evaluation_passes", "evaluation_seed", "evaluation_spec", "held_out"]
