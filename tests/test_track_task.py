@@ -122,6 +122,8 @@ def test_locate_task_needs_a_rise_and_names_where_a_circuit_first_stays():
     rising = locate_task([record(0, 0.0, True), record(5, 0.2, False), record(9, 2.0, True)])
     assert rising["step"] == 9 and rising["interval"] == [5, 9] and rising["circuit_from"] == 9
     assert abs(rising["share"] - 0.9) < 1e-9
+    noise = locate_task([record(0, MIN_GAP_RISE / 2, True), record(1, 1.0, True), record(2, 1.5, True)])
+    assert noise["circuit_from"] == 1  # a circuit without a gap to explain does not count
 
 
 # ---------------------------------------------------------------------------------------------- the files

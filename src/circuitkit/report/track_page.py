@@ -368,7 +368,8 @@ def task_sentences(track: Track) -> list[str]:
                      f"{held_text}; heads {', '.join(circuit['heads'][:12])}"
                      f"{' ...' if len(circuit['heads']) > 12 else ''}.")
     if change.get("circuit_from") is not None:
-        lines.append(f"A node circuit exists at every checkpoint from step {change['circuit_from']}.")
+        lines.append(f"From step {change['circuit_from']} on, every checkpoint shows the behaviour (a gap of at least "
+                     f"{change['min_gap']}) and a node circuit of it.")
     return lines
 
 

@@ -31,7 +31,9 @@ checkpoint of the phase-change interval (from ``t_{i-1}`` to ``t_{i+2}``). ``ord
 on the task's metric gap ``g_i`` (mean clean minus mean corrupted metric, in the metric's units) in place of the ICL
 score: ``task.step`` ends the interval with the largest rise of the gap, ``share`` is that rise over ``max(g) -
 g_0``, nothing is located below :data:`MIN_GAP_RISE`; ``circuit_from`` is the first step from which every
-checkpoint has a node circuit at the target (the corrupted prompts change the metric there).
+checkpoint has both a gap of at least :data:`MIN_GAP_RISE` and a node circuit at the target. (A task scan finds a
+"circuit" wherever patching every node moves the metric by 0.001; with no gap to explain, its faithfulness is a
+ratio of noise, so such checkpoints do not count.)
 """
 
 from __future__ import annotations
@@ -135,8 +137,9 @@ def locate_task(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ``phase_change["task"]`` entry: where the task's metric gap rises most (module docstring)."""
     steps = [r["step"] for r in records]
     entry = _largest_rise(steps, [r["task"]["gap"] for r in records], MIN_GAP_RISE, "the task's metric gap")
-    found = _stays([r["task"]["circuit"] is not None for r in records])
+    found = _stays([r["task"]["circuit"] is not None and r["task"]["gap"] >= MIN_GAP_RISE for r in records])
     entry["circuit_from"] = steps[found] if found is not None else None
+    entry["min_gap"] = MIN_GAP_RISE
     return entry
 
 
