@@ -21,7 +21,7 @@ its planned passes, its run) fill a :class:`ScanState`, which :func:`scan_result
              measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
              exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity; with ``random_sets``, random
              head sets of its size measured beside it (2 passes a set pair); then the found heads' faithfulness on a
-             held-out batch of the same spec, seed + 1 (:mod:`circuitkit.circuits.heldout`; 5 passes)
+             held-out batch of the same spec, seed + 1 (:mod:`circuitkit.circuits.heldout`; 4 copies, 5 with resample)
     stability  (opt-in, ``stability=N``) the circuit search rerun on N bootstrap resamples of the batch
     weights  Q/K/V composition + random baselines + top edges, QK/OV spectra (weights only, no forward pass)
     edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
