@@ -159,6 +159,7 @@ def test_a_track_without_a_task_has_none(checkpoints, tmp_path):
     track = ck.track(checkpoints[:1], tokens=TOKENS, out=tmp_path, progress=False)
     assert track.task is None and "task" not in track.checkpoints[0] and "task" not in track.phase_change
     assert "task" not in json.loads((tmp_path / "track.json").read_text())["units"]
+    assert Track.load(tmp_path).task is None  # a track.json without task figures (as before tasks) loads
     with pytest.raises(CircuitkitError, match="measured no task"):
         track.task_values("gap")
     with pytest.raises(CircuitkitError, match="track: target"):
@@ -214,6 +215,20 @@ def test_a_rerun_resumes_and_another_task_measures_again(checkpoints, task_path,
     counted.clear()
     ck.track(checkpoints[:2], tokens=TOKENS, task=other, target=0.9, out=tmp_path, progress=False)
     assert len(counted) == 2  # another target: measured again
+
+
+def test_a_checkpoint_whose_weights_changed_is_measured_again_with_its_task(task_path, tmp_path, monkeypatch):
+    ckpts = [_checkpoint(tmp_path / "run", step, scale) for step, scale in ((0, 0.0), (100, 1.0))]
+    out = tmp_path / "out"
+    first = ck.track(ckpts, tokens=TOKENS, task=task_path, out=out, progress=False)
+    _checkpoint(tmp_path / "again", 0, 1.0)  # step 0 retrained: the bundled weights copied over it
+    shutil.copy(tmp_path / "again" / "step0" / "model.safetensors", ckpts[0] / "model.safetensors")
+    counted = []
+    real = task_figures.scan_task
+    monkeypatch.setattr(task_figures, "scan_task", lambda *a, **k: counted.append(1) or real(*a, **k))
+    second = ck.track(ckpts, tokens=TOKENS, task=task_path, out=out, progress=False)
+    assert len(counted) == 1 and second.checkpoints[1]["task"] == first.checkpoints[1]["task"]
+    assert second.checkpoints[0]["task"] == second.checkpoints[1]["task"]  # now the same weights as step 100
 
 
 # ---------------------------------------------------------------------------------------------- bad input
