@@ -374,7 +374,8 @@ def task_sentences(track: Track) -> list[str]:
 
 
 def task_table(track: Track) -> list[str]:
-    """The task's figures per checkpoint as fixed-width text rows (the terminal's table), header first."""
+    """The task's figures per checkpoint as fixed-width text rows (the terminal's table), header first, a line saying
+    what the columns are last."""
     rows = [("step", "clean", "corrupted", "gap", "circuit", "faithful", "held-out", "top head")]
     n_heads = track.model["n_heads"]
     for r in track.checkpoints:
@@ -387,7 +388,10 @@ def task_table(track: Track) -> list[str]:
                      "-" if circuit is None else f"{circuit['faithfulness']:.3f}",
                      "-" if held is None else f"{held:.3f}", f"{best // n_heads}.{best % n_heads}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    legend = (f"(mean {track.task['metric']}; circuit: node circuit size / nodes at faithfulness "
+              f"{track.task['target']} on the discovery pairs; faithful: its faithfulness there; held-out: the same "
+              "heads on the held-out pairs; top head: largest |EAP-IG node score|)")
+    return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows] + [legend]
 
 
 def _table(track: Track) -> str:
