@@ -273,6 +273,8 @@ TRACK_TABLE = {
     "no_resume": checkpoints_only(["--no-resume"], lambda c, p: _tracked(c)["resume"] is False),
     "no_merge": checkpoints_only(["--no-merge"], lambda c, p: _tracked(c)["write_track"] is False and not c.save),
     "allow_download": checkpoints_only(["--allow-download"], lambda c, p: _tracked(c)["allow_download"] is True),
+    "task": checkpoints_only(lambda p: ["--task", str(p.task_file)],
+                             lambda c, p: _tracked(c)["task"] == str(p.task_file)),
     "png": {"checkpoints": (["--png"], lambda c, p: c.save == [{"out": Path(cli.DEFAULT_TRACK_OUT), "png": True}]),
             "merge": (["--png"], lambda c, p: c.save == [{"out": Path(str(p.records)), "png": True}])},
 }

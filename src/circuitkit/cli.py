@@ -756,6 +756,10 @@ def add_track_parser(sub: Any) -> None:
                        help="let hub checkpoints be fetched (default: local Hugging Face cache only)")
     track.add_argument("--png", action="store_true",
                        help="also export every figure as DIR/png/*.png (needs headless Chromium)")
+    track.add_argument("--task", default=None, metavar="FILE",
+                       help="also measure a task (a .jsonl, .csv or .json file of clean/corrupted pairs) at every "
+                       "checkpoint: its metric, each head's EAP-IG score and DLA, its node circuit (faithfulness "
+                       "0.8) and that circuit on held-out pairs")
 
 
 TRACK_MERGE_USES = ("merge", "png")
@@ -796,6 +800,7 @@ def run_track(args: argparse.Namespace) -> int:
             tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
             top_k=args.top_k, out=out, resume=not args.no_resume, write_track=not args.no_merge,
             device=args.device, allow_download=args.allow_download, progress=sys.stderr.isatty(),
+            **({} if args.task is None else {"task": args.task}),
         )
         if args.no_merge:
             print(f"wrote {len(result.checkpoints)} checkpoint record(s) into {out}; assemble them with "
@@ -810,6 +815,11 @@ def run_track(args: argparse.Namespace) -> int:
             saved = SavedTrack(track=Path(out) / TRACK_NAME, report=Path(out) / REPORT_NAME)
     for line in sentences(result):
         print(visible(line))
+    if getattr(result, "task", None) is not None:
+        from circuitkit.report.track_page import task_table
+
+        for line in task_table(result):
+            print(visible(line))
     print(f"wrote {saved.track} and {saved.report}")
     for path in saved.pngs:
         print(f"wrote {path}")

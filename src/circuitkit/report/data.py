@@ -55,6 +55,8 @@ UNITS = {
     "central range of the sets), ci (bootstrap over sequences)",
     "circuit.stability": "inclusion: share of bootstrap-resampled circuits holding the head; jaccard: mean pairwise "
     "Jaccard of those circuits, in [0, 1]",
+    "circuit.evaluation": "the circuit's heads on a held-out batch of the same spec (seed: settings.evaluation_seed): "
+    "faithfulness a fraction as circuit.faithfulness, necessity and losses nats",
     "circuit.edges.effect": "nats: exact change of the repeated-copies loss, path patching",
     "circuit.edges.estimate": "nats: first-order estimate (edge attribution), not a measurement",
     "evidence.rows": "composition: ratio; attribution (estimate) and patched (exact): nats",
@@ -423,6 +425,11 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         found = getattr(verified, key, None)
         if found is not None:
             out[key] = plain(found.to_json())
+    held = getattr(verified, "evaluation", None)  # the circuit on a held-out batch, where the scan drew one
+    if held is not None:
+        out["evaluation"] = {**held, "faithfulness": number(held["faithfulness"]),
+                             "necessity": number(held["necessity"]),
+                             "losses": {key: number(value) for key, value in held["losses"].items()}}
     if bounds:
         out["ci"] = {"faithfulness": interval(bounds.get("faithfulness")),
                      "necessity": interval(bounds.get("necessity")),

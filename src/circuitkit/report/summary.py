@@ -317,6 +317,7 @@ class Answer:
     intervals: tuple[float, int, int] | None = None  # (level, n_resamples, sequences)
     random_baseline: Any = None  # circuits.baseline.RandomBaseline where measured
     stability: Any = None  # circuits.stability.Stability where measured
+    evaluation: Any = None  # the circuit on a held-out batch (circuits.heldout.held_out's dict) where measured
     edges_unmeasured: str | None = None  # why no edge between the circuit's heads was measured (None: some were)
     # head name -> what it does, from the scan's figures (data.circuit_explanations)
     explanations: Mapping[str, str] = field(default_factory=dict)
@@ -392,6 +393,7 @@ def find_answer(scan: Scan) -> Answer | None:
         intervals=(float(getattr(settings, "ci_level", 0.95)), int(getattr(settings, "n_resamples", 0)),
                    int(settings.batch)) if (bounds or circuit_bounds) else None,
         random_baseline=getattr(verified, "random_baseline", None), stability=getattr(verified, "stability", None),
+        evaluation=getattr(verified, "evaluation", None),
         edges_unmeasured=edges_unmeasured(scan, tuple(h for h, _ in circuit), len(rows)),
         explanations=data.circuit_explanations(scan),
     )
@@ -411,6 +413,22 @@ def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> list[tuple[st
     if interval is None:
         return []
     return [("text", f" [{format(interval[0], fmt)}, {format(interval[1], fmt)}]")]
+
+
+def _held_out_parts(answer: Answer) -> list[tuple[str, Any]]:
+    """The circuit's figures on the held-out batch, beside the search batch's."""
+    held = answer.evaluation
+    seed = "" if held.get("seed") is None else f", seed {held['seed']}"
+    where = f"on {held['sequences']} fresh sequences of the same kind{seed}, which the search did not see"
+    if held.get("faithfulness") is None:
+        return [("text", f"{where}: not measured ({held.get('note')})")]
+    parts: list[tuple[str, Any]] = [("text", f"{where}, the same heads reach faithfulness "),
+                                    ("num", f"{held['faithfulness']:.2f}"),
+                                    ("text", f" (on the search batch {answer.faithfulness:.2f}; target "
+                                             f"{answer.target:.2f} applied there)")]
+    if held.get("necessity") is not None:
+        parts += [("text", "; necessity "), ("num", f"{held['necessity']:+.2f}"), ("text", " nats")]
+    return parts
 
 
 def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
@@ -438,6 +456,8 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
                   ("num", f"{answer.necessity:+.2f}"), *_ci(answer.necessity_ci, "+.2f"), ("text", " nats (exact)")]
     out.append(("Faithfulness", faith))
+    if answer.evaluation is not None:
+        out.append(("Held out", _held_out_parts(answer)))
     if answer.random_baseline is not None:
         baseline = answer.random_baseline
         parts = [("text", f"faithfulness of {baseline.n_sets} random sets of {baseline.size} heads: uniform ")]
