@@ -795,11 +795,17 @@ def _check_batch_memory(session: Session, settings: ScanSettings, tokens: Any, d
 
 
 def _load_named(model: Any, task: Any, *, device: Any, allow_download: bool, dtype: Any) -> Any:
-    """The model a name or path gives (:func:`~circuitkit.models.load_model`); a family that cannot run a task is
-    refused from its config first, before any weight loads."""
+    """The model a name or path gives (:func:`~circuitkit.models.load_model`; a bundled model's induction scan in
+    its own dtype: ``zoo.load(bridge=False)``, the CLI's choice too); a family that cannot run a task is refused
+    from its config first, before any weight loads."""
+    from circuitkit import zoo
     from circuitkit.models.loading import load_model
 
-    if task is not None and not (isinstance(task, str) and task == "induction"):
+    induction = task is None or (isinstance(task, str) and task == "induction")
+    if induction and dtype is None and (model is None or isinstance(model, str) and model in zoo.available()):
+        # a bundled model runs as circuitkit's attention-only model: the same figures, TransformerLens not loaded
+        return zoo.load(model or zoo.DEFAULT, device=device, bridge=False)
+    if not induction:
         from circuitkit.models.families import task_refusal
 
         if reason := task_refusal(model):
