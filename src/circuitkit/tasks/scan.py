@@ -338,6 +338,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
                       ablation=task.ablation) if split else None
+    if held is not None:
+        held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
+        # on the discovery pairs: one forward pass, not a forward + backward
     # the target applies to the discovery pairs (default) or the evaluation pairs: the search runs on that set
     search, other = (held, runner) if split and target_on == "evaluation" else (runner, held)
     stages: list[TaskStage] = []
