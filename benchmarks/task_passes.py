@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     c = result.circuit
     out = {"pairs": task.n_pairs, "holdout": args.holdout, "seconds": seconds, "passes": result.passes,
            "stages": [{"name": s.name, "passes": s.passes, "seconds": round(s.seconds, 2)} for s in result.stages],
-           "clean": float(result.clean.mean()), "corrupted": float(result.corrupted.mean()), "error": result.circuit_error}
+           "clean": float(result.clean.mean()), "corrupted": float(result.corrupted.mean()),
+           "error": result.circuit_error}
     if c is not None:
         out.update(heads=[head_name(h) for h in c.heads], faithfulness=c.faithfulness, necessity=c.necessity,
                    node_curve=[(p.size, round(p.faithfulness, 4)) for p in c.curve], edges=len(c.edges),

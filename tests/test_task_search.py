@@ -111,11 +111,11 @@ def test_the_search_finds_every_answer_exactly_and_the_coarse_search_saves_passe
         for use_coarse in (True, False):
             calls = {"exact": 0, "coarse": 0}
 
-            def evaluate(n: int) -> float:
+            def evaluate(n: int, calls: dict = calls, answer: int = answer) -> float:
                 calls["exact"] += 1
                 return 0.9 if n >= answer else 0.5
 
-            def coarse(sizes: list[int]) -> list[float]:
+            def coarse(sizes: list[int], calls: dict = calls, answer: int = answer) -> list[float]:
                 assert 1 <= len(sizes) <= 4
                 calls["coarse"] += 1
                 return [0.9 if n >= answer + offset else 0.5 for n in sizes]
