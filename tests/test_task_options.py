@@ -123,7 +123,20 @@ def test_stability_reruns_the_search_on_resamples(model, behaviour):
     if behaviour == "task":
         data = result.to_json()
         assert data["stability"]["n_resamples"] == 2 and "Stability: the node search rerun on 2" in result.answer()
+        _valid(data)
         _check_stability_by_hand(model, result)
+
+
+def _valid(data: dict) -> None:
+    """``data`` (a task scan's to_json) against the task schema, as ``scores.json`` is written."""
+    from pathlib import Path
+
+    import jsonschema
+
+    from circuitkit import tasks
+
+    schema = json.loads((Path(tasks.__file__).parent / "task_scores.schema.json").read_text())
+    jsonschema.validate(json.loads(json.dumps(data)), schema)
 
 
 def _check_stability_by_hand(model, result) -> None:
@@ -156,6 +169,7 @@ def test_random_sets_of_the_circuits_size(model, behaviour):
     assert baseline.uniform.mean < faith  # the circuit beats random sets of its size
     if behaviour == "task":
         assert result.to_json()["random_baseline"]["n_sets"] == 3 and "Random sets:" in result.answer()
+        _valid(result.to_json())
         _check_random_sets_by_hand(model, result)
 
 
