@@ -250,15 +250,22 @@ def _gallop(start: int, low: int, high: int, reaches: Any, unit: Any) -> tuple[i
     return bottom, high
 
 
+COARSE_MIN_PAIRS = 4
+"""The coarse search runs where each of its sets gets at least this many pairs (16 pairs searched on). A pair's
+metric is one logit difference where an induction sequence's loss averages about 20 tokens: on Qwen2.5-Coder-0.5B's
+IOI with 8 pairs searched on, sets of 2 pairs put the node circuit at 1 head where the 8 pairs need 4, and the
+exact search then paid the coarse pass on top of its own (benchmarks/README.md, "The task search's passes")."""
+
+
 def _coarse_runner(runner: TaskRunner, clean_all: Tensor, patched_all: Tensor) -> tuple[Any, int, float, float]:
     """The coarse search's subset: the first ``n_pairs // COARSE_SETS`` pairs (so that ``COARSE_SETS`` sizes stacked
     on it cost one pass of the pairs), with their clean and fully patched means from each pair's values already
-    measured; ``(None, 0, 0, 0)`` where the subset would have fewer than ``COARSE_MIN_SEQUENCES`` pairs or its own
+    measured; ``(None, 0, 0, 0)`` where the subset would have fewer than :data:`COARSE_MIN_PAIRS` pairs or its own
     difference is below :data:`MIN_TASK_GAP` (the search is then the exact one alone)."""
-    from circuitkit.circuits.faithfulness import COARSE_MIN_SEQUENCES, COARSE_SETS
+    from circuitkit.circuits.faithfulness import COARSE_SETS
 
     k = runner.batch.n_pairs // COARSE_SETS
-    if k < COARSE_MIN_SEQUENCES:
+    if k < COARSE_MIN_PAIRS:
         return None, 0, 0.0, 0.0
     clean, patched = float(clean_all[:k].mean()), float(patched_all[:k].mean())
     if not math.isfinite(clean - patched) or abs(clean - patched) < MIN_TASK_GAP:

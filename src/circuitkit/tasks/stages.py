@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from circuitkit.circuits.faithfulness import COARSE_MIN_SEQUENCES, COARSE_SETS, geometric_sizes
-from circuitkit.tasks.circuit import EDGE_FRACTIONS, EDGE_RESOLUTION, N_EXACT_EDGES
+from circuitkit.circuits.faithfulness import COARSE_SETS, geometric_sizes
+from circuitkit.tasks.circuit import COARSE_MIN_PAIRS, EDGE_FRACTIONS, EDGE_RESOLUTION, N_EXACT_EDGES
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ class TaskStageSpec:
 
 
 def coarse_applies(pairs: int) -> bool:
-    """The coarse search runs where a quarter of the pairs holds at least ``COARSE_MIN_SEQUENCES`` of them."""
-    return pairs // COARSE_SETS >= COARSE_MIN_SEQUENCES
+    """The coarse search runs where a quarter of the pairs holds at least :data:`COARSE_MIN_PAIRS` of them."""
+    return pairs // COARSE_SETS >= COARSE_MIN_PAIRS
 
 
 def node_estimate(nodes: int, pairs: int) -> float:
