@@ -8,15 +8,20 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
 corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); by default MLPs stay
 clean (recomputed from their inputs), as in the induction scan. ``m_corr`` patches every node.
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
-set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
-up to the first size reaching the target, then bisection (every point measured, none interpolated). **Necessity**:
-``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
+set reaching ``target`` is found as the induction scan finds its circuit: where the search runs on at least
+``4 * COARSE_MIN_PAIRS`` pairs, a coarse search first (``COARSE_SETS`` sizes stacked in one pass on a quarter of the
+pairs, ``n = 1, 4, 16, 64``, then evenly inside the bracket, until it is one node wide), then the exact search on
+every pair from the coarse answer (the answer and the size below it where the coarse answer is right) and bisection;
+with fewer pairs the faithfulness at ``n = 1, 2, 4, ...`` up to the first size reaching the target, then bisection.
+Every reported point is measured on the pairs, none interpolated; where the curve crosses the target once the answer
+is the smallest size reaching it, where it dips back below, a size reaching it whose predecessor was measured short
+of it. **Necessity**: ``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
 
 **Edge circuit**: the top ``k`` edges by EAP-IG score kept, every other edge patched
 (:meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`; ``m_corr`` is the corrupted run: no edge kept). The
 faithfulness curve is measured at MIB's sizes (:data:`EDGE_FRACTIONS` of all edges, in stacked copies), then the
-smallest ``k`` reaching ``target`` is bisected between the last size below it and the first at or above it, to
-within :data:`EDGE_RESOLUTION` of ``k``.
+smallest ``k`` reaching ``target`` is searched between the last size below it and the first at or above it (the
+coarse search on a quarter of the pairs first, as for nodes, then exact), to within :data:`EDGE_RESOLUTION` of ``k``.
 
 Ranking: by **absolute** score (default, as EAP-IG's ``apply_topn``) or by **signed** score (``rank="signed"``:
 an edge estimated to work against the behaviour comes last). MIB reports both. On a real model absolute ranking is

@@ -1,12 +1,16 @@
 """``scan_task(model, task) -> TaskScan``: a task's circuit found and measured, in declared stages.
 
-Stages (each counted in forward passes of the task's pairs; a backward pass counts two)::
+Stages (declared in :mod:`circuitkit.tasks.stages`, each planned in forward passes of the pairs before the first
+pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a backward pass counts two)::
 
-    clean      one forward + backward: every sender's output, the clean metric, direct logit attribution
-    corrupted  one forward: every sender's output on the corrupted prompts, the corrupted metric
-    attribute  EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
-    nodes      the node circuit: all nodes patched, the geometric sizes and bisection, necessity
-    edges      the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
+    clean        one forward + backward: every sender's output, the clean metric, direct logit attribution
+    corrupted    one forward: every sender's output on the corrupted prompts, the corrupted metric
+    attribute    EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
+    nodes        the node circuit: all nodes patched, the coarse search and the exact sizes, necessity
+    random-sets  (opt-in) random head sets of the circuit's size (:mod:`circuitkit.tasks.robustness`)
+    stability    (opt-in) the node search rerun on bootstrap resamples of the pairs
+    edges        the edge circuit: MIB's sizes in stacked copies, the search, the strongest edges' exact effects
+    held-out     the circuit on the pairs the search did not use (forward passes only)
 
 ``circuitkit.scan(model, task=...)`` and ``circuitkit scan MODEL --task NAME|FILE`` run this for any task other
 than ``induction`` (which the induction scan measures with its own loss).
