@@ -1,9 +1,10 @@
-"""The task circuit search (coarse on a quarter of the pairs, then exact) against brute force over every size.
+"""The task circuit search against brute force over every size.
 
 The node circuit is the smallest top-``n`` node set whose faithfulness on the pairs reaches the target: measured
 here at every ``n`` in one stacked pass (brute force) and compared with :func:`node_circuit`'s answer, with and
-without the coarse search (8 pairs or more: sizes stacked on a quarter of the pairs, a pass of the pairs for four
-sizes). The edge circuit's size is the smallest top-``k`` to within 1/64 of ``k``.
+without the coarse search (16 pairs or more, past ``COARSE_AFTER`` nodes: sizes stacked on a quarter of the pairs,
+a pass of the pairs for four sizes; forced from the first size here, the models being small). The edge circuit's
+size is the smallest top-``k`` to within 1/64 of ``k``.
 """
 
 from __future__ import annotations
@@ -77,11 +78,23 @@ def _check_against_brute_force(runner: TaskRunner, mlp_nodes: bool, targets: tup
     return once
 
 
+@pytest.fixture
+def coarse_from_one(monkeypatch):
+    """The coarse search from the first size (its default waits past 16 nodes; these models have 8 to 24)."""
+    import circuitkit.tasks.circuit as circuit
+
+    monkeypatch.setattr(circuit, "COARSE_AFTER", 0)
+
+
 @pytest.mark.parametrize("n_pairs", [6, 16])  # 6: the exact search alone; 16: coarse on 4 pairs, then exact
-def test_the_node_circuit_is_the_smallest_top_n_reaching_the_target(n_pairs):
+@pytest.mark.parametrize("coarse", [False, True])
+def test_the_node_circuit_is_the_smallest_top_n_reaching_the_target(n_pairs, coarse, request):
     """The bundled model copies in context (a real behaviour, a curve that rises): every target it crosses once."""
     from circuitkit import zoo
     from tests.test_tasks import copy_next_task
+
+    if coarse:
+        request.getfixturevalue("coarse_from_one")
 
     adapter = adapt(zoo.load())
     task = copy_next_task(n=n_pairs, d_vocab=60, seed=3)
@@ -92,7 +105,8 @@ def test_the_node_circuit_is_the_smallest_top_n_reaching_the_target(n_pairs):
 
 @pytest.mark.parametrize("n_pairs", [6, 16])
 @pytest.mark.parametrize("ablation, mlp_nodes", [("corrupted", False), ("mean", True)])
-def test_the_node_circuit_on_a_jagged_curve_is_a_measured_crossing(model, n_pairs, ablation, mlp_nodes):
+def test_the_node_circuit_on_a_jagged_curve_is_a_measured_crossing(model, n_pairs, ablation, mlp_nodes,
+                                                                  coarse_from_one):
     """A random model's curve dips below a target after first reaching it: the answer is a size reaching it with
     the one below it measured short of it (and brute force's wherever the target is crossed once)."""
     _check_against_brute_force(_runner(model, n_pairs, ablation), mlp_nodes, (0.3, 0.6, 0.8, 0.95))
@@ -101,9 +115,9 @@ def test_the_node_circuit_on_a_jagged_curve_is_a_measured_crossing(model, n_pair
 @pytest.mark.parametrize("offset", [0, -7, 5])  # the subset's answer: the pairs' own, below it, above it
 def test_the_search_finds_every_answer_exactly_and_the_coarse_search_saves_passes(offset):
     """A rising curve over 336 nodes (Qwen2.5-0.5B's heads) with its answer at every size: the search returns it
-    whatever the subset says (``offset``: where the subset's curve crosses instead), and with a good subset costs
-    at most half the exact passes of the geometric sizes and bisection past a few nodes."""
-    from circuitkit.tasks.circuit import COARSE_FIRST, _smallest
+    whatever the subset says (``offset``: where the subset's curve crosses instead); up to 16 nodes it is the exact
+    search's (the same passes), past them a good subset saves passes."""
+    from circuitkit.tasks.circuit import COARSE_AFTER, _smallest
 
     N = 336
     for answer in range(1, N + 1):
@@ -116,31 +130,33 @@ def test_the_search_finds_every_answer_exactly_and_the_coarse_search_saves_passe
                 return 0.9 if n >= answer else 0.5
 
             def coarse(sizes: list[int], calls: dict = calls, answer: int = answer) -> list[float]:
-                assert 1 <= len(sizes) <= 4
+                assert 1 <= len(sizes) <= 4 and min(sizes) > COARSE_AFTER
                 calls["coarse"] += 1
                 return [0.9 if n >= answer + offset else 0.5 for n in sizes]
 
             measured = {0: 0.0, N: 1.0}
             sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
             found = _smallest(evaluate, sizes, N, 0.8, measured, coarse=coarse if use_coarse else None,
-                              first=COARSE_FIRST)
+                              coarse_after=COARSE_AFTER)
             assert found == answer and measured[answer] >= 0.8 and measured.get(answer - 1, 0.0) < 0.8
             spent[use_coarse] = calls["exact"] + calls["coarse"]
-            if use_coarse and offset == 0:
-                assert calls["exact"] <= 2  # the answer and the size below it
-        if offset == 0 and answer > 8:
-            assert spent[True] <= spent[False] / 2 + 1, (answer, spent)
+            if use_coarse and answer > COARSE_AFTER + 1 and offset == 0:
+                assert calls["exact"] <= len(sizes[:5]) + 2  # 1 .. 16, then the answer and the size below it
+        if answer <= COARSE_AFTER:
+            assert spent[True] == spent[False]
+        elif offset == 0 and answer > 2 * COARSE_AFTER:
+            assert spent[True] < spent[False], (answer, spent)
 
 
-def test_the_coarse_search_runs_on_a_quarter_of_the_pairs_and_counts_them_so():
+def test_the_coarse_search_runs_on_a_quarter_of_the_pairs_and_counts_them_so(coarse_from_one):
     """On 16 pairs the node search stacks sizes on the first 4 (each copy a quarter of a pass, so the count is not
-    whole); below 8 pairs it is the exact search alone (whole passes). The same circuit either way."""
+    whole); below 16 pairs it is the exact search alone (whole passes). The same circuit either way."""
     from circuitkit import zoo
     from tests.test_tasks import copy_next_task
 
     adapter = adapt(zoo.load())
     found = {}
-    for n_pairs in (16, 6):
+    for n_pairs in (16, 12):
         task = copy_next_task(n=n_pairs, d_vocab=60, seed=3)
         runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=False, ablation="corrupted")
         _, node_scores = runner.edge_gradients(2)

@@ -8,20 +8,20 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
 corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); by default MLPs stay
 clean (recomputed from their inputs), as in the induction scan. ``m_corr`` patches every node.
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
-set reaching ``target`` is found as the induction scan finds its circuit: where the search runs on at least
-``4 * COARSE_MIN_PAIRS`` pairs, a coarse search first (``COARSE_SETS`` sizes stacked in one pass on a quarter of the
-pairs, ``n = 1, 4, 16, 64``, then evenly inside the bracket, until it is one node wide), then the exact search on
-every pair from the coarse answer (the answer and the size below it where the coarse answer is right) and bisection;
-with fewer pairs the faithfulness at ``n = 1, 2, 4, ...`` up to the first size reaching the target, then bisection.
-Every reported point is measured on the pairs, none interpolated; where the curve crosses the target once the answer
-is the smallest size reaching it, where it dips back below, a size reaching it whose predecessor was measured short
-of it. **Necessity**: ``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
+set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
+up to the first size reaching the target, then bisection. Past :data:`COARSE_AFTER` nodes, where the search runs on
+at least ``4 * COARSE_MIN_PAIRS`` pairs, a coarse search takes over (``COARSE_SETS`` sizes stacked in one pass on a
+quarter of the pairs, evenly inside the bracket, until it is one node wide), then the exact search on every pair
+from the coarse answer (the answer and the size below it where the coarse answer is right) and bisection. Every
+reported point is measured on the pairs, none interpolated; where the curve crosses the target once the answer is
+the smallest size reaching it, where it dips back below, a size reaching it whose predecessor was measured short of
+it. **Necessity**: ``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
 
 **Edge circuit**: the top ``k`` edges by EAP-IG score kept, every other edge patched
 (:meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`; ``m_corr`` is the corrupted run: no edge kept). The
 faithfulness curve is measured at MIB's sizes (:data:`EDGE_FRACTIONS` of all edges, in stacked copies), then the
-smallest ``k`` reaching ``target`` is searched between the last size below it and the first at or above it (the
-coarse search on a quarter of the pairs first, as for nodes, then exact), to within :data:`EDGE_RESOLUTION` of ``k``.
+smallest ``k`` reaching ``target`` is bisected between the last size below it and the first at or above it, to
+within :data:`EDGE_RESOLUTION` of ``k``.
 
 Ranking: by **absolute** score (default, as EAP-IG's ``apply_topn``) or by **signed** score (``rank="signed"``:
 an edge estimated to work against the behaviour comes last). MIB reports both. On a real model absolute ranking is
@@ -169,23 +169,28 @@ def _order(scores: Tensor, rank: str) -> Tensor:
     return torch.sort(-key, stable=True).indices
 
 
-COARSE_FIRST = (1, 4, 16, 64)
-"""The node search's first coarse round (sizes below the node count): a circuit of one head is then found with one
-coarse pass, a larger one bracketed within a factor of four."""
+COARSE_AFTER = 16
+"""The node search measures ``n = 1, 2, 4, ..., COARSE_AFTER`` exactly first (a small circuit is found there, as
+cheaply as any search can: on Qwen2.5-Coder-0.5B's IOI, 3 heads in 6 passes); only a circuit larger than that is
+searched for coarsely, where the exact sizes and bisection would cost about ``2 log2(n)`` passes. Measured
+(benchmarks/README.md, "The task search's passes"): a coarse search from ``n = 1`` on IOI's 16 pairs (sets of 4)
+put the circuit at 1 head where the pairs need 3, and cost 7 passes for the exact search's 6; its edge search, between
+MIB's sizes on a curve that dips, 26 for 23."""
 
 
 def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measured: dict[int, float],
-              resolution: float = 0.0, coarse: Any = None, first: tuple[int, ...] = ()) -> int:
+              resolution: float = 0.0, coarse: Any = None, coarse_after: int = 0) -> int:
     """The smallest ``n`` whose ``evaluate(n) -> faithfulness`` (on the pairs) reaches ``target``, to within
     ``resolution`` of ``n`` (relative; 0: exactly, ``n - 1`` measured below it); ``measured`` holds the points known
     (``0`` and ``total`` at least) and collects every point measured. Returns ``total`` when none reaches it.
 
-    Without ``coarse``: ``evaluate`` at ``sizes`` in order until one reaches ``target``, then bisection between
-    the last point below it and the first at or above it. With ``coarse(sizes) -> [faithfulness]`` (several sizes in
-    one stacked pass on a subset of the pairs: :func:`_coarse_search`): the coarse search narrows the bracket of the
-    points already measured to where the subset's answer lies, then the exact search gallops from that answer in
-    steps of ``1, 2, 4, ...`` units (two passes where the subset's answer is the pairs' one) and bisects. Every
-    point is measured on the pairs, never interpolated; only where the search looks first changes."""
+    ``evaluate`` at ``sizes`` in order until one reaches ``target`` (without ``coarse``: all of them; with it: those
+    up to ``coarse_after``), then bisection between the last point below it and the first at or above it. With
+    ``coarse(sizes) -> [faithfulness]`` (several sizes in one stacked pass on a subset of the pairs:
+    :func:`_coarse_search`) and no size up to ``coarse_after`` reaching the target, the coarse search first narrows
+    the bracket to where the subset's answer lies, then the exact search gallops from that answer in steps of
+    ``1, 2, 4, ...`` units (two passes where the subset's answer is the pairs' one) and bisects. Every point is
+    measured on the pairs, never interpolated; only where the search looks first changes."""
 
     def unit(n: int) -> int:
         return max(1, int(resolution * n))
@@ -195,17 +200,16 @@ def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measur
             measured[n] = evaluate(n)
         return measured[n] >= target
 
-    if coarse is None:
-        for n in sizes:
-            if reaches(n):
-                break
+    for n in sizes:
+        if (coarse is not None and n > coarse_after) or reaches(n):
+            break
     reached = [n for n in sorted(measured) if measured[n] >= target]
     if not reached:
         return total
     high = reached[0]
     low = max([n for n in measured if n < high], default=0)
-    if coarse is not None and high - low > unit(high):
-        low, high = _gallop(_coarse_search(coarse, low, high, target, unit, first), low, high, reaches, unit)
+    if coarse is not None and low >= coarse_after and high - low > unit(high):
+        low, high = _gallop(_coarse_search(coarse, low, high, target, unit), low, high, reaches, unit)
     while high - low > unit(high):
         mid = (low + high) // 2
         if reaches(mid):
@@ -215,24 +219,21 @@ def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measur
     return high
 
 
-def _coarse_search(coarse: Any, low: int, high: int, target: float, unit: Any, first: tuple[int, ...]) -> int:
+def _coarse_search(coarse: Any, low: int, high: int, target: float, unit: Any) -> int:
     """Where the exact search should look first: a ``COARSE_SETS + 1``-ary search between ``low`` (below the target)
-    and ``high`` (at or above it) whose every round measures up to ``COARSE_SETS`` sizes in one call of
-    ``coarse(sizes) -> [faithfulness]`` (the first round ``first``, the later ones evenly inside the bracket), until
-    the bracket is one unit wide; its upper end."""
+    and ``high`` (at or above it) whose every round measures ``COARSE_SETS`` sizes evenly inside the bracket in one
+    call of ``coarse(sizes) -> [faithfulness]``, until the bracket is one unit wide; its upper end."""
     from circuitkit.circuits.faithfulness import COARSE_SETS
 
-    sizes = [n for n in first if low < n < high][:COARSE_SETS]
     while high - low > unit(high):
-        if not sizes:
-            step = (high - low) / (COARSE_SETS + 1)
-            sizes = sorted({min(high - 1, max(low + 1, round(low + step * j))) for j in range(1, COARSE_SETS + 1)})
+        step = (high - low) / (COARSE_SETS + 1)
+        sizes = sorted({min(high - 1, max(low + 1, round(low + step * j))) for j in range(1, COARSE_SETS + 1)})
         for n, value in zip(sizes, coarse(sizes), strict=True):
             if value >= target:
                 high = min(high, n)
             elif n < high:
                 low = max(low, n)
-        low, sizes = min(low, high - 1), []
+        low = min(low, high - 1)
     return high
 
 
@@ -258,8 +259,8 @@ def _gallop(start: int, low: int, high: int, reaches: Any, unit: Any) -> tuple[i
 COARSE_MIN_PAIRS = 4
 """The coarse search runs where each of its sets gets at least this many pairs (16 pairs searched on). A pair's
 metric is one logit difference where an induction sequence's loss averages about 20 tokens: on Qwen2.5-Coder-0.5B's
-IOI with 8 pairs searched on, sets of 2 pairs put the node circuit at 1 head where the 8 pairs need 4, and the
-exact search then paid the coarse pass on top of its own (benchmarks/README.md, "The task search's passes")."""
+IOI with 8 pairs searched on, sets of 2 pairs put the node circuit at 1 head where the 8 pairs need 4
+(benchmarks/README.md, "The task search's passes")."""
 
 
 def _coarse_runner(runner: TaskRunner, clean_all: Tensor, patched_all: Tensor) -> tuple[Any, int, float, float]:
@@ -354,7 +355,7 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
                 progress(runner.passes - before)
             return [faithfulness_of(float(v), sub_clean, sub_patched) for v in values]
 
-    n = _smallest(evaluate, sizes, N, target, measured, coarse=coarse, first=COARSE_FIRST)
+    n = _smallest(evaluate, sizes, N, target, measured, coarse=coarse, coarse_after=COARSE_AFTER)
     kept = order[:n]
     heads, mlps = masks(kept)
     before = runner.passes
@@ -413,18 +414,9 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
         metrics[k] = run([kept_mask(k)])[0]
         return faithfulness_of(metrics[k], clean, corrupted)
 
-    coarse = None
-    sub, n_sub, sub_clean, sub_corrupted = _coarse_runner(runner, runner.clean["metric"], runner.corrupted["metric"])
-    if sub is not None:
-        def coarse(sizes: list[int]) -> list[float]:
-            before = runner.passes
-            values = _counted(runner, sub, n_sub, lambda: sub.edge_metric(
-                torch.stack([kept_mask(size) for size in sizes])))
-            if progress is not None:
-                progress(runner.passes - before)
-            return [faithfulness_of(float(v), sub_clean, sub_corrupted) for v in values]
-
-    k = _smallest(evaluate, curve_sizes, E, target, measured, EDGE_RESOLUTION, coarse=coarse)
+    # bisection between MIB's two sizes around the target (2 to 2.5 apart): about six passes; a coarse search there
+    # measured more (COARSE_AFTER)
+    k = _smallest(evaluate, curve_sizes, E, target, measured, EDGE_RESOLUTION)
     xs = [0.0] + [s / E for s in curve_sizes]
     ys = [0.0] + [measured[s] for s in curve_sizes]
     cpr = _trapezoid(xs, ys)

@@ -6,10 +6,10 @@ pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a
     clean        one forward + backward: every sender's output, the clean metric, direct logit attribution
     corrupted    one forward: every sender's output on the corrupted prompts, the corrupted metric
     attribute    EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
-    nodes        the node circuit: all nodes patched, the coarse search and the exact sizes, necessity
+    nodes        the node circuit: all nodes patched, the exact sizes (past 16 nodes a coarse search first), necessity
     random-sets  (opt-in) random head sets of the circuit's size (:mod:`circuitkit.tasks.robustness`)
     stability    (opt-in) the node search rerun on bootstrap resamples of the pairs
-    edges        the edge circuit: MIB's sizes in stacked copies, the search, the strongest edges' exact effects
+    edges        the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
     held-out     the circuit on the pairs the search did not use (forward passes only)
 
 ``circuitkit.scan(model, task=...)`` and ``circuitkit scan MODEL --task NAME|FILE`` run this for any task other

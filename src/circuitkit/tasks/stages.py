@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuitkit.circuits.faithfulness import COARSE_SETS, geometric_sizes
-from circuitkit.tasks.circuit import COARSE_MIN_PAIRS, EDGE_FRACTIONS, EDGE_RESOLUTION, N_EXACT_EDGES
+from circuitkit.tasks.circuit import COARSE_AFTER, COARSE_MIN_PAIRS, EDGE_FRACTIONS, EDGE_RESOLUTION, N_EXACT_EDGES
 
 
 @dataclass(frozen=True)
@@ -54,25 +54,22 @@ def coarse_applies(pairs: int) -> bool:
 
 
 def node_estimate(nodes: int, pairs: int) -> float:
-    """Planned passes of the node search: every node patched (the gap), the coarse rounds (the first ``1, 4, 16,
-    64``, then five-ary inside the bracket: about ``1 + log5(nodes / 4)``) and two exact sizes, or without the
-    coarse search the geometric sizes and a bisection; one for necessity."""
-    if coarse_applies(pairs):
-        search = 1 + math.ceil(math.log(max(2.0, nodes / 4)) / math.log(COARSE_SETS + 1)) + 2
-    else:
-        search = len(geometric_sizes(nodes)) - 1 + math.ceil(math.log2(max(2, nodes)))
-    return 1 + search + 1
+    """Planned passes of the node search: every node patched (the gap), the geometric sizes and a bisection (a
+    circuit of at most :data:`COARSE_AFTER` nodes), or past them the coarse rounds (five-ary: about
+    ``log5(nodes)``) and two exact sizes; one for necessity."""
+    small = min(nodes, COARSE_AFTER)
+    exact = len([n for n in geometric_sizes(small) if n < nodes]) + math.ceil(math.log2(max(2, small)))
+    if coarse_applies(pairs) and nodes > COARSE_AFTER:
+        exact = len(geometric_sizes(COARSE_AFTER)) + math.ceil(
+            math.log(max(2, nodes - COARSE_AFTER)) / math.log(COARSE_SETS + 1)) + 2
+    return 1 + exact + 1
 
 
 def edge_estimate(edges_total: int, pairs: int) -> float:
-    """Planned passes of the edge circuit: MIB's sizes (one stacked copy each), the search between the two around
-    the target (coarse rounds to :data:`EDGE_RESOLUTION` of the size and two exact sizes, or a bisection) and the
-    strongest edges' exact effects."""
+    """Planned passes of the edge circuit: MIB's sizes (one stacked copy each), the bisection between the two around
+    the target (2 to 2.5 apart) to :data:`EDGE_RESOLUTION` of the size, and the strongest edges' exact effects."""
     sizes = len({max(1, round(f * edges_total)) for f in EDGE_FRACTIONS} - {edges_total})
-    steps = math.ceil(math.log2(2.5 / EDGE_RESOLUTION))  # MIB's neighbouring sizes are 2 to 2.5 apart
-    search = math.ceil(math.log(2.5 / EDGE_RESOLUTION) / math.log(COARSE_SETS + 1)) + 2 if coarse_applies(
-        pairs) else steps
-    return sizes + search + min(N_EXACT_EDGES, edges_total)
+    return sizes + math.ceil(math.log2(2.5 / EDGE_RESOLUTION)) - 1 + min(N_EXACT_EDGES, edges_total)
 
 
 def held_estimate(plan: PlanInputs, curve_sizes: int = 4) -> float:
@@ -95,15 +92,15 @@ TASK_STAGES = (
                   lambda p: 1, lambda p: True),
     TaskStageSpec("attribute", "EAP-IG: the interpolation points stacked in one forward + backward",
                   lambda p: 3 * p.steps, lambda p: True),
-    TaskStageSpec("nodes", "the node circuit: every node patched, the coarse search on a quarter of the pairs, the "
-                  "exact sizes around its answer, necessity", lambda p: node_estimate(p.nodes, p.pairs),
-                  lambda p: True),
+    TaskStageSpec("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a "
+                  "coarse search on a quarter of the pairs first), necessity",
+                  lambda p: node_estimate(p.nodes, p.pairs), lambda p: True),
     TaskStageSpec("random-sets", "random node sets of the circuit's size, uniform and per layer (opt-in)",
                   lambda p: 2 * p.random_sets, lambda p: p.random_sets > 0),
     TaskStageSpec("stability", "the node search rerun on bootstrap resamples of the pairs (opt-in)",
                   stability_estimate, lambda p: p.stability > 0),
-    TaskStageSpec("edges", "the edge circuit: MIB's sizes stacked, the coarse search, the exact sizes around its "
-                  "answer, the strongest edges' exact effects", lambda p: edge_estimate(p.edges_total, p.pairs),
+    TaskStageSpec("edges", "the edge circuit: MIB's sizes stacked, the bisection to 1/64 of its size, the "
+                  "strongest edges' exact effects", lambda p: edge_estimate(p.edges_total, p.pairs),
                   lambda p: p.edges),
     TaskStageSpec("held-out", "the circuit measured on the pairs the search did not use", held_estimate,
                   lambda p: p.held > 0),
