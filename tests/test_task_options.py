@@ -243,3 +243,14 @@ def test_the_progress_plan_comes_first_and_each_stage_has_its_own_seconds(model,
     done = re.fullmatch(rf"{label}: done, ([\d.]+) passes in ([\d.]+) s", lines[-1])
     assert done and float(done.group(1)) == pytest.approx(sum(s.passes for s in result.stages), abs=0.01)
     assert sum(s.seconds for s in result.stages) <= float(done.group(2)) + 0.05  # per stage, not cumulative
+
+
+def test_a_progress_function_is_told_each_stage_as_it_ends(model):
+    """``scan_task(progress=fn)``: ``fn(stage, passes)`` once per stage, the passes the stage record holds."""
+    from circuitkit.tasks import scan_task
+
+    told = []
+    result = scan_task(model, _task(), edges=False, progress=lambda stage, passes: told.append((stage, passes)))
+    assert told == [(s.name, s.passes) for s in result.stages] and len(told) == 5
+    with pytest.raises(ck.CircuitkitError, match="progress"):
+        scan_task(model, _task(), progress=3)
