@@ -225,8 +225,9 @@ SCAN_TABLE = {
                                  and c.answer_skipped == ["--no-circuit"]),
     "quick": {"induction": (["--quick"], lambda c, p: c.induction["circuit"] is False
                             and c.induction["ablate"] == "none" and c.answer_skipped == ["--quick"]),
-              "built-in task": (["--quick"], lambda c, p: c.task_kwargs["edges"] is False and QUICK_SAID in c.stdout),
-              "task file": (["--quick"], lambda c, p: c.task_kwargs["edges"] is False and QUICK_SAID in c.stdout)},
+              "built-in task": (["--quick"], lambda c, p: c.task_kwargs["quick"] is True and QUICK_SAID in c.stdout),
+              "task file": (["--quick"], lambda c, p: c.task_kwargs["quick"] is True and QUICK_SAID in c.stdout)},
+    "no_edges": every(["--no-edges"], lambda c, p: c.scan_kwargs["edges"] is False),
     "sort": induction_only(["--sort", "prev"], lambda c, p: c.table_sort == ["prev"]),
     "json": every(["--json"], lambda c, p: c.stdout == SCORES_TEXT),
     # the bundled model's induction scan loads local files without the bridge: the flag reaches the scan
@@ -244,8 +245,8 @@ SCAN_TABLE = {
     "target": every(["--target", "0.5"], lambda c, p: c.scan_kwargs["target"] == 0.5),
     "resamples": every(["--resamples", "50"], lambda c, p: c.scan_kwargs["n_resamples"] == 50),
     "ci_level": every(["--ci-level", "0.9"], lambda c, p: c.scan_kwargs["ci_level"] == 0.9),
-    "random_sets": induction_only(["--random-sets", "2"], lambda c, p: c.induction["random_sets"] == 2),
-    "stability": induction_only(["--stability", "2"], lambda c, p: c.induction["stability"] == 2),
+    "random_sets": every(["--random-sets", "2"], lambda c, p: c.scan_kwargs["random_sets"] == 2),
+    "stability": every(["--stability", "2"], lambda c, p: c.scan_kwargs["stability"] == 2),
 }
 
 
@@ -329,6 +330,9 @@ def test_every_option_applies_or_is_refused(sub, dest, kind, calls, places, caps
     (["--quick", "--random-sets", "2"], "--random-sets: given with --quick"),
     (["--no-circuit", "--stability", "2"], "--stability: given with --no-circuit"),
     (["--json", "--sort", "prev"], "--sort: given with --json"),
+    (["--no-circuit", "--no-edges"], "--no-edges: given with --no-circuit"),
+    (["--task", "ioi", "--quick", "--no-edges"], "--no-edges: given with --quick, which does not use it (a quick "
+                                                 "task scan measures no edge circuit)"),
     (["MODEL", "--device-map", "auto", "--device", "cpu"], "--device: given with --device-map"),
     (["--pairs", "5"], "--pairs: given for the induction scan (no --task), which does not use it"),
     (["--task", "ioi", "--batch", "16"], "--batch: given with --task ioi, which does not use it (a task's pairs"),
@@ -358,8 +362,8 @@ def test_given_options_are_the_ones_on_the_command_line():
 
 @pytest.mark.slow
 def test_task_file_quick_skips_the_edge_circuit(tmp_path, capsys):
-    """For real, on the bundled model: --quick with a task file finds the node circuit and skips the edge circuit
-    (settings.edges false, no edges stage); without --quick the edge circuit is measured."""
+    """For real, on the bundled model: --quick with a task file finds the node circuit with one EAP-IG point and
+    skips the edge circuit (settings.edges false, no edges stage); without --quick the edge circuit is measured."""
     import random
 
     rng = random.Random(0)
@@ -380,7 +384,9 @@ def test_task_file_quick_skips_the_edge_circuit(tmp_path, capsys):
     assert seen[True]["settings"]["edges"] is False and seen[False]["settings"]["edges"] is True
     assert "edges" not in [s["name"] for s in seen[True]["stages"]]
     assert "edges" in [s["name"] for s in seen[False]["stages"]]
-    assert seen[True]["circuit"]["heads"] == seen[False]["circuit"]["heads"]  # the node circuit is the same
+    assert seen[True]["settings"]["ig_steps"] == 1 and seen[False]["settings"]["ig_steps"] == 3
+    assert seen[True]["circuit"]["faithfulness"] >= 0.8 and seen[True]["settings"]["quick"] is True
+    assert sum(s["passes"] for s in seen[True]["stages"]) < sum(s["passes"] for s in seen[False]["stages"]) / 2
 
 
 def test_the_readme_commands_use_only_options_that_apply():

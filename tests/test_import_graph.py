@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hand-built circuits, views", ("handbuilt", "viz")),
     ("detect", ("detect",)),
     ("circuits", ("circuits",)),
-    ("scan records", ("scan_record",)),
+    ("scan records", ("scan_record", "progress")),
     ("report", ("report",)),
     ("tasks", ("tasks",)),
     ("scan", ("pipeline", "scan_types", "scan_intervals", "memory")),

@@ -506,8 +506,8 @@ def test_scan_dispatches_tasks_and_keeps_induction_as_it_was():
         ck.scan(model, task=3)
     with pytest.raises(CircuitkitError, match="do not apply to a task scan"):
         ck.scan(model, task=copy_next_task(), ablate="all")
-    with pytest.raises(CircuitkitError, match=r"\['top_k', 'stability'\]"):
-        ck.scan(model, task=copy_next_task(), top_k=3, stability=2)
+    with pytest.raises(CircuitkitError, match=r"\['top_k', 'n_patch'\]"):  # stability applies to a task too
+        ck.scan(model, task=copy_next_task(), top_k=3, n_patch=2, stability=2)
     result = ck.scan(model, task=copy_next_task(), n_resamples=50, ci_level=0.9)
     assert result.settings["n_resamples"] == 50 and result.settings["ci_level"] == 0.9
 

@@ -112,21 +112,15 @@ def test_html_and_svg_escape_the_same_names():
     assert f"{EMOJI}[i]" in _printed([cli.ranked_table(scan)])  # the score's short name heads a column
 
 
-def test_the_task_progress_line_shows_the_task_name_as_written(monkeypatch, capsys):
-    """A task's name (a file's stem, or any string) is printed in each progress line of a task scan."""
-    import circuitkit.tasks
-    from circuitkit import pipeline
-    from circuitkit.tasks import Task
+def test_the_task_progress_line_shows_the_task_name_as_written(capsys):
+    """A task's name (a file's stem, or any string) is printed in each progress line of a task scan, escaped."""
+    from circuitkit.tasks.stages import task_progress
 
-    task = Task.from_pairs([("When Mary and John went", "When Mary and Anne went", " Mary", " John")],
-                           name=f"task {HOSTILE}")
-
-    def fake_scan_task(model, task, *, progress, **_):
-        progress("nodes", 3)
-        return "scanned"
-
-    monkeypatch.setattr(circuitkit.tasks, "scan_task", fake_scan_task)
-    assert pipeline._task_scan(None, task, target=0.8, device=None, name=None, mode="lines", n_resamples=10,
-                               ci_level=0.9) == "scanned"
+    bar = task_progress(f"task {HOSTILE}", "lines", [("nodes", 3)])
+    bar.start("nodes")
+    bar.advance(3)
+    bar.end()
+    bar.close()
     err = capsys.readouterr().err
     assert f"task {MARKUP} {EMOJI} {SCRIPT}" in err and CLEAR not in err and "\\x1b[2J" in err
+    assert err.count("scan task") == 3  # the plan, the stage, the end

@@ -132,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--quick", action="store_true",
                       help="scores, attribution, composition and spectra only: no exact ablation and no edge "
                       "evidence (the same as --ablate none --no-circuit); with --task: the node circuit only, no "
-                      "edge circuit")
+                      "edge circuit, EAP-IG with one point (3 passes instead of 9) and, on the held-out pairs, the "
+                      "circuit's own faithfulness and necessity rather than its whole curve")
+    scan.add_argument("--no-edges", action="store_true",
+                      help="the circuit of heads without its edges: no edge attribution and path patching (with "
+                      "--task: no edge circuit)")
     scan.add_argument("--sort", default=None, metavar="COLUMN",
                       help="sort the table by this column, largest first: a score's short or full name (induct, "
                       "prev, dup, self, first, copy, ...), attrib, or ablated (alias: ablate); default: induction")
@@ -212,13 +216,11 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
                "changes that"),
     "ablate_top": (TASK_SCANS, "a task scan ablates no single heads exactly"),
     "top_k": (TASK_SCANS, "a task scan's answer lists its own top heads and edges"),
-    "no_circuit": (TASK_SCANS, "a task scan is a circuit search; --quick skips its edge circuit"),
+    "no_circuit": (TASK_SCANS, "a task scan is a circuit search; --no-edges or --quick skips its edge circuit"),
     "sort": (TASK_SCANS, "a task scan prints its answer, not a table of heads"),
     "png": (TASK_SCANS, "a task scan's report has no PNG export"),
     "pairs": ((INDUCTION, TASK_FILE), "it sets how many pairs a built-in task (ioi, greater-than, docstring) "
               "writes"),
-    "random_sets": (TASK_SCANS, "random head sets are measured by the induction scan only"),
-    "stability": (TASK_SCANS, "the bootstrap reruns of the circuit search belong to the induction scan"),
     "prepend_bos": ((INDUCTION,), "the induction batch sets its own BOS; the option says how a task's text prompts "
                     "are tokenized"),
     "metric": ((INDUCTION,), "the induction scan reads the repeated-copies loss"),
@@ -330,13 +332,15 @@ def refuse_unused_scan_options(args: argparse.Namespace, kind: str) -> None:
     if "device" in given and args.device_map is not None:
         _refuse("device", "with --device-map", "the map places the model's parts on devices")
     if kind != INDUCTION:
+        if args.quick and "no_edges" in given:
+            _refuse("no_edges", "with --quick", "a quick task scan measures no edge circuit")
         return
     if "ablate_top" in given and _ablate_mode(args) != "top":
         _refuse("ablate_top", "with --quick" if args.quick else f"with --ablate {args.ablate}",
                 "it counts the heads ablated exactly under --ablate top")
     skipped = _skipped_flag(args)
     if skipped is not None:
-        for dest in ("target", "random_sets", "stability"):
+        for dest in ("target", "random_sets", "stability", "no_edges"):
             if dest in given:
                 _refuse(dest, f"with {skipped}", "there is no circuit search")
     if args.json and "sort" in given:
@@ -432,6 +436,7 @@ def run_scan(args: argparse.Namespace) -> int:
         ci_level=args.ci_level,
         random_sets=args.random_sets,
         stability=args.stability,
+        edges=not args.no_edges,
     )
     saved = result.save(out, png=args.png)
     if args.json:
@@ -473,10 +478,12 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
     if task is None:
         task = _with_ablation(args, tasks.get_task(args.task, model, n=args.pairs, seed=args.seed))
     _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {args.metric or task.metric}")
-    result = tasks.scan_task(model, task, target=args.target, edges=not args.quick, device=args.device, name=name,
-                             n_resamples=args.resamples, ci_level=args.ci_level, progress=_stage_lines(task.name),
+    result = tasks.scan_task(model, task, target=args.target, edges=not args.no_edges, quick=args.quick,
+                             device=args.device, name=name, n_resamples=args.resamples, ci_level=args.ci_level,
+                             progress=True,  # a bar on a terminal, one line per stage in a log or a pipe
                              prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos],
-                             metric=args.metric, **_given_split(args))
+                             metric=args.metric, random_sets=args.random_sets, stability=args.stability,
+                             **_given_split(args))
     saved = result.save(out)
     if args.json:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
@@ -490,18 +497,6 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
         output.text("Edge circuit skipped (--quick); run without --quick to measure the edge circuit.", "")
     output.text(f"wrote {saved.report} and {saved.scores}", "")
     return 0
-
-
-def _stage_lines(task_name: str) -> Any:
-    """A task scan's progress: one line per stage on stderr, as ``circuitkit.scan(..., progress=True)`` writes."""
-    import time
-
-    started = time.perf_counter()
-
-    def line(stage: str, passes: float) -> None:
-        _say(f"scan {task_name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s")
-
-    return line
 
 
 def _skipped_flag(args: argparse.Namespace) -> str | None:

@@ -44,7 +44,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -81,6 +80,7 @@ from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.memory import check_memory
 from circuitkit.models.state import keeps_model_state
+from circuitkit.progress import Progress, Revision, progress_mode  # noqa: F401  (re-exported: pipeline.Progress)
 from circuitkit.ranking import Head
 from circuitkit.scan_intervals import scan_intervals
 from circuitkit.scan_types import Agreement, HeadEffects, Scan, ScanSettings, StageRecord, summarise_model
@@ -130,129 +130,7 @@ WEIGHT_STAGE_COST = 0
 
 
 # ---------------------------------------------------------------------------------------------- progress
-@dataclass(frozen=True)
-class Revision:
-    """A change of the plan: ``stage``'s passes went from ``before`` to ``after`` (0: skipped), ``why`` in words."""
-
-    stage: str
-    before: int
-    after: int
-    why: str
-
-
-class Progress:
-    """The scan's progress over its stages, in passes of the batch (integers: one run of the batch through the
-    model, resumed from a later layer or not, counts one; a backward pass counts two).
-
-    ``plan``: ``(stage, passes)`` for each stage the scan will run, fixed before the first pass: the bar's total
-    is their sum. The plan changes only through :meth:`revise` (a stage whose size became known, grew, shrank or
-    is skipped), and each change is said in words (:attr:`revisions`; the bar's text, or a line). ``mode``:
-    ``"bar"`` (tqdm, for a terminal), ``"lines"`` (one line per stage on ``stream``: a log or a pipe; the plan
-    first), or ``"off"``."""
-
-    def __init__(self, mode: str, plan: list[tuple[str, int]], stream: Any = None) -> None:
-        self.mode = mode
-        self.plan = [name for name, _ in plan]
-        self.estimates = {name: int(passes) for name, passes in plan}
-        self.planned_total = self._total()
-        self.revisions: list[Revision] = []
-        self.ran: list[StageRecord] = []
-        self.stream = stream if stream is not None else sys.stderr
-        self.current: str | None = None
-        self.done = 0
-        self.stage_passes = 0
-        self.bar = None
-        self.started = time.perf_counter()
-        if mode == "bar":
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=self.planned_total, desc="scan", unit="pass", file=self.stream,
-                            bar_format="{desc:<16}{percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} passes "
-                            "[{elapsed}<{remaining}]")
-        elif mode == "lines":
-            stages = ", ".join(f"{name} {passes}" for name, passes in self.estimates.items())
-            self._line(f"scan: {len(self.plan)} stages, {self.planned_total} passes planned ({stages})")
-
-    def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-
-    def _total(self) -> int:
-        return sum(self.estimates.values())
-
-    def revise(self, name: str, passes: int, why: str) -> None:
-        """Change ``name``'s planned passes to ``passes`` (0 with a skipped stage), saying ``why``."""
-        passes = int(passes)
-        before = self.estimates.get(name, 0)
-        if passes == before:
-            return
-        old_total = self._total()
-        self.estimates[name] = passes
-        self.revisions.append(Revision(name, before, passes, why))
-        line = f"scan: plan {old_total} -> {self._total()} passes: {name} {before} -> {passes} ({why})"
-        if self.bar is not None:  # the reason as a line above the bar (a postfix would squeeze the bar away)
-            self.bar.total = self._total()
-            self.bar.write(line, file=self.stream)
-            self.bar.refresh()
-        elif self.mode == "lines":
-            self._line(line)
-
-    def skip(self, name: str, why: str) -> None:
-        """``name`` will not run: its passes leave the plan, and the bar says ``why``."""
-        self.revise(name, 0, f"skipped: {why}")
-        if name in self.plan:
-            self.plan.remove(name)
-
-    def start(self, name: str) -> None:
-        self.current, self.stage_passes, self.stage_started = name, 0, time.perf_counter()
-        if self.bar is not None:
-            self.bar.set_description_str(f"scan: {name}")
-            self.bar.refresh()
-
-    def advance(self, passes: int) -> None:
-        self.stage_passes += int(passes)
-        if self.bar is not None:
-            self.bar.n = self.done + min(self.stage_passes, self.estimates[self.current])
-            self.bar.refresh()
-
-    def end(self, why: str | None = None) -> None:
-        """End the current stage. Its cost is the passes advanced; where that differs from the plan, the plan is
-        revised first, saying ``why`` (default: the measured count)."""
-        name = self.current
-        passes = self.stage_passes
-        if passes != self.estimates[name]:
-            self.revise(name, passes, why or f"measured {passes} passes, planned {self.estimates[name]}")
-        seconds = time.perf_counter() - self.stage_started
-        self.done += passes
-        self.ran.append(StageRecord(name, passes, seconds))
-        if self.bar is not None:
-            self.bar.n = self.done
-            self.bar.refresh()
-        elif self.mode == "lines":
-            unit = "pass" if passes == 1 else "passes"
-            self._line(f"scan [{len(self.ran)}/{len(self.plan)}] {name:<8} {passes:4d} {unit:<6} {seconds:7.2f} s")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        elif self.mode == "lines" and len(self.ran) == len(self.plan):
-            total = sum(r.passes for r in self.ran)
-            self._line(f"scan: done, {total} passes in {time.perf_counter() - self.started:.2f} s")
-
-
-def progress_mode(progress: Any, stream: Any = None) -> str:
-    """``progress`` (True / False / None / ``"bar"`` / ``"lines"``) as a mode: True and None draw a bar on a
-    terminal and print lines elsewhere (None: nothing elsewhere)."""
-    if isinstance(progress, str):
-        return validate.option("scan: progress", progress, ("bar", "lines", "off"))
-    if progress is not None:
-        progress = validate.boolean("scan: progress", progress)
-        if not progress:
-            return "off"
-    stream = stream if stream is not None else sys.stderr
-    terminal = bool(getattr(stream, "isatty", lambda: False)())
-    if terminal:
-        return "bar"
-    return "lines" if progress else "off"
+# Progress, Revision and progress_mode live in circuitkit.progress (the task scan plans its passes with them too)
 
 
 # ---------------------------------------------------------------------------------------------- the stages
@@ -688,6 +566,7 @@ def scan(
     ci_level: float = DEFAULT_LEVEL,
     random_sets: int = 0,
     stability: int = 0,
+    edges: bool = True,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -737,10 +616,14 @@ def scan(
             (:mod:`circuitkit.scan_intervals`; seed 0, from values the passes kept: no extra pass).
         random_sets: measure that many random head sets of the circuit's size per kind (uniform, and with the
             circuit's per-layer counts) beside the circuit (:mod:`circuitkit.circuits.baseline`; ``2 *
-            random_sets`` passes, in the circuit stage's plan; 0, the default: none).
+            random_sets`` passes, in the circuit stage's plan; 0, the default: none). With a task: random head sets
+            of the node circuit's size (:mod:`circuitkit.tasks.robustness`).
         stability: rerun the circuit search on that many bootstrap resamples of the batch: each head's inclusion
             frequency and the mean pairwise Jaccard (:mod:`circuitkit.circuits.stability`; a stage of its own,
-            each rerun about one circuit search plus an attribution pass; 0, the default: none).
+            each rerun about one circuit search plus an attribution pass; 0, the default: none). With a task: the
+            node search rerun on resamples of its pairs.
+        edges: measure the edges too (default): the induction scan's edge evidence (edge attribution and path
+            patching of the circuit's edges), a task's edge circuit. ``False``: the circuit of heads (nodes) only.
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -751,6 +634,7 @@ def scan(
                             circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
                             random_sets=random_sets, stability=stability)
     device = validate.device("scan: device", device)
+    edges = validate.boolean("scan: edges", edges)
     dtype = _check_dtype(model, dtype)
     mode = progress_mode(progress)
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -767,10 +651,13 @@ def scan(
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
                           n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
-                          metric=metric, holdout=holdout, target_on=target_on)
+                          metric=metric, holdout=holdout, target_on=target_on, edges=edges,
+                          random_sets=options["random_sets"], stability=options["stability"])
     _refuse_task_options(holdout=holdout, target_on=target_on, metric=metric, prepend_bos=prepend_bos)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens)
+    if not edges:  # the circuit of heads without its edge evidence
+        settings = replace(settings, edge_attribution_steps=None)
     _check_batch_memory(session, settings, tokens, device)  # before any pass: refuse what cannot fit
     state = ScanState(session)
     stages = run_stages(state, settings, mode)
@@ -829,7 +716,7 @@ def _refuse_induction_options(options: Mapping[str, object], tokens: RepeatedTok
         raise validate.fail("scan: tokens", tokens, "None when a task is given (the task brings its prompts)")
     defaults = {"ablate": "top", "ablate_top": DEFAULT_ABLATE_TOP, "ablation_method": "mean", "top_k": 5,
                 "n_patch": DEFAULT_N_PATCH, "circuit": True, "faithfulness_method": options["ablation_method"],
-                "circuit_rank": "joint", "roles": DEFAULT_ROLES, "random_sets": 0, "stability": 0}
+                "circuit_rank": "joint", "roles": DEFAULT_ROLES}
     changed = [key for key, default in defaults.items() if options[key] != default]
     if changed:
         raise validate.fail(f"scan: {changed[0]}", options[changed[0]],
@@ -873,26 +760,19 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 
 def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
                n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None,
-               holdout: float | None = None, target_on: str | None = None) -> Any:
-    """A task's circuit (:func:`circuitkit.tasks.scan_task`), with one progress line per stage unless ``mode`` is
-    ``"off"``."""
-    from circuitkit._terminal import visible
+               holdout: float | None = None, target_on: str | None = None, edges: bool = True,
+               random_sets: int = 0, stability: int = 0) -> Any:
+    """A task's circuit (:func:`circuitkit.tasks.scan_task`), its progress in ``mode`` (the task scan's own plan
+    of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
 
     if not isinstance(task, Task):
         if not isinstance(task, (str, os.PathLike)):
             raise validate.fail("scan: task", task, "a Task, a built-in task name or a task file's path")
         task = get_task(os.fspath(task), model)
-    started = time.perf_counter()
-
-    def line(stage: str, passes: float) -> None:
-        if mode != "off":
-            print(visible(f"scan {task.name}: {stage:<9} {passes:3.0f} passes {time.perf_counter() - started:7.1f} s"),
-                  file=sys.stderr, flush=True)  # the task's name is data: escaped (circuitkit._terminal)
-
-    return scan_task(model, task, target=target, device=device, name=name, progress=line, n_resamples=n_resamples,
-                     ci_level=ci_level, prepend_bos=prepend_bos, metric=metric,
-                     **({} if holdout is None else {"holdout": holdout}),
+    return scan_task(model, task, target=target, device=device, name=name, progress=mode, n_resamples=n_resamples,
+                     ci_level=ci_level, prepend_bos=prepend_bos, metric=metric, edges=edges, random_sets=random_sets,
+                     stability=stability, **({} if holdout is None else {"holdout": holdout}),
                      **({} if target_on is None else {"target_on": target_on}))
 
 

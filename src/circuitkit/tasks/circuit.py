@@ -9,8 +9,13 @@ corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.nod
 clean (recomputed from their inputs), as in the induction scan. ``m_corr`` patches every node.
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
 set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
-up to the first size reaching the target, then bisection (every point measured, none interpolated). **Necessity**:
-``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
+up to the first size reaching the target, then bisection. Past :data:`COARSE_AFTER` nodes, where the search runs on
+at least ``4 * COARSE_MIN_PAIRS`` pairs, a coarse search takes over (``COARSE_SETS`` sizes stacked in one pass on a
+quarter of the pairs, evenly inside the bracket, until it is one node wide), then the exact search on every pair
+from the coarse answer (the answer and the size below it where the coarse answer is right) and bisection. Every
+reported point is measured on the pairs, none interpolated; where the curve crosses the target once the answer is
+the smallest size reaching it, where it dips back below, a size reaching it whose predecessor was measured short of
+it. **Necessity**: ``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
 
 **Edge circuit**: the top ``k`` edges by EAP-IG score kept, every other edge patched
 (:meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`; ``m_corr`` is the corrupted run: no edge kept). The
@@ -164,29 +169,123 @@ def _order(scores: Tensor, rank: str) -> Tensor:
     return torch.sort(-key, stable=True).indices
 
 
+COARSE_AFTER = 16
+"""The node search measures ``n = 1, 2, 4, ..., COARSE_AFTER`` exactly first (a small circuit is found there, as
+cheaply as any search can: on Qwen2.5-Coder-0.5B's IOI, 3 heads in 6 passes); only a circuit larger than that is
+searched for coarsely, where the exact sizes and bisection would cost about ``2 log2(n)`` passes. Measured
+(benchmarks/README.md, "The task search's passes"): a coarse search from ``n = 1`` on IOI's 16 pairs (sets of 4)
+put the circuit at 1 head where the pairs need 3, and cost 7 passes for the exact search's 6; its edge search, between
+MIB's sizes on a curve that dips, 26 for 23."""
+
+
 def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measured: dict[int, float],
-              resolution: float = 0.0) -> int:
-    """Run ``evaluate(n) -> faithfulness`` at ``sizes`` in order until one reaches ``target``, then bisect for the
-    smallest ``n`` reaching it (to within ``resolution`` of ``n``, relative; 0: exactly); ``measured`` collects every
-    point. Returns ``total`` when none reaches it."""
-    for n in sizes:
+              resolution: float = 0.0, coarse: Any = None, coarse_after: int = 0) -> int:
+    """The smallest ``n`` whose ``evaluate(n) -> faithfulness`` (on the pairs) reaches ``target``, to within
+    ``resolution`` of ``n`` (relative; 0: exactly, ``n - 1`` measured below it); ``measured`` holds the points known
+    (``0`` and ``total`` at least) and collects every point measured. Returns ``total`` when none reaches it.
+
+    ``evaluate`` at ``sizes`` in order until one reaches ``target`` (without ``coarse``: all of them; with it: those
+    up to ``coarse_after``), then bisection between the last point below it and the first at or above it. With
+    ``coarse(sizes) -> [faithfulness]`` (several sizes in one stacked pass on a subset of the pairs:
+    :func:`_coarse_search`) and no size up to ``coarse_after`` reaching the target, the coarse search first narrows
+    the bracket to where the subset's answer lies, then the exact search gallops from that answer in steps of
+    ``1, 2, 4, ...`` units (two passes where the subset's answer is the pairs' one) and bisects. Every point is
+    measured on the pairs, never interpolated; only where the search looks first changes."""
+
+    def unit(n: int) -> int:
+        return max(1, int(resolution * n))
+
+    def reaches(n: int) -> bool:
         if n not in measured:
             measured[n] = evaluate(n)
-        if measured[n] >= target:
+        return measured[n] >= target
+
+    for n in sizes:
+        if (coarse is not None and n > coarse_after) or reaches(n):
             break
     reached = [n for n in sorted(measured) if measured[n] >= target]
     if not reached:
         return total
     high = reached[0]
     low = max([n for n in measured if n < high], default=0)
-    while high - low > max(1, int(resolution * high)):
+    if coarse is not None and low >= coarse_after and high - low > unit(high):
+        low, high = _gallop(_coarse_search(coarse, low, high, target, unit), low, high, reaches, unit)
+    while high - low > unit(high):
         mid = (low + high) // 2
-        measured[mid] = evaluate(mid)
-        if measured[mid] >= target:
+        if reaches(mid):
             high = mid
         else:
             low = mid
     return high
+
+
+def _coarse_search(coarse: Any, low: int, high: int, target: float, unit: Any) -> int:
+    """Where the exact search should look first: a ``COARSE_SETS + 1``-ary search between ``low`` (below the target)
+    and ``high`` (at or above it) whose every round measures ``COARSE_SETS`` sizes evenly inside the bracket in one
+    call of ``coarse(sizes) -> [faithfulness]``, until the bracket is one unit wide; its upper end."""
+    from circuitkit.circuits.faithfulness import COARSE_SETS
+
+    while high - low > unit(high):
+        step = (high - low) / (COARSE_SETS + 1)
+        sizes = sorted({min(high - 1, max(low + 1, round(low + step * j))) for j in range(1, COARSE_SETS + 1)})
+        for n, value in zip(sizes, coarse(sizes), strict=True):
+            if value >= target:
+                high = min(high, n)
+            elif n < high:
+                low = max(low, n)
+        low = min(low, high - 1)
+    return high
+
+
+def _gallop(start: int, low: int, high: int, reaches: Any, unit: Any) -> tuple[int, int]:
+    """``(low, high)``: a size below the target and one at or above it, inside the bracket ``(low, high)`` given,
+    found by galloping from ``start`` in steps of 1, 2, 4, ... units towards the side the target lies on."""
+    start = min(max(start, low + 1), high)
+    if start == high or reaches(start):
+        top, step = start, unit(start)
+        while top - step > low:
+            if not reaches(top - step):
+                return top - step, top
+            top, step = top - step, 2 * step
+        return low, top
+    bottom, step = start, unit(start)
+    while bottom + step < high:
+        if reaches(bottom + step):
+            return bottom, bottom + step
+        bottom, step = bottom + step, 2 * step
+    return bottom, high
+
+
+COARSE_MIN_PAIRS = 4
+"""The coarse search runs where each of its sets gets at least this many pairs (16 pairs searched on). A pair's
+metric is one logit difference where an induction sequence's loss averages about 20 tokens: on Qwen2.5-Coder-0.5B's
+IOI with 8 pairs searched on, sets of 2 pairs put the node circuit at 1 head where the 8 pairs need 4
+(benchmarks/README.md, "The task search's passes")."""
+
+
+def _coarse_runner(runner: TaskRunner, clean_all: Tensor, patched_all: Tensor) -> tuple[Any, int, float, float]:
+    """The coarse search's subset: the first ``n_pairs // COARSE_SETS`` pairs (so that ``COARSE_SETS`` sizes stacked
+    on it cost one pass of the pairs), with their clean and fully patched means from each pair's values already
+    measured; ``(None, 0, 0, 0)`` where the subset would have fewer than :data:`COARSE_MIN_PAIRS` pairs or its own
+    difference is below :data:`MIN_TASK_GAP` (the search is then the exact one alone)."""
+    from circuitkit.circuits.faithfulness import COARSE_SETS
+
+    k = runner.batch.n_pairs // COARSE_SETS
+    if k < COARSE_MIN_PAIRS:
+        return None, 0, 0.0, 0.0
+    clean, patched = float(clean_all[:k].mean()), float(patched_all[:k].mean())
+    if not math.isfinite(clean - patched) or abs(clean - patched) < MIN_TASK_GAP:
+        return None, 0, 0.0, 0.0
+    return runner.first_pairs(k), k, clean, patched
+
+
+def _counted(runner: TaskRunner, sub: TaskRunner, k: int, run: Any) -> Any:
+    """``run()`` on the subset runner ``sub`` of ``k`` pairs, its stacked copies counted on ``runner`` as the share
+    of a pass of ``runner``'s pairs they are (four sizes on a quarter of the pairs: one pass)."""
+    before = sub.passes
+    out = run()
+    runner.passes += (sub.passes - before) * k / runner.batch.n_pairs
+    return out
 
 
 def node_order(graph: Any, L: int, H: int, node_scores: Tensor, rank: str, mlp_nodes: bool) -> list:
@@ -243,7 +342,20 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
     N = len(order)
     measured = {0: 0.0, N: 1.0}
     sizes = [n for n in geometric_sizes(N) if n < N]
-    n = _smallest(evaluate, sizes, N, target, measured)
+    sub, k, sub_clean, sub_patched = _coarse_runner(runner, runner.clean["metric"], per_pair[0])
+    coarse = None
+    if sub is not None:
+        def coarse(sizes: list[int]) -> list[float]:
+            before = runner.passes
+            stacked = [masks(order[:n]) for n in sizes]
+            heads = torch.stack([h for h, _ in stacked])
+            mlps = None if stacked[0][1] is None else torch.stack([m for _, m in stacked])
+            values = _counted(runner, sub, k, lambda: sub.node_metric(heads, mlps))
+            if progress is not None:
+                progress(runner.passes - before)
+            return [faithfulness_of(float(v), sub_clean, sub_patched) for v in values]
+
+    n = _smallest(evaluate, sizes, N, target, measured, coarse=coarse, coarse_after=COARSE_AFTER)
     kept = order[:n]
     heads, mlps = masks(kept)
     before = runner.passes
@@ -302,6 +414,8 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
         metrics[k] = run([kept_mask(k)])[0]
         return faithfulness_of(metrics[k], clean, corrupted)
 
+    # bisection between MIB's two sizes around the target (2 to 2.5 apart): about six passes; a coarse search there
+    # measured more (COARSE_AFTER)
     k = _smallest(evaluate, curve_sizes, E, target, measured, EDGE_RESOLUTION)
     xs = [0.0] + [s / E for s in curve_sizes]
     ys = [0.0] + [measured[s] for s in curve_sizes]

@@ -180,8 +180,10 @@ class TaskRunner:
         self.pattern_masks: dict[str, tuple[Tensor, float]] = {}  # score -> ([pair, q, k] targets, target rows)
         self.pattern_scores: dict[str, Tensor] = {}  # filled by the clean pass: score -> [layer, head]
         self.passes = 0.0
+        self.direct = True  # the clean run also measures direct logit attribution and the patterns (a backward)
         self._clean: dict[str, Any] | None = None
         self._corrupt: dict[str, Any] | None = None
+        self._values: tuple[dict[int, Tensor], dict[int, Tensor]] | None = None
 
     # ------------------------------------------------------------------ the two reference runs
     @property
@@ -191,7 +193,7 @@ class TaskRunner:
         ``last_attention`` (each head's attention from each prompt's last token, ``[layer, pair, head, pos]``) and
         ``first_patterns`` (the first prompt's patterns, ``[layer, head, q, k]``)."""
         if self._clean is None:
-            self._clean = self._reference(self.batch.clean, dla=True)
+            self._clean = self._reference(self.batch.clean, dla=self.direct)
         return self._clean
 
     @property
@@ -315,6 +317,8 @@ class TaskRunner:
     def node_values(self) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
         """What a node outside a circuit becomes: per layer, a head's ``z`` and an MLP's output, on the corrupted
         prompts (``"corrupted"``), their mean over the corrupted prompts' real positions (``"mean"``) or zeros."""
+        if self._values is not None:
+            return self._values
         cz, cm = self.corrupted["z"], self.corrupted["mlp"]
         if self.ablation == "corrupted":
             return cz, cm
@@ -325,7 +329,34 @@ class TaskRunner:
             m = torch.einsum("bp,bp...->...", weight, x.float()).to(x.dtype)
             return (torch.zeros_like(m) if self.ablation == "zero" else m).expand_as(x)
 
-        return {k: mean(v) for k, v in cz.items()}, {k: mean(v) for k, v in cm.items()}
+        self._values = {k: mean(v) for k, v in cz.items()}, {k: mean(v) for k, v in cm.items()}
+        return self._values
+
+    def first_pairs(self, k: int) -> TaskRunner:
+        """A runner over this one's first ``k`` pairs that runs no reference pass: its clean and corrupted runs and
+        its nodes' patched values are this runner's, cut to those pairs (a mean over the pairs stays the mean over
+        all of them). Its :attr:`passes` count stacked copies of the ``k`` pairs (the coarse circuit search)."""
+        import copy
+
+        k = validate.integer("task circuit: first_pairs", k, minimum=1, maximum=self.batch.n_pairs)
+        clean, corrupted, (z_values, mlp_values) = self.clean, self.corrupted, self.node_values()
+        sub = copy.copy(self)
+        sub.batch = self.batch.subset(torch.arange(k))
+        width = sub.batch.clean.shape[1]
+        sub.positions = torch.unique(sub.batch.last).cpu()
+        sub.last_index = torch.searchsorted(sub.positions, sub.batch.last.cpu())
+        sub.passes = 0.0
+        sub.pattern_masks, sub.pattern_scores = {}, {}
+
+        def cut(run: dict[str, Any]) -> dict[str, Any]:
+            return {"out": run["out"][:, :k, :width], "z": {i: v[:k, :width] for i, v in run["z"].items()},
+                    "mlp": {i: v[:k, :width] for i, v in run["mlp"].items()}, "metric": run["metric"][:k],
+                    "logprobs": run["logprobs"][:k], "dla": None}
+
+        sub._clean, sub._corrupt = cut(clean), cut(corrupted)
+        sub._values = ({i: v[:k, :width] for i, v in z_values.items()},
+                       {i: v[:k, :width] for i, v in mlp_values.items()})
+        return sub
 
     def node_metric(self, heads: Tensor, mlps: Tensor | None, *, per_pair: bool = False) -> Tensor:
         """``heads`` ``[sets, layer, head]`` / ``mlps`` ``[sets, layer]`` bool, True where a node is **patched**:

@@ -134,6 +134,7 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
     """The task scan that ``data`` (a parsed task ``scores.json``) describes (see the module docstring), built as
     ``scan_cls`` with stages of ``stage_cls`` (:class:`~circuitkit.tasks.TaskScan` and its ``TaskStage``, passed in
     by their callers: this module stands below the scan that calls it)."""
+    from circuitkit.report.reload import SavedRandomBaseline, SavedStability
     from circuitkit.scan_record import ModelSummary
     from circuitkit.tasks.record import DTYPES
     from circuitkit.tasks.scores_check import check_task_scores
@@ -163,6 +164,9 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
             stages=tuple(stage_cls(**{f.name: s[f.name] for f in dataclasses.fields(stage_cls) if f.name in s})
                          for s in data["stages"]),
             intervals={key: _pair(v) for key, v in ci.items()},
+            random_baseline=None if data.get("random_baseline") is None else SavedRandomBaseline(
+                data["random_baseline"]),
+            stability=None if data.get("stability") is None else SavedStability(data["stability"]),
         )
         scan = scan_cls(**built, **_fields(scan_cls, data, set(built)))
         written = scan.to_json()

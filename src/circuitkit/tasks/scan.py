@@ -1,12 +1,16 @@
 """``scan_task(model, task) -> TaskScan``: a task's circuit found and measured, in declared stages.
 
-Stages (each counted in forward passes of the task's pairs; a backward pass counts two)::
+Stages (declared in :mod:`circuitkit.tasks.stages`, each planned in forward passes of the pairs before the first
+pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a backward pass counts two)::
 
-    clean      one forward + backward: every sender's output, the clean metric, direct logit attribution
-    corrupted  one forward: every sender's output on the corrupted prompts, the corrupted metric
-    attribute  EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
-    nodes      the node circuit: all nodes patched, the geometric sizes and bisection, necessity
-    edges      the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
+    clean        one forward + backward: every sender's output, the clean metric, direct logit attribution
+    corrupted    one forward: every sender's output on the corrupted prompts, the corrupted metric
+    attribute    EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
+    nodes        the node circuit: all nodes patched, the exact sizes (past 16 nodes a coarse search first), necessity
+    random-sets  (opt-in) random head sets of the circuit's size (:mod:`circuitkit.tasks.robustness`)
+    stability    (opt-in) the node search rerun on bootstrap resamples of the pairs
+    edges        the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
+    held-out     the circuit on the pairs the search did not use (forward passes only)
 
 ``circuitkit.scan(model, task=...)`` and ``circuitkit scan MODEL --task NAME|FILE`` run this for any task other
 than ``induction`` (which the induction scan measures with its own loss).
@@ -16,8 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -33,6 +36,8 @@ from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.roles import member_explanations
+from circuitkit.tasks.robustness import node_stability, random_node_sets
+from circuitkit.tasks.stages import PlanInputs, held_estimate, task_plan, task_progress
 from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_HOLDOUT = 0.5
@@ -81,6 +86,12 @@ class TaskScan:
     settings: dict[str, Any]
     stages: tuple[TaskStage, ...] = field(default=())
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    random_baseline: Any = None
+    """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random head sets of the node circuit's size
+    (``random_sets``; None where not asked for)."""
+    stability: Any = None
+    """:class:`~circuitkit.circuits.stability.Stability`: the node search rerun on resampled pairs (``stability``;
+    None where not asked for)."""
 
     @property
     def passes(self) -> float:
@@ -115,6 +126,8 @@ class TaskScan:
             "circuit_error": self.circuit_error,
             "roles": _roles_json(self),
             "stages": [{"name": s.name, "passes": s.passes, "seconds": s.seconds} for s in self.stages],
+            "random_baseline": None if self.random_baseline is None else self.random_baseline.to_json(),
+            "stability": None if self.stability is None else self.stability.to_json(),
         }
 
     def answer(self) -> str:
@@ -154,6 +167,7 @@ class TaskScan:
         elif self.settings.get("split", {}).get("note"):
             lines.append(f"Pairs: {self.settings['split']['note']}: every figure is on the pairs the circuit was "
                          "found on.")
+        lines += self._robustness_lines()
         skipped = self.settings.get("edges_not_measured")
         if skipped:
             lines.append(f"Edge circuit: not measured ({skipped}).")
@@ -174,6 +188,23 @@ class TaskScan:
 
         roles = roles_line(self)
         return lines + ([roles] if roles else []) + self._tokens_line()
+
+    def _robustness_lines(self) -> list[str]:
+        """The random head sets' and the resampled searches' lines, where measured."""
+        out = []
+        b = self.random_baseline
+        if b is not None:
+            kinds = "; ".join(f"{label} {k.mean:.3f}{_ci(k.interval)} (sets from {k.spread[0]:.3f} to "
+                              f"{k.spread[1]:.3f})" for label, k in (("uniform", b.uniform),
+                                                                     ("with the circuit's heads per layer", b.layered)))
+            out.append(f"Random sets: faithfulness of {b.n_sets} random sets of {b.size} heads per kind: {kinds}.")
+        st = self.stability
+        if st is not None:
+            jaccard = "n/a" if st.jaccard is None else f"{st.jaccard:.2f}"
+            heads = ", ".join(f"{head_name(h)} {share:.0%}" for h, share in st.ranked()[:8]) or "none"
+            out.append(f"Stability: the node search rerun on {st.n_resamples} bootstrap resamples of the pairs, mean "
+                       f"pairwise Jaccard {jaccard} (stable from 0.80); heads in the resampled circuits: {heads}.")
+        return out
 
     def _tokens_line(self) -> list[str]:
         said = self.settings.get("tokenization")
@@ -307,7 +338,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
-              target_on: str = "discovery", progress: Any = None) -> TaskScan:
+              target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
+              stability: int = 0) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -334,7 +366,19 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             pairs then take no part in any choice, so their figure is an honest held-out estimate) or
             ``"evaluation"`` (the circuit is sized on the evaluation pairs, e.g. to guarantee the held-out figure;
             it is then no longer untouched, and the discovery figure is reported beside it).
-        progress: ``progress(stage, passes)`` called as passes run (or None).
+        progress: how the stages' progress is shown (:class:`~circuitkit.progress.Progress`, planned in passes
+            before the first pass: :mod:`circuitkit.tasks.stages`): ``"bar"``, ``"lines"`` (one line per stage
+            on stderr, the plan first), ``True`` (a bar on a terminal, else lines), ``None`` / ``False`` / ``"off"``
+            (default: nothing); or a function ``progress(stage, passes)`` called as each stage ends.
+        quick: the node circuit only, fast: no edge circuit (as ``edges=False``), EAP-IG with one point (plain
+            attribution patching at the clean run: 3 passes instead of ``3 * steps``; ``steps`` is then not
+            taken), and on the held-out pairs the circuit's own faithfulness and necessity, not the whole curve.
+        random_sets: measure that many random head sets of the node circuit's size per kind (uniform, and with the
+            circuit's per-layer counts) beside it (:mod:`circuitkit.tasks.robustness`; ``2 * random_sets``
+            passes of the pairs the search ran on; 0, the default: none, else at least 2).
+        stability: rerun the node search on that many bootstrap resamples of the pairs it ran on: each head's
+            inclusion frequency and the circuits' mean pairwise Jaccard (each rerun about the clean, corrupted,
+            EAP-IG and node-search passes again; 0, the default: none, else at least 2).
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
     """
@@ -356,14 +400,29 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     edges = validate.boolean("scan_task: edges", edges)
+    quick = validate.boolean("scan_task: quick", quick)
+    if quick and steps != DEFAULT_IG_STEPS:
+        raise validate.fail("scan_task: steps", steps, f"left at {DEFAULT_IG_STEPS} with quick=True (a quick scan "
+                            "runs EAP-IG with one point)")
+    if quick:
+        steps, edges = 1, False
+    from circuitkit.circuits.faithfulness import check_repeats
+
+    random_sets = check_repeats("scan_task: random_sets", random_sets)
+    stability = check_repeats("scan_task: stability", stability)
     from circuitkit.uncertainty import check_settings
 
     n_resamples, ci_level, _ = check_settings("scan_task", n_resamples, ci_level, 0)
     mlp_nodes = validate.boolean("scan_task: mlp_nodes", mlp_nodes)
     if name is not None and (not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 200):
         raise validate.fail("scan_task: name", name, "a one-line model name of at most 200 characters")
-    if progress is not None and not callable(progress):
-        raise validate.fail("scan_task: progress", progress, "a function progress(stage, passes) or None")
+    told = progress if callable(progress) else None
+    if told is None and progress is not None and not isinstance(progress, (bool, str)):
+        raise validate.fail("scan_task: progress", progress, "'bar', 'lines', 'off', True, False, None or a "
+                            "function progress(stage, passes)")
+    from circuitkit.progress import progress_mode
+
+    mode = "off" if progress is None or told is not None else progress_mode(progress)
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
@@ -379,30 +438,106 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
                       ablation=task.ablation) if split else None
+    if held is not None:
+        held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
+        # on the discovery pairs: one forward pass, not a forward + backward
     # the target applies to the discovery pairs (default) or the evaluation pairs: the search runs on that set
     search, other = (held, runner) if split and target_on == "evaluation" else (runner, held)
-    stages: list[TaskStage] = []
-
-    def count() -> float:
-        return runner.passes + (held.passes if held is not None else 0.0)
-
-    def stage(name: str, fn: Any) -> Any:
-        before, started = count(), time.perf_counter()
-        result = fn()
-        stages.append(TaskStage(name, count() - before, time.perf_counter() - started))
-        if progress is not None:
-            progress(name, count() - before)
-        return result
-
-    clean = stage("clean", lambda: runner.clean)
-    corrupted = stage("corrupted", lambda: runner.corrupted)
-    if runner.edges_defined:
-        scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
-    else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
-        scores, node_scores = None, stage("attribute", lambda: runner.node_gradients(steps))
+    if stability and search.batch.n_pairs < 2:
+        raise validate.fail("scan_task: stability", stability, "0 where the search runs on a single pair (a "
+                            "resample of one pair is that pair)")
+    graph, spec = runner.graph, adapter.spec
     edges_skipped = None if not edges or runner.edges_defined else f"{adapter.spec.family}: {EDGES_UNDEFINED}"
     edges = edges and runner.edges_defined
-    graph, spec = runner.graph, adapter.spec
+    mlp_nodes_on = mlp_nodes and graph.mlps
+    plan = PlanInputs(nodes=spec.n_layers * spec.n_heads + (spec.n_layers if mlp_nodes_on else 0),
+                      edges_total=graph.n_edges, pairs=search.batch.n_pairs,
+                      held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
+                      edges=edges, quick=quick, random_sets=random_sets, stability=stability)
+    bar = task_progress(task.name, mode, task_plan(plan))
+
+    reruns = [0.0]  # the stability stage's passes, run by runners of its own
+
+    def count() -> float:
+        return runner.passes + (held.passes if held is not None else 0.0) + reruns[0]
+
+    def stage(name: str, fn: Any, why: Any = None) -> Any:
+        """Run ``fn(advance)`` as stage ``name``: ``advance()`` moves the bar by the passes counted since."""
+        begun = [count()]
+
+        def advance(*_: Any) -> None:
+            now = count()
+            bar.advance(now - begun[-1])
+            begun.append(now)
+
+        bar.start(name)
+        result = fn(advance)
+        advance()
+        bar.end(why(result) if callable(why) else why)
+        if told is not None:
+            told(name, bar.ran[-1].passes)
+        return result
+
+    try:
+        clean = stage("clean", lambda advance: runner.clean)
+        corrupted = stage("corrupted", lambda advance: runner.corrupted)
+        if runner.edges_defined:
+            scores, node_scores = stage("attribute", lambda advance: runner.edge_gradients(steps))
+        else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
+            scores, node_scores = None, stage("attribute", lambda advance: runner.node_gradients(steps))
+        circuit, error, baseline, stable = None, None, None, None
+        try:
+            heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
+                "nodes", lambda advance: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes,
+                                                      progress=advance),
+                lambda found: f"the search measured {len(found[4]) - 2} sizes and stopped at "
+                              f"{len(found[0]) + len(found[1])} nodes")
+        except NoBehaviour as exc:  # reported, not raised
+            error = str(exc)
+            bar.end("no behaviour: the corrupted prompts do not change the metric")
+            for later in ("random-sets", "stability", "edges", "held-out"):
+                if later in bar.plan:
+                    bar.skip(later, "no node circuit (the corrupted prompts do not change the metric)")
+        else:
+            if random_sets:
+                baseline = stage("random-sets", lambda advance: random_node_sets(
+                    search, heads, circuit_mlps, mlp_nodes_on, pairs["all_patched"], random_sets, 0, ci_level,
+                    n_resamples, advance))
+            if stability:
+                def rerun_counted(advance: Any) -> Any:
+                    def told_rerun(passes: float) -> None:
+                        reruns[0] += passes
+                        advance()
+
+                    return node_stability(search, stability, steps, target, rank, mlp_nodes, progress=told_rerun)
+
+                stable = stage("stability", rerun_counted)
+            edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
+            if edges:
+                try:
+                    edge_part = stage("edges", lambda advance: edge_circuit(search, scores, target, rank,
+                                                                             progress=advance))
+                except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
+                    error = f"no edge circuit: {exc}"
+                    bar.end("no behaviour: the corrupted run equals the clean one")
+            names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
+            other_set = None
+            if other is not None:
+                n_found = len(heads) + len(circuit_mlps)
+                sizes = len(({0, n_found} if quick else {p.size for p in curve} | {0, n_found}) - {n_nodes})
+                bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes),
+                           f"the node curve has {sizes} sizes to measure there")
+                other_set = stage("held-out", lambda advance: _other_set(
+                    other, "discovery" if other is runner else "evaluation",
+                    () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes))
+            circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
+                                  edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
+                                  float(search.corrupted["metric"].mean()), all_patched,
+                                  intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
+                                  other_set=other_set)
+    finally:
+        bar.close()
+    stages = [TaskStage(r.name, r.passes, r.seconds) for r in bar.ran]
     L, H = spec.n_layers, spec.n_heads
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
     mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)], device="cpu") if mlps else None
@@ -410,32 +545,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     marks = [task.marks[i] for i in discovery_index.tolist()] if task.marks else []
     head_scores = {name: _attention_score(clean["last_attention"], marks, found, to, minus)
                    for name, to, minus in task.attention_scores}
-    circuit, error = None, None
-    try:
-        heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
-            "nodes", lambda: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes))
-    except NoBehaviour as exc:  # reported, not raised
-        error = str(exc)
-    else:
-        edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
-        if edges:
-            try:
-                edge_part = stage("edges", lambda: edge_circuit(search, scores, target, rank))
-            except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
-                error = f"no edge circuit: {exc}"
-        names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
-        other_set = None
-        if other is not None:
-            other_set = stage("held-out", lambda: _other_set(
-                other, "discovery" if other is runner else "evaluation", curve, len(heads) + len(circuit_mlps),
-                node_scores, rank, mlp_nodes, names))
-        circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
-                              edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
-                              float(search.corrupted["metric"].mean()), all_patched,
-                              intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
-                              other_set=other_set)
     settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
-                "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
+                "edges_not_measured": edges_skipped if edges_skipped else None if edges else
+                "quick=True" if quick else "edges=False", "quick": quick, "random_sets": random_sets,
+                "stability": stability,
+                "plan": {name: round(passes, 3) for name, passes in bar.planned.items()},
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
                 "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
                 "split": {"holdout": holdout, "seed": split_seed, "target_on": target_on if split else "all pairs",
@@ -467,6 +581,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         settings=settings,
         intervals=_metric_intervals(clean_all, corrupted_all, n_resamples, ci_level),
         stages=tuple(stages),
+        random_baseline=baseline,
+        stability=stable,
     )
 
 
@@ -482,10 +598,10 @@ def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | Non
 
 
 def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores: Tensor, rank: str,
-               mlp_nodes: bool, edges: tuple[str, ...]) -> dict[str, Any]:
+               mlp_nodes: bool, edges: tuple[str, ...], total: int | None = None) -> dict[str, Any]:
     """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
-    same top-``n`` node sets, one stacked pass), the chosen circuit's (``n`` nodes) faithfulness and necessity, and
-    the edge circuit's faithfulness (one pass)."""
+    same top-``n`` node sets, one stacked pass; ``total``, every node kept, is the clean run: not run again), the
+    chosen circuit's (``n`` nodes) faithfulness and necessity, and the edge circuit's faithfulness (one pass)."""
     from circuitkit.tasks.circuit import faithfulness_of, node_order
 
     graph = other.graph
@@ -504,14 +620,17 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
         return heads, mlps
 
     sizes = sorted(set(sizes) | {0, n})
-    built = [masks(k) for k in sizes]
-    kept_heads, kept_mlps = built[sizes.index(n)]
+    run = [k for k in sizes if total is None or k < total]
+    built = [masks(k) for k in run]
+    kept_heads, kept_mlps = masks(n)
     built.append((~kept_heads, None if kept_mlps is None else ~kept_mlps))  # only the circuit patched: necessity
     heads = torch.stack([b[0] for b in built])
     mlps = None if built[0][1] is None else torch.stack([b[1] for b in built])
-    values = other.node_metric(heads, mlps).tolist()
-    only = values.pop()
-    clean, all_patched = float(other.clean["metric"].mean()), values[sizes.index(0)]
+    measured = other.node_metric(heads, mlps).tolist()
+    only = measured.pop()
+    clean = float(other.clean["metric"].mean())
+    values = [measured[run.index(k)] if k in run else clean for k in sizes]
+    all_patched = values[sizes.index(0)]
     out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
                            "corrupted": float(other.corrupted["metric"].mean()),
                            "metric_all_nodes_patched": all_patched, "necessity": clean - only}

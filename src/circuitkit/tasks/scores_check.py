@@ -95,6 +95,11 @@ class TaskScoresCheck(ScoresCheck):
         self.mlps(data["mlps"], data["settings"])
         self.patterns(data["patterns"], tokens)
         self.circuit(data["circuit"])
+        if data.get("random_baseline") is not None:  # opt-in: random node sets of the circuit's head count
+            if data["circuit"] is None:
+                raise self.fail("random_baseline", data["random_baseline"], "null where there is no circuit")
+            self.random_baseline(data["random_baseline"], len(data["circuit"]["heads"]))
+        self.stability(data.get("stability"))  # opt-in: the node search rerun on resampled pairs
         error = self.text(data["circuit_error"], "circuit_error", nullable=True)
         if data["circuit"] is None and error is None:
             raise self.fail("circuit_error", None, "why there is no circuit (circuit is null)")

@@ -1,0 +1,126 @@
+"""A task scan's stages, declared, and its progress plan in passes of the pairs, made before the first pass.
+
+Each stage (:data:`TASK_STAGES`) has a short name that fits a progress bar, what it does, and its planned passes
+(``estimate(plan)`` from :class:`PlanInputs`: what is known before any pass: the node and edge counts, the pairs
+the search runs on, the EAP-IG points, the options). A pass is one run of a runner's pairs through the model (a
+backward counts two); the coarse circuit search's stacked copies of a quarter of the pairs count as the share of a
+pass they are. Where a stage's count differs from its plan, the plan is revised when it ends, saying so; a stage
+that cannot run (no behaviour to explain) leaves the plan with its reason (:class:`circuitkit.progress.Progress`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from circuitkit.circuits.faithfulness import COARSE_SETS, geometric_sizes
+from circuitkit.tasks.circuit import COARSE_AFTER, COARSE_MIN_PAIRS, EDGE_FRACTIONS, EDGE_RESOLUTION, N_EXACT_EDGES
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a task scan knows before its first pass: ``nodes`` (the node circuit's candidates), ``edges_total`` (the
+    edge graph's edges), ``pairs`` (the pairs the search runs on), ``held`` (pairs on the other set, 0: not split),
+    ``direct`` (the clean run has a backward: direct logit attribution), ``steps`` (EAP-IG points) and the
+    options: ``edges``, ``quick``, ``random_sets``, ``stability``."""
+
+    nodes: int
+    edges_total: int
+    pairs: int
+    held: int
+    direct: bool
+    steps: int
+    edges: bool
+    quick: bool
+    random_sets: int
+    stability: int
+
+
+@dataclass(frozen=True)
+class TaskStageSpec:
+    """One declared stage: ``name``, ``what`` it does, ``estimate(plan) -> passes`` and ``runs(plan) -> bool``."""
+
+    name: str
+    what: str
+    estimate: Callable[[PlanInputs], float]
+    runs: Callable[[PlanInputs], bool]
+
+
+def coarse_applies(pairs: int) -> bool:
+    """The coarse search runs where a quarter of the pairs holds at least :data:`COARSE_MIN_PAIRS` of them."""
+    return pairs // COARSE_SETS >= COARSE_MIN_PAIRS
+
+
+def node_estimate(nodes: int, pairs: int) -> float:
+    """Planned passes of the node search: every node patched (the gap), the geometric sizes and a bisection (a
+    circuit of at most :data:`COARSE_AFTER` nodes), or past them the coarse rounds (five-ary: about
+    ``log5(nodes)``) and two exact sizes; one for necessity."""
+    small = min(nodes, COARSE_AFTER)
+    exact = len([n for n in geometric_sizes(small) if n < nodes]) + math.ceil(math.log2(max(2, small)))
+    if coarse_applies(pairs) and nodes > COARSE_AFTER:
+        exact = len(geometric_sizes(COARSE_AFTER)) + math.ceil(
+            math.log(max(2, nodes - COARSE_AFTER)) / math.log(COARSE_SETS + 1)) + 2
+    return 1 + exact + 1
+
+
+def edge_estimate(edges_total: int, pairs: int) -> float:
+    """Planned passes of the edge circuit: MIB's sizes (one stacked copy each), the bisection between the two around
+    the target (2 to 2.5 apart) to :data:`EDGE_RESOLUTION` of the size, and the strongest edges' exact effects."""
+    sizes = len({max(1, round(f * edges_total)) for f in EDGE_FRACTIONS} - {edges_total})
+    return sizes + math.ceil(math.log2(2.5 / EDGE_RESOLUTION)) - 1 + min(N_EXACT_EDGES, edges_total)
+
+
+def held_estimate(plan: PlanInputs, curve_sizes: int = 4) -> float:
+    """Planned passes on the other set of pairs: its clean and corrupted runs (forward only), the node curve's sizes
+    (``curve_sizes``, known once the search ran; quick: the circuit's size and every node patched) and the circuit
+    alone patched, and the edge circuit (one)."""
+    sizes = 2 if plan.quick else curve_sizes
+    return 1 + 1 + sizes + 1 + (1 if plan.edges else 0)
+
+
+def stability_estimate(plan: PlanInputs) -> float:
+    """Each resample: its clean and corrupted runs (forward only), EAP-IG and the node search."""
+    return plan.stability * (2 + 3 * plan.steps + node_estimate(plan.nodes, plan.pairs))
+
+
+TASK_STAGES = (
+    TaskStageSpec("clean", "one forward + backward: every sender's output, the clean metric, direct logit attribution",
+                  lambda p: 3 if p.direct else 1, lambda p: True),
+    TaskStageSpec("corrupted", "one forward: every sender's output on the corrupted prompts, the corrupted metric",
+                  lambda p: 1, lambda p: True),
+    TaskStageSpec("attribute", "EAP-IG: the interpolation points stacked in one forward + backward",
+                  lambda p: 3 * p.steps, lambda p: True),
+    TaskStageSpec("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a "
+                  "coarse search on a quarter of the pairs first), necessity",
+                  lambda p: node_estimate(p.nodes, p.pairs), lambda p: True),
+    TaskStageSpec("random-sets", "random node sets of the circuit's size, uniform and per layer (opt-in)",
+                  lambda p: 2 * p.random_sets, lambda p: p.random_sets > 0),
+    TaskStageSpec("stability", "the node search rerun on bootstrap resamples of the pairs (opt-in)",
+                  stability_estimate, lambda p: p.stability > 0),
+    TaskStageSpec("edges", "the edge circuit: MIB's sizes stacked, the bisection to 1/64 of its size, the "
+                  "strongest edges' exact effects", lambda p: edge_estimate(p.edges_total, p.pairs),
+                  lambda p: p.edges),
+    TaskStageSpec("held-out", "the circuit measured on the pairs the search did not use", held_estimate,
+                  lambda p: p.held > 0),
+)
+"""The task scan's stages in the order they run (:func:`task_plan` says which run, with their planned passes)."""
+TASK_STAGE_NAMES = {stage.name: stage.what for stage in TASK_STAGES}
+
+
+def task_plan(plan: PlanInputs) -> list[tuple[str, float]]:
+    """``(stage, planned passes)`` for each stage a scan with these inputs runs, in order."""
+    return [(stage.name, stage.estimate(plan)) for stage in TASK_STAGES if stage.runs(plan)]
+
+
+def task_progress(task_name: str, mode: str, plan: list[tuple[str, float]], stream: Any = None) -> Any:
+    """The :class:`~circuitkit.progress.Progress` of a task scan: its lines and bar labelled ``scan NAME`` (the
+    task's name is data: escaped for the terminal)."""
+    from circuitkit._terminal import visible
+    from circuitkit.progress import Progress
+
+    return Progress(mode, plan, stream=stream, label=visible(f"scan {task_name}"))
+
+
+__all__ = ["PlanInputs", "TASK_STAGES", "TASK_STAGE_NAMES", "TaskStageSpec", "task_plan", "task_progress"]

@@ -1,0 +1,269 @@
+"""Every option of a scan on both behaviours: the induction scan (``ck.scan(model)``) and a pair task
+(``ck.scan(model, task=...)``), on the bundled model, which copies in context (so both have a circuit).
+
+Options: ``edges=False`` / ``--no-edges``, ``--quick``, ``stability``, ``random_sets``, ``target``, a bfloat16 model,
+``device``, and the progress plan (planned before the first pass, each stage's own seconds). Where an independent
+computation exists the figure is checked against it: a task's stability reruns against the node search run by hand
+on the same resampled pairs, its random sets against the same sets patched by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+import circuitkit as ck
+from circuitkit import cli, zoo
+from circuitkit.detect.tokens import RepeatedTokens
+from tests.test_tasks import copy_next_task, task_file
+
+BEHAVIOURS = ("induction", "task")
+BF16_TOLERANCE = 0.05
+"""Absolute agreement of a bfloat16 task scan with float32 on the bundled model: the mean metric (logits; the clean
+logit difference is about 5 and bfloat16 keeps 8 bits of mantissa, about 4e-3 relative per rounding over two
+layers) and the circuit's faithfulness (a ratio of such differences)."""
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.load()
+
+
+def _task():
+    return copy_next_task(n=16, d_vocab=60, seed=0)
+
+
+def run(model, behaviour: str, **options):
+    if behaviour == "induction":
+        return ck.scan(model, tokens=RepeatedTokens(batch=8), **options)
+    return ck.scan(model, task=_task(), **options)
+
+
+def circuit_of(result, behaviour: str):
+    """``(heads, faithfulness)`` of the circuit of heads either scan found."""
+    c = result.verified if behaviour == "induction" else result.circuit
+    return tuple(c.heads), c.faithfulness
+
+
+def stage_names(result) -> list[str]:
+    return [s.name for s in result.stages]
+
+
+@pytest.fixture(scope="module")
+def plain(model):
+    return {behaviour: run(model, behaviour) for behaviour in BEHAVIOURS}
+
+
+# ---------------------------------------------------------------------------------------------- edges
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_edges_false_keeps_the_circuit_of_heads_and_drops_its_edges(model, plain, behaviour):
+    result = run(model, behaviour, edges=False)
+    assert "edges" in stage_names(plain[behaviour]) and "edges" not in stage_names(result)
+    assert circuit_of(result, behaviour) == circuit_of(plain[behaviour], behaviour)
+    if behaviour == "induction":
+        assert result.circuit is None and result.verified.edges is None and plain[behaviour].circuit is not None
+        assert result.settings.with_edges is False
+    else:
+        assert result.circuit.edges == () and result.circuit.edge_faithfulness is None
+        assert result.settings["edges"] is False and "Edge circuit: not measured (edges=False)" in result.answer()
+    assert sum(s.passes for s in result.stages) < sum(s.passes for s in plain[behaviour].stages)
+
+
+def _cli(tmp_path, behaviour: str, *flags: str) -> dict:
+    """``circuitkit scan`` on the bundled model (induction: 8 sequences; a task: its file), ``scores.json`` read."""
+    if behaviour == "induction":
+        given = ["--batch", "8"]
+    else:
+        given = ["--task", str(task_file(_task(), tmp_path / "copy.jsonl"))]
+    out = tmp_path / "out"
+    assert cli.main(["scan", *given, "--out", str(out), "--json", *flags]) == 0
+    return json.loads((out / "scores.json").read_text())
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_no_edges_on_the_command_line(tmp_path, capsys, behaviour):
+    data = _cli(tmp_path, behaviour, "--no-edges")
+    assert data["circuit"]["heads"] and data["circuit"]["edges"] == []
+    if behaviour == "induction":  # its scores.json holds no stages: the settings and the evidence say it
+        assert data["settings"]["edge_attribution_steps"] is None and data["evidence"] is None
+    else:
+        assert data["settings"]["edges"] is False and "edges" not in [s["name"] for s in data["stages"]]
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_quick_on_the_command_line(tmp_path, capsys, behaviour):
+    """Induction: scores, attribution and weights only. A task: the node circuit with one EAP-IG point, no edge
+    circuit, the held-out pairs' circuit figures without the curve."""
+    data = _cli(tmp_path, behaviour, "--quick")
+    if behaviour == "induction":
+        assert data["circuit"] is None and data["evidence"] is None and data["ablation"] is None
+        return
+    stages = [s["name"] for s in data["stages"]]
+    settings = data["settings"]
+    assert settings["quick"] is True and settings["ig_steps"] == 1 and settings["edges"] is False
+    assert stages == ["clean", "corrupted", "attribute", "nodes", "held-out"]
+    assert next(s["passes"] for s in data["stages"] if s["name"] == "attribute") == 3
+    held = data["circuit"]["other_set"]
+    assert held["faithfulness"] is not None and [p["size"] for p in held["curve"]] == [0, len(data["circuit"]["heads"])]
+
+
+# ---------------------------------------------------------------------------------------------- stability, random sets
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_stability_reruns_the_search_on_resamples(model, behaviour):
+    result = run(model, behaviour, stability=2)
+    stability = result.verified.stability if behaviour == "induction" else result.stability
+    assert stability.n_resamples == 2 and stability.inclusion.shape == (2, 4) and stability.passes > 0
+    assert "stability" in stage_names(result)
+    heads, _ = circuit_of(result, behaviour)
+    assert all(c is not None for c in stability.circuits)
+    assert stability.jaccard is not None and 0 <= stability.jaccard <= 1
+    if behaviour == "task":
+        data = result.to_json()
+        assert data["stability"]["n_resamples"] == 2 and "Stability: the node search rerun on 2" in result.answer()
+        _valid(data)
+        _check_stability_by_hand(model, result)
+
+
+def _valid(data: dict) -> None:
+    """``data`` (a task scan's to_json) against the task schema, as ``scores.json`` is written."""
+    from pathlib import Path
+
+    import jsonschema
+
+    from circuitkit import tasks
+
+    schema = json.loads((Path(tasks.__file__).parent / "task_scores.schema.json").read_text())
+    jsonschema.validate(json.loads(json.dumps(data)), schema)
+
+
+def _check_stability_by_hand(model, result) -> None:
+    """Each rerun's circuit is the node search's on those resampled discovery pairs, run here on its own."""
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks.circuit import node_circuit
+    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.tasks.scan import split_pairs
+    from circuitkit.uncertainty import resample_counts
+
+    task = _task()
+    adapter = adapt(model)
+    batch = task.tokenize(adapter)
+    discovery, _ = split_pairs(task.n_pairs, 0.5, 0)
+    found = batch.subset(discovery)
+    for row, circuit in zip(resample_counts(found.n_pairs, 2, 0), result.stability.circuits, strict=True):
+        index = torch.repeat_interleave(torch.arange(found.n_pairs), row.long())
+        runner = TaskRunner(adapter, found.subset(index), "logit_diff", mlps=False, ablation="corrupted")
+        _, node_scores = runner.edge_gradients(3)
+        assert node_circuit(runner, node_scores, 0.8, "abs")[0] == circuit
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_random_sets_of_the_circuits_size(model, behaviour):
+    result = run(model, behaviour, random_sets=3)
+    baseline = result.verified.random_baseline if behaviour == "induction" else result.random_baseline
+    heads, faith = circuit_of(result, behaviour)
+    assert baseline.size == len(heads) and baseline.n_sets == 3
+    assert len(baseline.uniform.faithfulness) == 3 and len(baseline.layered.faithfulness) == 3
+    assert baseline.uniform.mean < faith  # the circuit beats random sets of its size
+    if behaviour == "task":
+        assert result.to_json()["random_baseline"]["n_sets"] == 3 and "Random sets:" in result.answer()
+        _valid(result.to_json())
+        _check_random_sets_by_hand(model, result)
+
+
+def _check_random_sets_by_hand(model, result) -> None:
+    """The first uniform set's faithfulness: its heads kept, every other head patched, on the discovery pairs."""
+    from circuitkit.circuits.baseline import random_sets
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.tasks.scan import split_pairs
+
+    task = _task()
+    adapter = adapt(model)
+    discovery, _ = split_pairs(task.n_pairs, 0.5, 0)
+    runner = TaskRunner(adapter, task.tokenize(adapter).subset(discovery), "logit_diff", mlps=False,
+                        ablation="corrupted")
+    kept = random_sets(result.circuit.heads, 2, 4, 3, 0, "uniform")[0]
+    m_set, m_all = runner.node_metric(torch.stack([~kept, torch.ones(2, 4, dtype=torch.bool)]), None).tolist()
+    clean = float(runner.clean["metric"].mean())
+    assert result.random_baseline.uniform.faithfulness[0] == pytest.approx((m_set - m_all) / (clean - m_all),
+                                                                           abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- target, dtype, device
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_target_sizes_the_circuit(model, plain, behaviour):
+    low = run(model, behaviour, target=0.4, edges=False)
+    low_heads, low_faith = circuit_of(low, behaviour)
+    heads, faith = circuit_of(plain[behaviour], behaviour)
+    assert low_faith >= 0.4 and faith >= 0.8 and len(low_heads) <= len(heads)
+    target = low.verified.target if behaviour == "induction" else low.circuit.target
+    assert target == 0.4
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_a_bfloat16_model_agrees_with_float32(plain, behaviour):
+    half = run(zoo.load().to(torch.bfloat16), behaviour, edges=False)
+    heads, faith = circuit_of(half, behaviour)
+    heads32, faith32 = circuit_of(plain[behaviour], behaviour)
+    assert heads == heads32 and faith == pytest.approx(faith32, abs=BF16_TOLERANCE)
+    if behaviour == "task":
+        for key in ("clean", "corrupted"):
+            assert float(getattr(half, key).mean()) == pytest.approx(float(getattr(plain["task"], key).mean()),
+                                                                     abs=BF16_TOLERANCE * 5)
+        assert half.circuit.necessity == pytest.approx(plain["task"].circuit.necessity, abs=BF16_TOLERANCE * 5)
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_device_is_where_both_run(model, behaviour):
+    result = run(model, behaviour, device="cpu", edges=False)
+    device = result.settings.device if behaviour == "induction" else result.settings["device"]
+    assert device == "cpu"
+    with pytest.raises(ck.CircuitkitError, match="device"):
+        run(model, behaviour, device="nowhere")
+
+
+# ---------------------------------------------------------------------------------------------- progress
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_the_progress_plan_comes_first_and_each_stage_has_its_own_seconds(model, behaviour, capsys):
+    """The plan of passes is printed before the first pass; each stage line shows that stage's passes and its own
+    seconds (the record's), not the time since the start; the plan plus its announced changes is what ran."""
+    result = run(model, behaviour, progress="lines")
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("scan: preparing")]
+    label = "scan" if behaviour == "induction" else "scan copy-next"
+    assert re.fullmatch(rf"{label}: \d+ stages, [\d.]+ passes planned \(.*\)", lines[0]), lines[0]
+    shown = [re.fullmatch(rf"{label} \[\d+/\d+\] (\S+) +([\d.]+) pass(?:es)? +([\d.]+) s", line) for line in lines
+             if line.startswith(f"{label} [")]
+    assert [m.group(1) for m in shown] == stage_names(result)
+    for m, stage in zip(shown, result.stages, strict=True):
+        assert float(m.group(2)) == pytest.approx(stage.passes, abs=0.01)
+        assert float(m.group(3)) == pytest.approx(stage.seconds, abs=0.01)
+    done = re.fullmatch(rf"{label}: done, ([\d.]+) passes in ([\d.]+) s", lines[-1])
+    assert done and float(done.group(1)) == pytest.approx(sum(s.passes for s in result.stages), abs=0.01)
+    assert sum(s.seconds for s in result.stages) <= float(done.group(2)) + 0.05  # per stage, not cumulative
+
+
+def test_a_progress_function_is_told_each_stage_as_it_ends(model):
+    """``scan_task(progress=fn)``: ``fn(stage, passes)`` once per stage, the passes the stage record holds."""
+    from circuitkit.tasks import scan_task
+
+    told = []
+    result = scan_task(model, _task(), edges=False, progress=lambda stage, passes: told.append((stage, passes)))
+    assert told == [(s.name, s.passes) for s in result.stages] and len(told) == 5
+    with pytest.raises(ck.CircuitkitError, match="progress"):
+        scan_task(model, _task(), progress=3)
+
+
+def test_a_task_scans_random_sets_and_stability_load_back(model, tmp_path):
+    """The opt-in figures survive ``save`` -> ``TaskScan.load``: the same JSON, the same answer lines."""
+    from circuitkit.tasks import TaskScan, scan_task
+
+    result = scan_task(model, _task(), random_sets=3, stability=2, n_resamples=20)
+    assert result.random_baseline is not None and result.stability is not None
+    result.save(tmp_path)
+    back = TaskScan.load(tmp_path)
+    assert back.to_json()["random_baseline"] == result.to_json()["random_baseline"]
+    assert back.to_json()["stability"] == result.to_json()["stability"]
+    assert back.answer() == result.answer()
