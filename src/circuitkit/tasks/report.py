@@ -80,6 +80,7 @@ def task_report(result: Any) -> str:
             parts.append(f"<tr><td class=l>{head_name((layer, head))}</td>"
                          f"<td>{float(result.scores[layer, head]):+.3f}</td><td>{dla}</td>{cells}</tr>")
         parts.append("</table></div>")
+        parts += [_typed_nodes(result, name, members) for name, members in c.nodes.items()]
         if c.edge_effects:
             parts.append("<h2>The strongest edges</h2><table><tr><th class=l>edge</th><th>EAP-IG score</th>"
                          "<th>exact effect (path patched)</th></tr>")
@@ -91,6 +92,17 @@ def task_report(result: Any) -> str:
             parts.append(_patterns(result, c.heads[:MAX_PATTERN_HEADS]))
     parts.append("</body></html>\n")
     return "".join(parts)
+
+
+def _typed_nodes(result: Any, name: str, members: tuple[str, ...]) -> str:
+    """The circuit's nodes of a further node type (neuron groups, ...) with their EAP-IG node scores."""
+    kind = result.nodes.get(name, {})
+    where = {label: (layer, i) for layer, row in enumerate(kind.get("labels", [])) for i, label in enumerate(row)}
+    rows = "".join(f"<tr><td class=l>{escape(label)}</td><td>{float(kind['score'][where[label]]):+.3f}</td></tr>"
+                   if label in where else f"<tr><td class=l>{escape(label)}</td><td></td></tr>" for label in members)
+    said = f" ({escape(kind['describe'])}; a node outside the circuit: {escape(kind['patch'])})" if kind else ""
+    return (f"<h2>The circuit's {escape(name)} nodes</h2><p>{len(members)} nodes{said}.</p><div class=scroll><table>"
+            f"<tr><th class=l>node</th><th>EAP-IG score</th></tr>{rows}</table></div>")
 
 
 def _short(score: str) -> str:

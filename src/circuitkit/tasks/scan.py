@@ -81,6 +81,10 @@ class TaskScan:
     settings: dict[str, Any]
     stages: tuple[TaskStage, ...] = field(default=())
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further node types of the node circuit (``neuron_groups``, ``node_types``): ``{type: {"score": [layer,
+    nodes] EAP-IG node scores, "labels": [layer][nodes] names, "hook": layer 0's hook, "patch": how a node is
+    patched, "describe": what a label means}}``."""
 
     @property
     def passes(self) -> float:
@@ -101,6 +105,8 @@ class TaskScan:
                       **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores}},
             "mlps": {"dla": None if self.dla_mlp is None else [_num(v) for v in self.dla_mlp.tolist()],
                      "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
+            **({"nodes": {name: {**{k: v for k, v in kind.items() if k != "score"}, "score": n(kind["score"])}
+                              for name, kind in self.nodes.items()}} if self.nodes else {}),
             "circuit": None if self.circuit is None else self.circuit.to_json(),
             "circuit_error": self.circuit_error,
             "roles": _roles_json(self),
@@ -123,6 +129,10 @@ class TaskScan:
             return lines + self._tokens_line()
         heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
         mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
+        for name, members in c.nodes.items():
+            total = sum(len(row) for row in self.nodes[name]["labels"]) if name in self.nodes else "?"
+            listed = ", ".join(members[:20]) + (" ..." if len(members) > 20 else "")
+            mlps += f" and {len(members)} of {total} {name} nodes ({listed or 'none'})"
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
@@ -174,6 +184,8 @@ class TaskScan:
 
         text = "\n".join(self._lines())
         found = [meaning for pattern, meaning in LEGEND if re.search(pattern, text)]
+        found += [kind["describe"] for kind in self.nodes.values() if kind.get("describe")
+                  and any(label in text for row in kind["labels"] for label in row)]
         return "Legend: " + "; ".join(found) + "." if found else ""
 
     def save(self, out_dir: str | os.PathLike) -> Any:
@@ -266,7 +278,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
-              target_on: str = "discovery", progress: Any = None) -> TaskScan:
+              target_on: str = "discovery", progress: Any = None, neuron_groups: int | None = None,
+              node_types: tuple = ()) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -296,6 +309,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         progress: ``progress(stage, passes)`` called as passes run (or None).
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
+        neuron_groups: MLP neurons as nodes of the node circuit (MIB's neuron level): each MLP's hidden units in
+            this many contiguous groups, ``m{l}.n{g}``, ranked with the heads by their EAP-IG node score and patched
+            exactly (a group's activations replaced); default None: no neuron nodes. Not with ``mlp_nodes``.
+        node_types: further :class:`~circuitkit.tasks.nodes.NodeType` records whose nodes join the node circuit
+            (:mod:`circuitkit.tasks.nodes`).
     """
     from circuitkit.circuits.faithfulness import check_target
     from circuitkit.models.adapters import adapt
@@ -323,6 +341,14 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         raise validate.fail("scan_task: name", name, "a one-line model name of at most 200 characters")
     if progress is not None and not callable(progress):
         raise validate.fail("scan_task: progress", progress, "a function progress(stage, passes) or None")
+    from circuitkit.tasks.nodes import neuron_groups as neuron_type
+
+    extra = tuple(validate.bounded_list("scan_task: node_types", node_types, 16, "a list of NodeType records"))
+    if neuron_groups is not None:
+        if mlp_nodes:
+            raise validate.fail("scan_task: neuron_groups", neuron_groups, "None beside mlp_nodes=True (an MLP is a "
+                                "node or its neuron groups are, not both)")
+        extra = (neuron_type(neuron_groups), *extra)
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
@@ -334,10 +360,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                       logit_positions=logit_positions(adapter, batch.last, batch.pos))
     found = batch.subset(discovery_index) if split else batch
-    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation)
+    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra)
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
-                      ablation=task.ablation) if split else None
+                      ablation=task.ablation, node_types=extra) if split else None
     # the target applies to the discovery pairs (default) or the evaluation pairs: the search runs on that set
     search, other = (held, runner) if split and target_on == "evaluation" else (runner, held)
     stages: list[TaskStage] = []
@@ -356,9 +382,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     clean = stage("clean", lambda: runner.clean)
     corrupted = stage("corrupted", lambda: runner.corrupted)
     if runner.edges_defined:
-        scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
+        scores, node_scores, typed = stage("attribute", lambda: runner.attribute(steps))
     else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
-        scores, node_scores = None, stage("attribute", lambda: runner.node_gradients(steps))
+        scores = None
+        node_scores, typed = stage("attribute", lambda: runner.node_attribution(steps))
     edges_skipped = None if not edges or runner.edges_defined else f"{adapter.spec.family}: {EDGES_UNDEFINED}"
     edges = edges and runner.edges_defined
     graph, spec = runner.graph, adapter.spec
@@ -371,8 +398,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                    for name, to, minus in task.attention_scores}
     circuit, error = None, None
     try:
-        heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
-            "nodes", lambda: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes))
+        heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs, members = stage(
+            "nodes", lambda: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes, types=typed))
     except NoBehaviour as exc:  # reported, not raised
         error = str(exc)
     else:
@@ -386,13 +413,14 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         other_set = None
         if other is not None:
             other_set = stage("held-out", lambda: _other_set(
-                other, "discovery" if other is runner else "evaluation", curve, len(heads) + len(circuit_mlps),
-                node_scores, rank, mlp_nodes, names))
+                other, "discovery" if other is runner else "evaluation", curve,
+                len(heads) + len(circuit_mlps) + sum(len(m) for m in members.values()), node_scores, rank, mlp_nodes,
+                names, typed))
         circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                               edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                               float(search.corrupted["metric"].mean()), all_patched,
                               intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
-                              other_set=other_set)
+                              other_set=other_set, nodes=members)
     settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
@@ -401,6 +429,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                           "discovery_pairs": found.n_pairs,
                           "evaluation_pairs": 0 if held is None else held.batch.n_pairs,
                           "note": None if split else f"not split: fewer than {MIN_SPLIT_PAIRS} pairs or holdout 0"}}
+    if extra:  # only where asked: the settings of a scan without further node types are as they were
+        settings["neuron_groups"] = neuron_groups
+        settings["node_types"] = [kind.name for kind in extra]
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if split:  # every pair's metric in the task's order
         clean_all = torch.empty(task.n_pairs)
@@ -426,6 +457,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         settings=settings,
         intervals=_metric_intervals(clean_all, corrupted_all, n_resamples, ci_level),
         stages=tuple(stages),
+        nodes={kind.name: {"score": typed[kind.name], "labels": [[kind.label(layer, i) for i in range(
+            kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
+            "describe": kind.describe} for kind in extra},
     )
 
 
@@ -441,34 +475,20 @@ def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | Non
 
 
 def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores: Tensor, rank: str,
-               mlp_nodes: bool, edges: tuple[str, ...]) -> dict[str, Any]:
+               mlp_nodes: bool, edges: tuple[str, ...], types: dict[str, Tensor] | None = None) -> dict[str, Any]:
     """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
     same top-``n`` node sets, one stacked pass), the chosen circuit's (``n`` nodes) faithfulness and necessity, and
     the edge circuit's faithfulness (one pass)."""
-    from circuitkit.tasks.circuit import faithfulness_of, node_order
+    from circuitkit.tasks.circuit import faithfulness_of, node_masks, sender_scores, typed_order
 
     graph = other.graph
-    L, H = other.spec.n_layers, other.spec.n_heads
-    order = node_order(graph, L, H, node_scores, rank, mlp_nodes and graph.mlps)
-    sizes = [p.size for p in curve]
-
-    def masks(n: int) -> tuple[Tensor, Tensor | None]:
-        heads = torch.ones(L, H, dtype=torch.bool)
-        mlps = torch.ones(L, dtype=torch.bool) if mlp_nodes and graph.mlps else None
-        for layer, h in order[:n]:
-            if h is None:
-                mlps[layer] = False
-            else:
-                heads[layer, h] = False
-        return heads, mlps
-
-    sizes = sorted(set(sizes) | {0, n})
-    built = [masks(k) for k in sizes]
-    kept_heads, kept_mlps = built[sizes.index(n)]
-    built.append((~kept_heads, None if kept_mlps is None else ~kept_mlps))  # only the circuit patched: necessity
-    heads = torch.stack([b[0] for b in built])
-    mlps = None if built[0][1] is None else torch.stack([b[1] for b in built])
-    values = other.node_metric(heads, mlps).tolist()
+    scores = sender_scores(graph, node_scores, mlp_nodes and graph.mlps) | dict(types or {})
+    order = typed_order(scores, rank)
+    shapes = {name: tuple(grid.shape) for name, grid in scores.items()}
+    sizes = sorted({p.size for p in curve} | {0, n})
+    built = [node_masks(order[:k], shapes) for k in sizes]
+    built.append({k: ~v for k, v in built[sizes.index(n)].items()})  # only the circuit patched: necessity
+    values = other.patched_metric({k: torch.stack([b[k] for b in built]) for k in shapes}).tolist()
     only = values.pop()
     clean, all_patched = float(other.clean["metric"].mean()), values[sizes.index(0)]
     out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
