@@ -233,3 +233,17 @@ def test_bad_patched_sets_are_refused(runner):
         runner.patched_metric({"neurons": torch.zeros(1, 3, 4, dtype=torch.bool)})
     with pytest.raises(CircuitkitError, match="one of"):
         runner.patched_metric({"resid": torch.zeros(1, 3, 1, dtype=torch.bool)})
+
+
+def test_no_module_of_tasks_or_circuits_spells_a_hook_name():
+    """Every hook name the task and circuit engines use comes from models/adapters.HOOKS (the hook vocabulary)."""
+    import re
+
+    import circuitkit
+
+    root = Path(circuitkit.__file__).parent
+    spelled = [f"{path.relative_to(root)}:{i + 1}" for folder in ("tasks", "circuits")
+               for path in sorted((root / folder).glob("*.py"))
+               for i, line in enumerate(path.read_text().splitlines())
+               if re.search(r"[\"'](blocks\.|ln_final\.|hook_(?!dict\b)[a-z_]+[\"'])", line)]
+    assert spelled == []
