@@ -1,6 +1,6 @@
 """A task circuit of heads and MLP neuron groups (MIB's neuron level) beside the circuit of heads alone.
 
-    python benchmarks/neurons.py --model DIR [--task ioi] [--pairs 32] [--groups 16] [--json out.json]
+    python benchmarks/neurons.py --model DIR [--task ioi] [--pairs 32] [--groups 16] [--skip-heads] [--json out.json]
 
 The task writes ``--pairs`` pairs (seed 0); ``scan_task`` holds half out (``holdout=0.5``, split seed 0), ranks the
 nodes by EAP-IG (3 points) on the discovery half and sizes the node circuit there (target 0.8, ``edges=False``):
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--skip-heads", action="store_true", help="only the circuit of heads and neuron groups")
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
         sys.exit(f"{args.model}: no such directory")
@@ -54,9 +55,12 @@ def main(argv: list[str] | None = None) -> None:
     bridge = load_model(args.model)
     task = tasks.get_task(args.task, bridge, n=args.pairs, seed=0)
     out = {"task": args.task, "pairs": task.n_pairs, "groups_per_layer": args.groups, "target": args.target}
-    for key, extra in (("heads", {}), ("heads+neurons", {"neuron_groups": args.groups})):
+    runs = (() if args.skip_heads else (("heads", {}),)) + (("heads+neurons", {"neuron_groups": args.groups}),)
+    for key, extra in runs:
         started = time.perf_counter()
-        scan = tasks.scan_task(bridge, task, target=args.target, edges=False, n_resamples=200, **extra)
+        scan = tasks.scan_task(bridge, task, target=args.target, edges=False, n_resamples=200, **extra,
+                               progress=lambda stage, passes, t=started: print(
+                                   f"  {stage}: {passes:.0f} passes, {time.perf_counter() - t:.0f} s", flush=True))
         out[key] = figures = _figures(scan, time.perf_counter() - started)
         if "error" in figures:
             print(f"{key}: no circuit ({figures['error']})")

@@ -51,15 +51,16 @@ def task_report(result: Any) -> str:
     parts.append("</table></div>")
     if c is not None:
         node_points = [(p.size, p.faithfulness) for p in c.curve]
+        chosen = len(c.heads) + len(c.mlps) + sum(len(members) for members in c.nodes.values())
         edge_points = [(p.size, p.faithfulness) for p in c.edge_curve]
         parts.append("<h2>Faithfulness</h2><div class=figs>")
-        parts.append(f"<figure>{_curve_svg(node_points, c.target, len(c.heads) + len(c.mlps), c.n_nodes_total)}"
+        parts.append(f"<figure>{_curve_svg(node_points, c.target, chosen, c.n_nodes_total)}"
                      f"<figcaption>Node circuit: the top-n nodes by EAP-IG score kept, every other node patched from "
                      f"the corrupted prompt (every point measured).</figcaption></figure>")
         other = c.other_set
         if other and other.get("curve"):
             points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
-            parts.append(f"<figure>{_curve_svg(points, c.target, len(c.heads) + len(c.mlps), c.n_nodes_total)}"
+            parts.append(f"<figure>{_curve_svg(points, c.target, chosen, c.n_nodes_total)}"
                          f"<figcaption>The same node sets on the {other['pairs']} {escape(other['set'])} pairs the "
                          f"search did not use: faithfulness {other['faithfulness']:.3f} at the circuit's size (every "
                          "point measured).</figcaption></figure>")
