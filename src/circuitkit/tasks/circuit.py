@@ -6,7 +6,9 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
 
 **Node circuit**: every head (and MLP, when MLPs are nodes: ``mlp_nodes``) outside ``C`` takes its value from the
 corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); by default MLPs stay
-clean (recomputed from their inputs), as in the induction scan. ``m_corr`` patches every node.
+clean (recomputed from their inputs), as in the induction scan. Nodes of further types (MLP neuron groups, a user's
+:class:`~circuitkit.tasks.nodes.NodeType`) join the same ranking by their own EAP-IG node score and are patched the
+same way. ``m_corr`` patches every node.
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
 set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
 up to the first size reaching the target, then bisection (every point measured, none interpolated). **Necessity**:
