@@ -55,6 +55,20 @@ def main(argv: list[str] | None = None) -> None:
     bridge = load_model(args.model)
     task = tasks.get_task(args.task, bridge, n=args.pairs, seed=0)
     out = {"task": args.task, "pairs": task.n_pairs, "groups_per_layer": args.groups, "target": args.target}
+    from circuitkit.tasks import scan as scan_module
+
+    search = scan_module.node_circuit
+
+    def announced(*a, **k):  # the node circuit as soon as it is found (the held-out stage follows)
+        found = search(*a, **k)
+        groups = sum(len(m) for m in found.nodes.values())
+        print(f"  node circuit: {len(found.heads)} heads + {groups} neuron groups of {found.n_nodes} nodes, "
+              f"faithfulness {found.faithfulness:.4f}, necessity {found.necessity:+.3f}; {dict(found.nodes)}; "
+              f"heads {list(found.heads)}; curve {[(p.size, round(p.faithfulness, 4)) for p in found.curve]}",
+              flush=True)
+        return found
+
+    scan_module.node_circuit = announced
     runs = (() if args.skip_heads else (("heads", {}),)) + (("heads+neurons", {"neuron_groups": args.groups}),)
     for key, extra in runs:
         started = time.perf_counter()
