@@ -167,7 +167,8 @@ def test_a_neuron_circuit_is_found_saved_and_reported(model, tmp_path):
     saved = scan.save(tmp_path / "out")
     page = saved.report.read_text()
     assert "The circuit's neurons nodes" in page and members[0] in page
-    assert "neuron group G of the MLP" in scan.answer()
+    assert "neuron group G of the MLP" in scan.answer() and "neuron groups (m" in scan.answer()
+    assert "mN = the MLP" not in scan.answer()
 
 
 def _discovery(scan, task):

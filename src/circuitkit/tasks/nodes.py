@@ -61,7 +61,7 @@ class NodeType:
     """One kind of node (module docstring). ``where``: ``"layer"`` (``count`` nodes in every layer), ``"before"``
     (one node before layer 0: the input) or ``"after"`` (after the last layer: the logits). ``hook`` None: not a
     node a node circuit patches. ``sends``: an edge-graph sender, writing at ``writes_at``; ``ports``: its
-    receivers. ``describe``: what a label means, for the answer's legend."""
+    receivers. ``describe``: what a label means, for the answer's legend; ``plural``: how the answer names them."""
 
     name: str
     count: Callable[[Any], int]
@@ -69,6 +69,8 @@ class NodeType:
     hook: Callable[[int], str] | None
     patch: str
     describe: str = ""
+    plural: str = ""
+    """How the answer names several of them (default: ``"<name> nodes"``)."""
     where: str = "layer"
     sends: bool = False
     writes_at: int = 0
@@ -107,7 +109,8 @@ def neuron_groups(groups: int) -> NodeType:
     groups = validate.integer("neuron_groups", groups, minimum=1, maximum=MAX_NEURON_GROUPS)
     return NodeType("neurons", lambda spec: groups, lambda layer, g: f"m{layer}.n{g}", HOOKS.mlp_post,
                     "its neurons' activations replaced",
-                    f"mL.nG = neuron group G of the MLP of layer L (its hidden units split in {groups} groups)")
+                    f"mL.nG = neuron group G of the MLP of layer L (its hidden units split in {groups} groups)",
+                    plural="neuron groups")
 
 
 def groups_of(units: int, n: int, device: Any = "cpu") -> Tensor:

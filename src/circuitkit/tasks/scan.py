@@ -84,7 +84,7 @@ class TaskScan:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Further node types of the node circuit (``neuron_groups``, ``node_types``): ``{type: {"score": [layer,
     nodes] EAP-IG node scores, "labels": [layer][nodes] names, "hook": layer 0's hook, "patch": how a node is
-    patched, "describe": what a label means}}``."""
+    patched, "describe": what a label means, "plural": what the answer calls them}}``."""
 
     @property
     def passes(self) -> float:
@@ -132,7 +132,8 @@ class TaskScan:
         for name, members in c.nodes.items():
             total = sum(len(row) for row in self.nodes[name]["labels"]) if name in self.nodes else "?"
             listed = ", ".join(members[:20]) + (" ..." if len(members) > 20 else "")
-            mlps += f" and {len(members)} of {total} {name} nodes ({listed or 'none'})"
+            noun = self.nodes[name].get("plural") if name in self.nodes else None
+            mlps += f" and {len(members)} of {total} {noun or name + ' nodes'} ({listed or 'none'})"
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
@@ -205,7 +206,7 @@ class TaskScan:
 
 LEGEND = (
     (r"Heads: \d+\.\d+|\d+\.\d+->|->\d+\.\d+:", "L.H = head H of layer L (from 0)"),
-    (r"\bm\d+\b", "mN = the MLP of layer N"),
+    (r"\bm\d+\b(?!\.n\d)", "mN = the MLP of layer N"),
     (r"\d+\.g\d+:[kv]", "L.gG:k / L.gG:v = the key / value input of key-value group G of layer L (grouped-query "
                           "attention: the group's query heads share it)"),
     (r":q\b", "L.H:q = head L.H's query input"),
@@ -459,7 +460,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         stages=tuple(stages),
         nodes={kind.name: {"score": typed[kind.name], "labels": [[kind.label(layer, i) for i in range(
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
-            "describe": kind.describe} for kind in extra},
+            "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
     )
 
 
