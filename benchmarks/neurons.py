@@ -1,12 +1,14 @@
 """A task circuit of heads and MLP neuron groups (MIB's neuron level) beside the circuit of heads alone.
 
-    python benchmarks/neurons.py --model DIR [--task ioi] [--pairs 32] [--groups 16] [--skip-heads] [--json out.json]
+    python benchmarks/neurons.py --model DIR [--task ioi] [--pairs 32] [--groups 16] [--runs heads,heads+neurons]
+        [--json out.json]
 
 The task writes ``--pairs`` pairs (seed 0); ``scan_task`` holds half out (``holdout=0.5``, split seed 0), ranks the
 nodes by EAP-IG (3 points) on the discovery half and sizes the node circuit there (target 0.8, ``edges=False``):
 once with heads alone (every MLP recomputed), once with each MLP's hidden units in ``--groups`` contiguous groups as
 nodes beside the heads (``neuron_groups``; a group outside the circuit has its activations replaced by the
-corrupted prompt's). Prints each circuit's size, faithfulness on both halves, necessity and cost, then the JSON.
+corrupted prompt's); ``heads+mlps``: whole MLPs as nodes instead (``mlp_nodes``). Prints each circuit's size,
+faithfulness on both halves, necessity and cost, then the JSON.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def _figures(scan, seconds: float) -> dict:
     groups = list(c.nodes.get("neurons", ()))
     layers = sorted({int(g[1:].split(".n")[0]) for g in groups})
     return {"heads": [f"{a}.{b}" for a, b in c.heads], "n_heads": len(c.heads), "neuron_groups": groups,
-            "n_groups": len(groups), "group_layers": layers, "nodes_total": c.n_nodes_total,
+            "n_groups": len(groups), "group_layers": layers,
+            "mlps": list(c.mlps), "n_mlps": len(c.mlps), "nodes_total": c.n_nodes_total,
             "faithfulness": c.faithfulness, "ci": list(c.intervals.get("faithfulness", ())),
             "necessity": c.necessity, "clean": c.clean, "corrupted": c.corrupted,
             "curve": [[p.size, p.faithfulness] for p in c.curve],
@@ -42,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--skip-heads", action="store_true", help="only the circuit of heads and neuron groups")
+    parser.add_argument("--runs", default="heads,heads+neurons",
+                        help="which circuits: heads, heads+mlps (whole MLPs as nodes), heads+neurons")
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
         sys.exit(f"{args.model}: no such directory")
@@ -69,8 +73,9 @@ def main(argv: list[str] | None = None) -> None:
         return found
 
     scan_module.node_circuit = announced
-    runs = (() if args.skip_heads else (("heads", {}),)) + (("heads+neurons", {"neuron_groups": args.groups}),)
-    for key, extra in runs:
+    settings = {"heads": {}, "heads+mlps": {"mlp_nodes": True}, "heads+neurons": {"neuron_groups": args.groups}}
+    for key in args.runs.split(","):
+        extra = settings[key]
         started = time.perf_counter()
         scan = tasks.scan_task(bridge, task, target=args.target, edges=False, n_resamples=200, **extra,
                                progress=lambda stage, passes, t=started: print(
@@ -80,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{key}: no circuit ({figures['error']})")
             continue
         held = figures["evaluation"]
-        print(f"\n{key}: {figures['n_heads']} heads + {figures['n_groups']} neuron groups of {figures['nodes_total']} "
+        print(f"\n{key}: {figures['n_heads']} heads + {figures['n_mlps']} MLPs + {figures['n_groups']} neuron groups "
+              f"of {figures['nodes_total']} "
               f"nodes; faithfulness {figures['faithfulness']:.3f} (discovery), {held['faithfulness']:.3f} "
               f"(evaluation); necessity {figures['necessity']:+.3f}; {figures['passes']:.0f} passes, "
               f"{figures['seconds']:.0f} s")
