@@ -1708,7 +1708,10 @@ case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task()
                 "metric": [("accuracy", const("accuracy"), STRICT), ("a-class", const(int), STRICT)],
                 "target": [("above-one", const(1.5), STRICT), ("zero", const(0.0), STRICT)],
                 "steps": [("65", const(65), STRICT)],
-                "name": [("blank", const("  "), STRICT), ("two-lines", const("a\nb"), STRICT)]})
+                "name": [("blank", const("  "), STRICT), ("two-lines", const("a\nb"), STRICT)],
+                "neuron_groups": [("zero", const(0), STRICT), ("bool", const(True), STRICT),
+                                  ("float", const(2.0), STRICT), ("no-mlps", const(4), STRICT)],
+                "node_types": [("names", const(["resid"]), STRICT), ("int", const(3), STRICT)]})
 method(f"{TK}.scan:TaskScan.save", task_scan_result, lambda: {"out_dir": tmp_out_dir()}, out_dir="out_dir")
 
 

@@ -21,6 +21,10 @@ Hook names (``l`` the layer)::
     blocks.{l}.attn.hook_z         [batch, pos, head, d_head]   each head's output before W_O
     blocks.{l}.attn.hook_q/k/v     [batch, pos, head|kv_head, d_head]
     blocks.{l}.hook_attn_out       [batch, pos, d_model]        the attention layer's output
+    blocks.{l}.ln2.hook_in         [batch, pos, d_model]        the MLP's input before its norm
+    blocks.{l}.mlp.hook_post       [batch, pos, d_mlp]          the MLP's hidden activation (its neurons)
+    blocks.{l}.hook_mlp_out        [batch, pos, d_model]        the MLP's output
+    blocks.{l}.hook_resid_post     [batch, pos, d_model]        residual stream leaving layer l
 
 Adapters (:data:`ADAPTERS`, tried in order): TransformerLens 4.x ``TransformerBridge``, circuitkit's toy
 :class:`~circuitkit.models.AttentionOnlyModel`, and any duck-typed HookedTransformer-like object. An adapter that
@@ -84,6 +88,42 @@ class HOOKS:
     @staticmethod
     def attn_out(layer: int) -> str:
         return f"blocks.{layer}.hook_attn_out"
+
+    @staticmethod
+    def resid_post(layer: int) -> str:
+        """The residual stream leaving layer ``layer`` (the last layer's: what the final norm reads)."""
+        return f"blocks.{layer}.hook_resid_post"
+
+    @staticmethod
+    def mlp_in(layer: int) -> str:
+        """The MLP's input before its own norm (``ln2``): the residual stream it reads."""
+        return f"blocks.{layer}.ln2.hook_in"
+
+    @staticmethod
+    def mlp_normed_in(layer: int) -> str:
+        """The MLP's input after its norm (in parallel blocks without ``ln2``: after the shared ``ln1``)."""
+        return f"blocks.{layer}.mlp.hook_in"
+
+    @staticmethod
+    def mlp_post(layer: int) -> str:
+        """The MLP's hidden activation ``[batch, pos, d_mlp]``, the input of its output matrix (after the gate in a
+        gated MLP): its neurons."""
+        return f"blocks.{layer}.mlp.hook_post"
+
+    @staticmethod
+    def mlp_out(layer: int) -> str:
+        """The MLP's output ``[batch, pos, d_model]``, what it adds into the residual stream."""
+        return f"blocks.{layer}.hook_mlp_out"
+
+    @staticmethod
+    def final_scale() -> str:
+        """The final norm's scale (``[batch, pos, 1]``)."""
+        return "ln_final.hook_scale"
+
+    @staticmethod
+    def final_normalized() -> str:
+        """The final norm's normalised vector, before its weight."""
+        return "ln_final.hook_normalized"
 
     @staticmethod
     def layer_of(name: str) -> int:

@@ -6,7 +6,9 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
 
 **Node circuit**: every head (and MLP, when MLPs are nodes: ``mlp_nodes``) outside ``C`` takes its value from the
 corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); by default MLPs stay
-clean (recomputed from their inputs), as in the induction scan. ``m_corr`` patches every node.
+clean (recomputed from their inputs), as in the induction scan. Nodes of further types (MLP neuron groups, a user's
+:class:`~circuitkit.tasks.nodes.NodeType`) join the same ranking by their own EAP-IG node score and are patched the
+same way. ``m_corr`` patches every node.
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
 set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
 up to the first size reaching the target, then bisection. Past :data:`COARSE_AFTER` nodes, where the search runs on
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -118,6 +120,9 @@ class TaskCircuit:
     """The circuit measured on the pairs the search did not use (``set``: ``"evaluation"`` or ``"discovery"``,
     ``pairs``, ``faithfulness``, ``necessity``, ``edge_faithfulness``, ``curve``); None where the pairs were not
     split."""
+    nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The members of further node types (``{type: labels}``, e.g. ``{"neurons": ("m3.n1", ...)}``); empty where
+    the circuit's nodes are heads and MLPs only."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,6 +145,7 @@ class TaskCircuit:
             "metric_all_nodes_patched": self.node_corrupted,
             **({"ci": {key: [lo, hi] for key, (lo, hi) in self.intervals.items()}} if self.intervals else {}),
             "other_set": self.other_set,
+            **({"nodes": {name: list(labels) for name, labels in self.nodes.items()}} if self.nodes else {}),
         }
 
 
@@ -291,41 +297,78 @@ def _counted(runner: TaskRunner, sub: TaskRunner, k: int, run: Any) -> Any:
 def node_order(graph: Any, L: int, H: int, node_scores: Tensor, rank: str, mlp_nodes: bool) -> list:
     """The nodes ``(layer, head)`` (and ``(layer, None)`` for MLPs with ``mlp_nodes``) in the order they join a
     node circuit: by score, largest first (``rank``)."""
-    nodes = [(layer, h) for layer in range(L) for h in range(H)] + ([(layer, None) for layer in range(L)]
-                                                                     if mlp_nodes else [])
-    scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes], device="cpu")
-    return [nodes[i] for i in _order(scores, rank).tolist()]
+    typed = typed_order(sender_scores(graph, node_scores, mlp_nodes), rank)
+    return [(layer, i if name == "head" else None) for name, layer, i in typed]
+
+
+def sender_scores(graph: Any, node_scores: Tensor, mlp_nodes: bool) -> dict[str, Tensor]:
+    """The heads' node scores ``[layer, head]`` (and with ``mlp_nodes`` the MLPs', ``[layer, 1]``) by node type,
+    from ``node_scores`` ``[sender]``."""
+    L = graph.n_layers
+    out = {"head": torch.stack([node_scores[graph.sender_slices[("head", layer)]] for layer in range(L)])}
+    if mlp_nodes:
+        out["mlp"] = torch.stack([node_scores[graph.sender_slices[("mlp", layer)]] for layer in range(L)])
+    return out
+
+
+def typed_order(scores: dict[str, Tensor], rank: str) -> list[tuple[str, int, int]]:
+    """The nodes ``(type, layer, index)`` of every type in ``scores`` (``{type: [layer, nodes]}``) in the order they
+    join a node circuit: by score, largest first (``rank``); ties in the order of ``scores``, layer, index."""
+    nodes = [(name, layer, i) for name, grid in scores.items() for layer in range(grid.shape[0])
+             for i in range(grid.shape[1])]
+    flat = torch.cat([grid.detach().float().cpu().flatten() for grid in scores.values()])
+    return [nodes[i] for i in _order(flat, rank).tolist()]
+
+
+def node_masks(kept: list[tuple[str, int, int]], shapes: dict[str, tuple[int, int]]) -> dict[str, Tensor]:
+    """``{type: [layer, nodes]}`` bool, True where a node is **patched**: every node of ``shapes`` (``{type:
+    (layers, nodes)}``) outside ``kept``."""
+    masks = {name: torch.ones(shape, dtype=torch.bool, device="cpu") for name, shape in shapes.items()}
+    for name, layer, i in kept:
+        masks[name][layer, i] = False
+    return masks
+
+
+class NodeCircuit(NamedTuple):
+    """A node circuit: its ``heads`` and ``mlps``, ``faithfulness``, ``necessity``, ``curve``, the mean metric with
+    every node patched, the number of candidate nodes, each pair's metric (``pairs``: ``"circuit"``,
+    ``"all_patched"``, ``"only_circuit"``) and the members of further node types (``nodes``: ``{type: labels}``)."""
+
+    heads: tuple
+    mlps: tuple
+    faithfulness: float
+    necessity: float
+    curve: tuple
+    all_patched: float
+    n_nodes: int
+    pairs: dict[str, Tensor]
+    nodes: dict[str, tuple[str, ...]]
 
 
 def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: str, *, mlp_nodes: bool = False,
-                 progress: Any = None) -> tuple[tuple, tuple, float, float, tuple, float, int, dict[str, Tensor]]:
+                 progress: Any = None, types: dict[str, Tensor] | None = None) -> NodeCircuit:
     """The smallest top-``n`` node set reaching ``target`` (module docstring). ``node_scores``: ``[sender]`` from
     :meth:`~circuitkit.tasks.graph.TaskRunner.edge_gradients`; ``mlp_nodes``: MLPs are nodes that can be patched
-    (default: heads only, every MLP recomputed from its input). Returns ``(heads, mlps, faithfulness, necessity,
-    curve, m_all_patched, n_nodes, pairs)``, ``pairs``: each pair's metric ``[pair]`` with the circuit kept
-    (``"circuit"``), every node patched (``"all_patched"``) and only the circuit patched (``"only_circuit"``)."""
-    graph, spec = runner.graph, runner.spec
-    L, H = spec.n_layers, spec.n_heads
+    (default: heads only, every MLP recomputed from its input); ``types``: further node types' scores joining the
+    ranking, ``{type: [layer, nodes]}`` (:meth:`~circuitkit.tasks.graph.TaskRunner.attribute`). Returns a
+    :class:`NodeCircuit`, ``pairs``: each pair's metric ``[pair]`` with the circuit kept (``"circuit"``), every node
+    patched (``"all_patched"``) and only the circuit patched (``"only_circuit"``)."""
+    graph = runner.graph
     mlp_nodes = mlp_nodes and graph.mlps
-    order = node_order(graph, L, H, node_scores, rank, mlp_nodes)
+    scores = sender_scores(graph, node_scores, mlp_nodes) | dict(types or {})
+    order = typed_order(scores, rank)
+    shapes = {name: tuple(grid.shape) for name, grid in scores.items()}
     clean = float(runner.clean["metric"].mean())
 
-    def masks(kept: list) -> tuple[Tensor, Tensor | None]:
-        heads = torch.ones(L, H, dtype=torch.bool, device="cpu")
-        mlps = torch.ones(L, dtype=torch.bool, device="cpu") if mlp_nodes else None
-        for layer, h in kept:
-            if h is None:
-                mlps[layer] = False
-            else:
-                heads[layer, h] = False
-        return heads, mlps
+    def masks(kept: list) -> dict[str, Tensor]:
+        return node_masks(kept, shapes)
 
     per_pair: dict[int, Tensor] = {}  # circuit size -> each pair's metric (kept for the intervals)
 
     def metric_of(kept: list) -> float:
-        heads, mlps = masks(kept)
+        patched = masks(kept)
         before = runner.passes
-        values = runner.node_metric(heads[None], None if mlps is None else mlps[None], per_pair=True)[0]
+        values = runner.patched_metric({k: v[None] for k, v in patched.items()}, per_pair=True)[0]
         per_pair[len(kept)] = values
         if progress is not None:
             progress(runner.passes - before)
@@ -357,18 +400,19 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
 
     n = _smallest(evaluate, sizes, N, target, measured, coarse=coarse, coarse_after=COARSE_AFTER)
     kept = order[:n]
-    heads, mlps = masks(kept)
     before = runner.passes
-    only_pairs = runner.node_metric((~heads)[None], None if mlps is None else (~mlps)[None], per_pair=True)[0]
+    only_pairs = runner.patched_metric({k: (~v)[None] for k, v in masks(kept).items()}, per_pair=True)[0]
     only = float(only_pairs.mean())
     if progress is not None:
         progress(runner.passes - before)
     pairs = {"circuit": per_pair.get(n, runner.clean["metric"]), "all_patched": per_pair[0],
              "only_circuit": only_pairs}
     curve = tuple(TaskCurvePoint(k, measured[k], metrics[k]) for k in sorted(measured))
-    circuit_heads = tuple(sorted((layer, h) for layer, h in kept if h is not None))
-    circuit_mlps = tuple(sorted(layer for layer, h in kept if h is None))
-    return circuit_heads, circuit_mlps, measured[n], clean - only, curve, all_patched, N, pairs
+    circuit_heads = tuple(sorted((layer, h) for name, layer, h in kept if name == "head"))
+    circuit_mlps = tuple(sorted(layer for name, layer, _ in kept if name == "mlp"))
+    nodes = {name: tuple(runner.node_types[name].label(layer, i) for _, layer, i in sorted(
+        (m for m in kept if m[0] == name), key=lambda m: m[1:])) for name in scores if name not in ("head", "mlp")}
+    return NodeCircuit(circuit_heads, circuit_mlps, measured[n], clean - only, curve, all_patched, N, pairs, nodes)
 
 
 def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, progress: Any = None,
@@ -437,4 +481,4 @@ def _trapezoid(xs: list[float], ys: list[float]) -> float:
 
 
 __all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit",
-           "node_circuit", "node_order"]
+           "NodeCircuit", "node_circuit", "node_masks", "node_order", "sender_scores", "typed_order"]

@@ -17,11 +17,14 @@ Edge patching (a circuit of edges ``E``). With ``out_u`` a sender's output in th
 where ``resid_v`` is the residual stream at ``v`` in the current run (``resid_pre`` for attention inputs, the
 MLP's ``ln2`` input, the final residual stream for the logits). A query/key/value input goes through the block's
 attention norm and the head's weight: ``c += (norm(x_v) - norm(resid_v)) @ W_c`` at ``hook_q/k/v`` (biases cancel);
-an MLP input replaces the input of its norm (``blocks.{l}.ln2.hook_in``); the logits' replaces the last block's
+an MLP input replaces the input of its norm (``HOOKS.mlp_in``); the logits' replaces the last block's
 output. Every edge kept: the clean run; none: the corrupted run (both exact, tested).
 
 Node patching (a circuit of nodes): a head outside it has ``z`` replaced by its corrupted (or mean, zero) value, an
-MLP outside it (when MLPs are nodes) its output; everything else is recomputed.
+MLP outside it (when MLPs are nodes) its output, a node of a further type (:mod:`circuitkit.tasks.nodes`, e.g. a
+group of an MLP's neurons) its units of its hook's activation; everything else is recomputed. The graph's nodes are
+built from node types (:data:`~circuitkit.tasks.nodes.EDGE_TYPES`), every hook name from
+:class:`~circuitkit.models.adapters.HOOKS`.
 
 Edge attribution (EAP-IG, Hanna et al. 2024): with ``g_v = dM/dx_v`` averaged over the ``steps`` points
 ``alpha = k / steps`` (``k = 1 .. steps``) on the straight line from the corrupted to the clean input embeddings
@@ -34,7 +37,7 @@ the sum over its outgoing edges (the estimate of patching the node itself).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,17 +47,9 @@ from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.tasks.metrics import METRICS, last_logits
+from circuitkit.tasks.nodes import EDGE_TYPES, HEAD, MLP, NodeType, groups_of
 from circuitkit.tasks.task import TaskBatch
 
-MLP_IN = "blocks.{}.ln2.hook_in"
-"""An MLP's input before its norm (the residual stream it reads): replacing it changes only the MLP."""
-MLP_NORMED_IN = "blocks.{}.mlp.hook_in"
-"""An MLP's input after the norm: where attention and MLP share one norm (parallel blocks without ``ln2``), the
-receiver's input is rebuilt through that norm (``ln1``) as the query/key/value inputs are."""
-MLP_OUT = "blocks.{}.hook_mlp_out"
-FINAL = "blocks.{}.hook_resid_post"
-FINAL_SCALE = "ln_final.hook_scale"
-FINAL_NORMALIZED = "ln_final.hook_normalized"
 EDGES_UNDEFINED = ("in this family a norm or a scale follows the attention, so a head's z @ W_O is not its "
                    "contribution to the residual stream and an edge from it is not defined here")
 """Why a family without additive heads has node circuits only. EAP-IG's own evaluation (Hanna et al.) defines a
@@ -66,10 +61,13 @@ SENDER_BUDGET = 2**30
 
 @dataclass(frozen=True)
 class Graph:
-    """The nodes and edges of one model (module docstring). ``senders`` / ``receivers``: names in order (senders:
-    ``input``, then per layer its heads ``l.h`` and MLP ``m{l}``; receivers: per layer ``l.h:q``, the key/value
-    groups' ``l.g:k`` / ``l.g:v`` (``l.h`` where every head has its own), ``m{l}``; then ``logits``); ``allowed``:
-    ``[sender, receiver]`` bool, True where an edge exists; ``parallel``: attention and MLP read the same stream."""
+    """The nodes and edges of one model (module docstring), built from node types
+    (:data:`~circuitkit.tasks.nodes.EDGE_TYPES`). ``senders`` / ``receivers``: names in order (senders: ``input``,
+    then per layer its heads ``l.h`` and MLP ``m{l}``; receivers: per layer ``l.h:q``, the key/value groups'
+    ``l.g:k`` / ``l.g:v`` (``l.h`` where every head has its own), ``m{l}``; then ``logits``); ``allowed``:
+    ``[sender, receiver]`` bool, True where an edge exists; ``parallel``: attention and MLP read the same stream;
+    ``sender_slices`` / ``receiver_slices``: where each ``(node type, layer)``'s senders and each ``(channel,
+    layer)``'s receivers lie (the input at layer -1, the logits at ``n_layers``)."""
 
     n_layers: int
     n_heads: int
@@ -79,6 +77,8 @@ class Graph:
     senders: tuple[str, ...]
     receivers: tuple[str, ...]
     allowed: Tensor
+    sender_slices: dict[tuple[str, int], slice] = field(default_factory=dict)
+    receiver_slices: dict[tuple[str, int], slice] = field(default_factory=dict)
 
     @property
     def n_edges(self) -> int:
@@ -86,23 +86,17 @@ class Graph:
 
     def sender_index(self, layer: int, head: int | None) -> int:
         """Index of head ``(layer, head)`` (or the MLP of ``layer`` with ``head=None``) among the senders."""
-        per = self.n_heads + int(self.mlps)
-        return 1 + layer * per + (self.n_heads if head is None else head)
+        if head is None:
+            return self.sender_slices[("mlp", layer)].start
+        return self.sender_slices[("head", layer)].start + head
 
     def receivers_of(self, layer: int) -> dict[str, slice]:
         """Receiver index ranges of ``layer``: ``q`` (query heads), ``k``, ``v`` (kv groups), ``mlp``."""
-        per = self.n_heads + 2 * self.n_kv + int(self.mlps)
-        start = layer * per
-        out = {"q": slice(start, start + self.n_heads),
-               "k": slice(start + self.n_heads, start + self.n_heads + self.n_kv),
-               "v": slice(start + self.n_heads + self.n_kv, start + self.n_heads + 2 * self.n_kv)}
-        if self.mlps:
-            out["mlp"] = slice(start + per - 1, start + per)
-        return out
+        return {channel: cols for (channel, at), cols in self.receiver_slices.items() if at == layer}
 
     @property
     def logits_index(self) -> int:
-        return len(self.receivers) - 1
+        return self.receiver_slices[("logits", self.n_layers)].start
 
     def edge_names(self, index: Tensor) -> list[str]:
         """``index`` ``[n, 2]`` (sender, receiver) as ``"sender->receiver"`` names."""
@@ -110,37 +104,37 @@ class Graph:
 
 
 def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
-    """The graph of ``adapter``'s model (``mlps``: MLPs are nodes; refused where the model has none)."""
+    """The graph of ``adapter``'s model (``mlps``: MLPs are nodes; refused where the model has none): the senders
+    and receivers of every node type of :data:`~circuitkit.tasks.nodes.EDGE_TYPES` in order, an edge wherever a
+    receiver reads after its sender writes (:mod:`~circuitkit.tasks.nodes`)."""
     spec = adapter.spec
-    L, H, G = spec.n_layers, spec.n_heads, spec.n_kv_heads
+    L = spec.n_layers
     facts = getattr(adapter, "facts", None)
     parallel = bool(facts is not None and facts.parallel_attention)
-    senders = ["input"]
-    sender_layer = [-1]
+    types = [t for t in EDGE_TYPES if mlps or t is not MLP]
+    plan = ([(t, -1) for t in types if t.where == "before"] + [(t, layer) for layer in range(L) for t in types
+                                                                if t.where == "layer"]
+            + [(t, L) for t in types if t.where == "after"])
+    senders: list[str] = []
     receivers: list[str] = []
-    receiver_layer: list[int] = []
-    for layer in range(L):
-        senders += [f"{layer}.{h}" for h in range(H)]
-        sender_layer += [layer] * H
-        if mlps:
-            senders.append(f"m{layer}")
-            sender_layer.append(layer)
-        groups = [f"{layer}.{g}" if G == H else f"{layer}.g{g}" for g in range(G)]
-        receivers += [f"{layer}.{h}:q" for h in range(H)] + [f"{g}:k" for g in groups] + [f"{g}:v" for g in groups]
-        receiver_layer += [layer] * (H + 2 * G)
-        if mlps:
-            receivers.append(f"m{layer}")
-            receiver_layer.append(layer)
-    receivers.append("logits")
-    receiver_layer.append(L)
-    s_layer = torch.tensor(sender_layer, device="cpu")
-    r_layer = torch.tensor(receiver_layer, device="cpu")
-    allowed = s_layer[:, None] < r_layer[None, :]
-    if mlps and not parallel:  # a head feeds the MLP of its own layer
-        is_head = torch.tensor([not (n == "input" or n.startswith("m")) for n in senders], device="cpu")
-        is_mlp_in = torch.tensor([n.startswith("m") for n in receivers], device="cpu")
-        allowed |= is_head[:, None] & is_mlp_in[None, :] & (s_layer[:, None] == r_layer[None, :])
-    return Graph(L, H, G, mlps, parallel, tuple(senders), tuple(receivers), allowed)
+    writes: list[int] = []  # where each sender writes, 2 * layer + writes_at
+    reads: list[int] = []
+    sender_slices: dict[tuple[str, int], slice] = {}
+    receiver_slices: dict[tuple[str, int], slice] = {}
+    for kind, layer in plan:
+        if kind.sends:
+            n = kind.count(spec)
+            sender_slices[(kind.name, layer)] = slice(len(senders), len(senders) + n)
+            senders += [kind.label(layer, i) for i in range(n)]
+            writes += [2 * layer + kind.writes_at] * n
+        for port in kind.ports:
+            n = port.count(spec)
+            receiver_slices[(port.channel, layer)] = slice(len(receivers), len(receivers) + n)
+            receivers += [port.label(layer, i, spec) for i in range(n)]
+            reads += [2 * layer + (0 if parallel else port.reads_at)] * n
+    allowed = torch.tensor(writes, device="cpu")[:, None] < torch.tensor(reads, device="cpu")[None, :]
+    return Graph(L, spec.n_heads, spec.n_kv_heads, mlps, parallel, tuple(senders), tuple(receivers), allowed,
+                 sender_slices, receiver_slices)
 
 
 class TaskRunner:
@@ -148,9 +142,13 @@ class TaskRunner:
     (computed once, on demand), the metric.
 
     ``metric``: a name in :data:`~circuitkit.tasks.metrics.METRICS` or a
-    :class:`~circuitkit.tasks.metrics.UserMetric`; ``mlps``: MLPs are graph nodes."""
+    :class:`~circuitkit.tasks.metrics.UserMetric`; ``mlps``: MLPs are graph nodes; ``node_types``: further kinds of
+    node a node circuit may keep or patch beside the heads and MLPs (:mod:`circuitkit.tasks.nodes`, e.g.
+    :func:`~circuitkit.tasks.nodes.neuron_groups`); each is captured in both reference runs and scored by
+    :meth:`attribute`."""
 
-    def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str) -> None:
+    def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str,
+                 node_types: tuple[NodeType, ...] = ()) -> None:
         if adapter.spec.bidirectional:
             raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
                                 "a causal language model (a task's metric is read at each prompt's last token, "
@@ -168,7 +166,10 @@ class TaskRunner:
         self.graph = build_graph(adapter, mlps)
         # edges need each head's z @ W_O to be its contribution to the residual stream (EDGES_UNDEFINED)
         self.edges_defined = bool(adapter.additive_heads)
-        self.mlp_hook = mlp_input_hook(adapter) if mlps and self.edges_defined else MLP_IN
+        self.mlp_in = mlp_input_hook(adapter) if mlps and self.edges_defined else HOOKS.mlp_in
+        self.mlp_normed = self.mlp_in is HOOKS.mlp_normed_in  # the MLP reads through the shared norm ln1
+        self.node_types = _node_types(adapter, node_types)
+        self.extra_types = tuple(t for t in self.node_types.values() if t is not HEAD and t is not MLP)
         weights = adapter.weights(embeddings=False).to(device=self.spec.device)
         self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
         self.W_O = weights.W_O
@@ -183,12 +184,13 @@ class TaskRunner:
         self.direct = True  # the clean run also measures direct logit attribution and the patterns (a backward)
         self._clean: dict[str, Any] | None = None
         self._corrupt: dict[str, Any] | None = None
-        self._values: tuple[dict[int, Tensor], dict[int, Tensor]] | None = None
+        self._values: dict[str, dict[int, Tensor]] = {}  # node type -> its patched values by layer, made once
 
     # ------------------------------------------------------------------ the two reference runs
     @property
     def clean(self) -> dict[str, Any]:
         """The clean run: ``out`` (sender outputs ``[sender, pair, pos, d_model]``), ``z`` and ``mlp`` by layer,
+        ``nodes`` (each further node type's activation by layer: ``{type: {layer: [pair, pos, unit, ...]}}``),
         ``metric`` ``[pair]``, ``logprobs`` ``[pair, vocab]`` at the last token, ``dla`` ``[sender]``,
         ``last_attention`` (each head's attention from each prompt's last token, ``[layer, pair, head, pos]``) and
         ``first_patterns`` (the first prompt's patterns, ``[layer, head, q, k]``)."""
@@ -248,6 +250,13 @@ class TaskRunner:
             if normalized.requires_grad:
                 normalized.register_hook(lambda g: norm_seen.__setitem__("grad", g.detach()))
 
+        extra: dict[str, dict[int, Tensor]] = {kind.name: {} for kind in self.extra_types}
+
+        def capture(name: str) -> Callable[[Tensor, Any], None]:
+            def hook(x: Tensor, hook: Any) -> None:  # keyed by layer: a bridge's hook.name may be an alias's target
+                extra[name][HOOKS.layer_of(hook.name)] = x.detach()
+            return hook
+
         rows = torch.arange(self.batch.n_pairs, device=spec.device)
         last_rows: dict[int, Tensor] = {}
         first: dict[int, Tensor] = {}
@@ -267,12 +276,14 @@ class TaskRunner:
         L = spec.n_layers
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
         if not self.adapter.attn_only:
-            hooks += [(MLP_OUT.format(layer), mlp_hook) for layer in range(L)]
+            hooks += [(HOOKS.mlp_out(layer), mlp_hook) for layer in range(L)]
+        for kind in self.extra_types:
+            hooks += [(kind.hook(layer), capture(kind.name)) for layer in range(L)]
         if direct:
-            hooks.append((FINAL.format(L - 1), final_hook))
-        final_norm = direct and self.adapter.norm_kind is not None and _has_hook(self.adapter, FINAL_SCALE)
+            hooks.append((HOOKS.resid_post(L - 1), final_hook))
+        final_norm = direct and self.adapter.norm_kind is not None and _has_hook(self.adapter, HOOKS.final_scale())
         if final_norm:
-            hooks += [(FINAL_SCALE, keep_scale), (FINAL_NORMALIZED, keep_normalized_grad)]
+            hooks += [(HOOKS.final_scale(), keep_scale), (HOOKS.final_normalized(), keep_normalized_grad)]
         if dla:
             hooks += [(HOOKS.pattern(layer), pattern_hook) for layer in range(L)]
         from circuitkit.detect.attribution import frozen_parameters
@@ -299,7 +310,9 @@ class TaskRunner:
             g_last = grad[rows, self.batch.last]  # [pair, d_model]
             # the gradient is of the mean over pairs: the sum over pairs is the mean of each pair's attribution
             dla_values = torch.einsum("spm,pm->s", at_last.float(), g_last.float())
-        result = {"out": out, "z": z_kept, "mlp": mlp_kept, "metric": validate.finite_result(
+        for kind in self.extra_types:
+            _check_units(kind, extra[kind.name], spec)
+        result = {"out": out, "z": z_kept, "mlp": mlp_kept, "nodes": extra, "metric": validate.finite_result(
             "task metric", metric.cpu(), why="the model's logits overflowed"), "logprobs": logprobs,
             "dla": None if dla_values is None else dla_values.detach().cpu()}
         if dla:
@@ -317,20 +330,27 @@ class TaskRunner:
     def node_values(self) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
         """What a node outside a circuit becomes: per layer, a head's ``z`` and an MLP's output, on the corrupted
         prompts (``"corrupted"``), their mean over the corrupted prompts' real positions (``"mean"``) or zeros."""
-        if self._values is not None:
-            return self._values
-        cz, cm = self.corrupted["z"], self.corrupted["mlp"]
-        if self.ablation == "corrupted":
-            return cz, cm
-        real = self.batch.real.to(next(iter(cz.values())).dtype)
+        return self.values_of("head"), self.values_of("mlp")
+
+    def values_of(self, name: str) -> dict[int, Tensor]:
+        """What the activation of node type ``name`` becomes outside a circuit, by layer (:meth:`node_values`);
+        computed once per runner."""
+        if name in self._values:
+            return self._values[name]
+        run = self.corrupted
+        acts = run["z"] if name == "head" else run["mlp"] if name == "mlp" else run["nodes"][name]
+        if self.ablation == "corrupted" or not acts:
+            self._values[name] = acts
+            return acts
+        real = self.batch.real.to(next(iter(acts.values())).dtype)
         weight = real / real.sum()
 
         def mean(x: Tensor) -> Tensor:
             m = torch.einsum("bp,bp...->...", weight, x.float()).to(x.dtype)
             return (torch.zeros_like(m) if self.ablation == "zero" else m).expand_as(x)
 
-        self._values = {k: mean(v) for k, v in cz.items()}, {k: mean(v) for k, v in cm.items()}
-        return self._values
+        self._values[name] = {k: mean(v) for k, v in acts.items()}
+        return self._values[name]
 
     def first_pairs(self, k: int) -> TaskRunner:
         """A runner over this one's first ``k`` pairs that runs no reference pass: its clean and corrupted runs and
@@ -339,7 +359,8 @@ class TaskRunner:
         import copy
 
         k = validate.integer("task circuit: first_pairs", k, minimum=1, maximum=self.batch.n_pairs)
-        clean, corrupted, (z_values, mlp_values) = self.clean, self.corrupted, self.node_values()
+        clean, corrupted = self.clean, self.corrupted
+        values = {name: self.values_of(name) for name in ("head", "mlp", *(t.name for t in self.extra_types))}
         sub = copy.copy(self)
         sub.batch = self.batch.subset(torch.arange(k))
         width = sub.batch.clean.shape[1]
@@ -348,22 +369,32 @@ class TaskRunner:
         sub.passes = 0.0
         sub.pattern_masks, sub.pattern_scores = {}, {}
 
+        def cut_layers(acts: dict[int, Tensor]) -> dict[int, Tensor]:
+            return {i: v[:k, :width] for i, v in acts.items()}
+
         def cut(run: dict[str, Any]) -> dict[str, Any]:
-            return {"out": run["out"][:, :k, :width], "z": {i: v[:k, :width] for i, v in run["z"].items()},
-                    "mlp": {i: v[:k, :width] for i, v in run["mlp"].items()}, "metric": run["metric"][:k],
-                    "logprobs": run["logprobs"][:k], "dla": None}
+            return {"out": run["out"][:, :k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
+                    "nodes": {name: cut_layers(acts) for name, acts in run.get("nodes", {}).items()},
+                    "metric": run["metric"][:k], "logprobs": run["logprobs"][:k], "dla": None}
 
         sub._clean, sub._corrupt = cut(clean), cut(corrupted)
-        sub._values = ({i: v[:k, :width] for i, v in z_values.items()},
-                       {i: v[:k, :width] for i, v in mlp_values.items()})
+        sub._values = {name: cut_layers(acts) for name, acts in values.items()}
         return sub
 
     def node_metric(self, heads: Tensor, mlps: Tensor | None, *, per_pair: bool = False) -> Tensor:
         """``heads`` ``[sets, layer, head]`` / ``mlps`` ``[sets, layer]`` bool, True where a node is **patched**:
         the mean metric of each set, ``[sets]`` (one stacked copy of the pairs per set); with ``per_pair``, each
-        pair's metric, ``[sets, pair]`` (what the bootstrap intervals resample)."""
-        values = self._in_passes(heads.shape[0], node=True, run=lambda part: self._node_pass(
-            heads[part], None if mlps is None else mlps[part]))
+        pair's metric, ``[sets, pair]`` (what the bootstrap intervals resample). :meth:`patched_metric` takes
+        node sets of every type."""
+        patched = {"head": heads} | ({} if mlps is None else {"mlp": mlps[..., None]})
+        return self.patched_metric(patched, per_pair=per_pair)
+
+    def patched_metric(self, patched: dict[str, Tensor], *, per_pair: bool = False) -> Tensor:
+        """``patched``: node type name -> ``[sets, layer, nodes]`` bool, True where a node is **patched** (types
+        left out: every node clean); as :meth:`node_metric`."""
+        sets = _check_patched(self, patched)
+        values = self._in_passes(sets, node=True, run=lambda part: self._node_pass(
+            {name: mask[part] for name, mask in patched.items()}))
         return values if per_pair else values.mean(-1)
 
     def _in_passes(self, sets: int, *, node: bool, run: Callable[[slice], Tensor]) -> Tensor:
@@ -371,33 +402,26 @@ class TaskRunner:
         per = self._copies_per_pass(node=node)
         return torch.cat([run(slice(start, start + per)) for start in range(0, sets, per)])
 
-    def _node_pass(self, heads: Tensor, mlps: Tensor | None) -> Tensor:
-        S = heads.shape[0]
+    def _node_pass(self, patched: dict[str, Tensor]) -> Tensor:
+        """One stacked pass: per copy ``s``, the units of every patched node take their :meth:`values_of`."""
+        S = next(iter(patched.values())).shape[0]
         B = self.batch.n_pairs
-        z_values, mlp_values = self.node_values()
 
-        def z_hook(z: Tensor, hook: Any) -> Tensor:
-            layer = HOOKS.layer_of(hook.name)
-            mask = heads[:, layer].to(z.device)
-            if not bool(mask.any()):
-                return z
-            view = z.view(S, B, *z.shape[1:])
-            value = z_values[layer].to(z.dtype)[None]
-            return torch.where(mask[:, None, None, :, None], value, view).reshape(z.shape)
-
-        def mlp_hook(x: Tensor, hook: Any) -> Tensor:
-            layer = HOOKS.layer_of(hook.name)
-            mask = mlps[:, layer].to(x.device)
-            if not bool(mask.any()):
-                return x
-            view = x.view(S, B, *x.shape[1:])
-            value = mlp_values[layer].to(x.dtype)[None]
-            return torch.where(mask[:, None, None, None], value, view).reshape(x.shape)
+        def patch(mask: Tensor, value: Tensor) -> Callable[[Tensor, Any], Tensor]:
+            """``mask`` ``[S, nodes]`` of one layer; ``value`` ``[pair, pos, unit, ...]``."""
+            def hook(x: Tensor, hook: Any) -> Tensor:
+                view = x.view(S, B, *x.shape[1:])  # [S, pair, pos, unit, ...]
+                units = mask.to(x.device)[:, groups_of(x.shape[2], mask.shape[1], x.device)]  # [S, unit]
+                units = units.view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
+                return torch.where(units, value.to(x.dtype)[None], view).reshape(x.shape)
+            return hook
 
         L = self.spec.n_layers
-        hooks = [(HOOKS.z(layer), z_hook) for layer in range(L) if bool(heads[:, layer].any())]
-        if mlps is not None:
-            hooks += [(MLP_OUT.format(layer), mlp_hook) for layer in range(L) if bool(mlps[:, layer].any())]
+        hooks = []
+        for name, mask in patched.items():
+            kind, values = self.node_types[name], self.values_of(name)
+            hooks += [(kind.hook(layer), patch(mask[:, layer], values[layer])) for layer in range(L)
+                      if bool(mask[:, layer].any())]
         with torch.no_grad():
             logits = self.adapter.run(self.batch.clean.repeat(S, 1), hooks, positions=self.positions)
         self.passes += S
@@ -420,6 +444,13 @@ class TaskRunner:
 
     def edge_gradients(self, steps: int) -> tuple[Tensor, Tensor]:
         """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge."""
+        scores, node_scores, _ = self.attribute(steps)
+        return scores, node_scores
+
+    def attribute(self, steps: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
+        and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.tasks.nodes`; the
+        gradient at a zero leaf added at its hook, which changes no value)."""
         from circuitkit.detect.attribution import frozen_parameters
 
         graph = self.graph
@@ -427,13 +458,17 @@ class TaskRunner:
         alphas = torch.arange(1, steps + 1, dtype=torch.float32, device=clean_in.device) / steps
         start = corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
             clean_in - corrupt_in)[None]  # [steps, pair, pos, d_model]
-        grads: dict[int, Tensor] = {}
+        grads: dict[tuple[str, int], Tensor] = {}
         resid: dict[int, Tensor] = {}
+        node_leaves: dict[tuple[str, int], Tensor] = {}
         with frozen_parameters(self.adapter.model), torch.enable_grad():
-            logits = self._edge_pass(steps, None, start.reshape(-1, *start.shape[2:]), grads, resid)
+            logits = self._edge_pass(steps, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
             total = self.metric(logits).mean(-1).sum()
             leaves = sorted(grads)
-            got = torch.autograd.grad(total, [grads[i] for i in leaves], allow_unused=True)
+            named = sorted(node_leaves)
+            got = torch.autograd.grad(total, [grads[i] for i in leaves] + [node_leaves[i] for i in named],
+                                      allow_unused=True)
+            got, node_got = got[:len(leaves)], dict(zip(named, got[len(leaves):], strict=True))
         self.passes += 3.0 * steps
         delta = (self.clean["out"] - self.corrupted["out"]).float()  # [sender, pair, pos, d_model]
         flat = delta.reshape(delta.shape[0], -1)
@@ -445,14 +480,39 @@ class TaskRunner:
             cols = self._receiver_columns(index)
             scores[:, cols] = (flat @ g.T).cpu()
         scores = scores * graph.allowed
-        return scores, scores.sum(1)
+        return scores, scores.sum(1), self._typed_scores(node_got, steps)
+
+    def _typed_scores(self, got: dict[tuple[str, int], Tensor | None], S: int) -> dict[str, Tensor]:
+        """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.tasks.nodes`) from the
+        gradients at its hook ``[S * pair, pos, unit, ...]`` summed over the ``S`` points (divided by ``S``)."""
+        real = self.batch.real.float()
+        out: dict[str, Tensor] = {}
+        for kind in self.extra_types:
+            n = kind.count(self.spec)
+            clean, values = self.clean["nodes"][kind.name], self.values_of(kind.name)
+            scores = torch.zeros(self.spec.n_layers, n, device="cpu")
+            for layer in range(self.spec.n_layers):
+                grad = got.get((kind.name, layer))
+                if grad is None:
+                    continue
+                g = grad.detach().float().view(S, -1, *grad.shape[1:]).sum(0)
+                delta = (clean[layer] - values[layer]).float()
+                per_unit = torch.einsum("bpu...,bpu...,bp->u", delta, g, real.to(g.device)).cpu()
+                scores[layer].index_add_(0, groups_of(per_unit.shape[0], n), per_unit / S)
+            out[kind.name] = scores
+        return out
 
     def node_gradients(self, steps: int) -> Tensor:
+        """:meth:`node_attribution`'s scores of the heads and MLPs, ``[sender]``."""
+        return self.node_attribution(steps)[0]
+
+    def node_attribution(self, steps: int) -> tuple[Tensor, dict[str, Tensor]]:
         """Node-level EAP-IG, ``[sender]``: for each head ``(z - z_ablated) . mean_k dM/dz`` summed over pairs and
         positions (the gradient of the mean metric at the ``steps`` points of :meth:`edge_gradients`), for each
         MLP the same at its output; 0 for the input. Defined whatever follows the attention (a norm, a scale):
         what the node circuit patches is ``z`` itself. The node scores of families without edges
-        (:data:`EDGES_UNDEFINED`)."""
+        (:data:`EDGES_UNDEFINED`). Returns ``(scores [sender], {type: [layer, nodes]})``, the second each further
+        node type's scores (:meth:`attribute`)."""
         from circuitkit.detect.attribution import frozen_parameters
 
         graph, spec, batch = self.graph, self.spec, self.batch
@@ -462,6 +522,7 @@ class TaskRunner:
         start = (corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None] * (clean_in - corrupt_in)[None])
         z_values, mlp_values = self.node_values()
         leaves: dict[str, Tensor] = {}
+        typed: dict[tuple[str, int], Tensor] = {}
 
         def resid_hook(x: Tensor, hook: Any) -> Tensor:
             return start.reshape(x.shape).to(x.dtype)
@@ -476,13 +537,17 @@ class TaskRunner:
         hooks: list[tuple[str, Callable]] = [(HOOKS.resid_pre(0), resid_hook)]
         hooks += [(HOOKS.z(layer), add_leaf("z")) for layer in range(L)]
         if graph.mlps:
-            hooks += [(MLP_OUT.format(layer), add_leaf("m")) for layer in range(L)]
+            hooks += [(HOOKS.mlp_out(layer), add_leaf("m")) for layer in range(L)]
+        hooks += _leaf_hooks(self.extra_types, L, typed)
         with frozen_parameters(self.adapter.model), torch.enable_grad():
             logits = self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
             total = self.metric(logits).mean(-1).sum()
             names = sorted(leaves)
-            got = dict(zip(names, torch.autograd.grad(total, [leaves[n] for n in names], allow_unused=True),
-                           strict=True))
+            keys = sorted(typed)
+            grads = torch.autograd.grad(total, [leaves[n] for n in names] + [typed[k] for k in keys],
+                                        allow_unused=True)
+            got = dict(zip(names, grads[:len(names)], strict=True))
+            typed_got = dict(zip(keys, grads[len(names):], strict=True))
         self.passes += 3.0 * S
         scores = torch.zeros(len(graph.senders))
         real = batch.real.to(clean_in.device)
@@ -500,23 +565,23 @@ class TaskRunner:
                 delta = (self.clean["mlp"][layer] - mlp_values[layer]).float()
                 scores[graph.sender_index(layer, None)] = float(torch.einsum("bpm,bpm,bp->", delta, g,
                                                                              real.float())) / S
-        return scores
+        return scores, self._typed_scores(typed_got, S)
 
-    def _pulled_back(self, key: int, grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:
+    def _pulled_back(self, key: tuple[str, int], grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:
         """``[R, pair * pos * d_model]``: dM/d(receiver input) summed over the ``steps`` copies, from a gradient
         ``grad`` at a q/k/v activation ``[steps * pair, pos, R, d_head]`` (through the head's weight and the
         block's attention norm at the run's residual stream) or at an MLP / logits input ``[steps * pair, pos,
         d_model]``. Float32 whatever the model's dtype (a half-precision norm's backward returns its own dtype)."""
         d = self.spec.d_model
-        if key % 4 == 3 and key != -1 and self.mlp_hook == MLP_NORMED_IN:  # back through the shared norm
-            norm = self.norms[key // 4]
-            x = resid[key // 4].detach().reshape(grad.shape).requires_grad_(True)
+        channel, layer = key
+        if channel == "mlp" and self.mlp_normed:  # back through the shared norm
+            norm = self.norms[layer]
+            x = resid[layer].detach().reshape(grad.shape).requires_grad_(True)
             with torch.enable_grad():
                 (grad,) = torch.autograd.grad(norm(x), x, grad)
-        if key == -1 or key % 4 == 3:
+        if channel in ("mlp", "logits"):
             return grad.float().reshape(steps, -1).sum(0).reshape(1, -1)
-        layer, c = divmod(key, 4)
-        W = (self.W_Q, self.W_K, self.W_V)[c][layer].to(grad.dtype)  # [R, d_model, d_head]
+        W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[channel][layer].to(grad.dtype)  # [R, d_model, d_head]
         cot = torch.einsum("npre,rme->rnpm", grad, W)  # [R, steps * pair, pos, d_model]
         R, N, P = cot.shape[:3]
         norm = self.norms[layer]
@@ -526,12 +591,10 @@ class TaskRunner:
                 (cot,) = torch.autograd.grad(norm(x), x, cot.reshape(R * N, P, d))
         return cot.float().reshape(R, steps, -1).sum(1)
 
-    def _receiver_columns(self, key: int) -> slice:
-        """Grad leaves are keyed ``layer * 4 + channel`` (q 0, k 1, v 2, mlp 3), the logits as ``-1``."""
-        if key == -1:
-            return slice(self.graph.logits_index, self.graph.logits_index + 1)
-        layer, c = divmod(key, 4)
-        return self.graph.receivers_of(layer)[("q", "k", "v", "mlp")[c]]
+    def _receiver_columns(self, key: tuple[str, int]) -> slice:
+        """Grad leaves are keyed ``(channel, layer)`` (q, k, v, mlp; the logits at ``n_layers``), as the graph's
+        receivers."""
+        return self.graph.receiver_slices[key]
 
     def _copies_per_pass(self, node: bool) -> int:
         B, P = self.batch.clean.shape
@@ -539,12 +602,14 @@ class TaskRunner:
         per_copy = B * P * d * 4 * (1 if node else len(self.graph.senders))
         return max(1, min(32, SENDER_BUDGET // max(1, per_copy)))
 
-    def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None, grads: dict[int, Tensor] | None,
-                   resid: dict[int, Tensor] | None = None) -> Tensor:
+    def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
+                   grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
+                   node_leaves: dict[tuple[str, int], Tensor] | None = None) -> Tensor:
         """One stacked pass of ``S`` copies. ``kept``: edge masks (patching) or None (every edge clean); ``start``:
         the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with zero leaves
         added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input); ``resid``: filled
-        with each layer's ``resid_pre``."""
+        with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further node types' hooks
+        (their node scores)."""
         spec, graph, batch = self.spec, self.graph, self.batch
         B, P = batch.clean.shape
         d = spec.d_model
@@ -594,7 +659,7 @@ class TaskRunner:
                 return weighted(slice(0, upto), miss)
             return weighted(by_missing, miss[:, by_missing])
 
-        def leaf(key: int, shape: tuple[int, ...], like: Tensor) -> Tensor | None:
+        def leaf(key: tuple[str, int], shape: tuple[int, ...], like: Tensor) -> Tensor | None:
             if grads is None:
                 return None
             e = torch.zeros(shape, dtype=like.dtype, device=like.device, requires_grad=True)
@@ -610,9 +675,7 @@ class TaskRunner:
             resid[layer] = x
             return x
 
-        def channel_hook(c: int) -> Callable[[Tensor, Any], Tensor]:
-            name = ("q", "k", "v")[c]
-
+        def channel_hook(name: str) -> Callable[[Tensor, Any], Tensor]:
             def hook(act: Tensor, hook: Any) -> Tensor:
                 layer = HOOKS.layer_of(hook.name)
                 receivers = graph.receivers_of(layer)
@@ -620,7 +683,7 @@ class TaskRunner:
                 R = cols.stop - cols.start
                 r = resid[layer].view(S, B, P, d)
                 if grads is not None:  # dM/d(act) here; pulled back to each receiver's input after the backward
-                    return act + leaf(layer * 4 + c, tuple(act.shape), act)
+                    return act + leaf((name, layer), tuple(act.shape), act)
                 if layer not in attention_patch:  # q, k and v of a layer read the same senders: one product
                     attention_patch[layer] = patch_for(slice(receivers["q"].start, receivers["v"].stop))
                 both = attention_patch[layer]
@@ -635,7 +698,7 @@ class TaskRunner:
                         S, 1, B, P, -1)
                 else:
                     inc = x - r[:, None]
-                W = (self.W_Q, self.W_K, self.W_V)[c][layer].to(inc.dtype)  # [R, d_model, d_head]
+                W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[name][layer].to(inc.dtype)  # [R, d_model, d_head]
                 add = torch.einsum("srbpm,rmd->sbprd", inc, W)
                 return act + add.reshape(act.shape).to(act.dtype)
 
@@ -653,9 +716,9 @@ class TaskRunner:
             layer = HOOKS.layer_of(hook.name)
             cols = graph.receivers_of(layer)["mlp"]
             extra = patch_for(cols)
-            e = leaf(layer * 4 + 3, (S, B, P, d), x)
+            e = leaf(("mlp", layer), (S, B, P, d), x)
             if extra is not None:
-                if self.mlp_hook == MLP_NORMED_IN:  # x = ln1(resid_pre): rebuilt through that norm
+                if self.mlp_normed:  # x = ln1(resid_pre): rebuilt through that norm
                     r = resid[layer]
                     norm = self.norms[layer]
                     x = x + (norm(r + extra[:, 0].reshape(r.shape)) - norm(r)).to(x.dtype)
@@ -671,7 +734,7 @@ class TaskRunner:
         def final_hook(x: Tensor, hook: Any) -> Tensor:
             cols = slice(graph.logits_index, graph.logits_index + 1)
             extra = patch_for(cols)
-            e = leaf(-1, (S, B, P, d), x)
+            e = leaf(("logits", spec.n_layers), (S, B, P, d), x)
             if extra is not None:
                 x = x + extra[:, 0].reshape(x.shape)
             if e is not None:
@@ -682,11 +745,13 @@ class TaskRunner:
         hooks: list[tuple[str, Callable]] = []
         for layer in range(L):
             hooks.append((HOOKS.resid_pre(layer), resid_hook))
-            hooks += [(getattr(HOOKS, c)(layer), channel_hook(i)) for i, c in enumerate(("q", "k", "v"))]
+            hooks += [(port.hook(layer), channel_hook(port.channel)) for port in HEAD.ports]
             hooks.append((HOOKS.z(layer), z_hook))
             if graph.mlps:
-                hooks += [(self.mlp_hook.format(layer), mlp_in_hook), (MLP_OUT.format(layer), mlp_out_hook)]
-        hooks.append((FINAL.format(L - 1), final_hook))
+                hooks += [(self.mlp_in(layer), mlp_in_hook), (HOOKS.mlp_out(layer), mlp_out_hook)]
+        hooks.append((HOOKS.resid_post(L - 1), final_hook))
+        if node_leaves is not None:
+            hooks += _leaf_hooks(self.extra_types, L, node_leaves)
         return self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
 
 
@@ -706,26 +771,93 @@ def _has_hook(adapter: ModelAdapter, name: str) -> bool:
     return isinstance(hook_dict, dict) and name in hook_dict
 
 
-def mlp_input_hook(adapter: ModelAdapter) -> str:
-    """Where an MLP receiver's input is rebuilt: before the MLP's own norm (:data:`MLP_IN`) where the model has one,
-    else, in parallel blocks that share ``ln1``, after it (:data:`MLP_NORMED_IN`)."""
+def mlp_input_hook(adapter: ModelAdapter) -> Callable[[int], str]:
+    """Where an MLP receiver's input is rebuilt: before the MLP's own norm (:meth:`HOOKS.mlp_in`) where the model has
+    one, else, in parallel blocks that share ``ln1``, after it (:meth:`HOOKS.mlp_normed_in`)."""
     hook_dict = getattr(adapter.model, "hook_dict", None)
-    if not isinstance(hook_dict, dict) or MLP_IN.format(0) in hook_dict:
-        return MLP_IN
-    if build_graph(adapter, mlps=True).parallel and MLP_NORMED_IN.format(0) in hook_dict:
-        return MLP_NORMED_IN
+    if not isinstance(hook_dict, dict) or HOOKS.mlp_in(0) in hook_dict:
+        return HOOKS.mlp_in
+    if build_graph(adapter, mlps=True).parallel and HOOKS.mlp_normed_in(0) in hook_dict:
+        return HOOKS.mlp_normed_in
     raise CircuitkitError(
-        f"task circuit: {type(adapter.model).__name__} has no hook point {MLP_IN.format(0)!r} (an MLP's input before "
+        f"task circuit: {type(adapter.model).__name__} has no hook point {HOOKS.mlp_in(0)!r} (an MLP's input before "
         "its norm); expected it, or parallel attention and MLP sharing ln1. Pass mlps=False for a graph of heads only."
     )
+
+
+def _leaf_hooks(kinds: tuple[NodeType, ...], L: int,
+                leaves: dict[tuple[str, int], Tensor]) -> list[tuple[str, Callable]]:
+    """Hooks adding a zero leaf (recorded in ``leaves`` by ``(type, layer)``) at every layer's hook of ``kinds``."""
+    def add(name: str) -> Callable[[Tensor, Any], Tensor]:
+        def hook(x: Tensor, hook: Any) -> Tensor:  # keyed by layer: a bridge's hook.name may be an alias's target
+            leaf = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
+            leaves[(name, HOOKS.layer_of(hook.name))] = leaf
+            return x + leaf
+        return hook
+
+    return [(kind.hook(layer), add(kind.name)) for kind in kinds for layer in range(L)]
+
+
+def _node_types(adapter: ModelAdapter, extra: tuple[NodeType, ...]) -> dict[str, NodeType]:
+    """The node types a node circuit of ``adapter``'s model may patch, by name: heads, MLPs (where the model has
+    them), then ``extra`` (checked: :class:`NodeType` records with distinct names and hooks the model has)."""
+    types = {HEAD.name: HEAD} | ({} if adapter.attn_only else {MLP.name: MLP})
+    hook_dict = getattr(adapter.model, "hook_dict", None)
+    for kind in extra:
+        if not isinstance(kind, NodeType) or kind.hook is None:
+            raise validate.fail("task circuit: node_types", kind, "NodeType records with a hook "
+                                "(circuitkit.tasks.nodes, e.g. neuron_groups(8))")
+        if kind.name in types or kind.name in ("input", "logits"):
+            raise validate.fail("task circuit: node_types", kind.name, f"a name other than {sorted(types)} and "
+                                "'input', 'logits' (each node type once)")
+        if isinstance(hook_dict, dict) and kind.hook(0) not in hook_dict:
+            raise CircuitkitError(f"task circuit: node type {kind.name!r} reads hook point {kind.hook(0)!r}, which "
+                                  f"{type(adapter.model).__name__} does not have; expected a model with it (an MLP's "
+                                  "neurons need a model with MLPs).")
+        count = kind.count(adapter.spec)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise validate.fail(f"task circuit: node type {kind.name!r}: nodes per layer", count, "an int >= 1")
+        types[kind.name] = kind
+    return types
+
+
+def _check_units(kind: NodeType, acts: dict[int, Tensor], spec: Any) -> None:
+    """Every layer's activation of ``kind`` has at least one unit per node along its third axis."""
+    n = kind.count(spec)
+    for layer, x in acts.items():
+        if x.dim() < 3 or x.shape[2] < n:
+            raise CircuitkitError(
+                f"task circuit: node type {kind.name!r}: layer {layer}'s activation at {kind.hook(layer)!r} has shape "
+                f"{tuple(x.shape)}; expected [batch, pos, units, ...] with at least {n} units (one per node): ask "
+                "for fewer nodes per layer.")
+
+
+def _check_patched(runner: TaskRunner, patched: Any) -> int:
+    """``patched`` (node type -> ``[sets, layer, nodes]`` bool) checked against the runner's node types; the number
+    of sets."""
+    L = runner.spec.n_layers
+    if not isinstance(patched, dict) or not patched:
+        raise validate.fail("task circuit: patched", patched, "a non-empty dict: node type -> [sets, layer, nodes]")
+    sets = None
+    for name, mask in patched.items():
+        if name not in runner.node_types:
+            raise validate.fail("task circuit: patched", name, f"a node type of this runner, one of "
+                                f"{sorted(runner.node_types)}")
+        n = runner.node_types[name].count(runner.spec)
+        if (not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 3
+                or tuple(mask.shape[1:]) != (L, n) or (sets is not None and mask.shape[0] != sets)):
+            raise validate.fail(f"task circuit: patched[{name!r}]", getattr(mask, "shape", mask),
+                                f"a bool tensor [sets, {L}, {n}] (sets the same for every type)")
+        sets = mask.shape[0]
+    return sets
 
 
 def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
     """Refuse a model without the hook points edge patching needs (named in the error)."""
     hook_dict = getattr(adapter.model, "hook_dict", None)
-    names = [FINAL.format(adapter.spec.n_layers - 1)]
+    names = [HOOKS.resid_post(adapter.spec.n_layers - 1)]
     if mlps:
-        names += ([mlp_input_hook(adapter).format(0)] if adapter.additive_heads else []) + [MLP_OUT.format(0)]
+        names += ([mlp_input_hook(adapter)(0)] if adapter.additive_heads else []) + [HOOKS.mlp_out(0)]
     if isinstance(hook_dict, dict):
         absent = [n for n in names if n not in hook_dict]
         if absent:
@@ -735,4 +867,4 @@ def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
             )
 
 
-__all__ = ["EDGES_UNDEFINED", "Graph", "TaskRunner", "build_graph", "check_hooks"]
+__all__ = ["EDGES_UNDEFINED", "Graph", "TaskRunner", "build_graph", "check_hooks", "mlp_input_hook"]

@@ -118,6 +118,7 @@ def _circuit(data: dict[str, Any] | None) -> Any:
         node_corrupted=float(data["metric_all_nodes_patched"]),
         intervals={key: _pair(v) for key, v in (data.get("ci") or {}).items()},
         other_set=data["other_set"],
+        nodes={name: tuple(labels) for name, labels in (data.get("nodes") or {}).items()},
     )
     return TaskCircuit(**built, **_fields(TaskCircuit, data, set(built)))
 
@@ -167,6 +168,8 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
             random_baseline=None if data.get("random_baseline") is None else SavedRandomBaseline(
                 data["random_baseline"]),
             stability=None if data.get("stability") is None else SavedStability(data["stability"]),
+            nodes={name: {**kind, "score": _tensor(kind["score"], dtype)} for name, kind in
+                   (data.get("nodes") or {}).items()},
         )
         scan = scan_cls(**built, **_fields(scan_cls, data, set(built)))
         written = scan.to_json()

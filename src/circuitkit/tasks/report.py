@@ -133,7 +133,7 @@ def faithfulness_section(scan: Any) -> Section | None:
     c = scan.circuit
     if c is None:
         return None
-    size = len(c.heads) + len(c.mlps)
+    size = len(c.heads) + len(c.mlps) + sum(len(members) for members in c.nodes.values())
     unit = "nodes" if c.mlps or c.n_nodes_total > scan.model.n_layers * scan.model.n_heads else "heads"
     whisker = {size: c.intervals["faithfulness"]} if "faithfulness" in c.intervals else None
     figures = [(faithfulness_curve([(p.size, p.faithfulness) for p in c.curve], c.target, size, c.n_nodes_total,
@@ -169,6 +169,24 @@ def edges_section(scan: Any) -> Section | None:
             f"{rows}</table>{more}")
     return Section("edges", "The circuit's strongest edges", body,
                    "Each edge's exact effect: the mean metric lost when only that edge takes its corrupted value.")
+
+
+def typed_nodes_section(scan: Any) -> Section | None:
+    """The circuit's nodes of the further node types (neuron groups, a user's types) with their EAP-IG scores."""
+    c = scan.circuit
+    if c is None or not c.nodes:
+        return None
+    parts = []
+    for name, members in c.nodes.items():
+        kind = scan.nodes.get(name, {})
+        where = {label: (layer, i) for layer, row in enumerate(kind.get("labels", [])) for i, label in enumerate(row)}
+        rows = "".join(f"<tr><td>{escape(label)}</td><td>{float(kind['score'][where[label]]):+.3f}</td></tr>"
+                       if label in where else f"<tr><td>{escape(label)}</td><td></td></tr>" for label in members)
+        said = f" ({escape(kind['describe'])}; a node outside the circuit: {escape(kind['patch'])})" if kind else ""
+        parts.append(f"<h3>The circuit's {escape(name)} nodes</h3><p>{len(members)} nodes{said}.</p>"
+                     f'<table class="ck-small"><tr><th>node</th><th>EAP-IG score</th></tr>{rows}</table>')
+    return Section("nodes", "The circuit's further nodes", "".join(parts),
+                   "Nodes of the types beyond heads and MLPs that the node circuit keeps.")
 
 
 def _text(value: Any) -> str:
@@ -216,8 +234,8 @@ def task_report(scan: Any, *, compress: bool = True) -> str:
 
     data, blobs = page_data(scan, _roles(scan))
     sections = [s for s in (answer_section(scan), patterns_section(scan), heads_section(scan, data["columns"]),
-                            heatmaps_section(scan), faithfulness_section(scan), edges_section(scan),
-                            task_section(scan), details_section(scan)) if s is not None]
+                            heatmaps_section(scan), faithfulness_section(scan), typed_nodes_section(scan),
+                            edges_section(scan), task_section(scan), details_section(scan)) if s is not None]
     nav = "".join(f'<a href="#ck-sec-{escape(s.id)}">{escape(s.title)}</a>' for s in sections)
     packed = []
     for name, blob in blobs.items():

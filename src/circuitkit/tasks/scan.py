@@ -35,8 +35,8 @@ from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.record import TASK_FORMAT
-from circuitkit.tasks.roles import member_explanations
 from circuitkit.tasks.robustness import node_stability, random_node_sets
+from circuitkit.tasks.roles import member_explanations
 from circuitkit.tasks.stages import PlanInputs, held_estimate, task_plan, task_progress
 from circuitkit.tasks.task import Task, check_prepend_bos
 
@@ -92,6 +92,10 @@ class TaskScan:
     stability: Any = None
     """:class:`~circuitkit.circuits.stability.Stability`: the node search rerun on resampled pairs (``stability``;
     None where not asked for)."""
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further node types of the node circuit (``neuron_groups``, ``node_types``): ``{type: {"score": [layer,
+    nodes] EAP-IG node scores, "labels": [layer][nodes] names, "hook": layer 0's hook, "patch": how a node is
+    patched, "describe": what a label means, "plural": what the answer calls them}}``."""
 
     @property
     def passes(self) -> float:
@@ -121,6 +125,8 @@ class TaskScan:
             "pairs": pairs_json(self),
             "patterns": n(self.patterns),
             "pattern_scores": [k for k in self.pattern_scores if k not in self.head_scores],
+            **({"nodes": {name: {**{k: v for k, v in kind.items() if k != "score"}, "score": n(kind["score"])}
+                              for name, kind in self.nodes.items()}} if self.nodes else {}),
             "circuit": None if self.circuit is None else {**self.circuit.to_json(), **circuit_extra(self.circuit),
                                                           "explanations": member_explanations(self)},
             "circuit_error": self.circuit_error,
@@ -146,6 +152,11 @@ class TaskScan:
             return lines + self._tokens_line()
         heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
         mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
+        for name, members in c.nodes.items():
+            total = sum(len(row) for row in self.nodes[name]["labels"]) if name in self.nodes else "?"
+            listed = ", ".join(members[:20]) + (" ..." if len(members) > 20 else "")
+            noun = self.nodes[name].get("plural") if name in self.nodes else None
+            mlps += f" and {len(members)} of {total} {noun or name + ' nodes'} ({listed or 'none'})"
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
@@ -216,6 +227,8 @@ class TaskScan:
 
         text = "\n".join(self._lines())
         found = [meaning for pattern, meaning in LEGEND if re.search(pattern, text)]
+        found += [kind["describe"] for kind in self.nodes.values() if kind.get("describe")
+                  and any(label in text for row in kind["labels"] for label in row)]
         return "Legend: " + "; ".join(found) + "." if found else ""
 
     def save(self, out_dir: str | os.PathLike) -> Any:
@@ -263,7 +276,7 @@ class TaskScan:
 
 LEGEND = (
     (r"Heads: \d+\.\d+|\d+\.\d+->|->\d+\.\d+:", "L.H = head H of layer L (from 0)"),
-    (r"\bm\d+\b", "mN = the MLP of layer N"),
+    (r"\bm\d+\b(?!\.n\d)", "mN = the MLP of layer N"),
     (r"\d+\.g\d+:[kv]", "L.gG:k / L.gG:v = the key / value input of key-value group G of layer L (grouped-query "
                           "attention: the group's query heads share it)"),
     (r":q\b", "L.H:q = head L.H's query input"),
@@ -339,7 +352,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
               target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
-              stability: int = 0) -> TaskScan:
+              stability: int = 0, neuron_groups: int | None = None, node_types: tuple = ()) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -381,6 +394,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             EAP-IG and node-search passes again; 0, the default: none, else at least 2).
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
+        neuron_groups: MLP neurons as nodes of the node circuit (MIB's neuron level): each MLP's hidden units in
+            this many contiguous groups, ``m{l}.n{g}``, ranked with the heads by their EAP-IG node score and patched
+            exactly (a group's activations replaced); default None: no neuron nodes. Not with ``mlp_nodes``.
+        node_types: further :class:`~circuitkit.tasks.nodes.NodeType` records whose nodes join the node circuit
+            (:mod:`circuitkit.tasks.nodes`).
     """
     from circuitkit.circuits.faithfulness import check_target
     from circuitkit.models.adapters import adapt
@@ -423,6 +441,14 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     from circuitkit.progress import progress_mode
 
     mode = "off" if progress is None or told is not None else progress_mode(progress)
+    from circuitkit.tasks.nodes import neuron_groups as neuron_type
+
+    extra = tuple(validate.bounded_list("scan_task: node_types", node_types, 16, "a list of NodeType records"))
+    if neuron_groups is not None:
+        if mlp_nodes:
+            raise validate.fail("scan_task: neuron_groups", neuron_groups, "None beside mlp_nodes=True (an MLP is a "
+                                "node or its neuron groups are, not both)")
+        extra = (neuron_type(neuron_groups), *extra)
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
@@ -434,10 +460,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                       logit_positions=logit_positions(adapter, batch.last, batch.pos))
     found = batch.subset(discovery_index) if split else batch
-    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation)
+    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra)
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
-                      ablation=task.ablation) if split else None
+                      ablation=task.ablation, node_types=extra) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
         # on the discovery pairs: one forward pass, not a forward + backward
@@ -450,7 +476,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     edges_skipped = None if not edges or runner.edges_defined else f"{adapter.spec.family}: {EDGES_UNDEFINED}"
     edges = edges and runner.edges_defined
     mlp_nodes_on = mlp_nodes and graph.mlps
-    plan = PlanInputs(nodes=spec.n_layers * spec.n_heads + (spec.n_layers if mlp_nodes_on else 0),
+    plan = PlanInputs(nodes=spec.n_layers * (spec.n_heads + (1 if mlp_nodes_on else 0)
+                                             + sum(kind.count(spec) for kind in extra)),
                       edges_total=graph.n_edges, pairs=search.batch.n_pairs,
                       held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
                       edges=edges, quick=quick, random_sets=random_sets, stability=stability)
@@ -482,14 +509,15 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         clean = stage("clean", lambda advance: runner.clean)
         corrupted = stage("corrupted", lambda advance: runner.corrupted)
         if runner.edges_defined:
-            scores, node_scores = stage("attribute", lambda advance: runner.edge_gradients(steps))
+            scores, node_scores, typed = stage("attribute", lambda advance: runner.attribute(steps))
         else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
-            scores, node_scores = None, stage("attribute", lambda advance: runner.node_gradients(steps))
+            scores = None
+            node_scores, typed = stage("attribute", lambda advance: runner.node_attribution(steps))
         circuit, error, baseline, stable = None, None, None, None
         try:
-            heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
+            heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs, members = stage(
                 "nodes", lambda advance: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes,
-                                                      progress=advance),
+                                                      progress=advance, types=typed),
                 lambda found: f"the search measured {len(found[4]) - 2} sizes and stopped at "
                               f"{len(found[0]) + len(found[1])} nodes")
         except NoBehaviour as exc:  # reported, not raised
@@ -523,18 +551,18 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
             other_set = None
             if other is not None:
-                n_found = len(heads) + len(circuit_mlps)
+                n_found = len(heads) + len(circuit_mlps) + sum(len(m) for m in members.values())
                 sizes = len(({0, n_found} if quick else {p.size for p in curve} | {0, n_found}) - {n_nodes})
                 bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes),
                            f"the node curve has {sizes} sizes to measure there")
                 other_set = stage("held-out", lambda advance: _other_set(
                     other, "discovery" if other is runner else "evaluation",
-                    () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes))
+                    () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes, typed))
             circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                                   edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                                   float(search.corrupted["metric"].mean()), all_patched,
                                   intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
-                                  other_set=other_set)
+                                  other_set=other_set, nodes=members)
     finally:
         bar.close()
     stages = [TaskStage(r.name, r.passes, r.seconds) for r in bar.ran]
@@ -556,6 +584,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                           "discovery_pairs": found.n_pairs,
                           "evaluation_pairs": 0 if held is None else held.batch.n_pairs,
                           "note": None if split else f"not split: fewer than {MIN_SPLIT_PAIRS} pairs or holdout 0"}}
+    if extra:  # only where asked: the settings of a scan without further node types are as they were
+        settings["neuron_groups"] = neuron_groups
+        settings["node_types"] = [kind.name for kind in extra]
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if split:  # every pair's metric in the task's order
         clean_all = torch.empty(task.n_pairs)
@@ -583,6 +614,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         stages=tuple(stages),
         random_baseline=baseline,
         stability=stable,
+        nodes={kind.name: {"score": typed[kind.name], "labels": [[kind.label(layer, i) for i in range(
+            kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
+            "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
     )
 
 
@@ -598,35 +632,23 @@ def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | Non
 
 
 def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores: Tensor, rank: str,
-               mlp_nodes: bool, edges: tuple[str, ...], total: int | None = None) -> dict[str, Any]:
+               mlp_nodes: bool, edges: tuple[str, ...], total: int | None = None,
+               types: dict[str, Tensor] | None = None) -> dict[str, Any]:
     """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
     same top-``n`` node sets, one stacked pass; ``total``, every node kept, is the clean run: not run again), the
-    chosen circuit's (``n`` nodes) faithfulness and necessity, and the edge circuit's faithfulness (one pass)."""
-    from circuitkit.tasks.circuit import faithfulness_of, node_order
+    chosen circuit's (``n`` nodes) faithfulness and necessity, and the edge circuit's faithfulness (one pass).
+    ``types``: the further node types' scores (``[layer, nodes]`` by type), ranked with the heads."""
+    from circuitkit.tasks.circuit import faithfulness_of, node_masks, sender_scores, typed_order
 
     graph = other.graph
-    L, H = other.spec.n_layers, other.spec.n_heads
-    order = node_order(graph, L, H, node_scores, rank, mlp_nodes and graph.mlps)
-    sizes = [p.size for p in curve]
-
-    def masks(n: int) -> tuple[Tensor, Tensor | None]:
-        heads = torch.ones(L, H, dtype=torch.bool)
-        mlps = torch.ones(L, dtype=torch.bool) if mlp_nodes and graph.mlps else None
-        for layer, h in order[:n]:
-            if h is None:
-                mlps[layer] = False
-            else:
-                heads[layer, h] = False
-        return heads, mlps
-
-    sizes = sorted(set(sizes) | {0, n})
+    scores = sender_scores(graph, node_scores, mlp_nodes and graph.mlps) | dict(types or {})
+    order = typed_order(scores, rank)
+    shapes = {name: tuple(grid.shape) for name, grid in scores.items()}
+    sizes = sorted({p.size for p in curve} | {0, n})
     run = [k for k in sizes if total is None or k < total]
-    built = [masks(k) for k in run]
-    kept_heads, kept_mlps = masks(n)
-    built.append((~kept_heads, None if kept_mlps is None else ~kept_mlps))  # only the circuit patched: necessity
-    heads = torch.stack([b[0] for b in built])
-    mlps = None if built[0][1] is None else torch.stack([b[1] for b in built])
-    measured = other.node_metric(heads, mlps).tolist()
+    built = [node_masks(order[:k], shapes) for k in run]
+    built.append({k: ~v for k, v in node_masks(order[:n], shapes).items()})  # only the circuit patched: necessity
+    measured = other.patched_metric({k: torch.stack([b[k] for b in built]) for k in shapes}).tolist()
     only = measured.pop()
     clean = float(other.clean["metric"].mean())
     values = [measured[run.index(k)] if k in run else clean for k in sizes]

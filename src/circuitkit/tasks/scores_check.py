@@ -94,6 +94,29 @@ class TaskScoresCheck(ScoresCheck):
                             f"the names of the pattern score grids in heads ({sorted(grids)}), each once")
         self.mlps(data["mlps"], data["settings"])
         self.patterns(data["patterns"], tokens)
+        self.node_labels: dict[str, set[str]] = {}
+        for name, kind in self.obj(data.get("nodes", {}), "nodes").items():  # further node types (neuron groups..)
+            at = f"nodes.{name}"
+            kind = self.obj(kind, at, ("score", "labels", "hook", "patch", "describe", "plural"))
+            self.text(name, "nodes", non_empty=True)
+            for key in ("hook", "patch", "describe", "plural"):
+                self.text(kind[key], f"{at}.{key}", non_empty=True)
+            rows = self.array(kind["labels"], f"{at}.labels", length=self.n_layers)
+            width = None
+            for layer, row in enumerate(rows):
+                row = self.array(row, f"{at}.labels[{layer}]", length=width, why="as many in every layer")
+                width = len(row)
+                for i, label in enumerate(row):
+                    self.text(label, f"{at}.labels[{layer}][{i}]", non_empty=True)
+            if not width:
+                raise self.fail(f"{at}.labels", kind["labels"], "at least one node a layer")
+            for layer, row in enumerate(self.array(kind["score"], f"{at}.score", length=self.n_layers)):
+                for i, cell in enumerate(self.array(row, f"{at}.score[{layer}]", length=width, why="one per node")):
+                    self.number(cell, f"{at}.score[{layer}][{i}]")
+            labels = {str(label) for row in rows for label in row}
+            if len(labels) != self.n_layers * width:
+                raise self.fail(f"{at}.labels", validate.given("a repeated label"), "every node's label distinct")
+            self.node_labels[name] = labels
         self.circuit(data["circuit"])
         if data.get("random_baseline") is not None:  # opt-in: random node sets of the circuit's head count
             if data["circuit"] is None:
@@ -266,9 +289,16 @@ class TaskScoresCheck(ScoresCheck):
     def circuit(self, value: Any) -> None:  # noqa: C901 - one field after another
         from circuitkit.tasks.circuit import RANKS
 
-        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations"), nullable=True)
+        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations", "nodes"), nullable=True)
         if c is None:
             return
+        for name, labels in self.obj(c.get("nodes", {}), "circuit.nodes").items():  # further node types' members
+            known = self.node_labels.get(name)
+            if known is None:
+                raise self.fail("circuit.nodes", name, f"a node type of the scan's nodes ({sorted(self.node_labels)})")
+            items = self.array(labels, f"circuit.nodes.{name}")
+            if not items or len(set(map(str, items))) != len(items) or not set(map(str, items)) <= known:
+                raise self.fail(f"circuit.nodes.{name}", labels, f"distinct labels of its {name} nodes, at least one")
         members = set(self.heads(c["heads"], "circuit.heads"))
         if c.get("explanations") is not None:  # what each member does, in words (recomputed from the figures)
             explained = self.obj(c["explanations"], "circuit.explanations")
@@ -293,8 +323,10 @@ class TaskScoresCheck(ScoresCheck):
             raise self.fail("circuit.target", target, "a faithfulness target in (0, 1]")
         self.option(c["ablation"], "circuit.ablation", ("corrupted",))
         self.option(c["rank"], "circuit.rank", RANKS)
-        nodes = self.integer(c["nodes_total"], "circuit.nodes_total", 1, self.n_layers * (self.n_heads + 1))
-        if len(c["heads"]) + len(mlps) > nodes:
+        further = sum(len(labels) for labels in self.node_labels.values())
+        nodes = self.integer(c["nodes_total"], "circuit.nodes_total", 1,
+                             self.n_layers * (self.n_heads + 1) + further)
+        if len(c["heads"]) + len(mlps) + sum(len(v) for v in c.get("nodes", {}).values()) > nodes:
             raise self.fail("circuit.nodes_total", nodes, "at least the circuit's heads and MLPs")
         self.points(c["curve"], "circuit.curve", nodes)
         edges = self.array(c["edges"], "circuit.edges")

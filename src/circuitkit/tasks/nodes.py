@@ -1,0 +1,121 @@
+"""The node types of a task circuit, as data: one record per kind of node, so that a new kind is one record.
+
+A **node type** (:class:`NodeType`) says what a node is and how it is measured:
+
+- ``name`` (``"head"``, ``"mlp"``, ``"neurons"``, ...) and how its nodes are named, ``label(layer, i)``
+  (``"l.h"``, ``"m{l}"``, ``"m{l}.n{g}"``);
+- how many nodes a layer has, ``count(spec)``;
+- where its nodes write, ``hook(layer)``: a name from :class:`~circuitkit.models.adapters.HOOKS` whose activation
+  is ``[batch, pos, unit, ...]``. The ``n`` nodes of a layer split the ``unit`` axis (the third) into contiguous
+  groups as equal as can be: with ``U`` units, unit ``u`` belongs to node ``floor(u * n / U)``
+  (:func:`groups_of`). A head is one unit of ``hook_z`` (its ``z`` replaced), an MLP all of ``hook_mlp_out``
+  (its output replaced), a neuron group ``U / G`` units of the MLP's hidden activation ``hook_post``;
+- ``patch``: how a node outside a circuit is patched, in words (every type is patched the same way: its units take
+  their value on the corrupted prompt of the same pair, or the task's mean / zero ablation; everything downstream
+  is recomputed).
+
+Its **EAP-IG node score** (Hanna et al. 2024, read at the node's own activation ``a``, patched value ``a'``, with
+``g_k = dM/da`` at the ``k``-th point between the corrupted and the clean input embeddings)::
+
+    score(node) = sum_{pair, pos, unit in node} (a - a') * (1/steps) sum_k g_k
+
+the first-order estimate of the metric lost when the node alone is patched. (Heads and MLPs are ranked by the sum
+of their outgoing edges' scores, equal to this in exact arithmetic: every path from a node's output passes through
+one receiver's input.)
+
+**The edge graph** (:mod:`circuitkit.tasks.graph`) is built from the types that send or receive edges
+(:data:`EDGE_TYPES`: input, heads, MLPs, logits). A sender writes at ``2 * layer + writes_at`` (``writes_at`` 0
+for attention, 1 for the MLP; the input at layer -1, the logits' port at layer ``L``), a receiver (:class:`Port`)
+reads at ``2 * layer + reads_at`` (every reader of a layer at 0 where attention and MLP run in parallel); an edge
+joins every sender to every receiver that reads after it writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit import validate
+from circuitkit.models.adapters import HOOKS
+
+
+@dataclass(frozen=True)
+class Port:
+    """One kind of receiver of the edge graph: ``channel`` (``"q"``, ``"k"``, ``"v"``, ``"mlp"``, ``"logits"``),
+    ``count(spec)`` per layer, their names ``label(layer, i, spec)``, the hook where the input is rebuilt
+    (``hook(layer)``) and where in its layer it reads (``reads_at``: 0 attention, 1 the MLP)."""
+
+    channel: str
+    count: Callable[[Any], int]
+    label: Callable[[int, int, Any], str]
+    hook: Callable[[int], str]
+    reads_at: int = 0
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """One kind of node (module docstring). ``where``: ``"layer"`` (``count`` nodes in every layer), ``"before"``
+    (one node before layer 0: the input) or ``"after"`` (after the last layer: the logits). ``hook`` None: not a
+    node a node circuit patches. ``sends``: an edge-graph sender, writing at ``writes_at``; ``ports``: its
+    receivers. ``describe``: what a label means, for the answer's legend; ``plural``: how the answer names them."""
+
+    name: str
+    count: Callable[[Any], int]
+    label: Callable[[int, int], str]
+    hook: Callable[[int], str] | None
+    patch: str
+    describe: str = ""
+    plural: str = ""
+    """How the answer names several of them (default: ``"<name> nodes"``)."""
+    where: str = "layer"
+    sends: bool = False
+    writes_at: int = 0
+    ports: tuple[Port, ...] = ()
+
+
+def _group_label(layer: int, g: int, spec: Any) -> str:
+    return f"{layer}.{g}" if spec.n_kv_heads == spec.n_heads else f"{layer}.g{g}"
+
+
+INPUT = NodeType("input", lambda spec: 1, lambda layer, i: "input", None, "not patched",
+                 "input = the residual stream entering layer 0 (the embeddings)", where="before", sends=True,
+                 writes_at=1)
+HEAD = NodeType(
+    "head", lambda spec: spec.n_heads, lambda layer, h: f"{layer}.{h}", HOOKS.z, "its z replaced",
+    "L.H = head H of layer L (from 0)", sends=True, writes_at=0,
+    ports=(Port("q", lambda spec: spec.n_heads, lambda layer, h, spec: f"{layer}.{h}:q", HOOKS.q),
+           Port("k", lambda spec: spec.n_kv_heads, lambda layer, g, spec: f"{_group_label(layer, g, spec)}:k", HOOKS.k),
+           Port("v", lambda spec: spec.n_kv_heads, lambda layer, g, spec: f"{_group_label(layer, g, spec)}:v",
+                HOOKS.v)))
+MLP = NodeType("mlp", lambda spec: 1, lambda layer, i: f"m{layer}", HOOKS.mlp_out, "its output replaced",
+               "mN = the MLP of layer N", sends=True, writes_at=1,
+               ports=(Port("mlp", lambda spec: 1, lambda layer, i, spec: f"m{layer}", HOOKS.mlp_in, reads_at=1),))
+LOGITS = NodeType("logits", lambda spec: 1, lambda layer, i: "logits", None, "not patched", where="after",
+                  ports=(Port("logits", lambda spec: 1, lambda layer, i, spec: "logits",
+                              lambda layer: HOOKS.resid_post(layer - 1)),))
+EDGE_TYPES = (INPUT, HEAD, MLP, LOGITS)
+"""The edge graph's node types, in the order their nodes are listed within a layer."""
+MAX_NEURON_GROUPS = 4096
+
+
+def neuron_groups(groups: int) -> NodeType:
+    """Each MLP's neurons (its hidden activation ``hook_post``, the input of its output matrix) in ``groups``
+    contiguous groups per layer, ``m{l}.n{g}``; a group outside a circuit has its activations replaced (MIB's neuron
+    level, at the granularity of a group)."""
+    groups = validate.integer("neuron_groups", groups, minimum=1, maximum=MAX_NEURON_GROUPS)
+    return NodeType("neurons", lambda spec: groups, lambda layer, g: f"m{layer}.n{g}", HOOKS.mlp_post,
+                    "its neurons' activations replaced",
+                    f"mL.nG = neuron group G of the MLP of layer L (its hidden units split in {groups} groups)",
+                    plural="neuron groups")
+
+
+def groups_of(units: int, n: int, device: Any = "cpu") -> Tensor:
+    """``[units]``: the node each unit belongs to, ``floor(u * n / units)`` (contiguous, sizes within one)."""
+    return torch.arange(units, device=device) * n // units
+
+
+__all__ = ["EDGE_TYPES", "HEAD", "INPUT", "LOGITS", "MLP", "NodeType", "Port", "groups_of", "neuron_groups"]
