@@ -358,7 +358,7 @@ def test_edge_attribution_equals_transformer_lens(tmp_path):
     pairs = [p for p in toy_pairs(9, d_vocab=40) if len(p[0]) == 6]  # TL scores a batch of one length
     task = Task.from_pairs(pairs)
     runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=True, ablation="corrupted")
-    scores, _ = runner.edge_gradients(1)
+    scores, _ = runner.edge_gradients(1, "right")  # at the clean run
     answers = [p[2][0] for p in pairs]
     wrongs = [p[3][0] for p in pairs]
     clean = torch.tensor([p[0] for p in pairs])

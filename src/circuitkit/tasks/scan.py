@@ -28,7 +28,7 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
-from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
+from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.task import Task, check_prepend_bos
@@ -263,7 +263,8 @@ def _num(value: Any) -> float | None:
 @keeps_model_state
 def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
               rank: str = "abs",
-              steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
+              steps: int = DEFAULT_IG_STEPS, ig_points: str = DEFAULT_IG_POINTS, edges: bool = True,
+              device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
               target_on: str = "discovery", progress: Any = None) -> TaskScan:
@@ -277,6 +278,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         rank: order nodes and edges by ``"abs"`` (default, as EAP-IG's ``apply_topn``: an edge that works strongly
             against the behaviour is still part of the mechanism) or ``"signed"`` EAP-IG score.
         steps: EAP-IG interpolation points.
+        ig_points: where on the path from the corrupted to the clean input they lie: ``"left"`` (default:
+            ``alpha = 0, 1/steps, .., (steps-1)/steps``, as EAP-IG's own code, so scores and circuits compare one
+            to one with EAP-IG's and MIB's) or ``"right"`` (``alpha = 1/steps, .., 1``: ends at the clean run;
+            ``steps=1`` is plain attribution patching).
         edges: measure the edge circuit too (``False``: nodes only).
         prepend_bos: how text prompts become tokens: ``None`` (default: the model's tokenizer's own rule,
             ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens
@@ -314,6 +319,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     target_on = validate.option("scan_task: target_on", target_on, TARGETS_ON)
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
+    ig_points = validate.option("scan_task: ig_points", ig_points, IG_POINTS)
     edges = validate.boolean("scan_task: edges", edges)
     from circuitkit.uncertainty import check_settings
 
@@ -356,9 +362,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     clean = stage("clean", lambda: runner.clean)
     corrupted = stage("corrupted", lambda: runner.corrupted)
     if runner.edges_defined:
-        scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps))
+        scores, node_scores = stage("attribute", lambda: runner.edge_gradients(steps, ig_points))
     else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
-        scores, node_scores = None, stage("attribute", lambda: runner.node_gradients(steps))
+        scores, node_scores = None, stage("attribute", lambda: runner.node_gradients(steps, ig_points))
     edges_skipped = None if not edges or runner.edges_defined else f"{adapter.spec.family}: {EDGES_UNDEFINED}"
     edges = edges and runner.edges_defined
     graph, spec = runner.graph, adapter.spec
@@ -393,7 +399,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                               float(search.corrupted["metric"].mean()), all_patched,
                               intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
                               other_set=other_set)
-    settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+    settings = {"target": target, "rank": rank, "ig_steps": steps, "ig_points": ig_points,
+                "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
                 "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
