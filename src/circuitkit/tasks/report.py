@@ -65,8 +65,10 @@ def task_report(result: Any) -> str:
                          "point measured).</figcaption></figure>")
         if edge_points:
             parts.append(f"<figure>{_curve_svg(edge_points, c.target, len(c.edges), c.n_edges_total, 'edges')}"
-                         f"<figcaption>Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges): CPR "
-                         f"{c.cpr:.3f}, CMD {c.cmd:.3f}, edges ranked by {c.rank} score.</figcaption></figure>")
+                         f"<figcaption>Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges), "
+                         f"edges ranked by {c.rank} score. MIB's CPR {c.cpr:.3f} (the area under this curve with "
+                         f"edges ranked by signed score), CMD {c.cmd:.3f} (the area between 1 and it with edges "
+                         "ranked by absolute score).</figcaption></figure>")
         parts.append("</div>")
         extra = list(result.head_scores) + [n for n in result.pattern_scores if n not in result.head_scores]
         labels = {n: _short(n) for n in extra}

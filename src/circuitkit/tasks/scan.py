@@ -148,8 +148,8 @@ class TaskScan:
             lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
-                         f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} "
-                         f"(edges ranked by {c.rank} score).")
+                         f"{c.edge_faithfulness:.3f} (edges ranked by {c.rank} score); MIB's CPR {c.cpr:.3f} "
+                         f"(edges ranked by signed score), CMD {c.cmd:.3f} (by absolute score).")
         for e in c.edge_effects[:5]:
             lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
         for score, values in self.head_scores.items():
@@ -201,8 +201,10 @@ LEGEND = (
     (r"\binput->", "input = the residual stream entering layer 0 (the embeddings)"),
     (r"EAP-IG", "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), the "
                 "first-order estimate the heads and edges are ranked by"),
-    (r"\bCPR\b", "CPR = area under the edge circuit's faithfulness curve (MIB; higher is better)"),
-    (r"\bCMD\b", "CMD = area between that curve and 1 (lower is better)"),
+    (r"\bCPR\b", "CPR = area under the faithfulness curve of the top 0.1% to 100% of the edges by signed score "
+                "(MIB's circuit performance ratio; higher is better)"),
+    (r"\bCMD\b", "CMD = area between 1 and the curve of the edges by absolute score (MIB's circuit-model "
+                "distance; lower is better)"),
     (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
     (r"\bDLA\b", "DLA = direct logit attribution, the head's output read straight into logit(answer) - logit(wrong) "
                   "through the final norm at its clean-run scale"),
@@ -382,13 +384,13 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     except NoBehaviour as exc:  # reported, not raised
         error = str(exc)
     else:
-        edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
+        edge_part: tuple = ((), None, (), None, None, (), graph.n_edges, None)
         if edges:
             try:
                 edge_part = stage("edges", lambda: edge_circuit(search, scores, target, rank))
             except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
                 error = f"no edge circuit: {exc}"
-        names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
+        names, edge_faith, edge_curve, cpr, cmd, effects, n_edges, areas = edge_part
         other_set = None
         if other is not None:
             other_set = stage("held-out", lambda: _other_set(
@@ -398,7 +400,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                               edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                               float(search.corrupted["metric"].mean()), all_patched,
                               intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
-                              other_set=other_set)
+                              other_set=other_set, edge_areas=areas)
     settings = {"target": target, "rank": rank, "ig_steps": steps, "ig_points": ig_points,
                 "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
