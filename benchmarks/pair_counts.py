@@ -9,7 +9,8 @@ order, so the first 96 are ``ioi(model, n=96)``'s); the last ``--held-out`` pair
 scan's default points and steps; nodes = heads, MLPs recomputed), then measured on the held-out pairs: the same
 heads kept, every other head patched from the corrupted prompt, faithfulness ``(m_C - m_all) / (m_clean - m_all)``
 there. Reported per count: the circuit's size, its faithfulness on its own pairs and on the held-out ones, and the
-Jaccard index of its heads with the circuit found on the most pairs. ``--edges``: the counts at which the edge
+Jaccard index of its heads with the circuit found on the most pairs (the largest count that gave one: a count the
+memory plan refuses on this machine is recorded with its reason). ``--edges``: the counts at which the edge
 circuit is found too (much dearer: every edge pass holds every sender's output), measured the same way.
 Results are written after every count (atomically), so a run stopped early keeps what it measured.
 """
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{args.model}: no such directory")
     import torch
 
+    from circuitkit import CircuitkitError
     from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
     from circuitkit.tasks import ioi, scan_task
@@ -81,7 +83,13 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.counts:
         started = time.perf_counter()
         edges = n in args.edges
-        result = scan_task(bridge, first(n), target=args.target, holdout=0, edges=edges, n_resamples=200)
+        try:
+            result = scan_task(bridge, first(n), target=args.target, holdout=0, edges=edges, n_resamples=200)
+        except CircuitkitError as exc:  # e.g. the memory plan refuses this many pairs here: said, not hidden
+            out["counts"][str(n)] = {"pairs": n, "error": str(exc)}
+            print(f"{n} pairs: {exc}", flush=True)
+            _write(path, out)
+            continue
         seconds = time.perf_counter() - started
         c = result.circuit
         if c is None:
@@ -117,8 +125,11 @@ def main(argv: list[str] | None = None) -> None:
               + (f"; {row['edges']} edges, {row['edge_faithfulness']:.3f} (held out "
                  f"{row['held_out_edge_faithfulness']:.3f})" if "edges" in row else ""), flush=True)
         _write(path, out)
-    for n, heads in heads_of.items():
-        out["counts"][str(n)]["jaccard_heads_with_most"] = _jaccard(heads, heads_of.get(most, set()))
+    if heads_of:  # against the circuit found on the most pairs (the largest count that gave one)
+        top = max(heads_of)
+        out["jaccard_reference_pairs"] = top
+        for n, heads in heads_of.items():
+            out["counts"][str(n)]["jaccard_heads"] = _jaccard(heads, heads_of[top])
     for n, edges in edges_of.items():
         top = max(edges_of)
         out["counts"][str(n)]["jaccard_edges_with"] = {"pairs": top, "jaccard": _jaccard(edges, edges_of[top])}
