@@ -1,7 +1,7 @@
 """How stable a task circuit is as the pairs it is found on grow: 16, 32, 64, 96 IOI pairs on a real model.
 
     nice python benchmarks/pair_counts.py --model DIR [--counts 16,32,64,96] [--part 16] [--held-out 32]
-        [--json benchmarks/results/pair_counts_qwen.json]
+        [--ig-points left|right] [--json benchmarks/results/pair_counts_qwen.json]
 
 ``circuitkit.tasks.ioi(model, n=max(counts) + held_out, seed=0)`` writes the pairs (the generator draws them in
 order, so the first 96 are ``ioi(model, n=96)``'s); the last ``--held-out`` pairs are set aside. For each count
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--part", type=int, default=16)
     parser.add_argument("--held-out", type=int, default=32)
     parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--ig-points", choices=("left", "right"), default=None,
+                        help="EAP-IG's points (default: the scan's default)")
     parser.add_argument("--json", default="benchmarks/results/pair_counts_qwen.json")
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     task = ioi(bridge, n=most + args.held_out, seed=0)
     batch = task.tokenize(adapter)
     L, H = adapter.spec.n_layers, adapter.spec.n_heads
-    steps, points = DEFAULT_IG_STEPS, DEFAULT_IG_POINTS
+    steps, points = DEFAULT_IG_STEPS, args.ig_points or DEFAULT_IG_POINTS
 
     def part(start: int) -> Any:
         """A runner of ``--part`` pairs from ``start``, its EAP-IG node scores, then only what patching reads."""
