@@ -89,6 +89,9 @@ METHODS = (
     "circuitkit.tasks.task:Task.from_pairs",
     "circuitkit.tasks.task:Task.tokenize",
     "circuitkit.tasks.scan:TaskScan.save",
+    "circuitkit.tasks.scan:TaskScan.load",
+    "circuitkit.tasks.scan:TaskScan.table",
+    "circuitkit.tasks.scan:TaskScan.to_pandas",
 )
 """Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
 
@@ -1707,6 +1710,23 @@ case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task()
                 "steps": [("65", const(65), STRICT)],
                 "name": [("blank", const("  "), STRICT), ("two-lines", const("a\nb"), STRICT)]})
 method(f"{TK}.scan:TaskScan.save", task_scan_result, lambda: {"out_dir": tmp_out_dir()}, out_dir="out_dir")
+
+
+@cache
+def saved_task_scan_dir() -> str:
+    """The task scan saved once, for TaskScan.load."""
+    out = tmp_out_dir()
+    task_scan_result().save(out)
+    return out
+
+
+case(f"{TK}.scan:TaskScan.load", lambda: {"path": saved_task_scan_dir()}, path="text",
+     target=lambda: __import__("circuitkit.tasks", fromlist=["TaskScan"]).TaskScan.load,
+     extra_bad={"path": [("missing-dir", const("/nonexistent/scan-dir"), STRICT),
+                         ("not-a-scan", lambda v: _existing_file(v), STRICT),
+                         ("an-induction-scan", lambda v: saved_scan_dir(), STRICT)]})
+method(f"{TK}.scan:TaskScan.table", task_scan_result, lambda: {"sort": "score"}, sort="option?")
+method(f"{TK}.scan:TaskScan.to_pandas", task_scan_result, lambda: {"sort": "dla"}, sort="option?")
 
 # ``scan(model, task=...)``: the bad tasks above, plus the names and paths scan takes, with ``tokens=None`` (a task
 # and a batch together are refused on their own) on the hand-built model.

@@ -108,8 +108,14 @@ def test_a_line_is_printed_before_the_model_loads(tmp_path, capsys, monkeypatch)
         seen["err"] = capsys.readouterr().err
         raise CircuitkitError("stop here")
 
+    from circuitkit import zoo
+
     monkeypatch.setattr(loading, "load_model", load_model)
+    monkeypatch.setattr(zoo, "load", load_model)  # the bundled model's own loader
     assert main(["scan", "--out", str(tmp_path / "out")]) == 2
+    assert seen["err"].splitlines() == ["scan: loading induction-2l (the bundled model)"]
+    capsys.readouterr()
+    assert main(["scan", "--out", str(tmp_path / "out2"), "--task", "ioi"]) == 2  # a task loads the bridge
     assert seen["err"].splitlines() == ["scan: loading induction-2l (the bundled model)"]
 
 

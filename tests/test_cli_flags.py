@@ -110,6 +110,7 @@ def calls(monkeypatch, tmp_path) -> Calls:
     import circuitkit.models.loading
     import circuitkit.report.track_page
     import circuitkit.tracking
+    import circuitkit.zoo
     from circuitkit import tasks
 
     record = Calls()
@@ -140,6 +141,7 @@ def calls(monkeypatch, tmp_path) -> Calls:
         return _Result(record, tmp_path)
 
     monkeypatch.setattr(circuitkit.models.loading, "load_model", load_model)
+    monkeypatch.setattr(circuitkit.zoo, "load", load_model)  # the bundled model's scan loads it without the bridge
     monkeypatch.setattr(circuitkit.memory, "check_memory", lambda *a, **k: None)
     monkeypatch.setattr(circuitkit, "scan", scan)
     monkeypatch.setattr(tasks, "scan_task", scan_task)
@@ -228,7 +230,10 @@ SCAN_TABLE = {
               "task file": (["--quick"], lambda c, p: c.task_kwargs["edges"] is False and QUICK_SAID in c.stdout)},
     "sort": induction_only(["--sort", "prev"], lambda c, p: c.table_sort == ["prev"]),
     "json": every(["--json"], lambda c, p: c.stdout == SCORES_TEXT),
-    "allow_download": every(["--allow-download"], lambda c, p: c.loaded["allow_download"] is True),
+    # the bundled model's induction scan loads local files without the bridge: the flag reaches the scan
+    "allow_download": every(["--allow-download"], lambda c, p: (
+        c.scan_kwargs["allow_download"] is True if c.loaded.get("bridge") is False
+        else c.loaded["allow_download"] is True)),
     "png": induction_only(["--png"], lambda c, p: c.save[0]["png"] is True),
     # --task names the kind of run: the induction scan by name, else the task the base command gives
     "task": {"induction": (["--task", "induction"], lambda c, p: len(c.scan) == 1 and not c.scan_task),
@@ -269,6 +274,8 @@ TRACK_TABLE = {
     "no_resume": checkpoints_only(["--no-resume"], lambda c, p: _tracked(c)["resume"] is False),
     "no_merge": checkpoints_only(["--no-merge"], lambda c, p: _tracked(c)["write_track"] is False and not c.save),
     "allow_download": checkpoints_only(["--allow-download"], lambda c, p: _tracked(c)["allow_download"] is True),
+    "task": checkpoints_only(lambda p: ["--task", str(p.task_file)],
+                             lambda c, p: _tracked(c)["task"] == str(p.task_file)),
     "png": {"checkpoints": (["--png"], lambda c, p: c.save == [{"out": Path(cli.DEFAULT_TRACK_OUT), "png": True}]),
             "merge": (["--png"], lambda c, p: c.save == [{"out": Path(str(p.records)), "png": True}])},
 }

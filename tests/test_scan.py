@@ -205,7 +205,9 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
         assert result.circuit is None and len(searched) == 1 and len(embedded) == 1 + len(searched)
         return
     assert result.verified.ranked_by == "joint"
-    assert len(embedded) == 2 + joint + len(searched) + integration
+    held_out = 1  # the found circuit on the held-out batch: one stacked pass (circuitkit.circuits.heldout)
+    assert result.verified.evaluation["passes"] == 4
+    assert len(embedded) == 2 + joint + len(searched) + integration + held_out
     composition = {mode.lower(): scores for mode, scores in result.composition.items()}
     ctx = context(model, tokens, "resample", DEFAULT_CORRUPT_SEED, None, "test")
     alone = evidence_in(ctx, resolve_metric("loss", "test"), composition, result.settings.top_k,

@@ -155,9 +155,9 @@ def test_loading_leaves_the_global_random_stream_alone():
 
 
 def test_zoo_imports_neither_the_loader_nor_private_transformer_lens():
-    """No cycle models.loading <-> zoo: the zoo's modules import from circuitkit.models only the tokenizer helpers
-    and the bridge's state loader (neither imports the loader), and build the bridge with TransformerLens's public
-    native.boot (no private ``_``-module)."""
+    """No cycle models.loading <-> zoo: the zoo's modules import from circuitkit.models only the tokenizer helpers,
+    the bridge's state loader, the attention-only model and the guarded file reader (none imports the loader),
+    and build the bridge with TransformerLens's public native.boot (no private ``_``-module)."""
     import ast
 
     imported = set()
@@ -168,8 +168,10 @@ def test_zoo_imports_neither_the_loader_nor_private_transformer_lens():
             elif isinstance(node, ast.Import):
                 imported.update(alias.name for alias in node.names)
     assert "circuitkit.models.tokenizer" in imported
-    allowed = {"circuitkit.models.tokenizer", "circuitkit.models.bridge"}
+    allowed = {"circuitkit.models.tokenizer", "circuitkit.models.bridge", "circuitkit.models.toy",
+               "circuitkit.models.files"}
     assert not [m for m in imported if m.startswith("circuitkit.models") and m not in allowed]
-    bridge_source = (Path(zoo.__file__).parents[1] / "models" / "bridge.py").read_text()
-    assert "models.loading" not in bridge_source and "circuitkit.zoo" not in bridge_source
+    for module in ("bridge", "toy", "files"):
+        source = (Path(zoo.__file__).parents[1] / "models" / f"{module}.py").read_text()
+        assert "models.loading" not in source and "circuitkit.zoo" not in source
     assert not [m for m in imported if any(part.startswith("_") for part in m.split(".") if part != "__future__")]

@@ -405,12 +405,18 @@ def run_scan(args: argparse.Namespace) -> int:
     from circuitkit.validate import device as check_device
 
     check_device("--device", args.device)
-    with _quiet_loading(args.allow_download):
-        if device_map is not None:
-            model = load_model(args.model, device_map=device_map, allow_download=args.allow_download,
-                               dtype=args.dtype)
-        else:
-            model = load_model(args.model, device=args.device, allow_download=args.allow_download, dtype=args.dtype)
+    if kind == INDUCTION and name in zoo.available() and args.dtype is None and device_map is None:
+        # the bundled weights run as circuitkit's attention-only model: the same figures without loading
+        # TransformerLens and transformers (seconds of a two-second answer)
+        model = zoo.load(name, device=args.device, bridge=False)
+    else:
+        with _quiet_loading(args.allow_download):
+            if device_map is not None:
+                model = load_model(args.model, device_map=device_map, allow_download=args.allow_download,
+                                   dtype=args.dtype)
+            else:
+                model = load_model(args.model, device=args.device, allow_download=args.allow_download,
+                                   dtype=args.dtype)
     _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s")
     if kind != INDUCTION:
         return _run_task_scan(args, model, name, out, task)
@@ -756,6 +762,10 @@ def add_track_parser(sub: Any) -> None:
                        help="let hub checkpoints be fetched (default: local Hugging Face cache only)")
     track.add_argument("--png", action="store_true",
                        help="also export every figure as DIR/png/*.png (needs headless Chromium)")
+    track.add_argument("--task", default=None, metavar="FILE",
+                       help="also measure a task (a .jsonl, .csv or .json file of clean/corrupted pairs) at every "
+                       "checkpoint: its metric, each head's EAP-IG score and DLA, its node circuit (faithfulness "
+                       "0.8) and that circuit on held-out pairs")
 
 
 TRACK_MERGE_USES = ("merge", "png")
@@ -796,6 +806,7 @@ def run_track(args: argparse.Namespace) -> int:
             tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
             top_k=args.top_k, out=out, resume=not args.no_resume, write_track=not args.no_merge,
             device=args.device, allow_download=args.allow_download, progress=sys.stderr.isatty(),
+            **({} if args.task is None else {"task": args.task}),
         )
         if args.no_merge:
             print(f"wrote {len(result.checkpoints)} checkpoint record(s) into {out}; assemble them with "
@@ -810,6 +821,11 @@ def run_track(args: argparse.Namespace) -> int:
             saved = SavedTrack(track=Path(out) / TRACK_NAME, report=Path(out) / REPORT_NAME)
     for line in sentences(result):
         print(visible(line))
+    if getattr(result, "task", None) is not None:
+        from circuitkit.report.track_page import task_table
+
+        for line in task_table(result):
+            print(visible(line))
     print(f"wrote {saved.track} and {saved.report}")
     for path in saved.pngs:
         print(f"wrote {path}")

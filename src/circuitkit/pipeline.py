@@ -20,7 +20,8 @@ its planned passes, its run) fill a :class:`ScanState`, which :func:`scan_result
     circuit  the verified circuit: heads ranked by their joint-path attribution (or by exact ablation where
              measured, else the estimate); the smallest top-n set whose faithfulness reaches ``target``, measured
              exactly (:mod:`circuitkit.circuits.faithfulness`), and its necessity; with ``random_sets``, random
-             head sets of its size measured beside it (2 passes a set pair)
+             head sets of its size measured beside it (2 passes a set pair); then the found heads' faithfulness on a
+             held-out batch of the same spec, seed + 1 (:mod:`circuitkit.circuits.heldout`; 4 copies, 5 with resample)
     stability  (opt-in, ``stability=N``) the circuit search rerun on N bootstrap resamples of the batch
     weights  Q/K/V composition + random baselines + top edges, QK/OV spectra (weights only, no forward pass)
     edges    edge attribution of every edge, exact path patching of the ``n_patch`` edges between the circuit's
@@ -53,6 +54,7 @@ import torch
 from circuitkit import validate
 from circuitkit.circuits.attribution import GradientTap
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET, check_repeats
+from circuitkit.circuits.heldout import evaluation_passes, evaluation_seed, evaluation_spec, held_out
 from circuitkit.cpu_threads import warn_if_threads_spin
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
@@ -473,6 +475,13 @@ def circuit_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> No
                                   random_sets=settings.random_sets)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
         state.verified, state.verified_error = None, str(error)
+    if state.verified is not None and settings.evaluation_seed is not None:  # the found heads on held-out sequences
+        state.verified = replace(state.verified, evaluation=held_out(
+            session.adapter, evaluation_spec(block_len=settings.block_len, n_repeats=settings.n_repeats,
+                                             batch=settings.batch, seed=settings.evaluation_seed, bos=settings.bos,
+                                             token_range=settings.token_range),
+            state.verified.heads, method))
+        bar.advance(state.verified.evaluation["passes"])
     bar.end(_circuit_revision(state))
 
 
@@ -549,7 +558,8 @@ STAGES = (
           estimate=lambda s, n_total: circuit_estimate(n_total, s.faithfulness_method, s.circuit_rank, s.with_edges,
                                                        batch=s.batch,
                                                        clean_end=s.faithfulness_method == s.ablation_method)
-          + 2 * s.random_sets, run=circuit_stage),
+          + 2 * s.random_sets + (0 if s.evaluation_seed is None else evaluation_passes(s.faithfulness_method)),
+          run=circuit_stage),
     Stage("stability", reads=("session", "verified"), writes=("verified",),
           estimate=lambda s, n_total: stability_estimate(s.stability, n_total, s.faithfulness_method, s.circuit_rank,
                                                          s.batch),
@@ -638,9 +648,12 @@ def scan_settings(options: Mapping[str, object], session: Session,
     and heads that add into the residual stream)."""
     batch, adapter = session.batch, session.adapter
     with_edges = bool(options["circuit"]) and adapter.spec.n_layers > 1 and adapter.additive_heads
+    spec = RepeatedTokens() if tokens is None else tokens  # a built TokenBatch: no spec to draw a held-out batch
+    drawn = isinstance(spec, RepeatedTokens) and bool(options["circuit"])
     return ScanSettings(
         block_len=batch.block_len, n_repeats=batch.n_repeats, batch=batch.batch,
         seed=tokens.seed if isinstance(tokens, RepeatedTokens) else 0, bos=batch.bos,
+        evaluation_seed=evaluation_seed(spec.seed) if drawn else None, token_range=spec.token_range if drawn else None,
         device=str(adapter.spec.device), attribution_method=ATTRIBUTION_METHOD, attribution_steps=ATTRIBUTION_STEPS,
         edge_attribution_steps=EDGE_ATTRIBUTION_STEPS if with_edges else None, **options)
 

@@ -105,6 +105,8 @@ class ScanSettings:
     ci_level: float = 0.95  # the intervals' confidence level
     random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
     stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
+    evaluation_seed: int | None = None  # seed of the held-out batch the circuit is also measured on (None: none)
+    token_range: tuple[int, int] | None = field(default=None, metadata=UNSAVED)  # the spec's, for that batch
     circuit: bool = field(default=True, metadata=UNSAVED)
     heads_per_score: int | None = None  # None: top_k
     edges_per_mode: int | None = None  # None: top_k
@@ -132,6 +134,8 @@ class ScanSettings:
         for f in fields(self):
             if f.metadata.get("saved", True) is False or (f.name in LISTING_SIZES and out[f.name] == self.top_k):
                 del out[f.name]
+        if self.evaluation_seed is None:  # no held-out batch: written as files before it were
+            del out["evaluation_seed"]
         return out
 
 

@@ -42,13 +42,21 @@ class Scan(ScanRecord):
         return save(self, out_dir, png=png)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Scan:
+    def load(cls, path: str | os.PathLike) -> Any:
         """The scan :meth:`save` wrote into ``path`` (the directory, or its ``scores.json``), read back: every
         figure ``scores.json`` holds, so ``Scan.load(dir).to_json()`` equals the saved JSON. Not saved, so empty:
-        ``tokens``, ``patterns``, the full composition and spectra tensors, ``stages``."""
-        from circuitkit.report import load_scan
+        ``tokens``, ``patterns``, the full composition and spectra tensors, ``stages``. A task scan's directory
+        (``circuitkit.scan(model, task=...)``) gives its :class:`~circuitkit.tasks.TaskScan` back, equal in every
+        figure (:meth:`TaskScan.load <circuitkit.tasks.TaskScan.load>`)."""
+        from circuitkit.report.reload import scan_from_json
+        from circuitkit.tasks.reload import TASK_PREFIX, read_scores, task_scan_from_json
+        from circuitkit.tasks.scan import TaskScan, TaskStage
 
-        return load_scan(path, cls)
+        file, data = read_scores(path, "Scan.load")
+        where = f"Scan.load: {str(file)!r}"
+        if isinstance(data, dict) and str(data.get("format", "")).startswith(TASK_PREFIX):
+            return task_scan_from_json(data, where, TaskScan, TaskStage)
+        return scan_from_json(data, where, cls)
 
     def table(self, sort: str | None = None) -> list[dict[str, Any]]:
         """The head table: one dict per head (``head``, ``layer``, ``index``, every score, ``attribution``,

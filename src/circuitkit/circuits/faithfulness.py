@@ -128,6 +128,9 @@ class Circuit:
     """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random sets of the circuit's size (where asked for)."""
     stability: Any = None
     """:class:`~circuitkit.circuits.stability.Stability`: the search rerun on resampled batches (where asked for)."""
+    evaluation: Mapping[str, Any] | None = None
+    """The circuit on a held-out batch the search did not see (:func:`circuitkit.circuits.heldout.held_out`; the
+    scan measures it where it drew its batch from a spec); None where not measured."""
     """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
     ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
     ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
@@ -153,6 +156,7 @@ class Circuit:
             "ci": {key: _plain_interval(value) for key, value in self.intervals.items() if key != "curve"},
             "random_baseline": None if self.random_baseline is None else self.random_baseline.to_json(),
             "stability": None if self.stability is None else self.stability.to_json(),
+            **({} if self.evaluation is None else {"evaluation": dict(self.evaluation)}),
         }
 
     def __repr__(self) -> str:

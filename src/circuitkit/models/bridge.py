@@ -120,6 +120,47 @@ def _native_state(w: HeadWeights, n_ctx: int) -> dict[str, torch.Tensor]:
     return state
 
 
+def native_weights(state: dict[str, torch.Tensor], *, n_layers: int, n_heads: int, n_kv_heads: int,
+                   d_head: int, where: str) -> HeadWeights:
+    """The inverse of :func:`_native_state`: :class:`HeadWeights` from a TL-native attention-only model's saved
+    parameters (every name the layout above lists, each of its shape, nothing else), so the model runs as an
+    :class:`AttentionOnlyModel` without TransformerLens::
+
+        W_Q[l] = q.weight.reshape(head, d_head, d_model).permute(0, 2, 1)      (k, v likewise with kv_head)
+        W_O[l] = o.weight.T.reshape(head, d_head, d_model)
+        b_Q[l] = q.bias.reshape(head, d_head), b_O[l] = o.bias, W_E = tok_embed.weight, W_U = head.weight.T
+    """
+    d_model = state["tok_embed.weight"].shape[1] if "tok_embed.weight" in state else None
+    expected = {"tok_embed.weight", "pos.weight", "head.weight"}
+    for layer in range(n_layers):
+        expected |= {f"layers.{layer}.attn.{n}.{p}" for n in "qkvo" for p in ("weight", "bias")}
+    if d_model is None or set(state) != expected:
+        raise CircuitkitError(
+            f"{where}: the saved parameters {sorted(set(state) ^ expected)[:6]} differ from a TL-native "
+            f"attention-only model of {n_layers} layers; expected exactly {len(expected)} named parameters.")
+
+    def read(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        value = state[name]
+        if tuple(value.shape) != shape:
+            raise CircuitkitError(f"{where}: parameter {name} has shape {tuple(value.shape)}; expected {shape}.")
+        return value
+
+    def stacked(part: str, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = torch.stack([read(f"layers.{layer}.attn.{part}.weight", (heads * d_head, d_model))
+                              .reshape(heads, d_head, d_model).permute(0, 2, 1) for layer in range(n_layers)])
+        bias = torch.stack([read(f"layers.{layer}.attn.{part}.bias", (heads * d_head,)).reshape(heads, d_head)
+                            for layer in range(n_layers)])
+        return weight, bias
+
+    (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = stacked("q", n_heads), stacked("k", n_kv_heads), stacked("v", n_kv_heads)
+    W_O = torch.stack([read(f"layers.{layer}.attn.o.weight", (d_model, n_heads * d_head)).T
+                       .reshape(n_heads, d_head, d_model) for layer in range(n_layers)])
+    b_O = torch.stack([read(f"layers.{layer}.attn.o.bias", (d_model,)) for layer in range(n_layers)])
+    W_U = state["head.weight"].T
+    return HeadWeights(W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O, b_Q=b_Q, b_K=b_K, b_V=b_V, b_O=b_O,
+                       W_E=state["tok_embed.weight"], W_U=W_U, W_pos=state["pos.weight"])
+
+
 def _load(native: torch.nn.Module, w: HeadWeights, n_ctx: int) -> None:
     load_native_state(native, _native_state(w, n_ctx), "to_bridge")
 

@@ -155,10 +155,13 @@ NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 class AttentionOnlyModel:
     """An attention-only transformer that runs any :class:`HeadWeights` (see the module docstring).
 
-    ``AttentionOnlyModel(weights, attention="soft", n_ctx=None, attn_scale=None)``. ``weights`` may be
-    :class:`HeadWeights` or any model :meth:`HeadWeights.from_model` reads (a ``TransformerBridge`` too: its
-    LayerNorms and MLPs are not carried over). Without ``W_E`` the model takes residual inputs
-    ``[batch, pos, d_model]``; without ``W_U`` :meth:`forward` returns the final residual stream.
+    ``AttentionOnlyModel(weights, attention="soft", n_ctx=None, attn_scale=None, tokenizer=None,
+    default_prepend_bos=False)``. ``weights`` may be :class:`HeadWeights` or any model
+    :meth:`HeadWeights.from_model` reads (a ``TransformerBridge`` too: its LayerNorms and MLPs are not carried
+    over). Without ``W_E`` the model takes residual inputs ``[batch, pos, d_model]``; without ``W_U``
+    :meth:`forward` returns the final residual stream. ``tokenizer`` (optional, kept as ``model.tokenizer``, as
+    a bridge's): its ``decode`` names tokens in views; with ``default_prepend_bos`` its ``bos_token_id`` starts
+    every generated sequence, as a tokenizer that adds a BOS does.
     """
 
     def __init__(
@@ -168,8 +171,14 @@ class AttentionOnlyModel:
         attention: AttentionMode = "soft",
         n_ctx: int | None = None,
         attn_scale: float | None = None,
+        tokenizer: Any = None,
+        default_prepend_bos: bool = False,
     ) -> None:
         w = HeadWeights.from_model(weights)
+        default_prepend_bos = validate.boolean("AttentionOnlyModel: default_prepend_bos", default_prepend_bos)
+        if default_prepend_bos and not isinstance(getattr(tokenizer, "bos_token_id", None), int):
+            raise validate.fail("AttentionOnlyModel: tokenizer", tokenizer,
+                                "a tokenizer with an int bos_token_id when default_prepend_bos is True")
         if not isinstance(attention, str) or attention not in _PATTERNS:
             raise CircuitkitError(
                 f"AttentionOnlyModel: given attention={attention!r}; expected one of {sorted(_PATTERNS)}."
@@ -194,6 +203,7 @@ class AttentionOnlyModel:
                 "expected the same vocabulary."
             )
         self._weights = w
+        self.tokenizer = tokenizer
         d_vocab = w.d_vocab if w.d_vocab is not None else (None if w.W_U is None else w.W_U.shape[1])
         self.cfg = ToyConfig(
             **shape_fields(w),
@@ -201,6 +211,7 @@ class AttentionOnlyModel:
             n_ctx=n_ctx,
             attention=attention,
             attn_scale=attn_scale,
+            default_prepend_bos=default_prepend_bos,
         )
 
     # ------------------------------------------------------------------ weights, TransformerLens shapes
@@ -244,13 +255,15 @@ class AttentionOnlyModel:
         """A copy on ``device`` (same settings)."""
         return AttentionOnlyModel(
             self._weights.to(device), attention=self.cfg.attention, n_ctx=self.cfg.n_ctx,
-            attn_scale=self.cfg.attn_scale,
+            attn_scale=self.cfg.attn_scale, tokenizer=self.tokenizer,
+            default_prepend_bos=self.cfg.default_prepend_bos,
         )
 
     def with_attention(self, attention: AttentionMode) -> AttentionOnlyModel:
         """The same weights with ``"soft"`` or ``"hard"`` attention."""
         return AttentionOnlyModel(
-            self._weights, attention=attention, n_ctx=self.cfg.n_ctx, attn_scale=self.cfg.attn_scale
+            self._weights, attention=attention, n_ctx=self.cfg.n_ctx, attn_scale=self.cfg.attn_scale,
+            tokenizer=self.tokenizer, default_prepend_bos=self.cfg.default_prepend_bos,
         )
 
     def hook_names(self) -> list[str]:

@@ -55,6 +55,8 @@ UNITS = {
     "central range of the sets), ci (bootstrap over sequences)",
     "circuit.stability": "inclusion: share of bootstrap-resampled circuits holding the head; jaccard: mean pairwise "
     "Jaccard of those circuits, in [0, 1]",
+    "circuit.evaluation": "the circuit's heads on a held-out batch of the same spec (seed: settings.evaluation_seed): "
+    "faithfulness a fraction as circuit.faithfulness, necessity and losses nats",
     "circuit.edges.effect": "nats: exact change of the repeated-copies loss, path patching",
     "circuit.edges.estimate": "nats: first-order estimate (edge attribution), not a measurement",
     "evidence.rows": "composition: ratio; attribution (estimate) and patched (exact): nats",
@@ -240,7 +242,8 @@ def scan_json(scan: Scan) -> dict[str, Any]:
     ``induction_loss, attribution`` (``method`` ``"gradient"`` | ``"ig"``, ``steps``, ``ablation_method``),
     ``ablation`` (with ``ablated``: the heads ablated exactly), ``agreement, composition``
     (mode -> random baseline and top edges), ``circuit`` (the verified circuit: ``heads``, ``faithfulness``,
-    ``necessity``, ``curve``, ``roles``, ``edges`` with exact effects; null when not found, with
+    ``necessity``, ``curve``, ``roles``, ``explanations`` (head -> what it does, in words), ``edges`` with exact
+    effects; null when not found, with
     ``circuit_error``), ``evidence`` (the edge table, or null), ``circuit_ablation``; where the scan has bootstrap
     intervals, ``ci: [lo, hi]`` beside each figure over the batch (``induction_loss.ci``, ``attribution.ci``,
     ``ablation.ci``, each ``top_heads`` record, ``circuit.ci``, each curve point and circuit edge), and
@@ -347,6 +350,46 @@ def circuit_edges(scan: Scan) -> list[Any]:
     return sorted(rows, key=lambda r: -abs(float(r.patched)))
 
 
+RANKED_BY = {"effect": "single-head ablation effect", "joint": "joint-path attribution"}
+"""What the circuit search's order reads, as a member's explanation names it."""
+
+
+def circuit_explanations(scan: Scan) -> dict[str, str]:
+    """``head name -> what it does`` for every head of the verified circuit, worded from the scan's own figures by
+    :func:`circuitkit.circuits.explain.induction_explanations` (the scores that call it, its exactly patched
+    edges, its exact single-head ablation and its role's group ablated together, its measured step on the
+    faithfulness curve, its share of the resampled circuits); {} without a circuit."""
+    from circuitkit.circuits.explain import MeasuredEdge, induction_explanations, score_calls
+
+    verified = getattr(scan, "verified", None)
+    if verified is None:
+        return {}
+    members = [tuple(h) for h in verified.heads]
+    labels = {role.score: role.name for role in scan_roles(scan)}
+    edges = [MeasuredEdge(head_name(r.src), head_name(r.dst), str(r.channel), number(r.patched))
+             for r in circuit_rows(scan) if number(r.patched) is not None]
+    removal = {}
+    if scan.ablation is not None:
+        for h in members:
+            effect, kind = effect_on(scan, h)
+            if kind == "ablation" and effect is not None:
+                removal[h] = effect
+    estimates = None
+    if scan.attribution is not None:
+        estimates = {h: value for h in members if (value := number(scan.attribution.effect[h[0], h[1]])) is not None}
+    stability = getattr(verified, "stability", None)
+    roles = scan_roles(scan)
+    called = getattr(scan, "called", None) or {}
+    groups = {role.group: (tuple(called.get(role.score, ())), scan.circuit_ablation[role.group]) for role in roles
+              if role.group in (scan.circuit_ablation or {}) and scan.circuit_ablation[role.group] is not None}
+    return induction_explanations(
+        members, calls=score_calls(scan.head_scores, members, labels), edges=edges, removal=removal,
+        order=[tuple(h) for h in verified.ranking], curve={p.n_heads: float(p.faithfulness) for p in verified.curve},
+        ranked_by=RANKED_BY.get(getattr(verified, "ranked_by", "effect"), "attribution"),
+        n_total=scan.model.n_layers * scan.model.n_heads, estimates=estimates,
+        stability=None if stability is None else dict(stability.ranked()), groups=groups)
+
+
 def circuit_json(scan: Scan) -> dict[str, Any] | None:
     """``scores.json``'s ``circuit``: the verified circuit (see :func:`scan_json`), or None."""
     verified = getattr(scan, "verified", None)
@@ -369,6 +412,7 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         "passes": verified.passes,
         "ranked_by": getattr(verified, "ranked_by", "effect"),
         "roles": {role: names(heads) for role, heads in verified.roles.items()},
+        "explanations": circuit_explanations(scan),
         "edges": [
             {"src": head_name(r.src), "dst": head_name(r.dst), "channel": r.channel,
              "effect": number(r.patched), "estimate": number(r.attribution), "composition": number(r.composition),
@@ -381,6 +425,11 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         found = getattr(verified, key, None)
         if found is not None:
             out[key] = plain(found.to_json())
+    held = getattr(verified, "evaluation", None)  # the circuit on a held-out batch, where the scan drew one
+    if held is not None:
+        out["evaluation"] = {**held, "faithfulness": number(held["faithfulness"]),
+                             "necessity": number(held["necessity"]),
+                             "losses": {key: number(value) for key, value in held["losses"].items()}}
     if bounds:
         out["ci"] = {"faithfulness": interval(bounds.get("faithfulness")),
                      "necessity": interval(bounds.get("necessity")),

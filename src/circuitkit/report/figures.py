@@ -157,70 +157,207 @@ def _crosses(box: tuple[float, float, float, float], x1: float, y1: float, x2: f
     return False
 
 
+ROLE_FILLS = ("#e3eefb", "#fde3d9", "#e2f2e4", "#f1e4f7", "#fbf1d0", "#dff3f3")
+"""Node fills of the circuit diagram's roles, in the order the roles first occur (then repeated)."""
+PLAIN_FILL = "#f2f2f2"
+"""The fill of a circuit member without a named role (its tooltip and the Members list say what it does)."""
+NODE_W, NODE_H = 60, 30
+DIAGRAM_GAP = (14, 80)
+"""Space between two members of one layer's row (px): the widest where rows are short (room for the labels of the
+edges between them), down to the narrowest for long rows."""
+DIAGRAM_WIDTH = 420
+"""The width the longest row's members share before their spacing reaches its narrowest."""
+DIAGRAM_ROW = (54, 120)
+"""Distance between the circuit diagram's layer rows (px): the widest where few rows leave room for the labels of
+crossing edges (the bundled model's two), down to the narrowest for many (room for one label between two rows)."""
+DIAGRAM_SPAN = 480
+"""The height the layer rows share before their distance reaches its narrowest."""
+DIAGRAM_LEFT, DIAGRAM_TOP = 40, 30
+"""Where the first member's box starts: left of it the layer names, above it the title."""
+LANE_GAP = 9
+"""Distance between two routed edges' vertical lanes right of the members (px)."""
+
+
+def _member_node(x: float, y: float, head: Head, caption: str, colour: str, title: str) -> str:
+    name = head_name(head)
+    hw, hh = NODE_W / 2, NODE_H / 2
+    text = (f'<text x="{_f(x)}" y="{_f(y - 1)}" text-anchor="middle" font-weight="600">{name}</text>'
+            f'<text x="{_f(x)}" y="{_f(y + 11)}" text-anchor="middle" font-size="9">{_esc(caption)}</text>'
+            if caption else
+            f'<text x="{_f(x)}" y="{_f(y + 4)}" text-anchor="middle" font-weight="600">{name}</text>')
+    return (f'<g class="ck-node" data-head="{name}" data-layer="{head[0]}" tabindex="0"><title>head {name}: '
+            f'{_esc(title)}</title><rect x="{_f(x - hw)}" y="{_f(y - hh)}" width="{NODE_W}" height="{NODE_H}" rx="6" '
+            f'fill="{colour}" stroke="#333"/>{text}</g>')
+
+
+def diagram_layout(circuit: Sequence[tuple[Head, Sequence[str]]]) -> tuple[dict[Head, tuple[float, float]], float]:
+    """Where the circuit diagram puts each member: ``head -> (x, y)`` of its box's centre, and the distance between
+    two rows (:data:`DIAGRAM_ROW`, :data:`DIAGRAM_SPAN`). One row per layer that
+    holds a member, in layer order from the top (y strictly increasing with the layer: a 25-head circuit over 20
+    layers stays readable on a narrow page, where 20 columns would not); within a row, members grouped by their
+    first role (roles in the order they first occur, members without one last), then in the circuit's order."""
+    layers = sorted({h[0] for h, _ in circuit})
+    pitch = DIAGRAM_ROW[1] if len(layers) <= 2 else max(DIAGRAM_ROW[0], min(DIAGRAM_ROW[1],
+                                                                             DIAGRAM_SPAN / (len(layers) - 1)))
+    widest = max((sum(1 for h, _ in circuit if h[0] == layer) for layer in layers), default=1)
+    gap = DIAGRAM_GAP[1] if widest <= 2 else max(DIAGRAM_GAP[0], min(
+        DIAGRAM_GAP[1], (DIAGRAM_WIDTH - widest * NODE_W) / (widest - 1)))
+    order = list(dict.fromkeys(r for _, roles in circuit for r in roles[:1]))
+    rank = {h: i for i, (h, _) in enumerate(circuit)}
+    roles_of = {h: tuple(roles) for h, roles in circuit}
+    out = {}
+    for r, layer in enumerate(layers):
+        row = sorted((h for h, _ in circuit if h[0] == layer),
+                     key=lambda h: (order.index(roles_of[h][0]) if roles_of[h] else len(order), rank[h]))
+        y = DIAGRAM_TOP + NODE_H / 2 + r * pitch
+        for c, h in enumerate(row):
+            out[h] = (DIAGRAM_LEFT + NODE_W / 2 + c * (NODE_W + gap), y)
+    return out, pitch
+
+
+def _route(ends: tuple[float, float, float, float], lane: float, gap: float) -> list[tuple[float, float]]:
+    """The corners of an edge routed round the members between its ends: down from the sender's bottom into the gap
+    below its row, right to the vertical ``lane``, down it to the gap above the receiver's row, back, and down into
+    the receiver's top (``gap``: between two rows). Every piece runs right, left or down, never up: an edge only
+    goes forward."""
+    x1, y1, x2, y2 = ends
+    step = 3.0 * (round(lane / LANE_GAP) % 3 - 1)  # neighbouring lanes' horizontal pieces a little apart
+    below = y1 + gap / 2 - 2 + step  # the middle of the gap under the sender's row
+    above = y2 - gap / 2 + 6 + step  # ... and over the receiver's row (y2: the arrow's tip)
+    return [(x1, y1), (x1, below), (lane, below), (lane, above), (x2, above), (x2, y2)]
+
+
+def _along(points: Sequence[tuple[float, float]], frac: float) -> tuple[float, float]:
+    """The point ``frac`` of the way along the polyline ``points`` (by length)."""
+    pieces = [math.hypot(bx - ax, by - ay) for (ax, ay), (bx, by) in zip(points, points[1:], strict=False)]
+    left = frac * sum(pieces)
+    for (ax, ay), (bx, by), length in zip(points, points[1:], pieces, strict=False):
+        if left <= length and length > 0:
+            return ax + (bx - ax) * left / length, ay + (by - ay) * left / length
+        left -= length
+    return points[-1]
+
+
+def _hits(box: tuple[float, float, float, float], points: Sequence[tuple[float, float]]) -> bool:
+    """Whether the polyline ``points`` passes through ``box`` (each piece sampled every 2 px)."""
+    x0, y0, xb, yb = box
+    for (ax, ay), (bx, by) in zip(points, points[1:], strict=False):
+        steps = max(1, int(math.hypot(bx - ax, by - ay) / 2))
+        for k in range(steps + 1):
+            x, y = ax + (bx - ax) * k / steps, ay + (by - ay) * k / steps
+            if x0 <= x <= xb and y0 <= y <= yb:
+                return True
+    return False
+
+
 def answer_diagram(answer: Any) -> str:
-    """The verified circuit: heads of roles that feed another role (previous-token) on the left, the other
-    circuit heads on the right, the carrying edges between them coloured and sized by their exact effect (path
-    patching, labelled in nats). At most ``2 *`` :data:`MAX_NAMED` heads a side. ``answer``:
+    """The verified circuit, every member drawn: one row per layer in layer order from the top (``L3`` above
+    ``L7``), the members of a layer side by side, grouped and coloured by role where they hold one
+    (:func:`diagram_layout`); the carrying edges between them from the sender's bottom to the receiver's top,
+    coloured and sized by their exact effect (path patching, labelled in nats where a label fits, every one with a
+    tooltip), routed round any other member's box in a lane right of the members. Only forward edges are drawn
+    (sender in an earlier layer than receiver); any other is counted under the figure, never drawn backwards. Each
+    node's tooltip is its explanation (``answer.explanations``). ``answer``:
     :class:`circuitkit.report.summary.Answer` (this module does not import the summary, which draws with it)."""
-    limit = 2 * MAX_NAMED
-    sources = {e.src for e in answer.edges} - {e.dst for e in answer.edges}
-    left = [(h, roles) for h, roles in answer.circuit if h in sources][:limit]
-    right = [(h, roles) for h, roles in answer.circuit if h not in sources][:limit]
-    rows = max(len(left), len(right), 1)
-    width, x_l, x_r, row_h, top = 340, 50, 280, 44, 24
-    height = top + rows * row_h + 16
+    circuit = [(tuple(h), tuple(roles)) for h, roles in answer.circuit]
+    at, pitch = diagram_layout(circuit)
+    explanations = getattr(answer, "explanations", None) or {}
+    role_order = list(dict.fromkeys(r for _, roles in circuit for r in roles[:1]))
+    fills = {role: ROLE_FILLS[i % len(ROLE_FILLS)] for i, role in enumerate(role_order)}
+    boxes = {h: (x - NODE_W / 2, y - NODE_H / 2, x + NODE_W / 2, y + NODE_H / 2) for h, (x, y) in at.items()}
+    edges = [e for e in answer.edges if tuple(e.src) in at and tuple(e.dst) in at]
+    shown = [e for e in edges if e.src[0] < e.dst[0]]
+    backward = len(edges) - len(shown)
+    routes: list[tuple[tuple[float, float, float, float], list[tuple[float, float]]]] = []
+    right = max((b[2] for b in boxes.values()), default=0.0)
+    lanes = 0
+    for e in shown:  # straight where that passes no other member's box, else round them in a lane of its own
+        (xs, ys), (xd, yd) = at[tuple(e.src)], at[tuple(e.dst)]
+        ends = (xs, ys + NODE_H / 2, xd, yd - NODE_H / 2 - 4)
+        others = [b for h, b in boxes.items() if h not in (tuple(e.src), tuple(e.dst))]
+        points = [ends[:2], ends[2:]]
+        if any(_hits(box, points) for box in others):
+            lanes += 1
+            points = _route(ends, right + LANE_GAP * lanes, pitch - NODE_H)
+        routes.append((ends, points))
+    xs_all = [x for _, points in routes for x, _ in points] + [b[2] for b in boxes.values()]
+    ys_all = [b[3] for b in boxes.values()]
+    width = int(max(340, max(xs_all, default=0) + 16))
+    legend_h = 16 if role_order else 0
+    notes = ["rows: layers, from the top; edges: exact effect (path patching, nats)"]
+    if backward:
+        notes.append(f"{backward} edge{'s' if backward != 1 else ''} not from an earlier layer, not drawn")
+    height = int(max(ys_all, default=0) + 11 + 11 * (len(notes) + 1) + legend_h)
     parts = [
         f'<svg class="ck-diagram" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         'font-family="system-ui, sans-serif" font-size="11" role="img" aria-label="circuit diagram">'
         '<defs><marker id="ck-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" markerHeight="9" '
         'markerUnits="userSpaceOnUse" orient="auto"><path d="M0 0L10 5L0 10z" fill="#555"/></marker></defs>'
-        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">circuit: {len(answer.circuit)} heads, '
+        f'<text x="{width // 2}" y="12" text-anchor="middle" fill="#555">circuit: {len(circuit)} heads, '
         f'faithfulness {answer.faithfulness:.2f}</text>'
     ]
-    ys_l = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(left)}
-    ys_r = {h: top + row_h * (i + 0.5) for i, (h, _) in enumerate(right)}
-    shown = [e for e in answer.edges if e.src in ys_l and e.dst in ys_r]
-    labels: list[str] = []
+    for layer in sorted({h[0] for h, _ in circuit}):
+        y = next(y for h, (_, y) in at.items() if h[0] == layer)
+        parts.append(f'<text x="{DIAGRAM_LEFT - 6}" y="{_f(y + 4)}" text-anchor="end" fill="#777" font-size="10">'
+                     f"L{layer}</text>")
     scale = max((abs(e.effect) for e in shown), default=0.0)
-    taken: list[tuple[float, float, float, float]] = []  # labels claim places strongest first, never overlapping
-    x1, x2 = x_l + 34, x_r - 38
-    n_hidden = 0
-    segments = [(ys_l[e.src], ys_r[e.dst]) for e in shown]
-    for e in shown:
-        y1, y2 = ys_l[e.src], ys_r[e.dst]
+    taken = list(boxes.values())  # labels never overlap a node or another label
+    labels: list[str] = []
+    hidden_said = False
+    for i, (e, (ends, points)) in enumerate(zip(shown, routes, strict=True)):
         t = e.effect / scale if scale > 0 else 0.0
         label = f"{e.channel.upper()} {e.effect:+.2f}"
-        spot = None
         half = 3.1 * len(label)
-        others = [(a, b) for a, b in segments if (a, b) != (y1, y2)]
-        # beside its own line (above, else below; its halo hides where a steep line grazes it), where no other
-        # line crosses the label
-        for frac, dy in ((frac, dy) for frac in DIAGRAM_LABEL_PLACES for dy in (-4.0, 12.0)):
-            mx, my = x1 + frac * (x2 - x1), y1 + frac * (y2 - y1) + dy
-            box = (mx - half - 1, my - 9, mx + half + 1, my + 2)
-            if _free(box, taken) and not any(_crosses(box, x1, a, x2, b) for a, b in others):
-                spot = (mx, my)
+        others = [p for j, (_, p) in enumerate(routes) if j != i]
+        spot = None
+        # beside its own line (right of it, left, above, below, a little further right or left), where neither
+        # it nor another line crosses the label
+        beside = ((half + 4, 0.0), (-half - 4, 0.0), (0.0, -9.0), (0.0, 10.0), (half + 14, 0.0), (-half - 14, 0.0))
+        for frac, (dx, dy) in ((frac, d) for frac in DIAGRAM_LABEL_PLACES for d in beside):
+            px, py = _along(points, frac)
+            box = (px + dx - half - 1, py + dy - 6, px + dx + half + 1, py + dy + 5)
+            if _free(box, taken) and not any(_hits(box, p) for p in others) and not _hits(box, points):
+                spot = (px + dx, py + dy + 4)
                 taken.append(box)
                 break
-        if spot is None:
-            n_hidden += 1
-        parts.append(
-            f'<g><title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect '
-            f'{e.effect:+.3f} nats (path patching)</title>'
-            f'<line x1="{x1}" y1="{_f(y1)}" x2="{x2}" y2="{_f(y2)}" stroke="{diverging(t)}" '
-            f'stroke-width="{_f(1.0 + 4.0 * abs(t))}" marker-end="url(#ck-arrow)"/></g>'
-        )
+        if spot is None and not hidden_said:
+            notes.append("hover an edge or a head for its figures")
+            hidden_said = True
+        x1, y1, x2, y2 = ends
+        title = (f"<title>{head_name(e.src)} -&gt; {head_name(e.dst)} {e.channel.upper()}: exact effect "
+                 f"{e.effect:+.3f} nats (path patching)</title>")
+        style = (f'stroke="{diverging(t)}" stroke-width="{_f(1.0 + 4.0 * abs(t))}" fill="none" '
+                 'marker-end="url(#ck-arrow)"')
+        if len(points) > 2:
+            corners = "L".join(f"{_f(x)} {_f(y)}" for x, y in points[1:])
+            shape = f'<path d="M{_f(x1)} {_f(y1)}L{corners}" stroke-linejoin="round" {style}/>'
+        else:
+            shape = f'<line x1="{_f(x1)}" y1="{_f(y1)}" x2="{_f(x2)}" y2="{_f(y2)}" {style}/>'
+        parts.append(f'<g class="ck-edge" data-src="{head_name(e.src)}" data-dst="{head_name(e.dst)}">{title}'
+                     f"{shape}</g>")
         if spot is not None:
             labels.append(f'<text x="{_f(spot[0])}" y="{_f(spot[1])}" text-anchor="middle" font-size="10" '
                           f'fill="#333" paint-order="stroke" stroke="#fff" stroke-width="3">{_esc(label)}</text>')
-    parts += labels  # over every line
-    for column, ys, x, colour in ((left, ys_l, x_l, "#e3eefb"), (right, ys_r, x_r, "#fde3d9")):
-        for h, roles in column:
-            caption = "/".join(ROLE_SHORT.get(r, r) for r in roles) or "no role"
-            parts.append(_node(x, ys[h], h, caption, colour))
-    caption = "edges: exact effect (path patching, nats)" + ("; hover for figures" if n_hidden else "")
-    parts.append(f'<text x="{width // 2}" y="{height - 3}" text-anchor="middle" font-size="9" fill="#666">'
-                 f"{caption}</text></svg>")
+    for h, roles in circuit:  # over every line
+        x, y = at[h]
+        caption = "/".join(ROLE_SHORT.get(r, r) for r in roles)
+        title = explanations.get(head_name(h)) or caption or "circuit member"
+        parts.append(_member_node(x, y, h, caption, fills.get(roles[0], PLAIN_FILL) if roles else PLAIN_FILL, title))
+    parts += labels  # over every line and node
+    bottom = height - legend_h
+    if role_order:
+        lx = 12.0
+        plain = any(not roles for _, roles in circuit)
+        for role in [*role_order, *([None] if plain else [])]:
+            text = "other member" if role is None else ROLE_SHORT.get(role, role)
+            colour = PLAIN_FILL if role is None else fills[role]
+            parts.append(f'<rect x="{_f(lx)}" y="{bottom}" width="10" height="10" fill="{colour}" stroke="#333"/>'
+                         f'<text x="{_f(lx + 14)}" y="{bottom + 9}" font-size="9" fill="#444">{_esc(text)}</text>')
+            lx += 24 + 5.2 * len(text)
+    for i, line in enumerate(notes):
+        parts.append(f'<text x="12" y="{bottom - 5 - 11 * (len(notes) - 1 - i)}" font-size="9" fill="#666">'
+                     f"{_esc(line)}</text>")
+    parts.append("</svg>")
     return "".join(parts)
 
 
@@ -444,5 +581,6 @@ def loss_curve(per_position: Sequence[float | None], boundaries: Sequence[float]
 
 
 __all__ = [
-    "GraphEdge", "answer_diagram", "circuit_diagram", "diverging", "faithfulness_curve", "head_graph", "loss_curve",
+    "GraphEdge", "answer_diagram", "circuit_diagram", "diagram_layout", "diverging", "faithfulness_curve",
+    "head_graph", "loss_curve",
 ]

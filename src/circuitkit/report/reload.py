@@ -278,6 +278,7 @@ def _circuit(data: dict[str, Any] | None) -> Any:
         intervals=_circuit_intervals(data),
         random_baseline=None if data.get("random_baseline") is None else SavedRandomBaseline(data["random_baseline"]),
         stability=None if data.get("stability") is None else SavedStability(data["stability"]),
+        evaluation=data.get("evaluation"),
     )
 
 

@@ -303,6 +303,7 @@ class ScoresCheck:
                 self.integer(settings[key], f"settings.{key}", 1, MAX_SIZE,
                              nullable=key == "edge_attribution_steps")
         self.integer(settings["seed"], "settings.seed", 0, MAX_INT)
+        self.integer(settings.get("evaluation_seed"), "settings.evaluation_seed", 0, MAX_INT, nullable=True)
         self.integer(settings.get("bos"), "settings.bos", 0, MAX_SIZE, nullable=True)
         self.text(settings.get("device", "cpu"), "settings.device", non_empty=True)
         for key, options in SETTINGS_OPTIONS.items():
@@ -427,7 +428,9 @@ class ScoresCheck:
     def circuit(self, value: Any) -> None:
         required = ("heads", "faithfulness", "necessity", "target", "method", "losses", "curve", "passes",
                     "ranked_by", "roles", "edges")
-        circuit = self.obj(value, "circuit", required, ("ci", "random_baseline", "stability"), nullable=True)
+        circuit = self.obj(value, "circuit", required, ("ci", "random_baseline", "stability", "explanations",
+                                                         "evaluation"),
+                           nullable=True)
         if circuit is None:
             return
         members = set(self.heads(circuit["heads"], "circuit.heads", non_empty=True))
@@ -470,6 +473,16 @@ class ScoresCheck:
             self.number(e["composition"], f"{at}.composition", 0.0, 1.0, tolerance=SCORE_TOLERANCE)
             self.flag(e["weight_only"], f"{at}.weight_only")
             self.interval(e.get("ci"), f"{at}.ci")
+        if "explanations" in circuit:  # what each member does, in words (recomputed from the figures on reload)
+            explained = self.obj(circuit["explanations"], "circuit.explanations")
+            for name, text in explained.items():
+                if self.head(name, "circuit.explanations") not in members:
+                    raise self.fail("circuit.explanations", name, "a head of circuit.heads")
+                self.text(text, f"circuit.explanations.{name}", non_empty=True)
+            missing = sorted(members - {self.head(name, "circuit.explanations") for name in explained})
+            if missing:
+                raise self.fail("circuit.explanations", validate.given(f"no entry for {missing[0][0]}.{missing[0][1]}"),
+                                "an explanation of every head of circuit.heads")
         if "ci" in circuit:
             ci = self.obj(circuit["ci"], "circuit.ci", (), ("faithfulness", "necessity", "losses"))
             self.interval(ci.get("faithfulness"), "circuit.ci.faithfulness")
@@ -477,6 +490,28 @@ class ScoresCheck:
             self.intervals(ci.get("losses", {}), "circuit.ci.losses")
         self.random_baseline(circuit.get("random_baseline"), len(members))
         self.stability(circuit.get("stability"))
+        self.evaluation(circuit.get("evaluation"))
+
+    def evaluation(self, value: Any) -> None:
+        """``circuit.evaluation`` (:func:`circuitkit.circuits.heldout.held_out`); absent in files written before it
+        was measured. ``faithfulness`` is null exactly where ``note`` says why."""
+        at = "circuit.evaluation"
+        keys = ("sequences", "seed", "faithfulness", "necessity", "losses", "passes", "note")
+        record = self.obj(value, at, keys, keys, nullable=True)
+        if record is None:
+            return
+        self.integer(record["sequences"], f"{at}.sequences", 1, MAX_SIZE)
+        self.integer(record["seed"], f"{at}.seed", 0, MAX_INT, nullable=True)
+        faithfulness = self.number(record["faithfulness"], f"{at}.faithfulness")
+        self.number(record["necessity"], f"{at}.necessity")
+        losses = self.obj(record["losses"], f"{at}.losses", ("clean", "all_ablated", "circuit_only"),
+                          ("clean", "all_ablated", "circuit_only"))
+        for key, loss in losses.items():
+            self.number(loss, f"{at}.losses.{key}", 0.0, nullable=False)
+        self.integer(record["passes"], f"{at}.passes", 1, MAX_INT)
+        note = self.text(record["note"], f"{at}.note", nullable=True, non_empty=True)
+        if (faithfulness is None) != (note is not None):
+            raise self.fail(f"{at}.note", note, "a reason exactly where faithfulness is null")
 
     def random_baseline(self, value: Any, size: int) -> None:
         """``circuit.random_baseline`` (:meth:`circuitkit.circuits.baseline.RandomBaseline.to_json`), or null."""

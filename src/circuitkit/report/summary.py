@@ -21,8 +21,8 @@ has the edge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from circuitkit._html import escape as _esc
@@ -234,10 +234,14 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
     no script. On the verified circuit where the scan found one (:func:`answer_html`)."""
     answer = find_answer(scan)
     if answer is not None:
-        text = "".join(f"<p>{s}</p>" for s in answer_html(answer))
-        figures = (answer_diagram(answer) + faithfulness_curve(answer.curve, answer.target, len(answer.circuit),
-                                                               answer.n_total, answer.curve_ci,
-                                                               _baseline_mark(answer))) if diagram else ""
+        text = "".join(s if s.startswith("<ul") else f"<p>{s}</p>" for s in answer_html(answer))
+        figures = ""
+        if diagram:  # beside the text, one above the other: the curve stays in view beside a long member list
+            drawn = answer_diagram(answer)
+            curve = faithfulness_curve(answer.curve, answer.target, len(answer.circuit), answer.n_total,
+                                       answer.curve_ci, _baseline_mark(answer))
+            tall = int(drawn.split('height="', 1)[1].split('"', 1)[0]) > TALL_DIAGRAM
+            figures = f'<div class="ck-answer-figures">{curve + drawn if tall else drawn + curve}</div>'
         return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
     story = find_story(scan)
     text = "".join(f"<p>{s}</p>" for s in sentences(scan, story))
@@ -246,6 +250,11 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
         text = f"<p><b>No circuit found by faithfulness:</b> {_esc(error.removeprefix('faithfulness: '))}</p>" + text
     figure = circuit_diagram(story) if diagram else ""
     return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figure}</div>'
+
+
+TALL_DIAGRAM = 480
+"""A circuit diagram taller than this (px: a circuit over eight layers or more) goes below the faithfulness curve,
+which then stays in view."""
 
 
 def _baseline_mark(answer: Any) -> tuple[float, float, float] | None:
@@ -308,7 +317,10 @@ class Answer:
     intervals: tuple[float, int, int] | None = None  # (level, n_resamples, sequences)
     random_baseline: Any = None  # circuits.baseline.RandomBaseline where measured
     stability: Any = None  # circuits.stability.Stability where measured
+    evaluation: Any = None  # the circuit on a held-out batch (circuits.heldout.held_out's dict) where measured
     edges_unmeasured: str | None = None  # why no edge between the circuit's heads was measured (None: some were)
+    # head name -> what it does, from the scan's figures (data.circuit_explanations)
+    explanations: Mapping[str, str] = field(default_factory=dict)
 
 
 def edges_unmeasured(scan: Scan, heads: tuple[Head, ...], patched: int) -> str | None:
@@ -381,7 +393,9 @@ def find_answer(scan: Scan) -> Answer | None:
         intervals=(float(getattr(settings, "ci_level", 0.95)), int(getattr(settings, "n_resamples", 0)),
                    int(settings.batch)) if (bounds or circuit_bounds) else None,
         random_baseline=getattr(verified, "random_baseline", None), stability=getattr(verified, "stability", None),
+        evaluation=getattr(verified, "evaluation", None),
         edges_unmeasured=edges_unmeasured(scan, tuple(h for h, _ in circuit), len(rows)),
+        explanations=data.circuit_explanations(scan),
     )
 
 
@@ -389,7 +403,9 @@ RANKED_BY = {"effect": "their single-head ablation effect", "joint": "their join
 
 
 def _roles_text(roles: tuple[str, ...]) -> str:
-    return "/".join(ROLE_SHORT.get(r, r) for r in roles) if roles else "no role"
+    """A member's roles as the circuit line writes them after its name ("" without one: its line under Members
+    says what it does)."""
+    return "/".join(ROLE_SHORT.get(r, r) for r in roles)
 
 
 def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> list[tuple[str, Any]]:
@@ -399,16 +415,38 @@ def _ci(interval: tuple[float, float] | None, fmt: str = ".2f") -> list[tuple[st
     return [("text", f" [{format(interval[0], fmt)}, {format(interval[1], fmt)}]")]
 
 
+def _held_out_parts(answer: Answer) -> list[tuple[str, Any]]:
+    """The circuit's figures on the held-out batch, beside the search batch's."""
+    held = answer.evaluation
+    seed = "" if held.get("seed") is None else f", seed {held['seed']}"
+    where = f"on {held['sequences']} fresh sequences of the same kind{seed}, which the search did not see"
+    if held.get("faithfulness") is None:
+        return [("text", f"{where}: not measured ({held.get('note')})")]
+    parts: list[tuple[str, Any]] = [("text", f"{where}, the same heads reach faithfulness "),
+                                    ("num", f"{held['faithfulness']:.2f}"),
+                                    ("text", f" (on the search batch {answer.faithfulness:.2f}; target "
+                                             f"{answer.target:.2f} applied there)")]
+    if held.get("necessity") is not None:
+        parts += [("text", "; necessity "), ("num", f"{held['necessity']:+.2f}"), ("text", " nats")]
+    return parts
+
+
 def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
     """The answer as (label, [(kind, value)]) sentences: ``kind`` ``"text"`` (plain words), ``"head"`` (a head),
+    ``"member"`` (a head of the Members sentence, its explanation the text after it),
     ``"num"`` (a figure, already formatted). :func:`answer_html` and :func:`answer_lines` both write these."""
     out: list[tuple[str, list[tuple[str, Any]]]] = []
     parts: list[tuple[str, Any]] = [("text", f"{len(answer.circuit)} of {answer.n_total} heads: ")]
     for i, (head, roles) in enumerate(answer.circuit):
         if i:
             parts.append(("text", ", "))
-        parts += [("head", head), ("text", f" {_roles_text(roles)}")]
+        parts += [("head", head)] + ([("text", f" {_roles_text(roles)}")] if roles else [])
     out.append(("Circuit", parts))
+    if answer.explanations:
+        members = []
+        for head in sorted(h for h, _ in answer.circuit):  # in layer order, as the diagram draws them
+            members += [("member", head), ("text", answer.explanations.get(head_name(head), ""))]
+        out.append(("Members", members))
     faith = [("num", f"{answer.faithfulness:.2f}"), *_ci(answer.faithfulness_ci),
              ("text", f" (target {answer.target:.2f}; exact: every other head {answer.method}-ablated, the circuit "
                       f"alone recovers {100 * answer.faithfulness:.0f}% of what all heads do; heads added in the "
@@ -418,6 +456,8 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
                   ("num", f"{answer.necessity:+.2f}"), *_ci(answer.necessity_ci, "+.2f"), ("text", " nats (exact)")]
     out.append(("Faithfulness", faith))
+    if answer.evaluation is not None:
+        out.append(("Held out", _held_out_parts(answer)))
     if answer.random_baseline is not None:
         baseline = answer.random_baseline
         parts = [("text", f"faithfulness of {baseline.n_sets} random sets of {baseline.size} heads: uniform ")]
@@ -509,10 +549,19 @@ def answer_html(answer: Answer) -> list[str]:
     """The answer's sentences as escaped HTML (heads clickable, figures bold)."""
     out = []
     for label, parts in answer_parts(answer):
+        if label == "Members":  # a list, one member a line (story_html writes it as it is, not in a <p>)
+            items = "".join(f"<li>Member {_head(head)}: {_esc(text)}.</li>" for head, text in _members(parts))
+            out.append(f'<ul class="ck-members" aria-label="what each member does">{items}</ul>')
+            continue
         body = "".join(_head(v) if kind == "head" else f"<b>{_esc(v)}</b>" if kind == "num" else _esc(v)
                        for kind, v in parts)
         out.append(f"<b>{_esc(label)}</b>: {body}.")
     return out
+
+
+def _members(parts: list[tuple[str, Any]]) -> list[tuple[Head, str]]:
+    """The Members sentence's ``(head, explanation)`` pairs."""
+    return [(head, text) for (_, head), (_, text) in zip(parts[::2], parts[1::2], strict=True)]
 
 
 SEARCH_SKIPPED = "circuit=True"
@@ -545,8 +594,14 @@ def answer_lines(scan: Scan, skipped: str | None = None) -> list[str]:
                            for role in data.scan_roles(scan))
         lines.append(f"Heads by pattern score alone: {called}.")
         return lines
-    return [f"{label}: " + "".join(head_name(v) if kind == "head" else str(v) for kind, v in parts) + "."
-            for label, parts in answer_parts(answer)]
+    lines = []
+    for label, parts in answer_parts(answer):
+        if label == "Members":  # one line per member
+            lines += [f"Member {head_name(head)}: {text}." for head, text in _members(parts)]
+        else:
+            lines.append(f"{label}: " + "".join(head_name(v) if kind == "head" else str(v) for kind, v in parts)
+                         + ".")
+    return lines
 
 
 __all__ = ["Answer", "AnswerEdge", "Link", "Story", "answer_html", "answer_lines", "answer_parts", "find_answer",

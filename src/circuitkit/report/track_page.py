@@ -11,6 +11,10 @@ hundred elements, deterministic bytes for the same track, readable before any sc
   each head's score against the step: the heads that matter (called at the last checkpoint, or named at the phase
   change) in colour with their names, every other head faint grey, the scan's calling threshold dashed;
 - the loss per position at a few checkpoints (the first, the two around the phase change, the last);
+- with a task (``circuitkit track CKPT --task FILE``): its mean clean and corrupted metric and their gap against
+  the step (the interval where the gap rises most shaded), the node circuit's faithfulness on the discovery and
+  the held-out pairs, and every head's EAP-IG node score with the :data:`TOP_TASK_HEADS` largest at the last
+  checkpoint in colour;
 - a table of every checkpoint.
 
 Every string from the user (labels, sources) is HTML-escaped.
@@ -40,6 +44,9 @@ LOG_X_RATIO = 100
 """Steps are drawn on a log axis (of 1 + step) when the largest is over this many times the smallest non-zero one
 (Pythia's checkpoints: 1, 2, 4, ..., 512, 1000, ..., 143000)."""
 MAX_LOSS_CURVES = 4
+TOP_TASK_HEADS = 5
+"""Heads named in colour on the task's head-score chart: those of largest absolute EAP-IG node score at the last
+checkpoint."""
 PHASE_SCORE = "induction"
 """The score whose heads :mod:`circuitkit.tracking.phase` names at the phase change."""
 STYLE = (
@@ -198,8 +205,14 @@ def _band(change: dict[str, Any]) -> tuple[list[float] | None, str]:
 
 def head_chart(track: Track, score: str, highlight: Sequence[str], *, hline: float | None) -> str:
     """Every head's ``score`` against the step; ``highlight`` in colour, the others faint."""
+    return _heads_chart(track, track.scores(score), highlight, y_label=f"{score.replace('_', '-')} score",
+                        hline=hline, y_floor=0.0, band=_band(track.phase_change))
+
+
+def _heads_chart(track: Track, values: Any, highlight: Sequence[str], *, y_label: str, hline: float | None,
+                 y_floor: float | None, band: tuple[list[float] | None, str]) -> str:
+    """``values`` ``[checkpoint, layer, head]`` of every head against the step; ``highlight`` in colour."""
     steps = track.steps
-    values = track.scores(score)  # [checkpoint, layer, head]
     series = []
     n_layers, n_heads = values.shape[1:]
     colours = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(highlight)}
@@ -211,9 +224,60 @@ def head_chart(track: Track, score: str, highlight: Sequence[str], *, hline: flo
             series.append({"name": f"head {name}", "xs": steps, "ys": ys, "legend": chosen,
                            "colour": colours.get(name, FAINT), "width": 2.2 if chosen else 1.0,
                            "opacity": 1.0 if chosen else 0.7})
-    band, label = _band(track.phase_change)
-    return line_chart(series, x_label="training step", y_label=f"{score.replace('_', '-')} score",
-                      log_x=_log_x(steps), band=band, band_label=label, hline=hline, y_floor=0.0)
+    return line_chart(series, x_label="training step", y_label=y_label, log_x=_log_x(steps), band=band[0],
+                      band_label=band[1], hline=hline, y_floor=y_floor)
+
+
+def _task_band(track: Track) -> tuple[list[float] | None, str]:
+    change = track.phase_change.get("task") or {}
+    if change.get("step") is None:
+        return None, ""
+    return change["interval"], f"task gap rises most (step {change['step']})"
+
+
+def top_task_heads(track: Track, k: int = TOP_TASK_HEADS) -> list[str]:
+    """The ``k`` heads of largest absolute EAP-IG node score for the task at the last checkpoint."""
+    last = track.task_scores("scores")[-1].abs().nan_to_num(-1.0).flatten()
+    n_heads = track.model["n_heads"]
+    order = sorted(range(last.numel()), key=lambda i: (-float(last[i]), i))[:k]
+    return [f"{i // n_heads}.{i % n_heads}" for i in order if float(last[i]) >= 0]
+
+
+def _task_sections(track: Track) -> list[str]:
+    """The task's figures along the run (a track measured with a task)."""
+    steps, log_x, band = track.steps, _log_x(track.steps), _task_band(track)
+    units = track.checkpoints[-1]["task"]["units"]
+    setting = track.task
+    metric = line_chart(
+        [{"name": "clean", "xs": steps, "ys": track.task_values("clean"), "colour": "#2e9d5b", "legend": True},
+         {"name": "corrupted", "xs": steps, "ys": track.task_values("corrupted"), "colour": "#d9822b",
+          "legend": True},
+         {"name": "gap", "xs": steps, "ys": track.task_values("gap"), "colour": "#2e6db4", "width": 2.6,
+          "legend": True}],
+        x_label="training step", y_label=f"{setting['metric']} ({units})", log_x=log_x, band=band[0],
+        band_label=band[1])
+    faithful = line_chart(
+        [{"name": "discovery pairs", "xs": steps, "ys": track.task_values("faithfulness"), "colour": "#2e6db4",
+          "legend": True},
+         {"name": "held-out pairs", "xs": steps, "ys": track.task_values("evaluation"), "colour": "#c0392b",
+          "legend": True}],
+        x_label="training step", y_label="node circuit faithfulness", log_x=log_x, band=band[0],
+        band_label=band[1], hline=setting["target"])
+    heads = _heads_chart(track, track.task_scores("scores"), top_task_heads(track),
+                         y_label="EAP-IG node score", hline=None, y_floor=None, band=band)
+    name = setting["name"]
+    return [
+        _section("task", f"Task {name!r}: metric along the run", f"Mean {setting['metric']} over the task's "
+                 f"{setting['pairs']} pairs on the clean and corrupted prompts, and their gap (clean minus "
+                 "corrupted); shaded: the interval where the gap rises most.", metric),
+        _section("task_circuit", "Task: node circuit faithfulness", f"The smallest top-ranked head set reaching "
+                 f"faithfulness {setting['target']} on the discovery pairs (dashed), and the same heads' faithfulness "
+                 "on the held-out pairs; a gap in a line: no circuit at that checkpoint (the corrupted prompts do "
+                 "not change the metric).", faithful),
+        _section("task_heads", "Task: EAP-IG node score of every head", f"Coloured: the {TOP_TASK_HEADS} heads of "
+                 "largest absolute score at the last checkpoint; grey: the rest. EAP-IG = edge attribution patching "
+                 "with integrated gradients, each head's first-order share of the gap.", heads),
+    ]
 
 
 def _role_section(track: Track, role: Role) -> str:
@@ -274,7 +338,60 @@ def sentences(track: Track) -> list[str]:
             lines.append(f"{what} at the last checkpoint: {text}.")
     if change["order"]:
         lines.append(f"Order of formation (earliest rise, a fifth of the way to the final score): {change['order']}.")
+    if track.task is not None:
+        lines += task_sentences(track)
     return lines
+
+
+def task_sentences(track: Track) -> list[str]:
+    """The task's figures in words (a track measured with a task)."""
+    setting, change = track.task, track.phase_change.get("task") or {}
+    gaps = track.task_values("gap")
+    last = track.checkpoints[-1]["task"]
+    lines = [f"Task {setting['name']!r} ({setting['pairs']} pairs, metric {setting['metric']}, {last['units']}): "
+             f"the gap between clean and corrupted goes from {gaps[0]:+.3f} to {gaps[-1]:+.3f}."]
+    if change.get("step") is not None:
+        a, b = change["interval"]
+        lines.append(f"The task's gap rises most between steps {a} and {b} ({change['rise']:+.3f}, "
+                     f"{100 * change['share']:.0f}% of its total rise).")
+    elif change.get("reason"):
+        lines.append(f"No change of the task's gap located: {change['reason']}.")
+    circuit = last["circuit"]
+    if circuit is None:
+        lines.append(f"No node circuit at the last checkpoint: {last['circuit_error']}")
+    else:
+        held = circuit["evaluation"]
+        held_text = ("" if held is None or held["faithfulness"] is None else
+                     f"; on the {held['pairs']} held-out pairs {held['faithfulness']:.3f}")
+        lines.append(f"Node circuit at the last checkpoint: {circuit['size']} of {circuit['n_nodes']} nodes reach "
+                     f"faithfulness {circuit['faithfulness']:.3f} on the discovery pairs (target {setting['target']})"
+                     f"{held_text}; heads {', '.join(circuit['heads'][:12])}"
+                     f"{' ...' if len(circuit['heads']) > 12 else ''}.")
+    if change.get("circuit_from") is not None:
+        lines.append(f"From step {change['circuit_from']} on, every checkpoint shows the behaviour (a gap of at least "
+                     f"{change['min_gap']}) and a node circuit of it.")
+    return lines
+
+
+def task_table(track: Track) -> list[str]:
+    """The task's figures per checkpoint as fixed-width text rows (the terminal's table), header first, a line saying
+    what the columns are last."""
+    rows = [("step", "clean", "corrupted", "gap", "circuit", "faithful", "held-out", "top head")]
+    n_heads = track.model["n_heads"]
+    for r in track.checkpoints:
+        entry, circuit = r["task"], r["task"]["circuit"]
+        flat = [abs(v) if v is not None else -1.0 for row in entry["scores"] for v in row]
+        best = max(range(len(flat)), key=lambda i: (flat[i], -i))
+        held = None if circuit is None or circuit["evaluation"] is None else circuit["evaluation"]["faithfulness"]
+        rows.append((str(r["step"]), f"{entry['clean']:+.3f}", f"{entry['corrupted']:+.3f}", f"{entry['gap']:+.3f}",
+                     "-" if circuit is None else f"{circuit['size']}/{circuit['n_nodes']}",
+                     "-" if circuit is None else f"{circuit['faithfulness']:.3f}",
+                     "-" if held is None else f"{held:.3f}", f"{best // n_heads}.{best % n_heads}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    legend = (f"(mean {track.task['metric']}; circuit: node circuit size / nodes at faithfulness "
+              f"{track.task['target']} on the discovery pairs; faithful: its faithfulness there; held-out: the same "
+              "heads on the held-out pairs; top head: largest |EAP-IG node score|)")
+    return ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows] + [legend]
 
 
 def _table(track: Track) -> str:
@@ -285,10 +402,22 @@ def _table(track: Track) -> str:
         rows.append(f"<tr{cls}><td>{r['step']}</td><td class=\"l\">{_esc(r['label'])}</td>"
                     f"<td>{r['icl_score']:.3f}</td><td>{r['first_copy_loss']:.3f}</td><td>{r['repeated_loss']:.3f}</td>"
                     + "".join(f"<td class=\"l\">{_esc(', '.join(r['called'].get(role.score, [])))}</td>"
-                              for role in DEFAULT_ROLES) + "</tr>")
+                              for role in DEFAULT_ROLES) + _task_cells(r) + "</tr>")
     called = "".join(f"<th class=\"l\">{_esc(role.group)}</th>" for role in DEFAULT_ROLES)
+    task = ("<th>task gap</th><th>circuit size</th><th>faithfulness</th><th>held-out</th>"
+            if track.task is not None else "")
     return ("<table><thead><tr><th>step</th><th class=\"l\">label</th><th>ICL score</th><th>first-copy loss</th>"
-            f"<th>repeated loss</th>{called}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            f"<th>repeated loss</th>{called}{task}</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _task_cells(record: dict[str, Any]) -> str:
+    if "task" not in record:
+        return ""
+    entry, circuit = record["task"], record["task"]["circuit"]
+    held = None if circuit is None or circuit["evaluation"] is None else circuit["evaluation"]["faithfulness"]
+    cells = [f"{entry['gap']:+.3f}", "" if circuit is None else f"{circuit['size']} of {circuit['n_nodes']}",
+             "" if circuit is None else f"{circuit['faithfulness']:.3f}", "" if held is None else f"{held:.3f}"]
+    return "".join(f"<td>{c}</td>" for c in cells)
 
 
 def _section(key: str, title: str, note: str, body: str) -> str:
@@ -327,6 +456,7 @@ def build_track_report(track: Track) -> str:
         _section("losses", "First-copy and repeated-copies loss", "The repeated copies become predictable in "
                  "context; the first copy cannot.", losses),
         *(_role_section(track, role) for role in DEFAULT_ROLES),
+        *(_task_sections(track) if track.task is not None else ()),
         _section("loss_per_position", "Loss per position", "At the first and last checkpoints and either side of the "
                  "phase change; the random block repeats, so the loss drops after its first copy once the model "
                  "learns in context.", per_position),
@@ -369,4 +499,5 @@ def export_track_pngs(report: str | os.PathLike, out_dir: str | os.PathLike, *, 
     return written
 
 
-__all__ = ["build_track_report", "export_track_pngs", "line_chart", "sentences", "summary_html"]
+__all__ = ["build_track_report", "export_track_pngs", "line_chart", "sentences", "summary_html", "task_sentences",
+           "task_table", "top_task_heads"]

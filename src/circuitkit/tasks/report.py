@@ -1,125 +1,249 @@
-"""A task scan's ``report.html``: one self-contained page (opens offline) that puts the answer first.
+"""A task scan's ``report.html``: one self-contained page (opens offline) in the induction report's design.
 
-Sections: the answer; the task (metric on clean and corrupted prompts, a few pairs); the node circuit's
-faithfulness curve and the edge circuit's (MIB sizes, CPR / CMD); the circuit's heads with their EAP-IG score,
-direct logit attribution and the task's own head scores; the strongest edges with their exact effects; the
-circuit heads' attention on the first clean prompt (CircuitsVis, its JavaScript inlined).
+The same layout, stylesheet and page script as :mod:`circuitkit.report.page` (``report/assets``): a main column of
+sections and a sticky side panel (``#ck-detail``: the selected head's figures and its attention on the task's first
+clean prompt), the page data as JSON and the attention patterns and CircuitsVis bundle packed in ``<script>``
+elements. Sections, in order:
+
+- **the answer** (:meth:`TaskScan.answer`, as plain HTML: each line a paragraph, the circuit's heads links that
+  select them) and the circuit as a diagram of typed nodes (:mod:`circuitkit.tasks.diagram`);
+- **the circuit's attention** on the first clean prompt (CircuitsVis ``AttentionHeads`` of its heads);
+- **all heads**: the sortable, filterable table of every head with the task's columns (EAP-IG score, DLA, the
+  task's head scores, pattern scores, in the circuit), written as plain HTML too;
+- **scores by layer**: one ``[layer, head]`` heatmap per column;
+- **faithfulness**: the node circuit's curve (its interval as a whisker), the same sets on the held-out pairs,
+  the edge circuit's curve over MIB's sizes;
+- **the circuit's edges**: the strongest with their exact effects;
+- **the task**: its description and first pairs with their metric; **model and settings**.
+
+Without JavaScript the answer, the diagram, the curves and every table read as they are; the heatmaps, the
+attention views and sorting need it. Every string from the model or the user is escaped; the output is a pure
+function of the scan (the same scan, the same bytes), so a loaded scan writes the same page.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
-from circuitkit._html import escape
-from circuitkit.errors import CircuitkitError
-from circuitkit.ranking import head_name
+from circuitkit._html import escape, script_json
+from circuitkit.report.sections import Section
 
-STYLE = """
-body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:16px;color:#1d2330}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #dde;padding-bottom:4px}
-.answer{background:#f3f6fb;border-left:4px solid #3465a4;padding:10px 14px;white-space:pre-wrap}
-table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}
-th{background:#f6f6f8}td.l,th.l{text-align:left}.figs{display:flex;flex-wrap:wrap;gap:18px}
-.figs figure{margin:0}figcaption{font-size:13px;color:#555;max-width:320px}code{font-size:13px}
-.scroll{overflow-x:auto;max-width:100%}
-"""
+PAIRS_SHOWN = 5
+"""Pairs the task section lists with their metric (every pair is in ``scores.json``)."""
+HEAD_TEXT = re.compile(r"(?<![\d.+\-])(\d+)\.(0|[1-9]\d*)(?!\d|\.\d)")
+"""A head name in the answer's text (``1.2``; not a number such as ``+1.284`` or ``0.048``)."""
 
 
-def _curve_svg(points: list[tuple[int, float]], target: float, chosen: int, total: int, unit: str = "heads") -> str:
+def _roles(scan: Any) -> dict[str, list[str]] | None:
+    """The scan's IOI roles by name, heads as ``"layer.head"`` (None where the rules do not apply)."""
+    from circuitkit.ranking import head_name
+    from circuitkit.tasks.roles import ioi_roles
+
+    roles = ioi_roles(scan)
+    return None if roles is None else {role: [head_name(h) for h in heads] for role, heads in roles.items()}
+
+
+def _answer_html(scan: Any) -> str:
+    """The answer's lines as paragraphs, escaped; head names of the circuit and of the task's roles as links that
+    select the head (other numbers untouched)."""
+    linked = {f"{a}.{b}" for a, b in (scan.circuit.heads if scan.circuit is not None else ())}
+    linked |= {h for heads in (_roles(scan) or {}).values() for h in heads}
+    for values in scan.head_scores.values():
+        from circuitkit.ranking import top_heads
+
+        linked |= {f"{a}.{b}" for (a, b), _ in top_heads(values, 3)}
+
+    def link(match: re.Match) -> str:
+        name = f"{match.group(1)}.{match.group(2)}"
+        return f'<span class="ck-head" data-head="{name}" tabindex="0">{name}</span>' if name in linked else name
+
+    lines = []
+    for line in scan.answer().splitlines():
+        legend = line.startswith("Legend:")  # its numbers are thresholds, never heads
+        text = escape(line) if legend else HEAD_TEXT.sub(link, escape(line))
+        cls = ' class="note"' if legend else ""
+        lines.append(f"<p{cls}>{'&nbsp;&nbsp;' if line.startswith('  ') else ''}{text}</p>")
+    return "".join(lines)
+
+
+def answer_section(scan: Any) -> Section:
+    from circuitkit.tasks.diagram import circuit_diagram
+
+    diagram = circuit_diagram(scan) if scan.circuit is not None else ""
+    body = f'<div class="ck-answer"><div class="ck-answer-text">{_answer_html(scan)}</div></div>{diagram}'
+    return Section("summary", "The answer", body)
+
+
+def patterns_section(scan: Any) -> Section | None:
+    from circuitkit.tasks.report_data import CIRCUIT_VIEW_HEADS, ranked_circuit
+
+    heads = ranked_circuit(scan)[:CIRCUIT_VIEW_HEADS]
+    if not heads or scan.patterns is None:
+        return None
+    tokens = " ".join(f"<code>{escape(t)}</code>" for t in scan.tokens)
+    note = (f"CircuitsVis AttentionHeads of the circuit's heads ({', '.join(f'{a}.{b}' for a, b in sorted(heads))}) "
+            "on the task's first clean prompt: hover a thumbnail to enlarge it, click to keep it. Rows: query "
+            "position, columns: key; blue = attention.")
+    return Section("patterns", "The circuit's attention on a task prompt",
+                   f'<p class="ck-tokens">{tokens}</p><div id="ck-cv-circuit" class="ck-cv ck-cv-circuit"></div>',
+                   note)
+
+
+def _cell(column: dict[str, Any], i: int) -> str:
+    value = column["values"][i]
+    if column.get("flag"):
+        return "yes" if value else ""
+    return "" if value is None else f"{value:.3f}"
+
+
+def heads_section(scan: Any, columns: list[dict[str, Any]]) -> Section:
+    from circuitkit.tasks.table import task_table
+
+    n_heads = scan.model.n_heads
+    header = '<th scope="col">head</th>' + "".join(
+        f'<th scope="col" title="{escape(c["description"])}">{escape(c["short"])}</th>' for c in columns)
+    rows = []
+    for row in task_table(scan):  # by |EAP-IG score|, as the page script sorts it
+        i = row["layer"] * n_heads + row["index"]
+        rows.append(f'<tr><th scope="row">{row["head"]}</th>'
+                    + "".join(f"<td>{_cell(c, i)}</td>" for c in columns) + "</tr>")
+    legend = "".join(f"<li><b>{escape(c['short'])}</b>: {escape(c['description'])}</li>" for c in columns)
+    body = ('<div class="ck-controls"><input id="ck-filter" type="search" spellcheck="false" '
+            'placeholder="filter: 3  3.4  circuit>0  EAP-IG>0.1  top" aria-label="filter heads"> '
+            '<span id="ck-count" class="note"></span></div>'
+            f'<div class="ck-table-wrap"><table id="ck-table" class="ck-heads"><thead><tr>{header}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>"
+            f'<details class="ck-legend"><summary>columns</summary><ul>{legend}</ul></details>')
+    note = ("Every head with the task's columns, largest |EAP-IG score| first. Click a column to sort, a row to "
+            "inspect the head. Colours: white at 0 (pattern scores: at what a random head scores), red above, blue "
+            "below; bold and boxed: the top heads of each column.")
+    return Section("heads", "All heads", body, note)
+
+
+def heatmaps_section(scan: Any) -> Section:
+    return Section("scores", "Scores by layer", '<div id="ck-heatmaps" class="ck-multiples"></div>',
+                   "One grid per column of the table: rows = layers, columns = heads. Click a cell.")
+
+
+def faithfulness_section(scan: Any) -> Section | None:
     from circuitkit.report.figures import faithfulness_curve
 
-    return faithfulness_curve(points, target, chosen, total, unit=unit)
+    c = scan.circuit
+    if c is None:
+        return None
+    size = len(c.heads) + len(c.mlps)
+    unit = "nodes" if c.mlps or c.n_nodes_total > scan.model.n_layers * scan.model.n_heads else "heads"
+    whisker = {size: c.intervals["faithfulness"]} if "faithfulness" in c.intervals else None
+    figures = [(faithfulness_curve([(p.size, p.faithfulness) for p in c.curve], c.target, size, c.n_nodes_total,
+                                   whisker, unit=unit),
+                f"Node circuit: the top-n {unit} by EAP-IG score kept, every other one patched from the corrupted "
+                "prompt (every point measured; the whisker: the interval over the pairs).")]
+    other = c.other_set
+    if other and other.get("curve"):
+        points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
+        figures.append((faithfulness_curve(points, c.target, size, c.n_nodes_total, unit=unit),
+                        f"The same {unit} on the {other['pairs']} {escape(other['set'])} pairs the search did not "
+                        f"use: faithfulness {other['faithfulness']:.3f} at the circuit's size."))
+    if c.edge_curve:
+        figures.append((faithfulness_curve([(p.size, p.faithfulness) for p in c.edge_curve], c.target, len(c.edges),
+                                           c.n_edges_total, unit="edges"),
+                        f"Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges), edges ranked by "
+                        f"{escape(c.rank)} score. MIB's CPR {c.cpr:.3f} (the area under this curve with edges ranked "
+                        f"by signed score), CMD {c.cmd:.3f} (the area between 1 and it with edges ranked by absolute "
+                        "score)."))
+    body = '<div class="ck-answer">' + "".join(
+        f'<figure style="margin:0">{svg}<figcaption class="note" style="max-width:300px">{caption}</figcaption>'
+        "</figure>" for svg, caption in figures) + "</div>"
+    return Section("faithfulness", "Faithfulness", body)
 
 
-def task_report(result: Any) -> str:
-    """The page for a :class:`~circuitkit.tasks.TaskScan`."""
-    task, c, model = result.task, result.circuit, result.model
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport "
-             f"content='width=device-width,initial-scale=1'><title>circuitkit: {escape(task.name)} on "
-             f"{escape(model.name)}</title><style>{STYLE}</style></head><body>",
-             f"<h1>The {escape(task.name)} circuit of {escape(model.name)}</h1>",
-             f"<div class=answer>{escape(result.answer())}</div>"]
-    parts.append("<h2>The task</h2><p>" + escape(task.description or "") + "</p>")
-    parts.append("<div class=scroll><table><tr><th class=l>pair</th><th class=l>clean</th><th class=l>corrupted</th>"
-                 "<th class=l>answer</th><th class=l>wrong</th><th>metric clean</th><th>corrupted</th></tr>")
-    for i, pair in enumerate(task.pairs[:5]):
-        parts.append(f"<tr><td>{i}</td><td class=l><code>{escape(_text(pair.clean))}</code></td>"
-                     f"<td class=l><code>{escape(_text(pair.corrupted))}</code></td>"
-                     f"<td class=l><code>{escape(_text(pair.answers))}</code></td>"
-                     f"<td class=l><code>{escape(_text(pair.wrongs))}</code></td>"
-                     f"<td>{float(result.clean[i]):+.3f}</td><td>{float(result.corrupted[i]):+.3f}</td></tr>")
-    parts.append("</table></div>")
-    if c is not None:
-        node_points = [(p.size, p.faithfulness) for p in c.curve]
-        edge_points = [(p.size, p.faithfulness) for p in c.edge_curve]
-        parts.append("<h2>Faithfulness</h2><div class=figs>")
-        parts.append(f"<figure>{_curve_svg(node_points, c.target, len(c.heads) + len(c.mlps), c.n_nodes_total)}"
-                     f"<figcaption>Node circuit: the top-n nodes by EAP-IG score kept, every other node patched from "
-                     f"the corrupted prompt (every point measured).</figcaption></figure>")
-        other = c.other_set
-        if other and other.get("curve"):
-            points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
-            parts.append(f"<figure>{_curve_svg(points, c.target, len(c.heads) + len(c.mlps), c.n_nodes_total)}"
-                         f"<figcaption>The same node sets on the {other['pairs']} {escape(other['set'])} pairs the "
-                         f"search did not use: faithfulness {other['faithfulness']:.3f} at the circuit's size (every "
-                         "point measured).</figcaption></figure>")
-        if edge_points:
-            parts.append(f"<figure>{_curve_svg(edge_points, c.target, len(c.edges), c.n_edges_total, 'edges')}"
-                         f"<figcaption>Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges), "
-                         f"edges ranked by {c.rank} score. MIB's CPR {c.cpr:.3f} (the area under this curve with "
-                         f"edges ranked by signed score), CMD {c.cmd:.3f} (the area between 1 and it with edges "
-                         "ranked by absolute score).</figcaption></figure>")
-        parts.append("</div>")
-        extra = list(result.head_scores) + [n for n in result.pattern_scores if n not in result.head_scores]
-        labels = {n: _short(n) for n in extra}
-        values = {**result.pattern_scores, **result.head_scores}
-        parts.append("<h2>The circuit's heads</h2><div class=scroll><table><tr><th class=l>head</th><th>EAP-IG "
-                     "score</th><th>direct logit attribution</th>"
-                     + "".join(f"<th title='{escape(n)}'>{escape(labels[n])}</th>" for n in extra) + "</tr>")
-        for layer, head in c.heads:
-            dla = "" if result.dla is None else f"{float(result.dla[layer, head]):+.3f}"
-            cells = "".join(f"<td>{float(values[n][layer, head]):+.3f}</td>" for n in extra)
-            parts.append(f"<tr><td class=l>{head_name((layer, head))}</td>"
-                         f"<td>{float(result.scores[layer, head]):+.3f}</td><td>{dla}</td>{cells}</tr>")
-        parts.append("</table></div>")
-        if c.edge_effects:
-            parts.append("<h2>The strongest edges</h2><table><tr><th class=l>edge</th><th>EAP-IG score</th>"
-                         "<th>exact effect (path patched)</th></tr>")
-            for e in c.edge_effects:
-                parts.append(f"<tr><td class=l>{escape(e.name)}</td><td>{e.score:+.3f}</td>"
-                             f"<td>{e.effect:+.3f}</td></tr>")
-            parts.append("</table>")
-        if c.heads:
-            parts.append(_patterns(result, c.heads[:MAX_PATTERN_HEADS]))
-    parts.append("</body></html>\n")
-    return "".join(parts)
-
-
-def _short(score: str) -> str:
-    """A registered score's short column name (``prev`` for ``previous_token``), else the name itself."""
-    from circuitkit.detect import registry
-
-    try:
-        return registry.get(score).short
-    except CircuitkitError:  # a task's own score is not registered
-        return score
-
-
-MAX_PATTERN_HEADS = 16
-"""Circuit heads whose attention the report draws (the first in layer order)."""
-
-
-def _patterns(result: Any, heads: Any) -> str:
-    from circuitkit.viz.attention import attention_heads
-
-    view = attention_heads({h: result.patterns[h[0], h[1]] for h in heads}, list(result.tokens))
-    return (f"<h2>Attention of the circuit's heads on the first clean prompt</h2><div>{view.local_src}</div>")
+def edges_section(scan: Any) -> Section | None:
+    c = scan.circuit
+    if c is None or not c.edge_effects:
+        return None
+    rows = "".join(f"<tr><td>{escape(e.name)}</td><td>{e.score:+.3f}</td><td>{e.effect:+.3f}</td></tr>"
+                   for e in c.edge_effects)
+    more = (f"<details><summary>every edge of the circuit ({len(c.edges)})</summary><p>"
+            + ", ".join(f"<code>{escape(e)}</code>" for e in c.edges) + "</p></details>") if c.edges else ""
+    body = ('<table class="ck-small"><tr><th>edge</th><th>EAP-IG score</th><th>exact effect (path patched)</th></tr>'
+            f"{rows}</table>{more}")
+    return Section("edges", "The circuit's strongest edges", body,
+                   "Each edge's exact effect: the mean metric lost when only that edge takes its corrupted value.")
 
 
 def _text(value: Any) -> str:
     if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
         return " | ".join(value)
     return str(list(value)) if isinstance(value, tuple) else str(value)
+
+
+def task_section(scan: Any) -> Section:
+    task = scan.task
+    rows = "".join(
+        f"<tr><td>{i}</td><td><code>{escape(_text(p.clean))}</code></td><td><code>{escape(_text(p.corrupted))}"
+        f"</code></td><td><code>{escape(_text(p.answers))}</code></td><td><code>{escape(_text(p.wrongs))}</code></td>"
+        f"<td>{float(scan.clean[i]):+.3f}</td><td>{float(scan.corrupted[i]):+.3f}</td></tr>"
+        for i, p in enumerate(task.pairs[:PAIRS_SHOWN]))
+    body = (f"<p>{escape(task.description)}</p>" if task.description else "") + (
+        '<div style="overflow-x:auto"><table class="ck-small"><tr><th>pair</th><th>clean</th><th>corrupted</th>'
+        f"<th>answer</th><th>wrong</th><th>metric clean</th><th>corrupted</th></tr>{rows}</table></div>")
+    note = f"The first {min(PAIRS_SHOWN, task.n_pairs)} of {task.n_pairs} pairs (scores.json holds them all)."
+    return Section("task", "The task", body, note, png=False)
+
+
+def details_section(scan: Any) -> Section:
+    rows = [(k, v) for k, v in scan.model.as_dict().items() if v is not None]
+    rows += [(k, json.dumps(v, sort_keys=True) if isinstance(v, dict) else v) for k, v in sorted(scan.settings.items())]
+    rows += [(f"stage {s.name}", f"{s.passes:g} passes, {s.seconds:.2f} s") for s in scan.stages]
+    table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+    return Section("details", "Model and settings", f'<table class="ck-small">{table}</table>', png=False)
+
+
+def task_report(scan: Any, *, compress: bool = True) -> str:
+    """The page for a :class:`~circuitkit.tasks.TaskScan` (see the module docstring)."""
+    from circuitkit import __version__
+    from circuitkit.report import summary
+    from circuitkit.report.page import (
+        CIRCUITSVIS_ID,
+        NO_SCRIPT_STATUS,
+        asset,
+        pack,
+        packed_circuitsvis,
+        render_section,
+        script_code,
+    )
+    from circuitkit.tasks.report_data import page_data
+
+    data, blobs = page_data(scan, _roles(scan))
+    sections = [s for s in (answer_section(scan), patterns_section(scan), heads_section(scan, data["columns"]),
+                            heatmaps_section(scan), faithfulness_section(scan), edges_section(scan),
+                            task_section(scan), details_section(scan)) if s is not None]
+    nav = "".join(f'<a href="#ck-sec-{escape(s.id)}">{escape(s.title)}</a>' for s in sections)
+    packed = []
+    for name, blob in blobs.items():
+        mime, text = pack(blob, compress=compress)
+        packed.append(f'<script type="{mime}" id="ck-blob-{escape(name)}">{text}</script>')
+    lib_mime, lib_text = packed_circuitsvis(compress)
+    packed.append(f'<script type="{lib_mime}" id="{CIRCUITSVIS_ID}">{lib_text}</script>')
+    title = f"circuitkit: the {scan.task.name} circuit of {scan.model.name}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{asset('report.css')}</style></head><body>\n"
+        '<div class="ck-layout"><main class="ck-main">'
+        f'<header><h1>{escape(title)}</h1><p class="ck-model">{summary.model_line(scan)}</p>'
+        f'<nav>{nav}</nav><p id="ck-status" class="note">{NO_SCRIPT_STATUS}</p></header>\n'
+        + "\n".join(render_section(s) for s in sections)
+        + f'\n<footer class="note">circuitkit {escape(__version__)}</footer></main>\n'
+        '<aside id="ck-detail" class="ck-detail" aria-live="polite"><p class="note">Click a head (a table row, a '
+        "heatmap cell, a node of the diagram) to see its scores and its attention on the first clean prompt.</p>"
+        "</aside></div>\n"
+        f'<script type="application/json" id="ck-data">{script_json(data)}</script>\n'
+        + "\n".join(packed)
+        + f"\n<script>{script_code(asset('report.js'))}</script>\n</body></html>\n"
+    )
 
 
 __all__ = ["task_report"]

@@ -15,6 +15,11 @@ are rules over figures the scan measured, never new measurements; each rule says
   one of these and a name-mover role.
 
 Heads outside the node circuit get no role. A role no head meets is left out; the answer names the rule set once.
+
+:func:`member_explanations` then words what every head of the node circuit does, from the same figures and the
+rest the scan measured (:mod:`circuitkit.circuits.explain`): its role here, the pattern scores that call it, its
+direct logit attribution, the edge circuit's edges it sends and receives with their exact effects, its step on the
+faithfulness curve; a head no rule names still gets a phrase.
 """
 
 from __future__ import annotations
@@ -87,4 +92,66 @@ def roles_line(result: Any) -> str | None:
     return "IOI roles (Wang et al. 2022, from this scan's figures): " + "; ".join(parts) + edges_note + "."
 
 
-__all__ = ["PATTERN_CALL", "ROLE_ORDER", "ioi_roles", "roles_line"]
+NAMED_ROLES = ("name mover", "negative name mover", "S-inhibition")
+"""The roles a member's explanation names as roles: the pattern roles are said as its pattern calls instead."""
+
+
+def node_order(result: Any) -> list[tuple[int, int | None]]:
+    """The nodes in the order the node search added them (:func:`circuitkit.tasks.circuit.node_order`, read back
+    from the scan's node scores: heads ``(layer, head)``, then MLPs ``(layer, None)`` where they were nodes; by
+    score, largest first, by magnitude with ``rank="abs"``, ties in that order)."""
+    import torch
+
+    L, H = result.scores.shape
+    settings = result.settings
+    mlp_nodes = bool(settings.get("mlp_nodes")) and bool(settings.get("mlps")) and result.scores_mlp is not None
+    nodes: list[tuple[int, int | None]] = [(layer, h) for layer in range(L) for h in range(H)]
+    values = [float(v) for v in result.scores.reshape(-1).tolist()]
+    if mlp_nodes:
+        nodes += [(layer, None) for layer in range(L)]
+        values += [float(v) for v in result.scores_mlp.tolist()]
+    key = torch.tensor(values, dtype=torch.float32, device="cpu")
+    key = key.abs() if settings.get("rank") == "abs" else key
+    return [nodes[i] for i in torch.sort(-key, stable=True).indices.tolist()]
+
+
+def member_explanations(result: Any) -> dict[str, str] | None:
+    """``head name -> what it does`` for every head of the task scan's node circuit
+    (:func:`circuitkit.circuits.explain.task_explanations`); None without a circuit."""
+    from circuitkit.circuits.explain import Call, parse_edge, task_explanations
+    from circuitkit.detect.registry import registered
+    from circuitkit.tasks.metrics import metric_units
+
+    c = result.circuit
+    if c is None:
+        return None
+    members = [tuple(h) for h in c.heads]
+    shorts = {d.name: d.short for d in registered()}
+    calls: dict[tuple[int, int], list[Call]] = {h: [] for h in members}
+    for name, values in result.pattern_scores.items():
+        for h in members:
+            if float(values[h]) >= PATTERN_CALL:
+                calls[h].append(Call(name.replace("_", "-"), shorts.get(name, name), float(values[h])))
+    roles: dict[tuple[int, int], list[str]] = {h: [] for h in members}
+    named = ioi_roles(result) or {}
+    io = result.head_scores.get("io_attention")
+    for role in NAMED_ROLES:
+        for h in named.get(role, ()):
+            figure = f" (io_attention {float(io[h]):+.2f})" if io is not None and role.endswith("mover") else ""
+            roles[h].append(role + figure)
+    effects = {e.name: e.effect for e in c.edge_effects}
+    edges = [parse_edge(name, effects.get(name)) for name in c.edges]
+    in_circuit = set(c.edges)
+    edges += [parse_edge(name, effect) for name, effect in effects.items() if name not in in_circuit]
+    model = result.model
+    kv = getattr(model, "n_kv_heads", None) or model.n_heads
+    dla = None if result.dla is None else {h: float(result.dla[h]) for h in members}
+    return task_explanations(
+        members, calls=calls, roles=roles, dla=dla, gap=c.clean - c.corrupted, edges=edges,
+        heads_per_group=max(1, model.n_heads // kv), order=node_order(result),
+        curve={p.size: p.faithfulness for p in c.curve}, node_scores={h: float(result.scores[h]) for h in members},
+        n_total=c.n_nodes_total, unit=metric_units(result.task.metric))
+
+
+__all__ = ["NAMED_ROLES", "PATTERN_CALL", "ROLE_ORDER", "ioi_roles", "member_explanations", "node_order",
+           "roles_line"]

@@ -31,6 +31,8 @@ from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circu
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
+from circuitkit.tasks.record import TASK_FORMAT
+from circuitkit.tasks.roles import member_explanations
 from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_HOLDOUT = 0.5
@@ -42,8 +44,6 @@ TARGETS_ON = ("discovery", "evaluation")
 DEFAULT_IG_STEPS = 3
 """EAP-IG interpolation points (``k / steps`` of the way from the corrupted to the clean input embeddings), all in
 one stacked forward + backward pass."""
-TASK_FORMAT = 1
-"""Version of a task scan's ``scores.json``."""
 
 
 @dataclass(frozen=True)
@@ -87,24 +87,34 @@ class TaskScan:
         return sum(s.passes for s in self.stages)
 
     def to_json(self) -> dict[str, Any]:
-        n = lambda t: None if t is None else [[_num(v) for v in row] for row in t.tolist()]  # noqa: E731
+        """What ``scores.json`` holds: every figure, exactly (:mod:`circuitkit.tasks.record`), so :meth:`load`
+        rebuilds this scan."""
+        from circuitkit.tasks.record import circuit_extra, dtype_name, pairs_json, task_units
+        from circuitkit.tasks.record import nested as n
+
         return {
             "format": f"circuitkit-task-scan/{TASK_FORMAT}",
+            "units": task_units(self),
+            "dtype": dtype_name(self.scores.dtype),
             "model": self.model.as_dict(),
             "task": {**self.task.to_json(), "clean": _num(self.clean.mean()), "corrupted": _num(self.corrupted.mean()),
                      "tokens": list(self.tokens),
                      "units": metric_units(self.task.metric),
+                     "attention_scores": [list(s) for s in self.task.attention_scores],
                      **({"ci": {k: [_num(lo), _num(hi)] for k, (lo, hi) in self.intervals.items()}}
                         if self.intervals else {})},
             "settings": self.settings,
             "heads": {"dla": n(self.dla), "score": n(self.scores), **{k: n(v) for k, v in self.head_scores.items()},
                       **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores}},
-            "mlps": {"dla": None if self.dla_mlp is None else [_num(v) for v in self.dla_mlp.tolist()],
-                     "score": None if self.scores_mlp is None else [_num(v) for v in self.scores_mlp.tolist()]},
-            "circuit": None if self.circuit is None else self.circuit.to_json(),
+            "mlps": {"dla": n(self.dla_mlp), "score": n(self.scores_mlp)},
+            "pairs": pairs_json(self),
+            "patterns": n(self.patterns),
+            "pattern_scores": [k for k in self.pattern_scores if k not in self.head_scores],
+            "circuit": None if self.circuit is None else {**self.circuit.to_json(), **circuit_extra(self.circuit),
+                                                          "explanations": member_explanations(self)},
             "circuit_error": self.circuit_error,
             "roles": _roles_json(self),
-            "stages": [{"name": s.name, "passes": s.passes, "seconds": round(s.seconds, 3)} for s in self.stages],
+            "stages": [{"name": s.name, "passes": s.passes, "seconds": s.seconds} for s in self.stages],
         }
 
     def answer(self) -> str:
@@ -127,6 +137,7 @@ class TaskScan:
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
                      f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
                      f"Heads: {heads}.")
+        lines += [f"  {name}: {text}." for name, text in (member_explanations(self) or {}).items()]
         other = c.other_set
         if other is not None:
             searched = "discovery" if other["set"] == "evaluation" else "evaluation"
@@ -189,6 +200,34 @@ class TaskScan:
 
     def __repr__(self) -> str:
         return f"TaskScan({self.task!r}, {self.model.name!r})\n{self.answer()}"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TaskScan:
+        """The task scan :meth:`save` wrote into ``path`` (the directory, or its ``scores.json``), read back equal in
+        every figure (:mod:`circuitkit.tasks.reload`); ``circuitkit.Scan.load`` does the same on such a
+        directory."""
+        from circuitkit.tasks.reload import load_task_scan
+
+        return load_task_scan(path, cls, TaskStage)
+
+    def table(self, sort: str | None = None) -> list[dict[str, Any]]:
+        """Every head as a dict: ``head``, ``layer``, ``index``, ``score`` (EAP-IG), ``dla``, the task's head scores,
+        the pattern scores, ``in_circuit``; largest ``|sort|`` first (default ``score``;
+        :mod:`circuitkit.tasks.table`)."""
+        from circuitkit.tasks.table import task_table
+
+        return task_table(self, sort)
+
+    def to_pandas(self, sort: str | None = None) -> Any:
+        """:meth:`table` as a ``pandas.DataFrame`` indexed by head (needs pandas; a CircuitkitError without it)."""
+        from circuitkit.tasks.table import to_pandas
+
+        return to_pandas(self, sort)
+
+    def _repr_html_(self) -> str:
+        from circuitkit.tasks.table import summary_html
+
+        return summary_html(self)
 
 
 LEGEND = (
@@ -258,8 +297,10 @@ def _circuit_intervals(pairs: dict[str, Tensor], clean: Tensor, n_resamples: int
 
 
 def _num(value: Any) -> float | None:
-    value = float(value)
-    return round(value, 6) if value == value and abs(value) != float("inf") else None
+    """A figure as written (exactly; None for NaN and infinities)."""
+    from circuitkit.tasks.record import exact
+
+    return exact(value)
 
 
 @keeps_model_state

@@ -26,6 +26,14 @@ scan's rule :func:`circuitkit.pipeline.called_heads`):
 The heads named at the phase change (``heads``) are the induction heads whose ``called_at`` lies within one
 checkpoint of the phase-change interval (from ``t_{i-1}`` to ``t_{i+2}``). ``order`` compares the earliest
 ``rise_at`` of the previous-token heads with that of the induction heads.
+
+**The task's change** (a track measured with a task, :mod:`circuitkit.tracking.task_figures`): the same definition
+on the task's metric gap ``g_i`` (mean clean minus mean corrupted metric, in the metric's units) in place of the ICL
+score: ``task.step`` ends the interval with the largest rise of the gap, ``share`` is that rise over ``max(g) -
+g_0``, nothing is located below :data:`MIN_GAP_RISE`; ``circuit_from`` is the first step from which every
+checkpoint has both a gap of at least :data:`MIN_GAP_RISE` and a node circuit at the target. (A task scan finds a
+"circuit" wherever patching every node moves the metric by 0.001; with no gap to explain, its faithfulness is a
+ratio of noise, so such checkpoints do not count.)
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ from typing import Any
 MIN_TOTAL_RISE = 0.1
 """nats: a total ICL-score rise below this is noise on a batch of repeated random tokens, not a phase change."""
 MIN_CHECKPOINTS = 3
+MIN_GAP_RISE = 0.1
+"""In the task metric's units (a tenth of a logit for a logit difference): a smaller total rise of the task's gap
+locates no change."""
 RISE_FRACTION = 0.2
 """A head has started to form once its score stays this fraction of its total change above its first value."""
 
@@ -80,6 +91,8 @@ def locate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "formation": {"induction": induction, "previous_token": previous}, "order": _order(previous, induction),
         "reason": None,
     }
+    if records and "task" in records[0]:
+        entry["task"] = locate_task(records)
     if len(records) < MIN_CHECKPOINTS:
         entry["reason"] = f"{len(records)} checkpoint(s); locating a phase change needs at least {MIN_CHECKPOINTS}"
         return entry
@@ -101,6 +114,35 @@ def locate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return entry
 
 
+def _largest_rise(steps: Sequence[int], values: Sequence[float], minimum: float, what: str) -> dict[str, Any]:
+    """``{step, interval, rise, share, total_rise, reason}`` of the interval where ``values`` rise most."""
+    entry: dict[str, Any] = {"step": None, "interval": None, "rise": None, "share": None, "total_rise": None,
+                             "reason": None}
+    if len(values) < MIN_CHECKPOINTS:
+        entry["reason"] = f"{len(values)} checkpoint(s); locating a change needs at least {MIN_CHECKPOINTS}"
+        return entry
+    total = max(values) - values[0]
+    rises = [b - a for a, b in zip(values, values[1:], strict=False)]
+    best = max(range(len(rises)), key=lambda i: (rises[i], -i))  # the largest rise; ties: the earliest
+    entry["total_rise"] = round(total, 6)
+    if total < minimum or rises[best] <= 0:
+        entry["reason"] = f"{what} rises by {total:.3f} in total; a change needs at least {minimum}"
+        return entry
+    entry.update(step=steps[best + 1], interval=[steps[best], steps[best + 1]], rise=round(rises[best], 6),
+                 share=round(rises[best] / total, 6))
+    return entry
+
+
+def locate_task(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``phase_change["task"]`` entry: where the task's metric gap rises most (module docstring)."""
+    steps = [r["step"] for r in records]
+    entry = _largest_rise(steps, [r["task"]["gap"] for r in records], MIN_GAP_RISE, "the task's metric gap")
+    found = _stays([r["task"]["circuit"] is not None and r["task"]["gap"] >= MIN_GAP_RISE for r in records])
+    entry["circuit_from"] = steps[found] if found is not None else None
+    entry["min_gap"] = MIN_GAP_RISE
+    return entry
+
+
 def _order(previous: dict[str, dict], induction: dict[str, dict]) -> str | None:
     """``"previous-token first"``, ``"together"`` or ``"induction first"`` by earliest ``rise_at``; None if either
     kind has no formed head."""
@@ -113,4 +155,4 @@ def _order(previous: dict[str, dict], induction: dict[str, dict]) -> str | None:
     return "together" if first_prev == first_ind else "induction first"
 
 
-__all__ = ["MIN_CHECKPOINTS", "MIN_TOTAL_RISE", "RISE_FRACTION", "formation", "locate"]
+__all__ = ["MIN_CHECKPOINTS", "MIN_GAP_RISE", "MIN_TOTAL_RISE", "RISE_FRACTION", "formation", "locate", "locate_task"]

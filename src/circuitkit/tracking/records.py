@@ -25,6 +25,12 @@ A record (:data:`RECORD_FORMAT`)::
     called            {score name among scores: ["layer.head", ...] inside the model}
     top_edges         {"Q" | "K" | "V": [["layer.head", "layer.head", finite number], ...], src layer < dst layer}
     fingerprint       optional: what the checkpoint was (:mod:`circuitkit.tracking.fingerprint`)
+    task              present exactly where ``settings`` has a ``task`` (:mod:`circuitkit.tracking.task_figures`):
+                      {clean, corrupted, gap: finite numbers, units: string, scores: [n_layers][n_heads] finite
+                      number or null, dla: such a grid or null, circuit: null or {heads: ["layer.head", ...] inside
+                      the model, mlps: [layer, ...], size, n_nodes: int >= 0, faithfulness, necessity: finite
+                      numbers, evaluation: null or {set: string, pairs: int >= 1, faithfulness: finite or null,
+                      necessity: finite}}, circuit_error: string or null}; records written before tasks lack both
 
 ``track.json`` (:data:`TRACK_FORMAT`) holds ``settings``, ``model``, ``tokens_sha256`` and a non-empty list
 ``checkpoints`` of records (without ``format``, ``settings`` and ``model``, which it holds once).
@@ -181,7 +187,63 @@ def check_entry(record: Any, at: _Field, model: dict[str, Any], prefix: str = ""
             _number(score, field + "[2]", at)
     if record.get("fingerprint") is not None:
         _dict(record["fingerprint"], prefix + "fingerprint", at)
+    if "task" in record:
+        check_task_entry(record["task"], at, model, prefix + "task")
     return record
+
+
+def _grid(value: Any, field: str, at: _Field, model: dict[str, Any]) -> None:
+    for layer, row in enumerate(_list(value, field, at, model["n_layers"])):
+        for head, number in enumerate(_list(row, f"{field}[{layer}]", at, model["n_heads"])):
+            _number(number, f"{field}[{layer}][{head}]", at, nullable=True)
+
+
+def check_task_entry(entry: Any, at: _Field, model: dict[str, Any], field: str) -> dict[str, Any]:
+    """A record's ``task`` entry (module docstring), checked against ``model``."""
+    entry = _dict(entry, field, at)
+
+    def req(data: dict[str, Any], key: str, where: str) -> Any:
+        return _require(data, key, at, where + ".")
+
+    for key in ("clean", "corrupted", "gap"):
+        _number(req(entry, key, field), f"{field}.{key}", at)
+    _text(req(entry, "units", field), f"{field}.units", at)
+    _grid(req(entry, "scores", field), f"{field}.scores", at, model)
+    if req(entry, "dla", field) is not None:
+        _grid(entry["dla"], f"{field}.dla", at, model)
+    _text(req(entry, "circuit_error", field), f"{field}.circuit_error", at, nullable=True)
+    circuit = req(entry, "circuit", field)
+    if circuit is None:
+        return entry
+    where = f"{field}.circuit"
+    circuit = _dict(circuit, where, at)
+    for i, head in enumerate(_list(req(circuit, "heads", where), f"{where}.heads", at)):
+        _head(head, f"{where}.heads[{i}]", at, model)
+    for i, layer in enumerate(_list(req(circuit, "mlps", where), f"{where}.mlps", at)):
+        if _int(layer, f"{where}.mlps[{i}]", at, 0) >= model["n_layers"]:
+            raise at.fail(f"{where}.mlps[{i}]", layer, f"a layer of this {model['n_layers']}-layer model")
+    for key in ("size", "n_nodes"):
+        _int(req(circuit, key, where), f"{where}.{key}", at, 0)
+    for key in ("faithfulness", "necessity"):
+        _number(req(circuit, key, where), f"{where}.{key}", at)
+    evaluation = req(circuit, "evaluation", where)
+    if evaluation is not None:
+        held = f"{where}.evaluation"
+        evaluation = _dict(evaluation, held, at)
+        _text(req(evaluation, "set", held), f"{held}.set", at)
+        _int(req(evaluation, "pairs", held), f"{held}.pairs", at, 1)
+        _number(req(evaluation, "faithfulness", held), f"{held}.faithfulness", at, nullable=True)
+        _number(req(evaluation, "necessity", held), f"{held}.necessity", at)
+    return entry
+
+
+def _task_required(settings: dict[str, Any], entry: dict[str, Any], at: _Field, prefix: str) -> None:
+    """A track measured with a task has its figures at every checkpoint, and only then."""
+    if settings.get("task") is not None and "task" not in entry:
+        raise at.fail(prefix + "task", validate.given("nothing (the key is missing)"),
+                      "the task's figures, since the settings name a task")
+    if settings.get("task") is None and "task" in entry:
+        raise at.fail(prefix + "task", validate.given("task figures"), "none, since the settings name no task")
 
 
 def _header(data: Any, kind: str, fmt: Any, at: _Field) -> tuple[dict[str, Any], Any]:
@@ -200,6 +262,7 @@ def check_record(data: Any, file: Path | str, where: str) -> dict[str, Any]:
     sha = _require(data, "tokens_sha256", at)
     if not isinstance(sha, str) or not SHA256.match(sha):
         raise at.fail("tokens_sha256", sha, "64 hexadecimal digits")
+    _task_required(data["settings"], data, at, "")
     return check_entry(data, at, model)
 
 
@@ -215,7 +278,10 @@ def check_track(data: Any, file: Path | str, where: str) -> dict[str, Any]:
     checkpoints = _list(_require(data, "checkpoints", at), "checkpoints", at)
     if not checkpoints:
         raise at.fail("checkpoints", validate.given("an empty list"), "at least one checkpoint")
-    steps = [check_entry(entry, at, model, f"checkpoints[{i}].")["step"] for i, entry in enumerate(checkpoints)]
+    steps = []
+    for i, entry in enumerate(checkpoints):
+        steps.append(check_entry(entry, at, model, f"checkpoints[{i}].")["step"])
+        _task_required(data["settings"], entry, at, f"checkpoints[{i}].")
     if len(set(steps)) != len(steps) or steps != sorted(steps):
         raise at.fail("checkpoints", validate.given(f"steps {steps[:20]}"), "distinct steps in increasing order")
     return data

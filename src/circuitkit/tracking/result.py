@@ -45,9 +45,12 @@ UNITS = {
     "icl_score": "nats per token: first_copy_loss - repeated_loss",
     "loss_per_position": "nats; index t - 1 is the loss of predicting the token at position t",
 }
+TASK_UNITS = {"task": "clean, corrupted, gap, necessity, scores and dla in the task metric's units (task.units); "
+                      "faithfulness: the fraction of the gap between the all-patched and the clean metric recovered"}
+"""Added to ``units`` where the track measured a task."""
 RECORD_KEYS = ("label", "step", "source", "icl_score", "first_copy_loss", "repeated_loss", "loss_per_position",
                "scores", "called", "top_edges")
-OPTIONAL_KEYS = ("fingerprint",)
+OPTIONAL_KEYS = ("fingerprint", "task")
 """Kept in ``track.json``'s checkpoint entries where the record has them."""
 RECORD_FILE = re.compile(r"^track-step(\d+)\.json$")
 
@@ -108,6 +111,49 @@ class Track:
                 for r in self.checkpoints]
         return torch.tensor(rows, dtype=torch.float32)
 
+    @property
+    def task(self) -> dict[str, Any] | None:
+        """The task's settings where the track measured one (``settings["task"]``), else None."""
+        return self.settings.get("task")
+
+    def task_values(self, key: str) -> list[float | None]:
+        """The task's ``"clean"``, ``"corrupted"`` or ``"gap"`` mean metric, or the node circuit's ``"size"``,
+        ``"faithfulness"`` or ``"evaluation"`` (held-out faithfulness), at every checkpoint (None where a
+        checkpoint has no circuit)."""
+        if self.task is None:
+            raise CircuitkitError("Track.task_values: this track measured no task; expected a track run with "
+                                  "task= (circuitkit track CKPT --task FILE).")
+        validate.option("Track.task_values: key", key, ("clean", "corrupted", "gap", "size", "faithfulness",
+                                                        "evaluation"))
+        out: list[float | None] = []
+        for r in self.checkpoints:
+            entry, circuit = r["task"], r["task"]["circuit"]
+            if key in ("clean", "corrupted", "gap"):
+                out.append(entry[key])
+            elif circuit is None:
+                out.append(None)
+            elif key == "evaluation":
+                held = circuit["evaluation"]
+                out.append(None if held is None else held["faithfulness"])
+            else:
+                out.append(circuit[key])
+        return out
+
+    def task_scores(self, kind: str = "scores") -> torch.Tensor:
+        """Every head's task ``"scores"`` (EAP-IG node score) or ``"dla"`` at every checkpoint:
+        ``[checkpoint, layer, head]`` (NaN where undefined)."""
+        if self.task is None:
+            raise CircuitkitError("Track.task_scores: this track measured no task; expected a track run with "
+                                  "task= (circuitkit track CKPT --task FILE).")
+        validate.option("Track.task_scores: kind", kind, ("scores", "dla"))
+        L, H = self.model["n_layers"], self.model["n_heads"]
+        rows = []
+        for r in self.checkpoints:
+            grid = r["task"][kind]
+            rows.append([[float("nan")] * H for _ in range(L)] if grid is None else
+                        [[float("nan") if v is None else v for v in row] for row in grid])
+        return torch.tensor(rows, dtype=torch.float32, device="cpu")
+
     def to_json(self) -> dict[str, Any]:
         """Exactly what ``track.json`` holds."""
         from circuitkit import __version__
@@ -116,7 +162,7 @@ class Track:
             "format": TRACK_FORMAT,
             "circuitkit_version": __version__,
             "complete": self.complete,
-            "units": UNITS,
+            "units": {**UNITS, **(TASK_UNITS if self.settings.get("task") else {})},
             "settings": self.settings,
             "model": self.model,
             "tokens_sha256": self.tokens_sha256,

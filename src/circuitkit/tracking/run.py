@@ -110,6 +110,8 @@ def track(
     device: str | torch.device | None = None,
     allow_download: bool = False,
     progress: bool | None = None,
+    task: Any = None,
+    target: float | None = None,
 ) -> Track:
     """Score every head of every checkpoint of a training run on the same token batch.
 
@@ -130,14 +132,23 @@ def track(
             one job of many; assemble with :func:`circuitkit.tracking.merge` / ``circuitkit track --merge``).
         device: where each checkpoint runs; allow_download: fetch uncached hub checkpoints.
         progress: a progress bar over checkpoints (``None``: when interactive).
+        task: a task (a :class:`~circuitkit.tasks.Task` or a task file's path, read before any checkpoint loads)
+            measured at every checkpoint too: its mean clean and corrupted metric, each head's EAP-IG node score
+            and DLA, its node circuit at ``target`` and that circuit's faithfulness on the held-out pairs
+            (:mod:`circuitkit.tracking.task_figures`).
+        target: the task's node-circuit faithfulness target (default 0.8; only with ``task``).
 
     Returns:
-        :class:`Track`. Cost per checkpoint: one forward pass (see :mod:`circuitkit.tracking.measure`).
+        :class:`Track`. Cost per checkpoint: one forward pass (see :mod:`circuitkit.tracking.measure`), plus with
+        a task a task scan without its edge circuit (:mod:`circuitkit.tracking.task_figures`).
     """
     sources = _sources.resolve(checkpoints, steps, labels)
     keep = _keep(scores)
     top_k = validate.integer("track: top_k", top_k, minimum=0)
     settings = _settings(tokens, keep, top_k)
+    tracked = _tracked_task(task, target)
+    if tracked is not None:
+        settings["task"] = tracked.settings
     resume = validate.boolean("track: resume", resume)
     write_track = validate.boolean("track: write_track", write_track)
     allow_download = validate.boolean("track: allow_download", allow_download)
@@ -171,7 +182,7 @@ def track(
                 bar.update(1)
                 continue
             record = _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download,
-                                  done[0] if done else None)
+                                  done[0] if done else None, tracked)
             record["fingerprint"] = stamp
             batch = record.pop("_batch")
             _check_same(done, record)
@@ -214,7 +225,20 @@ def _write(out_dir, record: dict[str, Any], done: list[dict[str, Any]] | None) -
     write_together(out_dir, files)
 
 
-def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download, first) -> dict[str, Any]:
+def _tracked_task(task: Any, target: Any) -> Any:
+    """The task to measure at every checkpoint, read and checked now (before any checkpoint loads), or None."""
+    if task is None:
+        if target is not None:
+            raise validate.fail("track: target", target, "None without a task (it is the task's node-circuit "
+                                "faithfulness target)")
+        return None
+    from circuitkit.tracking.task_figures import DEFAULT_TASK_TARGET, prepare_task
+
+    return prepare_task(task, target=DEFAULT_TASK_TARGET if target is None else target)
+
+
+def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_download, first,
+                 tracked=None) -> dict[str, Any]:
     model = _sources.load(source, device=device, allow_download=allow_download)
     large = source.where is not None and _parameter_bytes(model) >= GC_MIN_BYTES
     try:
@@ -226,6 +250,10 @@ def _measure_one(source, batch, tokens, settings, keep, top_k, device, allow_dow
             batch = as_batch(batch if batch is not None else tokens, adapter)
             with torch.no_grad():
                 measured = measure(adapter, batch, keep=keep, top_k=top_k)
+            if tracked is not None:  # outside no_grad: EAP-IG and DLA take gradients
+                from circuitkit.tracking.task_figures import measure_task
+
+                measured["task"] = measure_task(model, tracked, device=device)
     finally:
         del model
         if large:

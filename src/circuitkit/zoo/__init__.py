@@ -5,7 +5,9 @@ under a minute on 2 CPU cores) on random token blocks repeated twice, until indu
 previous-token and induction heads are recorded in :func:`info` and confirmed by ablation in the tests.
 
 - ``"induction-2l"``: 2 layers x 4 heads, attention only, no LayerNorm, d_model 64, d_head 16, vocab 64,
-  context 64. A TransformerLens-native model loaded into a ``TransformerBridge``.
+  context 64. A TransformerLens-native model loaded into a ``TransformerBridge``, or with
+  ``load(bridge=False)`` into circuitkit's :class:`~circuitkit.models.AttentionOnlyModel` (the same function,
+  loaded without TransformerLens: ``circuitkit scan`` on the bundled model runs it so).
 
 Entries whose ``format`` is ``"hf-gpt2"`` would load through :func:`circuitkit.load_model` (the offline
 Hugging Face path of :mod:`circuitkit.models.loading`); none is bundled yet.
@@ -68,10 +70,19 @@ def curve(name: str = DEFAULT) -> dict[str, Any]:
     return json.loads((_directory(name) / "curve.json").read_text())
 
 
-def load(name: str = DEFAULT, *, device: str | torch.device | None = None):
-    """Load a bundled model as a TransformerLens ``TransformerBridge`` (offline, in seconds), in eval mode."""
+def load(name: str = DEFAULT, *, device: str | torch.device | None = None, bridge: bool = True):
+    """Load a bundled model (offline), in eval mode: a TransformerLens ``TransformerBridge`` (default, in
+    seconds), or with ``bridge=False`` the same weights as a circuitkit
+    :class:`~circuitkit.models.AttentionOnlyModel` (a tenth of a second, without importing TransformerLens or
+    transformers; every scan figure equal to the bridge's to float rounding; ``model.tokenizer`` decodes and
+    names the BOS, but does not encode text)."""
     entry = info(name)
     device = validate.device("zoo.load: device", device)
+    if not validate.boolean("zoo.load: bridge", bridge):
+        if entry.format != "tl-native":
+            raise CircuitkitError(f"zoo.load: {name!r} has format {entry.format!r}; bridge=False loads only "
+                                  "the 'tl-native' attention-only models.")
+        return _load_attention_only(entry.path, device)
     loader = _LOADERS.get(entry.format)
     if loader is None:
         raise CircuitkitError(
@@ -115,6 +126,50 @@ def _load_native(directory: Path, device):
     if device is not None:
         bridge = bridge.to(device)
     return bridge
+
+
+class ZooTokenizer:
+    """A bundled model's word-level tokenizer read by the ``tokenizers`` library alone (no transformers): what an
+    attention-only bundled model needs, the BOS id and ``decode`` (as Hugging Face's: special tokens kept)."""
+
+    def __init__(self, directory: Path) -> None:
+        from tokenizers import Tokenizer
+
+        from circuitkit.models.files import check_tokenizer_files
+
+        check_tokenizer_files(directory)
+        self._tokenizer = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
+        bos = json.loads((Path(directory) / "tokenizer_config.json").read_text())["bos_token"]
+        self.bos_token_id = self._tokenizer.token_to_id(bos)
+        if not isinstance(self.bos_token_id, int):
+            raise CircuitkitError(f"zoo: {Path(directory).name!r}: the BOS token {bos!r} is not in its vocabulary.")
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"ZooTokenizer(vocab={self._tokenizer.get_vocab_size()}, bos_token_id={self.bos_token_id})"
+
+
+def _load_attention_only(directory: Path, device):
+    """The TL-native weights as an :class:`AttentionOnlyModel` (the config's fields checked: attention only, no
+    norm, learned positions, the default attention scale), its tokenizer prepending BOS as the bridge's does."""
+    from safetensors.torch import load_file
+
+    from circuitkit.models.bridge import native_weights
+    from circuitkit.models.toy import AttentionOnlyModel
+
+    config = native_config(directory)
+    fixed = {"attn_only": True, "normalization_type": None, "positional_embedding_type": "standard"}
+    if any(config.get(key) != value for key, value in fixed.items()) or "attn_scale" in config:
+        raise CircuitkitError(f"zoo: {directory.name!r} is not an attention-only model without norms "
+                              f"({ {key: config.get(key) for key in fixed} }); load it with bridge=True.")
+    weights = native_weights(load_file(str(directory / "model.safetensors")), n_layers=config["n_layers"],
+                             n_heads=config["n_heads"], n_kv_heads=config.get("n_key_value_heads") or config["n_heads"],
+                             d_head=config["d_head"], where=f"zoo: {directory.name!r}")
+    model = AttentionOnlyModel(weights, n_ctx=config["n_ctx"], tokenizer=ZooTokenizer(directory),
+                               default_prepend_bos=True)
+    return model if device is None else model.to(device)
 
 
 def _copy_state(native: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:

@@ -39,6 +39,8 @@
     return +m[1] * H + +m[2];
   }
   function fmt(v, digits) { return v === null || v === undefined ? "" : v.toFixed(digits === undefined ? 3 : digits); }
+  // a column's value as text: a flag column (c.flag: 1 or 0) reads "yes" or blank
+  function cellText(c, v) { return c.flag ? (v ? "yes" : "") : fmt(v); }
   // a head's bootstrap interval in a column, as element attributes (a tooltip), or null where there is none
   function interval(c, i) {
     if (!c.ci_lo || c.ci_lo[i] === null || c.ci_hi[i] === null) return null;
@@ -122,7 +124,7 @@
       var row = el("tr", {"data-head": headName(i), "data-i": String(i)});
       row.appendChild(el("th", {scope: "row"}, headName(i)));
       for (var j = 0; j < cols.length; j++) {
-        var c = cols[j], v = c.values[i], t = tone(v, c), td = el("td", interval(c, i), fmt(v));
+        var c = cols[j], v = c.values[i], t = tone(v, c), td = el("td", interval(c, i), cellText(c, v));
         if (t !== null) td.style.background = rgb(t);
         if (t !== null && Math.abs(t) > 0.55) td.style.color = "#fff";
         if (c.topSet[i]) td.className = "top";
@@ -146,6 +148,7 @@
       var x = column.values[a], y = column.values[b];
       var xm = x === null, ym = y === null;
       if (xm || ym) return xm === ym ? a - b : (xm ? 1 : -1);  // blanks last in either direction
+      if (column.abs) { x = Math.abs(x); y = Math.abs(y); }  // c.abs: ranked by size, either sign
       return x === y ? a - b : sortDir * (x - y);
     });
     var body = $("ck-table").tBodies[0], fragment = document.createDocumentFragment();
@@ -237,7 +240,7 @@
       }
       canvas.addEventListener("mousemove", function (e) {
         var i = at(e);
-        if (i >= 0) showTip(e, "head " + headName(i) + "  " + c.short + " " + fmt(c.values[i])); else hideTip();
+        if (i >= 0) showTip(e, "head " + headName(i) + "  " + c.short + " " + cellText(c, c.values[i])); else hideTip();
       });
       canvas.addEventListener("mouseleave", hideTip);
       canvas.addEventListener("click", function (e) { var i = at(e); if (i >= 0) select(i, "heatmap"); });
@@ -403,7 +406,7 @@
   }
 
   function drawPattern(box, i) {
-    box.appendChild(el("div", {"class": "ck-cap"}, "attention on the repeated sequence (rows: query)"));
+    box.appendChild(el("div", {"class": "ck-cap"}, "attention on " + (D.pattern.on || "the repeated sequence") + " (rows: query)"));
     if (!CV) { drawCanvasPattern(box, i, Math.min(340, box.clientWidth - 10), "ck-pattern"); return; }
     var view = el("div", {id: "ck-cv-pattern", "class": "ck-cv", "data-head": headName(i)});
     box.appendChild(view);
@@ -562,7 +565,7 @@
     cols.forEach(function (c) {
       var v = c.values[i], t = tone(v, c), range = interval(c, i);
       var chip = el("span", {"class": "ck-chip", title: c.description + (range ? "; " + range.title : "")},
-                    c.short + " " + fmt(v) + (range ? " [" + fmt(c.ci_lo[i]) + ", " + fmt(c.ci_hi[i]) + "]" : ""));
+                    c.short + " " + cellText(c, v) + (range ? " [" + fmt(c.ci_lo[i]) + ", " + fmt(c.ci_hi[i]) + "]" : ""));
       if (t !== null) { chip.style.background = rgb(t); if (Math.abs(t) > 0.55) chip.style.color = "#fff"; }
       if (c.topSet[i]) chip.style.fontWeight = "700";
       chips.appendChild(chip);
@@ -625,7 +628,7 @@
     var modes = Object.keys(D.composition);
     if (modes.length) showMode(modes.indexOf("K") >= 0 ? "K" : modes[0]);
     var byInduction = cols.filter(function (c) { return c.key === "induction"; })[0];
-    if (cols.length) sortBy(byInduction ? "induction" : cols[0].key);
+    if (cols.length) sortBy(D.sort || (byInduction ? "induction" : cols[0].key));
     var called = D.role_heads.filter(function (r) { return r.heads.length; })[0];  // the first role that calls a head
     var first = called ? called.heads[0] : (cols.length && cols[0].top.length ? cols[0].top[0] : 0);
     select(first, "start");

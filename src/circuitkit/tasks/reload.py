@@ -1,0 +1,228 @@
+"""A saved task scan read back: ``scores.json`` -> :class:`~circuitkit.tasks.TaskScan` (``TaskScan.load(dir)``,
+and ``circuitkit.Scan.load(dir)`` on a task scan's directory).
+
+Why: a task scan of a real model takes minutes; its figures must come back into Python without running it again.
+The file holds every figure exactly (:mod:`circuitkit.tasks.record`), so the loaded scan equals the saved one in
+every tensor (same values, same dtype), the task (every pair, its marks and head scores), the circuit, its curves
+and intervals, the settings and the stages, and its :meth:`~circuitkit.tasks.TaskScan.answer` is the same text.
+
+A researcher's own metric function is not saved: the loaded task names it (``custom:NAME``) and says so if asked
+to run. Reading goes through the guarded reader (:func:`circuitkit.models.files.read_json`: size, depth, UTF-8),
+then every rule of :mod:`circuitkit.tasks.scores_check`, then the loaded scan is written again and compared with
+the file (a field that disagrees with the fields it derives from is refused). Fields a newer scan adds under their
+own name (a :class:`TaskScan`, :class:`TaskCircuit` or :class:`TaskStage` field with a default) are passed through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitkit import validate
+from circuitkit.errors import CircuitkitError, describe
+from circuitkit.models.files import FileKind
+
+TASK_PREFIX = "circuitkit-task-scan/"
+"""The ``format`` of every task scan's ``scores.json``, before its version."""
+SCAN_FILE = FileKind("scan file", "scan directory", "save()")
+"""How the guarded reader names a scan's scores.json in its errors."""
+MAX_SCORES_BYTES = 256 * 2**20
+"""A task scores.json larger than this is refused (every pair and the first prompt's attention: a few MB)."""
+
+
+def task_format() -> str:
+    from circuitkit.tasks.record import TASK_FORMAT
+
+    return f"{TASK_PREFIX}{TASK_FORMAT}"
+
+
+def _tensor(values: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    """Nested lists of numbers (None = NaN) as a tensor of ``dtype`` (None stays None)."""
+    if values is None:
+        return None
+
+    def fill(v: Any) -> Any:
+        return [fill(x) for x in v] if isinstance(v, list) else (math.nan if v is None else float(v))
+
+    return torch.tensor(fill(values), dtype=dtype, device="cpu")
+
+
+def _fields(cls: type, data: dict[str, Any], done: set[str]) -> dict[str, Any]:
+    """Fields of dataclass ``cls`` that ``data`` holds under their own name and that were not built already: what a
+    newer scan adds (written as plain JSON), passed through."""
+    return {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data and f.name not in done}
+
+
+def _metric(label: str) -> Any:
+    """A task's metric from its label: the name, or (``custom:NAME``) a function of that name that says, if run,
+    that the researcher's function is not saved."""
+    if not label.startswith("custom:"):
+        return label
+    name = label.removeprefix("custom:")
+
+    def unsaved(logits: Any, batch: Any) -> Any:
+        raise CircuitkitError(f"task metric {name!r}: this task was loaded from scores.json, which does not hold the "
+                              "metric function; expected the function itself: rebuild the task with "
+                              "Task.from_pairs(task.pairs, metric=your_function).")
+
+    unsaved.__name__ = name
+    return unsaved
+
+
+def _task(data: dict[str, Any], pairs: dict[str, Any], where: str) -> Any:
+    from circuitkit.tasks.task import Task, as_pair
+
+    return Task(name=data["name"], metric=_metric(data["metric"]), ablation=data["ablation"],
+                description=data["description"],
+                pairs=tuple(as_pair(p, f"{where}, field 'pairs.prompts[{i}]'") for i, p in enumerate(pairs["prompts"])),
+                marks=tuple(dict(m) for m in pairs["marks"] or ()),
+                attention_scores=tuple(tuple(s) for s in data["attention_scores"]))
+
+
+def _points(values: list[dict[str, Any]]) -> tuple[Any, ...]:
+    from circuitkit.tasks.circuit import TaskCurvePoint
+
+    return tuple(TaskCurvePoint(int(p["size"]), float(p["faithfulness"]), float(p["metric"])) for p in values)
+
+
+def _head(text: str) -> tuple[int, int]:
+    layer, head = text.split(".")
+    return int(layer), int(head)
+
+
+def _pair(value: Any) -> tuple[float, float]:
+    lo, hi = value
+    return (math.nan if lo is None else float(lo), math.nan if hi is None else float(hi))
+
+
+def _circuit(data: dict[str, Any] | None) -> Any:
+    from circuitkit.tasks.circuit import EdgeEffect, TaskCircuit
+
+    if data is None:
+        return None
+    built = dict(
+        heads=tuple(_head(h) for h in data["heads"]), mlps=tuple(int(m) for m in data["mlps"]),
+        faithfulness=float(data["faithfulness"]), necessity=float(data["necessity"]), target=float(data["target"]),
+        curve=_points(data["curve"]), n_nodes_total=int(data["nodes_total"]), edges=tuple(data["edges"]),
+        edge_faithfulness=None if data["edge_faithfulness"] is None else float(data["edge_faithfulness"]),
+        edge_curve=_points(data["edge_curve"]), n_edges_total=int(data["edges_total"]),
+        cpr=None if data["cpr"] is None else float(data["cpr"]),
+        cmd=None if data["cmd"] is None else float(data["cmd"]),
+        edge_effects=tuple(EdgeEffect(e["edge"], float(e["score"]), float(e["effect"])) for e in data["edge_effects"]),
+        rank=data["rank"], clean=float(data["metric_clean"]), corrupted=float(data["metric_corrupted"]),
+        node_corrupted=float(data["metric_all_nodes_patched"]),
+        intervals={key: _pair(v) for key, v in (data.get("ci") or {}).items()},
+        other_set=data["other_set"],
+        edge_areas=None if data.get("cpr_cmd") is None else {k: v for k, v in data["cpr_cmd"].items()
+                                                             if k != "definition"},
+    )
+    return TaskCircuit(**built, **_fields(TaskCircuit, data, set(built)))
+
+
+def _split_scores(heads: dict[str, Any], own: tuple[str, ...], order: list[str],
+                  dtype: torch.dtype) -> tuple[dict, dict]:
+    """``heads`` (every grid but ``dla`` and ``score``) as the task's own head scores (``own``, in the task's order)
+    and the pattern scores (``order``: as the scan held them)."""
+    return ({name: _tensor(heads[name], dtype) for name in own},
+            {name: _tensor(heads[name], dtype) for name in order})
+
+
+def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) -> Any:
+    """The task scan that ``data`` (a parsed task ``scores.json``) describes (see the module docstring), built as
+    ``scan_cls`` with stages of ``stage_cls`` (:class:`~circuitkit.tasks.TaskScan` and its ``TaskStage``, passed in
+    by their callers: this module stands below the scan that calls it)."""
+    from circuitkit.scan_record import ModelSummary
+    from circuitkit.tasks.record import DTYPES
+    from circuitkit.tasks.scores_check import check_task_scores
+
+    expected = task_format()
+    if not isinstance(data, dict) or data.get("format") != expected:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise validate.fail(f"{where}, field 'format'", validate.given(f"a scores.json of format {got!r}"),
+                            f"format {expected!r} (written by this circuitkit's TaskScan.save)",
+                            "Scan the task again with this version, or load it with the version that wrote it.")
+    check_task_scores(data, where, tuple(f.name for f in dataclasses.fields(scan_cls)))
+    try:
+        dtype = DTYPES[data["dtype"]]
+        pairs, heads = data["pairs"], data["heads"]
+        task = _task(data["task"], pairs, where)
+        own, patterns = _split_scores(heads, tuple(s[0] for s in task.attention_scores),
+                                       data["pattern_scores"], dtype)
+        ci = data["task"].get("ci") or {}
+        built = dict(
+            model=ModelSummary(**data["model"]), task=task,
+            clean=_tensor(pairs["clean"], dtype), corrupted=_tensor(pairs["corrupted"], dtype),
+            dla=_tensor(heads["dla"], dtype), dla_mlp=_tensor(data["mlps"]["dla"], dtype),
+            scores=_tensor(heads["score"], dtype), scores_mlp=_tensor(data["mlps"]["score"], dtype),
+            head_scores=own, pattern_scores=patterns, patterns=_tensor(data["patterns"], dtype),
+            tokens=tuple(data["task"]["tokens"]), circuit=_circuit(data["circuit"]),
+            circuit_error=data["circuit_error"], settings=data["settings"],
+            stages=tuple(stage_cls(**{f.name: s[f.name] for f in dataclasses.fields(stage_cls) if f.name in s})
+                         for s in data["stages"]),
+            intervals={key: _pair(v) for key, v in ci.items()},
+        )
+        scan = scan_cls(**built, **_fields(scan_cls, data, set(built)))
+        written = scan.to_json()
+        scan.answer()  # every figure the answer reads is there
+    except CircuitkitError as error:
+        if f"{where}, field '" in str(error):
+            raise
+        raise validate.fail(f"{where}, field 'task'", validate.given(f"a task that does not rebuild ({error})"),
+                            "a task as TaskScan.save writes it") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
+        raise validate.fail(where, validate.given(f"a scores.json with a missing or malformed entry ({error!r})"),
+                            "a scores.json written by TaskScan.save") from None
+    _check_written_again(written, data, where)
+    return scan
+
+
+def _check_written_again(written: dict[str, Any], data: dict[str, Any], where: str) -> None:
+    """Refuse a file whose loaded scan, written again, says something else (a derived field that disagrees)."""
+    from circuitkit.report.scores_check import first_difference
+
+    found = first_difference(data, written)
+    if found is not None:
+        path, saved, again = found
+        raise validate.fail(f"{where}, field {path!r}", saved,
+                            f"{describe(again)}, what the rest of the file gives (a field that disagrees with the "
+                            "fields it is derived from)")
+
+
+def scores_file(path: Any, where: str) -> Path:
+    """The ``scores.json`` that ``path`` names (a directory holding one, or the file), checked to exist."""
+    from circuitkit.models import files as guarded
+    from circuitkit.report.saving import SCORES_NAME
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise validate.fail(f"{where}: path", path, "a directory written by save(), or its scores.json")
+    file = Path(path).expanduser()
+    if guarded.is_dir(file):
+        file = file / SCORES_NAME
+    if not guarded.exists(file):
+        raise validate.fail(f"{where}: path", validate.given(f"{str(path)!r}, where there is no such file or "
+                                                             f"directory ({str(file)!r})"),
+                            "a directory written by save(), or its scores.json")
+    return file
+
+
+def read_scores(path: Any, where: str) -> tuple[Path, Any]:
+    """``(file, parsed JSON)`` of the ``scores.json`` ``path`` names, read through the guarded reader."""
+    from circuitkit.models import files as guarded
+
+    file = scores_file(path, where)
+    return file, guarded.read_json(file, max_bytes=MAX_SCORES_BYTES, kind=SCAN_FILE)
+
+
+def load_task_scan(path: str | os.PathLike, scan_cls: type, stage_cls: type) -> Any:
+    """The task scan saved in ``path`` (a directory holding ``scores.json``, or the file itself), built as
+    :func:`task_scan_from_json` says."""
+    file, data = read_scores(path, "TaskScan.load")
+    return task_scan_from_json(data, f"TaskScan.load: {str(file)!r}", scan_cls, stage_cls)
+
+
+__all__ = ["TASK_PREFIX", "load_task_scan", "read_scores", "task_format", "task_scan_from_json"]

@@ -1,0 +1,367 @@
+"""Every rule a computed task scan satisfies, checked on a parsed task ``scores.json`` before it is rebuilt.
+
+Why: :meth:`TaskScan.load <circuitkit.tasks.TaskScan.load>` reads files that other versions, other people or an
+editor wrote; a file no scan could have written must not load, print an answer and be saved again as the report of
+a scan that never ran. The rules (``L`` = ``model.n_layers``, ``H`` = ``model.n_heads``, ``T`` = the tokens of the
+first clean prompt, ``n`` = the task's pairs), each failure one :class:`~circuitkit.CircuitkitError` line naming the
+file and the field:
+
+- **types** as ``tasks/task_scores.schema.json`` says (ints are ints, not bools or ``2.0``; strings are strings);
+- **finite**: no number is NaN or infinite, no integer exceeds int64;
+- **ranges**: the model's sizes as the induction scan's file (:mod:`circuitkit.report.scores_check`); settings in
+  the range :func:`~circuitkit.tasks.scan_task` accepts; pattern scores and attention in [0, 1], the task's own
+  attention scores in [-1, 1]; intervals ``lo <= hi``;
+- **shapes**: every ``[layer][head]`` grid is ``L x H``, every MLP vector ``L``, ``patterns`` ``L x H x T x T``, the
+  per-pair metric and the pairs ``n``;
+- **names**: every head ``"layer.head"`` and MLP index exists in the model; every edge runs from an earlier node
+  to a later one between nodes of the model.
+
+What is derived from other fields (the means, ``units``, ``roles``, the examples, each edge-curve point's
+``fraction``) is checked after the build, by writing the loaded scan again and comparing
+(:func:`circuitkit.report.scores_check.first_difference`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from circuitkit import validate
+from circuitkit.report.scores_check import MAX_INT, SCORE_TOLERANCE, ScoresCheck, _all_plain, _numbers
+
+REQUIRED = ("format", "units", "dtype", "model", "task", "settings", "heads", "mlps", "pairs", "patterns",
+            "pattern_scores", "circuit", "circuit_error", "roles", "stages")
+TASK_REQUIRED = ("name", "metric", "pairs", "ablation", "description", "examples", "clean", "corrupted", "tokens",
+                 "units", "attention_scores")
+CIRCUIT_REQUIRED = ("heads", "mlps", "faithfulness", "necessity", "target", "ablation", "curve", "nodes_total",
+                    "edges", "edge_faithfulness", "edge_curve", "edges_total", "cpr", "cmd", "edge_effects", "rank",
+                    "metric_all_nodes_patched", "other_set", "metric_clean", "metric_corrupted")
+CUSTOM_METRIC = re.compile(r"^custom:[A-Za-z0-9_.<>]{1,60}$")
+"""A researcher's metric as a task names it (:class:`circuitkit.tasks.task.UserMetric`'s label)."""
+SENDER = re.compile(r"^(?:input|m(\d{1,9})|(\d{1,9})\.(\d{1,9}))$")
+RECEIVER = re.compile(r"^(?:logits|m(\d{1,9})|(\d{1,9})\.(g?)(\d{1,9}):([qkv]))$")
+MAX_STEPS = 64
+
+
+class TaskScoresCheck(ScoresCheck):
+    """The checks of one parsed task ``scores.json`` (``where`` names the file in every error)."""
+
+    def obj(self, value: Any, field: str, required: tuple[str, ...] = (), allowed: tuple[str, ...] | None = None,
+            *, nullable: bool = False) -> dict[str, Any] | None:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(field, value, "a JSON object" + (" or null" if nullable else ""))
+        for key in required:
+            if key not in value:
+                raise self.missing(f"{field}.{key}" if field else key)
+        if allowed is not None:
+            extra = [key for key in value if key not in required and key not in allowed]
+            if extra:
+                raise self.fail(f"{field}.{extra[0]}" if field else extra[0], value[extra[0]],
+                                "no such key (a task scan's scores.json does not have it)")
+        return value
+
+    def __init__(self, data: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
+        super().__init__(data, where)
+        self.extra = extra
+
+    def run(self) -> None:
+        from circuitkit.tasks.record import DTYPES
+
+        data = self.obj(self.data, "", REQUIRED, self.extra)
+        if not _all_plain(data):
+            for path, value in _numbers(data, ""):
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise self.fail(path, value, "a finite number or null (scores.json writes NaN and infinities as "
+                                                 "null)")
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                    raise self.fail(path, validate.given(f"an integer of {len(str(abs(value)))} digits"),
+                                    f"an integer of at most {MAX_INT} in size")
+        for key, unit in self.obj(data["units"], "units").items():
+            self.text(unit, f"units.{key}")
+        self.option(data["dtype"], "dtype", tuple(DTYPES))
+        self.model(data["model"])
+        n, tokens, head_scores = self.task(data["task"])
+        self.settings_of(data["settings"])
+        self.pairs(data["pairs"], n)
+        self.heads_of(data["heads"], head_scores)
+        named = self.array(data["pattern_scores"], "pattern_scores")
+        grids = [k for k in data["heads"] if k not in ("dla", "score") and k not in head_scores]
+        if sorted(map(str, named)) != sorted(grids) or len(set(map(str, named))) != len(named):
+            raise self.fail("pattern_scores", named,
+                            f"the names of the pattern score grids in heads ({sorted(grids)}), each once")
+        self.mlps(data["mlps"], data["settings"])
+        self.patterns(data["patterns"], tokens)
+        self.circuit(data["circuit"])
+        error = self.text(data["circuit_error"], "circuit_error", nullable=True)
+        if data["circuit"] is None and error is None:
+            raise self.fail("circuit_error", None, "why there is no circuit (circuit is null)")
+        roles = self.obj(data["roles"], "roles", nullable=True) or {}
+        for role, heads in roles.items():
+            self.heads(heads, f"roles.{role}")
+        for i, stage in enumerate(self.array(data["stages"], "stages")):
+            at = f"stages[{i}]"
+            stage = self.obj(stage, at, ("name", "passes", "seconds"))
+            self.text(stage["name"], f"{at}.name", non_empty=True)
+            self.number(stage["passes"], f"{at}.passes", 0.0, nullable=False)
+            self.number(stage["seconds"], f"{at}.seconds", 0.0, nullable=False)
+
+    def task(self, value: Any) -> tuple[int, int, set[str]]:
+        from circuitkit.tasks.task import ABLATIONS, MAX_PAIRS, METRIC_NAMES
+
+        task = self.obj(value, "task", TASK_REQUIRED, ("ci",))
+        self.text(task["name"], "task.name", non_empty=True)
+        metric = task["metric"]
+        if not (isinstance(metric, str) and (metric in METRIC_NAMES or CUSTOM_METRIC.match(metric))):
+            raise self.fail("task.metric", metric, f"one of {list(METRIC_NAMES)} or 'custom:NAME'")
+        n = self.integer(task["pairs"], "task.pairs", 1, MAX_PAIRS)
+        self.option(task["ablation"], "task.ablation", ABLATIONS)
+        self.text(task["description"], "task.description")
+        self.array(task["examples"], "task.examples")
+        tokens = self.array(task["tokens"], "task.tokens")
+        if not tokens:
+            raise self.fail("task.tokens", tokens, "the tokens of the first clean prompt (at least one)")
+        for i, token in enumerate(tokens):
+            self.text(token, f"task.tokens[{i}]")
+        self.text(task["units"], "task.units")
+        names: set[str] = set()
+        for i, score in enumerate(self.array(task["attention_scores"], "task.attention_scores")):
+            triple = self.array(score, f"task.attention_scores[{i}]", length=3, why="(name, to, minus)")
+            for j, part in enumerate(triple):
+                self.text(part, f"task.attention_scores[{i}][{j}]", non_empty=True)
+            names.add(triple[0])
+        if "ci" in task:
+            for key, pair in self.obj(task["ci"], "task.ci", (), ("clean", "corrupted")).items():
+                if pair is None:  # a task scan writes every interval it names
+                    raise self.fail(f"task.ci.{key}", pair, "an interval [lo, hi] of 2 numbers")
+                self.interval(pair, f"task.ci.{key}")
+        return n, len(tokens), names
+
+    def settings_of(self, value: Any) -> None:
+        from circuitkit.tasks.circuit import RANKS
+        from circuitkit.tasks.task import ABLATIONS, BOS_RULES
+        from circuitkit.uncertainty import MAX_RESAMPLES
+
+        settings = self.obj(value, "settings", ("target", "rank", "ig_steps", "mlps", "edges", "ablation",
+                                                "prepend_bos", "tokenization"))
+        target = self.number(settings["target"], "settings.target", nullable=False)
+        if not 0.0 < target <= 1.0:
+            raise self.fail("settings.target", target, "a faithfulness target in (0, 1]")
+        self.option(settings["rank"], "settings.rank", RANKS)
+        self.integer(settings["ig_steps"], "settings.ig_steps", 1, MAX_STEPS)
+        if "ig_points" in settings:
+            from circuitkit.tasks.graph import IG_POINTS
+
+            self.option(settings["ig_points"], "settings.ig_points", IG_POINTS)
+        for key in ("mlps", "mlp_nodes", "edges"):
+            if key in settings:
+                self.flag(settings[key], f"settings.{key}")
+        self.option(settings["ablation"], "settings.ablation", ABLATIONS)
+        self.option(settings["prepend_bos"], "settings.prepend_bos", tuple(BOS_RULES.values()))
+        self.text(settings["tokenization"], "settings.tokenization")
+        self.text(settings.get("edges_not_measured"), "settings.edges_not_measured", nullable=True)
+        self.text(settings.get("device", "cpu"), "settings.device", non_empty=True)
+        if "n_resamples" in settings:
+            self.integer(settings["n_resamples"], "settings.n_resamples", 2, MAX_RESAMPLES)
+        if "ci_level" in settings:
+            self.level(settings["ci_level"], "settings.ci_level")
+        if "split" in settings:
+            split = self.obj(settings["split"], "settings.split", ("holdout", "seed", "target_on", "discovery_pairs",
+                                                                   "evaluation_pairs", "note"))
+            holdout = self.number(split["holdout"], "settings.split.holdout", 0.0, 1.0, nullable=False)
+            if holdout >= 1.0:
+                raise self.fail("settings.split.holdout", holdout, "a share of the pairs in [0, 1)")
+            self.integer(split["seed"], "settings.split.seed")
+            self.option(split["target_on"], "settings.split.target_on", ("discovery", "evaluation", "all pairs"))
+            self.integer(split["discovery_pairs"], "settings.split.discovery_pairs", 1)
+            self.integer(split["evaluation_pairs"], "settings.split.evaluation_pairs", 0)
+            self.text(split["note"], "settings.split.note", nullable=True)
+
+    def pairs(self, value: Any, n: int) -> None:
+        pairs = self.obj(value, "pairs", ("prompts", "marks", "clean", "corrupted"), ())
+        why = f"task.pairs: {n} pairs"
+        for i, pair in enumerate(self.array(pairs["prompts"], "pairs.prompts", length=n, why=why)):
+            self.obj(pair, f"pairs.prompts[{i}]", ("clean", "corrupted", "answer", "wrong"), ())
+        marks = self.array(pairs["marks"], "pairs.marks", nullable=True, length=n, why=why)
+        for i, row in enumerate(marks or ()):
+            for key, position in self.obj(row, f"pairs.marks[{i}]").items():
+                self.integer(position, f"pairs.marks[{i}].{key}")
+        for side in ("clean", "corrupted"):
+            for i, v in enumerate(self.array(pairs[side], f"pairs.{side}", length=n, why=why)):
+                self.number(v, f"pairs.{side}[{i}]", nullable=False)
+
+    def heads_of(self, value: Any, own: set[str]) -> None:
+        heads = self.obj(value, "heads", ("dla", "score"))
+        if heads["dla"] is not None:
+            self.grid(heads["dla"], "heads.dla")
+        self.array(heads["score"], "heads.score")
+        self.grid(heads["score"], "heads.score")
+        for name, grid in heads.items():
+            if name in ("dla", "score"):
+                continue
+            lo = -1.0 if name in own else 0.0  # the task's own: a difference of two attention fractions
+            self.grid(grid, f"heads.{name}", lo, 1.0, SCORE_TOLERANCE)
+        missing = sorted(own - set(heads))
+        if missing:
+            raise self.missing(f"heads.{missing[0]}")
+
+    def mlps(self, value: Any, settings: dict[str, Any]) -> None:
+        mlps = self.obj(value, "mlps", ("dla", "score"), ())
+        for key in ("dla", "score"):
+            for i, v in enumerate(self.array(mlps[key], f"mlps.{key}", nullable=True, length=self.n_layers,
+                                             why=f"one per layer: {self.n_layers}") or ()):
+                self.number(v, f"mlps.{key}[{i}]")
+        if (mlps["score"] is None) == bool(settings["mlps"]):
+            raise self.fail("mlps.score", mlps["score"], "one score per MLP where settings.mlps is true, else null")
+
+    def patterns(self, value: Any, tokens: int) -> None:
+        for layer, heads in enumerate(self.array(value, "patterns", length=self.n_layers)):
+            for head, rows in enumerate(self.array(heads, f"patterns[{layer}]", length=self.n_heads)):
+                at = f"patterns[{layer}][{head}]"
+                for q, row in enumerate(self.array(rows, at, length=tokens, why=f"task.tokens: {tokens}")):
+                    for k, v in enumerate(self.array(row, f"{at}[{q}]", length=tokens, why=f"task.tokens: {tokens}")):
+                        self.number(v, f"{at}[{q}][{k}]", 0.0, 1.0, nullable=False, tolerance=SCORE_TOLERANCE)
+
+    def mlp(self, value: Any, field: str) -> int:
+        return self.integer(value, field, 0, self.n_layers - 1)
+
+    def node(self, text: Any, field: str, *, receiver: bool) -> float:
+        """The position of an edge's sender or receiver in the model's order (input -1, layer ``l``'s heads ``l``,
+        its MLP ``l + 0.5``, the logits ``L``), checked to exist."""
+        match = (RECEIVER if receiver else SENDER).match(text) if isinstance(text, str) else None
+        if match is None:
+            raise self.fail(field, text, "an edge 'sender->receiver' of the task graph (senders: input, L.H, mN; "
+                                         "receivers: L.H:q|k|v, L.gG:k|v, mN, logits)")
+        if text in ("input", "logits"):
+            return -1.0 if text == "input" else float(self.n_layers)
+        if match.group(1) is not None:
+            return self.mlp(int(match.group(1)), field) + 0.5
+        layer, index = int(match.group(2)), int(match.group(3) if not receiver else match.group(4))
+        groups = self.n_heads
+        if receiver and match.group(3):
+            groups = int(self.data["model"].get("n_kv_heads") or self.n_heads)
+        if not (0 <= layer < self.n_layers and 0 <= index < groups):
+            raise self.fail(field, text, f"a node of the model: layer in [0, {self.n_layers - 1}], head (or key-value "
+                                         f"group) in [0, {groups - 1}]")
+        return float(layer)
+
+    def edge_name(self, text: Any, field: str) -> None:
+        sender, arrow, receiver = text.partition("->") if isinstance(text, str) else ("", "", "")
+        if not arrow:
+            raise self.fail(field, text, "an edge written 'sender->receiver'")
+        if self.node(sender, field, receiver=False) >= self.node(receiver, field, receiver=True):
+            raise self.fail(field, text, "an edge from an earlier node to a later one")
+
+    def points(self, value: Any, field: str, total: int) -> None:
+        for i, point in enumerate(self.array(value, field)):
+            at = f"{field}[{i}]"
+            point = self.obj(point, at, ("size", "faithfulness", "metric"), ("fraction",))
+            self.integer(point["size"], f"{at}.size", 0, total)
+            self.number(point["faithfulness"], f"{at}.faithfulness", nullable=False)
+            self.number(point["metric"], f"{at}.metric", nullable=False)
+
+    def circuit(self, value: Any) -> None:  # noqa: C901 - one field after another
+        from circuitkit.tasks.circuit import RANKS
+
+        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations", "cpr_cmd"), nullable=True)
+        if c is None:
+            return
+        members = set(self.heads(c["heads"], "circuit.heads"))
+        if c.get("explanations") is not None:  # what each member does, in words (recomputed from the figures)
+            explained = self.obj(c["explanations"], "circuit.explanations")
+            for name, text in explained.items():
+                if self.head(name, "circuit.explanations") not in members:
+                    raise self.fail("circuit.explanations", name, "a head of circuit.heads")
+                self.text(text, f"circuit.explanations.{name}", non_empty=True)
+        mlps = [self.mlp(m, f"circuit.mlps[{i}]") for i, m in enumerate(self.array(c["mlps"], "circuit.mlps"))]
+        if len(set(mlps)) != len(mlps):
+            raise self.fail("circuit.mlps", c["mlps"], "each MLP at most once")
+        for key in ("faithfulness", "necessity", "metric_all_nodes_patched", "metric_clean", "metric_corrupted"):
+            self.number(c[key], f"circuit.{key}", nullable=False)
+        measured = [self.number(c[key], f"circuit.{key}") is not None for key in ("edge_faithfulness", "cpr", "cmd")]
+        if any(measured) and not all(measured):
+            raise self.fail("circuit.edge_faithfulness", c["edge_faithfulness"], "edge_faithfulness, cpr and cmd all "
+                                                                                 "numbers (edges measured) or all null")
+        if not any(measured) and (c["edges"] or c["edge_curve"] or c["edge_effects"]):
+            raise self.fail("circuit.edges", c["edges"], "no edges, edge curve or edge effects where the edge circuit "
+                                                         "was not measured (edge_faithfulness null)")
+        target = self.number(c["target"], "circuit.target", nullable=False)
+        if not 0.0 < target <= 1.0:
+            raise self.fail("circuit.target", target, "a faithfulness target in (0, 1]")
+        self.option(c["ablation"], "circuit.ablation", ("corrupted",))
+        self.option(c["rank"], "circuit.rank", RANKS)
+        nodes = self.integer(c["nodes_total"], "circuit.nodes_total", 1, self.n_layers * (self.n_heads + 1))
+        if len(c["heads"]) + len(mlps) > nodes:
+            raise self.fail("circuit.nodes_total", nodes, "at least the circuit's heads and MLPs")
+        self.points(c["curve"], "circuit.curve", nodes)
+        edges = self.array(c["edges"], "circuit.edges")
+        for i, edge in enumerate(edges):
+            self.edge_name(edge, f"circuit.edges[{i}]")
+        if len(set(edges)) != len(edges):
+            raise self.fail("circuit.edges", edges, "each edge at most once")
+        total = self.integer(c["edges_total"], "circuit.edges_total", len(edges))
+        self.points(c["edge_curve"], "circuit.edge_curve", total)
+        if c["edge_curve"] and total == 0:
+            raise self.fail("circuit.edges_total", total, "at least one edge beside an edge curve")
+        for i, effect in enumerate(self.array(c["edge_effects"], "circuit.edge_effects")):
+            at = f"circuit.edge_effects[{i}]"
+            effect = self.obj(effect, at, ("edge", "score", "effect"), ())
+            self.edge_name(effect["edge"], f"{at}.edge")
+            self.number(effect["score"], f"{at}.score", nullable=False)
+            self.number(effect["effect"], f"{at}.effect", nullable=False)
+        self.mib_areas(c.get("cpr_cmd"), c, total)
+        if "ci" in c:
+            for key, pair in self.obj(c["ci"], "circuit.ci").items():
+                if pair is None:  # a task scan writes every interval it names
+                    raise self.fail(f"circuit.ci.{key}", pair, "an interval [lo, hi] of 2 numbers")
+                self.interval(pair, f"circuit.ci.{key}")
+        other = self.obj(c["other_set"], "circuit.other_set", ("set", "pairs"), nullable=True)
+        if other is not None:
+            self.option(other["set"], "circuit.other_set.set", ("discovery", "evaluation"))
+            self.integer(other["pairs"], "circuit.other_set.pairs", 1)
+            for key in ("necessity", "clean", "corrupted", "metric_all_nodes_patched"):
+                self.number(other.get(key), f"circuit.other_set.{key}", nullable=False)
+            for key in ("faithfulness", "edge_faithfulness"):
+                self.number(other.get(key), f"circuit.other_set.{key}")
+            self.text(other.get("note"), "circuit.other_set.note", nullable=True)
+            if "curve" in other:
+                self.points(other["curve"], "circuit.other_set.curve", nodes)
+
+
+    def mib_areas(self, value: Any, c: dict[str, Any], total: int) -> None:
+        """``circuit.cpr_cmd`` (MIB's curves and areas, :func:`circuitkit.tasks.circuit.mib_areas`): its CPR and CMD
+        are the circuit's, one size and one faithfulness per fraction."""
+        from circuitkit.tasks.circuit import EDGE_FRACTIONS, RANKS
+
+        areas = self.obj(value, "circuit.cpr_cmd", ("definition", "cpr", "cmd", "fractions", "sizes", *RANKS), (),
+                         nullable=True)
+        if areas is None:
+            return
+        self.text(areas["definition"], "circuit.cpr_cmd.definition", non_empty=True)
+        for key in ("cpr", "cmd"):
+            value = self.number(areas[key], f"circuit.cpr_cmd.{key}", nullable=False)
+            if not isinstance(c[key], (int, float)) or abs(value - c[key]) > 1e-6 * max(1.0, abs(value)):
+                raise self.fail(f"circuit.cpr_cmd.{key}", areas[key], f"circuit.{key} ({c[key]})")
+        n = len(EDGE_FRACTIONS)
+        for i, x in enumerate(self.array(areas["fractions"], "circuit.cpr_cmd.fractions", length=n)):
+            self.number(x, f"circuit.cpr_cmd.fractions[{i}]", 0.0, 1.0, nullable=False)
+        for i, size in enumerate(self.array(areas["sizes"], "circuit.cpr_cmd.sizes", length=n)):
+            self.integer(size, f"circuit.cpr_cmd.sizes[{i}]", 0, total)
+        for rank in RANKS:
+            curve = self.obj(areas[rank], f"circuit.cpr_cmd.{rank}", ("faithfulness", "area_under", "area_from_1"), ())
+            for i, f in enumerate(self.array(curve["faithfulness"], f"circuit.cpr_cmd.{rank}.faithfulness", length=n)):
+                self.number(f, f"circuit.cpr_cmd.{rank}.faithfulness[{i}]", nullable=False)
+            for key in ("area_under", "area_from_1"):
+                self.number(curve[key], f"circuit.cpr_cmd.{rank}.{key}", nullable=False)
+
+
+def check_task_scores(data: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
+    """Refuse ``data`` (a parsed task ``scores.json`` of the current format) unless a task scan could have written
+    it (the module docstring lists the rules); ``where`` names the file in the error; ``extra``: top-level keys
+    allowed beside the known ones (the fields of the scan class, which a newer scan writes under their names)."""
+    TaskScoresCheck(data, where, extra).run()
+
+
+__all__ = ["check_task_scores"]

@@ -1,0 +1,94 @@
+"""A task scan's head table as rows (``TaskScan.table()``), a pandas DataFrame (``TaskScan.to_pandas()``) and the
+notebook view (``TaskScan._repr_html_``).
+
+One row per head: ``head`` (``"layer.head"``), ``layer``, ``index``, then the task's own columns: ``score`` (the
+head's EAP-IG node score, in the metric's units), ``dla`` (direct logit attribution, logits; absent where the scan
+has none), each of the task's own head scores (IOI's ``io_attention``), each registered pattern score measured on
+the task's prompts, and ``in_circuit`` (the head is in the node circuit). Rows are ranked by the absolute value of
+the ``sort`` column (default ``score``: a head that works strongly against the behaviour ranks high too), heads
+without a value last. pandas is optional: only :func:`to_pandas` needs it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from circuitkit import validate
+from circuitkit._html import escape
+from circuitkit.errors import CircuitkitError
+
+FIXED = ("head", "layer", "index")
+NOTEBOOK_ROWS = 10
+"""Heads the notebook view lists (the whole table is ``table()`` and the report)."""
+
+
+def columns(scan: Any) -> list[tuple[str, Any]]:
+    """``(name, [layer, head] tensor)`` of every numeric column, in the table's order."""
+    out: list[tuple[str, Any]] = [("score", scan.scores)]
+    if scan.dla is not None:
+        out.append(("dla", scan.dla))
+    out += list(scan.head_scores.items())
+    out += [(name, values) for name, values in scan.pattern_scores.items() if name not in scan.head_scores]
+    return out
+
+
+def task_table(scan: Any, sort: str | None = None) -> list[dict[str, Any]]:
+    """Every head of ``scan`` as a dict (see the module docstring), largest ``|sort|`` first, missing last."""
+    numeric = columns(scan)
+    names = [name for name, _ in numeric]
+    sort = "score" if sort is None else sort
+    if sort not in names:
+        raise validate.fail("TaskScan.table: sort", sort, f"a column of this scan: {', '.join(names)}")
+    circuit = set(scan.circuit.heads) if scan.circuit is not None else set()
+    n_layers, n_heads = scan.scores.shape
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            row: dict[str, Any] = {"head": f"{layer}.{head}", "layer": layer, "index": head}
+            for name, values in numeric:
+                value = float(values[layer, head])
+                row[name] = None if math.isnan(value) else value
+            row["in_circuit"] = (layer, head) in circuit
+            rows.append(row)
+    missing = [r for r in rows if r[sort] is None]
+    return sorted((r for r in rows if r[sort] is not None), key=lambda r: -abs(r[sort])) + missing
+
+
+def to_pandas(scan: Any, sort: str | None = None) -> Any:
+    """:func:`task_table` as a ``pandas.DataFrame`` indexed by ``head``."""
+    try:
+        import pandas
+    except ImportError:
+        raise CircuitkitError("TaskScan.to_pandas: needs pandas, which is not installed here; expected pandas "
+                              "importable. Install it (pip install pandas) or use TaskScan.table(), a list of "
+                              "dicts.") from None
+    return pandas.DataFrame(task_table(scan, sort)).set_index("head")
+
+
+def cell(value: Any) -> str:
+    """A table value as the page and the notebook show it: 3 decimals, yes/blank for a flag, blank for None."""
+    if isinstance(value, bool):
+        return "yes" if value else ""
+    if value is None:
+        return ""
+    return f"{value:+.3f}" if isinstance(value, float) else str(value)
+
+
+def summary_html(scan: Any, rows: int = NOTEBOOK_ROWS) -> str:
+    """The notebook view: the answer first (escaped plain text), then the first ``rows`` heads of :func:`task_table`.
+    No script, no network."""
+    table = task_table(scan)
+    keys = [k for k in table[0] if k not in ("layer", "index")]
+    head = "".join(f"<th>{escape(k)}</th>" for k in keys)
+    body = "".join("<tr>" + "".join(f"<td>{escape(cell(r[k]))}</td>" for k in keys) + "</tr>" for r in table[:rows])
+    return ('<div class="ck-nb" style="font-family:system-ui,sans-serif;font-size:13px;max-width:1000px">'
+            f'<pre style="white-space:pre-wrap">{escape(scan.answer())}</pre>'
+            f"<p><b>Heads by |EAP-IG score|</b> (the first {min(rows, len(table))} of {len(table)}; "
+            "scan.table() has them all)</p>"
+            '<table style="border-collapse:collapse;font-size:12px">'
+            f"<tr>{head}</tr>{body}</table>"
+            '<p style="color:#666">scan.save(dir) writes the full report (report.html) and scores.json.</p></div>')
+
+
+__all__ = ["columns", "summary_html", "task_table", "to_pandas"]
