@@ -94,3 +94,29 @@ def test_edge_circuit_areas_are_the_two_rankings_measured_by_hand():
             np.testing.assert_allclose(areas[which]["faithfulness"], curves[which], atol=1e-4)
         assert cpr == pytest.approx(_mib(curves["signed"], False), abs=1e-4)
         assert cmd == pytest.approx(_mib(curves["abs"], True), abs=1e-4)
+
+
+def test_a_saved_scan_carries_both_curves_and_the_check_refuses_a_cpr_that_is_not_the_circuits():
+    import copy
+    import json
+
+    from circuitkit.handbuilt.induction import induction_circuit
+    from circuitkit.tasks import scan_task
+    from circuitkit.tasks.scores_check import check_task_scores
+    from tests.test_tasks import copy_next_task
+
+    result = scan_task(induction_circuit(10, 16).model, copy_next_task(), target=0.9, n_resamples=20)
+    data = json.loads(json.dumps(result.to_json()))
+    areas = data["circuit"]["cpr_cmd"]
+    assert areas["sizes"] == mib_sizes(data["circuit"]["edges_total"])
+    assert areas["cpr"] == pytest.approx(_mib(areas["signed"]["faithfulness"], False))
+    assert areas["cmd"] == pytest.approx(_mib(areas["abs"]["faithfulness"], True))
+    check_task_scores(data, "scores.json")
+    bad = copy.deepcopy(data)
+    bad["circuit"]["cpr_cmd"]["cpr"] += 0.1
+    with pytest.raises(CircuitkitError, match="circuit.cpr_cmd.cpr"):
+        check_task_scores(bad, "scores.json")
+    bad = copy.deepcopy(data)
+    bad["circuit"]["cpr_cmd"]["abs"]["faithfulness"] = [0.5] * 9
+    with pytest.raises(CircuitkitError, match="circuit.cpr_cmd.abs.faithfulness"):
+        check_task_scores(bad, "scores.json")
