@@ -206,6 +206,7 @@ SCAN_TABLE = {
     "metric": tasks_only(["--metric", "prob_diff"], lambda c, p: c.task_kwargs["metric"] == "prob_diff"),
     "holdout": tasks_only(["--holdout", "0.25"], lambda c, p: c.task_kwargs["holdout"] == 0.25),
     "target_on": tasks_only(["--target-on", "evaluation"], lambda c, p: c.task_kwargs["target_on"] == "evaluation"),
+    "ig_points": tasks_only(["--ig-points", "right"], lambda c, p: c.task_kwargs["ig_points"] == "right"),
     "prepend_bos": tasks_only(["--prepend-bos", "yes"], lambda c, p: c.task_kwargs["prepend_bos"] is True),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),

@@ -49,10 +49,10 @@ def test_every_member_gets_a_phrase_from_its_figures():
     assert "removing it alone raises the loss by +1.26 nats (exact)" in out["3.1"]
     assert out["18.6"].startswith("induction head (induct 0.91); reads 3.1 through K (effect +0.31 nats)")
     assert "alone it reaches faithfulness 0.35" in out["18.6"]
-    assert "faithfulness 0.35 -> 0.76 when it joins the top 1" in out["3.1"]
+    assert "faithfulness from 0.35 to 0.76 when it joins the top 1" in out["3.1"]
     # 9.4: no call, no edge, no removal; its step on the curve is measured, so no "no single measured role"
     assert out["9.4"] == ("in the circuit by its joint-path attribution (rank 3 of 270, estimated removal effect "
-                          "+0.03 nats); faithfulness 0.76 -> 0.87 when it joins the top 2")
+                          "+0.03 nats); faithfulness from 0.76 to 0.87 when it joins the top 2")
     assert not any(BARE.search(text) for text in out.values())
 
 
@@ -60,7 +60,7 @@ def test_every_member_gets_a_phrase_from_its_figures():
     ({"calls": {(3, 1): [Call("previous-token", "prev", 0.64)]}}, "prev 0.83", "prev 0.64"),
     ({"edges": [MeasuredEdge("3.1", "18.6", "q", -0.12)]}, "through K (effect +0.31", "through Q (effect -0.12"),
     ({"removal": {(3, 1): 0.4}}, "by +1.26 nats", "by +0.40 nats"),
-    ({"curve": {0: 0.0, 1: 0.35, 2: 0.6, 3: 0.87}}, "0.35 -> 0.76", "0.35 -> 0.60"),
+    ({"curve": {0: 0.0, 1: 0.35, 2: 0.6, 3: 0.87}}, "from 0.35 to 0.76", "from 0.35 to 0.60"),
 ])
 def test_a_changed_figure_changes_the_phrase(change, before, after):
     old, new = _induction()["3.1"], _induction(**change)["3.1"]
@@ -129,7 +129,7 @@ def test_task_phrases_read_dla_against_the_gap_and_grouped_inputs():
     assert "sends 1 edge of the edge circuit not measured one by one" in out["1.3"]
     # 2.2: DLA just under the share is not worded; two unmeasured edges in; its curve step measured
     assert "DLA" not in out["2.2"] and "receives 2 edges" in out["2.2"]
-    assert "faithfulness 0.50 -> 0.70 when it joins the top 1" in out["2.2"]
+    assert "faithfulness from 0.50 to 0.70 when it joins the top 1" in out["2.2"]
     # a sign flip of the gap turns "the answer" into "against the answer"
     flipped = task_explanations(members, dla=dla, gap=-gap)
     assert "writes against the answer directly (DLA +0.20)" in flipped["1.0"]

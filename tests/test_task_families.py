@@ -114,7 +114,7 @@ def test_node_scores_are_the_first_order_estimate_of_patching_a_head(family_mode
     task = Task.from_pairs(PAIRS, name="copy")
     adapter = adapt(bridge)
     runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=False, ablation="corrupted")
-    scores = runner.node_gradients(1)
+    scores = runner.node_gradients(1, "right")  # at the clean run
     clean, corrupted, answers, wrongs = _pair_tensors()
     layers = hf.model.layers
     n_heads = hf.config.num_attention_heads

@@ -103,7 +103,7 @@ def test_stacked_sets_of_every_type_equal_each_set_alone(runner):
 
 def test_group_scores_by_hand_at_one_point(model, runner):
     """``steps=1``: a group's score is ``sum (post - post') * dM/dpost`` at the clean run, by one backward here."""
-    _, _, typed = runner.attribute(1)
+    _, _, typed = runner.attribute(1, "right")  # the right point of one step: the clean run
     batch = runner.batch
     leaves = {}
 

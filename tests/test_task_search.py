@@ -179,7 +179,7 @@ def test_first_pairs_is_the_runner_on_those_pairs(model):
     # mean ablation: the subset keeps the mean over every pair (the search's values), so it is compared by hand
     z_values, _ = runner.node_values()
     assert torch.equal(sub.node_values()[0][0], z_values[0][:4, : sub.batch.clean.shape[1]])
-    own._values = sub.node_values()
+    own._values = {name: sub.values_of(name) for name in ("head", "mlp")}
     assert torch.allclose(sub.node_metric(heads, None), own.node_metric(heads, None), atol=1e-5)
     assert sub.passes == 5 and runner.passes == 4  # its copies counted on it; the parent ran clean + corrupted only
 

@@ -358,7 +358,7 @@ def test_edge_attribution_equals_transformer_lens(tmp_path):
     pairs = [p for p in toy_pairs(9, d_vocab=40) if len(p[0]) == 6]  # TL scores a batch of one length
     task = Task.from_pairs(pairs)
     runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=True, ablation="corrupted")
-    scores, _ = runner.edge_gradients(1)
+    scores, _ = runner.edge_gradients(1, "right")  # at the clean run
     answers = [p[2][0] for p in pairs]
     wrongs = [p[3][0] for p in pairs]
     clean = torch.tensor([p[0] for p in pairs])
@@ -451,7 +451,10 @@ def test_the_hand_built_circuit_is_found_at_node_and_edge_level():
     gap = float(result.clean.mean() - result.corrupted.mean())
     for effect in c.edge_effects:  # each of the three alone carries the whole behaviour
         assert effect.effect == pytest.approx(gap, rel=1e-4)
-    assert 0.0 <= c.cmd <= 1.0 and c.cpr == pytest.approx(1.0 - c.cmd, abs=1e-6)  # faithfulness stays in [0, 1]
+    areas = c.edge_areas
+    assert c.cpr == areas["signed"]["area_under"] and c.cmd == areas["abs"]["area_from_1"]
+    for rank in ("signed", "abs"):  # faithfulness stays in [0, 1]: the two areas add up to the span 0.001..1
+        assert areas[rank]["area_under"] + areas[rank]["area_from_1"] == pytest.approx(0.999, abs=1e-6)
 
 
 def test_task_scan_json_report_and_save(tmp_path):
@@ -465,6 +468,8 @@ def test_task_scan_json_report_and_save(tmp_path):
     assert circuit["heads"] == ["0.0", "1.0"] and circuit["mlps"] == [] and circuit["ablation"] == "corrupted"
     for key in ("faithfulness", "edges", "edge_faithfulness", "curve", "edge_curve", "cpr", "cmd"):
         assert key in circuit
+    assert circuit["cpr_cmd"]["cpr"] == circuit["cpr"] and "signed" in circuit["cpr_cmd"]["definition"]
+    assert "MIB's CPR" in result.answer() and "circuit-model distance" in result.legend()
     assert sum(s["passes"] for s in data["stages"]) == result.passes
     import jsonschema
 

@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="F", help="a task's pairs held out for evaluation, in [0, 1) (0.5; 0: no split)")
     scan.add_argument("--target-on", choices=("discovery", "evaluation"), default=None,
                       help="the pairs --target applies to (discovery: the ones the circuit is searched on)")
+    # tasks.graph.IG_POINTS, not imported: --help stays free of torch
+    scan.add_argument("--ig-points", choices=("left", "right"), default=None,
+                      help="where a task's EAP-IG takes its gradients on the path from the corrupted to the clean "
+                      "input: left (default: 0, 1/n, .., (n-1)/n, as EAP-IG's code) or right (1/n, .., 1)")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
                       "or the text's tokens alone (no)")
@@ -227,6 +231,7 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "holdout": ((INDUCTION,), "a task's pairs are split into discovery and evaluation sets; the induction batch is "
                 "not"),
     "target_on": ((INDUCTION,), "it says which of a task's two sets the target applies to"),
+    "ig_points": ((INDUCTION,), "the induction scan's attribution is not EAP-IG along a task's input path"),
 }
 
 
@@ -242,9 +247,10 @@ def _holdout(text: str) -> float:
 
 
 def _given_split(args: argparse.Namespace) -> dict[str, Any]:
-    """``holdout`` and ``target_on`` where the command line gave them (else the task scan's own defaults)."""
-    return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on))
-            if value is not None}
+    """``holdout``, ``target_on`` and ``ig_points`` where the command line gave them (else the task scan's own
+    defaults)."""
+    return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on),
+                                          ("ig_points", args.ig_points)) if value is not None}
 
 
 def _refuse_task_family(args: argparse.Namespace) -> None:

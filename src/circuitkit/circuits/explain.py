@@ -18,7 +18,7 @@ its figures support:
   +1.26 nats (exact)"``, and, where its role's group ablated together raises the loss more than
   :data:`TOGETHER_RATIO` times as much, that rise too (``", with the 3 other induction heads by +3.50"``);
 - **its step on the faithfulness curve**, where both neighbouring points were measured: the member joins the
-  circuit ``k``-th (``order``), and the curve holds the top ``k - 1`` and the top ``k``: ``"faithfulness 0.76 ->
+  circuit ``k``-th (``order``), and the curve holds the top ``k - 1`` and the top ``k``: ``"faithfulness from 0.76 to
   0.87 when it joins the top 6"``;
 - **stability**: its share of the circuits found on bootstrap resamples, where measured.
 
@@ -156,7 +156,7 @@ def _curve_clause(member: Head, order: Sequence[Any], curve: Mapping[int, float]
         return None
     if k == 1:
         return f"alone it reaches faithfulness {curve[1]:.2f}"
-    return f"faithfulness {curve[k - 1]:.2f} -> {curve[k]:.2f} when it joins the top {k - 1}"
+    return f"faithfulness from {curve[k - 1]:.2f} to {curve[k]:.2f} when it joins the top {k - 1}"
 
 
 def _calls(calls: Sequence[Call]) -> str:

@@ -29,11 +29,24 @@ Ranking: by **absolute** score (default, as EAP-IG's ``apply_topn``) or by **sig
 an edge estimated to work against the behaviour comes last). MIB reports both. On a real model absolute ranking is
 the safer default: where the estimate has the wrong sign for a node that matters (measured: Qwen2.5-Coder-0.5B's
 MLP 0 on IOI, estimated -1.46 logits, exactly +0.20), signed ranking puts it last and no circuit short of the
-whole model reaches the target. The areas under the edge curve (MIB, Mueller et al. 2025), by the trapezoid
-rule over the fraction of edges ``x`` at ``0`` (no edge: faithfulness 0) and :data:`EDGE_FRACTIONS`::
+whole model reaches the target.
 
-    CPR = integral f(x) dx          higher is better
-    CMD = integral |1 - f(x)| dx    lower is better
+**CPR and CMD, as MIB computes them** (Mueller et al. 2025; ``evaluate_area_under_curve`` in
+``MIB_circuit_track/evaluation.py`` of hannamw/MIB-circuit-track, and ``print_results.py``). With ``E`` the edges
+of the graph, ``x_i`` :data:`EDGE_FRACTIONS` (``x_1 = 0.001 .. x_10 = 1``) and ``f_i`` the faithfulness of the top
+``int(x_i E)`` edges (the size truncated; ``0`` edges: the corrupted run, ``f = 0``), by the trapezoid rule over
+the nominal fractions themselves, no point added at ``0``::
+
+    area_under(f)  = sum_{i<10} (x_{i+1} - x_i) (f_i + f_{i+1}) / 2
+    area_from_1(f) = sum_{i<10} (x_{i+1} - x_i) (|1 - f_i| + |1 - f_{i+1}|) / 2
+    CPR = area_under(f with edges ranked by signed score)      higher is better (above 1 where the top edges
+                                                                overshoot the clean behaviour)
+    CMD = area_from_1(f with edges ranked by absolute score)   lower is better
+
+(MIB's leaderboard takes CPR from the signed ranking and CMD from the absolute one where both exist.) Both rankings'
+curves are measured, whichever ``rank`` sizes the circuit: :func:`mib_areas`. MIB prunes each circuit of edges
+with no path from the input or to the logits before measuring it; that changes its edge count, not its metric
+(such an edge carries the corrupted value either way), so it is not repeated here.
 """
 
 from __future__ import annotations
@@ -51,7 +64,7 @@ from circuitkit.ranking import head_name
 from circuitkit.tasks.graph import TaskRunner
 
 EDGE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-"""Circuit sizes as fractions of all edges (MIB's circuit-localization sizes)."""
+"""Circuit sizes as fractions of all edges (MIB's ``percentages``, ``MIB_circuit_track/evaluation.py`` line 31)."""
 RANKS = ("signed", "abs")
 EDGE_RESOLUTION = 1 / 64
 """The edge circuit's size is bisected to within this share of itself (a circuit of 8,000 edges to within 125):
@@ -91,8 +104,9 @@ class EdgeEffect:
 @dataclass(frozen=True, eq=False)
 class TaskCircuit:
     """The node circuit (``heads``, ``mlps``, ``faithfulness``, ``necessity``, ``curve``) and the edge circuit
-    (``edges``, ``edge_faithfulness``, ``edge_curve`` over :data:`EDGE_FRACTIONS`, ``cpr``, ``cmd``,
-    ``edge_effects``) of one task; ``clean`` / ``corrupted``: the mean metric; ``rank``: signed or abs;
+    (``edges``, ``edge_faithfulness``, ``edge_curve`` over :data:`EDGE_FRACTIONS`, MIB's ``cpr`` and ``cmd``
+    (module docstring) with their curves ``edge_areas``, ``edge_effects``) of one task; ``clean`` / ``corrupted``:
+    the mean metric; ``rank``: signed or abs;
     ``n_edges_total``: edges in the graph; ``intervals``: ``faithfulness`` and ``necessity`` as ``(lo, hi)``, the
     percentile bootstrap over the pairs (:func:`circuitkit.bootstrap_ci`) from each pair's metric in the passes
     that measured them (no extra pass; the edge circuit's figures have none)."""
@@ -123,6 +137,9 @@ class TaskCircuit:
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """The members of further node types (``{type: labels}``, e.g. ``{"neurons": ("m3.n1", ...)}``); empty where
     the circuit's nodes are heads and MLPs only."""
+    edge_areas: dict[str, Any] | None = None
+    """MIB's curves and areas (:func:`mib_areas`: ``cpr``, ``cmd``, ``fractions``, ``sizes`` and per ranking its
+    ``faithfulness``, ``area_under``, ``area_from_1``); None without an edge circuit."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,6 +157,11 @@ class TaskCircuit:
             "edges_total": self.n_edges_total,
             "cpr": self.cpr,
             "cmd": self.cmd,
+            "cpr_cmd": None if self.edge_areas is None else {
+                "definition": "MIB's: CPR = area_under of the faithfulness at int(x * edges_total) edges ranked by "
+                              "signed score, over the fractions x; CMD = area_from_1 (of |1 - f|) with edges ranked "
+                              "by absolute score; trapezoid rule over x, no point at 0",
+                **self.edge_areas},
             "edge_effects": [e.to_json() for e in self.edge_effects],
             "rank": self.rank,
             "metric_all_nodes_patched": self.node_corrupted,
@@ -391,9 +413,8 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
         def coarse(sizes: list[int]) -> list[float]:
             before = runner.passes
             stacked = [masks(order[:n]) for n in sizes]
-            heads = torch.stack([h for h, _ in stacked])
-            mlps = None if stacked[0][1] is None else torch.stack([m for _, m in stacked])
-            values = _counted(runner, sub, k, lambda: sub.node_metric(heads, mlps))
+            patched = {name: torch.stack([m[name] for m in stacked]) for name in shapes}
+            values = _counted(runner, sub, k, lambda: sub.patched_metric(patched))
             if progress is not None:
                 progress(runner.passes - before)
             return [faithfulness_of(float(v), sub_clean, sub_patched) for v in values]
@@ -416,10 +437,11 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
 
 
 def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, progress: Any = None,
-                 ) -> tuple[tuple[str, ...], float | None, tuple, float | None, float | None, tuple, int]:
-    """The edge curve at :data:`EDGE_FRACTIONS`, the smallest top-``k`` edge set reaching ``target``, CPR/CMD and
-    the exact effects of the circuit's strongest edges. Returns ``(edges, faithfulness, curve, cpr, cmd, effects,
-    n_edges)``."""
+                 ) -> tuple[tuple[str, ...], float | None, tuple, float | None, float | None, tuple, int, dict]:
+    """The edge curve at MIB's sizes (:func:`mib_sizes`) under both rankings, the smallest top-``k`` edge set
+    reaching ``target`` (ranked by ``rank``), MIB's CPR/CMD and the exact effects of the circuit's strongest edges.
+    Returns ``(edges, faithfulness, curve, cpr, cmd, effects, n_edges, areas)``, ``curve``: every point measured
+    under ``rank``; ``areas``: :func:`mib_areas`."""
     graph = runner.graph
     allowed = graph.allowed
     index = allowed.nonzero()  # [E, 2]
@@ -430,7 +452,7 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     corrupted = float(runner.corrupted["metric"].mean())
     check_gap(clean, corrupted, runner.metric_name)
 
-    def kept_mask(k: int, drop: int | None = None) -> Tensor:
+    def kept_mask(k: int, drop: int | None = None, order: Tensor = order) -> Tensor:
         mask = torch.zeros_like(allowed)
         top = index[order[:k]]
         mask[top[:, 0], top[:, 1]] = True
@@ -441,18 +463,30 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     metrics: dict[int, float] = {0: corrupted, E: clean}
 
     def run(masks: list[Tensor]) -> list[float]:
+        if not masks:
+            return []
         before = runner.passes
         values = runner.edge_metric(torch.stack(masks)).tolist()
         if progress is not None:
             progress(runner.passes - before)
         return values
 
-    sizes = sorted({max(1, round(f * E)) for f in EDGE_FRACTIONS})
-    todo = [k for k in sizes if k < E]
+    sizes = mib_sizes(E)
+    todo = sorted({k for k in sizes if 0 < k < E})
+    other = {"abs": "signed", "signed": "abs"}[rank]  # MIB's areas need both rankings' curves
+    other_order = _order(flat, other)
     for k, value in zip(todo, run([kept_mask(k) for k in todo]), strict=True):  # stacked: the whole curve at once
         metrics[k] = value
+    other_metrics = {0: corrupted, E: clean}
+    for k in todo:  # where both rankings keep the same top k (scores of one sign), that set is measured already
+        if torch.equal(torch.sort(order[:k]).values, torch.sort(other_order[:k]).values):
+            other_metrics[k] = metrics[k]
+    differ = [k for k in todo if k not in other_metrics]
+    other_metrics.update(zip(differ, run([kept_mask(k, order=other_order) for k in differ]), strict=True))
     curve_sizes = sorted(set(todo) | {E})
     measured = {k: faithfulness_of(metrics[k], clean, corrupted) for k in metrics}
+    areas = mib_areas({rank: [measured[k] for k in sizes],
+                       other: [faithfulness_of(other_metrics[k], clean, corrupted) for k in sizes]}, sizes)
 
     def evaluate(k: int) -> float:
         metrics[k] = run([kept_mask(k)])[0]
@@ -461,10 +495,6 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     # bisection between MIB's two sizes around the target (2 to 2.5 apart): about six passes; a coarse search there
     # measured more (COARSE_AFTER)
     k = _smallest(evaluate, curve_sizes, E, target, measured, EDGE_RESOLUTION)
-    xs = [0.0] + [s / E for s in curve_sizes]
-    ys = [0.0] + [measured[s] for s in curve_sizes]
-    cpr = _trapezoid(xs, ys)
-    cmd = _trapezoid(xs, [abs(1.0 - y) for y in ys])
     names = graph.edge_names(index[order[:k]])
     strongest = order[:min(k, N_EXACT_EDGES)].tolist()
     effects: list[EdgeEffect] = []
@@ -473,12 +503,50 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
         effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v)
                    for i, v in zip(strongest, values, strict=True)]
     curve = tuple(TaskCurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))
-    return tuple(names), measured[k], curve, cpr, cmd, tuple(effects), E
+    return tuple(names), measured[k], curve, areas["cpr"], areas["cmd"], tuple(effects), E, areas
 
 
-def _trapezoid(xs: list[float], ys: list[float]) -> float:
+def mib_sizes(n_edges: int) -> list[int]:
+    """The circuit sizes of MIB's curve: ``int(x * n_edges)`` for ``x`` in :data:`EDGE_FRACTIONS` (truncated, as
+    ``curr_num_items = int(pct * n_scored_items)``, ``MIB_circuit_track/evaluation.py`` line 37)."""
+    return [int(x * n_edges) for x in EDGE_FRACTIONS]
+
+
+def _trapezoid(xs: Any, ys: Any) -> float:
     return float(sum((xs[i + 1] - xs[i]) * (ys[i + 1] + ys[i]) / 2 for i in range(len(xs) - 1)))
 
 
-__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "RANKS", "TaskCircuit", "TaskCurvePoint", "edge_circuit",
-           "NodeCircuit", "node_circuit", "node_masks", "node_order", "sender_scores", "typed_order"]
+def area_under(faithfulness: Any) -> float:
+    """MIB's ``area_under``: the trapezoid rule over the fractions :data:`EDGE_FRACTIONS` (x) of the faithfulness
+    at each (one value per fraction, in order), no point added at 0 (``MIB_circuit_track/evaluation.py`` lines
+    58-73). CPR where the edges were ranked by signed score."""
+    return _trapezoid(EDGE_FRACTIONS, _per_fraction(faithfulness))
+
+
+def area_from_1(faithfulness: Any) -> float:
+    """MIB's ``area_from_1``: as :func:`area_under` of ``|1 - f|`` (the same lines). CMD where the edges were
+    ranked by absolute score."""
+    return _trapezoid(EDGE_FRACTIONS, [abs(1.0 - f) for f in _per_fraction(faithfulness)])
+
+
+def _per_fraction(faithfulness: Any) -> list[float]:
+    values = [float(f) for f in faithfulness]
+    if len(values) != len(EDGE_FRACTIONS) or not all(math.isfinite(f) for f in values):
+        raise CircuitkitError(f"MIB's areas: given {len(values)} faithfulness values ({values[:3]}...); expected "
+                              f"{len(EDGE_FRACTIONS)} finite ones, one at each of {EDGE_FRACTIONS}")
+    return values
+
+
+def mib_areas(curves: dict[str, list[float]], sizes: list[int]) -> dict[str, Any]:
+    """``curves``: the faithfulness at :func:`mib_sizes` under each ranking (``"signed"``, ``"abs"``). Returns
+    ``cpr`` (``area_under`` of the signed curve), ``cmd`` (``area_from_1`` of the absolute one) and, per ranking,
+    its curve and both areas (module docstring)."""
+    return {"cpr": area_under(curves["signed"]), "cmd": area_from_1(curves["abs"]),
+            "fractions": list(EDGE_FRACTIONS), "sizes": list(sizes),
+            **{rank: {"faithfulness": list(curves[rank]), "area_under": area_under(curves[rank]),
+                      "area_from_1": area_from_1(curves[rank])} for rank in RANKS}}
+
+
+__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "NodeCircuit", "RANKS", "TaskCircuit", "TaskCurvePoint",
+           "area_from_1", "area_under", "edge_circuit", "mib_areas", "mib_sizes", "node_circuit", "node_masks",
+           "node_order", "sender_scores", "typed_order"]

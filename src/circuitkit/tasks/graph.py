@@ -27,8 +27,9 @@ built from node types (:data:`~circuitkit.tasks.nodes.EDGE_TYPES`), every hook n
 :class:`~circuitkit.models.adapters.HOOKS`.
 
 Edge attribution (EAP-IG, Hanna et al. 2024): with ``g_v = dM/dx_v`` averaged over the ``steps`` points
-``alpha = k / steps`` (``k = 1 .. steps``) on the straight line from the corrupted to the clean input embeddings
-(``steps = 1``: plain attribution patching, the gradient at the clean run),
+``alpha = k / steps`` on the straight line from the corrupted (``alpha = 0``) to the clean input embeddings, with
+``k = 0 .. steps - 1`` (``points="left"``, default: EAP-IG's own points, hence MIB's) or ``k = 1 .. steps``
+(``"right"``: ``steps = 1`` is plain attribution patching, the gradient at the clean run) (:func:`ig_alphas`),
 ``score(u -> v) = sum_{pair, pos} (out_u - out'_u) . g_v / n_pairs``: the first-order estimate of how much the
 mean metric falls when the edge is corrupted (positive: the edge carries the clean behaviour). A node's score is
 the sum over its outgoing edges (the estimate of patching the node itself).
@@ -57,6 +58,21 @@ Gemma-2 edge through the sender layer's post-attention norm, recomputed per rece
 corrupted; circuitkit does not (yet) build that graph, so it measures no edge there rather than a different one."""
 SENDER_BUDGET = 2**30
 """Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy)."""
+IG_POINTS = ("left", "right")
+DEFAULT_IG_POINTS = "left"
+"""EAP-IG's own points (``get_scores_eap_ig`` in hannamw/EAP-IG ``src/eap/attribute.py``: ``k / steps`` for ``k``
+in ``range(0, steps)``), so that scores, and the circuits ranked by them, compare one to one with EAP-IG's and
+MIB's. Both are Riemann sums of the same path integral, with errors of the same order."""
+
+
+def ig_alphas(steps: int, points: str) -> Tensor:
+    """``[steps]`` float32: the points ``alpha`` of the straight path ``x' + alpha (x - x')`` from the corrupted
+    (``alpha = 0``) to the clean input where EAP-IG takes its gradients: ``k / steps`` for ``k = 0 .. steps - 1``
+    (``"left"``: the left Riemann sum, EAP-IG's; ``steps = 1``: the gradient at the corrupted input) or
+    ``k = 1 .. steps`` (``"right"``: ends at the clean run; ``steps = 1``: attribution patching)."""
+    validate.option("EAP-IG points", points, IG_POINTS)
+    first = 0 if points == "left" else 1
+    return torch.arange(first, first + steps, dtype=torch.float32) / steps
 
 
 @dataclass(frozen=True)
@@ -442,12 +458,13 @@ class TaskRunner:
 
         return self._in_passes(kept.shape[0], node=False, run=run)
 
-    def edge_gradients(self, steps: int) -> tuple[Tensor, Tensor]:
-        """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge."""
-        scores, node_scores, _ = self.attribute(steps)
+    def edge_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor]:
+        """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge;
+        ``points``: where on the path the gradients are taken (:func:`ig_alphas`)."""
+        scores, node_scores, _ = self.attribute(steps, points)
         return scores, node_scores
 
-    def attribute(self, steps: int) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def attribute(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
         and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.tasks.nodes`; the
         gradient at a zero leaf added at its hook, which changes no value)."""
@@ -455,7 +472,7 @@ class TaskRunner:
 
         graph = self.graph
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
-        alphas = torch.arange(1, steps + 1, dtype=torch.float32, device=clean_in.device) / steps
+        alphas = ig_alphas(steps, points).to(clean_in.device)
         start = corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
             clean_in - corrupt_in)[None]  # [steps, pair, pos, d_model]
         grads: dict[tuple[str, int], Tensor] = {}
@@ -502,11 +519,11 @@ class TaskRunner:
             out[kind.name] = scores
         return out
 
-    def node_gradients(self, steps: int) -> Tensor:
+    def node_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> Tensor:
         """:meth:`node_attribution`'s scores of the heads and MLPs, ``[sender]``."""
-        return self.node_attribution(steps)[0]
+        return self.node_attribution(steps, points)[0]
 
-    def node_attribution(self, steps: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def node_attribution(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, dict[str, Tensor]]:
         """Node-level EAP-IG, ``[sender]``: for each head ``(z - z_ablated) . mean_k dM/dz`` summed over pairs and
         positions (the gradient of the mean metric at the ``steps`` points of :meth:`edge_gradients`), for each
         MLP the same at its output; 0 for the input. Defined whatever follows the attention (a norm, a scale):
@@ -518,7 +535,7 @@ class TaskRunner:
         graph, spec, batch = self.graph, self.spec, self.batch
         S, L = steps, spec.n_layers
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
-        alphas = torch.arange(1, S + 1, dtype=torch.float32, device=clean_in.device) / S
+        alphas = ig_alphas(S, points).to(clean_in.device)
         start = (corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None] * (clean_in - corrupt_in)[None])
         z_values, mlp_values = self.node_values()
         leaves: dict[str, Tensor] = {}

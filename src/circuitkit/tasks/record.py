@@ -89,8 +89,11 @@ def task_units(scan: Any) -> dict[str, str]:
         "circuit.necessity": f"{metric}: lost when only the circuit is patched",
         "circuit.curve.metric": metric,
         "circuit.edge_faithfulness": "fraction, as circuit.faithfulness",
-        "circuit.cpr": "area under the edge faithfulness curve over the fraction of edges (higher is better)",
-        "circuit.cmd": "area between that curve and 1 (lower is better)",
+        "circuit.cpr": "MIB's CPR: area under the edge faithfulness curve (edges ranked by signed score) over the "
+                       "fraction of edges, 0.001 to 1 (higher is better)",
+        "circuit.cmd": "MIB's CMD: area between 1 and the curve of edges ranked by absolute score (lower is better)",
+        "circuit.cpr_cmd": "MIB's curves under both rankings (faithfulness at int(fraction * edges_total) edges) and "
+                           "both areas of each",
         "circuit.edge_effects.score": f"{metric}: EAP-IG estimate",
         "circuit.edge_effects.effect": f"{metric}: exact, path patching",
         "stages.passes": "forward passes of the task's pairs (a backward pass counts two)",

@@ -119,6 +119,8 @@ def _circuit(data: dict[str, Any] | None) -> Any:
         intervals={key: _pair(v) for key, v in (data.get("ci") or {}).items()},
         other_set=data["other_set"],
         nodes={name: tuple(labels) for name, labels in (data.get("nodes") or {}).items()},
+        edge_areas=None if data.get("cpr_cmd") is None else {k: v for k, v in data["cpr_cmd"].items()
+                                                             if k != "definition"},
     )
     return TaskCircuit(**built, **_fields(TaskCircuit, data, set(built)))
 

@@ -149,8 +149,10 @@ def faithfulness_section(scan: Any) -> Section | None:
     if c.edge_curve:
         figures.append((faithfulness_curve([(p.size, p.faithfulness) for p in c.edge_curve], c.target, len(c.edges),
                                            c.n_edges_total, unit="edges"),
-                        f"Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges): CPR {c.cpr:.3f}, "
-                        f"CMD {c.cmd:.3f}, edges ranked by {escape(c.rank)} score."))
+                        f"Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges), edges ranked by "
+                        f"{escape(c.rank)} score. MIB's CPR {c.cpr:.3f} (the area under this curve with edges ranked "
+                        f"by signed score), CMD {c.cmd:.3f} (the area between 1 and it with edges ranked by absolute "
+                        "score)."))
     body = '<div class="ck-answer">' + "".join(
         f'<figure style="margin:0">{svg}<figcaption class="note" style="max-width:300px">{caption}</figcaption>'
         "</figure>" for svg, caption in figures) + "</div>"

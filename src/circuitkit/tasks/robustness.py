@@ -70,10 +70,10 @@ def random_node_sets(runner: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: b
 
 
 def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: float, rank: str, mlp_nodes: bool,
-                   seed: int = 0, progress: Any = None) -> Stability:
+                   seed: int = 0, progress: Any = None, points: str = "left") -> Stability:
     """:class:`~circuitkit.circuits.stability.Stability` of the node search on ``runner``'s pairs: rerun on
     ``n_resamples`` bootstrap resamples of them (module docstring); a resample whose corrupted prompts change
-    nothing has no circuit (None). ``progress(passes)`` after each rerun."""
+    nothing has no circuit (None). ``progress(passes)`` after each rerun; ``points``: the scan's EAP-IG points."""
     spec, batch = runner.spec, runner.batch
     counts = resample_counts(batch.n_pairs, n_resamples, seed)
     circuits: list[tuple | None] = []
@@ -87,9 +87,9 @@ def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: flo
         rerun.direct = False
         try:
             if rerun.edges_defined:
-                _, node_scores = rerun.edge_gradients(steps)
+                _, node_scores = rerun.edge_gradients(steps, points)
             else:
-                node_scores = rerun.node_gradients(steps)
+                node_scores = rerun.node_gradients(steps, points)
             heads, _, faith, *_ = node_circuit(rerun, node_scores, target, rank, mlp_nodes=mlp_nodes)
         except NoBehaviour:
             circuits.append(None)

@@ -31,7 +31,7 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
-from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
+from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.record import TASK_FORMAT
@@ -184,8 +184,8 @@ class TaskScan:
             lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
-                         f"{c.edge_faithfulness:.3f}; CPR {c.cpr:.3f}, CMD {c.cmd:.3f} "
-                         f"(edges ranked by {c.rank} score).")
+                         f"{c.edge_faithfulness:.3f} (edges ranked by {c.rank} score); MIB's CPR {c.cpr:.3f} "
+                         f"(edges ranked by signed score), CMD {c.cmd:.3f} (by absolute score).")
         for e in c.edge_effects[:5]:
             lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
         for score, values in self.head_scores.items():
@@ -284,8 +284,10 @@ LEGEND = (
     (r"\binput->", "input = the residual stream entering layer 0 (the embeddings)"),
     (r"EAP-IG", "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), the "
                 "first-order estimate the heads and edges are ranked by"),
-    (r"\bCPR\b", "CPR = area under the edge circuit's faithfulness curve (MIB; higher is better)"),
-    (r"\bCMD\b", "CMD = area between that curve and 1 (lower is better)"),
+    (r"\bCPR\b", "CPR = area under the faithfulness curve of the top 0.1% to 100% of the edges by signed score "
+                "(MIB's circuit performance ratio; higher is better)"),
+    (r"\bCMD\b", "CMD = area between 1 and the curve of the edges by absolute score (MIB's circuit-model "
+                "distance; lower is better)"),
     (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
     (r"\bDLA\b", "DLA = direct logit attribution, the head's output read straight into logit(answer) - logit(wrong) "
                   "through the final norm at its clean-run scale"),
@@ -348,7 +350,8 @@ def _num(value: Any) -> float | None:
 @keeps_model_state
 def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
               rank: str = "abs",
-              steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
+              steps: int = DEFAULT_IG_STEPS, ig_points: str = DEFAULT_IG_POINTS, edges: bool = True,
+              device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
               target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
@@ -363,6 +366,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         rank: order nodes and edges by ``"abs"`` (default, as EAP-IG's ``apply_topn``: an edge that works strongly
             against the behaviour is still part of the mechanism) or ``"signed"`` EAP-IG score.
         steps: EAP-IG interpolation points.
+        ig_points: where on the path from the corrupted to the clean input they lie: ``"left"`` (default:
+            ``alpha = 0, 1/steps, .., (steps-1)/steps``, as EAP-IG's own code, so scores and circuits compare one
+            to one with EAP-IG's and MIB's) or ``"right"`` (``alpha = 1/steps, .., 1``: ends at the clean run;
+            ``steps=1`` is plain attribution patching).
         edges: measure the edge circuit too (``False``: nodes only).
         prepend_bos: how text prompts become tokens: ``None`` (default: the model's tokenizer's own rule,
             ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens
@@ -417,6 +424,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     target_on = validate.option("scan_task: target_on", target_on, TARGETS_ON)
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
+    ig_points = validate.option("scan_task: ig_points", ig_points, IG_POINTS)
     edges = validate.boolean("scan_task: edges", edges)
     quick = validate.boolean("scan_task: quick", quick)
     if quick and steps != DEFAULT_IG_STEPS:
@@ -509,10 +517,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         clean = stage("clean", lambda advance: runner.clean)
         corrupted = stage("corrupted", lambda advance: runner.corrupted)
         if runner.edges_defined:
-            scores, node_scores, typed = stage("attribute", lambda advance: runner.attribute(steps))
+            scores, node_scores, typed = stage("attribute", lambda advance: runner.attribute(steps, ig_points))
         else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
             scores = None
-            node_scores, typed = stage("attribute", lambda advance: runner.node_attribution(steps))
+            node_scores, typed = stage("attribute", lambda advance: runner.node_attribution(steps, ig_points))
         circuit, error, baseline, stable = None, None, None, None
         try:
             heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs, members = stage(
@@ -537,10 +545,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                         reruns[0] += passes
                         advance()
 
-                    return node_stability(search, stability, steps, target, rank, mlp_nodes, progress=told_rerun)
+                    return node_stability(search, stability, steps, target, rank, mlp_nodes, progress=told_rerun,
+                                          points=ig_points)
 
                 stable = stage("stability", rerun_counted)
-            edge_part: tuple = ((), None, (), None, None, (), graph.n_edges)
+            edge_part: tuple = ((), None, (), None, None, (), graph.n_edges, None)
             if edges:
                 try:
                     edge_part = stage("edges", lambda advance: edge_circuit(search, scores, target, rank,
@@ -548,7 +557,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                 except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
                     error = f"no edge circuit: {exc}"
                     bar.end("no behaviour: the corrupted run equals the clean one")
-            names, edge_faith, edge_curve, cpr, cmd, effects, n_edges = edge_part
+            names, edge_faith, edge_curve, cpr, cmd, effects, n_edges, areas = edge_part
             other_set = None
             if other is not None:
                 n_found = len(heads) + len(circuit_mlps) + sum(len(m) for m in members.values())
@@ -562,7 +571,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                                   edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                                   float(search.corrupted["metric"].mean()), all_patched,
                                   intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
-                                  other_set=other_set, nodes=members)
+                                  other_set=other_set, nodes=members, edge_areas=areas)
     finally:
         bar.close()
     stages = [TaskStage(r.name, r.passes, r.seconds) for r in bar.ran]
@@ -573,7 +582,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     marks = [task.marks[i] for i in discovery_index.tolist()] if task.marks else []
     head_scores = {name: _attention_score(clean["last_attention"], marks, found, to, minus)
                    for name, to, minus in task.attention_scores}
-    settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+    settings = {"target": target, "rank": rank, "ig_steps": steps, "ig_points": ig_points,
+                "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else
                 "quick=True" if quick else "edges=False", "quick": quick, "random_sets": random_sets,
                 "stability": stability,

@@ -32,6 +32,8 @@ from circuitkit.report.scores_check import MAX_INT, SCORE_TOLERANCE, ScoresCheck
 
 REQUIRED = ("format", "units", "dtype", "model", "task", "settings", "heads", "mlps", "pairs", "patterns",
             "pattern_scores", "circuit", "circuit_error", "roles", "stages")
+OPTIONAL = ("random_baseline", "stability", "nodes")
+"""Top-level keys a task scan writes where asked for (random sets, stability, further node types)."""
 TASK_REQUIRED = ("name", "metric", "pairs", "ablation", "description", "examples", "clean", "corrupted", "tokens",
                  "units", "attention_scores")
 CIRCUIT_REQUIRED = ("heads", "mlps", "faithfulness", "necessity", "target", "ablation", "curve", "nodes_total",
@@ -70,7 +72,7 @@ class TaskScoresCheck(ScoresCheck):
     def run(self) -> None:
         from circuitkit.tasks.record import DTYPES
 
-        data = self.obj(self.data, "", REQUIRED, self.extra)
+        data = self.obj(self.data, "", REQUIRED, OPTIONAL + self.extra)
         if not _all_plain(data):
             for path, value in _numbers(data, ""):
                 if isinstance(value, float) and not math.isfinite(value):
@@ -179,6 +181,10 @@ class TaskScoresCheck(ScoresCheck):
             raise self.fail("settings.target", target, "a faithfulness target in (0, 1]")
         self.option(settings["rank"], "settings.rank", RANKS)
         self.integer(settings["ig_steps"], "settings.ig_steps", 1, MAX_STEPS)
+        if "ig_points" in settings:
+            from circuitkit.tasks.graph import IG_POINTS
+
+            self.option(settings["ig_points"], "settings.ig_points", IG_POINTS)
         for key in ("mlps", "mlp_nodes", "edges"):
             if key in settings:
                 self.flag(settings[key], f"settings.{key}")
@@ -289,7 +295,7 @@ class TaskScoresCheck(ScoresCheck):
     def circuit(self, value: Any) -> None:  # noqa: C901 - one field after another
         from circuitkit.tasks.circuit import RANKS
 
-        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations", "nodes"), nullable=True)
+        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations", "nodes", "cpr_cmd"), nullable=True)
         if c is None:
             return
         for name, labels in self.obj(c.get("nodes", {}), "circuit.nodes").items():  # further node types' members
@@ -344,6 +350,7 @@ class TaskScoresCheck(ScoresCheck):
             self.edge_name(effect["edge"], f"{at}.edge")
             self.number(effect["score"], f"{at}.score", nullable=False)
             self.number(effect["effect"], f"{at}.effect", nullable=False)
+        self.mib_areas(c.get("cpr_cmd"), c, total)
         if "ci" in c:
             for key, pair in self.obj(c["ci"], "circuit.ci").items():
                 if pair is None:  # a task scan writes every interval it names
@@ -360,6 +367,33 @@ class TaskScoresCheck(ScoresCheck):
             self.text(other.get("note"), "circuit.other_set.note", nullable=True)
             if "curve" in other:
                 self.points(other["curve"], "circuit.other_set.curve", nodes)
+
+
+    def mib_areas(self, value: Any, c: dict[str, Any], total: int) -> None:
+        """``circuit.cpr_cmd`` (MIB's curves and areas, :func:`circuitkit.tasks.circuit.mib_areas`): its CPR and CMD
+        are the circuit's, one size and one faithfulness per fraction."""
+        from circuitkit.tasks.circuit import EDGE_FRACTIONS, RANKS
+
+        areas = self.obj(value, "circuit.cpr_cmd", ("definition", "cpr", "cmd", "fractions", "sizes", *RANKS), (),
+                         nullable=True)
+        if areas is None:
+            return
+        self.text(areas["definition"], "circuit.cpr_cmd.definition", non_empty=True)
+        for key in ("cpr", "cmd"):
+            value = self.number(areas[key], f"circuit.cpr_cmd.{key}", nullable=False)
+            if not isinstance(c[key], (int, float)) or abs(value - c[key]) > 1e-6 * max(1.0, abs(value)):
+                raise self.fail(f"circuit.cpr_cmd.{key}", areas[key], f"circuit.{key} ({c[key]})")
+        n = len(EDGE_FRACTIONS)
+        for i, x in enumerate(self.array(areas["fractions"], "circuit.cpr_cmd.fractions", length=n)):
+            self.number(x, f"circuit.cpr_cmd.fractions[{i}]", 0.0, 1.0, nullable=False)
+        for i, size in enumerate(self.array(areas["sizes"], "circuit.cpr_cmd.sizes", length=n)):
+            self.integer(size, f"circuit.cpr_cmd.sizes[{i}]", 0, total)
+        for rank in RANKS:
+            curve = self.obj(areas[rank], f"circuit.cpr_cmd.{rank}", ("faithfulness", "area_under", "area_from_1"), ())
+            for i, f in enumerate(self.array(curve["faithfulness"], f"circuit.cpr_cmd.{rank}.faithfulness", length=n)):
+                self.number(f, f"circuit.cpr_cmd.{rank}.faithfulness[{i}]", nullable=False)
+            for key in ("area_under", "area_from_1"):
+                self.number(curve[key], f"circuit.cpr_cmd.{rank}.{key}", nullable=False)
 
 
 def check_task_scores(data: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
