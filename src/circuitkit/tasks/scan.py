@@ -24,12 +24,14 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.search import SEARCH_NAMES
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
+from circuitkit.tasks.search import held_out, search_node_circuit
 from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.task import Task, check_prepend_bos
 
@@ -266,7 +268,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               steps: int = DEFAULT_IG_STEPS, edges: bool = True, device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
-              target_on: str = "discovery", progress: Any = None) -> TaskScan:
+              target_on: str = "discovery", progress: Any = None, search: str = "ranked",
+              search_options: dict[str, Any] | None = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -294,6 +297,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             ``"evaluation"`` (the circuit is sized on the evaluation pairs, e.g. to guarantee the held-out figure;
             it is then no longer untouched, and the discovery figure is reported beside it).
         progress: ``progress(stage, passes)`` called as passes run (or None).
+        search: how the node circuit is found (:mod:`circuitkit.circuits.search`): ``"ranked"`` (default: the
+            smallest top-``n`` set by EAP-IG node score), ``"refined"`` (that set, then exact drops and swaps while
+            the target holds) or ``"masks"`` (learned continuous node masks, then the smallest top-``n`` of their
+            order); ``search_options``: that search's options. ``settings["search"]`` says which ran and its passes.
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
     """
@@ -312,6 +319,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         raise validate.fail("scan_task: holdout", holdout, "a share of the pairs in [0, 1) (0: no split)")
     split_seed = validate.seed("scan_task: split_seed", split_seed)
     target_on = validate.option("scan_task: target_on", target_on, TARGETS_ON)
+    node_search = validate.option("scan_task: search", search, SEARCH_NAMES)  # ``search`` names a runner below
+    if search_options is not None and not isinstance(search_options, dict):
+        raise validate.fail("scan_task: search_options", search_options, "a dict of the search's options or None")
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     edges = validate.boolean("scan_task: edges", edges)
@@ -373,6 +383,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     try:
         heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
             "nodes", lambda: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes))
+        if node_search != "ranked":  # the searched circuit replaces the ranked one (tasks/search.py)
+            found, searched = stage("search", lambda: search_node_circuit(
+                node_search, search, node_scores, (heads, circuit_mlps, faith, necessity, curve, all_patched,
+                                                   n_nodes, pairs), target, rank, mlp_nodes=mlp_nodes,
+                options=search_options))
+            heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = found
     except NoBehaviour as exc:  # reported, not raised
         error = str(exc)
     else:
@@ -388,12 +404,16 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             other_set = stage("held-out", lambda: _other_set(
                 other, "discovery" if other is runner else "evaluation", curve, len(heads) + len(circuit_mlps),
                 node_scores, rank, mlp_nodes, names))
+            if node_search != "ranked":
+                other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes))
         circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                               edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                               float(search.corrupted["metric"].mean()), all_patched,
                               intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
                               other_set=other_set)
-    settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+    settings = {"target": target, "rank": rank, "search": {"name": node_search, "passes": next(
+                    (s.passes for s in stages if s.name == ("search" if node_search != "ranked" else "nodes")), None),
+                    "options": dict(search_options or {})}, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
                 "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
