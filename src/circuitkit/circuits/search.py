@@ -142,8 +142,8 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
     members = list(start)
     f = start_faithfulness if start_faithfulness is not None else problem.measure([members])[0]
     if f < target:
-        raise validate.fail("refined search: start", validate.given(f"a set of {len(members)} nodes at faithfulness "
-                                                                    f"{f:.4g}"), f"a circuit reaching the target {target}")
+        given = validate.given(f"a set of {len(members)} nodes at faithfulness {f:.4g}")
+        raise validate.fail("refined search: start", given, f"a circuit reaching the target {target}")
     trace: list[tuple[str, int, float]] = [("start", len(members), float(f))]
     rank_of = {node: i for i, node in enumerate(start)}  # ties: the later-ranked member goes first
     for _ in range(max_rounds):

@@ -31,8 +31,8 @@ from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import EDGES_UNDEFINED, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
-from circuitkit.tasks.search import held_out, search_node_circuit
 from circuitkit.tasks.metrics import metric_label, metric_units
+from circuitkit.tasks.search import held_out, search_node_circuit
 from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_HOLDOUT = 0.5
@@ -384,11 +384,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = stage(
             "nodes", lambda: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes))
         if node_search != "ranked":  # the searched circuit replaces the ranked one (tasks/search.py)
-            found, searched = stage("search", lambda: search_node_circuit(
+            searched, _ = stage("search", lambda: search_node_circuit(
                 node_search, search, node_scores, (heads, circuit_mlps, faith, necessity, curve, all_patched,
                                                    n_nodes, pairs), target, rank, mlp_nodes=mlp_nodes,
                 options=search_options))
-            heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = found
+            heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = searched
     except NoBehaviour as exc:  # reported, not raised
         error = str(exc)
     else:
@@ -411,9 +411,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                               float(search.corrupted["metric"].mean()), all_patched,
                               intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
                               other_set=other_set)
-    settings = {"target": target, "rank": rank, "search": {"name": node_search, "passes": next(
-                    (s.passes for s in stages if s.name == ("search" if node_search != "ranked" else "nodes")), None),
-                    "options": dict(search_options or {})}, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+    settings = {"target": target, "rank": rank, "ig_steps": steps, "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else "edges=False",
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
                 "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
@@ -421,6 +419,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                           "discovery_pairs": found.n_pairs,
                           "evaluation_pairs": 0 if held is None else held.batch.n_pairs,
                           "note": None if split else f"not split: fewer than {MIN_SPLIT_PAIRS} pairs or holdout 0"}}
+    search_stage = "search" if node_search != "ranked" else "nodes"  # which search ran, and its passes
+    settings["search"] = {"name": node_search, "options": dict(search_options or {}),
+                          "passes": next((s.passes for s in stages if s.name == search_stage), None)}
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if split:  # every pair's metric in the task's order
         clean_all = torch.empty(task.n_pairs)
