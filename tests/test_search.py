@@ -123,6 +123,16 @@ def test_refined_reaches_the_brute_force_optimum_where_ranking_does_not():
     assert len(circuit[0]) == optimum
 
 
+def test_a_pass_budget_stops_refinement_with_a_measured_circuit_and_says_so(tiny):
+    runner, node_scores = tiny
+    found = node_circuit(runner, node_scores, 0.8, "abs")
+    circuit, result = search_node_circuit("refined", runner, node_scores, found, 0.8, "abs",
+                                          options={"max_passes": 0})
+    assert result.settings["stopped"] == "max_passes" and result.passes == 0 and circuit[0] == found[0]
+    _, full = search_node_circuit("refined", runner, node_scores, found, 0.8, "abs")
+    assert full.settings["stopped"] in ("1-minimal, no swap reaches the target", "one node left")
+
+
 def test_masks_are_deterministic_with_a_seed_and_confirmed_exactly(tiny):
     runner, node_scores = tiny
     found = node_circuit(runner, node_scores, 0.8, "abs")
@@ -214,6 +224,7 @@ def test_the_registry_holds_every_search_with_one_signature():
     ("greedy", {}, "search"),
     ("refined", {"swaps": -1}, "swaps"),
     ("refined", {"steps": 3}, "options"),
+    ("refined", {"max_passes": -1}, "max_passes"),
     ("masks", {"steps": 0}, "steps"),
     ("masks", {"lr": 0.0}, "lr"),
     ("masks", {"sparsity": -1.0}, "sparsity"),

@@ -19,7 +19,8 @@ stacked call):
 
 1. **drop**: measure every single drop ``C - {x}``. If some keep ``faithfulness >= target``, order them by the
    faithfulness they keep (least harm first) and measure the cumulative drops of the first ``2, 4, 8, ...`` of them
-   (one more stacked call); apply the largest that still reaches the target (else the single least harmful drop).
+   (one more stacked call), then bisect between the largest of those reaching the target and the next; apply the
+   largest cumulative drop found reaching the target (else the single least harmful drop).
 2. **swap**, when no single drop reaches the target: with ``x, z`` among the ``swaps`` least harmful members and
    ``y`` among the ``swaps`` best non-members by ``problem.scores``, measure ``C - {x, z} + {y}`` (a swap of ``x``
    for ``y`` that allows the further drop of ``z``); apply the best reaching the target and go back to 1.
@@ -134,10 +135,15 @@ def ranked(problem: SearchProblem, start: Sequence[int], target: float, *,
 
 
 def refined(problem: SearchProblem, start: Sequence[int], target: float, *, start_faithfulness: float | None = None,
-            swaps: int = DEFAULT_SWAPS, max_rounds: int = 10_000, progress: Any = None) -> SearchResult:
-    """Drops and swaps from ``start`` while every accepted set reaches ``target`` (module docstring)."""
+            swaps: int = DEFAULT_SWAPS, max_rounds: int = 10_000, max_passes: float | None = None,
+            progress: Any = None) -> SearchResult:
+    """Drops and swaps from ``start`` while every accepted set reaches ``target`` (module docstring).
+    ``max_rounds`` / ``max_passes``: stop before a round that would pass either (the circuit so far is returned,
+    measured, and ``settings["stopped"]`` says why; it is then not known to be 1-minimal)."""
     swaps = validate.integer("refined search: swaps", swaps, minimum=0, maximum=64)
     max_rounds = validate.integer("refined search: max_rounds", max_rounds, minimum=1)
+    if max_passes is not None:
+        max_passes = validate.real("refined search: max_passes", max_passes, minimum=0.0)
     before = problem.passes()
     members = list(start)
     f = start_faithfulness if start_faithfulness is not None else problem.measure([members])[0]
@@ -146,8 +152,13 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
         raise validate.fail("refined search: start", given, f"a circuit reaching the target {target}")
     trace: list[tuple[str, int, float]] = [("start", len(members), float(f))]
     rank_of = {node: i for i, node in enumerate(start)}  # ties: the later-ranked member goes first
+    stopped = "max_rounds"
     for _ in range(max_rounds):
         if len(members) <= 1:
+            stopped = "one node left"
+            break
+        if max_passes is not None and problem.passes() - before + len(members) > max_passes:
+            stopped = "max_passes"
             break
         singles = problem.measure([[m for m in members if m != x] for x in members])
         harm = sorted(zip(singles, members, strict=True), key=lambda p: (-p[0], -rank_of.get(p[1], -1)))
@@ -159,11 +170,17 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
             cumulative = problem.measure([[m for m in members if m not in {x for _, x in ok[:k]}] for k in sizes])
             reached = [(k, v) for k, v in zip(sizes, cumulative, strict=True) if v >= target]
             k, value = max(reached) if reached else (1, ok[0][0])
+            high = min(2 * k, len(ok))  # the next size measured above k (below the target): bisect between
+            while high - k > 1:
+                mid = (k + high) // 2
+                v = problem.measure([[m for m in members if m not in {x for _, x in ok[:mid]}]])[0]
+                k, value, high = (mid, v, high) if v >= target else (k, value, mid)
             gone = {x for _, x in ok[:k]}
             members = [m for m in members if m not in gone]
             f = value
             trace.append(("drop", len(members), float(f)))
             continue
+        stopped = "1-minimal, no swap reaches the target"
         if swaps == 0 or len(members) < 2:
             break
         least = [x for _, x in harm[:swaps]]
@@ -179,7 +196,7 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
         members, f = sets[best], values[best]
         trace.append(("swap", len(members), float(f)))
     return SearchResult("refined", tuple(sorted(members)), float(f), problem.passes() - before, len(start),
-                        tuple(trace), {"swaps": swaps})
+                        tuple(trace), {"swaps": swaps, "max_passes": max_passes, "stopped": stopped})
 
 
 def masks(problem: SearchProblem, start: Sequence[int], target: float, *, steps: int = DEFAULT_MASK_STEPS,
