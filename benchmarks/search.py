@@ -42,7 +42,8 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options: dict, log: Any) -> dict:
+def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options: dict, log: Any,
+             store: Any) -> dict:
     import torch
 
     from circuitkit import tasks
@@ -88,12 +89,13 @@ def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options
             "trace": result.to_json()["trace"], "settings": result.settings}
         log(f"ioi: {name} {out['searches'][name]['size']} heads, faithfulness {circuit[2]:.3f} / "
             f"{other.get('faithfulness', float('nan')):.3f}, {passes:.0f} passes, {seconds:.0f} s")
+        store(out)
     del torch
     return out
 
 
 def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, mask_options: dict, log: Any,
-                   ) -> dict:
+                   store: Any) -> dict:
     import torch
 
     from circuitkit.circuits.faithfulness import Ablator, ablation_values, search_batch
@@ -155,6 +157,7 @@ def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, 
             "settings": result.settings}
         log(f"induction: {name} {result.size} heads, faithfulness {result.faithfulness:.3f} / {held:.3f}, "
             f"{passes:.0f} passes, {seconds:.0f} s")
+        store(out)
         del p0
     return out
 
@@ -176,12 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--ig-steps", type=int, default=3)
-    parser.add_argument("--induction-batch", type=int, default=8)
-    parser.add_argument("--block-len", type=int, default=20)
-    parser.add_argument("--mask-steps", type=int, default=40)
-    parser.add_argument("--mask-lr", type=float, default=0.2)
+    parser.add_argument("--induction-batch", type=int, default=4)
+    parser.add_argument("--block-len", type=int, default=16)
+    parser.add_argument("--mask-steps", type=int, default=12)
+    parser.add_argument("--mask-lr", type=float, default=0.5)
     parser.add_argument("--sparsity", type=float, default=0.5)
-    parser.add_argument("--parts", default="ioi,induction")
+    parser.add_argument("--parts", default="induction,ioi")
     parser.add_argument("--json", default="benchmarks/results/search_qwen.json")
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
@@ -201,16 +204,24 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {"model": args.model, "target": args.target, "mask_options": mask_options,
                                "tasks": {}}
     path = Path(args.json)
+    if path.is_file():  # a part run on its own joins the parts already there
+        results["tasks"] = json.loads(path.read_text()).get("tasks", {})
+
+    def store(part: str) -> Any:
+        def keep(out: dict) -> None:  # after every search: a long run keeps what it measured
+            results["tasks"][part] = out
+            results["seconds"] = round(time.perf_counter() - started, 1)
+            _write(path, results)
+        return keep
+
     for part in args.parts.split(","):
         if part == "ioi":
-            results["tasks"]["ioi"] = ioi_part(bridge, args.pairs, args.target, args.ig_steps, mask_options, log)
+            ioi_part(bridge, args.pairs, args.target, args.ig_steps, mask_options, log, store("ioi"))
         elif part == "induction":
-            results["tasks"]["induction"] = induction_part(bridge, args.induction_batch, args.block_len,
-                                                           args.target, mask_options, log)
+            induction_part(bridge, args.induction_batch, args.block_len, args.target, mask_options, log,
+                           store("induction"))
         else:
             sys.exit(f"--parts: unknown part {part!r} (ioi, induction)")
-        results["seconds"] = round(time.perf_counter() - started, 1)
-        _write(path, results)  # each part kept as it ends
     print(table(results))
 
 
