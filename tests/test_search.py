@@ -249,3 +249,21 @@ def test_a_start_below_the_target_and_a_bad_scan_option_are_refused(tiny):
         scan_task(model, Task.from_pairs(toy_pairs(3)), search="best")
     with pytest.raises(CircuitkitError, match="search_options"):
         scan_task(model, Task.from_pairs(toy_pairs(3)), search="refined", search_options=[("steps", 3)])
+
+
+def test_find_circuit_search_refines_the_induction_circuit_and_measures_it_again():
+    model = zoo.load()
+    tokens = RepeatedTokens(batch=8)
+    ranked = find_circuit(model, tokens, target=0.95)
+    refined = find_circuit(model, tokens, target=0.95, search="refined", search_options={"swaps": 2})
+    assert ranked.search is None and refined.search.search == "refined"
+    assert refined.n_heads <= ranked.n_heads and refined.faithfulness >= 0.95
+    assert refined.passes > ranked.passes
+    assert induction_faithfulness(model, refined.heads, tokens) == pytest.approx(refined.faithfulness, abs=EXACT)
+    lo, hi = refined.intervals["faithfulness"]
+    assert lo <= refined.faithfulness <= hi
+    assert refined.necessity is not None and refined.curve == ranked.curve
+    with pytest.raises(CircuitkitError, match="search"):
+        find_circuit(model, tokens, search="exhaustive")
+    with pytest.raises(CircuitkitError, match="swaps"):
+        find_circuit(model, tokens, search="refined", search_options={"swaps": "many"})

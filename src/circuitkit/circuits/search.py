@@ -339,5 +339,46 @@ def induction_problem(ablator: Any, clean_loss: float, all_ablated: float, score
     return SearchProblem(names, faithfulness, gated, lambda: float(ablator.passes), values)
 
 
+def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] | None = None, *,
+                 necessity: bool = True, intervals: tuple[int, float, int] | None = None, extra_passes: int = 0,
+                 ) -> Any:
+    """The induction circuit ``circuit`` (a :class:`~circuitkit.circuits.faithfulness.Circuit` found by ranking)
+    searched further by ``name`` on ``ablator`` (an ``Ablator`` of the same batch and ablation): the same record with
+    the searched ``heads`` (in ranking order), their ``faithfulness``, ``circuit_loss``, ``necessity`` and
+    intervals (from the per-sequence losses of one more stacked call: nothing, everything, every head outside the
+    circuit and, with ``necessity``, only the circuit ablated), ``passes`` grown by the search's and
+    ``extra_passes``, and ``search`` (the :class:`SearchResult`). The curve stays the ranking's."""
+    from dataclasses import replace
+
+    from circuitkit.circuits.intervals import circuit_intervals, head_mask
+
+    spec = ablator.adapter.spec
+    L, H = spec.n_layers, spec.n_heads
+    ranking = list(circuit.ranking)
+    position = {head: i for i, head in enumerate(ranking)}
+    scores = torch.zeros(L, H, device="cpu")
+    for i, (layer, h) in enumerate(ranking):
+        scores[layer, h] = float(len(ranking) - i)  # the ranking as a score: first is highest
+    before = ablator.passes
+    problem = induction_problem(ablator, circuit.clean_loss, circuit.all_ablated_loss, scores)
+    start = [layer * H + h for layer, h in circuit.heads]
+    result = run_search(name, problem, start, circuit.target, start_faithfulness=circuit.faithfulness,
+                        **(options or {}))
+    heads = tuple(sorted((divmod(i, H) for i in result.kept), key=lambda head: position.get(head, len(ranking))))
+    sets = [torch.zeros(L, H, dtype=torch.bool, device="cpu"), torch.ones(L, H, dtype=torch.bool, device="cpu"),
+            head_mask(heads, L, H, keep=True)] + ([head_mask(heads, L, H, keep=False)] if necessity else [])
+    losses = ablator.losses(torch.stack(sets))
+    rise = losses[3] - circuit.clean_loss if necessity else None
+    bounds: dict[str, Any] = {}
+    if intervals is not None:
+        clean_each = ablator.sequence_losses(sets[0])
+        bounds = circuit_intervals(ablator, ranking, [], heads, clean_each, necessity, *intervals)
+        if bounds:
+            bounds["curve"] = dict(circuit.intervals.get("curve", {}))
+    return replace(circuit, heads=heads, faithfulness=result.faithfulness, circuit_loss=losses[2], necessity=rise,
+                   passes=circuit.passes + int(round(ablator.passes - before)) + extra_passes, intervals=bounds,
+                   search=result)
+
+
 __all__ = ["SEARCHES", "SEARCH_NAMES", "SearchProblem", "SearchResult", "induction_problem", "masks", "ranked",
-           "refined", "run_search", "smallest_prefix"]
+           "refined", "run_search", "search_found", "smallest_prefix"]
