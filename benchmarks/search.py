@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SEARCHES = ("ranked", "refined", "masks")
+SEARCHES = ["ranked", "refined", "masks"]  # --searches may run fewer (a later run adds the others)
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mask-lr", type=float, default=0.5)
     parser.add_argument("--sparsity", type=float, default=0.5)
     parser.add_argument("--parts", default="induction,ioi")
+    parser.add_argument("--searches", default="ranked,refined,masks")
     parser.add_argument("--json", default="benchmarks/results/search_qwen.json")
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
@@ -203,13 +204,15 @@ def main(argv: list[str] | None = None) -> None:
     mask_options = {"steps": args.mask_steps, "lr": args.mask_lr, "sparsity": args.sparsity, "seed": 0}
     results: dict[str, Any] = {"model": args.model, "target": args.target, "mask_options": mask_options,
                                "tasks": {}}
+    SEARCHES[:] = [name for name in args.searches.split(",") if name]
     path = Path(args.json)
-    if path.is_file():  # a part run on its own joins the parts already there
+    if path.is_file():  # a part or search run on its own joins those already there
         results["tasks"] = json.loads(path.read_text()).get("tasks", {})
 
     def store(part: str) -> Any:
         def keep(out: dict) -> None:  # after every search: a long run keeps what it measured
-            results["tasks"][part] = out
+            before = results["tasks"].get(part, {}).get("searches", {})
+            results["tasks"][part] = {**out, "searches": {**before, **out["searches"]}}
             results["seconds"] = round(time.perf_counter() - started, 1)
             _write(path, results)
         return keep
