@@ -166,7 +166,7 @@ def table(results: dict) -> str:
     lines = ["| task | search | heads | faithfulness (discovery) | faithfulness (evaluation) | passes | seconds |",
              "|---|---|---|---|---|---|---|"]
     for task, part in results.get("tasks", {}).items():
-        for name, s in part["searches"].items():
+        for name, s in sorted(part["searches"].items(), key=lambda kv: ["ranked", "refined", "masks"].index(kv[0])):
             ev = s["evaluation_faithfulness"]
             lines.append(f"| {task} | {name} | {s['size']} | {s['faithfulness']:.3f} | "
                          f"{'-' if ev is None else f'{ev:.3f}'} | {s['passes']:.0f} | {s['seconds']:.0f} |")
