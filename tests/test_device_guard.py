@@ -45,6 +45,10 @@ ENTRY_POINTS = {
     "attribution-ig": lambda m: [attribution_effects(m, batch_for(m), steps=2, path=p) for p in ("inputs", "layer")],
     "ablation": lambda m: ablation_effects(m, batch_for(m)),
     "find_circuit": lambda m: find_circuit(m, batch_for(m), stability=2, random_sets=2),
+    "searches": lambda m: [scan_task(m, Task.from_pairs(toy_pairs(6), name="toy"), edges=False, search=s,
+                                     search_options={"steps": 2} if s == "masks" else None)
+                           for s in ("refined", "masks")] + [find_circuit(m, batch_for(m), search="masks",
+                                                                          search_options={"steps": 2})],
     "circuit_evidence": lambda m: circuit_evidence(m, tokens=batch_for(m), top_k=3),
     "edge_attribution": lambda m: edge_attribution(m, tokens=batch_for(m), steps=2),
     "path_patching": lambda m: path_patching(m, [((0, 0), (1, 0), "k"), ((0, 1), (2, 1), "v")], tokens=batch_for(m)),

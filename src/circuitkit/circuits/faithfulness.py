@@ -131,6 +131,9 @@ class Circuit:
     evaluation: Mapping[str, Any] | None = None
     """The circuit on a held-out batch the search did not see (:func:`circuitkit.circuits.heldout.held_out`; the
     scan measures it where it drew its batch from a spec); None where not measured."""
+    search: Any = None
+    """:class:`~circuitkit.circuits.search.SearchResult` where a search beyond ranking chose ``heads``
+    (``find_circuit(search=...)``); None for the ranked circuit."""
     """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
     ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
     ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
@@ -526,6 +529,8 @@ def find_circuit(
     random_sets: int = 0,
     stability: int = 0,
     device: str | torch.device | None = None,
+    search: str = "ranked",
+    search_options: dict[str, Any] | None = None,
 ) -> Circuit:
     """The smallest top-``n`` set of heads whose faithfulness reaches ``target`` (see the module docstring).
 
@@ -547,6 +552,9 @@ def find_circuit(
         stability: rerun the search on that many bootstrap resamples of the batch's sequences and report each
             head's inclusion frequency and the circuits' mean pairwise Jaccard (:attr:`Circuit.stability`; each
             rerun costs about what this search costs; 0: none, else at least 2).
+        search: ``"ranked"`` (default: the smallest top-``n`` set), ``"refined"`` or ``"masks"``
+            (:mod:`circuitkit.circuits.search`: that set searched further, every figure measured again on the
+            chosen heads; ``search_options``: the search's options). :attr:`Circuit.search` says what ran.
     """
     target = check_target("find_circuit: target", target)
     n_resamples, ci_level, ci_seed = check_settings("find_circuit", n_resamples, ci_level, DEFAULT_SEED)
@@ -556,6 +564,11 @@ def find_circuit(
     necessity = validate.boolean("find_circuit: necessity", necessity)
     rank = validate.option("find_circuit: rank", rank, RANKINGS)
     corrupt_seed = validate.seed("find_circuit: corrupt_seed", corrupt_seed)
+    from circuitkit.circuits.search import SEARCH_NAMES, search_found
+
+    search = validate.option("find_circuit: search", search, SEARCH_NAMES)
+    if search_options is not None and not isinstance(search_options, dict):
+        raise validate.fail("find_circuit: search_options", search_options, "a dict of the search's options or None")
     session = open_session(model, tokens, device)
     adapter, batch = session.adapter, session.batch
     spec = adapter.spec
@@ -563,6 +576,10 @@ def find_circuit(
     found = search_batch(adapter, batch, target, method, order, necessity=necessity, rank=rank,
                          corrupt_seed=corrupt_seed, intervals=(n_resamples, ci_level, ci_seed),
                          random_sets=random_sets)
+    if search != "ranked":  # the ranked circuit searched further, on the same ablation values
+        values, passes = ablation_values(adapter, batch, method, corrupt_seed=corrupt_seed)
+        found = search_found(Ablator(adapter, batch, values), found, search, search_options, necessity=necessity,
+                             intervals=(n_resamples, ci_level, ci_seed), extra_passes=passes)
     if stability:
         from dataclasses import replace
 

@@ -72,7 +72,7 @@ def ig_alphas(steps: int, points: str) -> Tensor:
     ``k = 1 .. steps`` (``"right"``: ends at the clean run; ``steps = 1``: attribution patching)."""
     validate.option("EAP-IG points", points, IG_POINTS)
     first = 0 if points == "left" else 1
-    return torch.arange(first, first + steps, dtype=torch.float32) / steps
+    return torch.arange(first, first + steps, dtype=torch.float32, device="cpu") / steps
 
 
 @dataclass(frozen=True)
@@ -378,7 +378,7 @@ class TaskRunner:
         clean, corrupted = self.clean, self.corrupted
         values = {name: self.values_of(name) for name in ("head", "mlp", *(t.name for t in self.extra_types))}
         sub = copy.copy(self)
-        sub.batch = self.batch.subset(torch.arange(k))
+        sub.batch = self.batch.subset(torch.arange(k, device="cpu"))
         width = sub.batch.clean.shape[1]
         sub.positions = torch.unique(sub.batch.last).cpu()
         sub.last_index = torch.searchsorted(sub.positions, sub.batch.last.cpu())

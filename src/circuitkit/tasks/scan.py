@@ -7,6 +7,7 @@ pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a
     corrupted    one forward: every sender's output on the corrupted prompts, the corrupted metric
     attribute    EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
     nodes        the node circuit: all nodes patched, the exact sizes (past 16 nodes a coarse search first), necessity
+    search       (opt-in) a search beyond ranking from the ranked circuit: refined drops and swaps, or masks
     random-sets  (opt-in) random head sets of the circuit's size (:mod:`circuitkit.tasks.robustness`)
     stability    (opt-in) the node search rerun on bootstrap resamples of the pairs
     edges        the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.search import SEARCH_NAMES
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
@@ -37,6 +39,7 @@ from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
 from circuitkit.tasks.roles import member_explanations
+from circuitkit.tasks.search import held_out, search_node_circuit
 from circuitkit.tasks.stages import PlanInputs, held_estimate, task_plan, task_progress
 from circuitkit.tasks.task import Task, check_prepend_bos
 
@@ -355,7 +358,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
               target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
-              stability: int = 0, neuron_groups: int | None = None, node_types: tuple = ()) -> TaskScan:
+              stability: int = 0, neuron_groups: int | None = None, node_types: tuple = (), search: str = "ranked",
+              search_options: dict[str, Any] | None = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -399,6 +403,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         stability: rerun the node search on that many bootstrap resamples of the pairs it ran on: each head's
             inclusion frequency and the circuits' mean pairwise Jaccard (each rerun about the clean, corrupted,
             EAP-IG and node-search passes again; 0, the default: none, else at least 2).
+        search: how the node circuit is found (:mod:`circuitkit.circuits.search`): ``"ranked"`` (default: the
+            smallest top-``n`` set by EAP-IG node score), ``"refined"`` (that set, then exact drops and swaps while
+            the target holds) or ``"masks"`` (learned continuous node masks, then the smallest top-``n`` of their
+            order); ``search_options``: that search's options. ``settings["search"]`` says which ran and its passes.
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
         neuron_groups: MLP neurons as nodes of the node circuit (MIB's neuron level): each MLP's hidden units in
@@ -422,6 +430,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         raise validate.fail("scan_task: holdout", holdout, "a share of the pairs in [0, 1) (0: no split)")
     split_seed = validate.seed("scan_task: split_seed", split_seed)
     target_on = validate.option("scan_task: target_on", target_on, TARGETS_ON)
+    node_search = validate.option("scan_task: search", search, SEARCH_NAMES)  # ``search`` names a runner below
+    if node_search != "ranked" and (neuron_groups is not None or node_types):
+        raise validate.fail("scan_task: search", search, "'ranked' beside neuron_groups or node_types (the other "
+                            "searches choose among heads and MLPs)")
+    if search_options is not None and not isinstance(search_options, dict):
+        raise validate.fail("scan_task: search_options", search_options, "a dict of the search's options or None")
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     ig_points = validate.option("scan_task: ig_points", ig_points, IG_POINTS)
@@ -488,7 +502,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                                              + sum(kind.count(spec) for kind in extra)),
                       edges_total=graph.n_edges, pairs=search.batch.n_pairs,
                       held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
-                      edges=edges, quick=quick, random_sets=random_sets, stability=stability)
+                      edges=edges, quick=quick, random_sets=random_sets, stability=stability,
+                      search=node_search)
     bar = task_progress(task.name, mode, task_plan(plan))
 
     reruns = [0.0]  # the stability stage's passes, run by runners of its own
@@ -528,10 +543,16 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                                                       progress=advance, types=typed),
                 lambda found: f"the search measured {len(found[4]) - 2} sizes and stopped at "
                               f"{len(found[0]) + len(found[1])} nodes")
+            if node_search != "ranked":  # the searched circuit replaces the ranked one (tasks/search.py)
+                searched, _ = stage("search", lambda advance: search_node_circuit(
+                    node_search, search, node_scores, (heads, circuit_mlps, faith, necessity, curve, all_patched,
+                                                       n_nodes, pairs), target, rank, mlp_nodes=mlp_nodes,
+                    options=search_options))
+                heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = searched
         except NoBehaviour as exc:  # reported, not raised
             error = str(exc)
             bar.end("no behaviour: the corrupted prompts do not change the metric")
-            for later in ("random-sets", "stability", "edges", "held-out"):
+            for later in ("search", "random-sets", "stability", "edges", "held-out"):
                 if later in bar.plan:
                     bar.skip(later, "no node circuit (the corrupted prompts do not change the metric)")
         else:
@@ -567,6 +588,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                 other_set = stage("held-out", lambda advance: _other_set(
                     other, "discovery" if other is runner else "evaluation",
                     () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes, typed))
+                if node_search != "ranked":  # the searched set itself on the other pairs
+                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes))
             circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                                   edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                                   float(search.corrupted["metric"].mean()), all_patched,
@@ -597,6 +620,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     if extra:  # only where asked: the settings of a scan without further node types are as they were
         settings["neuron_groups"] = neuron_groups
         settings["node_types"] = [kind.name for kind in extra]
+    search_stage = "search" if node_search != "ranked" else "nodes"  # which search ran, and its passes
+    settings["search"] = {"name": node_search, "options": dict(search_options or {}),
+                          "passes": next((s.passes for s in stages if s.name == search_stage), None)}
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if split:  # every pair's metric in the task's order
         clean_all = torch.empty(task.n_pairs)

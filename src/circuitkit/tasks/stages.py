@@ -36,6 +36,7 @@ class PlanInputs:
     quick: bool
     random_sets: int
     stability: int
+    search: str = "ranked"
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,11 @@ def stability_estimate(plan: PlanInputs) -> float:
     return plan.stability * (2 + 3 * plan.steps + node_estimate(plan.nodes, plan.pairs))
 
 
+SEARCH_ESTIMATES = {"refined": 15.0, "masks": 40.0}
+"""A search's passes before it runs, roughly (IOI on a 0.5B model: refined 13, masks 40): it depends on the
+circuit the ranked search finds, so the bar revises it as it goes."""
+
+
 TASK_STAGES = (
     TaskStageSpec("clean", "one forward + backward: every sender's output, the clean metric, direct logit attribution",
                   lambda p: 3 if p.direct else 1, lambda p: True),
@@ -95,6 +101,9 @@ TASK_STAGES = (
     TaskStageSpec("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a "
                   "coarse search on a quarter of the pairs first), necessity",
                   lambda p: node_estimate(p.nodes, p.pairs), lambda p: True),
+    TaskStageSpec("search", "a search beyond ranking from the ranked circuit (opt-in: refined drops and swaps, or "
+                  "learned masks; planned roughly, revised as it runs)",
+                  lambda p: SEARCH_ESTIMATES.get(p.search, 0.0), lambda p: p.search != "ranked"),
     TaskStageSpec("random-sets", "random node sets of the circuit's size, uniform and per layer (opt-in)",
                   lambda p: 2 * p.random_sets, lambda p: p.random_sets > 0),
     TaskStageSpec("stability", "the node search rerun on bootstrap resamples of the pairs (opt-in)",
