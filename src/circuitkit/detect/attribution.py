@@ -60,7 +60,7 @@ pass and restored after, and no ``.grad`` is written anywhere. The mean ``z`` co
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -70,6 +70,7 @@ from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
+from circuitkit.detect.frozen import frozen_parameters
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
@@ -105,21 +106,6 @@ def check_steps(where: str, steps: Any) -> int:
         why="the number of points the gradient is averaged over; 1 is first-order attribution, each point costs "
         "a forward and a backward pass",
     )
-
-
-@contextlib.contextmanager
-def frozen_parameters(model: Any) -> Iterator[None]:
-    """Switch off ``requires_grad`` on every parameter of ``model`` (if it has any) and restore each after."""
-    parameters = getattr(model, "parameters", None)
-    params = list(parameters()) if callable(parameters) else []
-    saved = [p.requires_grad for p in params]
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in zip(params, saved, strict=True):
-            p.requires_grad_(flag)
 
 
 class Tap(Protocol):

@@ -21,6 +21,7 @@ Hook names (``l`` the layer)::
     blocks.{l}.attn.hook_z         [batch, pos, head, d_head]   each head's output before W_O
     blocks.{l}.attn.hook_q/k/v     [batch, pos, head|kv_head, d_head]
     blocks.{l}.hook_attn_out       [batch, pos, d_model]        the attention layer's output
+    blocks.{l}.hook_resid_post     [batch, pos, d_model]        residual stream leaving layer l
 
 Adapters (:data:`ADAPTERS`, tried in order): TransformerLens 4.x ``TransformerBridge``, circuitkit's toy
 :class:`~circuitkit.models.AttentionOnlyModel`, and any duck-typed HookedTransformer-like object. An adapter that
@@ -60,6 +61,10 @@ class HOOKS:
     @staticmethod
     def resid_pre(layer: int) -> str:
         return f"blocks.{layer}.hook_resid_pre"
+
+    @staticmethod
+    def resid_post(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_post"
 
     @staticmethod
     def pattern(layer: int) -> str:
