@@ -68,6 +68,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
+from circuitkit.detect.atp import ATP_ESTIMATORS, atp_estimates
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.frozen import frozen_parameters
@@ -84,6 +85,10 @@ MAX_IG_STEPS = 1024
 
 IG_PATHS: tuple[str, ...] = ("layer", "inputs")
 """Paths integrated-gradient attribution can integrate along (see the module docstring)."""
+
+ESTIMATORS: tuple[str, ...] = ("gradient", *ATP_ESTIMATORS)
+"""What :func:`attribution_effects` estimates with: the gradient (first order, or integrated gradients with
+``steps > 1``) or AtP* and its parts (:mod:`circuitkit.detect.atp`)."""
 
 DEFAULT_IG_PATH = "layer"
 """Chosen from measurements (module docstring, "Which path"): the one that ranks heads like their exact ablation."""
@@ -378,6 +383,7 @@ def attribution_effects(
     corrupt_seed: int = DEFAULT_IG_CORRUPT_SEED,
     device: str | torch.device | None = None,
     clean: CleanRun | None = None,
+    estimator: str = "gradient",
 ) -> HeadEffects:
     """Estimate, for every head, the rise of the repeated-copies loss when it is ablated (see the module docstring).
 
@@ -397,6 +403,9 @@ def attribution_effects(
             :class:`TokenBatch` of the clean shape.
         device: where the tokens go (default: the model's embedding device).
         clean: a :class:`CleanRun` of an earlier pass; its batch is used (then ``tokens`` must be None).
+        estimator: ``"gradient"`` (default: first order, or integrated gradients with ``steps > 1``), or one of
+            :data:`~circuitkit.detect.atp.ATP_ESTIMATORS`: ``"atp*"`` (AtP*: the QK fix and GradDrop,
+            :mod:`circuitkit.detect.atp`), ``"qk-fix"`` or ``"graddrop"`` (each part alone; ``steps`` must be 1).
 
     Returns:
         :class:`~circuitkit.scan_types.HeadEffects` with ``kind="attribution"``, ``effect[layer, head]`` (nats,
@@ -404,6 +413,11 @@ def attribution_effects(
     """
     method = validate.option("attribution_effects: method", method, ABLATION_METHODS)
     steps = check_steps("attribution_effects", steps)
+    estimator = validate.option("attribution_effects: estimator", estimator, ESTIMATORS)
+    if estimator != "gradient" and steps != 1:
+        raise validate.fail("attribution_effects: steps", steps,
+                            f"1 with estimator={estimator!r} (AtP* is a first-order estimate; integrated gradients "
+                            "are estimator='gradient' with steps > 1)")
     path = validate.option("attribution_effects: path", path, IG_PATHS)
     corrupt_seed = validate.seed("attribution_effects: corrupt_seed", corrupt_seed)
     if not isinstance(corrupt, TokenBatch):
@@ -423,6 +437,8 @@ def attribution_effects(
         if corrupt.tokens.shape != batch.tokens.shape:
             raise validate.fail("attribution_effects: corrupt", corrupt.tokens,
                                 f"a TokenBatch of the clean shape {tuple(batch.tokens.shape)}")
+    if estimator != "gradient":
+        return atp_estimates(adapter, batch, method).pick(estimator)
     effects, _ = attribute(adapter, batch, method, steps=steps, path=path, corrupt=corrupt,
                            corrupt_seed=corrupt_seed)
     return effects
@@ -431,6 +447,7 @@ def attribution_effects(
 __all__ = [
     "IG_CORRUPTIONS",
     "DEFAULT_IG_PATH",
+    "ESTIMATORS",
     "IG_PATHS",
     "MAX_IG_STEPS",
     "Tap",
