@@ -62,7 +62,7 @@ def spearman(a: Tensor, b: Tensor) -> float | None:
     return float((ra * rb).sum()) / norm
 
 
-def _row_spearman(a: Tensor, b: Tensor) -> Tensor:
+def spearman_rows(a: Tensor, b: Tensor) -> Tensor:
     """Spearman of each row pair of ``a``, ``b`` ``[R, n]`` (average ranks for ties), NaN where a row is constant."""
     out = []
     for first in range(0, a.shape[0], _RANK_ROWS):
@@ -100,7 +100,7 @@ def agreement_interval(attribution: HeadEffects, ablation: HeadEffects, n_resamp
     estimate = attribution.per_sequence[:, mask].double()  # [batch, n]
     exact = ablation.per_sequence[:, mask].double()
     counts = resample_counts(batch, n_resamples, seed)  # [R, batch]
-    rho = _row_spearman(counts @ estimate / batch, counts @ exact / batch)
+    rho = spearman_rows(counts @ estimate / batch, counts @ exact / batch)
     if not bool(torch.isfinite(rho).all()):
         return None
     lo, hi = percentile_interval(rho, level)
@@ -153,4 +153,4 @@ def agreement(attribution: HeadEffects, ablation: HeadEffects) -> Agreement:
 
 
 __all__ = ["MIN_HEADS_FOR_RANK_CORRELATION", "MIN_HEADS_TO_JUDGE", "agreement", "agreement_interval", "average_ranks",
-           "judged", "selection_text", "spearman"]
+           "judged", "selection_text", "spearman", "spearman_rows"]
