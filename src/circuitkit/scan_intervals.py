@@ -12,6 +12,8 @@ pattern head scores         attention on the targets summed over the sequence's 
 induction loss              the sequence's mean loss on the first copy / the repeated copies (the clean pass)
 attribution                 the sequence's term of the estimate times the batch size (the backward pass)
 exact ablation              the rise of the sequence's loss (the ablation passes)
+agreement                   both of the above: Spearman of the resampled means over the exact heads
+                              (:func:`circuitkit.detect.agreement.agreement_interval`; 10 heads or more)
 circuit ablation            the rise of the sequence's loss with the group ablated (its pass)
 faithfulness, necessity,    the sequence's loss with each measured head set ablated
   the curve, losses           (:mod:`circuitkit.circuits.intervals`: the search's stacked passes)
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from circuitkit.detect.agreement import agreement_interval
 from circuitkit.errors import CircuitkitError
 from circuitkit.uncertainty import bootstrap_ci, ratio_of_means
 
@@ -84,8 +87,9 @@ def scan_intervals(*, head_scores: Any, run: Any, attribution: Any, ablation: An
                    seed: int) -> dict[str, Any]:
     """Every interval of a scan's figures (module docstring), keyed like :class:`~circuitkit.scan_types.Scan`:
     ``head_scores`` (score -> per-head interval), ``induction_loss`` (``first_copy``, ``repeated_copies``),
-    ``attribution`` and ``ablation`` (per head), ``circuit_ablation`` (group label -> interval) and ``edges``
-    (``(src, dst, channel)`` -> interval of the patched effect). Empty for a batch of one sequence."""
+    ``attribution`` and ``ablation`` (per head), ``agreement`` (its Spearman, where judged), ``circuit_ablation``
+    (group label -> interval) and ``edges`` (``(src, dst, channel)`` -> interval of the patched effect). Empty for
+    a batch of one sequence."""
     batch = run.batch
     if batch.tokens.shape[0] < 2:
         return {}
@@ -104,6 +108,9 @@ def scan_intervals(*, head_scores: Any, run: Any, attribution: Any, ablation: An
         found = effect_intervals(getattr(effects, "per_sequence", None), n_resamples, level, seed)
         if found is not None:
             out[kind] = found
+    found = agreement_interval(attribution, ablation, n_resamples, level, seed) if attribution and ablation else None
+    if found is not None:
+        out["agreement"] = found
     out["edges"] = {}
     for edge in getattr(edges, "edges", ()) or ():
         if edge.patched_each is not None:

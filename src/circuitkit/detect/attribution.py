@@ -60,7 +60,7 @@ pass and restored after, and no ``.grad`` is written anywhere. The mean ``z`` co
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -68,8 +68,10 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
+from circuitkit.detect.atp import ATP_ESTIMATORS, atp_estimates
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
+from circuitkit.detect.frozen import frozen_parameters
 from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
@@ -83,6 +85,10 @@ MAX_IG_STEPS = 1024
 
 IG_PATHS: tuple[str, ...] = ("layer", "inputs")
 """Paths integrated-gradient attribution can integrate along (see the module docstring)."""
+
+ESTIMATORS: tuple[str, ...] = ("gradient", *ATP_ESTIMATORS)
+"""What :func:`attribution_effects` estimates with: the gradient (first order, or integrated gradients with
+``steps > 1``) or AtP* and its parts (:mod:`circuitkit.detect.atp`)."""
 
 DEFAULT_IG_PATH = "layer"
 """Chosen from measurements (module docstring, "Which path"): the one that ranks heads like their exact ablation."""
@@ -105,21 +111,6 @@ def check_steps(where: str, steps: Any) -> int:
         why="the number of points the gradient is averaged over; 1 is first-order attribution, each point costs "
         "a forward and a backward pass",
     )
-
-
-@contextlib.contextmanager
-def frozen_parameters(model: Any) -> Iterator[None]:
-    """Switch off ``requires_grad`` on every parameter of ``model`` (if it has any) and restore each after."""
-    parameters = getattr(model, "parameters", None)
-    params = list(parameters()) if callable(parameters) else []
-    saved = [p.requires_grad for p in params]
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in zip(params, saved, strict=True):
-            p.requires_grad_(flag)
 
 
 class Tap(Protocol):
@@ -392,6 +383,7 @@ def attribution_effects(
     corrupt_seed: int = DEFAULT_IG_CORRUPT_SEED,
     device: str | torch.device | None = None,
     clean: CleanRun | None = None,
+    estimator: str = "gradient",
 ) -> HeadEffects:
     """Estimate, for every head, the rise of the repeated-copies loss when it is ablated (see the module docstring).
 
@@ -411,6 +403,9 @@ def attribution_effects(
             :class:`TokenBatch` of the clean shape.
         device: where the tokens go (default: the model's embedding device).
         clean: a :class:`CleanRun` of an earlier pass; its batch is used (then ``tokens`` must be None).
+        estimator: ``"gradient"`` (default: first order, or integrated gradients with ``steps > 1``), or one of
+            :data:`~circuitkit.detect.atp.ATP_ESTIMATORS`: ``"atp*"`` (AtP*: the QK fix and GradDrop,
+            :mod:`circuitkit.detect.atp`), ``"qk-fix"`` or ``"graddrop"`` (each part alone; ``steps`` must be 1).
 
     Returns:
         :class:`~circuitkit.scan_types.HeadEffects` with ``kind="attribution"``, ``effect[layer, head]`` (nats,
@@ -418,6 +413,11 @@ def attribution_effects(
     """
     method = validate.option("attribution_effects: method", method, ABLATION_METHODS)
     steps = check_steps("attribution_effects", steps)
+    estimator = validate.option("attribution_effects: estimator", estimator, ESTIMATORS)
+    if estimator != "gradient" and steps != 1:
+        raise validate.fail("attribution_effects: steps", steps,
+                            f"1 with estimator={estimator!r} (AtP* is a first-order estimate; integrated gradients "
+                            "are estimator='gradient' with steps > 1)")
     path = validate.option("attribution_effects: path", path, IG_PATHS)
     corrupt_seed = validate.seed("attribution_effects: corrupt_seed", corrupt_seed)
     if not isinstance(corrupt, TokenBatch):
@@ -437,6 +437,8 @@ def attribution_effects(
         if corrupt.tokens.shape != batch.tokens.shape:
             raise validate.fail("attribution_effects: corrupt", corrupt.tokens,
                                 f"a TokenBatch of the clean shape {tuple(batch.tokens.shape)}")
+    if estimator != "gradient":
+        return atp_estimates(adapter, batch, method).pick(estimator)
     effects, _ = attribute(adapter, batch, method, steps=steps, path=path, corrupt=corrupt,
                            corrupt_seed=corrupt_seed)
     return effects
@@ -445,6 +447,7 @@ def attribution_effects(
 __all__ = [
     "IG_CORRUPTIONS",
     "DEFAULT_IG_PATH",
+    "ESTIMATORS",
     "IG_PATHS",
     "MAX_IG_STEPS",
     "Tap",

@@ -322,6 +322,8 @@ def scan_json(scan: Scan) -> dict[str, Any]:
             if miss is None
             else {"head": head_name(miss[0]), "exact": number(miss[1]), "estimate": number(miss[2])},
         }
+        if "agreement" in bounds:
+            out["agreement"]["ci"] = interval(bounds["agreement"])
     for mode in sorted(set(scan.composition) | set(scan.baselines) | set(scan.edges), key=_mode_order):
         baseline = scan.baselines.get(mode)
         out["composition"][mode] = {

@@ -240,6 +240,8 @@ def _scan_intervals(data: dict[str, Any]) -> dict[str, Any]:
         record = data.get(kind) or {}
         if "ci" in record:
             out[kind] = _pair_grid(record["ci"]["effect"])
+    if (data.get("agreement") or {}).get("ci") is not None:
+        out["agreement"] = _pair(data["agreement"]["ci"])
     edges = {(_head(e["src"], "scores.json: circuit.edges"), _head(e["dst"], "scores.json: circuit.edges"),
               e["channel"]): _pair(e["ci"])
              for e in ((data.get("circuit") or {}).get("edges") or ()) if "ci" in e}

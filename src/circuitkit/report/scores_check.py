@@ -399,9 +399,10 @@ class ScoresCheck:
             self.interval_grid(ci["effect"], f"{kind}.ci.effect")
 
     def agreement(self, value: Any) -> None:
-        agreement = self.obj(value, "agreement", ("n_exact", "spearman", "largest_miss"), (), nullable=True)
+        agreement = self.obj(value, "agreement", ("n_exact", "spearman", "largest_miss"), ("ci",), nullable=True)
         if agreement is None:
             return
+        self.interval(agreement.get("ci"), "agreement.ci", -1.0, 1.0)
         self.integer(agreement["n_exact"], "agreement.n_exact", 0, self.n_layers * self.n_heads)
         self.number(agreement["spearman"], "agreement.spearman", -1.0, 1.0, tolerance=SCORE_TOLERANCE)
         miss = self.obj(agreement["largest_miss"], "agreement.largest_miss", ("head", "exact", "estimate"), (),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from circuitkit._html import escape as _esc
+from circuitkit.detect.agreement import MIN_HEADS_TO_JUDGE, judged, selection_text
 from circuitkit.detect.roles import DEFAULT_ROLES, Role, feeding_pair
 from circuitkit.ranking import Head, head_name
 from circuitkit.report import data
@@ -199,8 +200,8 @@ def sentences(scan: Scan, story: Story) -> list[str]:
         text = f"<b>Removing</b> ({_esc(method)} ablation) raises the repeated-copies loss by {', '.join(parts)} nats"
         agreement = scan.agreement
         if agreement is not None and agreement.spearman is not None:
-            text += (f"; attribution agrees with exact ablation at Spearman <b>{agreement.spearman:.2f}</b> over "
-                     f"{agreement.n_exact} heads")
+            text += (f"; attribution agrees with exact ablation at Spearman <b>{agreement.spearman:.2f}</b>"
+                     + _esc("".join(v for _, v in _agreement_scope(scan, agreement.n_exact))))
             if agreement.largest_miss is not None:
                 head, exact, estimate = agreement.largest_miss
                 text += (f" (largest miss {_head(head)}: exact <b>{exact:+.2f}</b>, estimated "
@@ -305,7 +306,8 @@ class Answer:
     outside: tuple[tuple[Head, str, float | None], ...]  # pattern-called heads not in the circuit
     first_copy: float | None
     repeated_copies: float | None
-    agreement: tuple[float, int, tuple[Head, float, float] | None] | None  # (spearman, n_exact, largest miss)
+    # (spearman, n_exact, largest miss, the parts after the figure: its interval, over which heads, or "too few")
+    agreement: tuple[float, int, tuple[Head, float, float] | None, tuple[tuple[str, Any], ...]] | None
     attribution: str  # "gradient" | "ig", with steps
     top_k: int = 5  # the circuit's edges named (the scan's edges_listed setting)
     # bootstrap intervals over the batch's sequences ((lo, hi); None where not computed) and how they were made
@@ -372,7 +374,8 @@ def find_answer(scan: Scan) -> Answer | None:
     first, repeated = data.loss_figures(scan)
     agreement = None
     if scan.agreement is not None and scan.agreement.spearman is not None:
-        agreement = (scan.agreement.spearman, scan.agreement.n_exact, scan.agreement.largest_miss)
+        agreement = (scan.agreement.spearman, scan.agreement.n_exact, scan.agreement.largest_miss,
+                     tuple(_agreement_scope(scan, scan.agreement.n_exact)))
     settings = scan.settings
     method = getattr(settings, "attribution_method", "gradient")
     steps = getattr(settings, "attribution_steps", 1)
@@ -429,6 +432,18 @@ def _held_out_parts(answer: Answer) -> list[tuple[str, Any]]:
     if held.get("necessity") is not None:
         parts += [("text", "; necessity "), ("num", f"{held['necessity']:+.2f}"), ("text", " nats")]
     return parts
+
+
+def _agreement_scope(scan: Any, n_exact: int) -> list[tuple[str, Any]]:
+    """The parts after the agreement's Spearman: its interval over the sequences, over which heads it is taken, or
+    that they are too few to judge (:mod:`circuitkit.detect.agreement`)."""
+    settings = scan.settings
+    which = selection_text(getattr(settings, "ablate", "top"), getattr(settings, "ablate_top", 0))
+    if not judged(n_exact):
+        return [("text", f" over {n_exact} heads ({which}): too few heads to judge (fewer than "
+                         f"{MIN_HEADS_TO_JUDGE})")]
+    return [*_ci((getattr(scan, "intervals", None) or {}).get("agreement")),
+            ("text", f" over {n_exact} heads ({which})")]
 
 
 def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
@@ -524,9 +539,9 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
                              ("num", f"{answer.first_copy:.2f}"), *_ci(answer.first_copy_ci),
                              ("text", f" on the first copy ({verdict})")]))
     if answer.agreement is not None:
-        spearman, n_exact, miss = answer.agreement
+        spearman, n_exact, miss, scope = answer.agreement
         parts = [("text", f"head attribution ({answer.attribution}) vs exact ablation: Spearman "),
-                 ("num", f"{spearman:.2f}"), ("text", f" over {n_exact} heads")]
+                 ("num", f"{spearman:.2f}"), *scope]
         if miss is not None:
             head, exact, estimate = miss
             parts += [("text", "; largest miss "), ("head", head), ("text", " exact "), ("num", f"{exact:+.2f}"),
