@@ -637,15 +637,9 @@ def scan(
     edges = validate.boolean("scan: edges", edges)
     dtype = _check_dtype(model, dtype)
     mode = progress_mode(progress)
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise validate.fail("scan: name", name, "a non-empty string")
     if mode == "lines":  # the first line at once: loading a model can take a while
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
-    if model is None or isinstance(model, (str, os.PathLike)):
-        from circuitkit import zoo
-
-        name = name or (str(model) if model is not None else zoo.DEFAULT)
-        model = _load_named(model, task, device=device, allow_download=allow_download, dtype=dtype)
+    model, name = _model_and_name(model, name, task, device=device, allow_download=allow_download, dtype=dtype)
     warn_if_threads_spin()  # torch loaded before circuitkit, no wait policy, other work busy: one line, the fix
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
@@ -679,6 +673,20 @@ def _check_batch_memory(session: Session, settings: ScanSettings, tokens: Any, d
         spec_tokens = tokens or RepeatedTokens()
         check_memory(session.adapter, spec_tokens.batch, spec_tokens.block_len, spec_tokens.n_repeats,
                      bos=spec_tokens.bos is not False, circuit=settings.circuit, device=device)
+
+
+def _model_and_name(model: Any, name: str | None, task: Any, *, device: Any, allow_download: bool,
+                    dtype: Any) -> tuple[Any, str | None]:
+    """``(model, name)``: a loaded model as given, or the one a name or path gives (:func:`_load_named`), named by
+    ``name`` or that name; ``name`` checked."""
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise validate.fail("scan: name", name, "a non-empty string")
+    if model is None or isinstance(model, (str, os.PathLike)):
+        from circuitkit import zoo
+
+        name = name or (str(model) if model is not None else zoo.DEFAULT)
+        model = _load_named(model, task, device=device, allow_download=allow_download, dtype=dtype)
+    return model, name
 
 
 def _load_named(model: Any, task: Any, *, device: Any, allow_download: bool, dtype: Any) -> Any:
