@@ -7,8 +7,8 @@ side, and the first line on stderr.
   the console script's code) to its exit, imports included; beside it ``python -m circuitkit.cli``, the same
   command with Python's ordinary exit (the interpreter's teardown);
 - **parts**: the same work in one fresh process, timed step by step (:data:`PARTS`): the interpreter and the CLI
-  module, ``import torch``, ``import transformers``, ``import transformer_lens`` and its ``model_bridge`` (what
-  building the bundled model's ``TransformerBridge`` imports), building the model, importing the scan pipeline, the
+  module, ``import torch``, building the bundled model as the CLI does (``zoo.load(bridge=False)``: circuitkit's
+  attention-only model, neither transformers nor TransformerLens imported), importing the scan pipeline, the
   scan's passes and their setup, writing report.html and scores.json;
 - **first line**: seconds until the first stderr line (the progress line before the model loads, the one-line
   error for a mistyped name, a missing path, a bad argument).
@@ -49,13 +49,9 @@ import circuitkit.cli
 lap("import circuitkit.cli")
 import torch
 lap("import torch")
-import transformers
-lap("import transformers")
-import transformer_lens, transformer_lens.model_bridge
-lap("import transformer_lens (+ model_bridge)")
 from circuitkit import zoo
-model = zoo.load()
-lap("build the bundled model")
+model = zoo.load(bridge=False)
+lap("build the bundled model (attention-only, no bridge)")
 import circuitkit.pipeline
 lap("import the scan pipeline")
 scan = circuitkit.pipeline.scan(model, name="induction-2l")
