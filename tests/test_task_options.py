@@ -267,3 +267,12 @@ def test_a_task_scans_random_sets_and_stability_load_back(model, tmp_path):
     assert back.to_json()["random_baseline"] == result.to_json()["random_baseline"]
     assert back.to_json()["stability"] == result.to_json()["stability"]
     assert back.answer() == result.answer()
+
+
+def test_scan_passes_a_tasks_ig_points_and_the_induction_scan_refuses_them(model):
+    """``ck.scan(model, task=..., ig_points=...)`` reaches ``scan_task``; the induction scan takes none."""
+    result = ck.scan(model, task=_task(), edges=False, ig_points="right")
+    assert result.settings["ig_points"] == "right"
+    assert ck.scan(model, task=_task(), edges=False).settings["ig_points"] == "left"
+    with pytest.raises(ck.CircuitkitError, match="ig_points"):
+        ck.scan(model, ig_points="right")

@@ -567,6 +567,7 @@ def scan(
     random_sets: int = 0,
     stability: int = 0,
     edges: bool = True,
+    ig_points: str | None = None,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -624,6 +625,8 @@ def scan(
             node search rerun on resamples of its pairs.
         edges: measure the edges too (default): the induction scan's edge evidence (edge attribution and path
             patching of the circuit's edges), a task's edge circuit. ``False``: the circuit of heads (nodes) only.
+        ig_points: a task's EAP-IG points, ``"left"`` (EAP-IG's own) or ``"right"``
+            (:func:`circuitkit.tasks.scan_task`; None: its default); the induction scan takes none.
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -640,14 +643,14 @@ def scan(
     if mode == "lines":  # the first line at once: loading a model can take a while
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     model, name = _model_and_name(model, name, task, device=device, allow_download=allow_download, dtype=dtype)
-    warn_if_threads_spin()  # torch loaded before circuitkit, no wait policy, other work busy: one line, the fix
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
                           n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
                           metric=metric, holdout=holdout, target_on=target_on, edges=edges,
-                          random_sets=options["random_sets"], stability=options["stability"])
-    _refuse_task_options(holdout=holdout, target_on=target_on, metric=metric, prepend_bos=prepend_bos)
+                          random_sets=options["random_sets"], stability=options["stability"], ig_points=ig_points)
+    _refuse_task_options(holdout=holdout, target_on=target_on, metric=metric, prepend_bos=prepend_bos,
+                         ig_points=ig_points)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens)
     if not edges:  # the circuit of heads without its edge evidence
@@ -678,7 +681,8 @@ def _check_batch_memory(session: Session, settings: ScanSettings, tokens: Any, d
 def _model_and_name(model: Any, name: str | None, task: Any, *, device: Any, allow_download: bool,
                     dtype: Any) -> tuple[Any, str | None]:
     """``(model, name)``: a loaded model as given, or the one a name or path gives (:func:`_load_named`), named by
-    ``name`` or that name; ``name`` checked."""
+    ``name`` or that name; ``name`` checked; then the one-line warning where torch's threads spin beside busy
+    cores."""
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise validate.fail("scan: name", name, "a non-empty string")
     if model is None or isinstance(model, (str, os.PathLike)):
@@ -686,6 +690,7 @@ def _model_and_name(model: Any, name: str | None, task: Any, *, device: Any, all
 
         name = name or (str(model) if model is not None else zoo.DEFAULT)
         model = _load_named(model, task, device=device, allow_download=allow_download, dtype=dtype)
+    warn_if_threads_spin()  # torch loaded before circuitkit, no wait policy, other work busy: one line, the fix
     return model, name
 
 
@@ -769,7 +774,7 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
                n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None,
                holdout: float | None = None, target_on: str | None = None, edges: bool = True,
-               random_sets: int = 0, stability: int = 0) -> Any:
+               random_sets: int = 0, stability: int = 0, ig_points: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), its progress in ``mode`` (the task scan's own plan
     of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
@@ -781,7 +786,8 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
     return scan_task(model, task, target=target, device=device, name=name, progress=mode, n_resamples=n_resamples,
                      ci_level=ci_level, prepend_bos=prepend_bos, metric=metric, edges=edges, random_sets=random_sets,
                      stability=stability, **({} if holdout is None else {"holdout": holdout}),
-                     **({} if target_on is None else {"target_on": target_on}))
+                     **({} if target_on is None else {"target_on": target_on}),
+                     **({} if ig_points is None else {"ig_points": ig_points}))
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
