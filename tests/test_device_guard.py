@@ -44,6 +44,7 @@ ENTRY_POINTS = {
     "head_scores": lambda m: head_scores(m, batch_for(m)),
     "attribution-ig": lambda m: [attribution_effects(m, batch_for(m), steps=2, path=p) for p in ("inputs", "layer")],
     "ablation": lambda m: ablation_effects(m, batch_for(m)),
+    "attribution-atp*": lambda m: attribution_effects(m, batch_for(m), estimator="atp*"),
     "find_circuit": lambda m: find_circuit(m, batch_for(m), stability=2, random_sets=2),
     "searches": lambda m: [scan_task(m, Task.from_pairs(toy_pairs(6), name="toy"), edges=False, search=s,
                                      search_options={"steps": 2} if s == "masks" else None)

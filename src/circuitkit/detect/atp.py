@@ -162,7 +162,7 @@ def atp_estimates(adapter: ModelAdapter, batch: TokenBatch, method: str, *, weig
     a_leaves: dict[int, Tensor] = {}
     patterns: dict[int, Tensor] = {}
     block_in: dict[int, Tensor] = {}
-    run = CleanRun(batch=batch, losses=torch.empty(0))
+    run = CleanRun(batch=batch, losses=torch.empty(0, device="cpu"))
 
     def on_z(z: Tensor, hook: Any) -> Tensor:
         if z.ndim != 4 or z.shape[2] != H:
@@ -197,7 +197,7 @@ def atp_estimates(adapter: ModelAdapter, batch: TokenBatch, method: str, *, weig
         if L > 1:
             hooks.append((HOOKS.resid_post(layer), on_resid_post))
     drops = list(range(1, L))  # dropping layer 0 changes no gradient of a later head: never needed
-    fo = torch.zeros(L, B, L, H)  # [drop (0: none), batch, layer, head]: each sequence's term times B
+    fo = torch.zeros(L, B, L, H, device="cpu")  # [drop (0: none), batch, layer, head]: each sequence's term times B
     grads_a: dict[int, dict[int, Tensor]] = {}  # drop (0: none) -> receiver layer -> dL/dA
     with frozen_parameters(adapter.model), torch.enable_grad():
         logits = adapter.run(batch.tokens, hooks, graph_positions=loss_positions(batch))
@@ -240,7 +240,7 @@ def atp_estimates(adapter: ModelAdapter, batch: TokenBatch, method: str, *, weig
     del inputs, loss
     for kept in (z_leaves, a_leaves, block_in):
         kept.clear()
-    corr = torch.zeros(L, B, L, H)  # the QK fix's correction under each drop, per sequence (times B)
+    corr = torch.zeros(L, B, L, H, device="cpu")  # the QK fix's correction under each drop, per sequence (times B)
     passes = 1.0 + 2.0 * (1 + len(drops))
     if qk:
         W_O = (weights if weights is not None else adapter.weights(embeddings=False)).W_O

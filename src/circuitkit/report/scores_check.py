@@ -77,6 +77,9 @@ class ScoresCheck:
         self.n_layers = 0
         self.n_heads = 0
 
+    unknown_key = "no such key (scores.json format 4 does not have it)"
+    """What a key no scan writes is told it should be (a subclass for another file names its own format)."""
+
     # ------------------------------------------------------------------------------------------ primitives
     def fail(self, field: str, value: Any, expected: str) -> CircuitkitError:
         return validate.fail(f"{self.where}, field {field!r}", value, expected)
@@ -97,8 +100,7 @@ class ScoresCheck:
         if allowed is not None:
             extra = [key for key in value if key not in required and key not in allowed]
             if extra:
-                raise self.fail(f"{field}.{extra[0]}" if field else extra[0], value[extra[0]],
-                                "no such key (scores.json format 4 does not have it)")
+                raise self.fail(f"{field}.{extra[0]}" if field else extra[0], value[extra[0]], self.unknown_key)
         return value
 
     def array(self, value: Any, field: str, *, nullable: bool = False, length: int | None = None,

@@ -49,21 +49,7 @@ MAX_STEPS = 64
 class TaskScoresCheck(ScoresCheck):
     """The checks of one parsed task ``scores.json`` (``where`` names the file in every error)."""
 
-    def obj(self, value: Any, field: str, required: tuple[str, ...] = (), allowed: tuple[str, ...] | None = None,
-            *, nullable: bool = False) -> dict[str, Any] | None:
-        if value is None and nullable:
-            return None
-        if not isinstance(value, dict):
-            raise self.fail(field, value, "a JSON object" + (" or null" if nullable else ""))
-        for key in required:
-            if key not in value:
-                raise self.missing(f"{field}.{key}" if field else key)
-        if allowed is not None:
-            extra = [key for key in value if key not in required and key not in allowed]
-            if extra:
-                raise self.fail(f"{field}.{extra[0]}" if field else extra[0], value[extra[0]],
-                                "no such key (a task scan's scores.json does not have it)")
-        return value
+    unknown_key = "no such key (a task scan's scores.json does not have it)"
 
     def __init__(self, data: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
         super().__init__(data, where)
