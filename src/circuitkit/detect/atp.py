@@ -61,7 +61,7 @@ from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.frozen import frozen_parameters
-from circuitkit.detect.loss import loss_positions, token_losses
+from circuitkit.detect.loss import differentiated_losses, loss_positions
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
@@ -207,15 +207,7 @@ def atp_estimates(adapter: ModelAdapter, batch: TokenBatch, method: str, *, weig
                 f"AtP*: the model ran without calling hook_z/hook_pattern/hook_resid_pre of layers {missing}; "
                 "expected every layer to expose them (TransformerLens names)."
             )
-        repeated = batch.repeated_copies
-        differentiated = token_losses(logits, batch.tokens, repeated)
-        loss = differentiated.mean()
-        with torch.no_grad():
-            losses = torch.empty(B, len(repeated), device=differentiated.device)
-            losses[:, repeated.to(losses.device)] = differentiated.detach()
-            if not bool(repeated.all()):
-                losses[:, ~repeated.to(losses.device)] = token_losses(logits.detach(), batch.tokens, ~repeated)
-        run.losses = losses.detach().cpu()
+        loss, run.losses = differentiated_losses(logits, batch.tokens, batch.repeated_copies)
         targets = {layer: run.z_means[layer] if method == "mean" else torch.zeros((), device=z.device,
                                                                                    dtype=z.dtype)
                    for layer, z in values.items()}

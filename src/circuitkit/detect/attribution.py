@@ -72,7 +72,7 @@ from circuitkit.detect.atp import ATP_ESTIMATORS, atp_estimates
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.frozen import frozen_parameters
-from circuitkit.detect.loss import loss_positions, stacked_losses, token_losses
+from circuitkit.detect.loss import differentiated_losses, loss_positions, stacked_losses
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
@@ -212,14 +212,7 @@ def attribute(
                 "layer to expose blocks.{l}.attn.hook_z [batch, pos, head, d_head]."
             )
         # every position's loss is reported; only the repeated copies' is differentiated
-        repeated = batch.repeated_copies
-        differentiated = token_losses(logits, batch.tokens, repeated)
-        loss = differentiated.mean()
-        with torch.no_grad():
-            losses = torch.empty(batch.tokens.shape[0], len(repeated), device=differentiated.device)
-            losses[:, repeated.to(losses.device)] = differentiated.detach()
-            if not bool(repeated.all()):
-                losses[:, ~repeated.to(losses.device)] = token_losses(logits.detach(), batch.tokens, ~repeated)
+        loss, run.losses = differentiated_losses(logits, batch.tokens, batch.repeated_copies)
         layers = sorted(leaves)
         extra = [tap.inputs() for tap in taps]
         grads = torch.autograd.grad(loss, [leaves[layer] for layer in layers] + [x for xs in extra for x in xs],
@@ -229,7 +222,6 @@ def attribute(
             tap.finish(loss, grads[start : start + len(xs)])
             start += len(xs)
         grads = grads[: len(layers)]
-    run.losses = losses.detach().cpu()
     # per layer: the sum over the path's points of dL/dz (float32); None where no head of the layer reaches L
     sums: dict[int, Tensor | None] = {layer: None if g is None else g.float() for layer, g in zip(layers, grads,
                                                                                                    strict=True)}

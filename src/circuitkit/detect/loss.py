@@ -131,5 +131,19 @@ def induction_loss(
     return summarise(token_losses(logits, batch.tokens), batch)
 
 
-__all__ = ["InductionLoss", "induction_loss", "loss_positions", "stacked_losses", "summarise",
-           "token_losses"]
+def differentiated_losses(logits: Tensor, tokens: Int[Tensor, "batch pos"], repeated: Tensor) -> tuple[Tensor, Tensor]:
+    """``(loss, losses)`` of a pass whose graph reads the repeated copies only: ``loss`` the mean loss over the
+    repeated copies' predictions (differentiable), ``losses`` ``[batch, pos - 1]`` every position's loss, detached,
+    on the CPU (the repeated copies' taken from the differentiated ones; the rest computed without a graph).
+    ``repeated``: the bool mask over the ``pos - 1`` predictions (``TokenBatch.repeated_copies``)."""
+    differentiated = token_losses(logits, tokens, repeated)
+    with torch.no_grad():
+        losses = torch.empty(tokens.shape[0], len(repeated), device=differentiated.device)
+        losses[:, repeated.to(losses.device)] = differentiated.detach()
+        if not bool(repeated.all()):
+            losses[:, ~repeated.to(losses.device)] = token_losses(logits.detach(), tokens, ~repeated)
+    return differentiated.mean(), losses.cpu()
+
+
+__all__ = ["InductionLoss", "differentiated_losses", "induction_loss", "loss_positions", "stacked_losses",
+           "summarise", "token_losses"]
