@@ -223,10 +223,8 @@ class ScoresCheck:
         for key, pair in self.obj(value, field).items():
             self.interval(pair, f"{field}.{key}")
 
-    # ------------------------------------------------------------------------------------------ sections
-    def run(self) -> None:
-        data = self.obj(self.data, "", TOP_LEVEL, OPTIONAL_TOP_LEVEL + tuple(
-            key for key in self.data if isinstance(key, str) and key.endswith("_heads") and key != "top_heads"))
+    def plain_numbers(self, data: dict[str, Any]) -> None:
+        """Every number of the file finite (scores.json writes NaN and infinities as null) and of a bounded size."""
         if not _all_plain(data):
             for path, value in _numbers(data, ""):
                 if isinstance(value, float) and not math.isfinite(value):
@@ -235,6 +233,12 @@ class ScoresCheck:
                 if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
                     raise self.fail(path, validate.given(f"an integer of {len(str(abs(value)))} digits"),
                                     f"an integer of at most {MAX_INT} in size")
+
+    # ------------------------------------------------------------------------------------------ sections
+    def run(self) -> None:
+        data = self.obj(self.data, "", TOP_LEVEL, OPTIONAL_TOP_LEVEL + tuple(
+            key for key in self.data if isinstance(key, str) and key.endswith("_heads") and key != "top_heads"))
+        self.plain_numbers(data)
         self.text(data["circuitkit_version"], "circuitkit_version")
         for key, unit in self.obj(data["units"], "units").items():
             self.text(unit, f"units.{key}")

@@ -23,12 +23,11 @@ What is derived from other fields (the means, ``units``, ``roles``, the examples
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 from circuitkit import validate
-from circuitkit.report.scores_check import MAX_INT, SCORE_TOLERANCE, ScoresCheck, _all_plain, _numbers
+from circuitkit.report.scores_check import SCORE_TOLERANCE, ScoresCheck
 
 REQUIRED = ("format", "units", "dtype", "model", "task", "settings", "heads", "mlps", "pairs", "patterns",
             "pattern_scores", "circuit", "circuit_error", "roles", "stages")
@@ -59,14 +58,7 @@ class TaskScoresCheck(ScoresCheck):
         from circuitkit.tasks.record import DTYPES
 
         data = self.obj(self.data, "", REQUIRED, OPTIONAL + self.extra)
-        if not _all_plain(data):
-            for path, value in _numbers(data, ""):
-                if isinstance(value, float) and not math.isfinite(value):
-                    raise self.fail(path, value, "a finite number or null (scores.json writes NaN and infinities as "
-                                                 "null)")
-                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-                    raise self.fail(path, validate.given(f"an integer of {len(str(abs(value)))} digits"),
-                                    f"an integer of at most {MAX_INT} in size")
+        self.plain_numbers(data)
         for key, unit in self.obj(data["units"], "units").items():
             self.text(unit, f"units.{key}")
         self.option(data["dtype"], "dtype", tuple(DTYPES))

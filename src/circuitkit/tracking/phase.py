@@ -93,40 +93,31 @@ def locate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
     if records and "task" in records[0]:
         entry["task"] = locate_task(records)
-    if len(records) < MIN_CHECKPOINTS:
-        entry["reason"] = f"{len(records)} checkpoint(s); locating a phase change needs at least {MIN_CHECKPOINTS}"
-        return entry
-    total = max(icl) - icl[0]
-    rises = [b - a for a, b in zip(icl, icl[1:], strict=False)]
-    best = max(range(len(rises)), key=lambda i: (rises[i], -i))  # the largest rise; ties: the earliest
-    entry["total_rise"] = round(total, 6)
-    if total < MIN_TOTAL_RISE or rises[best] <= 0:
-        entry["reason"] = (f"the in-context learning score rises by {total:.3f} nats in total; a phase change needs "
-                           f"at least {MIN_TOTAL_RISE}")
-        return entry
-    low, high = steps[max(best - 1, 0)], steps[min(best + 2, len(steps) - 1)]
-    entry.update(
-        step=steps[best + 1], interval=[steps[best], steps[best + 1]], rise=round(rises[best], 6),
-        share=round(rises[best] / total, 6),
-        heads=[name for name, when in induction.items()
-               if when["called_at"] is not None and low <= when["called_at"] <= high],
-    )
+    entry.update(_largest_rise(steps, icl, MIN_TOTAL_RISE, "the in-context learning score", unit=" nats",
+                               change="phase change"))
+    if entry["interval"] is not None:  # the induction heads called from one checkpoint before to one after it
+        best = steps.index(entry["interval"][0])
+        low, high = steps[max(best - 1, 0)], steps[min(best + 2, len(steps) - 1)]
+        entry["heads"] = [name for name, when in induction.items()
+                          if when["called_at"] is not None and low <= when["called_at"] <= high]
     return entry
 
 
-def _largest_rise(steps: Sequence[int], values: Sequence[float], minimum: float, what: str) -> dict[str, Any]:
-    """``{step, interval, rise, share, total_rise, reason}`` of the interval where ``values`` rise most."""
+def _largest_rise(steps: Sequence[int], values: Sequence[float], minimum: float, what: str, *, unit: str = "",
+                  change: str = "change") -> dict[str, Any]:
+    """``{step, interval, rise, share, total_rise, reason}`` of the interval where ``values`` rise most (a rise of
+    at least ``minimum`` in total; ``what``, ``unit`` and ``change`` word the reason where there is none)."""
     entry: dict[str, Any] = {"step": None, "interval": None, "rise": None, "share": None, "total_rise": None,
                              "reason": None}
     if len(values) < MIN_CHECKPOINTS:
-        entry["reason"] = f"{len(values)} checkpoint(s); locating a change needs at least {MIN_CHECKPOINTS}"
+        entry["reason"] = f"{len(values)} checkpoint(s); locating a {change} needs at least {MIN_CHECKPOINTS}"
         return entry
     total = max(values) - values[0]
     rises = [b - a for a, b in zip(values, values[1:], strict=False)]
     best = max(range(len(rises)), key=lambda i: (rises[i], -i))  # the largest rise; ties: the earliest
     entry["total_rise"] = round(total, 6)
     if total < minimum or rises[best] <= 0:
-        entry["reason"] = f"{what} rises by {total:.3f} in total; a change needs at least {minimum}"
+        entry["reason"] = f"{what} rises by {total:.3f}{unit} in total; a {change} needs at least {minimum}"
         return entry
     entry.update(step=steps[best + 1], interval=[steps[best], steps[best + 1]], rise=round(rises[best], 6),
                  share=round(rises[best] / total, 6))
