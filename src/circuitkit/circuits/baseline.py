@@ -101,23 +101,33 @@ def measure(ablator: Any, heads: tuple[Head, ...], clean_loss: float, all_ablate
         losses = ablator.losses(~kept)
         # the gap L_all - L_clean was checked by the search that measured both
         values = tuple((all_ablated - loss) / (all_ablated - clean_loss) for loss in losses)
-        tail = (1 - level) / 2
-        quantiles = torch.quantile(torch.tensor(values, dtype=torch.float64, device="cpu"),
-                                   torch.tensor([tail, 1 - tail], dtype=torch.float64, device="cpu"))
-        interval = None
+        each = None
         if clean_each is not None and all_each is not None and clean_each.numel() >= 2:
             kept_each = torch.stack([ablator.sequence_losses(~mask) for mask in kept]).double()  # [sets, batch]
             each = torch.cat([all_each.double()[:, None], clean_each.double()[:, None], kept_each.T], dim=1)
-            try:  # the mean over sets of each set's faithfulness, every ratio of resampled means
-                lo, hi = bootstrap_ci(each, n_resamples, level, 0, statistic=mean_faithfulness)
-                interval = (float(lo), float(hi))
-            except CircuitkitError:  # a resample where the heads move nothing: no interval
-                interval = None
-        found[kind] = SetBaseline(kind, values, float(sum(values) / len(values)),
-                                  (float(quantiles[0]), float(quantiles[1])), interval)
+        found[kind] = set_baseline(kind, values, level, n_resamples, each)
     if progress is not None:
         progress(ablator.passes - before)
     return RandomBaseline(len(heads), n_sets, seed, found["uniform"], found["layered"], ablator.passes - before)
+
+
+def set_baseline(kind: str, values: tuple[float, ...], level: float, n_resamples: int,
+                 each: Tensor | None) -> SetBaseline:
+    """One kind's :class:`SetBaseline` from each set's faithfulness ``values``: their mean, their central ``level``
+    range and, from ``each`` ``[sequence, 2 + sets]`` (per sequence: the metric with everything ablated or patched,
+    the clean metric, each set's; None: no interval), the bootstrap interval of the mean faithfulness."""
+    tail = (1 - level) / 2
+    quantiles = torch.quantile(torch.tensor(values, dtype=torch.float64, device="cpu"),
+                               torch.tensor([tail, 1 - tail], dtype=torch.float64, device="cpu"))
+    interval = None
+    if each is not None:
+        try:  # the mean over sets of each set's faithfulness, every ratio of resampled means
+            lo, hi = bootstrap_ci(each, n_resamples, level, 0, statistic=mean_faithfulness)
+            interval = (float(lo), float(hi))
+        except CircuitkitError:  # a resample where the heads move nothing: no interval
+            interval = None
+    return SetBaseline(kind, values, float(sum(values) / len(values)), (float(quantiles[0]), float(quantiles[1])),
+                       interval)
 
 
 def mean_faithfulness(means: Tensor) -> Tensor:
@@ -126,4 +136,5 @@ def mean_faithfulness(means: Tensor) -> Tensor:
     return ((means[:, :1] - means[:, 2:]) / (means[:, :1] - means[:, 1:2])).mean(dim=1)
 
 
-__all__ = ["BASELINE_KINDS", "DEFAULT_RANDOM_SETS", "RandomBaseline", "SetBaseline", "measure", "random_sets"]
+__all__ = ["BASELINE_KINDS", "DEFAULT_RANDOM_SETS", "RandomBaseline", "SetBaseline", "measure", "random_sets",
+           "set_baseline"]

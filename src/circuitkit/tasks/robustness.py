@@ -22,13 +22,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from circuitkit.circuits.baseline import BASELINE_KINDS, RandomBaseline, SetBaseline, mean_faithfulness, random_sets
+from circuitkit.circuits.baseline import BASELINE_KINDS, RandomBaseline, random_sets, set_baseline
 from circuitkit.circuits.stability import Stability, mean_pairwise_jaccard
-from circuitkit.errors import CircuitkitError
 from circuitkit.tasks.circuit import NoBehaviour, node_circuit
 from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.task import UserMetric
-from circuitkit.uncertainty import bootstrap_ci, resample_counts
+from circuitkit.uncertainty import resample_counts
 
 
 def random_node_sets(runner: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: bool, all_patched: Tensor,
@@ -51,19 +50,10 @@ def random_node_sets(runner: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: b
         patched_mlps = None if mlp_mask is None else mlp_mask[None].expand(n_sets, L)
         each = runner.node_metric(~kept, patched_mlps, per_pair=True).double()  # [sets, pair]
         values = tuple(float((m - everything) / (clean - everything)) for m in each.mean(dim=1).tolist())
-        tail = (1 - level) / 2
-        quantiles = torch.quantile(torch.tensor(values, dtype=torch.float64, device="cpu"),
-                                   torch.tensor([tail, 1 - tail], dtype=torch.float64, device="cpu"))
-        interval = None
-        if clean_each.numel() >= 2:
-            stacked = torch.cat([all_patched.double()[:, None], clean_each[:, None], each.T], dim=1)
-            try:  # (a - k_s) / (a - c) with a = m_all, c = m_clean, k_s = m_s: the task's faithfulness of each set
-                lo, hi = bootstrap_ci(stacked, n_resamples, level, 0, statistic=mean_faithfulness)
-                interval = (float(lo), float(hi))
-            except CircuitkitError:  # a resample where the nodes move nothing: no interval
-                interval = None
-        found[kind] = SetBaseline(kind, values, float(sum(values) / len(values)),
-                                  (float(quantiles[0]), float(quantiles[1])), interval)
+        # (a - k_s) / (a - c) with a = m_all, c = m_clean, k_s = m_s: the task's faithfulness of each set
+        stacked = (torch.cat([all_patched.double()[:, None], clean_each[:, None], each.T], dim=1)
+                   if clean_each.numel() >= 2 else None)
+        found[kind] = set_baseline(kind, values, level, n_resamples, stacked)
         if progress is not None:
             progress()
     return RandomBaseline(len(heads), n_sets, seed, found["uniform"], found["layered"], int(runner.passes - before))
