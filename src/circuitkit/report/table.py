@@ -46,10 +46,16 @@ def head_table(scan: Any, sort: str | None = None) -> list[dict[str, Any]]:
 
 def to_pandas(scan: Any, sort: str | None = None) -> Any:
     """:func:`head_table` as a ``pandas.DataFrame`` indexed by ``head``."""
+    return data_frame(head_table(scan, sort), "Scan")
+
+
+def data_frame(rows: list[dict[str, Any]], owner: str) -> Any:
+    """Table ``rows`` (each with a ``head``) as a ``pandas.DataFrame`` indexed by ``head``; ``owner``
+    (``"Scan"``, ``"TaskScan"``) names the class in the error where pandas is not installed."""
     try:
         import pandas
     except ImportError:
-        raise CircuitkitError("Scan.to_pandas: needs pandas, which is not installed here; expected pandas "
-                              "importable. Install it (pip install pandas) or use Scan.table(), a list of "
+        raise CircuitkitError(f"{owner}.to_pandas: needs pandas, which is not installed here; expected pandas "
+                              f"importable. Install it (pip install pandas) or use {owner}.table(), a list of "
                               "dicts.") from None
-    return pandas.DataFrame(head_table(scan, sort)).set_index("head")
+    return pandas.DataFrame(rows).set_index("head")

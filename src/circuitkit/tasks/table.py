@@ -16,7 +16,6 @@ from typing import Any
 
 from circuitkit import validate
 from circuitkit._html import escape
-from circuitkit.errors import CircuitkitError
 
 FIXED = ("head", "layer", "index")
 NOTEBOOK_ROWS = 10
@@ -57,13 +56,9 @@ def task_table(scan: Any, sort: str | None = None) -> list[dict[str, Any]]:
 
 def to_pandas(scan: Any, sort: str | None = None) -> Any:
     """:func:`task_table` as a ``pandas.DataFrame`` indexed by ``head``."""
-    try:
-        import pandas
-    except ImportError:
-        raise CircuitkitError("TaskScan.to_pandas: needs pandas, which is not installed here; expected pandas "
-                              "importable. Install it (pip install pandas) or use TaskScan.table(), a list of "
-                              "dicts.") from None
-    return pandas.DataFrame(task_table(scan, sort)).set_index("head")
+    from circuitkit.report.table import data_frame
+
+    return data_frame(task_table(scan, sort), "TaskScan")
 
 
 def cell(value: Any) -> str:
