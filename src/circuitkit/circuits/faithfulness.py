@@ -335,7 +335,7 @@ def search(
         high = min(n for n in measured if n > 0 and measured[n][0] >= target)
         low = max(n for n in measured if n < high)
     else:
-        low, high = _bracket(min(max(int(predicted), 1), N - 1), N, reaches)
+        low, high = gallop(min(max(int(predicted), 1), N - 1), 0, N, reaches)
     while high - low > 1:  # bisection: smallest n at or above the target between low (below) and high (at/above)
         mid = (low + high) // 2
         if reaches(mid):
@@ -345,22 +345,25 @@ def search(
     return high, all_ablated, measured[high][1], measured
 
 
-def _bracket(start: int, N: int, reaches: Any) -> tuple[int, int]:
-    """``(low, high)``: a size below the target (0: every head ablated) and one at or above it (``N``: none
-    ablated), found by galloping from ``start`` in steps 1, 2, 4, ... towards the side the target lies on."""
-    if reaches(start):
-        high, step = start, 1
-        while high - step > 0:
-            if not reaches(high - step):
-                return high - step, high
-            high, step = high - step, 2 * step
-        return 0, high
-    low, step = start, 1
-    while low + step < N:
-        if reaches(low + step):
-            return low, low + step
-        low, step = low + step, 2 * step
-    return low, N
+def gallop(start: int, low: int, high: int, reaches: Any, unit: Any = None) -> tuple[int, int]:
+    """``(low, high)``: a size below the target and one at or above it, inside the bracket ``(low, high)`` given
+    (for the induction circuit ``(0, N)``: every head ablated, none), found by galloping from ``start`` in steps of
+    1, 2, 4, ... ``unit(size)`` (default 1) towards the side the target lies on."""
+    unit = unit or (lambda n: 1)
+    start = min(max(start, low + 1), high)
+    if start == high or reaches(start):
+        top, step = start, unit(start)
+        while top - step > low:
+            if not reaches(top - step):
+                return top - step, top
+            top, step = top - step, 2 * step
+        return low, top
+    bottom, step = start, unit(start)
+    while bottom + step < high:
+        if reaches(bottom + step):
+            return bottom, bottom + step
+        bottom, step = bottom + step, 2 * step
+    return bottom, high
 
 
 COARSE_SETS = 4

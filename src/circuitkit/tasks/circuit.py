@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from circuitkit.circuits.faithfulness import geometric_sizes
+from circuitkit.circuits.faithfulness import gallop, geometric_sizes
 from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import head_name
 from circuitkit.tasks.graph import TaskRunner
@@ -237,7 +237,7 @@ def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measur
     high = reached[0]
     low = max([n for n in measured if n < high], default=0)
     if coarse is not None and low >= coarse_after and high - low > unit(high):
-        low, high = _gallop(_coarse_search(coarse, low, high, target, unit), low, high, reaches, unit)
+        low, high = gallop(_coarse_search(coarse, low, high, target, unit), low, high, reaches, unit)
     while high - low > unit(high):
         mid = (low + high) // 2
         if reaches(mid):
@@ -263,25 +263,6 @@ def _coarse_search(coarse: Any, low: int, high: int, target: float, unit: Any) -
                 low = max(low, n)
         low = min(low, high - 1)
     return high
-
-
-def _gallop(start: int, low: int, high: int, reaches: Any, unit: Any) -> tuple[int, int]:
-    """``(low, high)``: a size below the target and one at or above it, inside the bracket ``(low, high)`` given,
-    found by galloping from ``start`` in steps of 1, 2, 4, ... units towards the side the target lies on."""
-    start = min(max(start, low + 1), high)
-    if start == high or reaches(start):
-        top, step = start, unit(start)
-        while top - step > low:
-            if not reaches(top - step):
-                return top - step, top
-            top, step = top - step, 2 * step
-        return low, top
-    bottom, step = start, unit(start)
-    while bottom + step < high:
-        if reaches(bottom + step):
-            return bottom, bottom + step
-        bottom, step = bottom + step, 2 * step
-    return bottom, high
 
 
 COARSE_MIN_PAIRS = 4
