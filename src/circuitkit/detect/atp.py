@@ -58,7 +58,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
-from circuitkit.detect.clean_run import CleanRun
+from circuitkit.detect.clean_run import CleanRun, z_leaf_hook
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.frozen import frozen_parameters
 from circuitkit.detect.loss import differentiated_losses, loss_positions
@@ -164,14 +164,7 @@ def atp_estimates(adapter: ModelAdapter, batch: TokenBatch, method: str, *, weig
     block_in: dict[int, Tensor] = {}
     run = CleanRun(batch=batch, losses=torch.empty(0, device="cpu"))
 
-    def on_z(z: Tensor, hook: Any) -> Tensor:
-        if z.ndim != 4 or z.shape[2] != H:
-            raise CircuitkitError(f"{hook.name} has shape {tuple(z.shape)}; expected [batch, pos, {H}, d_head].")
-        layer = HOOKS.layer_of(hook.name)
-        values[layer] = z.detach()
-        run.z_means[layer] = values[layer].mean(dim=(0, 1))
-        z_leaves[layer] = torch.zeros_like(z, requires_grad=True)
-        return z + z_leaves[layer]
+    on_z = z_leaf_hook(run, H, values, z_leaves)
 
     def on_pattern(pattern: Tensor, hook: Any) -> Tensor:
         layer = HOOKS.layer_of(hook.name)

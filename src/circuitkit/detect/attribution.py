@@ -69,7 +69,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.ablation import ABLATION_METHODS, AblationMethod
 from circuitkit.detect.atp import ATP_ESTIMATORS, atp_estimates
-from circuitkit.detect.clean_run import CleanRun
+from circuitkit.detect.clean_run import CleanRun, z_leaf_hook
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.frozen import frozen_parameters
 from circuitkit.detect.loss import differentiated_losses, loss_positions, stacked_losses
@@ -175,17 +175,7 @@ def attribute(
     values: dict[int, Tensor] = {}  # layer -> clean z, detached
     leaves: dict[int, Tensor] = {}  # layer -> the zero tensor added to z, differentiated against
 
-    def on_z(z: Tensor, hook: Any) -> Tensor:
-        if z.ndim != 4 or z.shape[2] != spec.n_heads:
-            raise CircuitkitError(
-                f"{hook.name} has shape {tuple(z.shape)}; expected [batch, pos, {spec.n_heads}, d_head] "
-                "to attribute heads."
-            )
-        layer = HOOKS.layer_of(hook.name)
-        values[layer] = z.detach()
-        run.z_means[layer] = values[layer].mean(dim=(0, 1))
-        leaves[layer] = torch.zeros_like(z, requires_grad=True)
-        return z + leaves[layer]
+    on_z = z_leaf_hook(run, spec.n_heads, values, leaves)
 
     def keep_resid(resid: Tensor, hook: Any) -> None:
         run.resid_pre[HOOKS.layer_of(hook.name)] = resid.detach().clone()

@@ -71,4 +71,25 @@ def clean_run(
     return run
 
 
-__all__ = ["CleanRun", "clean_run"]
+def z_leaf_hook(run: CleanRun, n_heads: int, values: dict[int, Tensor], leaves: dict[int, Tensor]) -> HookFn:
+    """A ``hook_z`` hook for a pass that differentiates against each layer's ``z``: ``z`` ``[batch, pos, head,
+    d_head]`` checked, kept detached in ``values[layer]`` with its mean in ``run.z_means``, and a zero tensor
+    ``leaves[layer]`` added to it (the handle ``dL/dz`` is taken against; it changes no value)."""
+    from circuitkit.errors import CircuitkitError
+
+    def on_z(z: Tensor, hook: Any) -> Tensor:
+        if z.ndim != 4 or z.shape[2] != n_heads:
+            raise CircuitkitError(
+                f"{hook.name} has shape {tuple(z.shape)}; expected [batch, pos, {n_heads}, d_head] "
+                "to attribute heads."
+            )
+        layer = HOOKS.layer_of(hook.name)
+        values[layer] = z.detach()
+        run.z_means[layer] = values[layer].mean(dim=(0, 1))
+        leaves[layer] = torch.zeros_like(z, requires_grad=True)
+        return z + leaves[layer]
+
+    return on_z
+
+
+__all__ = ["CleanRun", "clean_run", "z_leaf_hook"]
