@@ -409,11 +409,14 @@ def run_scan(args: argparse.Namespace) -> int:
     from circuitkit.validate import device as check_device
 
     check_device("--device", args.device)
-    if kind == INDUCTION and name in zoo.available() and args.dtype is None and device_map is None:
-        # the bundled weights run as circuitkit's attention-only model: the same figures without loading
-        # TransformerLens and transformers (seconds of a two-second answer)
-        model = zoo.load(name, device=args.device, bridge=False)
-    else:
+    model = None
+    if kind == INDUCTION and device_map is None:
+        # the bundled model, or a Llama / Qwen2 / Mistral directory, runs as circuitkit's own model where it can:
+        # the same figures without importing TransformerLens and transformers (seconds of the whole command)
+        from circuitkit.models.loading import own_model
+
+        model = own_model(args.model, device=args.device, dtype=args.dtype)
+    if model is None:
         with _quiet_loading(args.allow_download):
             if device_map is not None:
                 model = load_model(args.model, device_map=device_map, allow_download=args.allow_download,

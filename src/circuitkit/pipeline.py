@@ -695,21 +695,18 @@ def _model_and_name(model: Any, name: str | None, task: Any, *, device: Any, all
 
 
 def _load_named(model: Any, task: Any, *, device: Any, allow_download: bool, dtype: Any) -> Any:
-    """The model a name or path gives (:func:`~circuitkit.models.load_model`; a bundled model's induction scan in
-    its own dtype: ``zoo.load(bridge=False)``, the CLI's choice too); a family that cannot run a task is refused
-    from its config first, before any weight loads."""
-    from circuitkit import zoo
-    from circuitkit.models.loading import load_model
+    """The model a name or path gives: for the induction scan :func:`~circuitkit.models.loading.induction_model`
+    (circuitkit's own model where it runs the checkpoint, the CLI's choice too), for a task
+    :func:`~circuitkit.models.load_model`, a family that cannot run a task refused from its config first."""
+    from circuitkit.models.loading import induction_model, load_model
 
     induction = task is None or (isinstance(task, str) and task == "induction")
-    if induction and dtype is None and (model is None or isinstance(model, str) and model in zoo.available()):
-        # a bundled model runs as circuitkit's attention-only model: the same figures, TransformerLens not loaded
-        return zoo.load(model or zoo.DEFAULT, device=device, bridge=False)
-    if not induction:
-        from circuitkit.models.families import task_refusal
+    if induction:  # circuitkit's own model where it runs the checkpoint: the same figures, TransformerLens not loaded
+        return induction_model(model, device=device, allow_download=allow_download, dtype=dtype)
+    from circuitkit.models.families import task_refusal
 
-        if reason := task_refusal(model):
-            raise validate.fail("scan: model", model, f"a causal language model for a task ({reason})")
+    if reason := task_refusal(model):
+        raise validate.fail("scan: model", model, f"a causal language model for a task ({reason})")
     return load_model(model, device=device, allow_download=allow_download, dtype=dtype)
 
 

@@ -607,7 +607,25 @@ class ToyAdapter(ModelAdapter):
         return self._finish(out, tuple(resid.shape[:2]), positions, kept=False)
 
 
-ADAPTERS: tuple[type[ModelAdapter], ...] = (BridgeAdapter, ToyAdapter, ModelAdapter)
+class DecoderAdapter(ToyAdapter):
+    """circuitkit's :class:`~circuitkit.models.decoder.DecoderModel` (a Llama / Qwen2 / Mistral checkpoint run
+    without transformers): pre-norm RMSNorm blocks, heads that add into the residual stream, resumes from any
+    layer."""
+
+    family = "circuitkit-decoder"
+
+    @classmethod
+    def accepts(cls, model: Any) -> bool:
+        from circuitkit.models.decoder import DecoderModel
+
+        return isinstance(model, DecoderModel)
+
+    @property
+    def family_name(self) -> str:
+        return f"{self.model.cfg.family} (circuitkit decoder)"
+
+
+ADAPTERS: tuple[type[ModelAdapter], ...] = (BridgeAdapter, ToyAdapter, DecoderAdapter, ModelAdapter)
 """Families, tried in order; the last (duck-typed) accepts anything with ``cfg`` and ``run_with_hooks``."""
 
 
@@ -629,6 +647,7 @@ def adapt(model: Any, device: str | torch.device | None = None, *, place_model: 
 
 
 __all__ = [
-    "ADAPTERS", "HOOKS", "BridgeAdapter", "HookedModel", "ModelAdapter", "ModelSpec", "ToyAdapter", "adapt",
+    "ADAPTERS", "HOOKS", "BridgeAdapter", "DecoderAdapter", "HookedModel", "ModelAdapter", "ModelSpec", "ToyAdapter",
+    "adapt",
     "norm_parameters",
 ]

@@ -46,6 +46,15 @@ import torch
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.models import files as guarded
+from circuitkit.models.directory import (
+    PICKLE_SUFFIXES,  # noqa: F401  (re-exported)
+    SAFETENSORS_INDEX,  # noqa: F401  (re-exported)
+    _error,
+    read_config,
+    read_shapes,
+    refuse_custom_code,
+    weight_files,
+)
 from circuitkit.models.gguf import is_gguf
 from circuitkit.models.tokenizer import (  # noqa: F401  (re-exported: the names used to live here)
     BOS_TOKEN,
@@ -57,12 +66,11 @@ from circuitkit.models.tokenizer import (  # noqa: F401  (re-exported: the names
     word_tokenizer_files,
 )
 
-__all__ = ["check_device_map", "hub_offline", "inspect_directory", "load_hf_directory", "load_model"]
+__all__ = ["check_device_map", "hub_offline", "induction_model", "inspect_directory", "load_hf_directory",
+           "load_model", "own_model"]
 
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """The string device maps accelerate understands."""
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 DOWNLOAD_PATTERNS = ("*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.tiktoken")
 """With ``allow_download``, only these are fetched: configs, safetensors weights, tokenizer files; never code
@@ -132,21 +140,6 @@ def _hub_access(allow_download: bool):
     return contextlib.nullcontext() if allow_download else hub_offline()
 
 
-def _error(what: str, given: str, expected: str, fix: str = "") -> CircuitkitError:
-    text = f"load_model: {what} {given}; expected {expected}."
-    return CircuitkitError(f"{text} {fix}" if fix else text)
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:  # regular file inside the directory, size-capped, UTF-8, depth-limited (circuitkit.models.files)
-        data = guarded.read_json(path, path.parent)
-    except CircuitkitError as error:
-        raise CircuitkitError(f"load_model: {what}: {error}") from None
-    if not isinstance(data, dict):
-        raise _error(what, f"{str(path)!r} holding a JSON {type(data).__name__}", "a JSON object")
-    return data
-
-
 def inspect_directory(directory: str | Path) -> ModelDirectory:
     """Check a Hugging Face model directory before anything loads it; one :class:`CircuitkitError` per fault.
 
@@ -162,8 +155,8 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
     if not guarded.exists(config_path):
         raise _error("given directory", f"{str(path)!r} with no config.json",
                      "a Hugging Face model directory written by save_pretrained(...)")
-    config = _read_json(config_path, "given config")
-    _refuse_custom_code(path, config)
+    config = read_config(config_path, "given config")
+    refuse_custom_code(path, config)
     model_type = config.get("model_type")
     from transformers import CONFIG_MAPPING
 
@@ -178,7 +171,7 @@ def inspect_directory(directory: str | Path) -> ModelDirectory:
                      "'eager' (or no entry): circuitkit reads every attention pattern, which only eager attention "
                      "computes", "Remove the attn_implementation entry from config.json.")
     _refuse_unsupported(path, _hf_config(path))
-    files = _weight_files(path)
+    files = weight_files(path)
     guarded.check_directory(path)  # also the files only Hugging Face opens (generation_config.json, ...)
     _check_shapes(path, config, files)
     return ModelDirectory(path=path, config=config, weight_files=files)
@@ -196,59 +189,6 @@ def _refuse_unsupported(path: Path, hf_config: Any) -> None:
                      "a decoder-only (GPT-2, Llama, ...) or encoder-only (BERT) model: encoder-decoder models are "
                      "not supported, since their decoder's cross-attention heads read a second sequence (the "
                      "encoder's output) and circuitkit scores self-attention over one token sequence")
-
-
-def _refuse_custom_code(path: Path, config: dict[str, Any]) -> None:
-    sources = {"config.json": config}
-    tokenizer_config = path / "tokenizer_config.json"
-    if guarded.exists(tokenizer_config):
-        sources["tokenizer_config.json"] = _read_json(tokenizer_config, "given tokenizer config")
-    for name, data in sources.items():
-        if data.get("auto_map"):
-            raise _error("given model", f"{str(path)!r} whose {name} has an auto_map",
-                         "a model that the installed transformers implements; this one needs custom code "
-                         "shipped with the model, which circuitkit will not run (trust_remote_code stays False)")
-
-
-def _weight_files(path: Path) -> tuple[Path, ...]:
-    index = path / SAFETENSORS_INDEX
-    if guarded.exists(index):
-        weight_map = _read_json(index, "given safetensors index").get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise _error("given safetensors index", f"{str(index)!r} with no weight_map",
-                         "the index written by save_pretrained(...)")
-        names = sorted(set(map(str, weight_map.values())))
-        missing = [name for name in names if not guarded.exists(path / name)]
-        if missing:
-            raise _error("given directory", f"{str(path)!r} missing {missing[:3]} named in {SAFETENSORS_INDEX}",
-                         "every weight shard the index names")
-        return tuple(guarded.checked_file(path / name, path) for name in names)
-    files = tuple(sorted(path.glob("*.safetensors")))
-    if files:
-        return tuple(guarded.checked_file(file, path) for file in files)
-    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise _error("given directory", f"{str(path)!r} whose only weights are pickle files {pickles[:3]}",
-                     "safetensors weights (model.safetensors); loading a pickle can run arbitrary code",
-                     "Convert once, where you trust the file: save_pretrained(..., safe_serialization=True).")
-    raise _error("given directory", f"{str(path)!r} with no weights file",
-                 "model.safetensors (or sharded *.safetensors with model.safetensors.index.json)")
-
-
-def _read_shapes(files: tuple[Path, ...]) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as handle:
-                for key in handle.keys():
-                    shapes[key] = tuple(handle.get_slice(key).get_shape())
-        except Exception as error:  # SafetensorError (Rust), OSError: truncated, garbage, unreadable
-            detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-            raise _error("given weights", f"{str(file)!r}, which is not a complete safetensors file ({detail})",
-                         "a safetensors file written in full by save_pretrained(...)") from None
-    return shapes
 
 
 def _hf_config(path: Path) -> Any:
@@ -290,7 +230,7 @@ def _check_shapes(path: Path, config: dict[str, Any], files: tuple[Path, ...]) -
     three that do not). Names transformers renames on load (GPT-NeoX's ``embed_out``, Mixtral's per-expert
     ``w1/w2/w3``) are not compared here: whether the model ends up complete is checked on the loaded model,
     after transformers' own key mapping (:func:`_check_loading_info`)."""
-    shapes = _read_shapes(files)
+    shapes = read_shapes(files)
     model = _skeleton(path, config)
     prefix = getattr(model, "base_model_prefix", "") or ""
     found: dict[str, tuple[int, ...]] = {}
@@ -499,6 +439,7 @@ def load_model(
     n_devices: int | None = None,
     offload_folder: str | os.PathLike | None = None,
     dtype: str | torch.dtype | None = None,
+    bridge: bool = True,
 ) -> Any:
     """Load a model by zoo name, local directory or Hugging Face / TransformerLens name, as a ``TransformerBridge``.
 
@@ -520,10 +461,18 @@ def load_model(
 
     ``dtype``: the weights' dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``: a Hugging Face model is
     read in it (half the memory of float32); the bundled and GGUF models are cast after loading.
+
+    ``bridge=False``: circuitkit's own model instead, without importing transformers or TransformerLens: a bundled
+    attention-only model as :class:`~circuitkit.models.AttentionOnlyModel`, a local Llama, Qwen2 or Mistral directory
+    as :class:`~circuitkit.models.decoder.DecoderModel` (the same logits and hooks; it decodes token ids but does
+    not tokenize text, so task scans keep the bridge). Anything else is refused in one line saying why.
     """
     from dataclasses import replace
 
     allow_download = validate.boolean("load_model: allow_download", allow_download)
+    if not validate.boolean("load_model: bridge", bridge):
+        return _load_native(name_or_path, device=device, dtype=dtype, sharded=any(
+            x is not None for x in (device_map, max_memory, n_devices, offload_folder)))
     sharding = _sharding(device, device_map, max_memory, n_devices, offload_folder)
     sharding = replace(sharding, dtype=validate.dtype("load_model: dtype", dtype) or torch.float32)
     model = _load(name_or_path, sharding, allow_download)
@@ -533,6 +482,75 @@ def load_model(
         else:
             model.to(sharding.dtype)
     return model
+
+
+def _load_native(name_or_path: Any, *, device: Any, dtype: Any, sharded: bool) -> Any:
+    """:func:`load_model` with ``bridge=False``."""
+    from circuitkit import zoo
+
+    if sharded:
+        raise validate.fail("load_model: device_map", "a sharding option", "none with bridge=False (circuitkit's own "
+                            "models run on one device)")
+    dtype = validate.dtype("load_model: dtype", dtype)
+    if _bundled(name_or_path):
+        name = name_or_path or zoo.DEFAULT
+        if zoo.info(name).format.startswith("hf-"):
+            from circuitkit.models.decoder_files import load_decoder
+
+            return load_decoder(zoo.info(name).path, device=device, dtype=dtype)
+        if dtype is not None:
+            raise validate.fail("load_model: dtype", dtype, f"None for the bundled model {name!r} with bridge=False "
+                                "(it runs in its own float32; bridge=True casts it)")
+        return zoo.load(name, device=device, bridge=False)
+    if not isinstance(name_or_path, (str, os.PathLike)) or not guarded.is_dir(Path(name_or_path).expanduser()):
+        raise validate.fail("load_model: name_or_path", name_or_path, "a bundled model's name or a local Hugging "
+                            "Face directory with bridge=False")
+    from circuitkit.models.decoder_files import load_decoder
+
+    return load_decoder(Path(name_or_path).expanduser(), device=device, dtype=dtype)
+
+
+def _bundled(name_or_path: Any) -> bool:
+    """Whether ``name_or_path`` names a bundled model (None: the default one) and no directory of that name here."""
+    from circuitkit import zoo
+
+    return name_or_path is None or (isinstance(name_or_path, str) and name_or_path in zoo.available()
+                                    and not guarded.exists(Path(name_or_path) / "config.json"))
+
+
+def induction_model(name_or_path: Any, *, device: Any = None, dtype: Any = None, allow_download: bool = False) -> Any:
+    """The model an induction scan of ``name_or_path`` runs: :func:`own_model` where circuitkit runs the checkpoint
+    itself, else :func:`load_model`'s bridge."""
+    own = own_model(name_or_path, device=device, dtype=dtype)
+    return own if own is not None else load_model(name_or_path, device=device, allow_download=allow_download,
+                                                  dtype=dtype)
+
+
+def own_model(name_or_path: Any, *, device: Any = None, dtype: Any = None) -> Any:
+    """``name_or_path`` as circuitkit's own model (:func:`load_model` with ``bridge=False``: the same figures without
+    importing transformers or TransformerLens) where it runs it: a bundled attention-only model in its own dtype, or
+    a local Llama / Qwen2 / Mistral directory; else None."""
+    from circuitkit import zoo
+
+    if _bundled(name_or_path):
+        entry = zoo.info(name_or_path or zoo.DEFAULT)
+        if entry.format == "tl-native" and dtype is None or entry.format.startswith("hf-") and _decoder_runs(
+                entry.path):
+            return load_model(name_or_path, device=device, dtype=dtype, bridge=False)
+    elif isinstance(name_or_path, (str, os.PathLike)) and _decoder_runs(Path(name_or_path)):
+        return load_model(name_or_path, device=device, dtype=dtype, bridge=False)
+    return None
+
+
+def _decoder_runs(path: Path) -> bool:
+    """Whether ``path`` is a directory circuitkit's decoder runs (a fault in reading it: False, so that
+    :func:`load_model` reports it as it reports every directory)."""
+    from circuitkit.models.decoder_files import decoder_refusal
+
+    try:
+        return guarded.is_dir(path.expanduser()) and decoder_refusal(path.expanduser()) is None
+    except CircuitkitError:
+        return False
 
 
 def _load(name_or_path: str | os.PathLike | None, sharding: Sharding, allow_download: bool) -> Any:
