@@ -7,11 +7,14 @@ Sections (``--sections``, comma-separated; each runs on its own, a failure is re
   float32 (head scores, the circuit, faithfulness).
 - ``shape1b``: a Llama-3.2-1B-shaped model (16 layers x 32 heads, 8 key/value heads, d_model 2048, MLP 8192,
   vocabulary 128,256; random weights, built on the GPU): one forward pass of the scan's batch through plain Hugging
-  Face and through circuitkit's adapter with the hooks a scan's first pass installs (the bridge's overhead), the
+  Face, through circuitkit's adapter with the hooks a scan's first pass installs (the bridge's overhead) and through
+  circuitkit's own decoder of the same weights (its overhead, and its logits against Hugging Face's), the
   default scan in float32 and in bfloat16, and a task scan of 16 pairs with node and edge circuits; seconds,
   counted passes and peak GPU memory (``torch.cuda.max_memory_allocated``).
 - ``cli``: the whole ``circuitkit scan DIR --device cuda`` command (a new Python process: imports, loading the
-  saved 1B-shaped checkpoint, the scan, the report) timed twice; the second run finds the files in the page cache.
+  saved 1B-shaped checkpoint into circuitkit's own decoder, the scan, the report) timed three times, in bfloat16 and
+  with ``--quick``; beside it the same scan through the TransformerBridge as a new process (what the command ran
+  before), and the floor: importing torch and making its first CUDA tensor.
 - ``shape8b``: a Llama-3.1-8B-shaped model (32 x 32 heads, 8 key/value heads, d_model 4096, MLP 14,336, vocabulary
   128,256) in bfloat16: a task scan of 16 pairs with node and edge circuits, its seconds and peak memory.
 - ``composition70b``: composition scores of a Llama-3-70B shape (80 layers x 64 heads, 8 key/value heads,
@@ -106,6 +109,17 @@ def llama(shape: str, dtype: torch.dtype):
     return hf, bridge
 
 
+def decoder_of(hf, dtype: torch.dtype):
+    """circuitkit's :class:`DecoderModel` sharing the Hugging Face model's weights (no copy)."""
+    from circuitkit.models.decoder import DecoderModel
+    from circuitkit.models.decoder_files import _read_config
+
+    cfg, refusal = _read_config(Path("random-llama"), hf.config.to_dict())
+    assert refusal is None, refusal
+    cfg.device, cfg.dtype = next(hf.parameters()).device, dtype
+    return DecoderModel(dict(hf.state_dict()), cfg)
+
+
 def pair_task(n: int, d_vocab: int, length: int = 16, seed: int = 0):
     """Random prompts; the corruption changes token 1; answer: token 1, wrong: its replacement (a task with a
     measurable behaviour on any weights: the clean and corrupted prompts differ)."""
@@ -182,6 +196,15 @@ def section_shape(args, shape: str, *, scan: bool, task_pairs: int, dtype: torch
         hooked = min(timed(lambda: session.adapter.run(tokens, hooks))[0] for _ in range(5))
     out["forward"] = {"batch": list(tokens.shape), "hf_seconds": plain, "circuitkit_seconds": hooked,
                       "overhead": hooked / plain}
+    own = decoder_of(hf, dtype)  # circuitkit's own decoder of the same weights: the scan's model for a directory
+    own_session = open_session(own, RepeatedTokens())
+    with torch.no_grad():
+        for _ in range(2):
+            own_session.adapter.run(tokens, hooks)
+        own_s = min(timed(lambda: own_session.adapter.run(tokens, hooks))[0] for _ in range(5))
+        same = float((own_session.adapter.run(tokens, []) - hf(tokens).logits).abs().max())
+    out["forward"].update(decoder_seconds=own_s, decoder_overhead=own_s / plain, decoder_logits_max_diff=same)
+    del own, own_session
     if scan:
         reset_peak()
         seconds, result = timed(lambda: ck.scan(bridge))
@@ -214,14 +237,29 @@ def section_cli(args) -> dict[str, Any]:
         LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
     command = [sys.executable, "-c", "import sys; from circuitkit.cli import main; sys.exit(main())", "scan",
                str(directory), "--device", device(), "--out", str(directory / "report")]
+    # the same scan through the TransformerBridge (what the command ran before circuitkit's own decoder), as one
+    # new process too: imports, loading, the scan, the files
+    bridged = [sys.executable, "-c", "import sys, circuitkit as ck; from circuitkit.models import load_model; "
+               "m = load_model(sys.argv[1], device=sys.argv[2]); r = ck.scan(m, name='1b'); r.save(sys.argv[3])",
+               str(directory), device(), str(directory / "bridge-report")]
     runs = {}
-    for label, extra in (("float32 cold", []), ("float32 warm", []), ("bfloat16 warm", ["--dtype", "bfloat16"]),
-                         ("quick warm", ["--quick"])):
+    for label, code in (("import torch", "import torch"),
+                        ("import torch + first CUDA tensor", f"import torch; torch.zeros(1, device={device()!r})")):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        runs[label] = {"seconds": time.perf_counter() - start}
+    for label in ("bridge float32 warm", "bridge float32 warm 2"):
+        start = time.perf_counter()
+        done = subprocess.run(bridged, capture_output=True, text=True, env={**os.environ})
+        runs[label] = {"seconds": time.perf_counter() - start, "exit": done.returncode,
+                       "tail": (done.stdout + done.stderr).strip().splitlines()[-25:]}
+    for label, extra in (("float32 warm", []), ("float32 warm 2", []), ("float32 warm 3", []),
+                         ("bfloat16 warm", ["--dtype", "bfloat16"]), ("quick warm", ["--quick"])):
         start = time.perf_counter()
         done = subprocess.run(command + extra, capture_output=True, text=True, env={**os.environ})
         runs[label] = {"seconds": time.perf_counter() - start, "exit": done.returncode,
                        "loaded": [line for line in done.stderr.splitlines() if "loaded" in line][-1:],
-                       "tail": (done.stdout + done.stderr).strip().splitlines()[-3:]}
+                       "tail": (done.stdout + done.stderr).strip().splitlines()[-25:]}
     return {"model": shape, "runs": runs}
 
 

@@ -81,6 +81,19 @@ def test_the_bundled_scan_and_the_cli_name_every_device(tmp_path):
     guard.check()
 
 
+def test_the_decoder_scan_of_a_directory_names_every_device(tmp_path):
+    """circuitkit's own Llama decoder (the CLI's model for such a directory): loading, every pass, the files."""
+    from circuitkit.cli import main
+    from tests.test_decoder_model import _save
+
+    _save(tmp_path / "model", "llama")
+    guard = DeviceGuard()
+    with guard:
+        assert main(["scan", str(tmp_path / "model"), "--out", str(tmp_path / "out"), "--batch", "4",
+                     "--block-len", "6", "--json"]) == 0
+    guard.check()
+
+
 # ---------------------------------------------------------------- the guard catches each bug when put back
 def reintroduce(monkeypatch, owner, function_name: str, old: str, new: str) -> None:
     """Replace ``owner.function_name`` (a module's function or a class's method) by its own source with ``old`` ->

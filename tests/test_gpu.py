@@ -214,3 +214,25 @@ def test_a_batch_that_cannot_fit_is_refused_in_one_line_with_one_that_fits():
     message = str(error.value)
     assert "\n" not in message and "batch" in message, message
     print(f"free {free / 2**30:.1f} GiB: {message}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------- circuitkit's own Llama-style decoder
+def test_the_decoder_on_cuda_equals_cpu_in_the_cli_and_in_bfloat16(tmp_path):
+    """``circuitkit scan DIR`` of a Llama directory runs circuitkit's decoder (no transformers): the same figures on
+    CUDA as on the CPU, and bfloat16 on CUDA finds the same heads' scores within the half-precision tolerance."""
+    from circuitkit.cli import main
+    from tests.test_decoder_model import _save
+
+    _save(tmp_path / "model", "llama")
+    common = ["scan", str(tmp_path / "model"), "--batch", "8", "--block-len", "8", "--json"]
+    assert main([*common, "--out", str(tmp_path / "cpu")]) == 0
+    assert main([*common, "--out", str(tmp_path / "gpu"), "--device", "cuda"]) == 0
+    cpu = json.loads((tmp_path / "cpu" / "scores.json").read_text())
+    gpu = json.loads((tmp_path / "gpu" / "scores.json").read_text())
+    assert gpu["model"]["family"] == "Llama (circuitkit decoder)"
+    assert_same_figures(gpu, cpu, **FLOAT32)
+    model = ck.models.load_model(str(tmp_path / "model"), bridge=False, dtype="bfloat16", device="cuda")
+    half = ck.scan(model, tokens=RepeatedTokens(block_len=8, batch=8))
+    full = ck.scan(str(tmp_path / "model"), tokens=RepeatedTokens(block_len=8, batch=8))
+    for name, values in full.head_scores.items():
+        torch.testing.assert_close(half.head_scores[name].float(), values.float(), atol=HALF, rtol=0)
