@@ -112,12 +112,15 @@ def llama(shape: str, dtype: torch.dtype):
 def decoder_of(hf, dtype: torch.dtype):
     """circuitkit's :class:`DecoderModel` sharing the Hugging Face model's weights (no copy)."""
     from circuitkit.models.decoder import DecoderModel
-    from circuitkit.models.decoder_files import _read_config
+    from circuitkit.models.decoder_files import _read_config, expected_shapes
 
     cfg, refusal = _read_config(Path("random-llama"), hf.config.to_dict())
     assert refusal is None, refusal
     cfg.device, cfg.dtype = next(hf.parameters()).device, dtype
-    return DecoderModel(dict(hf.state_dict()), cfg)
+    # the bridge wraps Hugging Face's modules in place: their names gain "_original_component" segments
+    state = {key.replace("._original_component", ""): value for key, value in hf.state_dict().items()}
+    wanted = set(expected_shapes(cfg))
+    return DecoderModel({key: value for key, value in state.items() if key in wanted}, cfg)
 
 
 def pair_task(n: int, d_vocab: int, length: int = 16, seed: int = 0):
@@ -204,7 +207,6 @@ def section_shape(args, shape: str, *, scan: bool, task_pairs: int, dtype: torch
         own_s = min(timed(lambda: own_session.adapter.run(tokens, hooks))[0] for _ in range(5))
         same = float((own_session.adapter.run(tokens, []) - hf(tokens).logits).abs().max())
     out["forward"].update(decoder_seconds=own_s, decoder_overhead=own_s / plain, decoder_logits_max_diff=same)
-    del own, own_session
     if scan:
         reset_peak()
         seconds, result = timed(lambda: ck.scan(bridge))
