@@ -230,7 +230,9 @@ def test_the_decoder_on_cuda_equals_cpu_in_the_cli_and_in_bfloat16(tmp_path):
     cpu = json.loads((tmp_path / "cpu" / "scores.json").read_text())
     gpu = json.loads((tmp_path / "gpu" / "scores.json").read_text())
     assert gpu["model"]["family"] == "Llama (circuitkit decoder)"
-    assert_same_figures(gpu, cpu, **FLOAT32)
+    # random weights copy nothing: the circuit search stops with a message that quotes rounded losses
+    assert (gpu["circuit_error"] is None) == (cpu["circuit_error"] is None)
+    assert_same_figures(gpu, cpu, **FLOAT32, skip=(*IGNORED, "circuit_error"))
     model = ck.models.load_model(str(tmp_path / "model"), bridge=False, dtype="bfloat16", device="cuda")
     half = ck.scan(model, tokens=RepeatedTokens(block_len=8, batch=8))
     full = ck.scan(str(tmp_path / "model"), tokens=RepeatedTokens(block_len=8, batch=8))
