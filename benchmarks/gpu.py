@@ -250,7 +250,7 @@ def section_cli(args) -> dict[str, Any]:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", code], check=True)
         runs[label] = {"seconds": time.perf_counter() - start}
-    for label in ("bridge float32 warm", "bridge float32 warm 2"):
+    for label in ("bridge float32 warm",):
         start = time.perf_counter()
         done = subprocess.run(bridged, capture_output=True, text=True, env={**os.environ})
         runs[label] = {"seconds": time.perf_counter() - start, "exit": done.returncode,

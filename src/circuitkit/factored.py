@@ -111,6 +111,11 @@ def stable_eigvals(matrix: Any, *, name: str = "stable_eigvals: matrix") -> Tens
 PARALLEL_EIG_MIN_SIZE = 64
 """From this matrix size on, a batch of eigenvalue problems is shared among torch's threads."""
 
+CPU_EIG_MAX_SIZE = 512
+"""Up to this matrix size a batch on a GPU is solved on the CPU: CUDA's general eigensolver runs one matrix at a time
+with a host round trip each (the copying score's 512 heads of ``d_head`` 64 in float64: 1.6 s on an H200, against
+much less on its CPU: benchmarks/gpu.py), and the copy is a few MB."""
+
 
 def _eigvals(matrices: Tensor) -> Tensor:
     """``torch.linalg.eigvals`` of a batch (see :func:`_shared`)."""
@@ -122,8 +127,13 @@ def _shared(solve: Callable[[Tensor], Tensor], matrices: Tensor) -> Tensor:
     shared among ``torch.get_num_threads()`` worker threads on the CPU: LAPACK solves a batch one matrix after
     another (the copying score's eigenvalues of 72 heads of ``d_head`` 256 took 1.9 s on two cores, 1.1 s shared
     between two threads). Each matrix's result is the same however the batch is split."""
+    if matrices.device.type != "cpu":
+        if matrices.shape[-1] > CPU_EIG_MAX_SIZE:
+            return solve(matrices)
+        # small problems: the CPU's LAPACK, then back (see CPU_EIG_MAX_SIZE)
+        return _shared(solve, matrices.cpu()).to(matrices.device)
     workers = min(torch.get_num_threads(), matrices[..., 0, 0].numel())
-    if matrices.device.type != "cpu" or workers < 2 or matrices.shape[-1] < PARALLEL_EIG_MIN_SIZE:
+    if workers < 2 or matrices.shape[-1] < PARALLEL_EIG_MIN_SIZE:
         return solve(matrices)
     from concurrent.futures import ThreadPoolExecutor
 
