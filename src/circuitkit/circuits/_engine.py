@@ -13,6 +13,7 @@ carries. Receiver input: head ``(l2, h2)``'s channel ``c`` reads ``x = norm(resi
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -156,7 +157,7 @@ class ReceiverNorm:
 def _offloaded_holders(norm: Any) -> tuple[Any, ...]:
     """The norm's modules (itself, submodules) that carry an accelerate offload hook; () without accelerate."""
     modules = getattr(norm, "modules", None)
-    if not callable(modules):
+    if not callable(modules) or "accelerate" not in sys.modules:  # nothing offloads without accelerate loaded
         return ()
     try:
         from accelerate.utils import has_offloaded_params

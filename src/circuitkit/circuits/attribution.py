@@ -86,6 +86,7 @@ from circuitkit.models.adapters import HOOKS, norm_parameters
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
 from circuitkit.results import Edge, EdgeValues
+from circuitkit.vjp import vjp
 
 
 class AttributedEdge(Edge):
@@ -439,8 +440,7 @@ def _per_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, gs: int,
         shape = [1] * grad_out.ndim
         shape[head_axis] = -1
         mask = (heads % gs == r).to(grad_out.dtype).reshape(shape)
-        (g,) = torch.autograd.grad(out, group_input, grad_outputs=grad_out * mask, retain_graph=True,
-                                   allow_unused=True)
+        (g,) = vjp(out, group_input, grad_out * mask, retain_graph=True, allow_unused=True)
         if g is not None:
             split[:, :, :, r] = g
     return split.reshape(b, p, n_groups * gs, d)
@@ -611,6 +611,9 @@ def _autograd_pullback(norm: Any, x: Tensor, u: Tensor) -> Tensor:
     on an input expanded ``k`` times (the same numbers, more work)."""
     with torch.enable_grad():
         leaf = x.detach()[None].requires_grad_(True)  # [1, n, d_model]: norms expect [batch, pos, d_model]
+        if u.shape[0] == 1:  # one cotangent: a plain vector-Jacobian product
+            (out,) = vjp(norm(leaf), leaf, u)
+            return out.to(u.dtype)
         try:
             (out,) = torch.autograd.grad(norm(leaf), leaf, grad_outputs=u[:, None], is_grads_batched=True)
             return out[:, 0].to(u.dtype)

@@ -67,6 +67,7 @@ from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 from circuitkit.models.state import keeps_model_state
+from circuitkit.vjp import vjp
 
 ATP_ESTIMATORS: tuple[str, ...] = ("atp*", "qk-fix", "graddrop")
 """``"atp*"``: QK fix and GradDrop together (the paper's AtP*); ``"qk-fix"`` and ``"graddrop"``: each part alone."""
@@ -283,8 +284,8 @@ def _qk_corrections(adapter: ModelAdapter, run: CleanRun, dz: dict[int, Tensor],
         x = resid.detach().clone().requires_grad_(True)
         with frozen_parameters(adapter.model), torch.enable_grad():
             pattern = _pattern_from(adapter, x, m)
-            g = torch.stack([torch.autograd.grad(pattern, x, grad_outputs=c.to(pattern.dtype), retain_graph=True)[0]
-                             .float() for c in cot])  # [C, batch, pos, d_model]
+            g = torch.stack([vjp(pattern, x, c.to(pattern.dtype), retain_graph=True)[0].float()
+                             for c in cot])  # [C, batch, pos, d_model]
         del pattern, x
         passes += 3.0 / L
         per_pass = max(1, PATTERN_PASS_BYTES // (clean.numel() * 4))
