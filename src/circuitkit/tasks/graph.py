@@ -47,6 +47,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
+from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.metrics import METRICS, last_logits
 from circuitkit.tasks.nodes import EDGE_TYPES, HEAD, MLP, NodeType, groups_of
 from circuitkit.tasks.task import TaskBatch
@@ -58,6 +59,8 @@ Gemma-2 edge through the sender layer's post-attention norm, recomputed per rece
 corrupted; circuitkit does not (yet) build that graph, so it measures no edge there rather than a different one."""
 SENDER_BUDGET = 2**30
 """Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy)."""
+MAX_COPIES = 32
+"""Most stacked copies of the pairs in one patching pass."""
 IG_POINTS = ("left", "right")
 DEFAULT_IG_POINTS = "left"
 """EAP-IG's own points (``get_scores_eap_ig`` in hannamw/EAP-IG ``src/eap/attribute.py``: ``k / steps`` for ``k``
@@ -617,7 +620,7 @@ class TaskRunner:
         B, P = self.batch.clean.shape
         d = self.spec.d_model
         per_copy = B * P * d * 4 * (1 if node else len(self.graph.senders))
-        return max(1, min(32, SENDER_BUDGET // max(1, per_copy)))
+        return copies_per_pass(per_copy, SENDER_BUDGET, max_copies=MAX_COPIES)
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,

@@ -52,8 +52,9 @@ import torch
 from circuitkit import validate
 from circuitkit.device_memory import available_memory, size_text
 from circuitkit.errors import CircuitkitError
+from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, N_EXACT_EDGES
-from circuitkit.tasks.graph import SENDER_BUDGET
+from circuitkit.tasks.graph import MAX_COPIES, SENDER_BUDGET
 
 MARGIN = 1.35
 """The sum of the parts times this is the estimate. Measured (``benchmarks/README.md``, ``benchmarks/task_memory.py``):
@@ -64,8 +65,6 @@ FIXED = 128 * 2**20
 """Added to the estimate: allocator and library buffers that do not grow with the scan (on the CPU the resident
 set rose 40 to 230 MiB above the live tensors' peak, a share that matters only for small scans)."""
 FLOAT_BYTES = 4
-MAX_COPIES = 32
-"""Most stacked copies of the pairs in one patching pass (as ``TaskRunner._copies_per_pass``)."""
 MAX_SETS = max(len(EDGE_FRACTIONS), N_EXACT_EDGES)
 """Most circuits one call of the edge search measures together (the curve, or the single-edge effects)."""
 MAX_STEPS = 64
@@ -166,7 +165,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         return copies * (N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F))
 
     def edge_patching(N: int) -> int:
-        C = max(1, min(MAX_COPIES, MAX_SETS, SENDER_BUDGET // max(1, N * P * d * F * U)))
+        C = copies_per_pass(N * P * d * F * U, SENDER_BUDGET, max_copies=min(MAX_COPIES, MAX_SETS))
         return C * N * P * ((U + L * (H + 2 * G)) * d * e + 3 * F * H * d + (11 * m * e) // 10) \
             + C * N * V * (K * e + 2 * F)
 
@@ -185,7 +184,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         stages["edge patching"] = edge_patching(N)
     if held:  # the held-out runner's own outputs, beside the first's, and the passes on either set after the search
         most = max(N, held)
-        copies = max(1, min(MAX_COPIES, SENDER_BUDGET // max(1, most * P * d * F)))
+        copies = copies_per_pass(most * P * d * F, SENDER_BUDGET, max_copies=MAX_COPIES)
         stages["held-out passes"] = outputs(held) + max(reference(held), node_patching(most, copies),
                                                          edge_patching(most) if edges else 0)
     return TaskMemoryEstimate(n_pairs=n_pairs, pos=P, steps=S, resident=resident, stages=stages)
