@@ -20,7 +20,8 @@
   the corrupted prompt is the same sequence with every copy of the block redrawn
   (:func:`~circuitkit.circuits.resampled_batch`), so nothing repeats; the metric is ``next_token_logprob`` on the
   repeated copies (each copy's first token skipped), minus the induction scan's loss on the copies, per sequence;
-  a head outside a circuit takes its mean (``ablation="mean"``). The answer (read by the direct logit attribution)
+  a head outside a circuit takes its mean over the clean sequences, as in the induction scan
+  (``ablation="clean_mean"``). The answer (read by the direct logit attribution)
   is the token the block continues with after the prompt, its first token, against the block's second token.
 """
 
@@ -209,11 +210,11 @@ def docstring(model: Any, n: int = 32, *, seed: int = 0) -> Task:
 
 
 def repeated_tokens(model: Any, n: int = 16, *, seed: int = 0, block_len: int | None = None, n_repeats: int = 2,
-                    corrupt_seed: int = 1) -> Task:
+                    corrupt_seed: int = 1, ablation: str = "clean_mean") -> Task:
     """The induction behaviour as a task (module docstring): ``n`` sequences of :class:`~circuitkit.detect.
     RepeatedTokens` (``block_len``, ``n_repeats``, ``seed``; the model's BOS where its tokenizer has one), each
-    paired with its copies redrawn (``corrupt_seed``); metric ``next_token_logprob`` on the repeated copies; mean
-    ablation."""
+    paired with its copies redrawn (``corrupt_seed``); metric ``next_token_logprob`` on the repeated copies; the
+    clean mean ablation (``ablation``: any of :data:`~circuitkit.tasks.task.ABLATIONS`)."""
     from circuitkit.detect.corrupt import resampled_batch
     from circuitkit.detect.tokens import RepeatedTokens
 
@@ -225,7 +226,7 @@ def repeated_tokens(model: Any, n: int = 16, *, seed: int = 0, block_len: int | 
     scored = tuple(int(p) for p in batch.repeated_copies.nonzero().flatten())
     first = batch.prefix
     pairs = tuple(Pair(tuple(c), tuple(k), (c[first],), (c[first + 1],)) for c, k in zip(clean, corrupted, strict=True))
-    return Task("repeated-tokens", pairs, metric="next_token_logprob", ablation="mean", scored=(scored,) * n,
+    return Task("repeated-tokens", pairs, metric="next_token_logprob", ablation=ablation, scored=(scored,) * n,
                 description=f"induction: {batch.n_repeats} copies of a random block of {batch.block_len} tokens; "
                             "corrupted: every copy redrawn; metric: the next token's log-probability on the "
                             "repeated copies")

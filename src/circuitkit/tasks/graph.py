@@ -375,7 +375,8 @@ class TaskRunner:
     # ------------------------------------------------------------------ node patching
     def node_values(self) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
         """What a node outside a circuit becomes: per layer, a head's ``z`` and an MLP's output, on the corrupted
-        prompts (``"corrupted"``), their mean over the corrupted prompts' real positions (``"mean"``) or zeros."""
+        prompts (``"corrupted"``), their mean over the corrupted prompts' real positions (``"mean"``), over the clean
+        prompts' (``"clean_mean"``) or zeros."""
         return self.values_of("head"), self.values_of("mlp")
 
     def values_of(self, name: str) -> dict[int, Tensor]:
@@ -383,7 +384,7 @@ class TaskRunner:
         computed once per runner."""
         if name in self._values:
             return self._values[name]
-        run = self.corrupted
+        run = self.clean if self.ablation == "clean_mean" else self.corrupted
         acts = run["z"] if name == "head" else run["mlp"] if name == "mlp" else run["nodes"][name]
         if self.ablation == "corrupted" or not acts:
             self._values[name] = acts

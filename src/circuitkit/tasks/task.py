@@ -142,7 +142,8 @@ class Task:
 
     ``ablation``: how a node outside a circuit is replaced: ``"corrupted"`` (its value on the corrupted prompt of the
     same pair: counterfactual patching, the default), ``"mean"`` (its mean over the corrupted prompts' real
-    positions) or ``"zero"``.
+    positions), ``"clean_mean"`` (its mean over the clean prompts' real positions: the induction scan's mean
+    ablation) or ``"zero"``.
 
     Build one with :meth:`from_pairs` (lists, ``datasets``-style dicts), :func:`circuitkit.tasks.load_task` (a
     JSON Lines / CSV / EAP-IG CSV / auto-circuit JSON file) or a generator (:func:`circuitkit.tasks.ioi`, ...).
@@ -319,7 +320,7 @@ def _registry() -> dict[str, Any]:
     return REGISTRY
 
 
-ABLATIONS = ("corrupted", "mean", "zero")
+ABLATIONS = ("corrupted", "mean", "clean_mean", "zero")
 METRIC_NAMES = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "next_token_logprob")
 """The metrics a task may name (:data:`circuitkit.metric_registry.REGISTRY`; a test checks they agree)."""
 ALIASES = {"loss": "answer_logprob", "kl": "neg_kl"}
