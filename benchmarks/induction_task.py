@@ -28,6 +28,10 @@ def _names(heads: Any) -> list[str]:
     return [f"{layer}.{head}" for layer, head in heads]
 
 
+def _edge(e: Any) -> str:
+    return f"{e.src[0]}.{e.src[1]}->{e.dst[0]}.{e.dst[1]}:{e.channel}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=None, help="write the figures here too")
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         "heads": _names(v.heads), "faithfulness": v.faithfulness, "necessity_nats": v.necessity,
         "clean_loss": v.clean_loss, "all_ablated_loss": v.all_ablated_loss, "ranking": _names(v.ranking),
         "curve": [[p.n_heads, p.faithfulness] for p in v.curve], "passes": v.passes,
-        "top_edges": [[f"{e.src[0]}.{e.src[1]}->{e.dst[0]}.{e.dst[1]}:{e.channel}", e.effect] for e in sorted(v.edges.edges, key=lambda e: -abs(e.effect))[:5]]}}
+        "top_edges": [[_edge(e), e.effect] for e in sorted(v.edges.edges, key=lambda e: -abs(e.effect))[:5]]}}
     runs = {"task (default: holdout 0.5)": dict(), "task, holdout 0": dict(holdout=0.0),
             "task, holdout 0, corrupted mean": dict(holdout=0.0, ablation="mean"),
             "task, holdout 0, counterfactual": dict(holdout=0.0, ablation="corrupted")}
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         kept[i, graph.sender_index(*e.src), receiver] = False
     patched_edges = runner.edge_metric(kept)
     out["induction edges on the task engine"] = [
-        {"edge": f"{e.src[0]}.{e.src[1]}->{e.dst[0]}.{e.dst[1]}:{e.channel}", "induction_scan": e.effect,
+        {"edge": _edge(e), "induction_scan": e.effect,
          "task_engine": float(metric[0]) - float(patched_edges[i])} for i, e in enumerate(v.edges.edges)]
     print_table(rows, [("run", "run"), ("heads", "circuit"), ("faith", "faithfulness"),
                        ("clean", "clean (-loss)"), ("all", "all patched (-loss)")])
