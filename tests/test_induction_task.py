@@ -186,3 +186,13 @@ def test_the_task_search_finds_a_larger_circuit_because_of_its_ranking(bundled):
     assert set(circuit.heads) < set(found.heads) and len(found.heads) == 6
     curve = {p.size: p.faithfulness for p in found.curve}
     assert curve[4] < 0.1 and found.faithfulness > circuit.faithfulness
+
+
+def test_the_command_line_runs_the_induction_task_on_the_bundled_model(tmp_path, capsys):
+    from circuitkit.cli import main
+
+    assert main(["scan", "--task", "repeated-tokens", "--pairs", "8", "--no-edges", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+    assert data["task"]["metric"] == "next_token_logprob" and data["task"]["ablation"] == "clean_mean"
+    assert len(data["pairs"]["scored"]) == 8 and data["pairs"]["scored"][0][0] > 0
+    assert "next_token_logprob" in capsys.readouterr().out
