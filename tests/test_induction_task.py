@@ -196,3 +196,17 @@ def test_the_command_line_runs_the_induction_task_on_the_bundled_model(tmp_path,
     assert data["task"]["metric"] == "next_token_logprob" and data["task"]["ablation"] == "clean_mean"
     assert len(data["pairs"]["scored"]) == 8 and data["pairs"]["scored"][0][0] > 0
     assert "next_token_logprob" in capsys.readouterr().out
+
+
+def test_the_memory_estimate_counts_the_scored_positions_logits():
+    from circuitkit.tasks.memory import estimate_task_memory
+
+    model = induction_circuit(10, 24).model
+    spec = adapt(model).spec
+    N, P, K = 8, 13, 7
+
+    def reference(scored: bool) -> int:
+        return estimate_task_memory(model, N, P, steps=2, mlps=False, edges=False, logit_positions=K,
+                                    scored_metric=scored).stages["reference run"]
+
+    assert reference(True) - reference(False) == N * spec.d_vocab * 2 * 4 * (K - 1)
