@@ -389,7 +389,7 @@ class TaskRunner:
         if self.ablation == "corrupted" or not acts:
             self._values[name] = acts
             return acts
-        real = self.batch.real.to(next(iter(acts.values())).dtype)
+        real = self.batch.real.float()  # the mean in float32 whatever the model's dtype (read back in it)
         weight = real / real.sum()
 
         def mean(x: Tensor) -> Tensor:
