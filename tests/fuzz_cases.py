@@ -1686,6 +1686,10 @@ case(f"{TK}:get_task", lambda: {"name_or_path": "ioi", "model": english(), "n": 
 for _name in ("ioi", "greater_than", "docstring"):
     case(f"{TK}:{_name}", lambda: {"model": english(), "n": 2, "seed": 1}, model="model-static", n="size>=2",
          seed="seed", extra_bad={"model": [("unknown-words-tokenizer", lambda v: bridge(), STRICT)]})
+case(f"{TK}:repeated_tokens", lambda: {"model": induction_model(), "n": 2, "seed": 1, "block_len": 4, "n_repeats": 2,
+                                      "corrupt_seed": 1, "ablation": "clean_mean"},
+     model="model-static", n="size>=2", seed="seed", block_len="size>=2?", n_repeats="size>=2", corrupt_seed="seed",
+     ablation="option")
 CASES[f"{TK}:ioi"].extra_bad["templates"] = [
     ("empty", const(()), STRICT), ("str", const("When {A} and {B} went, {B} gave it to"), STRICT),
     ("None", const(None), STRICT), ("no-A", const(("{B} and {B} gave it to",)), STRICT),
@@ -1842,6 +1846,10 @@ VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
         "module-nan-weight": "a generator reads the model's tokenizer only (scan_task refuses the weights)",
         "module-inf-weight": "a generator reads the model's tokenizer only (scan_task refuses the weights)",
     }} for name in ("get_task", "ioi", "greater_than", "docstring")},
+    "circuitkit.tasks:repeated_tokens": {"model": {
+        "module-nan-weight": "the generator reads the model's vocabulary only (scan_task refuses the weights)",
+        "module-inf-weight": "the generator reads the model's vocabulary only (scan_task refuses the weights)",
+    }},
     "circuitkit.tasks.task:Task.tokenize": {"model_or_adapter": {
         "module-nan-weight": "tokenizing reads the vocabulary and tokenizer only (scan_task refuses the weights)",
         "module-inf-weight": "tokenizing reads the vocabulary and tokenizer only (scan_task refuses the weights)",

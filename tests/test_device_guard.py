@@ -27,7 +27,7 @@ import circuitkit as ck
 from circuitkit import zoo
 from circuitkit.circuits import circuit_evidence, edge_attribution, find_circuit, path_patching
 from circuitkit.detect import RepeatedTokens, ablation_effects, attribution_effects, head_scores
-from circuitkit.tasks import Task, scan_task
+from circuitkit.tasks import Task, repeated_tokens, scan_task
 from tests.conftest import gqa_bridge
 from tests.device_guard import DeviceGuard
 from tests.test_tasks import toy_pairs
@@ -41,6 +41,7 @@ ENTRY_POINTS = {
     "scan": lambda m: ck.scan(m, stability=2, random_sets=2),
     "scan-task": lambda m: ck.scan(m, task=Task.from_pairs(toy_pairs(6), name="toy")),
     "scan_task-no-mlps": lambda m: scan_task(m, Task.from_pairs(toy_pairs(6), name="toy"), mlps=False),
+    "scan-induction-task": lambda m: ck.scan(m, task=repeated_tokens(m, 4, block_len=6)),
     "head_scores": lambda m: head_scores(m, batch_for(m)),
     "attribution-ig": lambda m: [attribution_effects(m, batch_for(m), steps=2, path=p) for p in ("inputs", "layer")],
     "ablation": lambda m: ablation_effects(m, batch_for(m)),
@@ -56,7 +57,7 @@ ENTRY_POINTS = {
 }
 
 
-HALF_ENTRIES = ("scan", "scan-task", "circuit_evidence")
+HALF_ENTRIES = ("scan", "scan-task", "scan-induction-task", "circuit_evidence")
 """bfloat16 takes the paths that bring activations up to float32: the two behaviours and the edge measurements."""
 
 

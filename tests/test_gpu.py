@@ -135,6 +135,22 @@ def test_task_scan_through_scan_on_cuda_and_in_bfloat16():
     assert abs(float(half.clean.mean() - half.corrupted.mean()) - gap) <= HALF * max(1.0, abs(gap)) * 4
 
 
+def test_the_induction_task_on_cuda_equals_cpu_and_runs_in_bfloat16():
+    from circuitkit.tasks import repeated_tokens
+
+    model = zoo.load()
+    task = repeated_tokens(model, 8)
+    cpu = scan_task(model, task)
+    gpu = scan_task(model, task, device="cuda")
+    assert on_cpu(model)
+    assert gpu.circuit is not None and gpu.circuit.heads == cpu.circuit.heads
+    assert_same_figures(gpu.to_json(), cpu.to_json(), **TASK_FLOAT32)
+    half = ck.scan(zoo.load().to(torch.bfloat16), task=task, device="cuda")
+    assert half.circuit is not None
+    gap = float(cpu.clean.mean() - cpu.corrupted.mean())
+    assert abs(float(half.clean.mean() - half.corrupted.mean()) - gap) <= HALF * max(1.0, abs(gap)) * 4
+
+
 # ------------------------------------------------------------------------------------- the measurements alone
 def test_head_measurements_on_cuda_equal_cpu():
     model = gqa_bridge()

@@ -148,13 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     # tasks.BUILT_IN, not imported: --help stays free of torch (a test checks they agree)
     scan.add_argument("--task", default="induction", metavar="TASK",
                       help="the behaviour whose circuit to find: induction (default: repeated random tokens), ioi, "
-                      "greater-than, docstring, or a file of clean/corrupted pairs (.jsonl, .csv, .json)")
+                      "greater-than, docstring, repeated-tokens (induction as a task), or a file of "
+                      "clean/corrupted pairs (.jsonl, .csv, .json)")
     scan.add_argument("--pairs", type=_int_in(2, 10_000), default=32, metavar="N",
                       help="prompt pairs a built-in task writes (32)")
     # tasks.task.METRIC_NAMES and ALIASES, not imported: --help stays free of torch (a test checks they agree)
     scan.add_argument("--metric", choices=TASK_METRICS, default=None,
                       help="a task's metric instead of its own: logit_diff, prob_diff, answer_logprob (alias loss), "
-                      "neg_kl (alias kl); a metric function of your own: circuitkit.tasks.scan_task in Python")
+                      "neg_kl (alias kl), next_token_logprob (a task with scored positions); a metric function of "
+                      "your own: circuitkit.tasks.scan_task in Python")
     scan.add_argument("--holdout", type=_holdout, default=None,
                       metavar="F", help="a task's pairs held out for evaluation, in [0, 1) (0.5; 0: no split)")
     scan.add_argument("--target-on", choices=("discovery", "evaluation"), default=None,
@@ -182,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring")
-TASK_METRICS = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "loss", "kl")
+BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring", "repeated-tokens")
+TASK_METRICS = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "next_token_logprob", "loss", "kl")
 
 
 def _fraction(what: str, example: str, *, one: bool):

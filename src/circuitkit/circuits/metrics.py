@@ -10,7 +10,9 @@ or a user metric of the logits.
   (as :mod:`circuitkit.detect` defines it). It reads only the receiver's own pattern, so a V edge never changes
   it, and path patching stops the forward pass at the receiver's layer.
 - ``"loss"`` (global): the mean cross-entropy of the next token on the repeated copies, skipping each copy's
-  first token (:attr:`circuitkit.detect.TokenBatch.repeated_copies`), averaged over batch and positions.
+  first token (:attr:`circuitkit.detect.TokenBatch.repeated_copies`), averaged over batch and positions: minus the
+  registered metric ``next_token_logprob`` (:data:`circuitkit.metric_registry.REGISTRY`, the one registry the
+  task engine reads too) with those positions scored, averaged over the sequences.
 - a callable ``metric(logits, batch) -> scalar tensor`` (global): ``logits`` ``[batch, pos, d_vocab]`` of the
   (patched) run and the clean :class:`~circuitkit.detect.TokenBatch`. For edge attribution it must be
   differentiable in the logits. It is the user's code, so it runs guarded: it receives a copy of the batch's
@@ -29,9 +31,9 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.detect.loss import stacked_losses
 from circuitkit.detect.tokens import TokenBatch, induction_targets
 from circuitkit.errors import CircuitkitError
+from circuitkit.metric_registry import repeated_copies_loss
 
 METRICS: tuple[str, ...] = ("induction", "loss")
 """Named metrics; a callable ``metric(logits, batch) -> scalar`` is accepted too."""
@@ -81,8 +83,7 @@ def repeated_loss(logits: Tensor, batch: TokenBatch) -> Tensor:
 
 def repeated_losses(logits: Tensor, batch: TokenBatch) -> Tensor:
     """:func:`repeated_loss` of stacked runs: ``logits`` ``[copies, batch, pos, d_vocab]`` -> ``[copies]``."""
-    copies = logits.shape[0]
-    return stacked_losses(logits.flatten(0, 1), batch.tokens.repeat(copies, 1), batch, copies)
+    return repeated_copies_loss(logits, batch.tokens, batch.repeated_copies).mean(-1)
 
 
 class InductionReader:

@@ -50,6 +50,7 @@ from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
+from circuitkit.pass_budget import copies_per_pass
 from circuitkit.ranking import Head, top_indices
 from circuitkit.results import Edge, EdgeValues
 
@@ -238,7 +239,7 @@ def _edges_per_pass(ctx: Context, m: Metric, dtype: torch.dtype) -> int:
     spec = ctx.spec
     width = spec.n_heads * P if m.local else max(spec.d_vocab, 4 * spec.d_model)
     per_edge = B * P * (width + 4 * spec.d_model) * dtype.itemsize
-    return max(1, PASS_MEMORY_BUDGET // per_edge)
+    return copies_per_pass(per_edge, PASS_MEMORY_BUDGET)
 
 
 def _patched_pass(

@@ -40,6 +40,7 @@ from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.models.state import keeps_model_state
+from circuitkit.pass_budget import copies_per_pass
 from circuitkit.ranking import Head
 
 AblationMethod = Literal["zero", "mean"]
@@ -60,7 +61,8 @@ def copies_per_forward(adapter: ModelAdapter, tokens: Tensor, positions: int | N
     :data:`MAX_SEQUENCES_PER_FORWARD` sequences and :data:`MAX_LOGIT_BYTES` of float32 logits at ``positions``
     positions per sequence (default: every position) (at least one)."""
     per_copy = tokens.shape[0] * (tokens.shape[1] if positions is None else positions) * adapter.spec.d_vocab * 4
-    return max(1, min(MAX_SEQUENCES_PER_FORWARD // tokens.shape[0], MAX_LOGIT_BYTES // per_copy))
+    return copies_per_pass(per_copy, MAX_LOGIT_BYTES, sequences=tokens.shape[0],
+                           max_sequences=MAX_SEQUENCES_PER_FORWARD)
 
 
 def check_heads(heads: Any, n_layers: int, n_heads: int, where: str) -> list[Head]:

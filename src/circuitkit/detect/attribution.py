@@ -78,6 +78,7 @@ from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 from circuitkit.models.state import keeps_model_state
+from circuitkit.pass_budget import copies_per_pass
 
 MAX_IG_STEPS = 1024
 """The most integration points accepted: each costs a forward and a backward pass (per layer on the
@@ -249,7 +250,7 @@ def _copies_per_pass(adapter: ModelAdapter, batch: TokenBatch) -> int:
     """How many interpolation points run together as copies of the batch (:data:`MAX_IG_LOGIT_BYTES` of float32
     logits at the loss's positions)."""
     n_logits = batch.tokens.shape[0] * len(loss_positions(batch))
-    return max(1, MAX_IG_LOGIT_BYTES // (n_logits * adapter.spec.d_vocab * 4))
+    return copies_per_pass(n_logits * adapter.spec.d_vocab * 4, MAX_IG_LOGIT_BYTES)
 
 
 def _add(sums: dict[int, Tensor | None], layer: int, grad: Tensor | None, copies: int) -> None:

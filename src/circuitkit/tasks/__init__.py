@@ -8,7 +8,7 @@
 
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, TaskCircuit
 from circuitkit.tasks.files import load_task
-from circuitkit.tasks.generators import BUILT_IN, GENERATORS, docstring, greater_than, ioi
+from circuitkit.tasks.generators import BUILT_IN, GENERATORS, docstring, greater_than, ioi, repeated_tokens
 from circuitkit.tasks.metrics import METRICS
 from circuitkit.tasks.scan import TaskScan, scan_task
 from circuitkit.tasks.task import Pair, Task, TaskBatch
@@ -30,5 +30,5 @@ def get_task(name_or_path: str, model: object, *, n: int = 32, seed: int = 0) ->
 
 __all__ = [
     "BUILT_IN", "EDGE_FRACTIONS", "GENERATORS", "METRICS", "Pair", "Task", "TaskBatch", "TaskCircuit", "TaskScan",
-    "docstring", "get_task", "greater_than", "ioi", "load_task", "scan_task",
+    "docstring", "get_task", "greater_than", "ioi", "load_task", "repeated_tokens", "scan_task",
 ]

@@ -15,6 +15,14 @@
   documents the first two; the next ``:param`` names the third (answer), against the first two (wrong).
   Corruption: the arguments in the signature renamed (same token count), so the signature no longer says which
   name comes next.
+- :func:`repeated_tokens` — induction (Olsson et al. 2022) as a task: the induction scan's own batch of repeated
+  random token blocks (:class:`~circuitkit.detect.RepeatedTokens`, token ids, any vocabulary) as the clean prompts;
+  the corrupted prompt is the same sequence with every copy of the block redrawn
+  (:func:`~circuitkit.circuits.resampled_batch`), so nothing repeats; the metric is ``next_token_logprob`` on the
+  repeated copies (each copy's first token skipped), minus the induction scan's loss on the copies, per sequence;
+  a head outside a circuit takes its mean over the clean sequences, as in the induction scan
+  (``ablation="clean_mean"``). The answer (read by the direct logit attribution)
+  is the token the block continues with after the prompt, its first token, against the block's second token.
 """
 
 from __future__ import annotations
@@ -201,9 +209,34 @@ def docstring(model: Any, n: int = 32, *, seed: int = 0) -> Task:
                 description="the next argument a docstring documents; corrupted: the signature's names replaced")
 
 
-GENERATORS: dict[str, Callable[..., Task]] = {"ioi": ioi, "greater-than": greater_than, "docstring": docstring}
-"""Built-in tasks by name (``induction`` is the induction scan's own batch of repeated random tokens)."""
+def repeated_tokens(model: Any, n: int = 16, *, seed: int = 0, block_len: int | None = None, n_repeats: int = 2,
+                    corrupt_seed: int = 1, ablation: str = "clean_mean") -> Task:
+    """The induction behaviour as a task (module docstring): ``n`` sequences of :class:`~circuitkit.detect.
+    RepeatedTokens` (``block_len``, ``n_repeats``, ``seed``; the model's BOS where its tokenizer has one), each
+    paired with its copies redrawn (``corrupt_seed``); metric ``next_token_logprob`` on the repeated copies; the
+    clean mean ablation (``ablation``: any of :data:`~circuitkit.tasks.task.ABLATIONS`)."""
+    from circuitkit.detect.corrupt import resampled_batch
+    from circuitkit.detect.tokens import RepeatedTokens
+
+    n, _ = _check(n, seed, "repeated_tokens")
+    corrupt_seed = validate.seed("repeated_tokens: corrupt_seed", corrupt_seed)
+    batch = RepeatedTokens(block_len=block_len, n_repeats=n_repeats, batch=n, seed=seed).build(model)
+    corrupted = resampled_batch(batch, corrupt_seed).tokens.cpu().tolist()
+    clean = batch.tokens.cpu().tolist()
+    scored = tuple(int(p) for p in batch.repeated_copies.nonzero().flatten())
+    first = batch.prefix
+    pairs = tuple(Pair(tuple(c), tuple(k), (c[first],), (c[first + 1],)) for c, k in zip(clean, corrupted, strict=True))
+    return Task("repeated-tokens", pairs, metric="next_token_logprob", ablation=ablation, scored=(scored,) * n,
+                description=f"induction: {batch.n_repeats} copies of a random block of {batch.block_len} tokens; "
+                            "corrupted: every copy redrawn; metric: the next token's log-probability on the "
+                            "repeated copies")
+
+
+GENERATORS: dict[str, Callable[..., Task]] = {"ioi": ioi, "greater-than": greater_than, "docstring": docstring,
+                                               "repeated-tokens": repeated_tokens}
+"""Built-in tasks by name (``induction`` is the induction scan itself; ``repeated-tokens`` the same behaviour as a
+task on the task engine)."""
 BUILT_IN = ("induction", *GENERATORS)
 
 
-__all__ = ["BUILT_IN", "GENERATORS", "docstring", "greater_than", "ioi"]
+__all__ = ["BUILT_IN", "GENERATORS", "docstring", "greater_than", "ioi", "repeated_tokens"]

@@ -47,6 +47,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
+from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.metrics import METRICS, last_logits
 from circuitkit.tasks.nodes import EDGE_TYPES, HEAD, MLP, NodeType, groups_of
 from circuitkit.tasks.task import TaskBatch
@@ -58,6 +59,8 @@ Gemma-2 edge through the sender layer's post-attention norm, recomputed per rece
 corrupted; circuitkit does not (yet) build that graph, so it measures no edge there rather than a different one."""
 SENDER_BUDGET = 2**30
 """Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy)."""
+MAX_COPIES = 32
+"""Most stacked copies of the pairs in one patching pass."""
 IG_POINTS = ("left", "right")
 DEFAULT_IG_POINTS = "left"
 """EAP-IG's own points (``get_scores_eap_ig`` in hannamw/EAP-IG ``src/eap/attribute.py``: ``k / steps`` for ``k``
@@ -174,7 +177,7 @@ class TaskRunner:
         self.adapter = adapter
         self.spec = adapter.spec
         self.batch = batch
-        from circuitkit.tasks.metrics import UserMetric, metric_label
+        from circuitkit.tasks.metrics import UserMetric, metric_label, reads_scored
 
         self.metric_name = metric_label(metric)
         self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
@@ -190,10 +193,8 @@ class TaskRunner:
         self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
         self.W_O = weights.W_O
         self.norms = [adapter.attention_norm(layer) for layer in range(self.spec.n_layers)]
-        # the logits are computed only at the positions where some pair's prompt ends (the vocabulary matrix is
-        # most of a small model's forward pass); ``last_index`` is each pair's among them
-        self.positions = torch.unique(batch.last).cpu()
-        self.last_index = torch.searchsorted(self.positions, batch.last.cpu())
+        self.scored_metric = reads_scored(metric)
+        self._read_at(batch)
         self.pattern_masks: dict[str, tuple[Tensor, float]] = {}  # score -> ([pair, q, k] targets, target rows)
         self.pattern_scores: dict[str, Tensor] = {}  # filled by the clean pass: score -> [layer, head]
         self.passes = 0.0
@@ -201,6 +202,36 @@ class TaskRunner:
         self._clean: dict[str, Any] | None = None
         self._corrupt: dict[str, Any] | None = None
         self._values: dict[str, dict[int, Tensor]] = {}  # node type -> its patched values by layer, made once
+
+    def _read_at(self, batch: TaskBatch) -> None:
+        """Where the passes read the logits: only at the positions where some pair's prompt ends, and with a
+        ``"scored"`` metric at every scored position too (the vocabulary matrix is most of a small model's forward
+        pass). ``positions`` ``[n]`` (CPU, sorted); ``last_index`` ``[pair]``: each pair's last token among them;
+        with a scored metric ``targets`` / ``scored`` ``[pair, n]``: the clean token after each position and
+        whether the metric reads it there."""
+        last = batch.last.cpu()
+        if self.scored_metric:
+            if batch.scored is None:
+                raise validate.fail(f"task metric {self.metric_name!r}", validate.given("a batch without scored "
+                                    "positions"), "a task whose pairs name their scored positions (Task.scored)")
+            read = torch.cat([last, batch.scored.cpu().any(0).nonzero().flatten()])
+        else:
+            read = last
+        self.positions = torch.unique(read)
+        self.last_index = torch.searchsorted(self.positions, last)
+        if self.scored_metric:
+            at = self.positions.to(batch.clean.device)
+            nxt = (at + 1).clamp(max=batch.pos - 1)
+            self.targets = batch.clean[:, nxt]
+            self.scored = batch.scored[:, at]
+
+    def _metric_of(self, logits: Tensor, clean_logprobs: Tensor | None) -> Tensor:
+        """Per-pair metric ``[copies, pair]`` (float32) of stacked logits ``[copies * pair, n, vocab]`` at
+        :attr:`positions`, read from the one metric registry's function (module docstring)."""
+        if self.scored_metric:
+            view = logits.view(-1, self.batch.n_pairs, *logits.shape[1:])
+            return self.metric_fn(view, self.targets, self.scored).float()
+        return self.metric_fn(last_logits(logits, self.last_index), self.batch, clean_logprobs).float()
 
     # ------------------------------------------------------------------ the two reference runs
     @property
@@ -319,7 +350,7 @@ class TaskRunner:
         out = torch.stack(outs)  # [sender, pair, pos, d_model]
         logprobs = last.detach().float().log_softmax(-1)
         clean_lp = self._clean["logprobs"] if self._clean is not None else None
-        metric = self.metric_fn(last.detach(), self.batch, clean_lp).float()
+        metric = self._metric_of(logits.detach(), clean_lp)[0]
         if direct:
             rows = torch.arange(self.batch.n_pairs, device=out.device)
             at_last = out[:, rows, self.batch.last]  # [sender, pair, d_model]
@@ -338,14 +369,14 @@ class TaskRunner:
 
     def metric(self, logits: Tensor) -> Tensor:
         """Per-pair metric ``[copies, pair]`` of stacked logits ``[copies * pair, pos, vocab]``."""
-        last = last_logits(logits, self.last_index)
         clean_lp = self.clean["logprobs"] if self.metric_name == "neg_kl" else None
-        return self.metric_fn(last, self.batch, clean_lp).float()
+        return self._metric_of(logits, clean_lp)
 
     # ------------------------------------------------------------------ node patching
     def node_values(self) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
         """What a node outside a circuit becomes: per layer, a head's ``z`` and an MLP's output, on the corrupted
-        prompts (``"corrupted"``), their mean over the corrupted prompts' real positions (``"mean"``) or zeros."""
+        prompts (``"corrupted"``), their mean over the corrupted prompts' real positions (``"mean"``), over the clean
+        prompts' (``"clean_mean"``) or zeros."""
         return self.values_of("head"), self.values_of("mlp")
 
     def values_of(self, name: str) -> dict[int, Tensor]:
@@ -353,12 +384,12 @@ class TaskRunner:
         computed once per runner."""
         if name in self._values:
             return self._values[name]
-        run = self.corrupted
+        run = self.clean if self.ablation == "clean_mean" else self.corrupted
         acts = run["z"] if name == "head" else run["mlp"] if name == "mlp" else run["nodes"][name]
         if self.ablation == "corrupted" or not acts:
             self._values[name] = acts
             return acts
-        real = self.batch.real.to(next(iter(acts.values())).dtype)
+        real = self.batch.real.float()  # the mean in float32 whatever the model's dtype (read back in it)
         weight = real / real.sum()
 
         def mean(x: Tensor) -> Tensor:
@@ -380,8 +411,7 @@ class TaskRunner:
         sub = copy.copy(self)
         sub.batch = self.batch.subset(torch.arange(k, device="cpu"))
         width = sub.batch.clean.shape[1]
-        sub.positions = torch.unique(sub.batch.last).cpu()
-        sub.last_index = torch.searchsorted(sub.positions, sub.batch.last.cpu())
+        sub._read_at(sub.batch)
         sub.passes = 0.0
         sub.pattern_masks, sub.pattern_scores = {}, {}
 
@@ -617,7 +647,7 @@ class TaskRunner:
         B, P = self.batch.clean.shape
         d = self.spec.d_model
         per_copy = B * P * d * 4 * (1 if node else len(self.graph.senders))
-        return max(1, min(32, SENDER_BUDGET // max(1, per_copy)))
+        return copies_per_pass(per_copy, SENDER_BUDGET, max_copies=MAX_COPIES)
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,

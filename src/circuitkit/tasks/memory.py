@@ -15,7 +15,8 @@ position where the model unembeds only there, else all ``P``); every count in by
 **Then the largest of these, one at a time** (``stage``)
 
 - reference run: the stacked sender outputs' copy ``U N P d e`` and its logits, ``N V (K e + 8)`` (``K``
-  positions in the model's dtype, each pair's last one in float32 for the metric);
+  positions in the model's dtype, each pair's last one in float32 for the metric; a metric of scored positions
+  reads all ``K`` in float32, ``N V K (e + 8)``, and so in every pass below);
 - EAP-IG pass (``S`` copies of the pairs, forward and backward with gradients at every receiver): the inputs
   ``S N P d e``; per copy, token and layer what autograd keeps and the backward adds (fitted to the profiled
   allocations of this engine: norms in float32, q/k/v, attention scores, the MLP's four ``m``-wide tensors),
@@ -52,8 +53,9 @@ import torch
 from circuitkit import validate
 from circuitkit.device_memory import available_memory, size_text
 from circuitkit.errors import CircuitkitError
+from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, N_EXACT_EDGES
-from circuitkit.tasks.graph import SENDER_BUDGET
+from circuitkit.tasks.graph import MAX_COPIES, SENDER_BUDGET
 
 MARGIN = 1.35
 """The sum of the parts times this is the estimate. Measured (``benchmarks/README.md``, ``benchmarks/task_memory.py``):
@@ -64,8 +66,6 @@ FIXED = 128 * 2**20
 """Added to the estimate: allocator and library buffers that do not grow with the scan (on the CPU the resident
 set rose 40 to 230 MiB above the live tensors' peak, a share that matters only for small scans)."""
 FLOAT_BYTES = 4
-MAX_COPIES = 32
-"""Most stacked copies of the pairs in one patching pass (as ``TaskRunner._copies_per_pass``)."""
 MAX_SETS = max(len(EDGE_FRACTIONS), N_EXACT_EDGES)
 """Most circuits one call of the edge search measures together (the curve, or the single-edge effects)."""
 MAX_STEPS = 64
@@ -122,21 +122,26 @@ def _d_mlp(adapter: Any) -> int:
     return int(value) if isinstance(value, int) and value > 0 else 4 * adapter.spec.d_model
 
 
-def logit_positions(adapter: Any, last: torch.Tensor, pos: int) -> int:
-    """How many positions' logits a pass of the task computes: the distinct last positions ``last`` where the model
-    unembeds only there (Hugging Face causal LMs), else all ``pos``."""
-    positions = torch.unique(last.detach().cpu())
+def logit_positions(adapter: Any, last: torch.Tensor, pos: int, scored: torch.Tensor | None = None) -> int:
+    """How many positions' logits a pass of the task computes: the distinct last positions ``last`` (and, for a
+    metric of scored positions, every position ``scored`` ``[pair, pos]`` marks) where the model unembeds only
+    there (Hugging Face causal LMs), else all ``pos``."""
+    read = last.detach().cpu()
+    if scored is not None:
+        read = torch.cat([read, scored.detach().cpu().any(0).nonzero().flatten()])
+    positions = torch.unique(read)
     return len(positions) if adapter._keep_kwargs(positions) else pos
 
 
 def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
                          evaluation_pairs: int = 0, logit_positions: int | None = None,
-                         device: Any = None) -> TaskMemoryEstimate:
+                         scored_metric: bool = False, device: Any = None) -> TaskMemoryEstimate:
     """The estimated peak memory of :func:`~circuitkit.tasks.scan_task` on ``model`` (a model or a
     ``ModelAdapter``) for ``n_pairs`` pairs of ``pos`` tokens (module docstring): ``steps`` EAP-IG points, MLPs as
     graph nodes (``mlps``), the edge circuit measured (``edges``), ``evaluation_pairs`` of the pairs held out
-    (attribution runs on the others), logits at ``logit_positions`` positions (None: all ``pos``). Python ints
-    throughout: no overflow for any size."""
+    (attribution runs on the others), logits at ``logit_positions`` positions (None: all ``pos``), the metric read
+    in float32 at each pair's last position or, with ``scored_metric``, at all of them. Python ints throughout: no
+    overflow for any size."""
     n_pairs = validate.positive_int("estimate_task_memory: n_pairs", n_pairs)
     pos = validate.positive_int("estimate_task_memory: pos", pos)
     steps = validate.integer("estimate_task_memory: steps", steps, minimum=1, maximum=MAX_STEPS)
@@ -152,6 +157,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     m = _d_mlp(adapter)
     e = _element_bytes(adapter.model)
     F = FLOAT_BYTES
+    R = K if validate.boolean("estimate_task_memory: scored_metric", scored_metric) else 1  # float32 metric reads
     P, S = pos, steps
     U = 1 + L * H + (L if mlps else 0)
     mlp_out = d if m else 0
@@ -160,15 +166,15 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         return 2 * N * P * (U * d + L * (H * dh + mlp_out)) * e
 
     def reference(N: int) -> int:
-        return U * N * P * d * e + N * V * (K * e + 2 * F)
+        return U * N * P * d * e + N * V * (K * e + 2 * F * R)
 
     def node_patching(N: int, copies: int) -> int:
-        return copies * (N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F))
+        return copies * (N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F * R))
 
     def edge_patching(N: int) -> int:
-        C = max(1, min(MAX_COPIES, MAX_SETS, SENDER_BUDGET // max(1, N * P * d * F * U)))
+        C = copies_per_pass(N * P * d * F * U, SENDER_BUDGET, max_copies=min(MAX_COPIES, MAX_SETS))
         return C * N * P * ((U + L * (H + 2 * G)) * d * e + 3 * F * H * d + (11 * m * e) // 10) \
-            + C * N * V * (K * e + 2 * F)
+            + C * N * V * (K * e + 2 * F * R)
 
     N = n_pairs - held  # the pairs attribution runs on
     resident = {"head weights": F * L * d * dh * (2 * H + 2 * G), "sender outputs": outputs(N)}
@@ -176,7 +182,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         "reference run": reference(N),
         "EAP-IG pass": S * N * P * d * e
         + S * N * P * L * ((4 * d + (H + 2 * G) * dh + 3 * H * P) * e + (9 * m * e) // 2 + 2 * d * F)
-        + 2 * S * N * V * (K * e + F),
+        + 2 * S * N * V * (K * e + F * R),
         "EAP-IG pull-back": F * U * N * P * d + 2 * S * N * P * (L * ((H + 2 * G) * dh + d) + d) * e
         + 8 * F * H * S * N * P * d,
         "node patching": node_patching(N, 1),
@@ -185,15 +191,16 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         stages["edge patching"] = edge_patching(N)
     if held:  # the held-out runner's own outputs, beside the first's, and the passes on either set after the search
         most = max(N, held)
-        copies = max(1, min(MAX_COPIES, SENDER_BUDGET // max(1, most * P * d * F)))
+        copies = copies_per_pass(most * P * d * F, SENDER_BUDGET, max_copies=MAX_COPIES)
         stages["held-out passes"] = outputs(held) + max(reference(held), node_patching(most, copies),
                                                          edge_patching(most) if edges else 0)
     return TaskMemoryEstimate(n_pairs=n_pairs, pos=P, steps=S, resident=resident, stages=stages)
 
 
 def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
-                      evaluation_pairs: int = 0, logit_positions: int | None = None, device: Any = None,
-                      available: int | None = None, where: str = "scan_task") -> TaskMemoryEstimate:
+                      evaluation_pairs: int = 0, logit_positions: int | None = None, scored_metric: bool = False,
+                      device: Any = None, available: int | None = None,
+                      where: str = "scan_task") -> TaskMemoryEstimate:
     """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
     exceeds the memory free on the model's device (``available`` bytes when given, else
     :func:`~circuitkit.device_memory.available_memory`); else return the estimate. The message names the estimate,
@@ -202,8 +209,8 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
     split (attribution on all of them: the larger estimate), so they fit whatever split a rerun draws."""
     def estimate(n: int, **change: Any) -> TaskMemoryEstimate:
         options = {"steps": steps, "edges": edges, "evaluation_pairs": 0, **change}
-        return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions, device=device,
-                                    **options)
+        return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions,
+                                    scored_metric=scored_metric, device=device, **options)
 
     found = estimate(n_pairs, evaluation_pairs=evaluation_pairs)
     adapter = _adapter(model, device)

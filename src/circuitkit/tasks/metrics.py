@@ -1,4 +1,6 @@
-"""Task metrics, read at each prompt's last token: one value per pair, higher = more of the clean behaviour.
+"""Task metrics, read at each prompt's last token (or at its scored positions): one value per pair, higher = more
+of the clean behaviour. The functions and their units live in the one registry both engines read,
+:mod:`circuitkit.metric_registry`; this module is the task engine's view of it.
 
 With ``a`` the pair's answer tokens, ``w`` its wrong-answer tokens, ``z`` the logits ``[vocab]`` at the prompt's
 last real token and ``p = softmax(z)``::
@@ -7,6 +9,8 @@ last real token and ``p = softmax(z)``::
     prob_diff    sum_{t in a} p_t - sum_{t in w} p_t         (probabilities summed over the listed tokens)
     answer_logprob   log sum_{t in a} p_t                   (minus the answer's loss; higher is better)
     neg_kl       -KL(p_clean || p)                           (0 on the clean run itself)
+
+    next_token_logprob   mean over the scored positions of log p(next token)   (the task's ``scored`` positions)
 
 Several answers per pair: logits are **averaged** (``logit_diff``), probabilities **summed** (``prob_diff``,
 ``answer_logprob``). Every metric is oriented so that the clean run scores above the corrupted one on a task the
@@ -24,63 +28,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
+from circuitkit.metric_registry import (
+    REGISTRY,
+    answer_logprob,
+    logit_diff,
+    neg_kl,
+    next_token_logprob,
+    prob_diff,
+)
 from circuitkit.tasks.task import TaskBatch, UserMetric, metric_label
 
 MetricFn = Callable[[Tensor, TaskBatch, "Tensor | None"], Tensor]
 
+METRICS: dict[str, Callable[..., Tensor]] = {name: m.fn for name, m in REGISTRY.items()}
+"""The metrics by name, read from the one registry (:data:`circuitkit.metric_registry.REGISTRY`). ``"loss"`` and
+``"kl"`` are accepted as aliases when a task is built."""
 
-def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum(-1) / mask.sum(-1)
-
-
-def _gather(logits: Tensor, ids: Tensor) -> Tensor:
-    """``logits`` ``[..., pair, vocab]``, ``ids`` ``[pair, A]`` -> ``[..., pair, A]``."""
-    return logits.gather(-1, ids.expand(*logits.shape[:-1], ids.shape[-1]))
-
-
-def logit_diff(logits: Tensor, batch: TaskBatch, clean_logprobs: Tensor | None = None) -> Tensor:
-    return (_masked_mean(_gather(logits, batch.answers), batch.answer_mask)
-            - _masked_mean(_gather(logits, batch.wrongs), batch.wrong_mask))
-
-
-def prob_diff(logits: Tensor, batch: TaskBatch, clean_logprobs: Tensor | None = None) -> Tensor:
-    probs = logits.float().softmax(-1)
-    return ((_gather(probs, batch.answers) * batch.answer_mask).sum(-1)
-            - (_gather(probs, batch.wrongs) * batch.wrong_mask).sum(-1))
-
-
-def answer_logprob(logits: Tensor, batch: TaskBatch, clean_logprobs: Tensor | None = None) -> Tensor:
-    logprobs = logits.float().log_softmax(-1)
-    picked = _gather(logprobs, batch.answers).masked_fill(~batch.answer_mask, float("-inf"))
-    return picked.logsumexp(-1)
-
-
-def neg_kl(logits: Tensor, batch: TaskBatch, clean_logprobs: Tensor | None = None) -> Tensor:
-    logprobs = logits.float().log_softmax(-1)
-    if clean_logprobs is None:  # the clean run itself
-        return torch.zeros(logprobs.shape[:-1], device=logits.device)
-    return -(clean_logprobs.exp() * (clean_logprobs - logprobs)).sum(-1)
-
-
-METRICS: dict[str, MetricFn] = {
-    "logit_diff": logit_diff,
-    "prob_diff": prob_diff,
-    "answer_logprob": answer_logprob,
-    "neg_kl": neg_kl,
-}
-"""The metrics by name (module docstring). ``"loss"`` and ``"kl"`` are accepted as aliases when a task is built."""
-
-UNITS = {"logit_diff": "logits", "prob_diff": "probability", "answer_logprob": "nats", "neg_kl": "nats"}
+UNITS = {name: m.units for name, m in REGISTRY.items()}
 CUSTOM_UNITS = "the metric's own units"
 """The units of a :class:`~circuitkit.tasks.task.UserMetric` (defined beside :class:`Task`, which holds one)."""
 
 
 def metric_units(metric: str | UserMetric) -> str:
     return CUSTOM_UNITS if isinstance(metric, UserMetric) else UNITS[metric]
+
+
+def reads_scored(metric: str | UserMetric) -> bool:
+    """Whether ``metric`` reads the next-token predictions at the task's scored positions (else the last token)."""
+    return not isinstance(metric, UserMetric) and REGISTRY[metric].reads == "scored"
 
 
 def last_logits(logits: Tensor, last: Tensor) -> Tensor:
@@ -94,4 +71,4 @@ def last_logits(logits: Tensor, last: Tensor) -> Tensor:
 
 
 __all__ = ["METRICS", "UNITS", "UserMetric", "answer_logprob", "last_logits", "logit_diff", "metric_label",
-           "metric_units", "neg_kl", "prob_diff"]
+           "metric_units", "neg_kl", "next_token_logprob", "prob_diff", "reads_scored"]

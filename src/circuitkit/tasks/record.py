@@ -54,12 +54,15 @@ def nested(tensor: Tensor | None) -> Any:
 
 
 def pairs_json(scan: Any) -> dict[str, Any]:
-    """Every pair of the task (:meth:`Pair.to_json`), its marks (or None) and the metric of each pair on its clean
-    and corrupted prompt, in the task's order."""
+    """Every pair of the task (:meth:`Pair.to_json`), its marks (or None), its scored positions (where it has
+    them) and the metric of each pair on its clean and corrupted prompt, in the task's order."""
     task = scan.task
-    return {"prompts": [p.to_json() for p in task.pairs],
-            "marks": [dict(m) for m in task.marks] if task.marks else None,
-            "clean": nested(scan.clean), "corrupted": nested(scan.corrupted)}
+    out = {"prompts": [p.to_json() for p in task.pairs],
+           "marks": [dict(m) for m in task.marks] if task.marks else None,
+           "clean": nested(scan.clean), "corrupted": nested(scan.corrupted)}
+    if task.scored:  # written only where the task has them (a scored metric's positions)
+        out["scored"] = [list(row) for row in task.scored]
+    return out
 
 
 def circuit_extra(circuit: Any) -> dict[str, Any]:

@@ -81,6 +81,7 @@ def _task(data: dict[str, Any], pairs: dict[str, Any], where: str) -> Any:
                 description=data["description"],
                 pairs=tuple(as_pair(p, f"{where}, field 'pairs.prompts[{i}]'") for i, p in enumerate(pairs["prompts"])),
                 marks=tuple(dict(m) for m in pairs["marks"] or ()),
+                scored=tuple(tuple(row) for row in pairs.get("scored") or ()),
                 attention_scores=tuple(tuple(s) for s in data["attention_scores"]))
 
 

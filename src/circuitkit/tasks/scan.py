@@ -35,7 +35,7 @@ from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
-from circuitkit.tasks.metrics import metric_label, metric_units
+from circuitkit.tasks.metrics import metric_label, metric_units, reads_scored
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
 from circuitkit.tasks.roles import member_explanations
@@ -480,7 +480,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
                       edges=edges and bool(adapter.additive_heads),
                       evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
-                      logit_positions=logit_positions(adapter, batch.last, batch.pos))
+                      logit_positions=logit_positions(adapter, batch.last, batch.pos,
+                                                      batch.scored if reads_scored(task.metric) else None),
+                      scored_metric=reads_scored(task.metric))
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra)
     runner.pattern_masks = registered_pattern_masks(found)

@@ -188,7 +188,7 @@ class TaskScoresCheck(ScoresCheck):
             self.text(split["note"], "settings.split.note", nullable=True)
 
     def pairs(self, value: Any, n: int) -> None:
-        pairs = self.obj(value, "pairs", ("prompts", "marks", "clean", "corrupted"), ())
+        pairs = self.obj(value, "pairs", ("prompts", "marks", "clean", "corrupted"), ("scored",))
         why = f"task.pairs: {n} pairs"
         for i, pair in enumerate(self.array(pairs["prompts"], "pairs.prompts", length=n, why=why)):
             self.obj(pair, f"pairs.prompts[{i}]", ("clean", "corrupted", "answer", "wrong"), ())
@@ -196,6 +196,10 @@ class TaskScoresCheck(ScoresCheck):
         for i, row in enumerate(marks or ()):
             for key, position in self.obj(row, f"pairs.marks[{i}]").items():
                 self.integer(position, f"pairs.marks[{i}].{key}")
+        scored = self.array(pairs.get("scored"), "pairs.scored", nullable=True, length=n, why=why)
+        for i, row in enumerate(scored or ()):
+            for j, position in enumerate(self.array(row, f"pairs.scored[{i}]")):
+                self.integer(position, f"pairs.scored[{i}][{j}]")
         for side in ("clean", "corrupted"):
             for i, v in enumerate(self.array(pairs[side], f"pairs.{side}", length=n, why=why)):
                 self.number(v, f"pairs.{side}[{i}]", nullable=False)

@@ -79,7 +79,8 @@ class TaskBatch:
     ``last``: ``[pair]`` each row's last real position; ``answers`` / ``wrongs``: ``[pair, A]`` / ``[pair, W]`` ids,
     ``answer_mask`` / ``wrong_mask`` True where an entry is listed (rows may list fewer); ``prefix``: ``[pair]`` the
     special tokens put before each clean prompt's text tokens (marks are shifted by it); ``rule``: the BOS rule that
-    ran, ``"auto"`` (the tokenizer's default), ``"yes"`` or ``"no"``."""
+    ran, ``"auto"`` (the tokenizer's default), ``"yes"`` or ``"no"``; ``scored``: ``[pair, pos]`` bool, the
+    positions whose next-token prediction a ``"scored"`` metric reads (the task's :attr:`Task.scored`), or None."""
 
     clean: Tensor
     corrupted: Tensor
@@ -90,6 +91,7 @@ class TaskBatch:
     wrong_mask: Tensor
     prefix: Tensor | None = None
     rule: str = "auto"
+    scored: Tensor | None = None
 
     @property
     def n_pairs(self) -> int:
@@ -111,12 +113,14 @@ class TaskBatch:
         width = int(last.max()) + 1
         return TaskBatch(self.clean[index, :width], self.corrupted[index, :width], last, self.answers[index],
                          self.wrongs[index], self.answer_mask[index], self.wrong_mask[index],
-                         None if self.prefix is None else self.prefix[index.to(self.prefix.device)], self.rule)
+                         None if self.prefix is None else self.prefix[index.to(self.prefix.device)], self.rule,
+                         None if self.scored is None else self.scored[index.to(self.scored.device), :width])
 
     def to(self, device: torch.device) -> TaskBatch:
         return TaskBatch(*(getattr(self, f).to(device) for f in
                            ("clean", "corrupted", "last", "answers", "wrongs", "answer_mask", "wrong_mask")),
-                         prefix=None if self.prefix is None else self.prefix.to(device), rule=self.rule)
+                         prefix=None if self.prefix is None else self.prefix.to(device), rule=self.rule,
+                         scored=None if self.scored is None else self.scored.to(device))
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,9 +135,15 @@ class Task:
     each head's attention from the prompt's last token to mark ``to`` minus to mark ``minus``, averaged over pairs
     (IOI's ``io_attention``).
 
+    ``scored``: per pair, the positions among the clean prompt's text tokens whose next-token prediction a
+    ``"scored"`` metric reads (``next_token_logprob``: the mean log-probability of each scored position's next
+    token, which must lie inside the prompt); required by such a metric (a metric of the last token leaves them
+    unread).
+
     ``ablation``: how a node outside a circuit is replaced: ``"corrupted"`` (its value on the corrupted prompt of the
     same pair: counterfactual patching, the default), ``"mean"`` (its mean over the corrupted prompts' real
-    positions) or ``"zero"``.
+    positions), ``"clean_mean"`` (its mean over the clean prompts' real positions: the induction scan's mean
+    ablation) or ``"zero"``.
 
     Build one with :meth:`from_pairs` (lists, ``datasets``-style dicts), :func:`circuitkit.tasks.load_task` (a
     JSON Lines / CSV / EAP-IG CSV / auto-circuit JSON file) or a generator (:func:`circuitkit.tasks.ioi`, ...).
@@ -146,6 +156,7 @@ class Task:
     description: str = ""
     marks: tuple[dict[str, int], ...] = ()
     attention_scores: tuple[tuple[str, str, str], ...] = ()
+    scored: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or "\n" in self.name or len(self.name) > 100:
@@ -184,11 +195,29 @@ class Task:
                 for s in self.attention_scores):
             raise validate.fail(f"Task {self.name!r}: attention_scores", self.attention_scores,
                                 "a tuple of (name, to, minus) tuples of non-empty strings")
+        self._check_scored()
         for name, to, minus in self.attention_scores:
             missing = [m for m in (to, minus) if not self.marks or any(m not in row for row in self.marks)]
             if missing:
                 raise validate.fail(f"Task {self.name!r}: attention score {name!r}", missing,
                                     "marks that every pair names")
+
+    def _check_scored(self) -> None:
+        """``scored``: empty, or one non-empty tuple of increasing positions (ints >= 0) per pair; required where
+        the metric reads scored positions (a metric of the last token leaves them unread)."""
+        reads = isinstance(self.metric, str) and _registry()[self.metric].reads == "scored"
+        if not isinstance(self.scored, tuple) or (self.scored and len(self.scored) != len(self.pairs)):
+            raise validate.fail(f"Task {self.name!r}: scored", self.scored,
+                                f"a tuple of one tuple of token positions per pair ({len(self.pairs)})")
+        if reads and not self.scored:
+            raise validate.fail(f"Task {self.name!r}: scored", self.scored, f"the positions metric {self.metric!r} "
+                                "reads: one tuple of token positions per pair (e.g. the repeated copies)")
+        for i, row in enumerate(self.scored):
+            if not isinstance(row, tuple) or not row or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_PROMPT_CHARS for v in row) \
+                    or any(a >= b for a, b in zip(row, row[1:], strict=False)):
+                raise validate.fail(f"Task {self.name!r}: scored positions of pair {i}", row,
+                                    "a non-empty tuple of increasing token positions (ints >= 0)")
 
     @property
     def n_pairs(self) -> int:
@@ -285,9 +314,15 @@ def metric_label(metric: Any) -> str:
     return metric.label if isinstance(metric, UserMetric) else metric
 
 
-ABLATIONS = ("corrupted", "mean", "zero")
-METRIC_NAMES = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl")
-"""The metrics a task may name (defined in :mod:`circuitkit.tasks.metrics`)."""
+def _registry() -> dict[str, Any]:
+    from circuitkit.metric_registry import REGISTRY
+
+    return REGISTRY
+
+
+ABLATIONS = ("corrupted", "mean", "clean_mean", "zero")
+METRIC_NAMES = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "next_token_logprob")
+"""The metrics a task may name (:data:`circuitkit.metric_registry.REGISTRY`; a test checks they agree)."""
 ALIASES = {"loss": "answer_logprob", "kl": "neg_kl"}
 """Other names for two metrics: the answer's loss (kept as a log-probability, so that higher is more of the
 behaviour) and the KL divergence to the clean run (negated likewise)."""
@@ -439,7 +474,7 @@ def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskB
     prepend_bos = check_prepend_bos(f"task {task.name!r}", prepend_bos)
     spec = adapter.spec
     V = spec.d_vocab
-    clean, corrupted, answers, wrongs, prefix = [], [], [], [], []
+    clean, corrupted, answers, wrongs, prefix, scored = [], [], [], [], [], []
     for i, pair in enumerate(task.pairs):
         where = f"task {task.name!r}: pair {i}"
         (c, start), (k, _) = (_encode_prompt(adapter, pair.clean, prepend_bos),
@@ -467,6 +502,12 @@ def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskB
         if beyond:
             raise validate.fail(f"{where}: marks", beyond,
                                 f"token positions inside the clean prompt's {len(c) - start} text tokens")
+        positions = [p + start for p in (task.scored[i] if task.scored else ())]
+        if positions and positions[-1] + 1 >= len(c):
+            raise validate.fail(f"{where}: scored positions", list(task.scored[i]),
+                                f"positions whose next token lies inside the clean prompt's {len(c) - start} text "
+                                f"tokens (at most {len(c) - start - 2})")
+        scored.append(positions)
         if set(a) & set(w):
             raise validate.fail(f"{where}: answer and wrong", (pair.answers, pair.wrongs),
                                 "different first tokens (an answer is scored by its first token; one that is also "
@@ -487,7 +528,15 @@ def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskB
         wrong_mask=_padded([[1] * len(w) for w in wrongs]).bool().to(device),
         prefix=torch.tensor(prefix, dtype=torch.long, device=device),
         rule=BOS_RULES[prepend_bos],
+        scored=_scored_mask(scored, max(len(c) for c in clean), device) if task.scored else None,
     )
+
+
+def _scored_mask(rows: list[list[int]], width: int, device: Any) -> Tensor:
+    out = torch.zeros(len(rows), width, dtype=torch.bool, device="cpu")
+    for i, row in enumerate(rows):
+        out[i, row] = True
+    return out.to(device)
 
 
 def _padded(rows: Sequence[Sequence[int]]) -> Tensor:
