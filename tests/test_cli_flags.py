@@ -277,6 +277,8 @@ TRACK_TABLE = {
     "allow_download": checkpoints_only(["--allow-download"], lambda c, p: _tracked(c)["allow_download"] is True),
     "task": checkpoints_only(lambda p: ["--task", str(p.task_file)],
                              lambda c, p: _tracked(c)["task"] == str(p.task_file)),
+    "target": checkpoints_only(lambda p: ["--task", str(p.task_file), "--target", "0.6"],
+                               lambda c, p: _tracked(c)["target"] == 0.6),
     "png": {"checkpoints": (["--png"], lambda c, p: c.save == [{"out": Path(cli.DEFAULT_TRACK_OUT), "png": True}]),
             "merge": (["--png"], lambda c, p: c.save == [{"out": Path(str(p.records)), "png": True}])},
 }

@@ -287,3 +287,20 @@ def test_track_merge_refuses_task(tracked, task_path, capsys):
 
     assert main(["track", "--merge", str(tracked[1]), "--task", str(task_path)]) == 2
     assert "--task" in capsys.readouterr().err
+
+
+def test_cli_track_target_reaches_the_tasks_circuit(checkpoints, task_path, tmp_path, capsys):
+    from circuitkit.cli import main
+
+    out = tmp_path / "out"
+    assert main(["track", str(checkpoints[-1]), "--task", str(task_path), "--target", "0.5", "--out", str(out),
+                 "--block-len", "8", "--batch", "4"]) == 0
+    saved = json.loads((out / "track.json").read_text())
+    assert saved["settings"]["task"]["target"] == 0.5
+    direct = ck.track([checkpoints[-1]], tokens=TOKENS, task=task_path, target=0.5, out=tmp_path / "py",
+                      progress=False)
+    assert saved["checkpoints"][0]["task"]["circuit"] == direct.checkpoints[0]["task"]["circuit"]
+    capsys.readouterr()
+    assert main(["track", str(checkpoints[0]), "--target", "0.5", "--out", str(tmp_path / "x")]) == 2
+    assert "--target" in capsys.readouterr().err
+    assert main(["track", str(checkpoints[0]), "--task", str(task_path), "--target", "1.5"]) == 2

@@ -766,6 +766,8 @@ def add_track_parser(sub: Any) -> None:
                        help="also measure a task (a .jsonl, .csv or .json file of clean/corrupted pairs) at every "
                        "checkpoint: its metric, each head's EAP-IG score and DLA, its node circuit (faithfulness "
                        "0.8) and that circuit on held-out pairs")
+    track.add_argument("--target", type=_fraction("a faithfulness", "0.8", one=True), default=None, metavar="F",
+                       help="with --task: the faithfulness its node circuit must reach, in (0, 1] (0.8)")
 
 
 TRACK_MERGE_USES = ("merge", "png")
@@ -782,6 +784,8 @@ def refuse_unused_track_options(args: argparse.Namespace) -> None:
                                   "records (track --merge DIR).")
         for dest in sorted(given - {"checkpoints", "out", *TRACK_MERGE_USES}):
             _refuse(dest, "with --merge", "--merge assembles the records already measured")
+    if args.target is not None and args.task is None:
+        _refuse("target", "without --task", "--target is the task's node-circuit faithfulness")
     if args.no_merge and "png" in given:
         _refuse("png", "with --no-merge", "--no-merge writes no report; pass --png to track --merge")
 
@@ -807,6 +811,7 @@ def run_track(args: argparse.Namespace) -> int:
             top_k=args.top_k, out=out, resume=not args.no_resume, write_track=not args.no_merge,
             device=args.device, allow_download=args.allow_download, progress=sys.stderr.isatty(),
             **({} if args.task is None else {"task": args.task}),
+            **({} if args.target is None else {"target": args.target}),
         )
         if args.no_merge:
             print(f"wrote {len(result.checkpoints)} checkpoint record(s) into {out}; assemble them with "
