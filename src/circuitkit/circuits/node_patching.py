@@ -1,0 +1,62 @@
+"""Node patching: stacked copies of a batch, each with its own set of nodes replaced. The one pass that both the
+induction scan (:class:`~circuitkit.circuits.faithfulness.Ablator`: head sets ablated) and the task scan
+(:meth:`circuitkit.tasks.graph.TaskRunner.patched_metric`: node sets of every type patched) run; each reads its own
+metric from the logits.
+
+A pass of ``S`` copies runs ``tokens`` ``[B, P]`` repeated ``S`` times along the batch axis (copy-major: rows
+``s * B .. s * B + B - 1`` are copy ``s``). At each patched hook the activation ``x`` ``[S * B, P, U, ...]`` (``U``
+units along its third axis: the heads of a layer's ``z`` ``[.., head, d_head]``, an MLP's output ``[.., d_model]``,
+the neurons of a group) becomes, for copy ``s``, sequence ``b``, position ``p`` and unit ``u``::
+
+    x[s, b, p, u, ...] = value[b, p, u, ...]   where mask[s, u]
+                         x[s, b, p, u, ...]    elsewhere
+
+``value`` broadcasts against ``[B, P, U, ...]``: a per-unit value ``[U, ...]`` (a mean, zeros) or one per sequence
+and position ``[B, P, U, ...]`` (a corrupted or resampled run). Everything downstream of a patched hook is
+recomputed. The selection is exact (``torch.where``): a copy that patches nothing is the plain run, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from circuitkit.models.adapters import ModelAdapter
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One hook of a stacked pass: ``mask`` ``[S, U]`` bool (True: that copy patches that unit), ``value``
+    broadcastable to ``[B, P, U, ...]`` (module docstring)."""
+
+    hook: str
+    mask: Tensor
+    value: Tensor
+
+
+def _hook(patch: Patch, S: int, B: int) -> Callable[[Tensor, Any], Tensor]:
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        view = x.view(S, B, *x.shape[1:])  # [S, B, P, U, ...]
+        units = patch.mask.to(x.device).view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
+        value = patch.value.to(device=x.device, dtype=x.dtype)[None]
+        return torch.where(units, value, view).reshape(x.shape)
+
+    return hook
+
+
+def patched_logits(adapter: ModelAdapter, tokens: Tensor, copies: int, patches: Sequence[Patch], *,
+                   positions: Tensor | None = None) -> Tensor:
+    """Logits ``[copies * B, len(positions), d_vocab]`` (every position where ``positions`` is None) of ``copies``
+    stacked copies of ``tokens`` ``[B, P]``, each with its units of ``patches`` replaced (module docstring); no
+    gradients. A hook with no unit patched in any copy can be left out of ``patches``: it changes nothing."""
+    B = tokens.shape[0]
+    hooks = [(patch.hook, _hook(patch, copies, B)) for patch in patches]
+    with torch.no_grad():
+        return adapter.run(tokens.repeat(copies, 1), hooks, positions=positions)
+
+
+__all__ = ["Patch", "patched_logits"]
