@@ -199,10 +199,10 @@ class Ablator:
 
     def losses(self, ablated: Tensor) -> list[float]:
         """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
-        out: list[float] = []
-        for start in range(0, ablated.shape[0], self.per_forward):
-            out += self._pass(ablated[start : start + self.per_forward])
-        return out
+        from circuitkit.circuits.node_patching import in_passes
+
+        parts = in_passes(ablated.shape[0], self.per_forward, lambda part: self._pass(ablated[part]))
+        return [loss for part in parts for loss in part]
 
     def _pass(self, ablated: Tensor) -> list[float]:
         """One stacked pass of the node-patching engine (:mod:`circuitkit.circuits.node_patching`, the task scan's

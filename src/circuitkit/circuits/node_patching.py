@@ -13,19 +13,26 @@ the neurons of a group) becomes, for copy ``s``, sequence ``b``, position ``p`` 
 
 ``value`` broadcasts against ``[B, P, U, ...]``: a per-unit value ``[U, ...]`` (a mean, zeros) or one per sequence
 and position ``[B, P, U, ...]`` (a corrupted or resampled run). Everything downstream of a patched hook is
-recomputed. The selection is exact (``torch.where``): a copy that patches nothing is the plain run, bit for bit.
+recomputed. The selection is exact (``torch.where``): a unit not patched keeps its own activation, and a copy
+that patches nothing is the plain run (up to the rounding of a larger batch's matrix products).
+
+The sets of one measurement are split into passes of at most ``per_pass`` copies (:func:`in_passes`; each engine
+sizes ``per_pass`` by :func:`circuitkit.pass_budget.copies_per_pass`): fewer copies a pass change how many passes
+run, never a copy's result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from circuitkit.models.adapters import ModelAdapter
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,4 +66,10 @@ def patched_logits(adapter: ModelAdapter, tokens: Tensor, copies: int, patches: 
         return adapter.run(tokens.repeat(copies, 1), hooks, positions=positions)
 
 
-__all__ = ["Patch", "patched_logits"]
+def in_passes(sets: int, per_pass: int, run: Callable[[slice], T]) -> list[T]:
+    """``run(part)`` for consecutive slices ``part`` of ``range(sets)``, each at most ``per_pass`` long (one stacked
+    pass each), in order."""
+    return [run(slice(start, min(start + per_pass, sets))) for start in range(0, sets, max(1, per_pass))]
+
+
+__all__ = ["Patch", "in_passes", "patched_logits"]

@@ -444,9 +444,11 @@ class TaskRunner:
         return values if per_pair else values.mean(-1)
 
     def _in_passes(self, sets: int, *, node: bool, run: Callable[[slice], Tensor]) -> Tensor:
-        """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated."""
-        per = self._copies_per_pass(node=node)
-        return torch.cat([run(slice(start, start + per)) for start in range(0, sets, per)])
+        """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated
+        (:func:`circuitkit.circuits.node_patching.in_passes`)."""
+        from circuitkit.circuits.node_patching import in_passes
+
+        return torch.cat(in_passes(sets, self._copies_per_pass(node=node), run))
 
     def _node_pass(self, patched: dict[str, Tensor]) -> Tensor:
         """One stacked pass of the node-patching engine (:mod:`circuitkit.circuits.node_patching`, the induction
