@@ -99,3 +99,32 @@ def test_both_engines_patch_node_sets_through_the_one_pass_and_agree(tiny, monke
     assert calls and sum(calls) == 4 == runner.passes - before
     torch.testing.assert_close(losses.double(), -metric.double(), atol=1e-5, rtol=0)
     assert float(losses[1] - losses[0]) > 0.5  # every head patched: the copies are no longer predicted
+
+
+def test_a_value_read_from_the_pass_itself_is_the_value_given(tiny):
+    """The held-out batch's means come from the pass's own unpatched copy 0: the same logits as those means given."""
+    _, adapter, batch = tiny
+    L, H = adapter.spec.n_layers, adapter.spec.n_heads
+    masks = torch.ones(3, L, H, dtype=torch.bool)
+    masks[0] = False
+    masks[2, 0] = False
+    seen: dict[int, torch.Tensor] = {}
+
+    def from_copy_0(layer):
+        def value(view):
+            seen[layer] = view[0].mean(dim=(0, 1))
+            return seen[layer]
+        return value
+
+    live = patched_logits(adapter, batch.tokens, 3, [Patch(HOOKS.z(layer), masks[:, layer], from_copy_0(layer))
+                                                     for layer in range(L)])
+    given = patched_logits(adapter, batch.tokens, 3, [Patch(HOOKS.z(layer), masks[:, layer], seen[layer])
+                                                      for layer in range(L)])
+    assert torch.equal(live, given) and set(seen) == set(range(L))
+    with torch.no_grad():
+        clean_z = {}
+        adapter.run(batch.tokens, [(HOOKS.z(layer), lambda z, hook: clean_z.__setitem__(HOOKS.layer_of(hook.name),
+                                                                                        z.mean(dim=(0, 1))))
+                                   for layer in range(L)])
+    for layer in range(L):
+        torch.testing.assert_close(seen[layer], clean_z[layer], atol=1e-5, rtol=0)

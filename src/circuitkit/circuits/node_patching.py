@@ -12,7 +12,9 @@ the neurons of a group) becomes, for copy ``s``, sequence ``b``, position ``p`` 
                          x[s, b, p, u, ...]    elsewhere
 
 ``value`` broadcasts against ``[B, P, U, ...]``: a per-unit value ``[U, ...]`` (a mean, zeros) or one per sequence
-and position ``[B, P, U, ...]`` (a corrupted or resampled run). Everything downstream of a patched hook is
+and position ``[B, P, U, ...]`` (a corrupted or resampled run); or it is a function of the pass's own activation
+``[S, B, P, U, ...]`` at that hook returning such a tensor (the held-out batch's means, taken from its unpatched
+copy 0 in the same pass). Everything downstream of a patched hook is
 recomputed. The selection is exact (``torch.where``): a unit not patched keeps its own activation, and a copy
 that patches nothing is the plain run (up to the rounding of a larger batch's matrix products).
 
@@ -38,18 +40,20 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Patch:
     """One hook of a stacked pass: ``mask`` ``[S, U]`` bool (True: that copy patches that unit), ``value``
-    broadcastable to ``[B, P, U, ...]`` (module docstring)."""
+    broadcastable to ``[B, P, U, ...]``, or a function of the activation ``[S, B, P, U, ...]`` returning one
+    (module docstring)."""
 
     hook: str
     mask: Tensor
-    value: Tensor
+    value: Tensor | Callable[[Tensor], Tensor]
 
 
 def _hook(patch: Patch, S: int, B: int) -> Callable[[Tensor, Any], Tensor]:
     def hook(x: Tensor, hook: Any) -> Tensor:
         view = x.view(S, B, *x.shape[1:])  # [S, B, P, U, ...]
         units = patch.mask.to(x.device).view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
-        value = patch.value.to(device=x.device, dtype=x.dtype)[None]
+        value = patch.value(view) if callable(patch.value) else patch.value
+        value = value.to(device=x.device, dtype=x.dtype)[None]
         return torch.where(units, value, view).reshape(x.shape)
 
     return hook
