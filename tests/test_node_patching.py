@@ -1,4 +1,4 @@
-"""The one node-patching pass (``circuits/node_patching.py``) both engines run.
+"""The one node-patching pass (``detect/node_patching.py``) both engines run.
 
 Oracles: each stacked copy against its own unstacked run with the same units overwritten one by one in a plain
 hook; the induction engine's ``Ablator`` against the task engine's ``TaskRunner`` given the same values (the same
@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import circuitkit.detect.node_patching as node_patching
 from circuitkit import zoo
-from circuitkit.circuits import node_patching
 from circuitkit.circuits.faithfulness import Ablator
-from circuitkit.circuits.node_patching import Patch, in_passes, patched_logits
+from circuitkit.detect.node_patching import Patch, in_passes, patched_logits
 from circuitkit.detect.tokens import RepeatedTokens
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.tasks import repeated_tokens

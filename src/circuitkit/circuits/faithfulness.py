@@ -199,15 +199,15 @@ class Ablator:
 
     def losses(self, ablated: Tensor) -> list[float]:
         """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
-        from circuitkit.circuits.node_patching import in_passes
+        from circuitkit.detect.node_patching import in_passes
 
         parts = in_passes(ablated.shape[0], self.per_forward, lambda part: self._pass(ablated[part]))
         return [loss for part in parts for loss in part]
 
     def _pass(self, ablated: Tensor) -> list[float]:
-        """One stacked pass of the node-patching engine (:mod:`circuitkit.circuits.node_patching`, the task scan's
+        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the task scan's
         too): each head ablated is a unit of its layer's ``z`` patched to :attr:`values`."""
-        from circuitkit.circuits.node_patching import Patch, patched_logits
+        from circuitkit.detect.node_patching import Patch, patched_logits
 
         S = ablated.shape[0]
         tokens = self.batch.tokens

@@ -105,7 +105,7 @@ def _with_clean_means(adapter: ModelAdapter, batch: TokenBatch, masks: torch.Ten
     head's ``z`` replaced by its mean over the batch's sequences and positions in the unablated copy at that layer.
     The first pass stacks as many copies as fit (set 0 among them) and keeps those means; any sets left run after
     it with them (:class:`~circuitkit.circuits.faithfulness.Ablator`). ``S`` copies in all."""
-    from circuitkit.circuits.node_patching import Patch, patched_logits
+    from circuitkit.detect.node_patching import Patch, patched_logits
 
     positions = loss_positions(batch)
     S = min(masks.shape[0], copies_per_forward(adapter, batch.tokens, len(positions)))

@@ -445,16 +445,16 @@ class TaskRunner:
 
     def _in_passes(self, sets: int, *, node: bool, run: Callable[[slice], Tensor]) -> Tensor:
         """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated
-        (:func:`circuitkit.circuits.node_patching.in_passes`)."""
-        from circuitkit.circuits.node_patching import in_passes
+        (:func:`circuitkit.detect.node_patching.in_passes`)."""
+        from circuitkit.detect.node_patching import in_passes
 
         return torch.cat(in_passes(sets, self._copies_per_pass(node=node), run))
 
     def _node_pass(self, patched: dict[str, Tensor]) -> Tensor:
-        """One stacked pass of the node-patching engine (:mod:`circuitkit.circuits.node_patching`, the induction
+        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the induction
         scan's too): per copy ``s``, the units of every patched node (a node's units: :func:`groups_of`) take their
         :meth:`values_of` (``[pair, pos, unit, ...]``)."""
-        from circuitkit.circuits.node_patching import Patch, patched_logits
+        from circuitkit.detect.node_patching import Patch, patched_logits
 
         S = next(iter(patched.values())).shape[0]
         L = self.spec.n_layers

@@ -1,7 +1,7 @@
-"""Node patching: stacked copies of a batch, each with its own set of nodes replaced. The one pass that both the
-induction scan (:class:`~circuitkit.circuits.faithfulness.Ablator`: head sets ablated) and the task scan
-(:meth:`circuitkit.tasks.graph.TaskRunner.patched_metric`: node sets of every type patched) run; each reads its own
-metric from the logits.
+"""Node patching: stacked copies of a batch, each with its own set of nodes replaced. The one pass that the
+induction scan (:func:`circuitkit.detect.ablation.ablate`: one head a copy; :class:`~circuitkit.circuits.
+faithfulness.Ablator`: head sets) and the task scan (:meth:`circuitkit.tasks.graph.TaskRunner.patched_metric`: node
+sets of every type) run; each reads its own metric from the logits.
 
 A pass of ``S`` copies runs ``tokens`` ``[B, P]`` repeated ``S`` times along the batch axis (copy-major: rows
 ``s * B .. s * B + B - 1`` are copy ``s``). At each patched hook the activation ``x`` ``[S * B, P, U, ...]`` (``U``
@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import ModelAdapter
 
 T = TypeVar("T")
@@ -49,7 +50,12 @@ class Patch:
 
 
 def _hook(patch: Patch, S: int, B: int) -> Callable[[Tensor, Any], Tensor]:
+    U = patch.mask.shape[1]
+
     def hook(x: Tensor, hook: Any) -> Tensor:
+        if x.dim() < 3 or x.shape[0] != S * B or x.shape[2] != U:
+            raise CircuitkitError(f"{hook.name} has shape {tuple(x.shape)}; expected [{S * B}, pos, {U}, ...] "
+                                  f"({S} copies of {B} sequences, {U} units to patch).")
         view = x.view(S, B, *x.shape[1:])  # [S, B, P, U, ...]
         units = patch.mask.to(x.device).view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
         value = patch.value(view) if callable(patch.value) else patch.value
@@ -60,13 +66,19 @@ def _hook(patch: Patch, S: int, B: int) -> Callable[[Tensor, Any], Tensor]:
 
 
 def patched_logits(adapter: ModelAdapter, tokens: Tensor, copies: int, patches: Sequence[Patch], *,
-                   positions: Tensor | None = None) -> Tensor:
+                   positions: Tensor | None = None, resume: tuple[Tensor, int] | None = None) -> Tensor:
     """Logits ``[copies * B, len(positions), d_vocab]`` (every position where ``positions`` is None) of ``copies``
     stacked copies of ``tokens`` ``[B, P]``, each with its units of ``patches`` replaced (module docstring); no
-    gradients. A hook with no unit patched in any copy can be left out of ``patches``: it changes nothing."""
+    gradients. A hook with no unit patched in any copy can be left out of ``patches``: it changes nothing.
+    ``resume``: ``(resid_pre, layer)``, the plain run's residual stream ``[B, P, d_model]`` entering ``layer``, from
+    which the pass runs (:meth:`~circuitkit.models.adapters.ModelAdapter.run_from`; every patched hook at or after
+    ``layer``, so the layers before it are the plain run's)."""
     B = tokens.shape[0]
     hooks = [(patch.hook, _hook(patch, copies, B)) for patch in patches]
     with torch.no_grad():
+        if resume is not None:
+            resid, layer = resume
+            return adapter.run_from(resid.repeat(copies, 1, 1), layer, hooks, positions=positions)
         return adapter.run(tokens.repeat(copies, 1), hooks, positions=positions)
 
 
