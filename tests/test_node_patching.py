@@ -1,9 +1,10 @@
-"""The one node-patching pass (``detect/node_patching.py``) both engines run.
+"""The one node-patching pass (``detect/node_patching.py``) every engine runs: exact single-head ablation, the
+induction circuit's head sets (``Ablator``), the held-out batch, the task runner's node sets.
 
 Oracles: each stacked copy against its own unstacked run with the same units overwritten one by one in a plain
 hook; the induction engine's ``Ablator`` against the task engine's ``TaskRunner`` given the same values (the same
 head sets, the loss on the copies is minus the task's metric); and a recorder that sees both engines' passes go
-through ``patched_logits``.
+through ``patched_logits``; a pass resumed at a layer against the whole pass.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import circuitkit.detect.node_patching as node_patching
-from circuitkit import zoo
+from circuitkit import CircuitkitError, zoo
 from circuitkit.circuits.faithfulness import Ablator
 from circuitkit.detect.node_patching import Patch, in_passes, patched_logits
 from circuitkit.detect.tokens import RepeatedTokens
@@ -128,3 +129,26 @@ def test_a_value_read_from_the_pass_itself_is_the_value_given(tiny):
                                    for layer in range(L)])
     for layer in range(L):
         torch.testing.assert_close(seen[layer], clean_z[layer], atol=1e-5, rtol=0)
+
+
+def test_a_pass_resumed_at_a_layer_equals_the_whole_pass(tiny):
+    _, adapter, batch = tiny
+    assert adapter.can_resume
+    H = adapter.spec.n_heads
+    kept = {}
+    with torch.no_grad():
+        adapter.run(batch.tokens, [(HOOKS.resid_pre(1), lambda x, hook: kept.__setitem__(1, x.clone()))])
+    one_each = torch.eye(H, dtype=torch.bool)
+    value = torch.zeros(H, adapter.spec.d_head)
+    patches = [Patch(HOOKS.z(1), one_each, value)]
+    whole = patched_logits(adapter, batch.tokens, H, patches)
+    resumed = patched_logits(adapter, batch.tokens, H, patches, resume=(kept[1], 1))
+    torch.testing.assert_close(resumed, whole, atol=1e-5, rtol=0)
+
+
+def test_a_mask_of_the_wrong_width_is_refused_naming_the_hook(tiny):
+    _, adapter, batch = tiny
+    wrong = Patch(HOOKS.z(0), torch.ones(2, adapter.spec.n_heads + 1, dtype=torch.bool),
+                  torch.zeros(adapter.spec.n_heads + 1, adapter.spec.d_head))
+    with pytest.raises(CircuitkitError, match=r"has shape \(6, 13, 4, 16\); expected \[6, pos, 5, ...\]"):
+        patched_logits(adapter, batch.tokens, 2, [wrong])
