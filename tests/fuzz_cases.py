@@ -1682,7 +1682,7 @@ GENERATOR_NAMES: list[Bad] = [
     ("induction", const("induction"), STRICT),
 ]
 case(f"{TK}:get_task", lambda: {"name_or_path": "ioi", "model": english(), "n": 2, "seed": 0}, model="model-static",
-     n="size>=2", seed="seed", extra_bad={"name_or_path": GENERATOR_NAMES})
+     n="size>=2?", seed="seed", extra_bad={"name_or_path": GENERATOR_NAMES})
 for _name in ("ioi", "greater_than", "docstring"):
     case(f"{TK}:{_name}", lambda: {"model": english(), "n": 2, "seed": 1}, model="model-static", n="size>=2",
          seed="seed", extra_bad={"model": [("unknown-words-tokenizer", lambda v: bridge(), STRICT)]})

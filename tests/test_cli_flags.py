@@ -128,7 +128,7 @@ def calls(monkeypatch, tmp_path) -> Calls:
         record.scan_task.append((model_, task, kwargs))
         return _Result(record, tmp_path)
 
-    def ioi(model_, n, seed=0):
+    def ioi(model_, n=32, seed=0):  # the generator's own default, as tasks.ioi
         record.generator.append({"n": n, "seed": seed})
         return tasks.Task.from_pairs([([1, 2, 3], [1, 4, 3], 5, 6)], name="ioi")
 

@@ -210,3 +210,34 @@ def test_the_memory_estimate_counts_the_scored_positions_logits():
                                     scored_metric=scored).stages["reference run"]
 
     assert reference(True) - reference(False) == N * spec.d_vocab * 2 * 4 * (K - 1)
+
+
+def test_the_command_line_and_the_python_call_read_the_same_sequences_and_agree(tmp_path, capsys):
+    """``circuitkit scan --task repeated-tokens`` writes the task's own 16 pairs (the induction scan's batch), as
+    ``ck.scan(model, task=repeated_tokens(model, 16))`` and ``ck.scan(model, task="repeated-tokens")`` do: the
+    same circuit and held-out figures. ``--ablation-method mean`` is another ablation (the mean over the corrupted
+    prompts, not the task's clean mean): its held-out necessity differs, and the saved settings and the circuit
+    say which ablation each ran."""
+    from circuitkit import zoo
+    from circuitkit.cli import main
+
+    model = zoo.load()
+    in_python = ck.scan(model, task=repeated_tokens(model, 16), edges=False, progress=False).circuit
+    by_name = ck.scan(model, task="repeated-tokens", edges=False, progress=False).circuit
+    runs = {}
+    for label, extra in (("default", []), ("mean", ["--ablation-method", "mean"])):
+        out = tmp_path / label
+        assert main(["scan", "--task", "repeated-tokens", "--no-edges", "--out", str(out), *extra]) == 0
+        runs[label] = json.loads((out / "scores.json").read_text(encoding="utf-8"))
+    said = capsys.readouterr()
+    assert "16 pairs, metric next_token_logprob, ablation clean_mean" in said.err + said.out
+    cli = runs["default"]
+    assert cli["task"]["pairs"] == 16 and cli["settings"]["ablation"] == cli["circuit"]["ablation"] == "clean_mean"
+    for circuit in (in_python, by_name):
+        assert cli["circuit"]["heads"] == [f"{a}.{b}" for a, b in circuit.heads]
+        assert cli["circuit"]["faithfulness"] == pytest.approx(circuit.faithfulness, abs=1e-9)
+        for key in ("pairs", "faithfulness", "necessity"):
+            assert cli["circuit"]["other_set"][key] == pytest.approx(circuit.other_set[key], abs=1e-9)
+    mean = runs["mean"]
+    assert mean["settings"]["ablation"] == mean["circuit"]["ablation"] == mean["task"]["ablation"] == "mean"
+    assert abs(mean["circuit"]["other_set"]["necessity"] - cli["circuit"]["other_set"]["necessity"]) > 0.01

@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="heads ranked by |attribution| to ablate exactly with --ablate top (8)")
     scan.add_argument("--ablation-method", choices=("mean", "zero"), default="mean",
                       help="replace a head's output by its mean (default) or by zeros; with --task, given: how "
-                      "nodes outside the circuit are replaced (default there: from the corrupted prompt)")
+                      "nodes outside the circuit are replaced, mean being the mean over the corrupted prompts "
+                      "(default there: the task's own, the corrupted prompt's values; repeated-tokens: the clean "
+                      "mean, as the induction scan's mean)")
     scan.add_argument("--top-k", type=_int_in(1), default=5, metavar="K",
                       help="heads per score and composition edges per mode to list (5)")
     scan.add_argument("--no-circuit", action="store_true",
@@ -150,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the behaviour whose circuit to find: induction (default: repeated random tokens), ioi, "
                       "greater-than, docstring, repeated-tokens (induction as a task), or a file of "
                       "clean/corrupted pairs (.jsonl, .csv, .json)")
-    scan.add_argument("--pairs", type=_int_in(2, 10_000), default=32, metavar="N",
-                      help="prompt pairs a built-in task writes (32)")
+    scan.add_argument("--pairs", type=_int_in(2, 10_000), default=None, metavar="N",
+                      help="prompt pairs a built-in task writes (default: the task's own: 32; repeated-tokens 16, "
+                      "the induction scan's batch)")
     # tasks.task.METRIC_NAMES and ALIASES, not imported: --help stays free of torch (a test checks they agree)
     scan.add_argument("--metric", choices=TASK_METRICS, default=None,
                       help="a task's metric instead of its own: logit_diff, prob_diff, answer_logprob (alias loss), "
@@ -488,7 +491,8 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
 
     if task is None:
         task = _with_ablation(args, tasks.get_task(args.task, model, n=args.pairs, seed=args.seed))
-    _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {args.metric or task.metric}")
+    _say(f"scan: task {task.name!r}, {task.n_pairs} pairs, metric {args.metric or task.metric}, ablation "
+         f"{task.ablation}")
     result = tasks.scan_task(model, task, target=args.target, edges=not args.no_edges, quick=args.quick,
                              device=args.device, name=name, n_resamples=args.resamples, ci_level=args.ci_level,
                              progress=True,  # a bar on a terminal, one line per stage in a log or a pipe

@@ -199,30 +199,24 @@ class Ablator:
 
     def losses(self, ablated: Tensor) -> list[float]:
         """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
-        out: list[float] = []
-        for start in range(0, ablated.shape[0], self.per_forward):
-            out += self._pass(ablated[start : start + self.per_forward])
-        return out
+        from circuitkit.detect.node_patching import in_passes
+
+        parts = in_passes(ablated.shape[0], self.per_forward, lambda part: self._pass(ablated[part]))
+        return [loss for part in parts for loss in part]
 
     def _pass(self, ablated: Tensor) -> list[float]:
+        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the task scan's
+        too): each head ablated is a unit of its layer's ``z`` patched to :attr:`values`."""
+        from circuitkit.detect.node_patching import Patch, patched_logits
+
         S = ablated.shape[0]
         tokens = self.batch.tokens
         B = tokens.shape[0]
-
-        def hook(z: Tensor, hook: Any) -> Tensor:
-            layer = HOOKS.layer_of(hook.name)
-            mask = ablated[:, layer].to(z.device)  # [S, head]
-            if not bool(mask.any()):
-                return z
-            view = z.view(S, B, *z.shape[1:])  # [S, B, pos, head, d_head]
-            value = self.values[layer].to(device=z.device, dtype=z.dtype)
-            value = value[None, None, None] if value.ndim == 2 else value[None]
-            return torch.where(mask[:, None, None, :, None], value, view).reshape(z.shape)
-
         layers = sorted({int(x) for x in ablated.any(dim=(0, 2)).nonzero().flatten().tolist()})
+        patches = [Patch(HOOKS.z(layer), ablated[:, layer], self.values[layer]) for layer in layers]
+        logits = patched_logits(self.adapter, tokens, S, patches, positions=self.positions)
         copies = tokens.repeat(S, 1)
         with torch.no_grad():
-            logits = self.adapter.run(copies, [(HOOKS.z(layer), hook) for layer in layers], positions=self.positions)
             each = token_losses(logits, copies, self.batch.repeated_copies)  # as stacked_losses, kept per sequence
             losses = each.view(S, -1).mean(dim=1).cpu()
             each = each.view(S, B, -1).float().mean(dim=2).cpu()

@@ -23,6 +23,7 @@ why. A batch given as a built ``TokenBatch`` has no spec to draw from: no evalua
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -104,21 +105,22 @@ def _with_clean_means(adapter: ModelAdapter, batch: TokenBatch, masks: torch.Ten
     head's ``z`` replaced by its mean over the batch's sequences and positions in the unablated copy at that layer.
     The first pass stacks as many copies as fit (set 0 among them) and keeps those means; any sets left run after
     it with them (:class:`~circuitkit.circuits.faithfulness.Ablator`). ``S`` copies in all."""
+    from circuitkit.detect.node_patching import Patch, patched_logits
+
     positions = loss_positions(batch)
     S = min(masks.shape[0], copies_per_forward(adapter, batch.tokens, len(positions)))
-    B = batch.tokens.shape[0]
     means: dict[int, torch.Tensor] = {}
 
-    def hook(z: torch.Tensor, hook: Any) -> torch.Tensor:
-        layer = HOOKS.layer_of(hook.name)
-        mask = masks[:S, layer].to(z.device)  # [S, head]
-        view = z.view(S, B, *z.shape[1:])  # [S, B, pos, head, d_head]
-        means[layer] = mean = view[0].mean(dim=(0, 1))  # [head, d_head]: copy 0 is unablated, its z the clean z
-        return torch.where(mask[:, None, None, :, None], mean[None, None, None], view).reshape(z.shape)
+    def clean_mean(layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def value(view: torch.Tensor) -> torch.Tensor:  # view [S, B, pos, head, d_head]
+            means[layer] = mean = view[0].mean(dim=(0, 1))  # [head, d_head]: copy 0 is unablated, its z the clean z
+            return mean
+        return value
 
+    patches = [Patch(HOOKS.z(layer), masks[:S, layer], clean_mean(layer)) for layer in range(masks.shape[1])]
+    logits = patched_logits(adapter, batch.tokens, S, patches, positions=positions)
     copies = batch.tokens.repeat(S, 1)
     with torch.no_grad():
-        logits = adapter.run(copies, [(HOOKS.z(layer), hook) for layer in range(masks.shape[1])], positions=positions)
         losses = token_losses(logits, copies, batch.repeated_copies).view(S, -1).mean(dim=1).cpu()
     first = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
     rest = Ablator(adapter, batch, means).losses(masks[S:]) if S < masks.shape[0] else []

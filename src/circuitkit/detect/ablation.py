@@ -12,7 +12,9 @@ Cost. Heads of one layer are ablated in one forward pass over the batch copied o
 :data:`MAX_SEQUENCES_PER_FORWARD` sequences). Where the model can resume from a residual stream
 (``ModelAdapter.can_resume``: TransformerBridge, the toy model), the pass for layer ``l`` starts at layer ``l``
 from the clean residual stream saved by the one clean pass, instead of recomputing layers ``0 .. l-1``
-(ablating a head of layer ``l`` changes nothing before it, so the result is the same to float tolerance).
+(ablating a head of layer ``l`` changes nothing before it, so the result is the same to float tolerance). Each
+pass is the one node-patching pass of every engine (:func:`circuitkit.detect.node_patching.patched_logits`), copy
+``i`` patching head ``i`` of the chunk.
 Only the heads asked for are ablated (``heads=``): :func:`circuitkit.scan` ablates the heads attribution
 ranks first plus the detected circuit, not all of them.
 
@@ -35,9 +37,9 @@ from circuitkit import validate
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.effects import HeadEffects
 from circuitkit.detect.loss import loss_positions, token_losses
+from circuitkit.detect.node_patching import Patch, patched_logits
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
-from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
@@ -91,24 +93,6 @@ def replacements(adapter: ModelAdapter, run: CleanRun, method: str) -> dict[int,
     return {layer: torch.zeros(spec.n_heads, spec.d_head) for layer in range(spec.n_layers)}
 
 
-def _ablating_hook(heads: Tensor, replacement: Tensor, batch: int):
-    """Copy ``i`` of the batch (rows ``i*batch .. (i+1)*batch``) gets head ``heads[i]``'s ``z`` replaced."""
-
-    def hook(z: Tensor, hook: Any) -> Tensor:
-        if z.ndim != 4:
-            raise CircuitkitError(
-                f"{hook.name} has shape {tuple(z.shape)}; expected [batch, pos, head, d_head] to ablate heads."
-            )
-        z = z.clone()
-        view = z.view(len(heads), batch, *z.shape[1:])
-        copies = torch.arange(len(heads), device=z.device)
-        index = heads.to(z.device)
-        view[copies, :, :, index] = replacement.to(device=z.device, dtype=z.dtype)[index][:, None, None, :]
-        return z
-
-    return hook
-
-
 def ablate(
     adapter: ModelAdapter,
     run: CleanRun,
@@ -141,13 +125,13 @@ def ablate(
         for layer, layer_heads in sorted(by_layer.items()):
             for start in range(0, len(layer_heads), per_forward):
                 chunk = torch.tensor(layer_heads[start : start + per_forward], device="cpu")
-                hook = (HOOKS.z(layer), _ablating_hook(chunk, values[layer], n_batch))
+                # copy i ablates head chunk[i]: the one node-patching pass, resumed at the layer where it can
+                one_each = torch.zeros(len(chunk), spec.n_heads, dtype=torch.bool, device="cpu")
+                one_each[torch.arange(len(chunk)), chunk] = True
                 copies = tokens.repeat(len(chunk), 1)
-                if resume and layer > 0:
-                    resid = run.resid_pre[layer]
-                    logits = adapter.run_from(resid.repeat(len(chunk), 1, 1), layer, [hook], positions=at)
-                else:
-                    logits = adapter.run(copies, [hook], positions=at)
+                logits = patched_logits(adapter, tokens, len(chunk), [Patch(HOOKS.z(layer), one_each, values[layer])],
+                                        positions=at, resume=(run.resid_pre[layer], layer)
+                                        if resume and layer > 0 else None)
                 losses = token_losses(logits, copies, repeated).cpu()
                 effect[layer, chunk] = losses.view(len(chunk), -1).mean(dim=1) - clean
                 each = losses.view(len(chunk), n_batch, -1).mean(dim=2) - clean_each  # [heads, batch]
@@ -184,23 +168,17 @@ def ablate_together_each(adapter: ModelAdapter, run: CleanRun, heads: list[Head]
     for layer, head in heads:
         by_layer.setdefault(layer, []).append(head)
 
-    def hook_for(layer: int, chosen: list[int]):
-        def hook(z: Tensor, hook: Any) -> Tensor:
-            z = z.clone()
-            index = torch.tensor(chosen, device=z.device)
-            z[:, :, index] = values[layer].to(device=z.device, dtype=z.dtype)[index]
-            return z
+    def together(chosen: list[int]) -> Tensor:  # [1, head]: one copy ablating every chosen head of a layer
+        mask = torch.zeros(1, adapter.spec.n_heads, dtype=torch.bool, device="cpu")
+        mask[0, chosen] = True
+        return mask
 
-        return hook
-
-    hooks = [(HOOKS.z(layer), hook_for(layer, chosen)) for layer, chosen in sorted(by_layer.items())]
+    patches = [Patch(HOOKS.z(layer), together(chosen), values[layer]) for layer, chosen in sorted(by_layer.items())]
     first = min(by_layer)
     at = loss_positions(run.batch)
-    with torch.no_grad():
-        if together_cost(heads, adapter.spec.n_layers, run, adapter) < 1.0:
-            logits = adapter.run_from(run.resid_pre[first], first, hooks, positions=at)
-        else:
-            logits = adapter.run(run.batch.tokens, hooks, positions=at)
+    resumed = together_cost(heads, adapter.spec.n_layers, run, adapter) < 1.0
+    logits = patched_logits(adapter, run.batch.tokens, 1, patches, positions=at,
+                            resume=(run.resid_pre[first], first) if resumed else None)
     losses = token_losses(logits, run.batch.tokens, run.batch.repeated_copies).cpu()
     rise = float(validate.finite_result("ablate_together", losses.mean())) - run.repeated_loss
     return rise, losses.float().mean(dim=1) - run.repeated_per_sequence

@@ -14,8 +14,10 @@ from circuitkit.tasks.scan import TaskScan, scan_task
 from circuitkit.tasks.task import Pair, Task, TaskBatch
 
 
-def get_task(name_or_path: str, model: object, *, n: int = 32, seed: int = 0) -> Task:
-    """A built-in task by name (:data:`GENERATORS`) written for ``model``'s tokenizer, or a task file's path."""
+def get_task(name_or_path: str, model: object, *, n: int | None = None, seed: int = 0) -> Task:
+    """A built-in task by name (:data:`GENERATORS`) written for ``model``'s tokenizer, or a task file's path.
+    ``n``: the pairs a built-in task writes (None: the task's own default, 32; ``repeated-tokens``: 16, the
+    induction scan's batch, so that ``--task repeated-tokens`` reads the induction scan's sequences)."""
     import os
 
     from circuitkit import validate
@@ -24,7 +26,8 @@ def get_task(name_or_path: str, model: object, *, n: int = 32, seed: int = 0) ->
         raise validate.fail("get_task: name_or_path", name_or_path,
                             f"a built-in task's name ({', '.join(GENERATORS)}) or a task file's path")
     if name_or_path in GENERATORS:
-        return GENERATORS[name_or_path](model, n, seed=seed)
+        make = GENERATORS[name_or_path]
+        return make(model, seed=seed) if n is None else make(model, n, seed=seed)
     return load_task(name_or_path)
 
 

@@ -140,6 +140,9 @@ class TaskCircuit:
     edge_areas: dict[str, Any] | None = None
     """MIB's curves and areas (:func:`mib_areas`: ``cpr``, ``cmd``, ``fractions``, ``sizes`` and per ranking its
     ``faithfulness``, ``area_under``, ``area_from_1``); None without an edge circuit."""
+    ablation: str = "corrupted"
+    """What a node outside the node circuit becomes (the task's ablation, :data:`~circuitkit.tasks.task.ABLATIONS`);
+    an edge outside the edge circuit is always patched from the corrupted prompt."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,7 +151,7 @@ class TaskCircuit:
             "faithfulness": self.faithfulness,
             "necessity": self.necessity,
             "target": self.target,
-            "ablation": "corrupted",
+            "ablation": self.ablation,
             "curve": [p.to_json() for p in self.curve],
             "nodes_total": self.n_nodes_total,
             "edges": list(self.edges),

@@ -444,32 +444,29 @@ class TaskRunner:
         return values if per_pair else values.mean(-1)
 
     def _in_passes(self, sets: int, *, node: bool, run: Callable[[slice], Tensor]) -> Tensor:
-        """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated."""
-        per = self._copies_per_pass(node=node)
-        return torch.cat([run(slice(start, start + per)) for start in range(0, sets, per)])
+        """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated
+        (:func:`circuitkit.detect.node_patching.in_passes`)."""
+        from circuitkit.detect.node_patching import in_passes
+
+        return torch.cat(in_passes(sets, self._copies_per_pass(node=node), run))
 
     def _node_pass(self, patched: dict[str, Tensor]) -> Tensor:
-        """One stacked pass: per copy ``s``, the units of every patched node take their :meth:`values_of`."""
+        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the induction
+        scan's too): per copy ``s``, the units of every patched node (a node's units: :func:`groups_of`) take their
+        :meth:`values_of` (``[pair, pos, unit, ...]``)."""
+        from circuitkit.detect.node_patching import Patch, patched_logits
+
         S = next(iter(patched.values())).shape[0]
-        B = self.batch.n_pairs
-
-        def patch(mask: Tensor, value: Tensor) -> Callable[[Tensor, Any], Tensor]:
-            """``mask`` ``[S, nodes]`` of one layer; ``value`` ``[pair, pos, unit, ...]``."""
-            def hook(x: Tensor, hook: Any) -> Tensor:
-                view = x.view(S, B, *x.shape[1:])  # [S, pair, pos, unit, ...]
-                units = mask.to(x.device)[:, groups_of(x.shape[2], mask.shape[1], x.device)]  # [S, unit]
-                units = units.view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
-                return torch.where(units, value.to(x.dtype)[None], view).reshape(x.shape)
-            return hook
-
         L = self.spec.n_layers
-        hooks = []
+        patches = []
         for name, mask in patched.items():
             kind, values = self.node_types[name], self.values_of(name)
-            hooks += [(kind.hook(layer), patch(mask[:, layer], values[layer])) for layer in range(L)
-                      if bool(mask[:, layer].any())]
-        with torch.no_grad():
-            logits = self.adapter.run(self.batch.clean.repeat(S, 1), hooks, positions=self.positions)
+            for layer in range(L):
+                if bool(mask[:, layer].any()):
+                    units = values[layer].shape[2]
+                    unit_mask = mask[:, layer][:, groups_of(units, mask.shape[2], mask.device)]  # [S, unit]
+                    patches.append(Patch(kind.hook(layer), unit_mask, values[layer]))
+        logits = patched_logits(self.adapter, self.batch.clean, S, patches, positions=self.positions)
         self.passes += S
         return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
                                       why="the patched model's logits overflowed")

@@ -596,7 +596,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                                   edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                                   float(search.corrupted["metric"].mean()), all_patched,
                                   intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
-                                  other_set=other_set, nodes=members, edge_areas=areas)
+                                  other_set=other_set, nodes=members, edge_areas=areas, ablation=task.ablation)
     finally:
         bar.close()
     stages = [TaskStage(r.name, r.passes, r.seconds) for r in bar.ran]

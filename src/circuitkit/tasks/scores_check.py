@@ -309,7 +309,9 @@ class TaskScoresCheck(ScoresCheck):
         target = self.number(c["target"], "circuit.target", nullable=False)
         if not 0.0 < target <= 1.0:
             raise self.fail("circuit.target", target, "a faithfulness target in (0, 1]")
-        self.option(c["ablation"], "circuit.ablation", ("corrupted",))
+        from circuitkit.tasks.task import ABLATIONS
+
+        self.option(c["ablation"], "circuit.ablation", ABLATIONS)
         self.option(c["rank"], "circuit.rank", RANKS)
         further = sum(len(labels) for labels in self.node_labels.values())
         nodes = self.integer(c["nodes_total"], "circuit.nodes_total", 1,

@@ -1,0 +1,91 @@
+"""Node patching: stacked copies of a batch, each with its own set of nodes replaced. The one pass that the
+induction scan (:func:`circuitkit.detect.ablation.ablate`: one head a copy; :class:`~circuitkit.circuits.
+faithfulness.Ablator`: head sets) and the task scan (:meth:`circuitkit.tasks.graph.TaskRunner.patched_metric`: node
+sets of every type) run; each reads its own metric from the logits.
+
+A pass of ``S`` copies runs ``tokens`` ``[B, P]`` repeated ``S`` times along the batch axis (copy-major: rows
+``s * B .. s * B + B - 1`` are copy ``s``). At each patched hook the activation ``x`` ``[S * B, P, U, ...]`` (``U``
+units along its third axis: the heads of a layer's ``z`` ``[.., head, d_head]``, an MLP's output ``[.., d_model]``,
+the neurons of a group) becomes, for copy ``s``, sequence ``b``, position ``p`` and unit ``u``::
+
+    x[s, b, p, u, ...] = value[b, p, u, ...]   where mask[s, u]
+                         x[s, b, p, u, ...]    elsewhere
+
+``value`` broadcasts against ``[B, P, U, ...]``: a per-unit value ``[U, ...]`` (a mean, zeros) or one per sequence
+and position ``[B, P, U, ...]`` (a corrupted or resampled run); or it is a function of the pass's own activation
+``[S, B, P, U, ...]`` at that hook returning such a tensor (the held-out batch's means, taken from its unpatched
+copy 0 in the same pass). Everything downstream of a patched hook is
+recomputed. The selection is exact (``torch.where``): a unit not patched keeps its own activation, and a copy
+that patches nothing is the plain run (up to the rounding of a larger batch's matrix products).
+
+The sets of one measurement are split into passes of at most ``per_pass`` copies (:func:`in_passes`; each engine
+sizes ``per_pass`` by :func:`circuitkit.pass_budget.copies_per_pass`): fewer copies a pass change how many passes
+run, never a copy's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from circuitkit.errors import CircuitkitError
+from circuitkit.models.adapters import ModelAdapter
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One hook of a stacked pass: ``mask`` ``[S, U]`` bool (True: that copy patches that unit), ``value``
+    broadcastable to ``[B, P, U, ...]``, or a function of the activation ``[S, B, P, U, ...]`` returning one
+    (module docstring)."""
+
+    hook: str
+    mask: Tensor
+    value: Tensor | Callable[[Tensor], Tensor]
+
+
+def _hook(patch: Patch, S: int, B: int) -> Callable[[Tensor, Any], Tensor]:
+    U = patch.mask.shape[1]
+
+    def hook(x: Tensor, hook: Any) -> Tensor:
+        if x.dim() < 3 or x.shape[0] != S * B or x.shape[2] != U:
+            raise CircuitkitError(f"{hook.name} has shape {tuple(x.shape)}; expected [{S * B}, pos, {U}, ...] "
+                                  f"({S} copies of {B} sequences, {U} units to patch).")
+        view = x.view(S, B, *x.shape[1:])  # [S, B, P, U, ...]
+        units = patch.mask.to(x.device).view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
+        value = patch.value(view) if callable(patch.value) else patch.value
+        value = value.to(device=x.device, dtype=x.dtype)[None]
+        return torch.where(units, value, view).reshape(x.shape)
+
+    return hook
+
+
+def patched_logits(adapter: ModelAdapter, tokens: Tensor, copies: int, patches: Sequence[Patch], *,
+                   positions: Tensor | None = None, resume: tuple[Tensor, int] | None = None) -> Tensor:
+    """Logits ``[copies * B, len(positions), d_vocab]`` (every position where ``positions`` is None) of ``copies``
+    stacked copies of ``tokens`` ``[B, P]``, each with its units of ``patches`` replaced (module docstring); no
+    gradients. A hook with no unit patched in any copy can be left out of ``patches``: it changes nothing.
+    ``resume``: ``(resid_pre, layer)``, the plain run's residual stream ``[B, P, d_model]`` entering ``layer``, from
+    which the pass runs (:meth:`~circuitkit.models.adapters.ModelAdapter.run_from`; every patched hook at or after
+    ``layer``, so the layers before it are the plain run's)."""
+    B = tokens.shape[0]
+    hooks = [(patch.hook, _hook(patch, copies, B)) for patch in patches]
+    with torch.no_grad():
+        if resume is not None:
+            resid, layer = resume
+            return adapter.run_from(resid.repeat(copies, 1, 1), layer, hooks, positions=positions)
+        return adapter.run(tokens.repeat(copies, 1), hooks, positions=positions)
+
+
+def in_passes(sets: int, per_pass: int, run: Callable[[slice], T]) -> list[T]:
+    """``run(part)`` for consecutive slices ``part`` of ``range(sets)``, each at most ``per_pass`` long (one stacked
+    pass each), in order."""
+    return [run(slice(start, min(start + per_pass, sets))) for start in range(0, sets, max(1, per_pass))]
+
+
+__all__ = ["Patch", "in_passes", "patched_logits"]
