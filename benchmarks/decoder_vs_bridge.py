@@ -31,9 +31,9 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    import circuitkit as ck  # before torch: its threads then sleep, not spin, while they wait
-
     import torch
+
+    import circuitkit as ck  # before torch: its threads then sleep, not spin, while they wait
     from circuitkit.detect import RepeatedTokens
     from circuitkit.detect.session import open_session
     from circuitkit.models import load_model
