@@ -48,7 +48,7 @@ from circuitkit import validate
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.tasks.metrics import METRICS, last_logits
-from circuitkit.tasks.nodes import EDGE_TYPES, HEAD, MLP, NodeType, groups_of
+from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
 from circuitkit.tasks.task import TaskBatch
 
 EDGES_UNDEFINED = ("in this family a norm or a scale follows the attention, so a head's z @ W_O is not its "
@@ -95,10 +95,18 @@ class Graph:
     allowed: Tensor
     sender_slices: dict[tuple[str, int], slice] = field(default_factory=dict)
     receiver_slices: dict[tuple[str, int], slice] = field(default_factory=dict)
+    kv_edges: str = DEFAULT_KV_EDGES
 
     @property
     def n_edges(self) -> int:
         return int(self.allowed.sum())
+
+    @property
+    def kv_copies(self) -> int:
+        """Query heads per key/value head where each has its own key and value receivers (``"per-query-head"`` on
+        a grouped-query model), else 1: the copies of the pairs each edge pass runs side by side
+        (:meth:`TaskRunner._edge_pass`)."""
+        return self.n_heads // self.n_kv if self.kv_edges == "per-query-head" else 1
 
     def sender_index(self, layer: int, head: int | None) -> int:
         """Index of head ``(layer, head)`` (or the MLP of ``layer`` with ``head=None``) among the senders."""
@@ -119,15 +127,16 @@ class Graph:
         return [f"{self.senders[int(s)]}->{self.receivers[int(r)]}" for s, r in index.tolist()]
 
 
-def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
+def build_graph(adapter: ModelAdapter, mlps: bool, kv_edges: str = DEFAULT_KV_EDGES) -> Graph:
     """The graph of ``adapter``'s model (``mlps``: MLPs are nodes; refused where the model has none): the senders
-    and receivers of every node type of :data:`~circuitkit.tasks.nodes.EDGE_TYPES` in order, an edge wherever a
-    receiver reads after its sender writes (:mod:`~circuitkit.tasks.nodes`)."""
+    and receivers of every node type of :func:`~circuitkit.tasks.nodes.edge_types` in order (``kv_edges``: key and
+    value receivers per key/value head or per query head, :data:`~circuitkit.tasks.nodes.KV_EDGES`), an edge
+    wherever a receiver reads after its sender writes (:mod:`~circuitkit.tasks.nodes`)."""
     spec = adapter.spec
     L = spec.n_layers
     facts = getattr(adapter, "facts", None)
     parallel = bool(facts is not None and facts.parallel_attention)
-    types = [t for t in EDGE_TYPES if mlps or t is not MLP]
+    types = [t for t in edge_types(kv_edges) if mlps or t is not MLP]
     plan = ([(t, -1) for t in types if t.where == "before"] + [(t, layer) for layer in range(L) for t in types
                                                                 if t.where == "layer"]
             + [(t, L) for t in types if t.where == "after"])
@@ -150,7 +159,7 @@ def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
             reads += [2 * layer + (0 if parallel else port.reads_at)] * n
     allowed = torch.tensor(writes, device="cpu")[:, None] < torch.tensor(reads, device="cpu")[None, :]
     return Graph(L, spec.n_heads, spec.n_kv_heads, mlps, parallel, tuple(senders), tuple(receivers), allowed,
-                 sender_slices, receiver_slices)
+                 sender_slices, receiver_slices, kv_edges)
 
 
 class TaskRunner:
@@ -161,10 +170,11 @@ class TaskRunner:
     :class:`~circuitkit.tasks.metrics.UserMetric`; ``mlps``: MLPs are graph nodes; ``node_types``: further kinds of
     node a node circuit may keep or patch beside the heads and MLPs (:mod:`circuitkit.tasks.nodes`, e.g.
     :func:`~circuitkit.tasks.nodes.neuron_groups`); each is captured in both reference runs and scored by
-    :meth:`attribute`."""
+    :meth:`attribute`; ``kv_edges``: key/value receivers per key/value head (``"grouped"``) or per query head
+    (``"per-query-head"``; module docstring)."""
 
     def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str,
-                 node_types: tuple[NodeType, ...] = ()) -> None:
+                 node_types: tuple[NodeType, ...] = (), kv_edges: str = DEFAULT_KV_EDGES) -> None:
         if adapter.spec.bidirectional:
             raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
                                 "a causal language model (a task's metric is read at each prompt's last token, "
@@ -179,7 +189,7 @@ class TaskRunner:
         self.metric_name = metric_label(metric)
         self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
         self.ablation = ablation
-        self.graph = build_graph(adapter, mlps)
+        self.graph = build_graph(adapter, mlps, kv_edges)
         # edges need each head's z @ W_O to be its contribution to the residual stream (EDGES_UNDEFINED)
         self.edges_defined = bool(adapter.additive_heads)
         self.mlp_in = mlp_input_hook(adapter) if mlps and self.edges_defined else HOOKS.mlp_in
@@ -452,7 +462,7 @@ class TaskRunner:
             chunk = kept[part]
             with torch.no_grad():
                 logits = self._edge_pass(chunk.shape[0], chunk, None, None)
-            self.passes += chunk.shape[0]
+            self.passes += chunk.shape[0] * self.graph.kv_copies
             return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
                                           why="the patched model's logits overflowed")
 
@@ -473,35 +483,45 @@ class TaskRunner:
         graph = self.graph
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
         alphas = ig_alphas(steps, points).to(clean_in.device)
-        start = corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
-            clean_in - corrupt_in)[None]  # [steps, pair, pos, d_model]
-        grads: dict[tuple[str, int], Tensor] = {}
-        resid: dict[int, Tensor] = {}
-        node_leaves: dict[tuple[str, int], Tensor] = {}
-        with frozen_parameters(self.adapter.model), torch.enable_grad():
-            logits = self._edge_pass(steps, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
-            total = self.metric(logits).mean(-1).sum()
-            leaves = sorted(grads)
-            named = sorted(node_leaves)
-            got = torch.autograd.grad(total, [grads[i] for i in leaves] + [node_leaves[i] for i in named],
-                                      allow_unused=True)
-            got, node_got = got[:len(leaves)], dict(zip(named, got[len(leaves):], strict=True))
-        self.passes += 3.0 * steps
+        copies = graph.kv_copies
+        # points a pass: all of them, or with per-query-head copies as many as keep a pass within max(steps, copies)
+        # copies of the pairs (the gradients add up over the points, whichever pass took them)
+        per = steps if copies == 1 else max(1, steps // copies)
         delta = (self.clean["out"] - self.corrupted["out"]).float()  # [sender, pair, pos, d_model]
         flat = delta.reshape(delta.shape[0], -1)
         scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
-        for index, grad in zip(leaves, got, strict=True):
-            if grad is None:
-                continue
-            g = self._pulled_back(index, grad.detach().float(), resid, steps) / steps  # mean over the points
-            cols = self._receiver_columns(index)
-            scores[:, cols] = (flat @ g.T).cpu()
+        summed: dict[tuple[str, int], Tensor] = {}  # the further node types' gradients summed over the points
+        for begin in range(0, steps, per):
+            part = alphas[begin : begin + per]
+            n = len(part)
+            start = corrupt_in[None] + part.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
+                clean_in - corrupt_in)[None]  # [n, pair, pos, d_model]
+            grads: dict[tuple[str, int], Tensor] = {}
+            resid: dict[int, Tensor] = {}
+            node_leaves: dict[tuple[str, int], Tensor] = {}
+            with frozen_parameters(self.adapter.model), torch.enable_grad():
+                logits = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
+                total = self.metric(logits).mean(-1).sum()
+                leaves = sorted(grads)
+                named = sorted(node_leaves)
+                got = torch.autograd.grad(total, [grads[i] for i in leaves] + [node_leaves[i] for i in named],
+                                          allow_unused=True)
+                got, node_got = got[:len(leaves)], dict(zip(named, got[len(leaves):], strict=True))
+            self.passes += 3.0 * n * copies
+            for index, grad in zip(leaves, got, strict=True):
+                if grad is None:
+                    continue
+                g = self._pulled_back(index, grad.detach().float(), resid, n) / steps  # mean over the points
+                cols = self._receiver_columns(index)
+                scores[:, cols] += (flat @ g.T).cpu()
+            _add_summed(summed, node_got, n)
         scores = scores * graph.allowed
-        return scores, scores.sum(1), self._typed_scores(node_got, steps)
+        return scores, scores.sum(1), self._typed_scores(summed, steps)
 
-    def _typed_scores(self, got: dict[tuple[str, int], Tensor | None], S: int) -> dict[str, Tensor]:
+    def _typed_scores(self, summed: dict[tuple[str, int], Tensor], S: int) -> dict[str, Tensor]:
         """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.tasks.nodes`) from the
-        gradients at its hook ``[S * pair, pos, unit, ...]`` summed over the ``S`` points (divided by ``S``)."""
+        gradients at its hook summed over the ``S`` points (``[pair, pos, unit, ...]``, :func:`_add_summed`;
+        divided by ``S``)."""
         real = self.batch.real.float()
         out: dict[str, Tensor] = {}
         for kind in self.extra_types:
@@ -509,10 +529,9 @@ class TaskRunner:
             clean, values = self.clean["nodes"][kind.name], self.values_of(kind.name)
             scores = torch.zeros(self.spec.n_layers, n, device="cpu")
             for layer in range(self.spec.n_layers):
-                grad = got.get((kind.name, layer))
-                if grad is None:
+                g = summed.get((kind.name, layer))
+                if g is None:
                     continue
-                g = grad.detach().float().view(S, -1, *grad.shape[1:]).sum(0)
                 delta = (clean[layer] - values[layer]).float()
                 per_unit = torch.einsum("bpu...,bpu...,bp->u", delta, g, real.to(g.device)).cpu()
                 scores[layer].index_add_(0, groups_of(per_unit.shape[0], n), per_unit / S)
@@ -566,6 +585,8 @@ class TaskRunner:
             got = dict(zip(names, grads[:len(names)], strict=True))
             typed_got = dict(zip(keys, grads[len(names):], strict=True))
         self.passes += 3.0 * S
+        summed: dict[tuple[str, int], Tensor] = {}
+        _add_summed(summed, typed_got, S)
         scores = torch.zeros(len(graph.senders))
         real = batch.real.to(clean_in.device)
         for layer in range(L):
@@ -582,7 +603,7 @@ class TaskRunner:
                 delta = (self.clean["mlp"][layer] - mlp_values[layer]).float()
                 scores[graph.sender_index(layer, None)] = float(torch.einsum("bpm,bpm,bp->", delta, g,
                                                                              real.float())) / S
-        return scores, self._typed_scores(typed_got, S)
+        return scores, self._typed_scores(summed, S)
 
     def _pulled_back(self, key: tuple[str, int], grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:
         """``[R, pair * pos * d_model]``: dM/d(receiver input) summed over the ``steps`` copies, from a gradient
@@ -598,7 +619,12 @@ class TaskRunner:
                 (grad,) = torch.autograd.grad(norm(x), x, grad)
         if channel in ("mlp", "logits"):
             return grad.float().reshape(steps, -1).sum(0).reshape(1, -1)
-        W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[channel][layer].to(grad.dtype)  # [R, d_model, d_head]
+        Q = self.graph.kv_copies
+        if Q > 1 and channel != "q":  # copy j's leaf at key/value head g: query head g * Q + j's input
+            n = grad.shape[0] // Q
+            grad = grad.view(Q, n, *grad.shape[1:]).permute(1, 2, 3, 0, 4).reshape(n, grad.shape[1], -1,
+                                                                                   grad.shape[-1])
+        W = self._receiver_weights(channel, layer).to(grad.dtype)  # [R, d_model, d_head]
         cot = torch.einsum("npre,rme->rnpm", grad, W)  # [R, steps * pair, pos, d_model]
         R, N, P = cot.shape[:3]
         norm = self.norms[layer]
@@ -607,6 +633,13 @@ class TaskRunner:
             with torch.enable_grad():
                 (cot,) = torch.autograd.grad(norm(x), x, cot.reshape(R * N, P, d))
         return cot.float().reshape(R, steps, -1).sum(1)
+
+    def _receiver_weights(self, channel: str, layer: int) -> Tensor:
+        """``[R, d_model, d_head]``: the weight of each of ``layer``'s ``channel`` receivers (q, k, v): a key/value
+        head's, repeated for each query head of its group where those have receivers of their own."""
+        W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[channel][layer]
+        Q = self.graph.kv_copies
+        return W if Q == 1 or channel == "q" else W.repeat_interleave(Q, dim=0)
 
     def _receiver_columns(self, key: tuple[str, int]) -> slice:
         """Grad leaves are keyed ``(channel, layer)`` (q, k, v, mlp; the logits at ``n_layers``), as the graph's
@@ -626,10 +659,27 @@ class TaskRunner:
         the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with zero leaves
         added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input); ``resid``: filled
         with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further node types' hooks
-        (their node scores)."""
+        (their node scores).
+
+        With per-query-head key/value receivers on a grouped-query model (``Q = graph.kv_copies`` query heads per
+        key/value head), each copy runs as ``Q`` side-by-side copies of its pairs: in copy ``j`` every key/value
+        head takes the keys and values of its group's ``j``-th query head (its own patch, its own gradient leaf),
+        and at ``hook_z`` every copy takes each query head's ``z`` from the copy that computed it with its own keys
+        and values, so that the residual streams stay equal across the ``Q`` copies and every head of the model's own
+        attention (rotary, norms, masks) sees exactly its patched inputs. The metric is read on the first copy;
+        every other receiver's leaf is one tensor shared by the ``Q`` copies (its gradient: their sum)."""
         spec, graph, batch = self.spec, self.graph, self.batch
         B, P = batch.clean.shape
         d = spec.d_model
+        Q = graph.kv_copies
+
+        def each(x: Tensor) -> Tensor:
+            """``[S * B, ...]`` -> ``[Q * S * B, ...]``: the same value in every key/value copy."""
+            return x if Q == 1 else x.repeat(Q, *([1] * (x.dim() - 1)))
+
+        def copy0(x: Tensor) -> Tensor:
+            """``[Q * S * B, ...]`` -> the first key/value copy's ``[S * B, ...]`` (every copy holds its value)."""
+            return x if Q == 1 else x[: x.shape[0] // Q]
         corrupt_out = self.corrupted["out"] if kept is not None else None
         # every sender's (corrupted - current) output ``[S, sender, B * P * d]`` (copy-major, so that each copy's
         # sum over senders is one matrix product over a prefix view), filled in as the pass reaches it
@@ -687,9 +737,9 @@ class TaskRunner:
             layer = HOOKS.layer_of(hook.name)
             if layer == 0:
                 if start is not None:
-                    x = start.to(x.dtype)
-                record(0, x)
-            resid[layer] = x
+                    x = each(start.to(x.dtype))
+                record(0, copy0(x))
+            resid[layer] = copy0(x)
             return x
 
         def channel_hook(name: str) -> Callable[[Tensor, Any], Tensor]:
@@ -700,7 +750,9 @@ class TaskRunner:
                 R = cols.stop - cols.start
                 r = resid[layer].view(S, B, P, d)
                 if grads is not None:  # dM/d(act) here; pulled back to each receiver's input after the backward
-                    return act + leaf((name, layer), tuple(act.shape), act)
+                    if Q > 1 and name == "q":  # one query leaf for every copy: a head's query counts in one
+                        return act + each(leaf((name, layer), tuple(copy0(act).shape), act))
+                    return act + leaf((name, layer), tuple(act.shape), act)  # with Q > 1: copy j's is query j's
                 if layer not in attention_patch:  # q, k and v of a layer read the same senders: one product
                     attention_patch[layer] = patch_for(slice(receivers["q"].start, receivers["v"].stop))
                 both = attention_patch[layer]
@@ -715,47 +767,57 @@ class TaskRunner:
                         S, 1, B, P, -1)
                 else:
                     inc = x - r[:, None]
-                W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[name][layer].to(inc.dtype)  # [R, d_model, d_head]
+                W = self._receiver_weights(name, layer).to(inc.dtype)  # [R, d_model, d_head]
                 add = torch.einsum("srbpm,rmd->sbprd", inc, W)
+                if Q > 1 and name == "q":
+                    add = each(add.reshape(copy0(act).shape))
+                elif Q > 1:  # query head g * Q + j's keys/values into copy j's key/value head g
+                    add = add.view(S, B, P, -1, Q, add.shape[-1]).permute(4, 0, 1, 2, 3, 5)
                 return act + add.reshape(act.shape).to(act.dtype)
 
             return hook
 
-        def z_hook(z: Tensor, hook: Any) -> None:
-            if corrupt_out is None:
-                return
-            layer = HOOKS.layer_of(hook.name)
-            head_out = torch.einsum("bphd,hdm->hbpm", z, self.W_O[layer].to(z.dtype))
-            for h in range(spec.n_heads):
-                record(graph.sender_index(layer, h), head_out[h])
+        def z_hook(z: Tensor, hook: Any) -> Tensor | None:
+            if Q > 1:  # query head g * Q + j's z from copy j, in every copy
+                n = z.shape[0] // Q
+                own = torch.diagonal(z.reshape(Q, n, P, -1, Q, z.shape[-1]), dim1=0, dim2=4)  # [n, P, G, d_head, Q]
+                z = each(own.permute(0, 1, 2, 4, 3).reshape(n, P, spec.n_heads, z.shape[-1]))
+            if corrupt_out is not None:
+                layer = HOOKS.layer_of(hook.name)
+                head_out = torch.einsum("bphd,hdm->hbpm", copy0(z), self.W_O[layer].to(z.dtype))
+                for h in range(spec.n_heads):
+                    record(graph.sender_index(layer, h), head_out[h])
+            return z if Q > 1 else None
 
         def mlp_in_hook(x: Tensor, hook: Any) -> Tensor:
             layer = HOOKS.layer_of(hook.name)
             cols = graph.receivers_of(layer)["mlp"]
             extra = patch_for(cols)
             e = leaf(("mlp", layer), (S, B, P, d), x)
+            one = copy0(x).shape
             if extra is not None:
                 if self.mlp_normed:  # x = ln1(resid_pre): rebuilt through that norm
                     r = resid[layer]
                     norm = self.norms[layer]
-                    x = x + (norm(r + extra[:, 0].reshape(r.shape)) - norm(r)).to(x.dtype)
+                    x = x + each((norm(r + extra[:, 0].reshape(r.shape)) - norm(r)).to(x.dtype))
                 else:
-                    x = x + extra[:, 0].reshape(x.shape)
+                    x = x + each(extra[:, 0].reshape(one))
             if e is not None:
-                x = x + e.reshape(x.shape)
+                x = x + each(e.reshape(one))
             return x
 
         def mlp_out_hook(x: Tensor, hook: Any) -> None:
-            record(graph.sender_index(HOOKS.layer_of(hook.name), None), x)
+            record(graph.sender_index(HOOKS.layer_of(hook.name), None), copy0(x))
 
         def final_hook(x: Tensor, hook: Any) -> Tensor:
             cols = slice(graph.logits_index, graph.logits_index + 1)
             extra = patch_for(cols)
             e = leaf(("logits", spec.n_layers), (S, B, P, d), x)
+            one = copy0(x).shape
             if extra is not None:
-                x = x + extra[:, 0].reshape(x.shape)
+                x = x + each(extra[:, 0].reshape(one))
             if e is not None:
-                x = x + e.reshape(x.shape)
+                x = x + each(e.reshape(one))
             return x
 
         L = spec.n_layers
@@ -768,8 +830,8 @@ class TaskRunner:
                 hooks += [(self.mlp_in(layer), mlp_in_hook), (HOOKS.mlp_out(layer), mlp_out_hook)]
         hooks.append((HOOKS.resid_post(L - 1), final_hook))
         if node_leaves is not None:
-            hooks += _leaf_hooks(self.extra_types, L, node_leaves)
-        return self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
+            hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
+        return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions))
 
 
 def _frozen_scale_pullback(grad_normalized: Tensor, scale: Tensor, kind: str) -> Tensor:
@@ -802,14 +864,25 @@ def mlp_input_hook(adapter: ModelAdapter) -> Callable[[int], str]:
     )
 
 
-def _leaf_hooks(kinds: tuple[NodeType, ...], L: int,
-                leaves: dict[tuple[str, int], Tensor]) -> list[tuple[str, Callable]]:
-    """Hooks adding a zero leaf (recorded in ``leaves`` by ``(type, layer)``) at every layer's hook of ``kinds``."""
+def _add_summed(summed: dict[tuple[str, int], Tensor], got: dict[tuple[str, int], Tensor | None], n: int) -> None:
+    """Add to ``summed`` each gradient of ``got`` (``[n * pair, ...]``, ``n`` points stacked) summed over its
+    points, ``[pair, ...]`` float32."""
+    for key, grad in got.items():
+        if grad is not None:
+            g = grad.detach().float().view(n, -1, *grad.shape[1:]).sum(0)
+            summed[key] = g if key not in summed else summed[key] + g
+
+
+def _leaf_hooks(kinds: tuple[NodeType, ...], L: int, leaves: dict[tuple[str, int], Tensor],
+                copies: int = 1) -> list[tuple[str, Callable]]:
+    """Hooks adding a zero leaf (recorded in ``leaves`` by ``(type, layer)``) at every layer's hook of ``kinds``;
+    with ``copies``, one leaf the size of the first of that many equal copies of the batch, added to each."""
     def add(name: str) -> Callable[[Tensor, Any], Tensor]:
         def hook(x: Tensor, hook: Any) -> Tensor:  # keyed by layer: a bridge's hook.name may be an alias's target
-            leaf = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
+            leaf = torch.zeros((x.shape[0] // copies, *x.shape[1:]), dtype=x.dtype, device=x.device,
+                               requires_grad=True)
             leaves[(name, HOOKS.layer_of(hook.name))] = leaf
-            return x + leaf
+            return x + (leaf if copies == 1 else leaf.repeat(copies, *([1] * (x.dim() - 1))))
         return hook
 
     return [(kind.hook(layer), add(kind.name)) for kind in kinds for layer in range(L)]
