@@ -385,10 +385,16 @@ class TaskRunner:
         import copy
 
         k = validate.integer("task circuit: first_pairs", k, minimum=1, maximum=self.batch.n_pairs)
+        return self._pair_range(0, k)
+
+    def _pair_range(self, a: int, k: int) -> TaskRunner:
+        """:meth:`first_pairs` for the pairs ``a .. k - 1``."""
+        import copy
+
         clean, corrupted = self.clean, self.corrupted
         values = {name: self.values_of(name) for name in ("head", "mlp", *(t.name for t in self.extra_types))}
         sub = copy.copy(self)
-        sub.batch = self.batch.subset(torch.arange(k, device="cpu"))
+        sub.batch = self.batch.subset(torch.arange(a, k, device="cpu"))
         width = sub.batch.clean.shape[1]
         sub.positions = torch.unique(sub.batch.last).cpu()
         sub.last_index = torch.searchsorted(sub.positions, sub.batch.last.cpu())
@@ -396,12 +402,12 @@ class TaskRunner:
         sub.pattern_masks, sub.pattern_scores = {}, {}
 
         def cut_layers(acts: dict[int, Tensor]) -> dict[int, Tensor]:
-            return {i: v[:k, :width] for i, v in acts.items()}
+            return {i: v[a:k, :width] for i, v in acts.items()}
 
         def cut(run: dict[str, Any]) -> dict[str, Any]:
-            return {"out": run["out"][:, :k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
+            return {"out": run["out"][:, a:k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
                     "nodes": {name: cut_layers(acts) for name, acts in run.get("nodes", {}).items()},
-                    "metric": run["metric"][:k], "logprobs": run["logprobs"][:k], "dla": None}
+                    "metric": run["metric"][a:k], "logprobs": run["logprobs"][a:k], "dla": None}
 
         sub._clean, sub._corrupt = cut(clean), cut(corrupted)
         sub._values = {name: cut_layers(acts) for name, acts in values.items()}
@@ -478,15 +484,33 @@ class TaskRunner:
         """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
         and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.tasks.nodes`; the
         gradient at a zero leaf added at its hook, which changes no value)."""
+        copies, n = self.graph.kv_copies, self.batch.n_pairs
+        # with per-query-head copies, a pass takes as many points, and as many pairs, as keep it within the grouped
+        # pass's ``steps`` copies of the pairs (one point of one pair at least): the scores add up over the points
+        # and over the pairs (each part's mean metric weighted by its share of the pairs)
+        per = steps if copies == 1 else max(1, steps // copies)
+        size = n if copies == 1 else max(1, min(n, steps * n // (copies * per)))
+        if size >= n:
+            scores, typed = self._attribute_part(steps, points, per)
+            return scores, scores.sum(1), typed
+        scores, typed = None, {}
+        for a in range(0, n, size):
+            part = self._pair_range(a, min(n, a + size))
+            share = part.batch.n_pairs / n
+            got, got_typed = part._attribute_part(steps, points, per)
+            scores = got * share if scores is None else scores + got * share
+            typed = {name: typed.get(name, 0.0) + value * share for name, value in got_typed.items()}
+            self.passes += part.passes * share  # counted in passes of all the pairs
+        return scores, scores.sum(1), typed
+
+    def _attribute_part(self, steps: int, points: str, per: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`attribute`'s edge scores and further node types' scores, ``per`` points a pass."""
         from circuitkit.detect.attribution import frozen_parameters
 
         graph = self.graph
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
         alphas = ig_alphas(steps, points).to(clean_in.device)
         copies = graph.kv_copies
-        # points a pass: all of them, or with per-query-head copies as many as keep a pass within max(steps, copies)
-        # copies of the pairs (the gradients add up over the points, whichever pass took them)
-        per = steps if copies == 1 else max(1, steps // copies)
         delta = (self.clean["out"] - self.corrupted["out"]).float()  # [sender, pair, pos, d_model]
         flat = delta.reshape(delta.shape[0], -1)
         scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
@@ -515,8 +539,7 @@ class TaskRunner:
                 cols = self._receiver_columns(index)
                 scores[:, cols] += (flat @ g.T).cpu()
             _add_summed(summed, node_got, n)
-        scores = scores * graph.allowed
-        return scores, scores.sum(1), self._typed_scores(summed, steps)
+        return scores * graph.allowed, self._typed_scores(summed, steps)
 
     def _typed_scores(self, summed: dict[tuple[str, int], Tensor], S: int) -> dict[str, Tensor]:
         """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.tasks.nodes`) from the

@@ -36,6 +36,7 @@ from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circu
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units
+from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
 from circuitkit.tasks.roles import member_explanations
@@ -359,7 +360,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
               target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
               stability: int = 0, neuron_groups: int | None = None, node_types: tuple = (), search: str = "ranked",
-              search_options: dict[str, Any] | None = None) -> TaskScan:
+              search_options: dict[str, Any] | None = None, kv_edges: str = DEFAULT_KV_EDGES) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -375,6 +376,15 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             to one with EAP-IG's and MIB's) or ``"right"`` (``alpha = 1/steps, .., 1``: ends at the clean run;
             ``steps=1`` is plain attribution patching).
         edges: measure the edge circuit too (``False``: nodes only).
+        kv_edges: on a grouped-query model, how the edge graph draws the key and value inputs: ``"grouped"``
+            (default: one key and one value input per key/value head, read by every query head of its group,
+            ``L.gG:k``) or ``"per-query-head"`` (each query head its own, ``L.H:k``, as EAP-IG's and MIB's graph:
+            a circuit can keep one head's key edge without the rest of its group, and its edge counts compare one
+            to one with theirs). Per query head, every edge pass and the EAP-IG pass run one copy of the pairs per
+            query head of a group (each head's keys and values patched exactly while the others of its group keep
+            theirs), so the edge stages cost that many times more, for more, finer edges to rank; grouped is the
+            default for that cost (measured: ``benchmarks/README.md``). On a model where every query head has its
+            own key/value head the two graphs are one.
         prepend_bos: how text prompts become tokens: ``None`` (default: the model's tokenizer's own rule,
             ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens
             alone); token-id prompts run as given. The rule that ran is in ``settings["prepend_bos"]`` and
@@ -440,6 +450,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     ig_points = validate.option("scan_task: ig_points", ig_points, IG_POINTS)
     edges = validate.boolean("scan_task: edges", edges)
+    kv_edges = validate.option("scan_task: kv_edges", kv_edges, KV_EDGES)
     quick = validate.boolean("scan_task: quick", quick)
     if quick and steps != DEFAULT_IG_STEPS:
         raise validate.fail("scan_task: steps", steps, f"left at {DEFAULT_IG_STEPS} with quick=True (a quick scan "
@@ -482,10 +493,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                       logit_positions=logit_positions(adapter, batch.last, batch.pos))
     found = batch.subset(discovery_index) if split else batch
-    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra)
+    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra,
+                        kv_edges=kv_edges)
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
-                      ablation=task.ablation, node_types=extra) if split else None
+                      ablation=task.ablation, node_types=extra, kv_edges=kv_edges) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
         # on the discovery pairs: one forward pass, not a forward + backward
@@ -606,7 +618,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     head_scores = {name: _attention_score(clean["last_attention"], marks, found, to, minus)
                    for name, to, minus in task.attention_scores}
     settings = {"target": target, "rank": rank, "ig_steps": steps, "ig_points": ig_points,
-                "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+                "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges, "kv_edges": kv_edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else
                 "quick=True" if quick else "edges=False", "quick": quick, "random_sets": random_sets,
                 "stability": stability,

@@ -163,6 +163,10 @@ class TaskScoresCheck(ScoresCheck):
             from circuitkit.tasks.graph import IG_POINTS
 
             self.option(settings["ig_points"], "settings.ig_points", IG_POINTS)
+        if "kv_edges" in settings:
+            from circuitkit.tasks.nodes import KV_EDGES
+
+            self.option(settings["kv_edges"], "settings.kv_edges", KV_EDGES)
         for key in ("mlps", "mlp_nodes", "edges"):
             if key in settings:
                 self.flag(settings[key], f"settings.{key}")
@@ -248,8 +252,15 @@ class TaskScoresCheck(ScoresCheck):
             return self.mlp(int(match.group(1)), field) + 0.5
         layer, index = int(match.group(2)), int(match.group(3) if not receiver else match.group(4))
         groups = self.n_heads
+        kv = int(self.data["model"].get("n_kv_heads") or self.n_heads)
         if receiver and match.group(3):
-            groups = int(self.data["model"].get("n_kv_heads") or self.n_heads)
+            groups = kv
+        # a key/value receiver is its group's (grouped, on a grouped-query model) or its query head's
+        per_head = self.data["settings"].get("kv_edges", "grouped") == "per-query-head" or kv == self.n_heads
+        if receiver and match.group(5) in "kv" and bool(match.group(3)) == per_head:
+            raise self.fail(field, text, "a key/value receiver of the scan's graph: L.H:k|v (each query head's own: "
+                                         "settings.kv_edges 'per-query-head', or one key/value head per query head) "
+                                         "or L.gG:k|v (its group's: 'grouped' on a grouped-query model)")
         if not (0 <= layer < self.n_layers and 0 <= index < groups):
             raise self.fail(field, text, f"a node of the model: layer in [0, {self.n_layers - 1}], head (or key-value "
                                          f"group) in [0, {groups - 1}]")
