@@ -12,12 +12,13 @@ circuit written per query head patches the same thing (also on a rotary model); 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
-import torch.nn.functional as F
 
-from circuitkit import CircuitkitError
+from circuitkit import CircuitkitError, tasks
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, scan_task
 from circuitkit.tasks.graph import TaskRunner, build_graph
@@ -278,6 +279,8 @@ def test_a_per_query_head_scan_saves_checks_and_reloads(tmp_path):
     saved = scan.save(tmp_path / "out")
     data = json.loads(saved.scores.read_text())
     check_task_scores(data, "scores.json")
+    schema = json.loads((Path(tasks.__file__).parent / "task_scores.schema.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator(schema).validate(data)
     again = TaskScan.load(tmp_path / "out")
     assert again.circuit.edges == c.edges and again.settings["kv_edges"] == "per-query-head"
     assert again.answer() == scan.answer()

@@ -9,6 +9,15 @@ sender to every receiver downstream of it: a head of layer ``l`` feeds receivers
 own layer (not where attention and MLP run in parallel) and the logits; an MLP of layer ``l`` feeds layers ``> l``
 and the logits; the input feeds everything.
 
+Per-query-head key/value edges (``kv_edges="per-query-head"``, EAP-IG's graph): every query head has its own key and
+value inputs ``l.h:k`` / ``l.h:v``, its keys and values computed from its own input while the other heads of its
+group keep theirs, so a grouped edge ``u -> l.g:k`` is the ``Q`` edges ``u -> l.h:k`` of its group's query heads
+(``Q = n_heads / n_kv``). The model's attention computes a key/value head once for its group, so each edge pass runs
+``Q`` copies of its pairs side by side, copy ``j`` computing every group's keys and values from its ``j``-th query
+head's input, and each query head's ``z`` is taken from its own copy (:meth:`TaskRunner._edge_pass`). The gradient
+at a grouped input is the sum of its query heads' (each reads it), so a grouped edge's EAP-IG score is the sum of
+its per-query-head edges' scores.
+
 Edge patching (a circuit of edges ``E``). With ``out_u`` a sender's output in the current (patched) run and
 ``out'_u`` its output on the corrupted prompt of the same pair, receiver ``v`` reads::
 
@@ -382,8 +391,6 @@ class TaskRunner:
         """A runner over this one's first ``k`` pairs that runs no reference pass: its clean and corrupted runs and
         its nodes' patched values are this runner's, cut to those pairs (a mean over the pairs stays the mean over
         all of them). Its :attr:`passes` count stacked copies of the ``k`` pairs (the coarse circuit search)."""
-        import copy
-
         k = validate.integer("task circuit: first_pairs", k, minimum=1, maximum=self.batch.n_pairs)
         return self._pair_range(0, k)
 

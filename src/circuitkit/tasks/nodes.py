@@ -27,7 +27,9 @@ one receiver's input.)
 (:data:`EDGE_TYPES`: input, heads, MLPs, logits). A sender writes at ``2 * layer + writes_at`` (``writes_at`` 0
 for attention, 1 for the MLP; the input at layer -1, the logits' port at layer ``L``), a receiver (:class:`Port`)
 reads at ``2 * layer + reads_at`` (every reader of a layer at 0 where attention and MLP run in parallel); an edge
-joins every sender to every receiver that reads after it writes.
+joins every sender to every receiver that reads after it writes. A head's key and value receivers are one per
+key/value head (``l.g{g}:k``, read by its group's query heads) or, with :data:`KV_EDGES` ``"per-query-head"``
+(:func:`edge_types`), one per query head (``l.h:k``), as EAP-IG draws them.
 """
 
 from __future__ import annotations

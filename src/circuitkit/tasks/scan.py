@@ -284,6 +284,7 @@ LEGEND = (
     (r"\d+\.g\d+:[kv]", "L.gG:k / L.gG:v = the key / value input of key-value group G of layer L (grouped-query "
                           "attention: the group's query heads share it)"),
     (r":q\b", "L.H:q = head L.H's query input"),
+    (r"\d+\.\d+:[kv]\b", "L.H:k / L.H:v = head L.H's own key / value input"),
     (r"->", "A->B = the edge from A's output to B's input"),
     (r"\binput->", "input = the residual stream entering layer 0 (the embeddings)"),
     (r"EAP-IG", "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), the "

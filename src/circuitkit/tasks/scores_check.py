@@ -14,7 +14,9 @@ file and the field:
 - **shapes**: every ``[layer][head]`` grid is ``L x H``, every MLP vector ``L``, ``patterns`` ``L x H x T x T``, the
   per-pair metric and the pairs ``n``;
 - **names**: every head ``"layer.head"`` and MLP index exists in the model; every edge runs from an earlier node
-  to a later one between nodes of the model.
+  to a later one between nodes of the model, into a receiver of the scan's graph (key/value receivers per query
+  head, ``L.H:k``, where ``settings.kv_edges`` is ``"per-query-head"`` or every query head has its own key/value
+  head; else per key/value group, ``L.gG:k``).
 
 What is derived from other fields (the means, ``units``, ``roles``, the examples, each edge-curve point's
 ``fraction``) is checked after the build, by writing the loaded scan again and comparing
