@@ -272,6 +272,10 @@ def test_a_per_query_head_scan_saves_checks_and_reloads(tmp_path):
     scan = scan_task(_model(), task, target=0.8, n_resamples=50, kv_edges="per-query-head")
     c = scan.circuit
     assert scan.settings["kv_edges"] == "per-query-head"
+    steps = scan.settings["ig_steps"]  # each EAP-IG point and edge set runs a copy per query head of a group
+    ran = {stage.name: stage.passes for stage in scan.stages}
+    assert ran["attribute"] == pytest.approx(3 * steps * GROUP) == scan.settings["plan"]["attribute"]
+    assert ran["edges"] % GROUP == 0
     assert c.n_edges_total == build_graph(adapt(_model()), mlps=True, kv_edges="per-query-head").n_edges
     receivers = {name.split("->")[1] for name in c.edges}
     assert not any(".g" in r for r in receivers)

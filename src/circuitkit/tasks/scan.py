@@ -516,7 +516,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       edges_total=graph.n_edges, pairs=search.batch.n_pairs,
                       held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
                       edges=edges, quick=quick, random_sets=random_sets, stability=stability,
-                      search=node_search)
+                      search=node_search, kv_copies=graph.kv_copies)
     bar = task_progress(task.name, mode, task_plan(plan))
 
     reruns = [0.0]  # the stability stage's passes, run by runners of its own
