@@ -184,13 +184,37 @@ def test_edge_patching_equals_the_dense_oracle(runners):
                               abs=1e-5)
 
 
-def test_edge_passes_count_a_copy_per_query_head_of_a_group(runners):
-    grouped, per_head = runners
-    for runner, copies in ((grouped, 1), (per_head, GROUP)):
-        _ = runner.clean, runner.corrupted  # the reference runs, counted where they run
+def test_query_heads_with_the_same_edges_share_a_copy():
+    """One key/value head for 4 query heads: circuits where some heads of the group keep the same key/value edges
+    run one copy per distinct head (counted in the passes), and equal the oracle."""
+    model = boot_bridge(attn_only=False, n_layers=2, n_heads=4, n_key_value_heads=1, d_vocab=50, seed=5)
+    adapter = adapt(model)
+    batch = Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter)
+    runner = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", kv_edges="per-query-head")
+    graph = runner.graph
+    _, corrupt = dense(model, batch.corrupted)
+    base = (torch.rand(graph.allowed.shape, generator=torch.Generator().manual_seed(1)) < 0.5) & graph.allowed
+    k = [graph.receivers.index(f"1.{h}:k") for h in range(4)]
+    v = [graph.receivers.index(f"1.{h}:v") for h in range(4)]
+    for h in range(1, 4):  # layer 0's heads and layer 1's values alike; layer 1's keys: heads 0 and 2 alike
+        for layer_cols in ([graph.receivers.index(f"0.{h}:k")], [graph.receivers.index(f"0.{h}:v")], [v[h]]):
+            base[:, layer_cols] = base[:, [layer_cols[0] - h]]
+    base[:, k[0]] = graph.allowed[:, k[0]] & (torch.arange(len(graph.senders)) % 2 == 0)
+    base[:, k[2]] = base[:, k[0]]
+    base[:, k[1]] = graph.allowed[:, k[1]]
+    base[:, k[3]] = False
+    mixed = (torch.rand(graph.allowed.shape, generator=torch.Generator().manual_seed(2)) < 0.5) & graph.allowed
+    cases = {3: base, 1: graph.allowed.clone(), 4: mixed}
+    _ = runner.clean, runner.corrupted
+    for copies, mask in cases.items():
         before = runner.passes
-        runner.edge_metric(runner.graph.allowed[None])
+        got = float(runner.edge_metric(mask[None])[0])
         assert runner.passes - before == copies
+        logits, _ = dense(model, batch.clean, _kept_fn(graph, mask), corrupt)
+        assert got == pytest.approx(float(_metric(logits, batch)), abs=1e-5)
+    before = runner.passes
+    runner.edge_metric(torch.stack([cases[1], cases[3]]))  # stacked circuits run as many copies as the most needs
+    assert runner.passes - before == 2 * 3
 
 
 @pytest.mark.parametrize("steps", [1, 2])

@@ -474,8 +474,8 @@ class TaskRunner:
         def run(part: slice) -> Tensor:
             chunk = kept[part]
             with torch.no_grad():
-                logits = self._edge_pass(chunk.shape[0], chunk, None, None)
-            self.passes += chunk.shape[0] * self.graph.kv_copies
+                logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None)
+            self.passes += chunk.shape[0] * copies
             return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
                                           why="the patched model's logits overflowed")
 
@@ -531,7 +531,7 @@ class TaskRunner:
             resid: dict[int, Tensor] = {}
             node_leaves: dict[tuple[str, int], Tensor] = {}
             with frozen_parameters(self.adapter.model), torch.enable_grad():
-                logits = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
+                logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
                 total = self.metric(logits).mean(-1).sum()
                 leaves = sorted(grads)
                 named = sorted(node_leaves)
@@ -664,6 +664,38 @@ class TaskRunner:
                 (cot,) = torch.autograd.grad(norm(x), x, cot.reshape(R * N, P, d))
         return cot.float().reshape(R, steps, -1).sum(1)
 
+    def _kv_slots(self, kept: Tensor | None, S: int) -> tuple[dict[int, Tensor], dict[int, Tensor], int]:
+        """Where each query head's keys and values are computed in a per-query-head edge pass of ``S`` circuits:
+        ``(slots, heads_of, Q)``, ``slots[layer]`` ``[S, H]`` the copy of each query head, ``heads_of[layer]``
+        ``[S, Q, G]`` the query head whose inputs each copy's key/value head takes, ``Q`` the copies. Query heads
+        of a group whose key and value edges are the same in a circuit read the same inputs, so they share a copy:
+        ``Q`` is the most distinct heads of a group in any circuit and layer (1 where a circuit treats each group as
+        a whole). Attribution (``kept`` None): copy ``j`` for each group's ``j``-th query head."""
+        graph = self.graph
+        G, Qf, L = graph.n_kv, graph.kv_copies, graph.n_layers
+        first_heads = (torch.arange(G, device="cpu") * Qf)[None, None, :]
+        if kept is None:
+            slot = (torch.arange(graph.n_heads, device="cpu") % Qf)[None].expand(S, -1)
+            heads = torch.arange(Qf, device="cpu")[None, :, None] + first_heads
+            return {layer: slot for layer in range(L)}, {layer: heads.expand(S, -1, -1) for layer in range(L)}, Qf
+        missing = (~kept & graph.allowed[None]).cpu()
+        slots, heads_of, most = {}, {}, 1
+        for layer in range(L):
+            cols = graph.receivers_of(layer)
+            edges = torch.cat([missing[:, :, cols["k"]], missing[:, :, cols["v"]]], dim=1)  # [S, 2 senders, H]
+            edges = edges.transpose(1, 2).reshape(S, G, Qf, -1)
+            same = (edges[:, :, :, None] == edges[:, :, None, :]).all(-1)  # [S, G, Q, Q]
+            first = same.to(torch.uint8).argmax(dim=2)  # the first head of its group with the same edges
+            distinct = first == torch.arange(Qf)  # [S, G, Q]
+            rank = distinct.long().cumsum(-1) - 1
+            slots[layer] = rank.gather(2, first).reshape(S, -1)
+            heads = first_heads.expand(S, Qf, G).clone()  # copies no head of a group uses: its first head's
+            s, g, j = distinct.nonzero(as_tuple=True)
+            heads[s, rank[s, g, j], g] = g * Qf + j
+            heads_of[layer] = heads
+            most = max(most, int(distinct.sum(-1).max()))
+        return slots, {layer: heads[:, :most] for layer, heads in heads_of.items()}, most
+
     def _receiver_weights(self, channel: str, layer: int) -> Tensor:
         """``[R, d_model, d_head]``: the weight of each of ``layer``'s ``channel`` receivers (q, k, v): a key/value
         head's, repeated for each query head of its group where those have receivers of their own."""
@@ -684,24 +716,27 @@ class TaskRunner:
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
-                   node_leaves: dict[tuple[str, int], Tensor] | None = None) -> Tensor:
-        """One stacked pass of ``S`` copies. ``kept``: edge masks (patching) or None (every edge clean); ``start``:
-        the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with zero leaves
-        added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input); ``resid``: filled
-        with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further node types' hooks
-        (their node scores).
+                   node_leaves: dict[tuple[str, int], Tensor] | None = None) -> tuple[Tensor, int]:
+        """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
+        with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
+        clean); ``start``: the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with
+        zero leaves added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input);
+        ``resid``: filled with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further
+        node types' hooks (their node scores).
 
-        With per-query-head key/value receivers on a grouped-query model (``Q = graph.kv_copies`` query heads per
-        key/value head), each copy runs as ``Q`` side-by-side copies of its pairs: in copy ``j`` every key/value
-        head takes the keys and values of its group's ``j``-th query head (its own patch, its own gradient leaf),
-        and at ``hook_z`` every copy takes each query head's ``z`` from the copy that computed it with its own keys
-        and values, so that the residual streams stay equal across the ``Q`` copies and every head of the model's own
-        attention (rotary, norms, masks) sees exactly its patched inputs. The metric is read on the first copy;
-        every other receiver's leaf is one tensor shared by the ``Q`` copies (its gradient: their sum)."""
+        With per-query-head key/value receivers on a grouped-query model, each copy runs as ``Q`` side-by-side
+        copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and values of one
+        query head of its group (its own patch; attribution: copy ``j`` for each group's ``j``-th query head, with
+        its own gradient leaf), and at ``hook_z`` every copy takes each query head's ``z`` from the copy that
+        computed it with its own keys and values, so that the residual streams stay equal across the copies and
+        every head of the model's own attention (rotary, norms, masks) sees exactly its patched inputs. The metric
+        is read on the first copy; every other receiver's leaf is one tensor shared by the copies (its gradient:
+        their sum)."""
         spec, graph, batch = self.spec, self.graph, self.batch
         B, P = batch.clean.shape
         d = spec.d_model
-        Q = graph.kv_copies
+        split = graph.kv_copies > 1
+        slots, heads_of, Q = self._kv_slots(kept, S) if split else ({}, {}, 1)
 
         def each(x: Tensor) -> Tensor:
             """``[S * B, ...]`` -> ``[Q * S * B, ...]``: the same value in every key/value copy."""
@@ -780,9 +815,9 @@ class TaskRunner:
                 R = cols.stop - cols.start
                 r = resid[layer].view(S, B, P, d)
                 if grads is not None:  # dM/d(act) here; pulled back to each receiver's input after the backward
-                    if Q > 1 and name == "q":  # one query leaf for every copy: a head's query counts in one
+                    if split and name == "q":  # one query leaf for every copy: a head's query counts in one
                         return act + each(leaf((name, layer), tuple(copy0(act).shape), act))
-                    return act + leaf((name, layer), tuple(act.shape), act)  # with Q > 1: copy j's is query j's
+                    return act + leaf((name, layer), tuple(act.shape), act)  # split: copy j's is query head j's
                 if layer not in attention_patch:  # q, k and v of a layer read the same senders: one product
                     attention_patch[layer] = patch_for(slice(receivers["q"].start, receivers["v"].stop))
                 both = attention_patch[layer]
@@ -799,25 +834,28 @@ class TaskRunner:
                     inc = x - r[:, None]
                 W = self._receiver_weights(name, layer).to(inc.dtype)  # [R, d_model, d_head]
                 add = torch.einsum("srbpm,rmd->sbprd", inc, W)
-                if Q > 1 and name == "q":
+                if split and name == "q":
                     add = each(add.reshape(copy0(act).shape))
-                elif Q > 1:  # query head g * Q + j's keys/values into copy j's key/value head g
-                    add = add.view(S, B, P, -1, Q, add.shape[-1]).permute(4, 0, 1, 2, 3, 5)
+                elif split:  # copy c's key/value head g: the keys/values of the query head heads_of[c, g]
+                    chosen = heads_of[layer].to(add.device)  # [S, Q, G]
+                    add = add.permute(0, 3, 1, 2, 4)[torch.arange(S, device=add.device)[:, None, None], chosen]
+                    add = add.permute(1, 0, 3, 4, 2, 5)  # [Q, S, B, P, G, d_head]
                 return act + add.reshape(act.shape).to(act.dtype)
 
             return hook
 
         def z_hook(z: Tensor, hook: Any) -> Tensor | None:
-            if Q > 1:  # query head g * Q + j's z from copy j, in every copy
-                n = z.shape[0] // Q
-                own = torch.diagonal(z.reshape(Q, n, P, -1, Q, z.shape[-1]), dim1=0, dim2=4)  # [n, P, G, d_head, Q]
-                z = each(own.permute(0, 1, 2, 4, 3).reshape(n, P, spec.n_heads, z.shape[-1]))
+            if split:  # each query head's z from the copy that computed its keys and values, in every copy
+                at = slots[HOOKS.layer_of(hook.name)].to(z.device)  # [S, H]
+                view = z.reshape(Q, S, B, P, *z.shape[2:])
+                own = torch.gather(view, 0, at[None, :, None, None, :, None].expand(1, S, B, P, *z.shape[2:]))
+                z = each(own.reshape(S * B, P, *z.shape[2:]))
             if corrupt_out is not None:
                 layer = HOOKS.layer_of(hook.name)
                 head_out = torch.einsum("bphd,hdm->hbpm", copy0(z), self.W_O[layer].to(z.dtype))
                 for h in range(spec.n_heads):
                     record(graph.sender_index(layer, h), head_out[h])
-            return z if Q > 1 else None
+            return z if split else None
 
         def mlp_in_hook(x: Tensor, hook: Any) -> Tensor:
             layer = HOOKS.layer_of(hook.name)
@@ -861,7 +899,7 @@ class TaskRunner:
         hooks.append((HOOKS.resid_post(L - 1), final_hook))
         if node_leaves is not None:
             hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
-        return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions))
+        return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
 
 
 def _frozen_scale_pullback(grad_normalized: Tensor, scale: Tensor, kind: str) -> Tensor:
