@@ -207,6 +207,8 @@ SCAN_TABLE = {
     "holdout": tasks_only(["--holdout", "0.25"], lambda c, p: c.task_kwargs["holdout"] == 0.25),
     "target_on": tasks_only(["--target-on", "evaluation"], lambda c, p: c.task_kwargs["target_on"] == "evaluation"),
     "ig_points": tasks_only(["--ig-points", "right"], lambda c, p: c.task_kwargs["ig_points"] == "right"),
+    "kv_edges": tasks_only(["--kv-edges", "per-query-head"],
+                           lambda c, p: c.task_kwargs["kv_edges"] == "per-query-head"),
     "prepend_bos": tasks_only(["--prepend-bos", "yes"], lambda c, p: c.task_kwargs["prepend_bos"] is True),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),

@@ -168,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--ig-points", choices=("left", "right"), default=None,
                       help="where a task's EAP-IG takes its gradients on the path from the corrupted to the clean "
                       "input: left (default: 0, 1/n, .., (n-1)/n, as EAP-IG's code) or right (1/n, .., 1)")
+    # tasks.nodes.KV_EDGES, not imported: --help stays free of torch
+    scan.add_argument("--kv-edges", choices=("grouped", "per-query-head"), default=None,
+                      help="a task's key/value edges on a grouped-query model: one per key/value head (grouped, "
+                      "default) or one per query head (per-query-head, as EAP-IG's graph; edge passes cost a copy "
+                      "of the pairs per query head of a group)")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
                       "or the text's tokens alone (no)")
@@ -237,6 +242,7 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
                 "not"),
     "target_on": ((INDUCTION,), "it says which of a task's two sets the target applies to"),
     "ig_points": ((INDUCTION,), "the induction scan's attribution is not EAP-IG along a task's input path"),
+    "kv_edges": ((INDUCTION,), "the induction scan has no task edge graph"),
 }
 
 
@@ -252,10 +258,11 @@ def _holdout(text: str) -> float:
 
 
 def _given_split(args: argparse.Namespace) -> dict[str, Any]:
-    """``holdout``, ``target_on`` and ``ig_points`` where the command line gave them (else the task scan's own
-    defaults)."""
+    """``holdout``, ``target_on``, ``ig_points`` and ``kv_edges`` where the command line gave them (else the task
+    scan's own defaults)."""
     return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on),
-                                          ("ig_points", args.ig_points)) if value is not None}
+                                          ("ig_points", args.ig_points), ("kv_edges", args.kv_edges))
+            if value is not None}
 
 
 def _refuse_task_family(args: argparse.Namespace) -> None:

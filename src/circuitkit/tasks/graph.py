@@ -9,6 +9,15 @@ sender to every receiver downstream of it: a head of layer ``l`` feeds receivers
 own layer (not where attention and MLP run in parallel) and the logits; an MLP of layer ``l`` feeds layers ``> l``
 and the logits; the input feeds everything.
 
+Per-query-head key/value edges (``kv_edges="per-query-head"``, EAP-IG's graph): every query head has its own key and
+value inputs ``l.h:k`` / ``l.h:v``, its keys and values computed from its own input while the other heads of its
+group keep theirs, so a grouped edge ``u -> l.g:k`` is the ``Q`` edges ``u -> l.h:k`` of its group's query heads
+(``Q = n_heads / n_kv``). The model's attention computes a key/value head once for its group, so each edge pass runs
+``Q`` copies of its pairs side by side, copy ``j`` computing every group's keys and values from its ``j``-th query
+head's input, and each query head's ``z`` is taken from its own copy (:meth:`TaskRunner._edge_pass`). The gradient
+at a grouped input is the sum of its query heads' (each reads it), so a grouped edge's EAP-IG score is the sum of
+its per-query-head edges' scores.
+
 Edge patching (a circuit of edges ``E``). With ``out_u`` a sender's output in the current (patched) run and
 ``out'_u`` its output on the corrupted prompt of the same pair, receiver ``v`` reads::
 
@@ -49,7 +58,7 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.metrics import METRICS, last_logits
-from circuitkit.tasks.nodes import EDGE_TYPES, HEAD, MLP, NodeType, groups_of
+from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
 from circuitkit.tasks.task import TaskBatch
 
 EDGES_UNDEFINED = ("in this family a norm or a scale follows the attention, so a head's z @ W_O is not its "
@@ -98,10 +107,18 @@ class Graph:
     allowed: Tensor
     sender_slices: dict[tuple[str, int], slice] = field(default_factory=dict)
     receiver_slices: dict[tuple[str, int], slice] = field(default_factory=dict)
+    kv_edges: str = DEFAULT_KV_EDGES
 
     @property
     def n_edges(self) -> int:
         return int(self.allowed.sum())
+
+    @property
+    def kv_copies(self) -> int:
+        """Query heads per key/value head where each has its own key and value receivers (``"per-query-head"`` on
+        a grouped-query model), else 1: the copies of the pairs each edge pass runs side by side
+        (:meth:`TaskRunner._edge_pass`)."""
+        return self.n_heads // self.n_kv if self.kv_edges == "per-query-head" else 1
 
     def sender_index(self, layer: int, head: int | None) -> int:
         """Index of head ``(layer, head)`` (or the MLP of ``layer`` with ``head=None``) among the senders."""
@@ -122,15 +139,16 @@ class Graph:
         return [f"{self.senders[int(s)]}->{self.receivers[int(r)]}" for s, r in index.tolist()]
 
 
-def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
+def build_graph(adapter: ModelAdapter, mlps: bool, kv_edges: str = DEFAULT_KV_EDGES) -> Graph:
     """The graph of ``adapter``'s model (``mlps``: MLPs are nodes; refused where the model has none): the senders
-    and receivers of every node type of :data:`~circuitkit.tasks.nodes.EDGE_TYPES` in order, an edge wherever a
-    receiver reads after its sender writes (:mod:`~circuitkit.tasks.nodes`)."""
+    and receivers of every node type of :func:`~circuitkit.tasks.nodes.edge_types` in order (``kv_edges``: key and
+    value receivers per key/value head or per query head, :data:`~circuitkit.tasks.nodes.KV_EDGES`), an edge
+    wherever a receiver reads after its sender writes (:mod:`~circuitkit.tasks.nodes`)."""
     spec = adapter.spec
     L = spec.n_layers
     facts = getattr(adapter, "facts", None)
     parallel = bool(facts is not None and facts.parallel_attention)
-    types = [t for t in EDGE_TYPES if mlps or t is not MLP]
+    types = [t for t in edge_types(kv_edges) if mlps or t is not MLP]
     plan = ([(t, -1) for t in types if t.where == "before"] + [(t, layer) for layer in range(L) for t in types
                                                                 if t.where == "layer"]
             + [(t, L) for t in types if t.where == "after"])
@@ -153,7 +171,7 @@ def build_graph(adapter: ModelAdapter, mlps: bool) -> Graph:
             reads += [2 * layer + (0 if parallel else port.reads_at)] * n
     allowed = torch.tensor(writes, device="cpu")[:, None] < torch.tensor(reads, device="cpu")[None, :]
     return Graph(L, spec.n_heads, spec.n_kv_heads, mlps, parallel, tuple(senders), tuple(receivers), allowed,
-                 sender_slices, receiver_slices)
+                 sender_slices, receiver_slices, kv_edges)
 
 
 class TaskRunner:
@@ -164,10 +182,11 @@ class TaskRunner:
     :class:`~circuitkit.tasks.metrics.UserMetric`; ``mlps``: MLPs are graph nodes; ``node_types``: further kinds of
     node a node circuit may keep or patch beside the heads and MLPs (:mod:`circuitkit.tasks.nodes`, e.g.
     :func:`~circuitkit.tasks.nodes.neuron_groups`); each is captured in both reference runs and scored by
-    :meth:`attribute`."""
+    :meth:`attribute`; ``kv_edges``: key/value receivers per key/value head (``"grouped"``) or per query head
+    (``"per-query-head"``; module docstring)."""
 
     def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str,
-                 node_types: tuple[NodeType, ...] = ()) -> None:
+                 node_types: tuple[NodeType, ...] = (), kv_edges: str = DEFAULT_KV_EDGES) -> None:
         if adapter.spec.bidirectional:
             raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
                                 "a causal language model (a task's metric is read at each prompt's last token, "
@@ -182,7 +201,7 @@ class TaskRunner:
         self.metric_name = metric_label(metric)
         self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
         self.ablation = ablation
-        self.graph = build_graph(adapter, mlps)
+        self.graph = build_graph(adapter, mlps, kv_edges)
         # edges need each head's z @ W_O to be its contribution to the residual stream (EDGES_UNDEFINED)
         self.edges_defined = bool(adapter.additive_heads)
         self.mlp_in = mlp_input_hook(adapter) if mlps and self.edges_defined else HOOKS.mlp_in
@@ -403,25 +422,29 @@ class TaskRunner:
         """A runner over this one's first ``k`` pairs that runs no reference pass: its clean and corrupted runs and
         its nodes' patched values are this runner's, cut to those pairs (a mean over the pairs stays the mean over
         all of them). Its :attr:`passes` count stacked copies of the ``k`` pairs (the coarse circuit search)."""
+        k = validate.integer("task circuit: first_pairs", k, minimum=1, maximum=self.batch.n_pairs)
+        return self._pair_range(0, k)
+
+    def _pair_range(self, a: int, k: int) -> TaskRunner:
+        """:meth:`first_pairs` for the pairs ``a .. k - 1``."""
         import copy
 
-        k = validate.integer("task circuit: first_pairs", k, minimum=1, maximum=self.batch.n_pairs)
         clean, corrupted = self.clean, self.corrupted
         values = {name: self.values_of(name) for name in ("head", "mlp", *(t.name for t in self.extra_types))}
         sub = copy.copy(self)
-        sub.batch = self.batch.subset(torch.arange(k, device="cpu"))
+        sub.batch = self.batch.subset(torch.arange(a, k, device="cpu"))
         width = sub.batch.clean.shape[1]
         sub._read_at(sub.batch)
         sub.passes = 0.0
         sub.pattern_masks, sub.pattern_scores = {}, {}
 
         def cut_layers(acts: dict[int, Tensor]) -> dict[int, Tensor]:
-            return {i: v[:k, :width] for i, v in acts.items()}
+            return {i: v[a:k, :width] for i, v in acts.items()}
 
         def cut(run: dict[str, Any]) -> dict[str, Any]:
-            return {"out": run["out"][:, :k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
+            return {"out": run["out"][:, a:k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
                     "nodes": {name: cut_layers(acts) for name, acts in run.get("nodes", {}).items()},
-                    "metric": run["metric"][:k], "logprobs": run["logprobs"][:k], "dla": None}
+                    "metric": run["metric"][a:k], "logprobs": run["logprobs"][a:k], "dla": None}
 
         sub._clean, sub._corrupt = cut(clean), cut(corrupted)
         sub._values = {name: cut_layers(acts) for name, acts in values.items()}
@@ -478,8 +501,8 @@ class TaskRunner:
         def run(part: slice) -> Tensor:
             chunk = kept[part]
             with torch.no_grad():
-                logits = self._edge_pass(chunk.shape[0], chunk, None, None)
-            self.passes += chunk.shape[0]
+                logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None)
+            self.passes += chunk.shape[0] * copies
             return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
                                           why="the patched model's logits overflowed")
 
@@ -495,40 +518,67 @@ class TaskRunner:
         """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
         and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.tasks.nodes`; the
         gradient at a zero leaf added at its hook, which changes no value)."""
+        copies, n = self.graph.kv_copies, self.batch.n_pairs
+        # with per-query-head copies, a pass takes as many points, and as many pairs, as keep it within the grouped
+        # pass's ``steps`` copies of the pairs (one point of one pair at least): the scores add up over the points
+        # and over the pairs (each part's mean metric weighted by its share of the pairs)
+        per = steps if copies == 1 else max(1, steps // copies)
+        size = n if copies == 1 else max(1, min(n, steps * n // (copies * per)))
+        if size >= n:
+            scores, typed = self._attribute_part(steps, points, per)
+            return scores, scores.sum(1), typed
+        scores, typed = None, {}
+        for a in range(0, n, size):
+            part = self._pair_range(a, min(n, a + size))
+            share = part.batch.n_pairs / n
+            got, got_typed = part._attribute_part(steps, points, per)
+            scores = got * share if scores is None else scores + got * share
+            typed = {name: typed.get(name, 0.0) + value * share for name, value in got_typed.items()}
+            self.passes += part.passes * share  # counted in passes of all the pairs
+        return scores, scores.sum(1), typed
+
+    def _attribute_part(self, steps: int, points: str, per: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`attribute`'s edge scores and further node types' scores, ``per`` points a pass."""
         from circuitkit.detect.attribution import frozen_parameters
 
         graph = self.graph
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
         alphas = ig_alphas(steps, points).to(clean_in.device)
-        start = corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
-            clean_in - corrupt_in)[None]  # [steps, pair, pos, d_model]
-        grads: dict[tuple[str, int], Tensor] = {}
-        resid: dict[int, Tensor] = {}
-        node_leaves: dict[tuple[str, int], Tensor] = {}
-        with frozen_parameters(self.adapter.model), torch.enable_grad():
-            logits = self._edge_pass(steps, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
-            total = self.metric(logits).mean(-1).sum()
-            leaves = sorted(grads)
-            named = sorted(node_leaves)
-            got = torch.autograd.grad(total, [grads[i] for i in leaves] + [node_leaves[i] for i in named],
-                                      allow_unused=True)
-            got, node_got = got[:len(leaves)], dict(zip(named, got[len(leaves):], strict=True))
-        self.passes += 3.0 * steps
+        copies = graph.kv_copies
         delta = (self.clean["out"] - self.corrupted["out"]).float()  # [sender, pair, pos, d_model]
         flat = delta.reshape(delta.shape[0], -1)
         scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
-        for index, grad in zip(leaves, got, strict=True):
-            if grad is None:
-                continue
-            g = self._pulled_back(index, grad.detach().float(), resid, steps) / steps  # mean over the points
-            cols = self._receiver_columns(index)
-            scores[:, cols] = (flat @ g.T).cpu()
-        scores = scores * graph.allowed
-        return scores, scores.sum(1), self._typed_scores(node_got, steps)
+        summed: dict[tuple[str, int], Tensor] = {}  # the further node types' gradients summed over the points
+        for begin in range(0, steps, per):
+            part = alphas[begin : begin + per]
+            n = len(part)
+            start = corrupt_in[None] + part.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
+                clean_in - corrupt_in)[None]  # [n, pair, pos, d_model]
+            grads: dict[tuple[str, int], Tensor] = {}
+            resid: dict[int, Tensor] = {}
+            node_leaves: dict[tuple[str, int], Tensor] = {}
+            with frozen_parameters(self.adapter.model), torch.enable_grad():
+                logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
+                total = self.metric(logits).mean(-1).sum()
+                leaves = sorted(grads)
+                named = sorted(node_leaves)
+                got = torch.autograd.grad(total, [grads[i] for i in leaves] + [node_leaves[i] for i in named],
+                                          allow_unused=True)
+                got, node_got = got[:len(leaves)], dict(zip(named, got[len(leaves):], strict=True))
+            self.passes += 3.0 * n * copies
+            for index, grad in zip(leaves, got, strict=True):
+                if grad is None:
+                    continue
+                g = self._pulled_back(index, grad.detach().float(), resid, n) / steps  # mean over the points
+                cols = self._receiver_columns(index)
+                scores[:, cols] += (flat @ g.T).cpu()
+            _add_summed(summed, node_got, n)
+        return scores * graph.allowed, self._typed_scores(summed, steps)
 
-    def _typed_scores(self, got: dict[tuple[str, int], Tensor | None], S: int) -> dict[str, Tensor]:
+    def _typed_scores(self, summed: dict[tuple[str, int], Tensor], S: int) -> dict[str, Tensor]:
         """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.tasks.nodes`) from the
-        gradients at its hook ``[S * pair, pos, unit, ...]`` summed over the ``S`` points (divided by ``S``)."""
+        gradients at its hook summed over the ``S`` points (``[pair, pos, unit, ...]``, :func:`_add_summed`;
+        divided by ``S``)."""
         real = self.batch.real.float()
         out: dict[str, Tensor] = {}
         for kind in self.extra_types:
@@ -536,10 +586,9 @@ class TaskRunner:
             clean, values = self.clean["nodes"][kind.name], self.values_of(kind.name)
             scores = torch.zeros(self.spec.n_layers, n, device="cpu")
             for layer in range(self.spec.n_layers):
-                grad = got.get((kind.name, layer))
-                if grad is None:
+                g = summed.get((kind.name, layer))
+                if g is None:
                     continue
-                g = grad.detach().float().view(S, -1, *grad.shape[1:]).sum(0)
                 delta = (clean[layer] - values[layer]).float()
                 per_unit = torch.einsum("bpu...,bpu...,bp->u", delta, g, real.to(g.device)).cpu()
                 scores[layer].index_add_(0, groups_of(per_unit.shape[0], n), per_unit / S)
@@ -593,6 +642,8 @@ class TaskRunner:
             got = dict(zip(names, grads[:len(names)], strict=True))
             typed_got = dict(zip(keys, grads[len(names):], strict=True))
         self.passes += 3.0 * S
+        summed: dict[tuple[str, int], Tensor] = {}
+        _add_summed(summed, typed_got, S)
         scores = torch.zeros(len(graph.senders))
         real = batch.real.to(clean_in.device)
         for layer in range(L):
@@ -609,7 +660,7 @@ class TaskRunner:
                 delta = (self.clean["mlp"][layer] - mlp_values[layer]).float()
                 scores[graph.sender_index(layer, None)] = float(torch.einsum("bpm,bpm,bp->", delta, g,
                                                                              real.float())) / S
-        return scores, self._typed_scores(typed_got, S)
+        return scores, self._typed_scores(summed, S)
 
     def _pulled_back(self, key: tuple[str, int], grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:
         """``[R, pair * pos * d_model]``: dM/d(receiver input) summed over the ``steps`` copies, from a gradient
@@ -625,7 +676,12 @@ class TaskRunner:
                 (grad,) = torch.autograd.grad(norm(x), x, grad)
         if channel in ("mlp", "logits"):
             return grad.float().reshape(steps, -1).sum(0).reshape(1, -1)
-        W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[channel][layer].to(grad.dtype)  # [R, d_model, d_head]
+        Q = self.graph.kv_copies
+        if Q > 1 and channel != "q":  # copy j's leaf at key/value head g: query head g * Q + j's input
+            n = grad.shape[0] // Q
+            grad = grad.view(Q, n, *grad.shape[1:]).permute(1, 2, 3, 0, 4).reshape(n, grad.shape[1], -1,
+                                                                                   grad.shape[-1])
+        W = self._receiver_weights(channel, layer).to(grad.dtype)  # [R, d_model, d_head]
         cot = torch.einsum("npre,rme->rnpm", grad, W)  # [R, steps * pair, pos, d_model]
         R, N, P = cot.shape[:3]
         norm = self.norms[layer]
@@ -634,6 +690,45 @@ class TaskRunner:
             with torch.enable_grad():
                 (cot,) = torch.autograd.grad(norm(x), x, cot.reshape(R * N, P, d))
         return cot.float().reshape(R, steps, -1).sum(1)
+
+    def _kv_slots(self, kept: Tensor | None, S: int) -> tuple[dict[int, Tensor], dict[int, Tensor], int]:
+        """Where each query head's keys and values are computed in a per-query-head edge pass of ``S`` circuits:
+        ``(slots, heads_of, Q)``, ``slots[layer]`` ``[S, H]`` the copy of each query head, ``heads_of[layer]``
+        ``[S, Q, G]`` the query head whose inputs each copy's key/value head takes, ``Q`` the copies. Query heads
+        of a group whose key and value edges are the same in a circuit read the same inputs, so they share a copy:
+        ``Q`` is the most distinct heads of a group in any circuit and layer (1 where a circuit treats each group as
+        a whole). Attribution (``kept`` None): copy ``j`` for each group's ``j``-th query head."""
+        graph = self.graph
+        G, Qf, L = graph.n_kv, graph.kv_copies, graph.n_layers
+        first_heads = (torch.arange(G, device="cpu") * Qf)[None, None, :]
+        if kept is None:
+            slot = (torch.arange(graph.n_heads, device="cpu") % Qf)[None].expand(S, -1)
+            heads = torch.arange(Qf, device="cpu")[None, :, None] + first_heads
+            return {layer: slot for layer in range(L)}, {layer: heads.expand(S, -1, -1) for layer in range(L)}, Qf
+        missing = (~kept & graph.allowed[None]).cpu()
+        slots, heads_of, most = {}, {}, 1
+        for layer in range(L):
+            cols = graph.receivers_of(layer)
+            edges = torch.cat([missing[:, :, cols["k"]], missing[:, :, cols["v"]]], dim=1)  # [S, 2 senders, H]
+            edges = edges.transpose(1, 2).reshape(S, G, Qf, -1)
+            same = (edges[:, :, :, None] == edges[:, :, None, :]).all(-1)  # [S, G, Q, Q]
+            first = same.to(torch.uint8).argmax(dim=2)  # the first head of its group with the same edges
+            distinct = first == torch.arange(Qf)  # [S, G, Q]
+            rank = distinct.long().cumsum(-1) - 1
+            slots[layer] = rank.gather(2, first).reshape(S, -1)
+            heads = first_heads.expand(S, Qf, G).clone()  # copies no head of a group uses: its first head's
+            s, g, j = distinct.nonzero(as_tuple=True)
+            heads[s, rank[s, g, j], g] = g * Qf + j
+            heads_of[layer] = heads
+            most = max(most, int(distinct.sum(-1).max()))
+        return slots, {layer: heads[:, :most] for layer, heads in heads_of.items()}, most
+
+    def _receiver_weights(self, channel: str, layer: int) -> Tensor:
+        """``[R, d_model, d_head]``: the weight of each of ``layer``'s ``channel`` receivers (q, k, v): a key/value
+        head's, repeated for each query head of its group where those have receivers of their own."""
+        W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[channel][layer]
+        Q = self.graph.kv_copies
+        return W if Q == 1 or channel == "q" else W.repeat_interleave(Q, dim=0)
 
     def _receiver_columns(self, key: tuple[str, int]) -> slice:
         """Grad leaves are keyed ``(channel, layer)`` (q, k, v, mlp; the logits at ``n_layers``), as the graph's
@@ -648,15 +743,35 @@ class TaskRunner:
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
-                   node_leaves: dict[tuple[str, int], Tensor] | None = None) -> Tensor:
-        """One stacked pass of ``S`` copies. ``kept``: edge masks (patching) or None (every edge clean); ``start``:
-        the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with zero leaves
-        added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input); ``resid``: filled
-        with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further node types' hooks
-        (their node scores)."""
+                   node_leaves: dict[tuple[str, int], Tensor] | None = None) -> tuple[Tensor, int]:
+        """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
+        with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
+        clean); ``start``: the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with
+        zero leaves added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input);
+        ``resid``: filled with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further
+        node types' hooks (their node scores).
+
+        With per-query-head key/value receivers on a grouped-query model, each copy runs as ``Q`` side-by-side
+        copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and values of one
+        query head of its group (its own patch; attribution: copy ``j`` for each group's ``j``-th query head, with
+        its own gradient leaf), and at ``hook_z`` every copy takes each query head's ``z`` from the copy that
+        computed it with its own keys and values, so that the residual streams stay equal across the copies and
+        every head of the model's own attention (rotary, norms, masks) sees exactly its patched inputs. The metric
+        is read on the first copy; every other receiver's leaf is one tensor shared by the copies (its gradient:
+        their sum)."""
         spec, graph, batch = self.spec, self.graph, self.batch
         B, P = batch.clean.shape
         d = spec.d_model
+        split = graph.kv_copies > 1
+        slots, heads_of, Q = self._kv_slots(kept, S) if split else ({}, {}, 1)
+
+        def each(x: Tensor) -> Tensor:
+            """``[S * B, ...]`` -> ``[Q * S * B, ...]``: the same value in every key/value copy."""
+            return x if Q == 1 else x.repeat(Q, *([1] * (x.dim() - 1)))
+
+        def copy0(x: Tensor) -> Tensor:
+            """``[Q * S * B, ...]`` -> the first key/value copy's ``[S * B, ...]`` (every copy holds its value)."""
+            return x if Q == 1 else x[: x.shape[0] // Q]
         corrupt_out = self.corrupted["out"] if kept is not None else None
         # every sender's (corrupted - current) output ``[S, sender, B * P * d]`` (copy-major, so that each copy's
         # sum over senders is one matrix product over a prefix view), filled in as the pass reaches it
@@ -714,9 +829,9 @@ class TaskRunner:
             layer = HOOKS.layer_of(hook.name)
             if layer == 0:
                 if start is not None:
-                    x = start.to(x.dtype)
-                record(0, x)
-            resid[layer] = x
+                    x = each(start.to(x.dtype))
+                record(0, copy0(x))
+            resid[layer] = copy0(x)
             return x
 
         def channel_hook(name: str) -> Callable[[Tensor, Any], Tensor]:
@@ -727,7 +842,9 @@ class TaskRunner:
                 R = cols.stop - cols.start
                 r = resid[layer].view(S, B, P, d)
                 if grads is not None:  # dM/d(act) here; pulled back to each receiver's input after the backward
-                    return act + leaf((name, layer), tuple(act.shape), act)
+                    if split and name == "q":  # one query leaf for every copy: a head's query counts in one
+                        return act + each(leaf((name, layer), tuple(copy0(act).shape), act))
+                    return act + leaf((name, layer), tuple(act.shape), act)  # split: copy j's is query head j's
                 if layer not in attention_patch:  # q, k and v of a layer read the same senders: one product
                     attention_patch[layer] = patch_for(slice(receivers["q"].start, receivers["v"].stop))
                 both = attention_patch[layer]
@@ -742,47 +859,60 @@ class TaskRunner:
                         S, 1, B, P, -1)
                 else:
                     inc = x - r[:, None]
-                W = {"q": self.W_Q, "k": self.W_K, "v": self.W_V}[name][layer].to(inc.dtype)  # [R, d_model, d_head]
+                W = self._receiver_weights(name, layer).to(inc.dtype)  # [R, d_model, d_head]
                 add = torch.einsum("srbpm,rmd->sbprd", inc, W)
+                if split and name == "q":
+                    add = each(add.reshape(copy0(act).shape))
+                elif split:  # copy c's key/value head g: the keys/values of the query head heads_of[c, g]
+                    chosen = heads_of[layer].to(add.device)  # [S, Q, G]
+                    add = add.permute(0, 3, 1, 2, 4)[torch.arange(S, device=add.device)[:, None, None], chosen]
+                    add = add.permute(1, 0, 3, 4, 2, 5)  # [Q, S, B, P, G, d_head]
                 return act + add.reshape(act.shape).to(act.dtype)
 
             return hook
 
-        def z_hook(z: Tensor, hook: Any) -> None:
-            if corrupt_out is None:
-                return
-            layer = HOOKS.layer_of(hook.name)
-            head_out = torch.einsum("bphd,hdm->hbpm", z, self.W_O[layer].to(z.dtype))
-            for h in range(spec.n_heads):
-                record(graph.sender_index(layer, h), head_out[h])
+        def z_hook(z: Tensor, hook: Any) -> Tensor | None:
+            if split:  # each query head's z from the copy that computed its keys and values, in every copy
+                at = slots[HOOKS.layer_of(hook.name)].to(z.device)  # [S, H]
+                view = z.reshape(Q, S, B, P, *z.shape[2:])
+                own = torch.gather(view, 0, at[None, :, None, None, :, None].expand(1, S, B, P, *z.shape[2:]))
+                z = each(own.reshape(S * B, P, *z.shape[2:]))
+            if corrupt_out is not None:
+                layer = HOOKS.layer_of(hook.name)
+                head_out = torch.einsum("bphd,hdm->hbpm", copy0(z), self.W_O[layer].to(z.dtype))
+                for h in range(spec.n_heads):
+                    record(graph.sender_index(layer, h), head_out[h])
+            return z if split else None
 
         def mlp_in_hook(x: Tensor, hook: Any) -> Tensor:
             layer = HOOKS.layer_of(hook.name)
             cols = graph.receivers_of(layer)["mlp"]
             extra = patch_for(cols)
             e = leaf(("mlp", layer), (S, B, P, d), x)
+            one = copy0(x).shape
             if extra is not None:
                 if self.mlp_normed:  # x = ln1(resid_pre): rebuilt through that norm
                     r = resid[layer]
                     norm = self.norms[layer]
-                    x = x + (norm(r + extra[:, 0].reshape(r.shape)) - norm(r)).to(x.dtype)
+                    x = x + each((norm(r + extra[:, 0].reshape(r.shape)) - norm(r)).to(x.dtype))
                 else:
-                    x = x + extra[:, 0].reshape(x.shape)
+                    x = x + each(extra[:, 0].reshape(one))
             if e is not None:
-                x = x + e.reshape(x.shape)
+                x = x + each(e.reshape(one))
             return x
 
         def mlp_out_hook(x: Tensor, hook: Any) -> None:
-            record(graph.sender_index(HOOKS.layer_of(hook.name), None), x)
+            record(graph.sender_index(HOOKS.layer_of(hook.name), None), copy0(x))
 
         def final_hook(x: Tensor, hook: Any) -> Tensor:
             cols = slice(graph.logits_index, graph.logits_index + 1)
             extra = patch_for(cols)
             e = leaf(("logits", spec.n_layers), (S, B, P, d), x)
+            one = copy0(x).shape
             if extra is not None:
-                x = x + extra[:, 0].reshape(x.shape)
+                x = x + each(extra[:, 0].reshape(one))
             if e is not None:
-                x = x + e.reshape(x.shape)
+                x = x + each(e.reshape(one))
             return x
 
         L = spec.n_layers
@@ -795,8 +925,8 @@ class TaskRunner:
                 hooks += [(self.mlp_in(layer), mlp_in_hook), (HOOKS.mlp_out(layer), mlp_out_hook)]
         hooks.append((HOOKS.resid_post(L - 1), final_hook))
         if node_leaves is not None:
-            hooks += _leaf_hooks(self.extra_types, L, node_leaves)
-        return self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
+            hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
+        return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
 
 
 def _frozen_scale_pullback(grad_normalized: Tensor, scale: Tensor, kind: str) -> Tensor:
@@ -829,14 +959,25 @@ def mlp_input_hook(adapter: ModelAdapter) -> Callable[[int], str]:
     )
 
 
-def _leaf_hooks(kinds: tuple[NodeType, ...], L: int,
-                leaves: dict[tuple[str, int], Tensor]) -> list[tuple[str, Callable]]:
-    """Hooks adding a zero leaf (recorded in ``leaves`` by ``(type, layer)``) at every layer's hook of ``kinds``."""
+def _add_summed(summed: dict[tuple[str, int], Tensor], got: dict[tuple[str, int], Tensor | None], n: int) -> None:
+    """Add to ``summed`` each gradient of ``got`` (``[n * pair, ...]``, ``n`` points stacked) summed over its
+    points, ``[pair, ...]`` float32."""
+    for key, grad in got.items():
+        if grad is not None:
+            g = grad.detach().float().view(n, -1, *grad.shape[1:]).sum(0)
+            summed[key] = g if key not in summed else summed[key] + g
+
+
+def _leaf_hooks(kinds: tuple[NodeType, ...], L: int, leaves: dict[tuple[str, int], Tensor],
+                copies: int = 1) -> list[tuple[str, Callable]]:
+    """Hooks adding a zero leaf (recorded in ``leaves`` by ``(type, layer)``) at every layer's hook of ``kinds``;
+    with ``copies``, one leaf the size of the first of that many equal copies of the batch, added to each."""
     def add(name: str) -> Callable[[Tensor, Any], Tensor]:
         def hook(x: Tensor, hook: Any) -> Tensor:  # keyed by layer: a bridge's hook.name may be an alias's target
-            leaf = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
+            leaf = torch.zeros((x.shape[0] // copies, *x.shape[1:]), dtype=x.dtype, device=x.device,
+                               requires_grad=True)
             leaves[(name, HOOKS.layer_of(hook.name))] = leaf
-            return x + leaf
+            return x + (leaf if copies == 1 else leaf.repeat(copies, *([1] * (x.dim() - 1))))
         return hook
 
     return [(kind.hook(layer), add(kind.name)) for kind in kinds for layer in range(L)]

@@ -27,13 +27,15 @@ one receiver's input.)
 (:data:`EDGE_TYPES`: input, heads, MLPs, logits). A sender writes at ``2 * layer + writes_at`` (``writes_at`` 0
 for attention, 1 for the MLP; the input at layer -1, the logits' port at layer ``L``), a receiver (:class:`Port`)
 reads at ``2 * layer + reads_at`` (every reader of a layer at 0 where attention and MLP run in parallel); an edge
-joins every sender to every receiver that reads after it writes.
+joins every sender to every receiver that reads after it writes. A head's key and value receivers are one per
+key/value head (``l.g{g}:k``, read by its group's query heads) or, with :data:`KV_EDGES` ``"per-query-head"``
+(:func:`edge_types`), one per query head (``l.h:k``), as EAP-IG draws them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -98,7 +100,26 @@ LOGITS = NodeType("logits", lambda spec: 1, lambda layer, i: "logits", None, "no
                   ports=(Port("logits", lambda spec: 1, lambda layer, i, spec: "logits",
                               lambda layer: HOOKS.resid_post(layer - 1)),))
 EDGE_TYPES = (INPUT, HEAD, MLP, LOGITS)
-"""The edge graph's node types, in the order their nodes are listed within a layer."""
+"""The edge graph's node types, in the order their nodes are listed within a layer (key/value edges grouped)."""
+KV_EDGES = ("grouped", "per-query-head")
+"""How the edge graph's key and value inputs are drawn on a grouped-query model: one per key/value head, shared by
+its group's query heads (``"grouped"``, ``l.g{g}:k``), or one per query head (``"per-query-head"``, ``l.h:k``: each
+query head's keys and values computed from its own input, EAP-IG's graph). The same graph where every query head has
+its own key/value head."""
+DEFAULT_KV_EDGES = "grouped"
+HEAD_PER_QUERY = replace(HEAD, ports=(
+    HEAD.ports[0],
+    Port("k", lambda spec: spec.n_heads, lambda layer, h, spec: f"{layer}.{h}:k", HOOKS.k),
+    Port("v", lambda spec: spec.n_heads, lambda layer, h, spec: f"{layer}.{h}:v", HOOKS.v)))
+"""Heads whose every query head has its own key and value input (``"per-query-head"``)."""
+
+
+def edge_types(kv_edges: str = DEFAULT_KV_EDGES) -> tuple[NodeType, ...]:
+    """The edge graph's node types (:data:`EDGE_TYPES`) with key/value receivers drawn as ``kv_edges`` says
+    (:data:`KV_EDGES`)."""
+    validate.option("kv_edges", kv_edges, KV_EDGES)
+    return EDGE_TYPES if kv_edges == "grouped" else (INPUT, HEAD_PER_QUERY, MLP, LOGITS)
+
 MAX_NEURON_GROUPS = 4096
 
 
@@ -118,4 +139,5 @@ def groups_of(units: int, n: int, device: Any = "cpu") -> Tensor:
     return torch.arange(units, device=device) * n // units
 
 
-__all__ = ["EDGE_TYPES", "HEAD", "INPUT", "LOGITS", "MLP", "NodeType", "Port", "groups_of", "neuron_groups"]
+__all__ = ["DEFAULT_KV_EDGES", "EDGE_TYPES", "HEAD", "HEAD_PER_QUERY", "INPUT", "KV_EDGES", "LOGITS", "MLP", "NodeType",
+           "Port", "edge_types", "groups_of", "neuron_groups"]

@@ -36,6 +36,7 @@ from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circu
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions
 from circuitkit.tasks.metrics import metric_label, metric_units, reads_scored
+from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
 from circuitkit.tasks.roles import member_explanations
@@ -283,6 +284,7 @@ LEGEND = (
     (r"\d+\.g\d+:[kv]", "L.gG:k / L.gG:v = the key / value input of key-value group G of layer L (grouped-query "
                           "attention: the group's query heads share it)"),
     (r":q\b", "L.H:q = head L.H's query input"),
+    (r"\d+\.\d+:[kv]\b", "L.H:k / L.H:v = head L.H's own key / value input"),
     (r"->", "A->B = the edge from A's output to B's input"),
     (r"\binput->", "input = the residual stream entering layer 0 (the embeddings)"),
     (r"EAP-IG", "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), the "
@@ -359,7 +361,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
               target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
               stability: int = 0, neuron_groups: int | None = None, node_types: tuple = (), search: str = "ranked",
-              search_options: dict[str, Any] | None = None) -> TaskScan:
+              search_options: dict[str, Any] | None = None, kv_edges: str = DEFAULT_KV_EDGES) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -375,6 +377,15 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             to one with EAP-IG's and MIB's) or ``"right"`` (``alpha = 1/steps, .., 1``: ends at the clean run;
             ``steps=1`` is plain attribution patching).
         edges: measure the edge circuit too (``False``: nodes only).
+        kv_edges: on a grouped-query model, how the edge graph draws the key and value inputs: ``"grouped"``
+            (default: one key and one value input per key/value head, read by every query head of its group,
+            ``L.gG:k``) or ``"per-query-head"`` (each query head its own, ``L.H:k``, as EAP-IG's and MIB's graph:
+            a circuit can keep one head's key edge without the rest of its group, and its edge counts compare one
+            to one with theirs). Per query head, the EAP-IG pass runs one copy of the pairs per query head of a
+            group and an edge pass up to as many (heads of a group keeping the same edges share one), each head's
+            keys and values patched exactly while the others of its group keep theirs, so the edge stages cost up
+            to that many times more, for more, finer edges to rank; grouped is the default for that cost. On a
+            model where every query head has its own key/value head the two graphs are one.
         prepend_bos: how text prompts become tokens: ``None`` (default: the model's tokenizer's own rule,
             ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens
             alone); token-id prompts run as given. The rule that ran is in ``settings["prepend_bos"]`` and
@@ -440,6 +451,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     ig_points = validate.option("scan_task: ig_points", ig_points, IG_POINTS)
     edges = validate.boolean("scan_task: edges", edges)
+    kv_edges = validate.option("scan_task: kv_edges", kv_edges, KV_EDGES)
     quick = validate.boolean("scan_task: quick", quick)
     if quick and steps != DEFAULT_IG_STEPS:
         raise validate.fail("scan_task: steps", steps, f"left at {DEFAULT_IG_STEPS} with quick=True (a quick scan "
@@ -484,10 +496,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                                                       batch.scored if reads_scored(task.metric) else None),
                       scored_metric=reads_scored(task.metric))
     found = batch.subset(discovery_index) if split else batch
-    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra)
+    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra,
+                        kv_edges=kv_edges)
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
-                      ablation=task.ablation, node_types=extra) if split else None
+                      ablation=task.ablation, node_types=extra, kv_edges=kv_edges) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
         # on the discovery pairs: one forward pass, not a forward + backward
@@ -505,7 +518,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       edges_total=graph.n_edges, pairs=search.batch.n_pairs,
                       held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
                       edges=edges, quick=quick, random_sets=random_sets, stability=stability,
-                      search=node_search)
+                      search=node_search, kv_copies=graph.kv_copies)
     bar = task_progress(task.name, mode, task_plan(plan))
 
     reruns = [0.0]  # the stability stage's passes, run by runners of its own
@@ -608,7 +621,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     head_scores = {name: _attention_score(clean["last_attention"], marks, found, to, minus)
                    for name, to, minus in task.attention_scores}
     settings = {"target": target, "rank": rank, "ig_steps": steps, "ig_points": ig_points,
-                "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges,
+                "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges, "kv_edges": kv_edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else
                 "quick=True" if quick else "edges=False", "quick": quick, "random_sets": random_sets,
                 "stability": stability,

@@ -14,7 +14,9 @@ file and the field:
 - **shapes**: every ``[layer][head]`` grid is ``L x H``, every MLP vector ``L``, ``patterns`` ``L x H x T x T``, the
   per-pair metric and the pairs ``n``;
 - **names**: every head ``"layer.head"`` and MLP index exists in the model; every edge runs from an earlier node
-  to a later one between nodes of the model.
+  to a later one between nodes of the model, into a receiver of the scan's graph (key/value receivers per query
+  head, ``L.H:k``, where ``settings.kv_edges`` is ``"per-query-head"`` or every query head has its own key/value
+  head; else per key/value group, ``L.gG:k``).
 
 What is derived from other fields (the means, ``units``, ``roles``, the examples, each edge-curve point's
 ``fraction``) is checked after the build, by writing the loaded scan again and comparing
@@ -163,6 +165,10 @@ class TaskScoresCheck(ScoresCheck):
             from circuitkit.tasks.graph import IG_POINTS
 
             self.option(settings["ig_points"], "settings.ig_points", IG_POINTS)
+        if "kv_edges" in settings:
+            from circuitkit.tasks.nodes import KV_EDGES
+
+            self.option(settings["kv_edges"], "settings.kv_edges", KV_EDGES)
         for key in ("mlps", "mlp_nodes", "edges"):
             if key in settings:
                 self.flag(settings[key], f"settings.{key}")
@@ -252,8 +258,15 @@ class TaskScoresCheck(ScoresCheck):
             return self.mlp(int(match.group(1)), field) + 0.5
         layer, index = int(match.group(2)), int(match.group(3) if not receiver else match.group(4))
         groups = self.n_heads
+        kv = int(self.data["model"].get("n_kv_heads") or self.n_heads)
         if receiver and match.group(3):
-            groups = int(self.data["model"].get("n_kv_heads") or self.n_heads)
+            groups = kv
+        # a key/value receiver is its group's (grouped, on a grouped-query model) or its query head's
+        per_head = self.data["settings"].get("kv_edges", "grouped") == "per-query-head" or kv == self.n_heads
+        if receiver and match.group(5) in "kv" and bool(match.group(3)) == per_head:
+            raise self.fail(field, text, "a key/value receiver of the scan's graph: L.H:k|v (each query head's own: "
+                                         "settings.kv_edges 'per-query-head', or one key/value head per query head) "
+                                         "or L.gG:k|v (its group's: 'grouped' on a grouped-query model)")
         if not (0 <= layer < self.n_layers and 0 <= index < groups):
             raise self.fail(field, text, f"a node of the model: layer in [0, {self.n_layers - 1}], head (or key-value "
                                          f"group) in [0, {groups - 1}]")

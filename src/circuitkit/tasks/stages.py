@@ -37,6 +37,9 @@ class PlanInputs:
     random_sets: int
     stability: int
     search: str = "ranked"
+    kv_copies: int = 1
+    """Copies of the pairs each edge pass and EAP-IG point runs (per-query-head key/value edges on a grouped-query
+    model: the query heads per key/value head; :attr:`~circuitkit.tasks.graph.Graph.kv_copies`)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ def held_estimate(plan: PlanInputs, curve_sizes: int = 4) -> float:
     (``curve_sizes``, known once the search ran; quick: the circuit's size and every node patched) and the circuit
     alone patched, and the edge circuit (one)."""
     sizes = 2 if plan.quick else curve_sizes
-    return 1 + 1 + sizes + 1 + (1 if plan.edges else 0)
+    return 1 + 1 + sizes + 1 + (plan.kv_copies if plan.edges else 0)
 
 
 def stability_estimate(plan: PlanInputs) -> float:
@@ -97,7 +100,7 @@ TASK_STAGES = (
     TaskStageSpec("corrupted", "one forward: every sender's output on the corrupted prompts, the corrupted metric",
                   lambda p: 1, lambda p: True),
     TaskStageSpec("attribute", "EAP-IG: the interpolation points stacked in one forward + backward",
-                  lambda p: 3 * p.steps, lambda p: True),
+                  lambda p: 3 * p.steps * p.kv_copies, lambda p: True),
     TaskStageSpec("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a "
                   "coarse search on a quarter of the pairs first), necessity",
                   lambda p: node_estimate(p.nodes, p.pairs), lambda p: True),
@@ -109,7 +112,7 @@ TASK_STAGES = (
     TaskStageSpec("stability", "the node search rerun on bootstrap resamples of the pairs (opt-in)",
                   stability_estimate, lambda p: p.stability > 0),
     TaskStageSpec("edges", "the edge circuit: MIB's sizes stacked, the bisection to 1/64 of its size, the "
-                  "strongest edges' exact effects", lambda p: edge_estimate(p.edges_total, p.pairs),
+                  "strongest edges' exact effects", lambda p: edge_estimate(p.edges_total, p.pairs) * p.kv_copies,
                   lambda p: p.edges),
     TaskStageSpec("held-out", "the circuit measured on the pairs the search did not use", held_estimate,
                   lambda p: p.held > 0),
