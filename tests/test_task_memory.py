@@ -180,3 +180,29 @@ def test_scan_task_counts_its_held_out_split(model, monkeypatch):
     monkeypatch.setattr(task_memory, "available_memory", lambda device: split - 1)
     with pytest.raises(CircuitkitError, match="given 12 pairs"):
         scan_task(model, task)
+
+
+def test_per_query_head_edges_count_the_group_copies_of_an_edge_pass(model):
+    """``H / G`` copies of the pairs side by side in an edge pass, each with ``3 H`` query/key/value patches a layer;
+    everything else as the grouped graph; and the scan checks the graph it will run."""
+    grouped = plan(model, 5, 7)
+    per_query = plan(model, 5, 7, kv_edges="per-query-head")
+    assert per_query.resident == grouped.resident
+    assert {k: v for k, v in per_query.stages.items() if "edge" not in k and "held" not in k} == {
+        k: v for k, v in grouped.stages.items() if "edge" not in k and "held" not in k}
+    N, P, e, m = 5, 7, 4, model.cfg.d_mlp
+    U = 1 + L * H + L
+    C = task_memory.copies_per_pass(N * P * D * 4 * U, task_memory.SENDER_BUDGET,
+                                    max_copies=min(task_memory.MAX_COPIES, task_memory.MAX_SETS))
+    one = C * N * P * ((U + L * 3 * H) * D * e + 3 * 4 * H * D + (11 * m * e) // 10) + C * N * V * (P * e + 8)
+    assert per_query.stages["edge patching"] == (H // G) * one > grouped.stages["edge patching"]
+    with pytest.raises(CircuitkitError, match="kv_edges"):
+        plan(model, 5, 7, kv_edges="per-head")
+
+
+def test_scan_task_checks_the_per_query_head_graphs_memory(model, monkeypatch):
+    task, adapter, batch, K = toy_task_on(model, 12)
+    grouped = plan(model, 12, batch.pos, evaluation_pairs=6, logit_positions=K).total
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: grouped)
+    with pytest.raises(CircuitkitError, match="given 12 pairs"):
+        scan_task(model, task, kv_edges="per-query-head")

@@ -56,6 +56,7 @@ from circuitkit.errors import CircuitkitError
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, N_EXACT_EDGES
 from circuitkit.tasks.graph import MAX_COPIES, SENDER_BUDGET
+from circuitkit.tasks.nodes import KV_EDGES
 
 MARGIN = 1.35
 """The sum of the parts times this is the estimate. Measured (``benchmarks/README.md``, ``benchmarks/task_memory.py``):
@@ -135,13 +136,17 @@ def logit_positions(adapter: Any, last: torch.Tensor, pos: int, scored: torch.Te
 
 def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
                          evaluation_pairs: int = 0, logit_positions: int | None = None,
-                         scored_metric: bool = False, device: Any = None) -> TaskMemoryEstimate:
+                         scored_metric: bool = False, device: Any = None,
+                         kv_edges: str = "grouped") -> TaskMemoryEstimate:
     """The estimated peak memory of :func:`~circuitkit.tasks.scan_task` on ``model`` (a model or a
     ``ModelAdapter``) for ``n_pairs`` pairs of ``pos`` tokens (module docstring): ``steps`` EAP-IG points, MLPs as
     graph nodes (``mlps``), the edge circuit measured (``edges``), ``evaluation_pairs`` of the pairs held out
     (attribution runs on the others), logits at ``logit_positions`` positions (None: all ``pos``), the metric read
-    in float32 at each pair's last position or, with ``scored_metric``, at all of them. Python ints throughout: no
-    overflow for any size."""
+    in float32 at each pair's last position or, with ``scored_metric``, at all of them; ``kv_edges`` the edge graph's
+    key/value receivers (``"per-query-head"``: an edge pass runs up to ``H / G`` copies of the pairs side by side,
+    each with ``3 H`` query/key/value patches a layer, so the edge stage is counted ``H / G`` times with ``3 H`` for
+    ``H + 2 G``: an upper bound). Python ints throughout: no overflow for any size."""
+    per_query = validate.option("estimate_task_memory: kv_edges", kv_edges, KV_EDGES) == "per-query-head"
     n_pairs = validate.positive_int("estimate_task_memory: n_pairs", n_pairs)
     pos = validate.positive_int("estimate_task_memory: pos", pos)
     steps = validate.integer("estimate_task_memory: steps", steps, minimum=1, maximum=MAX_STEPS)
@@ -171,10 +176,12 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     def node_patching(N: int, copies: int) -> int:
         return copies * (N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F * R))
 
+    group, receivers = (H // G, 3 * H) if per_query and G < H else (1, H + 2 * G)
+
     def edge_patching(N: int) -> int:
         C = copies_per_pass(N * P * d * F * U, SENDER_BUDGET, max_copies=min(MAX_COPIES, MAX_SETS))
-        return C * N * P * ((U + L * (H + 2 * G)) * d * e + 3 * F * H * d + (11 * m * e) // 10) \
-            + C * N * V * (K * e + 2 * F * R)
+        return group * (C * N * P * ((U + L * receivers) * d * e + 3 * F * H * d + (11 * m * e) // 10)
+                        + C * N * V * (K * e + 2 * F * R))
 
     N = n_pairs - held  # the pairs attribution runs on
     resident = {"head weights": F * L * d * dh * (2 * H + 2 * G), "sender outputs": outputs(N)}
@@ -199,8 +206,8 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
 
 def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
                       evaluation_pairs: int = 0, logit_positions: int | None = None, scored_metric: bool = False,
-                      device: Any = None, available: int | None = None,
-                      where: str = "scan_task") -> TaskMemoryEstimate:
+                      device: Any = None, available: int | None = None, where: str = "scan_task",
+                      kv_edges: str = "grouped") -> TaskMemoryEstimate:
     """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
     exceeds the memory free on the model's device (``available`` bytes when given, else
     :func:`~circuitkit.device_memory.available_memory`); else return the estimate. The message names the estimate,
@@ -210,7 +217,7 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
     def estimate(n: int, **change: Any) -> TaskMemoryEstimate:
         options = {"steps": steps, "edges": edges, "evaluation_pairs": 0, **change}
         return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions,
-                                    scored_metric=scored_metric, device=device, **options)
+                                    scored_metric=scored_metric, device=device, kv_edges=kv_edges, **options)
 
     found = estimate(n_pairs, evaluation_pairs=evaluation_pairs)
     adapter = _adapter(model, device)

@@ -494,7 +494,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                       logit_positions=logit_positions(adapter, batch.last, batch.pos,
                                                       batch.scored if reads_scored(task.metric) else None),
-                      scored_metric=reads_scored(task.metric))
+                      scored_metric=reads_scored(task.metric), kv_edges=kv_edges)
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra,
                         kv_edges=kv_edges)
