@@ -239,3 +239,37 @@ def test_bfloat16_follows_hugging_faces_bfloat16(tmp_path):
     with torch.no_grad():
         mine, theirs = own(tokens).float(), hf(tokens).logits.float()
     assert (mine - theirs).abs().max() <= 0.02 * theirs.abs().max()
+
+
+def test_logits_at_some_positions_and_a_graph_kept_at_some_are_the_full_passes(built):
+    """``positions=`` unembeds only there (and from a resumed pass too); ``graph_positions=`` gives every logit with
+    the unembedding's graph only at those positions: the same logits, the same gradient of a loss read there, and
+    no gradient from the others."""
+    _, _, _, own, _ = built
+    adapter = adapt(own)
+    tokens = _tokens()
+    at = torch.tensor([2, 5, 8])
+    others = torch.tensor([p for p in range(tokens.shape[1]) if p not in at.tolist()])
+    with torch.no_grad():
+        full, cache = own.run_with_cache(tokens)
+        assert torch.allclose(adapter.run(tokens, positions=at), full[:, at], atol=1e-6, rtol=0)
+        resumed = adapter.run_from(cache[HOOKS.resid_pre(1)], 1, positions=at)
+        assert torch.allclose(resumed, full[:, at], atol=1e-6, rtol=0)
+    results = []
+    for graph in (None, at):
+        leaf = {}
+
+        def on_z(z, hook, leaf=leaf):
+            leaf["z"] = torch.zeros_like(z, requires_grad=True)
+            return z + leaf["z"]
+
+        with torch.enable_grad():
+            logits = adapter.run(tokens, [(HOOKS.z(0), on_z)], graph_positions=graph)
+            (grad,) = torch.autograd.grad(logits[:, at].logsumexp(-1).sum(), leaf["z"], retain_graph=True)
+            (elsewhere,) = torch.autograd.grad(logits[:, others].sum(), leaf["z"], allow_unused=True)
+        results.append((logits.detach(), grad, elsewhere))
+    assert torch.allclose(results[1][0], results[0][0], atol=1e-6, rtol=0)
+    assert torch.allclose(results[1][1], results[0][1], atol=1e-6, rtol=1e-5)
+    assert float(results[0][2].abs().sum()) > 0  # the full graph reaches the other positions, a split one does not
+    assert results[1][2] is None or float(results[1][2].abs().sum()) == 0
+    assert own.graph_positions is None  # put back after the pass

@@ -127,7 +127,7 @@ def ablate(
                 chunk = torch.tensor(layer_heads[start : start + per_forward], device="cpu")
                 # copy i ablates head chunk[i]: the one node-patching pass, resumed at the layer where it can
                 one_each = torch.zeros(len(chunk), spec.n_heads, dtype=torch.bool, device="cpu")
-                one_each[torch.arange(len(chunk)), chunk] = True
+                one_each[torch.arange(len(chunk), device="cpu"), chunk] = True
                 copies = tokens.repeat(len(chunk), 1)
                 logits = patched_logits(adapter, tokens, len(chunk), [Patch(HOOKS.z(layer), one_each, values[layer])],
                                         positions=at, resume=(run.resid_pre[layer], layer)

@@ -624,6 +624,24 @@ class DecoderAdapter(ToyAdapter):
     def family_name(self) -> str:
         return f"{self.model.cfg.family} (circuitkit decoder)"
 
+    def _keep_kwargs(self, positions: Tensor | None) -> dict[str, Any]:
+        return {} if positions is None else {"logits_to_keep": positions}
+
+    @contextlib.contextmanager
+    def _unembedding_split(self, graph_positions: Tensor | None) -> Iterator[None]:
+        self.model.graph_positions = graph_positions
+        try:
+            yield
+        finally:
+            self.model.graph_positions = None
+
+    def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
+                 positions: Tensor | None = None) -> Tensor:
+        positions = _check_positions(positions, resid.shape[1])
+        keep = self._keep_kwargs(positions)
+        out = self.model.run_with_hooks(resid, fwd_hooks=list(fwd_hooks), start_at_layer=start_at_layer, **keep)
+        return self._finish(out, tuple(resid.shape[:2]), positions, bool(keep))
+
 
 ADAPTERS: tuple[type[ModelAdapter], ...] = (BridgeAdapter, ToyAdapter, DecoderAdapter, ModelAdapter)
 """Families, tried in order; the last (duck-typed) accepts anything with ``cfg`` and ``run_with_hooks``."""

@@ -178,6 +178,7 @@ class DecoderModel(torch.nn.Module):
             torch.nn.Parameter(head, requires_grad=False))
         self.register_buffer("inv_freq", rotary_frequencies(cfg, self.embed.device), persistent=False)
         self.hook_dict = {name: None for name in self.hook_names()}
+        self.graph_positions: Tensor | None = None  # see _unembed
 
     # ------------------------------------------------------------------ TransformerLens-shaped weights
     def _per_head(self, name: str, heads: int) -> Tensor:
@@ -257,18 +258,17 @@ class DecoderModel(torch.nn.Module):
                 f"d_model={c.d_model}, d_head={c.d_head}, d_mlp={c.d_mlp}, d_vocab={c.d_vocab})")
 
     # ------------------------------------------------------------------ running
-    def forward(self, tokens: Tensor) -> Tensor:
-        """Logits ``[batch, pos, d_vocab]`` of token ids ``[batch, pos]``."""
-        return self._run(tokens, {}, None)
+    def forward(self, tokens: Tensor, *, logits_to_keep: Tensor | None = None) -> Tensor:
+        """Logits ``[batch, pos, d_vocab]`` of token ids ``[batch, pos]`` (``logits_to_keep``: a 1-D tensor of
+        positions, the logits there only, as Hugging Face's argument: the unembedding runs only there)."""
+        return self._run(tokens, {}, None, logits_to_keep)
 
     def run_with_hooks(self, tokens: Tensor, fwd_hooks: Iterable[tuple[Any, HookFn]] = (), *,
-                       start_at_layer: int | None = None, **ignored: Any) -> Tensor:
+                       start_at_layer: int | None = None, logits_to_keep: Tensor | None = None) -> Tensor:
         """Run with ``fwd_hooks = [(name or name_filter, fn), ...]``; ``fn(tensor, hook)`` may return a replacement.
-        With ``start_at_layer=l``, ``tokens`` is the residual stream entering layer ``l``."""
-        if ignored:
-            raise CircuitkitError(f"DecoderModel.run_with_hooks: given {sorted(ignored)}; expected tokens, fwd_hooks "
-                                  "and start_at_layer only.")
-        return self._run(tokens, self._resolve(fwd_hooks), start_at_layer)
+        With ``start_at_layer=l``, ``tokens`` is the residual stream entering layer ``l``; ``logits_to_keep`` as
+        for :meth:`forward`."""
+        return self._run(tokens, self._resolve(fwd_hooks), start_at_layer, logits_to_keep)
 
     def run_with_cache(self, tokens: Tensor, names_filter: Any = None) -> tuple[Tensor, ToyCache]:
         """``(logits, cache)`` with every hook ``names_filter`` keeps (None: all; a name, a list, or a predicate)."""
@@ -348,7 +348,8 @@ class DecoderModel(torch.nn.Module):
             raise CircuitkitError(f"DecoderModel: given {resid.shape[1]} positions; expected at most n_ctx={c.n_ctx}.")
         return resid, first
 
-    def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]], start_at_layer: int | None) -> Tensor:
+    def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]], start_at_layer: int | None,
+             logits_to_keep: Tensor | None = None) -> Tensor:
         c = self.cfg
         resid, first = self._input(tokens, start_at_layer)
         if first == 0:
@@ -393,10 +394,29 @@ class DecoderModel(torch.nn.Module):
         scale = self._hook(hooks, "ln_final.hook_scale", self.ln_final.scale(resid))
         normalized = self._hook(hooks, "ln_final.hook_normalized", resid.float() / scale)
         out = self.ln_final.weight * normalized.to(resid.dtype)
-        unembed = self.embed if self.unembed_weight is None else self.unembed_weight
-        logits = linear(out, unembed)
+        if logits_to_keep is not None:
+            out = out.index_select(1, logits_to_keep.to(device=out.device, dtype=torch.long))
+        logits = self._unembed(out)
         return validate.finite_result("DecoderModel", logits, why="weights or inputs too large for their dtype, or "
                                       "a hook's replacement holding NaN/inf")
+
+    def _unembed(self, out: Tensor) -> Tensor:
+        """``out @ W_U``; where :attr:`graph_positions` is set (by the adapter, for one pass) and gradients flow,
+        the product keeps its autograd graph only at those positions (the others computed without one and written
+        beside them): the same logits, and a backward pass multiplies the vocabulary matrix only where a loss is
+        read (at vocabulary 150k the unembedding is a large share of a pass)."""
+        unembed = self.embed if self.unembed_weight is None else self.unembed_weight
+        at = self.graph_positions
+        if at is None or not out.requires_grad or not torch.is_grad_enabled() or out.ndim != 3:
+            return torch.nn.functional.linear(out, unembed)
+        at = at[at < out.shape[1]].to(device=out.device, dtype=torch.long)
+        others = torch.ones(out.shape[1], dtype=torch.bool, device=out.device)
+        others[at] = False
+        rest = others.nonzero().flatten()
+        logits = torch.empty(*out.shape[:2], unembed.shape[0], dtype=out.dtype, device=out.device)
+        with torch.no_grad():
+            logits.index_copy_(1, rest, torch.nn.functional.linear(out.index_select(1, rest), unembed))
+        return logits.index_copy(1, at, torch.nn.functional.linear(out.index_select(1, at), unembed))
 
 
 __all__ = ["DecoderBlock", "DecoderConfig", "DecoderModel", "RMSNorm", "rotary_frequencies"]
