@@ -100,6 +100,48 @@ def gqa_bridge(dtype: torch.dtype = torch.float32):
     return model if dtype == torch.float32 else model.to(dtype)
 
 
+def assert_close_json(a, b, path: str = "", tol: float = 1e-4) -> None:
+    """Two JSON documents alike: every key, string and length equal; every number within ``tol`` (relative above
+    1). Names the first path that differs."""
+    import math
+
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for key in a:
+            assert_close_json(a[key], b[key], f"{path}/{key}", tol)
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_close_json(x, y, f"{path}[{i}]", tol)
+    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        assert math.isclose(a, b, rel_tol=tol, abs_tol=tol), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def unembedding_split_results(adapter, tokens, at):
+    """For ``graph_positions`` None and ``at``: (logits, the gradient at layer 0's ``z`` of a loss read at ``at``,
+    the gradient of the logits elsewhere or None), from one pass each with a zero leaf added to ``z``."""
+    from circuitkit.models.adapters import HOOKS
+
+    others = torch.tensor([p for p in range(tokens.shape[1]) if p not in at.tolist()])
+    results = []
+    for graph in (None, at):
+        leaf = {}
+
+        def on_z(z, hook, leaf=leaf):
+            leaf["z"] = torch.zeros_like(z, requires_grad=True)
+            return z + leaf["z"]
+
+        with torch.enable_grad():
+            logits = adapter.run(tokens, [(HOOKS.z(0), on_z)], graph_positions=graph)
+            loss = logits[:, at].float().logsumexp(-1).sum()
+            (grad,) = torch.autograd.grad(loss, leaf["z"], retain_graph=True)
+            (elsewhere,) = torch.autograd.grad(logits[:, others].float().sum(), leaf["z"], allow_unused=True)
+        results.append((logits.detach(), grad, elsewhere))
+    return results
+
+
 def require_browser() -> str:
     """The Chromium executable for browser tests (Playwright drives it). Missing Chromium or playwright skips
     the test locally but FAILS it under CI (``CI`` set), so a CI machine cannot silently skip the browser tests."""

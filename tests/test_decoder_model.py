@@ -8,7 +8,6 @@ subprocess that shows the CLI's scan of such a directory imports neither transfo
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from circuitkit.models import load_model
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.models.decoder import DecoderModel
 from circuitkit.models.decoder_files import decoder_refusal
+from tests.conftest import assert_close_json, unembedding_split_results
 
 VOCAB = 96
 SIZES = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -136,22 +136,6 @@ def test_a_replaced_activation_changes_what_follows_only(built):
     assert torch.allclose(mine, theirs, atol=TOL, rtol=0)
 
 
-def _close(a, b, path=""):
-    """Every key, string and length equal; every number within 1e-4 (relative above 1)."""
-    if isinstance(a, dict):
-        assert set(a) == set(b), path
-        for key in a:
-            _close(a[key], b[key], f"{path}/{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4), (path, a, b)
-    else:
-        assert a == b, (path, a, b)
-
-
 @pytest.mark.slow
 def test_a_scan_by_path_runs_the_decoder_with_the_bridges_figures(built):
     family, directory, _, _, bridge = built
@@ -160,7 +144,7 @@ def test_a_scan_by_path_runs_the_decoder_with_the_bridges_figures(built):
     b = ck.scan(bridge, tokens=tokens, name="tiny").to_json()
     assert a["model"].pop("family").endswith("(circuitkit decoder)")
     assert b["model"].pop("family").endswith("(TransformerBridge)")
-    _close(a, b)
+    assert_close_json(a, b)
 
 
 def test_the_cli_scan_of_a_directory_imports_neither_transformers_nor_transformer_lens(tmp_path):
@@ -249,25 +233,12 @@ def test_logits_at_some_positions_and_a_graph_kept_at_some_are_the_full_passes(b
     adapter = adapt(own)
     tokens = _tokens()
     at = torch.tensor([2, 5, 8])
-    others = torch.tensor([p for p in range(tokens.shape[1]) if p not in at.tolist()])
     with torch.no_grad():
         full, cache = own.run_with_cache(tokens)
         assert torch.allclose(adapter.run(tokens, positions=at), full[:, at], atol=1e-6, rtol=0)
         resumed = adapter.run_from(cache[HOOKS.resid_pre(1)], 1, positions=at)
         assert torch.allclose(resumed, full[:, at], atol=1e-6, rtol=0)
-    results = []
-    for graph in (None, at):
-        leaf = {}
-
-        def on_z(z, hook, leaf=leaf):
-            leaf["z"] = torch.zeros_like(z, requires_grad=True)
-            return z + leaf["z"]
-
-        with torch.enable_grad():
-            logits = adapter.run(tokens, [(HOOKS.z(0), on_z)], graph_positions=graph)
-            (grad,) = torch.autograd.grad(logits[:, at].logsumexp(-1).sum(), leaf["z"], retain_graph=True)
-            (elsewhere,) = torch.autograd.grad(logits[:, others].sum(), leaf["z"], allow_unused=True)
-        results.append((logits.detach(), grad, elsewhere))
+    results = unembedding_split_results(adapter, _tokens(), at)
     assert torch.allclose(results[1][0], results[0][0], atol=1e-6, rtol=0)
     assert torch.allclose(results[1][1], results[0][1], atol=1e-6, rtol=1e-5)
     assert float(results[0][2].abs().sum()) > 0  # the full graph reaches the other positions, a split one does not

@@ -30,6 +30,7 @@ from circuitkit.detect import RepeatedTokens, head_scores
 from circuitkit.models import load_model
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.models.families import FAMILIES, README_END, README_START, table_rows
+from tests.conftest import unembedding_split_results
 
 LOGIT_TOL = 1e-5
 """The bridge runs Hugging Face's own modules: float32 agreement measured at <= 2e-7; margin for BLAS order."""
@@ -443,21 +444,7 @@ def test_an_unembedding_graph_kept_at_some_positions_gives_the_same_logits_and_g
     adapter = adapt(bridge)
     tokens = TOKENS.build(bridge).tokens
     at = torch.tensor([2, 5, 8])
-    others = torch.tensor([p for p in range(tokens.shape[1]) if p not in at.tolist()])
-    results = []
-    for graph in (None, at):
-        leaf = {}
-
-        def on_z(z, hook, leaf=leaf):
-            leaf["z"] = torch.zeros_like(z, requires_grad=True)
-            return z + leaf["z"]
-
-        with torch.enable_grad():
-            logits = adapter.run(tokens, [(HOOKS.z(0), on_z)], graph_positions=graph)
-            loss = logits[:, at].float().logsumexp(-1).sum()
-            (grad,) = torch.autograd.grad(loss, leaf["z"], retain_graph=True)
-            (elsewhere,) = torch.autograd.grad(logits[:, others].float().sum(), leaf["z"], allow_unused=True)
-        results.append((logits.detach(), grad, elsewhere))
+    results = unembedding_split_results(adapter, tokens, at)
     torch.testing.assert_close(results[1][0], results[0][0], atol=RESUME_TOL, rtol=0)
     torch.testing.assert_close(results[1][1], results[0][1], atol=RESUME_TOL, rtol=1e-4)
     head = bridge.unembed.original_component

@@ -6,7 +6,6 @@ and every figure of a scan must agree; the light path must not import Transforme
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ from circuitkit import zoo
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.bridge import _native_state, native_weights
 from circuitkit.models.toy import AttentionOnlyModel
+from tests.conftest import assert_close_json
 
 
 @pytest.fixture(scope="module")
@@ -47,28 +47,12 @@ def test_the_light_tokenizer_names_every_token_as_the_bridges_does(light, bridge
     assert light.cfg.default_prepend_bos is True
 
 
-def _close(a, b, path=""):
-    """Every key, string and length equal; every number within 1e-4 (relative above 1)."""
-    if isinstance(a, dict):
-        assert set(a) == set(b), path
-        for key in a:
-            _close(a[key], b[key], f"{path}/{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4), (path, a, b)
-    else:
-        assert a == b, (path, a, b)
-
-
 def test_a_scan_of_the_light_model_equals_the_bridges_in_every_figure(light, bridged):
     a = ck.scan(light, name="induction-2l").to_json()
     b = ck.scan(bridged, name="induction-2l").to_json()
     assert a["model"].pop("family") == "circuitkit-toy"
     assert b["model"].pop("family") == "transformer-bridge"
-    _close(a, b)
+    assert_close_json(a, b)
     assert a["circuit"]["heads"] == b["circuit"]["heads"]
 
 
