@@ -244,3 +244,13 @@ def test_logits_at_some_positions_and_a_graph_kept_at_some_are_the_full_passes(b
     assert float(results[0][2].abs().sum()) > 0  # the full graph reaches the other positions, a split one does not
     assert results[1][2] is None or float(results[1][2].abs().sum()) == 0
     assert own.graph_positions is None  # put back after the pass
+
+
+def test_a_cast_model_keeps_its_rotary_frequencies_in_float32(tmp_path):
+    """``model.to(torch.bfloat16)`` casts the weights, not the rotary angles: the same logits as loading in
+    bfloat16."""
+    _save(tmp_path / "model", "llama")
+    cast = load_model(str(tmp_path / "model"), bridge=False).to(torch.bfloat16)
+    loaded = load_model(str(tmp_path / "model"), bridge=False, dtype="bfloat16")
+    with torch.no_grad():
+        assert torch.equal(cast(_tokens()), loaded(_tokens()))

@@ -176,7 +176,6 @@ class DecoderModel(torch.nn.Module):
         head = strip.get("lm_head.weight")
         self.unembed_weight = None if cfg.tie_word_embeddings or head is None else (
             torch.nn.Parameter(head, requires_grad=False))
-        self.register_buffer("inv_freq", rotary_frequencies(cfg, self.embed.device), persistent=False)
         self.hook_dict = {name: None for name in self.hook_names()}
         self.graph_positions: Tensor | None = None  # see _unembed
 
@@ -355,7 +354,9 @@ class DecoderModel(torch.nn.Module):
         if first == 0:
             resid = self._hook(hooks, "hook_embed", resid)
         batch, pos = resid.shape[:2]
-        angles = torch.arange(pos, device=resid.device, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        # the frequencies in float32 at every pass (a few numbers): a buffer would be cast with the weights
+        inv_freq = rotary_frequencies(c, resid.device)
+        angles = torch.arange(pos, device=resid.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos().to(resid.dtype), angles.sin().to(resid.dtype)
         future = torch.triu(torch.ones(pos, pos, dtype=torch.bool, device=resid.device), diagonal=1)
