@@ -31,9 +31,12 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    from circuitkit.cpu_threads import prefer_passive_waiting
+
+    prefer_passive_waiting()  # before torch loads: its idle threads then sleep, not spin, beside other work
     import torch
 
-    import circuitkit as ck  # before torch: its threads then sleep, not spin, while they wait
+    import circuitkit as ck
     from circuitkit.detect import RepeatedTokens
     from circuitkit.detect.session import open_session
     from circuitkit.models import load_model
