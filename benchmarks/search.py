@@ -27,10 +27,12 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-SEARCHES = ["ranked", "refined", "masks"]  # --searches may run fewer (a later run adds the others)
+SEARCHES = ["ranked", "refined", "masks", "masks+refined"]  # --searches may run fewer (a later run adds the others)
+ORDER = ["ranked", "refined", "masks", "masks+refined", "edges ranked", "edges refined"]
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -76,8 +78,9 @@ def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options
                            runner.spec.n_heads, "searches": {}}
     for name in SEARCHES:
         t0, p0 = time.perf_counter(), runner.passes
-        options = mask_options if name == "masks" else {}
-        circuit, result = search_node_circuit(name, runner, node_scores, found, target, "abs", options=options)
+        searched, options = (("masks", {**mask_options, "refine": True}) if name == "masks+refined"
+                             else (name, mask_options if name == "masks" else {}))
+        circuit, result = search_node_circuit(searched, runner, node_scores, found, target, "abs", options=options)
         seconds, passes = time.perf_counter() - t0, runner.passes - p0
         if name == "ranked":
             seconds, passes = ranked_seconds, ranked_passes
@@ -143,10 +146,19 @@ def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, 
                            "clean_loss": circuit.clean_loss, "all_ablated_loss": circuit.all_ablated_loss,
                            "evaluation_clean_loss": other_clean, "evaluation_all_ablated_loss": other_all,
                            "n_heads_total": L * H, "searches": {}}
+    done: dict[str, Any] = {}
     for name in SEARCHES:
         t0, p0 = time.perf_counter(), ablator.passes
-        options = mask_options if name == "masks" else {}
-        result = run_search(name, problem, start, target, start_faithfulness=circuit.faithfulness, **options)
+        if name == "masks+refined":  # the refined search from the masks' circuit (run here unless it ran above)
+            first = done.get("masks") or run_search("masks", problem, start, target,
+                                                    start_faithfulness=circuit.faithfulness, **mask_options)
+            then = run_search("refined", problem, list(first.kept), target, start_faithfulness=first.faithfulness)
+            result = replace(then, search=name, passes=first.passes + then.passes, start=first.start,
+                             trace=first.trace + then.trace[1:])
+        else:
+            options = mask_options if name == "masks" else {}
+            result = run_search(name, problem, start, target, start_faithfulness=circuit.faithfulness, **options)
+        done[name] = result
         seconds = time.perf_counter() - t0 if name != "ranked" else ranked_seconds
         passes = result.passes if name != "ranked" else circuit.passes + 3
         held, necessity = evaluate(result.kept)
@@ -166,7 +178,7 @@ def table(results: dict) -> str:
     lines = ["| task | search | heads | faithfulness (discovery) | faithfulness (evaluation) | passes | seconds |",
              "|---|---|---|---|---|---|---|"]
     for task, part in results.get("tasks", {}).items():
-        for name, s in sorted(part["searches"].items(), key=lambda kv: ["ranked", "refined", "masks"].index(kv[0])):
+        for name, s in sorted(part["searches"].items(), key=lambda kv: ORDER.index(kv[0])):
             ev = s["evaluation_faithfulness"]
             lines.append(f"| {task} | {name} | {s['size']} | {s['faithfulness']:.3f} | "
                          f"{'-' if ev is None else f'{ev:.3f}'} | {s['passes']:.0f} | {s['seconds']:.0f} |")
@@ -181,11 +193,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ig-steps", type=int, default=3)
     parser.add_argument("--induction-batch", type=int, default=4)
     parser.add_argument("--block-len", type=int, default=16)
-    parser.add_argument("--mask-steps", type=int, default=12)
-    parser.add_argument("--mask-lr", type=float, default=0.5)
-    parser.add_argument("--sparsity", type=float, default=0.5)
+    parser.add_argument("--mask-steps", type=int, default=60)
+    parser.add_argument("--mask-lr", type=float, default=0.3)
+    parser.add_argument("--mask-rate", type=float, default=3.0)
+    parser.add_argument("--mask-begin", default="start")
+    parser.add_argument("--sparsity", type=float, default=0.003)
     parser.add_argument("--parts", default="induction,ioi")
-    parser.add_argument("--searches", default="ranked,refined,masks")
+    parser.add_argument("--searches", default="ranked,refined,masks,masks+refined")
     parser.add_argument("--json", default="benchmarks/results/search_qwen.json")
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
@@ -201,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.perf_counter() - started:7.0f} s] {text}", flush=True)
 
     bridge = load_model(args.model)
-    mask_options = {"steps": args.mask_steps, "lr": args.mask_lr, "sparsity": args.sparsity, "seed": 0}
+    mask_options = {"steps": args.mask_steps, "lr": args.mask_lr, "sparsity": args.sparsity, "rate": args.mask_rate,
+                    "begin": args.mask_begin, "seed": 0}
     results: dict[str, Any] = {"model": args.model, "target": args.target, "mask_options": mask_options,
                                "tasks": {}}
     SEARCHES[:] = [name for name in args.searches.split(",") if name]
