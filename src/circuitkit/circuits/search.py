@@ -192,20 +192,21 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
             stopped = "one node left"
             break
         if len(members) > singles:  # too many members for every single drop: blocks of the least important
-            if blocks > len(members):
-                stopped = "no block of one member can go"
-                break
-            if max_passes is not None and problem.passes() - before + blocks > max_passes:
+            b = min(blocks, len(members))
+            if max_passes is not None and problem.passes() - before + b > max_passes:
                 stopped = "max_passes"
                 break
             order = sorted(members, key=lambda m: (float(importance[m]), -rank_of.get(m, -1)))
-            cut = [order[len(order) * i // blocks : len(order) * (i + 1) // blocks] for i in range(blocks)]
+            cut = [order[len(order) * i // b : len(order) * (i + 1) // b] for i in range(b)]  # none empty
             values = problem.measure([[m for m in members if m not in set(block)] for block in cut])
             ok = sorted(((v, i) for i, v in enumerate(values) if v >= target), key=lambda p: (-p[0], p[1]))
             if progress is not None:
                 progress(problem.passes() - before)
             if not ok:
-                blocks *= 2
+                if b == len(members):
+                    stopped = "no block of one member can go"
+                    break
+                blocks = 2 * b
                 continue
             ordered = [set(cut[i]) for _, i in ok]
             sizes = [k for k in _powers(len(ordered)) if k > 1]  # several blocks at once: they may go together
