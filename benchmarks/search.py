@@ -97,6 +97,68 @@ def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options
     return out
 
 
+def ioi_edges_part(bridge: Any, pairs: int, target: float, ig_steps: int, max_passes: float, log: Any,
+                   store: Any) -> dict:
+    """The IOI edge circuit: ranked (``edge_circuit``: MIB's curve under both rankings, CPR/CMD, the smallest top-k
+    reaching the target), then ``search_edge_circuit("refined")`` from it (dangling edges pruned, block rounds,
+    ``max_passes``), each set measured on the evaluation pairs by one edge pass."""
+    import torch
+
+    from circuitkit import tasks
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks.circuit import edge_circuit
+    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.tasks.scan import split_pairs
+    from circuitkit.tasks.search import search_edge_circuit
+
+    adapter = adapt(bridge)
+    task = tasks.get_task("ioi", bridge, n=pairs, seed=0)
+    batch = task.tokenize(adapter, None)
+    discovery, evaluation = split_pairs(task.n_pairs, 0.5, 0)
+    runner = TaskRunner(adapter, batch.subset(discovery), task.metric, mlps=True, ablation=task.ablation)
+    held = TaskRunner(adapter, batch.subset(evaluation), task.metric, mlps=True, ablation=task.ablation)
+    t0 = time.perf_counter()
+    _ = runner.clean, runner.corrupted, held.clean, held.corrupted
+    scores, _ = runner.edge_gradients(ig_steps)
+    ranking_passes = runner.passes
+    log(f"ioi edges: clean/corrupted/attribution {runner.passes:.0f} passes, {time.perf_counter() - t0:.0f} s")
+    t0, p0 = time.perf_counter(), runner.passes
+    edges, faith, curve, cpr, cmd, _, n_edges, areas = edge_circuit(runner, scores, target, "abs")
+    ranked_seconds, ranked_passes = time.perf_counter() - t0, runner.passes - p0
+    log(f"ioi edges: ranked {len(edges)} of {n_edges} edges at {faith:.3f}, {ranked_passes:.0f} passes, "
+        f"{ranked_seconds:.0f} s")
+    graph = runner.graph
+    position = {name: i for i, name in enumerate(graph.edge_names(graph.allowed.nonzero()))}
+    index = graph.allowed.nonzero()
+    clean, corrupted = float(held.clean["metric"].mean()), float(held.corrupted["metric"].mean())
+
+    def evaluate(names: tuple[str, ...]) -> float:
+        mask = torch.zeros(1, *graph.allowed.shape, dtype=torch.bool)
+        chosen = index[[position[n] for n in names]]
+        mask[0, chosen[:, 0], chosen[:, 1]] = True
+        return (float(held.edge_metric(mask)[0]) - corrupted) / (clean - corrupted)
+
+    out: dict[str, Any] = {"pairs": task.n_pairs, "discovery_pairs": int(len(discovery)),
+                           "evaluation_pairs": int(len(evaluation)), "ig_steps": ig_steps, "n_edges_total": n_edges,
+                           "ranking_passes": ranking_passes, "cpr": cpr, "cmd": cmd, "areas": areas,
+                           "curve": [[p.size, p.faithfulness] for p in curve], "searches": {}}
+    out["searches"]["edges ranked"] = {
+        "size": len(edges), "faithfulness": faith, "evaluation_faithfulness": evaluate(edges),
+        "passes": ranked_passes, "seconds": round(ranked_seconds, 1), "trace": [], "settings": {}}
+    store(out)
+    t0, p0 = time.perf_counter(), runner.passes
+    names, f, result = search_edge_circuit("refined", runner, scores, edges, target, "abs", faith,
+                                           options={"max_passes": max_passes})
+    seconds, passes = time.perf_counter() - t0, runner.passes - p0
+    out["searches"]["edges refined"] = {
+        "size": len(names), "faithfulness": f, "evaluation_faithfulness": evaluate(names), "passes": passes,
+        "seconds": round(seconds, 1), "trace": result.to_json()["trace"], "settings": result.settings}
+    log(f"ioi edges: refined {len(names)} edges at {f:.3f} (pruned {result.settings['pruned']}), {passes:.0f} "
+        f"passes, {seconds:.0f} s")
+    store(out)
+    return out
+
+
 def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, mask_options: dict, log: Any,
                    store: Any) -> dict:
     import torch
@@ -175,7 +237,7 @@ def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, 
 
 
 def table(results: dict) -> str:
-    lines = ["| task | search | heads | faithfulness (discovery) | faithfulness (evaluation) | passes | seconds |",
+    lines = ["| task | search | size | faithfulness (discovery) | faithfulness (evaluation) | passes | seconds |",
              "|---|---|---|---|---|---|---|"]
     for task, part in results.get("tasks", {}).items():
         for name, s in sorted(part["searches"].items(), key=lambda kv: ORDER.index(kv[0])):
@@ -198,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mask-rate", type=float, default=3.0)
     parser.add_argument("--mask-begin", default="start")
     parser.add_argument("--sparsity", type=float, default=0.003)
-    parser.add_argument("--parts", default="induction,ioi")
+    parser.add_argument("--parts", default="induction,ioi,ioi-edges")
+    parser.add_argument("--edge-passes", type=float, default=60.0, help="the edge refinement's pass budget")
     parser.add_argument("--searches", default="ranked,refined,masks,masks+refined")
     parser.add_argument("--json", default="benchmarks/results/search_qwen.json")
     args = parser.parse_args(argv)
@@ -235,11 +298,14 @@ def main(argv: list[str] | None = None) -> None:
     for part in args.parts.split(","):
         if part == "ioi":
             ioi_part(bridge, args.pairs, args.target, args.ig_steps, mask_options, log, store("ioi"))
+        elif part == "ioi-edges":
+            ioi_edges_part(bridge, args.pairs, args.target, args.ig_steps, args.edge_passes, log,
+                           store("ioi-edges"))
         elif part == "induction":
             induction_part(bridge, args.induction_batch, args.block_len, args.target, mask_options, log,
                            store("induction"))
         else:
-            sys.exit(f"--parts: unknown part {part!r} (ioi, induction)")
+            sys.exit(f"--parts: unknown part {part!r} (ioi, ioi-edges, induction)")
     print(table(results))
 
 
