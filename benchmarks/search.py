@@ -1,22 +1,28 @@
-"""Circuit searches on a real model: ranked vs refined vs learned masks, node circuit sizes at the same target.
+"""Circuit searches on a real model: ranked vs refined vs learned masks, circuit sizes at the same target.
 
-    nice python benchmarks/search.py --model /work/models/qwen [--pairs 16] [--target 0.8] [--json out.json]
+    nice python benchmarks/search.py --model /work/models/qwen [--pairs 16] [--target 0.8] [--parts P,..] [--json F]
 
-IOI (``circuitkit.tasks.generators.ioi``, ``--pairs`` pairs, seed 0, half held out as ``scan_task`` splits them):
-heads ranked by EAP-IG node score on the discovery pairs (``--ig-steps`` points, MLPs in the graph as the task
-scan has them, node circuits of heads), the ranked node circuit sized there (``node_circuit``), then each search
-(:mod:`circuitkit.circuits.search`, run as ``scan_task(search=...)`` runs it: ``tasks.search.search_node_circuit``)
-from it; every circuit's faithfulness measured exactly on the discovery pairs and on the evaluation pairs
-(``tasks.search.held_out``).
+IOI (``--parts ioi``; ``circuitkit.tasks.generators.ioi``, ``--pairs`` pairs, seed 0, half held out as
+``scan_task`` splits them): heads ranked by EAP-IG node score on the discovery pairs (``--ig-steps`` points, MLPs in
+the graph as the task scan has them, node circuits of heads), the ranked node circuit sized there
+(``node_circuit``), then each search (:mod:`circuitkit.circuits.search`, run as ``scan_task(search=...)`` runs it:
+``tasks.search.search_node_circuit``) from it; every circuit's faithfulness measured exactly on the discovery pairs
+and on the evaluation pairs (``tasks.search.held_out``).
 
-Induction (repeated random tokens, ``--induction-batch`` sequences of a block of ``--block-len`` tokens twice, mean
-ablation, the repeated-copies loss): the ranked circuit of ``find_circuit`` (joint-path ranking) on the discovery
-batch (seed 0), then each search on it (``circuits.search.induction_problem``), every circuit measured on the
-discovery batch and on a batch drawn with seed 1 (its own mean ablation values).
+IOI edges (``--parts ioi-edges``): the same pairs and split; the ranked edge circuit of ``edge_circuit`` (MIB's
+curve under both rankings, CPR and CMD, the smallest top-k edge set reaching the target), then
+``tasks.search.search_edge_circuit("refined")`` from it (dangling edges pruned, block rounds within
+``--edge-passes`` passes); each edge set measured on the evaluation pairs by one edge pass.
+
+Induction (``--parts induction``; repeated random tokens, ``--induction-batch`` sequences of a block of
+``--block-len`` tokens twice, mean ablation, the repeated-copies loss): the ranked circuit of ``find_circuit``
+(joint-path ranking) on the discovery batch (seed 0), then each search on it (``circuits.search.induction_problem``;
+``masks+refined``: the refined search from the masks' circuit), every circuit measured on the discovery batch and
+on a batch drawn with seed 1 (its own mean ablation values).
 
 Passes: forward passes of the batch (a stacked copy one each, a backward two), as the library counts them; the
 searches' passes are their own (the ranked search's are the ranking and the sizing). Writes the JSON (atomically)
-and prints a table.
+after every search (a later run of one part or search joins those already there) and prints a table.
 """
 
 from __future__ import annotations
