@@ -242,6 +242,53 @@ def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, 
     return out
 
 
+def induction_subsets(bridge: Any, batch_size: int, block_len: int, target: float, part: dict, sizes: list[int],
+                      pool_limit: int, log: Any) -> dict:
+    """Every subset of the given sizes of a pool of heads, measured exactly on the discovery batch: the pool is the
+    union of the circuits the searches found (the induction part's JSON, ``part``), smallest first, each joining
+    where the union stays within ``pool_limit`` heads. Returns the best set of each size and how many reached the
+    target."""
+    import itertools
+    import math
+
+    import torch
+
+    from circuitkit.circuits.faithfulness import Ablator, ablation_values
+    from circuitkit.circuits.search import induction_problem
+    from circuitkit.detect.tokens import RepeatedTokens
+    from circuitkit.models.adapters import adapt
+    from circuitkit.ranking import head_name
+
+    adapter = adapt(bridge)
+    L, H = adapter.spec.n_layers, adapter.spec.n_heads
+    batch = RepeatedTokens(block_len=block_len, batch=batch_size, seed=0).build(adapter)
+    values, _ = ablation_values(adapter, batch, "mean")
+    ablator = Ablator(adapter, batch, values)
+    problem = induction_problem(ablator, part["clean_loss"], part["all_ablated_loss"])
+    names = [head_name((layer, h)) for layer in range(L) for h in range(H)]
+    chosen: set[int] = set()
+    joined = []
+    for name, s in sorted(part["searches"].items(), key=lambda kv: (kv[1]["size"], kv[0])):  # smallest first
+        heads = {names.index(n) for n in s["heads"]}
+        if len(chosen | heads) <= pool_limit:
+            chosen |= heads
+            joined.append(name)
+    pool = sorted(chosen)
+    out: dict[str, Any] = {"pool": [names[i] for i in pool], "circuits_joined": joined, "sizes": {}}
+    for k in sizes:
+        t0 = time.perf_counter()
+        sets = [list(c) for c in itertools.combinations(pool, k)]
+        measured = problem.measure(sets)
+        best = max(range(len(sets)), key=lambda i: measured[i])
+        out["sizes"][str(k)] = {"subsets": len(sets), "reaching_target": sum(v >= target for v in measured),
+                                "best": [names[i] for i in sets[best]], "best_faithfulness": measured[best],
+                                "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"induction subsets: all {math.comb(len(pool), k)} sets of {k} of {len(pool)} heads, "
+            f"{out['sizes'][str(k)]['reaching_target']} reach {target}, best {measured[best]:.3f}")
+    del torch
+    return out
+
+
 def table(results: dict) -> str:
     lines = ["| task | search | size | faithfulness (discovery) | faithfulness (evaluation) | passes | seconds |",
              "|---|---|---|---|---|---|---|"]
@@ -267,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mask-begin", default="start")
     parser.add_argument("--sparsity", type=float, default=0.003)
     parser.add_argument("--parts", default="induction,ioi,ioi-edges")
+    parser.add_argument("--subset-sizes", default="7,8")
+    parser.add_argument("--pool-limit", type=int, default=12)
     parser.add_argument("--edge-passes", type=float, default=60.0, help="the edge refinement's pass budget")
     parser.add_argument("--searches", default="ranked,refined,masks,masks+refined")
     parser.add_argument("--json", default="benchmarks/results/search_qwen.json")
@@ -307,11 +356,17 @@ def main(argv: list[str] | None = None) -> None:
         elif part == "ioi-edges":
             ioi_edges_part(bridge, args.pairs, args.target, args.ig_steps, args.edge_passes, log,
                            store("ioi-edges"))
+        elif part == "induction-subsets":  # after the induction part: its circuits' union, every subset
+            found = results["tasks"]["induction"]
+            found["subsets"] = induction_subsets(bridge, args.induction_batch, args.block_len, args.target, found,
+                                                 [int(k) for k in args.subset_sizes.split(",")], args.pool_limit,
+                                                 log)
+            _write(path, results)
         elif part == "induction":
             induction_part(bridge, args.induction_batch, args.block_len, args.target, mask_options, log,
                            store("induction"))
         else:
-            sys.exit(f"--parts: unknown part {part!r} (ioi, ioi-edges, induction)")
+            sys.exit(f"--parts: unknown part {part!r} (ioi, ioi-edges, induction, induction-subsets)")
     print(table(results))
 
 
