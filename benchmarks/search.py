@@ -1,22 +1,28 @@
-"""Circuit searches on a real model: ranked vs refined vs learned masks, node circuit sizes at the same target.
+"""Circuit searches on a real model: ranked vs refined vs learned masks, circuit sizes at the same target.
 
-    nice python benchmarks/search.py --model /work/models/qwen [--pairs 16] [--target 0.8] [--json out.json]
+    nice python benchmarks/search.py --model /work/models/qwen [--pairs 16] [--target 0.8] [--parts P,..] [--json F]
 
-IOI (``circuitkit.tasks.generators.ioi``, ``--pairs`` pairs, seed 0, half held out as ``scan_task`` splits them):
-heads ranked by EAP-IG node score on the discovery pairs (``--ig-steps`` points, MLPs in the graph as the task
-scan has them, node circuits of heads), the ranked node circuit sized there (``node_circuit``), then each search
-(:mod:`circuitkit.circuits.search`, run as ``scan_task(search=...)`` runs it: ``tasks.search.search_node_circuit``)
-from it; every circuit's faithfulness measured exactly on the discovery pairs and on the evaluation pairs
-(``tasks.search.held_out``).
+IOI (``--parts ioi``; ``circuitkit.tasks.generators.ioi``, ``--pairs`` pairs, seed 0, half held out as
+``scan_task`` splits them): heads ranked by EAP-IG node score on the discovery pairs (``--ig-steps`` points, MLPs in
+the graph as the task scan has them, node circuits of heads), the ranked node circuit sized there
+(``node_circuit``), then each search (:mod:`circuitkit.circuits.search`, run as ``scan_task(search=...)`` runs it:
+``tasks.search.search_node_circuit``) from it; every circuit's faithfulness measured exactly on the discovery pairs
+and on the evaluation pairs (``tasks.search.held_out``).
 
-Induction (repeated random tokens, ``--induction-batch`` sequences of a block of ``--block-len`` tokens twice, mean
-ablation, the repeated-copies loss): the ranked circuit of ``find_circuit`` (joint-path ranking) on the discovery
-batch (seed 0), then each search on it (``circuits.search.induction_problem``), every circuit measured on the
-discovery batch and on a batch drawn with seed 1 (its own mean ablation values).
+IOI edges (``--parts ioi-edges``): the same pairs and split; the ranked edge circuit of ``edge_circuit`` (MIB's
+curve under both rankings, CPR and CMD, the smallest top-k edge set reaching the target), then
+``tasks.search.search_edge_circuit("refined")`` from it (dangling edges pruned, block rounds within
+``--edge-passes`` passes); each edge set measured on the evaluation pairs by one edge pass.
+
+Induction (``--parts induction``; repeated random tokens, ``--induction-batch`` sequences of a block of
+``--block-len`` tokens twice, mean ablation, the repeated-copies loss): the ranked circuit of ``find_circuit``
+(joint-path ranking) on the discovery batch (seed 0), then each search on it (``circuits.search.induction_problem``;
+``masks+refined``: the refined search from the masks' circuit), every circuit measured on the discovery batch and
+on a batch drawn with seed 1 (its own mean ablation values).
 
 Passes: forward passes of the batch (a stacked copy one each, a backward two), as the library counts them; the
 searches' passes are their own (the ranked search's are the ranking and the sizing). Writes the JSON (atomically)
-and prints a table.
+after every search (a later run of one part or search joins those already there) and prints a table.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-SEARCHES = ["ranked", "refined", "masks"]  # --searches may run fewer (a later run adds the others)
+SEARCHES = ["ranked", "refined", "masks", "masks+refined"]  # --searches may run fewer (a later run adds the others)
+ORDER = ["ranked", "refined", "masks", "masks+refined", "edges ranked", "edges refined"]
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -76,8 +84,9 @@ def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options
                            runner.spec.n_heads, "searches": {}}
     for name in SEARCHES:
         t0, p0 = time.perf_counter(), runner.passes
-        options = mask_options if name == "masks" else {}
-        circuit, result = search_node_circuit(name, runner, node_scores, found, target, "abs", options=options)
+        searched, options = (("masks", {**mask_options, "refine": True}) if name == "masks+refined"
+                             else (name, mask_options if name == "masks" else {}))
+        circuit, result = search_node_circuit(searched, runner, node_scores, found, target, "abs", options=options)
         seconds, passes = time.perf_counter() - t0, runner.passes - p0
         if name == "ranked":
             seconds, passes = ranked_seconds, ranked_passes
@@ -91,6 +100,68 @@ def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options
             f"{other.get('faithfulness', float('nan')):.3f}, {passes:.0f} passes, {seconds:.0f} s")
         store(out)
     del torch
+    return out
+
+
+def ioi_edges_part(bridge: Any, pairs: int, target: float, ig_steps: int, max_passes: float, log: Any,
+                   store: Any) -> dict:
+    """The IOI edge circuit: ranked (``edge_circuit``: MIB's curve under both rankings, CPR/CMD, the smallest top-k
+    reaching the target), then ``search_edge_circuit("refined")`` from it (dangling edges pruned, block rounds,
+    ``max_passes``), each set measured on the evaluation pairs by one edge pass."""
+    import torch
+
+    from circuitkit import tasks
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks.circuit import edge_circuit
+    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.tasks.scan import split_pairs
+    from circuitkit.tasks.search import search_edge_circuit
+
+    adapter = adapt(bridge)
+    task = tasks.get_task("ioi", bridge, n=pairs, seed=0)
+    batch = task.tokenize(adapter, None)
+    discovery, evaluation = split_pairs(task.n_pairs, 0.5, 0)
+    runner = TaskRunner(adapter, batch.subset(discovery), task.metric, mlps=True, ablation=task.ablation)
+    held = TaskRunner(adapter, batch.subset(evaluation), task.metric, mlps=True, ablation=task.ablation)
+    t0 = time.perf_counter()
+    _ = runner.clean, runner.corrupted, held.clean, held.corrupted
+    scores, _ = runner.edge_gradients(ig_steps)
+    ranking_passes = runner.passes
+    log(f"ioi edges: clean/corrupted/attribution {runner.passes:.0f} passes, {time.perf_counter() - t0:.0f} s")
+    t0, p0 = time.perf_counter(), runner.passes
+    edges, faith, curve, cpr, cmd, _, n_edges, areas = edge_circuit(runner, scores, target, "abs")
+    ranked_seconds, ranked_passes = time.perf_counter() - t0, runner.passes - p0
+    log(f"ioi edges: ranked {len(edges)} of {n_edges} edges at {faith:.3f}, {ranked_passes:.0f} passes, "
+        f"{ranked_seconds:.0f} s")
+    graph = runner.graph
+    position = {name: i for i, name in enumerate(graph.edge_names(graph.allowed.nonzero()))}
+    index = graph.allowed.nonzero()
+    clean, corrupted = float(held.clean["metric"].mean()), float(held.corrupted["metric"].mean())
+
+    def evaluate(names: tuple[str, ...]) -> float:
+        mask = torch.zeros(1, *graph.allowed.shape, dtype=torch.bool)
+        chosen = index[[position[n] for n in names]]
+        mask[0, chosen[:, 0], chosen[:, 1]] = True
+        return (float(held.edge_metric(mask)[0]) - corrupted) / (clean - corrupted)
+
+    out: dict[str, Any] = {"pairs": task.n_pairs, "discovery_pairs": int(len(discovery)),
+                           "evaluation_pairs": int(len(evaluation)), "ig_steps": ig_steps, "n_edges_total": n_edges,
+                           "ranking_passes": ranking_passes, "cpr": cpr, "cmd": cmd, "areas": areas,
+                           "curve": [[p.size, p.faithfulness] for p in curve], "searches": {}}
+    out["searches"]["edges ranked"] = {
+        "size": len(edges), "faithfulness": faith, "evaluation_faithfulness": evaluate(edges),
+        "passes": ranked_passes, "seconds": round(ranked_seconds, 1), "trace": [], "settings": {}}
+    store(out)
+    t0, p0 = time.perf_counter(), runner.passes
+    names, f, result = search_edge_circuit("refined", runner, scores, edges, target, "abs", faith,
+                                           options={"max_passes": max_passes})
+    seconds, passes = time.perf_counter() - t0, runner.passes - p0
+    out["searches"]["edges refined"] = {
+        "size": len(names), "faithfulness": f, "evaluation_faithfulness": evaluate(names), "passes": passes,
+        "seconds": round(seconds, 1), "trace": result.to_json()["trace"], "settings": result.settings}
+    log(f"ioi edges: refined {len(names)} edges at {f:.3f} (pruned {result.settings['pruned']}), {passes:.0f} "
+        f"passes, {seconds:.0f} s")
+    store(out)
     return out
 
 
@@ -143,10 +214,19 @@ def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, 
                            "clean_loss": circuit.clean_loss, "all_ablated_loss": circuit.all_ablated_loss,
                            "evaluation_clean_loss": other_clean, "evaluation_all_ablated_loss": other_all,
                            "n_heads_total": L * H, "searches": {}}
+    done: dict[str, Any] = {}
     for name in SEARCHES:
         t0, p0 = time.perf_counter(), ablator.passes
-        options = mask_options if name == "masks" else {}
-        result = run_search(name, problem, start, target, start_faithfulness=circuit.faithfulness, **options)
+        if name == "masks+refined":  # the refined search from the masks' circuit (run here unless it ran above)
+            first = done.get("masks") or run_search("masks", problem, start, target,
+                                                    start_faithfulness=circuit.faithfulness, **mask_options)
+            then = run_search("refined", problem, list(first.kept), target, start_faithfulness=first.faithfulness)
+            result = replace(then, search=name, passes=first.passes + then.passes, start=first.start,
+                             trace=first.trace + then.trace[1:])
+        else:
+            options = mask_options if name == "masks" else {}
+            result = run_search(name, problem, start, target, start_faithfulness=circuit.faithfulness, **options)
+        done[name] = result
         seconds = time.perf_counter() - t0 if name != "ranked" else ranked_seconds
         passes = result.passes if name != "ranked" else circuit.passes + 3
         held, necessity = evaluate(result.kept)
@@ -162,11 +242,58 @@ def induction_part(bridge: Any, batch_size: int, block_len: int, target: float, 
     return out
 
 
+def induction_subsets(bridge: Any, batch_size: int, block_len: int, target: float, part: dict, sizes: list[int],
+                      pool_limit: int, log: Any) -> dict:
+    """Every subset of the given sizes of a pool of heads, measured exactly on the discovery batch: the pool is the
+    union of the circuits the searches found (the induction part's JSON, ``part``), smallest first, each joining
+    where the union stays within ``pool_limit`` heads. Returns the best set of each size and how many reached the
+    target."""
+    import itertools
+    import math
+
+    import torch
+
+    from circuitkit.circuits.faithfulness import Ablator, ablation_values
+    from circuitkit.circuits.search import induction_problem
+    from circuitkit.detect.tokens import RepeatedTokens
+    from circuitkit.models.adapters import adapt
+    from circuitkit.ranking import head_name
+
+    adapter = adapt(bridge)
+    L, H = adapter.spec.n_layers, adapter.spec.n_heads
+    batch = RepeatedTokens(block_len=block_len, batch=batch_size, seed=0).build(adapter)
+    values, _ = ablation_values(adapter, batch, "mean")
+    ablator = Ablator(adapter, batch, values)
+    problem = induction_problem(ablator, part["clean_loss"], part["all_ablated_loss"])
+    names = [head_name((layer, h)) for layer in range(L) for h in range(H)]
+    chosen: set[int] = set()
+    joined = []
+    for name, s in sorted(part["searches"].items(), key=lambda kv: (kv[1]["size"], kv[0])):  # smallest first
+        heads = {names.index(n) for n in s["heads"]}
+        if len(chosen | heads) <= pool_limit:
+            chosen |= heads
+            joined.append(name)
+    pool = sorted(chosen)
+    out: dict[str, Any] = {"pool": [names[i] for i in pool], "circuits_joined": joined, "sizes": {}}
+    for k in sizes:
+        t0 = time.perf_counter()
+        sets = [list(c) for c in itertools.combinations(pool, k)]
+        measured = problem.measure(sets)
+        best = max(range(len(sets)), key=lambda i: measured[i])
+        out["sizes"][str(k)] = {"subsets": len(sets), "reaching_target": sum(v >= target for v in measured),
+                                "best": [names[i] for i in sets[best]], "best_faithfulness": measured[best],
+                                "seconds": round(time.perf_counter() - t0, 1)}
+        log(f"induction subsets: all {math.comb(len(pool), k)} sets of {k} of {len(pool)} heads, "
+            f"{out['sizes'][str(k)]['reaching_target']} reach {target}, best {measured[best]:.3f}")
+    del torch
+    return out
+
+
 def table(results: dict) -> str:
-    lines = ["| task | search | heads | faithfulness (discovery) | faithfulness (evaluation) | passes | seconds |",
+    lines = ["| task | search | size | faithfulness (discovery) | faithfulness (evaluation) | passes | seconds |",
              "|---|---|---|---|---|---|---|"]
     for task, part in results.get("tasks", {}).items():
-        for name, s in sorted(part["searches"].items(), key=lambda kv: ["ranked", "refined", "masks"].index(kv[0])):
+        for name, s in sorted(part["searches"].items(), key=lambda kv: ORDER.index(kv[0])):
             ev = s["evaluation_faithfulness"]
             lines.append(f"| {task} | {name} | {s['size']} | {s['faithfulness']:.3f} | "
                          f"{'-' if ev is None else f'{ev:.3f}'} | {s['passes']:.0f} | {s['seconds']:.0f} |")
@@ -181,11 +308,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ig-steps", type=int, default=3)
     parser.add_argument("--induction-batch", type=int, default=4)
     parser.add_argument("--block-len", type=int, default=16)
-    parser.add_argument("--mask-steps", type=int, default=12)
-    parser.add_argument("--mask-lr", type=float, default=0.5)
-    parser.add_argument("--sparsity", type=float, default=0.5)
-    parser.add_argument("--parts", default="induction,ioi")
-    parser.add_argument("--searches", default="ranked,refined,masks")
+    parser.add_argument("--mask-steps", type=int, default=60)
+    parser.add_argument("--mask-lr", type=float, default=0.3)
+    parser.add_argument("--mask-rate", type=float, default=3.0)
+    parser.add_argument("--mask-begin", default="start")
+    parser.add_argument("--sparsity", type=float, default=0.003)
+    parser.add_argument("--parts", default="induction,ioi,ioi-edges")
+    parser.add_argument("--subset-sizes", default="7,8")
+    parser.add_argument("--pool-limit", type=int, default=12)
+    parser.add_argument("--edge-passes", type=float, default=60.0, help="the edge refinement's pass budget")
+    parser.add_argument("--searches", default="ranked,refined,masks,masks+refined")
     parser.add_argument("--json", default="benchmarks/results/search_qwen.json")
     args = parser.parse_args(argv)
     if not Path(args.model).is_dir():
@@ -201,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.perf_counter() - started:7.0f} s] {text}", flush=True)
 
     bridge = load_model(args.model)
-    mask_options = {"steps": args.mask_steps, "lr": args.mask_lr, "sparsity": args.sparsity, "seed": 0}
+    mask_options = {"steps": args.mask_steps, "lr": args.mask_lr, "sparsity": args.sparsity, "rate": args.mask_rate,
+                    "begin": args.mask_begin, "seed": 0}
     results: dict[str, Any] = {"model": args.model, "target": args.target, "mask_options": mask_options,
                                "tasks": {}}
     SEARCHES[:] = [name for name in args.searches.split(",") if name]
@@ -220,11 +353,20 @@ def main(argv: list[str] | None = None) -> None:
     for part in args.parts.split(","):
         if part == "ioi":
             ioi_part(bridge, args.pairs, args.target, args.ig_steps, mask_options, log, store("ioi"))
+        elif part == "ioi-edges":
+            ioi_edges_part(bridge, args.pairs, args.target, args.ig_steps, args.edge_passes, log,
+                           store("ioi-edges"))
+        elif part == "induction-subsets":  # after the induction part: its circuits' union, every subset
+            found = results["tasks"]["induction"]
+            found["subsets"] = induction_subsets(bridge, args.induction_batch, args.block_len, args.target, found,
+                                                 [int(k) for k in args.subset_sizes.split(",")], args.pool_limit,
+                                                 log)
+            _write(path, results)
         elif part == "induction":
             induction_part(bridge, args.induction_batch, args.block_len, args.target, mask_options, log,
                            store("induction"))
         else:
-            sys.exit(f"--parts: unknown part {part!r} (ioi, induction)")
+            sys.exit(f"--parts: unknown part {part!r} (ioi, ioi-edges, induction, induction-subsets)")
     print(table(results))
 
 

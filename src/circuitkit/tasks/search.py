@@ -8,6 +8,19 @@ sets per stacked pass within the runner's copies-per-pass budget), and the gated
 output ``v + m (z - v)`` (``v``: its patched value, ``z``: what it computes in the gated run), the mean metric
 differentiated in ``m``. :func:`search_node_circuit` runs a search from the ranked circuit and returns it in
 ``node_circuit``'s shape, so that ``scan_task(search=...)`` swaps one for the other.
+
+**Edge circuits** (:func:`~circuitkit.tasks.circuit.edge_circuit`: the smallest top-``k`` edge set by EAP-IG
+score): :func:`edge_problem` makes the graph's edges the nodes of a :class:`SearchProblem` (a set's faithfulness
+``(m_C - m_corr) / (m_clean - m_corr)`` by :meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`, every other edge
+patched; importance: the edges' ranking scores). :func:`search_edge_circuit` first prunes the **dangling** edges of
+the ranked circuit (:func:`dangling`), which changes no metric, then runs the search (``refined``: block rounds past
+its ``singles`` members, then single drops and swaps). No gated run: the learned masks run over nodes only.
+
+A kept edge ``s -> r`` is dangling where the node reading ``r`` sends no kept edge that is itself not dangling (every
+reader of the node's output then sees its corrupted output, whatever its inputs), or where ``s`` is a head or MLP
+none of whose inputs receives a kept edge that is not dangling (its inputs are then the corrupted run's: the sum of
+every sender's patched difference is the corrupted residual stream, so it computes its corrupted output). The logits
+and the input always count as connected. MIB prunes the same edges before it counts a circuit.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from circuitkit import validate
 from circuitkit.circuits.search import SearchProblem, SearchResult, run_search
 from circuitkit.models.adapters import HOOKS
 from circuitkit.tasks.circuit import node_order
@@ -133,4 +147,116 @@ def held_out(other: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: bool) -> d
     return out
 
 
-__all__ = ["held_out", "search_node_circuit", "task_nodes", "task_problem"]
+def receiver_nodes(graph: Any) -> list[list[int] | None]:
+    """Per receiver, the senders (heads, MLPs) whose computation reads it; ``[]`` for the logits; None for a receiver
+    of another channel (never pruned). A key/value receiver shared by a group of query heads feeds each of them."""
+    out: list[list[int] | None] = [None] * len(graph.receivers)
+    H = graph.n_heads
+    for (channel, layer), cols in graph.receiver_slices.items():
+        n = cols.stop - cols.start
+        for i in range(n):
+            if channel == "logits":
+                out[cols.start + i] = []
+            elif channel in ("q", "k", "v"):
+                heads = range(i * H // n, (i + 1) * H // n)
+                out[cols.start + i] = [graph.sender_index(layer, h) for h in heads]
+            elif channel == "mlp" and ("mlp", layer) in graph.sender_slices:
+                out[cols.start + i] = [graph.sender_index(layer, None)]
+    return out
+
+
+def dangling(graph: Any, kept: Tensor) -> Tensor:
+    """``kept`` ``[sender, receiver]`` bool -> the same mask without its dangling edges (module docstring), found by
+    iterating both rules to a fixed point."""
+    readers = receiver_nodes(graph)
+    S, R = kept.shape
+    feeds: list[list[int]] = [[] for _ in range(S)]  # sender -> the receivers it computes from
+    for r, nodes in enumerate(readers):
+        for node in nodes or []:
+            feeds[node].append(r)
+    computed = {i for nodes in readers if nodes for i in nodes}  # senders with inputs (not the input embedding)
+    kept = kept.clone()
+    while True:
+        live_out = torch.zeros(S, dtype=torch.bool, device="cpu")  # senders with a kept edge reaching the logits
+        useful = torch.tensor([nodes is None or nodes == [] for nodes in readers], dtype=torch.bool, device="cpu")
+        for _ in range(S + 1):  # senders are in layer order: a pass per layer at most
+            live_out = (kept & useful[None]).any(dim=1)
+            new = torch.tensor([nodes is None or nodes == [] or bool(live_out[nodes].any()) for nodes in readers],
+                               dtype=torch.bool, device="cpu")
+            if torch.equal(new, useful):
+                break
+            useful = new
+        live_in = torch.tensor([i not in computed for i in range(S)], dtype=torch.bool, device="cpu")
+        for _ in range(S + 1):
+            reached = (kept & live_in[:, None]).any(dim=0)  # [receiver]: a kept edge from a live sender
+            new = torch.tensor([i not in computed or bool(reached[feeds[i]].any()) for i in range(S)],
+                               dtype=torch.bool, device="cpu")
+            if torch.equal(new, live_in):
+                break
+            live_in = new
+        pruned = kept & useful[None] & live_in[:, None]
+        if torch.equal(pruned, kept):
+            return kept
+        kept = pruned
+
+
+def edge_problem(runner: TaskRunner, scores: Tensor, rank: str) -> SearchProblem:
+    """A task's edge circuit as a search problem: nodes are the graph's edges (``graph.allowed``'s nonzero order),
+    importance the ranking's (``|score|`` for ``rank="abs"``, the signed score for ``"signed"``)."""
+    graph = runner.graph
+    index = graph.allowed.nonzero()
+    flat = scores[index[:, 0], index[:, 1]].detach().float().cpu()
+    clean = float(runner.clean["metric"].mean())
+    corrupted = float(runner.corrupted["metric"].mean())
+
+    def faithfulness(kept: Tensor) -> Tensor:
+        masks = torch.zeros(kept.shape[0], *graph.allowed.shape, dtype=torch.bool, device="cpu")
+        masks[:, index[:, 0], index[:, 1]] = kept
+        return (runner.edge_metric(masks).double() - corrupted) / (clean - corrupted)
+
+    importance = flat.abs() if rank == "abs" else flat
+    return SearchProblem(tuple(graph.edge_names(index)), faithfulness, None, lambda: float(runner.passes), importance)
+
+
+def search_edge_circuit(name: str, runner: TaskRunner, scores: Tensor, edges: tuple[str, ...], target: float,
+                        rank: str, faithfulness: float | None = None, *, options: dict[str, Any] | None = None,
+                        ) -> tuple[tuple[str, ...], float, SearchResult]:
+    """The ranked edge circuit ``edges`` (names, as :func:`~circuitkit.tasks.circuit.edge_circuit` returns them, at
+    ``faithfulness``) searched further by ``name``: its dangling edges pruned (one exact set measures the rest),
+    then the search. Returns ``(edges, faithfulness, result)``; ``result.settings["pruned"]``: the dangling
+    edges dropped; ``result.passes`` counts the pruned set's measure."""
+    problem = edge_problem(runner, scores, rank)
+    position = {n: i for i, n in enumerate(problem.nodes)}
+    unknown = [e for e in edges if e not in position]
+    if unknown:
+        raise validate.fail("edge search: edges", validate.given(", ".join(unknown[:3])),
+                            "edges of the runner's graph")
+    start = [position[e] for e in edges]
+    if name == "ranked":
+        result = run_search("ranked", problem, start, target, start_faithfulness=faithfulness, **(options or {}))
+        return tuple(edges), result.faithfulness, result
+    before = runner.passes
+    index = runner.graph.allowed.nonzero()
+    mask = torch.zeros_like(runner.graph.allowed)
+    mask[index[start, 0], index[start, 1]] = True
+    kept_mask = dangling(runner.graph, mask)
+    pruned = [i for i in start if bool(kept_mask[index[i, 0], index[i, 1]])]
+    f = faithfulness
+    if len(pruned) < len(start) or f is None:
+        f = problem.measure([pruned])[0]
+    if f < target:  # float rounding at the boundary: keep the ranked set as it is
+        pruned, f = start, (faithfulness if faithfulness is not None else problem.measure([start])[0])
+    result = run_search(name, problem, pruned, target, start_faithfulness=f, **(options or {}))
+    from dataclasses import replace
+
+    result = replace(result, start=len(start), passes=runner.passes - before,
+                     trace=(("start", len(start), float(faithfulness if faithfulness is not None else f)),
+                            ("pruned", len(pruned), float(f)), *result.trace[1:]),
+                     settings={**result.settings, "pruned": len(start) - len(pruned)})
+    order = {e: i for i, e in enumerate(edges)}
+    names = sorted((problem.nodes[i] for i in result.kept), key=lambda e: order.get(e, len(order)))
+    return tuple(names), result.faithfulness, result
+
+
+__all__ = ["dangling", "edge_problem", "held_out", "receiver_nodes", "search_edge_circuit", "search_node_circuit",
+           "task_nodes", "task_problem"]
