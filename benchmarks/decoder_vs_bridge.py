@@ -5,6 +5,8 @@ scan's batch, and every figure of the default scan.
 
 Both scans run in this process, one after the other, on the same batch; figures are compared leaf by leaf through
 ``to_json()`` (numbers: the largest absolute and relative difference and where; everything else: equal or not).
+Before them, single passes of the two models taking turns (:func:`interleaved_passes`): the fair timing where the
+machine's load changes during the run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,41 @@ def leaves(document, path=""):
             yield from leaves(value, f"{path}[{i}]")
     else:
         yield path, document
+
+
+def interleaved_passes(own, bridge, tokens, repeats: int = 2) -> dict[str, list[float]]:
+    """Seconds of one forward pass of the scan's batch with a hook on every ``hook_z``, and of a forward + backward
+    pass with a zero leaf added to every ``z`` and a loss read at the second half's positions (the attribution's
+    pass), the two models taking turns so that the machine's load falls on both alike."""
+    import time
+
+    import torch
+
+    from circuitkit.models.adapters import HOOKS, adapt
+
+    adapters = {"decoder": adapt(own), "bridge": adapt(bridge)}
+    layers = adapters["decoder"].spec.n_layers
+    at = torch.arange(tokens.shape[1] // 2, tokens.shape[1])
+    seconds: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for label, adapter in adapters.items():
+            with torch.no_grad():
+                start = time.perf_counter()
+                adapter.run(tokens, [(HOOKS.z(layer), lambda z, hook: None) for layer in range(layers)])
+                seconds.setdefault(f"{label} forward", []).append(time.perf_counter() - start)
+            leaves: list[torch.Tensor] = []
+
+            def add_leaf(z, hook, leaves=leaves):
+                leaves.append(torch.zeros_like(z, requires_grad=True))
+                return z + leaves[-1]
+
+            start = time.perf_counter()
+            with torch.enable_grad():
+                logits = adapter.run(tokens, [(HOOKS.z(layer), add_leaf) for layer in range(layers)],
+                                     graph_positions=at)
+                logits[:, at].float().logsumexp(-1).sum().backward()
+            seconds.setdefault(f"{label} forward+backward", []).append(time.perf_counter() - start)
+    return seconds
 
 
 def main() -> None:
@@ -53,6 +90,7 @@ def main() -> None:
         a, b = own(tokens), bridge(tokens)
     out["logits_max_abs_diff"] = float((a - b).abs().max())
     out["logits_scale"] = float(b.abs().max())
+    out["passes"] = interleaved_passes(own, bridge, tokens)
     scans = {}
     for label, model in (("decoder", own), ("bridge", bridge)):
         start = time.perf_counter()
