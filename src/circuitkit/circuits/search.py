@@ -342,31 +342,6 @@ def masks(problem: SearchProblem, start: Sequence[int], target: float, *, steps:
                         tuple(trace), settings)
 
 
-def smallest_prefix(problem: SearchProblem, order: Sequence[int], target: float) -> tuple[int, float, dict]:
-    """The smallest ``n`` whose top-``n`` of ``order`` reaches ``target``: sizes ``1, 2, 4, ...`` until one
-    reaches it, then bisection against the last below (each size one exact set). Returns ``(n, faithfulness,
-    measured)``; ``n = N`` (every node) at faithfulness 1 where no smaller prefix reaches it."""
-    N = len(order)
-    measured: dict[int, float] = {}
-    for n in _powers(N - 1):
-        measured[n] = problem.measure([order[:n]])[0]
-        if measured[n] >= target:
-            break
-    reached = [n for n in sorted(measured) if measured[n] >= target]
-    if not reached:
-        return N, 1.0, measured
-    high = reached[0]
-    low = max([n for n in measured if n < high], default=0)
-    while high - low > 1:
-        mid = (low + high) // 2
-        measured[mid] = problem.measure([order[:mid]])[0]
-        if measured[mid] >= target:
-            high = mid
-        else:
-            low = mid
-    return high, measured[high], measured
-
-
 def _powers(n: int) -> list[int]:
     """``1, 2, 4, ...`` below ``n``, then ``n`` (empty for ``n < 1``)."""
     out, k = [], 1
@@ -483,4 +458,4 @@ def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] 
 
 
 __all__ = ["SEARCHES", "SEARCH_NAMES", "SearchProblem", "SearchResult", "induction_problem", "masks", "ranked",
-           "refined", "run_search", "search_found", "smallest_prefix"]
+           "refined", "run_search", "search_found"]
