@@ -161,6 +161,7 @@ def test_the_cli_scan_of_a_directory_imports_neither_transformers_nor_transforme
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"code": 0, "loaded": []}
+    assert "(Llama, run by circuitkit's own decoder)" in done.stderr
     saved = json.loads((tmp_path / "out" / "scores.json").read_text())
     assert saved["model"]["family"] == "Llama (circuitkit decoder)"
 
