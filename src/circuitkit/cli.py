@@ -436,7 +436,8 @@ def run_scan(args: argparse.Namespace) -> int:
             else:
                 model = load_model(args.model, device=args.device, allow_download=args.allow_download,
                                    dtype=args.dtype)
-    runs_as = f" ({model.cfg.family}, run by circuitkit's own decoder)" if type(model).__name__ == "DecoderModel" else ""
+    own_decoder = type(model).__name__ == "DecoderModel"
+    runs_as = f" ({model.cfg.family}, run by circuitkit's own decoder)" if own_decoder else ""
     _say(f"scan: loaded {name} in {time.perf_counter() - started:.1f} s{runs_as}")
     if kind != INDUCTION:
         return _run_task_scan(args, model, name, out, task)
