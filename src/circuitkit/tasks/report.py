@@ -143,9 +143,11 @@ def faithfulness_section(scan: Any) -> Section | None:
     other = c.other_set
     if other and other.get("curve"):
         points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
+        at_size = other.get("faithfulness")  # none where patching every node there leaves the metric as it was
+        said = "no faithfulness" if at_size is None else f"faithfulness {at_size:.3f}"
         figures.append((faithfulness_curve(points, c.target, size, c.n_nodes_total, unit=unit),
                         f"The same {unit} on the {other['pairs']} {escape(other['set'])} pairs the search did not "
-                        f"use: faithfulness {other['faithfulness']:.3f} at the circuit's size."))
+                        f"use: {said} at the circuit's size."))
     if c.edge_curve:
         figures.append((faithfulness_curve([(p.size, p.faithfulness) for p in c.edge_curve], c.target, len(c.edges),
                                            c.n_edges_total, unit="edges"),
