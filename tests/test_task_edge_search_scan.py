@@ -89,8 +89,16 @@ def test_the_stage_is_planned_counted_and_recorded(scans):
     assert said["options"] == UNBOUNDED and isinstance(said["pruned"], int) and said["pruned"] >= 0
     assert said["stopped"] == "1-minimal, no swap reaches the target"
     assert refined.settings["plan"]["edge-search"] == DEFAULT_EDGE_SEARCH_PASSES + 1  # the budget + the pruned set
+    assert said["ranked_size"] == len(ranked.circuit.edges)
     assert ranked.settings["edge_search"] == {"name": "ranked", "options": {}, "pruned": None, "stopped": None,
+                                              "ranked_size": None,
                                               "passes": next(s.passes for s in ranked.stages if s.name == "edges")}
+    # the answer says how the edge circuit was found
+    assert (f"Edge circuit: {len(refined.circuit.edges)} of {refined.circuit.n_edges_total} edges reach "
+            f"faithfulness {refined.circuit.edge_faithfulness:.3f} (the {len(ranked.circuit.edges)} edges ranked by "
+            f"abs score, {said['pruned']} dangling ones pruned, then the refined search in {stage.passes:.0f} "
+            "passes)") in refined.answer()
+    assert "edges ranked by abs score); MIB's CPR" in ranked.answer()
 
 
 def test_the_pass_budget_stops_the_search_at_a_circuit_that_still_reaches_the_target(scans):
@@ -125,6 +133,9 @@ def test_the_saved_scan_reloads_and_the_checker_refuses_a_wrong_name(scans, tmp_
     assert loaded.circuit.edge_faithfulness == pytest.approx(refined.circuit.edge_faithfulness, abs=1e-12)
     data = json.loads((tmp_path / "scan" / "scores.json").read_text(encoding="utf-8"))
     check_task_scores(data, "scores.json")
+    report = (tmp_path / "scan" / "report.html").read_text(encoding="utf-8")
+    assert (f"The marked size is the refined search's circuit ({len(refined.circuit.edges)} edges at "
+            f"{refined.circuit.edge_faithfulness:.3f})") in report
     import jsonschema
 
     schema = json.loads((Path(ck.tasks.__file__).parent / "task_scores.schema.json").read_text(encoding="utf-8"))
@@ -134,6 +145,8 @@ def test_the_saved_scan_reloads_and_the_checker_refuses_a_wrong_name(scans, tmp_
     for path, value, needle in [(("edge_search", "name"), "masks", "settings.edge_search.name"),
                                 (("edge_search", "pruned"), -1, "settings.edge_search.pruned"),
                                 (("edge_search", "passes"), -2.0, "settings.edge_search.passes"),
+                                (("edge_search", "ranked_size"), "36", "settings.edge_search.ranked_size"),
+                                (("edge_search", "extra"), 1, "settings.edge_search"),
                                 (("search", "name"), "best", "settings.search.name")]:
         bad = copy.deepcopy(data)
         bad["settings"][path[0]][path[1]] = value

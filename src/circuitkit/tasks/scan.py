@@ -193,8 +193,12 @@ class TaskScan:
         if skipped:
             lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
+            found = self.settings.get("edge_search") or {}
+            how = (f"edges ranked by {c.rank} score" if found.get("name", "ranked") == "ranked" else
+                   f"the {found.get('ranked_size', '?')} edges ranked by {c.rank} score, {found.get('pruned')} "
+                   f"dangling ones pruned, then the {found['name']} search in {found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
-                         f"{c.edge_faithfulness:.3f} (edges ranked by {c.rank} score); MIB's CPR {c.cpr:.3f} "
+                         f"{c.edge_faithfulness:.3f} ({how}); MIB's CPR {c.cpr:.3f} "
                          f"(edges ranked by signed score), CMD {c.cmd:.3f} (by absolute score).")
         for e in c.edge_effects[:5]:
             lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
@@ -685,6 +689,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     settings["edge_search"] = {"name": edge_search, "options": edge_options if edge_search != "ranked" else {},
                                "passes": next((s.passes for s in stages if s.name == edge_stage), None),
                                "pruned": None if edge_result is None else edge_result.settings["pruned"],
+                               "ranked_size": None if edge_result is None else edge_result.start,
                                "stopped": None if edge_result is None else edge_result.settings["stopped"]}
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if split:  # every pair's metric in the task's order

@@ -203,12 +203,13 @@ class TaskScoresCheck(ScoresCheck):
             from circuitkit.tasks.search import EDGE_SEARCH_NAMES
 
             found = self.obj(settings["edge_search"], "settings.edge_search", ("name", "options", "passes", "pruned"),
-                             ("name", "options", "passes", "pruned", "stopped"))
+                             ("name", "options", "passes", "pruned", "stopped", "ranked_size"))
             name = self.option(found["name"], "settings.edge_search.name", EDGE_SEARCH_NAMES)
             self.obj(found["options"], "settings.edge_search.options")
             self.number(found["passes"], "settings.edge_search.passes", 0.0)
             pruned = self.integer(found["pruned"], "settings.edge_search.pruned", nullable=True)
             self.text(found.get("stopped"), "settings.edge_search.stopped", nullable=True)
+            self.integer(found.get("ranked_size"), "settings.edge_search.ranked_size", nullable=True)
             if name == "ranked" and (pruned is not None or found["options"]):
                 raise self.fail("settings.edge_search.pruned", pruned, "null and no options where the edge circuit "
                                 "is the ranked one (no edge search ran)")
