@@ -41,11 +41,11 @@ def scans():
     return model, task, ranked, refined
 
 
-def _edge_faithfulness(model, task: Task, index, edges: tuple[str, ...]) -> float:
+def _edge_faithfulness(model, task: Task, index, edges: tuple[str, ...], kv_edges: str = "grouped") -> float:
     """The edge set's faithfulness on the pairs ``index``, by a fresh runner's own edge pass."""
     adapter = adapt(model)
     runner = TaskRunner(adapter, task.tokenize(adapter, None).subset(index), task.metric, mlps=True,
-                        ablation=task.ablation)
+                        ablation=task.ablation, kv_edges=kv_edges)
     graph = runner.graph
     at = graph.allowed.nonzero()
     position = {name: i for i, name in enumerate(graph.edge_names(at))}
@@ -75,6 +75,25 @@ def test_the_refined_edges_reach_the_target_and_are_no_more_than_the_ranked_ones
     assert b.heads == a.heads and b.faithfulness == a.faithfulness
     assert {e.name for e in b.edge_effects} <= set(b.edges)
     assert {e.name for e in b.edge_effects} == {e.name for e in a.edge_effects} & set(b.edges)
+
+
+def test_per_query_head_edges_with_the_target_on_the_evaluation_pairs(scans):
+    """The search runs on the pairs the target applies to, over the graph the scan drew; the other set measures
+    the searched edges."""
+    model, task, _, _ = scans
+    kwargs = {"target": 0.8, "n_resamples": 50, "kv_edges": "per-query-head", "target_on": "evaluation"}
+    ranked = scan_task(model, task, **kwargs)
+    refined = scan_task(model, task, **kwargs, edge_search="refined", edge_search_options=UNBOUNDED)
+    b = refined.circuit
+    assert 0 < len(b.edges) < len(ranked.circuit.edges) and b.edge_faithfulness >= 0.8
+    assert refined.settings["edge_search"]["ranked_size"] == len(ranked.circuit.edges)
+    assert refined.settings["plan"]["edge-search"] == DEFAULT_EDGE_SEARCH_PASSES + 2  # two query heads a group
+    discovery, evaluation = split_pairs(task.n_pairs, 0.5, 0)
+    assert _edge_faithfulness(model, task, evaluation, b.edges, "per-query-head") == pytest.approx(
+        b.edge_faithfulness, abs=EXACT)
+    assert b.other_set["set"] == "discovery"
+    assert b.other_set["edge_faithfulness"] == pytest.approx(
+        _edge_faithfulness(model, task, discovery, b.edges, "per-query-head"), abs=EXACT)
 
 
 def test_the_stage_is_planned_counted_and_recorded(scans):
