@@ -11,6 +11,7 @@ pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a
     random-sets  (opt-in) random head sets of the circuit's size (:mod:`circuitkit.tasks.robustness`)
     stability    (opt-in) the node search rerun on bootstrap resamples of the pairs
     edges        the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
+    edge-search  (opt-in) the edge circuit's dangling edges pruned, then refined drops within a pass budget
     held-out     the circuit on the pairs the search did not use (forward passes only)
 
 ``circuitkit.scan(model, task=...)`` and ``circuitkit scan MODEL --task NAME|FILE`` run this for any task other

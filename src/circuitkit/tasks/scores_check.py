@@ -213,9 +213,9 @@ class TaskScoresCheck(ScoresCheck):
             if name == "ranked" and (pruned is not None or found["options"]):
                 raise self.fail("settings.edge_search.pruned", pruned, "null and no options where the edge circuit "
                                 "is the ranked one (no edge search ran)")
-            if name != "ranked" and settings.get("edges") is False:
-                raise self.fail("settings.edge_search.name", name, "'ranked' where settings.edges is false (no edge "
-                                "circuit to search)")
+            if settings.get("edges") is False and (found["passes"] is not None or pruned is not None):
+                raise self.fail("settings.edge_search.passes", found["passes"], "null, and pruned null, where "
+                                "settings.edges is false (no edge circuit, no edge search)")
 
     def pairs(self, value: Any, n: int) -> None:
         pairs = self.obj(value, "pairs", ("prompts", "marks", "clean", "corrupted"), ("scored",))

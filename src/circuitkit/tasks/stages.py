@@ -24,7 +24,8 @@ class PlanInputs:
     """What a task scan knows before its first pass: ``nodes`` (the node circuit's candidates), ``edges_total`` (the
     edge graph's edges), ``pairs`` (the pairs the search runs on), ``held`` (pairs on the other set, 0: not split),
     ``direct`` (the clean run has a backward: direct logit attribution), ``steps`` (EAP-IG points) and the
-    options: ``edges``, ``quick``, ``random_sets``, ``stability``."""
+    options: ``edges``, ``quick``, ``random_sets``, ``stability``, ``search``, ``edge_search`` (with its pass
+    budget ``edge_search_passes``)."""
 
     nodes: int
     edges_total: int
