@@ -208,3 +208,15 @@ def test_ck_scan_passes_the_option_to_a_task_and_refuses_it_without_one():
     assert [s.name for s in result.stages].count("edge-search") == 1
     with pytest.raises(CircuitkitError, match="edge_search"):
         ck.scan(model, edge_search="refined")
+
+
+def test_no_behaviour_skips_the_stage_and_says_no_search_ran(tmp_path):
+    pairs = [([1, 2, 3, 4, 5 + i], [1, 2, 3, 4, 5 + i], [7], [9]) for i in range(6)]  # corrupted = clean
+    told = []
+    result = scan_task(boot_bridge(d_vocab=50, attn_only=False), Task.from_pairs(pairs, name="same"),
+                       edge_search="refined", n_resamples=20, progress=lambda stage, passes: told.append(stage))
+    assert result.circuit is None and "edge-search" not in told
+    assert result.settings["edge_search"] == {"name": "refined", "options": {"max_passes": DEFAULT_EDGE_SEARCH_PASSES},
+                                              "passes": None, "pruned": None, "ranked_size": None, "stopped": None}
+    result.save(tmp_path / "scan")
+    assert ck.Scan.load(tmp_path / "scan").settings == result.settings
