@@ -209,6 +209,7 @@ SCAN_TABLE = {
     "ig_points": tasks_only(["--ig-points", "right"], lambda c, p: c.task_kwargs["ig_points"] == "right"),
     "kv_edges": tasks_only(["--kv-edges", "per-query-head"],
                            lambda c, p: c.task_kwargs["kv_edges"] == "per-query-head"),
+    "edge_search": tasks_only(["--edge-search", "refined"], lambda c, p: c.task_kwargs["edge_search"] == "refined"),
     "prepend_bos": tasks_only(["--prepend-bos", "yes"], lambda c, p: c.task_kwargs["prepend_bos"] is True),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),
@@ -338,6 +339,9 @@ def test_every_option_applies_or_is_refused(sub, dest, kind, calls, places, caps
     (["--no-circuit", "--no-edges"], "--no-edges: given with --no-circuit"),
     (["--task", "ioi", "--quick", "--no-edges"], "--no-edges: given with --quick, which does not use it (a quick "
                                                  "task scan measures no edge circuit)"),
+    (["--task", "ioi", "--quick", "--edge-search", "refined"], "--edge-search: given with --quick, which does not "
+                                                               "use it (no edge circuit is measured to search)"),
+    (["--task", "ioi", "--no-edges", "--edge-search", "refined"], "--edge-search: given with --no-edges"),
     (["MODEL", "--device-map", "auto", "--device", "cpu"], "--device: given with --device-map"),
     (["--pairs", "5"], "--pairs: given for the induction scan (no --task), which does not use it"),
     (["--task", "ioi", "--batch", "16"], "--batch: given with --task ioi, which does not use it (a task's pairs"),

@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a task's key/value edges on a grouped-query model: one per key/value head (grouped, "
                       "default) or one per query head (per-query-head, as EAP-IG's graph; edge passes cost a copy "
                       "of the pairs per query head of a group)")
+    # tasks.search.EDGE_SEARCH_NAMES, not imported: --help stays free of torch
+    scan.add_argument("--edge-search", choices=("ranked", "refined"), default=None,
+                      help="how a task's edge circuit is found: the smallest top-k set by EAP-IG score (ranked, "
+                      "default) or that set with its dangling edges pruned, then refined by exact drops within a "
+                      "30-pass budget (refined)")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
                       "or the text's tokens alone (no)")
@@ -243,6 +248,7 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "target_on": ((INDUCTION,), "it says which of a task's two sets the target applies to"),
     "ig_points": ((INDUCTION,), "the induction scan's attribution is not EAP-IG along a task's input path"),
     "kv_edges": ((INDUCTION,), "the induction scan has no task edge graph"),
+    "edge_search": ((INDUCTION,), "the induction scan has no task edge circuit to search"),
 }
 
 
@@ -258,10 +264,11 @@ def _holdout(text: str) -> float:
 
 
 def _given_split(args: argparse.Namespace) -> dict[str, Any]:
-    """``holdout``, ``target_on``, ``ig_points`` and ``kv_edges`` where the command line gave them (else the task
-    scan's own defaults)."""
+    """``holdout``, ``target_on``, ``ig_points``, ``kv_edges`` and ``edge_search`` where the command line gave them
+    (else the task scan's own defaults)."""
     return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on),
-                                          ("ig_points", args.ig_points), ("kv_edges", args.kv_edges))
+                                          ("ig_points", args.ig_points), ("kv_edges", args.kv_edges),
+                                          ("edge_search", args.edge_search))
             if value is not None}
 
 
@@ -352,6 +359,9 @@ def refuse_unused_scan_options(args: argparse.Namespace, kind: str) -> None:
     if kind != INDUCTION:
         if args.quick and "no_edges" in given:
             _refuse("no_edges", "with --quick", "a quick task scan measures no edge circuit")
+        if args.edge_search not in (None, "ranked") and (args.quick or args.no_edges):
+            _refuse("edge_search", "with --quick" if args.quick else "with --no-edges", "no edge circuit is "
+                    "measured to search")
         return
     if "ablate_top" in given and _ablate_mode(args) != "top":
         _refuse("ablate_top", "with --quick" if args.quick else f"with --ablate {args.ablate}",

@@ -569,6 +569,7 @@ def scan(
     edges: bool = True,
     ig_points: str | None = None,
     kv_edges: str | None = None,
+    edge_search: str | None = None,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -631,6 +632,9 @@ def scan(
         kv_edges: a task's key/value edges on a grouped-query model, ``"grouped"`` (one per key/value head) or
             ``"per-query-head"`` (each query head its own, as EAP-IG's graph) (:func:`circuitkit.tasks.scan_task`;
             None: its default); the induction scan takes none.
+        edge_search: how a task's edge circuit is found, ``"ranked"`` (the smallest top-k set) or ``"refined"``
+            (that set pruned and refined within a pass budget) (:func:`circuitkit.tasks.scan_task`; None: its
+            default); the induction scan takes none.
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -653,9 +657,9 @@ def scan(
                           n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
                           metric=metric, holdout=holdout, target_on=target_on, edges=edges,
                           random_sets=options["random_sets"], stability=options["stability"], ig_points=ig_points,
-                          kv_edges=kv_edges)
+                          kv_edges=kv_edges, edge_search=edge_search)
     _refuse_task_options(holdout=holdout, target_on=target_on, metric=metric, prepend_bos=prepend_bos,
-                         ig_points=ig_points, kv_edges=kv_edges)
+                         ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens)
     if not edges:  # the circuit of heads without its edge evidence
@@ -777,7 +781,7 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None,
                holdout: float | None = None, target_on: str | None = None, edges: bool = True,
                random_sets: int = 0, stability: int = 0, ig_points: str | None = None,
-               kv_edges: str | None = None) -> Any:
+               kv_edges: str | None = None, edge_search: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), its progress in ``mode`` (the task scan's own plan
     of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
@@ -791,7 +795,8 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                      stability=stability, **({} if holdout is None else {"holdout": holdout}),
                      **({} if target_on is None else {"target_on": target_on}),
                      **({} if ig_points is None else {"ig_points": ig_points}),
-                     **({} if kv_edges is None else {"kv_edges": kv_edges}))
+                     **({} if kv_edges is None else {"kv_edges": kv_edges}),
+                     **({} if edge_search is None else {"edge_search": edge_search}))
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,

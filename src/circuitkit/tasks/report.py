@@ -143,16 +143,18 @@ def faithfulness_section(scan: Any) -> Section | None:
     other = c.other_set
     if other and other.get("curve"):
         points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
+        at_size = other.get("faithfulness")  # none where patching every node there leaves the metric as it was
+        said = "no faithfulness" if at_size is None else f"faithfulness {at_size:.3f}"
         figures.append((faithfulness_curve(points, c.target, size, c.n_nodes_total, unit=unit),
                         f"The same {unit} on the {other['pairs']} {escape(other['set'])} pairs the search did not "
-                        f"use: faithfulness {other['faithfulness']:.3f} at the circuit's size."))
+                        f"use: {said} at the circuit's size."))
     if c.edge_curve:
         figures.append((faithfulness_curve([(p.size, p.faithfulness) for p in c.edge_curve], c.target, len(c.edges),
                                            c.n_edges_total, unit="edges"),
                         f"Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges), edges ranked by "
                         f"{escape(c.rank)} score. MIB's CPR {c.cpr:.3f} (the area under this curve with edges ranked "
                         f"by signed score), CMD {c.cmd:.3f} (the area between 1 and it with edges ranked by absolute "
-                        "score)."))
+                        "score)." + _searched_edges(scan)))
     body = '<div class="ck-answer">' + "".join(
         f'<figure style="margin:0">{svg}<figcaption class="note" style="max-width:300px">{caption}</figcaption>'
         "</figure>" for svg, caption in figures) + "</div>"
@@ -217,6 +219,16 @@ def details_section(scan: Any) -> Section:
     rows += [(f"stage {s.name}", f"{s.passes:g} passes, {s.seconds:.2f} s") for s in scan.stages]
     table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return Section("details", "Model and settings", f'<table class="ck-small">{table}</table>', png=False)
+
+
+def _searched_edges(scan: Any) -> str:
+    """The edge curve's caption, where an edge search ran: the marked size is the searched circuit's."""
+    found = scan.settings.get("edge_search") or {}
+    if found.get("name", "ranked") == "ranked":
+        return ""
+    c = scan.circuit
+    return (f" The marked size is the {escape(found['name'])} search's circuit ({len(c.edges)} edges at "
+            f"{c.edge_faithfulness:.3f}), found from the ranked one, not a point of this curve.")
 
 
 def task_report(scan: Any, *, compress: bool = True) -> str:

@@ -11,6 +11,7 @@ pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a
     random-sets  (opt-in) random head sets of the circuit's size (:mod:`circuitkit.tasks.robustness`)
     stability    (opt-in) the node search rerun on bootstrap resamples of the pairs
     edges        the edge circuit: MIB's sizes in stacked copies, bisection, the strongest edges' exact effects
+    edge-search  (opt-in) the edge circuit's dangling edges pruned, then refined drops within a pass budget
     held-out     the circuit on the pairs the search did not use (forward passes only)
 
 ``circuitkit.scan(model, task=...)`` and ``circuitkit scan MODEL --task NAME|FILE`` run this for any task other
@@ -40,7 +41,13 @@ from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
 from circuitkit.tasks.roles import member_explanations
-from circuitkit.tasks.search import held_out, search_node_circuit
+from circuitkit.tasks.search import (
+    DEFAULT_EDGE_SEARCH_PASSES,
+    EDGE_SEARCH_NAMES,
+    held_out,
+    search_edge_circuit,
+    search_node_circuit,
+)
 from circuitkit.tasks.stages import PlanInputs, held_estimate, task_plan, task_progress
 from circuitkit.tasks.task import Task, check_prepend_bos
 
@@ -187,8 +194,12 @@ class TaskScan:
         if skipped:
             lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
+            found = self.settings.get("edge_search") or {}
+            how = (f"edges ranked by {c.rank} score" if found.get("name", "ranked") == "ranked" else
+                   f"the {found.get('ranked_size', '?')} edges ranked by {c.rank} score, {found.get('pruned')} "
+                   f"dangling ones pruned, then the {found['name']} search in {found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
-                         f"{c.edge_faithfulness:.3f} (edges ranked by {c.rank} score); MIB's CPR {c.cpr:.3f} "
+                         f"{c.edge_faithfulness:.3f} ({how}); MIB's CPR {c.cpr:.3f} "
                          f"(edges ranked by signed score), CMD {c.cmd:.3f} (by absolute score).")
         for e in c.edge_effects[:5]:
             lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
@@ -361,7 +372,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               metric: Any = None, holdout: float = DEFAULT_HOLDOUT, split_seed: int = 0,
               target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
               stability: int = 0, neuron_groups: int | None = None, node_types: tuple = (), search: str = "ranked",
-              search_options: dict[str, Any] | None = None, kv_edges: str = DEFAULT_KV_EDGES) -> TaskScan:
+              search_options: dict[str, Any] | None = None, kv_edges: str = DEFAULT_KV_EDGES,
+              edge_search: str = "ranked", edge_search_options: dict[str, Any] | None = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -418,6 +430,19 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             smallest top-``n`` set by EAP-IG node score), ``"refined"`` (that set, then exact drops and swaps while
             the target holds) or ``"masks"`` (learned continuous node masks, then the smallest top-``n`` of their
             order); ``search_options``: that search's options. ``settings["search"]`` says which ran and its passes.
+        edge_search: how the edge circuit is found: ``"ranked"`` (default: the smallest top-``k`` edge set by
+            EAP-IG score) or ``"refined"`` (stage ``edge-search``: from that set, its dangling edges pruned, then
+            the refined search's block rounds and drops while the target holds,
+            :func:`~circuitkit.tasks.search.search_edge_circuit`). The searched edges become the circuit's edges
+            and edge faithfulness, and the held-out stage measures them; the edge curve, CPR/CMD and the edge
+            effects stay the ranking's (the effects of the strongest ranked edges the search kept). Its cost is
+            bounded by a pass budget, ``max_passes`` (default :data:`~circuitkit.tasks.search.
+            DEFAULT_EDGE_SEARCH_PASSES`, 30: about the edge stage's own cost; the search stops before a round that
+            would pass it, its circuit then not known to be minimal), one more set for the pruned circuit, and its
+            swaps where it reaches single drops. ``edge_search_options``: the refined search's options
+            (``max_passes``, ``swaps``, ``singles``, ``max_rounds``; ``max_passes=None``: no budget).
+            ``settings["edge_search"]`` says which ran, its options, passes and the dangling edges pruned. Not with
+            ``edges=False`` or ``quick``.
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
         neuron_groups: MLP neurons as nodes of the node circuit (MIB's neuron level): each MLP's hidden units in
@@ -447,6 +472,14 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                             "searches choose among heads and MLPs)")
     if search_options is not None and not isinstance(search_options, dict):
         raise validate.fail("scan_task: search_options", search_options, "a dict of the search's options or None")
+    edge_search = validate.option("scan_task: edge_search", edge_search, EDGE_SEARCH_NAMES)
+    if edge_search_options is not None and not isinstance(edge_search_options, dict):
+        raise validate.fail("scan_task: edge_search_options", edge_search_options, "a dict of the edge search's "
+                            "options or None")
+    if edge_search == "ranked" and edge_search_options:
+        raise validate.fail("scan_task: edge_search_options", edge_search_options, "None beside "
+                            "edge_search='ranked' (the ranked edge circuit takes no options)")
+    edge_options = _edge_options(edge_search, edge_search_options)
     rank = validate.option("scan_task: rank", rank, RANKS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     ig_points = validate.option("scan_task: ig_points", ig_points, IG_POINTS)
@@ -456,6 +489,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     if quick and steps != DEFAULT_IG_STEPS:
         raise validate.fail("scan_task: steps", steps, f"left at {DEFAULT_IG_STEPS} with quick=True (a quick scan "
                             "runs EAP-IG with one point)")
+    if edge_search != "ranked" and (quick or not edges):
+        raise validate.fail("scan_task: edge_search", edge_search, "'ranked' beside edges=False or quick=True (no "
+                            "edge circuit to search)")
     if quick:
         steps, edges = 1, False
     from circuitkit.circuits.faithfulness import check_repeats
@@ -518,10 +554,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       edges_total=graph.n_edges, pairs=search.batch.n_pairs,
                       held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
                       edges=edges, quick=quick, random_sets=random_sets, stability=stability,
-                      search=node_search, kv_copies=graph.kv_copies)
+                      search=node_search, kv_copies=graph.kv_copies, edge_search=edge_search,
+                      edge_search_passes=_budget(edge_options.get("max_passes")))
     bar = task_progress(task.name, mode, task_plan(plan))
 
     reruns = [0.0]  # the stability stage's passes, run by runners of its own
+    edge_result = None  # the edge search's SearchResult, where one ran
 
     def count() -> float:
         return runner.passes + (held.passes if held is not None else 0.0) + reruns[0]
@@ -567,7 +605,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         except NoBehaviour as exc:  # reported, not raised
             error = str(exc)
             bar.end("no behaviour: the corrupted prompts do not change the metric")
-            for later in ("search", "random-sets", "stability", "edges", "held-out"):
+            for later in ("search", "random-sets", "stability", "edges", "edge-search", "held-out"):
                 if later in bar.plan:
                     bar.skip(later, "no node circuit (the corrupted prompts do not change the metric)")
         else:
@@ -593,6 +631,16 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                 except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
                     error = f"no edge circuit: {exc}"
                     bar.end("no behaviour: the corrupted run equals the clean one")
+                    if "edge-search" in bar.plan:
+                        bar.skip("edge-search", "no edge circuit (the corrupted run equals the clean one)")
+                else:
+                    if edge_search != "ranked":  # the searched edges replace the ranked ones (tasks/search.py)
+                        edge_part, edge_result = stage("edge-search", lambda advance: _edge_searched(
+                            edge_search, search, scores, edge_part, target, rank,
+                            {**edge_options, "progress": lambda *_: advance()}),
+                            lambda out: f"{out[1].settings['pruned']} dangling edges pruned, "
+                                        f"{out[1].start} -> {out[1].size} edges at {out[1].faithfulness:.3f} "
+                                        f"({out[1].settings['stopped']})")
             names, edge_faith, edge_curve, cpr, cmd, effects, n_edges, areas = edge_part
             other_set = None
             if other is not None:
@@ -638,6 +686,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     search_stage = "search" if node_search != "ranked" else "nodes"  # which search ran, and its passes
     settings["search"] = {"name": node_search, "options": dict(search_options or {}),
                           "passes": next((s.passes for s in stages if s.name == search_stage), None)}
+    edge_stage = "edge-search" if edge_search != "ranked" else "edges"
+    settings["edge_search"] = {"name": edge_search, "options": edge_options if edge_search != "ranked" else {},
+                               "passes": next((s.passes for s in stages if s.name == edge_stage), None),
+                               "pruned": None if edge_result is None else edge_result.settings["pruned"],
+                               "ranked_size": None if edge_result is None else edge_result.start,
+                               "stopped": None if edge_result is None else edge_result.settings["stopped"]}
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if split:  # every pair's metric in the task's order
         clean_all = torch.empty(task.n_pairs)
@@ -669,6 +723,46 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
             "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
     )
+
+
+def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The edge search's options with the default pass budget, checked before the first pass: names the search
+    takes (not its start or progress, which the scan gives), a budget of None or at least 0 passes."""
+    if name == "ranked":
+        return {}
+    import inspect
+
+    from circuitkit.circuits.search import SEARCHES
+
+    accepted = set(inspect.signature(SEARCHES[name]).parameters) - {"problem", "start", "target",
+                                                                   "start_faithfulness", "progress"}
+    unknown = sorted(set(options or {}) - accepted)
+    if unknown:
+        raise validate.fail("scan_task: edge_search_options", validate.given(", ".join(map(str, unknown))),
+                            f"options among {', '.join(sorted(accepted))}")
+    out = {"max_passes": DEFAULT_EDGE_SEARCH_PASSES, **(options or {})}
+    if out["max_passes"] is not None:
+        out["max_passes"] = validate.real("scan_task: edge_search_options max_passes", out["max_passes"],
+                                          minimum=0.0)
+    return out
+
+
+def _budget(max_passes: Any) -> float:
+    """The edge search's planned passes: its budget (with none, the default's figure; the bar revises it)."""
+    return DEFAULT_EDGE_SEARCH_PASSES if max_passes is None else float(max_passes)
+
+
+def _edge_searched(name: str, runner: TaskRunner, scores: Tensor, edge_part: tuple, target: float, rank: str,
+                   options: dict[str, Any]) -> tuple[tuple, Any]:
+    """``edge_circuit``'s tuple with the searched edges and their faithfulness in place of the ranked ones (the
+    curve, CPR/CMD and areas the ranking's; the effects those of the strongest ranked edges still kept), and the
+    :class:`~circuitkit.circuits.search.SearchResult`."""
+    names, faith, curve, cpr, cmd, effects, n_edges, areas = edge_part
+    found, found_faith, result = search_edge_circuit(name, runner, scores, names, target, rank, faith,
+                                                     options=options)
+    kept = set(found)
+    return (found, found_faith, curve, cpr, cmd, tuple(e for e in effects if e.name in kept), n_edges,
+            areas), result
 
 
 def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | None]:

@@ -192,6 +192,30 @@ class TaskScoresCheck(ScoresCheck):
             self.integer(split["discovery_pairs"], "settings.split.discovery_pairs", 1)
             self.integer(split["evaluation_pairs"], "settings.split.evaluation_pairs", 0)
             self.text(split["note"], "settings.split.note", nullable=True)
+        if "search" in settings:  # which node search ran
+            from circuitkit.circuits.search import SEARCH_NAMES
+
+            search = self.obj(settings["search"], "settings.search", ("name", "options", "passes"))
+            self.option(search["name"], "settings.search.name", SEARCH_NAMES)
+            self.obj(search["options"], "settings.search.options")
+            self.number(search["passes"], "settings.search.passes", 0.0)
+        if "edge_search" in settings:  # which edge search ran
+            from circuitkit.tasks.search import EDGE_SEARCH_NAMES
+
+            found = self.obj(settings["edge_search"], "settings.edge_search", ("name", "options", "passes", "pruned"),
+                             ("name", "options", "passes", "pruned", "stopped", "ranked_size"))
+            name = self.option(found["name"], "settings.edge_search.name", EDGE_SEARCH_NAMES)
+            self.obj(found["options"], "settings.edge_search.options")
+            self.number(found["passes"], "settings.edge_search.passes", 0.0)
+            pruned = self.integer(found["pruned"], "settings.edge_search.pruned", nullable=True)
+            self.text(found.get("stopped"), "settings.edge_search.stopped", nullable=True)
+            self.integer(found.get("ranked_size"), "settings.edge_search.ranked_size", nullable=True)
+            if name == "ranked" and (pruned is not None or found["options"]):
+                raise self.fail("settings.edge_search.pruned", pruned, "null and no options where the edge circuit "
+                                "is the ranked one (no edge search ran)")
+            if settings.get("edges") is False and (found["passes"] is not None or pruned is not None):
+                raise self.fail("settings.edge_search.passes", found["passes"], "null, and pruned null, where "
+                                "settings.edges is false (no edge circuit, no edge search)")
 
     def pairs(self, value: Any, n: int) -> None:
         pairs = self.obj(value, "pairs", ("prompts", "marks", "clean", "corrupted"), ("scored",))

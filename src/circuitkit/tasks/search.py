@@ -218,6 +218,15 @@ def edge_problem(runner: TaskRunner, scores: Tensor, rank: str) -> SearchProblem
     return SearchProblem(tuple(graph.edge_names(index)), faithfulness, None, lambda: float(runner.passes), importance)
 
 
+EDGE_SEARCH_NAMES = ("ranked", "refined")
+"""The searches a task scan runs over its edge circuit (``scan_task(edge_search=...)``; the learned masks run over
+nodes only)."""
+
+DEFAULT_EDGE_SEARCH_PASSES = 30.0
+"""The edge search's pass budget in a task scan unless its options say otherwise (``max_passes``): the refined
+search stops before a round that would pass it. IOI on a 0.5B model: 30 passes took 9,976 edges to 6,670."""
+
+
 def search_edge_circuit(name: str, runner: TaskRunner, scores: Tensor, edges: tuple[str, ...], target: float,
                         rank: str, faithfulness: float | None = None, *, options: dict[str, Any] | None = None,
                         ) -> tuple[tuple[str, ...], float, SearchResult]:
@@ -258,5 +267,5 @@ def search_edge_circuit(name: str, runner: TaskRunner, scores: Tensor, edges: tu
     return tuple(names), result.faithfulness, result
 
 
-__all__ = ["dangling", "edge_problem", "held_out", "receiver_nodes", "search_edge_circuit", "search_node_circuit",
-           "task_nodes", "task_problem"]
+__all__ = ["DEFAULT_EDGE_SEARCH_PASSES", "EDGE_SEARCH_NAMES", "dangling", "edge_problem", "held_out",
+           "receiver_nodes", "search_edge_circuit", "search_node_circuit", "task_nodes", "task_problem"]

@@ -24,7 +24,8 @@ class PlanInputs:
     """What a task scan knows before its first pass: ``nodes`` (the node circuit's candidates), ``edges_total`` (the
     edge graph's edges), ``pairs`` (the pairs the search runs on), ``held`` (pairs on the other set, 0: not split),
     ``direct`` (the clean run has a backward: direct logit attribution), ``steps`` (EAP-IG points) and the
-    options: ``edges``, ``quick``, ``random_sets``, ``stability``."""
+    options: ``edges``, ``quick``, ``random_sets``, ``stability``, ``search``, ``edge_search`` (with its pass
+    budget ``edge_search_passes``)."""
 
     nodes: int
     edges_total: int
@@ -40,6 +41,9 @@ class PlanInputs:
     kv_copies: int = 1
     """Copies of the pairs each edge pass and EAP-IG point runs (per-query-head key/value edges on a grouped-query
     model: the query heads per key/value head; :attr:`~circuitkit.tasks.graph.Graph.kv_copies`)."""
+    edge_search: str = "ranked"
+    edge_search_passes: float = 0.0
+    """The edge search's pass budget (``edge_search`` other than ``"ranked"``)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,9 @@ TASK_STAGES = (
     TaskStageSpec("edges", "the edge circuit: MIB's sizes stacked, the bisection to 1/64 of its size, the "
                   "strongest edges' exact effects", lambda p: edge_estimate(p.edges_total, p.pairs) * p.kv_copies,
                   lambda p: p.edges),
+    TaskStageSpec("edge-search", "a search beyond ranking from the ranked edge circuit (opt-in: dangling edges "
+                  "pruned, then refined block rounds and drops within a pass budget; planned from the budget)",
+                  lambda p: p.edge_search_passes + p.kv_copies, lambda p: p.edges and p.edge_search != "ranked"),
     TaskStageSpec("held-out", "the circuit measured on the pairs the search did not use", held_estimate,
                   lambda p: p.held > 0),
 )
