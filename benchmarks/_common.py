@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 CHILD_FLAG = "--child"
@@ -189,3 +190,17 @@ def emit_json(payload: dict[str, Any], path: str | None) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(payload, f, indent=1)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """``data`` as indented JSON (keys sorted) into ``path``, through a temporary file beside it and one rename, so
+    a run stopped midway leaves the previous file whole."""
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -22,21 +22,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _common import write_json_atomic  # benchmarks/ is on sys.path when a script here runs
+
 GRAPHS = ("grouped", "per-query-head")
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def eap_ig_edges(names: Any, group: int) -> int:
@@ -138,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             out["identity"] = identity(scores_of["grouped"], scores_of["per-query-head"], graphs["grouped"],
                                        graphs["per-query-head"], group)
         out["seconds"] = time.perf_counter() - started
-        _write(path, out)
+        write_json_atomic(path, out)
     for kind, row in out["graphs"].items():
         print(f"{kind:15s} edges {row['edges_total']:7d}  circuit {row['circuit_edges']:6d} "
               f"({row['circuit_eap_ig_edges']} EAP-IG edges) faithfulness {row['circuit_faithfulness']:.3f}  "

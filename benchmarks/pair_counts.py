@@ -26,22 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from _common import write_json_atomic  # benchmarks/ is on sys.path when a script here runs
+
 
 def _jaccard(a: set, b: set) -> float | None:
     return len(a & b) / len(a | b) if a | b else None
-
-
-def _write(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _counts(text: str) -> list[int]:
@@ -150,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             out["counts"][str(m)]["jaccard_heads"] = _jaccard(hs, heads_of[top])
         print(f"{n} pairs: {len(heads)} heads, faithfulness {faith:.3f} (held out "
               f"{row['held_out_faithfulness']:.3f}), {row['seconds_so_far']:.0f} s so far", flush=True)
-        _write(path, out)
+        write_json_atomic(path, out)
     print(json.dumps(out, indent=1))
 
 

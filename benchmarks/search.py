@@ -29,38 +29,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from _common import write_json_atomic  # benchmarks/ is on sys.path when a script here runs
+
 SEARCHES = ["ranked", "refined", "masks", "masks+refined"]  # --searches may run fewer (a later run adds the others)
 ORDER = ["ranked", "refined", "masks", "masks+refined", "edges ranked", "edges refined"]
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options: dict, log: Any,
-             store: Any) -> dict:
-    import torch
-
+def _ioi_runners(bridge: Any, pairs: int) -> tuple[Any, Any, Any, Any, Any]:
+    """The IOI task of ``pairs`` pairs for the model's tokenizer (seed 0), split half and half (seed 0), and a
+    task runner on each half (MLPs as nodes): ``(task, discovery, evaluation, runner, held)``."""
     from circuitkit import tasks
     from circuitkit.models.adapters import adapt
-    from circuitkit.ranking import head_name
-    from circuitkit.tasks.circuit import node_circuit
     from circuitkit.tasks.graph import TaskRunner
     from circuitkit.tasks.scan import split_pairs
-    from circuitkit.tasks.search import held_out, search_node_circuit
 
     adapter = adapt(bridge)
     task = tasks.get_task("ioi", bridge, n=pairs, seed=0)
@@ -68,6 +55,18 @@ def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options
     discovery, evaluation = split_pairs(task.n_pairs, 0.5, 0)
     runner = TaskRunner(adapter, batch.subset(discovery), task.metric, mlps=True, ablation=task.ablation)
     held = TaskRunner(adapter, batch.subset(evaluation), task.metric, mlps=True, ablation=task.ablation)
+    return task, discovery, evaluation, runner, held
+
+
+def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options: dict, log: Any,
+             store: Any) -> dict:
+    import torch
+
+    from circuitkit.ranking import head_name
+    from circuitkit.tasks.circuit import node_circuit
+    from circuitkit.tasks.search import held_out, search_node_circuit
+
+    task, discovery, evaluation, runner, held = _ioi_runners(bridge, pairs)
     started = time.perf_counter()
     _ = runner.clean, runner.corrupted, held.clean, held.corrupted
     _, node_scores = runner.edge_gradients(ig_steps)
@@ -110,19 +109,10 @@ def ioi_edges_part(bridge: Any, pairs: int, target: float, ig_steps: int, max_pa
     ``max_passes``), each set measured on the evaluation pairs by one edge pass."""
     import torch
 
-    from circuitkit import tasks
-    from circuitkit.models.adapters import adapt
     from circuitkit.tasks.circuit import edge_circuit
-    from circuitkit.tasks.graph import TaskRunner
-    from circuitkit.tasks.scan import split_pairs
     from circuitkit.tasks.search import search_edge_circuit
 
-    adapter = adapt(bridge)
-    task = tasks.get_task("ioi", bridge, n=pairs, seed=0)
-    batch = task.tokenize(adapter, None)
-    discovery, evaluation = split_pairs(task.n_pairs, 0.5, 0)
-    runner = TaskRunner(adapter, batch.subset(discovery), task.metric, mlps=True, ablation=task.ablation)
-    held = TaskRunner(adapter, batch.subset(evaluation), task.metric, mlps=True, ablation=task.ablation)
+    task, discovery, evaluation, runner, held = _ioi_runners(bridge, pairs)
     t0 = time.perf_counter()
     _ = runner.clean, runner.corrupted, held.clean, held.corrupted
     scores, _ = runner.edge_gradients(ig_steps)
@@ -347,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
             before = results["tasks"].get(part, {}).get("searches", {})
             results["tasks"][part] = {**out, "searches": {**before, **out["searches"]}}
             results["seconds"] = round(time.perf_counter() - started, 1)
-            _write(path, results)
+            write_json_atomic(path, results)
         return keep
 
     for part in args.parts.split(","):
@@ -361,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
             found["subsets"] = induction_subsets(bridge, args.induction_batch, args.block_len, args.target, found,
                                                  [int(k) for k in args.subset_sizes.split(",")], args.pool_limit,
                                                  log)
-            _write(path, results)
+            write_json_atomic(path, results)
         elif part == "induction":
             induction_part(bridge, args.induction_batch, args.block_len, args.target, mask_options, log,
                            store("induction"))
