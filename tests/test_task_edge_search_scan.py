@@ -115,7 +115,8 @@ def test_the_stage_is_planned_counted_and_recorded(scans):
     # the answer says how the edge circuit was found
     assert (f"Edge circuit: {len(refined.circuit.edges)} of {refined.circuit.n_edges_total} edges reach "
             f"faithfulness {refined.circuit.edge_faithfulness:.3f} (the {len(ranked.circuit.edges)} edges ranked by "
-            f"abs score, {said['pruned']} dangling ones pruned, then the refined search in {stage.passes:.0f} "
+            f"abs score, {said['pruned']} dangling edge{'' if said['pruned'] == 1 else 's'} pruned, then the refined "
+            f"search in {stage.passes:.0f} "
             "passes)") in refined.answer()
     assert "edges ranked by abs score); MIB's CPR" in ranked.answer()
 

@@ -196,8 +196,9 @@ class TaskScan:
         if c.edge_faithfulness is not None:
             found = self.settings.get("edge_search") or {}
             how = (f"edges ranked by {c.rank} score" if found.get("name", "ranked") == "ranked" else
-                   f"the {found.get('ranked_size', '?')} edges ranked by {c.rank} score, {found.get('pruned')} "
-                   f"dangling ones pruned, then the {found['name']} search in {found.get('passes') or 0:.0f} passes")
+                   f"the {found.get('ranked_size', '?')} edges ranked by {c.rank} score, "
+                   f"{_count(found.get('pruned') or 0, 'dangling edge')} pruned, then the {found['name']} search in "
+                   f"{found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f} ({how}); MIB's CPR {c.cpr:.3f} "
                          f"(edges ranked by signed score), CMD {c.cmd:.3f} (by absolute score).")
@@ -638,9 +639,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                         edge_part, edge_result = stage("edge-search", lambda advance: _edge_searched(
                             edge_search, search, scores, edge_part, target, rank,
                             {**edge_options, "progress": lambda *_: advance()}),
-                            lambda out: f"{out[1].settings['pruned']} dangling edges pruned, "
+                            lambda out: f"{_count(out[1].settings['pruned'], 'dangling edge')} pruned, "
                                         f"{out[1].start} -> {out[1].size} edges at {out[1].faithfulness:.3f} "
-                                        f"({out[1].settings['stopped']})")
+                                        f"(stopped: {out[1].settings['stopped']})")
             names, edge_faith, edge_curve, cpr, cmd, effects, n_edges, areas = edge_part
             other_set = None
             if other is not None:
@@ -723,6 +724,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
             "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
     )
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 dangling edge"``, ``"3 dangling edges"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
