@@ -520,12 +520,12 @@ def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: 
 
 
 def scan_settings(options: Mapping[str, object], session: Session,
-                  tokens: RepeatedTokens | TokenBatch | None) -> ScanSettings:
+                  tokens: RepeatedTokens | TokenBatch | None, *, edges: bool = True) -> ScanSettings:
     """The one :class:`ScanSettings` of a scan, built from its checked ``options`` and its session before the first
     pass (``top_k`` sets the three listing sizes; edge evidence applies with a circuit search, two layers or more
-    and heads that add into the residual stream)."""
+    and heads that add into the residual stream, unless ``edges`` is False: the circuit of heads alone)."""
     batch, adapter = session.batch, session.adapter
-    with_edges = bool(options["circuit"]) and adapter.spec.n_layers > 1 and adapter.additive_heads
+    with_edges = edges and bool(options["circuit"]) and adapter.spec.n_layers > 1 and adapter.additive_heads
     spec = RepeatedTokens() if tokens is None else tokens  # a built TokenBatch: no spec to draw a held-out batch
     drawn = isinstance(spec, RepeatedTokens) and bool(options["circuit"])
     return ScanSettings(
@@ -651,19 +651,16 @@ def scan(
     if mode == "lines":  # the first line at once: loading a model can take a while
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     model, name = _model_and_name(model, name, task, device=device, allow_download=allow_download, dtype=dtype)
+    task_only = dict(prepend_bos=prepend_bos, metric=metric, holdout=holdout, target_on=target_on,
+                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search)  # a task's own options
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
-                          n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
-                          metric=metric, holdout=holdout, target_on=target_on, edges=edges,
-                          random_sets=options["random_sets"], stability=options["stability"], ig_points=ig_points,
-                          kv_edges=kv_edges, edge_search=edge_search)
-    _refuse_task_options(holdout=holdout, target_on=target_on, metric=metric, prepend_bos=prepend_bos,
-                         ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search)
+                          n_resamples=options["n_resamples"], ci_level=options["ci_level"], edges=edges,
+                          random_sets=options["random_sets"], stability=options["stability"], **task_only)
+    _refuse_task_options(**task_only)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
-    settings = scan_settings(options, session, tokens)
-    if not edges:  # the circuit of heads without its edge evidence
-        settings = replace(settings, edge_attribution_steps=None)
+    settings = scan_settings(options, session, tokens, edges=edges)
     _check_batch_memory(session, settings, tokens, device)  # before any pass: refuse what cannot fit
     state = ScanState(session)
     stages = run_stages(state, settings, mode)
