@@ -244,3 +244,9 @@ def test_a_task_scan_explains_every_node_circuit_head():
             scores[graph.sender_index(layer, h)] = result.scores[layer, h]
     assert node_order(result) == search_order(graph, L, H, scores, result.settings["rank"], False)
     assert sorted(node_order(result)[:len(heads)]) == sorted(heads)
+
+
+def test_a_step_the_shown_decimals_cannot_tell_from_none_is_worded_as_none():
+    out = _induction(curve={0: 0.0, 1: 0.35, 2: 0.352, 3: 0.87, 4: 0.9})
+    assert "joining the top 1 it leaves their faithfulness at 0.35" in out["3.1"]
+    assert "from 0.35 to 0.35" not in out["3.1"]
