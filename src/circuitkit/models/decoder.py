@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.errors import CircuitkitError, describe
-from circuitkit.models.toy import ToyCache, ToyHook
+from circuitkit.errors import CircuitkitError
+from circuitkit.models.toy import HookPoints, ToyHook
 from circuitkit.weights import HeadWeights
 
 HookFn = Callable[[Tensor, ToyHook], Tensor | None]
@@ -151,15 +151,18 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-class DecoderModel(torch.nn.Module):
+class DecoderModel(HookPoints, torch.nn.Module):
     """A Llama-style decoder (see the module docstring) with TransformerLens's hook names and weight shapes.
 
     Build it with :func:`circuitkit.models.load_model` (``bridge=False``) from a Hugging Face directory, or
     ``DecoderModel(tensors, cfg, tokenizer=...)`` from Hugging Face's state dict (``model.`` prefixes included).
     ``W_Q`` ... ``W_U`` are read as TransformerLens lays them out (``W_Q [layer, head, d_model, d_head]``, key/value
     weights per key/value head), so :class:`~circuitkit.HeadWeights` and every circuitkit score read them as they
-    read a ``TransformerBridge``'s.
+    read a ``TransformerBridge``'s. Hooks (:class:`~circuitkit.models.toy.HookPoints`): a replacement of another
+    dtype is cast to the activation's, as Hugging Face's modules take it.
     """
+
+    CAST_REPLACEMENTS = True
 
     def __init__(self, tensors: dict[str, Tensor], cfg: DecoderConfig, *, tokenizer: Any = None) -> None:
         super().__init__()
@@ -267,59 +270,7 @@ class DecoderModel(torch.nn.Module):
         """Run with ``fwd_hooks = [(name or name_filter, fn), ...]``; ``fn(tensor, hook)`` may return a replacement.
         With ``start_at_layer=l``, ``tokens`` is the residual stream entering layer ``l``; ``logits_to_keep`` as
         for :meth:`forward`."""
-        return self._run(tokens, self._resolve(fwd_hooks), start_at_layer, logits_to_keep)
-
-    def run_with_cache(self, tokens: Tensor, names_filter: Any = None) -> tuple[Tensor, ToyCache]:
-        """``(logits, cache)`` with every hook ``names_filter`` keeps (None: all; a name, a list, or a predicate)."""
-        if names_filter is None:
-            keep: Callable[[str], bool] = lambda name: True  # noqa: E731
-        elif isinstance(names_filter, str):
-            keep = lambda name: name == names_filter  # noqa: E731
-        elif callable(names_filter):
-            keep = names_filter
-        else:
-            wanted = set(names_filter)
-            keep = lambda name: name in wanted  # noqa: E731
-        cache = ToyCache()
-
-        def save(tensor: Tensor, hook: ToyHook) -> None:
-            cache[hook.name] = tensor.detach()
-
-        logits = self._run(tokens, {n: [save] for n in self.hook_names() if keep(n)}, None)
-        return logits, cache
-
-    def _resolve(self, fwd_hooks: Any) -> dict[str, list[HookFn]]:
-        if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
-            raise validate.fail("run_with_hooks: fwd_hooks", fwd_hooks, "a list of (name, fn) pairs")
-        hooks: dict[str, list[HookFn]] = {}
-        known = self.hook_dict
-        for entry in fwd_hooks:
-            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
-                raise CircuitkitError(f"run_with_hooks: given hook entry {describe(entry)}; expected (name, fn).")
-            name, fn = entry
-            if isinstance(name, str):
-                if name not in known:
-                    raise CircuitkitError(f"DecoderModel: given unknown hook name {name!r}; expected one of "
-                                          "model.hook_names(), e.g. 'blocks.0.attn.hook_pattern'.")
-                names: Iterable[str] = [name]
-            elif callable(name):
-                names = [n for n in known if name(n)]
-            else:
-                raise CircuitkitError(f"run_with_hooks: given hook name {describe(name)}; expected a str or a filter.")
-            for n in names:
-                hooks.setdefault(n, []).append(fn)
-        return hooks
-
-    @staticmethod
-    def _hook(hooks: dict[str, list[HookFn]], name: str, tensor: Tensor) -> Tensor:
-        for fn in hooks.get(name, ()):
-            out = fn(tensor, ToyHook(name))
-            if out is not None:
-                if not isinstance(out, Tensor) or out.shape != tensor.shape or out.device != tensor.device:
-                    raise CircuitkitError(f"hook on {name}: returned {describe(out)}; expected a tensor of shape "
-                                          f"{tuple(tensor.shape)} on {tensor.device} (or None).")
-                tensor = out.to(tensor.dtype)
-        return tensor
+        return self._run(tokens, self._resolve_hooks(fwd_hooks), start_at_layer, logits_to_keep)
 
     def _input(self, tokens: Any, start_at_layer: Any) -> tuple[Tensor, int]:
         c = self.cfg
@@ -347,7 +298,7 @@ class DecoderModel(torch.nn.Module):
             raise CircuitkitError(f"DecoderModel: given {resid.shape[1]} positions; expected at most n_ctx={c.n_ctx}.")
         return resid, first
 
-    def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]], start_at_layer: int | None,
+    def _run(self, tokens: Tensor, hooks: dict[str, list[HookFn]], start_at_layer: int | None = None,
              logits_to_keep: Tensor | None = None) -> Tensor:
         c = self.cfg
         resid, first = self._input(tokens, start_at_layer)

@@ -152,7 +152,96 @@ HookFn = Callable[[Tensor, ToyHook], Tensor | None]
 NameFilter = str | Sequence[str] | Callable[[str], bool] | None
 
 
-class AttentionOnlyModel:
+class HookPoints:
+    """TransformerLens-style hooks for circuitkit's own runnable models (:class:`AttentionOnlyModel`, the Llama-style
+    :class:`~circuitkit.models.decoder.DecoderModel`): a ``run_with_hooks`` list resolved against the model's
+    :meth:`hook_names` (a name, or a filter over the names), ``run_with_cache``, and each hook point's functions
+    applied in turn. A model defines ``hook_names()`` and ``_run(tokens, hooks)``; ``CAST_REPLACEMENTS``: a
+    replacement of another dtype is cast to the activation's (else refused)."""
+
+    CAST_REPLACEMENTS: bool = False
+
+    def run_with_cache(self, tokens: Tensor, names_filter: NameFilter = None) -> tuple[Tensor, ToyCache]:
+        """``(logits, cache)``: ``cache`` maps hook names (those ``names_filter`` keeps) to activations."""
+        keep = self._name_filter(names_filter)
+        cache = ToyCache()
+
+        def save(tensor: Tensor, hook: ToyHook) -> None:
+            cache[hook.name] = tensor.detach()
+
+        hooks = {name: [save] for name in self.hook_names() if keep(name)}
+        logits = self._run(tokens, hooks)
+        return logits, cache
+
+    def _name_filter(self, names_filter: NameFilter) -> Callable[[str], bool]:
+        if names_filter is None:
+            return lambda name: True
+        if isinstance(names_filter, str):
+            self._check_names([names_filter])
+            return lambda name: name == names_filter
+        if callable(names_filter):
+            return names_filter
+        if isinstance(names_filter, bytes) or not hasattr(names_filter, "__iter__"):
+            raise validate.fail("run_with_cache: names_filter", names_filter,
+                                "None, a hook name, a list of hook names or a filter fn(name) -> bool")
+        wanted = set(names_filter)
+        if not all(isinstance(name, str) for name in wanted):
+            raise validate.fail("run_with_cache: names_filter", names_filter, "hook names (strings)")
+        self._check_names(wanted)
+        return lambda name: name in wanted
+
+    def _check_names(self, names: Iterable[str]) -> None:
+        known = set(self.hook_names())
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise CircuitkitError(
+                f"{type(self).__name__}: given unknown hook names {unknown}; expected names from "
+                f"model.hook_names(), e.g. 'blocks.0.attn.hook_pattern'."
+            )
+
+    def _resolve_hooks(self, fwd_hooks) -> dict[str, list[HookFn]]:
+        hooks: dict[str, list[HookFn]] = {}
+        if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
+            raise validate.fail("run_with_hooks: fwd_hooks", fwd_hooks, "a list of (name, fn) pairs")
+        for entry in fwd_hooks:
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
+                raise CircuitkitError(
+                    f"run_with_hooks: given hook entry {describe(entry)}; expected (name, fn) with fn(tensor, hook)."
+                )
+            name, fn = entry
+            if isinstance(name, str):
+                self._check_names([name])
+                names = [name]
+            elif callable(name):
+                names = [n for n in self.hook_names() if name(n)]
+            else:
+                raise CircuitkitError(
+                    f"run_with_hooks: given hook name {describe(name)}; expected a str or a filter fn(name) -> bool."
+                )
+            for n in names:
+                hooks.setdefault(n, []).append(fn)
+        return hooks
+
+    def _hook(self, hooks: dict[str, list[HookFn]], name: str, tensor: Tensor) -> Tensor:
+        """``tensor`` passed through the hooks at ``name`` in turn, each replacement checked (shape, device, and
+        dtype unless :attr:`CAST_REPLACEMENTS`, where it is cast to the activation's dtype)."""
+        for fn in hooks.get(name, ()):
+            out = fn(tensor, ToyHook(name))
+            if out is not None:
+                if isinstance(out, Tensor) and self.CAST_REPLACEMENTS:
+                    out = out.to(tensor.dtype)
+                if not isinstance(out, Tensor) or out.shape != tensor.shape or out.dtype != tensor.dtype or (
+                        out.device != tensor.device):
+                    raise CircuitkitError(
+                        f"hook on {name}: returned {describe(out)}; expected a tensor of shape "
+                        f"{tuple(tensor.shape)}, dtype {tensor.dtype} on {tensor.device} (or None to keep the "
+                        "activation)."
+                    )
+                tensor = out
+        return tensor
+
+
+class AttentionOnlyModel(HookPoints):
     """An attention-only transformer that runs any :class:`HeadWeights` (see the module docstring).
 
     ``AttentionOnlyModel(weights, attention="soft", n_ctx=None, attn_scale=None, tokenizer=None,
@@ -309,68 +398,7 @@ class AttentionOnlyModel:
         TransformerLens's ``forward(..., start_at_layer=l)``."""
         return self._run(tokens, self._resolve_hooks(fwd_hooks), start_at_layer)
 
-    def run_with_cache(self, tokens: Tensor, names_filter: NameFilter = None) -> tuple[Tensor, ToyCache]:
-        """``(logits, cache)``: ``cache`` maps hook names (those ``names_filter`` keeps) to activations."""
-        keep = self._name_filter(names_filter)
-        cache = ToyCache()
-
-        def save(tensor: Tensor, hook: ToyHook) -> None:
-            cache[hook.name] = tensor.detach()
-
-        hooks = {name: [save] for name in self.hook_names() if keep(name)}
-        logits = self._run(tokens, hooks)
-        return logits, cache
-
     # ------------------------------------------------------------------ internals
-    def _name_filter(self, names_filter: NameFilter) -> Callable[[str], bool]:
-        if names_filter is None:
-            return lambda name: True
-        if isinstance(names_filter, str):
-            self._check_names([names_filter])
-            return lambda name: name == names_filter
-        if callable(names_filter):
-            return names_filter
-        if isinstance(names_filter, bytes) or not hasattr(names_filter, "__iter__"):
-            raise validate.fail("run_with_cache: names_filter", names_filter,
-                                "None, a hook name, a list of hook names or a filter fn(name) -> bool")
-        wanted = set(names_filter)
-        if not all(isinstance(name, str) for name in wanted):
-            raise validate.fail("run_with_cache: names_filter", names_filter, "hook names (strings)")
-        self._check_names(wanted)
-        return lambda name: name in wanted
-
-    def _check_names(self, names: Iterable[str]) -> None:
-        known = set(self.hook_names())
-        unknown = sorted(set(names) - known)
-        if unknown:
-            raise CircuitkitError(
-                f"AttentionOnlyModel: given unknown hook names {unknown}; expected names from "
-                f"model.hook_names(), e.g. 'blocks.0.attn.hook_pattern'."
-            )
-
-    def _resolve_hooks(self, fwd_hooks) -> dict[str, list[HookFn]]:
-        hooks: dict[str, list[HookFn]] = {}
-        if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
-            raise validate.fail("run_with_hooks: fwd_hooks", fwd_hooks, "a list of (name, fn) pairs")
-        for entry in fwd_hooks:
-            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
-                raise CircuitkitError(
-                    f"run_with_hooks: given hook entry {describe(entry)}; expected (name, fn) with fn(tensor, hook)."
-                )
-            name, fn = entry
-            if isinstance(name, str):
-                self._check_names([name])
-                names = [name]
-            elif callable(name):
-                names = [n for n in self.hook_names() if name(n)]
-            else:
-                raise CircuitkitError(
-                    f"run_with_hooks: given hook name {describe(name)}; expected a str or a filter fn(name) -> bool."
-                )
-            for n in names:
-                hooks.setdefault(n, []).append(fn)
-        return hooks
-
     def _embed(self, tokens: Tensor, hooks: dict[str, list[HookFn]]) -> Tensor:
         w, cfg = self._weights, self.cfg
         if not isinstance(tokens, Tensor):
@@ -418,21 +446,6 @@ class AttentionOnlyModel:
             pos_embed = w.W_pos[:pos].expand(resid.shape[0], pos, cfg.d_model)
             resid = resid + self._hook(hooks, "hook_pos_embed", pos_embed)
         return resid
-
-    @staticmethod
-    def _hook(hooks: dict[str, list[HookFn]], name: str, tensor: Tensor) -> Tensor:
-        for fn in hooks.get(name, ()):
-            out = fn(tensor, ToyHook(name))
-            if out is not None:
-                if not isinstance(out, Tensor) or out.shape != tensor.shape or out.dtype != tensor.dtype or (
-                        out.device != tensor.device):
-                    raise CircuitkitError(
-                        f"hook on {name}: returned {describe(out)}; expected a tensor of shape "
-                        f"{tuple(tensor.shape)}, dtype {tensor.dtype} on {tensor.device} (or None to keep the "
-                        "activation)."
-                    )
-                tensor = out
-        return tensor
 
     def _resume_input(self, resid: Tensor, start_at_layer: Any) -> Tensor:
         cfg = self.cfg
