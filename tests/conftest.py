@@ -142,6 +142,30 @@ def unembedding_split_results(adapter, tokens, at):
     return results
 
 
+def mean_ablated_logits(model, tokens, heads):
+    """Oracle written here, apart from circuitkit's ablation code: the logits of ``tokens`` with each of ``heads``'
+    ``hook_z`` replaced by its clean mean over the batch and the positions."""
+    _, cache = model.run_with_cache(tokens)
+
+    def hook(z, hook):
+        layer = int(hook.name.split(".")[1])
+        z = z.clone()
+        for lay, head in heads:
+            if lay == layer:
+                z[:, :, head] = cache[f"blocks.{layer}.attn.hook_z"][:, :, head].mean(dim=(0, 1))
+        return z
+
+    layers = sorted({layer for layer, _ in heads})
+    with torch.no_grad():
+        return model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook) for layer in layers])
+
+
+def repeated_copies_loss(logits, tokens, repeated) -> float:
+    """The mean next-token cross-entropy at the ``repeated`` positions (a loop-free oracle of the scan's loss)."""
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+    return float(ce[:, repeated].mean())
+
+
 def require_browser() -> str:
     """The Chromium executable for browser tests (Playwright drives it). Missing Chromium or playwright skips
     the test locally but FAILS it under CI (``CI`` set), so a CI machine cannot silently skip the browser tests."""

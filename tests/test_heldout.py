@@ -17,6 +17,7 @@ from circuitkit.circuits.faithfulness import faithfulness
 from circuitkit.circuits.heldout import evaluation_seed, evaluation_spec, held_out
 from circuitkit.models.adapters import adapt
 from circuitkit.report.summary import answer_lines
+from tests.conftest import mean_ablated_logits, repeated_copies_loss
 from tests.test_report_scores import validate
 
 BUNDLED_CIRCUIT = ((0, 1), (0, 0), (1, 3), (1, 1))
@@ -44,24 +45,9 @@ def test_the_held_out_figure_equals_faithfulness_on_a_fresh_batch(bundled, model
     # necessity: the circuit's heads mean-ablated on that batch with hooks written here
     batch = fresh.build(model)
     tokens, heads = batch.tokens, bundled.verified.heads
-    _, cache = model.run_with_cache(tokens)
-
-    def hook(z, hook):
-        layer = int(hook.name.split(".")[1])
-        z = z.clone()
-        for lay, head in heads:
-            if lay == layer:
-                z[:, :, head] = cache[f"blocks.{layer}.attn.hook_z"][:, :, head].mean(dim=(0, 1))
-        return z
-
-    def repeated_loss(logits):
-        ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
-        return float(ce[:, batch.repeated_copies].mean())
-
     with torch.no_grad():
-        clean = repeated_loss(model(tokens))
-        ablated = repeated_loss(model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)
-                                                                        for layer in (0, 1)]))
+        clean = repeated_copies_loss(model(tokens), tokens, batch.repeated_copies)
+    ablated = repeated_copies_loss(mean_ablated_logits(model, tokens, heads), tokens, batch.repeated_copies)
     assert held["necessity"] == pytest.approx(ablated - clean, abs=1e-4)
     assert held["losses"]["clean"] == pytest.approx(clean, abs=1e-4)
 

@@ -10,6 +10,7 @@ import torch
 import circuitkit as ck
 from circuitkit import CircuitkitError, RepeatedTokens, detect, zoo
 from circuitkit.cli import main, ranked_table
+from tests.conftest import mean_ablated_logits, repeated_copies_loss
 
 TOKENS = RepeatedTokens(batch=8)
 
@@ -147,23 +148,9 @@ def test_cli_output_is_byte_identical_to_the_library(tmp_path, capsys):
 def test_circuit_ablated_together_equals_hand_written_hooks(model, result):
     """Oracle: replace every called induction head's z by its clean mean with hooks written here."""
     heads = result.induction_heads
-    tokens = TOKENS.build(model).tokens
-    _, cache = model.run_with_cache(tokens)
-
-    def hook(z, hook):
-        layer = int(hook.name.split(".")[1])
-        z = z.clone()
-        for lay, head in heads:
-            if lay == layer:
-                z[:, :, head] = cache[f"blocks.{layer}.attn.hook_z"][:, :, head].mean(dim=(0, 1))
-        return z
-
-    layers = sorted({layer for layer, _ in heads})
-    with torch.no_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook) for layer in layers])
-    ce = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
-    repeated = TOKENS.build(model).repeated_copies
-    expected = float(ce[:, repeated].mean()) - result.induction_loss.repeated_copies
+    batch = TOKENS.build(model)
+    logits = mean_ablated_logits(model, batch.tokens, heads)
+    expected = repeated_copies_loss(logits, batch.tokens, batch.repeated_copies) - result.induction_loss.repeated_copies
     assert result.circuit_ablation["induction heads"] == pytest.approx(expected, abs=1e-4)
     assert expected > 3.0  # without its induction heads the model cannot copy: the repeats cost ~ the first copy
     assert set(result.circuit_ablation) == {"induction heads", "previous-token heads", "circuit"}
