@@ -58,6 +58,16 @@ def _ioi_runners(bridge: Any, pairs: int) -> tuple[Any, Any, Any, Any, Any]:
     return task, discovery, evaluation, runner, held
 
 
+def _ioi_scores(runner: Any, held: Any, ig_steps: int, log: Any, label: str) -> tuple[Any, Any, float]:
+    """Both halves' clean and corrupted runs and the discovery half's EAP-IG: ``(edge scores, node scores, passes
+    so far)``, logged with their seconds."""
+    started = time.perf_counter()
+    _ = runner.clean, runner.corrupted, held.clean, held.corrupted
+    edge_scores, node_scores = runner.edge_gradients(ig_steps)
+    log(f"{label}: clean/corrupted/attribution {runner.passes:.0f} passes, {time.perf_counter() - started:.0f} s")
+    return edge_scores, node_scores, runner.passes
+
+
 def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options: dict, log: Any,
              store: Any) -> dict:
     import torch
@@ -67,11 +77,7 @@ def ioi_part(bridge: Any, pairs: int, target: float, ig_steps: int, mask_options
     from circuitkit.tasks.search import held_out, search_node_circuit
 
     task, discovery, evaluation, runner, held = _ioi_runners(bridge, pairs)
-    started = time.perf_counter()
-    _ = runner.clean, runner.corrupted, held.clean, held.corrupted
-    _, node_scores = runner.edge_gradients(ig_steps)
-    ranking_passes = runner.passes
-    log(f"ioi: clean/corrupted/attribution {runner.passes:.0f} passes, {time.perf_counter() - started:.0f} s")
+    _, node_scores, ranking_passes = _ioi_scores(runner, held, ig_steps, log, "ioi")
     t0, p0 = time.perf_counter(), runner.passes
     found = node_circuit(runner, node_scores, target, "abs")
     ranked_seconds, ranked_passes = time.perf_counter() - t0, runner.passes - p0
@@ -113,11 +119,7 @@ def ioi_edges_part(bridge: Any, pairs: int, target: float, ig_steps: int, max_pa
     from circuitkit.tasks.search import search_edge_circuit
 
     task, discovery, evaluation, runner, held = _ioi_runners(bridge, pairs)
-    t0 = time.perf_counter()
-    _ = runner.clean, runner.corrupted, held.clean, held.corrupted
-    scores, _ = runner.edge_gradients(ig_steps)
-    ranking_passes = runner.passes
-    log(f"ioi edges: clean/corrupted/attribution {runner.passes:.0f} passes, {time.perf_counter() - t0:.0f} s")
+    scores, _, ranking_passes = _ioi_scores(runner, held, ig_steps, log, "ioi edges")
     t0, p0 = time.perf_counter(), runner.passes
     edges, faith, curve, cpr, cmd, _, n_edges, areas = edge_circuit(runner, scores, target, "abs")
     ranked_seconds, ranked_passes = time.perf_counter() - t0, runner.passes - p0
