@@ -191,7 +191,8 @@ def load_decoder(directory: str | Path, *, device: str | torch.device | None = N
     directory = Path(directory)
     where = validate.device("load_model: device", device) or torch.device("cpu")
     dtype = dtype or torch.float32
-    cfg, refusal = _read_config(directory, _config(directory))
+    config = _config(directory)
+    cfg, refusal = _read_config(directory, config)
     if refusal:
         raise _error(directory, f"has {refusal}", "a Llama, Qwen2 or Mistral checkpoint the decoder runs "
                      "(load it with bridge=True)")
@@ -218,7 +219,7 @@ def load_decoder(directory: str | Path, *, device: str | torch.device | None = N
                     raise _error(directory, f"has NaN or inf in {key} (read as {dtype})", "finite weights")
                 tensors[key] = value
     cfg.device, cfg.dtype = where, dtype
-    return DecoderModel(tensors, cfg, tokenizer=LightTokenizer.of(directory, cfg, _config(directory)))
+    return DecoderModel(tensors, cfg, tokenizer=LightTokenizer.of(directory, cfg, config))
 
 
 class LightTokenizer:
