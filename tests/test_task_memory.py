@@ -206,3 +206,40 @@ def test_scan_task_checks_the_per_query_head_graphs_memory(model, monkeypatch):
     monkeypatch.setattr(task_memory, "available_memory", lambda device: grouped)
     with pytest.raises(CircuitkitError, match="given 12 pairs"):
         scan_task(model, task, kv_edges="per-query-head")
+
+
+def test_neuron_groups_count_their_activations_in_both_runs_and_in_eap_ig(model):
+    """A further node type ``w`` wide per token and layer adds ``2 N P L w e`` to the reference runs' outputs and
+    ``3 S N P L w e`` to the EAP-IG pass; nothing else changes. Neuron groups read the MLP's hidden activation:
+    ``w = d_mlp``; a residual-stream type ``d_model``."""
+    from circuitkit.tasks.nodes import NodeType, neuron_groups
+
+    N, P, S, e, m = 5, 7, 3, 4, model.cfg.d_mlp
+    adapter = adapt(model)
+    resid = NodeType("resid", lambda spec: 1, lambda layer, i: f"r{layer}",
+                     lambda layer: f"blocks.{layer}.hook_resid_pre", "its residual stream replaced")
+    assert task_memory.node_widths(adapter, (neuron_groups(4), resid)) == (m, D)
+    plain, neurons = plan(model, N, P, steps=S), plan(model, N, P, steps=S, node_widths=(m,))
+    assert neurons.resident["sender outputs"] - plain.resident["sender outputs"] == 2 * N * P * L * m * e
+    assert neurons.stages["EAP-IG pass"] - plain.stages["EAP-IG pass"] == 3 * S * N * P * L * m * e
+    assert {k: v for k, v in neurons.stages.items() if k != "EAP-IG pass"} == {
+        k: v for k, v in plain.stages.items() if k != "EAP-IG pass"}
+    with pytest.raises(CircuitkitError, match="node_widths"):
+        plan(model, N, P, node_widths=(-1,))
+
+
+def test_scan_task_counts_its_neuron_groups(model, monkeypatch):
+    """The check before the first pass sees the neuron groups: memory that fits the scan without them refuses it
+    with them."""
+    task, adapter, batch, K = toy_task_on(model, 12)
+    without = plan(model, 12, batch.pos, evaluation_pairs=6, logit_positions=K, mlps=True).total
+    monkeypatch.setattr(task_memory, "available_memory", lambda device: without)
+    with pytest.raises(CircuitkitError, match="given 12 pairs"):
+        scan_task(model, task, neuron_groups=4)
+
+    def stop(self, *args, **kwargs):
+        raise FirstPass
+
+    monkeypatch.setattr(type(adapter), "run", stop)
+    with pytest.raises(FirstPass):  # the same memory lets the scan without neuron groups through
+        scan_task(model, task)

@@ -30,6 +30,11 @@ position where the model unembeds only there, else all ``P``); every count in by
   through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
 - node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``.
 
+**Further node types** (neuron groups, a user's type), each capturing an activation ``w`` wide per token and layer
+(:func:`node_widths`: ``m`` for the MLP's neurons): both reference runs keep it, ``2 N P L w e`` (resident), and
+EAP-IG's node attribution adds a zero leaf to it, differentiates against it and holds the sum autograd keeps,
+``3 S N P L w e`` (in the EAP-IG pass).
+
 With ``N_e`` of the pairs held out for evaluation, ``N`` above is the others (attribution runs on them), and one
 stage more counts: the held-out runner's own outputs ``2 N_e P (U d + L (H d_head + d)) e`` beside the first's,
 plus the largest of its reference run and the patching passes on either set after the search (node patching with
@@ -71,7 +76,7 @@ MAX_SETS = max(len(EDGE_FRACTIONS), N_EXACT_EDGES)
 """Most circuits one call of the edge search measures together (the curve, or the single-edge effects)."""
 MAX_STEPS = 64
 
-__all__ = ["FIXED", "MARGIN", "TaskMemoryEstimate", "check_task_memory", "estimate_task_memory"]
+__all__ = ["FIXED", "MARGIN", "TaskMemoryEstimate", "check_task_memory", "estimate_task_memory", "node_widths"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,21 @@ def _d_mlp(adapter: Any) -> int:
     return int(value) if isinstance(value, int) and value > 0 else 4 * adapter.spec.d_model
 
 
+def node_widths(adapter: Any, node_types: Any) -> tuple[int, ...]:
+    """Each further node type's activation width per token and layer, from the hook it reads: ``d_mlp`` for the MLP's
+    hidden activation (neurons), ``H d_head`` for ``hook_z``, ``d_model`` for a residual stream, the MLP's or the
+    attention's output, and ``max(d_model, d_mlp)`` for a hook this list does not name (the widest activation a
+    block of these models writes)."""
+    from circuitkit.models.adapters import HOOKS
+
+    spec = adapter.spec
+    d, m = spec.d_model, _d_mlp(adapter)
+    known = {HOOKS.mlp_post(0): m, HOOKS.z(0): spec.n_heads * spec.d_head}
+    known.update({hook(0): d for hook in (HOOKS.resid_pre, HOOKS.resid_post, HOOKS.mlp_out, HOOKS.attn_out,
+                                          HOOKS.mlp_in, HOOKS.mlp_normed_in)})
+    return tuple(known.get(kind.hook(0), max(d, m)) if kind.hook is not None else 0 for kind in node_types)
+
+
 def logit_positions(adapter: Any, last: torch.Tensor, pos: int, scored: torch.Tensor | None = None) -> int:
     """How many positions' logits a pass of the task computes: the distinct last positions ``last`` (and, for a
     metric of scored positions, every position ``scored`` ``[pair, pos]`` marks) where the model unembeds only
@@ -137,7 +157,7 @@ def logit_positions(adapter: Any, last: torch.Tensor, pos: int, scored: torch.Te
 def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
                          evaluation_pairs: int = 0, logit_positions: int | None = None,
                          scored_metric: bool = False, device: Any = None,
-                         kv_edges: str = "grouped") -> TaskMemoryEstimate:
+                         kv_edges: str = "grouped", node_widths: tuple[int, ...] = ()) -> TaskMemoryEstimate:
     """The estimated peak memory of :func:`~circuitkit.tasks.scan_task` on ``model`` (a model or a
     ``ModelAdapter``) for ``n_pairs`` pairs of ``pos`` tokens (module docstring): ``steps`` EAP-IG points, MLPs as
     graph nodes (``mlps``), the edge circuit measured (``edges``), ``evaluation_pairs`` of the pairs held out
@@ -145,7 +165,8 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     in float32 at each pair's last position or, with ``scored_metric``, at all of them; ``kv_edges`` the edge graph's
     key/value receivers (``"per-query-head"``: an edge pass runs up to ``H / G`` copies of the pairs side by side,
     each with ``3 H`` query/key/value patches a layer, so the edge stage is counted ``H / G`` times with ``3 H`` for
-    ``H + 2 G``: an upper bound). Python ints throughout: no overflow for any size."""
+    ``H + 2 G``: an upper bound); ``node_widths`` the further node types' activation widths (:func:`node_widths`).
+    Python ints throughout: no overflow for any size."""
     per_query = validate.option("estimate_task_memory: kv_edges", kv_edges, KV_EDGES) == "per-query-head"
     n_pairs = validate.positive_int("estimate_task_memory: n_pairs", n_pairs)
     pos = validate.positive_int("estimate_task_memory: pos", pos)
@@ -156,6 +177,8 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
                             maximum=n_pairs - 1)
     K = pos if logit_positions is None else validate.integer(
         "estimate_task_memory: logit_positions", logit_positions, minimum=1, maximum=pos)
+    widths = [validate.integer("estimate_task_memory: node_widths", w, minimum=0)
+              for w in validate.bounded_list("estimate_task_memory: node_widths", node_widths, 16, "a list of widths")]
     adapter = _adapter(model, device)
     spec = adapter.spec
     L, H, G, d, dh, V = spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_model, spec.d_head, spec.d_vocab
@@ -167,8 +190,10 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     U = 1 + L * H + (L if mlps else 0)
     mlp_out = d if m else 0
 
+    W = sum(widths)
+
     def outputs(N: int) -> int:
-        return 2 * N * P * (U * d + L * (H * dh + mlp_out)) * e
+        return 2 * N * P * (U * d + L * (H * dh + mlp_out + W)) * e
 
     def reference(N: int) -> int:
         return U * N * P * d * e + N * V * (K * e + 2 * F * R)
@@ -189,7 +214,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         "reference run": reference(N),
         "EAP-IG pass": S * N * P * d * e
         + S * N * P * L * ((4 * d + (H + 2 * G) * dh + 3 * H * P) * e + (9 * m * e) // 2 + 2 * d * F)
-        + 2 * S * N * V * (K * e + F * R),
+        + 2 * S * N * V * (K * e + F * R) + 3 * S * N * P * L * W * e,
         "EAP-IG pull-back": F * U * N * P * d + 2 * S * N * P * (L * ((H + 2 * G) * dh + d) + d) * e
         + 8 * F * H * S * N * P * d,
         "node patching": node_patching(N, 1),
@@ -207,7 +232,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
 def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
                       evaluation_pairs: int = 0, logit_positions: int | None = None, scored_metric: bool = False,
                       device: Any = None, available: int | None = None, where: str = "scan_task",
-                      kv_edges: str = "grouped") -> TaskMemoryEstimate:
+                      kv_edges: str = "grouped", node_widths: tuple[int, ...] = ()) -> TaskMemoryEstimate:
     """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
     exceeds the memory free on the model's device (``available`` bytes when given, else
     :func:`~circuitkit.device_memory.available_memory`); else return the estimate. The message names the estimate,
@@ -217,7 +242,8 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
     def estimate(n: int, **change: Any) -> TaskMemoryEstimate:
         options = {"steps": steps, "edges": edges, "evaluation_pairs": 0, **change}
         return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions,
-                                    scored_metric=scored_metric, device=device, kv_edges=kv_edges, **options)
+                                    scored_metric=scored_metric, device=device, kv_edges=kv_edges,
+                                    node_widths=node_widths, **options)
 
     found = estimate(n_pairs, evaluation_pairs=evaluation_pairs)
     adapter = _adapter(model, device)

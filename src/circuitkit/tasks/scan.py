@@ -35,7 +35,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
-from circuitkit.tasks.memory import check_task_memory, logit_positions
+from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
 from circuitkit.tasks.metrics import metric_label, metric_units, reads_scored
 from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
@@ -531,7 +531,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                       logit_positions=logit_positions(adapter, batch.last, batch.pos,
                                                       batch.scored if reads_scored(task.metric) else None),
-                      scored_metric=reads_scored(task.metric), kv_edges=kv_edges)
+                      scored_metric=reads_scored(task.metric), kv_edges=kv_edges,
+                      node_widths=node_widths(adapter, extra))
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra,
                         kv_edges=kv_edges)
