@@ -132,15 +132,17 @@ def node_widths(adapter: Any, node_types: Any) -> tuple[int, ...]:
     """Each further node type's activation width per token and layer, from the hook it reads: ``d_mlp`` for the MLP's
     hidden activation (neurons), ``H d_head`` for ``hook_z``, ``d_model`` for a residual stream, the MLP's or the
     attention's output, and ``max(d_model, d_mlp)`` for a hook this list does not name (the widest activation a
-    block of these models writes)."""
+    block of these models writes). Anything but a node type with a hook counts 0 (the runner refuses it)."""
     from circuitkit.models.adapters import HOOKS
+    from circuitkit.tasks.nodes import NodeType
 
     spec = adapter.spec
     d, m = spec.d_model, _d_mlp(adapter)
     known = {HOOKS.mlp_post(0): m, HOOKS.z(0): spec.n_heads * spec.d_head}
     known.update({hook(0): d for hook in (HOOKS.resid_pre, HOOKS.resid_post, HOOKS.mlp_out, HOOKS.attn_out,
                                           HOOKS.mlp_in, HOOKS.mlp_normed_in)})
-    return tuple(known.get(kind.hook(0), max(d, m)) if kind.hook is not None else 0 for kind in node_types)
+    return tuple(known.get(kind.hook(0), max(d, m)) if isinstance(kind, NodeType) and kind.hook is not None else 0
+                 for kind in node_types)
 
 
 def logit_positions(adapter: Any, last: torch.Tensor, pos: int, scored: torch.Tensor | None = None) -> int:
