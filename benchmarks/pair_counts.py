@@ -53,6 +53,7 @@ class Parts:
         self.runners = runners
         first = runners[0]
         self.graph, self.spec, self.metric_name = first.graph, first.spec, first.metric_name
+        self.node_types = first.node_types
         self.clean = {"metric": torch.cat([r.clean["metric"] for r in runners])}
 
     @property
@@ -63,6 +64,12 @@ class Parts:
         import torch
 
         values = torch.cat([r.node_metric(heads, mlps, per_pair=True) for r in self.runners], dim=-1)
+        return values if per_pair else values.mean(-1)
+
+    def patched_metric(self, patched: Any, *, per_pair: bool = False) -> Any:
+        import torch
+
+        values = torch.cat([r.patched_metric(patched, per_pair=True) for r in self.runners], dim=-1)
         return values if per_pair else values.mean(-1)
 
 
