@@ -132,8 +132,8 @@ def test_task_phrases_read_dla_against_the_gap_and_grouped_inputs():
     assert "faithfulness from 0.50 to 0.70 when it joins the top 1" in out["2.2"]
     # a sign flip of the gap turns "the answer" into "against the answer"
     flipped = task_explanations(members, dla=dla, gap=-gap)
-    assert "writes against the answer directly (DLA +0.20)" in flipped["1.0"]
-    assert flipped["1.3"] == "writes the answer directly (DLA -0.50)"
+    assert "writes against the answer directly (DLA +0.20 logits)" in flipped["1.0"]
+    assert flipped["1.3"] == "writes the answer directly (DLA -0.50 logits)"
     bare = task_explanations([(0, 0)], node_scores={(0, 0): -0.25}, order=[(1, 0), (0, 0)], n_total=12)
     assert bare["0.0"] == f"in the circuit by its EAP-IG node score (-0.25, rank 2 of 12); {NO_ROLE}"
     assert not any(BARE.search(t) for t in [*out.values(), *flipped.values(), *bare.values()])

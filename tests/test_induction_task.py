@@ -241,3 +241,37 @@ def test_the_command_line_and_the_python_call_read_the_same_sequences_and_agree(
     mean = runs["mean"]
     assert mean["settings"]["ablation"] == mean["circuit"]["ablation"] == mean["task"]["ablation"] == "mean"
     assert abs(mean["circuit"]["other_set"]["necessity"] - cli["circuit"]["other_set"]["necessity"]) > 0.01
+
+
+def test_direct_logit_attribution_on_scored_positions_reads_the_next_tokens_logit():
+    """A task whose metric is the next token's log-probability on scored positions: a head's DLA is its output read
+    through the final norm with the clean scale frozen into logit(next token) minus the mean logit, averaged over
+    the scored positions and the pairs (by hand in float64: a LayerNorm and the unembedding written out)."""
+    from circuitkit.tasks.metrics import dla_meaning
+    from tests.conftest import boot_bridge
+
+    model = boot_bridge(attn_only=False, n_layers=3, d_vocab=50, seed=3)
+    adapter = adapt(model)
+    task = repeated_tokens(model, 4, block_len=5)
+    batch = task.tokenize(adapter)
+    runner = TaskRunner(adapter, batch, task.metric, mlps=True, ablation="clean_mean")
+    final = {}
+    with torch.no_grad():
+        model.run_with_hooks(batch.clean, fwd_hooks=[("ln_final.hook_in", lambda x, hook: final.update(x=x))])
+    x = final["x"].double()
+    ln = model.ln_final.original_component if hasattr(model.ln_final, "original_component") else model.ln_final
+    scale = ((x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True) + getattr(ln, "eps", 1e-5)).sqrt()
+    W_U = (model.W_U if hasattr(model, "W_U") else model.unembed.W_U).detach().double()
+    direction = W_U - W_U.mean(-1, keepdim=True)  # logit(t) - mean logit, as a direction per token t
+    n = x.shape[1] - 1
+    for layer, h in ((2, 1), (1, 0), (0, 3)):
+        head = runner.graph.sender_index(layer, h)
+        o = runner.clean["out"][head].double()
+        normed = (o - o.mean(-1, keepdim=True)) / scale * ln.weight.detach().double()  # [pair, pos, d_model]
+        total = 0.0
+        for i, row in enumerate(task.scored):
+            reads = [float(normed[i, p] @ direction[:, int(batch.clean[i, p + 1])]) for p in row if p < n]
+            total += sum(reads) / len(reads)
+        assert float(runner.clean["dla"][head]) == pytest.approx(total / batch.n_pairs, abs=1e-5), (layer, h)
+    assert "logit(next token) minus the mean logit" in dla_meaning(task.metric)
+    assert "logit(answer) - logit(wrong)" in dla_meaning("neg_kl")

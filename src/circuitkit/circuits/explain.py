@@ -8,7 +8,7 @@ its figures support:
 - **named roles** given by a rule set (the task's IOI roles), as given;
 - **pattern calls**: each registered score that calls the head (:class:`Call`: its label, short name, value),
   ``"previous-token head (prev 0.83)"``;
-- **direct effect** (tasks: direct logit attribution ``DLA``, in the metric's unit) where
+- **direct effect** (tasks: direct logit attribution ``DLA``, in logits) where
   ``|DLA| >= DIRECT_SHARE * |m_clean - m_corrupted|``: ``"writes the answer directly (DLA +1.20)"``, or against it;
 - **edges** it sends and receives (:class:`MeasuredEdge`), exact effects where measured: a carrying edge
   (``|effect| >=`` :data:`~circuitkit.circuits.evidence.CARRIES_NOTHING_FRACTION` of the largest given)
@@ -267,7 +267,7 @@ def task_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequence[
             if abs(value) >= DIRECT_SHARE * abs(gap):
                 helps = (value > 0) == (gap > 0)
                 direct = (f"writes {'the answer' if helps else 'against the answer'} directly "
-                          f"(DLA {_num(value)}{' ' + unit if unit else ''})")
+                          f"(DLA {_num(value)} logits)")
         entry = "in the circuit by its EAP-IG node score"
         figures = []
         if node_scores is not None and h in node_scores:

@@ -359,10 +359,13 @@ class TaskRunner:
             last = last_logits(logits, self.last_index)[0]
             dla_values = None
             if direct:
-                from circuitkit.tasks.metrics import logit_diff
+                from circuitkit.tasks.metrics import logit_diff, next_token_logit
 
-                diff = logit_diff(last, self.batch).mean()
-                (grad,) = torch.autograd.grad(diff, final[0])
+                if self.scored_metric:
+                    target = next_token_logit(logits, self.targets, self.scored).mean()
+                else:
+                    target = logit_diff(last, self.batch).mean()
+                (grad,) = torch.autograd.grad(target, final[0])
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
         self.passes += 3.0 if direct else 1.0
@@ -370,7 +373,12 @@ class TaskRunner:
         logprobs = last.detach().float().log_softmax(-1)
         clean_lp = self._clean["logprobs"] if self._clean is not None else None
         metric = self._metric_of(logits.detach(), clean_lp)[0]
-        if direct:
+        if direct and self.scored_metric:
+            # the gradient is zero where the metric reads no prediction: the sum over every position is the sum over
+            # the scored ones (senders a few at a time: no float32 copy of every output at once)
+            g = grad.detach().float().flatten()
+            dla_values = torch.cat([part.float().flatten(1) @ g for part in out.split(32)])
+        elif direct:
             rows = torch.arange(self.batch.n_pairs, device=out.device)
             at_last = out[:, rows, self.batch.last]  # [sender, pair, d_model]
             g_last = grad[rows, self.batch.last]  # [pair, d_model]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from circuitkit.metric_registry import (
@@ -55,6 +56,27 @@ def metric_units(metric: str | UserMetric) -> str:
     return CUSTOM_UNITS if isinstance(metric, UserMetric) else UNITS[metric]
 
 
+def dla_meaning(metric: str | UserMetric) -> str:
+    """What a task's DLA figure (logits) is, in words (the answer's legend, the table, ``scores.json``'s units): a
+    linear read of the logits, so that a head's share is exact with the final norm's scale frozen (a metric's own
+    gradient saturates where the clean run is confident: a log-probability of -0.03 moves 0.03 nats a logit)."""
+    frozen = "through the final norm at its clean-run scale"
+    if reads_scored(metric):
+        return (f"the head's output read straight into logit(next token) minus the mean logit, at the scored "
+                f"positions, {frozen}")
+    return f"the head's output read straight into logit(answer) - logit(wrong) {frozen}"
+
+
+def next_token_logit(logits: Tensor, targets: Tensor, scored: Tensor) -> Tensor:
+    """``logits`` ``[..., example, n, vocab]``, ``targets`` and ``scored`` ``[example, n]`` -> ``[..., example]``:
+    the mean over the scored positions of the target's logit minus the mean logit (what a scored metric's DLA
+    reads: linear in the logits, blind to a shift of every logit as the log-probability is)."""
+    picked = logits.gather(-1, targets.to(logits.device)[..., None].expand(*logits.shape[:-1], 1))[..., 0]
+    centred = (picked - logits.mean(-1)).float()
+    weight = scored.to(logits.device, torch.float32)
+    return (centred * weight).sum(-1) / weight.sum(-1)
+
+
 def reads_scored(metric: str | UserMetric) -> bool:
     """Whether ``metric`` reads the next-token predictions at the task's scored positions (else the last token)."""
     return not isinstance(metric, UserMetric) and REGISTRY[metric].reads == "scored"
@@ -70,5 +92,6 @@ def last_logits(logits: Tensor, last: Tensor) -> Tensor:
     return view.gather(2, index)[:, :, 0]
 
 
-__all__ = ["METRICS", "UNITS", "UserMetric", "answer_logprob", "last_logits", "logit_diff", "metric_label",
+__all__ = ["METRICS", "UNITS", "UserMetric", "answer_logprob", "dla_meaning", "last_logits", "logit_diff",
+           "metric_label",
            "metric_units", "neg_kl", "next_token_logprob", "prob_diff", "reads_scored"]

@@ -74,7 +74,7 @@ def circuit_extra(circuit: Any) -> dict[str, Any]:
 def task_units(scan: Any) -> dict[str, str]:
     """The unit of every figure of a task scan's ``scores.json`` (``field -> unit``; ``heads.NAME`` for each of the
     task's own head scores and each pattern score)."""
-    from circuitkit.tasks.metrics import metric_label, metric_units
+    from circuitkit.tasks.metrics import dla_meaning, metric_label, metric_units
 
     metric = f"{metric_units(scan.task.metric)} (the task's metric, {metric_label(scan.task.metric)})"
     out = {
@@ -82,7 +82,7 @@ def task_units(scan: Any) -> dict[str, str]:
         "task.corrupted": f"{metric}: the mean over pairs on the corrupted prompts",
         "pairs.clean": f"{metric}, per pair",
         "pairs.corrupted": f"{metric}, per pair",
-        "heads.dla": "logits: the head's direct contribution to logit(answer) - logit(wrong), mean over pairs",
+        "heads.dla": f"logits: DLA, {dla_meaning(scan.task.metric)}; mean over pairs",
         "heads.score": f"{metric}: EAP-IG estimate of the metric lost when the head is patched",
         "mlps.dla": "logits, as heads.dla",
         "mlps.score": f"{metric}, as heads.score",

@@ -38,7 +38,7 @@ def columns(scan: Any) -> list[dict[str, Any]]:
     """The head table's columns as the page script reads them (see the module docstring)."""
     from circuitkit.detect import registry
     from circuitkit.errors import CircuitkitError
-    from circuitkit.tasks.metrics import metric_units
+    from circuitkit.tasks.metrics import dla_meaning, metric_units
     from circuitkit.tasks.table import columns as table_columns
 
     units = metric_units(scan.task.metric)
@@ -53,8 +53,8 @@ def columns(scan: Any) -> list[dict[str, Any]]:
             bound = max(abs(lo), abs(hi), 1e-12)
             short, lo, hi, neutral, extra = ("EAP-IG" if name == "score" else "DLA"), -bound, bound, 0.0, {"abs": True}
             description = (f"EAP-IG node score ({units}): the metric estimated lost when the head takes its corrupted "
-                           "value" if name == "score" else "direct logit attribution (logits): the head's output read "
-                           "straight into logit(answer) - logit(wrong)")
+                           "value" if name == "score" else "direct logit attribution (logits): "
+                           f"{dla_meaning(scan.task.metric)}")
         elif name in own:
             short, lo, hi, neutral = name, -1.0, 1.0, 0.0
             description = f"attention from the last token to {own[name][0]} minus to {own[name][1]}"

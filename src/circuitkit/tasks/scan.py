@@ -36,7 +36,7 @@ from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
-from circuitkit.tasks.metrics import metric_label, metric_units, reads_scored
+from circuitkit.tasks.metrics import dla_meaning, metric_label, metric_units, reads_scored
 from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
@@ -243,6 +243,9 @@ class TaskScan:
 
         text = "\n".join(self._lines())
         found = [meaning for pattern, meaning in LEGEND if re.search(pattern, text)]
+        if re.search(r"\bDLA\b", text):
+            found.insert(len(found) - bool(re.search("IOI roles", text)),
+                         f"DLA = direct logit attribution, {dla_meaning(self.task.metric)}")
         found += [kind["describe"] for kind in self.nodes.values() if kind.get("describe")
                   and any(label in text for row in kind["labels"] for label in row)]
         return "Legend: " + "; ".join(found) + "." if found else ""
@@ -306,8 +309,6 @@ LEGEND = (
     (r"\bCMD\b", "CMD = area between 1 and the curve of the edges by absolute score (MIB's circuit-model "
                 "distance; lower is better)"),
     (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
-    (r"\bDLA\b", "DLA = direct logit attribution, the head's output read straight into logit(answer) - logit(wrong) "
-                  "through the final norm at its clean-run scale"),
     (r"IOI roles", "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): name mover DLA > 0 and "
                    "io_attention > 0; negative name mover DLA < 0 and io_attention > 0; S-inhibition an edge into a "
                    "name mover's query; duplicate-token / induction / previous-token a pattern score >= 0.3"),
