@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from _common import write_json_atomic  # benchmarks/ is on sys.path when a script here runs
@@ -55,10 +56,27 @@ class Parts:
         self.graph, self.spec, self.metric_name = first.graph, first.spec, first.metric_name
         self.node_types = first.node_types
         self.clean = {"metric": torch.cat([r.clean["metric"] for r in runners])}
+        self.batch = SimpleNamespace(n_pairs=sum(r.batch.n_pairs for r in runners))
+        self._counted = 0.0  # passes counted on the parts as a whole (the coarse search's share of a pass)
 
     @property
     def passes(self) -> float:
-        return sum(r.passes for r in self.runners)
+        return sum(r.passes for r in self.runners) + self._counted
+
+    @passes.setter
+    def passes(self, value: float) -> None:
+        self._counted += value - self.passes
+
+    def first_pairs(self, k: int) -> "Parts":
+        """The first ``k`` pairs (the coarse search's subset): whole parts, then the first pairs of the next."""
+        taken, left = [], k
+        for runner in self.runners:
+            if left <= 0:
+                break
+            n = runner.batch.n_pairs
+            taken.append(runner if left >= n else runner.first_pairs(left))
+            left -= n
+        return Parts(taken)
 
     def node_metric(self, heads: Any, mlps: Any, *, per_pair: bool = False) -> Any:
         import torch
