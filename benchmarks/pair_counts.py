@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
         found = Parts(runners[: n // args.part])
         node_scores = torch.stack(part_scores[: n // args.part]).mean(0)
         before = found.passes
-        heads, _, faith, _, curve, all_patched, _, _ = node_circuit(found, node_scores, args.target, "abs")
+        circuit = node_circuit(found, node_scores, args.target, "abs")
+        heads, faith, curve = circuit.heads, circuit.faithfulness, circuit.curve
         heads_of[n] = set(heads)
         mask = torch.ones(2, L, H, dtype=torch.bool)  # True: patched; set 0 every head, set 1 all but the circuit
         for layer, h in heads:
