@@ -436,12 +436,10 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     corrupted = float(runner.corrupted["metric"].mean())
     check_gap(clean, corrupted, runner.metric_name)
 
-    def kept_mask(k: int, drop: int | None = None, order: Tensor = order) -> Tensor:
+    def kept_mask(k: int, order: Tensor = order) -> Tensor:
         mask = torch.zeros_like(allowed)
         top = index[order[:k]]
         mask[top[:, 0], top[:, 1]] = True
-        if drop is not None:
-            mask[index[drop, 0], index[drop, 1]] = False
         return mask
 
     metrics: dict[int, float] = {0: corrupted, E: clean}
@@ -482,8 +480,11 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     names = graph.edge_names(index[order[:k]])
     strongest = order[:min(k, N_EXACT_EDGES)].tolist()
     effects: list[EdgeEffect] = []
-    if strongest:
-        values = run([kept_mask(E, drop=i) for i in strongest])  # that edge alone patched, every other kept
+    if strongest:  # that edge alone patched, every other kept: resumed at the receiver's layer where it can
+        before = runner.passes
+        values = runner.single_edge_metric(index[strongest]).tolist()
+        if progress is not None:
+            progress(runner.passes - before)
         effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v)
                    for i, v in zip(strongest, values, strict=True)]
     curve = tuple(TaskCurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))

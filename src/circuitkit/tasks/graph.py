@@ -261,7 +261,7 @@ class TaskRunner:
         ``last_attention`` (each head's attention from each prompt's last token, ``[layer, pair, head, pos]``) and
         ``first_patterns`` (the first prompt's patterns, ``[layer, head, q, k]``)."""
         if self._clean is None:
-            self._clean = self._reference(self.batch.clean, dla=self.direct)
+            self._clean = self._reference(self.batch.clean, dla=self.direct, keep_resid=self.adapter.can_resume)
         return self._clean
 
     @property
@@ -272,17 +272,31 @@ class TaskRunner:
             self._corrupt = self._reference(self.batch.corrupted, dla=False)
         return self._corrupt
 
-    def _reference(self, tokens: Tensor, dla: bool) -> dict[str, Any]:
-        """One pass capturing every sender's output (with ``dla``: and a backward of the logit difference through
-        the final norm with its scale frozen, for direct logit attribution)."""
+    def _reference(self, tokens: Tensor, dla: bool, keep_resid: bool = False) -> dict[str, Any]:
+        """One pass capturing every sender's output (with ``keep_resid``: and the residual stream entering every
+        layer, ``resid`` ``{layer: [pair, pos, d_model]}``, from which a patched pass that changes nothing below a
+        layer resumes; with ``dla``: and a backward of the logit difference through the final norm with its scale
+        frozen, for direct logit attribution).
+
+        Counted as one pass, with or without ``dla``: the backward starts at a detached leaf at the last block's
+        output (parameters frozen, so nothing before it is on the autograd graph), so it runs only through the
+        final norm and the unembedding at :attr:`positions`, the tail of this same forward pass, not through the
+        model (tests/test_task_passes.py counts its autograd nodes; benchmarks/README.md, "The task search's
+        passes", times it on a real model)."""
         spec, graph = self.spec, self.graph
         outs: list[Tensor | None] = [None] * len(graph.senders)
         z_kept: dict[int, Tensor] = {}
         mlp_kept: dict[int, Tensor] = {}
+        resid_kept: dict[int, Tensor] = {}
         final: list[Tensor] = []
 
         def resid0(x: Tensor, hook: Any) -> None:
             outs[0] = x.detach()
+            if keep_resid:
+                resid_kept[0] = x.detach()
+
+        def resid_in(x: Tensor, hook: Any) -> None:
+            resid_kept[HOOKS.layer_of(hook.name)] = x.detach()
 
         def z_hook(z: Tensor, hook: Any) -> None:
             layer = HOOKS.layer_of(hook.name)
@@ -341,6 +355,8 @@ class TaskRunner:
 
         L = spec.n_layers
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
+        if keep_resid:
+            hooks += [(HOOKS.resid_pre(layer), resid_in) for layer in range(1, L)]
         if not self.adapter.attn_only:
             hooks += [(HOOKS.mlp_out(layer), mlp_hook) for layer in range(L)]
         for kind in self.extra_types:
@@ -365,7 +381,7 @@ class TaskRunner:
                 (grad,) = torch.autograd.grad(diff, final[0])
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
-        self.passes += 3.0 if direct else 1.0
+        self.passes += 1.0  # the backward of ``dla`` runs through this pass's tail only (docstring)
         out = torch.stack(outs)  # [sender, pair, pos, d_model]
         logprobs = last.detach().float().log_softmax(-1)
         clean_lp = self._clean["logprobs"] if self._clean is not None else None
@@ -380,7 +396,7 @@ class TaskRunner:
             _check_units(kind, extra[kind.name], spec)
         result = {"out": out, "z": z_kept, "mlp": mlp_kept, "nodes": extra, "metric": validate.finite_result(
             "task metric", metric.cpu(), why="the model's logits overflowed"), "logprobs": logprobs,
-            "dla": None if dla_values is None else dla_values.detach().cpu()}
+            "dla": None if dla_values is None else dla_values.detach().cpu(), "resid": resid_kept}
         if dla:
             result["last_attention"] = torch.stack([last_rows[layer] for layer in range(L)])  # [layer, pair, head, k]
             result["first_patterns"] = torch.stack([first[layer] for layer in range(L)])  # [layer, head, q, k]
@@ -444,7 +460,8 @@ class TaskRunner:
         def cut(run: dict[str, Any]) -> dict[str, Any]:
             return {"out": run["out"][:, a:k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
                     "nodes": {name: cut_layers(acts) for name, acts in run.get("nodes", {}).items()},
-                    "metric": run["metric"][a:k], "logprobs": run["logprobs"][a:k], "dla": None}
+                    "metric": run["metric"][a:k], "logprobs": run["logprobs"][a:k], "dla": None,
+                    "resid": cut_layers(run.get("resid", {}))}
 
         sub._clean, sub._corrupt = cut(clean), cut(corrupted)
         sub._values = {name: cut_layers(acts) for name, acts in values.items()}
@@ -482,17 +499,38 @@ class TaskRunner:
         S = next(iter(patched.values())).shape[0]
         L = self.spec.n_layers
         patches = []
+        first = L  # the lowest layer with a node patched in any copy
         for name, mask in patched.items():
             kind, values = self.node_types[name], self.values_of(name)
             for layer in range(L):
                 if bool(mask[:, layer].any()):
+                    first = min(first, layer)
                     units = values[layer].shape[2]
                     unit_mask = mask[:, layer][:, groups_of(units, mask.shape[2], mask.device)]  # [S, unit]
                     patches.append(Patch(kind.hook(layer), unit_mask, values[layer]))
-        logits = patched_logits(self.adapter, self.batch.clean, S, patches, positions=self.positions)
-        self.passes += S
+        start = self.resume_layer(first)
+        resume = None if start == 0 else (self.clean["resid"][start], start)
+        logits = patched_logits(self.adapter, self.batch.clean, S, patches, positions=self.positions, resume=resume)
+        self.passes += S * self.pass_share(start)
         return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
                                       why="the patched model's logits overflowed")
+
+    def resume_layer(self, first: int) -> int:
+        """Where a patched pass that changes nothing before layer ``first`` starts: that layer (at most the last
+        one: the logits' input is patched at its output), resumed from the clean run's residual stream entering it,
+        where the model can resume (:attr:`~circuitkit.models.adapters.ModelAdapter.can_resume`); else 0, a full
+        pass."""
+        start = min(first, self.spec.n_layers - 1)
+        if start <= 0 or not self.adapter.can_resume or start not in self.clean.get("resid", {}):
+            return 0
+        return start
+
+    def pass_share(self, start: int) -> float:
+        """The passes one copy of the pairs counts when it starts at layer ``start`` (:meth:`resume_layer`): its
+        share of the layers, ``(L - start) / L``, as the induction scan counts a resumed ablation
+        (:func:`circuitkit.detect.ablation.together_cost`); 1 for a full pass."""
+        L = self.spec.n_layers
+        return (L - start) / L
 
     # ------------------------------------------------------------------ edge passes
     def edge_metric(self, kept: Tensor) -> Tensor:
@@ -507,6 +545,42 @@ class TaskRunner:
                                           why="the patched model's logits overflowed")
 
         return self._in_passes(kept.shape[0], node=False, run=run)
+
+    def single_edge_metric(self, edges: Tensor) -> Tensor:
+        """``edges`` ``[n, 2]`` (sender, receiver) indices of edges of the graph: the mean metric with that edge
+        alone patched from the corrupted prompt, every other edge clean (its exact effect: path patching), ``[n]``.
+
+        Everything before the receiver's layer is then the clean run, so each edge's pass resumes from the clean
+        run's residual stream entering that layer (:meth:`resume_layer`; the senders before it are given their
+        clean outputs' deltas) and counts its share of the layers (:meth:`pass_share`): an edge into the logits
+        runs the last layer only. Edges of one receiver layer share stacked passes. The same values as
+        :meth:`edge_metric` of the masks with that edge dropped (to float rounding: the layers before run once,
+        unstacked; tests/test_task_passes.py), which a model that cannot resume runs."""
+        graph = self.graph
+        layer_of = torch.empty(len(graph.receivers), dtype=torch.long, device="cpu")
+        for (_, layer), cols in graph.receiver_slices.items():
+            layer_of[cols] = layer
+        edges = edges.cpu()
+        if edges.dim() != 2 or edges.shape[1] != 2 or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
+            raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
+                                "[n, 2] (sender, receiver) indices of edges of the graph")
+        out = torch.empty(edges.shape[0], device="cpu")
+        starts = [self.resume_layer(int(layer_of[r])) for r in edges[:, 1].tolist()]
+        for start in sorted(set(starts)):
+            which = [i for i, s in enumerate(starts) if s == start]
+            kept = graph.allowed[None].repeat(len(which), 1, 1)
+            kept[torch.arange(len(which)), edges[which, 0], edges[which, 1]] = False
+
+            def run(part: slice, kept: Tensor = kept, start: int = start) -> Tensor:
+                chunk = kept[part]
+                with torch.no_grad():
+                    logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None, resume=start)
+                self.passes += chunk.shape[0] * copies * self.pass_share(start)
+                return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
+                                              why="the patched model's logits overflowed")
+
+            out[which] = self._in_passes(len(which), node=False, run=run)
+        return out
 
     def edge_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor]:
         """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge;
@@ -743,13 +817,15 @@ class TaskRunner:
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
-                   node_leaves: dict[tuple[str, int], Tensor] | None = None) -> tuple[Tensor, int]:
+                   node_leaves: dict[tuple[str, int], Tensor] | None = None, resume: int = 0) -> tuple[Tensor, int]:
         """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
         with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
         clean); ``start``: the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with
         zero leaves added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input);
         ``resid``: filled with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further
-        node types' hooks (their node scores).
+        node types' hooks (their node scores); ``resume``: a layer (:meth:`resume_layer`) before which every edge
+        of every copy is kept (patching only): the pass starts there from the clean run's residual stream, every
+        sender before it taken at its clean output.
 
         With per-query-head key/value receivers on a grouped-query model, each copy runs as ``Q`` side-by-side
         copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and values of one
@@ -789,6 +865,12 @@ class TaskRunner:
                 deltas[:, index] = (corrupt_out[index][None] - current.view(S, B, P, d)).reshape(S, -1)
                 total[0] = deltas[:, index].clone() if total[0] is None else total[0] + deltas[:, index]
                 reached[0] = max(reached[0], index + 1)
+
+        L = spec.n_layers
+        if resume:  # the senders before the resumed layer, at their clean outputs (every edge there is kept)
+            clean_out = self.clean["out"]
+            for index in range(graph.sender_slices[("head", resume)].start):
+                record(index, clean_out[index][None].expand(S, B, P, d))
 
         def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
             """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
@@ -915,9 +997,8 @@ class TaskRunner:
                 x = x + each(e.reshape(one))
             return x
 
-        L = spec.n_layers
         hooks: list[tuple[str, Callable]] = []
-        for layer in range(L):
+        for layer in range(resume, L):
             hooks.append((HOOKS.resid_pre(layer), resid_hook))
             hooks += [(port.hook(layer), channel_hook(port.channel)) for port in HEAD.ports]
             hooks.append((HOOKS.z(layer), z_hook))
@@ -926,6 +1007,9 @@ class TaskRunner:
         hooks.append((HOOKS.resid_post(L - 1), final_hook))
         if node_leaves is not None:
             hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
+        if resume:
+            resid_in = self.clean["resid"][resume].repeat(Q * S, 1, 1)
+            return copy0(self.adapter.run_from(resid_in, resume, hooks, positions=self.positions)), Q
         return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
 
 
