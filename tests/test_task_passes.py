@@ -133,10 +133,10 @@ def test_the_clean_runs_backward_reaches_only_the_tail_and_counts_one_pass(monke
         adapter = adapt(boot_bridge(attn_only=False, n_layers=layers, d_vocab=50, seed=3, normalization_type="LN"))
         runner = TaskRunner(adapter, Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter), "logit_diff",
                             mlps=True, ablation="corrupted")
-        grads = []
+        grads: list[int] = []
         real_grad = torch.autograd.grad
 
-        def counting(outputs, inputs, *args, **kwargs):
+        def counting(outputs, inputs, *args, grads=grads, real_grad=real_grad, **kwargs):
             grads.append(_autograd_nodes(outputs))
             return real_grad(outputs, inputs, *args, **kwargs)
 
@@ -148,3 +148,73 @@ def test_the_clean_runs_backward_reaches_only_the_tail_and_counts_one_pass(monke
         _ = runner.corrupted
         assert runner.passes == 2.0
     assert sizes[1] == sizes[4] < 40, sizes
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp", "attn-only"])
+def test_every_node_patched_is_the_corrupted_run_where_the_read_tokens_agree(kind):
+    """The oracle: the all-patched pass itself, pair by pair, against the corrupted run's metric."""
+    runner = _runner(kind)
+    assert runner.every_node_patched_is_corrupted()  # toy_pairs corrupt token 1, never the last one
+    L, H = LAYERS, runner.spec.n_heads
+    every = {"head": torch.ones(1, L, H, dtype=torch.bool)}
+    if kind != "attn-only":
+        every["mlp"] = torch.ones(1, L, 1, dtype=torch.bool)
+    for patched in (every, {"head": every["head"]}):  # with the MLPs patched too, or recomputed
+        values = runner.patched_metric(patched, per_pair=True)[0]
+        torch.testing.assert_close(values, runner.corrupted["metric"], rtol=0, atol=1e-5)
+    one_head_kept = {"head": every["head"].clone()}
+    one_head_kept["head"][0, L - 1, 0] = False
+    assert not torch.allclose(runner.patched_metric(one_head_kept, per_pair=True)[0], runner.corrupted["metric"],
+                              atol=1e-4)
+
+
+def test_the_all_patched_pass_runs_where_it_is_not_the_corrupted_run():
+    pairs = toy_pairs()
+    clean, corrupted, answer, wrong = pairs[2]
+    corrupted = list(corrupted)
+    corrupted[-1] = (clean[-1] + 3) % 50  # one pair's last token corrupted: its read position differs
+    pairs[2] = (clean, corrupted, answer, wrong)
+    adapter = adapt(boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3))
+    batch = Task.from_pairs(pairs, name="toy").tokenize(adapter)
+    runner = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
+    assert not runner.every_node_patched_is_corrupted()
+    plain = Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter)
+    for ablation in ("mean", "zero", "clean_mean"):
+        runner = TaskRunner(adapter, plain, "logit_diff", mlps=True, ablation=ablation)
+        assert not runner.every_node_patched_is_corrupted()
+
+
+def test_the_node_search_and_the_held_out_curve_do_not_run_the_corrupted_run_again(monkeypatch):
+    """Counted in the runner's node passes: no pass patches every node where that is the corrupted run, and the
+    figures are those of a search that runs it (the same values, to float rounding)."""
+    from circuitkit.tasks.circuit import node_circuit
+    from circuitkit.tasks.scan import _other_set
+
+    runner = _runner("mha-mlp")
+    held = _runner("mha-mlp")
+    scores = runner.node_gradients(2)
+    patched_sets = []
+    real = TaskRunner._node_pass
+
+    def spying(self, patched):
+        for s in range(next(iter(patched.values())).shape[0]):
+            patched_sets.append(all(bool(mask[s].all()) for mask in patched.values()))
+        return real(self, patched)
+
+    monkeypatch.setattr(TaskRunner, "_node_pass", spying)
+    found = node_circuit(runner, scores, 0.8, "abs")
+    other = _other_set(held, "evaluation", found.curve, len(found.heads), scores, "abs", False, ())
+    assert patched_sets and not any(patched_sets)
+    monkeypatch.setattr(TaskRunner, "every_node_patched_is_corrupted", lambda self: False)
+    patched_sets.clear()
+    again = node_circuit(_runner("mha-mlp"), scores, 0.8, "abs")
+    other_again = _other_set(_runner("mha-mlp"), "evaluation", found.curve, len(found.heads), scores, "abs", False,
+                             ())
+    assert sum(patched_sets) == 2  # the old way: one pass on each set
+    assert again.heads == found.heads
+    assert [p.size for p in again.curve] == [p.size for p in found.curve]
+    for a, b in zip(again.curve, found.curve, strict=True):
+        assert a.faithfulness == pytest.approx(b.faithfulness, abs=1e-5)
+    assert again.all_patched == pytest.approx(found.all_patched, abs=1e-5)
+    for key in ("faithfulness", "necessity", "metric_all_nodes_patched"):
+        assert other_again[key] == pytest.approx(other[key], abs=1e-5)

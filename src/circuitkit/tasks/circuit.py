@@ -8,7 +8,8 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
 corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); by default MLPs stay
 clean (recomputed from their inputs), as in the induction scan. Nodes of further types (MLP neuron groups, a user's
 :class:`~circuitkit.tasks.nodes.NodeType`) join the same ranking by their own EAP-IG node score and are patched the
-same way. ``m_corr`` patches every node.
+same way. ``m_corr`` patches every node (where that is the corrupted run, its metric:
+:meth:`~circuitkit.tasks.graph.TaskRunner.every_node_patched_is_corrupted`).
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
 set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
 up to the first size reaching the target, then bisection. Past :data:`COARSE_AFTER` nodes, where the search runs on
@@ -380,7 +381,11 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
             progress(runner.passes - before)
         return float(values.mean())
 
-    all_patched = metric_of([])
+    if runner.every_node_patched_is_corrupted():  # that pass is the corrupted run: not run again
+        per_pair[0] = runner.corrupted["metric"]
+        all_patched = float(per_pair[0].mean())
+    else:
+        all_patched = metric_of([])
     check_gap(clean, all_patched, runner.metric_name)
     metrics: dict[int, float] = {0: all_patched, len(order): clean}
 

@@ -515,6 +515,25 @@ class TaskRunner:
         return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
                                       why="the patched model's logits overflowed")
 
+    def every_node_patched_is_corrupted(self) -> bool:
+        """Whether patching every node (every head's ``z`` among them) from the corrupted run gives the corrupted
+        run's own metric, pair by pair, so that the all-patched pass need not run: with ``"corrupted"`` ablation,
+        where each pair's prompts have the same token at every position the metric reads. Attention is the only
+        step that mixes positions, and every head's output is then the corrupted run's; everything else (MLPs,
+        norms, the unembedding) works position by position from the same token at the same position, so at a read
+        position every activation is the corrupted run's."""
+        if self.ablation != "corrupted":
+            return False
+        batch = self.batch
+        at = self.positions.to(batch.clean.device)
+        rows = torch.arange(batch.n_pairs, device=batch.clean.device)
+        read = torch.zeros(batch.n_pairs, len(at), dtype=torch.bool, device=batch.clean.device)
+        read[rows, self.last_index.to(batch.clean.device)] = True
+        if self.scored_metric:
+            read |= self.scored.to(batch.clean.device)
+        same = batch.clean[:, at] == batch.corrupted[:, at]
+        return bool(same[read].all())
+
     def resume_layer(self, first: int) -> int:
         """Where a patched pass that changes nothing before layer ``first`` starts: that layer (at most the last
         one: the logits' input is patched at its output), resumed from the clean run's residual stream entering it,
