@@ -93,7 +93,7 @@ def test_single_edge_metric_refuses_what_is_not_an_edge():
 
 
 @pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp"])
-def test_a_node_set_patched_from_a_layer_up_resumes_there(kind):
+def test_a_node_set_patched_from_a_layer_up_resumes_there(kind, monkeypatch):
     runner = _runner(kind)
     L, H = LAYERS, runner.spec.n_heads
     heads = torch.zeros(3, L, H, dtype=torch.bool)
@@ -104,13 +104,19 @@ def test_a_node_set_patched_from_a_layer_up_resumes_there(kind):
     resumed_before = runner.passes
     resumed = runner.node_metric(heads, None, per_pair=True)
     resumed_passes = runner.passes - resumed_before
-    assert resumed_passes == pytest.approx(3 * (L - 1) / L)  # stacked: from the lowest layer patched in any copy
+    assert resumed_passes == pytest.approx((2 + 1 + 2) / L)  # each set from its lowest patched layer
     extra = torch.zeros(1, L, H, dtype=torch.bool)
-    extra[0, 0, 3] = True  # a set from layer 0 in the same pass: the pass is full
+    extra[0, 0, 3] = True  # a set from layer 0: a full pass
+    before = runner.passes
+    both = runner.node_metric(torch.cat([heads, extra]), None, per_pair=True)
+    assert runner.passes - before == pytest.approx(resumed_passes + 1)
+    torch.testing.assert_close(resumed, both[:3], rtol=0, atol=0)
+    monkeypatch.setattr(type(runner.adapter), "can_resume", property(lambda self: False))
     before = runner.passes
     full = runner.node_metric(torch.cat([heads, extra]), None, per_pair=True)
     assert runner.passes - before == 4
     torch.testing.assert_close(resumed, full[:3], rtol=0, atol=1e-5)
+    torch.testing.assert_close(both[3], full[3], rtol=0, atol=1e-5)
 
 
 def _autograd_nodes(tensor: torch.Tensor) -> int:
@@ -184,37 +190,78 @@ def test_the_all_patched_pass_runs_where_it_is_not_the_corrupted_run():
         assert not runner.every_node_patched_is_corrupted()
 
 
-def test_the_node_search_and_the_held_out_curve_do_not_run_the_corrupted_run_again(monkeypatch):
-    """Counted in the runner's node passes: no pass patches every node where that is the corrupted run, and the
-    figures are those of a search that runs it (the same values, to float rounding)."""
+def _search_both_sets(monkeypatch, *, saving=None, resumable=True, shortcut=True):
+    """The node search and the held-out curve on a tiny model with MLPs; which node passes ran (``True``: every
+    node patched), the passes counted, the figures."""
     from circuitkit.tasks.circuit import node_circuit
     from circuitkit.tasks.scan import _other_set
 
-    runner = _runner("mha-mlp")
-    held = _runner("mha-mlp")
+    runner, held = _runner("mha-mlp"), _runner("mha-mlp")
     scores = runner.node_gradients(2)
-    patched_sets = []
+    if saving is not None:
+        monkeypatch.setattr(TaskRunner, "resume_saving", lambda self, patched: saving)
+    if not resumable:
+        monkeypatch.setattr(type(runner.adapter), "can_resume", property(lambda self: False))
+    if not shortcut:
+        monkeypatch.setattr(TaskRunner, "every_node_patched_is_corrupted", lambda self: False)
+    _ = runner.corrupted, held.corrupted
+    before = runner.passes + held.passes
+    every: list[bool] = []
     real = TaskRunner._node_pass
 
-    def spying(self, patched):
-        for s in range(next(iter(patched.values())).shape[0]):
-            patched_sets.append(all(bool(mask[s].all()) for mask in patched.values()))
-        return real(self, patched)
+    def spying(self, patched, *args, **kwargs):
+        every.extend(all(bool(mask[s].all()) for mask in patched.values())
+                     for s in range(next(iter(patched.values())).shape[0]))
+        return real(self, patched, *args, **kwargs)
 
     monkeypatch.setattr(TaskRunner, "_node_pass", spying)
     found = node_circuit(runner, scores, 0.8, "abs")
     other = _other_set(held, "evaluation", found.curve, len(found.heads), scores, "abs", False, ())
-    assert patched_sets and not any(patched_sets)
-    monkeypatch.setattr(TaskRunner, "every_node_patched_is_corrupted", lambda self: False)
-    patched_sets.clear()
-    again = node_circuit(_runner("mha-mlp"), scores, 0.8, "abs")
-    other_again = _other_set(_runner("mha-mlp"), "evaluation", found.curve, len(found.heads), scores, "abs", False,
-                             ())
-    assert sum(patched_sets) == 2  # the old way: one pass on each set
-    assert again.heads == found.heads
-    assert [p.size for p in again.curve] == [p.size for p in found.curve]
-    for a, b in zip(again.curve, found.curve, strict=True):
-        assert a.faithfulness == pytest.approx(b.faithfulness, abs=1e-5)
-    assert again.all_patched == pytest.approx(found.all_patched, abs=1e-5)
-    for key in ("faithfulness", "necessity", "metric_all_nodes_patched"):
-        assert other_again[key] == pytest.approx(other[key], abs=1e-5)
+    monkeypatch.undo()
+    return every, runner.passes + held.passes - before, found, other
+
+
+def test_the_all_patched_pass_runs_only_where_it_pays_and_every_figure_stays(monkeypatch):
+    """Where every node patched is the corrupted run, its pass runs only where the passes resuming from it save
+    more than it costs; either way (and with full passes only, the old way) the same figures."""
+    old_every, old_passes, old, old_other = _search_both_sets(monkeypatch, resumable=False, shortcut=False)
+    assert sum(old_every) == 2  # the old way: one all-patched pass on each set
+    skipped_every, skipped_passes, skipped, skipped_other = _search_both_sets(monkeypatch, saving=0.0,
+                                                                             resumable=False)
+    assert not any(skipped_every) and skipped_passes == old_passes - 2
+    ran_every, ran_passes, ran, ran_other = _search_both_sets(monkeypatch, saving=2.0)
+    assert sum(ran_every) == 2 and ran_passes < old_passes  # recorded once per set, and the others resume from it
+    chosen_every, chosen_passes, _, _ = _search_both_sets(monkeypatch)  # the runner's own choice: the cheaper
+    assert chosen_passes <= min(skipped_passes, ran_passes) + 1e-9
+    for found, other in ((skipped, skipped_other), (ran, ran_other)):
+        assert found.heads == old.heads and [p.size for p in found.curve] == [p.size for p in old.curve]
+        for a, b in zip(found.curve, old.curve, strict=True):
+            assert a.faithfulness == pytest.approx(b.faithfulness, abs=1e-5)
+        assert found.all_patched == pytest.approx(old.all_patched, abs=1e-5)
+        assert found.necessity == pytest.approx(old.necessity, abs=1e-5)
+        for key in ("faithfulness", "necessity", "metric_all_nodes_patched"):
+            assert other[key] == pytest.approx(old_other[key], abs=1e-5)
+        for a, b in zip(other["curve"], old_other["curve"], strict=True):
+            assert a["metric"] == pytest.approx(b["metric"], abs=1e-5)
+
+
+def test_a_node_pass_resumes_from_the_all_patched_run_below_its_lowest_kept_node():
+    """The oracle: the same sets in full passes (a fresh runner that cannot resume)."""
+    runner = _runner("gqa-ln-mlp")
+    L, H = LAYERS, runner.spec.n_heads
+    patched = torch.ones(3, L, H, dtype=torch.bool)
+    patched[0, 2, 1] = False  # keeps a head of layer 2 only
+    patched[1, 1, :] = False
+    patched[2, 2, 0] = patched[2, 0, 3] = False  # keeps one of layer 0: a full pass
+    _ = runner.corrupted
+    every = runner.record_all_patched(("head",))
+    before = runner.passes
+    assert runner.node_starts({"head": patched}) == [(2, "patched"), (1, "patched"), (0, "full")]
+    resumed = runner.node_metric(patched, None, per_pair=True)
+    assert runner.passes - before == pytest.approx((1 + 2) / L + 1)
+    plain = _runner("gqa-ln-mlp")
+    plain.adapter.__class__ = type("NoResume", (type(plain.adapter),), {"can_resume": False})
+    full = plain.node_metric(patched, None, per_pair=True)
+    torch.testing.assert_close(resumed, full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(every, plain.node_metric(torch.ones(1, L, H, dtype=torch.bool), None,
+                                                        per_pair=True)[0], rtol=0, atol=1e-5)

@@ -221,6 +221,7 @@ class TaskRunner:
         self._clean: dict[str, Any] | None = None
         self._corrupt: dict[str, Any] | None = None
         self._values: dict[str, dict[int, Tensor]] = {}  # node type -> its patched values by layer, made once
+        self._all_patched: dict[tuple, dict[int, Tensor]] = {}  # node types -> that run's resid_pre by layer
 
     def _read_at(self, batch: TaskBatch) -> None:
         """Where the passes read the logits: only at the positions where some pair's prompt ends, and with a
@@ -465,6 +466,7 @@ class TaskRunner:
 
         sub._clean, sub._corrupt = cut(clean), cut(corrupted)
         sub._values = {name: cut_layers(acts) for name, acts in values.items()}
+        sub._all_patched = {key: cut_layers(resid) for key, resid in self._all_patched.items()}
         return sub
 
     def node_metric(self, heads: Tensor, mlps: Tensor | None, *, per_pair: bool = False) -> Tensor:
@@ -477,11 +479,115 @@ class TaskRunner:
 
     def patched_metric(self, patched: dict[str, Tensor], *, per_pair: bool = False) -> Tensor:
         """``patched``: node type name -> ``[sets, layer, nodes]`` bool, True where a node is **patched** (types
-        left out: every node clean); as :meth:`node_metric`."""
+        left out: every node clean); as :meth:`node_metric`.
+
+        Each set's pass resumes where the layers before it are a run already made (:meth:`node_starts`): the clean
+        run's below the lowest layer it patches, or the run with every node patched (of the same types) below the
+        lowest layer it keeps; sets of one start share stacked passes."""
         sets = _check_patched(self, patched)
-        values = self._in_passes(sets, node=True, run=lambda part: self._node_pass(
-            {name: mask[part] for name, mask in patched.items()}))
-        return values if per_pair else values.mean(-1)
+        starts = self.node_starts(patched)
+        out: Tensor | None = None
+        for start in sorted(set(starts), key=lambda st: (st[0] > 0, st)):  # the full passes first: they record
+            which = torch.tensor([i for i, st in enumerate(starts) if st == start], device="cpu")
+            group = {name: mask[which.to(mask.device)] for name, mask in patched.items()}
+            values = self._in_passes(len(which), node=True, run=lambda part, group=group, start=start: self._node_pass(
+                {name: mask[part] for name, mask in group.items()}, start))
+            if out is None:
+                out = torch.empty(sets, *values.shape[1:], dtype=values.dtype, device=values.device)
+            out[which] = values
+        return out if per_pair else out.mean(-1)
+
+    def node_starts(self, patched: dict[str, Tensor]) -> list[tuple[int, str]]:
+        """Where each set of ``patched`` (:meth:`patched_metric`) starts: ``(layer, source)``, ``source``
+        ``"clean"`` (nothing patched before ``layer``: the clean run's residual stream entering it) or
+        ``"patched"`` (every node of ``patched``'s types patched before ``layer``: that of the run with every such
+        node patched, where it was recorded, :meth:`record_all_patched`); ``(0, "full")`` for a full pass. The later
+        of the two where both apply (:meth:`resume_layer`: at most the last layer)."""
+        L = self.spec.n_layers
+        names = list(patched)
+        any_patched = torch.stack([patched[n].any(-1) for n in names]).any(0).cpu()  # [sets, L]
+        any_kept = torch.stack([(~patched[n]).any(-1) for n in names]).any(0).cpu()
+        recorded = self._all_patched.get(self._types_key(patched))
+        out = []
+        for s in range(any_patched.shape[0]):
+            first_patched = int(any_patched[s].nonzero()[0]) if bool(any_patched[s].any()) else L
+            first_kept = int(any_kept[s].nonzero()[0]) if bool(any_kept[s].any()) else L
+            from_clean = self.resume_layer(first_patched)
+            from_patched = min(first_kept, L - 1) if recorded is not None and self.adapter.can_resume else 0
+            if max(from_clean, from_patched) == 0:
+                out.append((0, "full"))
+            else:
+                out.append((from_clean, "clean") if from_clean >= from_patched else (from_patched, "patched"))
+        return out
+
+    def _types_key(self, patched: dict[str, Tensor]) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted((name, mask.shape[-1]) for name, mask in patched.items()))
+
+    def record_all_patched(self, names: tuple[str, ...]) -> Tensor:
+        """Run the pass with every node of the types ``names`` patched, recording its residual stream entering each
+        layer (where the model can resume) for the passes that patch every such node below some layer
+        (:meth:`node_starts`); its metric per pair ``[pair]``, one pass."""
+        L = self.spec.n_layers
+        patched = {name: torch.ones(1, L, self.node_types[name].count(self.spec), dtype=torch.bool, device="cpu")
+                   for name in names}
+        return self._node_pass(patched, (0, "full"), record=self.adapter.can_resume)[0]
+
+    def resume_saving(self, patched: dict[str, Tensor]) -> float:
+        """The passes the sets of ``patched`` would save by resuming from the run with every node of their types
+        patched (:meth:`record_all_patched`) rather than from the clean run only: what that run is worth."""
+        L = self.spec.n_layers
+        if not self.adapter.can_resume:
+            return 0.0
+        any_kept = torch.stack([(~mask).any(-1) for mask in patched.values()]).any(0).cpu()  # [sets, L]
+        any_patched = torch.stack([mask.any(-1) for mask in patched.values()]).any(0).cpu()
+        saved = 0.0
+        for s in range(any_kept.shape[0]):
+            first_kept = int(any_kept[s].nonzero()[0]) if bool(any_kept[s].any()) else L
+            first_patched = int(any_patched[s].nonzero()[0]) if bool(any_patched[s].any()) else L
+            saved += max(0, min(first_kept, L - 1) - self.resume_layer(first_patched)) / L
+        return saved
+
+    def _node_pass(self, patched: dict[str, Tensor], start: tuple[int, str] = (0, "full"),
+                   record: bool = False) -> Tensor:
+        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the induction
+        scan's too): per copy ``s``, the units of every patched node (a node's units: :func:`groups_of`) take their
+        :meth:`values_of` (``[pair, pos, unit, ...]``). ``start``: where it resumes (:meth:`node_starts`), counted
+        as its share of the layers (:meth:`pass_share`); ``record``: the first copy patches every node, and its
+        residual stream entering each layer is kept (:meth:`record_all_patched`)."""
+        from circuitkit.detect.node_patching import Patch, patched_logits
+
+        S = next(iter(patched.values())).shape[0]
+        L = self.spec.n_layers
+        layer, source = start
+        patches = []
+        for name, mask in patched.items():
+            kind, values = self.node_types[name], self.values_of(name)
+            for at in range(layer, L):
+                if bool(mask[:, at].any()):
+                    units = values[at].shape[2]
+                    unit_mask = mask[:, at][:, groups_of(units, mask.shape[2], mask.device)]  # [S, unit]
+                    patches.append(Patch(kind.hook(at), unit_mask, values[at]))
+        resume = None
+        if source == "clean":
+            resume = (self.clean["resid"][layer], layer)
+        elif source == "patched":
+            resume = (self._all_patched[self._types_key(patched)][layer], layer)
+        read: list[tuple[str, Callable]] = []
+        kept: dict[int, Tensor] = {}
+        if record:
+            B = self.batch.n_pairs
+
+            def keep(x: Tensor, hook: Any) -> None:
+                kept[HOOKS.layer_of(hook.name)] = x[:B].detach()
+
+            read = [(HOOKS.resid_pre(at), keep) for at in range(1, L)]
+        logits = patched_logits(self.adapter, self.batch.clean, S, patches, positions=self.positions, resume=resume,
+                                read=read)
+        if record:
+            self._all_patched[self._types_key(patched)] = kept
+        self.passes += S * self.pass_share(layer)
+        return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
+                                      why="the patched model's logits overflowed")
 
     def _in_passes(self, sets: int, *, node: bool, run: Callable[[slice], Tensor]) -> Tensor:
         """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated
@@ -489,31 +595,6 @@ class TaskRunner:
         from circuitkit.detect.node_patching import in_passes
 
         return torch.cat(in_passes(sets, self._copies_per_pass(node=node), run))
-
-    def _node_pass(self, patched: dict[str, Tensor]) -> Tensor:
-        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the induction
-        scan's too): per copy ``s``, the units of every patched node (a node's units: :func:`groups_of`) take their
-        :meth:`values_of` (``[pair, pos, unit, ...]``)."""
-        from circuitkit.detect.node_patching import Patch, patched_logits
-
-        S = next(iter(patched.values())).shape[0]
-        L = self.spec.n_layers
-        patches = []
-        first = L  # the lowest layer with a node patched in any copy
-        for name, mask in patched.items():
-            kind, values = self.node_types[name], self.values_of(name)
-            for layer in range(L):
-                if bool(mask[:, layer].any()):
-                    first = min(first, layer)
-                    units = values[layer].shape[2]
-                    unit_mask = mask[:, layer][:, groups_of(units, mask.shape[2], mask.device)]  # [S, unit]
-                    patches.append(Patch(kind.hook(layer), unit_mask, values[layer]))
-        start = self.resume_layer(first)
-        resume = None if start == 0 else (self.clean["resid"][start], start)
-        logits = patched_logits(self.adapter, self.batch.clean, S, patches, positions=self.positions, resume=resume)
-        self.passes += S * self.pass_share(start)
-        return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
-                                      why="the patched model's logits overflowed")
 
     def every_node_patched_is_corrupted(self) -> bool:
         """Whether patching every node (every head's ``z`` among them) from the corrupted run gives the corrupted

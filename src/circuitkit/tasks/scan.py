@@ -798,14 +798,19 @@ often the corrupted run: not run again), the
     order = typed_order(scores, rank)
     shapes = {name: tuple(grid.shape) for name, grid in scores.items()}
     sizes = sorted({p.size for p in curve} | {0, n})
-    corrupted_is_all_patched = other.every_node_patched_is_corrupted()  # size 0 is then the corrupted run
-    run = [k for k in sizes if (total is None or k < total) and (k > 0 or not corrupted_is_all_patched)]
+    run = [k for k in sizes if 0 < k and (total is None or k < total)]
     built = [node_masks(order[:k], shapes) for k in run]
-    measured = other.patched_metric({k: torch.stack([b[k] for b in built]) for k in shapes}).tolist() if run else []
+    stacked = {k: torch.stack([b[k] for b in built]) for k in shapes} if run else None
+    # every node patched (size 0): the corrupted run where it is that, unless the other sizes' passes resuming from
+    # it save more than it costs; where it runs, they resume from it
+    if other.every_node_patched_is_corrupted() and (stacked is None or other.resume_saving(stacked) <= 1.0):
+        known = {0: float(other.corrupted["metric"].mean())}
+    else:
+        known = {0: float(other.record_all_patched(tuple(shapes)).mean())}
+    measured = other.patched_metric(stacked).tolist() if run else []
     # only the circuit patched (necessity): a pass of its own, which resumes at the circuit's lowest layer
     only = float(other.patched_metric({k: (~v)[None] for k, v in node_masks(order[:n], shapes).items()})[0])
     clean = float(other.clean["metric"].mean())
-    known = {0: float(other.corrupted["metric"].mean())} if corrupted_is_all_patched else {}
     values = [measured[run.index(k)] if k in run else known.get(k, clean) for k in sizes]
     all_patched = values[sizes.index(0)]
     out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
