@@ -669,7 +669,7 @@ class TaskRunner:
         for start in sorted(set(starts)):
             which = [i for i, s in enumerate(starts) if s == start]
             kept = graph.allowed[None].repeat(len(which), 1, 1)
-            kept[torch.arange(len(which)), edges[which, 0], edges[which, 1]] = False
+            kept[torch.arange(len(which), device="cpu"), edges[which, 0], edges[which, 1]] = False
 
             def run(part: slice, kept: Tensor = kept, start: int = start) -> Tensor:
                 chunk = kept[part]
