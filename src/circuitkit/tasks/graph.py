@@ -487,7 +487,7 @@ class TaskRunner:
         sets = _check_patched(self, patched)
         starts = self.node_starts(patched)
         out: Tensor | None = None
-        for start in sorted(set(starts), key=lambda st: (st[0] > 0, st)):  # the full passes first: they record
+        for start in sorted(set(starts)):
             which = torch.tensor([i for i, st in enumerate(starts) if st == start], device="cpu")
             group = {name: mask[which.to(mask.device)] for name, mask in patched.items()}
             values = self._in_passes(len(which), node=True, run=lambda part, group=group, start=start: self._node_pass(
