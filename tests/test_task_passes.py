@@ -265,3 +265,34 @@ def test_a_node_pass_resumes_from_the_all_patched_run_below_its_lowest_kept_node
     torch.testing.assert_close(resumed, full, rtol=0, atol=1e-5)
     torch.testing.assert_close(every, plain.node_metric(torch.ones(1, L, H, dtype=torch.bool), None,
                                                         per_pair=True)[0], rtol=0, atol=1e-5)
+
+
+def test_a_scans_stages_count_what_ran(monkeypatch):
+    """A scan on a tiny model with MLPs, its stages' passes recounted from what ran: the clean run one pass, the
+    edge stage's whole copies (MIB's sizes under both rankings, the bisection) plus each exact effect's share of the
+    layers from its receiver's layer (into the logits: the last layer)."""
+    from circuitkit.tasks import scan_task
+
+    model = boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3)
+    copies: list[int] = []
+    real = TaskRunner.edge_metric
+
+    def counting(self, kept):
+        copies.append(kept.shape[0])
+        return real(self, kept)
+
+    monkeypatch.setattr(TaskRunner, "edge_metric", counting)
+    scan = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), target=0.8, n_resamples=20, holdout=0)
+    ran = {stage.name: stage.passes for stage in scan.stages}
+    assert ran["clean"] == 1.0 and ran["corrupted"] == 1.0 and ran["attribute"] == 3 * scan.settings["ig_steps"]
+    effects = scan.circuit.edge_effects
+    assert len(effects) == 8
+
+    def receiver_layer(name: str) -> int:
+        receiver = name.split("->")[1]
+        return LAYERS if receiver == "logits" else int(receiver[1:]) if receiver.startswith("m") else \
+            int(receiver.split(".")[0])
+
+    shares = sum((LAYERS - min(receiver_layer(e.name), LAYERS - 1)) / LAYERS for e in effects)
+    assert ran["edges"] == pytest.approx(sum(copies) + shares)
+    assert shares < len(effects)  # some receiver past layer 0: the old count (one pass each) is more
