@@ -5,7 +5,8 @@
 ``circuitkit.tasks.scan_task(model, ioi(model, n=16, seed=0), target=0.8)`` with its defaults (8 discovery pairs, 8
 held out, EAP-IG with 3 points, node and edge circuits). Reported: every stage's counted passes and seconds, the
 node circuit (heads, faithfulness, necessity, the curve's sizes), the edge circuit (edges, faithfulness, CPR/CMD),
-the held-out figures.
+the held-out figures; and what direct logit attribution's backward adds to the clean run (:func:`clean_backward`)
+and what EAP-IG's pass costs in forward passes (:func:`attribution_cost`).
 """
 
 from __future__ import annotations
@@ -44,11 +45,90 @@ def main(argv: list[str] | None = None) -> None:
                    edge_curve=[(p.size, round(p.faithfulness, 4)) for p in c.edge_curve],
                    effects=[e.to_json() for e in c.edge_effects],
                    held_out={k: v for k, v in (c.other_set or {}).items() if k != "curve"})
+    out["clean_backward"] = clean_backward(model, task, args.holdout, args.seed)
+    out["attribution_cost"] = attribution_cost(model, task, args.holdout, args.seed)
     text = json.dumps(out, indent=1)
     print(text)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(text + "\n")
+
+
+def clean_backward(model, task, holdout: float, seed: int, repeats: int = 3) -> dict:
+    """What direct logit attribution's backward adds to the clean run (counted as one pass): the clean reference pass
+    on the discovery pairs with and without it, timed alternately ``repeats`` times each (median seconds), and the
+    autograd nodes the backward walks (the final norm and the unembedding, not the model's layers)."""
+    import statistics
+
+    import torch
+
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.tasks.scan import split_pairs
+
+    adapter = adapt(model)
+    batch = task.tokenize(adapter)
+    discovery, _ = split_pairs(task.n_pairs, holdout, seed)
+    runner = TaskRunner(adapter, batch.subset(discovery), task.metric, mlps=not adapter.attn_only,
+                        ablation=task.ablation)
+    nodes: list[int] = []
+    real_grad = torch.autograd.grad
+
+    def counting(outputs, inputs, *args, **kwargs):
+        seen, todo = set(), [outputs.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is not None and node not in seen:
+                seen.add(node)
+                todo += [f for f, _ in node.next_functions]
+        nodes.append(len(seen))
+        return real_grad(outputs, inputs, *args, **kwargs)
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    torch.autograd.grad = counting
+    try:
+        for _ in range(repeats):
+            for dla in (False, True):
+                start = time.perf_counter()
+                runner._reference(runner.batch.clean, dla=dla)
+                times[dla].append(time.perf_counter() - start)
+    finally:
+        torch.autograd.grad = real_grad
+    plain, with_dla = statistics.median(times[False]), statistics.median(times[True])
+    return {"seconds_forward": plain, "seconds_with_dla": with_dla, "share_added": with_dla / plain - 1,
+            "autograd_nodes": nodes[0] if nodes else None, "runs": {str(k): v for k, v in times.items()}}
+
+
+def attribution_cost(model, task, holdout: float, seed: int, steps: int = 3, repeats: int = 2) -> dict:
+    """What EAP-IG's stacked pass (counted ``3 * steps``: a backward counts two) costs in forward passes of the
+    pairs, measured: ``runner.attribute(steps)`` against a plain forward of ``steps`` stacked copies of the discovery
+    pairs, timed alternately ``repeats`` times each (median seconds). Informational: the count is not changed."""
+    import statistics
+
+    import torch
+
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.tasks.scan import split_pairs
+
+    adapter = adapt(model)
+    batch = task.tokenize(adapter)
+    discovery, _ = split_pairs(task.n_pairs, holdout, seed)
+    runner = TaskRunner(adapter, batch.subset(discovery), task.metric, mlps=not adapter.attn_only,
+                        ablation=task.ablation)
+    _ = runner.clean, runner.corrupted
+    times: dict[str, list[float]] = {"attribute": [], "forward": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with torch.no_grad():
+            adapter.run(runner.batch.clean.repeat(steps, 1), positions=runner.positions)
+        times["forward"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        runner.attribute(steps)
+        times["attribute"].append(time.perf_counter() - start)
+    forward, attribute = statistics.median(times["forward"]), statistics.median(times["attribute"])
+    return {"steps": steps, "seconds_forward": forward, "seconds_attribute": attribute,
+            "forward_passes_per_point": attribute / forward, "counted_per_point": 3.0, "runs": times}
 
 
 if __name__ == "__main__":

@@ -66,15 +66,17 @@ def _hook(patch: Patch, S: int, B: int) -> Callable[[Tensor, Any], Tensor]:
 
 
 def patched_logits(adapter: ModelAdapter, tokens: Tensor, copies: int, patches: Sequence[Patch], *,
-                   positions: Tensor | None = None, resume: tuple[Tensor, int] | None = None) -> Tensor:
+                   positions: Tensor | None = None, resume: tuple[Tensor, int] | None = None,
+                   read: Sequence[tuple[str, Callable[[Tensor, Any], None]]] = ()) -> Tensor:
     """Logits ``[copies * B, len(positions), d_vocab]`` (every position where ``positions`` is None) of ``copies``
     stacked copies of ``tokens`` ``[B, P]``, each with its units of ``patches`` replaced (module docstring); no
     gradients. A hook with no unit patched in any copy can be left out of ``patches``: it changes nothing.
     ``resume``: ``(resid_pre, layer)``, the plain run's residual stream ``[B, P, d_model]`` entering ``layer``, from
     which the pass runs (:meth:`~circuitkit.models.adapters.ModelAdapter.run_from`; every patched hook at or after
-    ``layer``, so the layers before it are the plain run's)."""
+    ``layer``, so the layers before it are the plain run's); ``read``: further hooks that only read (they return
+    None)."""
     B = tokens.shape[0]
-    hooks = [(patch.hook, _hook(patch, copies, B)) for patch in patches]
+    hooks = [(patch.hook, _hook(patch, copies, B)) for patch in patches] + list(read)
     with torch.no_grad():
         if resume is not None:
             resid, layer = resume

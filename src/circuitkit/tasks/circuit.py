@@ -8,7 +8,8 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
 corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); by default MLPs stay
 clean (recomputed from their inputs), as in the induction scan. Nodes of further types (MLP neuron groups, a user's
 :class:`~circuitkit.tasks.nodes.NodeType`) join the same ranking by their own EAP-IG node score and are patched the
-same way. ``m_corr`` patches every node.
+same way. ``m_corr`` patches every node (where that is the corrupted run, its metric:
+:meth:`~circuitkit.tasks.graph.TaskRunner.every_node_patched_is_corrupted`).
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
 set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
 up to the first size reaching the target, then bisection. Past :data:`COARSE_AFTER` nodes, where the search runs on
@@ -380,7 +381,20 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
             progress(runner.passes - before)
         return float(values.mean())
 
-    all_patched = metric_of([])
+    # every node patched: the corrupted run where it is that (not run again), unless the passes of the first sizes
+    # resuming from it save more than it costs; where it runs, the later passes resume from it
+    first_sizes = [n for n in geometric_sizes(min(len(order), COARSE_AFTER)) if n < len(order)]
+    probe = {name: torch.stack([masks(order[:n])[name] for n in first_sizes]) for name in shapes} if first_sizes \
+        else None
+    if runner.every_node_patched_is_corrupted() and (probe is None or runner.resume_saving(probe) <= 1.0):
+        per_pair[0] = runner.corrupted["metric"]
+        all_patched = float(per_pair[0].mean())
+    else:
+        before = runner.passes
+        per_pair[0] = runner.record_all_patched(tuple(shapes))
+        all_patched = float(per_pair[0].mean())
+        if progress is not None:
+            progress(runner.passes - before)
     check_gap(clean, all_patched, runner.metric_name)
     metrics: dict[int, float] = {0: all_patched, len(order): clean}
 
@@ -436,12 +450,10 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     corrupted = float(runner.corrupted["metric"].mean())
     check_gap(clean, corrupted, runner.metric_name)
 
-    def kept_mask(k: int, drop: int | None = None, order: Tensor = order) -> Tensor:
+    def kept_mask(k: int, order: Tensor = order) -> Tensor:
         mask = torch.zeros_like(allowed)
         top = index[order[:k]]
         mask[top[:, 0], top[:, 1]] = True
-        if drop is not None:
-            mask[index[drop, 0], index[drop, 1]] = False
         return mask
 
     metrics: dict[int, float] = {0: corrupted, E: clean}
@@ -482,8 +494,11 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     names = graph.edge_names(index[order[:k]])
     strongest = order[:min(k, N_EXACT_EDGES)].tolist()
     effects: list[EdgeEffect] = []
-    if strongest:
-        values = run([kept_mask(E, drop=i) for i in strongest])  # that edge alone patched, every other kept
+    if strongest:  # that edge alone patched, every other kept: resumed at the receiver's layer where it can
+        before = runner.passes
+        values = runner.single_edge_metric(index[strongest]).tolist()
+        if progress is not None:
+            progress(runner.passes - before)
         effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v)
                    for i, v in zip(strongest, values, strict=True)]
     curve = tuple(TaskCurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))

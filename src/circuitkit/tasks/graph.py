@@ -221,6 +221,7 @@ class TaskRunner:
         self._clean: dict[str, Any] | None = None
         self._corrupt: dict[str, Any] | None = None
         self._values: dict[str, dict[int, Tensor]] = {}  # node type -> its patched values by layer, made once
+        self._all_patched: dict[tuple, dict[int, Tensor]] = {}  # node types -> that run's resid_pre by layer
 
     def _read_at(self, batch: TaskBatch) -> None:
         """Where the passes read the logits: only at the positions where some pair's prompt ends, and with a
@@ -261,7 +262,7 @@ class TaskRunner:
         ``last_attention`` (each head's attention from each prompt's last token, ``[layer, pair, head, pos]``) and
         ``first_patterns`` (the first prompt's patterns, ``[layer, head, q, k]``)."""
         if self._clean is None:
-            self._clean = self._reference(self.batch.clean, dla=self.direct)
+            self._clean = self._reference(self.batch.clean, dla=self.direct, keep_resid=self.adapter.can_resume)
         return self._clean
 
     @property
@@ -272,17 +273,31 @@ class TaskRunner:
             self._corrupt = self._reference(self.batch.corrupted, dla=False)
         return self._corrupt
 
-    def _reference(self, tokens: Tensor, dla: bool) -> dict[str, Any]:
-        """One pass capturing every sender's output (with ``dla``: and a backward of the logit difference through
-        the final norm with its scale frozen, for direct logit attribution)."""
+    def _reference(self, tokens: Tensor, dla: bool, keep_resid: bool = False) -> dict[str, Any]:
+        """One pass capturing every sender's output (with ``keep_resid``: and the residual stream entering every
+        layer, ``resid`` ``{layer: [pair, pos, d_model]}``, from which a patched pass that changes nothing below a
+        layer resumes; with ``dla``: and a backward of the logit difference through the final norm with its scale
+        frozen, for direct logit attribution).
+
+        Counted as one pass, with or without ``dla``: the backward starts at a detached leaf at the last block's
+        output (parameters frozen, so nothing before it is on the autograd graph), so it runs only through the
+        final norm and the unembedding at :attr:`positions`, the tail of this same forward pass, not through the
+        model (tests/test_task_passes.py counts its autograd nodes; benchmarks/README.md, "The task search's
+        passes", times it on a real model)."""
         spec, graph = self.spec, self.graph
         outs: list[Tensor | None] = [None] * len(graph.senders)
         z_kept: dict[int, Tensor] = {}
         mlp_kept: dict[int, Tensor] = {}
+        resid_kept: dict[int, Tensor] = {}
         final: list[Tensor] = []
 
         def resid0(x: Tensor, hook: Any) -> None:
             outs[0] = x.detach()
+            if keep_resid:
+                resid_kept[0] = x.detach()
+
+        def resid_in(x: Tensor, hook: Any) -> None:
+            resid_kept[HOOKS.layer_of(hook.name)] = x.detach()
 
         def z_hook(z: Tensor, hook: Any) -> None:
             layer = HOOKS.layer_of(hook.name)
@@ -341,6 +356,8 @@ class TaskRunner:
 
         L = spec.n_layers
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
+        if keep_resid:
+            hooks += [(HOOKS.resid_pre(layer), resid_in) for layer in range(1, L)]
         if not self.adapter.attn_only:
             hooks += [(HOOKS.mlp_out(layer), mlp_hook) for layer in range(L)]
         for kind in self.extra_types:
@@ -368,7 +385,7 @@ class TaskRunner:
                 (grad,) = torch.autograd.grad(target, final[0])
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
-        self.passes += 3.0 if direct else 1.0
+        self.passes += 1.0  # the backward of ``dla`` runs through this pass's tail only (docstring)
         out = torch.stack(outs)  # [sender, pair, pos, d_model]
         logprobs = last.detach().float().log_softmax(-1)
         clean_lp = self._clean["logprobs"] if self._clean is not None else None
@@ -388,7 +405,7 @@ class TaskRunner:
             _check_units(kind, extra[kind.name], spec)
         result = {"out": out, "z": z_kept, "mlp": mlp_kept, "nodes": extra, "metric": validate.finite_result(
             "task metric", metric.cpu(), why="the model's logits overflowed"), "logprobs": logprobs,
-            "dla": None if dla_values is None else dla_values.detach().cpu()}
+            "dla": None if dla_values is None else dla_values.detach().cpu(), "resid": resid_kept}
         if dla:
             result["last_attention"] = torch.stack([last_rows[layer] for layer in range(L)])  # [layer, pair, head, k]
             result["first_patterns"] = torch.stack([first[layer] for layer in range(L)])  # [layer, head, q, k]
@@ -452,10 +469,12 @@ class TaskRunner:
         def cut(run: dict[str, Any]) -> dict[str, Any]:
             return {"out": run["out"][:, a:k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
                     "nodes": {name: cut_layers(acts) for name, acts in run.get("nodes", {}).items()},
-                    "metric": run["metric"][a:k], "logprobs": run["logprobs"][a:k], "dla": None}
+                    "metric": run["metric"][a:k], "logprobs": run["logprobs"][a:k], "dla": None,
+                    "resid": cut_layers(run.get("resid", {}))}
 
         sub._clean, sub._corrupt = cut(clean), cut(corrupted)
         sub._values = {name: cut_layers(acts) for name, acts in values.items()}
+        sub._all_patched = {key: cut_layers(resid) for key, resid in self._all_patched.items()}
         return sub
 
     def node_metric(self, heads: Tensor, mlps: Tensor | None, *, per_pair: bool = False) -> Tensor:
@@ -468,11 +487,115 @@ class TaskRunner:
 
     def patched_metric(self, patched: dict[str, Tensor], *, per_pair: bool = False) -> Tensor:
         """``patched``: node type name -> ``[sets, layer, nodes]`` bool, True where a node is **patched** (types
-        left out: every node clean); as :meth:`node_metric`."""
+        left out: every node clean); as :meth:`node_metric`.
+
+        Each set's pass resumes where the layers before it are a run already made (:meth:`node_starts`): the clean
+        run's below the lowest layer it patches, or the run with every node patched (of the same types) below the
+        lowest layer it keeps; sets of one start share stacked passes."""
         sets = _check_patched(self, patched)
-        values = self._in_passes(sets, node=True, run=lambda part: self._node_pass(
-            {name: mask[part] for name, mask in patched.items()}))
-        return values if per_pair else values.mean(-1)
+        starts = self.node_starts(patched)
+        out: Tensor | None = None
+        for start in sorted(set(starts)):
+            which = torch.tensor([i for i, st in enumerate(starts) if st == start], device="cpu")
+            group = {name: mask[which.to(mask.device)] for name, mask in patched.items()}
+            values = self._in_passes(len(which), node=True, run=lambda part, group=group, start=start: self._node_pass(
+                {name: mask[part] for name, mask in group.items()}, start))
+            if out is None:
+                out = torch.empty(sets, *values.shape[1:], dtype=values.dtype, device=values.device)
+            out[which] = values
+        return out if per_pair else out.mean(-1)
+
+    def node_starts(self, patched: dict[str, Tensor]) -> list[tuple[int, str]]:
+        """Where each set of ``patched`` (:meth:`patched_metric`) starts: ``(layer, source)``, ``source``
+        ``"clean"`` (nothing patched before ``layer``: the clean run's residual stream entering it) or
+        ``"patched"`` (every node of ``patched``'s types patched before ``layer``: that of the run with every such
+        node patched, where it was recorded, :meth:`record_all_patched`); ``(0, "full")`` for a full pass. The later
+        of the two where both apply (:meth:`resume_layer`: at most the last layer)."""
+        L = self.spec.n_layers
+        names = list(patched)
+        any_patched = torch.stack([patched[n].any(-1) for n in names]).any(0).cpu()  # [sets, L]
+        any_kept = torch.stack([(~patched[n]).any(-1) for n in names]).any(0).cpu()
+        recorded = self._all_patched.get(self._types_key(patched))
+        out = []
+        for s in range(any_patched.shape[0]):
+            first_patched = int(any_patched[s].nonzero()[0]) if bool(any_patched[s].any()) else L
+            first_kept = int(any_kept[s].nonzero()[0]) if bool(any_kept[s].any()) else L
+            from_clean = self.resume_layer(first_patched)
+            from_patched = min(first_kept, L - 1) if recorded is not None and self.adapter.can_resume else 0
+            if max(from_clean, from_patched) == 0:
+                out.append((0, "full"))
+            else:
+                out.append((from_clean, "clean") if from_clean >= from_patched else (from_patched, "patched"))
+        return out
+
+    def _types_key(self, patched: dict[str, Tensor]) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted((name, mask.shape[-1]) for name, mask in patched.items()))
+
+    def record_all_patched(self, names: tuple[str, ...]) -> Tensor:
+        """Run the pass with every node of the types ``names`` patched, recording its residual stream entering each
+        layer (where the model can resume) for the passes that patch every such node below some layer
+        (:meth:`node_starts`); its metric per pair ``[pair]``, one pass."""
+        L = self.spec.n_layers
+        patched = {name: torch.ones(1, L, self.node_types[name].count(self.spec), dtype=torch.bool, device="cpu")
+                   for name in names}
+        return self._node_pass(patched, (0, "full"), record=self.adapter.can_resume)[0]
+
+    def resume_saving(self, patched: dict[str, Tensor]) -> float:
+        """The passes the sets of ``patched`` would save by resuming from the run with every node of their types
+        patched (:meth:`record_all_patched`) rather than from the clean run only: what that run is worth."""
+        L = self.spec.n_layers
+        if not self.adapter.can_resume:
+            return 0.0
+        any_kept = torch.stack([(~mask).any(-1) for mask in patched.values()]).any(0).cpu()  # [sets, L]
+        any_patched = torch.stack([mask.any(-1) for mask in patched.values()]).any(0).cpu()
+        saved = 0.0
+        for s in range(any_kept.shape[0]):
+            first_kept = int(any_kept[s].nonzero()[0]) if bool(any_kept[s].any()) else L
+            first_patched = int(any_patched[s].nonzero()[0]) if bool(any_patched[s].any()) else L
+            saved += max(0, min(first_kept, L - 1) - self.resume_layer(first_patched)) / L
+        return saved
+
+    def _node_pass(self, patched: dict[str, Tensor], start: tuple[int, str] = (0, "full"),
+                   record: bool = False) -> Tensor:
+        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the induction
+        scan's too): per copy ``s``, the units of every patched node (a node's units: :func:`groups_of`) take their
+        :meth:`values_of` (``[pair, pos, unit, ...]``). ``start``: where it resumes (:meth:`node_starts`), counted
+        as its share of the layers (:meth:`pass_share`); ``record``: the first copy patches every node, and its
+        residual stream entering each layer is kept (:meth:`record_all_patched`)."""
+        from circuitkit.detect.node_patching import Patch, patched_logits
+
+        S = next(iter(patched.values())).shape[0]
+        L = self.spec.n_layers
+        layer, source = start
+        patches = []
+        for name, mask in patched.items():
+            kind, values = self.node_types[name], self.values_of(name)
+            for at in range(layer, L):
+                if bool(mask[:, at].any()):
+                    units = values[at].shape[2]
+                    unit_mask = mask[:, at][:, groups_of(units, mask.shape[2], mask.device)]  # [S, unit]
+                    patches.append(Patch(kind.hook(at), unit_mask, values[at]))
+        resume = None
+        if source == "clean":
+            resume = (self.clean["resid"][layer], layer)
+        elif source == "patched":
+            resume = (self._all_patched[self._types_key(patched)][layer], layer)
+        read: list[tuple[str, Callable]] = []
+        kept: dict[int, Tensor] = {}
+        if record:
+            B = self.batch.n_pairs
+
+            def keep(x: Tensor, hook: Any) -> None:
+                kept[HOOKS.layer_of(hook.name)] = x[:B].detach()
+
+            read = [(HOOKS.resid_pre(at), keep) for at in range(1, L)]
+        logits = patched_logits(self.adapter, self.batch.clean, S, patches, positions=self.positions, resume=resume,
+                                read=read)
+        if record:
+            self._all_patched[self._types_key(patched)] = kept
+        self.passes += S * self.pass_share(layer)
+        return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
+                                      why="the patched model's logits overflowed")
 
     def _in_passes(self, sets: int, *, node: bool, run: Callable[[slice], Tensor]) -> Tensor:
         """``run(part)`` for consecutive slices of ``sets``, as many sets a pass as memory allows, concatenated
@@ -481,26 +604,41 @@ class TaskRunner:
 
         return torch.cat(in_passes(sets, self._copies_per_pass(node=node), run))
 
-    def _node_pass(self, patched: dict[str, Tensor]) -> Tensor:
-        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the induction
-        scan's too): per copy ``s``, the units of every patched node (a node's units: :func:`groups_of`) take their
-        :meth:`values_of` (``[pair, pos, unit, ...]``)."""
-        from circuitkit.detect.node_patching import Patch, patched_logits
+    def every_node_patched_is_corrupted(self) -> bool:
+        """Whether patching every node (every head's ``z`` among them) from the corrupted run gives the corrupted
+        run's own metric, pair by pair, so that the all-patched pass need not run: with ``"corrupted"`` ablation,
+        where each pair's prompts have the same token at every position the metric reads. Attention is the only
+        step that mixes positions, and every head's output is then the corrupted run's; everything else (MLPs,
+        norms, the unembedding) works position by position from the same token at the same position, so at a read
+        position every activation is the corrupted run's."""
+        if self.ablation != "corrupted":
+            return False
+        batch = self.batch
+        at = self.positions.to(batch.clean.device)
+        rows = torch.arange(batch.n_pairs, device=batch.clean.device)
+        read = torch.zeros(batch.n_pairs, len(at), dtype=torch.bool, device=batch.clean.device)
+        read[rows, self.last_index.to(batch.clean.device)] = True
+        if self.scored_metric:
+            read |= self.scored.to(batch.clean.device)
+        same = batch.clean[:, at] == batch.corrupted[:, at]
+        return bool(same[read].all())
 
-        S = next(iter(patched.values())).shape[0]
+    def resume_layer(self, first: int) -> int:
+        """Where a patched pass that changes nothing before layer ``first`` starts: that layer (at most the last
+        one: the logits' input is patched at its output), resumed from the clean run's residual stream entering it,
+        where the model can resume (:attr:`~circuitkit.models.adapters.ModelAdapter.can_resume`); else 0, a full
+        pass."""
+        start = min(first, self.spec.n_layers - 1)
+        if start <= 0 or not self.adapter.can_resume or start not in self.clean.get("resid", {}):
+            return 0
+        return start
+
+    def pass_share(self, start: int) -> float:
+        """The passes one copy of the pairs counts when it starts at layer ``start`` (:meth:`resume_layer`): its
+        share of the layers, ``(L - start) / L``, as the induction scan counts a resumed ablation
+        (:func:`circuitkit.detect.ablation.together_cost`); 1 for a full pass."""
         L = self.spec.n_layers
-        patches = []
-        for name, mask in patched.items():
-            kind, values = self.node_types[name], self.values_of(name)
-            for layer in range(L):
-                if bool(mask[:, layer].any()):
-                    units = values[layer].shape[2]
-                    unit_mask = mask[:, layer][:, groups_of(units, mask.shape[2], mask.device)]  # [S, unit]
-                    patches.append(Patch(kind.hook(layer), unit_mask, values[layer]))
-        logits = patched_logits(self.adapter, self.batch.clean, S, patches, positions=self.positions)
-        self.passes += S
-        return validate.finite_result("task circuit: metric", self.metric(logits).cpu(),
-                                      why="the patched model's logits overflowed")
+        return (L - start) / L
 
     # ------------------------------------------------------------------ edge passes
     def edge_metric(self, kept: Tensor) -> Tensor:
@@ -515,6 +653,42 @@ class TaskRunner:
                                           why="the patched model's logits overflowed")
 
         return self._in_passes(kept.shape[0], node=False, run=run)
+
+    def single_edge_metric(self, edges: Tensor) -> Tensor:
+        """``edges`` ``[n, 2]`` (sender, receiver) indices of edges of the graph: the mean metric with that edge
+        alone patched from the corrupted prompt, every other edge clean (its exact effect: path patching), ``[n]``.
+
+        Everything before the receiver's layer is then the clean run, so each edge's pass resumes from the clean
+        run's residual stream entering that layer (:meth:`resume_layer`; the senders before it are given their
+        clean outputs' deltas) and counts its share of the layers (:meth:`pass_share`): an edge into the logits
+        runs the last layer only. Edges of one receiver layer share stacked passes. The same values as
+        :meth:`edge_metric` of the masks with that edge dropped (to float rounding: the layers before run once,
+        unstacked; tests/test_task_passes.py), which a model that cannot resume runs."""
+        graph = self.graph
+        layer_of = torch.empty(len(graph.receivers), dtype=torch.long, device="cpu")
+        for (_, layer), cols in graph.receiver_slices.items():
+            layer_of[cols] = layer
+        edges = edges.cpu()
+        if edges.dim() != 2 or edges.shape[1] != 2 or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
+            raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
+                                "[n, 2] (sender, receiver) indices of edges of the graph")
+        out = torch.empty(edges.shape[0], device="cpu")
+        starts = [self.resume_layer(int(layer_of[r])) for r in edges[:, 1].tolist()]
+        for start in sorted(set(starts)):
+            which = [i for i, s in enumerate(starts) if s == start]
+            kept = graph.allowed[None].repeat(len(which), 1, 1)
+            kept[torch.arange(len(which), device="cpu"), edges[which, 0], edges[which, 1]] = False
+
+            def run(part: slice, kept: Tensor = kept, start: int = start) -> Tensor:
+                chunk = kept[part]
+                with torch.no_grad():
+                    logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None, resume=start)
+                self.passes += chunk.shape[0] * copies * self.pass_share(start)
+                return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
+                                              why="the patched model's logits overflowed")
+
+            out[which] = self._in_passes(len(which), node=False, run=run)
+        return out
 
     def edge_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor]:
         """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge;
@@ -751,13 +925,15 @@ class TaskRunner:
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
-                   node_leaves: dict[tuple[str, int], Tensor] | None = None) -> tuple[Tensor, int]:
+                   node_leaves: dict[tuple[str, int], Tensor] | None = None, resume: int = 0) -> tuple[Tensor, int]:
         """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
         with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
         clean); ``start``: the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with
         zero leaves added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input);
         ``resid``: filled with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further
-        node types' hooks (their node scores).
+        node types' hooks (their node scores); ``resume``: a layer (:meth:`resume_layer`) before which every edge
+        of every copy is kept (patching only): the pass starts there from the clean run's residual stream, every
+        sender before it taken at its clean output.
 
         With per-query-head key/value receivers on a grouped-query model, each copy runs as ``Q`` side-by-side
         copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and values of one
@@ -797,6 +973,12 @@ class TaskRunner:
                 deltas[:, index] = (corrupt_out[index][None] - current.view(S, B, P, d)).reshape(S, -1)
                 total[0] = deltas[:, index].clone() if total[0] is None else total[0] + deltas[:, index]
                 reached[0] = max(reached[0], index + 1)
+
+        L = spec.n_layers
+        if resume:  # the senders before the resumed layer, at their clean outputs (every edge there is kept)
+            clean_out = self.clean["out"]
+            for index in range(graph.sender_slices[("head", resume)].start):
+                record(index, clean_out[index][None].expand(S, B, P, d))
 
         def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
             """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
@@ -923,9 +1105,8 @@ class TaskRunner:
                 x = x + each(e.reshape(one))
             return x
 
-        L = spec.n_layers
         hooks: list[tuple[str, Callable]] = []
-        for layer in range(L):
+        for layer in range(resume, L):
             hooks.append((HOOKS.resid_pre(layer), resid_hook))
             hooks += [(port.hook(layer), channel_hook(port.channel)) for port in HEAD.ports]
             hooks.append((HOOKS.z(layer), z_hook))
@@ -934,6 +1115,9 @@ class TaskRunner:
         hooks.append((HOOKS.resid_post(L - 1), final_hook))
         if node_leaves is not None:
             hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
+        if resume:
+            resid_in = self.clean["resid"][resume].repeat(Q * S, 1, 1)
+            return copy0(self.adapter.run_from(resid_in, resume, hooks, positions=self.positions)), Q
         return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
 
 

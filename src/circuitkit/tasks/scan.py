@@ -3,7 +3,8 @@
 Stages (declared in :mod:`circuitkit.tasks.stages`, each planned in forward passes of the pairs before the first
 pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a backward pass counts two)::
 
-    clean        one forward + backward: every sender's output, the clean metric, direct logit attribution
+    clean        one forward: every sender's output, the clean metric, direct logit attribution (a backward
+                 through the final norm and the unembedding only)
     corrupted    one forward: every sender's output on the corrupted prompts, the corrupted metric
     attribute    EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
     nodes        the node circuit: all nodes patched, the exact sizes (past 16 nodes a coarse search first), necessity
@@ -542,7 +543,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       ablation=task.ablation, node_types=extra, kv_edges=kv_edges) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
-        # on the discovery pairs: one forward pass, not a forward + backward
+        # on the discovery pairs
     # the target applies to the discovery pairs (default) or the evaluation pairs: the search runs on that set
     search, other = (held, runner) if split and target_on == "evaluation" else (runner, held)
     if stability and search.batch.n_pairs < 2:
@@ -788,7 +789,8 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
                mlp_nodes: bool, edges: tuple[str, ...], total: int | None = None,
                types: dict[str, Tensor] | None = None) -> dict[str, Any]:
     """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
-    same top-``n`` node sets, one stacked pass; ``total``, every node kept, is the clean run: not run again), the
+    same top-``n`` node sets, one stacked pass; ``total``, every node kept, is the clean run, and every node patched
+often the corrupted run: not run again), the
     chosen circuit's (``n`` nodes) faithfulness and necessity, and the edge circuit's faithfulness (one pass).
     ``types``: the further node types' scores (``[layer, nodes]`` by type), ranked with the heads."""
     from circuitkit.tasks.circuit import faithfulness_of, node_masks, sender_scores, typed_order
@@ -798,13 +800,20 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
     order = typed_order(scores, rank)
     shapes = {name: tuple(grid.shape) for name, grid in scores.items()}
     sizes = sorted({p.size for p in curve} | {0, n})
-    run = [k for k in sizes if total is None or k < total]
+    run = [k for k in sizes if 0 < k and (total is None or k < total)]
     built = [node_masks(order[:k], shapes) for k in run]
-    built.append({k: ~v for k, v in node_masks(order[:n], shapes).items()})  # only the circuit patched: necessity
-    measured = other.patched_metric({k: torch.stack([b[k] for b in built]) for k in shapes}).tolist()
-    only = measured.pop()
+    stacked = {k: torch.stack([b[k] for b in built]) for k in shapes} if run else None
+    # every node patched (size 0): the corrupted run where it is that, unless the other sizes' passes resuming from
+    # it save more than it costs; where it runs, they resume from it
+    if other.every_node_patched_is_corrupted() and (stacked is None or other.resume_saving(stacked) <= 1.0):
+        known = {0: float(other.corrupted["metric"].mean())}
+    else:
+        known = {0: float(other.record_all_patched(tuple(shapes)).mean())}
+    measured = other.patched_metric(stacked).tolist() if run else []
+    # only the circuit patched (necessity): a pass of its own, which resumes at the circuit's lowest layer
+    only = float(other.patched_metric({k: (~v)[None] for k, v in node_masks(order[:n], shapes).items()})[0])
     clean = float(other.clean["metric"].mean())
-    values = [measured[run.index(k)] if k in run else clean for k in sizes]
+    values = [measured[run.index(k)] if k in run else known.get(k, clean) for k in sizes]
     all_patched = values[sizes.index(0)]
     out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
                            "corrupted": float(other.corrupted["metric"].mean()),

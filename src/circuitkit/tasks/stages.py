@@ -99,8 +99,8 @@ circuit the ranked search finds, so the bar revises it as it goes."""
 
 
 TASK_STAGES = (
-    TaskStageSpec("clean", "one forward + backward: every sender's output, the clean metric, direct logit attribution",
-                  lambda p: 3 if p.direct else 1, lambda p: True),
+    TaskStageSpec("clean", "one forward: every sender's output, the clean metric, direct logit attribution (its "
+                  "backward through the final norm and unembedding only)", lambda p: 1, lambda p: True),
     TaskStageSpec("corrupted", "one forward: every sender's output on the corrupted prompts, the corrupted metric",
                   lambda p: 1, lambda p: True),
     TaskStageSpec("attribute", "EAP-IG: the interpolation points stacked in one forward + backward",

@@ -1,0 +1,298 @@
+"""What a task scan's passes cost, counted: the clean run's backward reaches only the final norm and unembedding;
+a pass that patches nothing below a layer resumes there (the strongest edges' exact effects, a node set patched
+from a layer up) and equals the full pass; the pass counts of a known scan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from circuitkit.models.adapters import adapt
+from circuitkit.tasks import Task
+from circuitkit.tasks.graph import TaskRunner
+from tests.conftest import boot_bridge
+from tests.test_tasks import toy_pairs
+
+LAYERS = 3
+
+
+def _runner(kind: str, kv_edges: str = "grouped", **extra) -> TaskRunner:
+    model = {"mha-mlp": lambda: boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3),
+             "gqa-ln-mlp": lambda: boot_bridge(attn_only=False, n_layers=LAYERS, n_key_value_heads=2, d_vocab=50,
+                                               seed=8, normalization_type="LN"),
+             "attn-only": lambda: boot_bridge(n_layers=LAYERS, d_vocab=50, seed=3)}[kind]()
+    adapter = adapt(model)
+    batch = Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter)
+    return TaskRunner(adapter, batch, "logit_diff", mlps=kind != "attn-only", ablation="corrupted",
+                      kv_edges=kv_edges, **extra)
+
+
+def _edges_into_every_layer(runner: TaskRunner) -> torch.Tensor:
+    """One edge into each receiver channel of every layer and into the logits, from the latest sender it can
+    have and from the input: ``[n, 2]``."""
+    graph = runner.graph
+    picked = []
+    for (_, layer), cols in graph.receiver_slices.items():
+        for receiver in (cols.start, cols.stop - 1):
+            senders = graph.allowed[:, receiver].nonzero().flatten()
+            picked += [(int(senders[-1]), receiver), (0, receiver)]
+            if layer > 0:
+                picked.append((int(senders[len(senders) // 2]), receiver))
+    return torch.tensor(sorted(set(picked)))
+
+
+@pytest.mark.parametrize(("kind", "kv_edges"), [("mha-mlp", "grouped"), ("gqa-ln-mlp", "grouped"),
+                                                ("gqa-ln-mlp", "per-query-head"), ("attn-only", "grouped")])
+def test_a_single_edge_pass_resumed_at_its_receivers_layer_equals_the_full_pass(kind, kv_edges):
+    runner = _runner(kind, kv_edges)
+    assert runner.adapter.can_resume
+    edges = _edges_into_every_layer(runner)
+    kept = runner.graph.allowed[None].repeat(len(edges), 1, 1)
+    kept[torch.arange(len(edges)), edges[:, 0], edges[:, 1]] = False
+    _ = runner.corrupted
+    before = runner.passes
+    full = runner.edge_metric(kept)
+    full_passes = runner.passes - before
+    before = runner.passes
+    resumed = runner.single_edge_metric(edges)
+    resumed_passes = runner.passes - before
+    torch.testing.assert_close(resumed, full, rtol=0, atol=1e-5)
+    assert not torch.equal(full, torch.full_like(full, float(runner.clean["metric"].mean())))  # edges that matter
+    # each edge counts its receiver layer's share (the logits' edges: the last layer), its copies as the full pass's
+    graph = runner.graph
+    layer_of = {r: layer for (_, layer), cols in graph.receiver_slices.items() for r in range(cols.start, cols.stop)}
+    if kv_edges == "grouped":
+        assert full_passes == len(edges)
+        share = sum((LAYERS - min(layer_of[int(r)], LAYERS - 1)) / LAYERS for r in edges[:, 1])
+        assert resumed_passes == pytest.approx(share)
+    assert resumed_passes < full_passes
+
+
+def test_a_model_that_cannot_resume_runs_the_full_single_edge_pass(monkeypatch):
+    runner = _runner("mha-mlp")
+    edges = _edges_into_every_layer(runner)[:5]
+    monkeypatch.setattr(type(runner.adapter), "can_resume", property(lambda self: False))
+    _ = runner.corrupted
+    before = runner.passes
+    values = runner.single_edge_metric(edges)
+    assert runner.passes - before == len(edges)
+    kept = runner.graph.allowed[None].repeat(len(edges), 1, 1)
+    kept[torch.arange(len(edges)), edges[:, 0], edges[:, 1]] = False
+    torch.testing.assert_close(values, runner.edge_metric(kept), rtol=0, atol=1e-6)
+
+
+def test_single_edge_metric_refuses_what_is_not_an_edge():
+    from circuitkit import CircuitkitError
+
+    runner = _runner("attn-only")
+    logits = runner.graph.logits_index
+    with pytest.raises(CircuitkitError, match="indices of edges of the graph"):
+        runner.single_edge_metric(torch.tensor([[len(runner.graph.senders) - 1, 0]]))  # a late head into layer 0
+    with pytest.raises(CircuitkitError, match=r"\[n, 2\]"):
+        runner.single_edge_metric(torch.tensor([0, logits]))
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp"])
+def test_a_node_set_patched_from_a_layer_up_resumes_there(kind, monkeypatch):
+    runner = _runner(kind)
+    L, H = LAYERS, runner.spec.n_heads
+    heads = torch.zeros(3, L, H, dtype=torch.bool)
+    heads[0, 1, 2] = True  # from layer 1
+    heads[1, 2, :] = True  # from layer 2
+    heads[2, 1:, 1] = True
+    _ = runner.corrupted
+    resumed_before = runner.passes
+    resumed = runner.node_metric(heads, None, per_pair=True)
+    resumed_passes = runner.passes - resumed_before
+    assert resumed_passes == pytest.approx((2 + 1 + 2) / L)  # each set from its lowest patched layer
+    extra = torch.zeros(1, L, H, dtype=torch.bool)
+    extra[0, 0, 3] = True  # a set from layer 0: a full pass
+    before = runner.passes
+    both = runner.node_metric(torch.cat([heads, extra]), None, per_pair=True)
+    assert runner.passes - before == pytest.approx(resumed_passes + 1)
+    torch.testing.assert_close(resumed, both[:3], rtol=0, atol=0)
+    monkeypatch.setattr(type(runner.adapter), "can_resume", property(lambda self: False))
+    before = runner.passes
+    full = runner.node_metric(torch.cat([heads, extra]), None, per_pair=True)
+    assert runner.passes - before == 4
+    torch.testing.assert_close(resumed, full[:3], rtol=0, atol=1e-5)
+    torch.testing.assert_close(both[3], full[3], rtol=0, atol=1e-5)
+
+
+def _autograd_nodes(tensor: torch.Tensor) -> int:
+    seen, todo = set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        todo += [next_fn for next_fn, _ in node.next_functions]
+    return len(seen)
+
+
+def test_the_clean_runs_backward_reaches_only_the_tail_and_counts_one_pass(monkeypatch):
+    """Direct logit attribution's backward starts at a detached leaf at the last block's output: its autograd graph
+    is the same size on a 1-layer and a 4-layer model (the final norm and the unembedding), so the clean run is
+    one pass."""
+    sizes = {}
+    for layers in (1, 4):
+        adapter = adapt(boot_bridge(attn_only=False, n_layers=layers, d_vocab=50, seed=3, normalization_type="LN"))
+        runner = TaskRunner(adapter, Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter), "logit_diff",
+                            mlps=True, ablation="corrupted")
+        grads: list[int] = []
+        real_grad = torch.autograd.grad
+
+        def counting(outputs, inputs, *args, grads=grads, real_grad=real_grad, **kwargs):
+            grads.append(_autograd_nodes(outputs))
+            return real_grad(outputs, inputs, *args, **kwargs)
+
+        monkeypatch.setattr(torch.autograd, "grad", counting)
+        assert runner.clean["dla"] is not None and runner.passes == 1.0
+        monkeypatch.setattr(torch.autograd, "grad", real_grad)
+        assert len(grads) == 1
+        sizes[layers] = grads[0]
+        _ = runner.corrupted
+        assert runner.passes == 2.0
+    assert sizes[1] == sizes[4] < 40, sizes
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp", "attn-only"])
+def test_every_node_patched_is_the_corrupted_run_where_the_read_tokens_agree(kind):
+    """The oracle: the all-patched pass itself, pair by pair, against the corrupted run's metric."""
+    runner = _runner(kind)
+    assert runner.every_node_patched_is_corrupted()  # toy_pairs corrupt token 1, never the last one
+    L, H = LAYERS, runner.spec.n_heads
+    every = {"head": torch.ones(1, L, H, dtype=torch.bool)}
+    if kind != "attn-only":
+        every["mlp"] = torch.ones(1, L, 1, dtype=torch.bool)
+    for patched in (every, {"head": every["head"]}):  # with the MLPs patched too, or recomputed
+        values = runner.patched_metric(patched, per_pair=True)[0]
+        torch.testing.assert_close(values, runner.corrupted["metric"], rtol=0, atol=1e-5)
+    one_head_kept = {"head": every["head"].clone()}
+    one_head_kept["head"][0, L - 1, 0] = False
+    assert not torch.allclose(runner.patched_metric(one_head_kept, per_pair=True)[0], runner.corrupted["metric"],
+                              atol=1e-4)
+
+
+def test_the_all_patched_pass_runs_where_it_is_not_the_corrupted_run():
+    pairs = toy_pairs()
+    clean, corrupted, answer, wrong = pairs[2]
+    corrupted = list(corrupted)
+    corrupted[-1] = (clean[-1] + 3) % 50  # one pair's last token corrupted: its read position differs
+    pairs[2] = (clean, corrupted, answer, wrong)
+    adapter = adapt(boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3))
+    batch = Task.from_pairs(pairs, name="toy").tokenize(adapter)
+    runner = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
+    assert not runner.every_node_patched_is_corrupted()
+    plain = Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter)
+    for ablation in ("mean", "zero", "clean_mean"):
+        runner = TaskRunner(adapter, plain, "logit_diff", mlps=True, ablation=ablation)
+        assert not runner.every_node_patched_is_corrupted()
+
+
+def _search_both_sets(monkeypatch, *, saving=None, resumable=True, shortcut=True):
+    """The node search and the held-out curve on a tiny model with MLPs; which node passes ran (``True``: every
+    node patched), the passes counted, the figures."""
+    from circuitkit.tasks.circuit import node_circuit
+    from circuitkit.tasks.scan import _other_set
+
+    runner, held = _runner("mha-mlp"), _runner("mha-mlp")
+    scores = runner.node_gradients(2)
+    if saving is not None:
+        monkeypatch.setattr(TaskRunner, "resume_saving", lambda self, patched: saving)
+    if not resumable:
+        monkeypatch.setattr(type(runner.adapter), "can_resume", property(lambda self: False))
+    if not shortcut:
+        monkeypatch.setattr(TaskRunner, "every_node_patched_is_corrupted", lambda self: False)
+    _ = runner.corrupted, held.corrupted
+    before = runner.passes + held.passes
+    every: list[bool] = []
+    real = TaskRunner._node_pass
+
+    def spying(self, patched, *args, **kwargs):
+        every.extend(all(bool(mask[s].all()) for mask in patched.values())
+                     for s in range(next(iter(patched.values())).shape[0]))
+        return real(self, patched, *args, **kwargs)
+
+    monkeypatch.setattr(TaskRunner, "_node_pass", spying)
+    found = node_circuit(runner, scores, 0.8, "abs")
+    other = _other_set(held, "evaluation", found.curve, len(found.heads), scores, "abs", False, ())
+    monkeypatch.undo()
+    return every, runner.passes + held.passes - before, found, other
+
+
+def test_the_all_patched_pass_runs_only_where_it_pays_and_every_figure_stays(monkeypatch):
+    """Where every node patched is the corrupted run, its pass runs only where the passes resuming from it save
+    more than it costs; either way (and with full passes only, the old way) the same figures."""
+    old_every, old_passes, old, old_other = _search_both_sets(monkeypatch, resumable=False, shortcut=False)
+    assert sum(old_every) == 2  # the old way: one all-patched pass on each set
+    skipped_every, skipped_passes, skipped, skipped_other = _search_both_sets(monkeypatch, saving=0.0,
+                                                                             resumable=False)
+    assert not any(skipped_every) and skipped_passes == old_passes - 2
+    ran_every, ran_passes, ran, ran_other = _search_both_sets(monkeypatch, saving=2.0)
+    assert sum(ran_every) == 2 and ran_passes < old_passes  # recorded once per set, and the others resume from it
+    chosen_every, chosen_passes, _, _ = _search_both_sets(monkeypatch)  # the runner's own choice: the cheaper
+    assert chosen_passes <= min(skipped_passes, ran_passes) + 1e-9
+    for found, other in ((skipped, skipped_other), (ran, ran_other)):
+        assert found.heads == old.heads and [p.size for p in found.curve] == [p.size for p in old.curve]
+        for a, b in zip(found.curve, old.curve, strict=True):
+            assert a.faithfulness == pytest.approx(b.faithfulness, abs=1e-5)
+        assert found.all_patched == pytest.approx(old.all_patched, abs=1e-5)
+        assert found.necessity == pytest.approx(old.necessity, abs=1e-5)
+        for key in ("faithfulness", "necessity", "metric_all_nodes_patched"):
+            assert other[key] == pytest.approx(old_other[key], abs=1e-5)
+        for a, b in zip(other["curve"], old_other["curve"], strict=True):
+            assert a["metric"] == pytest.approx(b["metric"], abs=1e-5)
+
+
+def test_a_node_pass_resumes_from_the_all_patched_run_below_its_lowest_kept_node():
+    """The oracle: the same sets in full passes (a fresh runner that cannot resume)."""
+    runner = _runner("gqa-ln-mlp")
+    L, H = LAYERS, runner.spec.n_heads
+    patched = torch.ones(3, L, H, dtype=torch.bool)
+    patched[0, 2, 1] = False  # keeps a head of layer 2 only
+    patched[1, 1, :] = False
+    patched[2, 2, 0] = patched[2, 0, 3] = False  # keeps one of layer 0: a full pass
+    _ = runner.corrupted
+    every = runner.record_all_patched(("head",))
+    before = runner.passes
+    assert runner.node_starts({"head": patched}) == [(2, "patched"), (1, "patched"), (0, "full")]
+    resumed = runner.node_metric(patched, None, per_pair=True)
+    assert runner.passes - before == pytest.approx((1 + 2) / L + 1)
+    plain = _runner("gqa-ln-mlp")
+    plain.adapter.__class__ = type("NoResume", (type(plain.adapter),), {"can_resume": False})
+    full = plain.node_metric(patched, None, per_pair=True)
+    torch.testing.assert_close(resumed, full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(every, plain.node_metric(torch.ones(1, L, H, dtype=torch.bool), None,
+                                                        per_pair=True)[0], rtol=0, atol=1e-5)
+
+
+def test_a_scans_stages_count_what_ran(monkeypatch):
+    """A scan on a tiny model with MLPs, its stages' passes recounted from what ran: the clean run one pass, the
+    edge stage's whole copies (MIB's sizes under both rankings, the bisection) plus each exact effect's share of the
+    layers from its receiver's layer (into the logits: the last layer)."""
+    from circuitkit.tasks import scan_task
+
+    model = boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3)
+    copies: list[int] = []
+    real = TaskRunner.edge_metric
+
+    def counting(self, kept):
+        copies.append(kept.shape[0])
+        return real(self, kept)
+
+    monkeypatch.setattr(TaskRunner, "edge_metric", counting)
+    scan = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), target=0.8, n_resamples=20, holdout=0)
+    ran = {stage.name: stage.passes for stage in scan.stages}
+    assert ran["clean"] == 1.0 and ran["corrupted"] == 1.0 and ran["attribute"] == 3 * scan.settings["ig_steps"]
+    effects = scan.circuit.edge_effects
+    assert len(effects) == 8
+
+    def receiver_layer(name: str) -> int:
+        receiver = name.split("->")[1]
+        return LAYERS if receiver == "logits" else int(receiver[1:]) if receiver.startswith("m") else \
+            int(receiver.split(".")[0])
+
+    shares = sum((LAYERS - min(receiver_layer(e.name), LAYERS - 1)) / LAYERS for e in effects)
+    assert ran["edges"] == pytest.approx(sum(copies) + shares)
+    assert shares < len(effects)  # some receiver past layer 0: the old count (one pass each) is more
