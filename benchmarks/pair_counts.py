@@ -56,6 +56,7 @@ class Parts:
         self.graph, self.spec, self.metric_name = first.graph, first.spec, first.metric_name
         self.node_types = first.node_types
         self.clean = {"metric": torch.cat([r.clean["metric"] for r in runners])}
+        self.corrupted = {"metric": torch.cat([r.corrupted["metric"] for r in runners])}
         self.batch = SimpleNamespace(n_pairs=sum(r.batch.n_pairs for r in runners))
         self._counted = 0.0  # passes counted on the parts as a whole (the coarse search's share of a pass)
 
@@ -66,6 +67,18 @@ class Parts:
     @passes.setter
     def passes(self, value: float) -> None:
         self._counted += value - self.passes
+
+    def every_node_patched_is_corrupted(self) -> bool:
+        return all(r.every_node_patched_is_corrupted() for r in self.runners)
+
+    def resume_saving(self, patched: Any) -> float:
+        """Passes saved per part (each part's pass costs the same share): as one runner's."""
+        return self.runners[0].resume_saving(patched)
+
+    def record_all_patched(self, names: tuple[str, ...]) -> Any:
+        import torch
+
+        return torch.cat([r.record_all_patched(names) for r in self.runners])
 
     def first_pairs(self, k: int) -> "Parts":
         """The first ``k`` pairs (the coarse search's subset): whole parts, then the first pairs of the next."""
