@@ -138,6 +138,7 @@ def eap_setup(folder: Path) -> dict[str, Any]:
     """Runs under the EAP-IG environment: the model in ``HookedTransformer``, EAP-IG's modules adapted (module
     docstring), the pairs as one batch, the metric, the baselines; a dict of all of them."""
     import types
+    from importlib import metadata
 
     import torch
 
@@ -148,7 +149,6 @@ def eap_setup(folder: Path) -> dict[str, Any]:
 
     import eap.attribute
     import eap.evaluate
-    import transformer_lens
     import transformer_lens.loading_from_pretrained as loading
     from eap.evaluate import evaluate_baseline
     from transformer_lens import HookedTransformer
@@ -176,7 +176,8 @@ def eap_setup(folder: Path) -> dict[str, Any]:
     model.cfg.ungroup_grouped_query_attention = True
     model.eval()
     info: dict[str, Any] = {"load_seconds": time.perf_counter() - started, "torch": torch.__version__,
-                            "transformer_lens": getattr(transformer_lens, "__version__", ""),
+                            "transformer_lens": metadata.version("transformer-lens"),
+                            "transformers": metadata.version("transformers"),
                             "rotary_base": cfg.rotary_base}
     log(f"EAP-IG half: HookedTransformer loaded in {info['load_seconds']:.0f} s")
 
