@@ -5,28 +5,29 @@ pairs as token ids, the same metric, the same per-query-head graph, on a real gr
         --eap-python /work/eapvenv/bin/python [--pairs 16] [--steps 5] [--target 0.8] \\
         [--json benchmarks/results/eap_ig_official_qwen.json]
 
-Two halves in one process tree. This process (circuitkit's environment) builds IOI (``tasks.ioi(model, n, seed=0)``),
-tokenizes it with the model's own tokenizer and writes the token ids (clean, corrupted, each pair's last position,
-answer and wrong ids) and its model's logits at every real position to a scratch folder. It then runs circuitkit
-(``TaskRunner`` with ``kv_edges="per-query-head"``, EAP-IG's graph): plain EAP (the gradient at the clean run,
-``steps=1, points="right"``), EAP-IG (``--steps`` points at EAP-IG's own places, ``points="left"``), and the edge
-circuit of the EAP-IG scores (``tasks.circuit.edge_circuit``: MIB's sizes under both rankings, the smallest top-k by
-absolute score reaching ``--target``, bisected to within 1/64 of k).
+One process tree, one model run at a time. This process (circuitkit's environment) builds IOI
+(``tasks.ioi(model, n, seed=0)``), tokenizes it with the model's own tokenizer and writes the token ids (clean,
+corrupted, each pair's last position, answer and wrong ids) and its model's logits at every real position to a
+scratch folder. Then, in order:
 
-The other half runs under ``--eap-python`` (an environment with TransformerLens 2.x and EAP-IG installed; the
-``eap`` package is imported at run time, none of its code is here): ``this_file --half eap --exchange DIR``. It loads
-the same local weights into TransformerLens' ``HookedTransformer`` (config and weights through TransformerLens' own
-Qwen2 converter; ``use_split_qkv_input``, ``use_attn_result``, ``use_hook_mlp_in``,
-``ungroup_grouped_query_attention`` set as EAP-IG's README asks), compares its logits with circuitkit's, and runs
-EAP-IG's ``Graph.from_model``, ``attribute(method="EAP")`` and ``attribute(method="EAP-IG-inputs", ig_steps=steps)``
-with the metric of EAP-IG's IOI notebook (``logit_diff``: answer minus wrong logit at each pair's last position,
-negated for attribution as the notebook does), all pairs in one batch. Its circuit: the smallest ``n`` whose
-``graph.apply_topn(n, absolute=True)`` (pruned, as the notebook) reaches ``--target`` in EAP-IG's own
-``evaluate_graph`` against ``evaluate_baseline``, found the same way (MIB's sizes, then bisection to within 1/64 of
-n); MIB's curves (top ``int(x E)`` edges at MIB's fractions, ranked by absolute and by signed score) give its CMD and
-CPR (``tasks.circuit.mib_areas``, the formulas of MIB's ``evaluation.py``). It also evaluates circuitkit's circuit
-in EAP-IG's evaluator; this half then evaluates EAP-IG's circuit (as ranked, and as pruned) in circuitkit's edge
-pass.
+1. **EAP-IG** (``--eap-python``: an environment with TransformerLens 2.x and EAP-IG installed; the ``eap`` package
+   is imported at run time, none of its code is here): ``this_file --half eap --exchange DIR`` loads the same local
+   weights into TransformerLens' ``HookedTransformer`` (config and weights through TransformerLens' own Qwen2
+   converter; ``use_split_qkv_input``, ``use_attn_result``, ``use_hook_mlp_in``,
+   ``ungroup_grouped_query_attention`` set as EAP-IG's README asks), compares its logits with circuitkit's, and runs
+   EAP-IG's ``Graph.from_model``, ``attribute(method="EAP")`` and ``attribute(method="EAP-IG-inputs",
+   ig_steps=steps)`` with the metric of EAP-IG's IOI notebook (``logit_diff``: answer minus wrong logit at each
+   pair's last position, negated for attribution as the notebook does), all pairs in one batch. Its circuit: the
+   smallest ``n`` whose ``graph.apply_topn(n, absolute=True)`` (pruned, as the notebook) reaches ``--target`` in
+   EAP-IG's own ``evaluate_graph`` against ``evaluate_baseline``: MIB's sizes (top ``int(x E)`` edges at MIB's
+   fractions, ranked by absolute and by signed score: the curves of MIB's CMD and CPR, computed here with
+   ``tasks.circuit.mib_areas``), then bisection to within 1/64 of n, as circuitkit searches.
+2. **circuitkit** (``TaskRunner`` with ``kv_edges="per-query-head"``, EAP-IG's graph): plain EAP (the gradient at
+   the clean run, ``steps=1, points="right"``), EAP-IG (``--steps`` points at EAP-IG's own places,
+   ``points="left"``), the edge circuit of the EAP-IG scores (``tasks.circuit.edge_circuit``), and EAP-IG's circuit
+   (as ranked, and as pruned) measured in circuitkit's edge pass.
+3. circuitkit's circuit in EAP-IG's evaluator (``--half eap-eval``: its edges put on top of a ranking, then
+   ``apply_topn`` and ``evaluate_graph`` as for any circuit).
 
 Three things are adapted at run time in the EAP-IG half, none changing what it computes: its ``tokenize_plus`` (which
 tokenizes strings, BOS first) is replaced by one returning circuitkit's token ids with the attention mask and
