@@ -347,6 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--json", default="benchmarks/results/eap_ig_official_qwen.json")
+    parser.add_argument("--grouped", action="store_true",
+                        help="only add circuitkit's circuit on its default grouped graph (the same pairs and points) "
+                             "to the JSON of an earlier run, measured in EAP-IG's evaluator too")
     parser.add_argument("--half", choices=("ck", "eap", "eap-eval"), default="ck", help=argparse.SUPPRESS)
     parser.add_argument("--exchange", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -407,6 +410,15 @@ def main(argv: list[str] | None = None) -> None:
         got = json.loads((scratch / result).read_text())
         got["wall_seconds"] = time.perf_counter() - t0
         return got
+
+    if args.grouped:
+        out["grouped"] = grouped_reference(runner_args=(adapter, batch, task), steps=args.steps, target=args.target,
+                                           scratch=scratch, eap=eap)
+        earlier = json.loads(path.read_text())
+        earlier["grouped"] = out["grouped"]
+        write_json_atomic(path, earlier)
+        print(json.dumps({k: v for k, v in out["grouped"].items() if k != "edges"}, indent=1))
+        return
 
     # EAP-IG first (its scores, circuit, curves), then circuitkit on the same ids, each alone on the cores
     eap_out = eap("eap", "eap_out.json")
@@ -486,6 +498,41 @@ def main(argv: list[str] | None = None) -> None:
     out["seconds"] = time.perf_counter() - started
     write_json_atomic(path, out)
     summary(out)
+
+
+def expand_grouped(name: str, group: int) -> list[str]:
+    """A grouped edge (circuitkit's name) as EAP-IG's edges: an edge into key/value group ``g``'s keys or values
+    (``->L.gG:k``) is the edges into those of its ``group`` query heads ``g * group .. (g + 1) * group - 1``."""
+    sender, receiver = name.split("->")
+    if ".g" not in receiver:
+        return [ck_to_eap(name)]
+    layer, rest = receiver.split(".g")
+    g, channel = rest.split(":")
+    return [ck_to_eap(f"{sender}->{layer}.{h}:{channel}") for h in range(int(g) * group, (int(g) + 1) * group)]
+
+
+def grouped_reference(runner_args: tuple, steps: int, target: float, scratch: Path, eap: Any) -> dict[str, Any]:
+    """circuitkit's circuit on its default graph (``kv_edges="grouped"``): EAP-IG's scores at ``steps`` points, the
+    edge circuit at ``target``, its size in EAP-IG's edges and its faithfulness in EAP-IG's evaluator."""
+    from circuitkit.tasks.circuit import edge_circuit
+    from circuitkit.tasks.graph import TaskRunner
+
+    adapter, batch, task = runner_args
+    group = adapter.spec.n_heads // adapter.spec.n_kv_heads
+    runner = TaskRunner(adapter, batch, task.metric, mlps=True, ablation=task.ablation, kv_edges="grouped")
+    t0 = time.perf_counter()
+    scores, _ = runner.edge_gradients(steps, "left")
+    attribution = time.perf_counter() - t0
+    t0, passes0 = time.perf_counter(), runner.passes
+    names, faith, _, cpr, cmd, _, n_edges, _ = edge_circuit(runner, scores, target, "abs")
+    seconds = time.perf_counter() - t0
+    expanded = sorted({e for name in names for e in expand_grouped(name, group)})
+    log(f"grouped: circuit of {len(names)} edges ({len(expanded)} of EAP-IG's), faithfulness {faith:.4f}")
+    (scratch / "ck_circuit.json").write_text(json.dumps({"edges": expanded}))
+    return {"edges_total": n_edges, "circuit_edges": len(names), "circuit_eap_ig_edges": len(expanded),
+            "faithfulness": faith, "cmd": cmd, "cpr": cpr, "attribution_seconds": attribution,
+            "circuit_seconds": seconds, "circuit_passes": runner.passes - passes0,
+            "in_eap_ig": eap("eap-eval", "eap_ck.json"), "edges": sorted(names)}
 
 
 def summary(out: dict[str, Any]) -> None:
