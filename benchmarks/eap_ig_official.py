@@ -29,6 +29,9 @@ scratch folder. Then, in order:
 3. circuitkit's circuit in EAP-IG's evaluator (``--half eap-eval``: its edges put on top of a ranking, then
    ``apply_topn`` and ``evaluate_graph`` as for any circuit).
 
+``--grouped`` (after a run): only circuitkit's circuit on its default grouped graph, for reference: its size in
+grouped edges and in EAP-IG's (:func:`expand_grouped`), its faithfulness in both evaluators; added to the JSON.
+
 Three things are adapted at run time in the EAP-IG half, none changing what it computes: its ``tokenize_plus`` (which
 tokenizes strings, BOS first) is replaced by one returning circuitkit's token ids with the attention mask and
 lengths its own helper returns (right padding); its score matrices, allocated with ``device='cuda'``, go to the
