@@ -51,6 +51,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -421,6 +422,7 @@ def main(argv: list[str] | None = None) -> None:
         earlier["grouped"] = out["grouped"]
         write_json_atomic(path, earlier)
         print(json.dumps({k: v for k, v in out["grouped"].items() if k != "edges"}, indent=1))
+        shutil.rmtree(scratch)
         return
 
     # EAP-IG first (its scores, circuit, curves), then circuitkit on the same ids, each alone on the cores
@@ -500,6 +502,7 @@ def main(argv: list[str] | None = None) -> None:
     ck["circuit"]["in_eap_ig"] = eap("eap-eval", "eap_ck.json")
     out["seconds"] = time.perf_counter() - started
     write_json_atomic(path, out)
+    shutil.rmtree(scratch)  # kept where a step failed, to look at
     summary(out)
 
 
