@@ -148,7 +148,7 @@ def eap_setup(folder: Path) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    data = torch.load(folder / "pairs.pt")
+    data = torch.load(folder / "pairs.pt", weights_only=True)
     request = json.loads((folder / "request.json").read_text())
     started = time.perf_counter()
 
@@ -271,7 +271,7 @@ def eap_half(folder: Path) -> None:
     model, out = setup["model"], dict(setup["info"])
     with torch.inference_mode():  # the logits against circuitkit's, at every real position
         logits = model(setup["clean_tokens"], attention_mask=setup["mask"])
-    ck_logits = torch.load(folder / "ck_logits.pt")
+    ck_logits = torch.load(folder / "ck_logits.pt", weights_only=True)
     out["logits_max_abs_difference"] = float((logits[setup["mask"].bool()] - ck_logits).abs().max())
     out["logits_max_abs"] = float(ck_logits.abs().max())
     log(f"EAP-IG half: logits differ from circuitkit's by at most {out['logits_max_abs_difference']:.3g}")
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
         log(f"circuitkit: {method} in {ck[f'{method}_seconds']:.0f} s")
 
     # scores, edge by edge
-    eap_scores = torch.load(scratch / "eap_scores.pt")
+    eap_scores = torch.load(scratch / "eap_scores.pt", weights_only=True)
     position = {name: i for i, name in enumerate(eap_scores["names"])}
     mapped = [ck_to_eap(e) for e in edge_names]
     unmatched = [e for e in mapped if e not in position]
