@@ -68,17 +68,10 @@ class Parts:
     def passes(self, value: float) -> None:
         self._counted += value - self.passes
 
-    def every_node_patched_is_corrupted(self) -> bool:
-        return all(r.every_node_patched_is_corrupted() for r in self.runners)
-
-    def resume_saving(self, patched: Any) -> float:
-        """Passes saved per part (each part's pass costs the same share): as one runner's."""
-        return self.runners[0].resume_saving(patched)
-
-    def record_all_patched(self, names: tuple[str, ...]) -> Any:
+    def all_patched_metric(self, names: tuple[str, ...], then: Any) -> Any:
         import torch
 
-        return torch.cat([r.record_all_patched(names) for r in self.runners])
+        return torch.cat([r.all_patched_metric(names, then) for r in self.runners])
 
     def first_pairs(self, k: int) -> "Parts":
         """The first ``k`` pairs (the coarse search's subset): whole parts, then the first pairs of the next."""

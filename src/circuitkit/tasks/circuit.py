@@ -386,15 +386,11 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
     first_sizes = [n for n in geometric_sizes(min(len(order), COARSE_AFTER)) if n < len(order)]
     probe = {name: torch.stack([masks(order[:n])[name] for n in first_sizes]) for name in shapes} if first_sizes \
         else None
-    if runner.every_node_patched_is_corrupted() and (probe is None or runner.resume_saving(probe) <= 1.0):
-        per_pair[0] = runner.corrupted["metric"]
-        all_patched = float(per_pair[0].mean())
-    else:
-        before = runner.passes
-        per_pair[0] = runner.record_all_patched(tuple(shapes))
-        all_patched = float(per_pair[0].mean())
-        if progress is not None:
-            progress(runner.passes - before)
+    before = runner.passes
+    per_pair[0] = runner.all_patched_metric(tuple(shapes), probe)
+    all_patched = float(per_pair[0].mean())
+    if progress is not None and runner.passes > before:
+        progress(runner.passes - before)
     check_gap(clean, all_patched, runner.metric_name)
     metrics: dict[int, float] = {0: all_patched, len(order): clean}
 

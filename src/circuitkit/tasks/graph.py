@@ -540,6 +540,16 @@ class TaskRunner:
                    for name in names}
         return self._node_pass(patched, (0, "full"), record=self.adapter.can_resume)[0]
 
+    def all_patched_metric(self, names: tuple[str, ...], then: dict[str, Tensor] | None) -> Tensor:
+        """Each pair's metric with every node of the types ``names`` patched, ``[pair]``: the corrupted run's where
+        that is what it is (:meth:`every_node_patched_is_corrupted`) and the sets measured next (``then``, as
+        :meth:`patched_metric` takes them; None: none) would not save more than its one pass by resuming from it
+        (:meth:`resume_saving`); else the pass itself, recorded for them to resume from
+        (:meth:`record_all_patched`)."""
+        if self.every_node_patched_is_corrupted() and (then is None or self.resume_saving(then) <= 1.0):
+            return self.corrupted["metric"]
+        return self.record_all_patched(names)
+
     def resume_saving(self, patched: dict[str, Tensor]) -> float:
         """The passes the sets of ``patched`` would save by resuming from the run with every node of their types
         patched (:meth:`record_all_patched`) rather than from the clean run only: what that run is worth."""

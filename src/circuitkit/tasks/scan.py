@@ -790,8 +790,8 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
                types: dict[str, Tensor] | None = None) -> dict[str, Any]:
     """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
     same top-``n`` node sets, one stacked pass; ``total``, every node kept, is the clean run, and every node patched
-often the corrupted run: not run again), the
-    chosen circuit's (``n`` nodes) faithfulness and necessity, and the edge circuit's faithfulness (one pass).
+    often the corrupted run: neither run again), the chosen circuit's (``n`` nodes) faithfulness and necessity, and
+    the edge circuit's faithfulness (one pass).
     ``types``: the further node types' scores (``[layer, nodes]`` by type), ranked with the heads."""
     from circuitkit.tasks.circuit import faithfulness_of, node_masks, sender_scores, typed_order
 
@@ -803,12 +803,8 @@ often the corrupted run: not run again), the
     run = [k for k in sizes if 0 < k and (total is None or k < total)]
     built = [node_masks(order[:k], shapes) for k in run]
     stacked = {k: torch.stack([b[k] for b in built]) for k in shapes} if run else None
-    # every node patched (size 0): the corrupted run where it is that, unless the other sizes' passes resuming from
-    # it save more than it costs; where it runs, they resume from it
-    if other.every_node_patched_is_corrupted() and (stacked is None or other.resume_saving(stacked) <= 1.0):
-        known = {0: float(other.corrupted["metric"].mean())}
-    else:
-        known = {0: float(other.record_all_patched(tuple(shapes)).mean())}
+    # every node patched (size 0): the corrupted run where it is that and pays; where it runs, the sizes resume from it
+    known = {0: float(other.all_patched_metric(tuple(shapes), stacked).mean())}
     measured = other.patched_metric(stacked).tolist() if run else []
     # only the circuit patched (necessity): a pass of its own, which resumes at the circuit's lowest layer
     only = float(other.patched_metric({k: (~v)[None] for k, v in node_masks(order[:n], shapes).items()})[0])
