@@ -243,10 +243,8 @@ class TaskScan:
         import re
 
         text = "\n".join(self._lines())
-        found = [meaning for pattern, meaning in LEGEND if re.search(pattern, text)]
-        if re.search(r"\bDLA\b", text):
-            found.insert(len(found) - bool(re.search("IOI roles", text)),
-                         f"DLA = direct logit attribution, {dla_meaning(self.task.metric)}")
+        found = [meaning(self) if callable(meaning) else meaning for pattern, meaning in LEGEND
+                 if re.search(pattern, text)]
         found += [kind["describe"] for kind in self.nodes.values() if kind.get("describe")
                   and any(label in text for row in kind["labels"] for label in row)]
         return "Legend: " + "; ".join(found) + "." if found else ""
@@ -310,11 +308,13 @@ LEGEND = (
     (r"\bCMD\b", "CMD = area between 1 and the curve of the edges by absolute score (MIB's circuit-model "
                 "distance; lower is better)"),
     (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
+    (r"\bDLA\b", lambda scan: f"DLA = direct logit attribution, {dla_meaning(scan.task.metric)}"),
     (r"IOI roles", "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): name mover DLA > 0 and "
                    "io_attention > 0; negative name mover DLA < 0 and io_attention > 0; S-inhibition an edge into a "
                    "name mover's query; duplicate-token / induction / previous-token a pattern score >= 0.3"),
 )
-"""Abbreviations of a task answer and their meaning (:meth:`TaskScan.legend` lists those that appear)."""
+"""Abbreviations of a task answer and their meaning, a text or a function of the scan (:meth:`TaskScan.legend` lists
+those that appear)."""
 
 
 def _roles_json(scan: TaskScan) -> dict[str, list[str]] | None:
