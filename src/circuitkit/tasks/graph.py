@@ -978,22 +978,33 @@ class TaskRunner:
         kept_f = None if kept is None else kept.to(corrupt_out.dtype)
         attention_patch: dict[int, Tensor | None] = {}  # layer -> [S, R_qkv, B, P, d], computed at its q hook
 
-        def record(index: int, current: Tensor) -> None:
+        def record(first: int, current: Tensor) -> None:
+            """``current`` ``[n, S, B, P, d]``: the outputs of the ``n`` senders from index ``first`` on, their
+            deltas written as one block (a layer's heads together: on a GPU the kernels launched per head were
+            what an edge pass's time went to). The total adds them one sender at a time, in sender order: the
+            same sums, bit for bit, as recording each sender alone."""
             if deltas is not None:
-                deltas[:, index] = (corrupt_out[index][None] - current.view(S, B, P, d)).reshape(S, -1)
-                total[0] = deltas[:, index].clone() if total[0] is None else total[0] + deltas[:, index]
-                reached[0] = max(reached[0], index + 1)
+                n = current.shape[0]
+                block = (corrupt_out[first : first + n, None] - current).transpose(0, 1).reshape(S, n, -1)
+                deltas[:, first : first + n] = block
+                for j in range(n):
+                    total[0] = block[:, j].clone() if total[0] is None else total[0] + block[:, j]
+                reached[0] = max(reached[0], first + n)
 
         L = spec.n_layers
         if resume:  # the senders before the resumed layer, at their clean outputs (every edge there is kept)
             clean_out = self.clean["out"]
-            for index in range(graph.sender_slices[("head", resume)].start):
-                record(index, clean_out[index][None].expand(S, B, P, d))
+            n_before = graph.sender_slices[("head", resume)].start
+            record(0, clean_out[:n_before, None].expand(n_before, S, B, P, d))
 
         def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
             """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
+            # the masks are decided on the CPU; copied without a wait (a blocking copy would stall the pass)
+            if isinstance(senders, Tensor):
+                senders = senders.to(deltas.device, non_blocking=True)
             chosen = deltas[:, senders]  # a view for a prefix slice, a small gather otherwise
-            out = torch.bmm(weights.transpose(1, 2).to(chosen.dtype).to(chosen.device), chosen)  # [S, R, BPd]
+            weights = weights.transpose(1, 2).to(chosen.dtype).to(chosen.device, non_blocking=True)
+            out = torch.bmm(weights, chosen)  # [S, R, BPd]
             return out.view(S, -1, B, P, d)
 
         def patch_for(cols: slice) -> Tensor | None:
@@ -1030,7 +1041,7 @@ class TaskRunner:
             if layer == 0:
                 if start is not None:
                     x = each(start.to(x.dtype))
-                record(0, copy0(x))
+                record(0, copy0(x).reshape(1, S, B, P, d))
             resid[layer] = copy0(x)
             return x
 
@@ -1080,8 +1091,7 @@ class TaskRunner:
             if corrupt_out is not None:
                 layer = HOOKS.layer_of(hook.name)
                 head_out = torch.einsum("bphd,hdm->hbpm", copy0(z), self.W_O[layer].to(z.dtype))
-                for h in range(spec.n_heads):
-                    record(graph.sender_index(layer, h), head_out[h])
+                record(graph.sender_index(layer, 0), head_out.reshape(spec.n_heads, S, B, P, d))
             return z if split else None
 
         def mlp_in_hook(x: Tensor, hook: Any) -> Tensor:
@@ -1102,7 +1112,7 @@ class TaskRunner:
             return x
 
         def mlp_out_hook(x: Tensor, hook: Any) -> None:
-            record(graph.sender_index(HOOKS.layer_of(hook.name), None), copy0(x))
+            record(graph.sender_index(HOOKS.layer_of(hook.name), None), copy0(x).reshape(1, S, B, P, d))
 
         def final_hook(x: Tensor, hook: Any) -> Tensor:
             cols = slice(graph.logits_index, graph.logits_index + 1)
