@@ -243,3 +243,59 @@ def test_scan_task_counts_its_neuron_groups(model, monkeypatch):
     monkeypatch.setattr(type(adapter), "run", stop)
     with pytest.raises(FirstPass):  # the same memory lets the scan without neuron groups through
         scan_task(model, task)
+
+
+def test_the_sender_budget_is_the_floor_on_the_cpu_and_a_share_of_a_gpus_free_memory():
+    from circuitkit.tasks.graph import GPU_SENDER_SHARE, MAX_SENDER_BUDGET, SENDER_BUDGET, sender_budget
+
+    gib = 2**30
+    assert sender_budget("cpu", 500 * gib) == SENDER_BUDGET  # the CPU keeps its passes as they were
+    assert sender_budget("cuda", None) == SENDER_BUDGET  # free memory unknown
+    assert sender_budget("cuda", 4 * gib) == SENDER_BUDGET  # never below the floor
+    assert sender_budget("cuda:0", 139 * gib) == 139 * gib // GPU_SENDER_SHARE
+    assert sender_budget("cuda", 10_000 * gib) == MAX_SENDER_BUDGET
+
+
+def test_a_wider_budget_is_used_where_its_estimate_fits_else_the_floor(model, monkeypatch):
+    """On a GPU with room the check returns the wider budget (its edge stage counted with more copies); where only
+    the floor's estimate fits, the floor, and no refusal."""
+    n, pos = 40, 12
+    monkeypatch.setattr(task_memory, "SENDER_BUDGET", 1)  # the floor: one copy a pass
+    narrow = plan(model, n, pos, budget=1)
+    wide_budget = 64 * narrow.stages["edge patching"]  # room for every copy the edge search stacks
+    wide = plan(model, n, pos, budget=wide_budget)
+    assert wide.stages["edge patching"] > narrow.stages["edge patching"] and wide.total > narrow.total
+    monkeypatch.setattr(task_memory, "sender_budget", lambda device, available: wide_budget)
+    found = check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=wide.total)
+    assert found.budget == wide_budget and found.total == wide.total
+    found = check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=wide.total - 1)
+    assert found.budget == 1 and found.total == narrow.total
+    with pytest.raises(CircuitkitError, match=f"given {n} pairs"):
+        check_task_memory(model, n, pos, steps=3, mlps=True, edges=True, available=narrow.total - 1)
+
+
+def test_scan_task_runs_its_patching_with_the_budget_the_memory_plan_chose(model, monkeypatch):
+    """Wider passes are the same measurements in fewer passes: every figure equal (to float rounding: the stacked
+    batch is wider), the edge passes fewer."""
+    import circuitkit.tasks.graph as graph
+
+    task = Task.from_pairs(toy_pairs(12), name="toy")
+    calls = {"n": 0}
+    edge_pass = graph.TaskRunner._edge_pass
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        return edge_pass(self, *args, **kwargs)
+
+    monkeypatch.setattr(graph.TaskRunner, "_edge_pass", counted)
+    monkeypatch.setattr(graph, "SENDER_BUDGET", 1)  # one copy a pass: the floor of a model this small
+    monkeypatch.setattr(task_memory, "SENDER_BUDGET", 1)
+    narrow = scan_task(model, task, n_resamples=10)
+    narrow_calls, calls["n"] = calls["n"], 0
+    monkeypatch.setattr(task_memory, "sender_budget", lambda device, available: 2**30)
+    wide = scan_task(model, task, n_resamples=10)
+    assert calls["n"] < narrow_calls
+    a, b = narrow.circuit, wide.circuit
+    assert a.heads == b.heads and a.edges == b.edges and narrow.passes == pytest.approx(wide.passes, abs=1e-9)
+    assert b.edge_faithfulness == pytest.approx(a.edge_faithfulness, abs=1e-5)
+    assert [p.faithfulness for p in b.edge_curve] == pytest.approx([p.faithfulness for p in a.edge_curve], abs=1e-5)

@@ -67,7 +67,13 @@ EDGES_UNDEFINED = ("in this family a norm or a scale follows the attention, so a
 Gemma-2 edge through the sender layer's post-attention norm, recomputed per receiver with the missing edges' heads
 corrupted; circuitkit does not (yet) build that graph, so it measures no edge there rather than a different one."""
 SENDER_BUDGET = 2**30
-"""Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy)."""
+"""Bytes of sender outputs one edge pass may hold (every sender's delta, for each stacked copy): the floor, and the
+budget on the CPU (:func:`sender_budget`)."""
+GPU_SENDER_SHARE = 16
+MAX_SENDER_BUDGET = 16 * 2**30
+"""On a GPU the budget is the larger of :data:`SENDER_BUDGET` and ``1 / GPU_SENDER_SHARE`` of the memory free
+when the scan starts, at most this: a pass there costs its launches more than its arithmetic at these batch sizes
+(8 pairs of a 1B-shaped model: about 20 copies a pass rather than 1), so fewer, wider passes finish sooner."""
 MAX_COPIES = 32
 """Most stacked copies of the pairs in one patching pass."""
 IG_POINTS = ("left", "right")
@@ -75,6 +81,17 @@ DEFAULT_IG_POINTS = "left"
 """EAP-IG's own points (``get_scores_eap_ig`` in hannamw/EAP-IG ``src/eap/attribute.py``: ``k / steps`` for ``k``
 in ``range(0, steps)``), so that scores, and the circuits ranked by them, compare one to one with EAP-IG's and
 MIB's. Both are Riemann sums of the same path integral, with errors of the same order."""
+
+
+def sender_budget(device: torch.device | str, available: int | None) -> int:
+    """The bytes of stacked sender deltas one edge pass may hold on ``device`` with ``available`` bytes free (None:
+    unknown): :data:`SENDER_BUDGET` on the CPU and where the free memory is unknown; on a CUDA device up to
+    ``available / GPU_SENDER_SHARE``, at most :data:`MAX_SENDER_BUDGET`. More copies a pass never change a result,
+    only how many passes run (:mod:`circuitkit.pass_budget`); the memory plan counts the copies this allows and
+    falls back to the floor where they would not fit (:func:`~circuitkit.tasks.memory.check_task_memory`)."""
+    if torch.device(device).type != "cuda" or available is None:
+        return SENDER_BUDGET
+    return max(SENDER_BUDGET, min(MAX_SENDER_BUDGET, int(available) // GPU_SENDER_SHARE))
 
 
 def ig_alphas(steps: int, points: str) -> Tensor:
@@ -183,10 +200,12 @@ class TaskRunner:
     node a node circuit may keep or patch beside the heads and MLPs (:mod:`circuitkit.tasks.nodes`, e.g.
     :func:`~circuitkit.tasks.nodes.neuron_groups`); each is captured in both reference runs and scored by
     :meth:`attribute`; ``kv_edges``: key/value receivers per key/value head (``"grouped"``) or per query head
-    (``"per-query-head"``; module docstring)."""
+    (``"per-query-head"``; module docstring); ``budget``: the bytes of stacked sender deltas one patching pass
+    may hold (:func:`sender_budget`; the task scan's memory plan chooses it)."""
 
     def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str,
-                 node_types: tuple[NodeType, ...] = (), kv_edges: str = DEFAULT_KV_EDGES) -> None:
+                 node_types: tuple[NodeType, ...] = (), kv_edges: str = DEFAULT_KV_EDGES,
+                 budget: int = SENDER_BUDGET) -> None:
         if adapter.spec.bidirectional:
             raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
                                 "a causal language model (a task's metric is read at each prompt's last token, "
@@ -201,6 +220,7 @@ class TaskRunner:
         self.metric_name = metric_label(metric)
         self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
         self.ablation = ablation
+        self.budget = validate.integer("task circuit: budget", budget, minimum=1)
         self.graph = build_graph(adapter, mlps, kv_edges)
         # edges need each head's z @ W_O to be its contribution to the residual stream (EDGES_UNDEFINED)
         self.edges_defined = bool(adapter.additive_heads)
@@ -931,7 +951,7 @@ class TaskRunner:
         B, P = self.batch.clean.shape
         d = self.spec.d_model
         per_copy = B * P * d * 4 * (1 if node else len(self.graph.senders))
-        return copies_per_pass(per_copy, SENDER_BUDGET, max_copies=MAX_COPIES)
+        return copies_per_pass(per_copy, self.budget, max_copies=MAX_COPIES)
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,

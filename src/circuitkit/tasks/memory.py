@@ -24,7 +24,8 @@ position where the model unembeds only there, else all ``P``); every count in by
 - EAP-IG pull-back: the float32 difference of the runs' sender outputs ``4 U N P d``, the receivers' leaves and
   gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e``, and a layer's query cotangents pulled back through the
   attention norm, ``[H, S N, P, d]`` float32 with the norm's own buffers, ``32 H S N P d``;
-- edge patching (``C`` stacked copies: as many as :data:`~circuitkit.tasks.graph.SENDER_BUDGET` allows, at most 32
+- edge patching (``C`` stacked copies: as many as the sender budget allows (:func:`~circuitkit.tasks.graph.
+  sender_budget`: :data:`~circuitkit.tasks.graph.SENDER_BUDGET` on the CPU, more on a GPU with room), at most 32
   and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
   delta ``C U N P d e``, each layer's summed q/k/v patch ``C L (H + 2G) N P d e``, a layer's rebuilt query inputs
   through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
@@ -38,7 +39,7 @@ EAP-IG's node attribution adds a zero leaf to it, differentiates against it and 
 With ``N_e`` of the pairs held out for evaluation, ``N`` above is the others (attribution runs on them), and one
 stage more counts: the held-out runner's own outputs ``2 N_e P (U d + L (H d_head + d)) e`` beside the first's,
 plus the largest of its reference run and the patching passes on either set after the search (node patching with
-as many stacked circuits as ``SENDER_BUDGET`` allows, at most 32; edge patching as above), on ``max(N, N_e)`` pairs.
+as many stacked circuits as the sender budget allows, at most 32; edge patching as above), on ``max(N, N_e)`` pairs.
 
 The estimate is ``MARGIN * (resident + the largest stage) + FIXED``. :data:`MARGIN` and :data:`FIXED` cover what
 the closed form leaves out (the allocator's rounding and caching, the model's own temporaries, library buffers);
@@ -60,7 +61,7 @@ from circuitkit.device_memory import available_memory, size_text
 from circuitkit.errors import CircuitkitError
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, N_EXACT_EDGES
-from circuitkit.tasks.graph import MAX_COPIES, SENDER_BUDGET
+from circuitkit.tasks.graph import MAX_COPIES, SENDER_BUDGET, sender_budget
 from circuitkit.tasks.nodes import KV_EDGES
 
 MARGIN = 1.35
@@ -89,6 +90,9 @@ class TaskMemoryEstimate:
     steps: int
     resident: dict[str, int]
     stages: dict[str, int]
+    budget: int = SENDER_BUDGET
+    """The sender budget the estimate counts the stacked copies with (:func:`~circuitkit.tasks.graph.sender_budget`):
+    what the scan's runners then use."""
 
     @property
     def stage(self) -> str:
@@ -159,7 +163,8 @@ def logit_positions(adapter: Any, last: torch.Tensor, pos: int, scored: torch.Te
 def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
                          evaluation_pairs: int = 0, logit_positions: int | None = None,
                          scored_metric: bool = False, device: Any = None,
-                         kv_edges: str = "grouped", node_widths: tuple[int, ...] = ()) -> TaskMemoryEstimate:
+                         kv_edges: str = "grouped", node_widths: tuple[int, ...] = (),
+                         budget: int = SENDER_BUDGET) -> TaskMemoryEstimate:
     """The estimated peak memory of :func:`~circuitkit.tasks.scan_task` on ``model`` (a model or a
     ``ModelAdapter``) for ``n_pairs`` pairs of ``pos`` tokens (module docstring): ``steps`` EAP-IG points, MLPs as
     graph nodes (``mlps``), the edge circuit measured (``edges``), ``evaluation_pairs`` of the pairs held out
@@ -167,12 +172,14 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     in float32 at each pair's last position or, with ``scored_metric``, at all of them; ``kv_edges`` the edge graph's
     key/value receivers (``"per-query-head"``: an edge pass runs up to ``H / G`` copies of the pairs side by side,
     each with ``3 H`` query/key/value patches a layer, so the edge stage is counted ``H / G`` times with ``3 H`` for
-    ``H + 2 G``: an upper bound); ``node_widths`` the further node types' activation widths (:func:`node_widths`).
-    Python ints throughout: no overflow for any size."""
+    ``H + 2 G``: an upper bound); ``node_widths`` the further node types' activation widths (:func:`node_widths`);
+    ``budget`` the bytes of stacked sender deltas a patching pass may hold (the runners' ``budget``). Python ints
+    throughout: no overflow for any size."""
     per_query = validate.option("estimate_task_memory: kv_edges", kv_edges, KV_EDGES) == "per-query-head"
     n_pairs = validate.positive_int("estimate_task_memory: n_pairs", n_pairs)
     pos = validate.positive_int("estimate_task_memory: pos", pos)
     steps = validate.integer("estimate_task_memory: steps", steps, minimum=1, maximum=MAX_STEPS)
+    budget = validate.integer("estimate_task_memory: budget", budget, minimum=1)
     mlps = validate.boolean("estimate_task_memory: mlps", mlps)
     edges = validate.boolean("estimate_task_memory: edges", edges)
     held = validate.integer("estimate_task_memory: evaluation_pairs", evaluation_pairs, minimum=0,
@@ -206,7 +213,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     group, receivers = (H // G, 3 * H) if per_query and G < H else (1, H + 2 * G)
 
     def edge_patching(N: int) -> int:
-        C = copies_per_pass(N * P * d * F * U, SENDER_BUDGET, max_copies=min(MAX_COPIES, MAX_SETS))
+        C = copies_per_pass(N * P * d * F * U, budget, max_copies=min(MAX_COPIES, MAX_SETS))
         return group * (C * N * P * ((U + L * receivers) * d * e + 3 * F * H * d + (11 * m * e) // 10)
                         + C * N * V * (K * e + 2 * F * R))
 
@@ -225,10 +232,10 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         stages["edge patching"] = edge_patching(N)
     if held:  # the held-out runner's own outputs, beside the first's, and the passes on either set after the search
         most = max(N, held)
-        copies = copies_per_pass(most * P * d * F, SENDER_BUDGET, max_copies=MAX_COPIES)
+        copies = copies_per_pass(most * P * d * F, budget, max_copies=MAX_COPIES)
         stages["held-out passes"] = outputs(held) + max(reference(held), node_patching(most, copies),
                                                          edge_patching(most) if edges else 0)
-    return TaskMemoryEstimate(n_pairs=n_pairs, pos=P, steps=S, resident=resident, stages=stages)
+    return TaskMemoryEstimate(n_pairs=n_pairs, pos=P, steps=S, resident=resident, stages=stages, budget=budget)
 
 
 def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: bool, edges: bool,
@@ -237,22 +244,29 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
                       kv_edges: str = "grouped", node_widths: tuple[int, ...] = ()) -> TaskMemoryEstimate:
     """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
     exceeds the memory free on the model's device (``available`` bytes when given, else
-    :func:`~circuitkit.device_memory.available_memory`); else return the estimate. The message names the estimate,
+    :func:`~circuitkit.device_memory.available_memory`); else return the estimate, whose ``budget`` the scan's
+    runners use: on a GPU the wider one of :func:`~circuitkit.tasks.graph.sender_budget` where its estimate fits,
+    else :data:`~circuitkit.tasks.graph.SENDER_BUDGET`. The message names the estimate,
     its largest parts, the most pairs that fit by the same estimate, and the fewer EAP-IG steps or the skipped edge
     circuit that would let every pair fit, where one would. The pairs that fit are counted without a held-out
     split (attribution on all of them: the larger estimate), so they fit whatever split a rerun draws."""
     def estimate(n: int, **change: Any) -> TaskMemoryEstimate:
-        options = {"steps": steps, "edges": edges, "evaluation_pairs": 0, **change}
+        options = {"steps": steps, "edges": edges, "evaluation_pairs": 0, "budget": SENDER_BUDGET, **change}
         return estimate_task_memory(model, n, pos, mlps=mlps, logit_positions=logit_positions,
                                     scored_metric=scored_metric, device=device, kv_edges=kv_edges,
                                     node_widths=node_widths, **options)
 
-    found = estimate(n_pairs, evaluation_pairs=evaluation_pairs)
     adapter = _adapter(model, device)
     if available is None:
         available = available_memory(adapter.spec.device)
     else:
         available = validate.integer(f"{where}: available", available, minimum=0)
+    wide = sender_budget(adapter.spec.device, available)
+    if wide > SENDER_BUDGET:  # a GPU with room: wider passes where they fit, else the floor's
+        found = estimate(n_pairs, evaluation_pairs=evaluation_pairs, budget=wide)
+        if found.total <= available:
+            return found
+    found = estimate(n_pairs, evaluation_pairs=evaluation_pairs)
     if available is None or found.total <= available:
         return found
     low, high = 0, found.n_pairs  # estimate(low) fits (0: nothing), estimate(high) does not

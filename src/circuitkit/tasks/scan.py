@@ -528,7 +528,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     batch = task.tokenize(adapter, check_prepend_bos("scan_task", prepend_bos))
     discovery_index, evaluation_index = split_pairs(task.n_pairs, holdout, split_seed)
     split = evaluation_index is not None
-    check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
+    memory = check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
                       edges=edges and bool(adapter.additive_heads),
                       evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                       logit_positions=logit_positions(adapter, batch.last, batch.pos,
@@ -537,10 +537,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       node_widths=node_widths(adapter, extra))
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra,
-                        kv_edges=kv_edges)
+                        kv_edges=kv_edges, budget=memory.budget)
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
-                      ablation=task.ablation, node_types=extra, kv_edges=kv_edges) if split else None
+                      ablation=task.ablation, node_types=extra, kv_edges=kv_edges,
+                      budget=memory.budget) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
         # on the discovery pairs
