@@ -201,11 +201,13 @@ class TaskRunner:
     :func:`~circuitkit.tasks.nodes.neuron_groups`); each is captured in both reference runs and scored by
     :meth:`attribute`; ``kv_edges``: key/value receivers per key/value head (``"grouped"``) or per query head
     (``"per-query-head"``; module docstring); ``budget``: the bytes of stacked sender deltas one patching pass
-    may hold (:func:`sender_budget`; the task scan's memory plan chooses it)."""
+    may hold (:func:`sender_budget`; the task scan's memory plan chooses it); ``weights``: the head weights
+    another runner of the same model holds (its :attr:`weights`), shared rather than read again (a float32 copy of
+    every head's ``W_Q, W_K, W_V, W_O``: 5 GiB at the Llama-3.1-8B shape)."""
 
     def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str,
                  node_types: tuple[NodeType, ...] = (), kv_edges: str = DEFAULT_KV_EDGES,
-                 budget: int = SENDER_BUDGET) -> None:
+                 budget: int = SENDER_BUDGET, weights: Any = None) -> None:
         if adapter.spec.bidirectional:
             raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
                                 "a causal language model (a task's metric is read at each prompt's last token, "
@@ -228,7 +230,13 @@ class TaskRunner:
         self.mlp_normed = self.mlp_in is HOOKS.mlp_normed_in  # the MLP reads through the shared norm ln1
         self.node_types = _node_types(adapter, node_types)
         self.extra_types = tuple(t for t in self.node_types.values() if t is not HEAD and t is not MLP)
-        weights = adapter.weights(embeddings=False).to(device=self.spec.device)
+        if weights is None:
+            weights = adapter.weights(embeddings=False).to(device=self.spec.device)
+        elif (getattr(weights, "n_layers", None) != self.spec.n_layers
+              or weights.W_Q.device.type != torch.device(self.spec.device).type):
+            raise validate.fail("task circuit: weights", weights, f"another runner's head weights of this model "
+                                f"({self.spec.n_layers} layers, on {self.spec.device})")
+        self.weights = weights
         self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
         self.W_O = weights.W_O
         self.norms = [adapter.attention_norm(layer) for layer in range(self.spec.n_layers)]

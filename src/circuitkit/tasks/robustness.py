@@ -73,7 +73,7 @@ def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: flo
         index = torch.repeat_interleave(torch.arange(batch.n_pairs, device="cpu"), row.long())
         metric = runner.metric_fn if isinstance(runner.metric_fn, UserMetric) else runner.metric_name
         rerun = TaskRunner(runner.adapter, batch.subset(index), metric, mlps=runner.graph.mlps,
-                           ablation=runner.ablation, budget=runner.budget)
+                           ablation=runner.ablation, budget=runner.budget, weights=runner.weights)
         rerun.direct = False
         try:
             if rerun.edges_defined:

@@ -541,7 +541,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
                       ablation=task.ablation, node_types=extra, kv_edges=kv_edges,
-                      budget=memory.budget) if split else None
+                      budget=memory.budget, weights=runner.weights) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
         # on the discovery pairs
