@@ -73,7 +73,8 @@ GPU_SENDER_SHARE = 16
 MAX_SENDER_BUDGET = 16 * 2**30
 """On a GPU the budget is the larger of :data:`SENDER_BUDGET` and ``1 / GPU_SENDER_SHARE`` of the memory free
 when the scan starts, at most this: a pass there costs its launches more than its arithmetic at these batch sizes
-(8 pairs of a 1B-shaped model: about 20 copies a pass rather than 1), so fewer, wider passes finish sooner."""
+(8 pairs of a 1B-shaped model on an H200: 15 copies a pass rather than 1), so fewer, wider passes finish sooner
+(``benchmarks/README.md``, "On one GPU")."""
 MAX_COPIES = 32
 """Most stacked copies of the pairs in one patching pass."""
 IG_POINTS = ("left", "right")
@@ -1008,9 +1009,8 @@ class TaskRunner:
 
         def record(first: int, current: Tensor) -> None:
             """``current`` ``[n, S, B, P, d]``: the outputs of the ``n`` senders from index ``first`` on, their
-            deltas written as one block (a layer's heads together: on a GPU the kernels launched per head were
-            what an edge pass's time went to). The total adds them one sender at a time, in sender order: the
-            same sums, bit for bit, as recording each sender alone."""
+            deltas written as one block (a layer's heads together). The total adds them one sender at a time, in
+            sender order: the same sums, bit for bit, as recording each sender alone."""
             if deltas is not None:
                 n = current.shape[0]
                 block = (corrupt_out[first : first + n, None] - current).transpose(0, 1).reshape(S, n, -1)
@@ -1027,7 +1027,7 @@ class TaskRunner:
 
         def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
             """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
-            # the masks are decided on the CPU; copied without a wait (a blocking copy would stall the pass)
+            # the masks are decided on the CPU; a blocking copy from pageable memory would wait for the GPU's queue
             if isinstance(senders, Tensor):
                 senders = senders.to(deltas.device, non_blocking=True)
             chosen = deltas[:, senders]  # a view for a prefix slice, a small gather otherwise

@@ -529,12 +529,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     discovery_index, evaluation_index = split_pairs(task.n_pairs, holdout, split_seed)
     split = evaluation_index is not None
     memory = check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
-                      edges=edges and bool(adapter.additive_heads),
-                      evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
-                      logit_positions=logit_positions(adapter, batch.last, batch.pos,
-                                                      batch.scored if reads_scored(task.metric) else None),
-                      scored_metric=reads_scored(task.metric), kv_edges=kv_edges,
-                      node_widths=node_widths(adapter, extra))
+                               edges=edges and bool(adapter.additive_heads),
+                               evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
+                               logit_positions=logit_positions(adapter, batch.last, batch.pos,
+                                                               batch.scored if reads_scored(task.metric) else None),
+                               scored_metric=reads_scored(task.metric), kv_edges=kv_edges,
+                               node_widths=node_widths(adapter, extra))
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra,
                         kv_edges=kv_edges, budget=memory.budget)
