@@ -323,5 +323,7 @@ def test_the_held_out_runner_and_the_stability_reruns_share_the_head_weights(mod
     first = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
     second = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", weights=first.weights)
     assert second.W_Q.data_ptr() == first.W_Q.data_ptr() and second.W_O.data_ptr() == first.W_O.data_ptr()
-    with pytest.raises(CircuitkitError, match="weights"):
-        TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", weights="W_Q")
+    other = adapt(boot_bridge(attn_only=False, n_layers=L, n_heads=2 * H, d_model=D, d_vocab=V, seed=4))
+    for wrong in ("W_Q", other.weights(embeddings=False)):  # not weights; another shape's
+        with pytest.raises(CircuitkitError, match="weights"):
+            TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", weights=wrong)

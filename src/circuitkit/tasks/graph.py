@@ -233,7 +233,8 @@ class TaskRunner:
         self.extra_types = tuple(t for t in self.node_types.values() if t is not HEAD and t is not MLP)
         if weights is None:
             weights = adapter.weights(embeddings=False).to(device=self.spec.device)
-        elif (getattr(weights, "n_layers", None) != self.spec.n_layers
+        elif (not isinstance(getattr(weights, "W_Q", None), Tensor)
+              or tuple(weights.W_Q.shape[:3]) != (self.spec.n_layers, self.spec.n_heads, self.spec.d_model)
               or weights.W_Q.device.type != torch.device(self.spec.device).type):
             raise validate.fail("task circuit: weights", weights, f"another runner's head weights of this model "
                                 f"({self.spec.n_layers} layers, on {self.spec.device})")
