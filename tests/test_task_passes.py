@@ -4,6 +4,8 @@ from a layer up) and equals the full pass; the pass counts of a known scan."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -296,3 +298,16 @@ def test_a_scans_stages_count_what_ran(monkeypatch):
     shares = sum((LAYERS - min(receiver_layer(e.name), LAYERS - 1)) / LAYERS for e in effects)
     assert ran["edges"] == pytest.approx(sum(copies) + shares)
     assert shares < len(effects)  # some receiver past layer 0: the old count (one pass each) is more
+
+
+def test_the_held_out_plan_counts_the_node_searchs_sizes_before_the_search_runs():
+    """Before the search the held-out curve is planned at the sizes the node search plans for itself (not a fixed
+    four): IOI on Qwen2.5-0.5B planned 8 held-out passes and ran 14.9."""
+    from circuitkit.tasks.stages import PlanInputs, held_estimate, node_estimate
+
+    plan = PlanInputs(nodes=336, edges_total=79813, pairs=8, held=8, direct=True, steps=3, edges=True, quick=False,
+                      random_sets=0, stability=0)
+    sizes = node_estimate(336, 8) - 2  # the search's exact sizes, less its all-patched run and necessity
+    assert held_estimate(plan) == 1 + 1 + sizes + 1 + 1
+    assert held_estimate(plan, 14) == 1 + 1 + 14 + 1 + 1  # known once the search ran
+    assert held_estimate(replace(plan, quick=True)) == 1 + 1 + 2 + 1 + 1

@@ -80,10 +80,12 @@ def edge_estimate(edges_total: int, pairs: int) -> float:
     return sizes + math.ceil(math.log2(2.5 / EDGE_RESOLUTION)) - 1 + min(N_EXACT_EDGES, edges_total)
 
 
-def held_estimate(plan: PlanInputs, curve_sizes: int = 4) -> float:
+def held_estimate(plan: PlanInputs, curve_sizes: int | None = None) -> float:
     """Planned passes on the other set of pairs: its clean and corrupted runs (forward only), the node curve's sizes
-    (``curve_sizes``, known once the search ran; quick: the circuit's size and every node patched) and the circuit
-    alone patched, and the edge circuit (one)."""
+    (``curve_sizes``, known once the search ran; before it, the sizes :func:`node_estimate` plans for the search;
+    quick: the circuit's size and every node patched) and the circuit alone patched, and the edge circuit (one)."""
+    if curve_sizes is None:
+        curve_sizes = int(node_estimate(plan.nodes, plan.pairs)) - 2  # less its all-patched run and necessity
     sizes = 2 if plan.quick else curve_sizes
     return 1 + 1 + sizes + 1 + (plan.kv_copies if plan.edges else 0)
 
