@@ -434,3 +434,61 @@ def test_the_diagram_of_a_node_circuit_alone_draws_its_heads_and_no_edge(scans):
     assert "<path" not in svg and "logits" not in svg and "edges not measured" in svg
     full = circuit_diagram(scans["copy-next"])
     assert full.count("<path") == 3 and ">logits<" in full and ">input<" in full
+
+
+@pytest.mark.parametrize("members", [3, 8, 9, 61])
+def test_the_answers_member_lines_sit_in_details_closed_past_eight(scans, monkeypatch, members):
+    """Every member line is in the page, inside one ``<details>`` right after the node circuit's line; it opens
+    with the page up to MEMBERS_OPEN members and on a click past them (a 61-head circuit's lines no longer push
+    the diagram screens down). Other indented lines (the strongest edges) stay paragraphs outside it."""
+    import re
+
+    import circuitkit.tasks.report as report
+    from circuitkit._html import escape
+
+    scan = scans["ioi"]
+    answer = scan.answer().splitlines()
+    at = next(i for i, line in enumerate(answer) if line.startswith("Node circuit:"))
+    lines = [f"  {a}.{b}: a member line number {k}." for k, (a, b) in enumerate([(0, 0)] * members)]
+    rest = [line for line in answer[at + 1:] if not (line.startswith("  ") and ": exact effect" not in line)]
+    text = "\n".join([*answer[: at + 1], *lines, *rest])
+    monkeypatch.setattr(type(scan), "answer", lambda self: text)
+    html = report._answer_html(scan)
+    blocks = re.findall(r'<details class="ck-members"( open)?><summary>(.*?)</summary>(.*?)</details>', html)
+    assert len(blocks) == 1
+    opened, summary, inside = blocks[0]
+    assert (opened == " open") == (members <= report.MEMBERS_OPEN)
+    assert summary == f"The circuit's {members} members, each explained"
+    assert [re.sub(r"<[^>]+>", "", p) for p in re.findall(r"<p>(.*?)</p>", inside)] == [
+        "&nbsp;&nbsp;" + line for line in lines]
+    effects = [line for line in rest if ": exact effect" in line]
+    after = re.sub(r"<[^>]+>", "", html.split("</details>")[1])
+    assert effects and all(escape(e.strip().split(":")[0]) in after for e in effects)
+
+
+@pytest.mark.parametrize("layers", [2, 24])
+def test_no_two_nodes_of_the_diagram_overlap_however_many_layers_the_circuit_spans(layers):
+    """A circuit with a head and an MLP in every layer (50 columns on 24 layers) is drawn wider, its nodes at least
+    a node's width apart, in a box that scrolls; one that fits keeps the page's width (the IOI circuit of a 24-layer
+    model overlapped its nodes when every drawing was 900 px wide)."""
+    import re
+    from types import SimpleNamespace
+
+    from circuitkit.tasks.diagram import NODE_H, NODE_W, WIDTH, circuit_diagram
+
+    heads = tuple((layer, head) for layer in range(layers) for head in (0, 1))
+    edges = tuple(f"{a}.0->m{a}" for a in range(layers)) + tuple(f"m{a}->{a + 1}.1:q" for a in range(layers - 1))
+    circuit = SimpleNamespace(heads=heads, mlps=tuple(range(layers)), edges=edges, edge_effects=())
+    scores = torch.zeros(layers, 2)
+    fake = SimpleNamespace(circuit=circuit, model=SimpleNamespace(n_layers=layers), scores=scores, dla=scores,
+                           scores_mlp=torch.zeros(layers))
+    svg = circuit_diagram(fake)
+    boxes = [(float(x), float(y)) for x, y in re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width', svg)]
+    assert len(boxes) == 2 * layers + layers + 1  # heads, MLPs, the logits
+    for i, (x1, y1) in enumerate(boxes):
+        for x2, y2 in boxes[i + 1:]:
+            assert abs(x1 - x2) >= NODE_W or abs(y1 - y2) >= NODE_H, (x1, y1, x2, y2)
+    width = float(re.search(r'<svg class="[^"]*" width="([\d.]+)"', svg).group(1))
+    assert (width > WIDTH) == (layers == 24) and ("ck-wide" in svg) == (layers == 24)
+    assert svg.startswith('<div class="ck-scroll-x">') and svg.endswith("</svg></div>")
+    assert ("scroll sideways" in svg) == (layers == 24)

@@ -19,7 +19,10 @@ from typing import Any
 from circuitkit._html import escape
 
 WIDTH = 900
+"""The drawing's width where its columns fit in it; a circuit over more columns (one for each layer's heads and one
+for its MLP: 50 on a 24-layer model) is drawn wider, :data:`COLUMN_GAP` apart, and scrolls sideways in the page."""
 NODE_W, NODE_H, ROW_H = 58, 24, 32
+COLUMN_GAP = NODE_W + 8
 MAX_EDGES = 60
 """Edges drawn (the first in the circuit's ranking); the rest are counted in the caption."""
 MAX_ROWS = 16
@@ -72,16 +75,18 @@ def circuit_diagram(scan: Any) -> str:
     rows = max((min(len(s), MAX_ROWS) for s in stacks.values()), default=1)
     top, bottom, margin = 44 if edges else 8, 30, 8 + NODE_W / 2
     height = top + rows * ROW_H + bottom
-    dx = (WIDTH - 2 * margin) / max(1, len(columns) - 1)
+    width = max(WIDTH, round(2 * margin + (len(columns) - 1) * COLUMN_GAP))
+    dx = (width - 2 * margin) / max(1, len(columns) - 1)
     where: dict[str, tuple[float, float]] = {}
     for i, x in enumerate(columns):
         stack = stacks[x]
         y0 = top + (rows - min(len(stack), MAX_ROWS)) * ROW_H / 2 + ROW_H / 2
         for j, name in enumerate(stack[:MAX_ROWS]):
-            where[name] = (margin + i * dx if len(columns) > 1 else WIDTH / 2, y0 + j * ROW_H)
-    parts = [f'<svg class="ck-graph ck-task-circuit" width="{WIDTH}" height="{_f(height)}" '
-             f'viewBox="0 0 {WIDTH} {_f(height)}" font-family="system-ui, sans-serif" font-size="11" role="img" '
-             'aria-label="the circuit: nodes and edges">']
+            where[name] = (margin + i * dx if len(columns) > 1 else width / 2, y0 + j * ROW_H)
+    wide = " ck-wide" if width > WIDTH else ""  # drawn at its size in a box that scrolls, not shrunk to the page
+    parts = [f'<div class="ck-scroll-x"><svg class="ck-graph ck-task-circuit{wide}" width="{width}" '
+             f'height="{_f(height)}" viewBox="0 0 {width} {_f(height)}" font-family="system-ui, sans-serif" '
+             'font-size="11" role="img" aria-label="the circuit: nodes and edges">']
     if edges:
         parts.append(_legend())
     largest = max((abs(e.effect) for e in c.edge_effects), default=0.0) or 1.0
@@ -106,8 +111,10 @@ def circuit_diagram(scan: Any) -> str:
                          f"+{len(stack) - MAX_ROWS} more</text>")
     said = (f"{len(shown)} of {len(c.edges)} edges drawn (the first by EAP-IG rank)" if len(c.edges) > len(shown)
             else f"{len(c.edges)} edges" if c.edges else "edges not measured: the node circuit alone")
-    parts.append(f'<text x="{WIDTH - 4}" y="{_f(height - 4)}" text-anchor="end" fill="#666">{escape(said)}; '
-                 "filled: in the node circuit</text></svg>")
+    # at the left edge, where a drawing wider than the page is seen first
+    scroll = f"; {len(columns)} columns: scroll sideways for the later layers" if wide else ""
+    parts.append(f'<text x="4" y="{_f(height - 4)}" fill="#666">{escape(said)}; filled: in the node circuit{scroll}'
+                 "</text></svg></div>")
     return "".join(parts)
 
 

@@ -6,7 +6,8 @@ clean prompt), the page data as JSON and the attention patterns and CircuitsVis 
 elements. Sections, in order:
 
 - **the answer** (:meth:`TaskScan.answer`, as plain HTML: each line a paragraph, the circuit's heads links that
-  select them) and the circuit as a diagram of typed nodes (:mod:`circuitkit.tasks.diagram`);
+  select them, its members' explanations in a ``<details>`` element, closed past :data:`MEMBERS_OPEN`) and the
+  circuit as a diagram of typed nodes (:mod:`circuitkit.tasks.diagram`);
 - **the circuit's attention** on the first clean prompt (CircuitsVis ``AttentionHeads`` of its heads);
 - **all heads**: the sortable, filterable table of every head with the task's columns (EAP-IG score, DLA, the
   task's head scores, pattern scores, in the circuit), written as plain HTML too;
@@ -32,6 +33,10 @@ from circuitkit.report.sections import Section
 
 PAIRS_SHOWN = 5
 """Pairs the task section lists with their metric (every pair is in ``scores.json``)."""
+MEMBERS_OPEN = 8
+"""The circuit's members, each explained on a line of the answer, sit in a ``<details>`` element that opens with
+the page up to this many; a larger circuit's (IOI on a 0.5B model: 61 heads) opens on a click, so that the
+diagram, the curves and the edges are not pushed a few screens down."""
 HEAD_TEXT = re.compile(r"(?<![\d.+\-])(\d+)\.(0|[1-9]\d*)(?!\d|\.\d)")
 """A head name in the answer's text (``1.2``; not a number such as ``+1.284`` or ``0.048``)."""
 
@@ -59,12 +64,30 @@ def _answer_html(scan: Any) -> str:
         name = f"{match.group(1)}.{match.group(2)}"
         return f'<span class="ck-head" data-head="{name}" tabindex="0">{name}</span>' if name in linked else name
 
-    lines = []
+    lines: list[str] = []
+    members: list[str] = []  # the indented lines under "Node circuit:", one per member
+
+    def close_members() -> None:
+        if members:
+            shown = " open" if len(members) <= MEMBERS_OPEN else ""
+            lines.append(f'<details class="ck-members"{shown}><summary>The circuit\'s {len(members)} members, '
+                         f"each explained</summary>{''.join(members)}</details>")
+            members.clear()
+
+    under_nodes = False
     for line in scan.answer().splitlines():
         legend = line.startswith("Legend:")  # its numbers are thresholds, never heads
         text = escape(line) if legend else HEAD_TEXT.sub(link, escape(line))
         cls = ' class="note"' if legend else ""
-        lines.append(f"<p{cls}>{'&nbsp;&nbsp;' if line.startswith('  ') else ''}{text}</p>")
+        indented = line.startswith("  ")
+        paragraph = f"<p{cls}>{'&nbsp;&nbsp;' if indented else ''}{text}</p>"
+        if indented and under_nodes:
+            members.append(paragraph)
+            continue
+        close_members()
+        under_nodes = line.startswith("Node circuit:")
+        lines.append(paragraph)
+    close_members()
     return "".join(lines)
 
 
