@@ -42,3 +42,12 @@ def test_no_roles_without_io_attention_or_edges():
     assert ioi_roles(scan) is None and roles_line(scan) is None
     no_edges = _scan(edges=())
     assert "S-inhibition" not in ioi_roles(no_edges) and "S-inhibition needs edges" in roles_line(no_edges)
+
+
+def test_a_rules_figure_never_prints_as_zero_when_the_rule_read_its_sign():
+    """A name mover needs io_attention > 0; a figure of +0.004 printed as "+0.00" read as a rule broken."""
+    from circuitkit.tasks.roles import signed
+
+    assert signed(0.0043) == "+0.0043" and signed(-0.00041) == "-0.00041"
+    assert signed(0.02) == "+0.02" and signed(-2.126) == "-2.13" and signed(0.0) == "+0.00"
+    assert signed(0.005) == "+0.01" and signed(0.00499) == "+0.005"

@@ -37,6 +37,12 @@ PATTERN_ROLES = (("duplicate_token", "duplicate-token"), ("induction", "inductio
 ROLE_ORDER = ("name mover", "negative name mover", "S-inhibition", "duplicate-token", "induction", "previous-token")
 
 
+def signed(value: float) -> str:
+    """A rule's figure in words, with the sign the rule reads: two decimals, or two significant digits where two
+    decimals would print a positive or negative figure as ``+0.00`` (the rules compare with 0)."""
+    return f"{value:+.2f}" if value == 0 or abs(value) >= 0.005 else f"{value:+.2g}"
+
+
 def ioi_roles(result: Any) -> dict[str, tuple[tuple[int, int], ...]] | None:
     """Role -> the circuit's heads holding it (module docstring), in ``ROLE_ORDER``; None where the scan has no
     ``io_attention`` score or no circuit (not an IOI task)."""
@@ -80,8 +86,8 @@ def roles_line(result: Any) -> str | None:
     parts = []
     for role, heads in roles.items():
         if role in ("name mover", "negative name mover"):
-            named = ", ".join(f"{head_name(h)} (DLA {float(result.dla[h]):+.2f}, io_attention "
-                              f"{float(result.head_scores['io_attention'][h]):+.2f})" for h in heads[:4])
+            named = ", ".join(f"{head_name(h)} (DLA {signed(float(result.dla[h]))}, io_attention "
+                              f"{signed(float(result.head_scores['io_attention'][h]))})" for h in heads[:4])
         elif role == "S-inhibition":
             named = ", ".join(head_name(h) for h in heads[:4]) + " (edges into a name mover's query)"
         else:
@@ -137,7 +143,7 @@ def member_explanations(result: Any) -> dict[str, str] | None:
     io = result.head_scores.get("io_attention")
     for role in NAMED_ROLES:
         for h in named.get(role, ()):
-            figure = f" (io_attention {float(io[h]):+.2f})" if io is not None and role.endswith("mover") else ""
+            figure = f" (io_attention {signed(float(io[h]))})" if io is not None and role.endswith("mover") else ""
             roles[h].append(role + figure)
     effects = {e.name: e.effect for e in c.edge_effects}
     edges = [parse_edge(name, effects.get(name)) for name in c.edges]
