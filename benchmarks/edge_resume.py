@@ -33,9 +33,7 @@ def main() -> None:
     runner = TaskRunner(adapter, batch.subset(discovery), task.metric, mlps=True, ablation=task.ablation)
     scores, _, _ = runner.attribute(3)
     graph = runner.graph
-    layer_of = torch.empty(len(graph.receivers), dtype=torch.long)
-    for (_, layer), cols in graph.receiver_slices.items():
-        layer_of[cols] = layer
+    layer_of = graph.receiver_layers
     index = graph.allowed.nonzero()
     flat = scores[index[:, 0], index[:, 1]]
     out = {"n_layers": graph.n_layers, "edges": index.shape[0]}

@@ -190,8 +190,8 @@ class HookPoints:
         self._check_names(wanted)
         return lambda name: name in wanted
 
-    def _check_names(self, names: Iterable[str], known: Iterable[str] | None = None) -> None:
-        known = set(self.hook_names() if known is None else known)
+    def _check_names(self, names: Iterable[str]) -> None:
+        known = set(self.hook_names())
         unknown = sorted(set(names) - known)
         if unknown:
             raise CircuitkitError(
@@ -203,20 +203,17 @@ class HookPoints:
         hooks: dict[str, list[HookFn]] = {}
         if isinstance(fwd_hooks, (str, bytes)) or not hasattr(fwd_hooks, "__iter__"):
             raise validate.fail("run_with_hooks: fwd_hooks", fwd_hooks, "a list of (name, fn) pairs")
-        known: list[str] = []  # the model's hook names, listed once a call (a pass has a hook or more per layer)
-        known_set: set[str] = set()
+        known = self.hook_names()  # listed once a call, not once a hook (a pass has a hook or more per layer)
+        known_set = set(known)
         for entry in fwd_hooks:
             if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and callable(entry[1])):
                 raise CircuitkitError(
                     f"run_with_hooks: given hook entry {describe(entry)}; expected (name, fn) with fn(tensor, hook)."
                 )
             name, fn = entry
-            if (isinstance(name, str) or callable(name)) and not known:
-                known = self.hook_names()
-                known_set = set(known)
             if isinstance(name, str):
                 if name not in known_set:
-                    self._check_names([name], known_set)
+                    self._check_names([name])
                 names = [name]
             elif callable(name):
                 names = [n for n in known if name(n)]

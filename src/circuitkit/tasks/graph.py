@@ -149,6 +149,14 @@ class Graph:
         return {channel: cols for (channel, at), cols in self.receiver_slices.items() if at == layer}
 
     @property
+    def receiver_layers(self) -> Tensor:
+        """``[receiver]`` long (CPU): each receiver's layer (the logits: ``n_layers``)."""
+        out = torch.empty(len(self.receivers), dtype=torch.long, device="cpu")
+        for (_, layer), cols in self.receiver_slices.items():
+            out[cols] = layer
+        return out
+
+    @property
     def logits_index(self) -> int:
         return self.receiver_slices[("logits", self.n_layers)].start
 
@@ -542,14 +550,9 @@ class TaskRunner:
         node patched, where it was recorded, :meth:`record_all_patched`); ``(0, "full")`` for a full pass. The later
         of the two where both apply (:meth:`resume_layer`: at most the last layer)."""
         L = self.spec.n_layers
-        names = list(patched)
-        any_patched = torch.stack([patched[n].any(-1) for n in names]).any(0).cpu()  # [sets, L]
-        any_kept = torch.stack([(~patched[n]).any(-1) for n in names]).any(0).cpu()
         recorded = self._all_patched.get(self._types_key(patched))
         out = []
-        for s in range(any_patched.shape[0]):
-            first_patched = int(any_patched[s].nonzero()[0]) if bool(any_patched[s].any()) else L
-            first_kept = int(any_kept[s].nonzero()[0]) if bool(any_kept[s].any()) else L
+        for first_patched, first_kept in self._first_layers(patched):
             from_clean = self.resume_layer(first_patched)
             from_patched = min(first_kept, L - 1) if recorded is not None and self.adapter.can_resume else 0
             if max(from_clean, from_patched) == 0:
@@ -557,6 +560,15 @@ class TaskRunner:
             else:
                 out.append((from_clean, "clean") if from_clean >= from_patched else (from_patched, "patched"))
         return out
+
+    def _first_layers(self, patched: dict[str, Tensor]) -> list[tuple[int, int]]:
+        """Per set of ``patched``: ``(first layer with a node patched, first layer with a node kept)``, each
+        ``n_layers`` where there is none."""
+        L = self.spec.n_layers
+        any_patched = torch.stack([mask.any(-1) for mask in patched.values()]).any(0).cpu()  # [sets, L]
+        any_kept = torch.stack([(~mask).any(-1) for mask in patched.values()]).any(0).cpu()
+        return [(int(p.nonzero()[0]) if bool(p.any()) else L, int(k.nonzero()[0]) if bool(k.any()) else L)
+                for p, k in zip(any_patched, any_kept, strict=True)]
 
     def _types_key(self, patched: dict[str, Tensor]) -> tuple[tuple[str, int], ...]:
         return tuple(sorted((name, mask.shape[-1]) for name, mask in patched.items()))
@@ -586,14 +598,8 @@ class TaskRunner:
         L = self.spec.n_layers
         if not self.adapter.can_resume:
             return 0.0
-        any_kept = torch.stack([(~mask).any(-1) for mask in patched.values()]).any(0).cpu()  # [sets, L]
-        any_patched = torch.stack([mask.any(-1) for mask in patched.values()]).any(0).cpu()
-        saved = 0.0
-        for s in range(any_kept.shape[0]):
-            first_kept = int(any_kept[s].nonzero()[0]) if bool(any_kept[s].any()) else L
-            first_patched = int(any_patched[s].nonzero()[0]) if bool(any_patched[s].any()) else L
-            saved += max(0, min(first_kept, L - 1) - self.resume_layer(first_patched)) / L
-        return saved
+        return sum((max(0, min(first_kept, L - 1) - self.resume_layer(first_patched)) / L
+                    for first_patched, first_kept in self._first_layers(patched)), 0.0)
 
     def _node_pass(self, patched: dict[str, Tensor], start: tuple[int, str] = (0, "full"),
                    record: bool = False) -> Tensor:
@@ -684,11 +690,16 @@ class TaskRunner:
     def edge_metric(self, kept: Tensor) -> Tensor:
         """``kept`` ``[sets, sender, receiver]`` bool (True: the edge is in the circuit, clean): the mean metric of
         each set with every other edge patched from the corrupted prompt, ``[sets]``."""
+        return self._edge_sets(kept, 0)
+
+    def _edge_sets(self, kept: Tensor, start: int) -> Tensor:
+        """:meth:`edge_metric` of ``kept``, every pass resumed at layer ``start`` (:meth:`resume_layer`; 0: a full
+        pass) and counted as its share of the layers (:meth:`pass_share`)."""
         def run(part: slice) -> Tensor:
             chunk = kept[part]
             with torch.no_grad():
-                logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None)
-            self.passes += chunk.shape[0] * copies
+                logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None, resume=start)
+            self.passes += chunk.shape[0] * copies * self.pass_share(start)
             return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
                                           why="the patched model's logits overflowed")
 
@@ -705,9 +716,7 @@ class TaskRunner:
         :meth:`edge_metric` of the masks with that edge dropped (to float rounding: the layers before run once,
         unstacked; tests/test_task_passes.py), which a model that cannot resume runs."""
         graph = self.graph
-        layer_of = torch.empty(len(graph.receivers), dtype=torch.long, device="cpu")
-        for (_, layer), cols in graph.receiver_slices.items():
-            layer_of[cols] = layer
+        layer_of = graph.receiver_layers
         edges = edges.cpu()
         if edges.dim() != 2 or edges.shape[1] != 2 or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
             raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
@@ -718,16 +727,7 @@ class TaskRunner:
             which = [i for i, s in enumerate(starts) if s == start]
             kept = graph.allowed[None].repeat(len(which), 1, 1)
             kept[torch.arange(len(which), device="cpu"), edges[which, 0], edges[which, 1]] = False
-
-            def run(part: slice, kept: Tensor = kept, start: int = start) -> Tensor:
-                chunk = kept[part]
-                with torch.no_grad():
-                    logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None, resume=start)
-                self.passes += chunk.shape[0] * copies * self.pass_share(start)
-                return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
-                                              why="the patched model's logits overflowed")
-
-            out[which] = self._in_passes(len(which), node=False, run=run)
+            out[which] = self._edge_sets(kept, start)
         return out
 
     def edge_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor]:

@@ -93,5 +93,5 @@ def last_logits(logits: Tensor, last: Tensor) -> Tensor:
 
 
 __all__ = ["METRICS", "UNITS", "UserMetric", "answer_logprob", "dla_meaning", "last_logits", "logit_diff",
-           "metric_label",
-           "metric_units", "neg_kl", "next_token_logprob", "prob_diff", "reads_scored"]
+           "metric_label", "metric_units", "neg_kl", "next_token_logit", "next_token_logprob", "prob_diff",
+           "reads_scored"]
