@@ -254,6 +254,23 @@ def test_the_sender_budget_is_the_floor_on_the_cpu_and_a_share_of_a_gpus_free_me
     assert sender_budget("cuda", 4 * gib) == SENDER_BUDGET  # never below the floor
     assert sender_budget("cuda:0", 139 * gib) == 139 * gib // GPU_SENDER_SHARE
     assert sender_budget("cuda", 10_000 * gib) == MAX_SENDER_BUDGET
+    for device, available in (("nowhere", gib), (3, gib), ("cuda", -1), ("cuda", 1.5), ("cuda", True)):
+        with pytest.raises(CircuitkitError) as info:
+            sender_budget(device, available)
+        assert "\n" not in str(info.value) and "sender_budget" in str(info.value)
+
+
+@pytest.mark.parametrize("budget", [0, -1, 1.5, True, "1GiB"])
+def test_a_bad_budget_is_refused_in_one_line(model, budget):
+    from circuitkit.tasks.graph import TaskRunner
+
+    task = Task.from_pairs(toy_pairs(4), name="toy")
+    adapter = adapt(model)
+    with pytest.raises(CircuitkitError, match="budget") as info:
+        TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=True, ablation="corrupted", budget=budget)
+    assert "\n" not in str(info.value)
+    with pytest.raises(CircuitkitError, match="budget"):
+        plan(model, 4, 7, budget=budget)
 
 
 def test_a_wider_budget_is_used_where_its_estimate_fits_else_the_floor(model, monkeypatch):

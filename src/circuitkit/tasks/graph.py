@@ -90,9 +90,15 @@ def sender_budget(device: torch.device | str, available: int | None) -> int:
     ``available / GPU_SENDER_SHARE``, at most :data:`MAX_SENDER_BUDGET`. More copies a pass never change a result,
     only how many passes run (:mod:`circuitkit.pass_budget`); the memory plan counts the copies this allows and
     falls back to the floor where they would not fit (:func:`~circuitkit.tasks.memory.check_task_memory`)."""
-    if torch.device(device).type != "cuda" or available is None:
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError, ValueError):
+        raise validate.fail("sender_budget: device", device, "a device such as 'cpu' or 'cuda:0'") from None
+    if available is not None:
+        available = validate.integer("sender_budget: available", available, minimum=0)
+    if kind != "cuda" or available is None:
         return SENDER_BUDGET
-    return max(SENDER_BUDGET, min(MAX_SENDER_BUDGET, int(available) // GPU_SENDER_SHARE))
+    return max(SENDER_BUDGET, min(MAX_SENDER_BUDGET, available // GPU_SENDER_SHARE))
 
 
 def ig_alphas(steps: int, points: str) -> Tensor:
