@@ -368,9 +368,10 @@ def main(argv: list[str] | None = None) -> None:
     from _common import write_json_atomic  # benchmarks/ is on sys.path when a script here runs
 
     from circuitkit import tasks
+    from circuitkit.circuits.curve import faithfulness_of
     from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
-    from circuitkit.tasks.circuit import edge_circuit, faithfulness_of, mib_areas
+    from circuitkit.tasks.circuit import edge_circuit, mib_areas
     from circuitkit.tasks.graph import TaskRunner
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

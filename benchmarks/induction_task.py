@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import circuitkit as ck
     from circuitkit import zoo
+    from circuitkit.circuits.curve import faithfulness_of
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks import repeated_tokens, scan_task
-    from circuitkit.tasks.circuit import faithfulness_of
     from circuitkit.tasks.graph import TaskRunner
 
     scan = ck.scan()
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     out: dict[str, Any] = {"induction_scan": {
         "heads": _names(v.heads), "faithfulness": v.faithfulness, "necessity_nats": v.necessity,
         "clean_loss": v.clean_loss, "all_ablated_loss": v.all_ablated_loss, "ranking": _names(v.ranking),
-        "curve": [[p.n_heads, p.faithfulness] for p in v.curve], "passes": v.passes,
+        "curve": [[p.size, p.faithfulness] for p in v.curve], "passes": v.passes,
         "top_edges": [[_edge(e), e.effect] for e in sorted(v.edges.edges, key=lambda e: -abs(e.effect))[:5]]}}
     runs = {"task (default: holdout 0.5)": dict(), "task, holdout 0": dict(holdout=0.0),
             "task, holdout 0, corrupted mean": dict(holdout=0.0, ablation="mean"),

@@ -248,7 +248,7 @@ def circuit_row(result: Any, n_total: int) -> dict[str, Any]:
         return {"n_heads": None, "error": result.verified_error}
     return {"n_heads": len(v.heads), "share": len(v.heads) / n_total, "faithfulness": v.faithfulness,
             "necessity": v.necessity, "target": v.target, "passes": v.passes,
-            "curve": [(p.n_heads, p.faithfulness) for p in v.curve],
+            "curve": [(p.size, p.faithfulness) for p in v.curve],
             "edges_patched": 0 if v.edges is None else len(v.edges.edges)}
 
 

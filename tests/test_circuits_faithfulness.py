@@ -9,7 +9,7 @@ import torch
 import circuitkit as ck
 from circuitkit import CircuitkitError, RepeatedTokens, zoo
 from circuitkit.circuits.corrupt import resampled_batch
-from circuitkit.circuits.faithfulness import faithfulness, faithfulness_of, find_circuit, geometric_sizes
+from circuitkit.circuits.faithfulness import check_loss_gap, faithfulness, find_circuit, geometric_sizes
 from circuitkit.handbuilt import induction_circuit
 from circuitkit.report.summary import answer_lines
 from circuitkit.scan_types import Role
@@ -100,7 +100,7 @@ def test_default_target_keeps_a_faithful_subset_of_the_documented_heads(model):
     assert set(circuit.heads) <= set(entry.induction_heads) | set(entry.previous_token_heads)
     assert circuit.faithfulness >= 0.8
     # the answer and the size below it are measured on the whole batch: the smallest top-n reaching the target
-    measured = {p.n_heads: p.faithfulness for p in circuit.curve}
+    measured = {p.size: p.faithfulness for p in circuit.curve}
     n = len(circuit.heads)
     assert measured[n] >= 0.8 and measured[n - 1] < 0.8
     # attribution (3 passes), n = 0, the coarse search's rounds (<= 3 at 8 heads), the exact bracket and bisection
@@ -112,7 +112,7 @@ def test_a_batch_too_small_to_split_measures_the_geometric_sizes(model):
     """Below 2 * COARSE_SETS sequences there is no coarse search: the sizes 1, 2, 4, ... are measured in order
     on the whole batch, then bisection."""
     circuit = find_circuit(model, RepeatedTokens(batch=4), rank="effect")
-    measured = {p.n_heads: p.faithfulness for p in circuit.curve}
+    measured = {p.size: p.faithfulness for p in circuit.curve}
     assert {n for n in geometric_sizes(8) if n <= len(circuit.heads)} | {0} <= set(measured)
     assert measured[len(circuit.heads)] >= 0.8 and measured[len(circuit.heads) - 1] < 0.8
 
@@ -161,7 +161,7 @@ def test_empty_circuit_and_bad_method_are_refused(model):
 
 def test_zero_gap_is_an_error_not_a_nan(model):
     with pytest.raises(CircuitkitError, match="No head matters measurably") as caught:
-        faithfulness_of(2.5, 2.5, 2.5)
+        check_loss_gap(2.5, 2.5)
     assert "0/0" not in str(caught.value) and "limit" not in str(caught.value)
     silent = zoo.load()
     with torch.no_grad():  # every head writes nothing: ablating them cannot change the loss
@@ -207,7 +207,7 @@ def test_joint_path_shares_add_up_to_the_gap_and_find_the_circuit(model):
 @pytest.mark.parametrize("target", [0.3, 0.8])
 def test_search_runs_no_geometric_size_past_the_first_reaching_the_target(model, target):
     circuit = find_circuit(model, RepeatedTokens(batch=4), target=target, rank="effect")  # too few to split
-    measured = {p.n_heads: p.faithfulness for p in circuit.curve}
+    measured = {p.size: p.faithfulness for p in circuit.curve}
     total = 8
     first = min(n for n in geometric_sizes(total) if n in measured and measured[n] >= target)
     assert all(n <= first or n == total for n in measured)

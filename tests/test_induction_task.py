@@ -16,6 +16,7 @@ import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError
+from circuitkit.circuits.curve import faithfulness_of
 from circuitkit.detect.corrupt import resampled_batch
 from circuitkit.detect.loss import stacked_losses
 from circuitkit.detect.tokens import RepeatedTokens
@@ -23,7 +24,6 @@ from circuitkit.handbuilt.induction import induction_circuit
 from circuitkit.metric_registry import REGISTRY, next_token_logprob, repeated_copies_loss
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, TaskScan, repeated_tokens, scan_task
-from circuitkit.tasks.circuit import faithfulness_of
 from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.metrics import METRICS
 from circuitkit.tasks.task import METRIC_NAMES

@@ -38,7 +38,7 @@ def test_intervals_show_in_the_page(browser, tmp_path):
                      scan.intervals["ablation"][1][1, 3:4].tolist())
         assert f"[{low:.3f}, {high:.3f}]" in chips
         whiskers = page.locator("#ck-sec-summary .ck-curve .ck-whisker").count()
-        assert whiskers == sum(1 for p in scan.verified.curve if 0 < p.n_heads < 8)
+        assert whiskers == sum(1 for p in scan.verified.curve if 0 < p.size < 8)
         assert page.locator("#ck-sec-summary .ck-curve .ck-baseline").count() == 1
         assert events["errors"] == []
     finally:

@@ -37,7 +37,7 @@ def test_a_real_scan_writes_valid_scores_with_its_circuit(zoo_scan, tmp_path):
     assert circuit["heads"] == [f"{a}.{b}" for a, b in verified.heads]
     assert circuit["faithfulness"] == pytest.approx(verified.faithfulness, rel=1e-6)
     assert circuit["necessity"] == pytest.approx(verified.necessity, rel=1e-6)
-    assert [p["n_heads"] for p in circuit["curve"]] == [p.n_heads for p in verified.curve]
+    assert [p["n_heads"] for p in circuit["curve"]] == [p.size for p in verified.curve]
     patched = {(e.src, e.dst, e.channel): e.effect for e in verified.edges.edges}
     for edge in circuit["edges"]:  # exact effects only, each the patched figure
         key = (tuple(map(int, edge["src"].split("."))), tuple(map(int, edge["dst"].split("."))), edge["channel"])

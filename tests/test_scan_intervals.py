@@ -101,7 +101,7 @@ def test_every_interval_holds_its_figure(scan):
         assert low <= edge.effect <= high
     circuit = scan.verified.intervals
     assert circuit["necessity"][0] <= scan.verified.necessity <= circuit["necessity"][1]
-    assert set(circuit["curve"]) == {p.n_heads for p in scan.verified.curve}
+    assert set(circuit["curve"]) == {p.size for p in scan.verified.curve}
 
 
 def test_intervals_are_deterministic_and_use_the_settings(scan, model):

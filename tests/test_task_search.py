@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from circuitkit.circuits.curve import faithfulness_of
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task
-from circuitkit.tasks.circuit import _order, edge_circuit, faithfulness_of, node_circuit, node_order
+from circuitkit.tasks.circuit import _order, edge_circuit, node_circuit, node_order
 from circuitkit.tasks.graph import TaskRunner
 from tests.conftest import boot_bridge
 from tests.test_tasks import toy_pairs

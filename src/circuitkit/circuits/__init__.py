@@ -12,7 +12,9 @@ them causally, per edge and per channel (the receiver's query, key or value inpu
   over the input embeddings (EAP-IG, Hanna et al. 2024), one more forward and backward pass per step;
 - :mod:`~circuitkit.circuits.measures`: the edge-measure registry (:func:`edge_measure`, ``measures.register``):
   a new edge measure is one definition and appears in the evidence table, ``scores.json`` and the report;
-- :mod:`~circuitkit.circuits.evidence`: :func:`circuit_evidence`, every registered edge measure side by side.
+- :mod:`~circuitkit.circuits.evidence`: :func:`circuit_evidence`, every registered edge measure side by side;
+- :mod:`~circuitkit.circuits.curve`: faithfulness, the gap below which there is nothing to explain
+  (:class:`NoBehaviour`) and :class:`CurvePoint`, one definition for the induction circuit and task circuits.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ _LAZY = {
     "EdgeMeasure": "circuitkit.circuits.measures",
     "edge_measure": "circuitkit.circuits.measures",
     "Circuit": "circuitkit.circuits.faithfulness",
+    "CurvePoint": "circuitkit.circuits.curve",
+    "NoBehaviour": "circuitkit.circuits.curve",
     "find_circuit": "circuitkit.circuits.faithfulness",
 }
 __all__ = sorted(_LAZY)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.curve import faithfulness_of
 from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import Head
 from circuitkit.uncertainty import bootstrap_ci
@@ -100,7 +101,7 @@ def measure(ablator: Any, heads: tuple[Head, ...], clean_loss: float, all_ablate
         kept = random_sets(heads, L, H, n_sets, seed + offset, kind)
         losses = ablator.losses(~kept)
         # the gap L_all - L_clean was checked by the search that measured both
-        values = tuple((all_ablated - loss) / (all_ablated - clean_loss) for loss in losses)
+        values = tuple(faithfulness_of(loss, clean_loss, all_ablated) for loss in losses)
         each = None
         if clean_each is not None and all_each is not None and clean_each.numel() >= 2:
             kept_each = torch.stack([ablator.sequence_losses(~mask) for mask in kept]).double()  # [sets, batch]

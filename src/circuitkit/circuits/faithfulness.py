@@ -51,13 +51,13 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.curve import CurvePoint, check_gap, faithfulness_of, has_gap
 from circuitkit.circuits.intervals import circuit_intervals
 from circuitkit.circuits.intervals import head_mask as _mask
 from circuitkit.detect.ablation import check_heads, copies_per_forward
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
-from circuitkit.errors import CircuitkitError
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
@@ -73,18 +73,6 @@ by so little that their measured curves swing between -3 and +15; a model with i
 (the bundled model: 4.1)."""
 DEFAULT_CORRUPT_SEED = 1
 """Seed of the resampled batch for ``method="resample"`` (as :mod:`circuitkit.circuits.corrupt`)."""
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    """The top ``n_heads`` heads kept, every other head ablated: ``faithfulness`` and the loss ``loss`` (nats)."""
-
-    n_heads: int
-    faithfulness: float
-    loss: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"n_heads": self.n_heads, "faithfulness": self.faithfulness, "loss": self.loss}
 
 
 def _plain_interval(value: Any) -> Any:
@@ -151,7 +139,7 @@ class Circuit:
             "method": self.method,
             "losses": {"clean": self.clean_loss, "all_ablated": self.all_ablated_loss,
                        "circuit_only": self.circuit_loss},
-            "curve": [p.to_json() for p in self.curve],
+            "curve": [p.to_json("n_heads", "loss") for p in self.curve],
             "passes": self.passes,
             "ranked_by": self.ranked_by,
             "roles": {role: [head_name(h) for h in heads] for role, heads in self.roles.items()},
@@ -261,17 +249,15 @@ def ablation_values(adapter: ModelAdapter, batch: TokenBatch, method: str, *, z_
     return kept, 1
 
 
-def faithfulness_of(all_ablated: float, kept: float, clean: float) -> float:
-    """``(L_all - L_C) / (L_all - L_clean)``; a ``CircuitkitError`` when the gap is below :data:`MIN_GAP`."""
-    gap = all_ablated - clean
-    if not math.isfinite(gap) or abs(gap) < MIN_GAP:
-        raise CircuitkitError(
-            f"faithfulness: ablating every attention head changes the repeated-copies loss by only {gap:+.3g} nats "
-            f"(from {clean:.6g} to {all_ablated:.6g}); expected a change of at least {MIN_GAP:g} nats. No head "
-            "matters measurably on this batch, so there is no effect for a set of heads to reproduce. "
-            "Use a model that copies in context, or a longer block / larger batch."
-        )
-    return (all_ablated - kept) / gap
+def check_loss_gap(clean: float, all_ablated: float) -> None:
+    """The induction scan's gap rule (:func:`~circuitkit.circuits.curve.check_gap`): ablating every head must move
+    the repeated-copies loss by at least :data:`MIN_GAP` nats, else :class:`~circuitkit.circuits.curve.NoBehaviour`.
+    """
+    check_gap(clean, all_ablated, MIN_GAP, lambda gap: (
+        f"faithfulness: ablating every attention head changes the repeated-copies loss by only {-gap:+.3g} nats "
+        f"(from {clean:.6g} to {all_ablated:.6g}); expected a change of at least {MIN_GAP:g} nats. No head "
+        "matters measurably on this batch, so there is no effect for a set of heads to reproduce. "
+        "Use a model that copies in context, or a longer block / larger batch."))
 
 
 def geometric_sizes(n_total: int) -> list[int]:
@@ -314,12 +300,12 @@ def search(
     if all_ablated is None:
         all_ablated = run([0])[0]  # n = 0: every head ablated
     measured = {0: (0.0, all_ablated), N: (1.0, clean_loss)}  # n = N: nothing ablated, the clean run
-    faithfulness_of(all_ablated, clean_loss, clean_loss)  # checks the gap before any other pass
+    check_loss_gap(clean_loss, all_ablated)  # before any other pass
 
     def reaches(n: int) -> bool:
         if n not in measured:
             loss = run([n])[0]
-            measured[n] = (faithfulness_of(all_ablated, loss, clean_loss), loss)
+            measured[n] = (faithfulness_of(loss, clean_loss, all_ablated), loss)
         return measured[n][0] >= target
 
     if predicted is None or N < 2:
@@ -381,7 +367,7 @@ def coarse_size(ablator: Ablator, ranking: Sequence[Head], target: float, clean_
     if k < COARSE_MIN_SEQUENCES or clean_each is None or all_each is None or len(ranking) < 2:
         return None, 0
     clean, everything = float(clean_each[:k].mean()), float(all_each[:k].mean())
-    if not math.isfinite(everything - clean) or abs(everything - clean) < MIN_GAP:
+    if not has_gap(clean, everything, MIN_GAP):
         return None, 0
     sub = ablator.subset(k)
     spec = ablator.adapter.spec
@@ -398,7 +384,7 @@ def coarse_size(ablator: Ablator, ranking: Sequence[Head], target: float, clean_
         if progress is not None:
             progress(1)
         for n, loss in zip(sizes, losses, strict=True):
-            if faithfulness_of(everything, loss, clean) >= target:
+            if faithfulness_of(loss, clean, everything) >= target:
                 high = min(high, n)
             elif n < high:
                 low = max(low, n)
@@ -665,7 +651,7 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
     everything = ablator.losses(every_head)[0]  # L_all, then the gap check: a model
     if progress is not None:  # where no head matters costs one pass here
         progress(ablator.passes - before)
-    faithfulness_of(everything, clean_loss, clean_loss)
+    check_loss_gap(clean_loss, everything)
     all_each = ablator.sequence_losses(torch.ones(L, H, dtype=torch.bool, device="cpu"))
     coarse_passes = 0
 
@@ -739,7 +725,8 @@ def faithfulness(
     masks = torch.stack([torch.zeros(L, H, dtype=torch.bool), torch.ones(L, H, dtype=torch.bool),
                          _mask(chosen, L, H, keep=True)])
     clean, all_ablated, kept = ablator.losses(masks)
-    return faithfulness_of(all_ablated, kept, clean)
+    check_loss_gap(clean, all_ablated)
+    return faithfulness_of(kept, clean, all_ablated)
 
 
 def _ranking(ranking: Any, n_layers: int, n_heads: int) -> list[Head]:

@@ -29,13 +29,8 @@ from typing import Any
 import torch
 
 from circuitkit import validate
-from circuitkit.circuits.faithfulness import (
-    DEFAULT_CORRUPT_SEED,
-    MIN_GAP,
-    Ablator,
-    ablation_values,
-    faithfulness_of,
-)
+from circuitkit.circuits.curve import faithfulness_of, has_gap
+from circuitkit.circuits.faithfulness import DEFAULT_CORRUPT_SEED, MIN_GAP, Ablator, ablation_values
 from circuitkit.circuits.intervals import head_mask
 from circuitkit.detect.ablation import copies_per_forward
 from circuitkit.detect.loss import loss_positions, token_losses
@@ -92,11 +87,11 @@ def held_out(adapter: ModelAdapter, tokens: RepeatedTokens | TokenBatch, heads: 
         "losses": {"clean": clean, "all_ablated": all_ablated, "circuit_only": kept},
         "passes": passes, "note": None,
     }
-    if abs(all_ablated - clean) < MIN_GAP:
+    if not has_gap(clean, all_ablated, MIN_GAP):
         out["note"] = (f"ablating every head changes this batch's loss by only {all_ablated - clean:+.3g} nats (less "
                        f"than {MIN_GAP:g}): no effect for the circuit to reproduce")
     else:
-        out["faithfulness"] = faithfulness_of(all_ablated, kept, clean)
+        out["faithfulness"] = faithfulness_of(kept, clean, all_ablated)
     return out
 
 

@@ -74,6 +74,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.curve import faithfulness_of
 
 SEARCH_NAMES = ("ranked", "refined", "masks")
 DEFAULT_SWAPS = 4
@@ -386,12 +387,11 @@ def induction_problem(ablator: Any, clean_loss: float, all_ablated: float, score
 
     spec = ablator.adapter.spec
     L, H = spec.n_layers, spec.n_heads
-    gap = all_ablated - clean_loss
 
     def faithfulness(kept: Tensor) -> Tensor:
         ablated = ~kept.view(-1, L, H)
         losses = torch.tensor(ablator.losses(ablated), dtype=torch.float64, device="cpu")
-        return (all_ablated - losses) / gap
+        return faithfulness_of(losses, clean_loss, all_ablated)
 
     def gated(m: Tensor) -> Tensor:
         tokens = ablator.batch.tokens
@@ -409,7 +409,7 @@ def induction_problem(ablator: Any, clean_loss: float, all_ablated: float, score
                                          positions=ablator.positions)
             loss = token_losses(logits, tokens, ablator.batch.repeated_copies).float().mean()
         ablator.passes += 3
-        return (all_ablated - loss) / gap
+        return faithfulness_of(loss, clean_loss, all_ablated)
 
     names = tuple(head_name((layer, h)) for layer in range(L) for h in range(H))
     values = torch.zeros(L * H, device="cpu") if scores is None else scores.detach().float().cpu().reshape(-1)

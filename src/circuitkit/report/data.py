@@ -386,7 +386,7 @@ def circuit_explanations(scan: Scan) -> dict[str, str]:
               if role.group in (scan.circuit_ablation or {}) and scan.circuit_ablation[role.group] is not None}
     return induction_explanations(
         members, calls=score_calls(scan.head_scores, members, labels), edges=edges, removal=removal,
-        order=[tuple(h) for h in verified.ranking], curve={p.n_heads: float(p.faithfulness) for p in verified.curve},
+        order=[tuple(h) for h in verified.ranking], curve={p.size: float(p.faithfulness) for p in verified.curve},
         ranked_by=RANKED_BY.get(getattr(verified, "ranked_by", "effect"), "attribution"),
         n_total=scan.model.n_layers * scan.model.n_heads, estimates=estimates,
         stability=None if stability is None else dict(stability.ranked()), groups=groups)
@@ -408,8 +408,8 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
         "method": verified.method,
         "losses": {"clean": number(verified.clean_loss), "all_ablated": number(verified.all_ablated_loss),
                    "circuit_only": number(verified.circuit_loss)},
-        "curve": [{"n_heads": p.n_heads, "faithfulness": number(p.faithfulness), "loss": number(p.loss),
-                   **({"ci": interval(curve_bounds.get(p.n_heads))} if bounds else {})}
+        "curve": [{"n_heads": p.size, "faithfulness": number(p.faithfulness), "loss": number(p.value),
+                   **({"ci": interval(curve_bounds.get(p.size))} if bounds else {})}
                   for p in verified.curve],
         "passes": verified.passes,
         "ranked_by": getattr(verified, "ranked_by", "effect"),

@@ -384,7 +384,7 @@ def find_answer(scan: Scan) -> Answer | None:
         faithfulness=float(verified.faithfulness), target=float(verified.target),
         necessity=None if verified.necessity is None else float(verified.necessity), method=verified.method,
         passes=int(verified.passes), ranked_by=getattr(verified, "ranked_by", "effect"),
-        curve=tuple((p.n_heads, float(p.faithfulness)) for p in verified.curve),
+        curve=tuple((p.size, float(p.faithfulness)) for p in verified.curve),
         edges=edges, n_silent=len(rows) - len(carrying), weight_only=weight_only, outside=tuple(outside),
         first_copy=first, repeated_copies=repeated, agreement=agreement,
         top_k=int(scan.settings.edges_listed),

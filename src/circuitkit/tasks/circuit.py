@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from circuitkit.circuits.curve import CurvePoint, NoBehaviour, check_gap, faithfulness_of, has_gap
 from circuitkit.circuits.faithfulness import gallop, geometric_sizes
 from circuitkit.errors import CircuitkitError
 from circuitkit.ranking import head_name
@@ -75,18 +76,6 @@ MIN_TASK_GAP = 1e-3
 do not change what the model does, and there is no behaviour to explain."""
 N_EXACT_EDGES = 8
 """The circuit's strongest edges whose exact effect (the metric lost when only that edge is patched) is measured."""
-
-
-@dataclass(frozen=True)
-class TaskCurvePoint:
-    """``size`` nodes (or edges) kept: ``faithfulness`` and the mean metric ``metric``."""
-
-    size: int
-    faithfulness: float
-    metric: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "faithfulness": self.faithfulness, "metric": self.metric}
 
 
 @dataclass(frozen=True)
@@ -117,11 +106,11 @@ class TaskCircuit:
     faithfulness: float
     necessity: float
     target: float
-    curve: tuple[TaskCurvePoint, ...]
+    curve: tuple[CurvePoint, ...]
     n_nodes_total: int
     edges: tuple[str, ...]
     edge_faithfulness: float | None
-    edge_curve: tuple[TaskCurvePoint, ...]
+    edge_curve: tuple[CurvePoint, ...]
     n_edges_total: int
     cpr: float | None
     cmd: float | None
@@ -175,24 +164,14 @@ class TaskCircuit:
         }
 
 
-def faithfulness_of(m: float, clean: float, corrupted: float) -> float:
-    return (m - corrupted) / (clean - corrupted)
-
-
-class NoBehaviour(CircuitkitError):
-    """The corrupted prompts do not change the metric: there is no behaviour for a circuit to explain (a scan
-    reports it instead of a circuit)."""
-
-
-def check_gap(clean: float, corrupted: float, metric: str) -> None:
-    gap = clean - corrupted
-    if not math.isfinite(gap) or abs(gap) < MIN_TASK_GAP:
-        raise NoBehaviour(
-            f"task circuit: the mean {metric} is {clean:.6g} on the clean prompts and {corrupted:.6g} on the "
-            f"corrupted ones (a difference of {gap:+.3g}); expected a difference of at least {MIN_TASK_GAP:g}. "
-            "The corrupted prompts do not change what the model does here, so there is no behaviour for a circuit "
-            "to explain: check the pairs and the answers, or use a model that does the task."
-        )
+def check_task_gap(clean: float, corrupted: float, metric: str) -> None:
+    """A task's gap rule (:func:`~circuitkit.circuits.curve.check_gap`): the corrupted prompts must move the mean
+    metric by at least :data:`MIN_TASK_GAP` (in its units), else :class:`~circuitkit.circuits.curve.NoBehaviour`."""
+    check_gap(clean, corrupted, MIN_TASK_GAP, lambda gap: (
+        f"task circuit: the mean {metric} is {clean:.6g} on the clean prompts and {corrupted:.6g} on the "
+        f"corrupted ones (a difference of {gap:+.3g}); expected a difference of at least {MIN_TASK_GAP:g}. "
+        "The corrupted prompts do not change what the model does here, so there is no behaviour for a circuit "
+        "to explain: check the pairs and the answers, or use a model that does the task."))
 
 
 def _order(scores: Tensor, rank: str) -> Tensor:
@@ -287,7 +266,7 @@ def _coarse_runner(runner: TaskRunner, clean_all: Tensor, patched_all: Tensor) -
     if k < COARSE_MIN_PAIRS:
         return None, 0, 0.0, 0.0
     clean, patched = float(clean_all[:k].mean()), float(patched_all[:k].mean())
-    if not math.isfinite(clean - patched) or abs(clean - patched) < MIN_TASK_GAP:
+    if not has_gap(clean, patched, MIN_TASK_GAP):
         return None, 0, 0.0, 0.0
     return runner.first_pairs(k), k, clean, patched
 
@@ -391,7 +370,7 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
     all_patched = float(per_pair[0].mean())
     if progress is not None and runner.passes > before:
         progress(runner.passes - before)
-    check_gap(clean, all_patched, runner.metric_name)
+    check_task_gap(clean, all_patched, runner.metric_name)
     metrics: dict[int, float] = {0: all_patched, len(order): clean}
 
     def evaluate(n: int) -> float:
@@ -422,7 +401,7 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
         progress(runner.passes - before)
     pairs = {"circuit": per_pair.get(n, runner.clean["metric"]), "all_patched": per_pair[0],
              "only_circuit": only_pairs}
-    curve = tuple(TaskCurvePoint(k, measured[k], metrics[k]) for k in sorted(measured))
+    curve = tuple(CurvePoint(k, measured[k], metrics[k]) for k in sorted(measured))
     circuit_heads = tuple(sorted((layer, h) for name, layer, h in kept if name == "head"))
     circuit_mlps = tuple(sorted(layer for name, layer, _ in kept if name == "mlp"))
     nodes = {name: tuple(runner.node_types[name].label(layer, i) for _, layer, i in sorted(
@@ -444,7 +423,7 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     order = _order(flat, rank)
     clean = float(runner.clean["metric"].mean())
     corrupted = float(runner.corrupted["metric"].mean())
-    check_gap(clean, corrupted, runner.metric_name)
+    check_task_gap(clean, corrupted, runner.metric_name)
 
     def kept_mask(k: int, order: Tensor = order) -> Tensor:
         mask = torch.zeros_like(allowed)
@@ -497,7 +476,7 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
             progress(runner.passes - before)
         effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v)
                    for i, v in zip(strongest, values, strict=True)]
-    curve = tuple(TaskCurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))
+    curve = tuple(CurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))
     return tuple(names), measured[k], curve, areas["cpr"], areas["cmd"], tuple(effects), E, areas
 
 
@@ -542,6 +521,6 @@ def mib_areas(curves: dict[str, list[float]], sizes: list[int]) -> dict[str, Any
                       "area_from_1": area_from_1(curves[rank])} for rank in RANKS}}
 
 
-__all__ = ["EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "NodeCircuit", "RANKS", "TaskCircuit", "TaskCurvePoint",
+__all__ = ["CurvePoint", "EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "NodeCircuit", "RANKS", "TaskCircuit",
            "area_from_1", "area_under", "edge_circuit", "mib_areas", "mib_sizes", "node_circuit", "node_masks",
            "node_order", "sender_scores", "typed_order"]

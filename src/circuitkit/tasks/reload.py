@@ -86,9 +86,9 @@ def _task(data: dict[str, Any], pairs: dict[str, Any], where: str) -> Any:
 
 
 def _points(values: list[dict[str, Any]]) -> tuple[Any, ...]:
-    from circuitkit.tasks.circuit import TaskCurvePoint
+    from circuitkit.circuits.curve import CurvePoint
 
-    return tuple(TaskCurvePoint(int(p["size"]), float(p["faithfulness"]), float(p["metric"])) for p in values)
+    return tuple(CurvePoint(int(p["size"]), float(p["faithfulness"]), float(p["metric"])) for p in values)
 
 
 def _head(text: str) -> tuple[int, int]:

@@ -23,8 +23,9 @@ import torch
 from torch import Tensor
 
 from circuitkit.circuits.baseline import BASELINE_KINDS, RandomBaseline, random_sets, set_baseline
+from circuitkit.circuits.curve import NoBehaviour, faithfulness_of
 from circuitkit.circuits.stability import Stability, mean_pairwise_jaccard
-from circuitkit.tasks.circuit import NoBehaviour, node_circuit
+from circuitkit.tasks.circuit import node_circuit
 from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.task import UserMetric
 from circuitkit.uncertainty import resample_counts
@@ -49,7 +50,7 @@ def random_node_sets(runner: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: b
         kept = random_sets(heads, L, H, n_sets, seed + offset, kind)
         patched_mlps = None if mlp_mask is None else mlp_mask[None].expand(n_sets, L)
         each = runner.node_metric(~kept, patched_mlps, per_pair=True).double()  # [sets, pair]
-        values = tuple(float((m - everything) / (clean - everything)) for m in each.mean(dim=1).tolist())
+        values = tuple(float(faithfulness_of(m, clean, everything)) for m in each.mean(dim=1).tolist())
         # (a - k_s) / (a - c) with a = m_all, c = m_clean, k_s = m_s: the task's faithfulness of each set
         stacked = (torch.cat([all_patched.double()[:, None], clean_each[:, None], each.T], dim=1)
                    if clean_each.numel() >= 2 else None)

@@ -794,7 +794,8 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
     often the corrupted run: neither run again), the chosen circuit's (``n`` nodes) faithfulness and necessity, and
     the edge circuit's faithfulness (one pass).
     ``types``: the further node types' scores (``[layer, nodes]`` by type), ranked with the heads."""
-    from circuitkit.tasks.circuit import faithfulness_of, node_masks, sender_scores, typed_order
+    from circuitkit.circuits.curve import faithfulness_of, has_gap
+    from circuitkit.tasks.circuit import MIN_TASK_GAP, node_masks, sender_scores, typed_order
 
     graph = other.graph
     scores = sender_scores(graph, node_scores, mlp_nodes and graph.mlps) | dict(types or {})
@@ -815,7 +816,7 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
     out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
                            "corrupted": float(other.corrupted["metric"].mean()),
                            "metric_all_nodes_patched": all_patched, "necessity": clean - only}
-    if abs(clean - all_patched) < 1e-3:
+    if not has_gap(clean, all_patched, MIN_TASK_GAP):
         out.update(curve=[], faithfulness=None, edge_faithfulness=None,
                    note="the corrupted prompts of this set do not change the metric")
         return out
@@ -829,7 +830,7 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
             sender, receiver = edge.split("->")
             kept[graph.senders.index(sender), graph.receivers.index(receiver)] = True
         corrupted = float(other.corrupted["metric"].mean())
-        if abs(clean - corrupted) >= 1e-3:
+        if has_gap(clean, corrupted, MIN_TASK_GAP):
             out["edge_faithfulness"] = faithfulness_of(float(other.edge_metric(kept[None])[0]), clean, corrupted)
     return out
 

@@ -31,9 +31,10 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.curve import faithfulness_of, has_gap
 from circuitkit.circuits.search import SearchProblem, SearchResult, run_search
 from circuitkit.models.adapters import HOOKS
-from circuitkit.tasks.circuit import node_order
+from circuitkit.tasks.circuit import MIN_TASK_GAP, node_order
 from circuitkit.tasks.graph import TaskRunner
 
 
@@ -63,11 +64,10 @@ def task_problem(runner: TaskRunner, node_scores: Tensor, all_patched: float, *,
     mlp_nodes = bool(mlp_nodes and graph.mlps)
     nodes = task_nodes(runner, mlp_nodes)
     clean = float(runner.clean["metric"].mean())
-    gap = clean - all_patched
 
     def faithfulness(kept: Tensor) -> Tensor:
         heads, mlps = patched_masks(runner, nodes, kept, mlp_nodes)
-        return (runner.node_metric(heads, mlps).double() - all_patched) / gap
+        return faithfulness_of(runner.node_metric(heads, mlps).double(), clean, all_patched)
 
     def gated(m: Tensor) -> Tensor:
         from circuitkit.detect.attribution import frozen_parameters
@@ -93,7 +93,7 @@ def task_problem(runner: TaskRunner, node_scores: Tensor, all_patched: float, *,
             logits = runner.adapter.run(runner.batch.clean, hooks, positions=runner.positions)
             metric = runner.metric(logits).mean()
         runner.passes += 3.0
-        return (metric - all_patched) / gap
+        return faithfulness_of(metric, clean, all_patched)
 
     names = tuple(f"{layer}.{h}" if h is not None else f"m{layer}" for layer, h in nodes)
     scores = torch.tensor([float(node_scores[graph.sender_index(layer, h)]) for layer, h in nodes], device="cpu")
@@ -142,8 +142,8 @@ def held_out(other: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: bool) -> d
     circuit, all_patched, only = other.node_metric(patched_heads, patched_mlps).tolist()
     clean = float(other.clean["metric"].mean())
     out = {"necessity": clean - only}
-    if abs(clean - all_patched) >= 1e-3:
-        out["faithfulness"] = (circuit - all_patched) / (clean - all_patched)
+    if has_gap(clean, all_patched, MIN_TASK_GAP):
+        out["faithfulness"] = faithfulness_of(circuit, clean, all_patched)
     return out
 
 
@@ -212,7 +212,7 @@ def edge_problem(runner: TaskRunner, scores: Tensor, rank: str) -> SearchProblem
     def faithfulness(kept: Tensor) -> Tensor:
         masks = torch.zeros(kept.shape[0], *graph.allowed.shape, dtype=torch.bool, device="cpu")
         masks[:, index[:, 0], index[:, 1]] = kept
-        return (runner.edge_metric(masks).double() - corrupted) / (clean - corrupted)
+        return faithfulness_of(runner.edge_metric(masks).double(), clean, corrupted)
 
     importance = flat.abs() if rank == "abs" else flat
     return SearchProblem(tuple(graph.edge_names(index)), faithfulness, None, lambda: float(runner.passes), importance)
