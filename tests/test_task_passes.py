@@ -4,6 +4,7 @@ from a layer up) and equals the full pass; the pass counts of a known scan."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -311,3 +312,19 @@ def test_the_held_out_plan_counts_the_node_searchs_sizes_before_the_search_runs(
     assert held_estimate(plan) == 1 + 1 + sizes + 1 + 1
     assert held_estimate(plan, 14) == 1 + 1 + 14 + 1 + 1  # known once the search ran
     assert held_estimate(replace(plan, quick=True)) == 1 + 1 + 2 + 1 + 1
+
+
+def test_the_edge_plan_counts_both_rankings_and_the_resumed_effects():
+    """The edge stage is planned at MIB's sizes under both rankings (CPR reads the signed one, CMD the absolute one),
+    the bisection, and the eight exact effects at half a pass each (they resume at the receiver's layer): on IOI's
+    79,813 edges 18 + 7 + 4 = 29, where the stage ran 25.83 (it planned 24, under what ran)."""
+    from circuitkit.tasks.circuit import EDGE_RESOLUTION, N_EXACT_EDGES, RANKS, mib_sizes
+    from circuitkit.tasks.stages import EFFECT_SHARE, edge_estimate
+
+    assert edge_estimate(79813, 8) == 29
+    sizes = [k for k in mib_sizes(79813) if 0 < k < 79813]
+    assert len(sizes) == 9 and len(RANKS) == 2
+    halvings = math.ceil(math.log2(2.5 / EDGE_RESOLUTION)) - 1
+    assert edge_estimate(79813, 8) == 2 * 9 + halvings + EFFECT_SHARE * N_EXACT_EDGES
+    # a graph of 5 edges: MIB's sizes 0, 0, 0, 0, 0, 0, 0, 1, 2 (5 excluded), under both rankings; 5 effects
+    assert edge_estimate(5, 8) == 2 * 2 + halvings + EFFECT_SHARE * 5
