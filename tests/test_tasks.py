@@ -574,6 +574,9 @@ def test_ioi_pairs_are_equal_length_with_one_token_names_and_marks():
         ids = batch.clean[i]
         assert int(ids[task.marks[i]["io"]]) == int(batch.answers[i, 0])  # the indirect object's own token
         assert int(ids[task.marks[i]["s1"]]) == int(batch.wrongs[i, 0])
+        s2 = task.marks[i]["s2"]  # the subject's repeat: the one token the corrupted prompt replaces
+        assert s2 > task.marks[i]["s1"] and int(ids[s2]) == int(batch.wrongs[i, 0])
+        assert int(batch.corrupted[i, s2]) != int(ids[s2])
         assert int((batch.clean[i] != batch.corrupted[i]).sum()) == 1  # ABC: one name replaced
     assert ioi(model, n=10, seed=3).pairs == task.pairs and ioi(model, n=10, seed=4).pairs != task.pairs
     result = scan_task(model, task, edges=False, holdout=0)  # the score over every pair
@@ -584,13 +587,15 @@ def test_ioi_pairs_are_equal_length_with_one_token_names_and_marks():
 
     with torch.no_grad():
         model.run_with_hooks(batch.clean, fwd_hooks=[(HOOKS.pattern(layer), keep) for layer in range(2)])
-    expected = torch.zeros(2, 4)
+    expected, repeat = torch.zeros(2, 4), torch.zeros(2, 4)
     for i, marks in enumerate(task.marks):
         last = int(batch.last[i])
         for layer in range(2):
             row = patterns[layer][i, :, last]
             expected[layer] += (row[:, marks["io"]] - row[:, marks["s1"]]) / task.n_pairs
+            repeat[layer] += (row[:, marks["s2"]] - row[:, marks["io"]]) / task.n_pairs
     torch.testing.assert_close(result.head_scores["io_attention"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(result.head_scores["s2_attention"], repeat, atol=1e-6, rtol=0)
     with pytest.raises(CircuitkitError, match="as one token"):
         ioi(_named(model), n=4)
 

@@ -132,9 +132,10 @@ def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = 
         head, tail = clean.rsplit(f" {b} ", 1)
         corrupted = f"{head} {c} {tail}"
         pairs.append(Pair(clean, corrupted, (" " + a,), (" " + b,)))
-        marks.append(_name_positions(tokenizer, clean, {"io": a, "s1": b}))
+        named = _name_positions(tokenizer, clean, {"io": a, "s1": b})
+        marks.append({**named, "s2": _repeat_position(tokenizer, clean, named["s1"])})
     return Task("ioi", tuple(pairs), metric="logit_diff", marks=tuple(marks),
-                attention_scores=(("io_attention", "io", "s1"),),
+                attention_scores=(("io_attention", "io", "s1"), ("s2_attention", "s2", "io")),
                 description="indirect-object identification: the name that appeared once, against the subject; "
                             "corrupted: the second subject replaced by a third name")
 
@@ -151,6 +152,17 @@ def _name_positions(tokenizer: Any, prompt: str, names: dict[str, str]) -> dict[
                                   "expected the name's own token in the prompt.")
         out[mark] = ids.index(token)
     return out
+
+
+def _repeat_position(tokenizer: Any, prompt: str, first: int) -> int:
+    """The last position of the token at text position ``first`` (the subject's first mention ``s1``): its repeat
+    ``s2``, the mention the corrupted prompt replaces."""
+    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    last = len(ids) - 1 - ids[::-1].index(ids[first])
+    if last == first:
+        raise CircuitkitError(f"ioi: the tokenizer writes the subject's second mention in {prompt!r} differently "
+                              "from its first; expected the same token at both.")
+    return last
 
 
 def greater_than(model: Any, n: int = 32, *, seed: int = 0) -> Task:

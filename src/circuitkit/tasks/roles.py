@@ -1,13 +1,20 @@
 """IOI roles (Wang et al. 2022) read from a task scan's own figures: which of the node circuit's heads act as name
-movers, negative name movers, S-inhibition, duplicate-token, induction and previous-token heads.
+movers, negative name movers, subject suppressors and subject movers, S-inhibition, duplicate-token, induction and
+previous-token heads.
 
 Why a module: the IOI paper names its circuit by roles, and a researcher reads a circuit that way. The roles here
 are rules over figures the scan measured, never new measurements; each rule says what it reads:
 
-- **name mover**: direct logit attribution ``> 0`` (the head writes the answer over the wrong name) and
-  ``io_attention > 0`` (from the last token it attends more to the indirect object than to the subject);
-- **negative name mover**: direct logit attribution ``< 0`` with ``io_attention > 0`` (attends to the indirect
-  object and writes against it);
+- **name mover**: direct logit attribution ``> 0`` (the head writes the answer over the wrong name) and, from the
+  last token, more attention to the indirect object than to either mention of the subject: ``io_attention > 0``
+  (IO minus the first mention S1) and ``s2_attention < 0`` (the repeat S2 minus IO);
+- **negative name mover**: direct logit attribution ``< 0``, attending to the indirect object as a name mover does
+  (and writing against it);
+- **subject suppressor**: direct logit attribution ``> 0`` while attending more to a mention of the subject than to
+  the indirect object (``io_attention < 0`` or ``s2_attention > 0``): it raises the logit difference from the
+  wrong name, as a head that writes against the name it attends does (copy suppression, McDougall et al. 2023);
+- **subject mover**: direct logit attribution ``< 0`` while attending more to the subject: it writes for the wrong
+  name;
 - **S-inhibition**: an edge of the edge circuit from the head into a name mover's query input (``X->L.H:q``): it
   changes where the name mover looks (only where edges were measured);
 - **duplicate-token**, **induction**, **previous-token**: the head's registered pattern score on the task's clean
@@ -15,6 +22,11 @@ are rules over figures the scan measured, never new measurements; each rule says
   one of these and a name-mover role.
 
 Heads outside the node circuit get no role. A role no head meets is left out; the answer names the rule set once.
+The subject roles read ``s2_attention``: a scan without it (saved before IOI marked the subject's repeat) keeps the
+two name-mover rules on ``io_attention`` alone, as it was written. On Qwen2.5-Coder-0.5B the head with the largest
+direct logit attribution (20.9, +2.13) puts 0.62 of its last-token attention on S2 and 0.05 on IO, and its direct
+effect is -2.23 on the subject's logit and -0.09 on the answer's: a subject suppressor, which the rule on
+``io_attention`` alone (+0.01) called a name mover.
 
 :func:`member_explanations` then words what every head of the node circuit does, from the same figures and the
 rest the scan measured (:mod:`circuitkit.circuits.explain`): its role here, the pattern scores that call it, its
@@ -34,7 +46,10 @@ which a circuit head is called by it: a third of its attention, well above a uni
 15-20 tokens."""
 PATTERN_ROLES = (("duplicate_token", "duplicate-token"), ("induction", "induction"),
                  ("previous_token", "previous-token"))
-ROLE_ORDER = ("name mover", "negative name mover", "S-inhibition", "duplicate-token", "induction", "previous-token")
+ROLE_ORDER = ("name mover", "negative name mover", "subject suppressor", "subject mover", "S-inhibition",
+              "duplicate-token", "induction", "previous-token")
+ATTENTION_ROLES = ("name mover", "negative name mover", "subject suppressor", "subject mover")
+"""The roles read from direct logit attribution and where the head attends (their line prints both figures)."""
 
 
 def signed(value: float) -> str:
@@ -52,13 +67,24 @@ def ioi_roles(result: Any) -> dict[str, tuple[tuple[int, int], ...]] | None:
         return None
     roles: dict[str, list[tuple[int, int]]] = {name: [] for name in ROLE_ORDER}
     dla = result.dla
+    s2 = result.head_scores.get("s2_attention")
     if dla is not None:
         by_dla = sorted(c.heads, key=lambda h: -abs(float(dla[h])))
         for h in by_dla:
-            if float(io[h]) > 0 and float(dla[h]) > 0:
+            writes = float(dla[h])
+            if s2 is None:  # a scan saved without the subject's repeat: the name-mover rules on io_attention alone
+                to_io, to_subject = float(io[h]) > 0, False
+            else:
+                to_io = float(io[h]) > 0 and float(s2[h]) < 0
+                to_subject = float(io[h]) < 0 or float(s2[h]) > 0
+            if to_io and writes > 0:
                 roles["name mover"].append(h)
-            elif float(io[h]) > 0 and float(dla[h]) < 0:
+            elif to_io and writes < 0:
                 roles["negative name mover"].append(h)
+            elif to_subject and writes > 0:
+                roles["subject suppressor"].append(h)
+            elif to_subject and writes < 0:
+                roles["subject mover"].append(h)
     movers = {head_name(h) for h in roles["name mover"]}
     for edge in c.edges:
         sender, receiver = edge.split("->")
@@ -85,20 +111,30 @@ def roles_line(result: Any) -> str | None:
         return "IOI roles (Wang et al. 2022): no circuit head meets a role's rule."
     parts = []
     for role, heads in roles.items():
-        if role in ("name mover", "negative name mover"):
-            named = ", ".join(f"{head_name(h)} (DLA {signed(float(result.dla[h]))}, io_attention "
-                              f"{signed(float(result.head_scores['io_attention'][h]))})" for h in heads[:4])
+        if role in ATTENTION_ROLES:
+            named = ", ".join(f"{head_name(h)} (DLA {signed(float(result.dla[h]))}, {attention(result, h)})"
+                              for h in heads[:4])
         elif role == "S-inhibition":
             named = ", ".join(head_name(h) for h in heads[:4]) + " (edges into a name mover's query)"
         else:
             score = dict((r, n) for n, r in PATTERN_ROLES)[role]
             named = ", ".join(f"{head_name(h)} ({float(result.pattern_scores[score][h]):.2f})" for h in heads[:4])
-        parts.append(f"{role}s {named}" if role.endswith("mover") else f"{role} heads {named}")
+        parts.append(f"{role}s {named}" if role in ATTENTION_ROLES else f"{role} heads {named}")
     edges_note = "" if result.circuit.edges else "; S-inhibition needs edges, not measured here"
     return "IOI roles (Wang et al. 2022, from this scan's figures): " + "; ".join(parts) + edges_note + "."
 
 
-NAMED_ROLES = ("name mover", "negative name mover", "S-inhibition")
+def attention(result: Any, head: tuple[int, int]) -> str:
+    """Where a head attends, as the attention roles read it: ``io_attention`` and, where the scan has it,
+    ``s2_attention``, each with its sign."""
+    scores = result.head_scores
+    said = f"io_attention {signed(float(scores['io_attention'][head]))}"
+    if scores.get("s2_attention") is not None:
+        said += f", s2_attention {signed(float(scores['s2_attention'][head]))}"
+    return said
+
+
+NAMED_ROLES = (*ATTENTION_ROLES, "S-inhibition")
 """The roles a member's explanation names as roles: the pattern roles are said as its pattern calls instead."""
 
 
@@ -143,7 +179,7 @@ def member_explanations(result: Any) -> dict[str, str] | None:
     io = result.head_scores.get("io_attention")
     for role in NAMED_ROLES:
         for h in named.get(role, ()):
-            figure = f" (io_attention {signed(float(io[h]))})" if io is not None and role.endswith("mover") else ""
+            figure = f" ({attention(result, h)})" if io is not None and role in ATTENTION_ROLES else ""
             roles[h].append(role + figure)
     effects = {e.name: e.effect for e in c.edge_effects}
     edges = [parse_edge(name, effects.get(name)) for name in c.edges]
@@ -159,5 +195,5 @@ def member_explanations(result: Any) -> dict[str, str] | None:
         n_total=c.n_nodes_total, unit=metric_units(result.task.metric))
 
 
-__all__ = ["NAMED_ROLES", "PATTERN_CALL", "ROLE_ORDER", "ioi_roles", "member_explanations", "node_order",
-           "roles_line"]
+__all__ = ["ATTENTION_ROLES", "NAMED_ROLES", "PATTERN_CALL", "ROLE_ORDER", "attention", "ioi_roles",
+           "member_explanations", "node_order", "roles_line"]

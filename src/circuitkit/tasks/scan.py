@@ -308,10 +308,17 @@ LEGEND = (
     (r"\bCMD\b", "CMD = area between 1 and the curve of the edges by absolute score (MIB's circuit-model "
                 "distance; lower is better)"),
     (r"io_attention", "io_attention = attention from the last token to the indirect object minus to the subject"),
+    (r"s2_attention", "s2_attention = attention from the last token to the subject's second mention minus to the "
+                      "indirect object"),
     (r"\bDLA\b", lambda scan: f"DLA = direct logit attribution, {dla_meaning(scan.task.metric)}"),
-    (r"IOI roles", "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): name mover DLA > 0 and "
-                   "io_attention > 0; negative name mover DLA < 0 and io_attention > 0; S-inhibition an edge into a "
-                   "name mover's query; duplicate-token / induction / previous-token a pattern score >= 0.3"),
+    (r"IOI roles", lambda scan: "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): " + (
+        "name mover DLA > 0, attending to the indirect object more than to either mention of the subject "
+        "(io_attention > 0, s2_attention < 0); negative name mover DLA < 0, attending as a name mover; subject "
+        "suppressor DLA > 0, attending more to a mention of the subject; subject mover DLA < 0, attending so"
+        if "s2_attention" in scan.head_scores else
+        "name mover DLA > 0 and io_attention > 0; negative name mover DLA < 0 and io_attention > 0") +
+        "; S-inhibition an edge into a name mover's query; duplicate-token / induction / previous-token a pattern "
+        "score >= 0.3"),
 )
 """Abbreviations of a task answer and their meaning, a text or a function of the scan (:meth:`TaskScan.legend` lists
 those that appear)."""
