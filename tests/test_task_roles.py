@@ -7,7 +7,15 @@ from types import SimpleNamespace
 
 import torch
 
-from circuitkit.tasks.roles import PATTERN_CALL, ROLE_ORDER, ioi_roles, roles_line
+from circuitkit.tasks.roles import (
+    ATTENTION_ROLES,
+    PATTERN_CALL,
+    ROLE_ATTENTION,
+    ROLE_DLA,
+    ROLE_ORDER,
+    ioi_roles,
+    roles_line,
+)
 
 
 def _scan(edges=("0.1->2.0:q", "0.2->2.0:k", "m0->2.0:q", "1.3->2.0:q")):
@@ -38,43 +46,54 @@ def test_each_rule_on_hand_set_figures():
 
 def _with_repeat():
     """The same figures with ``s2_attention`` (attention to the subject's repeat minus to the indirect object), as an
-    IOI scan records it: each attention role just inside and just outside its boundary."""
+    IOI scan records it, and a metric difference of 2 (DLA floor 0.02): each attention role just inside and just
+    outside its boundaries."""
     scan = _scan()
     L, H = scan.dla.shape
     io, s2, dla = scan.head_scores["io_attention"], torch.zeros(L, H), scan.dla
-    s2[2, 0] = -0.01                        # 2.0: IO over both mentions: still a name mover
-    s2[2, 1] = 0.01                         # 2.1: IO over S1, but S2 over IO: writes against -> subject mover
-    dla[2, 3], io[2, 3], s2[2, 3] = 2.5, 0.05, 0.6  # the largest DLA, looking at S2: a subject suppressor
-    dla[1, 1], io[1, 1], s2[1, 1] = 0.3, 0.2, -0.1  # a name mover by both figures
+    a = ROLE_ATTENTION
+    s2[2, 0] = -a                                    # 2.0: IO over both mentions, just: a name mover
+    s2[2, 1] = a                                     # 2.1: S2 over IO, just, writing against: a subject mover
+    dla[2, 3], io[2, 3], s2[2, 3] = 2.5, 0.05, 0.6   # the largest DLA, looking at S2: a subject suppressor
+    dla[1, 1], io[1, 1], s2[1, 1] = 0.3, 0.2, -0.1   # a name mover by both figures
+    dla[1, 2], io[1, 2], s2[1, 2] = 0.5, 0.2, -0.04  # IO over S2 by less than the floor: no role
+    dla[1, 3], io[1, 3], s2[1, 3] = 0.019, 0.3, -0.3  # attends to IO but writes below 1% of the difference: none
     scan.head_scores["s2_attention"] = s2
-    scan.circuit.heads = (*scan.circuit.heads, (2, 3), (1, 1))
+    scan.circuit.heads = (*scan.circuit.heads, (2, 3), (1, 1), (1, 2), (1, 3))
+    scan.circuit.clean, scan.circuit.corrupted = 3.0, 1.0
     return scan
 
 
 def test_the_subject_roles_read_where_a_head_attends_among_both_mentions():
     """With ``s2_attention`` a head that writes the answer while attending to the subject's repeat (Qwen2.5-0.5B's
     20.9: DLA +2.13, 0.62 of its attention on S2, 0.05 on IO) is a subject suppressor, not a name mover; one that
-    writes against it while looking at the subject, a subject mover."""
+    writes against it while looking at the subject, a subject mover; a head without a clear preference, or one
+    that writes below the floor, none of the four."""
     scan = _with_repeat()
+    assert ROLE_DLA * 2.0 > 0.019
     roles = ioi_roles(scan)
     assert roles["name mover"] == ((2, 0), (1, 1))  # by |DLA|: 2.0 (2.0), then 1.1 (0.3)
     assert roles["subject suppressor"] == ((2, 3), (2, 2))  # 2.3 (S2 +0.6), 2.2 (io_attention -0.1)
     assert roles["subject mover"] == ((2, 1),) and "negative name mover" not in roles
+    assert not any(h in roles.get(role, ()) for role in ATTENTION_ROLES for h in ((1, 2), (1, 3)))
     assert list(roles) == [r for r in ROLE_ORDER if r in roles]
     line = roles_line(scan)
     assert "subject suppressors 2.3 (DLA +2.50, io_attention +0.05, s2_attention +0.60)" in line
-    assert "name movers 2.0 (DLA +2.00, io_attention +0.40, s2_attention -0.01)" in line
-    # the S-inhibition rule reads the name movers: 0.1 -> 2.0:q still counts; nothing feeds 2.3 as a mover
-    assert roles["S-inhibition"] == ((0, 1),)
+    assert "name movers 2.0 (DLA +2.00, io_attention +0.40, s2_attention -0.05)" in line
+    # the S-inhibition rule reads the name movers: 0.1 -> 2.0:q still counts, and 1.3 -> 2.0:q now that 1.3 is
+    # in the circuit (S-inhibition reads an edge, not the head's own DLA)
+    assert roles["S-inhibition"] == ((0, 1), (1, 3))
 
 
 def test_a_scan_without_the_subjects_repeat_keeps_the_rules_it_was_written_with():
-    """A scan saved before IOI marked S2 has no ``s2_attention``: the name-mover rules read ``io_attention`` alone
-    and no subject role appears, so its saved roles load back as they were written."""
+    """A scan saved before IOI marked S2 has no ``s2_attention``: the name-mover rules read the signs of
+    ``io_attention`` and DLA alone (no floors) and no subject role appears, so its saved roles load back as they
+    were written."""
     scan = _with_repeat()
     del scan.head_scores["s2_attention"]
     roles = ioi_roles(scan)
-    assert roles["name mover"] == ((2, 3), (2, 0), (1, 1)) and roles["negative name mover"] == ((2, 1),)
+    assert roles["name mover"] == ((2, 3), (2, 0), (1, 2), (1, 1), (1, 3))
+    assert roles["negative name mover"] == ((2, 1),)
     assert not {"subject suppressor", "subject mover"} & set(roles)
     assert "s2_attention" not in roles_line(scan)
 

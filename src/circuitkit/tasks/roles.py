@@ -6,15 +6,20 @@ Why a module: the IOI paper names its circuit by roles, and a researcher reads a
 are rules over figures the scan measured, never new measurements; each rule says what it reads:
 
 - **name mover**: direct logit attribution ``> 0`` (the head writes the answer over the wrong name) and, from the
-  last token, more attention to the indirect object than to either mention of the subject: ``io_attention > 0``
-  (IO minus the first mention S1) and ``s2_attention < 0`` (the repeat S2 minus IO);
+  last token, more attention to the indirect object than to either mention of the subject: ``io_attention >=
+  ROLE_ATTENTION`` (IO minus the first mention S1) and ``s2_attention <= -ROLE_ATTENTION`` (the repeat S2 minus IO);
 - **negative name mover**: direct logit attribution ``< 0``, attending to the indirect object as a name mover does
   (and writing against it);
 - **subject suppressor**: direct logit attribution ``> 0`` while attending more to a mention of the subject than to
-  the indirect object (``io_attention < 0`` or ``s2_attention > 0``): it raises the logit difference from the
-  wrong name, as a head that writes against the name it attends does (copy suppression, McDougall et al. 2023);
+  the indirect object (``io_attention <= -ROLE_ATTENTION`` or ``s2_attention >= ROLE_ATTENTION``): it raises the
+  logit difference from the wrong name, as a head that writes against the name it attends does (copy suppression,
+  McDougall et al. 2023);
 - **subject mover**: direct logit attribution ``< 0`` while attending more to the subject: it writes for the wrong
   name;
+
+  each of these four with ``|DLA|`` at least :data:`ROLE_DLA` of the metric's clean-corrupted difference (a head
+  that writes less than that directly moves no name) and attention differences of at least
+  :data:`ROLE_ATTENTION` (a head without such a preference attends to neither name: it gets none of them);
 - **S-inhibition**: an edge of the edge circuit from the head into a name mover's query input (``X->L.H:q``): it
   changes where the name mover looks (only where edges were measured);
 - **duplicate-token**, **induction**, **previous-token**: the head's registered pattern score on the task's clean
@@ -22,16 +27,11 @@ are rules over figures the scan measured, never new measurements; each rule says
   one of these and a name-mover role.
 
 Heads outside the node circuit get no role. A role no head meets is left out; the answer names the rule set once.
-The subject roles read ``s2_attention``: a scan without it (saved before IOI marked the subject's repeat) keeps the
-two name-mover rules on ``io_attention`` alone, as it was written. On Qwen2.5-Coder-0.5B the head with the largest
-direct logit attribution (20.9, +2.13) puts 0.62 of its last-token attention on S2 and 0.05 on IO, and its direct
-effect is -2.23 on the subject's logit and -0.09 on the answer's: a subject suppressor, which the rule on
-``io_attention`` alone (+0.01) called a name mover.
-
-:func:`member_explanations` then words what every head of the node circuit does, from the same figures and the
-rest the scan measured (:mod:`circuitkit.circuits.explain`): its role here, the pattern scores that call it, its
-direct logit attribution, the edge circuit's edges it sends and receives with their exact effects, its step on the
-faithfulness curve; a head no rule names still gets a phrase.
+The subject roles and the two floors read ``s2_attention``: a scan without it (saved before IOI marked the
+subject's repeat) keeps the two name-mover rules on the signs of ``io_attention`` and DLA alone, as it was written.
+On Qwen2.5-Coder-0.5B the head with the largest direct logit attribution (20.9, +2.13) puts 0.62 of its last-token
+attention on S2 and 0.05 on IO, and its direct effect is -2.23 on the subject's logit and -0.09 on the answer's: a
+subject suppressor, which the rule on ``io_attention`` alone (+0.01) called a name mover.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ which a circuit head is called by it: a third of its attention, well above a uni
 15-20 tokens."""
 PATTERN_ROLES = (("duplicate_token", "duplicate-token"), ("induction", "induction"),
                  ("previous_token", "previous-token"))
+ROLE_ATTENTION = 0.05
+"""The smallest difference between a head's attention to two names (from the last token; a share of its attention)
+from which the attention roles say it attends to one over the other: a twentieth of its attention."""
+ROLE_DLA = 0.01
+"""The smallest ``|DLA|``, as a share of the metric's clean-corrupted difference, from which a head writes a name
+directly (on Qwen2.5-0.5B's IOI, a difference of 4.1 logits: 0.04 logits)."""
 ROLE_ORDER = ("name mover", "negative name mover", "subject suppressor", "subject mover", "S-inhibition",
               "duplicate-token", "induction", "previous-token")
 ATTENTION_ROLES = ("name mover", "negative name mover", "subject suppressor", "subject mover")
@@ -70,13 +76,14 @@ def ioi_roles(result: Any) -> dict[str, tuple[tuple[int, int], ...]] | None:
     s2 = result.head_scores.get("s2_attention")
     if dla is not None:
         by_dla = sorted(c.heads, key=lambda h: -abs(float(dla[h])))
+        floor = ROLE_DLA * abs(c.clean - c.corrupted) if s2 is not None else 0.0
         for h in by_dla:
-            writes = float(dla[h])
+            writes = float(dla[h]) if abs(float(dla[h])) >= floor else 0.0
             if s2 is None:  # a scan saved without the subject's repeat: the name-mover rules on io_attention alone
                 to_io, to_subject = float(io[h]) > 0, False
             else:
-                to_io = float(io[h]) > 0 and float(s2[h]) < 0
-                to_subject = float(io[h]) < 0 or float(s2[h]) > 0
+                to_io = float(io[h]) >= ROLE_ATTENTION and float(s2[h]) <= -ROLE_ATTENTION
+                to_subject = float(io[h]) <= -ROLE_ATTENTION or float(s2[h]) >= ROLE_ATTENTION
             if to_io and writes > 0:
                 roles["name mover"].append(h)
             elif to_io and writes < 0:
@@ -195,5 +202,5 @@ def member_explanations(result: Any) -> dict[str, str] | None:
         n_total=c.n_nodes_total, unit=metric_units(result.task.metric))
 
 
-__all__ = ["ATTENTION_ROLES", "NAMED_ROLES", "PATTERN_CALL", "ROLE_ORDER", "attention", "ioi_roles",
-           "member_explanations", "node_order", "roles_line"]
+__all__ = ["ATTENTION_ROLES", "NAMED_ROLES", "PATTERN_CALL", "ROLE_ATTENTION", "ROLE_DLA", "ROLE_ORDER", "attention",
+           "ioi_roles", "member_explanations", "node_order", "roles_line"]

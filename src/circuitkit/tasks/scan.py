@@ -41,7 +41,7 @@ from circuitkit.tasks.metrics import dla_meaning, metric_label, metric_units, re
 from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
-from circuitkit.tasks.roles import member_explanations
+from circuitkit.tasks.roles import ROLE_ATTENTION, ROLE_DLA, member_explanations
 from circuitkit.tasks.search import (
     DEFAULT_EDGE_SEARCH_PASSES,
     EDGE_SEARCH_NAMES,
@@ -313,8 +313,10 @@ LEGEND = (
     (r"\bDLA\b", lambda scan: f"DLA = direct logit attribution, {dla_meaning(scan.task.metric)}"),
     (r"IOI roles", lambda scan: "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): " + (
         "name mover DLA > 0, attending to the indirect object more than to either mention of the subject "
-        "(io_attention > 0, s2_attention < 0); negative name mover DLA < 0, attending as a name mover; subject "
-        "suppressor DLA > 0, attending more to a mention of the subject; subject mover DLA < 0, attending so"
+        f"(io_attention >= {ROLE_ATTENTION:g}, s2_attention <= -{ROLE_ATTENTION:g}); negative name mover DLA < 0, "
+        "attending as a name mover; subject suppressor DLA > 0, attending more to a mention of the subject "
+        f"(io_attention <= -{ROLE_ATTENTION:g} or s2_attention >= {ROLE_ATTENTION:g}); subject mover DLA < 0, "
+        f"attending so; each with |DLA| at least {ROLE_DLA:.0%} of the metric's clean-corrupted difference"
         if "s2_attention" in scan.head_scores else
         "name mover DLA > 0 and io_attention > 0; negative name mover DLA < 0 and io_attention > 0") +
         "; S-inhibition an edge into a name mover's query; duplicate-token / induction / previous-token a pattern "
