@@ -1280,6 +1280,8 @@ for _name in ("AttributedEdge", "CircuitEvidence", "EdgeAttribution", "EdgeEffec
               "PathPatching"):
     record(f"circuitkit.circuits:{_name}", "result record of edge_attribution / path_patching / circuit_evidence")
 record("circuitkit.circuits:EdgeMeasure", "built by edge_measure, which validates it")
+record("circuitkit.circuits:CurvePoint", "result record of a circuit's faithfulness curve (built by the searches)")
+record("circuitkit.circuits:NoBehaviour", "the error type raised where ablating everything moves nothing")
 record("circuitkit.circuits:EdgeInputs", "what the evidence hands a measure's compute (built by circuit_evidence)")
 case("circuitkit.circuits:edge_measure", lambda: {"name": "weighted", "column": "composition x attribution",
      "description": "composition times attribution", "compute": lambda inputs: inputs.measured["composition"].values},
