@@ -60,7 +60,8 @@ def main() -> None:
     hooks = [(HOOKS.z(layer), keep_z) for layer in range(L)] + [(HOOKS.pattern(layer), keep_pattern)
                                                                   for layer in range(L)]
     with torch.no_grad():
-        adapter.run(batch.clean, hooks + [(HOOKS.resid_post(L - 1), keep_final)])
+        logits = adapter.run(batch.clean, hooks + [(HOOKS.resid_post(L - 1), keep_final)])
+        wrong = adapter.run(batch.corrupted, [])
     n = batch.n_pairs
     rows = torch.arange(n)
     last = batch.last
@@ -84,13 +85,9 @@ def main() -> None:
         to_io[layer] = (out * u_io[:, None]).sum(-1).mean(0)
         to_s[layer] = (out * u_s[:, None]).sum(-1).mean(0)
     dla = to_io - to_s
-    clean_gap = None
     everyone = tuple((layer, h) for layer in range(L) for h in range(H))
     io_attention = attention["io"] - attention["s1"]
     s2_attention = attention["s2"] - attention["io"]
-    with torch.no_grad():
-        logits = adapter.run(batch.clean, [])
-        wrong = adapter.run(batch.corrupted, [])
 
     def diff(lg: torch.Tensor) -> float:
         return float((lg[rows, last, batch.answers[:, 0]] - lg[rows, last, batch.wrongs[:, 0]]).mean())

@@ -132,37 +132,30 @@ def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = 
         head, tail = clean.rsplit(f" {b} ", 1)
         corrupted = f"{head} {c} {tail}"
         pairs.append(Pair(clean, corrupted, (" " + a,), (" " + b,)))
-        named = _name_positions(tokenizer, clean, {"io": a, "s1": b})
-        marks.append({**named, "s2": _repeat_position(tokenizer, clean, named["s1"])})
+        marks.append(_ioi_marks(tokenizer, clean, a, b))
     return Task("ioi", tuple(pairs), metric="logit_diff", marks=tuple(marks),
                 attention_scores=(("io_attention", "io", "s1"), ("s2_attention", "s2", "io")),
                 description="indirect-object identification: the name that appeared once, against the subject; "
                             "corrupted: the second subject replaced by a third name")
 
 
-def _name_positions(tokenizer: Any, prompt: str, names: dict[str, str]) -> dict[str, int]:
-    """The position of each name's first occurrence (as the one token `` Name``) among the prompt's text tokens
-    (no special tokens: :class:`~circuitkit.tasks.Task` marks count from the text's first token)."""
+def _ioi_marks(tokenizer: Any, prompt: str, io: str, subject: str) -> dict[str, int]:
+    """The marks of one IOI prompt among its text tokens (no special tokens: :class:`~circuitkit.tasks.Task` marks
+    count from the text's first token): ``io`` and ``s1``, the first occurrence of each name (as the one token
+    `` Name``), and ``s2``, the subject's last occurrence, the mention the corrupted prompt replaces."""
     ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     out = {}
-    for mark, name in names.items():
+    for mark, name in (("io", io), ("s1", subject)):
         token = tokenizer(" " + name, add_special_tokens=False)["input_ids"][0]
         if token not in ids:
             raise CircuitkitError(f"ioi: the tokenizer writes {name!r} in {prompt!r} differently from ' {name}'; "
                                   "expected the name's own token in the prompt.")
         out[mark] = ids.index(token)
-    return out
-
-
-def _repeat_position(tokenizer: Any, prompt: str, first: int) -> int:
-    """The last position of the token at text position ``first`` (the subject's first mention ``s1``): its repeat
-    ``s2``, the mention the corrupted prompt replaces."""
-    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    last = len(ids) - 1 - ids[::-1].index(ids[first])
-    if last == first:
+    out["s2"] = len(ids) - 1 - ids[::-1].index(ids[out["s1"]])
+    if out["s2"] == out["s1"]:
         raise CircuitkitError(f"ioi: the tokenizer writes the subject's second mention in {prompt!r} differently "
                               "from its first; expected the same token at both.")
-    return last
+    return out
 
 
 def greater_than(model: Any, n: int = 32, *, seed: int = 0) -> Task:

@@ -109,6 +109,22 @@ def ioi_roles(result: Any) -> dict[str, tuple[tuple[int, int], ...]] | None:
     return {name: tuple(heads) for name, heads in roles.items() if heads}
 
 
+def rules_said(result: Any) -> str:
+    """The rules :func:`ioi_roles` applies to this scan, in words (the answer's legend): the rule set that reads
+    ``s2_attention`` where the scan has it, else the one it was written with."""
+    if result.head_scores.get("s2_attention") is not None:
+        a = f"{ROLE_ATTENTION:g}"
+        movers = ("name mover DLA > 0, attending to the indirect object more than to either mention of the subject "
+                  f"(io_attention >= {a}, s2_attention <= -{a}); negative name mover DLA < 0, attending as a name "
+                  "mover; subject suppressor DLA > 0, attending more to a mention of the subject (io_attention <= "
+                  f"-{a} or s2_attention >= {a}); subject mover DLA < 0, attending so; each with |DLA| at least "
+                  f"{ROLE_DLA:.0%} of the metric's clean-corrupted difference")
+    else:
+        movers = "name mover DLA > 0 and io_attention > 0; negative name mover DLA < 0 and io_attention > 0"
+    return (f"{movers}; S-inhibition an edge into a name mover's query; duplicate-token / induction / "
+            f"previous-token a pattern score >= {PATTERN_CALL:g}")
+
+
 def roles_line(result: Any) -> str | None:
     """The answer's line naming the roles, with the figure each rule read; None without IOI roles."""
     roles = ioi_roles(result)
@@ -203,4 +219,4 @@ def member_explanations(result: Any) -> dict[str, str] | None:
 
 
 __all__ = ["ATTENTION_ROLES", "NAMED_ROLES", "PATTERN_CALL", "ROLE_ATTENTION", "ROLE_DLA", "ROLE_ORDER", "attention",
-           "ioi_roles", "member_explanations", "node_order", "roles_line"]
+           "ioi_roles", "member_explanations", "node_order", "roles_line", "rules_said"]

@@ -30,18 +30,19 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.circuits.curve import NoBehaviour
 from circuitkit.circuits.search import SEARCH_NAMES
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
-from circuitkit.tasks.circuit import RANKS, NoBehaviour, TaskCircuit, edge_circuit, node_circuit
+from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, node_circuit
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
 from circuitkit.tasks.metrics import dla_meaning, metric_label, metric_units, reads_scored
 from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
-from circuitkit.tasks.roles import ROLE_ATTENTION, ROLE_DLA, member_explanations
+from circuitkit.tasks.roles import member_explanations, rules_said
 from circuitkit.tasks.search import (
     DEFAULT_EDGE_SEARCH_PASSES,
     EDGE_SEARCH_NAMES,
@@ -311,16 +312,8 @@ LEGEND = (
     (r"s2_attention", "s2_attention = attention from the last token to the subject's second mention minus to the "
                       "indirect object"),
     (r"\bDLA\b", lambda scan: f"DLA = direct logit attribution, {dla_meaning(scan.task.metric)}"),
-    (r"IOI roles", lambda scan: "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): " + (
-        "name mover DLA > 0, attending to the indirect object more than to either mention of the subject "
-        f"(io_attention >= {ROLE_ATTENTION:g}, s2_attention <= -{ROLE_ATTENTION:g}); negative name mover DLA < 0, "
-        "attending as a name mover; subject suppressor DLA > 0, attending more to a mention of the subject "
-        f"(io_attention <= -{ROLE_ATTENTION:g} or s2_attention >= {ROLE_ATTENTION:g}); subject mover DLA < 0, "
-        f"attending so; each with |DLA| at least {ROLE_DLA:.0%} of the metric's clean-corrupted difference"
-        if "s2_attention" in scan.head_scores else
-        "name mover DLA > 0 and io_attention > 0; negative name mover DLA < 0 and io_attention > 0") +
-        "; S-inhibition an edge into a name mover's query; duplicate-token / induction / previous-token a pattern "
-        "score >= 0.3"),
+    (r"IOI roles", lambda scan: "IOI roles = rules over this scan's figures (circuitkit.tasks.roles): "
+                                + rules_said(scan)),
 )
 """Abbreviations of a task answer and their meaning, a text or a function of the scan (:meth:`TaskScan.legend` lists
 those that appear)."""

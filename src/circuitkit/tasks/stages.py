@@ -80,6 +80,12 @@ def node_estimate(nodes: int, pairs: int) -> float:
     return 1 + exact + 1
 
 
+EFFECT_SHARE = 0.5
+"""The share of a pass one exact edge effect is planned at: it resumes at its receiver's layer ``l`` and runs
+``(L - l) / L`` of the model, half on average over the layers (on Qwen2.5-0.5B's IOI, the eight strongest edges
+cost 1.83 passes: five into the logits)."""
+
+
 def edge_estimate(edges_total: int, pairs: int) -> float:
     """Planned passes of the edge circuit: MIB's sizes under both rankings (one stacked copy each; a size whose two
     top sets are the same edges is measured once, so this is at most), the bisection between the two sizes around
@@ -89,12 +95,6 @@ def edge_estimate(edges_total: int, pairs: int) -> float:
     sizes = len([k for k in mib_sizes(edges_total) if 0 < k < edges_total])
     bisection = math.ceil(math.log2(2.5 / EDGE_RESOLUTION)) - 1
     return len(RANKS) * sizes + bisection + EFFECT_SHARE * min(N_EXACT_EDGES, edges_total)
-
-
-EFFECT_SHARE = 0.5
-"""The share of a pass one exact edge effect is planned at: it resumes at its receiver's layer ``l`` and runs
-``(L - l) / L`` of the model, half on average over the layers (on Qwen2.5-0.5B's IOI, the eight strongest edges
-cost 1.83 passes: five into the logits)."""
 
 
 def held_estimate(plan: PlanInputs, curve_sizes: int | None = None) -> float:
