@@ -30,6 +30,25 @@ import torch
 
 from tests.conftest import random_weights
 
+
+@cache
+def _scratch_root() -> Path:
+    """One temporary folder for every file the cases write, removed when the test process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def _scratch() -> Path:
+    """A fresh folder inside :func:`_scratch_root`."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(dir=_scratch_root()))
+
 # ---------------------------------------------------------------------------------------------------- packages
 
 PACKAGES = (
@@ -592,9 +611,8 @@ OUT_DIRS: list[Bad] = [
 
 def _existing_file(valid) -> str:
     """A plain file in a fresh temporary directory (never beside ``valid``, which may be inside the package)."""
-    import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "a-file"
+    path = _scratch() / "a-file"
     path.write_text("not a directory")
     return str(path)
 
@@ -625,11 +643,10 @@ def track_directory() -> str:
 def checkpoint_directory() -> str:
     """A copy of the bundled model's directory named like a checkpoint."""
     import shutil
-    import tempfile
 
     from circuitkit import zoo
 
-    target = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "step100"
+    target = _scratch() / "step100"
     shutil.copytree(zoo.info().path, target)
     return str(target)
 
@@ -890,9 +907,8 @@ def method(key: str, instance: Callable[[], Any], valid: Callable[[], dict[str, 
 
 
 def tmp_out_dir() -> str:
-    import tempfile
 
-    return str(Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "out")
+    return str(_scratch() / "out")
 
 
 # --- circuitkit (top level): weights, spectra, composition
@@ -1498,9 +1514,8 @@ def english():
 @cache
 def task_file() -> str:
     import json
-    import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / "pairs.jsonl"
+    path = _scratch() / "pairs.jsonl"
     path.write_text("".join(json.dumps(p.to_json()) + "\n" for p in copy_task().pairs))
     return str(path)
 
@@ -1509,9 +1524,8 @@ def bad_task_file(name: str, content: str | bytes | None = None, *, size: int | 
                   link: str | None = None, fifo: bool = False) -> str:
     """A task file in a fresh temporary directory: ``content``, a sparse file of ``size`` bytes, a symlink to
     ``link`` or a FIFO (which would block a plain ``open``)."""
-    import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="circuitkit-fuzz-")) / name
+    path = _scratch() / name
     if link is not None:
         path.symlink_to(link)
     elif fifo:

@@ -283,3 +283,21 @@ def test_scan_refuses_a_dtype_beside_a_loaded_model():
 
     with pytest.raises(CircuitkitError, match=r"scan: dtype: .*None with a loaded model"):
         ck.scan(zoo.load(), dtype="bfloat16")
+
+
+def test_a_generated_tokenizers_files_are_removed_when_the_process_ends(tmp_path):
+    """``word_tokenizer`` writes its files to a temporary folder that the tokenizer reads again while the process
+    runs; the folder is gone once it exits (a folder per process was left in the temporary directory before)."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import os\nfrom circuitkit.models.tokenizer import word_tokenizer\n"
+              "t = word_tokenizer(40)\nprint(t.name_or_path)\n"
+              "assert os.path.isdir(t.name_or_path) and t('3 4')['input_ids']\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    folder = done.stdout.strip().splitlines()[-1]
+    assert folder.startswith(str(tmp_path)) and "circuitkit-tokenizer-" in folder
+    assert not os.path.exists(folder) and list(tmp_path.iterdir()) == []

@@ -93,8 +93,14 @@ def load_tokenizer(directory: str | Path):
 
 @functools.lru_cache(maxsize=8)
 def word_tokenizer(d_vocab: int, bos_id: int = 0):
-    """A generated word-level tokenizer (see :func:`word_tokenizer_files`), built once per process."""
+    """A generated word-level tokenizer (see :func:`word_tokenizer_files`), built once per process. Its files stay
+    in a temporary directory while the process runs (the tokenizer's ``name_or_path``, which
+    :func:`default_tokenizer` reads again) and are removed at its exit."""
+    import atexit
+    import shutil
+
     directory = Path(tempfile.mkdtemp(prefix="circuitkit-tokenizer-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
     return load_tokenizer(word_tokenizer_files(d_vocab, directory, bos_id))
 
 
