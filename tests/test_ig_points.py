@@ -103,6 +103,30 @@ def test_the_points_of_each_rule():
         ig_alphas(3, "middle")
 
 
+def test_every_engine_reads_one_path():
+    """The induction scan's interior points are Python's ``k / steps`` rounded to each precision (what its passes
+    used before they read :mod:`circuitkit.ig_path`), and :func:`along` is ``x' + alpha (x - x')`` point by point."""
+    from circuitkit.ig_path import along
+
+    for steps in (1, 2, 3, 7, 10, 64, 999):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            got = ig_alphas(steps, "interior").to(dtype)
+            want = torch.tensor([k / steps for k in range(1, steps)], dtype=dtype)
+            assert torch.equal(got, want), (steps, dtype)
+    assert ig_alphas(4, "interior").tolist() == [0.25, 0.5, 0.75]
+    g = torch.Generator().manual_seed(0)
+    start, end = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    alphas = ig_alphas(4, "left")
+    stacked = along(start[None], end[None], alphas)
+    assert stacked.shape == (4, 2, 3, 5)
+    for i, a in enumerate(alphas.tolist()):
+        torch.testing.assert_close(stacked[i], start + a * (end - start), rtol=0, atol=0)
+        torch.testing.assert_close(along(start, end, a), stacked[i], rtol=0, atol=0)
+    torch.testing.assert_close(stacked[0], start, rtol=0, atol=0)  # alpha = 0: the baseline itself
+    half = along(start.bfloat16()[None], end.bfloat16()[None], alphas)
+    assert half.dtype == torch.bfloat16  # interpolated in the run's own precision
+
+
 def test_one_left_point_is_the_gradient_at_the_corrupted_input(runner):
     """``steps=1``, EAP-IG's points: the gradient at ``alpha = 0`` (the corrupted input) times the difference."""
     heads, into_logits = _oracle(runner, [0.0])

@@ -82,6 +82,7 @@ from circuitkit.detect.attribution import check_steps, frozen_parameters, input_
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
+from circuitkit.ig_path import along, ig_alphas
 from circuitkit.models.adapters import HOOKS, norm_parameters
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
@@ -196,8 +197,8 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     runs = [(clean.grads, clean.resid)]
     if steps > 1:
         base = _corrupted_input(ctx)
-        for k in range(1, steps):
-            point = _path_gradients(ctx, m, base, k / steps)
+        for alpha in ig_alphas(steps, "interior").tolist():
+            point = _path_gradients(ctx, m, base, alpha)
             runs.append((point.grads, point.resid))
             del point
             if len(runs) == RUNS_PER_CONTRACTION:
@@ -282,7 +283,7 @@ def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alpha: float) 
 
     def interpolate(x: Tensor, hook: Any) -> Tensor:
         start = x.mean(dim=0, keepdim=True) if base is None else base.to(x.device, x.dtype)
-        return start + alpha * (x - start)
+        return along(start, x, alpha)
 
     return _tapped_pass(ctx, m, [(HOOKS.resid_pre(0), interpolate)], "interpolated logits")
 

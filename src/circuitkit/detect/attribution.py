@@ -76,6 +76,7 @@ from circuitkit.detect.loss import differentiated_losses, loss_positions, stacke
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
+from circuitkit.ig_path import along, ig_alphas
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
@@ -292,7 +293,7 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
 
             corrupt = resampled_batch(batch, corrupt_seed)
         base = input_embedding(adapter, corrupt.tokens)
-    alphas = [k / steps for k in range(1, steps)]
+    alphas = ig_alphas(steps, "interior")
     per_pass = _copies_per_pass(adapter, batch)
     spec = adapter.spec
     for first in range(0, len(alphas), per_pass):
@@ -301,11 +302,10 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
         tokens = batch.tokens.repeat(copies, 1)
         leaves: dict[int, Tensor] = {}
 
-        def interpolate(x: Tensor, hook: Any, chunk: list[float] = chunk) -> Tensor:
+        def interpolate(x: Tensor, hook: Any, chunk: Tensor = chunk) -> Tensor:
             clean = x.view(len(chunk), -1, *x.shape[1:])
             start = clean.mean(dim=1, keepdim=True) if base is None else base.to(x.device, x.dtype)[None]
-            alpha = torch.tensor(chunk, device=x.device, dtype=x.dtype).view(-1, 1, 1, 1)
-            return (start + alpha * (clean - start)).view_as(x)
+            return along(start, clean, chunk).view_as(x)
 
         def on_z(z: Tensor, hook: Any, leaves: dict[int, Tensor] = leaves) -> Tensor:
             leaves[HOOKS.layer_of(hook.name)] = leaf = torch.zeros_like(z, requires_grad=True)
@@ -326,7 +326,7 @@ def _layer_path(adapter: ModelAdapter, run: CleanRun, steps: int, values: dict[i
     """Add to ``sums[l]`` the gradients at the points ``k = 1 .. steps - 1`` of layer ``l``'s own path (its ``z``
     between the ablated and the clean value, every other layer clean), for every layer."""
     batch = run.batch
-    alphas = [k / steps for k in range(1, steps)]
+    alphas = ig_alphas(steps, "interior")
     per_pass = _copies_per_pass(adapter, batch)
     for layer in sorted(values):
         clean_z = values[layer]
@@ -335,8 +335,7 @@ def _layer_path(adapter: ModelAdapter, run: CleanRun, steps: int, values: dict[i
             chunk = alphas[first : first + per_pass]
             copies = len(chunk)
             tokens = batch.tokens.repeat(copies, 1)
-            alpha = torch.tensor(chunk, device=clean_z.device, dtype=clean_z.dtype).view(-1, 1, 1, 1, 1)
-            moved = (target + alpha * (clean_z[None] - target)).flatten(0, 1)  # [copies * batch, pos, head, d]
+            moved = along(target, clean_z[None], chunk).flatten(0, 1)  # [copies * batch, pos, head, d]
             leaf = torch.zeros_like(moved, requires_grad=True)
 
             def on_z(z: Tensor, hook: Any, moved: Tensor = moved, leaf: Tensor = leaf) -> Tensor:

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.ig_path import DEFAULT_IG_POINTS, IG_POINTS, along, ig_alphas
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.metrics import METRICS, last_logits
@@ -77,11 +78,6 @@ when the scan starts, at most this: a pass there costs its launches more than it
 (``benchmarks/README.md``, "On one GPU")."""
 MAX_COPIES = 32
 """Most stacked copies of the pairs in one patching pass."""
-IG_POINTS = ("left", "right")
-DEFAULT_IG_POINTS = "left"
-"""EAP-IG's own points (``get_scores_eap_ig`` in hannamw/EAP-IG ``src/eap/attribute.py``: ``k / steps`` for ``k``
-in ``range(0, steps)``), so that scores, and the circuits ranked by them, compare one to one with EAP-IG's and
-MIB's. Both are Riemann sums of the same path integral, with errors of the same order."""
 
 
 def sender_budget(device: torch.device | str, available: int | None) -> int:
@@ -99,16 +95,6 @@ def sender_budget(device: torch.device | str, available: int | None) -> int:
     if kind != "cuda" or available is None:
         return SENDER_BUDGET
     return max(SENDER_BUDGET, min(MAX_SENDER_BUDGET, available // GPU_SENDER_SHARE))
-
-
-def ig_alphas(steps: int, points: str) -> Tensor:
-    """``[steps]`` float32: the points ``alpha`` of the straight path ``x' + alpha (x - x')`` from the corrupted
-    (``alpha = 0``) to the clean input where EAP-IG takes its gradients: ``k / steps`` for ``k = 0 .. steps - 1``
-    (``"left"``: the left Riemann sum, EAP-IG's; ``steps = 1``: the gradient at the corrupted input) or
-    ``k = 1 .. steps`` (``"right"``: ends at the clean run; ``steps = 1``: attribution patching)."""
-    validate.option("EAP-IG points", points, IG_POINTS)
-    first = 0 if points == "left" else 1
-    return torch.arange(first, first + steps, dtype=torch.float32, device="cpu") / steps
 
 
 @dataclass(frozen=True)
@@ -780,8 +766,7 @@ class TaskRunner:
         for begin in range(0, steps, per):
             part = alphas[begin : begin + per]
             n = len(part)
-            start = corrupt_in[None] + part.to(clean_in.dtype)[:, None, None, None].to(clean_in.device) * (
-                clean_in - corrupt_in)[None]  # [n, pair, pos, d_model]
+            start = along(corrupt_in[None], clean_in[None], part)  # [n, pair, pos, d_model]
             grads: dict[tuple[str, int], Tensor] = {}
             resid: dict[int, Tensor] = {}
             node_leaves: dict[tuple[str, int], Tensor] = {}
@@ -840,7 +825,7 @@ class TaskRunner:
         S, L = steps, spec.n_layers
         clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
         alphas = ig_alphas(S, points).to(clean_in.device)
-        start = (corrupt_in[None] + alphas.to(clean_in.dtype)[:, None, None, None] * (clean_in - corrupt_in)[None])
+        start = along(corrupt_in[None], clean_in[None], alphas)
         z_values, mlp_values = self.node_values()
         leaves: dict[str, Tensor] = {}
         typed: dict[tuple[str, int], Tensor] = {}
@@ -1299,4 +1284,5 @@ def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
             )
 
 
-__all__ = ["EDGES_UNDEFINED", "Graph", "TaskRunner", "build_graph", "check_hooks", "mlp_input_hook"]
+__all__ = ["DEFAULT_IG_POINTS", "EDGES_UNDEFINED", "IG_POINTS", "Graph", "TaskRunner", "build_graph", "check_hooks",
+           "ig_alphas", "mlp_input_hook"]
