@@ -469,9 +469,10 @@ def test_the_answers_member_lines_sit_in_details_closed_past_eight(scans, monkey
 
 @pytest.mark.parametrize("layers", [2, 24])
 def test_no_two_nodes_of_the_diagram_overlap_however_many_layers_the_circuit_spans(layers):
-    """A circuit with a head and an MLP in every layer (50 columns on 24 layers) is drawn wider, its nodes at least
-    a node's width apart, in a box that scrolls; one that fits keeps the page's width (the IOI circuit of a 24-layer
-    model overlapped its nodes when every drawing was 900 px wide)."""
+    """A circuit with a head and an MLP in every layer (49 ranks on 24 layers) is drawn top to bottom, the logits on
+    top and each layer's rank below the next one's, within the page's width; one whose ranks fit side by side keeps
+    its columns, input on the left. No two nodes overlap either way (the IOI circuit of a 24-layer model overlapped
+    its nodes when every drawing was 900 px wide, then needed 3,000 px of sideways scrolling)."""
     import re
     from types import SimpleNamespace
 
@@ -484,12 +485,24 @@ def test_no_two_nodes_of_the_diagram_overlap_however_many_layers_the_circuit_spa
     fake = SimpleNamespace(circuit=circuit, model=SimpleNamespace(n_layers=layers), scores=scores, dla=scores,
                            scores_mlp=torch.zeros(layers))
     svg = circuit_diagram(fake)
-    boxes = [(float(x), float(y)) for x, y in re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width', svg)]
+    found = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="\d+" height="\d+" rx="5" fill="[^"]+" stroke="[^"]+" '
+                       r'stroke-width="[\d.]+"/><text x="[\d.]+" y="[\d.]+" text-anchor="middle" font-weight="\d+">'
+                       r"([^<]+)</text>", svg)
+    boxes = {name: (float(x), float(y)) for x, y, name in found}
     assert len(boxes) == 2 * layers + layers + 1  # heads, MLPs, the logits
-    for i, (x1, y1) in enumerate(boxes):
-        for x2, y2 in boxes[i + 1:]:
+    points = list(boxes.values())
+    for i, (x1, y1) in enumerate(points):
+        for x2, y2 in points[i + 1:]:
             assert abs(x1 - x2) >= NODE_W or abs(y1 - y2) >= NODE_H, (x1, y1, x2, y2)
     width = float(re.search(r'<svg class="[^"]*" width="([\d.]+)"', svg).group(1))
-    assert (width > WIDTH) == (layers == 24) and ("ck-wide" in svg) == (layers == 24)
+    assert width == WIDTH and "ck-wide" not in svg
     assert svg.startswith('<div class="ck-scroll-x">') and svg.endswith("</svg></div>")
-    assert ("scroll sideways" in svg) == (layers == 24)
+    down = layers == 24
+    assert ("ck-down" in svg) == down and ("the logits on top" in svg) == down
+    # model order: along x for columns, up the page (falling y) for rows
+    along = [boxes["0.0"], boxes["m0"], boxes[f"{layers - 1}.0"], boxes[f"m{layers - 1}"], boxes["logits"]]
+    coordinate = [y for _, y in along] if down else [x for x, _ in along]
+    assert coordinate == sorted(coordinate, reverse=down) and len(set(coordinate)) == len(coordinate)
+    if down:  # each edge leaves its sender's top and ends at its receiver's bottom
+        for x1, y1, x2, y2 in re.findall(r'<path d="M([\d.]+) ([\d.]+)C[\d. ]+ ([\d.]+) ([\d.]+)"', svg):
+            assert float(y2) < float(y1)

@@ -1,11 +1,15 @@
 """A task circuit drawn as a static SVG: nodes of every type (the input embeddings, attention heads, MLPs, key-value
-groups, the logits) left to right in model order, the edge circuit's edges between them.
+groups, the logits) in model order, the edge circuit's edges between them.
 
 Why its own drawing: the induction report's graphs (:func:`circuitkit.report.figures.head_graph`) place heads only,
-at ``(layer, head)``; a task circuit's edges also leave the input and MLPs and enter MLPs and the logits. Columns
-are the positions in model order (input, then per layer its heads and its MLP, then the logits), only the columns
-that hold a node are drawn (a circuit in layers 0-2 of a 24-layer model fills the width), nodes within a column are
-stacked. Every head node carries ``data-head="layer.head"`` (a click selects the head on the page); an edge is
+at ``(layer, head)``; a task circuit's edges also leave the input and MLPs and enter MLPs and the logits. Ranks
+are the positions in model order (input, then per layer its heads and its MLP, then the logits); only the ranks
+that hold a node are drawn (a circuit in layers 0-2 of a 24-layer model fills the width). Where the ranks fit
+:data:`WIDTH` side by side they are columns, input on the left and nodes stacked in each; a circuit over more
+(a head and an MLP in many layers: 40 ranks for Qwen2.5-0.5B's IOI circuit) is drawn top to bottom instead, the
+logits on top and the input at the bottom, each rank a row of nodes: the page then scrolls the way it always does,
+and opens at the output, where a task's answer is written, rather than 3,000 px of sideways scrolling that opened
+at the embeddings. Every head node carries ``data-head="layer.head"`` (a click selects the head on the page); an edge is
 coloured by the input it enters (query, key, value; grey: an MLP or the logits) and is thicker where its exact
 effect was measured (:attr:`TaskCircuit.edge_effects`). The output is a pure function of the circuit (coordinates
 rounded to 0.1 px), all text escaped.
@@ -19,10 +23,12 @@ from typing import Any
 from circuitkit._html import escape
 
 WIDTH = 900
-"""The drawing's width where its columns fit in it; a circuit over more columns (one for each layer's heads and one
-for its MLP: 50 on a 24-layer model) is drawn wider, :data:`COLUMN_GAP` apart, and scrolls sideways in the page."""
+"""The drawing's width where its ranks fit in it as columns; a circuit over more ranks (one for each layer's heads and
+one for its MLP: up to 50 on a 24-layer model) is drawn top to bottom (module docstring)."""
 NODE_W, NODE_H, ROW_H = 58, 24, 32
 COLUMN_GAP = NODE_W + 8
+RANK_GAP = 46
+"""Distance between the rows of a circuit drawn top to bottom: a node's height and room for the edges' bends."""
 MAX_EDGES = 60
 """Edges drawn (the first in the circuit's ranking); the rest are counted in the caption."""
 MAX_ROWS = 16
@@ -74,17 +80,29 @@ def circuit_diagram(scan: Any) -> str:
     stacks: dict[float, list[str]] = {x: sorted((n for n, p in nodes.items() if p == x), key=_order) for x in columns}
     rows = max((min(len(s), MAX_ROWS) for s in stacks.values()), default=1)
     top, bottom, margin = 44 if edges else 8, 30, 8 + NODE_W / 2
-    height = top + rows * ROW_H + bottom
-    width = max(WIDTH, round(2 * margin + (len(columns) - 1) * COLUMN_GAP))
-    dx = (width - 2 * margin) / max(1, len(columns) - 1)
+    down = len(columns) > 1 and 2 * margin + (len(columns) - 1) * COLUMN_GAP > WIDTH
     where: dict[str, tuple[float, float]] = {}
-    for i, x in enumerate(columns):
-        stack = stacks[x]
-        y0 = top + (rows - min(len(stack), MAX_ROWS)) * ROW_H / 2 + ROW_H / 2
-        for j, name in enumerate(stack[:MAX_ROWS]):
-            where[name] = (margin + i * dx if len(columns) > 1 else width / 2, y0 + j * ROW_H)
+    if down:  # one row per rank, the logits on top
+        more = 70 if any(len(stack) > MAX_ROWS for stack in stacks.values()) else 0  # room for "+n more"
+        width = max(WIDTH, round(2 * (margin + more) + (rows - 1) * COLUMN_GAP))
+        height = top + NODE_H / 2 + (len(columns) - 1) * RANK_GAP + NODE_H / 2 + bottom
+        for i, x in enumerate(reversed(columns)):
+            stack = stacks[x][:MAX_ROWS]
+            x0 = width / 2 - (len(stack) - 1) * COLUMN_GAP / 2
+            for j, name in enumerate(stack):
+                where[name] = (x0 + j * COLUMN_GAP, top + NODE_H / 2 + i * RANK_GAP)
+    else:
+        width = WIDTH
+        height = top + rows * ROW_H + bottom
+        dx = (width - 2 * margin) / max(1, len(columns) - 1)
+        for i, x in enumerate(columns):
+            stack = stacks[x]
+            y0 = top + (rows - min(len(stack), MAX_ROWS)) * ROW_H / 2 + ROW_H / 2
+            for j, name in enumerate(stack[:MAX_ROWS]):
+                where[name] = (margin + i * dx if len(columns) > 1 else width / 2, y0 + j * ROW_H)
     wide = " ck-wide" if width > WIDTH else ""  # drawn at its size in a box that scrolls, not shrunk to the page
-    parts = [f'<div class="ck-scroll-x"><svg class="ck-graph ck-task-circuit{wide}" width="{width}" '
+    parts = [f'<div class="ck-scroll-x"><svg class="ck-graph ck-task-circuit{wide}{" ck-down" if down else ""}" '
+             f'width="{width}" '
              f'height="{_f(height)}" viewBox="0 0 {width} {_f(height)}" font-family="system-ui, sans-serif" '
              'font-size="11" role="img" aria-label="the circuit: nodes and edges">']
     if edges:
@@ -94,26 +112,32 @@ def circuit_diagram(scan: Any) -> str:
         if sname not in where or rname not in where:
             continue
         (x1, y1), (x2, y2) = where[sname], where[rname]
-        x1, x2 = x1 + NODE_W / 2, x2 - NODE_W / 2
-        xm = (x1 + x2) / 2
+        if down:  # from the sender's top edge up to the receiver's bottom edge
+            y1, y2 = y1 - NODE_H / 2, y2 + NODE_H / 2
+            ym = (y1 + y2) / 2
+            bend = f"{_f(x1)} {_f(ym)} {_f(x2)} {_f(ym)}"
+        else:
+            x1, x2 = x1 + NODE_W / 2, x2 - NODE_W / 2
+            xm = (x1 + x2) / 2
+            bend = f"{_f(xm)} {_f(y1)} {_f(xm)} {_f(y2)}"
         effect = effects.get(name)
-        width = 1.2 if effect is None else 1.5 + 3.5 * abs(effect.effect) / largest
+        stroke = 1.2 if effect is None else 1.5 + 3.5 * abs(effect.effect) / largest
         title = name + ("" if effect is None else f": exact effect {effect.effect:+.3f} (EAP-IG {effect.score:+.3f})")
-        parts.append(f'<path d="M{_f(x1)} {_f(y1)}C{_f(xm)} {_f(y1)} {_f(xm)} {_f(y2)} {_f(x2)} {_f(y2)}" '
-                     f'fill="none" stroke="{CHANNEL_COLOURS[channel]}" stroke-width="{_f(width)}" '
+        parts.append(f'<path d="M{_f(x1)} {_f(y1)}C{bend} {_f(x2)} {_f(y2)}" '
+                     f'fill="none" stroke="{CHANNEL_COLOURS[channel]}" stroke-width="{_f(stroke)}" '
                      f'stroke-opacity="0.75"><title>{escape(title)}</title></path>')
     for name, (x, y) in where.items():
         parts.append(_node(name, x, y, name in members, scan))
     for stack in stacks.values():
         if len(stack) > MAX_ROWS:
-            cx = where[stack[0]][0]
-            parts.append(f'<text x="{_f(cx)}" y="{_f(height - 16)}" text-anchor="middle" fill="#555">'
-                         f"+{len(stack) - MAX_ROWS} more</text>")
+            last_x, last_y = where[stack[MAX_ROWS - 1]]
+            at = (f'x="{_f(last_x + NODE_W / 2 + 4)}" y="{_f(last_y + 4)}"' if down
+                  else f'x="{_f(where[stack[0]][0])}" y="{_f(height - 16)}" text-anchor="middle"')
+            parts.append(f'<text {at} fill="#555">+{len(stack) - MAX_ROWS} more</text>')
     said = (f"{len(shown)} of {len(c.edges)} edges drawn (the first by EAP-IG rank)" if len(c.edges) > len(shown)
             else f"{len(c.edges)} edges" if c.edges else "edges not measured: the node circuit alone")
-    # at the left edge, where a drawing wider than the page is seen first
-    scroll = f"; {len(columns)} columns: scroll sideways for the later layers" if wide else ""
-    parts.append(f'<text x="4" y="{_f(height - 4)}" fill="#666">{escape(said)}; filled: in the node circuit{scroll}'
+    order = "; the logits on top, the input at the bottom" if down else ""
+    parts.append(f'<text x="4" y="{_f(height - 4)}" fill="#666">{escape(said)}; filled: in the node circuit{order}'
                  "</text></svg></div>")
     return "".join(parts)
 
