@@ -157,3 +157,23 @@ def test_circuit_diagram_labels_are_crossed_by_no_other_link():
     for text, box in labels:
         crossing = [line for line in lines if _crosses(box, *line)]
         assert len(crossing) <= 1, (text, crossing)  # at most its own link, which it sits beside
+
+
+@pytest.mark.parametrize("total, chosen", [(5, 2), (336, 61), (79813, 5423), (79813, 79000), (1_000_000, 9)])
+def test_faithfulness_curve_tick_labels_stay_inside_and_apart(total, chosen):
+    """The x axis's numbers (the circuit's size, the total, powers of 4) fit the drawing and do not overlap: a task's
+    edge curve of 79,813 edges printed its total past the right edge."""
+    from circuitkit.report.figures import faithfulness_curve
+
+    curve = [(0, 0.0), (1, 0.2), (chosen, 0.8), (total, 1.0)]
+    svg = faithfulness_curve(curve, 0.8, chosen, total, unit="edges")
+    width = float(re.search(r'<svg class="ck-curve" width="(\d+)"', svg).group(1))
+    ticks = [(text, x0, x1) for text, (x0, _, x1, _) in _label_boxes(svg) if text.isdigit()]
+    shown = {t for t, _, _ in ticks}
+    assert {str(chosen), "0"} <= shown  # the total too, unless the circuit's size sits on it (the caption says both)
+    assert (str(total) in shown) == (chosen != 79000)
+    for text, x0, x1 in ticks:
+        assert 0 <= x0 and x1 <= width, (text, x0, x1)
+    ticks.sort(key=lambda t: t[1])
+    for (a, _, a1), (b, b0, _) in zip(ticks[:-1], ticks[1:], strict=True):
+        assert a1 <= b0, (a, b)

@@ -340,6 +340,28 @@ def test_a_file_from_a_newer_scan_keeps_its_fields_with_defaults(saved):
 
 
 # ---------------------------------------------------------------------------------------------- the report page
+def test_the_settings_table_prints_records_as_words_not_literals(saved):
+    """The "Model and settings" table of either report prints a record (the plan, the split, the edge search) as
+    ``key value; ...`` and a fraction of a pass to 6 digits: no JSON or Python literal, no 16-digit float."""
+    import re
+
+    from circuitkit.report.sections import setting_text
+
+    assert setting_text({"name": "ranked", "options": {}, "passes": 26.16666666666667, "pruned": None}) == (
+        "name ranked; passes 26.1667")
+    assert setting_text(["induction: induction", "previous-token: x"]) == "induction: induction, previous-token: x"
+    assert setting_text(None) == "none" and setting_text(29.0) == "29" and setting_text(True) == "True"
+    scan, directory, _ = saved["ioi"]
+    page = (directory / "report.html").read_text(encoding="utf-8")
+    details = page[page.index('id="ck-sec-details"'):]
+    details = details[: details.index("</section>")]
+    cells = re.findall(r"<td>(.*?)</td>", details)
+    assert any(cell.startswith("attribute ") and "; clean 1; corrupted 1; " in cell for cell in cells)  # the plan
+    assert "<td>1 pass, " in details and "<td>1 passes" not in details
+    for cell in cells:
+        assert not re.search(r"[{}\[\]]|&quot;|\d\.\d{7}", cell), cell
+
+
 def test_the_report_reads_without_javascript_answer_first(saved):
     """The answer (its lines as paragraphs, the circuit's heads as links and no number mistaken for a head), the
     diagram with every circuit head and the heads' table by |EAP-IG score| are in the page as plain HTML, before any
@@ -504,5 +526,5 @@ def test_no_two_nodes_of_the_diagram_overlap_however_many_layers_the_circuit_spa
     coordinate = [y for _, y in along] if down else [x for x, _ in along]
     assert coordinate == sorted(coordinate, reverse=down) and len(set(coordinate)) == len(coordinate)
     if down:  # each edge leaves its sender's top and ends at its receiver's bottom
-        for x1, y1, x2, y2 in re.findall(r'<path d="M([\d.]+) ([\d.]+)C[\d. ]+ ([\d.]+) ([\d.]+)"', svg):
+        for _, y1, _, y2 in re.findall(r'<path d="M([\d.]+) ([\d.]+)C[\d. ]+ ([\d.]+) ([\d.]+)"', svg):
             assert float(y2) < float(y1)

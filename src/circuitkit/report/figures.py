@@ -394,12 +394,18 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
     parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(target))}" y2="{_f(y(target))}" stroke="#b2182b" '
                  f'stroke-dasharray="4 3"/><text x="{width - mr}" y="{_f(y(target) + 11)}" text-anchor="end" '
                  f'fill="#b2182b">target {target:.2f}</text>')
+    def half(n: int) -> float:  # half a tick label's width (10 px digits)
+        return 3.1 * len(str(n))
+
     ticks: list[int] = []
     for n in [chosen, total, 0, 1, 4, 16, 64, 256]:  # the circuit's size and the total first; none overlapping
-        if n <= total and all(abs(x(n) - x(m)) > 16 for m in ticks):
+        if n <= total and all(abs(x(n) - x(m)) > max(16.0, half(n) + half(m) + 4) for m in ticks):
             ticks.append(n)
     for n in sorted(ticks):
-        parts.append(f'<text x="{_f(x(n))}" y="{height - mb + 12}" text-anchor="middle" fill="#666">{n}</text>')
+        # a label that would run past the drawing's right edge (79813 edges) ends at it instead
+        end = x(n) + half(n) > width - 1
+        parts.append(f'<text x="{width - 1 if end else _f(x(n))}" y="{height - mb + 12}" '
+                     f'text-anchor="{"end" if end else "middle"}" fill="#666">{n}</text>')
     points = " ".join(f"{_f(x(n))},{_f(y(f))}" for n, f in curve)
     parts.append(f'<polyline points="{points}" fill="none" stroke="#2e6db4" stroke-width="1.5"/>')
     for n, (low, high) in sorted(whiskers.items()):

@@ -226,12 +226,32 @@ def loss_section(scan: Scan) -> Section | None:
     return Section("loss", "Loss per position", figures.loss_curve(data.flat(per_position), boundaries), note)
 
 
+def setting_text(value: Any) -> str:
+    """A setting as the details table prints it: a record as ``key value; key value`` (keys sorted, empty parts left
+    out), a list comma-separated, a float to 6 significant digits (a plan's 26.16666666666667 passes as 26.1667), None
+    as ``none``; never a Python or JSON literal."""
+    if isinstance(value, dict):
+        # keys sorted: a scan read back from scores.json prints the same page as the scan that wrote it
+        return "; ".join(f"{key} {setting_text(value[key])}" for key in sorted(value)
+                         if value[key] is not None and value[key] != {}) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(setting_text(v) for v in value) or "none"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "none" if value is None else str(value)
+
+
+def settings_table(rows: list[tuple[str, Any]]) -> str:
+    """The model's facts and a scan's settings as one table (the "Model and settings" section of every report)."""
+    body = "".join(f"<tr><th>{esc(key)}</th><td>{esc(setting_text(value))}</td></tr>" for key, value in rows)
+    return f'<table class="ck-small">{body}</table>'
+
+
 def details_section(scan: Scan) -> Section:
     rows = [(k, v) for k, v in scan.model.as_dict().items() if v is not None]
     rows += list(scan.settings.as_dict().items())
-    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
     tokens = " ".join(f"<code>{esc(t)}</code>" for t in scan.tokens)
-    body = (f'<table class="ck-small">{table}</table><details><summary>token strings ({len(scan.tokens)})</summary>'
+    body = (f'{settings_table(rows)}<details><summary>token strings ({len(scan.tokens)})</summary>'
             f'<p class="ck-tokens">{tokens}</p></details>')
     return Section("details", "Model and settings", body, png=False)
 

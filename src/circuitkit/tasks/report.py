@@ -24,12 +24,11 @@ function of the scan (the same scan, the same bytes), so a loaded scan writes th
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from circuitkit._html import escape, script_json
-from circuitkit.report.sections import Section
+from circuitkit.report.sections import Section, settings_table
 
 PAIRS_SHOWN = 5
 """Pairs the task section lists with their metric (every pair is in ``scores.json``)."""
@@ -238,10 +237,10 @@ def task_section(scan: Any) -> Section:
 
 def details_section(scan: Any) -> Section:
     rows = [(k, v) for k, v in scan.model.as_dict().items() if v is not None]
-    rows += [(k, json.dumps(v, sort_keys=True) if isinstance(v, dict) else v) for k, v in sorted(scan.settings.items())]
-    rows += [(f"stage {s.name}", f"{s.passes:g} passes, {s.seconds:.2f} s") for s in scan.stages]
-    table = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
-    return Section("details", "Model and settings", f'<table class="ck-small">{table}</table>', png=False)
+    rows += sorted(scan.settings.items())
+    rows += [(f"stage {s.name}", f"{s.passes:g} pass{'' if s.passes == 1 else 'es'}, {s.seconds:.2f} s")
+             for s in scan.stages]
+    return Section("details", "Model and settings", settings_table(rows), png=False)
 
 
 def _searched_edges(scan: Any) -> str:
