@@ -120,3 +120,52 @@ def test_a_saved_scan_carries_both_curves_and_the_check_refuses_a_cpr_that_is_no
     bad["circuit"]["cpr_cmd"]["abs"]["faithfulness"] = [0.5] * 9
     with pytest.raises(CircuitkitError, match="circuit.cpr_cmd.abs.faithfulness"):
         check_task_scores(bad, "scores.json")
+
+
+def test_edge_intervals_resample_the_pairs_behind_each_figure():
+    """The edge circuit's faithfulness, CPR and CMD intervals: every pair's metric at each of MIB's sizes comes from
+    the curve's own passes (its mean is the curve's point), and on each resample of the pairs (the same draw,
+    :func:`circuitkit.uncertainty.resample_counts`) the figures recomputed from that resample's means with the scalar
+    formulas (:func:`area_under`, :func:`area_from_1`, the faithfulness ratio) give the same percentile interval."""
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks import Task
+    from circuitkit.tasks.circuit import edge_intervals
+    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.uncertainty import resample_counts
+    from tests.conftest import boot_bridge
+    from tests.test_tasks import toy_pairs
+
+    model = boot_bridge(attn_only=False, n_layers=3, d_vocab=50, seed=3)
+    adapter = adapt(model)
+    runner = TaskRunner(adapter, Task.from_pairs(toy_pairs(12), name="toy").tokenize(adapter), "logit_diff",
+                        mlps=True, ablation="corrupted")
+    scores, _ = runner.edge_gradients(2)
+    pairs: dict = {}
+    names, faith, curve, cpr, cmd, _, E, areas = edge_circuit(runner, scores, 0.8, "abs", pairs=pairs)
+    clean, corrupted = runner.clean["metric"], runner.corrupted["metric"]
+    n = clean.shape[0]
+    assert pairs["circuit"].shape == (n,) and pairs["signed"].shape == pairs["abs"].shape == (len(X), n)
+    m_clean, m_corr = float(clean.mean()), float(corrupted.mean())
+    for rank in ("signed", "abs"):  # each row's mean is the point the areas were computed from
+        f = [(float(row.mean()) - m_corr) / (m_clean - m_corr) for row in pairs[rank]]
+        np.testing.assert_allclose(f, areas[rank]["faithfulness"], atol=1e-5)
+    assert (float(pairs["circuit"].mean()) - m_corr) / (m_clean - m_corr) == pytest.approx(faith, abs=1e-5)
+
+    R, level = 300, 0.9
+    got = edge_intervals(pairs, clean, corrupted, R, level)
+    counts = resample_counts(n, R, 0)
+    figures = []
+    for weights in counts:
+        def mean(row):
+            return float((weights * row.double()).sum() / n)
+
+        mc, mk = mean(clean), mean(corrupted)
+        ratio = [(mean(row) - mk) / (mc - mk) for row in pairs["signed"]]
+        absolute = [(mean(row) - mk) / (mc - mk) for row in pairs["abs"]]
+        figures.append([(mean(pairs["circuit"]) - mk) / (mc - mk), area_under(ratio), area_from_1(absolute)])
+    lo, hi = np.quantile(np.array(figures), [(1 - level) / 2, (1 + level) / 2], axis=0)
+    for i, key in enumerate(("edge_faithfulness", "cpr", "cmd")):
+        assert got[key] == pytest.approx((lo[i], hi[i]), rel=1e-9, abs=1e-9), key
+        assert got[key][0] < got[key][1]
+    assert set(edge_intervals(pairs, clean, corrupted, R, level, circuit=False)) == {"cpr", "cmd"}
+    assert edge_intervals({k: v[..., :1] for k, v in pairs.items()}, clean[:1], corrupted[:1], R, level) == {}

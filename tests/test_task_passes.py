@@ -280,9 +280,9 @@ def test_a_scans_stages_count_what_ran(monkeypatch):
     copies: list[int] = []
     real = TaskRunner.edge_metric
 
-    def counting(self, kept):
+    def counting(self, kept, pairs=None):
         copies.append(kept.shape[0])
-        return real(self, kept)
+        return real(self, kept, pairs)
 
     monkeypatch.setattr(TaskRunner, "edge_metric", counting)
     scan = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), target=0.8, n_resamples=20, holdout=0)

@@ -97,9 +97,10 @@ class TaskCircuit:
     (``edges``, ``edge_faithfulness``, ``edge_curve`` over :data:`EDGE_FRACTIONS`, MIB's ``cpr`` and ``cmd``
     (module docstring) with their curves ``edge_areas``, ``edge_effects``) of one task; ``clean`` / ``corrupted``:
     the mean metric; ``rank``: signed or abs;
-    ``n_edges_total``: edges in the graph; ``intervals``: ``faithfulness`` and ``necessity`` as ``(lo, hi)``, the
+    ``n_edges_total``: edges in the graph; ``intervals``: ``faithfulness`` and ``necessity``, and where the edge
+    circuit was measured ``edge_faithfulness``, ``cpr`` and ``cmd`` (:func:`edge_intervals`), as ``(lo, hi)``: the
     percentile bootstrap over the pairs (:func:`circuitkit.bootstrap_ci`) from each pair's metric in the passes
-    that measured them (no extra pass; the edge circuit's figures have none)."""
+    that measured them (no extra pass)."""
 
     heads: tuple[tuple[int, int], ...]
     mlps: tuple[int, ...]
@@ -410,11 +411,15 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
 
 
 def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, progress: Any = None,
+                 pairs: dict[str, Tensor] | None = None,
                  ) -> tuple[tuple[str, ...], float | None, tuple, float | None, float | None, tuple, int, dict]:
     """The edge curve at MIB's sizes (:func:`mib_sizes`) under both rankings, the smallest top-``k`` edge set
     reaching ``target`` (ranked by ``rank``), MIB's CPR/CMD and the exact effects of the circuit's strongest edges.
     Returns ``(edges, faithfulness, curve, cpr, cmd, effects, n_edges, areas)``, ``curve``: every point measured
-    under ``rank``; ``areas``: :func:`mib_areas`."""
+    under ``rank``; ``areas``: :func:`mib_areas`. With ``pairs`` (a dict), it is filled with each pair's metric
+    behind those figures, from the same passes: ``"circuit"`` ``[pair]`` (the circuit's set), ``"signed"`` and
+    ``"abs"`` ``[size, pair]`` (MIB's sizes under each ranking; the corrupted run at 0 edges, the clean one at all),
+    for :func:`edge_intervals`."""
     graph = runner.graph
     allowed = graph.allowed
     index = allowed.nonzero()  # [E, 2]
@@ -432,12 +437,15 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
         return mask
 
     metrics: dict[int, float] = {0: corrupted, E: clean}
+    rows: dict[tuple[str, int], Tensor] = {}  # (ranking, k) -> [pair]: each measured set's metric per pair
 
-    def run(masks: list[Tensor]) -> list[float]:
+    def run(masks: list[Tensor], ranking: str, ks: list[int]) -> list[float]:
         if not masks:
             return []
         before = runner.passes
-        values = runner.edge_metric(torch.stack(masks)).tolist()
+        per_pair: list[Tensor] = []
+        values = runner.edge_metric(torch.stack(masks), per_pair).tolist()
+        rows.update(zip([(ranking, k) for k in ks], torch.cat(per_pair), strict=True))
         if progress is not None:
             progress(runner.passes - before)
         return values
@@ -446,21 +454,22 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     todo = sorted({k for k in sizes if 0 < k < E})
     other = {"abs": "signed", "signed": "abs"}[rank]  # MIB's areas need both rankings' curves
     other_order = _order(flat, other)
-    for k, value in zip(todo, run([kept_mask(k) for k in todo]), strict=True):  # stacked: the whole curve at once
+    for k, value in zip(todo, run([kept_mask(k) for k in todo], rank, todo), strict=True):  # the curve at once
         metrics[k] = value
     other_metrics = {0: corrupted, E: clean}
     for k in todo:  # where both rankings keep the same top k (scores of one sign), that set is measured already
         if torch.equal(torch.sort(order[:k]).values, torch.sort(other_order[:k]).values):
             other_metrics[k] = metrics[k]
     differ = [k for k in todo if k not in other_metrics]
-    other_metrics.update(zip(differ, run([kept_mask(k, order=other_order) for k in differ]), strict=True))
+    other_metrics.update(zip(differ, run([kept_mask(k, order=other_order) for k in differ], other, differ),
+                             strict=True))
     curve_sizes = sorted(set(todo) | {E})
     measured = {k: faithfulness_of(metrics[k], clean, corrupted) for k in metrics}
     areas = mib_areas({rank: [measured[k] for k in sizes],
                        other: [faithfulness_of(other_metrics[k], clean, corrupted) for k in sizes]}, sizes)
 
     def evaluate(k: int) -> float:
-        metrics[k] = run([kept_mask(k)])[0]
+        metrics[k] = run([kept_mask(k)], rank, [k])[0]
         return faithfulness_of(metrics[k], clean, corrupted)
 
     # bisection between MIB's two sizes around the target (2 to 2.5 apart): about six passes; a coarse search there
@@ -477,7 +486,51 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
         effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v)
                    for i, v in zip(strongest, values, strict=True)]
     curve = tuple(CurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))
+    if pairs is not None:
+        ends = {0: runner.corrupted["metric"], E: runner.clean["metric"]}
+
+        def row(ranking: str, size: int) -> Tensor:  # a size both rankings share was measured once, under ``rank``
+            return ends[size] if size in ends else rows.get((ranking, size), rows.get((rank, size)))
+
+        pairs.update(circuit=row(rank, k), **{r: torch.stack([row(r, size) for size in sizes]) for r in RANKS})
     return tuple(names), measured[k], curve, areas["cpr"], areas["cmd"], tuple(effects), E, areas
+
+
+def edge_intervals(pairs: dict[str, Tensor], clean: Tensor, corrupted: Tensor, n_resamples: int, level: float,
+                   *, circuit: bool = True) -> dict[str, tuple[float, float]]:
+    """The percentile bootstrap intervals over the pairs of the edge circuit's faithfulness (with ``circuit``),
+    MIB's CPR and CMD, from each pair's metric in the passes that measured them (``pairs`` as :func:`edge_circuit`
+    fills it; ``clean`` / ``corrupted`` ``[pair]``): one draw of the pairs for the three, and on each resample every
+    figure as the scan computes it, from that resample's mean metrics: ``f(k) = (m_k - m_corr) / (m_clean -
+    m_corr)`` at each size, CPR the trapezoid area under the signed ranking's ``f`` over MIB's fractions, CMD that of
+    ``|1 - f|`` under the absolute ranking. None where there are fewer than 2 pairs, and no faithfulness-based
+    interval where some resample has ``m_clean = m_corr`` (the ratio is undefined there)."""
+    from circuitkit.uncertainty import bootstrap_ci
+
+    if clean.shape[0] < 2:
+        return {}
+    n = len(EDGE_FRACTIONS)
+    columns = [pairs["circuit"][None], pairs["signed"], pairs["abs"], corrupted[None], clean[None]]
+    stacked = torch.cat([c.double() for c in columns]).T  # [pair, 1 + 2n + 2]
+    x = torch.tensor(EDGE_FRACTIONS, dtype=torch.float64, device="cpu")
+
+    def area(y: Tensor) -> Tensor:  # [R, n] -> [R]: the trapezoid rule over the fractions (_trapezoid)
+        return ((x[1:] - x[:-1]) * (y[:, 1:] + y[:, :-1]) / 2).sum(1)
+
+    def statistic(means: Tensor) -> Tensor:
+        corr, whole = means[:, -2:-1], means[:, -1:]
+        f = (means[:, :-2] - corr) / (whole - corr)  # [R, 1 + 2n]
+        return torch.stack([f[:, 0], area(f[:, 1 : 1 + n]), area((1 - f[:, 1 + n :]).abs())], dim=1)
+
+    try:
+        lo, hi = bootstrap_ci(stacked, n_resamples, level, statistic=statistic)
+    except CircuitkitError:  # some resample has m_clean = m_corr: every figure here divides by it
+        return {}
+    out = {"edge_faithfulness": (float(lo[0]), float(hi[0])), "cpr": (float(lo[1]), float(hi[1])),
+           "cmd": (float(lo[2]), float(hi[2]))}
+    if not circuit:
+        del out["edge_faithfulness"]
+    return out
 
 
 def mib_sizes(n_edges: int) -> list[int]:
@@ -522,5 +575,5 @@ def mib_areas(curves: dict[str, list[float]], sizes: list[int]) -> dict[str, Any
 
 
 __all__ = ["CurvePoint", "EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "NodeCircuit", "RANKS", "TaskCircuit",
-           "area_from_1", "area_under", "edge_circuit", "mib_areas", "mib_sizes", "node_circuit", "node_masks",
-           "node_order", "sender_scores", "typed_order"]
+           "area_from_1", "area_under", "edge_circuit", "edge_intervals", "mib_areas", "mib_sizes", "node_circuit",
+           "node_masks", "node_order", "sender_scores", "typed_order"]

@@ -679,12 +679,14 @@ class TaskRunner:
         return (L - start) / L
 
     # ------------------------------------------------------------------ edge passes
-    def edge_metric(self, kept: Tensor) -> Tensor:
+    def edge_metric(self, kept: Tensor, pairs: list[Tensor] | None = None) -> Tensor:
         """``kept`` ``[sets, sender, receiver]`` bool (True: the edge is in the circuit, clean): the mean metric of
-        each set with every other edge patched from the corrupted prompt, ``[sets]``."""
-        return self._edge_sets(kept, 0)
+        each set with every other edge patched from the corrupted prompt, ``[sets]``; with ``pairs`` (a list), each
+        pass also appends its sets' metric per pair, ``[sets in the pass, pair]`` on the CPU, in order (what the
+        bootstrap intervals resample; no extra pass)."""
+        return self._edge_sets(kept, 0, pairs)
 
-    def _edge_sets(self, kept: Tensor, start: int) -> Tensor:
+    def _edge_sets(self, kept: Tensor, start: int, pairs: list[Tensor] | None = None) -> Tensor:
         """:meth:`edge_metric` of ``kept``, every pass resumed at layer ``start`` (:meth:`resume_layer`; 0: a full
         pass) and counted as its share of the layers (:meth:`pass_share`)."""
         def run(part: slice) -> Tensor:
@@ -692,7 +694,11 @@ class TaskRunner:
             with torch.no_grad():
                 logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None, resume=start)
             self.passes += chunk.shape[0] * copies * self.pass_share(start)
-            return validate.finite_result("task circuit: metric", self.metric(logits).mean(-1).cpu(),
+            per_pair = self.metric(logits)  # [sets in the pass, pair]
+            if pairs is not None:
+                pairs.append(validate.finite_result("task circuit: metric", per_pair.cpu(),
+                                                    why="the patched model's logits overflowed"))
+            return validate.finite_result("task circuit: metric", per_pair.mean(-1).cpu(),
                                           why="the patched model's logits overflowed")
 
         return self._in_passes(kept.shape[0], node=False, run=run)

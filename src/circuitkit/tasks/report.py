@@ -171,16 +171,23 @@ def faithfulness_section(scan: Any) -> Section | None:
                         f"The same {unit} on the {other['pairs']} {escape(other['set'])} pairs the search did not "
                         f"use: {said} at the circuit's size."))
     if c.edge_curve:
+        edge_whisker = ({len(c.edges): c.intervals["edge_faithfulness"]} if "edge_faithfulness" in c.intervals
+                        else None)
         figures.append((faithfulness_curve([(p.size, p.faithfulness) for p in c.edge_curve], c.target, len(c.edges),
-                                           c.n_edges_total, unit="edges"),
+                                           c.n_edges_total, edge_whisker, unit="edges"),
                         f"Edge circuit at MIB's sizes (0.1% to 100% of {c.n_edges_total} edges), edges ranked by "
-                        f"{escape(c.rank)} score. MIB's CPR {c.cpr:.3f} (the area under this curve with edges ranked "
-                        f"by signed score), CMD {c.cmd:.3f} (the area between 1 and it with edges ranked by absolute "
-                        "score)." + _searched_edges(scan)))
+                        f"{escape(c.rank)} score{'; the whisker: the interval over the pairs' if edge_whisker else ''}."
+                        f" MIB's CPR {c.cpr:.3f}{_interval(c.intervals.get('cpr'))} (the area under this curve with "
+                        f"edges ranked by signed score), CMD {c.cmd:.3f}{_interval(c.intervals.get('cmd'))} (the area "
+                        "between 1 and it with edges ranked by absolute score)." + _searched_edges(scan)))
     body = '<div class="ck-answer">' + "".join(
         f'<figure style="margin:0">{svg}<figcaption class="note" style="max-width:300px">{caption}</figcaption>'
         "</figure>" for svg, caption in figures) + "</div>"
     return Section("faithfulness", "Faithfulness", body)
+
+
+def _interval(pair: tuple[float, float] | None) -> str:
+    return "" if pair is None else f" [{pair[0]:.3f}, {pair[1]:.3f}]"
 
 
 def edges_section(scan: Any) -> Section | None:

@@ -35,7 +35,7 @@ from circuitkit.circuits.search import SEARCH_NAMES
 from circuitkit.errors import CircuitkitError
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
-from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, node_circuit
+from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, edge_intervals, node_circuit
 from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
 from circuitkit.tasks.metrics import dla_meaning, metric_label, metric_units, reads_scored
@@ -202,8 +202,9 @@ class TaskScan:
                    f"{_count(found.get('pruned') or 0, 'dangling edge')} pruned, then the {found['name']} search in "
                    f"{found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
-                         f"{c.edge_faithfulness:.3f} ({how}); MIB's CPR {c.cpr:.3f} "
-                         f"(edges ranked by signed score), CMD {c.cmd:.3f} (by absolute score).")
+                         f"{c.edge_faithfulness:.3f}{_ci(c.intervals.get('edge_faithfulness'))} ({how}); MIB's CPR "
+                         f"{c.cpr:.3f}{_ci(c.intervals.get('cpr'))} (edges ranked by signed score), CMD "
+                         f"{c.cmd:.3f}{_ci(c.intervals.get('cmd'))} (by absolute score).")
         for e in c.edge_effects[:5]:
             lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
         for score, values in self.head_scores.items():
@@ -631,10 +632,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
 
                 stable = stage("stability", rerun_counted)
             edge_part: tuple = ((), None, (), None, None, (), graph.n_edges, None)
+            edge_pairs: dict[str, Tensor] = {}  # each pair's metric behind the edge figures (their intervals)
             if edges:
                 try:
                     edge_part = stage("edges", lambda advance: edge_circuit(search, scores, target, rank,
-                                                                             progress=advance))
+                                                                             progress=advance, pairs=edge_pairs))
                 except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
                     error = f"no edge circuit: {exc}"
                     bar.end("no behaviour: the corrupted run equals the clean one")
@@ -663,7 +665,10 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                                   edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                                   float(search.corrupted["metric"].mean()), all_patched,
-                                  intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level),
+                                  intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level)
+                                  | (edge_intervals(edge_pairs, search.clean["metric"], search.corrupted["metric"],
+                                                    n_resamples, ci_level, circuit=edge_search == "ranked")
+                                     if edge_faith is not None and edge_pairs else {}),
                                   other_set=other_set, nodes=members, edge_areas=areas, ablation=task.ablation)
     finally:
         bar.close()
