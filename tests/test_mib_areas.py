@@ -156,7 +156,7 @@ def test_edge_intervals_resample_the_pairs_behind_each_figure():
     counts = resample_counts(n, R, 0)
     figures = []
     for weights in counts:
-        def mean(row):
+        def mean(row, weights=weights):
             return float((weights * row.double()).sum() / n)
 
         mc, mk = mean(clean), mean(corrupted)
