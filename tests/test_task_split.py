@@ -77,6 +77,56 @@ def test_the_search_uses_the_discovery_pairs_and_the_evaluation_pairs_are_measur
     assert data["settings"]["split"]["target_on"] == "discovery" and data["circuit"]["other_set"]["pairs"] == 8
 
 
+def test_the_held_out_figures_carry_intervals_over_the_held_out_pairs(model, task):
+    """The held-out faithfulness and necessity intervals resample the evaluation pairs' own metrics: recomputed
+    here from node patching of those pairs with a runner of their own, on the same resamples
+    (:func:`circuitkit.uncertainty.resample_counts`), the ratio and the difference of the resampled means, numpy's
+    quantiles. With an edge circuit the held-out edge faithfulness has one too, and the answer prints all three."""
+    import numpy as np
+
+    from circuitkit.uncertainty import resample_counts
+
+    R, level = 200, 0.9
+    result = scan_task(model, task, edges=False, n_resamples=R, ci_level=level)
+    other = result.circuit.other_set
+    _, held = split_pairs(task.n_pairs, 0.5, 0)
+    adapter = adapt(model)
+    runner = TaskRunner(adapter, Task.from_pairs([task.pairs[i] for i in held.tolist()]).tokenize(adapter),
+                        "logit_diff", mlps=not adapter.attn_only, ablation="corrupted")
+    outside = torch.ones(adapter.spec.n_layers, adapter.spec.n_heads, dtype=torch.bool)
+    for layer, head in result.circuit.heads:
+        outside[layer, head] = False
+    kept, ablated, only = runner.node_metric(torch.stack([outside, torch.ones_like(outside), ~outside]), None,
+                                             per_pair=True).double()
+    clean = runner.clean["metric"].double()
+    n = clean.shape[0]
+    figures = []
+    for w in resample_counts(n, R, 0).double():
+        m = [float((w * v).sum() / n) for v in (kept, ablated, clean, only)]
+        figures.append([(m[0] - m[1]) / (m[2] - m[1]), m[2] - m[3]])
+    lo, hi = np.quantile(np.array(figures), [(1 - level) / 2, (1 + level) / 2], axis=0)
+    assert other["ci"]["faithfulness"] == pytest.approx([lo[0], hi[0]], abs=EXACT)
+    assert other["ci"]["necessity"] == pytest.approx([lo[1], hi[1]], abs=EXACT)
+    assert "edge_faithfulness" not in other["ci"]
+    with_edges = scan_task(model, task, n_resamples=R, ci_level=level)
+    lo_e, hi_e = with_edges.circuit.other_set["ci"]["edge_faithfulness"]
+    assert lo_e < hi_e
+    line = next(x for x in with_edges.answer().splitlines() if x.startswith("Held out:"))
+    assert line.count(" [") == 3, line
+    import copy
+    import json
+
+    from circuitkit.tasks.scores_check import check_task_scores
+
+    data = json.loads(json.dumps(with_edges.to_json()))
+    check_task_scores(data, "scores.json")
+    for key, bad_value in (("faithfulness", [1.0, 0.5]), ("necessity", [0.1]), ("cpr", [0.0, 1.0])):
+        bad = copy.deepcopy(data)
+        bad["circuit"]["other_set"]["ci"][key] = bad_value
+        with pytest.raises(CircuitkitError, match=f"circuit.other_set.ci.{key}"):
+            check_task_scores(bad, "scores.json")
+
+
 def test_the_target_can_apply_to_the_evaluation_pairs(model, task):
     result = scan_task(model, task, edges=False, n_resamples=20, target=0.7, target_on="evaluation")
     _, held = split_pairs(task.n_pairs, 0.5, 0)

@@ -166,10 +166,12 @@ def faithfulness_section(scan: Any) -> Section | None:
     if other and other.get("curve"):
         points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
         at_size = other.get("faithfulness")  # none where patching every node there leaves the metric as it was
-        said = "no faithfulness" if at_size is None else f"faithfulness {at_size:.3f}"
-        figures.append((faithfulness_curve(points, c.target, size, c.n_nodes_total, unit=unit),
+        interval = (other.get("ci") or {}).get("faithfulness")
+        said = "no faithfulness" if at_size is None else f"faithfulness {at_size:.3f}{_interval(interval)}"
+        figures.append((faithfulness_curve(points, c.target, size, c.n_nodes_total,
+                                           None if interval is None else {size: tuple(interval)}, unit=unit),
                         f"The same {unit} on the {other['pairs']} {escape(other['set'])} pairs the search did not "
-                        f"use: {said} at the circuit's size."))
+                        f"use: {said} at the circuit's size{'' if interval is None else ' (the whisker)'}."))
     if c.edge_curve:
         edge_whisker = ({len(c.edges): c.intervals["edge_faithfulness"]} if "edge_faithfulness" in c.intervals
                         else None)

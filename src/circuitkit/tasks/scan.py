@@ -181,13 +181,14 @@ class TaskScan:
             if other.get("faithfulness") is None:
                 lines.append(f"Held out: on the {other['pairs']} {other['set']} pairs {other.get('note', '')}.")
             else:
+                ci = {key: tuple(pair) for key, pair in (other.get("ci") or {}).items()}
                 edge = ("" if other.get("edge_faithfulness") is None else
-                        f"; the edge circuit {other['edge_faithfulness']:.3f} (on the {searched} pairs "
-                        f"{c.edge_faithfulness:.3f})")
+                        f"; the edge circuit {other['edge_faithfulness']:.3f}{_ci(ci.get('edge_faithfulness'))} (on "
+                        f"the {searched} pairs {c.edge_faithfulness:.3f})")
                 lines.append(f"Held out: on the {other['pairs']} {other['set']} pairs (the target applied to the "
-                             f"{searched} pairs) the node circuit's faithfulness is {other['faithfulness']:.3f} "
-                             f"(on the {searched} pairs {c.faithfulness:.3f}), necessity "
-                             f"{other['necessity']:+.3f}{edge}.")
+                             f"{searched} pairs) the node circuit's faithfulness is {other['faithfulness']:.3f}"
+                             f"{_ci(ci.get('faithfulness'))} (on the {searched} pairs {c.faithfulness:.3f}), "
+                             f"necessity {other['necessity']:+.3f}{_ci(ci.get('necessity'))}{edge}.")
         elif self.settings.get("split", {}).get("note"):
             lines.append(f"Pairs: {self.settings['split']['note']}: every figure is on the pairs the circuit was "
                          "found on.")
@@ -351,15 +352,26 @@ def _circuit_intervals(pairs: dict[str, Tensor], clean: Tensor, n_resamples: int
 
     if clean.shape[0] < 2:
         return {}
-    stacked = torch.stack([pairs["circuit"].double(), pairs["all_patched"].double(), clean.double()], dim=1)
     nlo, nhi = bootstrap_ci(clean.double() - pairs["only_circuit"].double(), n_resamples, level)
     out = {"necessity": (float(nlo), float(nhi))}
+    faithfulness = _faithfulness_interval(pairs["circuit"], pairs["all_patched"], clean, n_resamples, level)
+    return out if faithfulness is None else {"faithfulness": faithfulness, **out}
+
+
+def _faithfulness_interval(kept: Tensor, ablated: Tensor, clean: Tensor, n_resamples: int,
+                           level: float) -> tuple[float, float] | None:
+    """``(m_kept - m_ablated) / (m_clean - m_ablated)`` over resamples of the pairs (each ``[pair]``): the ratio of
+    resampled means, as the figure itself is; None where some resample has ``m_clean = m_ablated`` (few pairs, a
+    coarse dtype: the ratio is undefined there)."""
+    from circuitkit.uncertainty import bootstrap_ci
+
+    stacked = torch.stack([kept.double(), ablated.double(), clean.double()], dim=1)
     try:
         lo, hi = bootstrap_ci(stacked, n_resamples, level,
                               statistic=lambda m: ((m[:, 0] - m[:, 1]) / (m[:, 2] - m[:, 1]))[:, None])
-    except CircuitkitError:  # some resample has m_clean = m_all (few pairs, a coarse dtype): the ratio is undefined
-        return out
-    return {"faithfulness": (float(lo[0]), float(hi[0])), **out}
+    except CircuitkitError:
+        return None
+    return float(lo[0]), float(hi[0])
 
 
 def _num(value: Any) -> float | None:
@@ -659,9 +671,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                            f"the node curve has {sizes} sizes to measure there")
                 other_set = stage("held-out", lambda advance: _other_set(
                     other, "discovery" if other is runner else "evaluation",
-                    () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes, typed))
-                if node_search != "ranked":  # the searched set itself on the other pairs
-                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes))
+                    () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes, typed,
+                    n_resamples, ci_level))
+                if node_search != "ranked":  # the searched set itself on the other pairs (its own figures,
+                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes))  # not the ranked sets' ci)
+                    ci = {k: v for k, v in other_set.pop("ci", {}).items() if k == "edge_faithfulness"}
+                    other_set.update({"ci": ci} if ci else {})
             circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                                   edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
                                   float(search.corrupted["metric"].mean()), all_patched,
@@ -795,11 +810,13 @@ def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | Non
 
 def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores: Tensor, rank: str,
                mlp_nodes: bool, edges: tuple[str, ...], total: int | None = None,
-               types: dict[str, Tensor] | None = None) -> dict[str, Any]:
+               types: dict[str, Tensor] | None = None, n_resamples: int = 1000,
+               ci_level: float = 0.95) -> dict[str, Any]:
     """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
     same top-``n`` node sets, one stacked pass; ``total``, every node kept, is the clean run, and every node patched
     often the corrupted run: neither run again), the chosen circuit's (``n`` nodes) faithfulness and necessity, and
-    the edge circuit's faithfulness (one pass).
+    the edge circuit's faithfulness (one pass); ``ci``: the three's percentile bootstrap intervals over this set's
+    pairs (each from its pairs' metric in the passes above, as the discovery figures' are).
     ``types``: the further node types' scores (``[layer, nodes]`` by type), ranked with the heads."""
     from circuitkit.circuits.curve import faithfulness_of, has_gap
     from circuitkit.tasks.circuit import MIN_TASK_GAP, node_masks, sender_scores, typed_order
@@ -813,12 +830,17 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
     built = [node_masks(order[:k], shapes) for k in run]
     stacked = {k: torch.stack([b[k] for b in built]) for k in shapes} if run else None
     # every node patched (size 0): the corrupted run where it is that and pays; where it runs, the sizes resume from it
-    known = {0: float(other.all_patched_metric(tuple(shapes), stacked).mean())}
-    measured = other.patched_metric(stacked).tolist() if run else []
+    per_pair = {0: other.all_patched_metric(tuple(shapes), stacked)}  # size -> [pair]
+    known = {0: float(per_pair[0].mean())}
+    measured_pairs = other.patched_metric(stacked, per_pair=True) if run else None  # [size, pair] (CPU)
+    measured = measured_pairs.mean(-1).tolist() if run else []
     # only the circuit patched (necessity): a pass of its own, which resumes at the circuit's lowest layer
-    only = float(other.patched_metric({k: (~v)[None] for k, v in node_masks(order[:n], shapes).items()})[0])
+    only_pairs = other.patched_metric({k: (~v)[None] for k, v in node_masks(order[:n], shapes).items()},
+                                      per_pair=True)[0]
+    only = float(only_pairs.mean())
     clean = float(other.clean["metric"].mean())
     values = [measured[run.index(k)] if k in run else known.get(k, clean) for k in sizes]
+    at_n = (measured_pairs[run.index(n)] if n in run else per_pair[0] if n == 0 else other.clean["metric"])
     all_patched = values[sizes.index(0)]
     out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
                            "corrupted": float(other.corrupted["metric"].mean()),
@@ -831,6 +853,8 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
                     for k, v in zip(sizes, values, strict=True)]
     out["faithfulness"] = out["curve"][sizes.index(n)]["faithfulness"]
     out["edge_faithfulness"] = None
+    intervals = _circuit_intervals({"circuit": at_n, "all_patched": per_pair[0], "only_circuit": only_pairs},
+                                   other.clean["metric"], n_resamples, ci_level)
     if edges:
         kept = torch.zeros_like(graph.allowed)
         for edge in edges:
@@ -838,7 +862,15 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
             kept[graph.senders.index(sender), graph.receivers.index(receiver)] = True
         corrupted = float(other.corrupted["metric"].mean())
         if has_gap(clean, corrupted, MIN_TASK_GAP):
-            out["edge_faithfulness"] = faithfulness_of(float(other.edge_metric(kept[None])[0]), clean, corrupted)
+            edge_pairs: list[Tensor] = []
+            out["edge_faithfulness"] = faithfulness_of(float(other.edge_metric(kept[None], edge_pairs)[0]), clean,
+                                                       corrupted)
+            edge = (None if other.batch.n_pairs < 2 else _faithfulness_interval(
+                edge_pairs[0][0], other.corrupted["metric"], other.clean["metric"], n_resamples, ci_level))
+            if edge is not None:
+                intervals["edge_faithfulness"] = edge
+    if intervals:
+        out["ci"] = {key: [lo, hi] for key, (lo, hi) in intervals.items()}
     return out
 
 

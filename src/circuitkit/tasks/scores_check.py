@@ -386,6 +386,9 @@ class TaskScoresCheck(ScoresCheck):
             for key in ("faithfulness", "edge_faithfulness"):
                 self.number(other.get(key), f"circuit.other_set.{key}")
             self.text(other.get("note"), "circuit.other_set.note", nullable=True)
+            for key, pair in self.obj(other.get("ci", {}), "circuit.other_set.ci", (),
+                                      ("faithfulness", "necessity", "edge_faithfulness")).items():
+                self.interval(pair, f"circuit.other_set.ci.{key}")
             if "curve" in other:
                 self.points(other["curve"], "circuit.other_set.curve", nodes)
 
