@@ -9,10 +9,10 @@ that hold a node are drawn (a circuit in layers 0-2 of a 24-layer model fills th
 (a head and an MLP in many layers: 31 ranks for Qwen2.5-0.5B's IOI circuit) is drawn top to bottom instead, the
 logits on top and the input at the bottom, each rank a row of nodes: the page then scrolls the way it always does,
 and opens at the output, where a task's answer is written (that circuit: 900 x 1,478 px, where side by side it was
-2,054 px wide, scrolled sideways and opened at the embeddings). Every head node carries ``data-head="layer.head"`` (a click selects the head on the page); an edge is
-coloured by the input it enters (query, key, value; grey: an MLP or the logits) and is thicker where its exact
-effect was measured (:attr:`TaskCircuit.edge_effects`). The output is a pure function of the circuit (coordinates
-rounded to 0.1 px), all text escaped.
+2,054 px wide, scrolled sideways and opened at the embeddings). Every head node carries ``data-head="layer.head"`` (a
+click selects the head on the page); an edge is coloured by the input it enters (query, key, value; grey: an MLP or
+the logits) and is thicker where its exact effect was measured (:attr:`TaskCircuit.edge_effects`). The output is a
+pure function of the circuit (coordinates rounded to 0.1 px), all text escaped.
 """
 
 from __future__ import annotations

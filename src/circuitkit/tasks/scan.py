@@ -673,8 +673,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                     other, "discovery" if other is runner else "evaluation",
                     () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes, typed,
                     n_resamples, ci_level))
-                if node_search != "ranked":  # the searched set itself on the other pairs (its own figures,
-                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes))  # not the ranked sets' ci)
+                if node_search != "ranked":  # the searched set itself on the other pairs
+                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes))
+                    # its faithfulness and necessity are another set's than the ranked sets the intervals resampled
                     ci = {k: v for k, v in other_set.pop("ci", {}).items() if k == "edge_faithfulness"}
                     other_set.update({"ci": ci} if ci else {})
             circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
@@ -830,8 +831,8 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
     built = [node_masks(order[:k], shapes) for k in run]
     stacked = {k: torch.stack([b[k] for b in built]) for k in shapes} if run else None
     # every node patched (size 0): the corrupted run where it is that and pays; where it runs, the sizes resume from it
-    per_pair = {0: other.all_patched_metric(tuple(shapes), stacked)}  # size -> [pair]
-    known = {0: float(per_pair[0].mean())}
+    all_patched_pairs = other.all_patched_metric(tuple(shapes), stacked)  # [pair]
+    known = {0: float(all_patched_pairs.mean())}
     measured_pairs = other.patched_metric(stacked, per_pair=True) if run else None  # [size, pair] (CPU)
     measured = measured_pairs.mean(-1).tolist() if run else []
     # only the circuit patched (necessity): a pass of its own, which resumes at the circuit's lowest layer
@@ -840,7 +841,7 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
     only = float(only_pairs.mean())
     clean = float(other.clean["metric"].mean())
     values = [measured[run.index(k)] if k in run else known.get(k, clean) for k in sizes]
-    at_n = (measured_pairs[run.index(n)] if n in run else per_pair[0] if n == 0 else other.clean["metric"])
+    at_n = measured_pairs[run.index(n)] if n in run else all_patched_pairs if n == 0 else other.clean["metric"]
     all_patched = values[sizes.index(0)]
     out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
                            "corrupted": float(other.corrupted["metric"].mean()),
@@ -853,7 +854,7 @@ def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores:
                     for k, v in zip(sizes, values, strict=True)]
     out["faithfulness"] = out["curve"][sizes.index(n)]["faithfulness"]
     out["edge_faithfulness"] = None
-    intervals = _circuit_intervals({"circuit": at_n, "all_patched": per_pair[0], "only_circuit": only_pairs},
+    intervals = _circuit_intervals({"circuit": at_n, "all_patched": all_patched_pairs, "only_circuit": only_pairs},
                                    other.clean["metric"], n_resamples, ci_level)
     if edges:
         kept = torch.zeros_like(graph.allowed)
