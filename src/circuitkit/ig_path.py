@@ -27,7 +27,8 @@ DEFAULT_IG_POINTS = "left"
 """EAP-IG's own points (``get_scores_eap_ig`` in hannamw/EAP-IG ``src/eap/attribute.py``: ``k / steps`` for ``k``
 in ``range(0, steps)``), so that scores, and the circuits ranked by them, compare one to one with EAP-IG's and
 MIB's. Both are Riemann sums of the same path integral, with errors of the same order."""
-_FIRST = {"left": (0, 0), "right": (1, 0), "interior": (1, -1)}  # (first k, last k - m + 1)
+_K_RANGE = {"left": (0, -1), "right": (1, 0), "interior": (1, -1)}
+"""Per set of points, ``(first k, last k - steps)``: ``k`` runs from the first to ``steps`` plus the second."""
 
 
 def ig_alphas(steps: int, points: str) -> Tensor:
@@ -35,9 +36,9 @@ def ig_alphas(steps: int, points: str) -> Tensor:
     ``k`` as the module docstring gives it for ``points`` (``n = steps`` for ``"left"`` and ``"right"``, ``steps - 1``
     for ``"interior"``). Each ``k / steps`` is IEEE float32 division, so the same float as Python's ``k / steps``
     rounded to float32 (the quotient of two small integers is never close enough to a rounding midpoint to differ)."""
-    validate.option("integrated gradients: points", points, tuple(_FIRST))
-    first, end = _FIRST[points]
-    return torch.arange(first, steps + first + end, dtype=torch.float32, device="cpu") / steps
+    validate.option("integrated gradients: points", points, tuple(_K_RANGE))
+    first, last = _K_RANGE[points]
+    return torch.arange(first, steps + last + 1, dtype=torch.float32, device="cpu") / steps
 
 
 def along(start: Tensor, end: Tensor, alphas: Tensor | float) -> Tensor:

@@ -394,6 +394,7 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
     parts.append(f'<line x1="{ml}" x2="{width - mr}" y1="{_f(y(target))}" y2="{_f(y(target))}" stroke="#b2182b" '
                  f'stroke-dasharray="4 3"/><text x="{width - mr}" y="{_f(y(target) + 11)}" text-anchor="end" '
                  f'fill="#b2182b">target {target:.2f}</text>')
+
     def half(n: int) -> float:  # half a tick label's width (10 px digits)
         return 3.1 * len(str(n))
 

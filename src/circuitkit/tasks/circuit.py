@@ -526,11 +526,8 @@ def edge_intervals(pairs: dict[str, Tensor], clean: Tensor, corrupted: Tensor, n
         lo, hi = bootstrap_ci(stacked, n_resamples, level, statistic=statistic)
     except CircuitkitError:  # some resample has m_clean = m_corr: every figure here divides by it
         return {}
-    out = {"edge_faithfulness": (float(lo[0]), float(hi[0])), "cpr": (float(lo[1]), float(hi[1])),
-           "cmd": (float(lo[2]), float(hi[2]))}
-    if not circuit:
-        del out["edge_faithfulness"]
-    return out
+    areas = {"cpr": (float(lo[1]), float(hi[1])), "cmd": (float(lo[2]), float(hi[2]))}
+    return ({"edge_faithfulness": (float(lo[0]), float(hi[0]))} if circuit else {}) | areas
 
 
 def mib_sizes(n_edges: int) -> list[int]:

@@ -695,11 +695,12 @@ class TaskRunner:
                 logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None, resume=start)
             self.passes += chunk.shape[0] * copies * self.pass_share(start)
             per_pair = self.metric(logits)  # [sets in the pass, pair]
+            # checked through its mean: a non-finite pair's metric makes the mean non-finite
+            means = validate.finite_result("task circuit: metric", per_pair.mean(-1).cpu(),
+                                           why="the patched model's logits overflowed")
             if pairs is not None:
-                pairs.append(validate.finite_result("task circuit: metric", per_pair.cpu(),
-                                                    why="the patched model's logits overflowed"))
-            return validate.finite_result("task circuit: metric", per_pair.mean(-1).cpu(),
-                                          why="the patched model's logits overflowed")
+                pairs.append(per_pair.cpu())
+            return means
 
         return self._in_passes(kept.shape[0], node=False, run=run)
 
