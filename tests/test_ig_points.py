@@ -101,6 +101,9 @@ def test_the_points_of_each_rule():
     assert ig_alphas(1, "left").tolist() == [0.0] and ig_alphas(1, "right").tolist() == [1.0]
     with pytest.raises(CircuitkitError, match="'middle'.*'left', 'right'"):
         ig_alphas(3, "middle")
+    for bad in (0, -2, 2.5, "3", True):
+        with pytest.raises(CircuitkitError, match="integrated gradients: steps"):
+            ig_alphas(bad, "left")
 
 
 def test_every_engine_reads_one_path():

@@ -36,6 +36,7 @@ def ig_alphas(steps: int, points: str) -> Tensor:
     ``k`` as the module docstring gives it for ``points`` (``n = steps`` for ``"left"`` and ``"right"``, ``steps - 1``
     for ``"interior"``). Each ``k / steps`` is IEEE float32 division, so the same float as Python's ``k / steps``
     rounded to float32 (the quotient of two small integers is never close enough to a rounding midpoint to differ)."""
+    steps = validate.integer("integrated gradients: steps", steps, minimum=1)
     validate.option("integrated gradients: points", points, tuple(_K_RANGE))
     first, last = _K_RANGE[points]
     return torch.arange(first, steps + last + 1, dtype=torch.float32, device="cpu") / steps
