@@ -10,9 +10,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import random
 import re
-import time
 from pathlib import Path
 
 import jsonschema
@@ -23,9 +23,11 @@ from circuitkit import CircuitkitError, RepeatedTokens
 
 SCHEMA = json.loads((Path(ck.__file__).parent / "report" / "scores.schema.json").read_text(encoding="utf-8"))
 FUZZ_SEED = 39
-FUZZ_SECONDS = 10.0
-"""The fuzz runs its mutations in a seeded order: every field once, then more until this many seconds have passed
-since the start (every field once takes about 8 s on 2 shared cores: a loaded mutation is saved again)."""
+FUZZ_MORE = 1500
+"""The fuzz runs its mutations in a seeded order: the cross-field ones, every field once, then this many more. A
+count, not a time, so that every machine tries the same mutations (all of them, about 12,000, pass; set
+``CIRCUITKIT_FUZZ_MORE`` to try more)."""
+FUZZ_MORE = int(os.environ.get("CIRCUITKIT_FUZZ_MORE", FUZZ_MORE))
 UNWRITTEN = ("circuitkit_version", "units")
 
 
@@ -218,7 +220,7 @@ def _load_outcome(data):
 
 def test_fuzz_every_field(saved, tmp_path):
     """Every node of a saved scan gets type, range and shape mutations (and a list of cross-field ones), in a
-    seeded order, for at most :data:`FUZZ_SECONDS` after each node had its first: each is refused in one line
+    seeded order (every node once, then :data:`FUZZ_MORE` more): each is refused in one line
     naming the file and a field, or loads into a scan whose JSON is the mutated file and which saves again; one
     the published schema refuses is never loaded. Never a raw exception."""
     rng = random.Random(FUZZ_SEED)
@@ -232,10 +234,7 @@ def test_fuzz_every_field(saved, tmp_path):
     rest = [m for options in by_field.values() for m in options]
     rng.shuffle(rest)
     counts = {"tried": 0, "refused": 0, "accepted": 0}
-    start = time.monotonic()
-    for i, (kind, path, new) in enumerate(_cross_field(saved) + first + rest):
-        if i >= len(first) + 25 and time.monotonic() - start > FUZZ_SECONDS:
-            break
+    for kind, path, new in _cross_field(saved) + first + rest[:FUZZ_MORE]:
         mutated = _set(saved, path, new)
         outcome = _load_outcome(mutated)
         counts["tried"] += 1
@@ -250,4 +249,4 @@ def test_fuzz_every_field(saved, tmp_path):
         outcome.save(tmp_path / "again")
     print(f"scores.json fuzz: {counts['tried']} mutations over {len(by_field)} fields ({len(nodes)} values) tried, "
           f"{counts['refused']} refused, {counts['accepted']} accepted and valid")
-    assert counts["tried"] >= len(first) + 25 and counts["refused"] and counts["accepted"]
+    assert counts["tried"] >= len(first) and counts["refused"] and counts["accepted"]

@@ -14,8 +14,8 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import random
-import time
 from pathlib import Path
 
 import jsonschema
@@ -34,8 +34,10 @@ from tests.test_tasks import copy_next_task, english_model, toy_pairs
 
 SCHEMA = json.loads((Path(ck.tasks.__file__).parent / "task_scores.schema.json").read_text(encoding="utf-8"))
 FUZZ_SEED = 36
-FUZZ_SECONDS = 8.0
-"""The fuzz tries every field once, then more mutations until this many seconds have passed."""
+FUZZ_MORE = 1000
+"""The fuzz tries every field once, then this many more mutations drawn in a seeded order: a count, not a time, so
+that every machine tries the same ones (all of them, about 34,000, pass; set ``CIRCUITKIT_FUZZ_MORE`` to try more)."""
+FUZZ_MORE = int(os.environ.get("CIRCUITKIT_FUZZ_MORE", FUZZ_MORE))
 
 
 def log_odds(logits, batch):
@@ -201,6 +203,9 @@ CASES = {  # id -> (path, value, the field the error names)
     "dtype int8": ("dtype", "int8", "dtype"),
     "role of no head": ("roles", {"name movers": ["7.7"]}, "roles.name movers[0]"),
     "intervals reversed": ("task.ci.clean", [1.0, 0.0], "task.ci.clean"),
+    "held-out interval null": ("circuit.other_set.ci.necessity", None, "circuit.other_set.ci.necessity"),
+    "held-out interval end null": ("circuit.other_set.ci.faithfulness[1]", None, "circuit.other_set.ci.faithfulness"),
+    "circuit interval end null": ("circuit.ci.cpr[0]", None, "circuit.ci.cpr"),
     "mlps off beside MLP scores": ("settings.mlps", False, "mlps.score"),
 }
 
@@ -242,7 +247,7 @@ def _outcome(data):
 @pytest.mark.parametrize("label", ["ioi", "copy-next"])
 def test_fuzz_every_field(saved, tmp_path, label):
     """Every node of a saved task scan gets type, range and shape mutations in a seeded order (every field once,
-    then more for at most :data:`FUZZ_SECONDS`): each is refused in one line naming the file and a field, or loads
+    then :data:`FUZZ_MORE` more): each is refused in one line naming the file and a field, or loads
     into a scan whose JSON is the mutated file and which saves again; a mutation the schema refuses never loads.
     Never a raw exception."""
     data = saved[label][2]
@@ -257,10 +262,7 @@ def test_fuzz_every_field(saved, tmp_path, label):
     rest = [m for options in by_field.values() for m in options]
     rng.shuffle(rest)
     counts = {"refused": 0, "accepted": 0}
-    start = time.monotonic()
-    for i, (path, new) in enumerate(first + rest):
-        if i >= len(first) and time.monotonic() - start > FUZZ_SECONDS:
-            break
+    for path, new in first + rest[:FUZZ_MORE]:
         mutated = _set(data, path, new)
         outcome = _outcome(mutated)
         if outcome == "refused":

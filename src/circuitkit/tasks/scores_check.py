@@ -374,9 +374,7 @@ class TaskScoresCheck(ScoresCheck):
         self.mib_areas(c.get("cpr_cmd"), c, total)
         if "ci" in c:
             for key, pair in self.obj(c["ci"], "circuit.ci").items():
-                if pair is None:  # a task scan writes every interval it names
-                    raise self.fail(f"circuit.ci.{key}", pair, "an interval [lo, hi] of 2 numbers")
-                self.interval(pair, f"circuit.ci.{key}")
+                self.whole_interval(pair, f"circuit.ci.{key}")
         other = self.obj(c["other_set"], "circuit.other_set", ("set", "pairs"), nullable=True)
         if other is not None:
             self.option(other["set"], "circuit.other_set.set", ("discovery", "evaluation"))
@@ -388,10 +386,18 @@ class TaskScoresCheck(ScoresCheck):
             self.text(other.get("note"), "circuit.other_set.note", nullable=True)
             for key, pair in self.obj(other.get("ci", {}), "circuit.other_set.ci", (),
                                       ("faithfulness", "necessity", "edge_faithfulness")).items():
-                self.interval(pair, f"circuit.other_set.ci.{key}")
+                self.whole_interval(pair, f"circuit.other_set.ci.{key}")
             if "curve" in other:
                 self.points(other["curve"], "circuit.other_set.curve", nodes)
 
+
+    def whole_interval(self, value: Any, field: str) -> None:
+        """An interval a task scan writes: ``[lo, hi]`` of two numbers, never null nor holding one (a task scan
+        names an interval only once it has both ends)."""
+        pair = self.array(value, field)
+        if len(pair) != 2 or any(end is None for end in pair):
+            raise self.fail(field, value, "an interval [lo, hi] of 2 numbers")
+        self.interval(pair, field)
 
     def mib_areas(self, value: Any, c: dict[str, Any], total: int) -> None:
         """``circuit.cpr_cmd`` (MIB's curves and areas, :func:`circuitkit.tasks.circuit.mib_areas`): its CPR and CMD
