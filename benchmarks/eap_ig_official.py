@@ -369,10 +369,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from circuitkit import tasks
     from circuitkit.circuits.curve import faithfulness_of
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
     from circuitkit.tasks.circuit import edge_circuit, mib_areas
-    from circuitkit.tasks.graph import TaskRunner
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     started = time.perf_counter()
@@ -521,8 +521,8 @@ def expand_grouped(name: str, group: int) -> list[str]:
 def grouped_reference(runner_args: tuple, steps: int, target: float, scratch: Path, eap: Any) -> dict[str, Any]:
     """circuitkit's circuit on its default graph (``kv_edges="grouped"``): EAP-IG's scores at ``steps`` points, the
     edge circuit at ``target``, its size in EAP-IG's edges and its faithfulness in EAP-IG's evaluator."""
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.tasks.circuit import edge_circuit
-    from circuitkit.tasks.graph import TaskRunner
 
     adapter, batch, task = runner_args
     group = adapter.spec.n_heads // adapter.spec.n_kv_heads

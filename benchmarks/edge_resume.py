@@ -19,10 +19,10 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from circuitkit import tasks
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
     from circuitkit.tasks.circuit import _order, mib_sizes
-    from circuitkit.tasks.graph import TaskRunner
     from circuitkit.tasks.scan import split_pairs
 
     model = load_model(args.model)

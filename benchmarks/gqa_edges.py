@@ -65,10 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from circuitkit import tasks
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
     from circuitkit.tasks.circuit import edge_circuit
-    from circuitkit.tasks.graph import TaskRunner
 
     def log(text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)

@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     import circuitkit as ck
     from circuitkit import zoo
     from circuitkit.circuits.curve import faithfulness_of
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks import repeated_tokens, scan_task
-    from circuitkit.tasks.graph import TaskRunner
 
     scan = ck.scan()
     v = scan.verified

@@ -114,11 +114,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"every count and --held-out must be a multiple of --part {args.part}")
     import torch
 
+    from circuitkit.graph.runner import DEFAULT_IG_POINTS, TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
     from circuitkit.tasks import ioi
     from circuitkit.tasks.circuit import node_circuit
-    from circuitkit.tasks.graph import DEFAULT_IG_POINTS, TaskRunner
     from circuitkit.tasks.scan import DEFAULT_IG_STEPS
 
     torch.set_num_threads(2)

@@ -45,8 +45,8 @@ def _ioi_runners(bridge: Any, pairs: int) -> tuple[Any, Any, Any, Any, Any]:
     """The IOI task of ``pairs`` pairs for the model's tokenizer (seed 0), split half and half (seed 0), and a
     task runner on each half (MLPs as nodes): ``(task, discovery, evaluation, runner, held)``."""
     from circuitkit import tasks
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
-    from circuitkit.tasks.graph import TaskRunner
     from circuitkit.tasks.scan import split_pairs
 
     adapter = adapt(bridge)

@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
     import circuitkit as ck
-    import circuitkit.tasks.graph as graph
+    import circuitkit.graph.runner as graph
 
     hf, bridge = gpu.llama(args.shape, getattr(torch, args.dtype))
     task = gpu.pair_task(16, gpu.SHAPES[args.shape]["vocab_size"])

@@ -23,7 +23,7 @@ METHODS = ("_reference", "attribute", "patched_metric", "record_all_patched", "e
 
 def measure(model, task, floor: bool) -> dict:
     import circuitkit as ck
-    import circuitkit.tasks.graph as graph
+    import circuitkit.graph.runner as graph
     import circuitkit.tasks.memory as memory
     import circuitkit.tasks.scan as scan_module
 

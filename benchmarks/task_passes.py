@@ -62,8 +62,8 @@ def clean_backward(model, task, holdout: float, seed: int, repeats: int = 3) -> 
 
     import torch
 
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
-    from circuitkit.tasks.graph import TaskRunner
     from circuitkit.tasks.scan import split_pairs
 
     adapter = adapt(model)
@@ -107,8 +107,8 @@ def attribution_cost(model, task, holdout: float, seed: int, steps: int = 3, rep
 
     import torch
 
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
-    from circuitkit.tasks.graph import TaskRunner
     from circuitkit.tasks.scan import split_pairs
 
     adapter = adapt(model)

@@ -21,9 +21,9 @@ import torch
 
 def circuitkit_means(model_dir: str, pairs: int, seed: int) -> tuple[dict, list]:
     from circuitkit import tasks
+    from circuitkit.graph.metrics import METRICS, last_logits
     from circuitkit.models.adapters import adapt
     from circuitkit.models.loading import load_model
-    from circuitkit.tasks.metrics import METRICS, last_logits
 
     bridge = load_model(model_dir)
     adapter = adapt(bridge)

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     from circuitkit import tasks
+    from circuitkit.graph.metrics import METRICS
     from circuitkit.models.loading import load_model
-    from circuitkit.tasks.metrics import METRICS
     from circuitkit.tasks.scan import split_pairs
 
     results = json.loads(Path(args.results).read_text())

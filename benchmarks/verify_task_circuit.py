@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     from circuitkit import tasks
+    from circuitkit.graph.metrics import METRICS
     from circuitkit.models.loading import load_model
-    from circuitkit.tasks.metrics import METRICS
 
     bridge = load_model(args.model)  # for the task's token ids only
     task = tasks.get_task(args.task, bridge, n=args.pairs, seed=args.seed)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             for h in handles:
                 h.remove()
         last = logits[rows, batch.last]
-        return metric(last, batch).mean()  # the task's metric, as defined in circuitkit.tasks.metrics
+        return metric(last, batch).mean()  # the task's metric, as defined in circuitkit.graph.metrics
 
     corrupted_z: dict[int, torch.Tensor] = {}
 

@@ -105,8 +105,8 @@ METHODS = (
     "circuitkit.handbuilt.subspace:Subspace.read",
     "circuitkit.handbuilt.exercises:VirtualHeadExercise.paths",
     "circuitkit.tracking.result:Track.load",
-    "circuitkit.tasks.task:Task.from_pairs",
-    "circuitkit.tasks.task:Task.tokenize",
+    "circuitkit.graph.task:Task.from_pairs",
+    "circuitkit.graph.task:Task.tokenize",
     "circuitkit.tasks.scan:TaskScan.save",
     "circuitkit.tasks.scan:TaskScan.load",
     "circuitkit.tasks.scan:TaskScan.table",
@@ -1866,7 +1866,7 @@ VALID_HERE: dict[str, dict[str, dict[str, str]]] = {
         "module-nan-weight": "the generator reads the model's vocabulary only (scan_task refuses the weights)",
         "module-inf-weight": "the generator reads the model's vocabulary only (scan_task refuses the weights)",
     }},
-    "circuitkit.tasks.task:Task.tokenize": {"model_or_adapter": {
+    "circuitkit.graph.task:Task.tokenize": {"model_or_adapter": {
         "module-nan-weight": "tokenizing reads the vocabulary and tokenizer only (scan_task refuses the weights)",
         "module-inf-weight": "tokenizing reads the vocabulary and tokenizer only (scan_task refuses the weights)",
     }},

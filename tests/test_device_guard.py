@@ -125,7 +125,7 @@ def test_the_guard_names_the_bootstraps_cpu_tensor_put_back(monkeypatch):
 
 def test_the_guard_names_the_task_graphs_cpu_tensor_put_back(monkeypatch):
     """A tensor the task engine makes beside the model's activations, put back without its device."""
-    from circuitkit.tasks import graph
+    from circuitkit.graph import runner as graph
 
     reintroduce(monkeypatch, graph.TaskRunner, "_pulled_back",
                 "return grad.float().reshape(steps, -1).sum(0).reshape(1, -1)",
@@ -133,7 +133,7 @@ def test_the_guard_names_the_task_graphs_cpu_tensor_put_back(monkeypatch):
     guard = DeviceGuard()
     with guard:
         scan_task(gqa_bridge(), Task.from_pairs(toy_pairs(6), name="toy"), edges=True)
-    with pytest.raises(AssertionError, match=r"tasks/graph\.py:\d+ calls torch\.zeros without device="):
+    with pytest.raises(AssertionError, match=r"graph/runner\.py:\d+ calls torch\.zeros without device="):
         guard.check()
 
 

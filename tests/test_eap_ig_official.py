@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from circuitkit.graph.runner import build_graph
 from circuitkit.models.adapters import adapt
-from circuitkit.tasks.graph import build_graph
 from tests.conftest import boot_bridge
 
 LAYERS, HEADS, KV = 3, 4, 2

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task
 from circuitkit.tasks.circuit import edge_circuit
-from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.search import dangling, edge_problem, search_edge_circuit
 from tests.conftest import boot_bridge
 from tests.test_tasks import toy_pairs

@@ -215,10 +215,10 @@ def test_a_member_without_a_call_is_explained_by_its_figures(bundled):
 
 # ---------------------------------------------------------------------------------------------- task scans
 def test_a_task_scan_explains_every_node_circuit_head():
+    from circuitkit.graph.runner import build_graph
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks import Task
     from circuitkit.tasks.circuit import node_order as search_order
-    from circuitkit.tasks.graph import build_graph
     from circuitkit.tasks.roles import member_explanations, node_order
     from circuitkit.tasks.scan import scan_task
     from tests.conftest import gqa_bridge

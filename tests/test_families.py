@@ -296,8 +296,8 @@ def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built, tmp_path_f
     """The task graph with MLPs in every family whose heads add into the residual stream: every edge kept is the
     clean run and none the corrupted run (the query/key/value, MLP and logits inputs each rebuilt from the senders'
     outputs), and a prompt padded in a batch scores as it does alone."""
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.tasks import Task
-    from circuitkit.tasks.graph import TaskRunner
 
     family, hf, _ = built
     # a bridge of its own: after a full induction scan on the shared Falcon bridge (ALiBi, parallel blocks), the
@@ -322,7 +322,7 @@ def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built, tmp_path_f
     assert float(node_ends[0]) == pytest.approx(float(runner.clean["metric"].mean()), abs=1e-4)
     assert float(node_ends[1]) == pytest.approx(float(runner.corrupted["metric"].mean()), abs=1e-4)
     assert runner.edges_defined == family.additive_heads
-    if not family.additive_heads:  # node circuits only (tasks.graph.EDGES_UNDEFINED)
+    if not family.additive_heads:  # node circuits only (graph.runner.EDGES_UNDEFINED)
         return
     allowed = runner.graph.allowed[None]
     ends = runner.edge_metric(torch.cat([allowed, torch.zeros_like(allowed)]))

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError
+from circuitkit.graph.runner import TaskRunner, ig_alphas
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.tasks import Task
-from circuitkit.tasks.graph import TaskRunner, ig_alphas
 from tests.conftest import boot_bridge
 from tests.test_tasks import toy_pairs
 

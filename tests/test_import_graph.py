@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models", ("models", "zoo")),
     ("hand-built circuits, views", ("handbuilt", "viz")),
     ("detect", ("detect",)),
+    ("graph engine", ("graph",)),
     ("circuits", ("circuits",)),
     ("scan records", ("scan_record", "progress")),
     ("report", ("report",)),

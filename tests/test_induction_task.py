@@ -20,13 +20,13 @@ from circuitkit.circuits.curve import faithfulness_of
 from circuitkit.detect.corrupt import resampled_batch
 from circuitkit.detect.loss import stacked_losses
 from circuitkit.detect.tokens import RepeatedTokens
+from circuitkit.graph.metrics import METRICS
+from circuitkit.graph.runner import TaskRunner
+from circuitkit.graph.task import METRIC_NAMES
 from circuitkit.handbuilt.induction import induction_circuit
 from circuitkit.metric_registry import REGISTRY, next_token_logprob, repeated_copies_loss
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, TaskScan, repeated_tokens, scan_task
-from circuitkit.tasks.graph import TaskRunner
-from circuitkit.tasks.metrics import METRICS
-from circuitkit.tasks.task import METRIC_NAMES
 
 EXACT = 1e-5
 
@@ -247,7 +247,7 @@ def test_direct_logit_attribution_on_scored_positions_reads_the_next_tokens_logi
     """A task whose metric is the next token's log-probability on scored positions: a head's DLA is its output read
     through the final norm with the clean scale frozen into logit(next token) minus the mean logit, averaged over
     the scored positions and the pairs (by hand in float64: a LayerNorm and the unembedding written out)."""
-    from circuitkit.tasks.metrics import dla_meaning
+    from circuitkit.graph.metrics import dla_meaning
     from tests.conftest import boot_bridge
 
     model = boot_bridge(attn_only=False, n_layers=3, d_vocab=50, seed=3)

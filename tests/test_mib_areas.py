@@ -61,9 +61,9 @@ def test_a_curve_of_the_wrong_length_or_not_finite_is_refused(bad):
 def test_edge_circuit_areas_are_the_two_rankings_measured_by_hand():
     """On a tiny model: each ranking's curve is the faithfulness of the top ``int(x E)`` edges by signed or
     absolute EAP-IG score, measured here with masks built from the scores; CPR and CMD are their areas."""
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks import Task
-    from circuitkit.tasks.graph import TaskRunner
     from tests.conftest import boot_bridge
     from tests.test_tasks import toy_pairs
 
@@ -127,10 +127,10 @@ def test_edge_intervals_resample_the_pairs_behind_each_figure():
     the curve's own passes (its mean is the curve's point), and on each resample of the pairs (the same draw,
     :func:`circuitkit.uncertainty.resample_counts`) the figures recomputed from that resample's means with the scalar
     formulas (:func:`area_under`, :func:`area_from_1`, the faithfulness ratio) give the same percentile interval."""
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks import Task
     from circuitkit.tasks.circuit import edge_intervals
-    from circuitkit.tasks.graph import TaskRunner
     from circuitkit.uncertainty import resample_counts
     from tests.conftest import boot_bridge
     from tests.test_tasks import toy_pairs

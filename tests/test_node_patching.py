@@ -17,9 +17,9 @@ from circuitkit import CircuitkitError, zoo
 from circuitkit.circuits.faithfulness import Ablator
 from circuitkit.detect.node_patching import Patch, in_passes, patched_logits
 from circuitkit.detect.tokens import RepeatedTokens
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.tasks import repeated_tokens
-from circuitkit.tasks.graph import TaskRunner
 
 
 @pytest.fixture(scope="module")

@@ -43,11 +43,11 @@ def test_the_four_passes_use_the_one_rule(monkeypatch):
     from circuitkit.circuits import patching
     from circuitkit.detect import ablation, attribution
     from circuitkit.detect.tokens import RepeatedTokens
+    from circuitkit.graph import runner as graph
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.graph.task import Task
     from circuitkit.models.adapters import adapt
     from circuitkit.models.toy import AttentionOnlyModel
-    from circuitkit.tasks import graph
-    from circuitkit.tasks.graph import TaskRunner
-    from circuitkit.tasks.task import Task
     from tests.conftest import random_weights
 
     model = AttentionOnlyModel(random_weights(2, 2, 16, 8, d_vocab=20, seed=0), n_ctx=32)

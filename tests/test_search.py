@@ -16,10 +16,10 @@ from circuitkit import CircuitkitError, RepeatedTokens, zoo
 from circuitkit.circuits.faithfulness import faithfulness as induction_faithfulness
 from circuitkit.circuits.faithfulness import find_circuit
 from circuitkit.circuits.search import SEARCHES, induction_problem, run_search
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, scan_task
 from circuitkit.tasks.circuit import node_circuit
-from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.search import held_out, search_node_circuit, task_problem
 from tests.conftest import boot_bridge
 from tests.test_tasks import copy_next_task, toy_pairs

@@ -15,9 +15,9 @@ import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, TaskScan
-from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.scan import scan_task, split_pairs
 from circuitkit.tasks.scores_check import check_task_scores
 from circuitkit.tasks.search import DEFAULT_EDGE_SEARCH_PASSES, EDGE_SEARCH_NAMES

@@ -107,8 +107,8 @@ def test_node_scores_are_the_first_order_estimate_of_patching_a_head(family_mode
     """With one IG step the node score is plain attribution patching at ``z``: ``(z - z') . dM/dz`` at the clean
     run, checked against a finite-difference-free oracle: autograd on the Hugging Face model through the same
     pre-hooks."""
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
-    from circuitkit.tasks.graph import TaskRunner
 
     _, hf, bridge = family_model
     task = Task.from_pairs(PAIRS, name="copy")

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, tasks
+from circuitkit.graph.runner import TaskRunner, build_graph
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, scan_task
-from circuitkit.tasks.graph import TaskRunner, build_graph
 from tests.conftest import boot_bridge
 from tests.test_tasks import toy_pairs
 

@@ -212,7 +212,7 @@ def test_neuron_groups_count_their_activations_in_both_runs_and_in_eap_ig(model)
     """A further node type ``w`` wide per token and layer adds ``2 N P L w e`` to the reference runs' outputs and
     ``3 S N P L w e`` to the EAP-IG pass; nothing else changes. Neuron groups read the MLP's hidden activation:
     ``w = d_mlp``; a residual-stream type ``d_model``."""
-    from circuitkit.tasks.nodes import NodeType, neuron_groups
+    from circuitkit.graph.nodes import NodeType, neuron_groups
 
     N, P, S, e, m = 5, 7, 3, 4, model.cfg.d_mlp
     adapter = adapt(model)
@@ -246,7 +246,7 @@ def test_scan_task_counts_its_neuron_groups(model, monkeypatch):
 
 
 def test_the_sender_budget_is_the_floor_on_the_cpu_and_a_share_of_a_gpus_free_memory():
-    from circuitkit.tasks.graph import GPU_SENDER_SHARE, MAX_SENDER_BUDGET, SENDER_BUDGET, sender_budget
+    from circuitkit.graph.runner import GPU_SENDER_SHARE, MAX_SENDER_BUDGET, SENDER_BUDGET, sender_budget
 
     gib = 2**30
     assert sender_budget("cpu", 500 * gib) == SENDER_BUDGET  # the CPU keeps its passes as they were
@@ -262,7 +262,7 @@ def test_the_sender_budget_is_the_floor_on_the_cpu_and_a_share_of_a_gpus_free_me
 
 @pytest.mark.parametrize("budget", [0, -1, 1.5, True, "1GiB"])
 def test_a_bad_budget_is_refused_in_one_line(model, budget):
-    from circuitkit.tasks.graph import TaskRunner
+    from circuitkit.graph.runner import TaskRunner
 
     task = Task.from_pairs(toy_pairs(4), name="toy")
     adapter = adapt(model)
@@ -294,7 +294,7 @@ def test_a_wider_budget_is_used_where_its_estimate_fits_else_the_floor(model, mo
 def test_scan_task_runs_its_patching_with_the_budget_the_memory_plan_chose(model, monkeypatch):
     """Wider passes are the same measurements in fewer passes: every figure equal (to float rounding: the stacked
     batch is wider), the edge passes fewer."""
-    import circuitkit.tasks.graph as graph
+    import circuitkit.graph.runner as graph
 
     task = Task.from_pairs(toy_pairs(12), name="toy")
     calls = {"n": 0}
@@ -321,8 +321,8 @@ def test_scan_task_runs_its_patching_with_the_budget_the_memory_plan_chose(model
 def test_the_held_out_runner_and_the_stability_reruns_share_the_head_weights(model, monkeypatch):
     """The plan counts one float32 copy of the head weights; the scan reads them once, however many runners it
     builds (measured on an H200 before: two copies, 10 GiB at the 8B shape, where the plan counted 5)."""
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import ModelAdapter
-    from circuitkit.tasks.graph import TaskRunner
 
     reads = {"n": 0}
     read = ModelAdapter.weights

@@ -118,7 +118,7 @@ def test_answers_of_several_tokens_are_scored_by_their_first_token():
 
 def test_the_cli_metric_names_agree_with_the_library():
     from circuitkit import cli
-    from circuitkit.tasks.task import ALIASES, METRIC_NAMES
+    from circuitkit.graph.task import ALIASES, METRIC_NAMES
 
     assert set(cli.TASK_METRICS) == {*METRIC_NAMES, *ALIASES}
 

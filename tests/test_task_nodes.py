@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError
+from circuitkit.graph.nodes import NodeType, groups_of, neuron_groups
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.tasks import Task, scan_task
-from circuitkit.tasks.graph import TaskRunner
-from circuitkit.tasks.nodes import NodeType, groups_of, neuron_groups
 from tests.conftest import boot_bridge
 from tests.test_tasks import toy_pairs
 

@@ -141,9 +141,9 @@ def _valid(data: dict) -> None:
 
 def _check_stability_by_hand(model, result) -> None:
     """Each rerun's circuit is the node search's on those resampled discovery pairs, run here on its own."""
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks.circuit import node_circuit
-    from circuitkit.tasks.graph import TaskRunner
     from circuitkit.tasks.scan import split_pairs
     from circuitkit.uncertainty import resample_counts
 
@@ -176,8 +176,8 @@ def test_random_sets_of_the_circuits_size(model, behaviour):
 def _check_random_sets_by_hand(model, result) -> None:
     """The first uniform set's faithfulness: its heads kept, every other head patched, on the discovery pairs."""
     from circuitkit.circuits.baseline import random_sets
+    from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import adapt
-    from circuitkit.tasks.graph import TaskRunner
     from circuitkit.tasks.scan import split_pairs
 
     task = _task()

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task
-from circuitkit.tasks.graph import TaskRunner
 from tests.conftest import boot_bridge
 from tests.test_tasks import toy_pairs
 

@@ -24,8 +24,8 @@ import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError
+from circuitkit.graph.metrics import metric_label, metric_units
 from circuitkit.tasks import Task, TaskScan, scan_task
-from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.reload import task_scan_from_json
 from circuitkit.tasks.scan import TaskStage
 from tests.conftest import boot_bridge

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from circuitkit.circuits.curve import faithfulness_of
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task
 from circuitkit.tasks.circuit import _order, edge_circuit, node_circuit, node_order
-from circuitkit.tasks.graph import TaskRunner
 from tests.conftest import boot_bridge
 from tests.test_tasks import toy_pairs
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError, zoo
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task, scan_task
-from circuitkit.tasks.graph import TaskRunner
 from circuitkit.tasks.scan import MIN_SPLIT_PAIRS, split_pairs
 from tests.test_tasks import copy_next_task, task_file
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from circuitkit import CircuitkitError
+from circuitkit.graph.metrics import METRICS
+from circuitkit.graph.runner import TaskRunner, build_graph
+from circuitkit.graph.task import MAX_PAIRS
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.tasks import Task, load_task, scan_task
-from circuitkit.tasks.graph import TaskRunner, build_graph
-from circuitkit.tasks.metrics import METRICS
-from circuitkit.tasks.task import MAX_PAIRS
 from tests.conftest import boot_bridge
 
 EXACT = 1e-5
@@ -168,7 +168,7 @@ def test_a_missing_file_a_directory_and_too_many_rows_are_refused(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- metrics
 def test_the_metric_names_a_task_accepts_are_the_metrics_defined():
-    from circuitkit.tasks.task import METRIC_NAMES
+    from circuitkit.graph.task import METRIC_NAMES
 
     assert tuple(METRICS) == METRIC_NAMES
 

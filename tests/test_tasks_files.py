@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from circuitkit import CircuitkitError
+from circuitkit.graph.task import MAX_ANSWERS, MAX_PAIRS
 from circuitkit.handbuilt.induction import induction_circuit
 from circuitkit.tasks import load_task
 from circuitkit.tasks.files import MAX_TASK_BYTES
-from circuitkit.tasks.task import MAX_ANSWERS, MAX_PAIRS
 
 ROWS = [{"clean": "a b c", "corrupted": "a d c", "answer": " x", "wrong": " y"},
         {"clean": [1, 2, 3], "corrupted": [1, 4, 3], "answer": [2, 5], "wrong": 4}]

@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--pairs", type=_int_in(2, 10_000), default=None, metavar="N",
                       help="prompt pairs a built-in task writes (default: the task's own: 32; repeated-tokens 16, "
                       "the induction scan's batch)")
-    # tasks.task.METRIC_NAMES and ALIASES, not imported: --help stays free of torch (a test checks they agree)
+    # graph.task.METRIC_NAMES and ALIASES, not imported: --help stays free of torch (a test checks they agree)
     scan.add_argument("--metric", choices=TASK_METRICS, default=None,
                       help="a task's metric instead of its own: logit_diff, prob_diff, answer_logprob (alias loss), "
                       "neg_kl (alias kl), next_token_logprob (a task with scored positions); a metric function of "
@@ -164,11 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="F", help="a task's pairs held out for evaluation, in [0, 1) (0.5; 0: no split)")
     scan.add_argument("--target-on", choices=("discovery", "evaluation"), default=None,
                       help="the pairs --target applies to (discovery: the ones the circuit is searched on)")
-    # tasks.graph.IG_POINTS, not imported: --help stays free of torch
+    # graph.runner.IG_POINTS, not imported: --help stays free of torch
     scan.add_argument("--ig-points", choices=("left", "right"), default=None,
                       help="where a task's EAP-IG takes its gradients on the path from the corrupted to the clean "
                       "input: left (default: 0, 1/n, .., (n-1)/n, as EAP-IG's code) or right (1/n, .., 1)")
-    # tasks.nodes.KV_EDGES, not imported: --help stays free of torch
+    # graph.nodes.KV_EDGES, not imported: --help stays free of torch
     scan.add_argument("--kv-edges", choices=("grouped", "per-query-head"), default=None,
                       help="a task's key/value edges on a grouped-query model: one per key/value head (grouped, "
                       "default) or one per query head (per-query-head, as EAP-IG's graph; edge passes cost a copy "

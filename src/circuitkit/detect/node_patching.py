@@ -1,6 +1,6 @@
 """Node patching: stacked copies of a batch, each with its own set of nodes replaced. The one pass that the
 induction scan (:func:`circuitkit.detect.ablation.ablate`: one head a copy; :class:`~circuitkit.circuits.
-faithfulness.Ablator`: head sets) and the task scan (:meth:`circuitkit.tasks.graph.TaskRunner.patched_metric`: node
+faithfulness.Ablator`: head sets) and the task scan (:meth:`circuitkit.graph.runner.TaskRunner.patched_metric`: node
 sets of every type) run; each reads its own metric from the logits.
 
 A pass of ``S`` copies runs ``tokens`` ``[B, P]`` repeated ``S`` times along the batch axis (copy-major: rows

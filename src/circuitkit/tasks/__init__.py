@@ -6,12 +6,12 @@
     result.save("out")                               # report.html + scores.json
 """
 
+from circuitkit.graph.metrics import METRICS
+from circuitkit.graph.task import Pair, Task, TaskBatch
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, TaskCircuit
 from circuitkit.tasks.files import load_task
 from circuitkit.tasks.generators import BUILT_IN, GENERATORS, docstring, greater_than, ioi, repeated_tokens
-from circuitkit.tasks.metrics import METRICS
 from circuitkit.tasks.scan import TaskScan, scan_task
-from circuitkit.tasks.task import Pair, Task, TaskBatch
 
 
 def get_task(name_or_path: str, model: object, *, n: int | None = None, seed: int = 0) -> Task:

@@ -5,11 +5,11 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
     faithfulness(C) = (m_C - m_corr) / (m_clean - m_corr)        1.0: C alone recovers the clean behaviour
 
 **Node circuit**: every head (and MLP, when MLPs are nodes: ``mlp_nodes``) outside ``C`` takes its value from the
-corrupted prompt of the same pair (:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric`); by default MLPs stay
+corrupted prompt of the same pair (:meth:`~circuitkit.graph.runner.TaskRunner.node_metric`); by default MLPs stay
 clean (recomputed from their inputs), as in the induction scan. Nodes of further types (MLP neuron groups, a user's
-:class:`~circuitkit.tasks.nodes.NodeType`) join the same ranking by their own EAP-IG node score and are patched the
+:class:`~circuitkit.graph.nodes.NodeType`) join the same ranking by their own EAP-IG node score and are patched the
 same way. ``m_corr`` patches every node (where that is the corrupted run, its metric:
-:meth:`~circuitkit.tasks.graph.TaskRunner.every_node_patched_is_corrupted`).
+:meth:`~circuitkit.graph.runner.TaskRunner.every_node_patched_is_corrupted`).
 Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
 set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
 up to the first size reaching the target, then bisection. Past :data:`COARSE_AFTER` nodes, where the search runs on
@@ -21,7 +21,7 @@ the smallest size reaching it, where it dips back below, a size reaching it whos
 it. **Necessity**: ``m_clean - m_{C patched}``, the metric lost when only ``C`` is patched.
 
 **Edge circuit**: the top ``k`` edges by EAP-IG score kept, every other edge patched
-(:meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`; ``m_corr`` is the corrupted run: no edge kept). The
+(:meth:`~circuitkit.graph.runner.TaskRunner.edge_metric`; ``m_corr`` is the corrupted run: no edge kept). The
 faithfulness curve is measured at MIB's sizes (:data:`EDGE_FRACTIONS` of all edges, in stacked copies), then the
 smallest ``k`` reaching ``target`` is bisected between the last size below it and the first at or above it, to
 within :data:`EDGE_RESOLUTION` of ``k``.
@@ -62,8 +62,8 @@ from torch import Tensor
 from circuitkit.circuits.curve import CurvePoint, NoBehaviour, check_gap, faithfulness_of, has_gap
 from circuitkit.circuits.faithfulness import gallop, geometric_sizes
 from circuitkit.errors import CircuitkitError
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.ranking import head_name
-from circuitkit.tasks.graph import TaskRunner
 
 EDGE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Circuit sizes as fractions of all edges (MIB's ``percentages``, ``MIB_circuit_track/evaluation.py`` line 31)."""
@@ -132,7 +132,7 @@ class TaskCircuit:
     """MIB's curves and areas (:func:`mib_areas`: ``cpr``, ``cmd``, ``fractions``, ``sizes`` and per ranking its
     ``faithfulness``, ``area_under``, ``area_from_1``); None without an edge circuit."""
     ablation: str = "corrupted"
-    """What a node outside the node circuit becomes (the task's ablation, :data:`~circuitkit.tasks.task.ABLATIONS`);
+    """What a node outside the node circuit becomes (the task's ablation, :data:`~circuitkit.graph.task.ABLATIONS`);
     an edge outside the edge circuit is always patched from the corrupted prompt."""
 
     def to_json(self) -> dict[str, Any]:
@@ -335,9 +335,9 @@ class NodeCircuit(NamedTuple):
 def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: str, *, mlp_nodes: bool = False,
                  progress: Any = None, types: dict[str, Tensor] | None = None) -> NodeCircuit:
     """The smallest top-``n`` node set reaching ``target`` (module docstring). ``node_scores``: ``[sender]`` from
-    :meth:`~circuitkit.tasks.graph.TaskRunner.edge_gradients`; ``mlp_nodes``: MLPs are nodes that can be patched
+    :meth:`~circuitkit.graph.runner.TaskRunner.edge_gradients`; ``mlp_nodes``: MLPs are nodes that can be patched
     (default: heads only, every MLP recomputed from its input); ``types``: further node types' scores joining the
-    ranking, ``{type: [layer, nodes]}`` (:meth:`~circuitkit.tasks.graph.TaskRunner.attribute`). Returns a
+    ranking, ``{type: [layer, nodes]}`` (:meth:`~circuitkit.graph.runner.TaskRunner.attribute`). Returns a
     :class:`NodeCircuit`, ``pairs``: each pair's metric ``[pair]`` with the circuit kept (``"circuit"``), every node
     patched (``"all_patched"``) and only the circuit patched (``"only_circuit"``)."""
     graph = runner.graph

@@ -12,7 +12,7 @@ Formats (one pair a row or object):
 The file goes through the guarded reader (:func:`circuitkit.models.files.read_bytes`: a regular file, at most
 :data:`MAX_TASK_BYTES`, strict UTF-8); every fault is one line naming the file and the line (JSON Lines), row (CSV,
 counted with the header) or prompt (JSON). Nothing is truncated: a file with more than
-:data:`~circuitkit.tasks.task.MAX_PAIRS` pairs is refused. JSON Lines are split at ``"\n"`` only (a raw U+2028 is
+:data:`~circuitkit.graph.task.MAX_PAIRS` pairs is refused. JSON Lines are split at ``"\n"`` only (a raw U+2028 is
 legal inside a JSON string); a byte-order mark and CRLF line ends are read as the plain file.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from circuitkit.errors import CircuitkitError
-from circuitkit.tasks.task import MAX_PAIRS, Task, as_pair
+from circuitkit.graph.task import MAX_PAIRS, Task, as_pair
 
 MAX_TASK_BYTES = 64 * 2**20
 """Largest task file read (64 MiB: about 300,000 IOI rows, past :data:`MAX_PAIRS`)."""

@@ -33,7 +33,7 @@ from typing import Any
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
-from circuitkit.tasks.task import Pair, Task
+from circuitkit.graph.task import Pair, Task
 
 NAMES = (
     "Mary", "John", "Alice", "Bob", "Tom", "James", "Anna", "Sarah", "David", "Emma", "Paul", "Laura", "Mark",
@@ -219,7 +219,7 @@ def repeated_tokens(model: Any, n: int = 16, *, seed: int = 0, block_len: int | 
     """The induction behaviour as a task (module docstring): ``n`` sequences of :class:`~circuitkit.detect.
     RepeatedTokens` (``block_len``, ``n_repeats``, ``seed``; the model's BOS where its tokenizer has one), each
     paired with its copies redrawn (``corrupt_seed``); metric ``next_token_logprob`` on the repeated copies; the
-    clean mean ablation (``ablation``: any of :data:`~circuitkit.tasks.task.ABLATIONS`)."""
+    clean mean ablation (``ablation``: any of :data:`~circuitkit.graph.task.ABLATIONS`)."""
     from circuitkit.detect.corrupt import resampled_batch
     from circuitkit.detect.tokens import RepeatedTokens
 

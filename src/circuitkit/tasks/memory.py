@@ -1,6 +1,6 @@
 """A memory plan for task scans: refuse, before any pass, a scan whose estimated peak exceeds the device's free memory.
 
-The task engine (:class:`~circuitkit.tasks.graph.TaskRunner`) holds, with ``N`` pairs of ``P`` tokens, ``L``
+The task engine (:class:`~circuitkit.graph.runner.TaskRunner`) holds, with ``N`` pairs of ``P`` tokens, ``L``
 layers, ``H`` query heads, ``G`` key/value heads of width ``d_head``, ``d`` = d_model, ``m`` = d_mlp (0 without
 MLPs), ``V`` = d_vocab, ``S`` = EAP-IG steps, ``U = 1 + L H (+ L with MLP nodes)`` senders, ``e`` the model's bytes
 per element (4 float32, 2 bfloat16/float16), ``K`` the positions whose logits a pass computes (each prompt's last
@@ -24,8 +24,8 @@ position where the model unembeds only there, else all ``P``); every count in by
 - EAP-IG pull-back: the float32 difference of the runs' sender outputs ``4 U N P d``, the receivers' leaves and
   gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e``, and a layer's query cotangents pulled back through the
   attention norm, ``[H, S N, P, d]`` float32 with the norm's own buffers, ``32 H S N P d``;
-- edge patching (``C`` stacked copies: as many as the sender budget allows (:func:`~circuitkit.tasks.graph.
-  sender_budget`: :data:`~circuitkit.tasks.graph.SENDER_BUDGET` on the CPU, more on a GPU with room), at most 32
+- edge patching (``C`` stacked copies: as many as the sender budget allows (:func:`~circuitkit.graph.runner.
+  sender_budget`: :data:`~circuitkit.graph.runner.SENDER_BUDGET` on the CPU, more on a GPU with room), at most 32
   and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
   delta ``C U N P d e``, each layer's summed q/k/v patch ``C L (H + 2G) N P d e``, a layer's rebuilt query inputs
   through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
@@ -59,10 +59,10 @@ import torch
 from circuitkit import validate
 from circuitkit.device_memory import available_memory, size_text
 from circuitkit.errors import CircuitkitError
+from circuitkit.graph.nodes import KV_EDGES
+from circuitkit.graph.runner import MAX_COPIES, SENDER_BUDGET, sender_budget
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, N_EXACT_EDGES
-from circuitkit.tasks.graph import MAX_COPIES, SENDER_BUDGET, sender_budget
-from circuitkit.tasks.nodes import KV_EDGES
 
 MARGIN = 1.35
 """The sum of the parts times this is the estimate. Measured (``benchmarks/README.md``, ``benchmarks/task_memory.py``):
@@ -91,7 +91,7 @@ class TaskMemoryEstimate:
     resident: dict[str, int]
     stages: dict[str, int]
     budget: int = SENDER_BUDGET
-    """The sender budget the estimate counts the stacked copies with (:func:`~circuitkit.tasks.graph.sender_budget`):
+    """The sender budget the estimate counts the stacked copies with (:func:`~circuitkit.graph.runner.sender_budget`):
     what the scan's runners then use."""
 
     @property
@@ -137,8 +137,8 @@ def node_widths(adapter: Any, node_types: Any) -> tuple[int, ...]:
     hidden activation (neurons), ``H d_head`` for ``hook_z``, ``d_model`` for a residual stream, the MLP's or the
     attention's output, and ``max(d_model, d_mlp)`` for a hook this list does not name (the widest activation a
     block of these models writes). Anything but a node type with a hook counts 0 (the runner refuses it)."""
+    from circuitkit.graph.nodes import NodeType
     from circuitkit.models.adapters import HOOKS
-    from circuitkit.tasks.nodes import NodeType
 
     spec = adapter.spec
     d, m = spec.d_model, _d_mlp(adapter)
@@ -245,8 +245,8 @@ def check_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps: b
     """Raise one :class:`CircuitkitError` line if the task scan's estimated peak (:func:`estimate_task_memory`)
     exceeds the memory free on the model's device (``available`` bytes when given, else
     :func:`~circuitkit.device_memory.available_memory`); else return the estimate, whose ``budget`` the scan's
-    runners use: on a GPU the wider one of :func:`~circuitkit.tasks.graph.sender_budget` where its estimate fits,
-    else :data:`~circuitkit.tasks.graph.SENDER_BUDGET`. The message names the estimate,
+    runners use: on a GPU the wider one of :func:`~circuitkit.graph.runner.sender_budget` where its estimate fits,
+    else :data:`~circuitkit.graph.runner.SENDER_BUDGET`. The message names the estimate,
     its largest parts, the most pairs that fit by the same estimate, and the fewer EAP-IG steps or the skipped edge
     circuit that would let every pair fit, where one would. The pairs that fit are counted without a held-out
     split (attribution on all of them: the larger estimate), so they fit whatever split a rerun draws."""

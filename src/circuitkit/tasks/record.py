@@ -74,7 +74,7 @@ def circuit_extra(circuit: Any) -> dict[str, Any]:
 def task_units(scan: Any) -> dict[str, str]:
     """The unit of every figure of a task scan's ``scores.json`` (``field -> unit``; ``heads.NAME`` for each of the
     task's own head scores and each pattern score)."""
-    from circuitkit.tasks.metrics import dla_meaning, metric_label, metric_units
+    from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units
 
     metric = f"{metric_units(scan.task.metric)} (the task's metric, {metric_label(scan.task.metric)})"
     out = {

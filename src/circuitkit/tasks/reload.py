@@ -75,7 +75,7 @@ def _metric(label: str) -> Any:
 
 
 def _task(data: dict[str, Any], pairs: dict[str, Any], where: str) -> Any:
-    from circuitkit.tasks.task import Task, as_pair
+    from circuitkit.graph.task import Task, as_pair
 
     return Task(name=data["name"], metric=_metric(data["metric"]), ablation=data["ablation"],
                 description=data["description"],

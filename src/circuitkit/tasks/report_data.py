@@ -38,7 +38,7 @@ def columns(scan: Any) -> list[dict[str, Any]]:
     """The head table's columns as the page script reads them (see the module docstring)."""
     from circuitkit.detect import registry
     from circuitkit.errors import CircuitkitError
-    from circuitkit.tasks.metrics import dla_meaning, metric_units
+    from circuitkit.graph.metrics import dla_meaning, metric_units
     from circuitkit.tasks.table import columns as table_columns
 
     units = metric_units(scan.task.metric)

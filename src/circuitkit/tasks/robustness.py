@@ -25,9 +25,9 @@ from torch import Tensor
 from circuitkit.circuits.baseline import BASELINE_KINDS, RandomBaseline, random_sets, set_baseline
 from circuitkit.circuits.curve import NoBehaviour, faithfulness_of
 from circuitkit.circuits.stability import Stability, mean_pairwise_jaccard
+from circuitkit.graph.runner import TaskRunner
+from circuitkit.graph.task import UserMetric
 from circuitkit.tasks.circuit import node_circuit
-from circuitkit.tasks.graph import TaskRunner
-from circuitkit.tasks.task import UserMetric
 from circuitkit.uncertainty import resample_counts
 
 

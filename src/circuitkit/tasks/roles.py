@@ -185,7 +185,7 @@ def member_explanations(result: Any) -> dict[str, str] | None:
     (:func:`circuitkit.circuits.explain.task_explanations`); None without a circuit."""
     from circuitkit.circuits.explain import Call, parse_edge, task_explanations
     from circuitkit.detect.registry import registered
-    from circuitkit.tasks.metrics import metric_units
+    from circuitkit.graph.metrics import metric_units
 
     c = result.circuit
     if c is None:

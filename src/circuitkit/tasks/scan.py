@@ -33,13 +33,14 @@ from circuitkit import validate
 from circuitkit.circuits.curve import NoBehaviour
 from circuitkit.circuits.search import SEARCH_NAMES
 from circuitkit.errors import CircuitkitError
+from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units, reads_scored
+from circuitkit.graph.nodes import DEFAULT_KV_EDGES, KV_EDGES
+from circuitkit.graph.runner import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
+from circuitkit.graph.task import Task, check_prepend_bos
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, edge_intervals, node_circuit
-from circuitkit.tasks.graph import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
-from circuitkit.tasks.metrics import dla_meaning, metric_label, metric_units, reads_scored
-from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.tasks.record import TASK_FORMAT
 from circuitkit.tasks.robustness import node_stability, random_node_sets
 from circuitkit.tasks.roles import member_explanations, rules_said
@@ -51,7 +52,6 @@ from circuitkit.tasks.search import (
     search_node_circuit,
 )
 from circuitkit.tasks.stages import PlanInputs, held_estimate, task_plan, task_progress
-from circuitkit.tasks.task import Task, check_prepend_bos
 
 DEFAULT_HOLDOUT = 0.5
 """Share of a task's pairs held out for evaluation by default (seeded): the circuit is searched on the rest and its
@@ -422,7 +422,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             ``settings["tokenization"]``.
         metric: the metric to read instead of the task's own: a name in :data:`~circuitkit.tasks.METRICS` (or
             an alias) or a function ``metric(logits [pair, vocab], batch) -> [pair]``
-            (:class:`~circuitkit.tasks.metrics.UserMetric`: checked for shape, finiteness and gradient).
+            (:class:`~circuitkit.graph.metrics.UserMetric`: checked for shape, finiteness and gradient).
         holdout: share of the pairs held out for evaluation (default 0.5; 0: no split; tasks of fewer than
             :data:`MIN_SPLIT_PAIRS` pairs are not split), drawn with ``split_seed``. Attribution and the circuit
             search use the discovery pairs; the circuit's faithfulness (its whole curve), necessity and edge
@@ -466,8 +466,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         neuron_groups: MLP neurons as nodes of the node circuit (MIB's neuron level): each MLP's hidden units in
             this many contiguous groups, ``m{l}.n{g}``, ranked with the heads by their EAP-IG node score and patched
             exactly (a group's activations replaced); default None: no neuron nodes. Not with ``mlp_nodes``.
-        node_types: further :class:`~circuitkit.tasks.nodes.NodeType` records whose nodes join the node circuit
-            (:mod:`circuitkit.tasks.nodes`).
+        node_types: further :class:`~circuitkit.graph.nodes.NodeType` records whose nodes join the node circuit
+            (:mod:`circuitkit.graph.nodes`).
     """
     from circuitkit.circuits.faithfulness import check_target
     from circuitkit.models.adapters import adapt
@@ -529,7 +529,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     from circuitkit.progress import progress_mode
 
     mode = "off" if progress is None or told is not None else progress_mode(progress)
-    from circuitkit.tasks.nodes import neuron_groups as neuron_type
+    from circuitkit.graph.nodes import neuron_groups as neuron_type
 
     extra = tuple(validate.bounded_list("scan_task: node_types", node_types, 16, "a list of NodeType records"))
     if neuron_groups is not None:

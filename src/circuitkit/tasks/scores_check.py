@@ -41,7 +41,7 @@ CIRCUIT_REQUIRED = ("heads", "mlps", "faithfulness", "necessity", "target", "abl
                     "edges", "edge_faithfulness", "edge_curve", "edges_total", "cpr", "cmd", "edge_effects", "rank",
                     "metric_all_nodes_patched", "other_set", "metric_clean", "metric_corrupted")
 CUSTOM_METRIC = re.compile(r"^custom:[A-Za-z0-9_.<>]{1,60}$")
-"""A researcher's metric as a task names it (:class:`circuitkit.tasks.task.UserMetric`'s label)."""
+"""A researcher's metric as a task names it (:class:`circuitkit.graph.task.UserMetric`'s label)."""
 SENDER = re.compile(r"^(?:input|m(\d{1,9})|(\d{1,9})\.(\d{1,9}))$")
 RECEIVER = re.compile(r"^(?:logits|m(\d{1,9})|(\d{1,9})\.(g?)(\d{1,9}):([qkv]))$")
 MAX_STEPS = 64
@@ -119,7 +119,7 @@ class TaskScoresCheck(ScoresCheck):
             self.number(stage["seconds"], f"{at}.seconds", 0.0, nullable=False)
 
     def task(self, value: Any) -> tuple[int, int, set[str]]:
-        from circuitkit.tasks.task import ABLATIONS, MAX_PAIRS, METRIC_NAMES
+        from circuitkit.graph.task import ABLATIONS, MAX_PAIRS, METRIC_NAMES
 
         task = self.obj(value, "task", TASK_REQUIRED, ("ci",))
         self.text(task["name"], "task.name", non_empty=True)
@@ -150,8 +150,8 @@ class TaskScoresCheck(ScoresCheck):
         return n, len(tokens), names
 
     def settings_of(self, value: Any) -> None:
+        from circuitkit.graph.task import ABLATIONS, BOS_RULES
         from circuitkit.tasks.circuit import RANKS
-        from circuitkit.tasks.task import ABLATIONS, BOS_RULES
         from circuitkit.uncertainty import MAX_RESAMPLES
 
         settings = self.obj(value, "settings", ("target", "rank", "ig_steps", "mlps", "edges", "ablation",
@@ -162,11 +162,11 @@ class TaskScoresCheck(ScoresCheck):
         self.option(settings["rank"], "settings.rank", RANKS)
         self.integer(settings["ig_steps"], "settings.ig_steps", 1, MAX_STEPS)
         if "ig_points" in settings:
-            from circuitkit.tasks.graph import IG_POINTS
+            from circuitkit.graph.runner import IG_POINTS
 
             self.option(settings["ig_points"], "settings.ig_points", IG_POINTS)
         if "kv_edges" in settings:
-            from circuitkit.tasks.nodes import KV_EDGES
+            from circuitkit.graph.nodes import KV_EDGES
 
             self.option(settings["kv_edges"], "settings.kv_edges", KV_EDGES)
         for key in ("mlps", "mlp_nodes", "edges"):
@@ -346,7 +346,7 @@ class TaskScoresCheck(ScoresCheck):
         target = self.number(c["target"], "circuit.target", nullable=False)
         if not 0.0 < target <= 1.0:
             raise self.fail("circuit.target", target, "a faithfulness target in (0, 1]")
-        from circuitkit.tasks.task import ABLATIONS
+        from circuitkit.graph.task import ABLATIONS
 
         self.option(c["ablation"], "circuit.ablation", ABLATIONS)
         self.option(c["rank"], "circuit.rank", RANKS)

@@ -3,7 +3,7 @@
 The node circuit of :func:`~circuitkit.tasks.circuit.node_circuit` is the smallest top-``n`` set by EAP-IG node
 score. :func:`task_problem` makes the task's nodes (heads, and MLPs where ``mlp_nodes``) a
 :class:`~circuitkit.circuits.search.SearchProblem`: a set's faithfulness ``(m_C - m_all) / (m_clean - m_all)`` by
-:meth:`~circuitkit.tasks.graph.TaskRunner.node_metric` (nodes outside the set patched from the corrupted prompt, many
+:meth:`~circuitkit.graph.runner.TaskRunner.node_metric` (nodes outside the set patched from the corrupted prompt, many
 sets per stacked pass within the runner's copies-per-pass budget), and the gated run for learned masks: each node's
 output ``v + m (z - v)`` (``v``: its patched value, ``z``: what it computes in the gated run), the mean metric
 differentiated in ``m``. :func:`search_node_circuit` runs a search from the ranked circuit and returns it in
@@ -11,7 +11,7 @@ differentiated in ``m``. :func:`search_node_circuit` runs a search from the rank
 
 **Edge circuits** (:func:`~circuitkit.tasks.circuit.edge_circuit`: the smallest top-``k`` edge set by EAP-IG
 score): :func:`edge_problem` makes the graph's edges the nodes of a :class:`SearchProblem` (a set's faithfulness
-``(m_C - m_corr) / (m_clean - m_corr)`` by :meth:`~circuitkit.tasks.graph.TaskRunner.edge_metric`, every other edge
+``(m_C - m_corr) / (m_clean - m_corr)`` by :meth:`~circuitkit.graph.runner.TaskRunner.edge_metric`, every other edge
 patched; importance: the edges' ranking scores). :func:`search_edge_circuit` first prunes the **dangling** edges of
 the ranked circuit (:func:`dangling`), which changes no metric, then runs the search (``refined``: block rounds past
 its ``singles`` members, then single drops and swaps). No gated run: the learned masks run over nodes only.
@@ -33,9 +33,9 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.circuits.curve import faithfulness_of, has_gap
 from circuitkit.circuits.search import SearchProblem, SearchResult, run_search
+from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import HOOKS
 from circuitkit.tasks.circuit import MIN_TASK_GAP, node_order
-from circuitkit.tasks.graph import TaskRunner
 
 
 def task_nodes(runner: TaskRunner, mlp_nodes: bool) -> list[tuple[int, int | None]]:

@@ -47,7 +47,7 @@ class PlanInputs:
     search: str = "ranked"
     kv_copies: int = 1
     """Copies of the pairs each edge pass and EAP-IG point runs (per-query-head key/value edges on a grouped-query
-    model: the query heads per key/value head; :attr:`~circuitkit.tasks.graph.Graph.kv_copies`)."""
+    model: the query heads per key/value head; :attr:`~circuitkit.graph.runner.Graph.kv_copies`)."""
     edge_search: str = "ranked"
     edge_search_passes: float = 0.0
     """The edge search's pass budget (``edge_search`` other than ``"ranked"``)."""

@@ -3,7 +3,7 @@ notebook view (``TaskScan._repr_html_``).
 
 One row per head: ``head`` (``"layer.head"``), ``layer``, ``index``, then the task's own columns: ``score`` (the
 head's EAP-IG node score, in the metric's units), ``dla`` (direct logit attribution, logits:
-:func:`~circuitkit.tasks.metrics.dla_meaning`; absent where the scan has none),
+:func:`~circuitkit.graph.metrics.dla_meaning`; absent where the scan has none),
 each of the task's own head scores (IOI's ``io_attention``), each registered pattern score measured on the task's
 prompts, and ``in_circuit`` (the head is in the node circuit). Rows are ranked by the absolute value of the
 ``sort`` column (default ``score``: a head that works strongly against the behaviour ranks high too), heads

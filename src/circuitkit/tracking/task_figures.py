@@ -37,9 +37,9 @@ from typing import Any
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.graph.metrics import metric_label, metric_units
 from circuitkit.ranking import head_name
 from circuitkit.tasks import Task, load_task, scan_task
-from circuitkit.tasks.metrics import metric_label, metric_units
 from circuitkit.tasks.scan import DEFAULT_HOLDOUT, DEFAULT_IG_STEPS
 
 DIGITS = 6

@@ -30,9 +30,9 @@ an MLP input replaces the input of its norm (``HOOKS.mlp_in``); the logits' repl
 output. Every edge kept: the clean run; none: the corrupted run (both exact, tested).
 
 Node patching (a circuit of nodes): a head outside it has ``z`` replaced by its corrupted (or mean, zero) value, an
-MLP outside it (when MLPs are nodes) its output, a node of a further type (:mod:`circuitkit.tasks.nodes`, e.g. a
+MLP outside it (when MLPs are nodes) its output, a node of a further type (:mod:`circuitkit.graph.nodes`, e.g. a
 group of an MLP's neurons) its units of its hook's activation; everything else is recomputed. The graph's nodes are
-built from node types (:data:`~circuitkit.tasks.nodes.EDGE_TYPES`), every hook name from
+built from node types (:data:`~circuitkit.graph.nodes.EDGE_TYPES`), every hook name from
 :class:`~circuitkit.models.adapters.HOOKS`.
 
 Edge attribution (EAP-IG, Hanna et al. 2024): with ``g_v = dM/dx_v`` averaged over the ``steps`` points
@@ -55,12 +55,12 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.errors import CircuitkitError
+from circuitkit.graph.metrics import METRICS, last_logits
+from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
+from circuitkit.graph.task import TaskBatch
 from circuitkit.ig_path import DEFAULT_IG_POINTS, IG_POINTS, along, ig_alphas
 from circuitkit.models.adapters import HOOKS, ModelAdapter
 from circuitkit.pass_budget import copies_per_pass
-from circuitkit.tasks.metrics import METRICS, last_logits
-from circuitkit.tasks.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
-from circuitkit.tasks.task import TaskBatch
 
 EDGES_UNDEFINED = ("in this family a norm or a scale follows the attention, so a head's z @ W_O is not its "
                    "contribution to the residual stream and an edge from it is not defined here")
@@ -100,7 +100,7 @@ def sender_budget(device: torch.device | str, available: int | None) -> int:
 @dataclass(frozen=True)
 class Graph:
     """The nodes and edges of one model (module docstring), built from node types
-    (:data:`~circuitkit.tasks.nodes.EDGE_TYPES`). ``senders`` / ``receivers``: names in order (senders: ``input``,
+    (:data:`~circuitkit.graph.nodes.EDGE_TYPES`). ``senders`` / ``receivers``: names in order (senders: ``input``,
     then per layer its heads ``l.h`` and MLP ``m{l}``; receivers: per layer ``l.h:q``, the key/value groups'
     ``l.g:k`` / ``l.g:v`` (``l.h`` where every head has its own), ``m{l}``; then ``logits``); ``allowed``:
     ``[sender, receiver]`` bool, True where an edge exists; ``parallel``: attention and MLP read the same stream;
@@ -159,9 +159,9 @@ class Graph:
 
 def build_graph(adapter: ModelAdapter, mlps: bool, kv_edges: str = DEFAULT_KV_EDGES) -> Graph:
     """The graph of ``adapter``'s model (``mlps``: MLPs are nodes; refused where the model has none): the senders
-    and receivers of every node type of :func:`~circuitkit.tasks.nodes.edge_types` in order (``kv_edges``: key and
-    value receivers per key/value head or per query head, :data:`~circuitkit.tasks.nodes.KV_EDGES`), an edge
-    wherever a receiver reads after its sender writes (:mod:`~circuitkit.tasks.nodes`)."""
+    and receivers of every node type of :func:`~circuitkit.graph.nodes.edge_types` in order (``kv_edges``: key and
+    value receivers per key/value head or per query head, :data:`~circuitkit.graph.nodes.KV_EDGES`), an edge
+    wherever a receiver reads after its sender writes (:mod:`~circuitkit.graph.nodes`)."""
     spec = adapter.spec
     L = spec.n_layers
     facts = getattr(adapter, "facts", None)
@@ -196,10 +196,10 @@ class TaskRunner:
     """A model ready to measure one :class:`TaskBatch`: weights, norms, the clean and corrupted runs' sender outputs
     (computed once, on demand), the metric.
 
-    ``metric``: a name in :data:`~circuitkit.tasks.metrics.METRICS` or a
-    :class:`~circuitkit.tasks.metrics.UserMetric`; ``mlps``: MLPs are graph nodes; ``node_types``: further kinds of
-    node a node circuit may keep or patch beside the heads and MLPs (:mod:`circuitkit.tasks.nodes`, e.g.
-    :func:`~circuitkit.tasks.nodes.neuron_groups`); each is captured in both reference runs and scored by
+    ``metric``: a name in :data:`~circuitkit.graph.metrics.METRICS` or a
+    :class:`~circuitkit.graph.metrics.UserMetric`; ``mlps``: MLPs are graph nodes; ``node_types``: further kinds of
+    node a node circuit may keep or patch beside the heads and MLPs (:mod:`circuitkit.graph.nodes`, e.g.
+    :func:`~circuitkit.graph.nodes.neuron_groups`); each is captured in both reference runs and scored by
     :meth:`attribute`; ``kv_edges``: key/value receivers per key/value head (``"grouped"``) or per query head
     (``"per-query-head"``; module docstring); ``budget``: the bytes of stacked sender deltas one patching pass
     may hold (:func:`sender_budget`; the task scan's memory plan chooses it); ``weights``: the head weights
@@ -218,7 +218,7 @@ class TaskRunner:
         self.adapter = adapter
         self.spec = adapter.spec
         self.batch = batch
-        from circuitkit.tasks.metrics import UserMetric, metric_label, reads_scored
+        from circuitkit.graph.metrics import UserMetric, metric_label, reads_scored
 
         self.metric_name = metric_label(metric)
         self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
@@ -406,7 +406,7 @@ class TaskRunner:
             last = last_logits(logits, self.last_index)[0]
             dla_values = None
             if direct:
-                from circuitkit.tasks.metrics import logit_diff, next_token_logit
+                from circuitkit.graph.metrics import logit_diff, next_token_logit
 
                 if self.scored_metric:
                     target = next_token_logit(logits, self.targets, self.scored).mean()
@@ -737,7 +737,7 @@ class TaskRunner:
 
     def attribute(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
-        and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.tasks.nodes`; the
+        and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.graph.nodes`; the
         gradient at a zero leaf added at its hook, which changes no value)."""
         copies, n = self.graph.kv_copies, self.batch.n_pairs
         # with per-query-head copies, a pass takes as many points, and as many pairs, as keep it within the grouped
@@ -796,7 +796,7 @@ class TaskRunner:
         return scores * graph.allowed, self._typed_scores(summed, steps)
 
     def _typed_scores(self, summed: dict[tuple[str, int], Tensor], S: int) -> dict[str, Tensor]:
-        """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.tasks.nodes`) from the
+        """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.graph.nodes`) from the
         gradients at its hook summed over the ``S`` points (``[pair, pos, unit, ...]``, :func:`_add_summed`;
         divided by ``S``)."""
         real = self.batch.real.float()
@@ -1230,7 +1230,7 @@ def _node_types(adapter: ModelAdapter, extra: tuple[NodeType, ...]) -> dict[str,
     for kind in extra:
         if not isinstance(kind, NodeType) or kind.hook is None:
             raise validate.fail("task circuit: node_types", kind, "NodeType records with a hook "
-                                "(circuitkit.tasks.nodes, e.g. neuron_groups(8))")
+                                "(circuitkit.graph.nodes, e.g. neuron_groups(8))")
         if kind.name in types or kind.name in ("input", "logits"):
             raise validate.fail("task circuit: node_types", kind.name, f"a name other than {sorted(types)} and "
                                 "'input', 'logits' (each node type once)")

@@ -126,7 +126,7 @@ class TaskBatch:
 @dataclass(frozen=True, eq=False)
 class Task:
     """A behaviour: ``pairs`` (:class:`Pair`), the ``metric`` read at each prompt's last token
-    (a name in :data:`circuitkit.tasks.metrics.METRICS`, ``"logit_diff"`` by default, or your own function
+    (a name in :data:`circuitkit.graph.metrics.METRICS`, ``"logit_diff"`` by default, or your own function
     ``metric(logits, batch) -> [pair]``: :class:`UserMetric`), a ``name`` and a
     ``description``.
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from circuitkit.graph.task import TaskBatch, UserMetric, metric_label
 from circuitkit.metric_registry import (
     REGISTRY,
     answer_logprob,
@@ -39,7 +40,6 @@ from circuitkit.metric_registry import (
     next_token_logprob,
     prob_diff,
 )
-from circuitkit.tasks.task import TaskBatch, UserMetric, metric_label
 
 MetricFn = Callable[[Tensor, TaskBatch, "Tensor | None"], Tensor]
 
@@ -49,7 +49,7 @@ METRICS: dict[str, Callable[..., Tensor]] = {name: m.fn for name, m in REGISTRY.
 
 UNITS = {name: m.units for name, m in REGISTRY.items()}
 CUSTOM_UNITS = "the metric's own units"
-"""The units of a :class:`~circuitkit.tasks.task.UserMetric` (defined beside :class:`Task`, which holds one)."""
+"""The units of a :class:`~circuitkit.graph.task.UserMetric` (defined beside :class:`Task`, which holds one)."""
 
 
 def metric_units(metric: str | UserMetric) -> str:

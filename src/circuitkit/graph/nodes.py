@@ -23,7 +23,7 @@ the first-order estimate of the metric lost when the node alone is patched. (Hea
 of their outgoing edges' scores, equal to this in exact arithmetic: every path from a node's output passes through
 one receiver's input.)
 
-**The edge graph** (:mod:`circuitkit.tasks.graph`) is built from the types that send or receive edges
+**The edge graph** (:mod:`circuitkit.graph.runner`) is built from the types that send or receive edges
 (:data:`EDGE_TYPES`: input, heads, MLPs, logits). A sender writes at ``2 * layer + writes_at`` (``writes_at`` 0
 for attention, 1 for the MLP; the input at layer -1, the logits' port at layer ``L``), a receiver (:class:`Port`)
 reads at ``2 * layer + reads_at`` (every reader of a layer at 0 where attention and MLP run in parallel); an edge
