@@ -1,0 +1,84 @@
+"""Path patching (``circuits.path_patching``, the induction scan's edges) and the graph engine's edge patching
+(``graph.runner.TaskRunner``) measure the same thing: on the same sequences and the same resampled corruption,
+each edge between two heads patched alone has the same effect on the loss of the repeated copies, per sequence
+too, on every channel and on the three at once.
+
+The model has what makes the two engines' passes differ most: grouped-query attention (path patching patches the
+receiver's key/value group and puts the group's other query heads' clean ``z`` back; the runner gives each query
+head its own key/value input), LayerNorm in front of every receiver and MLPs between the layers (recomputed from
+the patched stream by both). ``circuits/`` stands above the graph engine in the layers, so path patching may call
+the runner; this test is what such a merge keeps equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from circuitkit.circuits import path_patching
+from circuitkit.detect.tokens import RepeatedTokens
+from circuitkit.graph.runner import TaskRunner
+from circuitkit.models.adapters import adapt
+from circuitkit.tasks import repeated_tokens
+from tests.conftest import gqa_bridge
+
+EXACT = 1e-5
+N, BLOCK, SEED, CORRUPT_SEED = 6, 5, 2, 1
+
+
+@pytest.fixture(scope="module")
+def engines():
+    model = gqa_bridge()
+    adapter = adapt(model)
+    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=False, ablation=task.ablation,
+                        kv_edges="per-query-head")
+    return model, runner
+
+
+def _edges(spec):
+    """Every edge between two heads of different layers, on each channel, and a few on the three at once."""
+    L, H = spec.n_layers, spec.n_heads
+    edges = [((l1, h1), (l2, h2), c) for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L)
+             for h2 in range(H) for c in "qkv"]
+    return edges + [((0, 1), (1, 2), "all"), ((0, 3), (2, 0), "all"), ((1, 0), (2, 3), "all")]
+
+
+def test_every_head_edge_has_the_same_effect_on_both_engines(engines):
+    model, runner = engines
+    spec = runner.spec
+    assert spec.n_kv_heads < spec.n_heads and not runner.adapter.attn_only  # the model the docstring names
+    edges = _edges(spec)
+    patched = path_patching(model, edges, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+                            tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED))
+    graph = runner.graph
+    kept = graph.allowed[None].repeat(len(edges), 1, 1)
+    for i, (src, dst, channel) in enumerate(edges):
+        for c in ("qkv" if channel == "all" else channel):
+            kept[i, graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")] = False
+    per_pair: list[torch.Tensor] = []
+    means = runner.edge_metric(kept, pairs=per_pair)
+    per_pair_t = torch.cat(per_pair)  # [edge, sequence]: the next token's log-probability on the copies
+    clean = runner.clean["metric"].float().cpu()
+    # the runner's metric is minus the loss on the copies (more behaviour scores higher): effect = loss lost
+    for i, e in enumerate(patched.edges):
+        assert e.clean == pytest.approx(-float(clean.mean()), abs=EXACT)
+        assert e.effect == pytest.approx(float(clean.mean() - means[i]), abs=EXACT), e.name
+        torch.testing.assert_close(e.patched_each.float(), -per_pair_t[i], atol=EXACT, rtol=0)
+    assert max(abs(e.effect) for e in patched.edges) > 100 * EXACT  # edges that do something, not all zeros
+
+
+def test_a_single_edge_pass_resumed_at_the_receivers_layer_agrees(engines):
+    """The runner's exact single-edge effects (resumed from the clean residual stream at the receiver's layer, as
+    path patching's passes are) against path patching, channel by channel."""
+    model, runner = engines
+    graph = runner.graph
+    edges = [e for e in _edges(runner.spec) if e[2] != "all"][::5]
+    index = torch.tensor([[graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")]
+                          for src, dst, c in edges])
+    single = runner.single_edge_metric(index)
+    patched = path_patching(model, edges, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+                            tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED))
+    clean = float(runner.clean["metric"].float().mean())
+    for e, value in zip(patched.edges, single.tolist(), strict=True):
+        assert e.effect == pytest.approx(clean - value, abs=EXACT), e.name
