@@ -332,7 +332,9 @@ def differences(committed: nbformat.NotebookNode, fresh: nbformat.NotebookNode) 
     found = []
     for index, ((source, before), (_, after)) in enumerate(zip(old, new, strict=True)):
         if len(before) != len(after):
-            found.append(f"cell {index} ({source[:40]!r}...): {len(before)} committed outputs, {len(after)} now")
+            heads = [text.split("\n", 2)[:2] for text in after]  # each output's kind and first line: what came or went
+            found.append(f"cell {index} ({source[:40]!r}...): {len(before)} committed outputs, {len(after)} now: "
+                         + "; ".join(" ".join(head)[:160] for head in heads))
             continue
         for x, y in zip(before, after, strict=True):
             if not same_text(x, y):
