@@ -201,6 +201,20 @@ def test_reload_refuses_explanations_no_scan_writes(bundled, tmp_path, edit, fie
         Scan.load(saved.scores)
 
 
+def test_a_scan_whose_explanations_another_version_worded_loads_in_todays_words(bundled, tmp_path):
+    """The explanations are prose written from the figures: a file whose members are worded otherwise (an older
+    version's words) loads, and the loaded scan says them as this version does."""
+    from circuitkit import Scan
+    from circuitkit.report.data import scan_json
+
+    saved = bundled.save(tmp_path / "out")
+    record = json.loads(saved.scores.read_text())
+    today = dict(record["circuit"]["explanations"])
+    record["circuit"]["explanations"] = {name: f"worded otherwise: {text[:20]}" for name, text in today.items()}
+    saved.scores.write_text(json.dumps(record))
+    assert scan_json(Scan.load(saved.scores))["circuit"]["explanations"] == today
+
+
 def test_a_member_without_a_call_is_explained_by_its_figures(bundled):
     """The bundled circuit with 1.2 added (called by the induction score, but its edges never patched): still a
     phrase, from its call and its exact ablation; with the calls taken away, from its rank."""

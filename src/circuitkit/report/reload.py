@@ -349,13 +349,28 @@ def scan_from_json(data: Any, where: str = "Scan.load", cls: type | None = None)
 UNWRITTEN = ("circuitkit_version", "units")
 """Keys of ``scores.json`` a loaded scan does not keep: written again, they say this version's version and units."""
 
+REWORDED = ("circuit", "explanations")
+"""Where ``scores.json`` holds prose a loaded scan writes again from its figures, in this version's words (each
+circuit member's explanation, :mod:`circuitkit.circuits.explain`): the checker holds its shape (an entry for every
+member, non-empty text), and the comparison of the file with the loaded scan written again leaves it out, so that
+a scan saved by a version that worded it otherwise still loads (and then says it in today's words)."""
+
+
+def without_prose(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a parsed ``scores.json``, either kind of scan) without the prose at :data:`REWORDED`, for the
+    comparison with the loaded scan written again; ``data`` itself is not changed."""
+    outer, inner = REWORDED
+    if not isinstance(data.get(outer), dict) or inner not in data[outer]:
+        return data
+    return {**data, outer: {k: v for k, v in data[outer].items() if k != inner}}
+
 
 def _check_written_again(scan: Any, data: dict[str, Any], where: str) -> None:
     """Refuse a file whose loaded scan, written again, says something else: a field that disagrees with the fields
     it derives from (``top_heads`` not the best heads of their grid, ``uncertainty`` beside other settings)."""
     written = scan_json(scan)
-    found = first_difference({k: v for k, v in data.items() if k not in UNWRITTEN},
-                             {k: v for k, v in written.items() if k not in UNWRITTEN})
+    found = first_difference({k: v for k, v in without_prose(data).items() if k not in UNWRITTEN},
+                             {k: v for k, v in without_prose(written).items() if k not in UNWRITTEN})
     if found is not None:
         path, saved, again = found
         raise validate.fail(f"{where}, field {path!r}", saved,

@@ -190,10 +190,13 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
 
 
 def _check_written_again(written: dict[str, Any], data: dict[str, Any], where: str) -> None:
-    """Refuse a file whose loaded scan, written again, says something else (a derived field that disagrees)."""
+    """Refuse a file whose loaded scan, written again, says something else (a derived field that disagrees); the
+    members' explanations are prose in this version's words, not compared (:data:`circuitkit.report.reload.
+    REWORDED`)."""
+    from circuitkit.report.reload import without_prose
     from circuitkit.report.scores_check import first_difference
 
-    found = first_difference(data, written)
+    found = first_difference(without_prose(data), without_prose(written))
     if found is not None:
         path, saved, again = found
         raise validate.fail(f"{where}, field {path!r}", saved,

@@ -331,6 +331,10 @@ class TaskScoresCheck(ScoresCheck):
                 if self.head(name, "circuit.explanations") not in members:
                     raise self.fail("circuit.explanations", name, "a head of circuit.heads")
                 self.text(text, f"circuit.explanations.{name}", non_empty=True)
+            missing = sorted(members - {self.head(name, "circuit.explanations") for name in explained})
+            if missing:  # the comparison with the scan written again leaves the prose out: the entries are held here
+                raise self.fail("circuit.explanations", validate.given(f"no entry for {missing[0][0]}.{missing[0][1]}"),
+                                "an explanation of every head of circuit.heads")
         mlps = [self.mlp(m, f"circuit.mlps[{i}]") for i, m in enumerate(self.array(c["mlps"], "circuit.mlps"))]
         if len(set(mlps)) != len(mlps):
             raise self.fail("circuit.mlps", c["mlps"], "each MLP at most once")
