@@ -77,17 +77,19 @@ def test_the_search_uses_the_discovery_pairs_and_the_evaluation_pairs_are_measur
     assert data["settings"]["split"]["target_on"] == "discovery" and data["circuit"]["other_set"]["pairs"] == 8
 
 
-def test_the_held_out_figures_carry_intervals_over_the_held_out_pairs(model, task):
+@pytest.mark.parametrize("search", ["ranked", "refined"])
+def test_the_held_out_figures_carry_intervals_over_the_held_out_pairs(model, task, search):
     """The held-out faithfulness and necessity intervals resample the evaluation pairs' own metrics: recomputed
     here from node patching of those pairs with a runner of their own, on the same resamples
     (:func:`circuitkit.uncertainty.resample_counts`), the ratio and the difference of the resampled means, numpy's
-    quantiles. With an edge circuit the held-out edge faithfulness has one too, and the answer prints all three."""
+    quantiles; the circuit a search beyond ranking finds has its own. With an edge circuit the held-out edge
+    faithfulness has one too, and the answer prints all three."""
     import numpy as np
 
     from circuitkit.uncertainty import resample_counts
 
     R, level = 200, 0.9
-    result = scan_task(model, task, edges=False, n_resamples=R, ci_level=level)
+    result = scan_task(model, task, edges=False, n_resamples=R, ci_level=level, search=search)
     other = result.circuit.other_set
     _, held = split_pairs(task.n_pairs, 0.5, 0)
     adapter = adapt(model)
@@ -108,7 +110,7 @@ def test_the_held_out_figures_carry_intervals_over_the_held_out_pairs(model, tas
     assert other["ci"]["faithfulness"] == pytest.approx([lo[0], hi[0]], abs=EXACT)
     assert other["ci"]["necessity"] == pytest.approx([lo[1], hi[1]], abs=EXACT)
     assert "edge_faithfulness" not in other["ci"]
-    with_edges = scan_task(model, task, n_resamples=R, ci_level=level)
+    with_edges = scan_task(model, task, n_resamples=R, ci_level=level, search=search)
     lo_e, hi_e = with_edges.circuit.other_set["ci"]["edge_faithfulness"]
     assert lo_e < hi_e
     line = next(x for x in with_edges.answer().splitlines() if x.startswith("Held out:"))

@@ -673,10 +673,13 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                     other, "discovery" if other is runner else "evaluation",
                     () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes, typed,
                     n_resamples, ci_level))
-                if node_search != "ranked":  # the searched set itself on the other pairs
-                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes))
-                    # its faithfulness and necessity are another set's than the ranked sets the intervals resampled
+                if node_search != "ranked":  # the searched set itself on the other pairs, with its own intervals
+                    searched: dict[str, Tensor] = {}
+                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes, searched))
                     ci = {k: v for k, v in other_set.pop("ci", {}).items() if k == "edge_faithfulness"}
+                    if other_set.get("faithfulness") is not None:  # the set has a gap (as the ranked sets')
+                        own = _circuit_intervals(searched, other.clean["metric"], n_resamples, ci_level)
+                        ci = {**{k: [lo, hi] for k, (lo, hi) in own.items()}, **ci}
                     other_set.update({"ci": ci} if ci else {})
             circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
                                   edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),

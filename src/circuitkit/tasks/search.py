@@ -130,16 +130,22 @@ def search_node_circuit(name: str, runner: TaskRunner, node_scores: Tensor, foun
             new_pairs), result
 
 
-def held_out(other: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: bool) -> dict[str, float]:
+def held_out(other: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: bool,
+             pairs: dict[str, Tensor] | None = None) -> dict[str, float]:
     """The searched circuit's ``faithfulness`` and ``necessity`` on the pairs the search did not use (three stacked
-    sets: the circuit kept, every node patched, only the circuit patched)."""
+    sets: the circuit kept, every node patched, only the circuit patched). ``pairs`` (a dict): filled with each
+    set's metric per pair, ``circuit``, ``all_patched`` and ``only_circuit`` (``[pair]``, CPU: what the bootstrap
+    intervals resample; the figures are their means)."""
     mlp_nodes = bool(mlp_nodes and other.graph.mlps)
     nodes = task_nodes(other, mlp_nodes)
     members = {(layer, h) for layer, h in heads} | {(layer, None) for layer in mlps}
     kept = torch.tensor([[node in members for node in nodes]], dtype=torch.bool, device="cpu")
     sets = torch.cat([kept, torch.zeros_like(kept), ~kept])
     patched_heads, patched_mlps = patched_masks(other, nodes, sets, mlp_nodes)
-    circuit, all_patched, only = other.node_metric(patched_heads, patched_mlps).tolist()
+    per_pair = other.node_metric(patched_heads, patched_mlps, per_pair=True)  # [3, pair]
+    if pairs is not None:
+        pairs.update(zip(("circuit", "all_patched", "only_circuit"), per_pair.cpu(), strict=True))
+    circuit, all_patched, only = per_pair.mean(-1).tolist()
     clean = float(other.clean["metric"].mean())
     out = {"necessity": clean - only}
     if has_gap(clean, all_patched, MIN_TASK_GAP):
