@@ -1682,10 +1682,10 @@ case(f"{TK}:Task", lambda: {"name": "copy", "pairs": copy_task().pairs, "metric"
                               ("blank-name", const(((" ", "a", "b"),)), STRICT),
                               ("list", const([("s", "a", "b")]), STRICT)],
      })
-case(f"{TK}.task:Task.from_pairs", lambda: {"pairs": [ROW, ([5, 6, 7], [5, 8, 7], [6], [8])], "name": "t",
+case("circuitkit.graph.task:Task.from_pairs", lambda: {"pairs": [ROW, ([5, 6, 7], [5, 8, 7], [6], [8])], "name": "t",
      "metric": "prob_diff", "ablation": "mean", "description": ""}, name="text", metric="option", ablation="option",
      description="text", extra_bad={"pairs": PAIR_LISTS, "metric": [("alias-padded", const(" kl"), STRICT)]})
-method(f"{TK}.task:Task.tokenize", copy_task, lambda: {"model_or_adapter": induction_model()},
+method("circuitkit.graph.task:Task.tokenize", copy_task, lambda: {"model_or_adapter": induction_model()},
        model_or_adapter="model-static",
        extra_bad={"model_or_adapter": [("vocab-too-small", lambda v: toy_from(random_weights(2, 2, 8, 4, d_vocab=8)),
                                         STRICT)]})
