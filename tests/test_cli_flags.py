@@ -210,6 +210,7 @@ SCAN_TABLE = {
     "kv_edges": tasks_only(["--kv-edges", "per-query-head"],
                            lambda c, p: c.task_kwargs["kv_edges"] == "per-query-head"),
     "edge_search": tasks_only(["--edge-search", "refined"], lambda c, p: c.task_kwargs["edge_search"] == "refined"),
+    "search": tasks_only(["--search", "masks"], lambda c, p: c.task_kwargs["search"] == "masks"),
     "prepend_bos": tasks_only(["--prepend-bos", "yes"], lambda c, p: c.task_kwargs["prepend_bos"] is True),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),
@@ -417,3 +418,18 @@ def test_the_readme_commands_use_only_options_that_apply():
         kind = (cli.INDUCTION if args.task == "induction" else cli.BUILT_IN_TASK if args.task in cli.BUILT_IN_TASKS
                 else cli.TASK_FILE)
         cli.refuse_unused_scan_options(args, kind)
+
+
+def test_the_choices_written_out_for_help_are_the_librarys():
+    """``--help`` imports no torch, so the command line spells the choices of a task's options itself: they must be
+    the library's own lists, in order."""
+    from circuitkit import cli
+    from circuitkit.circuits.search import SEARCH_NAMES
+    from circuitkit.graph.nodes import KV_EDGES
+    from circuitkit.ig_path import IG_POINTS
+    from circuitkit.tasks.search import EDGE_SEARCH_NAMES
+
+    scan = cli._subcommands(cli.build_parser())["scan"]
+    choices = {action.dest: tuple(action.choices) for action in scan._actions if action.choices}
+    assert choices["search"] == SEARCH_NAMES and choices["edge_search"] == EDGE_SEARCH_NAMES
+    assert choices["kv_edges"] == KV_EDGES and choices["ig_points"] == IG_POINTS

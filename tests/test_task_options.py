@@ -276,3 +276,18 @@ def test_scan_passes_a_tasks_ig_points_and_the_induction_scan_refuses_them(model
     assert ck.scan(model, task=_task(), edges=False).settings["ig_points"] == "left"
     with pytest.raises(ck.CircuitkitError, match="ig_points"):
         ck.scan(model, ig_points="right")
+
+
+def test_scan_passes_a_tasks_node_search_and_the_induction_scan_refuses_it(model):
+    """``ck.scan(model, task=..., search=...)`` runs the task scan's node search (the same circuit and figures as
+    ``scan_task`` called directly); the induction scan names where its searches run."""
+    from circuitkit.tasks import scan_task
+
+    via_scan = ck.scan(model, task=_task(), edges=False, search="refined")
+    direct = scan_task(model, _task(), edges=False, search="refined")
+    assert via_scan.settings["search"]["name"] == "refined"
+    assert via_scan.circuit.heads == direct.circuit.heads
+    assert via_scan.circuit.faithfulness == pytest.approx(direct.circuit.faithfulness, abs=1e-6)
+    assert ck.scan(model, task=_task(), edges=False).settings["search"]["name"] == "ranked"
+    with pytest.raises(ck.CircuitkitError, match=r"scan: search.*find_circuit"):
+        ck.scan(model, search="refined")

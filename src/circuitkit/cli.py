@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how a task's edge circuit is found: the smallest top-k set by EAP-IG score (ranked, "
                       "default) or that set with its dangling edges pruned, then refined by exact drops within a "
                       "30-pass budget (refined)")
+    # circuits.search.SEARCH_NAMES, not imported: --help stays free of torch
+    scan.add_argument("--search", choices=("ranked", "refined", "masks"), default=None,
+                      help="how a task's node circuit is found: the smallest top-n set by EAP-IG score (ranked, "
+                      "default), that set refined by exact drops and swaps (refined) or learned node masks, every "
+                      "step an exact set (masks)")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
                       "or the text's tokens alone (no)")
@@ -249,6 +254,8 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "ig_points": ((INDUCTION,), "the induction scan's attribution is not EAP-IG along a task's input path"),
     "kv_edges": ((INDUCTION,), "the induction scan has no task edge graph"),
     "edge_search": ((INDUCTION,), "the induction scan has no task edge circuit to search"),
+    "search": ((INDUCTION,), "the induction scan's circuit is the ranked one (circuitkit.find_circuit runs the other "
+               "searches in Python)"),
 }
 
 
@@ -264,11 +271,11 @@ def _holdout(text: str) -> float:
 
 
 def _given_split(args: argparse.Namespace) -> dict[str, Any]:
-    """``holdout``, ``target_on``, ``ig_points``, ``kv_edges`` and ``edge_search`` where the command line gave them
-    (else the task scan's own defaults)."""
+    """``holdout``, ``target_on``, ``ig_points``, ``kv_edges``, ``edge_search`` and ``search`` where the command line
+    gave them (else the task scan's own defaults)."""
     return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on),
                                           ("ig_points", args.ig_points), ("kv_edges", args.kv_edges),
-                                          ("edge_search", args.edge_search))
+                                          ("edge_search", args.edge_search), ("search", args.search))
             if value is not None}
 
 

@@ -570,6 +570,7 @@ def scan(
     ig_points: str | None = None,
     kv_edges: str | None = None,
     edge_search: str | None = None,
+    search: str | None = None,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -635,6 +636,9 @@ def scan(
         edge_search: how a task's edge circuit is found, ``"ranked"`` (the smallest top-k set) or ``"refined"``
             (that set pruned and refined within a pass budget) (:func:`circuitkit.tasks.scan_task`; None: its
             default); the induction scan takes none.
+        search: how a task's node circuit is found, ``"ranked"`` (the smallest top-n set), ``"refined"`` (exact
+            drops and swaps from it) or ``"masks"`` (learned node masks) (:func:`circuitkit.tasks.scan_task`; None:
+            its default); the induction scan takes none here (:func:`circuitkit.find_circuit` runs its searches).
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -652,7 +656,8 @@ def scan(
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     model, name = _model_and_name(model, name, task, device=device, allow_download=allow_download, dtype=dtype)
     task_only = dict(prepend_bos=prepend_bos, metric=metric, holdout=holdout, target_on=target_on,
-                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search)  # a task's own options
+                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search,
+                     search=search)  # a task's own options
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
@@ -720,6 +725,10 @@ def _refuse_task_options(**given: Any) -> None:
     """The options that only a task takes (``holdout``, ``target_on``, ``metric``, ``prepend_bos``) must be None in
     the induction scan: it splits no pairs, reads the repeated-copies loss and sets its own BOS."""
     for key, value in given.items():
+        if key == "search" and value is not None:
+            raise validate.fail("scan: search", value, "None for the induction scan (its circuit is the ranked one; "
+                                "circuitkit.find_circuit(model, search=...) runs the other searches on it); the "
+                                "option applies to a task")
         if value is not None:
             raise validate.fail(f"scan: {key}", value, "None for the induction scan (it splits no pairs, reads the "
                                 "repeated-copies loss and sets its own BOS: RepeatedTokens(bos=...)); the option "
@@ -778,7 +787,7 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None,
                holdout: float | None = None, target_on: str | None = None, edges: bool = True,
                random_sets: int = 0, stability: int = 0, ig_points: str | None = None,
-               kv_edges: str | None = None, edge_search: str | None = None) -> Any:
+               kv_edges: str | None = None, edge_search: str | None = None, search: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`), its progress in ``mode`` (the task scan's own plan
     of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
@@ -793,7 +802,8 @@ def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str |
                      **({} if target_on is None else {"target_on": target_on}),
                      **({} if ig_points is None else {"ig_points": ig_points}),
                      **({} if kv_edges is None else {"kv_edges": kv_edges}),
-                     **({} if edge_search is None else {"edge_search": edge_search}))
+                     **({} if edge_search is None else {"edge_search": edge_search}),
+                     **({} if search is None else {"search": search}))
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
