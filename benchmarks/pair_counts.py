@@ -132,12 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     steps, points = DEFAULT_IG_STEPS, args.ig_points or DEFAULT_IG_POINTS
 
     def part(start: int) -> Any:
-        """A runner of ``--part`` pairs from ``start``, its EAP-IG node scores, then only what patching reads."""
+        """A runner of ``--part`` pairs from ``start`` and its EAP-IG node scores (a run keeps its heads' ``z``, not
+        their outputs, so nothing needs trimming for memory)."""
         runner = TaskRunner(adapter, batch.subset(torch.arange(start, start + args.part)), task.metric, mlps=True,
                             ablation="corrupted")
         scores = runner.node_gradients(steps, points) if start < most else None
-        for run in (runner.clean, runner.corrupted):
-            run["out"] = run["out"][:1].clone()  # the input embeddings; the other senders' outputs are not read
         return runner, scores
 
     held = Parts([part(most + s)[0] for s in range(0, args.held_out, args.part)])

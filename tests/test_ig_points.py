@@ -84,7 +84,7 @@ def _oracle(runner, alphas: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
         torch.einsum("bphd,bphd->h", z["clean"][layer] - z["corrupted"][layer],
                      sum(p[0][layer] for p in points) / len(points)) for layer in range(N_LAYERS)])
     final = sum(p[1] for p in points) / len(points)  # [pair, pos, d_model]
-    delta = (runner.clean["out"] - runner.corrupted["out"]).float()  # [sender, pair, pos, d_model]
+    delta = (runner.outputs(runner.clean) - runner.outputs(runner.corrupted)).float()  # [sender, pair, pos, d]
     into_logits = torch.einsum("sbpd,bpd->s", delta, final)
     return heads, into_logits
 

@@ -266,7 +266,7 @@ def test_direct_logit_attribution_on_scored_positions_reads_the_next_tokens_logi
     n = x.shape[1] - 1
     for layer, h in ((2, 1), (1, 0), (0, 3)):
         head = runner.graph.sender_index(layer, h)
-        o = runner.clean["out"][head].double()
+        o = runner.outputs(runner.clean)[head].double()
         normed = (o - o.mean(-1, keepdim=True)) / scale * ln.weight.detach().double()  # [pair, pos, d_model]
         total = 0.0
         for i, row in enumerate(task.scored):

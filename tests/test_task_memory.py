@@ -33,7 +33,7 @@ def test_the_parts_equal_the_formula_by_hand(model):
     U = 1 + L * H + L
     est = plan(model, N, P, steps=S)
     assert est.resident["head weights"] == 4 * L * D * DH * (2 * H + 2 * G)
-    assert est.resident["sender outputs"] == 2 * N * P * (U * D + L * (H * DH + D)) * e
+    assert est.resident["reference runs"] == 2 * N * P * (D + L * (H * DH + D)) * e  # input, z, MLP outputs
     assert est.stages["EAP-IG pull-back"] == (4 * U * N * P * D + 2 * S * N * P * (L * ((H + 2 * G) * DH + D) + D) * e
                                              + 32 * H * S * N * P * D)
     assert est.stages["reference run"] == U * N * P * D * e + N * V * (P * e + 8)
@@ -45,12 +45,12 @@ def test_the_parts_equal_the_formula_by_hand(model):
 def test_the_estimate_grows_linearly_in_pairs_and_as_the_formula_says_in_pos(model):
     one, two = plan(model, 4, 9), plan(model, 8, 9)
     assert two.resident["head weights"] == one.resident["head weights"]  # no pair in it
-    assert two.resident["sender outputs"] == 2 * one.resident["sender outputs"]
+    assert two.resident["reference runs"] == 2 * one.resident["reference runs"]
     for name in one.stages:  # every stage holds copies of the pairs (the edge copies stay 10 at this size)
         assert two.stages[name] == 2 * one.stages[name], name
     assert two.total > one.total
     short, long = plan(model, 4, 9), plan(model, 4, 18)
-    assert long.resident["sender outputs"] == 2 * short.resident["sender outputs"]
+    assert long.resident["reference runs"] == 2 * short.resident["reference runs"]
     # the EAP-IG pass holds attention scores, quadratic in pos: doubling pos more than doubles it, by that term,
     # less the float32 metric's logits at each pair's last position (one per pair whatever pos is)
     S, N, P = 3, 4, 9
@@ -99,7 +99,7 @@ def test_a_scan_that_cannot_fit_is_refused_before_any_pass_with_pairs_that_fit(m
         scan_task(model, task)
     message = str(info.value)
     assert "\n" not in message and calls[0] == 0  # refused before the first pass
-    assert "given 6 pairs" in message and "Use at most 4 pairs" in message and "sender outputs" in message
+    assert "given 6 pairs" in message and "Use at most 4 pairs" in message and "reference runs" in message
     monkeypatch.setattr(task_memory, "available_memory", lambda device: None)  # unreadable: no check
     scan_task(model, task, edges=False, n_resamples=10)
     assert calls[0] > 0  # the spy sees passes: the zero above was not for want of counting
@@ -154,7 +154,7 @@ def test_held_out_pairs_attribution_on_the_others_their_outputs_beside(model):
     for name in ("EAP-IG pass", "EAP-IG pull-back", "edge patching"):
         assert split.stages[name] == discovery.stages[name], name
     assert split.resident == discovery.resident
-    held_outputs = plan(model, 4, 9).resident["sender outputs"]
+    held_outputs = plan(model, 4, 9).resident["reference runs"]
     assert split.stages["held-out passes"] > held_outputs and "held-out passes" not in discovery.stages
     with pytest.raises(CircuitkitError, match="evaluation_pairs"):
         plan(model, 12, 9, evaluation_pairs=12)
@@ -220,7 +220,7 @@ def test_neuron_groups_count_their_activations_in_both_runs_and_in_eap_ig(model)
                      lambda layer: f"blocks.{layer}.hook_resid_pre", "its residual stream replaced")
     assert task_memory.node_widths(adapter, (neuron_groups(4), resid)) == (m, D)
     plain, neurons = plan(model, N, P, steps=S), plan(model, N, P, steps=S, node_widths=(m,))
-    assert neurons.resident["sender outputs"] - plain.resident["sender outputs"] == 2 * N * P * L * m * e
+    assert neurons.resident["reference runs"] - plain.resident["reference runs"] == 2 * N * P * L * m * e
     assert neurons.stages["EAP-IG pass"] - plain.stages["EAP-IG pass"] == 3 * S * N * P * L * m * e
     assert {k: v for k, v in neurons.stages.items() if k != "EAP-IG pass"} == {
         k: v for k, v in plain.stages.items() if k != "EAP-IG pass"}

@@ -337,7 +337,7 @@ def test_direct_logit_attribution_by_hand(runner):
     W_U = model.W_U if hasattr(model, "W_U") else model.unembed.W_U
     direction = W_U[:, batch.answers[:, 0]] - W_U[:, batch.wrongs[:, 0]]  # [d_model, pair]
     head = runner.graph.sender_index(2, 1)
-    out = runner.clean["out"][head][rows, batch.last]
+    out = runner.outputs(runner.clean)[head][rows, batch.last]
     out = out - out.mean(-1, keepdim=True)
     expected = ((out / scale * ln.weight.detach()) * direction.T.detach()).sum(-1).mean()
     assert float(runner.clean["dla"][head]) == pytest.approx(float(expected), abs=1e-5)

@@ -193,8 +193,8 @@ def build_graph(adapter: ModelAdapter, mlps: bool, kv_edges: str = DEFAULT_KV_ED
 
 
 class TaskRunner:
-    """A model ready to measure one :class:`TaskBatch`: weights, norms, the clean and corrupted runs' sender outputs
-    (computed once, on demand), the metric.
+    """A model ready to measure one :class:`TaskBatch`: weights, norms, the clean and corrupted runs (computed once,
+    on demand: what each sender writes, from which :meth:`outputs` forms the senders' outputs), the metric.
 
     ``metric``: a name in :data:`~circuitkit.graph.metrics.METRICS` or a
     :class:`~circuitkit.graph.metrics.UserMetric`; ``mlps``: MLPs are graph nodes; ``node_types``: further kinds of
@@ -286,7 +286,8 @@ class TaskRunner:
     # ------------------------------------------------------------------ the two reference runs
     @property
     def clean(self) -> dict[str, Any]:
-        """The clean run: ``out`` (sender outputs ``[sender, pair, pos, d_model]``), ``z`` and ``mlp`` by layer,
+        """The clean run: ``input`` (the input embeddings, ``[pair, pos, d_model]``), ``z`` and ``mlp`` by layer
+        (every sender's output from them: :meth:`outputs`),
         ``nodes`` (each further node type's activation by layer: ``{type: {layer: [pair, pos, unit, ...]}}``),
         ``metric`` ``[pair]``, ``logprobs`` ``[pair, vocab]`` at the last token, ``dla`` ``[sender]``,
         ``last_attention`` (each head's attention from each prompt's last token, ``[layer, pair, head, pos]``) and
@@ -314,15 +315,15 @@ class TaskRunner:
         final norm and the unembedding at :attr:`positions`, the tail of this same forward pass, not through the
         model (tests/test_task_passes.py counts its autograd nodes; benchmarks/README.md, "The task search's
         passes", times it on a real model)."""
-        spec, graph = self.spec, self.graph
-        outs: list[Tensor | None] = [None] * len(graph.senders)
+        spec = self.spec
+        embedded: list[Tensor] = []
         z_kept: dict[int, Tensor] = {}
         mlp_kept: dict[int, Tensor] = {}
         resid_kept: dict[int, Tensor] = {}
         final: list[Tensor] = []
 
         def resid0(x: Tensor, hook: Any) -> None:
-            outs[0] = x.detach()
+            embedded.append(x.detach())
             if keep_resid:
                 resid_kept[0] = x.detach()
 
@@ -330,17 +331,10 @@ class TaskRunner:
             resid_kept[HOOKS.layer_of(hook.name)] = x.detach()
 
         def z_hook(z: Tensor, hook: Any) -> None:
-            layer = HOOKS.layer_of(hook.name)
-            z_kept[layer] = z.detach()
-            head_out = torch.einsum("bphd,hdm->hbpm", z.detach(), self.W_O[layer].to(z.dtype))
-            for h in range(spec.n_heads):
-                outs[graph.sender_index(layer, h)] = head_out[h]
+            z_kept[HOOKS.layer_of(hook.name)] = z.detach()
 
         def mlp_hook(x: Tensor, hook: Any) -> None:
-            layer = HOOKS.layer_of(hook.name)
-            mlp_kept[layer] = x.detach()
-            if graph.mlps:
-                outs[graph.sender_index(layer, None)] = x.detach()
+            mlp_kept[HOOKS.layer_of(hook.name)] = x.detach()
 
         # direct logit attribution exists where a head's output adds into the residual stream
         direct = dla and self.edges_defined
@@ -416,7 +410,9 @@ class TaskRunner:
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
         self.passes += 1.0  # the backward of ``dla`` runs through this pass's tail only (docstring)
-        out = torch.stack(outs)  # [sender, pair, pos, d_model]
+        kept = {"input": embedded[0], "z": z_kept, "mlp": mlp_kept}
+        # every sender's output [sender, pair, pos, d_model], for direct logit attribution only: not kept after it
+        out = self.outputs(kept) if direct else None
         logprobs = last.detach().float().log_softmax(-1)
         clean_lp = self._clean["logprobs"] if self._clean is not None else None
         metric = self._metric_of(logits.detach(), clean_lp)[0]
@@ -433,13 +429,37 @@ class TaskRunner:
             dla_values = torch.einsum("spm,pm->s", at_last.float(), g_last.float())
         for kind in self.extra_types:
             _check_units(kind, extra[kind.name], spec)
-        result = {"out": out, "z": z_kept, "mlp": mlp_kept, "nodes": extra, "metric": validate.finite_result(
+        del out
+        result = {**kept, "nodes": extra, "metric": validate.finite_result(
             "task metric", metric.cpu(), why="the model's logits overflowed"), "logprobs": logprobs,
             "dla": None if dla_values is None else dla_values.detach().cpu(), "resid": resid_kept}
         if dla:
             result["last_attention"] = torch.stack([last_rows[layer] for layer in range(L)])  # [layer, pair, head, k]
             result["first_patterns"] = torch.stack([first[layer] for layer in range(L)])  # [layer, head, q, k]
         return result
+
+    def outputs(self, run: dict[str, Any], first: int = 0, stop: int | None = None) -> Tensor:
+        """The outputs of senders ``first .. stop - 1`` (every sender by default) in ``run`` (:attr:`clean` or
+        :attr:`corrupted`), ``[sender, pair, pos, d_model]``: the input embeddings, each head's ``z @ W_O`` (formed
+        from the run's ``z`` a layer at a time, by the product the reference pass would have taken: the same
+        values), each MLP's output. Formed where a pass reads them rather than kept: a run keeps its ``z``,
+        ``d_model / d_head`` times smaller than its heads' outputs (32x at the Llama-3.1-8B shape)."""
+        graph = self.graph
+        stop = len(graph.senders) if stop is None else stop
+        blocks = []
+        for (kind, layer), where in graph.sender_slices.items():
+            lo, hi = max(first, where.start), min(stop, where.stop)
+            if lo >= hi:
+                continue
+            if kind == "input":
+                block = run["input"][None]
+            elif kind == "head":
+                z = run["z"][layer]
+                block = torch.einsum("bphd,hdm->hbpm", z, self.W_O[layer].to(z.dtype))
+            else:
+                block = run["mlp"][layer][None]
+            blocks.append(block[lo - where.start : hi - where.start])
+        return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
     def metric(self, logits: Tensor) -> Tensor:
         """Per-pair metric ``[copies, pair]`` of stacked logits ``[copies * pair, pos, vocab]``."""
@@ -497,7 +517,7 @@ class TaskRunner:
             return {i: v[a:k, :width] for i, v in acts.items()}
 
         def cut(run: dict[str, Any]) -> dict[str, Any]:
-            return {"out": run["out"][:, a:k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
+            return {"input": run["input"][a:k, :width], "z": cut_layers(run["z"]), "mlp": cut_layers(run["mlp"]),
                     "nodes": {name: cut_layers(acts) for name, acts in run.get("nodes", {}).items()},
                     "metric": run["metric"][a:k], "logprobs": run["logprobs"][a:k], "dla": None,
                     "resid": cut_layers(run.get("resid", {}))}
@@ -763,10 +783,12 @@ class TaskRunner:
         from circuitkit.detect.attribution import frozen_parameters
 
         graph = self.graph
-        clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
+        clean_in, corrupt_in = self.clean["input"], self.corrupted["input"]
         alphas = ig_alphas(steps, points).to(clean_in.device)
         copies = graph.kv_copies
-        delta = (self.clean["out"] - self.corrupted["out"]).float()  # [sender, pair, pos, d_model]
+        delta = torch.cat([(self.outputs(self.clean, where.start, where.stop)  # [sender, pair, pos, d_model]
+                            - self.outputs(self.corrupted, where.start, where.stop)).float()
+                           for where in graph.sender_slices.values()])
         flat = delta.reshape(delta.shape[0], -1)
         scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
         summed: dict[tuple[str, int], Tensor] = {}  # the further node types' gradients summed over the points
@@ -830,7 +852,7 @@ class TaskRunner:
 
         graph, spec, batch = self.graph, self.spec, self.batch
         S, L = steps, spec.n_layers
-        clean_in, corrupt_in = self.clean["out"][0], self.corrupted["out"][0]
+        clean_in, corrupt_in = self.clean["input"], self.corrupted["input"]
         alphas = ig_alphas(S, points).to(clean_in.device)
         start = along(corrupt_in[None], clean_in[None], alphas)
         z_values, mlp_values = self.node_values()
@@ -994,16 +1016,17 @@ class TaskRunner:
         def copy0(x: Tensor) -> Tensor:
             """``[Q * S * B, ...]`` -> the first key/value copy's ``[S * B, ...]`` (every copy holds its value)."""
             return x if Q == 1 else x[: x.shape[0] // Q]
-        corrupt_out = self.corrupted["out"] if kept is not None else None
+        corrupted = self.corrupted if kept is not None else None
         # every sender's (corrupted - current) output ``[S, sender, B * P * d]`` (copy-major, so that each copy's
         # sum over senders is one matrix product over a prefix view), filled in as the pass reaches it
-        deltas = None if corrupt_out is None else torch.zeros(S, len(graph.senders), B * P * d,
-                                                               dtype=corrupt_out.dtype, device=corrupt_out.device)
+        like = None if corrupted is None else corrupted["input"]
+        deltas = None if like is None else torch.zeros(S, len(graph.senders), B * P * d, dtype=like.dtype,
+                                                        device=like.device)
         reached = [0]  # one past the last sender index recorded (senders are in layer order)
         total = [None]  # [S, B * P * d]: the sum of every recorded sender's delta
         resid = {} if resid is None else resid
         missing = None if kept is None else (~kept & graph.allowed[None])
-        kept_f = None if kept is None else kept.to(corrupt_out.dtype)
+        kept_f = None if kept is None else kept.to(like.dtype)
         attention_patch: dict[int, Tensor | None] = {}  # layer -> [S, R_qkv, B, P, d], computed at its q hook
 
         def record(first: int, current: Tensor) -> None:
@@ -1012,7 +1035,8 @@ class TaskRunner:
             sender order: the same sums, bit for bit, as recording each sender alone."""
             if deltas is not None:
                 n = current.shape[0]
-                block = (corrupt_out[first : first + n, None] - current).transpose(0, 1).reshape(S, n, -1)
+                corrupt_out = self.outputs(corrupted, first, first + n)
+                block = (corrupt_out[:, None] - current).transpose(0, 1).reshape(S, n, -1)
                 deltas[:, first : first + n] = block
                 for j in range(n):
                     total[0] = block[:, j].clone() if total[0] is None else total[0] + block[:, j]
@@ -1020,9 +1044,12 @@ class TaskRunner:
 
         L = spec.n_layers
         if resume:  # the senders before the resumed layer, at their clean outputs (every edge there is kept)
-            clean_out = self.clean["out"]
             n_before = graph.sender_slices[("head", resume)].start
-            record(0, clean_out[:n_before, None].expand(n_before, S, B, P, d))
+            for where in graph.sender_slices.values():  # a block at a time: the same sums as all at once
+                if where.stop <= n_before:
+                    n = where.stop - where.start
+                    record(where.start, self.outputs(self.clean, where.start, where.stop)[:, None].expand(
+                        n, S, B, P, d))
 
         def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
             """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
@@ -1115,7 +1142,7 @@ class TaskRunner:
                 view = z.reshape(Q, S, B, P, *z.shape[2:])
                 own = torch.gather(view, 0, at[None, :, None, None, :, None].expand(1, S, B, P, *z.shape[2:]))
                 z = each(own.reshape(S * B, P, *z.shape[2:]))
-            if corrupt_out is not None:
+            if corrupted is not None:
                 layer = HOOKS.layer_of(hook.name)
                 head_out = torch.einsum("bphd,hdm->hbpm", copy0(z), self.W_O[layer].to(z.dtype))
                 record(graph.sender_index(layer, 0), head_out.reshape(spec.n_heads, S, B, P, d))

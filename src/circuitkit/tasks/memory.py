@@ -9,12 +9,13 @@ position where the model unembeds only there, else all ``P``); every count in by
 **Held from the first pass to the last** (``resident``)
 
 - head weights: the float32 copy of ``W_Q, W_K, W_V, W_O`` the runner makes, ``4 L d d_head (2H + 2G)``;
-- the two reference runs (clean, corrupted): every sender's output ``[U, N, P, d]`` and each layer's ``z`` and MLP
-  output, ``2 N P (U d + L (H d_head + d)) e``.
+- the two reference runs (clean, corrupted): the input embeddings and each layer's ``z`` and MLP output,
+  ``2 N P (d + L (H d_head + d)) e`` (a head's output ``z @ W_O`` is formed where a pass reads it, not kept:
+  :meth:`~circuitkit.graph.runner.TaskRunner.outputs`).
 
 **Then the largest of these, one at a time** (``stage``)
 
-- reference run: the stacked sender outputs' copy ``U N P d e`` and its logits, ``N V (K e + 8)`` (``K``
+- reference run: every sender's output, formed once for direct logit attribution, ``U N P d e``, and its logits, ``N V (K e + 8)`` (``K``
   positions in the model's dtype, each pair's last one in float32 for the metric; a metric of scored positions
   reads all ``K`` in float32, ``N V K (e + 8)``, and so in every pass below);
 - EAP-IG pass (``S`` copies of the pairs, forward and backward with gradients at every receiver): the inputs
@@ -37,7 +38,7 @@ EAP-IG's node attribution adds a zero leaf to it, differentiates against it and 
 ``3 S N P L w e`` (in the EAP-IG pass).
 
 With ``N_e`` of the pairs held out for evaluation, ``N`` above is the others (attribution runs on them), and one
-stage more counts: the held-out runner's own outputs ``2 N_e P (U d + L (H d_head + d)) e`` beside the first's,
+stage more counts: the held-out runner's own runs ``2 N_e P (d + L (H d_head + d)) e`` beside the first's,
 plus the largest of its reference run and the patching passes on either set after the search (node patching with
 as many stacked circuits as the sender budget allows, at most 32; edge patching as above), on ``max(N, N_e)`` pairs.
 
@@ -201,8 +202,8 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
 
     W = sum(widths)
 
-    def outputs(N: int) -> int:
-        return 2 * N * P * (U * d + L * (H * dh + mlp_out + W)) * e
+    def outputs(N: int) -> int:  # the two runs' input embeddings, z, MLP outputs and further node types' activations
+        return 2 * N * P * (d + L * (H * dh + mlp_out + W)) * e
 
     def reference(N: int) -> int:
         return U * N * P * d * e + N * V * (K * e + 2 * F * R)
@@ -218,7 +219,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
                         + C * N * V * (K * e + 2 * F * R))
 
     N = n_pairs - held  # the pairs attribution runs on
-    resident = {"head weights": F * L * d * dh * (2 * H + 2 * G), "sender outputs": outputs(N)}
+    resident = {"head weights": F * L * d * dh * (2 * H + 2 * G), "reference runs": outputs(N)}
     stages = {
         "reference run": reference(N),
         "EAP-IG pass": S * N * P * d * e
