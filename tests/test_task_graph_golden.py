@@ -31,6 +31,7 @@ def figures(case: str) -> dict:
     data = scan.to_json()
     data.pop("model")
     data.pop("settings")  # the options as given (a new option adds a key); the figures are what is pinned
+    data.pop("units")  # words about the figures (a loaded scan writes this version's), not figures
     for stage in data["stages"]:
         stage.pop("seconds")
     return json.loads(json.dumps(data))

@@ -15,9 +15,9 @@ position where the model unembeds only there, else all ``P``); every count in by
 
 **Then the largest of these, one at a time** (``stage``)
 
-- reference run: every sender's output, formed once for direct logit attribution, ``U N P d e``, and its logits, ``N V (K e + 8)`` (``K``
-  positions in the model's dtype, each pair's last one in float32 for the metric; a metric of scored positions
-  reads all ``K`` in float32, ``N V K (e + 8)``, and so in every pass below);
+- reference run: every sender's output, formed once for direct logit attribution, ``U N P d e``, and its logits,
+  ``N V (K e + 8)`` (``K`` positions in the model's dtype, each pair's last one in float32 for the metric; a metric
+  of scored positions reads all ``K`` in float32, ``N V K (e + 8)``, and so in every pass below);
 - EAP-IG pass (``S`` copies of the pairs, forward and backward with gradients at every receiver): the inputs
   ``S N P d e``; per copy, token and layer what autograd keeps and the backward adds (fitted to the profiled
   allocations of this engine: norms in float32, q/k/v, attention scores, the MLP's four ``m``-wide tensors),

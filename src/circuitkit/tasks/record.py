@@ -99,7 +99,8 @@ def task_units(scan: Any) -> dict[str, str]:
                            "both areas of each",
         "circuit.edge_effects.score": f"{metric}: EAP-IG estimate",
         "circuit.edge_effects.effect": f"{metric}: exact, path patching",
-        "stages.passes": "forward passes of the task's pairs (a backward pass counts two)",
+        "stages.passes": "forward passes, each of the pairs of the set the stage ran on (the discovery or the "
+                         "evaluation pairs where they are split, else every pair); a backward pass counts two",
         "stages.seconds": "seconds of wall-clock time",
         "ci": "[lo, hi]: the percentile bootstrap interval over the pairs (settings.ci_level), in the unit of the "
               "figure beside it",

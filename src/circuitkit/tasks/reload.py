@@ -189,14 +189,21 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
     return scan
 
 
+def comparable(data: dict[str, Any]) -> dict[str, Any]:
+    """A parsed task ``scores.json`` without what a loaded scan writes again in this version's words: the members'
+    explanations (:data:`circuitkit.report.reload.REWORDED`) and the ``units`` map (as the induction scan's reload
+    leaves its ``units`` out): what :func:`task_scan_from_json` compares with the loaded scan written again."""
+    from circuitkit.report.reload import without_prose
+
+    return {key: value for key, value in without_prose(data).items() if key != "units"}
+
+
 def _check_written_again(written: dict[str, Any], data: dict[str, Any], where: str) -> None:
     """Refuse a file whose loaded scan, written again, says something else (a derived field that disagrees); the
-    members' explanations are prose in this version's words, not compared (:data:`circuitkit.report.reload.
-    REWORDED`)."""
-    from circuitkit.report.reload import without_prose
+    prose a loaded scan writes in this version's words is not compared (:func:`comparable`)."""
     from circuitkit.report.scores_check import first_difference
 
-    found = first_difference(without_prose(data), without_prose(written))
+    found = first_difference(comparable(data), comparable(written))
     if found is not None:
         path, saved, again = found
         raise validate.fail(f"{where}, field {path!r}", saved,
@@ -236,4 +243,4 @@ def load_task_scan(path: str | os.PathLike, scan_cls: type, stage_cls: type) -> 
     return task_scan_from_json(data, f"TaskScan.load: {str(file)!r}", scan_cls, stage_cls)
 
 
-__all__ = ["TASK_PREFIX", "load_task_scan", "read_scores", "task_format", "task_scan_from_json"]
+__all__ = ["TASK_PREFIX", "comparable", "load_task_scan", "read_scores", "task_format", "task_scan_from_json"]
