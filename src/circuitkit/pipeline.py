@@ -655,9 +655,8 @@ def scan(
     if mode == "lines":  # the first line at once: loading a model can take a while
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     model, name = _model_and_name(model, name, task, device=device, allow_download=allow_download, dtype=dtype)
-    task_only = dict(prepend_bos=prepend_bos, metric=metric, holdout=holdout, target_on=target_on,
-                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search,
-                     search=search)  # a task's own options
+    task_only = dict(prepend_bos=prepend_bos, metric=metric, holdout=holdout, target_on=target_on,  # a task's own
+                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search, search=search)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
@@ -668,8 +667,7 @@ def scan(
     settings = scan_settings(options, session, tokens, edges=edges)
     _check_batch_memory(session, settings, tokens, device)  # before any pass: refuse what cannot fit
     state = ScanState(session)
-    stages = run_stages(state, settings, mode)
-    return scan_result(state, settings, stages, name)
+    return scan_result(state, settings, run_stages(state, settings, mode), name)
 
 
 def _check_dtype(model: Any, dtype: Any) -> torch.dtype | None:
