@@ -161,7 +161,8 @@ def faithfulness_section(scan: Any) -> Section | None:
     figures = [(faithfulness_curve([(p.size, p.faithfulness) for p in c.curve], c.target, size, c.n_nodes_total,
                                    whisker, unit=unit),
                 f"Node circuit: the top-n {unit} by EAP-IG score kept, every other one patched from the corrupted "
-                "prompt (every point measured; the whisker: the interval over the pairs).")]
+                "prompt (every point measured; the whisker: the interval over the pairs)."
+                + _searched_nodes(scan, size, unit, c.faithfulness))]
     other = c.other_set
     if other and other.get("curve"):
         points = [(p["size"], p["faithfulness"]) for p in other["curve"]]
@@ -171,7 +172,8 @@ def faithfulness_section(scan: Any) -> Section | None:
         figures.append((faithfulness_curve(points, c.target, size, c.n_nodes_total,
                                            None if interval is None else {size: tuple(interval)}, unit=unit),
                         f"The same {unit} on the {other['pairs']} {escape(other['set'])} pairs the search did not "
-                        f"use: {said} at the circuit's size{'' if interval is None else ' (the whisker)'}."))
+                        f"use: {said} at the circuit's size{'' if interval is None else ' (the whisker)'}."
+                        + _searched_nodes(scan, size, unit, at_size)))
     if c.edge_curve:
         edge_whisker = ({len(c.edges): c.intervals["edge_faithfulness"]} if "edge_faithfulness" in c.intervals
                         else None)
@@ -250,6 +252,17 @@ def details_section(scan: Any) -> Section:
     rows += [(f"stage {s.name}", f"{s.passes:g} pass{'' if s.passes == 1 else 'es'}, {s.seconds:.2f} s")
              for s in scan.stages]
     return Section("details", "Model and settings", settings_table(rows), png=False)
+
+
+def _searched_nodes(scan: Any, size: int, unit: str, faithfulness: float | None) -> str:
+    """A node curve's caption, where a node search beyond ranking ran: the ringed size is the searched circuit's,
+    and its figure and whisker are that set's, not the curve's point there (the top-``size`` set by score)."""
+    found = scan.settings.get("search") or {}
+    if found.get("name", "ranked") == "ranked":
+        return ""
+    said = "" if faithfulness is None else f" at {faithfulness:.3f}"
+    return (f" The ringed size is the {escape(found['name'])} search's circuit ({size} {unit}{said}), found from the "
+            "ranked one: its figure and whisker are that set's, not this curve's point there.")
 
 
 def _searched_edges(scan: Any) -> str:
