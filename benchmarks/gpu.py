@@ -216,10 +216,11 @@ def section_shape(args, shape: str, *, scan: bool, task_pairs: int, dtype: torch
     if task_pairs:
         reset_peak()
         task = pair_task(task_pairs, SHAPES[shape]["vocab_size"])
+        free_at_start = torch.cuda.mem_get_info()[0] / 2**30  # what the scan's memory plan sees (its sender budget)
         seconds, result = timed(lambda: ck.scan(bridge, task=task))
         c = result.circuit
         out["task_scan"] = {"pairs": task_pairs, "seconds": seconds, "passes": result.passes,
-                            "peak_gib": peak_gib(),
+                            "peak_gib": peak_gib(), "free_gib_at_start": free_at_start,
                             "stages": {s.name: [round(s.passes, 2), round(s.seconds, 2)] for s in result.stages},
                             "node_circuit": len(c.heads) if c else None,
                             "edge_circuit": len(c.edges) if c and c.edges is not None else None,

@@ -8,9 +8,13 @@ of its own; reported: the rise of the peak resident set during the scan (``bench
 imports), the peak of live tensor bytes the PyTorch profiler saw (the CPU's counterpart of
 ``torch.cuda.max_memory_allocated``), and the estimate, with estimate / measured.
 
-GPU: the figures ``benchmarks/gpu.py`` measured (``benchmarks/results/gpu-h200.json``: ``max_memory_allocated``
-during the task scan minus the weights) against the estimate for the same shapes, built here on the ``meta``
-device (no memory, no GPU needed).
+GPU: the figures ``benchmarks/gpu.py`` measured (``--gpu-results``, default ``benchmarks/results/gpu-h200.json``:
+``max_memory_allocated`` during the task scan minus the weights) against the estimate for the same shapes, built
+here on the ``meta`` device (no memory, no GPU needed) with the sender budget the scan had there
+(:func:`circuitkit.graph.runner.sender_budget` of the memory free as it started: recorded by ``gpu.py`` as
+``free_gib_at_start``; for a file from before that, the device's capacity in :data:`DEVICE_GIB` less the
+weights) and, with ``--gpu-split``, the default held-out split the scan ran with since ``gpu.py`` scans through
+``ck.scan`` (the older files' runs had none).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ CPU_POINTS = {
                                          hidden_size=512, intermediate_size=2048, vocab_size=16000, head_dim=64),
                            "bfloat16", 16, 16),
 }
+DEVICE_GIB = {"NVIDIA H200": 139.8, "NVIDIA H100 80GB HBM3": 79.2}
+"""Memory of the devices the GPU results name, GiB (for files that did not record the memory free)."""
 GPU_POINTS = {  # name: (gpu.py shape, dtype, section path in gpu-h200.json)
     "Llama-3.2-1B shape, float32": ("1b", "float32", ("shape1b", "float32")),
     "Llama-3.2-1B shape, bfloat16": ("1b", "bfloat16", ("shape1b", "bfloat16")),
@@ -80,9 +86,9 @@ def build(name: str):
     return model, pair_task(pairs, d_vocab, tokens), pair_task(2, d_vocab, tokens, seed=1)
 
 
-def estimate_of(model, task, *, split: bool = True) -> Any:
+def estimate_of(model, task, *, split: bool = True, budget: int | None = None) -> Any:
     """The estimate for ``ck.scan(model, task=task)``: its default held-out split (``split``), logits where the
-    model computes them."""
+    model computes them, ``budget`` the sender budget (None: the CPU's)."""
     from circuitkit.models.adapters import adapt
     from circuitkit.tasks.memory import estimate_task_memory, logit_positions
     from circuitkit.tasks.scan import DEFAULT_HOLDOUT, split_pairs
@@ -94,7 +100,8 @@ def estimate_of(model, task, *, split: bool = True) -> Any:
     held = split_pairs(batch.n_pairs, DEFAULT_HOLDOUT, 0)[1] if split else None
     return estimate_task_memory(adapter, batch.n_pairs, batch.pos, steps=3, mlps=not adapter.attn_only, edges=True,
                                 evaluation_pairs=0 if held is None else len(held),
-                                logit_positions=logit_positions(adapter, last, batch.pos))
+                                logit_positions=logit_positions(adapter, last, batch.pos),
+                                **({} if budget is None else {"budget": budget}))
 
 
 def child_rss(name: str) -> dict[str, Any]:
@@ -133,8 +140,10 @@ def child_tensors(name: str) -> dict[str, Any]:
     return {"tensor_peak": peak}
 
 
-def gpu_rows(path: Path) -> list[dict[str, Any]]:
+def gpu_rows(path: Path, split: bool = False) -> list[dict[str, Any]]:
     import gpu
+
+    from circuitkit.graph.runner import sender_budget
 
     document = json.loads(path.read_text())
     rows = []
@@ -144,7 +153,11 @@ def gpu_rows(path: Path) -> list[dict[str, Any]]:
             section = section[key]
         model = llama(gpu.SHAPES[shape], getattr(torch, dtype), device="meta")  # shapes only: nothing allocated
         task = gpu.pair_task(section["task_scan"]["pairs"], gpu.SHAPES[shape]["vocab_size"])
-        est = estimate_of(model, task, split=False)  # that run's code had no held-out split
+        free = section["task_scan"].get("free_gib_at_start")
+        if free is None and document["device"] in DEVICE_GIB:
+            free = DEVICE_GIB[document["device"]] - section["weights_gib"]
+        budget = None if free is None else sender_budget("cuda", int(free * 2**30))
+        est = estimate_of(model, task, split=split, budget=budget)
         measured = (section["task_scan"]["peak_gib"] - section["weights_gib"]) * 2**30
         rows.append({"point": name, "measured": measured, "estimate": est.total, "stage": est.stage,
                      "ratio": est.total / measured, "kind": f"{document['device']}: max_memory_allocated - weights"})
@@ -155,9 +168,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--gpu-results", default=str(HERE / "results" / "gpu-h200.json"))
+    parser.add_argument("--gpu-split", action="store_true",
+                        help="the GPU runs had the default held-out split (gpu.py's task scans since ck.scan took one)")
+    parser.add_argument("--gpu-only", action="store_true", help="the GPU rows alone (no CPU child runs)")
     args = parser.parse_args()
-    rows = gpu_rows(Path(args.gpu_results)) if Path(args.gpu_results).exists() else []
-    for name in CPU_POINTS:
+    rows = gpu_rows(Path(args.gpu_results), args.gpu_split) if Path(args.gpu_results).exists() else []
+    for name in () if args.gpu_only else CPU_POINTS:
         rss = run_child(__file__, "child_rss", timeout=1800, name=name)
         tensors = run_child(__file__, "child_tensors", timeout=1800, name=name)
         if "error" in rss or "error" in tensors:
