@@ -25,8 +25,9 @@ import torch
 import circuitkit as ck
 from circuitkit import CircuitkitError
 from circuitkit.graph.metrics import metric_label, metric_units
+from circuitkit.report.reload import comparable
 from circuitkit.tasks import Task, TaskScan, scan_task
-from circuitkit.tasks.reload import comparable, task_scan_from_json
+from circuitkit.tasks.reload import task_scan_from_json
 from circuitkit.tasks.scan import TaskStage
 from tests.conftest import boot_bridge
 from tests.test_scan_load_checks import _close, _mutations, _paths, _set, _write

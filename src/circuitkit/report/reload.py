@@ -356,21 +356,28 @@ member, non-empty text), and the comparison of the file with the loaded scan wri
 a scan saved by a version that worded it otherwise still loads (and then says it in today's words)."""
 
 
-def without_prose(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` (a parsed ``scores.json``, either kind of scan) without the prose at :data:`REWORDED`, for the
-    comparison with the loaded scan written again; ``data`` itself is not changed."""
+def comparable(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a parsed ``scores.json``, either kind of scan) without what a loaded scan writes again in this
+    version's words: the keys of :data:`UNWRITTEN` and the prose at :data:`REWORDED`; what the comparison with the
+    loaded scan written again reads. ``data`` itself is not changed."""
+    kept = {key: value for key, value in data.items() if key not in UNWRITTEN}
     outer, inner = REWORDED
-    if not isinstance(data.get(outer), dict) or inner not in data[outer]:
-        return data
-    return {**data, outer: {k: v for k, v in data[outer].items() if k != inner}}
+    if isinstance(kept.get(outer), dict) and inner in kept[outer]:
+        kept[outer] = {k: v for k, v in kept[outer].items() if k != inner}
+    return kept
 
 
 def _check_written_again(scan: Any, data: dict[str, Any], where: str) -> None:
-    """Refuse a file whose loaded scan, written again, says something else: a field that disagrees with the fields
-    it derives from (``top_heads`` not the best heads of their grid, ``uncertainty`` beside other settings)."""
-    written = scan_json(scan)
-    found = first_difference({k: v for k, v in without_prose(data).items() if k not in UNWRITTEN},
-                             {k: v for k, v in without_prose(written).items() if k not in UNWRITTEN})
+    """:func:`check_written_again` of the loaded induction scan ``scan``."""
+    check_written_again(scan_json(scan), data, where)
+
+
+def check_written_again(written: dict[str, Any], data: dict[str, Any], where: str) -> None:
+    """Refuse a file (``data``) whose loaded scan, written again (``written``), says something else: a field that
+    disagrees with the fields it derives from (``top_heads`` not the best heads of their grid, ``uncertainty``
+    beside other settings, a task's means beside its pairs), the prose aside (:func:`comparable`). Either kind of
+    scan."""
+    found = first_difference(comparable(data), comparable(written))
     if found is not None:
         path, saved, again = found
         raise validate.fail(f"{where}, field {path!r}", saved,

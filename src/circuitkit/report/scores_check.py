@@ -194,6 +194,20 @@ class ScoresCheck:
             for index, cell in enumerate(self.array(row, f"{field}[{layer}]", length=self.n_heads)):
                 self.number(cell, f"{field}[{layer}][{index}]", lo, hi, tolerance=tolerance)
 
+    def explanations(self, value: Any, members: set[tuple[int, int]]) -> None:
+        """``circuit.explanations`` (either kind of scan): what each member does, in words, an entry of non-empty
+        text for every head of ``members`` and no other. Held here: a reload writes the words again in this
+        version's wording and does not compare them (:func:`circuitkit.report.reload.comparable`)."""
+        explained = self.obj(value, "circuit.explanations")
+        for name, text in explained.items():
+            if self.head(name, "circuit.explanations") not in members:
+                raise self.fail("circuit.explanations", name, "a head of circuit.heads")
+            self.text(text, f"circuit.explanations.{name}", non_empty=True)
+        missing = sorted(members - {self.head(name, "circuit.explanations") for name in explained})
+        if missing:
+            raise self.fail("circuit.explanations", validate.given(f"no entry for {missing[0][0]}.{missing[0][1]}"),
+                            "an explanation of every head of circuit.heads")
+
     def interval(self, value: Any, field: str, lo: float = -math.inf, hi: float = math.inf) -> None:
         """``[lo, hi]`` (entries finite numbers or null, ``lo <= hi``), or null."""
         if value is None:
@@ -480,16 +494,8 @@ class ScoresCheck:
             self.number(e["composition"], f"{at}.composition", 0.0, 1.0, tolerance=SCORE_TOLERANCE)
             self.flag(e["weight_only"], f"{at}.weight_only")
             self.interval(e.get("ci"), f"{at}.ci")
-        if "explanations" in circuit:  # what each member does, in words (recomputed from the figures on reload)
-            explained = self.obj(circuit["explanations"], "circuit.explanations")
-            for name, text in explained.items():
-                if self.head(name, "circuit.explanations") not in members:
-                    raise self.fail("circuit.explanations", name, "a head of circuit.heads")
-                self.text(text, f"circuit.explanations.{name}", non_empty=True)
-            missing = sorted(members - {self.head(name, "circuit.explanations") for name in explained})
-            if missing:
-                raise self.fail("circuit.explanations", validate.given(f"no entry for {missing[0][0]}.{missing[0][1]}"),
-                                "an explanation of every head of circuit.heads")
+        if "explanations" in circuit:
+            self.explanations(circuit["explanations"], members)
         if "ci" in circuit:
             ci = self.obj(circuit["ci"], "circuit.ci", (), ("faithfulness", "necessity", "losses"))
             self.interval(ci.get("faithfulness"), "circuit.ci.faithfulness")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from circuitkit import validate
-from circuitkit.errors import CircuitkitError, describe
+from circuitkit.errors import CircuitkitError
 from circuitkit.models.files import FileKind
 
 TASK_PREFIX = "circuitkit-task-scan/"
@@ -138,7 +138,7 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
     """The task scan that ``data`` (a parsed task ``scores.json``) describes (see the module docstring), built as
     ``scan_cls`` with stages of ``stage_cls`` (:class:`~circuitkit.tasks.TaskScan` and its ``TaskStage``, passed in
     by their callers: this module stands below the scan that calls it)."""
-    from circuitkit.report.reload import SavedRandomBaseline, SavedStability
+    from circuitkit.report.reload import SavedRandomBaseline, SavedStability, check_written_again
     from circuitkit.scan_record import ModelSummary
     from circuitkit.tasks.record import DTYPES
     from circuitkit.tasks.scores_check import check_task_scores
@@ -185,30 +185,8 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as error:
         raise validate.fail(where, validate.given(f"a scores.json with a missing or malformed entry ({error!r})"),
                             "a scores.json written by TaskScan.save") from None
-    _check_written_again(written, data, where)
+    check_written_again(written, data, where)
     return scan
-
-
-def comparable(data: dict[str, Any]) -> dict[str, Any]:
-    """A parsed task ``scores.json`` without what a loaded scan writes again in this version's words: the members'
-    explanations (:data:`circuitkit.report.reload.REWORDED`) and the ``units`` map (as the induction scan's reload
-    leaves its ``units`` out): what :func:`task_scan_from_json` compares with the loaded scan written again."""
-    from circuitkit.report.reload import without_prose
-
-    return {key: value for key, value in without_prose(data).items() if key != "units"}
-
-
-def _check_written_again(written: dict[str, Any], data: dict[str, Any], where: str) -> None:
-    """Refuse a file whose loaded scan, written again, says something else (a derived field that disagrees); the
-    prose a loaded scan writes in this version's words is not compared (:func:`comparable`)."""
-    from circuitkit.report.scores_check import first_difference
-
-    found = first_difference(comparable(data), comparable(written))
-    if found is not None:
-        path, saved, again = found
-        raise validate.fail(f"{where}, field {path!r}", saved,
-                            f"{describe(again)}, what the rest of the file gives (a field that disagrees with the "
-                            "fields it is derived from)")
 
 
 def scores_file(path: Any, where: str) -> Path:
@@ -243,4 +221,4 @@ def load_task_scan(path: str | os.PathLike, scan_cls: type, stage_cls: type) -> 
     return task_scan_from_json(data, f"TaskScan.load: {str(file)!r}", scan_cls, stage_cls)
 
 
-__all__ = ["TASK_PREFIX", "comparable", "load_task_scan", "read_scores", "task_format", "task_scan_from_json"]
+__all__ = ["TASK_PREFIX", "load_task_scan", "read_scores", "task_format", "task_scan_from_json"]

@@ -325,16 +325,8 @@ class TaskScoresCheck(ScoresCheck):
             if not items or len(set(map(str, items))) != len(items) or not set(map(str, items)) <= known:
                 raise self.fail(f"circuit.nodes.{name}", labels, f"distinct labels of its {name} nodes, at least one")
         members = set(self.heads(c["heads"], "circuit.heads"))
-        if c.get("explanations") is not None:  # what each member does, in words (recomputed from the figures)
-            explained = self.obj(c["explanations"], "circuit.explanations")
-            for name, text in explained.items():
-                if self.head(name, "circuit.explanations") not in members:
-                    raise self.fail("circuit.explanations", name, "a head of circuit.heads")
-                self.text(text, f"circuit.explanations.{name}", non_empty=True)
-            missing = sorted(members - {self.head(name, "circuit.explanations") for name in explained})
-            if missing:  # the comparison with the scan written again leaves the prose out: the entries are held here
-                raise self.fail("circuit.explanations", validate.given(f"no entry for {missing[0][0]}.{missing[0][1]}"),
-                                "an explanation of every head of circuit.heads")
+        if c.get("explanations") is not None:
+            self.explanations(c["explanations"], members)
         mlps = [self.mlp(m, f"circuit.mlps[{i}]") for i, m in enumerate(self.array(c["mlps"], "circuit.mlps"))]
         if len(set(mlps)) != len(mlps):
             raise self.fail("circuit.mlps", c["mlps"], "each MLP at most once")
