@@ -719,18 +719,21 @@ def _load_named(model: Any, task: Any, *, device: Any, allow_download: bool, dty
     return load_model(model, device=device, allow_download=allow_download, dtype=dtype)
 
 
+_TASK_ONLY_WHY = {"search": "its circuit is the ranked one; circuitkit.find_circuit(model, search=...) runs the other "
+                            "searches on it"}
+"""Why the induction scan takes a task's option, where the general reason (:func:`_refuse_task_options`) is not it."""
+
+
 def _refuse_task_options(**given: Any) -> None:
-    """The options that only a task takes (``holdout``, ``target_on``, ``metric``, ``prepend_bos``) must be None in
-    the induction scan: it splits no pairs, reads the repeated-copies loss and sets its own BOS."""
+    """The options that only a task takes (``holdout``, ``target_on``, ``metric``, ``prepend_bos``, ...) must be None
+    in the induction scan: it splits no pairs, reads the repeated-copies loss and sets its own BOS (the reasons that
+    differ: :data:`_TASK_ONLY_WHY`)."""
     for key, value in given.items():
-        if key == "search" and value is not None:
-            raise validate.fail("scan: search", value, "None for the induction scan (its circuit is the ranked one; "
-                                "circuitkit.find_circuit(model, search=...) runs the other searches on it); the "
-                                "option applies to a task")
         if value is not None:
-            raise validate.fail(f"scan: {key}", value, "None for the induction scan (it splits no pairs, reads the "
-                                "repeated-copies loss and sets its own BOS: RepeatedTokens(bos=...)); the option "
-                                "applies to a task")
+            why = _TASK_ONLY_WHY.get(key, "it splits no pairs, reads the repeated-copies loss and sets its own BOS: "
+                                          "RepeatedTokens(bos=...)")
+            raise validate.fail(f"scan: {key}", value, f"None for the induction scan ({why}); the option applies to "
+                                "a task")
 
 
 def _refuse_induction_options(options: Mapping[str, object], tokens: RepeatedTokens | TokenBatch | None) -> None:
