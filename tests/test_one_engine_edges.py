@@ -82,3 +82,21 @@ def test_a_single_edge_pass_resumed_at_the_receivers_layer_agrees(engines):
     clean = float(runner.clean["metric"].float().mean())
     for e, value in zip(patched.edges, single.tolist(), strict=True):
         assert e.effect == pytest.approx(clean - value, abs=EXACT), e.name
+
+
+def test_a_runs_outputs_are_its_z_through_w_o_and_a_range_outside_the_senders_is_refused(engines):
+    """``TaskRunner.outputs`` against a dense oracle (each head's ``z[:, :, h] @ W_O[l, h]`` from the model's own
+    weights, the embeddings first), whole and by ranges that cut through a layer's heads."""
+    from circuitkit import CircuitkitError
+
+    model, runner = engines
+    graph, run = runner.graph, runner.clean
+    W_O = runner.adapter.weights(embeddings=False).W_O
+    dense = [run["input"]] + [run["z"][layer][:, :, h] @ W_O[layer, h].to(run["z"][layer].dtype)
+                              for layer in range(runner.spec.n_layers) for h in range(runner.spec.n_heads)]
+    dense = torch.stack(dense)
+    torch.testing.assert_close(runner.outputs(run), dense, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(runner.outputs(run, 3, 7), dense[3:7], atol=1e-5, rtol=1e-5)
+    for first, stop in ((0, 0), (5, 3), (-1, 2), (0, len(graph.senders) + 1), (1.0, 2)):
+        with pytest.raises(CircuitkitError, match="TaskRunner.outputs"):
+            runner.outputs(run, first, stop)

@@ -445,7 +445,9 @@ class TaskRunner:
         values), each MLP's output. Formed where a pass reads them rather than kept: a run keeps its ``z``,
         ``d_model / d_head`` times smaller than its heads' outputs (32x at the Llama-3.1-8B shape)."""
         graph = self.graph
-        stop = len(graph.senders) if stop is None else stop
+        n = len(graph.senders)
+        stop = n if stop is None else validate.integer("TaskRunner.outputs: stop", stop, minimum=1, maximum=n)
+        first = validate.integer("TaskRunner.outputs: first", first, minimum=0, maximum=stop - 1)
         blocks = []
         for (kind, layer), where in graph.sender_slices.items():
             lo, hi = max(first, where.start), min(stop, where.stop)
