@@ -2,7 +2,7 @@
 
 The node circuit is the smallest top-``n`` node set whose faithfulness on the pairs reaches the target: measured
 here at every ``n`` in one stacked pass (brute force) and compared with :func:`node_circuit`'s answer, with and
-without the coarse search (16 pairs or more, past ``COARSE_AFTER`` nodes: sizes stacked on a quarter of the pairs,
+without the coarse search (32 pairs or more, past ``COARSE_AFTER`` nodes: sizes stacked on a quarter of the pairs,
 a pass of the pairs for four sizes; forced from the first size here, the models being small). The edge circuit's
 size is the smallest top-``k`` to within 1/64 of ``k``.
 """
@@ -87,7 +87,7 @@ def coarse_from_one(monkeypatch):
     monkeypatch.setattr(circuit, "COARSE_AFTER", 0)
 
 
-@pytest.mark.parametrize("n_pairs", [6, 16])  # 6: the exact search alone; 16: coarse on 4 pairs, then exact
+@pytest.mark.parametrize("n_pairs", [6, 32])  # 6: the exact search alone; 32: coarse on 8 pairs, then exact
 @pytest.mark.parametrize("coarse", [False, True])
 def test_the_node_circuit_is_the_smallest_top_n_reaching_the_target(n_pairs, coarse, request):
     """The bundled model copies in context (a real behaviour, a curve that rises): every target it crosses once."""
@@ -104,7 +104,7 @@ def test_the_node_circuit_is_the_smallest_top_n_reaching_the_target(n_pairs, coa
     assert len(once) >= 3
 
 
-@pytest.mark.parametrize("n_pairs", [6, 16])
+@pytest.mark.parametrize("n_pairs", [6, 32])
 @pytest.mark.parametrize("ablation, mlp_nodes", [("corrupted", False), ("mean", True)])
 def test_the_node_circuit_on_a_jagged_curve_is_a_measured_crossing(model, n_pairs, ablation, mlp_nodes,
                                                                   coarse_from_one):
@@ -150,21 +150,21 @@ def test_the_search_finds_every_answer_exactly_and_the_coarse_search_saves_passe
 
 
 def test_the_coarse_search_runs_on_a_quarter_of_the_pairs_and_counts_them_so(coarse_from_one):
-    """On 16 pairs the node search stacks sizes on the first 4 (each copy a quarter of a pass, so the count is not
-    whole); below 16 pairs it is the exact search alone (whole passes). The same circuit either way."""
+    """On 32 pairs the node search stacks sizes on the first 8 (each copy a quarter of a pass, so the count is not
+    whole); below 32 pairs it is the exact search alone (whole passes). The same circuit either way."""
     from circuitkit import zoo
     from tests.test_tasks import copy_next_task
 
     adapter = adapt(zoo.load())
     found = {}
-    for n_pairs in (16, 12):
+    for n_pairs in (32, 28):
         task = copy_next_task(n=n_pairs, d_vocab=60, seed=3)
         runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=False, ablation="corrupted")
         _, node_scores = runner.edge_gradients(2)
         before = runner.passes
         found[n_pairs] = node_circuit(runner, node_scores, 0.8, "abs")
         spent = runner.passes - before
-        assert (spent != int(spent)) == (n_pairs == 16), spent
+        assert (spent != int(spent)) == (n_pairs == 32), spent
 
 
 def test_first_pairs_is_the_runner_on_those_pairs(model):

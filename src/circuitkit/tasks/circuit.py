@@ -249,11 +249,14 @@ def _coarse_search(coarse: Any, low: int, high: int, target: float, unit: Any) -
     return high
 
 
-COARSE_MIN_PAIRS = 4
-"""The coarse search runs where each of its sets gets at least this many pairs (16 pairs searched on). A pair's
-metric is one logit difference where an induction sequence's loss averages about 20 tokens: on Qwen2.5-Coder-0.5B's
-IOI with 8 pairs searched on, sets of 2 pairs put the node circuit at 1 head where the 8 pairs need 4
-(benchmarks/README.md, "The task search's passes")."""
+COARSE_MIN_PAIRS = 8
+"""The coarse search runs where each of its sets gets at least this many pairs (32 pairs searched on). A pair's
+metric is one logit difference where an induction sequence's loss averages about 20 tokens, and on
+Qwen2.5-Coder-0.5B's IOI smaller sets sent the search astray twice (benchmarks/README.md, "The task search's
+passes"): with 8 pairs searched on, sets of 2 put the node circuit at 1 head where the 8 pairs need 4; with 16 (the
+default scan's discovery set), sets of 4 put it at 45 heads, and galloping up from there to the 16 pairs' crossing
+at 61 cost 10 exact sizes, where the geometric sizes and bisection find a crossing at 55 heads in 7 (node stage
+15.84 -> 9.96 passes, the whole scan 68.68 -> 60.08)."""
 
 
 def _coarse_runner(runner: TaskRunner, clean_all: Tensor, patched_all: Tensor) -> tuple[Any, int, float, float]:
