@@ -210,7 +210,9 @@ SCAN_TABLE = {
     "kv_edges": tasks_only(["--kv-edges", "per-query-head"],
                            lambda c, p: c.task_kwargs["kv_edges"] == "per-query-head"),
     "edge_search": tasks_only(["--edge-search", "refined"], lambda c, p: c.task_kwargs["edge_search"] == "refined"),
-    "search": tasks_only(["--search", "masks"], lambda c, p: c.task_kwargs["search"] == "masks"),
+    "search": {"induction": (["--search", "masks"], lambda c, p: c.induction["search"] == "masks"),
+               **{kind: (["--search", "masks"], lambda c, p: c.task_kwargs["search"] == "masks")
+                  for kind in ("built-in task", "task file")}},
     "prepend_bos": tasks_only(["--prepend-bos", "yes"], lambda c, p: c.task_kwargs["prepend_bos"] is True),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),
@@ -433,3 +435,18 @@ def test_the_choices_written_out_for_help_are_the_librarys():
     choices = {action.dest: tuple(action.choices) for action in scan._actions if action.choices}
     assert choices["search"] == SEARCH_NAMES and choices["edge_search"] == EDGE_SEARCH_NAMES
     assert choices["kv_edges"] == KV_EDGES and choices["ig_points"] == IG_POINTS
+
+
+def test_the_induction_scan_takes_search(tmp_path, capsys):
+    """``circuitkit scan --search refined`` on the bundled model: at target 0.3 the refined search takes the ranked
+    3 heads to 2; the answer says so and ``scores.json`` records it (the library's circuit, tested beside
+    ``find_circuit`` in tests/test_task_options.py)."""
+    import json
+
+    from circuitkit import cli
+
+    assert cli.main(["scan", "--search", "refined", "--target", "0.3", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the refined search from the ranked top 3 chose these 2 heads" in out
+    data = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+    assert data["settings"]["search"] == "refined" and len(data["circuit"]["heads"]) == 2

@@ -33,14 +33,15 @@ FUZZ_MORE = int(os.environ.get("CIRCUITKIT_FUZZ_MORE", FUZZ_MORE))
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """The bundled model scanned (circuit, edge evidence, intervals, a random-set baseline and stability) and saved;
-    its parsed ``scores.json``."""
-    result = ck.scan(tokens=RepeatedTokens(batch=4, block_len=6), random_sets=2, stability=2)
+    """The bundled model scanned (circuit, edge evidence, intervals, a random-set baseline, stability and the refined
+    search) and saved; its parsed ``scores.json``."""
+    result = ck.scan(tokens=RepeatedTokens(batch=4, block_len=6), random_sets=2, stability=2, search="refined")
     directory = tmp_path_factory.mktemp("saved")
     result.save(directory)
     data = json.loads((directory / "scores.json").read_text(encoding="utf-8"))
     assert data["model"]["n_layers"] == 2 and data["model"]["n_heads"] == 4
     assert data["evidence"] is not None and data["circuit"]["random_baseline"] and data["circuit"]["stability"]
+    assert data["settings"]["search"] == "refined" and data["circuit"]["search"]["search"] == "refined"
     return data
 
 
@@ -97,6 +98,12 @@ CASES = {  # id -> (path, value, raw JSON literal for the placeholder or None, t
     "role of no score": ("settings.roles[0]", "induction: nosuch", None, "settings.roles[0]"),
     "stability jaccard 2": ("circuit.stability.jaccard", 2.0, None, "circuit.stability.jaccard"),
     "random sets size 99": ("circuit.random_baseline.size", 99, None, "circuit.random_baseline.size"),
+    "searched, no search record": ("circuit.search", None, None, "circuit.search"),
+    "search record of another search": ("settings.search", "masks", None, "circuit.search.search"),
+    "searched set of another size": ("circuit.search.size", 1, None, "circuit.search.size"),
+    "search started off the curve": ("circuit.search.start_size", 7, None, "circuit.search.start_size"),
+    "search of another faithfulness": ("circuit.search.faithfulness", 0.123, None, "circuit.search.faithfulness"),
+    "settings search ranked": ("settings.search", "ranked", None, "settings.search"),
 }
 
 

@@ -278,9 +278,9 @@ def test_scan_passes_a_tasks_ig_points_and_the_induction_scan_refuses_them(model
         ck.scan(model, ig_points="right")
 
 
-def test_scan_passes_a_tasks_node_search_and_the_induction_scan_refuses_it(model):
+def test_scan_passes_a_tasks_node_search(model):
     """``ck.scan(model, task=..., search=...)`` runs the task scan's node search (the same circuit and figures as
-    ``scan_task`` called directly); the induction scan names where its searches run."""
+    ``scan_task`` called directly)."""
     from circuitkit.tasks import scan_task
 
     via_scan = ck.scan(model, task=_task(), edges=False, search="refined")
@@ -289,5 +289,29 @@ def test_scan_passes_a_tasks_node_search_and_the_induction_scan_refuses_it(model
     assert via_scan.circuit.heads == direct.circuit.heads
     assert via_scan.circuit.faithfulness == pytest.approx(direct.circuit.faithfulness, abs=1e-6)
     assert ck.scan(model, task=_task(), edges=False).settings["search"]["name"] == "ranked"
-    with pytest.raises(ck.CircuitkitError, match=r"scan: search.*find_circuit"):
-        ck.scan(model, search="refined")
+
+
+@pytest.mark.parametrize("search", ["refined", "masks"])
+def test_the_induction_scan_searches_beyond_ranking(model, tmp_path, capsys, search):
+    """``ck.scan(model, search=...)``: at target 0.3 the bundled model's ranked circuit is 3 heads and the searches
+    find 2. The scan's circuit is ``find_circuit``'s on the same batch, its faithfulness what
+    :func:`circuitkit.faithfulness` measures for those heads, its random sets of the searched size; the record
+    saves, loads back and says what ran; the plan revision and the answer name the search."""
+    result = ck.scan(model, search=search, target=0.3, random_sets=2, edges=False, progress="lines")
+    assert f"the {search} search took them to 2" in capsys.readouterr().err
+    found = ck.find_circuit(model, search=search, target=0.3)
+    circuit = result.verified
+    assert circuit.search.search == search and circuit.search.start == 3
+    assert set(circuit.heads) == set(found.heads) and len(circuit.heads) == 2
+    assert circuit.faithfulness == pytest.approx(ck.faithfulness(model, circuit.heads), abs=1e-5)
+    assert circuit.faithfulness >= 0.3 and circuit.random_baseline.size == 2
+    result.save(tmp_path)
+    data = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+    assert data["settings"]["search"] == search
+    assert data["circuit"]["search"]["size"] == 2 and data["circuit"]["search"]["start_size"] == 3
+    back = ck.Scan.load(tmp_path)
+    assert back.verified.search.search == search and back.verified.heads == circuit.heads
+    back.save(tmp_path / "again")
+    page = (tmp_path / "again" / "report.html").read_text(encoding="utf-8")
+    assert f"the {search} search from the ranked top 3 chose these 2 heads" in page
+    assert "search" not in ck.scan(model, edges=False).to_json()["settings"]  # ranked: written as before

@@ -180,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "30-pass budget (refined)")
     # circuits.search.SEARCH_NAMES, not imported: --help stays free of torch
     scan.add_argument("--search", choices=("ranked", "refined", "masks"), default=None,
-                      help="how a task's node circuit is found: the smallest top-n set by EAP-IG score (ranked, "
-                      "default), that set refined by exact drops and swaps (refined) or learned node masks, every "
+                      help="how the circuit is chosen: the smallest top-n set (ranked, default; a task ranks by "
+                      "EAP-IG score), that set refined by exact drops and swaps (refined) or learned masks, every "
                       "step an exact set (masks)")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
@@ -254,8 +254,6 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "ig_points": ((INDUCTION,), "the induction scan's attribution is not EAP-IG along a task's input path"),
     "kv_edges": ((INDUCTION,), "the induction scan has no task edge graph"),
     "edge_search": ((INDUCTION,), "the induction scan has no task edge circuit to search"),
-    "search": ((INDUCTION,), "the induction scan's circuit is the ranked one (circuitkit.find_circuit runs the other "
-               "searches in Python)"),
 }
 
 
@@ -477,6 +475,7 @@ def run_scan(args: argparse.Namespace) -> int:
         random_sets=args.random_sets,
         stability=args.stability,
         edges=not args.no_edges,
+        search=args.search,
     )
     saved = result.save(out, png=args.png)
     if args.json:

@@ -54,6 +54,7 @@ from circuitkit import validate
 from circuitkit.circuits.attribution import GradientTap
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET, check_repeats
 from circuitkit.circuits.heldout import evaluation_passes, evaluation_seed, evaluation_spec, held_out
+from circuitkit.circuits.search import SEARCH_ESTIMATES
 from circuitkit.cpu_threads import warn_if_threads_spin
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
@@ -341,18 +342,23 @@ def circuit_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> No
     if method == "resample" and ctx is not None and ctx.corrupt == "resample":
         # the same resampled batch (seed) as edge attribution's corrupted run: that run is then not needed
         ctx.z_corrupt.update(values)
+    ablator, searching = Ablator(session.adapter, session.batch, values), settings.search != "ranked"
+    intervals = (settings.n_resamples, settings.ci_level, DEFAULT_SEED)
     try:
         # the attribution estimate ablates to the same values as the search (mean: the clean run's z means; zero):
         # minus it is the joint path's gradient at the clean end
         clean_gradient = -state.attribution.effect if method == state.attribution.method else None
-        state.verified = discover(Ablator(session.adapter, session.batch, values), order, settings.target, method,
-                                  state.run.repeated_loss, extra_passes=passes, progress=bar.advance,
-                                  rank=settings.circuit_rank, clean_gradient=clean_gradient,
-                                  clean_losses=state.run.repeated_per_sequence,
-                                  intervals=(settings.n_resamples, settings.ci_level, DEFAULT_SEED),
-                                  random_sets=settings.random_sets)
+        state.verified = discover(ablator, order, settings.target, method, state.run.repeated_loss,
+                                  extra_passes=passes, progress=bar.advance, rank=settings.circuit_rank,
+                                  clean_gradient=clean_gradient, clean_losses=state.run.repeated_per_sequence,
+                                  intervals=intervals, random_sets=0 if searching else settings.random_sets)
     except CircuitkitError as error:  # no head matters on this batch: the scan reports it and goes on
         state.verified, state.verified_error = None, str(error)
+    if state.verified is not None and searching:  # the ranked circuit searched further, its figures measured again
+        from circuitkit.circuits.search import search_found
+
+        state.verified = search_found(ablator, state.verified, settings.search, intervals=intervals,
+                                      random_sets=settings.random_sets, progress=bar.advance)
     if state.verified is not None and settings.evaluation_seed is not None:  # the found heads on held-out sequences
         state.verified = replace(state.verified, evaluation=held_out(
             session.adapter, evaluation_spec(block_len=settings.block_len, n_repeats=settings.n_repeats,
@@ -367,8 +373,13 @@ def _circuit_revision(state: ScanState) -> str:
     """Why the circuit stage's passes differ from its plan, in words."""
     if state.verified is None:
         return "no head changes the loss measurably, so the search stopped after its first pass"
-    sizes = len(state.verified.curve)
-    return f"the search measured {sizes} circuit sizes and stopped at {len(state.verified.heads)} heads"
+    sizes, searched = len(state.verified.curve), state.verified.search
+    said = f"the search measured {sizes} circuit sizes and stopped at {len(state.verified.heads)} heads"
+    if searched is None:
+        return said
+    took = f"took them to {searched.size}" if searched.size != searched.start else "kept them all"
+    return (f"the search measured {sizes} circuit sizes and stopped at {searched.start} heads; the {searched.search} "
+            f"search {took} in {searched.passes:.1f} passes")
 
 
 def stability_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:
@@ -436,7 +447,8 @@ STAGES = (
           estimate=lambda s, n_total: circuit_estimate(n_total, s.faithfulness_method, s.circuit_rank, s.with_edges,
                                                        batch=s.batch,
                                                        clean_end=s.faithfulness_method == s.ablation_method)
-          + 2 * s.random_sets + (0 if s.evaluation_seed is None else evaluation_passes(s.faithfulness_method)),
+          + 2 * s.random_sets + (0 if s.evaluation_seed is None else evaluation_passes(s.faithfulness_method))
+          + SEARCH_ESTIMATES.get(s.search, 0.0),
           run=circuit_stage),
     Stage("stability", reads=("session", "verified"), writes=("verified",),
           estimate=lambda s, n_total: stability_estimate(s.stability, n_total, s.faithfulness_method, s.circuit_rank,
@@ -496,9 +508,11 @@ def run_stages(state: ScanState, settings: ScanSettings, mode: str) -> tuple[Sta
 # ---------------------------------------------------------------------------------------------- settings
 def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: int, n_patch: int, circuit: bool,
                   target: float, faithfulness_method: str | None, circuit_rank: str, roles: Sequence[Role] | None,
-                  n_resamples: int, ci_level: float, random_sets: int, stability: int) -> dict[str, object]:
+                  n_resamples: int, ci_level: float, random_sets: int, stability: int,
+                  search: str | None = None) -> dict[str, object]:
     """The scan's options, each checked (a CircuitkitError naming the first bad one), before any model is read."""
     from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
+    from circuitkit.circuits.search import SEARCH_NAMES
 
     checked: dict[str, object] = {
         "ablate": validate.option("scan: ablate", ablate, ABLATE_OPTIONS),
@@ -516,6 +530,7 @@ def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: 
     checked["n_resamples"], checked["ci_level"], _ = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
     checked["random_sets"] = check_repeats("scan: random_sets", random_sets)
     checked["stability"] = check_repeats("scan: stability", stability)
+    checked["search"] = validate.option("scan: search", "ranked" if search is None else search, SEARCH_NAMES)
     return checked
 
 
@@ -636,9 +651,10 @@ def scan(
         edge_search: how a task's edge circuit is found, ``"ranked"`` (the smallest top-k set) or ``"refined"``
             (that set pruned and refined within a pass budget) (:func:`circuitkit.tasks.scan_task`; None: its
             default); the induction scan takes none.
-        search: how a task's node circuit is found, ``"ranked"`` (the smallest top-n set), ``"refined"`` (exact
-            drops and swaps from it) or ``"masks"`` (learned node masks) (:func:`circuitkit.tasks.scan_task`; None:
-            its default); the induction scan takes none here (:func:`circuitkit.find_circuit` runs its searches).
+        search: how the circuit is chosen (:mod:`circuitkit.circuits.search`): ``"ranked"`` (None, the default:
+            the smallest top-n set), ``"refined"`` (exact drops and swaps from it) or ``"masks"`` (learned masks);
+            every figure is then measured again on the searched set (random sets at its size), the curve stays the
+            ranking's. With a task: its node circuit (:func:`circuitkit.tasks.scan_task`).
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -647,7 +663,7 @@ def scan(
     options = check_options(ablate=ablate, ablate_top=ablate_top, ablation_method=ablation_method, top_k=top_k,
                             n_patch=n_patch, circuit=circuit, target=target, faithfulness_method=faithfulness_method,
                             circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
-                            random_sets=random_sets, stability=stability)
+                            random_sets=random_sets, stability=stability, search=search)
     device = validate.device("scan: device", device)
     edges = validate.boolean("scan: edges", edges)
     dtype = _check_dtype(model, dtype)
@@ -656,12 +672,11 @@ def scan(
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     model, name = _model_and_name(model, name, task, device=device, allow_download=allow_download, dtype=dtype)
     task_only = dict(prepend_bos=prepend_bos, metric=metric, holdout=holdout, target_on=target_on,  # a task's own
-                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search, search=search)
+                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
-        return _task_scan(model, task, target=options["target"], device=device, name=name, mode=mode,
-                          n_resamples=options["n_resamples"], ci_level=options["ci_level"], edges=edges,
-                          random_sets=options["random_sets"], stability=options["stability"], **task_only)
+        return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges, search=search,
+                          **task_only)
     _refuse_task_options(**task_only)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens, edges=edges)
@@ -719,21 +734,14 @@ def _load_named(model: Any, task: Any, *, device: Any, allow_download: bool, dty
     return load_model(model, device=device, allow_download=allow_download, dtype=dtype)
 
 
-_TASK_ONLY_WHY = {"search": "its circuit is the ranked one; circuitkit.find_circuit(model, search=...) runs the other "
-                            "searches on it"}
-"""Why the induction scan takes a task's option, where the general reason (:func:`_refuse_task_options`) is not it."""
-
-
 def _refuse_task_options(**given: Any) -> None:
     """The options that only a task takes (``holdout``, ``target_on``, ``metric``, ``prepend_bos``, ...) must be None
-    in the induction scan: it splits no pairs, reads the repeated-copies loss and sets its own BOS (the reasons that
-    differ: :data:`_TASK_ONLY_WHY`)."""
+    in the induction scan: it splits no pairs, reads the repeated-copies loss and sets its own BOS."""
     for key, value in given.items():
         if value is not None:
-            why = _TASK_ONLY_WHY.get(key, "it splits no pairs, reads the repeated-copies loss and sets its own BOS: "
-                                          "RepeatedTokens(bos=...)")
-            raise validate.fail(f"scan: {key}", value, f"None for the induction scan ({why}); the option applies to "
-                                "a task")
+            raise validate.fail(f"scan: {key}", value, "None for the induction scan (it splits no pairs, reads the "
+                                "repeated-copies loss and sets its own BOS: RepeatedTokens(bos=...)); the option "
+                                "applies to a task")
 
 
 def _refuse_induction_options(options: Mapping[str, object], tokens: RepeatedTokens | TokenBatch | None) -> None:
@@ -784,22 +792,23 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
     )
 
 
-def _task_scan(model: Any, task: Any, *, target: float, device: Any, name: str | None, mode: str,
-               n_resamples: int, ci_level: float, prepend_bos: Any = None, metric: Any = None,
-               holdout: float | None = None, target_on: str | None = None, edges: bool = True,
-               random_sets: int = 0, stability: int = 0, ig_points: str | None = None,
+def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any, name: str | None, mode: str,
+               prepend_bos: Any = None, metric: Any = None, holdout: float | None = None,
+               target_on: str | None = None, edges: bool = True, ig_points: str | None = None,
                kv_edges: str | None = None, edge_search: str | None = None, search: str | None = None) -> Any:
-    """A task's circuit (:func:`circuitkit.tasks.scan_task`), its progress in ``mode`` (the task scan's own plan
-    of passes, :mod:`circuitkit.tasks.stages`)."""
+    """A task's circuit (:func:`circuitkit.tasks.scan_task`) with the scan's checked ``options`` that apply to a task
+    (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``), its progress in ``mode`` (the task
+    scan's own plan of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
 
     if not isinstance(task, Task):
         if not isinstance(task, (str, os.PathLike)):
             raise validate.fail("scan: task", task, "a Task, a built-in task name or a task file's path")
         task = get_task(os.fspath(task), model)
-    return scan_task(model, task, target=target, device=device, name=name, progress=mode, n_resamples=n_resamples,
-                     ci_level=ci_level, prepend_bos=prepend_bos, metric=metric, edges=edges, random_sets=random_sets,
-                     stability=stability, **({} if holdout is None else {"holdout": holdout}),
+    return scan_task(model, task, target=options["target"], device=device, name=name, progress=mode,
+                     n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
+                     metric=metric, edges=edges, random_sets=options["random_sets"], stability=options["stability"],
+                     **({} if holdout is None else {"holdout": holdout}),
                      **({} if target_on is None else {"target_on": target_on}),
                      **({} if ig_points is None else {"ig_points": ig_points}),
                      **({} if kv_edges is None else {"kv_edges": kv_edges}),

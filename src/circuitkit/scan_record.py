@@ -106,6 +106,7 @@ class ScanSettings:
     random_sets: int = 0  # random head sets per kind measured beside the circuit (0: none)
     stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
     evaluation_seed: int | None = None  # seed of the held-out batch the circuit is also measured on (None: none)
+    search: str = "ranked"  # how the circuit is chosen: the ranked top-n set, or searched further from it
     token_range: tuple[int, int] | None = field(default=None, metadata=UNSAVED)  # the spec's, for that batch
     circuit: bool = field(default=True, metadata=UNSAVED)
     heads_per_score: int | None = None  # None: top_k
@@ -136,6 +137,8 @@ class ScanSettings:
                 del out[f.name]
         if self.evaluation_seed is None:  # no held-out batch: written as files before it were
             del out["evaluation_seed"]
+        if self.search == "ranked":  # the ranked circuit: written as files before other searches were
+            del out["search"]
         return out
 
 

@@ -556,13 +556,15 @@ def find_circuit(
     adapter, batch = session.adapter, session.batch
     spec = adapter.spec
     order = None if ranking is None else _ranking(ranking, spec.n_layers, spec.n_heads)
+    searching = search != "ranked"  # then the random sets are measured at the searched circuit's size
     found = search_batch(adapter, batch, target, method, order, necessity=necessity, rank=rank,
                          corrupt_seed=corrupt_seed, intervals=(n_resamples, ci_level, ci_seed),
-                         random_sets=random_sets)
-    if search != "ranked":  # the ranked circuit searched further, on the same ablation values
+                         random_sets=0 if searching else random_sets)
+    if searching:  # the ranked circuit searched further, on the same ablation values
         values, passes = ablation_values(adapter, batch, method, corrupt_seed=corrupt_seed)
         found = search_found(Ablator(adapter, batch, values), found, search, search_options, necessity=necessity,
-                             intervals=(n_resamples, ci_level, ci_seed), extra_passes=passes)
+                             intervals=(n_resamples, ci_level, ci_seed), extra_passes=passes,
+                             random_sets=random_sets)
     if stability:
         from dataclasses import replace
 

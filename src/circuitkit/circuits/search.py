@@ -77,6 +77,9 @@ from circuitkit import validate
 from circuitkit.circuits.curve import faithfulness_of
 
 SEARCH_NAMES = ("ranked", "refined", "masks")
+SEARCH_ESTIMATES = {"refined": 15.0, "masks": 40.0}
+"""A search's passes before it runs, roughly (IOI on a 0.5B model: refined 13, masks 40), for a progress plan: it
+depends on the circuit the ranked search finds, so the bar revises it as it goes."""
 DEFAULT_SWAPS = 4
 """Least harmful members and best non-members tried in the refined search's swaps (``4``: 24 sets a round)."""
 DEFAULT_SINGLES = 256
@@ -418,13 +421,15 @@ def induction_problem(ablator: Any, clean_loss: float, all_ablated: float, score
 
 def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] | None = None, *,
                  necessity: bool = True, intervals: tuple[int, float, int] | None = None, extra_passes: int = 0,
-                 ) -> Any:
+                 random_sets: int = 0, progress: Any = None) -> Any:
     """The induction circuit ``circuit`` (a :class:`~circuitkit.circuits.faithfulness.Circuit` found by ranking)
     searched further by ``name`` on ``ablator`` (an ``Ablator`` of the same batch and ablation): the same record with
     the searched ``heads`` (in ranking order), their ``faithfulness``, ``circuit_loss``, ``necessity`` and
     intervals (from the per-sequence losses of one more stacked call: nothing, everything, every head outside the
     circuit and, with ``necessity``, only the circuit ablated), ``passes`` grown by the search's and
-    ``extra_passes``, and ``search`` (the :class:`SearchResult`). The curve stays the ranking's."""
+    ``extra_passes``, and ``search`` (the :class:`SearchResult`). The curve stays the ranking's. ``random_sets``:
+    the random baseline measured at the searched set's size (:func:`circuitkit.circuits.baseline.measure`; a
+    baseline ``circuit`` holds, of the ranked size, is replaced); ``progress(passes)`` as they are spent."""
     from dataclasses import replace
 
     from circuitkit.circuits.intervals import circuit_intervals, head_mask
@@ -447,14 +452,25 @@ def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] 
     losses = ablator.losses(torch.stack(sets))
     rise = losses[3] - circuit.clean_loss if necessity else None
     bounds: dict[str, Any] = {}
+    clean_each = ablator.sequence_losses(sets[0]) if intervals is not None or random_sets else None
     if intervals is not None:
-        clean_each = ablator.sequence_losses(sets[0])
         bounds = circuit_intervals(ablator, ranking, [], heads, clean_each, necessity, *intervals)
         if bounds:
             bounds["curve"] = dict(circuit.intervals.get("curve", {}))
+    searched_passes = ablator.passes - before
+    if progress is not None:
+        progress(searched_passes)
+    baseline = getattr(circuit, "random_baseline", None)
+    if random_sets:
+        from circuitkit.circuits.baseline import measure
+        from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES
+
+        resamples, level, _ = intervals or (DEFAULT_RESAMPLES, DEFAULT_LEVEL, 0)
+        baseline = measure(ablator, heads, circuit.clean_loss, circuit.all_ablated_loss, clean_each, random_sets, 0,
+                           level, resamples, progress)
     return replace(circuit, heads=heads, faithfulness=result.faithfulness, circuit_loss=losses[2], necessity=rise,
-                   passes=circuit.passes + int(round(ablator.passes - before)) + extra_passes, intervals=bounds,
-                   search=result)
+                   passes=circuit.passes + int(round(searched_passes)) + extra_passes, intervals=bounds,
+                   search=result, random_baseline=baseline)
 
 
 __all__ = ["SEARCHES", "SEARCH_NAMES", "SearchProblem", "SearchResult", "induction_problem", "masks", "ranked",

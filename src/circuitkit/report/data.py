@@ -384,9 +384,12 @@ def circuit_explanations(scan: Scan) -> dict[str, str]:
     called = getattr(scan, "called", None) or {}
     groups = {role.group: (tuple(called.get(role.score, ())), scan.circuit_ablation[role.group]) for role in roles
               if role.group in (scan.circuit_ablation or {}) and scan.circuit_ablation[role.group] is not None}
+    # a searched set is not a prefix of the ranking the curve measures: no member's step on it is the set's (nor is
+    # the ranking saved, so a loaded scan could not say it)
+    order = [] if getattr(verified, "search", None) is not None else [tuple(h) for h in verified.ranking]
     return induction_explanations(
         members, calls=score_calls(scan.head_scores, members, labels), edges=edges, removal=removal,
-        order=[tuple(h) for h in verified.ranking], curve={p.size: float(p.faithfulness) for p in verified.curve},
+        order=order, curve={p.size: float(p.faithfulness) for p in verified.curve},
         ranked_by=RANKED_BY.get(getattr(verified, "ranked_by", "effect"), "attribution"),
         n_total=scan.model.n_layers * scan.model.n_heads, estimates=estimates,
         stability=None if stability is None else dict(stability.ranked()), groups=groups)
@@ -423,7 +426,7 @@ def circuit_json(scan: Scan) -> dict[str, Any] | None:
             for r in circuit_edges(scan)
         ],
     }
-    for key in ("random_baseline", "stability"):  # opt-in measurements, only where asked for
+    for key in ("random_baseline", "stability", "search"):  # opt-in measurements, only where asked for
         found = getattr(verified, key, None)
         if found is not None:
             out[key] = plain(found.to_json())

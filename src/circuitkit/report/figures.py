@@ -363,12 +363,13 @@ def answer_diagram(answer: Any) -> str:
 
 def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int,
                        whiskers: Mapping[int, tuple[float, float] | None] | None = None,
-                       baseline: tuple[float, float, float] | None = None, unit: str = "heads") -> str:
+                       baseline: tuple[float, float, float] | None = None, unit: str = "heads",
+                       ringed: str = "the circuit") -> str:
     """Faithfulness of the top-``n`` heads against ``n`` (every point measured exactly), a log2(n + 1) axis, the
     target dashed and the circuit's point ringed; ``whiskers``: ``n -> (lo, hi)``, each point's bootstrap interval
     over the batch's sequences; ``baseline``: ``(mean, lo, hi)`` of random head sets of the circuit's size, a grey
     cross with its whisker at the circuit's size; ``unit``: what ``n`` counts in the labels (a task's edge circuit
-    counts ``"edges"``)."""
+    counts ``"edges"``); ``ringed``: what the ringed size is, in the axis label."""
     width, height, ml, mr, mt, mb = 300, 170, 40, 12, 22, 34
     top_x = math.log2(total + 1) or 1.0
     whiskers = {n: w for n, w in (whiskers or {}).items() if w is not None}
@@ -425,7 +426,7 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
         parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{ring}><title>top {n} {unit}: faithfulness '
                      f"{f:.3f}</title></circle>")
     parts.append(f'<text x="{(width + ml) // 2}" y="{height - 4}" text-anchor="middle" fill="#555">{unit} kept '
-                 f"(ringed: the circuit, {chosen} of {total})</text></svg>")
+                 f"(ringed: {_esc(ringed)}, {chosen} of {total})</text></svg>")
     return "".join(parts)
 
 

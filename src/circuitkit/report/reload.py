@@ -192,6 +192,20 @@ class SavedRandomBaseline(SavedRecord):
         raise AttributeError(name)
 
 
+class SavedSearch(SavedRecord):
+    """A saved :class:`circuitkit.circuits.search.SearchResult` (a circuit searched beyond ranking): ``search``
+    (its name), ``start`` (the ranked circuit's size it started from), ``size``, ``passes``, ``faithfulness``."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "data":  # not set yet (a copy being built)
+            raise AttributeError(name)
+        if name == "start":
+            return self.data["start_size"]
+        if name in ("search", "size", "passes", "faithfulness"):
+            return self.data[name]
+        raise AttributeError(name)
+
+
 class SavedStability(SavedRecord):
     """A saved :class:`circuitkit.circuits.stability.Stability`: ``n_resamples``, ``jaccard``, ``passes`` and
     :meth:`ranked` (the inclusion shares, as saved: most often first)."""
@@ -281,6 +295,7 @@ def _circuit(data: dict[str, Any] | None) -> Any:
         random_baseline=None if data.get("random_baseline") is None else SavedRandomBaseline(data["random_baseline"]),
         stability=None if data.get("stability") is None else SavedStability(data["stability"]),
         evaluation=data.get("evaluation"),
+        search=None if data.get("search") is None else SavedSearch(data["search"]),
     )
 
 

@@ -60,7 +60,7 @@ SETTINGS_REQUIRED = ("block_len", "n_repeats", "batch", "seed", "ablate", "ablat
                      "n_patch", "target", "faithfulness_method", "attribution_method", "attribution_steps", "roles")
 SETTINGS_OPTIONS = {"ablate": ("top", "all", "none"), "ablation_method": ("mean", "zero"),
                     "faithfulness_method": ("mean", "zero", "resample"), "circuit_rank": ("joint", "effect", "auto"),
-                    "attribution_method": ("gradient", "ig")}
+                    "attribution_method": ("gradient", "ig"), "search": ("refined", "masks")}
 CHANNELS = ("q", "k", "v", "all")
 EVIDENCE_KEYS = ("src", "dst", "channel", "weight_only", "effect_only", "name")
 SCORE_RANGES = {"pattern": (0.0, 1.0)}
@@ -270,7 +270,7 @@ class ScoresCheck:
         self.effects(data["ablation"], "ablation")
         self.agreement(data["agreement"])
         self.composition(data["composition"])
-        self.circuit(data["circuit"])
+        self.circuit(data["circuit"], data["settings"].get("search", "ranked"))
         self.text(data["circuit_error"], "circuit_error", nullable=True)
         self.evidence(data["evidence"], data["settings"])
         for label, value in self.obj(data["circuit_ablation"], "circuit_ablation").items():
@@ -446,11 +446,13 @@ class ScoresCheck:
                 self.edge(e["src"], e["dst"], f"{at}.top_edges[{i}]")
                 self.number(e["score"], f"{at}.top_edges[{i}].score", 0.0, 1.0, tolerance=SCORE_TOLERANCE)
 
-    def circuit(self, value: Any) -> None:
+    def circuit(self, value: Any, search: str = "ranked") -> None:
+        """``circuit`` (:func:`circuitkit.report.data.circuit_json`) or null; ``search``: the settings' search (a
+        circuit searched beyond ranking holds that search's record, a ranked one none)."""
         required = ("heads", "faithfulness", "necessity", "target", "method", "losses", "curve", "passes",
                     "ranked_by", "roles", "edges")
         circuit = self.obj(value, "circuit", required, ("ci", "random_baseline", "stability", "explanations",
-                                                         "evaluation"),
+                                                         "evaluation", "search"),
                            nullable=True)
         if circuit is None:
             return
@@ -504,6 +506,39 @@ class ScoresCheck:
         self.random_baseline(circuit.get("random_baseline"), len(members))
         self.stability(circuit.get("stability"))
         self.evaluation(circuit.get("evaluation"))
+        self.searched(circuit.get("search"), search, circuit)
+
+    def searched(self, value: Any, search: str, circuit: dict[str, Any]) -> None:
+        """``circuit.search`` (:meth:`circuitkit.circuits.search.SearchResult.to_json`): present exactly where
+        ``settings.search`` is not ``"ranked"``, that search's, its size the circuit's and its faithfulness the
+        circuit's; the size it started from a point of the ranked curve."""
+        at = "circuit.search"
+        if (value is None) != (search == "ranked"):
+            raise self.fail(at, value, f"the record of the {search} search (settings.search)" if search != "ranked"
+                            else "absent: settings.search is ranked")
+        if value is None:
+            return
+        keys = ("search", "size", "start_size", "faithfulness", "passes", "trace", "settings")
+        record = self.obj(value, at, keys, ())
+        if record["search"] != search:
+            raise self.fail(f"{at}.search", record["search"], f"settings.search ({search!r})")
+        total = self.n_layers * self.n_heads
+        size = self.integer(record["size"], f"{at}.size", 1, total)
+        if size != len(circuit["heads"]):  # checked heads by now
+            raise self.fail(f"{at}.size", size, "the number of circuit.heads")
+        start = self.integer(record["start_size"], f"{at}.start_size", 1, total)
+        if start not in {point["n_heads"] for point in circuit["curve"]}:  # checked integers by now
+            raise self.fail(f"{at}.start_size", start, "a size of circuit.curve (the ranked circuit it started from)")
+        faithfulness = self.number(record["faithfulness"], f"{at}.faithfulness", nullable=False)
+        if not math.isclose(faithfulness, circuit["faithfulness"], rel_tol=RELATIVE_TOLERANCE, abs_tol=1e-9):
+            raise self.fail(f"{at}.faithfulness", faithfulness, "circuit.faithfulness (the searched set's)")
+        self.number(record["passes"], f"{at}.passes", 0.0, nullable=False)
+        for i, step in enumerate(self.array(record["trace"], f"{at}.trace")):
+            s = self.obj(step, f"{at}.trace[{i}]", ("step", "size", "faithfulness"), ())
+            self.text(s["step"], f"{at}.trace[{i}].step", non_empty=True)
+            self.integer(s["size"], f"{at}.trace[{i}].size", 0, total)
+            self.number(s["faithfulness"], f"{at}.trace[{i}].faithfulness", nullable=False)
+        self.obj(record["settings"], f"{at}.settings")
 
     def evaluation(self, value: Any) -> None:
         """``circuit.evaluation`` (:func:`circuitkit.circuits.heldout.held_out`); absent in files written before it

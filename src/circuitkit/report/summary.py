@@ -240,7 +240,8 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
         if diagram:  # beside the text, one above the other: the curve stays in view beside a long member list
             drawn = answer_diagram(answer)
             curve = faithfulness_curve(answer.curve, answer.target, len(answer.circuit), answer.n_total,
-                                       answer.curve_ci, _baseline_mark(answer))
+                                       answer.curve_ci, _baseline_mark(answer), ringed="the circuit" if (
+                                           answer.search is None) else f"the {answer.search.search} search's size")
             tall = int(drawn.split('height="', 1)[1].split('"', 1)[0]) > TALL_DIAGRAM
             figures = f'<div class="ck-answer-figures">{curve + drawn if tall else drawn + curve}</div>'
         return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
@@ -320,6 +321,7 @@ class Answer:
     random_baseline: Any = None  # circuits.baseline.RandomBaseline where measured
     stability: Any = None  # circuits.stability.Stability where measured
     evaluation: Any = None  # the circuit on a held-out batch (circuits.heldout.held_out's dict) where measured
+    search: Any = None  # circuits.search.SearchResult where a search beyond ranking chose the circuit
     edges_unmeasured: str | None = None  # why no edge between the circuit's heads was measured (None: some were)
     # head name -> what it does, from the scan's figures (data.circuit_explanations)
     explanations: Mapping[str, str] = field(default_factory=dict)
@@ -396,7 +398,7 @@ def find_answer(scan: Scan) -> Answer | None:
         intervals=(float(getattr(settings, "ci_level", 0.95)), int(getattr(settings, "n_resamples", 0)),
                    int(settings.batch)) if (bounds or circuit_bounds) else None,
         random_baseline=getattr(verified, "random_baseline", None), stability=getattr(verified, "stability", None),
-        evaluation=getattr(verified, "evaluation", None),
+        evaluation=getattr(verified, "evaluation", None), search=getattr(verified, "search", None),
         edges_unmeasured=edges_unmeasured(scan, tuple(h for h, _ in circuit), len(rows)),
         explanations=data.circuit_explanations(scan),
     )
@@ -467,6 +469,11 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
                       f"alone recovers {100 * answer.faithfulness:.0f}% of what all heads do; heads added in the "
                       f"order of {RANKED_BY.get(answer.ranked_by, answer.ranked_by)}; "
                       f"{answer.passes} forward passes)")]
+    found = answer.search
+    if found is not None:
+        faith.append(("text", f"; the {found.search} search from the ranked top {found.start} chose these "
+                              f"{found.size} heads ({found.passes:.0f} of those passes): the curve is the ranking's, "
+                              f"its point at {found.size} heads the top {found.size} by rank"))
     if answer.necessity is not None:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
                   ("num", f"{answer.necessity:+.2f}"), *_ci(answer.necessity_ci, "+.2f"), ("text", " nats (exact)")]

@@ -34,7 +34,7 @@ PAIRS_SHOWN = 5
 """Pairs the task section lists with their metric (every pair is in ``scores.json``)."""
 MEMBERS_OPEN = 8
 """The circuit's members, each explained on a line of the answer, sit in a ``<details>`` element that opens with
-the page up to this many; a larger circuit's (IOI on a 0.5B model: 61 heads) opens on a click, so that the
+the page up to this many; a larger circuit's (IOI on a 0.5B model: 55 heads) opens on a click, so that the
 diagram, the curves and the edges are not pushed a few screens down."""
 HEAD_TEXT = re.compile(r"(?<![\d.+\-])(\d+)\.(0|[1-9]\d*)(?!\d|\.\d)")
 """A head name in the answer's text (``1.2``; not a number such as ``+1.284`` or ``0.048``)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuitkit.circuits.faithfulness import COARSE_SETS, geometric_sizes
+from circuitkit.circuits.search import SEARCH_ESTIMATES
 from circuitkit.tasks.circuit import (
     COARSE_AFTER,
     COARSE_MIN_PAIRS,
@@ -110,11 +111,6 @@ def held_estimate(plan: PlanInputs, curve_sizes: int | None = None) -> float:
 def stability_estimate(plan: PlanInputs) -> float:
     """Each resample: its clean and corrupted runs (forward only), EAP-IG and the node search."""
     return plan.stability * (2 + 3 * plan.steps + node_estimate(plan.nodes, plan.pairs))
-
-
-SEARCH_ESTIMATES = {"refined": 15.0, "masks": 40.0}
-"""A search's passes before it runs, roughly (IOI on a 0.5B model: refined 13, masks 40): it depends on the
-circuit the ranked search finds, so the bar revises it as it goes."""
 
 
 TASK_STAGES = (
