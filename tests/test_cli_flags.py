@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -213,6 +214,12 @@ SCAN_TABLE = {
     "search": {"induction": (["--search", "masks"], lambda c, p: c.induction["search"] == "masks"),
                **{kind: (["--search", "masks"], lambda c, p: c.task_kwargs["search"] == "masks")
                   for kind in ("built-in task", "task file")}},
+    "search_passes": {
+        "induction": (["--search", "refined", "--search-passes", "40"],
+                      lambda c, p: c.induction["search_options"] == {"max_passes": 40.0}),
+        **{kind: (["--search", "refined", "--search-passes", "40"],
+                  lambda c, p: c.task_kwargs["search_options"] == {"max_passes": 40.0})
+           for kind in ("built-in task", "task file")}},
     "prepend_bos": tasks_only(["--prepend-bos", "yes"], lambda c, p: c.task_kwargs["prepend_bos"] is True),
     "device_map": every(lambda p: [str(p.model), "--device-map", "auto"],
                         lambda c, p: c.loaded["device_map"] == "auto" and "device" not in c.loaded),
@@ -450,3 +457,20 @@ def test_the_induction_scan_takes_search(tmp_path, capsys):
     assert "the refined search from the ranked top 3 chose these 2 heads" in out
     data = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
     assert data["settings"]["search"] == "refined" and len(data["circuit"]["heads"]) == 2
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--search-passes", "40"], "--search-passes.*with --search ranked"),
+    (["--search", "masks", "--search-passes", "40"], "--search-passes.*with --search masks"),
+    (["--search", "refined", "--search-passes", "0"], "--search-passes.*above 0"),
+    (["--search", "refined", "--search-passes", "nan"], "--search-passes.*above 0"),
+    (["--search", "refined", "--no-circuit"], "--search.*with --no-circuit"),
+])
+def test_search_passes_needs_the_refined_search(argv, needle, capsys):
+    """The pass budget is the refined search's: refused in one line without it (and a search without a circuit
+    search), before any model loads."""
+    from circuitkit import cli
+
+    assert cli.main(["scan", *argv]) != 0
+    err = capsys.readouterr().err
+    assert re.search(needle, err) and "Traceback" not in err, err

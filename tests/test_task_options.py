@@ -315,3 +315,20 @@ def test_the_induction_scan_searches_beyond_ranking(model, tmp_path, capsys, sea
     page = (tmp_path / "again" / "report.html").read_text(encoding="utf-8")
     assert f"the {search} search from the ranked top 3 chose these 2 heads" in page
     assert "search" not in ck.scan(model, edges=False).to_json()["settings"]  # ranked: written as before
+
+
+def test_search_options_bound_the_induction_search_and_are_checked_first(model):
+    """``search_options`` reach the induction scan's search: a budget of 1 pass stops the refined search before
+    its first round (the ranked 3 heads kept, the record saying why), where unbounded it finds 2; options the
+    search does not take, or options beside the ranked circuit, are refused before any pass, for both scans."""
+    bounded = ck.scan(model, search="refined", search_options={"max_passes": 1}, target=0.3, edges=False)
+    assert len(bounded.verified.heads) == 3 and bounded.verified.search.settings["max_passes"] == 1
+    assert "max_passes" in bounded.verified.search.settings["stopped"]
+    with pytest.raises(ck.CircuitkitError, match=r"scan: search_options.*options among .*max_passes"):
+        ck.scan(model, search="refined", search_options={"budget": 5})
+    with pytest.raises(ck.CircuitkitError, match=r"scan: search_options.*'ranked'"):
+        ck.scan(model, search_options={"max_passes": 5})
+    with pytest.raises(ck.CircuitkitError, match=r"scan: search_options.*options among"):
+        ck.scan(model, task=_task(), search="masks", search_options={"max_passes": 5})
+    with pytest.raises(ck.CircuitkitError, match=r"scan: search_options.*a dict"):
+        ck.scan(model, search="refined", search_options=[("max_passes", 5)])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -183,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how the circuit is chosen: the smallest top-n set (ranked, default; a task ranks by "
                       "EAP-IG score), that set refined by exact drops and swaps (refined) or learned masks, every "
                       "step an exact set (masks)")
+    scan.add_argument("--search-passes", type=_passes, default=None, metavar="N",
+                      help="the refined search's pass budget: it stops before a round that would pass N passes of "
+                      "the batch or pairs, keeping the circuit so far (default: none, until no member can go)")
     scan.add_argument("--prepend-bos", choices=("auto", "yes", "no"), default="auto",
                       help="a task's text prompts: the tokenizer's own BOS rule (auto, default), its BOS first (yes) "
                       "or the text's tokens alone (no)")
@@ -204,6 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring", "repeated-tokens")
 TASK_METRICS = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "next_token_logprob", "loss", "kl")
+
+
+def _passes(text: str) -> float:
+    """An argparse type: a pass budget, a finite number of passes above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and 0.0 < value <= 1e9):
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected a number of passes above 0, e.g. 40")
+    return value
 
 
 def _fraction(what: str, example: str, *, one: bool):
@@ -268,12 +283,18 @@ def _holdout(text: str) -> float:
     return value
 
 
+def _search_options(args: argparse.Namespace) -> dict[str, float] | None:
+    """``--search-passes N`` as the refined search's options (None where not given)."""
+    return None if args.search_passes is None else {"max_passes": args.search_passes}
+
+
 def _given_split(args: argparse.Namespace) -> dict[str, Any]:
-    """``holdout``, ``target_on``, ``ig_points``, ``kv_edges``, ``edge_search`` and ``search`` where the command line
-    gave them (else the task scan's own defaults)."""
+    """``holdout``, ``target_on``, ``ig_points``, ``kv_edges``, ``edge_search``, ``search`` and its options where the
+    command line gave them (else the task scan's own defaults)."""
     return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on),
                                           ("ig_points", args.ig_points), ("kv_edges", args.kv_edges),
-                                          ("edge_search", args.edge_search), ("search", args.search))
+                                          ("edge_search", args.edge_search), ("search", args.search),
+                                          ("search_options", _search_options(args)))
             if value is not None}
 
 
@@ -361,6 +382,9 @@ def refuse_unused_scan_options(args: argparse.Namespace, kind: str) -> None:
             _refuse(dest, f"with --task {args.task}", why)
     if "device" in given and args.device_map is not None:
         _refuse("device", "with --device-map", "the map places the model's parts on devices")
+    if "search_passes" in given and args.search != "refined":
+        _refuse("search_passes", f"with --search {args.search or 'ranked'}", "it is the refined search's pass "
+                "budget (the ranked circuit takes none; the masks search's cost is its steps)")
     if kind != INDUCTION:
         if args.quick and "no_edges" in given:
             _refuse("no_edges", "with --quick", "a quick task scan measures no edge circuit")
@@ -373,7 +397,7 @@ def refuse_unused_scan_options(args: argparse.Namespace, kind: str) -> None:
                 "it counts the heads ablated exactly under --ablate top")
     skipped = _skipped_flag(args)
     if skipped is not None:
-        for dest in ("target", "random_sets", "stability", "no_edges"):
+        for dest in ("target", "random_sets", "stability", "no_edges", "search", "search_passes"):
             if dest in given:
                 _refuse(dest, f"with {skipped}", "there is no circuit search")
     if args.json and "sort" in given:
@@ -476,6 +500,7 @@ def run_scan(args: argparse.Namespace) -> int:
         stability=args.stability,
         edges=not args.no_edges,
         search=args.search,
+        search_options=_search_options(args),
     )
     saved = result.save(out, png=args.png)
     if args.json:

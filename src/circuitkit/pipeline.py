@@ -357,8 +357,8 @@ def circuit_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> No
     if state.verified is not None and searching:  # the ranked circuit searched further, its figures measured again
         from circuitkit.circuits.search import search_found
 
-        state.verified = search_found(ablator, state.verified, settings.search, intervals=intervals,
-                                      random_sets=settings.random_sets, progress=bar.advance)
+        state.verified = search_found(ablator, state.verified, settings.search, settings.search_options,
+                                      intervals=intervals, random_sets=settings.random_sets, progress=bar.advance)
     if state.verified is not None and settings.evaluation_seed is not None:  # the found heads on held-out sequences
         state.verified = replace(state.verified, evaluation=held_out(
             session.adapter, evaluation_spec(block_len=settings.block_len, n_repeats=settings.n_repeats,
@@ -509,10 +509,10 @@ def run_stages(state: ScanState, settings: ScanSettings, mode: str) -> tuple[Sta
 def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: int, n_patch: int, circuit: bool,
                   target: float, faithfulness_method: str | None, circuit_rank: str, roles: Sequence[Role] | None,
                   n_resamples: int, ci_level: float, random_sets: int, stability: int,
-                  search: str | None = None) -> dict[str, object]:
+                  search: str | None = None, search_options: Any = None) -> dict[str, object]:
     """The scan's options, each checked (a CircuitkitError naming the first bad one), before any model is read."""
     from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
-    from circuitkit.circuits.search import SEARCH_NAMES
+    from circuitkit.circuits.search import SEARCH_NAMES, check_search_options
 
     checked: dict[str, object] = {
         "ablate": validate.option("scan: ablate", ablate, ABLATE_OPTIONS),
@@ -531,6 +531,7 @@ def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: 
     checked["random_sets"] = check_repeats("scan: random_sets", random_sets)
     checked["stability"] = check_repeats("scan: stability", stability)
     checked["search"] = validate.option("scan: search", "ranked" if search is None else search, SEARCH_NAMES)
+    checked["search_options"] = check_search_options("scan: search_options", checked["search"], search_options)
     return checked
 
 
@@ -586,6 +587,7 @@ def scan(
     kv_edges: str | None = None,
     edge_search: str | None = None,
     search: str | None = None,
+    search_options: dict[str, Any] | None = None,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -654,7 +656,9 @@ def scan(
         search: how the circuit is chosen (:mod:`circuitkit.circuits.search`): ``"ranked"`` (None, the default:
             the smallest top-n set), ``"refined"`` (exact drops and swaps from it) or ``"masks"`` (learned masks);
             every figure is then measured again on the searched set (random sets at its size), the curve stays the
-            ranking's. With a task: its node circuit (:func:`circuitkit.tasks.scan_task`).
+            ranking's. With a task: its node circuit (:func:`circuitkit.tasks.scan_task`). ``search_options``: the
+            search's own (e.g. ``{"max_passes": 40}``, the refined search's pass budget; ``circuit.search.settings``
+            in ``scores.json`` records what ran).
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -663,7 +667,7 @@ def scan(
     options = check_options(ablate=ablate, ablate_top=ablate_top, ablation_method=ablation_method, top_k=top_k,
                             n_patch=n_patch, circuit=circuit, target=target, faithfulness_method=faithfulness_method,
                             circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
-                            random_sets=random_sets, stability=stability, search=search)
+                            random_sets=random_sets, stability=stability, search=search, search_options=search_options)
     device = validate.device("scan: device", device)
     edges = validate.boolean("scan: edges", edges)
     dtype = _check_dtype(model, dtype)
@@ -675,8 +679,7 @@ def scan(
                      ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
-        return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges, search=search,
-                          **task_only)
+        return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges, **task_only)
     _refuse_task_options(**task_only)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens, edges=edges)
@@ -795,10 +798,10 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any, name: str | None, mode: str,
                prepend_bos: Any = None, metric: Any = None, holdout: float | None = None,
                target_on: str | None = None, edges: bool = True, ig_points: str | None = None,
-               kv_edges: str | None = None, edge_search: str | None = None, search: str | None = None) -> Any:
+               kv_edges: str | None = None, edge_search: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`) with the scan's checked ``options`` that apply to a task
-    (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``), its progress in ``mode`` (the task
-    scan's own plan of passes, :mod:`circuitkit.tasks.stages`)."""
+    (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``, ``search`` and its options), its
+    progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
 
     if not isinstance(task, Task):
@@ -813,7 +816,7 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                      **({} if ig_points is None else {"ig_points": ig_points}),
                      **({} if kv_edges is None else {"kv_edges": kv_edges}),
                      **({} if edge_search is None else {"edge_search": edge_search}),
-                     **({} if search is None else {"search": search}))
+                     search=options["search"], search_options=options["search_options"])
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,

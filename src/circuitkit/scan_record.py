@@ -107,6 +107,7 @@ class ScanSettings:
     stability: int = 0  # bootstrap resamples the circuit search was rerun on (0: none)
     evaluation_seed: int | None = None  # seed of the held-out batch the circuit is also measured on (None: none)
     search: str = "ranked"  # how the circuit is chosen: the ranked top-n set, or searched further from it
+    search_options: dict[str, Any] | None = field(default=None, metadata=UNSAVED)  # what ran: circuit.search.settings
     token_range: tuple[int, int] | None = field(default=None, metadata=UNSAVED)  # the spec's, for that batch
     circuit: bool = field(default=True, metadata=UNSAVED)
     heads_per_score: int | None = None  # None: top_k

@@ -547,11 +547,10 @@ def find_circuit(
     necessity = validate.boolean("find_circuit: necessity", necessity)
     rank = validate.option("find_circuit: rank", rank, RANKINGS)
     corrupt_seed = validate.seed("find_circuit: corrupt_seed", corrupt_seed)
-    from circuitkit.circuits.search import SEARCH_NAMES, search_found
+    from circuitkit.circuits.search import SEARCH_NAMES, check_search_options, search_found
 
     search = validate.option("find_circuit: search", search, SEARCH_NAMES)
-    if search_options is not None and not isinstance(search_options, dict):
-        raise validate.fail("find_circuit: search_options", search_options, "a dict of the search's options or None")
+    search_options = check_search_options("find_circuit: search_options", search, search_options)
     session = open_session(model, tokens, device)
     adapter, batch = session.adapter, session.batch
     spec = adapter.spec

@@ -359,14 +359,38 @@ SEARCHES: dict[str, Callable[..., SearchResult]] = {"ranked": ranked, "refined":
 """The registered searches by name, each ``(problem, start, target, **options) -> SearchResult``."""
 
 
+def _accepted(name: str, *, users: bool = False) -> set[str]:
+    """The options the search ``name`` takes (its keyword parameters); ``users``: those a user sets (not the start's
+    faithfulness or the progress, which the caller gives)."""
+    import inspect
+
+    given = ("problem", "start", "target") + (("start_faithfulness", "progress") if users else ())
+    return {p for p in inspect.signature(SEARCHES[name]).parameters if p not in given}
+
+
+def check_search_options(where: str, name: str, options: Any) -> dict[str, Any] | None:
+    """``options`` for the search ``name`` (validated) checked before any pass: None, or a dict of options the
+    search takes (their values are checked where it runs); none beside ``"ranked"``."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        raise validate.fail(where, options, "a dict of the search's options or None")
+    if name == "ranked" and options:
+        raise validate.fail(where, options, "None beside search='ranked' (the ranked circuit takes no options)")
+    accepted = _accepted(name, users=True)
+    unknown = sorted(set(options) - accepted, key=str)
+    if unknown:
+        raise validate.fail(where, validate.given(", ".join(map(str, unknown))),
+                            f"options among {', '.join(sorted(accepted)) or '(none)'} (the {name} search's)")
+    return dict(options)
+
+
 def run_search(name: str, problem: SearchProblem, start: Sequence[int], target: float, **options: Any,
                ) -> SearchResult:
     """The search ``name`` (:data:`SEARCHES`) with its options; unknown names and options refused."""
     name = validate.option("search", name, tuple(SEARCHES))
     fn = SEARCHES[name]
-    import inspect
-
-    accepted = {p for p in inspect.signature(fn).parameters if p not in ("problem", "start", "target")}
+    accepted = _accepted(name)
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise validate.fail(f"search {name!r}: options", validate.given(", ".join(unknown)),

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.circuits.curve import NoBehaviour
-from circuitkit.circuits.search import SEARCH_NAMES
+from circuitkit.circuits.search import SEARCH_NAMES, check_search_options
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units, reads_scored
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, KV_EDGES
@@ -488,8 +488,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     if node_search != "ranked" and (neuron_groups is not None or node_types):
         raise validate.fail("scan_task: search", search, "'ranked' beside neuron_groups or node_types (the other "
                             "searches choose among heads and MLPs)")
-    if search_options is not None and not isinstance(search_options, dict):
-        raise validate.fail("scan_task: search_options", search_options, "a dict of the search's options or None")
+    search_options = check_search_options("scan_task: search_options", node_search, search_options)
     edge_search = validate.option("scan_task: edge_search", edge_search, EDGE_SEARCH_NAMES)
     if edge_search_options is not None and not isinstance(edge_search_options, dict):
         raise validate.fail("scan_task: edge_search_options", edge_search_options, "a dict of the edge search's "
@@ -766,16 +765,7 @@ def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
     takes (not its start or progress, which the scan gives), a budget of None or at least 0 passes."""
     if name == "ranked":
         return {}
-    import inspect
-
-    from circuitkit.circuits.search import SEARCHES
-
-    accepted = set(inspect.signature(SEARCHES[name]).parameters) - {"problem", "start", "target",
-                                                                   "start_faithfulness", "progress"}
-    unknown = sorted(set(options or {}) - accepted)
-    if unknown:
-        raise validate.fail("scan_task: edge_search_options", validate.given(", ".join(map(str, unknown))),
-                            f"options among {', '.join(sorted(accepted))}")
+    options = check_search_options("scan_task: edge_search_options", name, options)
     out = {"max_passes": DEFAULT_EDGE_SEARCH_PASSES, **(options or {})}
     if out["max_passes"] is not None:
         out["max_passes"] = validate.real("scan_task: edge_search_options max_passes", out["max_passes"],
