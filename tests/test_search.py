@@ -231,13 +231,19 @@ def test_scan_task_search_replaces_the_node_circuit_and_says_which_ran(tmp_path)
 
     schema = json.loads((Path(tasks.__file__).parent / "task_scores.schema.json").read_text())
     jsonschema.validate(refined.to_json(), schema)
-    # the page says that the ringed size of each node curve is the searched set, not the curve's point there
+    # the page rings each node curve at the searched set's own figure, off the curve, and says so
+    import re
+
     from circuitkit.tasks.report import task_report
 
     page, plain = task_report(refined, compress=False), task_report(ranked, compress=False)
     n = len(c.heads) + len(c.mlps)
-    assert page.count(f"The ringed size is the refined search's circuit ({n} heads") == 2  # discovery, held out
-    assert "ringed size is the" not in plain
+    assert page.count(f"The ring is the refined search's circuit ({n} heads") == 2  # discovery, held out
+    rings = re.findall(r'class="ck-searched"[^>]*><title>([^<]*)</title>', page)
+    assert rings == [f"the refined set: {n} heads at faithfulness {c.faithfulness:.3f}",
+                     f"the refined set: {n} heads at faithfulness "
+                     f"{c.other_set['faithfulness']:.3f}"], rings
+    assert "The ring is the" not in plain and "ck-searched" not in plain
 
 
 def test_the_registry_holds_every_search_with_one_signature():

@@ -314,6 +314,8 @@ def test_the_induction_scan_searches_beyond_ranking(model, tmp_path, capsys, sea
     back.save(tmp_path / "again")
     page = (tmp_path / "again" / "report.html").read_text(encoding="utf-8")
     assert f"the {search} search from the ranked top 3 chose these 2 heads" in page
+    # the curve's ring is the searched set's own figure, off the ranking's curve (whose top 2 do nothing here)
+    assert ('class="ck-searched"' in page and f"2 heads at faithfulness {circuit.faithfulness:.3f}</title>" in page)
     assert "search" not in ck.scan(model, edges=False).to_json()["settings"]  # ranked: written as before
 
 

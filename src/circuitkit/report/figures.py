@@ -364,16 +364,19 @@ def answer_diagram(answer: Any) -> str:
 def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int,
                        whiskers: Mapping[int, tuple[float, float] | None] | None = None,
                        baseline: tuple[float, float, float] | None = None, unit: str = "heads",
-                       ringed: str = "the circuit") -> str:
+                       ringed: str = "the circuit", searched: float | None = None) -> str:
     """Faithfulness of the top-``n`` heads against ``n`` (every point measured exactly), a log2(n + 1) axis, the
     target dashed and the circuit's point ringed; ``whiskers``: ``n -> (lo, hi)``, each point's bootstrap interval
     over the batch's sequences; ``baseline``: ``(mean, lo, hi)`` of random head sets of the circuit's size, a grey
     cross with its whisker at the circuit's size; ``unit``: what ``n`` counts in the labels (a task's edge circuit
-    counts ``"edges"``); ``ringed``: what the ringed size is, in the axis label."""
+    counts ``"edges"``); ``ringed``: what the ringed size is, in the axis label; ``searched``: the faithfulness of
+    a set of ``chosen`` members found by a search beyond ranking (not the curve's top-``chosen`` set): the ring is
+    drawn there, off the curve, and the curve's own point at that size stays a dot."""
     width, height, ml, mr, mt, mb = 300, 170, 40, 12, 22, 34
     top_x = math.log2(total + 1) or 1.0
     whiskers = {n: w for n, w in (whiskers or {}).items() if w is not None}
-    values = [f for _, f in curve] + [v for w in whiskers.values() for v in w] + list(baseline or ())
+    values = ([f for _, f in curve] + [v for w in whiskers.values() for v in w] + list(baseline or ())
+              + ([] if searched is None else [searched]))
     lo = min(0.0, *values) if values else 0.0
     hi = max(1.0, *values) if values else 1.0
 
@@ -421,10 +424,14 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
         parts.append(f'<path class="ck-baseline" d="M{_f(bx)},{_f(y(low))}V{_f(y(high))}M{_f(bx - 3)},{_f(y(mean))}'
                      f'h6" stroke="#888" stroke-width="1.5"><title>random sets of {chosen} {unit}: faithfulness '
                      f"{mean:.3f} (interval {low:.3f} to {high:.3f})</title></path>")
+    ring = ' r="5" fill="none" stroke="#b2182b" stroke-width="2"'
     for n, f in curve:
-        ring = ' r="5" fill="none" stroke="#b2182b" stroke-width="2"' if n == chosen else ' r="2.5" fill="#2e6db4"'
-        parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{ring}><title>top {n} {unit}: faithfulness '
+        style = ring if n == chosen and searched is None else ' r="2.5" fill="#2e6db4"'
+        parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{style}><title>top {n} {unit}: faithfulness '
                      f"{f:.3f}</title></circle>")
+    if searched is not None:
+        parts.append(f'<circle class="ck-searched" cx="{_f(x(chosen))}" cy="{_f(y(searched))}"{ring}><title>'
+                     f"{_esc(ringed)}: {chosen} {unit} at faithfulness {searched:.3f}</title></circle>")
     parts.append(f'<text x="{(width + ml) // 2}" y="{height - 4}" text-anchor="middle" fill="#555">{unit} kept '
                  f"(ringed: {_esc(ringed)}, {chosen} of {total})</text></svg>")
     return "".join(parts)
