@@ -112,6 +112,9 @@ class Circuit:
     roles: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
     ranked_by: str = "effect"  # "effect" (single-head effects) | "joint" (joint-path integrated gradients)
     intervals: Mapping[str, Any] = field(default_factory=dict)
+    """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
+    ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
+    ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
     random_baseline: Any = None
     """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random sets of the circuit's size (where asked for)."""
     stability: Any = None
@@ -121,10 +124,7 @@ class Circuit:
     scan measures it where it drew its batch from a spec); None where not measured."""
     search: Any = None
     """:class:`~circuitkit.circuits.search.SearchResult` where a search beyond ranking chose ``heads``
-    (``find_circuit(search=...)``); None for the ranked circuit."""
-    """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
-    ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
-    ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
+    (``find_circuit(search=...)``, ``scan(search=...)``); None for the ranked circuit."""
 
     @property
     def n_heads(self) -> int:
