@@ -641,8 +641,8 @@ def scan(
             of the node circuit's size (:mod:`circuitkit.tasks.robustness`).
         stability: rerun the circuit search on that many bootstrap resamples of the batch: each head's inclusion
             frequency and the mean pairwise Jaccard (:mod:`circuitkit.circuits.stability`; a stage of its own,
-            each rerun about one circuit search plus an attribution pass; 0, the default: none). With a task: the
-            node search rerun on resamples of its pairs.
+            each rerun about one circuit search plus an attribution pass; 0, the default: none; the ranked search,
+            also beside ``search``). With a task: the node search rerun on resamples of its pairs.
         edges: measure the edges too (default): the induction scan's edge evidence (edge attribution and path
             patching of the circuit's edges), a task's edge circuit. ``False``: the circuit of heads (nodes) only.
         ig_points: a task's EAP-IG points, ``"left"`` (EAP-IG's own) or ``"right"``

@@ -55,6 +55,9 @@ UNITS = {
     "central range of the sets), ci (bootstrap over sequences)",
     "circuit.stability": "inclusion: share of bootstrap-resampled circuits holding the head; jaccard: mean pairwise "
     "Jaccard of those circuits, in [0, 1]",
+    "circuit.search": "the search beyond ranking that chose circuit.heads (settings.search): size and start_size "
+    "(heads: the searched set, the ranked circuit it started from), faithfulness a fraction as circuit.faithfulness, "
+    "passes of the batch, each accepted step of its trace",
     "circuit.evaluation": "the circuit's heads on a held-out batch of the same spec (seed: settings.evaluation_seed): "
     "faithfulness a fraction as circuit.faithfulness, necessity and losses nats",
     "circuit.edges.effect": "nats: exact change of the repeated-copies loss, path patching",
