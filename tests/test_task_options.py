@@ -299,7 +299,8 @@ def test_the_induction_scan_searches_beyond_ranking(model, tmp_path, capsys, sea
     saves, loads back and says what ran; the plan revision and the answer name the search."""
     result = ck.scan(model, search=search, target=0.3, random_sets=2, edges=False, progress="lines")
     assert f"the {search} search took them to 2" in capsys.readouterr().err
-    found = ck.find_circuit(model, search=search, target=0.3)
+    found = ck.find_circuit(model, search=search, target=0.3, random_sets=2)
+    assert found.random_baseline.size == len(found.heads) == 2  # the searched size, not the ranked 3
     circuit = result.verified
     assert circuit.search.search == search and circuit.search.start == 3
     assert set(circuit.heads) == set(found.heads) and len(circuit.heads) == 2
