@@ -121,7 +121,7 @@ def mib_sizes(n_edges: int) -> list[int]:
 
 def smallest(evaluate: Any, measured: dict[int, float], sizes: list[int], total: int, target: float) -> int:
     """The smallest ``n`` reaching ``target`` to within ``RESOLUTION`` of ``n``: the first of ``sizes`` (already in
-    ``measured``) reaching it, then bisection from the last size below it (as ``tasks.circuit._smallest``)."""
+    ``measured``) reaching it, then bisection from the last size below it (as ``circuits.faithfulness.smallest``)."""
     reached = [n for n in sorted(measured) if measured[n] >= target]
     if not reached:
         return total

@@ -118,7 +118,8 @@ def test_the_search_finds_every_answer_exactly_and_the_coarse_search_saves_passe
     """A rising curve over 336 nodes (Qwen2.5-0.5B's heads) with its answer at every size: the search returns it
     whatever the subset says (``offset``: where the subset's curve crosses instead); up to 16 nodes it is the exact
     search's (the same passes), past them a good subset saves passes."""
-    from circuitkit.tasks.circuit import COARSE_AFTER, _smallest
+    from circuitkit.circuits.faithfulness import coarse_search, smallest
+    from circuitkit.tasks.circuit import COARSE_AFTER
 
     N = 336
     for answer in range(1, N + 1):
@@ -137,8 +138,8 @@ def test_the_search_finds_every_answer_exactly_and_the_coarse_search_saves_passe
 
             measured = {0: 0.0, N: 1.0}
             sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-            found = _smallest(evaluate, sizes, N, 0.8, measured, coarse=coarse if use_coarse else None,
-                              coarse_after=COARSE_AFTER)
+            predict = (lambda low, high, coarse=coarse: coarse_search(coarse, low, high, 0.8)) if use_coarse else None
+            found = smallest(evaluate, sizes, N, 0.8, measured, predict=predict, predict_after=COARSE_AFTER)
             assert found == answer and measured[answer] >= 0.8 and measured.get(answer - 1, 0.0) < 0.8
             spent[use_coarse] = calls["exact"] + calls["coarse"]
             if use_coarse and answer > COARSE_AFTER + 1 and offset == 0:

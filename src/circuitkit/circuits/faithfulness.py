@@ -33,7 +33,8 @@ quarter of the sequences, four sizes per pass of the batch (``4, 16, 64, ...``, 
 finds where the answer lies in about three passes; the exact search then grows its bracket from there in steps
 ``1, 2, 4, ...`` on the whole batch (two passes when the coarse answer is right: the size and the one below it) and
 bisects. The answer is always the whole batch's, measured; only where the search looks first changes (the curve
-then holds the sizes around the answer, not the geometric ones).
+then holds the sizes around the answer, not the geometric ones). Both searches are the ones a task's node and edge
+circuits run (:func:`smallest`, :func:`coarse_search`), each engine giving its own measurement of a size.
 
 Heads matter together: a head whose own ablation does little (another head backs it up) can be needed once the
 heads around it are gone. Faithfulness measures sets, so the curve shows where the single-head ranking falls short
@@ -43,7 +44,7 @@ heads around it are gone. Faithfulness measures sets, so the curve shows where t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,30 +300,86 @@ def search(
 
     if all_ablated is None:
         all_ablated = run([0])[0]  # n = 0: every head ablated
-    measured = {0: (0.0, all_ablated), N: (1.0, clean_loss)}  # n = N: nothing ablated, the clean run
     check_loss_gap(clean_loss, all_ablated)  # before any other pass
+    losses = {0: all_ablated, N: clean_loss}  # n = 0: every head ablated; n = N: nothing ablated, the clean run
+
+    def evaluate(n: int) -> float:
+        losses[n] = run([n])[0]
+        return faithfulness_of(losses[n], clean_loss, all_ablated)
+
+    faith = {0: 0.0, N: 1.0}
+    if predicted is None or N < 2:
+        n = smallest(evaluate, [n for n in geometric_sizes(N) if n < N], N, target, faith)
+    else:  # the prediction kept inside (0, N): the bracket grows from it towards the target's side
+        n = smallest(evaluate, [], N, target, faith, predict=lambda low, high: min(max(int(predicted), 1), N - 1))
+    return n, all_ablated, losses[n], {k: (faith[k], losses[k]) for k in faith}
+
+
+def smallest(evaluate: Callable[[int], float], sizes: Sequence[int], total: int, target: float,
+             measured: dict[int, float], *, resolution: float = 0.0, predict: Callable[[int, int], int] | None = None,
+             predict_after: int = 0) -> int:
+    """The smallest ``n`` whose ``evaluate(n) -> faithfulness`` reaches ``target``, to within ``resolution`` of
+    ``n`` (relative; 0: exactly, ``n - 1`` measured below it): the one exact search of both engines' circuits
+    (heads, a task's nodes and edges). ``measured`` holds the points known (``0`` and ``total`` at least) and
+    collects every point measured; ``total`` where none reaches the target.
+
+    ``evaluate`` at ``sizes`` in order until one reaches ``target`` (with ``predict``: only those up to
+    ``predict_after``), then bisection between the last point below it and the first at or above it. With
+    ``predict(low, high) -> n`` (where the answer likely lies in the bracket: a coarse search on a subset,
+    :func:`coarse_search`) and no size up to ``predict_after`` reaching the target, the bracket first grows from
+    the prediction in steps of ``1, 2, 4, ...`` units (:func:`gallop`: two passes where the prediction is right),
+    then bisects. Every point is measured, never interpolated: where the curve crosses the target once the answer
+    is the smallest size reaching it; where it dips back below, a size reaching it whose predecessor was measured
+    short of it. Only where the search looks first depends on the prediction."""
+
+    def unit(n: int) -> int:
+        return max(1, int(resolution * n))
 
     def reaches(n: int) -> bool:
         if n not in measured:
-            loss = run([n])[0]
-            measured[n] = (faithfulness_of(loss, clean_loss, all_ablated), loss)
-        return measured[n][0] >= target
+            measured[n] = evaluate(n)
+        return measured[n] >= target
 
-    if predicted is None or N < 2:
-        for n in [n for n in geometric_sizes(N) if n < N]:  # in order: the sizes past the first reaching the
-            if reaches(n):                                  # target are not run
-                break
-        high = min(n for n in measured if n > 0 and measured[n][0] >= target)
-        low = max(n for n in measured if n < high)
-    else:
-        low, high = gallop(min(max(int(predicted), 1), N - 1), 0, N, reaches)
-    while high - low > 1:  # bisection: smallest n at or above the target between low (below) and high (at/above)
+    for n in sizes:
+        if (predict is not None and n > predict_after) or reaches(n):
+            break
+    reached = [n for n in sorted(measured) if measured[n] >= target]
+    if not reached:
+        return total
+    high = reached[0]
+    low = max([n for n in measured if n < high], default=0)
+    if predict is not None and low >= predict_after and high - low > unit(high):
+        low, high = gallop(predict(low, high), low, high, reaches, unit)
+    while high - low > unit(high):  # bisection: low below the target, high at or above it
         mid = (low + high) // 2
         if reaches(mid):
             high = mid
         else:
             low = mid
-    return high, all_ablated, measured[high][1], measured
+    return high
+
+
+def coarse_search(measure: Callable[[list[int]], list[float]], low: int, high: int, target: float,
+                  unit: Callable[[int], int] | None = None, first: Sequence[int] = ()) -> int:
+    """Where an exact search should look first (:func:`smallest`'s ``predict``): a ``COARSE_SETS + 1``-ary search
+    between ``low`` (below the target) and ``high`` (at or above it) whose every round measures up to
+    :data:`COARSE_SETS` sizes in one call of ``measure(sizes) -> [faithfulness]`` (stacked on a subset of the
+    batch or pairs), evenly inside the bracket (the first round ``first`` where given), until the bracket is one
+    ``unit(size)`` wide (default 1); its upper end."""
+    unit = unit or (lambda n: 1)
+    sizes = [n for n in first if low < n < high]
+    while high - low > unit(high):
+        if not sizes:
+            step = (high - low) / (COARSE_SETS + 1)
+            sizes = sorted({min(high - 1, max(low + 1, round(low + step * j))) for j in range(1, COARSE_SETS + 1)})
+        for n, value in zip(sizes, measure(sizes), strict=True):
+            if value >= target:
+                high = min(high, n)
+            elif n < high:
+                low = max(low, n)
+        low = min(low, high - 1)
+        sizes = []
+    return high
 
 
 def gallop(start: int, low: int, high: int, reaches: Any, unit: Any = None) -> tuple[int, int]:
@@ -372,24 +429,18 @@ def coarse_size(ablator: Ablator, ranking: Sequence[Head], target: float, clean_
     sub = ablator.subset(k)
     spec = ablator.adapter.spec
     N = len(ranking)
-    low, high, passes = 0, N, 0
-    sizes = [4 ** i for i in range(1, COARSE_SETS + 1) if 4 ** i < N]
-    while high - low > 1:
-        if not sizes:  # later rounds: evenly inside the bracket
-            step = (high - low) / (COARSE_SETS + 1)
-            sizes = sorted({min(high - 1, max(low + 1, round(low + step * j))) for j in range(1, COARSE_SETS + 1)})
+    passes = 0
+
+    def measure(sizes: list[int]) -> list[float]:
+        nonlocal passes
         masks = torch.stack([_mask(ranking[:n], spec.n_layers, spec.n_heads, keep=True) for n in sizes])
         losses = sub.losses(masks)
         passes += 1
         if progress is not None:
             progress(1)
-        for n, loss in zip(sizes, losses, strict=True):
-            if faithfulness_of(loss, clean, everything) >= target:
-                high = min(high, n)
-            elif n < high:
-                low = max(low, n)
-        low = min(low, high - 1)
-        sizes = []
+        return [faithfulness_of(loss, clean, everything) for loss in losses]
+
+    high = coarse_search(measure, 0, N, target, first=[4 ** i for i in range(1, COARSE_SETS + 1)])
     return high, passes
 
 

@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from circuitkit.circuits.curve import CurvePoint, NoBehaviour, check_gap, faithfulness_of, has_gap
-from circuitkit.circuits.faithfulness import gallop, geometric_sizes
+from circuitkit.circuits.faithfulness import coarse_search, geometric_sizes, smallest
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.ranking import head_name
@@ -188,65 +188,6 @@ searched for coarsely, where the exact sizes and bisection would cost about ``2 
 (benchmarks/README.md, "The task search's passes"): a coarse search from ``n = 1`` on IOI's 16 pairs (sets of 4)
 put the circuit at 1 head where the pairs need 3, and cost 7 passes for the exact search's 6; its edge search, between
 MIB's sizes on a curve that dips, 26 for 23."""
-
-
-def _smallest(evaluate: Any, sizes: list[int], total: int, target: float, measured: dict[int, float],
-              resolution: float = 0.0, coarse: Any = None, coarse_after: int = 0) -> int:
-    """The smallest ``n`` whose ``evaluate(n) -> faithfulness`` (on the pairs) reaches ``target``, to within
-    ``resolution`` of ``n`` (relative; 0: exactly, ``n - 1`` measured below it); ``measured`` holds the points known
-    (``0`` and ``total`` at least) and collects every point measured. Returns ``total`` when none reaches it.
-
-    ``evaluate`` at ``sizes`` in order until one reaches ``target`` (without ``coarse``: all of them; with it: those
-    up to ``coarse_after``), then bisection between the last point below it and the first at or above it. With
-    ``coarse(sizes) -> [faithfulness]`` (several sizes in one stacked pass on a subset of the pairs:
-    :func:`_coarse_search`) and no size up to ``coarse_after`` reaching the target, the coarse search first narrows
-    the bracket to where the subset's answer lies, then the exact search gallops from that answer in steps of
-    ``1, 2, 4, ...`` units (two passes where the subset's answer is the pairs' one) and bisects. Every point is
-    measured on the pairs, never interpolated; only where the search looks first changes."""
-
-    def unit(n: int) -> int:
-        return max(1, int(resolution * n))
-
-    def reaches(n: int) -> bool:
-        if n not in measured:
-            measured[n] = evaluate(n)
-        return measured[n] >= target
-
-    for n in sizes:
-        if (coarse is not None and n > coarse_after) or reaches(n):
-            break
-    reached = [n for n in sorted(measured) if measured[n] >= target]
-    if not reached:
-        return total
-    high = reached[0]
-    low = max([n for n in measured if n < high], default=0)
-    if coarse is not None and low >= coarse_after and high - low > unit(high):
-        low, high = gallop(_coarse_search(coarse, low, high, target, unit), low, high, reaches, unit)
-    while high - low > unit(high):
-        mid = (low + high) // 2
-        if reaches(mid):
-            high = mid
-        else:
-            low = mid
-    return high
-
-
-def _coarse_search(coarse: Any, low: int, high: int, target: float, unit: Any) -> int:
-    """Where the exact search should look first: a ``COARSE_SETS + 1``-ary search between ``low`` (below the target)
-    and ``high`` (at or above it) whose every round measures ``COARSE_SETS`` sizes evenly inside the bracket in one
-    call of ``coarse(sizes) -> [faithfulness]``, until the bracket is one unit wide; its upper end."""
-    from circuitkit.circuits.faithfulness import COARSE_SETS
-
-    while high - low > unit(high):
-        step = (high - low) / (COARSE_SETS + 1)
-        sizes = sorted({min(high - 1, max(low + 1, round(low + step * j))) for j in range(1, COARSE_SETS + 1)})
-        for n, value in zip(sizes, coarse(sizes), strict=True):
-            if value >= target:
-                high = min(high, n)
-            elif n < high:
-                low = max(low, n)
-        low = min(low, high - 1)
-    return high
 
 
 COARSE_MIN_PAIRS = 8
@@ -396,7 +337,8 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
                 progress(runner.passes - before)
             return [faithfulness_of(float(v), sub_clean, sub_patched) for v in values]
 
-    n = _smallest(evaluate, sizes, N, target, measured, coarse=coarse, coarse_after=COARSE_AFTER)
+    n = smallest(evaluate, sizes, N, target, measured, predict_after=COARSE_AFTER,
+                 predict=None if coarse is None else (lambda low, high: coarse_search(coarse, low, high, target)))
     kept = order[:n]
     before = runner.passes
     only_pairs = runner.patched_metric({k: (~v)[None] for k, v in masks(kept).items()}, per_pair=True)[0]
@@ -477,7 +419,7 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
 
     # bisection between MIB's two sizes around the target (2 to 2.5 apart): about six passes; a coarse search there
     # measured more (COARSE_AFTER)
-    k = _smallest(evaluate, curve_sizes, E, target, measured, EDGE_RESOLUTION)
+    k = smallest(evaluate, curve_sizes, E, target, measured, resolution=EDGE_RESOLUTION)
     names = graph.edge_names(index[order[:k]])
     strongest = order[:min(k, N_EXACT_EDGES)].tolist()
     effects: list[EdgeEffect] = []
