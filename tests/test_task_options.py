@@ -278,7 +278,7 @@ def test_scan_passes_a_tasks_ig_points_and_the_induction_scan_refuses_them(model
         ck.scan(model, ig_points="right")
 
 
-def test_scan_passes_a_tasks_node_search(model):
+def test_scan_passes_a_tasks_node_search(model, tmp_path):
     """``ck.scan(model, task=..., search=...)`` runs the task scan's node search (the same circuit and figures as
     ``scan_task`` called directly)."""
     from circuitkit.tasks import scan_task
@@ -288,7 +288,16 @@ def test_scan_passes_a_tasks_node_search(model):
     assert via_scan.settings["search"]["name"] == "refined"
     assert via_scan.circuit.heads == direct.circuit.heads
     assert via_scan.circuit.faithfulness == pytest.approx(direct.circuit.faithfulness, abs=1e-6)
-    assert ck.scan(model, task=_task(), edges=False).settings["search"]["name"] == "ranked"
+    ranked = ck.scan(model, task=_task(), edges=False)
+    assert ranked.settings["search"] == {"name": "ranked", "options": {}, "passes": ranked.settings["search"]["passes"]}
+    found = via_scan.settings["search"]
+    assert found["ranked_size"] == len(ranked.circuit.heads) and found["stopped"] is not None
+    assert f"the refined search from the ranked {found['ranked_size']} in" in via_scan.answer()
+    bounded = ck.scan(model, task=_task(), edges=False, search="refined", search_options={"max_passes": 1})
+    assert bounded.settings["search"]["stopped"] == "max_passes"
+    assert "stopped by its pass budget, so not known to be 1-minimal" in bounded.answer()
+    bounded.save(tmp_path)
+    assert ck.Scan.load(tmp_path).answer() == bounded.answer()  # the search's record loads back
 
 
 @pytest.mark.parametrize("search", ["refined", "masks"])

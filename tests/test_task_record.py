@@ -207,6 +207,8 @@ CASES = {  # id -> (path, value, the field the error names)
     "held-out interval end null": ("circuit.other_set.ci.faithfulness[1]", None, "circuit.other_set.ci.faithfulness"),
     "circuit interval end null": ("circuit.ci.cpr[0]", None, "circuit.ci.cpr"),
     "mlps off beside MLP scores": ("settings.mlps", False, "mlps.score"),
+    "a ranked circuit's search start": ("settings.search.ranked_size", 3, "settings.search.ranked_size"),
+    "a search's stop not text": ("settings.search.stopped", 5, "settings.search.stopped"),
 }
 
 

@@ -154,6 +154,16 @@ class TaskScan:
         legend = self.legend()
         return "\n".join(self._lines() + ([legend] if legend else []))
 
+    def _searched(self) -> str:
+        """How a search beyond ranking chose the node circuit, for its line (nothing for the ranked circuit)."""
+        found = self.settings.get("search") or {}
+        if found.get("name", "ranked") == "ranked":
+            return ""
+        start = f" from the ranked {found['ranked_size']}" if found.get("ranked_size") else ""
+        budget = ("; stopped by its pass budget, so not known to be 1-minimal" if found.get("stopped") == "max_passes"
+                  else "")
+        return f"; the {found['name']} search{start} in {found.get('passes') or 0:.0f} passes{budget}"
+
     def _lines(self) -> list[str]:
         t = self.task
         lines = [f"Task {t.name!r}: {t.n_pairs} pairs, metric {metric_label(t.metric)} ({metric_units(t.metric)}): "
@@ -172,8 +182,8 @@ class TaskScan:
             mlps += f" and {len(members)} of {total} {noun or name + ' nodes'} ({listed or 'none'})"
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
-                     f"{c.target}); patching only them loses {c.necessity:+.3f}{_ci(c.intervals.get('necessity'))}. "
-                     f"Heads: {heads}.")
+                     f"{c.target}{self._searched()}); patching only them loses {c.necessity:+.3f}"
+                     f"{_ci(c.intervals.get('necessity'))}. Heads: {heads}.")
         lines += [f"  {name}: {text}." for name, text in (member_explanations(self) or {}).items()]
         other = c.other_set
         if other is not None:
@@ -608,7 +618,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
             scores = None
             node_scores, typed = stage("attribute", lambda advance: runner.node_attribution(steps, ig_points))
-        circuit, error, baseline, stable = None, None, None, None
+        circuit, error, baseline, stable, node_result = None, None, None, None, None
         try:
             heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs, members = stage(
                 "nodes", lambda advance: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes,
@@ -616,7 +626,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                 lambda found: f"the search measured {len(found[4]) - 2} sizes and stopped at "
                               f"{len(found[0]) + len(found[1])} nodes")
             if node_search != "ranked":  # the searched circuit replaces the ranked one (tasks/search.py)
-                searched, _ = stage("search", lambda advance: search_node_circuit(
+                searched, node_result = stage("search", lambda advance: search_node_circuit(
                     node_search, search, node_scores, (heads, circuit_mlps, faith, necessity, curve, all_patched,
                                                        n_nodes, pairs), target, rank, mlp_nodes=mlp_nodes,
                     options=search_options))
@@ -716,6 +726,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     search_stage = "search" if node_search != "ranked" else "nodes"  # which search ran, and its passes
     settings["search"] = {"name": node_search, "options": dict(search_options or {}),
                           "passes": next((s.passes for s in stages if s.name == search_stage), None)}
+    if node_result is not None:  # where it started, and why it stopped (a pass budget: not known to be 1-minimal)
+        settings["search"].update(ranked_size=node_result.start, stopped=node_result.settings.get("stopped"))
     edge_stage = "edge-search" if edge_search != "ranked" else "edges"
     settings["edge_search"] = {"name": edge_search, "options": edge_options if edge_search != "ranked" else {},
                                "passes": next((s.passes for s in stages if s.name == edge_stage), None),

@@ -195,10 +195,16 @@ class TaskScoresCheck(ScoresCheck):
         if "search" in settings:  # which node search ran
             from circuitkit.circuits.search import SEARCH_NAMES
 
-            search = self.obj(settings["search"], "settings.search", ("name", "options", "passes"))
-            self.option(search["name"], "settings.search.name", SEARCH_NAMES)
+            search = self.obj(settings["search"], "settings.search", ("name", "options", "passes"),
+                              ("ranked_size", "stopped"))
+            name = self.option(search["name"], "settings.search.name", SEARCH_NAMES)
             self.obj(search["options"], "settings.search.options")
             self.number(search["passes"], "settings.search.passes", 0.0)
+            self.integer(search.get("ranked_size"), "settings.search.ranked_size", 1, nullable=True)
+            self.text(search.get("stopped"), "settings.search.stopped", nullable=True)
+            if name == "ranked" and ("ranked_size" in search or "stopped" in search):
+                raise self.fail("settings.search.ranked_size", search.get("ranked_size"), "absent where the node "
+                                "circuit is the ranked one (no search ran from it)")
         if "edge_search" in settings:  # which edge search ran
             from circuitkit.tasks.search import EDGE_SEARCH_NAMES
 
