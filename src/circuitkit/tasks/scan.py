@@ -629,7 +629,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                 searched, node_result = stage("search", lambda advance: search_node_circuit(
                     node_search, search, node_scores, (heads, circuit_mlps, faith, necessity, curve, all_patched,
                                                        n_nodes, pairs), target, rank, mlp_nodes=mlp_nodes,
-                    options=search_options))
+                    options=search_options),
+                    lambda out: f"{out[1].start} -> {out[1].size} nodes at {out[1].faithfulness:.3f}, "
+                                + _stopped(out[1].settings.get("stopped")))
                 heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = searched
         except NoBehaviour as exc:  # reported, not raised
             error = str(exc)
@@ -765,6 +767,13 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
             "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
     )
+
+
+def _stopped(reason: str | None) -> str:
+    """Why a search beyond ranking stopped, in words (its pass budget: the set is not known to be 1-minimal)."""
+    if reason == "max_passes":
+        return "stopped by its pass budget, so not known to be 1-minimal"
+    return "all its steps ran" if reason is None else f"stopped: {reason}"
 
 
 def _count(n: int, noun: str) -> str:
