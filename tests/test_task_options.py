@@ -336,6 +336,9 @@ def test_search_options_bound_the_induction_search_and_are_checked_first(model):
     bounded = ck.scan(model, search="refined", search_options={"max_passes": 1}, target=0.3, edges=False)
     assert len(bounded.verified.heads) == 3 and bounded.verified.search.settings["max_passes"] == 1
     assert "max_passes" in bounded.verified.search.settings["stopped"]
+    from circuitkit.report.summary import answer_lines
+
+    assert "stopped by its pass budget, so not known to be 1-minimal" in "\n".join(answer_lines(bounded))
     with pytest.raises(ck.CircuitkitError, match=r"scan: search_options.*options among .*max_passes"):
         ck.scan(model, search="refined", search_options={"budget": 5})
     with pytest.raises(ck.CircuitkitError, match=r"scan: search_options.*'ranked'"):

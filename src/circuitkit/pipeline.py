@@ -377,9 +377,11 @@ def _circuit_revision(state: ScanState) -> str:
     said = f"the search measured {sizes} circuit sizes and stopped at {len(state.verified.heads)} heads"
     if searched is None:
         return said
+    from circuitkit.circuits.search import stop_words
+
     took = f"took them to {searched.size}" if searched.size != searched.start else "kept them all"
     return (f"the search measured {sizes} circuit sizes and stopped at {searched.start} heads; the {searched.search} "
-            f"search {took} in {searched.passes:.1f} passes")
+            f"search {took} in {searched.passes:.1f} passes, {stop_words(searched.settings.get('stopped'))}")
 
 
 def stability_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:

@@ -359,6 +359,14 @@ SEARCHES: dict[str, Callable[..., SearchResult]] = {"ranked": ranked, "refined":
 """The registered searches by name, each ``(problem, start, target, **options) -> SearchResult``."""
 
 
+def stop_words(reason: str | None) -> str:
+    """Why a search beyond ranking stopped (:attr:`SearchResult.settings` ``["stopped"]``), in words: a pass budget
+    leaves a set not known to be 1-minimal."""
+    if reason == "max_passes":
+        return "stopped by its pass budget, so not known to be 1-minimal"
+    return "all its steps ran" if reason is None else f"stopped: {reason}"
+
+
 def _accepted(name: str, *, users: bool = False) -> set[str]:
     """The options the search ``name`` takes (its keyword parameters); ``users``: those a user sets (not the start's
     faithfulness or the progress, which the caller gives)."""

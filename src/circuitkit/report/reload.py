@@ -194,14 +194,15 @@ class SavedRandomBaseline(SavedRecord):
 
 class SavedSearch(SavedRecord):
     """A saved :class:`circuitkit.circuits.search.SearchResult` (a circuit searched beyond ranking): ``search``
-    (its name), ``start`` (the ranked circuit's size it started from), ``size``, ``passes``, ``faithfulness``."""
+    (its name), ``start`` (the ranked circuit's size it started from), ``size``, ``passes``, ``faithfulness``,
+    ``settings`` (its options and why it stopped)."""
 
     def __getattr__(self, name: str) -> Any:
         if name == "data":  # not set yet (a copy being built)
             raise AttributeError(name)
         if name == "start":
             return self.data["start_size"]
-        if name in ("search", "size", "passes", "faithfulness"):
+        if name in ("search", "size", "passes", "faithfulness", "settings"):
             return self.data[name]
         raise AttributeError(name)
 

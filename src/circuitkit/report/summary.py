@@ -478,9 +478,12 @@ def answer_parts(answer: Answer) -> list[tuple[str, list[tuple[str, Any]]]]:
                       f"{answer.passes} forward passes)")]
     found = answer.search
     if found is not None:
+        from circuitkit.circuits.search import stop_words
+
+        budget = f", {stop_words('max_passes')}" if found.settings.get("stopped") == "max_passes" else ""
         faith.append(("text", f"; the {found.search} search from the ranked top {found.start} chose these "
-                              f"{found.size} heads ({found.passes:.0f} of those passes): the curve is the ranking's, "
-                              f"its point at {found.size} heads the top {found.size} by rank"))
+                              f"{found.size} heads ({found.passes:.0f} of those passes{budget}): the curve is the "
+                              f"ranking's, its point at {found.size} heads the top {found.size} by rank"))
     if answer.necessity is not None:
         faith += [("text", ". Necessity: ablating only the circuit raises the loss by "),
                   ("num", f"{answer.necessity:+.2f}"), *_ci(answer.necessity_ci, "+.2f"), ("text", " nats (exact)")]

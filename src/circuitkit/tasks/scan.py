@@ -31,7 +31,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.circuits.curve import NoBehaviour
-from circuitkit.circuits.search import SEARCH_NAMES, check_search_options
+from circuitkit.circuits.search import SEARCH_NAMES, check_search_options, stop_words
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units, reads_scored
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, KV_EDGES
@@ -160,8 +160,7 @@ class TaskScan:
         if found.get("name", "ranked") == "ranked":
             return ""
         start = f" from the ranked {found['ranked_size']}" if found.get("ranked_size") else ""
-        budget = ("; stopped by its pass budget, so not known to be 1-minimal" if found.get("stopped") == "max_passes"
-                  else "")
+        budget = f"; {stop_words('max_passes')}" if found.get("stopped") == "max_passes" else ""
         return f"; the {found['name']} search{start} in {found.get('passes') or 0:.0f} passes{budget}"
 
     def _lines(self) -> list[str]:
@@ -631,7 +630,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                                                        n_nodes, pairs), target, rank, mlp_nodes=mlp_nodes,
                     options=search_options),
                     lambda out: f"{out[1].start} -> {out[1].size} nodes at {out[1].faithfulness:.3f}, "
-                                + _stopped(out[1].settings.get("stopped")))
+                                + stop_words(out[1].settings.get("stopped")))
                 heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = searched
         except NoBehaviour as exc:  # reported, not raised
             error = str(exc)
@@ -767,13 +766,6 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
             "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
     )
-
-
-def _stopped(reason: str | None) -> str:
-    """Why a search beyond ranking stopped, in words (its pass budget: the set is not known to be 1-minimal)."""
-    if reason == "max_passes":
-        return "stopped by its pass budget, so not known to be 1-minimal"
-    return "all its steps ran" if reason is None else f"stopped: {reason}"
 
 
 def _count(n: int, noun: str) -> str:
