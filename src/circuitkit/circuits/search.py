@@ -174,7 +174,10 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
             max_passes: float | None = None, progress: Any = None) -> SearchResult:
     """Drops (single or in blocks) and swaps from ``start`` while every accepted set reaches ``target`` (module
     docstring). ``max_rounds`` / ``max_passes``: stop before a round that would pass either (the circuit so far is
-    returned, measured, and ``settings["stopped"]`` says why; it is then not known to be 1-minimal)."""
+    returned, measured, and ``settings["stopped"]`` says why; it is then not known to be 1-minimal); where the
+    passes left do not afford a round of single drops, the round tries the least important members it affords
+    (one pass each, leaving ``2 log2`` of the passes for measuring the drops together), and the search stops once
+    such a round drops none or too few passes are left."""
     swaps = validate.integer("refined search: swaps", swaps, minimum=0, maximum=64)
     singles = validate.integer("refined search: singles", singles, minimum=0)
     max_rounds = validate.integer("refined search: max_rounds", max_rounds, minimum=1)
@@ -222,14 +225,22 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
             members = [m for m in members if m not in gone]
             trace.append(("block", len(members), float(f)))
             continue
-        if max_passes is not None and problem.passes() - before + len(members) > max_passes:
-            stopped = "max_passes"
-            break
-        singles_f = problem.measure([[m for m in members if m != x] for x in members])
-        harm = sorted(zip(singles_f, members, strict=True), key=lambda p: (-p[0], -rank_of.get(p[1], -1)))
+        tried = members  # a round of single drops: every member, or as many of the least important as the budget
+        left = None if max_passes is None else int(max_passes - (problem.passes() - before))  # affords
+        if left is not None and left < len(members):
+            affordable = left - 2 * math.ceil(math.log2(left + 1))  # the drops together after it: sizes, bisection
+            if affordable < 1:
+                stopped = "max_passes"
+                break
+            tried = sorted(members, key=lambda m: (float(importance[m]), -rank_of.get(m, -1)))[:affordable]
+        singles_f = problem.measure([[m for m in members if m != x] for x in tried])
+        harm = sorted(zip(singles_f, tried, strict=True), key=lambda p: (-p[0], -rank_of.get(p[1], -1)))
         ok_single = [(v, x) for v, x in harm if v >= target]
         if progress is not None:
             progress(problem.passes() - before)
+        if len(tried) < len(members) and not ok_single:  # a partial round found none: untried members remain
+            stopped = "max_passes"
+            break
         if ok_single:
             sizes = [k for k in _powers(len(ok_single)) if k > 1]
             cumulative = problem.measure([[m for m in members if m not in {x for _, x in ok_single[:k]}]
