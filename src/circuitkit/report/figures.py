@@ -364,19 +364,20 @@ def answer_diagram(answer: Any) -> str:
 def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen: int, total: int,
                        whiskers: Mapping[int, tuple[float, float] | None] | None = None,
                        baseline: tuple[float, float, float] | None = None, unit: str = "heads",
-                       ringed: str = "the circuit", searched: float | None = None) -> str:
+                       searched: tuple[str, float] | None = None) -> str:
     """Faithfulness of the top-``n`` heads against ``n`` (every point measured exactly), a log2(n + 1) axis, the
     target dashed and the circuit's point ringed; ``whiskers``: ``n -> (lo, hi)``, each point's bootstrap interval
     over the batch's sequences; ``baseline``: ``(mean, lo, hi)`` of random head sets of the circuit's size, a grey
     cross with its whisker at the circuit's size; ``unit``: what ``n`` counts in the labels (a task's edge circuit
-    counts ``"edges"``); ``ringed``: what the ringed size is, in the axis label; ``searched``: the faithfulness of
-    a set of ``chosen`` members found by a search beyond ranking (not the curve's top-``chosen`` set): the ring is
-    drawn there, off the curve, and the curve's own point at that size stays a dot."""
+    counts ``"edges"``); ``searched``: ``(search, faithfulness)`` of a set of ``chosen`` members that a search
+    beyond ranking found (not the curve's top-``chosen`` set): the ring is drawn at its faithfulness, off the curve,
+    the axis label names it, and the curve's own point at that size stays a dot."""
     width, height, ml, mr, mt, mb = 300, 170, 40, 12, 22, 34
     top_x = math.log2(total + 1) or 1.0
     whiskers = {n: w for n, w in (whiskers or {}).items() if w is not None}
+    ringed = "the circuit" if searched is None else f"the {searched[0]} set"
     values = ([f for _, f in curve] + [v for w in whiskers.values() for v in w] + list(baseline or ())
-              + ([] if searched is None else [searched]))
+              + ([] if searched is None else [searched[1]]))
     lo = min(0.0, *values) if values else 0.0
     hi = max(1.0, *values) if values else 1.0
 
@@ -430,8 +431,8 @@ def faithfulness_curve(curve: Sequence[tuple[int, float]], target: float, chosen
         parts.append(f'<circle cx="{_f(x(n))}" cy="{_f(y(f))}"{style}><title>top {n} {unit}: faithfulness '
                      f"{f:.3f}</title></circle>")
     if searched is not None:
-        parts.append(f'<circle class="ck-searched" cx="{_f(x(chosen))}" cy="{_f(y(searched))}"{ring}><title>'
-                     f"{_esc(ringed)}: {chosen} {unit} at faithfulness {searched:.3f}</title></circle>")
+        parts.append(f'<circle class="ck-searched" cx="{_f(x(chosen))}" cy="{_f(y(searched[1]))}"{ring}><title>'
+                     f"{_esc(ringed)}: {chosen} {unit} at faithfulness {searched[1]:.3f}</title></circle>")
     parts.append(f'<text x="{(width + ml) // 2}" y="{height - 4}" text-anchor="middle" fill="#555">{unit} kept '
                  f"(ringed: {_esc(ringed)}, {chosen} of {total})</text></svg>")
     return "".join(parts)

@@ -239,8 +239,9 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
         figures = ""
         if diagram:  # beside the text, one above the other: the curve stays in view beside a long member list
             drawn = answer_diagram(answer)
+            searched = None if answer.search is None else (answer.search.search, answer.faithfulness)
             curve = faithfulness_curve(answer.curve, answer.target, len(answer.circuit), answer.n_total,
-                                       answer.curve_ci, _baseline_mark(answer), **_searched_mark(answer))
+                                       answer.curve_ci, _baseline_mark(answer), searched=searched)
             tall = int(drawn.split('height="', 1)[1].split('"', 1)[0]) > TALL_DIAGRAM
             figures = f'<div class="ck-answer-figures">{curve + drawn if tall else drawn + curve}</div>'
         return f'<div class="ck-answer"><div class="ck-answer-text">{text}</div>{figures}</div>'
@@ -256,14 +257,6 @@ def story_html(scan: Scan, *, diagram: bool = True) -> str:
 TALL_DIAGRAM = 480
 """A circuit diagram taller than this (px: a circuit over eight layers or more) goes below the faithfulness curve,
 which then stays in view."""
-
-
-def _searched_mark(answer: Any) -> dict[str, Any]:
-    """The curve's ring where a search beyond ranking chose the circuit: at the searched set's own faithfulness,
-    named, not on the ranking's point of that size."""
-    if answer.search is None:
-        return {}
-    return {"ringed": f"the {answer.search.search} set", "searched": answer.faithfulness}
 
 
 def _baseline_mark(answer: Any) -> tuple[float, float, float] | None:

@@ -159,7 +159,7 @@ def faithfulness_section(scan: Any) -> Section | None:
     unit = "nodes" if c.mlps or c.n_nodes_total > scan.model.n_layers * scan.model.n_heads else "heads"
     whisker = {size: c.intervals["faithfulness"]} if "faithfulness" in c.intervals else None
     figures = [(faithfulness_curve([(p.size, p.faithfulness) for p in c.curve], c.target, size, c.n_nodes_total,
-                                   whisker, unit=unit, **_searched_ring(scan, c.faithfulness)),
+                                   whisker, unit=unit, searched=_searched(scan, c.faithfulness)),
                 f"Node circuit: the top-n {unit} by EAP-IG score kept, every other one patched from the corrupted "
                 "prompt (every point measured; the whisker: the interval over the pairs)."
                 + _searched_nodes(scan, size, unit, c.faithfulness))]
@@ -171,7 +171,7 @@ def faithfulness_section(scan: Any) -> Section | None:
         said = "no faithfulness" if at_size is None else f"faithfulness {at_size:.3f}{_interval(interval)}"
         figures.append((faithfulness_curve(points, c.target, size, c.n_nodes_total,
                                            None if interval is None else {size: tuple(interval)}, unit=unit,
-                                           **_searched_ring(scan, at_size)),
+                                           searched=_searched(scan, at_size)),
                         f"The same {unit} on the {other['pairs']} {escape(other['set'])} pairs the search did not "
                         f"use: {said} at the circuit's size{'' if interval is None else ' (the whisker)'}."
                         + _searched_nodes(scan, size, unit, at_size)))
@@ -258,22 +258,27 @@ def details_section(scan: Any) -> Section:
 def _searched_nodes(scan: Any, size: int, unit: str, faithfulness: float | None) -> str:
     """A node curve's caption, where a node search beyond ranking ran: the ringed size is the searched circuit's,
     and its figure and whisker are that set's, not the curve's point there (the top-``size`` set by score)."""
-    found = scan.settings.get("search") or {}
-    if found.get("name", "ranked") == "ranked":
+    name = _node_search(scan)
+    if name is None:
         return ""
     said = "" if faithfulness is None else f" at {faithfulness:.3f}"
-    return (f" The ring is the {escape(found['name'])} search's circuit ({size} {unit}{said}), found from the "
+    return (f" The ring is the {escape(name)} search's circuit ({size} {unit}{said}), found from the "
             "ranked one: drawn at that set's own figure, with its whisker, off this curve (whose point there is the "
             f"top {size} by score).")
 
 
-def _searched_ring(scan: Any, faithfulness: float | None) -> dict[str, Any]:
-    """A node curve's ring where a node search beyond ranking ran: at the searched set's own ``faithfulness``, off
-    the ranking's curve (none where the set has no figure there)."""
-    found = scan.settings.get("search") or {}
-    if found.get("name", "ranked") == "ranked" or faithfulness is None:
-        return {}
-    return {"ringed": f"the {found['name']} set", "searched": faithfulness}
+def _node_search(scan: Any) -> str | None:
+    """The node search beyond ranking that chose the circuit (its name), or None for the ranked circuit."""
+    name = (scan.settings.get("search") or {}).get("name", "ranked")
+    return None if name == "ranked" else name
+
+
+def _searched(scan: Any, faithfulness: float | None) -> tuple[str, float] | None:
+    """A node curve's ``searched`` (:func:`~circuitkit.report.figures.faithfulness_curve`): the search and the
+    searched set's own ``faithfulness``, ringed off the ranking's curve; None for the ranked circuit or where the
+    set has no figure there."""
+    name = _node_search(scan)
+    return None if name is None or faithfulness is None else (name, faithfulness)
 
 
 def _searched_edges(scan: Any) -> str:
