@@ -210,15 +210,21 @@ BUILT_IN_TASKS = ("induction", "ioi", "greater-than", "docstring", "repeated-tok
 TASK_METRICS = ("logit_diff", "prob_diff", "answer_logprob", "neg_kl", "next_token_logprob", "loss", "kl")
 
 
-def _passes(text: str) -> float:
-    """An argparse type: a pass budget, a finite number of passes above 0."""
+def _real(text: str, accepted: Any, expected: str) -> float:
+    """``text`` as a float that ``accepted(value)`` holds true of (text that is no number: NaN, which none of these
+    accepts), else refused in one line: ``given ...; expected {expected}``."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not (math.isfinite(value) and 0.0 < value <= 1e9):
-        raise argparse.ArgumentTypeError(f"given {text!r}; expected a number of passes above 0, e.g. 40")
+    if not accepted(value):
+        raise argparse.ArgumentTypeError(f"given {text!r}; expected {expected}")
     return value
+
+
+def _passes(text: str) -> float:
+    """An argparse type: a pass budget, a finite number of passes above 0."""
+    return _real(text, lambda v: math.isfinite(v) and 0.0 < v <= 1e9, "a number of passes above 0, e.g. 40")
 
 
 def _fraction(what: str, example: str, *, one: bool):
@@ -226,13 +232,7 @@ def _fraction(what: str, example: str, *, one: bool):
     interval = "(0, 1]" if one else "(0, 1)"
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (0.0 < value <= 1.0 if one else 0.0 < value < 1.0):
-            raise argparse.ArgumentTypeError(f"given {text!r}; expected {what} in {interval}, e.g. {example}")
-        return value
+        return _real(text, lambda v: 0.0 < v <= 1.0 if one else 0.0 < v < 1.0, f"{what} in {interval}, e.g. {example}")
 
     return parse
 
@@ -274,13 +274,7 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
 
 def _holdout(text: str) -> float:
     """An argparse type: a task's held-out share, a float in ``[0, 1)``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"given {text!r}; expected a share of the pairs in [0, 1), e.g. 0.5")
-    return value
+    return _real(text, lambda v: 0.0 <= v < 1.0, "a share of the pairs in [0, 1), e.g. 0.5")
 
 
 def _search_options(args: argparse.Namespace) -> dict[str, float] | None:
