@@ -373,15 +373,16 @@ def _circuit_revision(state: ScanState) -> str:
     """Why the circuit stage's passes differ from its plan, in words."""
     if state.verified is None:
         return "no head changes the loss measurably, so the search stopped after its first pass"
-    sizes, searched = len(state.verified.curve), state.verified.search
-    said = f"the search measured {sizes} circuit sizes and stopped at {len(state.verified.heads)} heads"
+    searched = state.verified.search
+    ranked = len(state.verified.heads) if searched is None else searched.start  # the ranked search's circuit
+    said = f"the search measured {len(state.verified.curve)} circuit sizes and stopped at {ranked} heads"
     if searched is None:
         return said
     from circuitkit.circuits.search import stop_words
 
     took = f"took them to {searched.size}" if searched.size != searched.start else "kept them all"
-    return (f"the search measured {sizes} circuit sizes and stopped at {searched.start} heads; the {searched.search} "
-            f"search {took} in {searched.passes:.1f} passes, {stop_words(searched.settings.get('stopped'))}")
+    return (f"{said}; the {searched.search} search {took} in {searched.passes:.1f} passes, "
+            f"{stop_words(searched.settings.get('stopped'))}")
 
 
 def stability_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None:

@@ -471,8 +471,8 @@ def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] 
     intervals (from the per-sequence losses of one more stacked call: nothing, everything, every head outside the
     circuit and, with ``necessity``, only the circuit ablated), ``passes`` grown by the search's and
     ``extra_passes``, and ``search`` (the :class:`SearchResult`). The curve stays the ranking's. ``random_sets``:
-    the random baseline measured at the searched set's size (:func:`circuitkit.circuits.baseline.measure`; a
-    baseline ``circuit`` holds, of the ranked size, is replaced); ``progress(passes)`` as they are spent."""
+    the random baseline measured at the searched set's size (:func:`circuitkit.circuits.baseline.measure`); a
+    baseline ``circuit`` holds is of the ranked size and is not kept. ``progress(passes)`` as they are spent."""
     from dataclasses import replace
 
     from circuitkit.circuits.intervals import circuit_intervals, head_mask
@@ -503,7 +503,7 @@ def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] 
     searched_passes = ablator.passes - before
     if progress is not None:
         progress(searched_passes)
-    baseline = getattr(circuit, "random_baseline", None)
+    baseline = None
     if random_sets:
         from circuitkit.circuits.baseline import measure
         from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES
