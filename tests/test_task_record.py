@@ -28,7 +28,6 @@ from circuitkit.graph.metrics import metric_label, metric_units
 from circuitkit.report.reload import comparable
 from circuitkit.tasks import Task, TaskScan, scan_task
 from circuitkit.tasks.reload import task_scan_from_json
-from circuitkit.tasks.scan import TaskStage
 from tests.conftest import boot_bridge
 from tests.test_scan_load_checks import _close, _mutations, _paths, _set, _write
 from tests.test_tasks import copy_next_task, english_model, toy_pairs
@@ -262,7 +261,7 @@ def test_the_guarded_reader_refuses_truncated_deep_and_huge_files(saved, tmp_pat
 
 def _outcome(data):
     try:
-        return task_scan_from_json(data, "TaskScan.load: '/fuzz/scores.json'", TaskScan, TaskStage)
+        return task_scan_from_json(data, "TaskScan.load: '/fuzz/scores.json'", TaskScan)
     except CircuitkitError as error:
         message = str(error)
         assert "\n" not in message and "/fuzz/scores.json" in message and "field '" in message, message
@@ -357,11 +356,11 @@ def test_the_notebook_view_puts_the_answer_first_then_the_table(scans):
 
 
 def test_a_file_from_a_newer_scan_keeps_its_fields_with_defaults(saved):
-    """A TaskScan / TaskCircuit / TaskStage field a newer scan adds under its own name passes through; a key that is
+    """A TaskScan / TaskCircuit / stage record field a newer scan adds under its own name passes through; a key that is
     no field is refused."""
     data = copy.deepcopy(saved["copy-next"][2])
     data["stages"][0]["note"] = "x"
-    assert _outcome(data) == "refused"  # not a TaskStage field: written again, it is gone
+    assert _outcome(data) == "refused"  # not a stage record field: written again, it is gone
     data = copy.deepcopy(saved["copy-next"][2])
     data["circuit"]["bogus"] = 1
     assert _outcome(data) == "refused"

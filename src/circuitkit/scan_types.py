@@ -50,12 +50,12 @@ class Scan(ScanRecord):
         figure (:meth:`TaskScan.load <circuitkit.tasks.TaskScan.load>`)."""
         from circuitkit.report.reload import scan_from_json
         from circuitkit.tasks.reload import TASK_PREFIX, read_scores, task_scan_from_json
-        from circuitkit.tasks.scan import TaskScan, TaskStage
+        from circuitkit.tasks.scan import TaskScan
 
         file, data = read_scores(path, "Scan.load")
         where = f"Scan.load: {str(file)!r}"
         if isinstance(data, dict) and str(data.get("format", "")).startswith(TASK_PREFIX):
-            return task_scan_from_json(data, where, TaskScan, TaskStage)
+            return task_scan_from_json(data, where, TaskScan)
         return scan_from_json(data, where, cls)
 
     def table(self, sort: str | None = None) -> list[dict[str, Any]]:

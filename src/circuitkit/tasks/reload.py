@@ -10,7 +10,7 @@ A researcher's own metric function is not saved: the loaded task names it (``cus
 to run. Reading goes through the guarded reader (:func:`circuitkit.models.files.read_json`: size, depth, UTF-8),
 then every rule of :mod:`circuitkit.tasks.scores_check`, then the loaded scan is written again and compared with
 the file (a field that disagrees with the fields it derives from is refused). Fields a newer scan adds under their
-own name (a :class:`TaskScan`, :class:`TaskCircuit` or :class:`TaskStage` field with a default) are passed through.
+own name (a :class:`TaskScan`, :class:`TaskCircuit` or stage record field with a default) are passed through.
 """
 
 from __future__ import annotations
@@ -134,12 +134,12 @@ def _split_scores(heads: dict[str, Any], own: tuple[str, ...], order: list[str],
             {name: _tensor(heads[name], dtype) for name in order})
 
 
-def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) -> Any:
+def task_scan_from_json(data: Any, where: str, scan_cls: type) -> Any:
     """The task scan that ``data`` (a parsed task ``scores.json``) describes (see the module docstring), built as
-    ``scan_cls`` with stages of ``stage_cls`` (:class:`~circuitkit.tasks.TaskScan` and its ``TaskStage``, passed in
-    by their callers: this module stands below the scan that calls it)."""
+    ``scan_cls`` (:class:`~circuitkit.tasks.TaskScan`, passed in by its callers: this module stands below the scan
+    that calls it), its stages the :class:`~circuitkit.scan_record.StageRecord` both scans keep."""
     from circuitkit.report.reload import SavedRandomBaseline, SavedStability, check_written_again
-    from circuitkit.scan_record import ModelSummary
+    from circuitkit.scan_record import ModelSummary, StageRecord
     from circuitkit.tasks.record import DTYPES
     from circuitkit.tasks.scores_check import check_task_scores
 
@@ -165,7 +165,7 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type, stage_cls: type) 
             head_scores=own, pattern_scores=patterns, patterns=_tensor(data["patterns"], dtype),
             tokens=tuple(data["task"]["tokens"]), circuit=_circuit(data["circuit"]),
             circuit_error=data["circuit_error"], settings=data["settings"],
-            stages=tuple(stage_cls(**{f.name: s[f.name] for f in dataclasses.fields(stage_cls) if f.name in s})
+            stages=tuple(StageRecord(**{f.name: s[f.name] for f in dataclasses.fields(StageRecord) if f.name in s})
                          for s in data["stages"]),
             intervals={key: _pair(v) for key, v in ci.items()},
             random_baseline=None if data.get("random_baseline") is None else SavedRandomBaseline(
@@ -214,11 +214,11 @@ def read_scores(path: Any, where: str) -> tuple[Path, Any]:
     return file, guarded.read_json(file, max_bytes=MAX_SCORES_BYTES, kind=SCAN_FILE)
 
 
-def load_task_scan(path: str | os.PathLike, scan_cls: type, stage_cls: type) -> Any:
+def load_task_scan(path: str | os.PathLike, scan_cls: type) -> Any:
     """The task scan saved in ``path`` (a directory holding ``scores.json``, or the file itself), built as
     :func:`task_scan_from_json` says."""
     file, data = read_scores(path, "TaskScan.load")
-    return task_scan_from_json(data, f"TaskScan.load: {str(file)!r}", scan_cls, stage_cls)
+    return task_scan_from_json(data, f"TaskScan.load: {str(file)!r}", scan_cls)
 
 
 __all__ = ["TASK_PREFIX", "load_task_scan", "read_scores", "task_format", "task_scan_from_json"]

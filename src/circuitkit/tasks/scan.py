@@ -39,6 +39,7 @@ from circuitkit.graph.runner import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINT
 from circuitkit.graph.task import Task, check_prepend_bos
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
+from circuitkit.scan_record import StageRecord
 from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, edge_intervals, node_circuit
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
 from circuitkit.tasks.record import TASK_FORMAT
@@ -62,13 +63,6 @@ TARGETS_ON = ("discovery", "evaluation")
 DEFAULT_IG_STEPS = 3
 """EAP-IG interpolation points (``k / steps`` of the way from the corrupted to the clean input embeddings), all in
 one stacked forward + backward pass."""
-
-
-@dataclass(frozen=True)
-class TaskStage:
-    name: str
-    passes: float
-    seconds: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +91,7 @@ class TaskScan:
     circuit: TaskCircuit | None
     circuit_error: str | None
     settings: dict[str, Any]
-    stages: tuple[TaskStage, ...] = field(default=())
+    stages: tuple[StageRecord, ...] = field(default=())
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     random_baseline: Any = None
     """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random head sets of the node circuit's size
@@ -282,7 +276,7 @@ class TaskScan:
         directory."""
         from circuitkit.tasks.reload import load_task_scan
 
-        return load_task_scan(path, cls, TaskStage)
+        return load_task_scan(path, cls)
 
     def table(self, sort: str | None = None) -> list[dict[str, Any]]:
         """Every head as a dict: ``head``, ``layer``, ``index``, ``score`` (EAP-IG), ``dla``, the task's head scores,
@@ -701,7 +695,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                                   other_set=other_set, nodes=members, edge_areas=areas, ablation=task.ablation)
     finally:
         bar.close()
-    stages = [TaskStage(r.name, r.passes, r.seconds) for r in bar.ran]
+    stages = list(bar.ran)
     L, H = spec.n_layers, spec.n_heads
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
     mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)], device="cpu") if mlps else None
@@ -932,5 +926,5 @@ def _token_strings(adapter: Any, tokens: Tensor) -> tuple[str, ...]:
     return tuple(tokenizer.decode([t]) for t in ids)
 
 
-__all__ = ["DEFAULT_HOLDOUT", "DEFAULT_IG_STEPS", "MIN_SPLIT_PAIRS", "TaskScan", "TaskStage", "scan_task",
+__all__ = ["DEFAULT_HOLDOUT", "DEFAULT_IG_STEPS", "MIN_SPLIT_PAIRS", "TaskScan", "scan_task",
            "split_pairs"]
