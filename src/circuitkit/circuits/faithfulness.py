@@ -607,14 +607,12 @@ def find_circuit(
     spec = adapter.spec
     order = None if ranking is None else _ranking(ranking, spec.n_layers, spec.n_heads)
     searching = search != "ranked"  # then the random sets are measured at the searched circuit's size
-    found = search_batch(adapter, batch, target, method, order, necessity=necessity, rank=rank,
-                         corrupt_seed=corrupt_seed, intervals=(n_resamples, ci_level, ci_seed),
-                         random_sets=0 if searching else random_sets)
-    if searching:  # the ranked circuit searched further, on the same ablation values
-        values, passes = ablation_values(adapter, batch, method, corrupt_seed=corrupt_seed)
-        found = search_found(Ablator(adapter, batch, values), found, search, search_options, necessity=necessity,
-                             intervals=(n_resamples, ci_level, ci_seed), extra_passes=passes,
-                             random_sets=random_sets)
+    ablator, ranked = _prepared_search(adapter, batch, method, order, corrupt_seed)
+    found = ranked(target, necessity=necessity, rank=rank, intervals=(n_resamples, ci_level, ci_seed),
+                   random_sets=0 if searching else random_sets)
+    if searching:  # the ranked circuit searched further, on the same ablator (its ablation values and passes)
+        found = search_found(ablator, found, search, search_options, necessity=necessity,
+                             intervals=(n_resamples, ci_level, ci_seed), random_sets=random_sets)
     if stability:
         from dataclasses import replace
 
@@ -643,6 +641,16 @@ def search_batch(adapter: ModelAdapter, batch: TokenBatch, target: float, method
                  intervals: tuple[int, float, int] | None = None, random_sets: int = 0) -> Circuit:
     """:func:`find_circuit` on a built batch with validated arguments (``order``: every head, or None for the
     attribution estimate's order: its forward and backward pass, 3 passes, are not in :attr:`Circuit.passes`)."""
+    _, ranked = _prepared_search(adapter, batch, method, order, corrupt_seed)
+    return ranked(target, necessity=necessity, rank=rank, intervals=intervals, random_sets=random_sets)
+
+
+def _prepared_search(adapter: ModelAdapter, batch: TokenBatch, method: str, order: list[Head] | None,
+                     corrupt_seed: int) -> tuple[Ablator, Callable[..., Circuit]]:
+    """The :class:`Ablator` of the ranked search (its ablation values; the attribution estimate's order and clean
+    figures where ``order`` is None, else one clean pass) and ``ranked(target, **options)``, the ranked search on
+    it (:func:`discover`), so that a search beyond ranking runs on the same ablator without recomputing its
+    values."""
     if order is None:
         from circuitkit.detect.attribution import attribute
 
@@ -661,9 +669,13 @@ def search_batch(adapter: ModelAdapter, batch: TokenBatch, target: float, method
             clean_loss = float(losses.mean())
             clean_each = losses.float().mean(dim=1).cpu()
         passes += 1
-    return discover(Ablator(adapter, batch, values), order, target, method, clean_loss, necessity=necessity,
-                    extra_passes=passes, rank=rank, clean_gradient=clean_gradient, clean_losses=clean_each,
-                    intervals=intervals, random_sets=random_sets)
+    ablator = Ablator(adapter, batch, values)
+
+    def ranked(target: float, **options: Any) -> Circuit:
+        return discover(ablator, order, target, method, clean_loss, extra_passes=passes,
+                        clean_gradient=clean_gradient, clean_losses=clean_each, **options)
+
+    return ablator, ranked
 
 
 def check_repeats(name: str, value: Any) -> int:
