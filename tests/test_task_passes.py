@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from circuitkit.errors import CircuitkitError
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
 from circuitkit.tasks import Task
@@ -328,3 +329,27 @@ def test_the_edge_plan_counts_both_rankings_and_the_resumed_effects():
     assert edge_estimate(79813, 8) == 2 * 9 + halvings + EFFECT_SHARE * N_EXACT_EDGES
     # a graph of 5 edges: MIB's sizes 0, 0, 0, 0, 0, 0, 0, 1, 2 (5 excluded), under both rankings; 5 effects
     assert edge_estimate(5, 8) == 2 * 2 + halvings + EFFECT_SHARE * 5
+
+
+@pytest.mark.parametrize("options", [None, {"steps": 7}])
+def test_the_masks_search_is_planned_at_its_steps(options):
+    """The learned masks' passes are known before they run (each step a forward + backward, 3 passes, then one
+    stacked call confirming the smallest sets): the plan says so, where it said 40 for every model (the bundled
+    task ran 182). Checked against what a task scan's search stage ran."""
+    import circuitkit as ck
+    from circuitkit import zoo
+    from circuitkit.circuits.search import CONFIRMED_SETS, DEFAULT_MASK_STEPS, search_estimate
+    from circuitkit.tasks import repeated_tokens
+
+    steps = (options or {}).get("steps", DEFAULT_MASK_STEPS)
+    assert search_estimate("masks", options) == 3 * steps + CONFIRMED_SETS
+    model = zoo.load()
+    task = ck.scan(model, task=repeated_tokens(model), search="masks", search_options=options, edges=False,
+                   progress="off")
+    ran = {stage.name: stage.passes for stage in task.stages}["search"]
+    assert 3 * steps <= ran <= search_estimate("masks", options) + 1
+    with pytest.raises(CircuitkitError, match="masks search: steps"):
+        search_estimate("masks", {"steps": "many"})
+    with pytest.raises(CircuitkitError, match="refined search: max_passes"):
+        search_estimate("refined", {"max_passes": -1})
+    assert search_estimate("refined", {"max_passes": 4}) == 4 and search_estimate("ranked") == 0

@@ -54,7 +54,7 @@ from circuitkit import validate
 from circuitkit.circuits.attribution import GradientTap
 from circuitkit.circuits.faithfulness import DEFAULT_TARGET, check_repeats
 from circuitkit.circuits.heldout import evaluation_passes, evaluation_seed, evaluation_spec, held_out
-from circuitkit.circuits.search import SEARCH_ESTIMATES
+from circuitkit.circuits.search import search_estimate
 from circuitkit.cpu_threads import warn_if_threads_spin
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
@@ -451,7 +451,7 @@ STAGES = (
                                                        batch=s.batch,
                                                        clean_end=s.faithfulness_method == s.ablation_method)
           + 2 * s.random_sets + (0 if s.evaluation_seed is None else evaluation_passes(s.faithfulness_method))
-          + SEARCH_ESTIMATES.get(s.search, 0.0),
+          + search_estimate(s.search, s.search_options),
           run=circuit_stage),
     Stage("stability", reads=("session", "verified"), writes=("verified",),
           estimate=lambda s, n_total: stability_estimate(s.stability, n_total, s.faithfulness_method, s.circuit_rank,

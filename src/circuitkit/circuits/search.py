@@ -77,9 +77,9 @@ from circuitkit import validate
 from circuitkit.circuits.curve import faithfulness_of
 
 SEARCH_NAMES = ("ranked", "refined", "masks")
-SEARCH_ESTIMATES = {"refined": 15.0, "masks": 40.0}
-"""A search's passes before it runs, roughly (IOI on a 0.5B model: refined 13, masks 40), for a progress plan: it
-depends on the circuit the ranked search finds, so the bar revises it as it goes."""
+REFINED_ESTIMATE = 15.0
+"""The refined search's passes before it runs, roughly (IOI on a 0.5B model: 13): they depend on the circuit the
+ranked search finds, so the bar revises the plan as it goes."""
 DEFAULT_SWAPS = 4
 """Least harmful members and best non-members tried in the refined search's swaps (``4``: 24 sets a round)."""
 DEFAULT_SINGLES = 256
@@ -97,6 +97,24 @@ DEFAULT_MASK_INIT = 1.0
 """Initial mask logit magnitude (``sigmoid(1) = 0.73``)."""
 CONFIRMED_SETS = 4
 """Smallest sets of the masks' trajectory confirmed by one exact stacked call."""
+
+
+def search_estimate(name: str, options: dict[str, Any] | None = None) -> float:
+    """Planned passes of search ``name`` with ``options`` (checked), for a progress plan: none for ``"ranked"``;
+    ``"refined"``: :data:`REFINED_ESTIMATE`, or its ``max_passes`` where that is lower; ``"masks"``: each step's
+    gated forward + backward (3 passes) and the stacked call confirming :data:`CONFIRMED_SETS` sets (and the refined
+    estimate with ``refine``): known before it runs."""
+    options = options or {}
+    if name == "refined":
+        budget = options.get("max_passes")
+        if budget is None:
+            return REFINED_ESTIMATE
+        return min(REFINED_ESTIMATE, validate.real("refined search: max_passes", budget, minimum=0.0))
+    if name == "masks":
+        steps = validate.integer("masks search: steps", options.get("steps", DEFAULT_MASK_STEPS), minimum=1,
+                                 maximum=100_000)
+        return 3.0 * steps + CONFIRMED_SETS + (REFINED_ESTIMATE if options.get("refine") else 0.0)
+    return 0.0
 
 
 @dataclass(frozen=True, eq=False)

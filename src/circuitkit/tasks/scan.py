@@ -31,7 +31,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.circuits.curve import NoBehaviour
-from circuitkit.circuits.search import SEARCH_NAMES, check_search_options, stop_words
+from circuitkit.circuits.search import SEARCH_NAMES, check_search_options, search_estimate, stop_words
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units, reads_scored
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, KV_EDGES
@@ -576,7 +576,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       edges_total=graph.n_edges, pairs=search.batch.n_pairs,
                       held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
                       edges=edges, quick=quick, random_sets=random_sets, stability=stability,
-                      search=node_search, kv_copies=graph.kv_copies, edge_search=edge_search,
+                      search=node_search, search_passes=search_estimate(node_search, search_options),
+                      kv_copies=graph.kv_copies, edge_search=edge_search,
                       edge_search_passes=_budget(edge_options.get("max_passes")))
     bar = task_progress(task.name, mode, task_plan(plan))
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuitkit.circuits.faithfulness import COARSE_SETS, geometric_sizes
-from circuitkit.circuits.search import SEARCH_ESTIMATES
 from circuitkit.tasks.circuit import (
     COARSE_AFTER,
     COARSE_MIN_PAIRS,
@@ -32,8 +31,8 @@ class PlanInputs:
     """What a task scan knows before its first pass: ``nodes`` (the node circuit's candidates), ``edges_total`` (the
     edge graph's edges), ``pairs`` (the pairs the search runs on), ``held`` (pairs on the other set, 0: not split),
     ``direct`` (the clean run has a backward: direct logit attribution), ``steps`` (EAP-IG points) and the
-    options: ``edges``, ``quick``, ``random_sets``, ``stability``, ``search``, ``edge_search`` (with its pass
-    budget ``edge_search_passes``)."""
+    options: ``edges``, ``quick``, ``random_sets``, ``stability``, ``search`` (with its planned passes
+    ``search_passes``), ``edge_search`` (with its pass budget ``edge_search_passes``)."""
 
     nodes: int
     edges_total: int
@@ -46,6 +45,8 @@ class PlanInputs:
     random_sets: int
     stability: int
     search: str = "ranked"
+    search_passes: float = 0.0
+    """The node search's planned passes (:func:`circuitkit.circuits.search.search_estimate` of it and its options)."""
     kv_copies: int = 1
     """Copies of the pairs each edge pass and EAP-IG point runs (per-query-head key/value edges on a grouped-query
     model: the query heads per key/value head; :attr:`~circuitkit.graph.runner.Graph.kv_copies`)."""
@@ -125,7 +126,7 @@ TASK_STAGES = (
                   lambda p: node_estimate(p.nodes, p.pairs), lambda p: True),
     TaskStageSpec("search", "a search beyond ranking from the ranked circuit (opt-in: refined drops and swaps, or "
                   "learned masks; planned roughly, revised as it runs)",
-                  lambda p: SEARCH_ESTIMATES.get(p.search, 0.0), lambda p: p.search != "ranked"),
+                  lambda p: p.search_passes, lambda p: p.search != "ranked"),
     TaskStageSpec("random-sets", "random node sets of the circuit's size, uniform and per layer (opt-in)",
                   lambda p: 2 * p.random_sets, lambda p: p.random_sets > 0),
     TaskStageSpec("stability", "the node search rerun on bootstrap resamples of the pairs (opt-in)",
