@@ -198,7 +198,7 @@ def _search_both_sets(monkeypatch, *, saving=None, resumable=True, shortcut=True
     """The node search and the held-out curve on a tiny model with MLPs; which node passes ran (``True``: every
     node patched), the passes counted, the figures."""
     from circuitkit.tasks.circuit import node_circuit
-    from circuitkit.tasks.scan import _other_set
+    from circuitkit.tasks.other_set import other_set_figures
 
     runner, held = _runner("mha-mlp"), _runner("mha-mlp")
     scores = runner.node_gradients(2)
@@ -220,7 +220,7 @@ def _search_both_sets(monkeypatch, *, saving=None, resumable=True, shortcut=True
 
     monkeypatch.setattr(TaskRunner, "_node_pass", spying)
     found = node_circuit(runner, scores, 0.8, "abs")
-    other = _other_set(held, "evaluation", found.curve, len(found.heads), scores, "abs", False, ())
+    other = other_set_figures(held, "evaluation", found.curve, len(found.heads), scores, "abs", False, ())
     monkeypatch.undo()
     return every, runner.passes + held.passes - before, found, other
 

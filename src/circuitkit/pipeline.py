@@ -6,8 +6,8 @@
 How a scan runs: its options are checked, the model is adapted once and the batch built in one
 :class:`~circuitkit.detect.session.Session` (which then holds every cache a measurement reads: the clean run, the
 corrupted ``z``, the edge gradients), the settings become one :class:`~circuitkit.scan_types.ScanSettings`, and the
-declared stages (:data:`STAGES`, each a :class:`Stage`: its name, the :class:`ScanState` fields it reads and writes,
-its planned passes, its run) fill a :class:`ScanState`, which :func:`scan_result` turns into the
+declared stages (:data:`STAGES`, each a :class:`~circuitkit.stage.Stage`: its name, the :class:`ScanState` fields it
+reads and writes, its planned passes, its run) fill a :class:`ScanState`, which :func:`scan_result` turns into the
 :class:`~circuitkit.scan_types.Scan` record. The stages (:data:`STAGE_NAMES`; :func:`stage_plan` says which run)::
 
     scores   tokens (RepeatedTokens) -> one forward + one backward pass: every head's pattern scores, per-token
@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,7 @@ from circuitkit.progress import Progress, Revision, progress_mode  # noqa: F401 
 from circuitkit.ranking import Head
 from circuitkit.scan_intervals import scan_intervals
 from circuitkit.scan_types import Agreement, HeadEffects, Scan, ScanSettings, StageRecord, summarise_model
+from circuitkit.stage import Stage, plan_of, run_planned
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
 
 if TYPE_CHECKING:
@@ -166,31 +167,9 @@ class ScanState:
         return self.session.clean
 
 
-StageRun = Callable[[ScanState, ScanSettings, Progress], None]
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of the scan: its short ``name`` (:data:`STAGE_NAMES`), the :class:`ScanState` fields it ``reads``
-    and ``writes``, its planned passes before the first pass (``estimate(settings, n_heads_total)``) and ``run``,
-    which starts and ends its part of the progress (revising the plan where its size became known)."""
-
-    name: str
-    reads: tuple[str, ...]
-    writes: tuple[str, ...]
-    estimate: Callable[[ScanSettings, int], int]
-    run: StageRun
-
-
-STAGE_NAMES = {
-    "scores": "one forward + backward pass: pattern scores, loss, every head's attribution estimate",
-    "ablate": "exact ablation of the chosen heads, then the called heads together",
-    "circuit": "circuit search: faithfulness of the top-n heads, exactly",
-    "stability": "the circuit search rerun on bootstrap resamples of the batch (opt-in)",
-    "weights": "composition and QK/OV spectra (weights only)",
-    "edges": "edge attribution and exact path patching of the circuit's edges",
-}
-"""The scan's stages, in order (short names that fit a progress bar; what each does)."""
+def _n_total(state: ScanState) -> int:
+    """Every head of the model (what the ablation and circuit plans are counted over)."""
+    return state.session.spec.n_total_heads
 
 
 def stage_plan(ablate: str, circuit: bool, with_edges: bool, stability: bool = False) -> list[str]:
@@ -439,31 +418,44 @@ def edges_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None
     bar.end()
 
 
-STAGES = (
-    Stage("scores", reads=("session",), writes=("edge_tap", "attribution", "head_scores", "loss", "session.clean"),
-          estimate=lambda settings, n_total: SCORES_STAGE_COST, run=scores_stage),
-    Stage("ablate", reads=("session", "attribution", "head_scores"),
+STAGES: tuple[Stage[ScanState, ScanSettings], ...] = (
+    Stage("scores", "one forward + backward pass: pattern scores, loss, every head's attribution estimate",
+          reads=("session",), writes=("edge_tap", "attribution", "head_scores", "loss", "session.clean"),
+          estimate=lambda s, state: SCORES_STAGE_COST, run=scores_stage),
+    Stage("ablate", "exact ablation of the chosen heads, then the called heads together",
+          reads=("session", "attribution", "head_scores"),
           writes=("ablation", "agreement", "circuit_ablation", "circuit_ablation_each"),
-          estimate=lambda s, n_total: ablate_plan(s.ablate, s.ablate_top, n_total, len(group_labels(s.roles))),
-          run=ablate_stage),
-    Stage("circuit", reads=("session", "attribution", "ablation", "edge_tap"), writes=("verified", "verified_error"),
-          estimate=lambda s, n_total: circuit_estimate(n_total, s.faithfulness_method, s.circuit_rank, s.with_edges,
-                                                       batch=s.batch,
-                                                       clean_end=s.faithfulness_method == s.ablation_method)
+          estimate=lambda s, state: ablate_plan(s.ablate, s.ablate_top, _n_total(state), len(group_labels(s.roles))),
+          run=ablate_stage, runs=lambda s: _runs("ablate", s)),
+    Stage("circuit", "circuit search: faithfulness of the top-n heads, exactly",
+          reads=("session", "attribution", "ablation", "edge_tap"), writes=("verified", "verified_error"),
+          estimate=lambda s, state: circuit_estimate(_n_total(state), s.faithfulness_method, s.circuit_rank,
+                                                     s.with_edges, batch=s.batch,
+                                                     clean_end=s.faithfulness_method == s.ablation_method)
           + 2 * s.random_sets + (0 if s.evaluation_seed is None else evaluation_passes(s.faithfulness_method))
           + search_estimate(s.search, s.search_options),
-          run=circuit_stage),
-    Stage("stability", reads=("session", "verified"), writes=("verified",),
-          estimate=lambda s, n_total: stability_estimate(s.stability, n_total, s.faithfulness_method, s.circuit_rank,
-                                                         s.batch),
-          run=stability_stage),
-    Stage("weights", reads=("session",), writes=("composition", "baselines", "edges", "spectra"),
-          estimate=lambda settings, n_total: WEIGHT_STAGE_COST, run=weights_stage),
-    Stage("edges", reads=("session", "edge_tap", "composition", "verified"), writes=("evidence", "verified"),
-          estimate=lambda s, n_total: edges_estimate(s.n_patch, corrupt_pass=not s.reuses_corrupt_run),
-          run=edges_stage),
+          run=circuit_stage, runs=lambda s: _runs("circuit", s)),
+    Stage("stability", "the circuit search rerun on bootstrap resamples of the batch (opt-in)",
+          reads=("session", "verified"), writes=("verified",),
+          estimate=lambda s, state: stability_estimate(s.stability, _n_total(state), s.faithfulness_method,
+                                                       s.circuit_rank, s.batch),
+          run=stability_stage, runs=lambda s: _runs("stability", s)),
+    Stage("weights", "composition and QK/OV spectra (weights only)",
+          reads=("session",), writes=("composition", "baselines", "edges", "spectra"),
+          estimate=lambda s, state: WEIGHT_STAGE_COST, run=weights_stage),
+    Stage("edges", "edge attribution and exact path patching of the circuit's edges",
+          reads=("session", "edge_tap", "composition", "verified"), writes=("evidence", "verified"),
+          estimate=lambda s, state: edges_estimate(s.n_patch, corrupt_pass=not s.reuses_corrupt_run),
+          run=edges_stage, runs=lambda s: _runs("edges", s)),
 )
 """The stages in the order they run (:func:`stage_plan` says which run with given settings)."""
+STAGE_NAMES = {stage.name: stage.what for stage in STAGES}
+"""The scan's stages, in order (short names that fit a progress bar; what each does)."""
+
+
+def _runs(name: str, settings: ScanSettings) -> bool:
+    """Whether stage ``name`` runs with ``settings`` (:func:`stage_plan`)."""
+    return name in stage_plan(settings.ablate, settings.circuit, settings.with_edges, settings.stability > 0)
 
 
 def circuit_roles(head_scores: HeadScores, circuit: Circuit, roles: Sequence[Role]) -> dict[str, tuple[Head, ...]]:
@@ -490,16 +482,12 @@ def circuit_roles(head_scores: HeadScores, circuit: Circuit, roles: Sequence[Rol
 
 
 def run_stages(state: ScanState, settings: ScanSettings, mode: str) -> tuple[StageRecord, ...]:
-    """Run the stages :func:`stage_plan` picks for ``settings`` on ``state``, with progress in ``mode`` planned from
-    their estimates before the first pass; then the roles the evidence gives the circuit's heads. The stages as they
-    ran."""
-    plan = stage_plan(settings.ablate, settings.circuit, settings.with_edges, settings.stability > 0)
-    n_total = state.session.spec.n_total_heads
-    stages = [stage for stage in STAGES if stage.name in plan]
-    bar = Progress(mode, [(stage.name, stage.estimate(settings, n_total)) for stage in stages])
+    """Run the stages that run with ``settings`` (:func:`stage_plan`) on ``state``, with progress in ``mode`` planned
+    from their estimates before the first pass; then the roles the evidence gives the circuit's heads. The stages
+    as they ran."""
+    bar = Progress(mode, plan_of(STAGES, settings, state))
     try:
-        for stage in stages:
-            stage.run(state, settings, bar)
+        run_planned(STAGES, state, settings, bar)
         if state.verified is not None:
             state.verified = replace(state.verified,
                                      roles=circuit_roles(state.head_scores, state.verified, settings.roles))

@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits.curve import NoBehaviour
 from circuitkit.circuits.search import SEARCH_NAMES, check_search_options, search_estimate, stop_words
-from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units, reads_scored
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.graph.runner import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
@@ -40,19 +38,25 @@ from circuitkit.graph.task import Task, check_prepend_bos
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.scan_record import StageRecord
-from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_circuit, edge_intervals, node_circuit
+from circuitkit.stage import run_planned
+from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_intervals
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
+from circuitkit.tasks.other_set import circuit_intervals
 from circuitkit.tasks.record import TASK_FORMAT
-from circuitkit.tasks.robustness import node_stability, random_node_sets
 from circuitkit.tasks.roles import member_explanations, rules_said
 from circuitkit.tasks.search import (
     DEFAULT_EDGE_SEARCH_PASSES,
     EDGE_SEARCH_NAMES,
-    held_out,
-    search_edge_circuit,
-    search_node_circuit,
 )
-from circuitkit.tasks.stages import PlanInputs, held_estimate, task_plan, task_progress
+from circuitkit.tasks.stages import (
+    TASK_STAGES,
+    PlanInputs,
+    TaskOptions,
+    TaskScanState,
+    count_of,
+    task_plan,
+    task_progress,
+)
 
 DEFAULT_HOLDOUT = 0.5
 """Share of a task's pairs held out for evaluation by default (seeded): the circuit is searched on the rest and its
@@ -203,7 +207,7 @@ class TaskScan:
             found = self.settings.get("edge_search") or {}
             how = (f"edges ranked by {c.rank} score" if found.get("name", "ranked") == "ranked" else
                    f"the {found.get('ranked_size', '?')} edges ranked by {c.rank} score, "
-                   f"{_count(found.get('pruned') or 0, 'dangling edge')} pruned, then the {found['name']} search in "
+                   f"{count_of(found.get('pruned') or 0, 'dangling edge')} pruned, then the {found['name']} search in "
                    f"{found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f}{_ci(c.intervals.get('edge_faithfulness'))} ({how}); MIB's CPR "
@@ -346,35 +350,6 @@ def _metric_intervals(clean: Tensor, corrupted: Tensor, n_resamples: int, level:
         lo, hi = bootstrap_ci(values, n_resamples, level)
         out[key] = (float(lo), float(hi))
     return out
-
-
-def _circuit_intervals(pairs: dict[str, Tensor], clean: Tensor, n_resamples: int, level: float) -> dict[str, tuple]:
-    """Faithfulness ``(m_C - m_all) / (m_clean - m_all)`` and necessity ``m_clean - m_{only C patched}`` over the
-    same resamples of the pairs (one draw: the ratio of resampled means, as the figure itself is)."""
-    from circuitkit.uncertainty import bootstrap_ci
-
-    if clean.shape[0] < 2:
-        return {}
-    nlo, nhi = bootstrap_ci(clean.double() - pairs["only_circuit"].double(), n_resamples, level)
-    out = {"necessity": (float(nlo), float(nhi))}
-    faithfulness = _faithfulness_interval(pairs["circuit"], pairs["all_patched"], clean, n_resamples, level)
-    return out if faithfulness is None else {"faithfulness": faithfulness, **out}
-
-
-def _faithfulness_interval(kept: Tensor, ablated: Tensor, clean: Tensor, n_resamples: int,
-                           level: float) -> tuple[float, float] | None:
-    """``(m_kept - m_ablated) / (m_clean - m_ablated)`` over resamples of the pairs (each ``[pair]``): the ratio of
-    resampled means, as the figure itself is; None where some resample has ``m_clean = m_ablated`` (few pairs, a
-    coarse dtype: the ratio is undefined there)."""
-    from circuitkit.uncertainty import bootstrap_ci
-
-    stacked = torch.stack([kept.double(), ablated.double(), clean.double()], dim=1)
-    try:
-        lo, hi = bootstrap_ci(stacked, n_resamples, level,
-                              statistic=lambda m: ((m[:, 0] - m[:, 1]) / (m[:, 2] - m[:, 1]))[:, None])
-    except CircuitkitError:
-        return None
-    return float(lo[0]), float(hi[0])
 
 
 def _num(value: Any) -> float | None:
@@ -579,123 +554,17 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                       search=node_search, search_passes=search_estimate(node_search, search_options),
                       kv_copies=graph.kv_copies, edge_search=edge_search,
                       edge_search_passes=_budget(edge_options.get("max_passes")))
+    state = TaskScanState(TaskOptions(target, rank, steps, ig_points, quick, random_sets, stability, n_resamples,
+                                      ci_level, mlp_nodes, node_search, search_options, edge_search, edge_options),
+                          runner, held, search, other, told)
     bar = task_progress(task.name, mode, task_plan(plan))
-
-    reruns = [0.0]  # the stability stage's passes, run by runners of its own
-    edge_result = None  # the edge search's SearchResult, where one ran
-
-    def count() -> float:
-        return runner.passes + (held.passes if held is not None else 0.0) + reruns[0]
-
-    def stage(name: str, fn: Any, why: Any = None) -> Any:
-        """Run ``fn(advance)`` as stage ``name``: ``advance()`` moves the bar by the passes counted since."""
-        begun = [count()]
-
-        def advance(*_: Any) -> None:
-            now = count()
-            bar.advance(now - begun[-1])
-            begun.append(now)
-
-        bar.start(name)
-        result = fn(advance)
-        advance()
-        bar.end(why(result) if callable(why) else why)
-        if told is not None:
-            told(name, bar.ran[-1].passes)
-        return result
-
     try:
-        clean = stage("clean", lambda advance: runner.clean)
-        corrupted = stage("corrupted", lambda advance: runner.corrupted)
-        if runner.edges_defined:
-            scores, node_scores, typed = stage("attribute", lambda advance: runner.attribute(steps, ig_points))
-        else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
-            scores = None
-            node_scores, typed = stage("attribute", lambda advance: runner.node_attribution(steps, ig_points))
-        circuit, error, baseline, stable, node_result = None, None, None, None, None
-        try:
-            heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs, members = stage(
-                "nodes", lambda advance: node_circuit(search, node_scores, target, rank, mlp_nodes=mlp_nodes,
-                                                      progress=advance, types=typed),
-                lambda found: f"the search measured {len(found[4]) - 2} sizes and stopped at "
-                              f"{len(found[0]) + len(found[1])} nodes")
-            if node_search != "ranked":  # the searched circuit replaces the ranked one (tasks/search.py)
-                searched, node_result = stage("search", lambda advance: search_node_circuit(
-                    node_search, search, node_scores, (heads, circuit_mlps, faith, necessity, curve, all_patched,
-                                                       n_nodes, pairs), target, rank, mlp_nodes=mlp_nodes,
-                    options=search_options),
-                    lambda out: f"{out[1].start} -> {out[1].size} nodes at {out[1].faithfulness:.3f}, "
-                                + stop_words(out[1].settings.get("stopped")))
-                heads, circuit_mlps, faith, necessity, curve, all_patched, n_nodes, pairs = searched
-        except NoBehaviour as exc:  # reported, not raised
-            error = str(exc)
-            bar.end("no behaviour: the corrupted prompts do not change the metric")
-            for later in ("search", "random-sets", "stability", "edges", "edge-search", "held-out"):
-                if later in bar.plan:
-                    bar.skip(later, "no node circuit (the corrupted prompts do not change the metric)")
-        else:
-            if random_sets:
-                baseline = stage("random-sets", lambda advance: random_node_sets(
-                    search, heads, circuit_mlps, mlp_nodes_on, pairs["all_patched"], random_sets, 0, ci_level,
-                    n_resamples, advance))
-            if stability:
-                def rerun_counted(advance: Any) -> Any:
-                    def told_rerun(passes: float) -> None:
-                        reruns[0] += passes
-                        advance()
-
-                    return node_stability(search, stability, steps, target, rank, mlp_nodes, progress=told_rerun,
-                                          points=ig_points)
-
-                stable = stage("stability", rerun_counted)
-            edge_part: tuple = ((), None, (), None, None, (), graph.n_edges, None)
-            edge_pairs: dict[str, Tensor] = {}  # each pair's metric behind the edge figures (their intervals)
-            if edges:
-                try:
-                    edge_part = stage("edges", lambda advance: edge_circuit(search, scores, target, rank,
-                                                                             progress=advance, pairs=edge_pairs))
-                except NoBehaviour as exc:  # the corrupted run itself (no edge kept) equals the clean one
-                    error = f"no edge circuit: {exc}"
-                    bar.end("no behaviour: the corrupted run equals the clean one")
-                    if "edge-search" in bar.plan:
-                        bar.skip("edge-search", "no edge circuit (the corrupted run equals the clean one)")
-                else:
-                    if edge_search != "ranked":  # the searched edges replace the ranked ones (tasks/search.py)
-                        edge_part, edge_result = stage("edge-search", lambda advance: _edge_searched(
-                            edge_search, search, scores, edge_part, target, rank,
-                            {**edge_options, "progress": lambda *_: advance()}),
-                            lambda out: f"{_count(out[1].settings['pruned'], 'dangling edge')} pruned, "
-                                        f"{out[1].start} -> {out[1].size} edges at {out[1].faithfulness:.3f} "
-                                        f"(stopped: {out[1].settings['stopped']})")
-            names, edge_faith, edge_curve, cpr, cmd, effects, n_edges, areas = edge_part
-            other_set = None
-            if other is not None:
-                n_found = len(heads) + len(circuit_mlps) + sum(len(m) for m in members.values())
-                sizes = len(({0, n_found} if quick else {p.size for p in curve} | {0, n_found}) - {n_nodes})
-                bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes),
-                           f"the node curve has {sizes} sizes to measure there")
-                other_set = stage("held-out", lambda advance: _other_set(
-                    other, "discovery" if other is runner else "evaluation",
-                    () if quick else curve, n_found, node_scores, rank, mlp_nodes, names, n_nodes, typed,
-                    n_resamples, ci_level))
-                if node_search != "ranked":  # the searched set itself on the other pairs, with its own intervals
-                    searched: dict[str, Tensor] = {}
-                    other_set.update(held_out(other, heads, circuit_mlps, mlp_nodes, searched))
-                    ci = {k: v for k, v in other_set.pop("ci", {}).items() if k == "edge_faithfulness"}
-                    if other_set.get("faithfulness") is not None:  # the set has a gap (as the ranked sets')
-                        own = _circuit_intervals(searched, other.clean["metric"], n_resamples, ci_level)
-                        ci = {**{k: [lo, hi] for k, (lo, hi) in own.items()}, **ci}
-                    other_set.update({"ci": ci} if ci else {})
-            circuit = TaskCircuit(heads, circuit_mlps, faith, necessity, target, curve, n_nodes, names, edge_faith,
-                                  edge_curve, n_edges, cpr, cmd, effects, rank, float(search.clean["metric"].mean()),
-                                  float(search.corrupted["metric"].mean()), all_patched,
-                                  intervals=_circuit_intervals(pairs, search.clean["metric"], n_resamples, ci_level)
-                                  | (edge_intervals(edge_pairs, search.clean["metric"], search.corrupted["metric"],
-                                                    n_resamples, ci_level, circuit=edge_search == "ranked")
-                                     if edge_faith is not None and edge_pairs else {}),
-                                  other_set=other_set, nodes=members, edge_areas=areas, ablation=task.ablation)
+        run_planned(TASK_STAGES, state, plan, bar)
     finally:
         bar.close()
+    circuit = None if state.node is None else _circuit(state, task)
+    clean, corrupted, node_scores, typed = state.clean, state.corrupted, state.node_scores, state.typed
+    error, node_result, edge_result = state.error, state.node_result, state.edge_result
     stages = list(bar.ran)
     L, H = spec.n_layers, spec.n_heads
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
@@ -755,17 +624,28 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         settings=settings,
         intervals=_metric_intervals(clean_all, corrupted_all, n_resamples, ci_level),
         stages=tuple(stages),
-        random_baseline=baseline,
-        stability=stable,
+        random_baseline=state.baseline,
+        stability=state.stable,
         nodes={kind.name: {"score": typed[kind.name], "labels": [[kind.label(layer, i) for i in range(
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
             "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
     )
 
 
-def _count(n: int, noun: str) -> str:
-    """``"1 dangling edge"``, ``"3 dangling edges"``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def _circuit(state: TaskScanState, task: Task) -> TaskCircuit:
+    """The :class:`TaskCircuit` the stages measured: the node circuit, the edge circuit (where measured) and the
+    circuit on the other pairs, with the intervals of their figures over the pairs the search ran on."""
+    node, search, o = state.node, state.search, state.options
+    names, edge_faith, edge_curve, cpr, cmd, effects, n_edges, areas = state.edge_part
+    clean, corrupted = search.clean["metric"], search.corrupted["metric"]
+    intervals = circuit_intervals(node.pairs, clean, o.n_resamples, o.ci_level)
+    if edge_faith is not None and state.edge_pairs:
+        intervals |= edge_intervals(state.edge_pairs, clean, corrupted, o.n_resamples, o.ci_level,
+                                    circuit=o.edge_search == "ranked")
+    return TaskCircuit(node.heads, node.mlps, node.faithfulness, node.necessity, o.target, node.curve, node.n_nodes,
+                       names, edge_faith, edge_curve, n_edges, cpr, cmd, effects, o.rank, float(clean.mean()),
+                       float(corrupted.mean()), node.all_patched, intervals=intervals, other_set=state.other_set,
+                       nodes=node.nodes, edge_areas=areas, ablation=task.ablation)
 
 
 def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -786,19 +666,6 @@ def _budget(max_passes: Any) -> float:
     return DEFAULT_EDGE_SEARCH_PASSES if max_passes is None else float(max_passes)
 
 
-def _edge_searched(name: str, runner: TaskRunner, scores: Tensor, edge_part: tuple, target: float, rank: str,
-                   options: dict[str, Any]) -> tuple[tuple, Any]:
-    """``edge_circuit``'s tuple with the searched edges and their faithfulness in place of the ranked ones (the
-    curve, CPR/CMD and areas the ranking's; the effects those of the strongest ranked edges still kept), and the
-    :class:`~circuitkit.circuits.search.SearchResult`."""
-    names, faith, curve, cpr, cmd, effects, n_edges, areas = edge_part
-    found, found_faith, result = search_edge_circuit(name, runner, scores, names, target, rank, faith,
-                                                     options=options)
-    kept = set(found)
-    return (found, found_faith, curve, cpr, cmd, tuple(e for e in effects if e.name in kept), n_edges,
-            areas), result
-
-
 def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | None]:
     """``(discovery, evaluation)`` pair indices: a seeded random ``holdout`` share of the ``n`` pairs held out for
     evaluation (rounded, at least one pair each side), the rest for discovery; no split (``None``) for ``holdout``
@@ -808,72 +675,6 @@ def split_pairs(n: int, holdout: float, seed: int) -> tuple[Tensor, Tensor | Non
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed), device="cpu")
     k = min(n - 1, max(1, round(holdout * n)))
     return order[k:].sort().values, order[:k].sort().values
-
-
-def _other_set(other: TaskRunner, which: str, curve: tuple, n: int, node_scores: Tensor, rank: str,
-               mlp_nodes: bool, edges: tuple[str, ...], total: int | None = None,
-               types: dict[str, Tensor] | None = None, n_resamples: int = 1000,
-               ci_level: float = 0.95) -> dict[str, Any]:
-    """The circuit's figures on the set the search did not use: faithfulness at every size of the node curve (the
-    same top-``n`` node sets, one stacked pass; ``total``, every node kept, is the clean run, and every node patched
-    often the corrupted run: neither run again), the chosen circuit's (``n`` nodes) faithfulness and necessity, and
-    the edge circuit's faithfulness (one pass); ``ci``: the three's percentile bootstrap intervals over this set's
-    pairs (each from its pairs' metric in the passes above, as the discovery figures' are).
-    ``types``: the further node types' scores (``[layer, nodes]`` by type), ranked with the heads."""
-    from circuitkit.circuits.curve import faithfulness_of, has_gap
-    from circuitkit.tasks.circuit import MIN_TASK_GAP, node_masks, sender_scores, typed_order
-
-    graph = other.graph
-    scores = sender_scores(graph, node_scores, mlp_nodes and graph.mlps) | dict(types or {})
-    order = typed_order(scores, rank)
-    shapes = {name: tuple(grid.shape) for name, grid in scores.items()}
-    sizes = sorted({p.size for p in curve} | {0, n})
-    run = [k for k in sizes if 0 < k and (total is None or k < total)]
-    built = [node_masks(order[:k], shapes) for k in run]
-    stacked = {k: torch.stack([b[k] for b in built]) for k in shapes} if run else None
-    # every node patched (size 0): the corrupted run where it is that and pays; where it runs, the sizes resume from it
-    all_patched_pairs = other.all_patched_metric(tuple(shapes), stacked)  # [pair]
-    known = {0: float(all_patched_pairs.mean())}
-    measured_pairs = other.patched_metric(stacked, per_pair=True) if run else None  # [size, pair] (CPU)
-    measured = measured_pairs.mean(-1).tolist() if run else []
-    # only the circuit patched (necessity): a pass of its own, which resumes at the circuit's lowest layer
-    only_pairs = other.patched_metric({k: (~v)[None] for k, v in node_masks(order[:n], shapes).items()},
-                                      per_pair=True)[0]
-    only = float(only_pairs.mean())
-    clean = float(other.clean["metric"].mean())
-    values = [measured[run.index(k)] if k in run else known.get(k, clean) for k in sizes]
-    at_n = measured_pairs[run.index(n)] if n in run else all_patched_pairs if n == 0 else other.clean["metric"]
-    all_patched = values[sizes.index(0)]
-    out: dict[str, Any] = {"set": which, "pairs": other.batch.n_pairs, "clean": clean,
-                           "corrupted": float(other.corrupted["metric"].mean()),
-                           "metric_all_nodes_patched": all_patched, "necessity": clean - only}
-    if not has_gap(clean, all_patched, MIN_TASK_GAP):
-        out.update(curve=[], faithfulness=None, edge_faithfulness=None,
-                   note="the corrupted prompts of this set do not change the metric")
-        return out
-    out["curve"] = [{"size": k, "faithfulness": faithfulness_of(v, clean, all_patched), "metric": v}
-                    for k, v in zip(sizes, values, strict=True)]
-    out["faithfulness"] = out["curve"][sizes.index(n)]["faithfulness"]
-    out["edge_faithfulness"] = None
-    intervals = _circuit_intervals({"circuit": at_n, "all_patched": all_patched_pairs, "only_circuit": only_pairs},
-                                   other.clean["metric"], n_resamples, ci_level)
-    if edges:
-        kept = torch.zeros_like(graph.allowed)
-        for edge in edges:
-            sender, receiver = edge.split("->")
-            kept[graph.senders.index(sender), graph.receivers.index(receiver)] = True
-        corrupted = float(other.corrupted["metric"].mean())
-        if has_gap(clean, corrupted, MIN_TASK_GAP):
-            edge_pairs: list[Tensor] = []
-            out["edge_faithfulness"] = faithfulness_of(float(other.edge_metric(kept[None], edge_pairs)[0]), clean,
-                                                       corrupted)
-            edge = (None if other.batch.n_pairs < 2 else _faithfulness_interval(
-                edge_pairs[0][0], other.corrupted["metric"], other.clean["metric"], n_resamples, ci_level))
-            if edge is not None:
-                intervals["edge_faithfulness"] = edge
-    if intervals:
-        out["ci"] = {key: [lo, hi] for key, (lo, hi) in intervals.items()}
-    return out
 
 
 def registered_pattern_masks(batch: Any) -> dict[str, tuple[Tensor, float]]:

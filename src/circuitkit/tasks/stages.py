@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from circuitkit.circuits.faithfulness import COARSE_SETS, geometric_sizes
+from circuitkit.stage import Stage, plan_of
 from circuitkit.tasks.circuit import (
     COARSE_AFTER,
     COARSE_MIN_PAIRS,
@@ -53,16 +54,6 @@ class PlanInputs:
     edge_search: str = "ranked"
     edge_search_passes: float = 0.0
     """The edge search's pass budget (``edge_search`` other than ``"ranked"``)."""
-
-
-@dataclass(frozen=True)
-class TaskStageSpec:
-    """One declared stage: ``name``, ``what`` it does, ``estimate(plan) -> passes`` and ``runs(plan) -> bool``."""
-
-    name: str
-    what: str
-    estimate: Callable[[PlanInputs], float]
-    runs: Callable[[PlanInputs], bool]
 
 
 def coarse_applies(pairs: int) -> bool:
@@ -114,39 +105,302 @@ def stability_estimate(plan: PlanInputs) -> float:
     return plan.stability * (2 + 3 * plan.steps + node_estimate(plan.nodes, plan.pairs))
 
 
-TASK_STAGES = (
-    TaskStageSpec("clean", "one forward: every sender's output, the clean metric, direct logit attribution (its "
-                  "backward through the final norm and unembedding only)", lambda p: 1, lambda p: True),
-    TaskStageSpec("corrupted", "one forward: every sender's output on the corrupted prompts, the corrupted metric",
-                  lambda p: 1, lambda p: True),
-    TaskStageSpec("attribute", "EAP-IG: the interpolation points stacked in one forward + backward",
-                  lambda p: 3 * p.steps * p.kv_copies, lambda p: True),
-    TaskStageSpec("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a "
-                  "coarse search on a quarter of the pairs first), necessity",
-                  lambda p: node_estimate(p.nodes, p.pairs), lambda p: True),
-    TaskStageSpec("search", "a search beyond ranking from the ranked circuit (opt-in: refined drops and swaps, or "
-                  "learned masks; planned roughly, revised as it runs)",
-                  lambda p: p.search_passes, lambda p: p.search != "ranked"),
-    TaskStageSpec("random-sets", "random node sets of the circuit's size, uniform and per layer (opt-in)",
-                  lambda p: 2 * p.random_sets, lambda p: p.random_sets > 0),
-    TaskStageSpec("stability", "the node search rerun on bootstrap resamples of the pairs (opt-in)",
-                  stability_estimate, lambda p: p.stability > 0),
-    TaskStageSpec("edges", "the edge circuit: MIB's sizes stacked, the bisection to 1/64 of its size, the "
-                  "strongest edges' exact effects", lambda p: edge_estimate(p.edges_total, p.pairs) * p.kv_copies,
-                  lambda p: p.edges),
-    TaskStageSpec("edge-search", "a search beyond ranking from the ranked edge circuit (opt-in: dangling edges "
-                  "pruned, then refined block rounds and drops within a pass budget; planned from the budget)",
-                  lambda p: p.edge_search_passes + p.kv_copies, lambda p: p.edges and p.edge_search != "ranked"),
-    TaskStageSpec("held-out", "the circuit measured on the pairs the search did not use", held_estimate,
-                  lambda p: p.held > 0),
+@dataclass(frozen=True)
+class TaskOptions:
+    """The scan's options the stages read, checked by :func:`circuitkit.tasks.scan.scan_task` before any pass:
+    ``target``, ``rank``, the EAP-IG ``steps`` and ``ig_points``, ``quick``, ``random_sets``, ``stability``, the
+    intervals' ``n_resamples`` and ``ci_level``, ``mlp_nodes``, the node search (``node_search``,
+    ``search_options``) and the edge search (``edge_search``, ``edge_options`` with its pass budget)."""
+
+    target: float
+    rank: str
+    steps: int
+    ig_points: str
+    quick: bool
+    random_sets: int
+    stability: int
+    n_resamples: int
+    ci_level: float
+    mlp_nodes: bool
+    node_search: str = "ranked"
+    search_options: dict[str, Any] | None = None
+    edge_search: str = "ranked"
+    edge_options: dict[str, Any] = field(default_factory=dict)
+
+
+NO_EDGES = ((), None, (), None, None, ())
+""":func:`~circuitkit.tasks.circuit.edge_circuit`'s tuple without an edge circuit, less its last two entries (the
+graph's edge count and the areas)."""
+
+
+@dataclass(eq=False)
+class TaskScanState:
+    """What a task scan's stages read and write (:attr:`~circuitkit.stage.Stage.reads` / ``writes`` name these
+    fields): the ``options``; the ``runner`` of the discovery pairs and ``held``, the evaluation pairs' (None where
+    not split), of which ``search`` is the set the target applies to and ``other`` the rest; ``told``, the user's
+    ``progress(stage, passes)``; ``reruns``, the stability stage's passes (run by runners of its own); and each
+    stage's results, empty until the stage that writes them ran: the reference runs (``clean``, ``corrupted``),
+    EAP-IG's edge ``scores``, ``node_scores`` and further node types' scores (``typed``), the node circuit
+    (``node``, a :class:`~circuitkit.tasks.circuit.NodeCircuit`; ``node_result``, the search beyond ranking that
+    chose it), ``error`` (why there is no node or edge circuit), the random sets (``baseline``), ``stable``, the edge
+    circuit (``edge_part``: :func:`~circuitkit.tasks.circuit.edge_circuit`'s tuple; ``edge_pairs``, each pair's
+    metric behind its figures; ``edge_result``, the edge search) and ``other_set``, the circuit on the other pairs."""
+
+    options: TaskOptions
+    runner: Any  # circuitkit.graph.runner.TaskRunner
+    held: Any = None
+    search: Any = None
+    other: Any = None
+    told: Callable[[str, float], None] | None = None
+    reruns: float = 0.0
+    clean: dict[str, Any] | None = None
+    corrupted: dict[str, Any] | None = None
+    scores: Any = None
+    node_scores: Any = None
+    typed: dict[str, Any] = field(default_factory=dict)
+    node: Any = None
+    node_result: Any = None
+    error: str | None = None
+    baseline: Any = None
+    stable: Any = None
+    edge_part: tuple = ()
+    edge_pairs: dict[str, Any] = field(default_factory=dict)
+    edge_result: Any = None
+    other_set: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.edge_part:
+            self.edge_part = (*NO_EDGES, self.runner.graph.n_edges, None)
+
+    def passes(self) -> float:
+        """Every pass counted so far, on both sets of pairs and in the stability reruns."""
+        return self.runner.passes + (self.held.passes if self.held is not None else 0.0) + self.reruns
+
+    def staged(self, bar: Any, name: str, fn: Callable[[Callable[..., None]], Any], why: Any = None) -> Any:
+        """Run ``fn(advance)`` as stage ``name`` of ``bar``: ``advance()`` moves the bar by the passes counted since
+        its last call; the stage ends with ``why`` (or ``why(result)``) as the reason of any revision, and the
+        user's ``progress(stage, passes)`` is told."""
+        begun = [self.passes()]
+
+        def advance(*_: Any) -> None:
+            now = self.passes()
+            bar.advance(now - begun[-1])
+            begun.append(now)
+
+        bar.start(name)
+        result = fn(advance)
+        advance()
+        bar.end(why(result) if callable(why) else why)
+        if self.told is not None:
+            self.told(name, bar.ran[-1].passes)
+        return result
+
+
+AFTER_NODES = ("search", "random-sets", "stability", "edges", "edge-search", "held-out")
+"""The stages that need a node circuit: skipped where there is none."""
+
+
+def _no_node_circuit(state: TaskScanState, bar: Any, error: Exception) -> None:
+    """The corrupted prompts do not change the metric: no node circuit, and the stages after it leave the plan."""
+    state.error = str(error)
+    bar.end("no behaviour: the corrupted prompts do not change the metric")
+    for later in AFTER_NODES:
+        if later in bar.plan:
+            bar.skip(later, "no node circuit (the corrupted prompts do not change the metric)")
+
+
+def clean_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    state.clean = state.staged(bar, "clean", lambda advance: state.runner.clean)
+
+
+def corrupted_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    state.corrupted = state.staged(bar, "corrupted", lambda advance: state.runner.corrupted)
+
+
+def attribute_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    o, runner = state.options, state.runner
+    if runner.edges_defined:
+        state.scores, state.node_scores, state.typed = state.staged(
+            bar, "attribute", lambda advance: runner.attribute(o.steps, o.ig_points))
+    else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
+        state.node_scores, state.typed = state.staged(
+            bar, "attribute", lambda advance: runner.node_attribution(o.steps, o.ig_points))
+
+
+def nodes_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    from circuitkit.circuits.curve import NoBehaviour
+    from circuitkit.tasks.circuit import node_circuit
+
+    o = state.options
+    try:
+        state.node = state.staged(
+            bar, "nodes", lambda advance: node_circuit(state.search, state.node_scores, o.target, o.rank,
+                                                       mlp_nodes=o.mlp_nodes, progress=advance, types=state.typed),
+            lambda found: f"the search measured {len(found.curve) - 2} sizes and stopped at "
+                          f"{len(found.heads) + len(found.mlps)} nodes")
+    except NoBehaviour as error:  # reported, not raised
+        _no_node_circuit(state, bar, error)
+
+
+def search_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    """The searched circuit replaces the ranked one (:mod:`circuitkit.tasks.search`)."""
+    from circuitkit.circuits.curve import NoBehaviour
+    from circuitkit.circuits.search import stop_words
+    from circuitkit.tasks.circuit import NodeCircuit
+    from circuitkit.tasks.search import search_node_circuit
+
+    o = state.options
+    try:
+        searched, state.node_result = state.staged(bar, "search", lambda advance: search_node_circuit(
+            o.node_search, state.search, state.node_scores, tuple(state.node[:8]), o.target, o.rank,
+            mlp_nodes=o.mlp_nodes, options=o.search_options),
+            lambda out: f"{out[1].start} -> {out[1].size} nodes at {out[1].faithfulness:.3f}, "
+                        + stop_words(out[1].settings.get("stopped")))
+    except NoBehaviour as error:
+        _no_node_circuit(state, bar, error)
+        state.node = None
+        return
+    state.node = NodeCircuit(*searched, state.node.nodes)
+
+
+def random_sets_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    from circuitkit.tasks.robustness import random_node_sets
+
+    o, node = state.options, state.node
+    mlp_nodes_on = o.mlp_nodes and state.runner.graph.mlps
+    state.baseline = state.staged(bar, "random-sets", lambda advance: random_node_sets(
+        state.search, node.heads, node.mlps, mlp_nodes_on, node.pairs["all_patched"], o.random_sets, 0,
+        o.ci_level, o.n_resamples, advance))
+
+
+def stability_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    from circuitkit.tasks.robustness import node_stability
+
+    o = state.options
+
+    def rerun_counted(advance: Any) -> Any:
+        def told_rerun(passes: float) -> None:
+            state.reruns += passes
+            advance()
+
+        return node_stability(state.search, o.stability, o.steps, o.target, o.rank, o.mlp_nodes,
+                              progress=told_rerun, points=o.ig_points)
+
+    state.stable = state.staged(bar, "stability", rerun_counted)
+
+
+def edges_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    from circuitkit.circuits.curve import NoBehaviour
+    from circuitkit.tasks.circuit import edge_circuit
+
+    o = state.options
+    try:
+        state.edge_part = state.staged(bar, "edges", lambda advance: edge_circuit(
+            state.search, state.scores, o.target, o.rank, progress=advance, pairs=state.edge_pairs))
+    except NoBehaviour as error:  # the corrupted run itself (no edge kept) equals the clean one
+        state.error = f"no edge circuit: {error}"
+        bar.end("no behaviour: the corrupted run equals the clean one")
+        if "edge-search" in bar.plan:
+            bar.skip("edge-search", "no edge circuit (the corrupted run equals the clean one)")
+
+
+def edge_search_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    """The searched edges replace the ranked ones (:mod:`circuitkit.tasks.search`)."""
+    o = state.options
+    state.edge_part, state.edge_result = state.staged(bar, "edge-search", lambda advance: edge_searched(
+        o.edge_search, state.search, state.scores, state.edge_part, o.target, o.rank,
+        {**o.edge_options, "progress": lambda *_: advance()}),
+        lambda out: f"{count_of(out[1].settings['pruned'], 'dangling edge')} pruned, "
+                    f"{out[1].start} -> {out[1].size} edges at {out[1].faithfulness:.3f} "
+                    f"(stopped: {out[1].settings['stopped']})")
+
+
+def held_out_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    """The circuit on the other set of pairs: the node curve's sizes, the circuit's own figures and the edge
+    circuit (:func:`~circuitkit.tasks.other_set.other_set_figures`); a searched set measured there itself too."""
+    from circuitkit.tasks.other_set import circuit_intervals, other_set_figures
+    from circuitkit.tasks.search import held_out
+
+    o, node, other = state.options, state.node, state.other
+    names = state.edge_part[0]
+    n_found = len(node.heads) + len(node.mlps) + sum(len(m) for m in node.nodes.values())
+    sizes = len(({0, n_found} if o.quick else {p.size for p in node.curve} | {0, n_found}) - {node.n_nodes})
+    bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes),
+               f"the node curve has {sizes} sizes to measure there")
+    state.other_set = state.staged(bar, "held-out", lambda advance: other_set_figures(
+        other, "discovery" if other is state.runner else "evaluation", () if o.quick else node.curve, n_found,
+        state.node_scores, o.rank, o.mlp_nodes, names, node.n_nodes, state.typed, o.n_resamples, o.ci_level))
+    if o.node_search != "ranked":  # the searched set itself on the other pairs, with its own intervals
+        searched: dict[str, Any] = {}
+        state.other_set.update(held_out(other, node.heads, node.mlps, o.mlp_nodes, searched))
+        ci = {k: v for k, v in state.other_set.pop("ci", {}).items() if k == "edge_faithfulness"}
+        if state.other_set.get("faithfulness") is not None:  # the set has a gap (as the ranked sets')
+            own = circuit_intervals(searched, other.clean["metric"], o.n_resamples, o.ci_level)
+            ci = {**{k: [lo, hi] for k, (lo, hi) in own.items()}, **ci}
+        state.other_set.update({"ci": ci} if ci else {})
+
+
+def edge_searched(name: str, runner: Any, scores: Any, edge_part: tuple, target: float, rank: str,
+                  options: dict[str, Any]) -> tuple[tuple, Any]:
+    """``edge_circuit``'s tuple with the searched edges and their faithfulness in place of the ranked ones (the
+    curve, CPR/CMD and areas the ranking's; the effects those of the strongest ranked edges still kept), and the
+    :class:`~circuitkit.circuits.search.SearchResult`."""
+    from circuitkit.tasks.search import search_edge_circuit
+
+    names, faith, curve, cpr, cmd, effects, n_edges, areas = edge_part
+    found, found_faith, result = search_edge_circuit(name, runner, scores, names, target, rank, faith,
+                                                     options=options)
+    kept = set(found)
+    return (found, found_faith, curve, cpr, cmd, tuple(e for e in effects if e.name in kept), n_edges,
+            areas), result
+
+
+def count_of(n: int, noun: str) -> str:
+    """``"1 dangling edge"``, ``"3 dangling edges"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+TASK_STAGES: tuple[Stage[TaskScanState, PlanInputs], ...] = (
+    Stage("clean", "one forward: every sender's output, the clean metric, direct logit attribution (its backward "
+          "through the final norm and unembedding only)", reads=("runner",), writes=("clean",),
+          estimate=lambda p, state: 1, run=clean_stage),
+    Stage("corrupted", "one forward: every sender's output on the corrupted prompts, the corrupted metric",
+          reads=("runner",), writes=("corrupted",), estimate=lambda p, state: 1, run=corrupted_stage),
+    Stage("attribute", "EAP-IG: the interpolation points stacked in one forward + backward",
+          reads=("runner", "clean", "corrupted"), writes=("scores", "node_scores", "typed"),
+          estimate=lambda p, state: 3 * p.steps * p.kv_copies, run=attribute_stage),
+    Stage("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a coarse "
+          "search on a quarter of the pairs first), necessity", reads=("search", "node_scores", "typed"),
+          writes=("node", "error"), estimate=lambda p, state: node_estimate(p.nodes, p.pairs), run=nodes_stage),
+    Stage("search", "a search beyond ranking from the ranked circuit (opt-in: refined drops and swaps, or learned "
+          "masks; planned roughly, revised as it runs)", reads=("search", "node_scores", "node"),
+          writes=("node", "node_result", "error"), estimate=lambda p, state: p.search_passes, run=search_stage,
+          runs=lambda p: p.search != "ranked"),
+    Stage("random-sets", "random node sets of the circuit's size, uniform and per layer (opt-in)",
+          reads=("search", "node"), writes=("baseline",), estimate=lambda p, state: 2 * p.random_sets,
+          run=random_sets_stage, runs=lambda p: p.random_sets > 0),
+    Stage("stability", "the node search rerun on bootstrap resamples of the pairs (opt-in)",
+          reads=("search",), writes=("stable", "reruns"), estimate=lambda p, state: stability_estimate(p),
+          run=stability_stage, runs=lambda p: p.stability > 0),
+    Stage("edges", "the edge circuit: MIB's sizes stacked, the bisection to 1/64 of its size, the strongest edges' "
+          "exact effects", reads=("search", "scores"), writes=("edge_part", "edge_pairs", "error"),
+          estimate=lambda p, state: edge_estimate(p.edges_total, p.pairs) * p.kv_copies, run=edges_stage,
+          runs=lambda p: p.edges),
+    Stage("edge-search", "a search beyond ranking from the ranked edge circuit (opt-in: dangling edges pruned, then "
+          "refined block rounds and drops within a pass budget; planned from the budget)",
+          reads=("search", "scores", "edge_part"), writes=("edge_part", "edge_result"),
+          estimate=lambda p, state: p.edge_search_passes + p.kv_copies, run=edge_search_stage,
+          runs=lambda p: p.edges and p.edge_search != "ranked"),
+    Stage("held-out", "the circuit measured on the pairs the search did not use", reads=(
+          "other", "runner", "node", "node_scores", "typed", "edge_part"), writes=("other_set",),
+          estimate=lambda p, state: held_estimate(p), run=held_out_stage, runs=lambda p: p.held > 0),
 )
 """The task scan's stages in the order they run (:func:`task_plan` says which run, with their planned passes)."""
 TASK_STAGE_NAMES = {stage.name: stage.what for stage in TASK_STAGES}
 
-
 def task_plan(plan: PlanInputs) -> list[tuple[str, float]]:
     """``(stage, planned passes)`` for each stage a scan with these inputs runs, in order."""
-    return [(stage.name, stage.estimate(plan)) for stage in TASK_STAGES if stage.runs(plan)]
+    return plan_of(TASK_STAGES, plan, None)
 
 
 def task_progress(task_name: str, mode: str, plan: list[tuple[str, float]], stream: Any = None) -> Any:
@@ -158,4 +412,5 @@ def task_progress(task_name: str, mode: str, plan: list[tuple[str, float]], stre
     return Progress(mode, plan, stream=stream, label=visible(f"scan {task_name}"))
 
 
-__all__ = ["PlanInputs", "TASK_STAGES", "TASK_STAGE_NAMES", "TaskStageSpec", "task_plan", "task_progress"]
+__all__ = ["AFTER_NODES", "PlanInputs", "TASK_STAGES", "TASK_STAGE_NAMES", "TaskOptions", "TaskScanState", "task_plan",
+           "task_progress"]

@@ -1,0 +1,81 @@
+"""Both scans declare their stages as one record type (:class:`circuitkit.stage.Stage`) and run them through one
+loop (:func:`circuitkit.stage.run_planned`): each stage reads only what its scan's state starts with or an earlier
+stage wrote, and a stage an earlier one skipped does not run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from circuitkit.progress import Progress
+from circuitkit.stage import Stage, plan_of, run_planned
+
+STARTS = {
+    "induction": {"session"},
+    "task": {"options", "runner", "held", "search", "other", "told"},
+}
+
+
+def _declared():
+    from circuitkit.pipeline import STAGES, ScanState
+    from circuitkit.tasks.stages import TASK_STAGES, TaskScanState
+
+    return {"induction": (STAGES, ScanState, {"session.clean"}), "task": (TASK_STAGES, TaskScanState, set())}
+
+
+@pytest.mark.parametrize("scan", ["induction", "task"])
+def test_each_scans_stages_declare_what_they_read_and_write(scan):
+    stages, state_type, extra = _declared()[scan]
+    fields = {f.name for f in dataclasses.fields(state_type)} | extra
+    assert all(isinstance(stage, Stage) for stage in stages)
+    assert len({stage.name for stage in stages}) == len(stages)
+    written = set(STARTS[scan])
+    assert written <= fields
+    for stage in stages:  # a stage reads only what the state starts with or an earlier stage wrote
+        assert set(stage.reads) <= written, (stage.name, set(stage.reads) - written)
+        assert set(stage.writes) <= fields, (stage.name, set(stage.writes) - fields)
+        assert stage.what and "\n" not in stage.what
+        written |= set(stage.writes)
+
+
+def test_the_loop_runs_the_planned_stages_in_order_and_not_a_skipped_one():
+    ran: list[str] = []
+
+    def run(name, skip=None):
+        def stage_run(state, settings, bar):
+            bar.start(name)
+            ran.append(name)
+            bar.advance(settings[name])
+            bar.end()
+            if skip:
+                bar.skip(skip, "nothing left for it")
+
+        return stage_run
+
+    stages = (
+        Stage("a", "first", (), ("x",), lambda s, state: s["a"], run("a")),
+        Stage("b", "off by its settings", ("x",), ("y",), lambda s, state: s["b"], run("b"), runs=lambda s: False),
+        Stage("c", "skips d", ("x",), ("z",), lambda s, state: s["c"], run("c", skip="d")),
+        Stage("d", "skipped", ("z",), (), lambda s, state: s["d"], run("d")),
+        Stage("e", "last", ("x",), (), lambda s, state: s["e"], run("e")),
+    )
+    settings = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}
+    plan = plan_of(stages, settings, None)
+    assert plan == [("a", 1), ("c", 3), ("d", 4), ("e", 5)]
+    bar = Progress("off", plan)
+    run_planned(stages, None, settings, bar)
+    assert ran == ["a", "c", "e"]
+    assert [(r.name, r.passes) for r in bar.ran] == [("a", 1), ("c", 3), ("e", 5)]
+    assert [(r.stage, r.after) for r in bar.revisions] == [("d", 0)]
+
+
+def test_a_task_scans_plan_is_its_declared_stages():
+    from circuitkit.tasks.stages import TASK_STAGE_NAMES, PlanInputs, task_plan
+
+    plan = PlanInputs(nodes=12, edges_total=100, pairs=8, held=8, direct=True, steps=3, edges=False, quick=False,
+                      random_sets=2, stability=0, search="refined", search_passes=15.0)
+    names = [name for name, _ in task_plan(plan)]
+    assert names == ["clean", "corrupted", "attribute", "nodes", "search", "random-sets", "held-out"]
+    assert list(TASK_STAGE_NAMES)[:4] == ["clean", "corrupted", "attribute", "nodes"]
+    assert dict(task_plan(plan))["search"] == 15.0 and dict(task_plan(plan))["random-sets"] == 4
