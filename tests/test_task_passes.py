@@ -353,3 +353,27 @@ def test_the_masks_search_is_planned_at_its_steps(options):
     with pytest.raises(CircuitkitError, match="refined search: max_passes"):
         search_estimate("refined", {"max_passes": -1})
     assert search_estimate("refined", {"max_passes": 4}) == 4 and search_estimate("ranked") == 0
+
+
+@pytest.mark.parametrize("search", ["ranked", "refined"])
+def test_every_pass_a_scan_runs_is_counted_in_a_stage(search, monkeypatch):
+    """The stages' passes add up to every pass the scan's runners ran, on both sets of pairs: the searched set
+    measured on the held-out pairs (three stacked sets) ran after the held-out stage had ended, uncounted."""
+    import circuitkit as ck
+    from circuitkit import zoo
+    from circuitkit.tasks import repeated_tokens
+
+    runners: list[TaskRunner] = []
+    real = TaskRunner.__init__
+
+    def keep(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(TaskRunner, "__init__", keep)
+    model = zoo.load()
+    scan = ck.scan(model, task=repeated_tokens(model), search=search, edges=False, progress="off")
+    assert len(runners) == 2  # discovery and evaluation pairs
+    ran = {stage.name: stage.passes for stage in scan.stages}
+    assert sum(ran.values()) == pytest.approx(sum(runner.passes for runner in runners))
+    assert ran["held-out"] == pytest.approx(runners[1].passes)

@@ -90,14 +90,20 @@ def edge_estimate(edges_total: int, pairs: int) -> float:
     return len(RANKS) * sizes + bisection + EFFECT_SHARE * min(N_EXACT_EDGES, edges_total)
 
 
+SEARCHED_SET_PASSES = 3
+"""A searched node circuit measured on the other pairs itself: kept, every node patched, only it patched."""
+
+
 def held_estimate(plan: PlanInputs, curve_sizes: int | None = None) -> float:
     """Planned passes on the other set of pairs: its clean and corrupted runs (forward only), the node curve's sizes
     (``curve_sizes``, known once the search ran; before it, the sizes :func:`node_estimate` plans for the search;
-    quick: the circuit's size and every node patched) and the circuit alone patched, and the edge circuit (one)."""
+    quick: the circuit's size and every node patched) and the circuit alone patched, the edge circuit (one), and a
+    searched circuit itself (:data:`SEARCHED_SET_PASSES`)."""
     if curve_sizes is None:
         curve_sizes = int(node_estimate(plan.nodes, plan.pairs)) - 2  # less its all-patched run and necessity
     sizes = 2 if plan.quick else curve_sizes
-    return 1 + 1 + sizes + 1 + (plan.kv_copies if plan.edges else 0)
+    searched = SEARCHED_SET_PASSES if plan.search != "ranked" else 0
+    return 1 + 1 + sizes + 1 + (plan.kv_copies if plan.edges else 0) + searched
 
 
 def stability_estimate(plan: PlanInputs) -> float:
@@ -327,17 +333,22 @@ def held_out_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     sizes = len(({0, n_found} if o.quick else {p.size for p in node.curve} | {0, n_found}) - {node.n_nodes})
     bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes),
                f"the node curve has {sizes} sizes to measure there")
-    state.other_set = state.staged(bar, "held-out", lambda advance: other_set_figures(
-        other, "discovery" if other is state.runner else "evaluation", () if o.quick else node.curve, n_found,
-        state.node_scores, o.rank, o.mlp_nodes, names, node.n_nodes, state.typed, o.n_resamples, o.ci_level))
-    if o.node_search != "ranked":  # the searched set itself on the other pairs, with its own intervals
-        searched: dict[str, Any] = {}
-        state.other_set.update(held_out(other, node.heads, node.mlps, o.mlp_nodes, searched))
-        ci = {k: v for k, v in state.other_set.pop("ci", {}).items() if k == "edge_faithfulness"}
-        if state.other_set.get("faithfulness") is not None:  # the set has a gap (as the ranked sets')
-            own = circuit_intervals(searched, other.clean["metric"], o.n_resamples, o.ci_level)
-            ci = {**{k: [lo, hi] for k, (lo, hi) in own.items()}, **ci}
-        state.other_set.update({"ci": ci} if ci else {})
+
+    def measure(advance: Any) -> dict[str, Any]:
+        out = other_set_figures(other, "discovery" if other is state.runner else "evaluation",
+                                () if o.quick else node.curve, n_found, state.node_scores, o.rank, o.mlp_nodes, names,
+                                node.n_nodes, state.typed, o.n_resamples, o.ci_level)
+        if o.node_search != "ranked":  # the searched set itself on the other pairs, with its own intervals
+            searched: dict[str, Any] = {}
+            out.update(held_out(other, node.heads, node.mlps, o.mlp_nodes, searched))
+            ci = {k: v for k, v in out.pop("ci", {}).items() if k == "edge_faithfulness"}
+            if out.get("faithfulness") is not None:  # the set has a gap (as the ranked sets')
+                own = circuit_intervals(searched, other.clean["metric"], o.n_resamples, o.ci_level)
+                ci = {**{k: [lo, hi] for k, (lo, hi) in own.items()}, **ci}
+            out.update({"ci": ci} if ci else {})
+        return out
+
+    state.other_set = state.staged(bar, "held-out", measure)
 
 
 def edge_searched(name: str, runner: Any, scores: Any, edge_part: tuple, target: float, rank: str,
