@@ -86,7 +86,7 @@ def test_per_query_head_edges_with_the_target_on_the_evaluation_pairs(scans):
     refined = scan_task(model, task, **kwargs, edge_search="refined", edge_search_options=UNBOUNDED)
     b = refined.circuit
     assert 0 < len(b.edges) < len(ranked.circuit.edges) and b.edge_faithfulness >= 0.8
-    assert refined.settings["edge_search"]["ranked_size"] == len(ranked.circuit.edges)
+    assert b.edge_search.start == len(ranked.circuit.edges) and b.edge_search.size == len(b.edges)
     assert refined.settings["plan"]["edge-search"] == DEFAULT_EDGE_SEARCH_PASSES + 2  # two query heads a group
     discovery, evaluation = split_pairs(task.n_pairs, 0.5, 0)
     assert _edge_faithfulness(model, task, evaluation, b.edges, "per-query-head") == pytest.approx(
@@ -106,11 +106,14 @@ def test_the_stage_is_planned_counted_and_recorded(scans):
     said = refined.settings["edge_search"]
     assert said["passes"] == stage.passes > 0
     assert said["options"] == UNBOUNDED and isinstance(said["pruned"], int) and said["pruned"] >= 0
-    assert said["stopped"] == "1-minimal, no swap reaches the target"
+    record = refined.circuit.edge_search  # the circuit's record of the search (SearchResult), as circuit.search's
+    assert record.settings["stopped"] == "1-minimal, no swap reaches the target"
+    assert record.settings["pruned"] == said["pruned"] and record.faithfulness == refined.circuit.edge_faithfulness
     assert refined.settings["plan"]["edge-search"] == DEFAULT_EDGE_SEARCH_PASSES + 1  # the budget + the pruned set
-    assert said["ranked_size"] == len(ranked.circuit.edges)
-    assert ranked.settings["edge_search"] == {"name": "ranked", "options": {}, "pruned": None, "stopped": None,
-                                              "ranked_size": None,
+    assert record.start == len(ranked.circuit.edges) and record.size == len(refined.circuit.edges)
+    assert ranked.circuit.edge_search is None and "edge_search" not in ranked.to_json()["circuit"]
+    assert refined.to_json()["circuit"]["edge_search"] == record.to_json()
+    assert ranked.settings["edge_search"] == {"name": "ranked", "options": {}, "pruned": None,
                                               "passes": next(s.passes for s in ranked.stages if s.name == "edges")}
     # the answer says how the edge circuit was found
     assert (f"Edge circuit: {len(refined.circuit.edges)} of {refined.circuit.n_edges_total} edges reach "
@@ -128,7 +131,8 @@ def test_the_pass_budget_stops_the_search_at_a_circuit_that_still_reaches_the_ta
                         edge_search_options={"max_passes": 12, "singles": 8},
                         progress=lambda stage, passes: told.append((stage, passes)))
     said = bounded.settings["edge_search"]
-    assert said["stopped"] == "max_passes" and said["options"] == {"max_passes": 12.0, "singles": 8}
+    assert bounded.circuit.edge_search.settings["stopped"] == "max_passes"
+    assert said["options"] == {"max_passes": 12.0, "singles": 8}
     assert 0 < said["passes"] < refined.settings["edge_search"]["passes"]
     assert bounded.settings["plan"]["edge-search"] == 12 + 1
     assert ("edge-search", said["passes"]) in told
@@ -139,7 +143,7 @@ def test_the_pass_budget_stops_the_search_at_a_circuit_that_still_reaches_the_ta
     # the default budget: the 36-edge circuit's single drops (36 passes) are past 30: no round runs
     default = scan_task(model, task, target=0.8, n_resamples=50, edge_search="refined")
     assert default.settings["edge_search"]["options"] == {"max_passes": DEFAULT_EDGE_SEARCH_PASSES}
-    assert default.settings["edge_search"]["stopped"] == "max_passes"
+    assert default.circuit.edge_search.settings["stopped"] == "max_passes"
     assert default.settings["edge_search"]["passes"] <= DEFAULT_EDGE_SEARCH_PASSES + 1
 
 
@@ -165,7 +169,6 @@ def test_the_saved_scan_reloads_and_the_checker_refuses_a_wrong_name(scans, tmp_
     for path, value, needle in [(("edge_search", "name"), "masks", "settings.edge_search.name"),
                                 (("edge_search", "pruned"), -1, "settings.edge_search.pruned"),
                                 (("edge_search", "passes"), -2.0, "settings.edge_search.passes"),
-                                (("edge_search", "ranked_size"), "36", "settings.edge_search.ranked_size"),
                                 (("edge_search", "extra"), 1, "settings.edge_search"),
                                 (("search", "name"), "best", "settings.search.name")]:
         bad = copy.deepcopy(data)
@@ -180,8 +183,22 @@ def test_the_saved_scan_reloads_and_the_checker_refuses_a_wrong_name(scans, tmp_
     bad["settings"]["edges"] = False  # no edge circuit (a family without edges): no edge search either
     with pytest.raises(CircuitkitError, match="settings.edge_search.passes"):
         check_task_scores(bad, "scores.json")
-    bad["settings"]["edge_search"].update(passes=None, pruned=None, stopped=None, ranked_size=None)
+    bad["settings"]["edge_search"].update(passes=None, pruned=None)
+    del bad["circuit"]["edge_search"]
     check_task_scores(bad, "scores.json")  # asked for, not run: said so
+    for key, value, needle in [("size", 3, "circuit.edge_search.size"),
+                               ("search", "masks", "circuit.edge_search.search.*settings.edge_search"),
+                               ("faithfulness", 0.1, "circuit.edge_search.faithfulness"),
+                               ("start_size", 10**6, "circuit.edge_search.start_size")]:
+        bad = copy.deepcopy(data)
+        bad["circuit"]["edge_search"][key] = value
+        with pytest.raises(CircuitkitError, match=needle):
+            check_task_scores(bad, "scores.json")
+    bad = copy.deepcopy(data)
+    bad["settings"]["edge_search"].update(name="ranked", pruned=None, options={})
+    with pytest.raises(CircuitkitError, match="circuit.edge_search.*absent"):
+        check_task_scores(bad, "scores.json")  # a record of a search that did not run
+    assert loaded.circuit.edge_search.start == refined.circuit.edge_search.start
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -218,6 +235,6 @@ def test_no_behaviour_skips_the_stage_and_says_no_search_ran(tmp_path):
                        edge_search="refined", n_resamples=20, progress=lambda stage, passes: told.append(stage))
     assert result.circuit is None and "edge-search" not in told
     assert result.settings["edge_search"] == {"name": "refined", "options": {"max_passes": DEFAULT_EDGE_SEARCH_PASSES},
-                                              "passes": None, "pruned": None, "ranked_size": None, "stopped": None}
+                                              "passes": None, "pruned": None}
     result.save(tmp_path / "scan")
     assert ck.Scan.load(tmp_path / "scan").settings == result.settings

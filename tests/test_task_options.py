@@ -290,14 +290,28 @@ def test_scan_passes_a_tasks_node_search(model, tmp_path):
     assert via_scan.circuit.faithfulness == pytest.approx(direct.circuit.faithfulness, abs=1e-6)
     ranked = ck.scan(model, task=_task(), edges=False)
     assert ranked.settings["search"] == {"name": "ranked", "options": {}, "passes": ranked.settings["search"]["passes"]}
-    found = via_scan.settings["search"]
-    assert found["ranked_size"] == len(ranked.circuit.heads) and found["stopped"] is not None
-    assert f"the refined search from the ranked {found['ranked_size']} in" in via_scan.answer()
+    found = via_scan.circuit.search  # the search's record, as the induction circuit's circuit.search
+    assert found.start == len(ranked.circuit.heads) and found.settings["stopped"] is not None
+    assert found.size == len(via_scan.circuit.heads) and found.faithfulness == via_scan.circuit.faithfulness
+    assert ranked.circuit.search is None and "search" not in ranked.to_json()["circuit"]
+    assert via_scan.to_json()["circuit"]["search"] == found.to_json()
+    assert f"the refined search from the ranked {found.start} in" in via_scan.answer()
     bounded = ck.scan(model, task=_task(), edges=False, search="refined", search_options={"max_passes": 1})
-    assert bounded.settings["search"]["stopped"] == "max_passes"
+    assert bounded.circuit.search.settings["stopped"] == "max_passes"
     assert "stopped by its pass budget, so not known to be 1-minimal" in bounded.answer()
     bounded.save(tmp_path)
     assert ck.Scan.load(tmp_path).answer() == bounded.answer()  # the search's record loads back
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads((Path(ck.tasks.__file__).parent / "task_scores.schema.json").read_text(encoding="utf-8"))
+    data = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+    jsonschema.validate(data, schema)  # the record as the published schema describes it
+    data["circuit"]["search"]["search"] = "ranked"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, schema)
 
 
 @pytest.mark.parametrize("search", ["refined", "masks"])

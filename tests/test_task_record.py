@@ -208,6 +208,9 @@ CASES = {  # id -> (path, value, the field the error names)
     "mlps off beside MLP scores": ("settings.mlps", False, "mlps.score"),
     "a ranked circuit's search start": ("settings.search.ranked_size", 3, "settings.search.ranked_size"),
     "a search's stop not text": ("settings.search.stopped", 5, "settings.search.stopped"),
+    "a search record beside a ranked circuit": ("circuit.search", {"search": "refined"}, "circuit.search"),
+    "an edge search record beside ranked edges": ("circuit.edge_search", {"search": "refined"},
+                                                  "circuit.edge_search"),
 }
 
 

@@ -518,20 +518,28 @@ class ScoresCheck:
                             else "absent: settings.search is ranked")
         if value is None:
             return
+        total = self.n_layers * self.n_heads
+        self.search_record(value, at, search, len(circuit["heads"]), circuit["faithfulness"],
+                           {point["n_heads"] for point in circuit["curve"]}, total, "circuit.heads", "circuit.curve")
+
+    def search_record(self, value: Any, at: str, search: str, size: int, faithfulness: float, sizes: set[int],
+                      total: int, members: str, curve: str) -> None:
+        """A :meth:`circuitkit.circuits.search.SearchResult.to_json` record at ``at`` of the search ``search``: its
+        ``size`` the circuit's (``size``, the count of ``members``), its ``faithfulness`` the circuit's, the size it
+        started from one of the ranked ``curve``'s ``sizes`` (every size at most ``total``), its trace's steps."""
         keys = ("search", "size", "start_size", "faithfulness", "passes", "trace", "settings")
         record = self.obj(value, at, keys, ())
         if record["search"] != search:
-            raise self.fail(f"{at}.search", record["search"], f"settings.search ({search!r})")
-        total = self.n_layers * self.n_heads
-        size = self.integer(record["size"], f"{at}.size", 1, total)
-        if size != len(circuit["heads"]):  # checked heads by now
-            raise self.fail(f"{at}.size", size, "the number of circuit.heads")
+            raise self.fail(f"{at}.search", record["search"], f"settings.{at.rsplit('.', 1)[-1]} ({search!r})")
+        found = self.integer(record["size"], f"{at}.size", 1, total)
+        if found != size:  # checked members by now
+            raise self.fail(f"{at}.size", found, f"the number of {members}")
         start = self.integer(record["start_size"], f"{at}.start_size", 1, total)
-        if start not in {point["n_heads"] for point in circuit["curve"]}:  # checked integers by now
-            raise self.fail(f"{at}.start_size", start, "a size of circuit.curve (the ranked circuit it started from)")
-        faithfulness = self.number(record["faithfulness"], f"{at}.faithfulness", nullable=False)
-        if not math.isclose(faithfulness, circuit["faithfulness"], rel_tol=RELATIVE_TOLERANCE, abs_tol=1e-9):
-            raise self.fail(f"{at}.faithfulness", faithfulness, "circuit.faithfulness (the searched set's)")
+        if start not in sizes:  # checked integers by now
+            raise self.fail(f"{at}.start_size", start, f"a size of {curve} (the ranked circuit it started from)")
+        measured = self.number(record["faithfulness"], f"{at}.faithfulness", nullable=False)
+        if not math.isclose(measured, faithfulness, rel_tol=RELATIVE_TOLERANCE, abs_tol=1e-9):
+            raise self.fail(f"{at}.faithfulness", measured, "the circuit's faithfulness (the searched set's)")
         self.number(record["passes"], f"{at}.passes", 0.0, nullable=False)
         for i, step in enumerate(self.array(record["trace"], f"{at}.trace")):
             s = self.obj(step, f"{at}.trace[{i}]", ("step", "size", "faithfulness"), ())

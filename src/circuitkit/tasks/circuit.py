@@ -134,6 +134,14 @@ class TaskCircuit:
     ablation: str = "corrupted"
     """What a node outside the node circuit becomes (the task's ablation, :data:`~circuitkit.graph.task.ABLATIONS`);
     an edge outside the edge circuit is always patched from the corrupted prompt."""
+    search: Any = None
+    """The node search beyond ranking that chose ``heads`` (:class:`~circuitkit.circuits.search.SearchResult`: the
+    size it started from, its trace, its options and why it stopped; once reloaded a
+    :class:`~circuitkit.report.reload.SavedSearch`), written as ``circuit.search`` as the induction circuit's is;
+    None for the ranked circuit."""
+    edge_search: Any = None
+    """The edge search beyond ranking that chose ``edges`` (the same record, ``circuit.edge_search``); None for the
+    ranked edge circuit."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,6 +170,8 @@ class TaskCircuit:
             **({"ci": {key: [lo, hi] for key, (lo, hi) in self.intervals.items()}} if self.intervals else {}),
             "other_set": self.other_set,
             **({"nodes": {name: list(labels) for name, labels in self.nodes.items()}} if self.nodes else {}),
+            **({"search": self.search.to_json()} if self.search is not None else {}),
+            **({"edge_search": self.edge_search.to_json()} if self.edge_search is not None else {}),
         }
 
 

@@ -102,6 +102,7 @@ def _pair(value: Any) -> tuple[float, float]:
 
 
 def _circuit(data: dict[str, Any] | None) -> Any:
+    from circuitkit.report.reload import SavedSearch
     from circuitkit.tasks.circuit import EdgeEffect, TaskCircuit
 
     if data is None:
@@ -122,6 +123,8 @@ def _circuit(data: dict[str, Any] | None) -> Any:
         nodes={name: tuple(labels) for name, labels in (data.get("nodes") or {}).items()},
         edge_areas=None if data.get("cpr_cmd") is None else {k: v for k, v in data["cpr_cmd"].items()
                                                              if k != "definition"},
+        search=None if data.get("search") is None else SavedSearch(data["search"]),
+        edge_search=None if data.get("edge_search") is None else SavedSearch(data["edge_search"]),
     )
     return TaskCircuit(**built, **_fields(TaskCircuit, data, set(built)))
 

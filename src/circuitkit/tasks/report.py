@@ -283,11 +283,10 @@ def _searched(scan: Any, faithfulness: float | None) -> tuple[str, float] | None
 
 def _searched_edges(scan: Any) -> str:
     """The edge curve's caption, where an edge search ran: the marked size is the searched circuit's."""
-    found = scan.settings.get("edge_search") or {}
-    if found.get("name", "ranked") == "ranked":
-        return ""
     c = scan.circuit
-    return (f" The marked size is the {escape(found['name'])} search's circuit ({len(c.edges)} edges at "
+    if c is None or c.edge_search is None:
+        return ""
+    return (f" The marked size is the {escape(c.edge_search.search)} search's circuit ({len(c.edges)} edges at "
             f"{c.edge_faithfulness:.3f}), found from the ranked one, not a point of this curve.")
 
 

@@ -155,11 +155,12 @@ class TaskScan:
     def _searched(self) -> str:
         """How a search beyond ranking chose the node circuit, for its line (nothing for the ranked circuit)."""
         found = self.settings.get("search") or {}
-        if found.get("name", "ranked") == "ranked":
+        record = None if self.circuit is None else self.circuit.search
+        if found.get("name", "ranked") == "ranked" or record is None:
             return ""
-        start = f" from the ranked {found['ranked_size']}" if found.get("ranked_size") else ""
-        budget = f"; {stop_words('max_passes')}" if found.get("stopped") == "max_passes" else ""
-        return f"; the {found['name']} search{start} in {found.get('passes') or 0:.0f} passes{budget}"
+        budget = f"; {stop_words('max_passes')}" if record.settings.get("stopped") == "max_passes" else ""
+        return f"; the {record.search} search from the ranked {record.start} in {found.get('passes') or 0:.0f} " \
+               f"passes{budget}"
 
     def _lines(self) -> list[str]:
         t = self.task
@@ -204,11 +205,11 @@ class TaskScan:
         if skipped:
             lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
-            found = self.settings.get("edge_search") or {}
-            how = (f"edges ranked by {c.rank} score" if found.get("name", "ranked") == "ranked" else
-                   f"the {found.get('ranked_size', '?')} edges ranked by {c.rank} score, "
-                   f"{count_of(found.get('pruned') or 0, 'dangling edge')} pruned, then the {found['name']} search in "
-                   f"{found.get('passes') or 0:.0f} passes")
+            found, record = self.settings.get("edge_search") or {}, c.edge_search
+            how = (f"edges ranked by {c.rank} score" if record is None else
+                   f"the {record.start} edges ranked by {c.rank} score, "
+                   f"{count_of(record.settings.get('pruned') or 0, 'dangling edge')} pruned, then the "
+                   f"{record.search} search in {found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f}{_ci(c.intervals.get('edge_faithfulness'))} ({how}); MIB's CPR "
                          f"{c.cpr:.3f}{_ci(c.intervals.get('cpr'))} (edges ranked by signed score), CMD "
@@ -425,7 +426,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         search: how the node circuit is found (:mod:`circuitkit.circuits.search`): ``"ranked"`` (default: the
             smallest top-``n`` set by EAP-IG node score), ``"refined"`` (that set, then exact drops and swaps while
             the target holds) or ``"masks"`` (learned continuous node masks, then the smallest top-``n`` of their
-            order); ``search_options``: that search's options. ``settings["search"]`` says which ran and its passes.
+            order); ``search_options``: that search's options. ``settings["search"]`` says which ran and its passes;
+            the circuit's ``search`` (``circuit.search`` in ``scores.json``, as the induction circuit's) its record:
+            the ranked size it started from, its trace and why it stopped.
         edge_search: how the edge circuit is found: ``"ranked"`` (default: the smallest top-``k`` edge set by
             EAP-IG score) or ``"refined"`` (stage ``edge-search``: from that set, its dangling edges pruned, then
             the refined search's block rounds and drops while the target holds,
@@ -437,7 +440,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             would pass it, its circuit then not known to be minimal), one more set for the pruned circuit, and its
             swaps where it reaches single drops. ``edge_search_options``: the refined search's options
             (``max_passes``, ``swaps``, ``singles``, ``max_rounds``; ``max_passes=None``: no budget).
-            ``settings["edge_search"]`` says which ran, its options, passes and the dangling edges pruned. Not with
+            ``settings["edge_search"]`` says which ran, its options, passes and the dangling edges pruned, the
+            circuit's ``edge_search`` its record (``circuit.edge_search``). Not with
             ``edges=False`` or ``quick``.
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
@@ -564,7 +568,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         bar.close()
     circuit = None if state.node is None else _circuit(state, task)
     clean, corrupted, node_scores, typed = state.clean, state.corrupted, state.node_scores, state.typed
-    error, node_result, edge_result = state.error, state.node_result, state.edge_result
+    error, edge_result = state.error, state.edge_result
     stages = list(bar.ran)
     L, H = spec.n_layers, spec.n_heads
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
@@ -588,17 +592,14 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     if extra:  # only where asked: the settings of a scan without further node types are as they were
         settings["neuron_groups"] = neuron_groups
         settings["node_types"] = [kind.name for kind in extra]
-    search_stage = "search" if node_search != "ranked" else "nodes"  # which search ran, and its passes
+    search_stage = "search" if node_search != "ranked" else "nodes"  # which search ran, and its passes (where it
+    # started and why it stopped: the circuit's search record)
     settings["search"] = {"name": node_search, "options": dict(search_options or {}),
                           "passes": next((s.passes for s in stages if s.name == search_stage), None)}
-    if node_result is not None:  # where it started, and why it stopped (a pass budget: not known to be 1-minimal)
-        settings["search"].update(ranked_size=node_result.start, stopped=node_result.settings.get("stopped"))
     edge_stage = "edge-search" if edge_search != "ranked" else "edges"
     settings["edge_search"] = {"name": edge_search, "options": edge_options if edge_search != "ranked" else {},
                                "passes": next((s.passes for s in stages if s.name == edge_stage), None),
-                               "pruned": None if edge_result is None else edge_result.settings["pruned"],
-                               "ranked_size": None if edge_result is None else edge_result.start,
-                               "stopped": None if edge_result is None else edge_result.settings["stopped"]}
+                               "pruned": None if edge_result is None else edge_result.settings["pruned"]}
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if split:  # every pair's metric in the task's order
         clean_all = torch.empty(task.n_pairs)
@@ -645,7 +646,8 @@ def _circuit(state: TaskScanState, task: Task) -> TaskCircuit:
     return TaskCircuit(node.heads, node.mlps, node.faithfulness, node.necessity, o.target, node.curve, node.n_nodes,
                        names, edge_faith, edge_curve, n_edges, cpr, cmd, effects, o.rank, float(clean.mean()),
                        float(corrupted.mean()), node.all_patched, intervals=intervals, other_set=state.other_set,
-                       nodes=node.nodes, edge_areas=areas, ablation=task.ablation)
+                       nodes=node.nodes, edge_areas=areas, ablation=task.ablation, search=state.node_result,
+                       edge_search=state.edge_result)
 
 
 def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:

@@ -320,7 +320,8 @@ class TaskScoresCheck(ScoresCheck):
     def circuit(self, value: Any) -> None:  # noqa: C901 - one field after another
         from circuitkit.tasks.circuit import RANKS
 
-        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations", "nodes", "cpr_cmd"), nullable=True)
+        c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations", "nodes", "cpr_cmd", "search",
+                                                          "edge_search"), nullable=True)
         if c is None:
             return
         for name, labels in self.obj(c.get("nodes", {}), "circuit.nodes").items():  # further node types' members
@@ -391,6 +392,29 @@ class TaskScoresCheck(ScoresCheck):
                 self.whole_interval(pair, f"circuit.other_set.ci.{key}")
             if "curve" in other:
                 self.points(other["curve"], "circuit.other_set.curve", nodes)
+        self.searches(c, nodes, total)
+
+    def searches(self, c: dict[str, Any], nodes: int, total: int) -> None:
+        """``circuit.search`` and ``circuit.edge_search``, the records of the node and edge searches beyond ranking
+        (:meth:`circuitkit.circuits.search.SearchResult.to_json`, as the induction circuit's ``circuit.search``):
+        absent where ``settings.search`` / ``settings.edge_search`` is ranked (files written before the record
+        also lack it where a search ran), else of that search, of the circuit's size and faithfulness, started from a
+        size of the ranked curve."""
+        settings = self.data.get("settings") or {}
+        for key, kind, members, size, faithfulness, curve, most in (
+                ("search", "node", "circuit.heads and circuit.mlps", len(c["heads"]) + len(c["mlps"]),
+                 c["faithfulness"], "curve", nodes),
+                ("edge_search", "edge", "circuit.edges", len(c["edges"]), c["edge_faithfulness"], "edge_curve",
+                 total)):
+            at = f"circuit.{key}"
+            if key not in c:
+                continue
+            entry = settings.get(key) if isinstance(settings, dict) else None
+            name = entry.get("name", "ranked") if isinstance(entry, dict) else "ranked"
+            if name == "ranked" or faithfulness is None:
+                raise self.fail(at, c[key], f"absent: settings.{key} names no {kind} search beyond ranking")
+            self.search_record(c[key], at, name, size, faithfulness, {p["size"] for p in c[curve]}, most, members,
+                               f"circuit.{curve}")
 
 
     def whole_interval(self, value: Any, field: str) -> None:
