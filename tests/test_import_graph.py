@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("detect", ("detect",)),
     ("graph engine", ("graph",)),
     ("circuits", ("circuits",)),
-    ("scan records", ("scan_record", "progress")),
+    ("scan records", ("scan_record", "progress", "stage")),
     ("report", ("report",)),
     ("tasks", ("tasks",)),
     ("scan", ("pipeline", "scan_types", "scan_intervals", "memory")),

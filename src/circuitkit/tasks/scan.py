@@ -159,8 +159,8 @@ class TaskScan:
         if found.get("name", "ranked") == "ranked" or record is None:
             return ""
         budget = f"; {stop_words('max_passes')}" if record.settings.get("stopped") == "max_passes" else ""
-        return f"; the {record.search} search from the ranked {record.start} in {found.get('passes') or 0:.0f} " \
-               f"passes{budget}"
+        passes = found.get("passes") or 0
+        return f"; the {record.search} search from the ranked {record.start} in {passes:.0f} passes{budget}"
 
     def _lines(self) -> list[str]:
         t = self.task
