@@ -79,3 +79,19 @@ def test_a_task_scans_plan_is_its_declared_stages():
     assert names == ["clean", "corrupted", "attribute", "nodes", "search", "random-sets", "held-out"]
     assert list(TASK_STAGE_NAMES)[:4] == ["clean", "corrupted", "attribute", "nodes"]
     assert dict(task_plan(plan))["search"] == 15.0 and dict(task_plan(plan))["random-sets"] == 4
+
+
+@pytest.mark.parametrize("where", ["circuitkit.pipeline:scan", "circuitkit.tasks.scan:scan_task"])
+def test_each_scan_is_a_short_function_over_its_stages(where):
+    """Both scans read as the same few steps (options checked, the state prepared, the declared stages run, the
+    record built), each step a function of its own."""
+    import importlib
+    import inspect
+
+    module, name = where.split(":")
+    fn = inspect.unwrap(getattr(importlib.import_module(module), name))
+    source = inspect.getsource(fn)
+    docstring = inspect.getdoc(fn) or ""
+    code_lines = len(source.splitlines()) - len(docstring.splitlines()) - 1  # the quotes' own line
+    assert code_lines < 60, code_lines
+    assert "run_stages" in source or "run_planned" in source

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -451,22 +451,50 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         node_types: further :class:`~circuitkit.graph.nodes.NodeType` records whose nodes join the node circuit
             (:mod:`circuitkit.graph.nodes`).
     """
-    from circuitkit.circuits.faithfulness import check_target
     from circuitkit.models.adapters import adapt
-    from circuitkit.scan_record import summarise_model
+
+    task, o = _checked(task, metric=metric, target=target, holdout=holdout, split_seed=split_seed,
+                       target_on=target_on, search=search, search_options=search_options, edge_search=edge_search,
+                       edge_search_options=edge_search_options, rank=rank, steps=steps, ig_points=ig_points,
+                       edges=edges, kv_edges=kv_edges, quick=quick, random_sets=random_sets, stability=stability,
+                       n_resamples=n_resamples, ci_level=ci_level, mlp_nodes=mlp_nodes, name=name, progress=progress,
+                       neuron_groups=neuron_groups, node_types=node_types)
+    adapter = adapt(model, validate.device("scan_task: device", device))
+    mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
+    check_hooks(adapter, mlps)
+    batch = task.tokenize(adapter, check_prepend_bos("scan_task", prepend_bos))
+    state, split = _prepared(adapter, task, batch, mlps, o, progress if callable(progress) else None)
+    plan = _plan(state, o)
+    bar = task_progress(task.name, o.mode, task_plan(plan))
+    try:
+        run_planned(TASK_STAGES, state, plan, bar)
+    finally:
+        bar.close()
+    return _task_scan(state, task, adapter, batch, split, mlps, plan.edges, bar)
+
+
+def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: Any, target_on: Any, search: Any,
+             search_options: Any, edge_search: Any, edge_search_options: Any, rank: Any, steps: Any, ig_points: Any,
+             edges: Any, kv_edges: Any, quick: Any, random_sets: Any, stability: Any, n_resamples: Any,
+             ci_level: Any, mlp_nodes: Any, name: Any, progress: Any, neuron_groups: Any,
+             node_types: Any) -> tuple[Task, TaskOptions]:
+    """``task`` (with ``metric`` in place of its own where given) and :func:`scan_task`'s options, each checked
+    before the model is read (a ``CircuitkitError`` naming the first bad one)."""
+    from circuitkit.circuits.faithfulness import check_repeats, check_target
+    from circuitkit.graph.nodes import neuron_groups as neuron_type
+    from circuitkit.progress import progress_mode
+    from circuitkit.uncertainty import check_settings
 
     if not isinstance(task, Task):
         raise validate.fail("scan_task: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, ioi, ...)")
     if metric is not None:
-        import dataclasses
-
-        task = dataclasses.replace(task, metric=metric)  # validated as a Task's own metric is
+        task = replace(task, metric=metric)  # validated as a Task's own metric is
     target = check_target("scan_task: target", target)
     if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 <= holdout < 1:
         raise validate.fail("scan_task: holdout", holdout, "a share of the pairs in [0, 1) (0: no split)")
     split_seed = validate.seed("scan_task: split_seed", split_seed)
     target_on = validate.option("scan_task: target_on", target_on, TARGETS_ON)
-    node_search = validate.option("scan_task: search", search, SEARCH_NAMES)  # ``search`` names a runner below
+    node_search = validate.option("scan_task: search", search, SEARCH_NAMES)
     if node_search != "ranked" and (neuron_groups is not None or node_types):
         raise validate.fail("scan_task: search", search, "'ranked' beside neuron_groups or node_types (the other "
                             "searches choose among heads and MLPs)")
@@ -493,83 +521,89 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                             "edge circuit to search)")
     if quick:
         steps, edges = 1, False
-    from circuitkit.circuits.faithfulness import check_repeats
-
     random_sets = check_repeats("scan_task: random_sets", random_sets)
     stability = check_repeats("scan_task: stability", stability)
-    from circuitkit.uncertainty import check_settings
-
     n_resamples, ci_level, _ = check_settings("scan_task", n_resamples, ci_level, 0)
     mlp_nodes = validate.boolean("scan_task: mlp_nodes", mlp_nodes)
     if name is not None and (not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 200):
         raise validate.fail("scan_task: name", name, "a one-line model name of at most 200 characters")
-    told = progress if callable(progress) else None
-    if told is None and progress is not None and not isinstance(progress, (bool, str)):
+    if not callable(progress) and progress is not None and not isinstance(progress, (bool, str)):
         raise validate.fail("scan_task: progress", progress, "'bar', 'lines', 'off', True, False, None or a "
                             "function progress(stage, passes)")
-    from circuitkit.progress import progress_mode
-
-    mode = "off" if progress is None or told is not None else progress_mode(progress)
-    from circuitkit.graph.nodes import neuron_groups as neuron_type
-
+    mode = "off" if progress is None or callable(progress) else progress_mode(progress)
     extra = tuple(validate.bounded_list("scan_task: node_types", node_types, 16, "a list of NodeType records"))
     if neuron_groups is not None:
         if mlp_nodes:
             raise validate.fail("scan_task: neuron_groups", neuron_groups, "None beside mlp_nodes=True (an MLP is a "
                                 "node or its neuron groups are, not both)")
         extra = (neuron_type(neuron_groups), *extra)
-    adapter = adapt(model, validate.device("scan_task: device", device))
-    mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
-    check_hooks(adapter, mlps)
-    batch = task.tokenize(adapter, check_prepend_bos("scan_task", prepend_bos))
-    discovery_index, evaluation_index = split_pairs(task.n_pairs, holdout, split_seed)
+    return task, TaskOptions(target, rank, steps, ig_points, quick, random_sets, stability, n_resamples, ci_level,
+                             mlp_nodes, node_search, search_options, edge_search, edge_options, holdout=holdout,
+                             split_seed=split_seed, target_on=target_on, edges=edges, kv_edges=kv_edges,
+                             node_types=extra, neuron_groups=neuron_groups, name=name, mode=mode)
+
+
+def _prepared(adapter: Any, task: Task, batch: Any, mlps: bool, o: TaskOptions,
+              told: Any) -> tuple[TaskScanState, tuple[Tensor, Tensor | None]]:
+    """The scan's state before its first pass: the pairs split into discovery and evaluation (``split``: their
+    indices, the second None where not split), their memory checked against the device, a runner for each set
+    (the set the target applies to searched, the other measured)."""
+    discovery_index, evaluation_index = split_pairs(task.n_pairs, o.holdout, o.split_seed)
     split = evaluation_index is not None
-    memory = check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
-                               edges=edges and bool(adapter.additive_heads),
+    memory = check_task_memory(adapter, batch.n_pairs, batch.pos, steps=o.steps, mlps=mlps,
+                               edges=o.edges and bool(adapter.additive_heads),
                                evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                                logit_positions=logit_positions(adapter, batch.last, batch.pos,
                                                                batch.scored if reads_scored(task.metric) else None),
-                               scored_metric=reads_scored(task.metric), kv_edges=kv_edges,
-                               node_widths=node_widths(adapter, extra))
+                               scored_metric=reads_scored(task.metric), kv_edges=o.kv_edges,
+                               node_widths=node_widths(adapter, o.node_types))
     found = batch.subset(discovery_index) if split else batch
-    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=extra,
-                        kv_edges=kv_edges, budget=memory.budget)
+    runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=o.node_types,
+                        kv_edges=o.kv_edges, budget=memory.budget)
     runner.pattern_masks = registered_pattern_masks(found)
     held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
-                      ablation=task.ablation, node_types=extra, kv_edges=kv_edges,
+                      ablation=task.ablation, node_types=o.node_types, kv_edges=o.kv_edges,
                       budget=memory.budget, weights=runner.weights) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
         # on the discovery pairs
     # the target applies to the discovery pairs (default) or the evaluation pairs: the search runs on that set
-    search, other = (held, runner) if split and target_on == "evaluation" else (runner, held)
-    if stability and search.batch.n_pairs < 2:
-        raise validate.fail("scan_task: stability", stability, "0 where the search runs on a single pair (a "
+    search, other = (held, runner) if split and o.target_on == "evaluation" else (runner, held)
+    if o.stability and search.batch.n_pairs < 2:
+        raise validate.fail("scan_task: stability", o.stability, "0 where the search runs on a single pair (a "
                             "resample of one pair is that pair)")
-    graph, spec = runner.graph, adapter.spec
-    edges_skipped = None if not edges or runner.edges_defined else f"{adapter.spec.family}: {EDGES_UNDEFINED}"
-    edges = edges and runner.edges_defined
-    mlp_nodes_on = mlp_nodes and graph.mlps
-    plan = PlanInputs(nodes=spec.n_layers * (spec.n_heads + (1 if mlp_nodes_on else 0)
-                                             + sum(kind.count(spec) for kind in extra)),
-                      edges_total=graph.n_edges, pairs=search.batch.n_pairs,
-                      held=0 if other is None else other.batch.n_pairs, direct=runner.edges_defined, steps=steps,
-                      edges=edges, quick=quick, random_sets=random_sets, stability=stability,
-                      search=node_search, search_passes=search_estimate(node_search, search_options),
-                      kv_copies=graph.kv_copies, edge_search=edge_search,
-                      edge_search_passes=_budget(edge_options.get("max_passes")))
-    state = TaskScanState(TaskOptions(target, rank, steps, ig_points, quick, random_sets, stability, n_resamples,
-                                      ci_level, mlp_nodes, node_search, search_options, edge_search, edge_options),
-                          runner, held, search, other, told)
-    bar = task_progress(task.name, mode, task_plan(plan))
-    try:
-        run_planned(TASK_STAGES, state, plan, bar)
-    finally:
-        bar.close()
+    return TaskScanState(o, runner, held, search, other, told), (discovery_index, evaluation_index)
+
+
+def _plan(state: TaskScanState, o: TaskOptions) -> PlanInputs:
+    """What the scan knows before its first pass, for its plan of passes (:class:`PlanInputs`); edges only where
+    the family defines them (:data:`~circuitkit.graph.runner.EDGES_UNDEFINED`)."""
+    runner, spec = state.runner, state.runner.spec
+    graph = runner.graph
+    mlp_nodes_on = o.mlp_nodes and graph.mlps
+    return PlanInputs(nodes=spec.n_layers * (spec.n_heads + (1 if mlp_nodes_on else 0)
+                                             + sum(kind.count(spec) for kind in o.node_types)),
+                      edges_total=graph.n_edges, pairs=state.search.batch.n_pairs,
+                      held=0 if state.other is None else state.other.batch.n_pairs, direct=runner.edges_defined,
+                      steps=o.steps, edges=o.edges and runner.edges_defined, quick=o.quick,
+                      random_sets=o.random_sets, stability=o.stability, search=o.node_search,
+                      search_passes=search_estimate(o.node_search, o.search_options), kv_copies=graph.kv_copies,
+                      edge_search=o.edge_search, edge_search_passes=_budget(o.edge_options.get("max_passes")))
+
+
+def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split: tuple[Tensor, Tensor | None],
+               mlps: bool, edges: bool, bar: Any) -> TaskScan:
+    """The :class:`TaskScan` of the stages' state: the figures per head and MLP, the circuit, the settings as run
+    (with the plan as made before the first pass), every pair's metric in the task's order."""
+    from circuitkit.scan_record import summarise_model
+
+    o, runner, held = state.options, state.runner, state.held
+    discovery_index, evaluation_index = split
+    found = runner.batch
     circuit = None if state.node is None else _circuit(state, task)
     clean, corrupted, node_scores, typed = state.clean, state.corrupted, state.node_scores, state.typed
-    error, edge_result = state.error, state.edge_result
     stages = list(bar.ran)
+    graph, spec = runner.graph, adapter.spec
     L, H = spec.n_layers, spec.n_heads
     head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
     mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)], device="cpu") if mlps else None
@@ -577,38 +611,40 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     marks = [task.marks[i] for i in discovery_index.tolist()] if task.marks else []
     head_scores = {name: _attention_score(clean["last_attention"], marks, found, to, minus)
                    for name, to, minus in task.attention_scores}
-    settings = {"target": target, "rank": rank, "ig_steps": steps, "ig_points": ig_points,
-                "mlps": mlps, "mlp_nodes": mlp_nodes, "edges": edges, "kv_edges": kv_edges,
+    edges_skipped = None if not o.edges or runner.edges_defined else f"{spec.family}: {EDGES_UNDEFINED}"
+    split_record = {"holdout": o.holdout, "seed": o.split_seed,
+                    "target_on": o.target_on if held is not None else "all pairs", "discovery_pairs": found.n_pairs,
+                    "evaluation_pairs": 0 if held is None else held.batch.n_pairs,
+                    "note": None if held is not None else f"not split: fewer than {MIN_SPLIT_PAIRS} pairs or holdout 0"}
+    settings = {"target": o.target, "rank": o.rank, "ig_steps": o.steps, "ig_points": o.ig_points,
+                "mlps": mlps, "mlp_nodes": o.mlp_nodes, "edges": edges, "kv_edges": o.kv_edges,
                 "edges_not_measured": edges_skipped if edges_skipped else None if edges else
-                "quick=True" if quick else "edges=False", "quick": quick, "random_sets": random_sets,
-                "stability": stability,
+                "quick=True" if o.quick else "edges=False", "quick": o.quick, "random_sets": o.random_sets,
+                "stability": o.stability,
                 "plan": {name: round(passes, 3) for name, passes in bar.planned.items()},
-                "ablation": task.ablation, "device": str(spec.device), "n_resamples": n_resamples,
-                "ci_level": ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
-                "split": {"holdout": holdout, "seed": split_seed, "target_on": target_on if split else "all pairs",
-                          "discovery_pairs": found.n_pairs,
-                          "evaluation_pairs": 0 if held is None else held.batch.n_pairs,
-                          "note": None if split else f"not split: fewer than {MIN_SPLIT_PAIRS} pairs or holdout 0"}}
-    if extra:  # only where asked: the settings of a scan without further node types are as they were
-        settings["neuron_groups"] = neuron_groups
-        settings["node_types"] = [kind.name for kind in extra]
-    search_stage = "search" if node_search != "ranked" else "nodes"  # which search ran, and its passes (where it
+                "ablation": task.ablation, "device": str(spec.device), "n_resamples": o.n_resamples,
+                "ci_level": o.ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
+                "split": split_record}
+    if o.node_types:  # only where asked: the settings of a scan without further node types are as they were
+        settings["neuron_groups"] = o.neuron_groups
+        settings["node_types"] = [kind.name for kind in o.node_types]
+    search_stage = "search" if o.node_search != "ranked" else "nodes"  # which search ran, and its passes (where it
     # started and why it stopped: the circuit's search record)
-    settings["search"] = {"name": node_search, "options": dict(search_options or {}),
+    settings["search"] = {"name": o.node_search, "options": dict(o.search_options or {}),
                           "passes": next((s.passes for s in stages if s.name == search_stage), None)}
-    edge_stage = "edge-search" if edge_search != "ranked" else "edges"
-    settings["edge_search"] = {"name": edge_search, "options": edge_options if edge_search != "ranked" else {},
+    edge_stage = "edge-search" if o.edge_search != "ranked" else "edges"
+    settings["edge_search"] = {"name": o.edge_search, "options": o.edge_options if o.edge_search != "ranked" else {},
                                "passes": next((s.passes for s in stages if s.name == edge_stage), None),
-                               "pruned": None if edge_result is None else edge_result.settings["pruned"]}
+                               "pruned": None if state.edge_result is None else state.edge_result.settings["pruned"]}
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
-    if split:  # every pair's metric in the task's order
+    if held is not None:  # every pair's metric in the task's order
         clean_all = torch.empty(task.n_pairs)
         corrupted_all = torch.empty(task.n_pairs)
         clean_all[discovery_index], corrupted_all[discovery_index] = clean["metric"], corrupted["metric"]
         clean_all[evaluation_index] = held.clean["metric"]
         corrupted_all[evaluation_index] = held.corrupted["metric"]
     return TaskScan(
-        model=summarise_model(adapter, name),
+        model=summarise_model(adapter, o.name),
         task=task,
         clean=clean_all,
         corrupted=corrupted_all,
@@ -621,17 +657,16 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         patterns=clean["first_patterns"],
         tokens=_token_strings(adapter, found.clean[0, : int(found.last[0]) + 1]),
         circuit=circuit,
-        circuit_error=error,
+        circuit_error=state.error,
         settings=settings,
-        intervals=_metric_intervals(clean_all, corrupted_all, n_resamples, ci_level),
+        intervals=_metric_intervals(clean_all, corrupted_all, o.n_resamples, o.ci_level),
         stages=tuple(stages),
         random_baseline=state.baseline,
         stability=state.stable,
         nodes={kind.name: {"score": typed[kind.name], "labels": [[kind.label(layer, i) for i in range(
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
-            "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in extra},
+            "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in o.node_types},
     )
-
 
 def _circuit(state: TaskScanState, task: Task) -> TaskCircuit:
     """The :class:`TaskCircuit` the stages measured: the node circuit, the edge circuit (where measured) and the

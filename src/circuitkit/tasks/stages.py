@@ -113,10 +113,13 @@ def stability_estimate(plan: PlanInputs) -> float:
 
 @dataclass(frozen=True)
 class TaskOptions:
-    """The scan's options the stages read, checked by :func:`circuitkit.tasks.scan.scan_task` before any pass:
-    ``target``, ``rank``, the EAP-IG ``steps`` and ``ig_points``, ``quick``, ``random_sets``, ``stability``, the
-    intervals' ``n_resamples`` and ``ci_level``, ``mlp_nodes``, the node search (``node_search``,
-    ``search_options``) and the edge search (``edge_search``, ``edge_options`` with its pass budget)."""
+    """The scan's options, checked by :func:`circuitkit.tasks.scan.scan_task` before the model is read. The stages
+    read ``target``, ``rank``, the EAP-IG ``steps`` and ``ig_points``, ``quick``, ``random_sets``, ``stability``,
+    the intervals' ``n_resamples`` and ``ci_level``, ``mlp_nodes``, the node search (``node_search``,
+    ``search_options``) and the edge search (``edge_search``, ``edge_options`` with its pass budget); the scan's
+    setup and record the rest: the split (``holdout``, ``split_seed``, ``target_on``), ``edges`` (asked for; with
+    ``quick``, off), ``kv_edges``, the further ``node_types`` (the neuron groups first, where ``neuron_groups``),
+    the model's ``name`` and the progress ``mode``."""
 
     target: float
     rank: str
@@ -132,6 +135,15 @@ class TaskOptions:
     search_options: dict[str, Any] | None = None
     edge_search: str = "ranked"
     edge_options: dict[str, Any] = field(default_factory=dict)
+    holdout: float = 0.0
+    split_seed: int = 0
+    target_on: str = "discovery"
+    edges: bool = True
+    kv_edges: str = "grouped"
+    node_types: tuple = ()
+    neuron_groups: int | None = None
+    name: str | None = None
+    mode: str = "off"
 
 
 NO_EDGES = ((), None, (), None, None, ())
