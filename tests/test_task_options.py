@@ -282,6 +282,7 @@ def test_scan_passes_a_tasks_node_search(model, tmp_path):
     """``ck.scan(model, task=..., search=...)`` runs the task scan's node search (the same circuit and figures as
     ``scan_task`` called directly)."""
     from circuitkit.tasks import scan_task
+    from circuitkit.tasks.roles import member_explanations
 
     via_scan = ck.scan(model, task=_task(), edges=False, search="refined")
     direct = scan_task(model, _task(), edges=False, search="refined")
@@ -296,6 +297,10 @@ def test_scan_passes_a_tasks_node_search(model, tmp_path):
     assert ranked.circuit.search is None and "search" not in ranked.to_json()["circuit"]
     assert via_scan.to_json()["circuit"]["search"] == found.to_json()
     assert f"the refined search from the ranked {found.start} in" in via_scan.answer()
+    # a searched set is no prefix of the ranking the curve measures: no member is told its step on that curve
+    steps = ("when it joins the top", "alone it reaches faithfulness", "it leaves their faithfulness")
+    assert not any(s in text for text in member_explanations(via_scan).values() for s in steps)
+    assert any(s in text for text in member_explanations(ranked).values() for s in steps)
     bounded = ck.scan(model, task=_task(), edges=False, search="refined", search_options={"max_passes": 1})
     assert bounded.circuit.search.settings["stopped"] == "max_passes"
     assert "stopped by its pass budget, so not known to be 1-minimal" in bounded.answer()

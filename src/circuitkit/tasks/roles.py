@@ -211,9 +211,12 @@ def member_explanations(result: Any) -> dict[str, str] | None:
     model = result.model
     kv = getattr(model, "n_kv_heads", None) or model.n_heads
     dla = None if result.dla is None else {h: float(result.dla[h]) for h in members}
+    # a set searched beyond ranking is not a prefix of the ranking the curve measures: no member's step on it is the
+    # set's (as the induction circuit's members)
+    searched = (result.settings.get("search") or {}).get("name", "ranked") != "ranked"
     return task_explanations(
         members, calls=calls, roles=roles, dla=dla, gap=c.clean - c.corrupted, edges=edges,
-        heads_per_group=max(1, model.n_heads // kv), order=node_order(result),
+        heads_per_group=max(1, model.n_heads // kv), order=[] if searched else node_order(result),
         curve={p.size: p.faithfulness for p in c.curve}, node_scores={h: float(result.scores[h]) for h in members},
         n_total=c.n_nodes_total, unit=metric_units(result.task.metric))
 
