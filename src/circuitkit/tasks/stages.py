@@ -1,11 +1,14 @@
-"""A task scan's stages, declared, and its progress plan in passes of the pairs, made before the first pass.
+"""A task scan's stages, declared, run over its state, and its progress plan in passes of the pairs.
 
-Each stage (:data:`TASK_STAGES`) has a short name that fits a progress bar, what it does, and its planned passes
-(``estimate(plan)`` from :class:`PlanInputs`: what is known before any pass: the node and edge counts, the pairs
-the search runs on, the EAP-IG points, the options). A pass is one run of a runner's pairs through the model (a
+Each stage (:data:`TASK_STAGES`, :class:`circuitkit.stage.Stage` records as the induction scan's) has a short name
+that fits a progress bar, what it does, the :class:`TaskScanState` fields it reads and writes, whether it runs, its
+planned passes (``estimate(plan)`` from :class:`PlanInputs`: what is known before any pass: the node and edge counts,
+the pairs the search runs on, the EAP-IG points, the options) and its run, a function of the state
+(:func:`circuitkit.stage.run_planned` runs them in order). A pass is one run of a runner's pairs through the model (a
 backward counts two); the coarse circuit search's stacked copies of a quarter of the pairs count as the share of a
-pass they are. Where a stage's count differs from its plan, the plan is revised when it ends, saying so; a stage
-that cannot run (no behaviour to explain) leaves the plan with its reason (:class:`circuitkit.progress.Progress`).
+pass they are. Where a stage's count differs from its plan, the plan is revised when it ends, saying so; a stage that
+leaves nothing for later ones (no behaviour to explain) takes them off the plan with its reason
+(:class:`circuitkit.progress.Progress`).
 """
 
 from __future__ import annotations
