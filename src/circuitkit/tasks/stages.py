@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitkit.circuits.faithfulness import COARSE_SETS, geometric_sizes
 from circuitkit.stage import Stage, plan_of
@@ -28,6 +28,16 @@ from circuitkit.tasks.circuit import (
     RANKS,
     mib_sizes,
 )
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from circuitkit.circuits.baseline import RandomBaseline
+    from circuitkit.circuits.search import SearchResult
+    from circuitkit.circuits.stability import Stability
+    from circuitkit.graph.nodes import NodeType
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.tasks.circuit import NodeCircuit
 
 
 @dataclass(frozen=True)
@@ -143,7 +153,7 @@ class TaskOptions:
     target_on: str = "discovery"
     edges: bool = True
     kv_edges: str = "grouped"
-    node_types: tuple = ()
+    node_types: tuple[NodeType, ...] = ()
     neuron_groups: int | None = None
     name: str | None = None
     mode: str = "off"
@@ -168,25 +178,25 @@ class TaskScanState:
     metric behind its figures; ``edge_result``, the edge search) and ``other_set``, the circuit on the other pairs."""
 
     options: TaskOptions
-    runner: Any  # circuitkit.graph.runner.TaskRunner
-    held: Any = None
-    search: Any = None
-    other: Any = None
+    runner: TaskRunner
+    held: TaskRunner | None = None
+    search: TaskRunner | None = None
+    other: TaskRunner | None = None
     told: Callable[[str, float], None] | None = None
     reruns: float = 0.0
     clean: dict[str, Any] | None = None
     corrupted: dict[str, Any] | None = None
-    scores: Any = None
-    node_scores: Any = None
-    typed: dict[str, Any] = field(default_factory=dict)
-    node: Any = None
-    node_result: Any = None
+    scores: Tensor | None = None
+    node_scores: Tensor | None = None
+    typed: dict[str, Tensor] = field(default_factory=dict)
+    node: NodeCircuit | None = None
+    node_result: SearchResult | None = None
     error: str | None = None
-    baseline: Any = None
-    stable: Any = None
+    baseline: RandomBaseline | None = None
+    stable: Stability | None = None
     edge_part: tuple = ()
-    edge_pairs: dict[str, Any] = field(default_factory=dict)
-    edge_result: Any = None
+    edge_pairs: dict[str, Tensor] = field(default_factory=dict)
+    edge_result: SearchResult | None = None
     other_set: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
