@@ -377,3 +377,19 @@ def test_every_pass_a_scan_runs_is_counted_in_a_stage(search, monkeypatch):
     ran = {stage.name: stage.passes for stage in scan.stages}
     assert sum(ran.values()) == pytest.approx(sum(runner.passes for runner in runners))
     assert ran["held-out"] == pytest.approx(runners[1].passes)
+
+
+def test_the_held_out_plan_is_revised_to_what_the_search_paid_a_set(capsys):
+    """Once the search ran, the held-out stage is planned at its sets' cost in the search (the same node sets,
+    resumed at the same layers): on the bundled model's repeated-tokens task that plan is what it then measures, so
+    the bar is not revised a second time (it planned every set a whole pass: 10, then 8.5 ran)."""
+    import circuitkit as ck
+    from circuitkit import zoo
+    from circuitkit.tasks import repeated_tokens
+
+    model = zoo.load()
+    scan = ck.scan(model, task=repeated_tokens(model), progress="lines")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "held-out" in line and "-> " in line]
+    assert len(lines) == 1 and "as in the search" in lines[0], lines
+    ran = {stage.name: stage.passes for stage in scan.stages}
+    assert f"-> {ran['held-out']:.2f} (" in lines[0] or f"-> {ran['held-out']:g} (" in lines[0], lines

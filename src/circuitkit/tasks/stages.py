@@ -107,16 +107,17 @@ SEARCHED_SET_PASSES = 3
 """A searched node circuit measured on the other pairs itself: kept, every node patched, only it patched."""
 
 
-def held_estimate(plan: PlanInputs, curve_sizes: int | None = None) -> float:
+def held_estimate(plan: PlanInputs, curve_sizes: int | None = None, share: float = 1.0) -> float:
     """Planned passes on the other set of pairs: its clean and corrupted runs (forward only), the node curve's sizes
     (``curve_sizes``, known once the search ran; before it, the sizes :func:`node_estimate` plans for the search;
     quick: the circuit's size and every node patched) and the circuit alone patched, the edge circuit (one), and a
-    searched circuit itself (:data:`SEARCHED_SET_PASSES`)."""
+    searched circuit itself (:data:`SEARCHED_SET_PASSES`). ``share``: the passes a node set costs there (1 before
+    the search; after it, what a set cost the search: the same sets, resumed at the same layers)."""
     if curve_sizes is None:
         curve_sizes = int(node_estimate(plan.nodes, plan.pairs)) - 2  # less its all-patched run and necessity
     sizes = 2 if plan.quick else curve_sizes
     searched = SEARCHED_SET_PASSES if plan.search != "ranked" else 0
-    return 1 + 1 + sizes + 1 + (plan.kv_copies if plan.edges else 0) + searched
+    return 1 + 1 + share * (sizes + 1 + searched) + (plan.kv_copies if plan.edges else 0)
 
 
 def stability_estimate(plan: PlanInputs) -> float:
@@ -356,8 +357,12 @@ def held_out_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     names = state.edge_part[0]
     n_found = len(node.heads) + len(node.mlps) + sum(len(m) for m in node.nodes.values())
     sizes = len(({0, n_found} if o.quick else {p.size for p in node.curve} | {0, n_found}) - {node.n_nodes})
-    bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes),
-               f"the node curve has {sizes} sizes to measure there")
+    # a node set costs there what it cost the search (the same sets, resumed at the same layers): the nodes stage's
+    # passes over its sets (the curve's points, its two ends standing for the all-patched run and necessity)
+    measured = next((r.passes for r in bar.ran if r.name == "nodes"), None)
+    share = 1.0 if not measured or not node.curve else min(1.0, measured / len(node.curve))
+    bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes, share),
+               f"the node curve has {sizes} sizes to measure there, at {share:.2f} of a pass a set as in the search")
 
     def measure(advance: Any) -> dict[str, Any]:
         out = other_set_figures(other, "discovery" if other is state.runner else "evaluation",
