@@ -238,3 +238,42 @@ def test_no_behaviour_skips_the_stage_and_says_no_search_ran(tmp_path):
                                               "passes": None, "pruned": None}
     result.save(tmp_path / "scan")
     assert ck.Scan.load(tmp_path / "scan").settings == result.settings
+
+
+JUNK = (None, True, -1, 0, 2.5, float("nan"), "x", "", [], [1], {}, {"a": 1}, 10**30)
+"""What a fuzzer puts in a field: every type JSON has, out-of-range numbers, empty containers."""
+
+
+def test_a_fuzzed_search_record_is_refused_or_loads_never_a_raw_error(tmp_path):
+    """Every field of ``circuit.search`` and ``circuit.edge_search`` (and of their trace's first step), each replaced
+    by each of :data:`JUNK` or removed: the load refuses with a CircuitkitError naming the file and the field, or
+    loads a scan (a value that is still valid), and never raises another error."""
+    from circuitkit.tasks.reload import task_scan_from_json
+
+    model = gqa_bridge()
+    both = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), target=0.8, n_resamples=20,
+                     search="refined", edge_search="refined", edge_search_options={"max_passes": 8})
+    both.save(tmp_path / "scan")
+    data = json.loads((tmp_path / "scan" / "scores.json").read_text(encoding="utf-8"))
+    assert task_scan_from_json(copy.deepcopy(data), "scores.json", TaskScan).circuit.search.start >= 1
+    refused = 0
+    for key in ("search", "edge_search"):
+        record = data["circuit"][key]
+        paths = [(key, field) for field in record] + [(key, "trace", 0, field) for field in record["trace"][0]]
+        for path in paths:
+            for value in (*JUNK, "<removed>"):
+                bad = copy.deepcopy(data)
+                holder = bad["circuit"]
+                for step in path[:-1]:
+                    holder = holder[step]
+                if value == "<removed>":
+                    del holder[path[-1]]
+                else:
+                    holder[path[-1]] = value
+                try:
+                    task_scan_from_json(bad, "TaskScan.load: 'scores.json'", TaskScan)
+                except CircuitkitError as error:
+                    message = str(error)
+                    assert "\n" not in message and "scores.json" in message and "field '" in message, message
+                    refused += 1
+    assert refused > 100  # most of them are no record a scan writes
