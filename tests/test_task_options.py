@@ -317,6 +317,14 @@ def test_scan_passes_a_tasks_node_search(model, tmp_path):
     data["circuit"]["search"]["search"] = "ranked"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, schema)
+    # a file written before the record (its start and stop in settings.search) still loads
+    from circuitkit.tasks.reload import task_scan_from_json
+
+    older = json.loads((tmp_path / "scores.json").read_text(encoding="utf-8"))
+    record = older["circuit"].pop("search")
+    older["settings"]["search"].update(ranked_size=record["start_size"], stopped=record["settings"]["stopped"])
+    loaded = task_scan_from_json(older, "scores.json", type(bounded))
+    assert loaded.circuit.search is None and loaded.circuit.heads == bounded.circuit.heads
 
 
 @pytest.mark.parametrize("search", ["refined", "masks"])
