@@ -333,3 +333,28 @@ def test_a_budget_below_a_round_still_drops_the_least_important_members():
     assert bounded.faithfulness >= 0.8 and all(f >= 0.8 for _, _, f in bounded.trace)
     unbounded = run_search("refined", problem(), start, 0.8, start_faithfulness=1.0)
     assert unbounded.size == 9 and unbounded.faithfulness >= 0.8  # 9 of the 10: 0.897; 8 reach only 0.798
+
+
+@pytest.mark.parametrize("name, options, needle", [
+    ("masks", {"lr": -1}, "masks search: lr"),
+    ("masks", {"begin": "middle"}, "masks search: begin"),
+    ("masks", {"refine": "yes"}, "masks search: refine"),
+    ("masks", {"steps": 0}, "masks search: steps"),
+    ("refined", {"swaps": 1000}, "refined search: swaps"),
+    ("refined", {"max_rounds": 0}, "refined search: max_rounds"),
+    ("refined", {"max_passes": float("nan")}, "refined search: max_passes"),
+])
+def test_a_bad_search_option_value_is_refused_before_any_pass(name, options, needle):
+    """A search's option values are checked where the options are (before the scan's first pass), by the checks
+    the search itself runs: before, a bad value waited for the clean, corrupted, attribution and node stages."""
+    from circuitkit.circuits.search import OPTION_CHECKS, _accepted, check_search_options
+
+    for search in OPTION_CHECKS:  # every option a user sets has its check
+        assert set(OPTION_CHECKS[search]) == _accepted(search, users=True)
+    with pytest.raises(CircuitkitError, match=needle):
+        check_search_options("scan: search_options", name, options)
+    model = boot_bridge(d_vocab=50)
+    with pytest.raises(CircuitkitError, match=needle):
+        scan_task(model, Task.from_pairs(toy_pairs(6)), search=name, search_options=options,
+                  progress=lambda *stage: pytest.fail(f"a stage ran: {stage}"))
+    assert check_search_options("scan: search_options", "refined", {"max_passes": 4}) == {"max_passes": 4.0}

@@ -99,21 +99,42 @@ CONFIRMED_SETS = 4
 """Smallest sets of the masks' trajectory confirmed by one exact stacked call."""
 
 
+OPTION_CHECKS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "refined": {
+        "swaps": lambda v: validate.integer("refined search: swaps", v, minimum=0, maximum=64),
+        "singles": lambda v: validate.integer("refined search: singles", v, minimum=0),
+        "max_rounds": lambda v: validate.integer("refined search: max_rounds", v, minimum=1),
+        "max_passes": lambda v: None if v is None else validate.real("refined search: max_passes", v, minimum=0.0),
+    },
+    "masks": {
+        "steps": lambda v: validate.integer("masks search: steps", v, minimum=1, maximum=100_000),
+        "lr": lambda v: validate.real("masks search: lr", v, minimum=0.0, strict_minimum=True),
+        "sparsity": lambda v: validate.real("masks search: sparsity", v, minimum=0.0, strict_minimum=True),
+        "rate": lambda v: validate.real("masks search: rate", v, minimum=0.0),
+        "init": lambda v: validate.real("masks search: init", v, minimum=0.0, strict_minimum=True),
+        "begin": lambda v: validate.option("masks search: begin", v, ("start", "all")),
+        "seed": lambda v: validate.seed("masks search: seed", v),
+        "refine": lambda v: validate.boolean("masks search: refine", v),
+    },
+}
+"""Each search's options and the check of each value: the one place they are checked, by the search as it starts
+and, before any pass, by :func:`check_search_options`."""
+
+
 def search_estimate(name: str, options: dict[str, Any] | None = None) -> float:
     """Planned passes of search ``name`` with ``options`` (checked), for a progress plan: none for ``"ranked"``;
     ``"refined"``: :data:`REFINED_ESTIMATE`, or its ``max_passes`` where that is lower; ``"masks"``: each step's
     gated forward + backward (3 passes) and the stacked call confirming :data:`CONFIRMED_SETS` sets (and the refined
     estimate with ``refine``): known before it runs."""
     options = options or {}
+    checks = OPTION_CHECKS.get(name, {})
     if name == "refined":
-        budget = options.get("max_passes")
-        if budget is None:
-            return REFINED_ESTIMATE
-        return min(REFINED_ESTIMATE, validate.real("refined search: max_passes", budget, minimum=0.0))
+        budget = checks["max_passes"](options.get("max_passes"))
+        return REFINED_ESTIMATE if budget is None else min(REFINED_ESTIMATE, budget)
     if name == "masks":
-        steps = validate.integer("masks search: steps", options.get("steps", DEFAULT_MASK_STEPS), minimum=1,
-                                 maximum=100_000)
-        return 3.0 * steps + CONFIRMED_SETS + (REFINED_ESTIMATE if options.get("refine") else 0.0)
+        steps = checks["steps"](options.get("steps", DEFAULT_MASK_STEPS))
+        refine = checks["refine"](options.get("refine", False))
+        return 3.0 * steps + CONFIRMED_SETS + (REFINED_ESTIMATE if refine else 0.0)
     return 0.0
 
 
@@ -196,11 +217,9 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
     passes left do not afford a round of single drops, the round tries the least important members it affords
     (one pass each, leaving ``2 log2`` of the passes for measuring the drops together), and the search stops once
     such a round drops none or too few passes are left."""
-    swaps = validate.integer("refined search: swaps", swaps, minimum=0, maximum=64)
-    singles = validate.integer("refined search: singles", singles, minimum=0)
-    max_rounds = validate.integer("refined search: max_rounds", max_rounds, minimum=1)
-    if max_passes is not None:
-        max_passes = validate.real("refined search: max_passes", max_passes, minimum=0.0)
+    check = OPTION_CHECKS["refined"]
+    swaps, singles = check["swaps"](swaps), check["singles"](singles)
+    max_rounds, max_passes = check["max_rounds"](max_rounds), check["max_passes"](max_passes)
     before = problem.passes()
     members = list(start)
     f = start_faithfulness if start_faithfulness is not None else problem.measure([members])[0]
@@ -316,13 +335,9 @@ def masks(problem: SearchProblem, start: Sequence[int], target: float, *, steps:
           start_faithfulness: float | None = None, progress: Any = None) -> SearchResult:
     """Learned node masks (module docstring): the smallest set the optimisation's exact forward passes saw reach
     ``target``, confirmed by one exact set (then refined further where ``refine``)."""
-    steps = validate.integer("masks search: steps", steps, minimum=1, maximum=100_000)
-    lr = validate.real("masks search: lr", lr, minimum=0.0, strict_minimum=True)
-    sparsity = validate.real("masks search: sparsity", sparsity, minimum=0.0, strict_minimum=True)
-    rate = validate.real("masks search: rate", rate, minimum=0.0)
-    init = validate.real("masks search: init", init, minimum=0.0, strict_minimum=True)
-    begin = validate.option("masks search: begin", begin, ("start", "all"))
-    seed = validate.seed("masks search: seed", seed)
+    check = OPTION_CHECKS["masks"]
+    steps, lr, sparsity, rate = check["steps"](steps), check["lr"](lr), check["sparsity"](sparsity), check["rate"](rate)
+    init, begin, seed, refine = check["init"](init), check["begin"](begin), check["seed"](seed), check["refine"](refine)
     if problem.gated is None:
         raise validate.fail("masks search: problem", validate.given("a problem without a gated run"),
                             "a problem that can run with continuous node masks")
@@ -407,7 +422,7 @@ def _accepted(name: str, *, users: bool = False) -> set[str]:
 
 def check_search_options(where: str, name: str, options: Any) -> dict[str, Any] | None:
     """``options`` for the search ``name`` (validated) checked before any pass: None, or a dict of options the
-    search takes (their values are checked where it runs); none beside ``"ranked"``."""
+    search takes, each value checked as the search checks it (:data:`OPTION_CHECKS`); none beside ``"ranked"``."""
     if options is None:
         return None
     if not isinstance(options, dict):
@@ -419,7 +434,8 @@ def check_search_options(where: str, name: str, options: Any) -> dict[str, Any] 
     if unknown:
         raise validate.fail(where, validate.given(", ".join(map(str, unknown))),
                             f"options among {', '.join(sorted(accepted)) or '(none)'} (the {name} search's)")
-    return dict(options)
+    checks = OPTION_CHECKS.get(name, {})
+    return {key: checks[key](value) if key in checks else value for key, value in options.items()}
 
 
 def run_search(name: str, problem: SearchProblem, start: Sequence[int], target: float, **options: Any,
