@@ -199,6 +199,16 @@ def test_the_saved_scan_reloads_and_the_checker_refuses_a_wrong_name(scans, tmp_
     with pytest.raises(CircuitkitError, match="circuit.edge_search.*absent"):
         check_task_scores(bad, "scores.json")  # a record of a search that did not run
     assert loaded.circuit.edge_search.start == refined.circuit.edge_search.start
+    older = copy.deepcopy(data)  # a file written before the record: the search still named in the answer and page
+    del older["circuit"]["edge_search"]
+    from circuitkit.tasks.reload import task_scan_from_json
+    from circuitkit.tasks.report import task_report
+
+    old_scan = task_scan_from_json(older, "scores.json", TaskScan)
+    assert old_scan.circuit.edge_search is None
+    assert f"pruned, then the refined search in {data['settings']['edge_search']['passes']:.0f} passes" in (
+        old_scan.answer())
+    assert "The marked size is the refined search's circuit" in task_report(old_scan)
 
 
 @pytest.mark.parametrize("kwargs, needle", [

@@ -325,6 +325,7 @@ def test_scan_passes_a_tasks_node_search(model, tmp_path):
     older["settings"]["search"].update(ranked_size=record["start_size"], stopped=record["settings"]["stopped"])
     loaded = task_scan_from_json(older, "scores.json", type(bounded))
     assert loaded.circuit.search is None and loaded.circuit.heads == bounded.circuit.heads
+    assert "the refined search in" in loaded.answer()  # the search is still named, without the record's start
 
 
 @pytest.mark.parametrize("search", ["refined", "masks"])

@@ -283,10 +283,11 @@ def _searched(scan: Any, faithfulness: float | None) -> tuple[str, float] | None
 
 def _searched_edges(scan: Any) -> str:
     """The edge curve's caption, where an edge search ran: the marked size is the searched circuit's."""
+    name = (scan.settings.get("edge_search") or {}).get("name", "ranked")  # a file written before the record too
     c = scan.circuit
-    if c is None or c.edge_search is None:
+    if name == "ranked" or c is None or c.edge_faithfulness is None:
         return ""
-    return (f" The marked size is the {escape(c.edge_search.search)} search's circuit ({len(c.edges)} edges at "
+    return (f" The marked size is the {escape(name)} search's circuit ({len(c.edges)} edges at "
             f"{c.edge_faithfulness:.3f}), found from the ranked one, not a point of this curve.")
 
 

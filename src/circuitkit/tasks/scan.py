@@ -155,12 +155,13 @@ class TaskScan:
     def _searched(self) -> str:
         """How a search beyond ranking chose the node circuit, for its line (nothing for the ranked circuit)."""
         found = self.settings.get("search") or {}
-        record = None if self.circuit is None else self.circuit.search
-        if found.get("name", "ranked") == "ranked" or record is None:
+        if found.get("name", "ranked") == "ranked":
             return ""
-        budget = f"; {stop_words('max_passes')}" if record.settings.get("stopped") == "max_passes" else ""
-        passes = found.get("passes") or 0
-        return f"; the {record.search} search from the ranked {record.start} in {passes:.0f} passes{budget}"
+        record = None if self.circuit is None else self.circuit.search  # None in a file written before the record
+        start = "" if record is None else f" from the ranked {record.start}"
+        stopped = None if record is None else record.settings.get("stopped")
+        budget = f"; {stop_words('max_passes')}" if stopped == "max_passes" else ""
+        return f"; the {found['name']} search{start} in {found.get('passes') or 0:.0f} passes{budget}"
 
     def _lines(self) -> list[str]:
         t = self.task
@@ -205,11 +206,11 @@ class TaskScan:
         if skipped:
             lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
-            found, record = self.settings.get("edge_search") or {}, c.edge_search
-            how = (f"edges ranked by {c.rank} score" if record is None else
-                   f"the {record.start} edges ranked by {c.rank} score, "
-                   f"{count_of(record.settings.get('pruned') or 0, 'dangling edge')} pruned, then the "
-                   f"{record.search} search in {found.get('passes') or 0:.0f} passes")
+            found, record = self.settings.get("edge_search") or {}, c.edge_search  # record: None in older files
+            how = (f"edges ranked by {c.rank} score" if found.get("name", "ranked") == "ranked" else
+                   f"the {'' if record is None else f'{record.start} '}edges ranked by {c.rank} score, "
+                   f"{count_of(found.get('pruned') or 0, 'dangling edge')} pruned, then the {found['name']} search "
+                   f"in {found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f}{_ci(c.intervals.get('edge_faithfulness'))} ({how}); MIB's CPR "
                          f"{c.cpr:.3f}{_ci(c.intervals.get('cpr'))} (edges ranked by signed score), CMD "
