@@ -497,16 +497,16 @@ def induction_problem(ablator: Any, clean_loss: float, all_ablated: float, score
 
 
 def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] | None = None, *,
-                 necessity: bool = True, intervals: tuple[int, float, int] | None = None, extra_passes: int = 0,
-                 random_sets: int = 0, progress: Any = None) -> Any:
+                 necessity: bool = True, intervals: tuple[int, float, int] | None = None, random_sets: int = 0,
+                 progress: Any = None) -> Any:
     """The induction circuit ``circuit`` (a :class:`~circuitkit.circuits.faithfulness.Circuit` found by ranking)
     searched further by ``name`` on ``ablator`` (an ``Ablator`` of the same batch and ablation): the same record with
     the searched ``heads`` (in ranking order), their ``faithfulness``, ``circuit_loss``, ``necessity`` and
     intervals (from the per-sequence losses of one more stacked call: nothing, everything, every head outside the
-    circuit and, with ``necessity``, only the circuit ablated), ``passes`` grown by the search's and
-    ``extra_passes``, and ``search`` (the :class:`SearchResult`). The curve stays the ranking's. ``random_sets``:
-    the random baseline measured at the searched set's size (:func:`circuitkit.circuits.baseline.measure`); a
-    baseline ``circuit`` holds is of the ranked size and is not kept. ``progress(passes)`` as they are spent."""
+    circuit and, with ``necessity``, only the circuit ablated), ``passes`` grown by the search's, and ``search``
+    (the :class:`SearchResult`). The curve stays the ranking's. ``random_sets``: the random baseline measured at
+    the searched set's size (:func:`circuitkit.circuits.baseline.measure`); a baseline ``circuit`` holds is of the
+    ranked size and is not kept. ``progress(passes)`` as they are spent."""
     from dataclasses import replace
 
     from circuitkit.circuits.intervals import circuit_intervals, head_mask
@@ -546,7 +546,7 @@ def search_found(ablator: Any, circuit: Any, name: str, options: dict[str, Any] 
         baseline = measure(ablator, heads, circuit.clean_loss, circuit.all_ablated_loss, clean_each, random_sets, 0,
                            level, resamples, progress)
     return replace(circuit, heads=heads, faithfulness=result.faithfulness, circuit_loss=losses[2], necessity=rise,
-                   passes=circuit.passes + int(round(searched_passes)) + extra_passes, intervals=bounds,
+                   passes=circuit.passes + int(round(searched_passes)), intervals=bounds,
                    search=result, random_baseline=baseline)
 
 

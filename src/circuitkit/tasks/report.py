@@ -258,7 +258,7 @@ def details_section(scan: Any) -> Section:
 def _searched_nodes(scan: Any, size: int, unit: str, faithfulness: float | None) -> str:
     """A node curve's caption, where a node search beyond ranking ran: the ringed size is the searched circuit's,
     and its figure and whisker are that set's, not the curve's point there (the top-``size`` set by score)."""
-    name = _node_search(scan)
+    name = scan.searched()
     if name is None:
         return ""
     said = "" if faithfulness is None else f" at {faithfulness:.3f}"
@@ -267,25 +267,19 @@ def _searched_nodes(scan: Any, size: int, unit: str, faithfulness: float | None)
             f"top {size} by score).")
 
 
-def _node_search(scan: Any) -> str | None:
-    """The node search beyond ranking that chose the circuit (its name), or None for the ranked circuit."""
-    name = (scan.settings.get("search") or {}).get("name", "ranked")
-    return None if name == "ranked" else name
-
-
 def _searched(scan: Any, faithfulness: float | None) -> tuple[str, float] | None:
     """A node curve's ``searched`` (:func:`~circuitkit.report.figures.faithfulness_curve`): the search and the
     searched set's own ``faithfulness``, ringed off the ranking's curve; None for the ranked circuit or where the
     set has no figure there."""
-    name = _node_search(scan)
+    name = scan.searched()
     return None if name is None or faithfulness is None else (name, faithfulness)
 
 
 def _searched_edges(scan: Any) -> str:
     """The edge curve's caption, where an edge search ran: the marked size is the searched circuit's."""
-    name = (scan.settings.get("edge_search") or {}).get("name", "ranked")  # a file written before the record too
+    name = scan.searched("edge_search")
     c = scan.circuit
-    if name == "ranked" or c is None or c.edge_faithfulness is None:
+    if name is None or c is None or c.edge_faithfulness is None:
         return ""
     return (f" The marked size is the {escape(name)} search's circuit ({len(c.edges)} edges at "
             f"{c.edge_faithfulness:.3f}), found from the ranked one, not a point of this curve.")

@@ -213,7 +213,7 @@ def member_explanations(result: Any) -> dict[str, str] | None:
     dla = None if result.dla is None else {h: float(result.dla[h]) for h in members}
     # a set searched beyond ranking is not a prefix of the ranking the curve measures: no member's step on it is the
     # set's (as the induction circuit's members)
-    searched = (result.settings.get("search") or {}).get("name", "ranked") != "ranked"
+    searched = result.searched() is not None
     return task_explanations(
         members, calls=calls, roles=roles, dla=dla, gap=c.clean - c.corrupted, edges=edges,
         heads_per_group=max(1, model.n_heads // kv), order=[] if searched else node_order(result),

@@ -152,16 +152,23 @@ class TaskScan:
         legend = self.legend()
         return "\n".join(self._lines() + ([legend] if legend else []))
 
+    def searched(self, key: str = "search") -> str | None:
+        """The search beyond ranking that chose the node circuit (``key`` ``"search"``) or the edge circuit
+        (``"edge_search"``), by name, from the settings (files written before the circuit's search record say it
+        there too); None for the ranked one."""
+        name = (self.settings.get(key) or {}).get("name", "ranked")
+        return None if name == "ranked" else name
+
     def _searched(self) -> str:
         """How a search beyond ranking chose the node circuit, for its line (nothing for the ranked circuit)."""
-        found = self.settings.get("search") or {}
-        if found.get("name", "ranked") == "ranked":
+        name = self.searched()
+        if name is None:
             return ""
         record = None if self.circuit is None else self.circuit.search  # None in a file written before the record
         start = "" if record is None else f" from the ranked {record.start}"
         stopped = None if record is None else record.settings.get("stopped")
         budget = f"; {stop_words('max_passes')}" if stopped == "max_passes" else ""
-        return f"; the {found['name']} search{start} in {found.get('passes') or 0:.0f} passes{budget}"
+        return f"; the {name} search{start} in {self.settings['search'].get('passes') or 0:.0f} passes{budget}"
 
     def _lines(self) -> list[str]:
         t = self.task
@@ -206,10 +213,11 @@ class TaskScan:
         if skipped:
             lines.append(f"Edge circuit: not measured ({skipped}).")
         if c.edge_faithfulness is not None:
-            found, record = self.settings.get("edge_search") or {}, c.edge_search  # record: None in older files
-            how = (f"edges ranked by {c.rank} score" if found.get("name", "ranked") == "ranked" else
+            name, record = self.searched("edge_search"), c.edge_search  # record: None in older files
+            found = self.settings.get("edge_search") or {}
+            how = (f"edges ranked by {c.rank} score" if name is None else
                    f"the {'' if record is None else f'{record.start} '}edges ranked by {c.rank} score, "
-                   f"{count_of(found.get('pruned') or 0, 'dangling edge')} pruned, then the {found['name']} search "
+                   f"{count_of(found.get('pruned') or 0, 'dangling edge')} pruned, then the {name} search "
                    f"in {found.get('passes') or 0:.0f} passes")
             lines.append(f"Edge circuit: {len(c.edges)} of {c.n_edges_total} edges reach faithfulness "
                          f"{c.edge_faithfulness:.3f}{_ci(c.intervals.get('edge_faithfulness'))} ({how}); MIB's CPR "
