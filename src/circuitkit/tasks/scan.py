@@ -695,16 +695,13 @@ def _circuit(state: TaskScanState, task: Task) -> TaskCircuit:
 
 
 def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """The edge search's options with the default pass budget, checked before the first pass: names the search
-    takes (not its start or progress, which the scan gives), a budget of None or at least 0 passes."""
+    """The edge search's options with the default pass budget, checked before the first pass
+    (:func:`~circuitkit.circuits.search.check_search_options`: names the search takes, not its start or progress,
+    which the scan gives; each value as the search checks it, a budget None or at least 0 passes)."""
     if name == "ranked":
         return {}
-    options = check_search_options("scan_task: edge_search_options", name, options)
-    out = {"max_passes": DEFAULT_EDGE_SEARCH_PASSES, **(options or {})}
-    if out["max_passes"] is not None:
-        out["max_passes"] = validate.real("scan_task: edge_search_options max_passes", out["max_passes"],
-                                          minimum=0.0)
-    return out
+    return {"max_passes": DEFAULT_EDGE_SEARCH_PASSES,
+            **(check_search_options("scan_task: edge_search_options", name, options) or {})}
 
 
 def _budget(max_passes: Any) -> float:
