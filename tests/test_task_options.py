@@ -295,6 +295,9 @@ def test_scan_passes_a_tasks_node_search(model, tmp_path):
     assert found.start == len(ranked.circuit.heads) and found.settings["stopped"] is not None
     assert found.size == len(via_scan.circuit.heads) and found.faithfulness == via_scan.circuit.faithfulness
     assert ranked.circuit.search is None and "search" not in ranked.to_json()["circuit"]
+    assert via_scan.searched() == "refined" and ranked.searched() is None and via_scan.searched("edge_search") is None
+    with pytest.raises(ck.CircuitkitError, match="TaskScan.searched: key"):
+        via_scan.searched("nodes")
     assert via_scan.to_json()["circuit"]["search"] == found.to_json()
     assert f"the refined search from the ranked {found.start} in" in via_scan.answer()
     # a searched set is no prefix of the ranking the curve measures: no member is told its step on that curve

@@ -156,6 +156,7 @@ class TaskScan:
         """The search beyond ranking that chose the node circuit (``key`` ``"search"``) or the edge circuit
         (``"edge_search"``), by name, from the settings (files written before the circuit's search record say it
         there too); None for the ranked one."""
+        key = validate.option("TaskScan.searched: key", key, ("search", "edge_search"))
         name = (self.settings.get(key) or {}).get("name", "ranked")
         return None if name == "ranked" else name
 
@@ -647,8 +648,8 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
                                "pruned": None if state.edge_result is None else state.edge_result.settings["pruned"]}
     clean_all, corrupted_all = clean["metric"], corrupted["metric"]
     if held is not None:  # every pair's metric in the task's order
-        clean_all = torch.empty(task.n_pairs)
-        corrupted_all = torch.empty(task.n_pairs)
+        clean_all = torch.empty(task.n_pairs, device="cpu")  # as each runner's metric
+        corrupted_all = torch.empty(task.n_pairs, device="cpu")
         clean_all[discovery_index], corrupted_all[discovery_index] = clean["metric"], corrupted["metric"]
         clean_all[evaluation_index] = held.clean["metric"]
         corrupted_all[evaluation_index] = held.corrupted["metric"]
