@@ -111,6 +111,7 @@ METHODS = (
     "circuitkit.tasks.scan:TaskScan.load",
     "circuitkit.tasks.scan:TaskScan.table",
     "circuitkit.tasks.scan:TaskScan.to_pandas",
+    "circuitkit.tasks.scan:TaskScan.searched",
 )
 """Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
 
@@ -1753,6 +1754,7 @@ case(f"{TK}.scan:TaskScan.load", lambda: {"path": saved_task_scan_dir()}, path="
                          ("an-induction-scan", lambda v: saved_scan_dir(), STRICT)]})
 method(f"{TK}.scan:TaskScan.table", task_scan_result, lambda: {"sort": "score"}, sort="option?")
 method(f"{TK}.scan:TaskScan.to_pandas", task_scan_result, lambda: {"sort": "dla"}, sort="option?")
+method(f"{TK}.scan:TaskScan.searched", task_scan_result, lambda: {"key": "edge_search"}, key="option")
 
 # ``scan(model, task=...)``: the bad tasks above, plus the names and paths scan takes, with ``tokens=None`` (a task
 # and a batch together are refused on their own) on the hand-built model.
