@@ -116,6 +116,18 @@ def test_resuming_at_a_layer_equals_the_full_pass(built):
     assert torch.allclose(full, resumed, atol=1e-6, rtol=0)
 
 
+def test_resuming_past_the_last_layer_equals_the_full_pass(built):
+    """From the final residual stream (``start_at_layer = n_layers``) only the final norm and the unembedding run:
+    the task runner's pass for an edge into the logits."""
+    _, _, _, own, _ = built
+    adapter, tokens = adapt(own), _tokens()
+    L = own.cfg.n_layers
+    with torch.no_grad():
+        full, cache = own.run_with_cache(tokens)
+        resumed = adapter.run_from(cache[HOOKS.resid_post(L - 1)], L)
+    assert torch.equal(full, resumed)
+
+
 def test_a_replaced_activation_changes_what_follows_only(built):
     _, _, _, own, bridge = built
     tokens = _tokens()

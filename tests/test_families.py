@@ -407,6 +407,33 @@ def test_resuming_from_a_residual_stream_equals_the_full_pass(built):
     torch.testing.assert_close(resumed, full, atol=RESUME_TOL, rtol=0)
 
 
+def test_resuming_past_the_last_layer_runs_only_the_final_norm_and_unembedding(built):
+    """An edge into the logits changes only the final residual stream: ``run_from(final, n_layers)`` must give the
+    full pass's logits from it, whatever the family does after its last block (soft-capping, scaled logits,
+    biases), and run no block."""
+    family, hf, bridge = built
+    adapter = adapt(bridge)
+    if not family.resumable:
+        return  # refused as above: nothing resumes on this family
+    tokens = TOKENS.build(bridge).tokens
+    L = adapter.spec.n_layers
+    kept, blocks_ran = {}, []
+
+    def keep(tensor, hook):
+        kept["final"] = tensor.detach()
+
+    def count(tensor, hook):
+        blocks_ran.append(hook.name)
+
+    with torch.no_grad():
+        full = adapter.run(tokens, [(HOOKS.resid_post(L - 1), keep)])
+        if "final" not in kept:  # no final residual stream hook fires (GPT-1's post-norm blocks): the task runner
+            return               # keeps none, and an edge into the logits resumes at the last layer instead
+        resumed = adapter.run_from(kept["final"], L, [(HOOKS.z(layer), count) for layer in range(L)])
+    torch.testing.assert_close(resumed, full, atol=RESUME_TOL, rtol=0)
+    assert blocks_ran == []  # no head computed its output
+
+
 def test_logits_at_the_loss_positions_equal_the_full_pass_there(built):
     """Passes that need only the repeated-copies loss ask for logits at its positions (``positions=``): they equal
     the full pass's logits there, from the start and resumed; families whose Hugging Face class takes

@@ -13,8 +13,9 @@ import torch
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
+from circuitkit.models.toy import AttentionOnlyModel
 from circuitkit.tasks import Task
-from tests.conftest import boot_bridge
+from tests.conftest import boot_bridge, random_weights
 from tests.test_tasks import toy_pairs
 
 LAYERS = 3
@@ -24,10 +25,11 @@ def _runner(kind: str, kv_edges: str = "grouped", **extra) -> TaskRunner:
     model = {"mha-mlp": lambda: boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3),
              "gqa-ln-mlp": lambda: boot_bridge(attn_only=False, n_layers=LAYERS, n_key_value_heads=2, d_vocab=50,
                                                seed=8, normalization_type="LN"),
-             "attn-only": lambda: boot_bridge(n_layers=LAYERS, d_vocab=50, seed=3)}[kind]()
+             "attn-only": lambda: boot_bridge(n_layers=LAYERS, d_vocab=50, seed=3),
+             "toy": lambda: AttentionOnlyModel(random_weights(n_layers=LAYERS, d_vocab=50), n_ctx=32)}[kind]()
     adapter = adapt(model)
     batch = Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter)
-    return TaskRunner(adapter, batch, "logit_diff", mlps=kind != "attn-only", ablation="corrupted",
+    return TaskRunner(adapter, batch, "logit_diff", mlps=kind not in ("attn-only", "toy"), ablation="corrupted",
                       kv_edges=kv_edges, **extra)
 
 
@@ -46,7 +48,8 @@ def _edges_into_every_layer(runner: TaskRunner) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("kind", "kv_edges"), [("mha-mlp", "grouped"), ("gqa-ln-mlp", "grouped"),
-                                                ("gqa-ln-mlp", "per-query-head"), ("attn-only", "grouped")])
+                                                ("gqa-ln-mlp", "per-query-head"), ("attn-only", "grouped"),
+                                                ("toy", "grouped")])
 def test_a_single_edge_pass_resumed_at_its_receivers_layer_equals_the_full_pass(kind, kv_edges):
     runner = _runner(kind, kv_edges)
     assert runner.adapter.can_resume
@@ -62,12 +65,14 @@ def test_a_single_edge_pass_resumed_at_its_receivers_layer_equals_the_full_pass(
     resumed_passes = runner.passes - before
     torch.testing.assert_close(resumed, full, rtol=0, atol=1e-5)
     assert not torch.equal(full, torch.full_like(full, float(runner.clean["metric"].mean())))  # edges that matter
-    # each edge counts its receiver layer's share (the logits' edges: the last layer), its copies as the full pass's
+    # each edge counts its receiver layer's share (the logits' edges: none, they run no layer), its copies as the
+    # full pass's
     graph = runner.graph
     layer_of = {r: layer for (_, layer), cols in graph.receiver_slices.items() for r in range(cols.start, cols.stop)}
+    assert layer_of[graph.logits_index] == LAYERS and graph.logits_index in edges[:, 1].tolist()
     if kv_edges == "grouped":
         assert full_passes == len(edges)
-        share = sum((LAYERS - min(layer_of[int(r)], LAYERS - 1)) / LAYERS for r in edges[:, 1])
+        share = sum((LAYERS - layer_of[int(r)]) / LAYERS for r in edges[:, 1])
         assert resumed_passes == pytest.approx(share)
     assert resumed_passes < full_passes
 
@@ -297,7 +302,8 @@ def test_a_scans_stages_count_what_ran(monkeypatch):
         return LAYERS if receiver == "logits" else int(receiver[1:]) if receiver.startswith("m") else \
             int(receiver.split(".")[0])
 
-    shares = sum((LAYERS - min(receiver_layer(e.name), LAYERS - 1)) / LAYERS for e in effects)
+    shares = sum((LAYERS - receiver_layer(e.name)) / LAYERS for e in effects)  # into the logits: no layer
+    assert any(e.name.endswith("->logits") for e in effects)
     assert ran["edges"] == pytest.approx(sum(copies) + shares)
     assert shares < len(effects)  # some receiver past layer 0: the old count (one pass each) is more
 

@@ -306,9 +306,9 @@ class TaskRunner:
 
     def _reference(self, tokens: Tensor, dla: bool, keep_resid: bool = False) -> dict[str, Any]:
         """One pass capturing every sender's output (with ``keep_resid``: and the residual stream entering every
-        layer, ``resid`` ``{layer: [pair, pos, d_model]}``, from which a patched pass that changes nothing below a
-        layer resumes; with ``dla``: and a backward of the logit difference through the final norm with its scale
-        frozen, for direct logit attribution).
+        layer and, at ``n_layers``, the final one, ``resid`` ``{layer: [pair, pos, d_model]}``, from which a patched
+        pass that changes nothing below a layer resumes; with ``dla``: and a backward of the logit difference
+        through the final norm with its scale frozen, for direct logit attribution).
 
         Counted as one pass, with or without ``dla``: the backward starts at a detached leaf at the last block's
         output (parameters frozen, so nothing before it is on the autograd graph), so it runs only through the
@@ -329,6 +329,9 @@ class TaskRunner:
 
         def resid_in(x: Tensor, hook: Any) -> None:
             resid_kept[HOOKS.layer_of(hook.name)] = x.detach()
+
+        def resid_final(x: Tensor, hook: Any) -> None:  # what the final norm reads: an edge into the logits resumes
+            resid_kept[spec.n_layers] = x.detach()
 
         def z_hook(z: Tensor, hook: Any) -> None:
             z_kept[HOOKS.layer_of(hook.name)] = z.detach()
@@ -381,7 +384,8 @@ class TaskRunner:
         L = spec.n_layers
         hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
         if keep_resid:
-            hooks += [(HOOKS.resid_pre(layer), resid_in) for layer in range(1, L)]
+            hooks += [(HOOKS.resid_pre(layer), resid_in) for layer in range(1, L)] + [
+                (HOOKS.resid_post(L - 1), resid_final)]
         if not self.adapter.attn_only:
             hooks += [(HOOKS.mlp_out(layer), mlp_hook) for layer in range(L)]
         for kind in self.extra_types:
@@ -693,6 +697,15 @@ class TaskRunner:
             return 0
         return start
 
+    def final_layer(self) -> int:
+        """Where a pass that changes only the final residual stream starts: ``n_layers`` (past the last layer,
+        from the clean run's final residual stream) where the model can resume there, else
+        :meth:`resume_layer` of the last layer."""
+        L = self.spec.n_layers
+        if self.adapter.can_resume and L in self.clean.get("resid", {}):
+            return L
+        return self.resume_layer(L - 1)
+
     def pass_share(self, start: int) -> float:
         """The passes one copy of the pairs counts when it starts at layer ``start`` (:meth:`resume_layer`): its
         share of the layers, ``(L - start) / L``, as the induction scan counts a resumed ablation
@@ -732,8 +745,11 @@ class TaskRunner:
 
         Everything before the receiver's layer is then the clean run, so each edge's pass resumes from the clean
         run's residual stream entering that layer (:meth:`resume_layer`; the senders before it are given their
-        clean outputs' deltas) and counts its share of the layers (:meth:`pass_share`): an edge into the logits
-        runs the last layer only. Edges of one receiver layer share stacked passes. The same values as
+        clean outputs' deltas) and counts its share of the layers (:meth:`pass_share`). An edge into the logits
+        changes only the final residual stream: its pass starts from the clean run's, that edge's delta added, and
+        runs no layer, only the final norm and the unembedding at the read positions (:meth:`final_layer`; counted
+        0, as the direct logit attribution's backward through them). Edges of one receiver layer share stacked
+        passes. The same values as
         :meth:`edge_metric` of the masks with that edge dropped (to float rounding: the layers before run once,
         unstacked; tests/test_task_passes.py), which a model that cannot resume runs."""
         graph = self.graph
@@ -743,7 +759,8 @@ class TaskRunner:
             raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
                                 "[n, 2] (sender, receiver) indices of edges of the graph")
         out = torch.empty(edges.shape[0], device="cpu")
-        starts = [self.resume_layer(int(layer_of[r])) for r in edges[:, 1].tolist()]
+        starts = [self.final_layer() if r == graph.logits_index else self.resume_layer(int(layer_of[r]))
+                  for r in edges[:, 1].tolist()]
         for start in sorted(set(starts)):
             which = [i for i, s in enumerate(starts) if s == start]
             kept = graph.allowed[None].repeat(len(which), 1, 1)
@@ -1046,7 +1063,7 @@ class TaskRunner:
 
         L = spec.n_layers
         if resume:  # the senders before the resumed layer, at their clean outputs (every edge there is kept)
-            n_before = graph.sender_slices[("head", resume)].start
+            n_before = graph.sender_slices[("head", resume)].start if resume < L else len(graph.senders)
             for where in graph.sender_slices.values():  # a block at a time: the same sums as all at once
                 if where.stop <= n_before:
                     n = where.stop - where.start
@@ -1191,6 +1208,13 @@ class TaskRunner:
         hooks.append((HOOKS.resid_post(L - 1), final_hook))
         if node_leaves is not None:
             hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
+        if resume == L:  # only the logits' input changes: no layer runs, so no hook fires (single_edge_metric)
+            final = self.clean["resid"][L]
+            extra = patch_for(slice(graph.logits_index, graph.logits_index + 1))
+            resid_in = final.repeat(S, 1, 1)
+            if extra is not None:
+                resid_in = resid_in + extra[:, 0].reshape(resid_in.shape).to(final.dtype)
+            return self.adapter.run_from(resid_in, L, positions=self.positions), 1
         if resume:
             resid_in = self.clean["resid"][resume].repeat(Q * S, 1, 1)
             return copy0(self.adapter.run_from(resid_in, resume, hooks, positions=self.positions)), Q

@@ -496,11 +496,15 @@ class BridgeAdapter(ModelAdapter):
         hooks = list(fwd_hooks)
         positions = _check_positions(positions, resid.shape[1])
         keep = self._keep_kwargs(positions)
-        with self._skipping_blocks(start_at_layer):
+        # past the last layer (``resid`` the final residual stream): the bridge injects it at the last block, which
+        # passes it through, so that only the final norm and the unembedding run
+        after_all = start_at_layer == self.spec.n_layers
+        inject = start_at_layer - 1 if after_all else start_at_layer
+        with self._skipping_blocks(start_at_layer, must_pass=inject if after_all else None):
             if hooks:
-                out = self.model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=start_at_layer, **keep)
+                out = self.model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=inject, **keep)
             else:
-                out = self.model(resid, start_at_layer=start_at_layer, **keep)
+                out = self.model(resid, start_at_layer=inject, **keep)
         return self._finish(out, tuple(resid.shape[:2]), positions, bool(keep))
 
     def _keep_kwargs(self, positions: Tensor | None) -> dict[str, Any]:
@@ -553,7 +557,10 @@ class BridgeAdapter(ModelAdapter):
             head.__dict__.pop("forward", None)
 
     @contextlib.contextmanager
-    def _skipping_blocks(self, start_at_layer: int) -> Iterator[None]:
+    def _skipping_blocks(self, start_at_layer: int, must_pass: int | None = None) -> Iterator[None]:
+        """The wrapped blocks before ``start_at_layer`` pass their input through (their output is discarded: the
+        bridge injects the residual stream at the block it resumes at). ``must_pass``: the index of a skipped block
+        whose output is used (the last one, resumed past), so it passes its input through from its first call."""
         blocks = getattr(self.model, "blocks", None)
         modules = []
         if blocks is not None:
@@ -561,27 +568,66 @@ class BridgeAdapter(ModelAdapter):
                 inner = getattr(blocks[index], "original_component", None)
                 if isinstance(inner, torch.nn.Module):
                     modules.append((index, inner))
+        if must_pass is not None and must_pass not in {index for index, _ in modules}:
+            raise CircuitkitError(
+                f"{type(self.model).__name__}: block {must_pass} wraps no module to pass the residual stream "
+                "through; expected a TransformerBridge block with an original_component (resuming past the last "
+                "layer needs it).")
         try:
             for index, inner in modules:
-                inner.forward = self._pass_through(index, inner)
+                inner.forward = self._pass_through(index, inner, index == must_pass)
             yield
         finally:
             for _, inner in modules:
                 inner.__dict__.pop("forward", None)
 
-    def _pass_through(self, index: int, inner: torch.nn.Module) -> Callable[..., Any]:
+    def run(self, tokens: Tensor, fwd_hooks: FwdHooks = (), *, positions: Tensor | None = None,
+            graph_positions: Tensor | None = None) -> Tensor:
+        with self._learning_blocks():
+            return super().run(tokens, fwd_hooks, positions=positions, graph_positions=graph_positions)
+
+    @contextlib.contextmanager
+    def _learning_blocks(self) -> Iterator[None]:
+        """Until every wrapped block's output structure is known (what a skipped block must return in its place:
+        a tensor or a tuple of some length), a full pass records it, from module hooks that read the outputs and
+        are removed after the pass."""
+        blocks = getattr(self.model, "blocks", None)
+        handles = []
+        if blocks is not None and len(self._block_outputs) < len(blocks):
+            for index, block in enumerate(blocks):
+                inner = getattr(block, "original_component", None)
+                if isinstance(inner, torch.nn.Module) and index not in self._block_outputs:
+                    handles.append(inner.register_forward_hook(
+                        lambda module, args, out, index=index: self._learn_structure(index, out)))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _learn_structure(self, index: int, out: Any) -> None:
+        if isinstance(out, Tensor):
+            self._block_outputs[index] = ("tensor", 0)
+        elif isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+            self._block_outputs[index] = ("tuple", len(out))
+
+    def _pass_through(self, index: int, inner: torch.nn.Module, must_pass: bool = False) -> Callable[..., Any]:
         real = type(inner).forward.__get__(inner)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             hidden = args[0] if args else kwargs.get("hidden_states")
             structure = self._block_outputs.get(index)
             if structure is None or not isinstance(hidden, Tensor):
-                out = real(*args, **kwargs)  # learn the output structure once (or run it if unsure)
-                if isinstance(out, Tensor):
-                    self._block_outputs[index] = ("tensor", 0)
-                elif isinstance(out, tuple) and out and isinstance(out[0], Tensor):
-                    self._block_outputs[index] = ("tuple", len(out))
-                return out
+                out = real(*args, **kwargs)  # learn the output structure (before any full pass), or run it if unsure
+                self._learn_structure(index, out)
+                if not must_pass:
+                    return out
+                structure = self._block_outputs.get(index)
+                if structure is None or not isinstance(hidden, Tensor):
+                    raise CircuitkitError(
+                        f"{type(self.model).__name__}: block {index} takes {type(hidden).__name__} and returns "
+                        f"{type(out).__name__}; expected a hidden-state tensor in and a tensor or tuple out, to pass "
+                        "the residual stream through it (resuming past the last layer).")
             kind, length = structure
             return hidden if kind == "tensor" else (hidden,) + (None,) * (length - 1)
 

@@ -88,8 +88,8 @@ def node_estimate(nodes: int, pairs: int) -> float:
 
 EFFECT_SHARE = 0.5
 """The share of a pass one exact edge effect is planned at: it resumes at its receiver's layer ``l`` and runs
-``(L - l) / L`` of the model, half on average over the layers (on Qwen2.5-0.5B's IOI, the eight strongest edges
-cost 1.83 passes: five into the logits)."""
+``(L - l) / L`` of the model (an edge into the logits none), half on average over the layers (on Qwen2.5-0.5B's
+IOI, the eight strongest edges cost 2 passes: four into the logits, one into layer 0)."""
 
 
 def edge_estimate(edges_total: int, pairs: int) -> float:
