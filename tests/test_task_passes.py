@@ -399,3 +399,36 @@ def test_the_held_out_plan_is_revised_to_what_the_search_paid_a_set(capsys):
     assert len(lines) == 1 and "as in the search" in lines[0], lines
     ran = {stage.name: stage.passes for stage in scan.stages}
     assert f"-> {ran['held-out']:.2f} (" in lines[0] or f"-> {ran['held-out']:g} (" in lines[0], lines
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp"])
+def test_the_edge_plan_counts_what_the_scores_decide(kind, monkeypatch):
+    """The edge stage's plan once the scores are known (``edge_plan``): MIB's sizes under both rankings and the
+    strongest edges' effects are what the stage then counts; only the bisection is planned at its usual steps."""
+    import circuitkit.tasks.circuit as circuit
+
+    runner = _runner(kind)
+    scores, _ = runner.edge_gradients(1)
+    planned, words = circuit.edge_plan(runner, scores, "abs")
+    spent = {"bisection": 0.0, "effects": 0.0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            before = runner.passes
+            out = fn(*args, **kwargs)
+            spent[name] += runner.passes - before
+            return out
+        return wrapper
+
+    monkeypatch.setattr(circuit, "smallest", counted("bisection", circuit.smallest))
+    monkeypatch.setattr(runner, "single_edge_metric", counted("effects", runner.single_edge_metric))
+    before = runner.passes
+    effects = circuit.edge_circuit(runner, scores, 0.8, "abs")[5]
+    ran = runner.passes - before
+    assert len(effects) == circuit.N_EXACT_EDGES and spent["effects"] > 0
+    index, _, order, _, todo, differ = circuit.edge_sets(runner.graph, scores, "abs")
+    assert spent["effects"] == pytest.approx(runner.single_edge_share(index[order[:circuit.N_EXACT_EDGES]]))
+    sizes = ran - spent["bisection"] - spent["effects"]
+    assert sizes == len(todo) + len(differ)
+    assert planned == pytest.approx(sizes + circuit.EDGE_BISECTION + spent["effects"])
+    assert f"MIB's {len(todo)} sizes" in words

@@ -753,20 +753,32 @@ class TaskRunner:
         :meth:`edge_metric` of the masks with that edge dropped (to float rounding: the layers before run once,
         unstacked; tests/test_task_passes.py), which a model that cannot resume runs."""
         graph = self.graph
-        layer_of = graph.receiver_layers
         edges = edges.cpu()
-        if edges.dim() != 2 or edges.shape[1] != 2 or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
-            raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
-                                "[n, 2] (sender, receiver) indices of edges of the graph")
+        starts = self._single_edge_starts(edges)
         out = torch.empty(edges.shape[0], device="cpu")
-        starts = [self.final_layer() if r == graph.logits_index else self.resume_layer(int(layer_of[r]))
-                  for r in edges[:, 1].tolist()]
         for start in sorted(set(starts)):
             which = [i for i, s in enumerate(starts) if s == start]
             kept = graph.allowed[None].repeat(len(which), 1, 1)
             kept[torch.arange(len(which), device="cpu"), edges[which, 0], edges[which, 1]] = False
             out[which] = self._edge_sets(kept, start)
         return out
+
+    def single_edge_share(self, edges: Tensor) -> float:
+        """The passes :meth:`single_edge_metric` of ``edges`` will count, one copy of the pairs each (with
+        per-query-head key/value edges a pass may run more), from where each resumes."""
+        return sum((self.pass_share(start) for start in self._single_edge_starts(edges.cpu())), 0.0)
+
+    def _single_edge_starts(self, edges: Tensor) -> list[int]:
+        """Where each edge of ``edges`` ``[n, 2]`` (checked: edges of the graph) patched alone resumes: past the
+        last layer for an edge into the logits (:meth:`final_layer`), else its receiver's layer
+        (:meth:`resume_layer`)."""
+        graph = self.graph
+        if edges.dim() != 2 or edges.shape[1] != 2 or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
+            raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
+                                "[n, 2] (sender, receiver) indices of edges of the graph")
+        layer_of = graph.receiver_layers
+        return [self.final_layer() if r == graph.logits_index else self.resume_layer(int(layer_of[r]))
+                for r in edges[:, 1].tolist()]
 
     def edge_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor]:
         """EAP-IG: ``(scores [sender, receiver], node_scores [sender])`` (module docstring), zero where no edge;

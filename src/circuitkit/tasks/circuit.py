@@ -71,6 +71,9 @@ RANKS = ("signed", "abs")
 EDGE_RESOLUTION = 1 / 64
 """The edge circuit's size is bisected to within this share of itself (a circuit of 8,000 edges to within 125):
 each halving is a patched pass, and the last few would move the size by less than the curve's own noise."""
+EDGE_BISECTION = math.ceil(math.log2(2.5 / EDGE_RESOLUTION)) - 1
+"""The bisection's planned passes: from the two MIB sizes around the target (2 to 2.5 apart) to
+:data:`EDGE_RESOLUTION` of the size."""
 MIN_TASK_GAP = 1e-3
 """Smallest ``|m_clean - m_corr|`` faithfulness divides by (in the metric's units): below it the corrupted prompts
 do not change what the model does, and there is no behaviour to explain."""
@@ -365,6 +368,42 @@ def node_circuit(runner: TaskRunner, node_scores: Tensor, target: float, rank: s
     return NodeCircuit(circuit_heads, circuit_mlps, measured[n], clean - only, curve, all_patched, N, pairs, nodes)
 
 
+OTHER_RANK = {"abs": "signed", "signed": "abs"}
+
+
+def edge_sets(graph: Any, scores: Tensor, rank: str) -> tuple[Tensor, Tensor, Tensor, Tensor, list[int], list[int]]:
+    """What :func:`edge_circuit` measures, decided by the scores alone: ``(index [E, 2], flat [E], order,
+    other_order, todo, differ)``: the graph's edges as (sender, receiver) indices and their scores, their order
+    under ``rank`` and under the other ranking, MIB's sizes strictly between none and every edge (``todo``, measured
+    under ``rank``) and those of them where the other ranking's top set is other edges (``differ``, measured again
+    under it; where both keep the same top ``k``, scores of one sign, that set is measured once)."""
+    index = graph.allowed.nonzero()  # [E, 2]
+    E = index.shape[0]
+    flat = scores[index[:, 0], index[:, 1]]
+    order, other_order = _order(flat, rank), _order(flat, OTHER_RANK[rank])
+    todo = sorted({k for k in mib_sizes(E) if 0 < k < E})
+    differ = [k for k in todo if not torch.equal(torch.sort(order[:k]).values, torch.sort(other_order[:k]).values)]
+    return index, flat, order, other_order, todo, differ
+
+
+def edge_plan(runner: TaskRunner, scores: Tensor, rank: str) -> tuple[float, str]:
+    """The edge stage's passes as the scores decide them, and the words for them: MIB's sizes under ``rank`` and
+    where the other ranking's sets differ (:func:`edge_sets`), the bisection (planned at
+    :data:`EDGE_BISECTION` passes: its steps depend on the curve) and the exact effects of the
+    :data:`N_EXACT_EDGES` strongest edges, each resumed as :meth:`~TaskRunner.single_edge_metric` will resume it
+    (:meth:`~TaskRunner.single_edge_share`; the circuit is assumed to hold them all). Every pass counts the
+    graph's key/value copies (at most)."""
+    index, _, order, _, todo, differ = edge_sets(runner.graph, scores, rank)
+    effects = runner.single_edge_share(index[order[:N_EXACT_EDGES]])
+    copies = runner.graph.kv_copies
+    other = OTHER_RANK[rank]
+    again = (f"the {other} ranking keeps the same sets" if not differ else
+             f"{len(differ)} of them again under the {other} ranking")
+    words = (f"MIB's {len(todo)} sizes, {again}, about {EDGE_BISECTION} bisection steps, the "
+             f"{min(N_EXACT_EDGES, len(order))} strongest edges' effects at {effects:.2f}")
+    return copies * (len(todo) + len(differ) + EDGE_BISECTION + effects), words
+
+
 def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, progress: Any = None,
                  pairs: dict[str, Tensor] | None = None,
                  ) -> tuple[tuple[str, ...], float | None, tuple, float | None, float | None, tuple, int, dict]:
@@ -377,10 +416,8 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     for :func:`edge_intervals`."""
     graph = runner.graph
     allowed = graph.allowed
-    index = allowed.nonzero()  # [E, 2]
+    index, flat, order, other_order, todo, differ = edge_sets(graph, scores, rank)
     E = index.shape[0]
-    flat = scores[index[:, 0], index[:, 1]]
-    order = _order(flat, rank)
     clean = float(runner.clean["metric"].mean())
     corrupted = float(runner.corrupted["metric"].mean())
     check_task_gap(clean, corrupted, runner.metric_name)
@@ -406,16 +443,11 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
         return values
 
     sizes = mib_sizes(E)
-    todo = sorted({k for k in sizes if 0 < k < E})
-    other = {"abs": "signed", "signed": "abs"}[rank]  # MIB's areas need both rankings' curves
-    other_order = _order(flat, other)
+    other = OTHER_RANK[rank]  # MIB's areas need both rankings' curves
     for k, value in zip(todo, run([kept_mask(k) for k in todo], rank, todo), strict=True):  # the curve at once
         metrics[k] = value
     other_metrics = {0: corrupted, E: clean}
-    for k in todo:  # where both rankings keep the same top k (scores of one sign), that set is measured already
-        if torch.equal(torch.sort(order[:k]).values, torch.sort(other_order[:k]).values):
-            other_metrics[k] = metrics[k]
-    differ = [k for k in todo if k not in other_metrics]
+    other_metrics.update({k: metrics[k] for k in todo if k not in differ})  # the same top k: measured already
     other_metrics.update(zip(differ, run([kept_mask(k, order=other_order) for k in differ], other, differ),
                              strict=True))
     curve_sizes = sorted(set(todo) | {E})

@@ -23,7 +23,7 @@ from circuitkit.stage import Stage, plan_of
 from circuitkit.tasks.circuit import (
     COARSE_AFTER,
     COARSE_MIN_PAIRS,
-    EDGE_RESOLUTION,
+    EDGE_BISECTION,
     N_EXACT_EDGES,
     RANKS,
     mib_sizes,
@@ -95,12 +95,11 @@ IOI, the eight strongest edges cost 2 passes: four into the logits, one into lay
 def edge_estimate(edges_total: int, pairs: int) -> float:
     """Planned passes of the edge circuit: MIB's sizes under both rankings (one stacked copy each; a size whose two
     top sets are the same edges is measured once, so this is at most), the bisection between the two sizes around
-    the target (2 to 2.5 apart) to :data:`EDGE_RESOLUTION` of the size, and the strongest edges' exact effects,
-    each resumed at its receiver's layer (counted :data:`EFFECT_SHARE` of a pass each: the share is known only once
-    the edges are)."""
+    the target (:data:`EDGE_BISECTION` passes), and the strongest edges' exact effects, each resumed at its
+    receiver's layer (planned at :data:`EFFECT_SHARE` of a pass each). Once the scores are known, the edges stage
+    revises it to what they decide (:func:`~circuitkit.tasks.circuit.edge_plan`)."""
     sizes = len([k for k in mib_sizes(edges_total) if 0 < k < edges_total])
-    bisection = math.ceil(math.log2(2.5 / EDGE_RESOLUTION)) - 1
-    return len(RANKS) * sizes + bisection + EFFECT_SHARE * min(N_EXACT_EDGES, edges_total)
+    return len(RANKS) * sizes + EDGE_BISECTION + EFFECT_SHARE * min(N_EXACT_EDGES, edges_total)
 
 
 SEARCHED_SET_PASSES = 3
@@ -322,10 +321,13 @@ def stability_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
 
 
 def edges_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    """The edge circuit (:func:`~circuitkit.tasks.circuit.edge_circuit`), its plan first revised to what the
+    scores decide (:func:`~circuitkit.tasks.circuit.edge_plan`)."""
     from circuitkit.circuits.curve import NoBehaviour
-    from circuitkit.tasks.circuit import edge_circuit
+    from circuitkit.tasks.circuit import edge_circuit, edge_plan
 
     o = state.options
+    bar.revise("edges", *edge_plan(state.search, state.scores, o.rank))
     try:
         state.edge_part = state.staged(bar, "edges", lambda advance: edge_circuit(
             state.search, state.scores, o.target, o.rank, progress=advance, pairs=state.edge_pairs))
