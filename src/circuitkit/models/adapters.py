@@ -383,7 +383,8 @@ class ModelAdapter:
     def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
                  positions: Tensor | None = None) -> Tensor:
         """Logits from the residual stream ``resid`` ``[batch, pos, d_model]`` entering ``start_at_layer``
-        (layers before it skipped); ``positions`` as for :meth:`run`. Only for families with ``can_resume``."""
+        (layers before it skipped; ``n_layers``: the final residual stream, so only the final norm and the
+        unembedding run); ``positions`` as for :meth:`run`. Only for families with ``can_resume``."""
         raise CircuitkitError(
             f"{type(self.model).__name__} cannot resume a forward pass from layer {start_at_layer}; expected a "
             "TransformerBridge or AttentionOnlyModel. Callers check ModelAdapter.can_resume first."
