@@ -126,6 +126,8 @@ def test_resuming_past_the_last_layer_equals_the_full_pass(built):
         full, cache = own.run_with_cache(tokens)
         resumed = adapter.run_from(cache[HOOKS.resid_post(L - 1)], L)
     assert torch.equal(full, resumed)
+    with pytest.raises(CircuitkitError, match="run_from: start_at_layer"):
+        adapter.run_from(cache[HOOKS.resid_post(L - 1)], L + 1)
 
 
 def test_a_replaced_activation_changes_what_follows_only(built):

@@ -432,3 +432,20 @@ def test_the_edge_plan_counts_what_the_scores_decide(kind, monkeypatch):
     assert sizes == len(todo) + len(differ)
     assert planned == pytest.approx(sizes + circuit.EDGE_BISECTION + spent["effects"])
     assert f"MIB's {len(todo)} sizes" in words
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "toy"])
+@pytest.mark.parametrize("start", [LAYERS + 1, -1, 1.5, True, "1"])
+def test_run_from_refuses_a_layer_outside_0_to_n_layers(kind, start):
+    adapter = _runner(kind).adapter
+    with pytest.raises(CircuitkitError, match=r"run_from: start_at_layer: given .* expected an int layer in 0 \.\. 3"):
+        adapter.run_from(torch.zeros(2, 5, adapter.spec.d_model), start)
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "toy"])
+@pytest.mark.parametrize("shape", [(2, 5), (2, 5, 7), (0, 5, None)])
+def test_run_from_refuses_a_residual_stream_of_another_shape(kind, shape):
+    adapter = _runner(kind).adapter
+    shape = tuple(adapter.spec.d_model if s is None else s for s in shape)
+    with pytest.raises(CircuitkitError, match=r"run_from: resid: given .* \[batch, pos, d_model\]"):
+        adapter.run_from(torch.zeros(shape), LAYERS)

@@ -144,6 +144,20 @@ def _check_positions(positions: Any, n_pos: int) -> Tensor | None:
     return positions
 
 
+def _check_resume(resid: Any, start_at_layer: Any, spec: Any) -> int:
+    """``start_at_layer`` as a layer in ``0 .. n_layers`` (``n_layers``: the final residual stream), with ``resid``
+    a floating-point ``[batch, pos, d_model]`` tensor: what :meth:`ModelAdapter.run_from` resumes from."""
+    if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, int) or not (
+            0 <= start_at_layer <= spec.n_layers):
+        raise validate.fail("run_from: start_at_layer", start_at_layer,
+                            f"an int layer in 0 .. {spec.n_layers} ({spec.n_layers}: the final residual stream)")
+    if (not isinstance(resid, Tensor) or resid.ndim != 3 or resid.shape[-1] != spec.d_model
+            or not resid.dtype.is_floating_point or 0 in resid.shape):
+        raise validate.fail("run_from: resid", resid, f"a non-empty floating-point [batch, pos, d_model] tensor with "
+                            f"d_model = {spec.d_model}")
+    return start_at_layer
+
+
 class _Stop(Exception):
     """Ends a forward pass from a hook once everything asked for has been seen."""
 
@@ -494,6 +508,7 @@ class BridgeAdapter(ModelAdapter):
                  positions: Tensor | None = None) -> Tensor:
         if not self.can_resume:
             return super().run_from(resid, start_at_layer, fwd_hooks)  # refuses
+        start_at_layer = _check_resume(resid, start_at_layer, self.spec)
         hooks = list(fwd_hooks)
         positions = _check_positions(positions, resid.shape[1])
         keep = self._keep_kwargs(positions)
@@ -649,6 +664,7 @@ class ToyAdapter(ModelAdapter):
 
     def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
                  positions: Tensor | None = None) -> Tensor:
+        start_at_layer = _check_resume(resid, start_at_layer, self.spec)
         positions = _check_positions(positions, resid.shape[1])
         out = self.model.run_with_hooks(resid, fwd_hooks=list(fwd_hooks), start_at_layer=start_at_layer)
         return self._finish(out, tuple(resid.shape[:2]), positions, kept=False)
@@ -684,6 +700,7 @@ class DecoderAdapter(ToyAdapter):
 
     def run_from(self, resid: Tensor, start_at_layer: int, fwd_hooks: FwdHooks = (), *,
                  positions: Tensor | None = None) -> Tensor:
+        start_at_layer = _check_resume(resid, start_at_layer, self.spec)
         positions = _check_positions(positions, resid.shape[1])
         keep = self._keep_kwargs(positions)
         out = self.model.run_with_hooks(resid, fwd_hooks=list(fwd_hooks), start_at_layer=start_at_layer, **keep)
