@@ -79,6 +79,11 @@ def test_a_task_scans_plan_is_its_declared_stages():
     assert names == ["clean", "corrupted", "attribute", "nodes", "search", "random-sets", "held-out"]
     assert list(TASK_STAGE_NAMES)[:4] == ["clean", "corrupted", "attribute", "nodes"]
     assert dict(task_plan(plan))["search"] == 15.0 and dict(task_plan(plan))["random-sets"] == 4
+    # the corrupted run read from EAP-IG's first point: no stage of its own, one pass fewer per stability rerun
+    folded = dataclasses.replace(plan, folded=True, stability=2)
+    assert [name for name, _ in task_plan(folded)][:3] == ["clean", "attribute", "nodes"]
+    apart = dataclasses.replace(plan, stability=2)
+    assert dict(task_plan(folded))["stability"] == dict(task_plan(apart))["stability"] - 2
 
 
 @pytest.mark.parametrize("where", ["circuitkit.pipeline:scan", "circuitkit.tasks.scan:scan_task"])

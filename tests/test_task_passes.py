@@ -279,7 +279,7 @@ def test_a_node_pass_resumes_from_the_all_patched_run_below_its_lowest_kept_node
 def test_a_scans_stages_count_what_ran(monkeypatch):
     """A scan on a tiny model with MLPs, its stages' passes recounted from what ran: the clean run one pass, the
     edge stage's whole copies (MIB's sizes under both rankings, the bisection) plus each exact effect's share of the
-    layers from its receiver's layer (into the logits: the last layer)."""
+    layers from its receiver's layer (into the logits: none)."""
     from circuitkit.tasks import scan_task
 
     model = boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3)
@@ -293,7 +293,8 @@ def test_a_scans_stages_count_what_ran(monkeypatch):
     monkeypatch.setattr(TaskRunner, "edge_metric", counting)
     scan = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), target=0.8, n_resamples=20, holdout=0)
     ran = {stage.name: stage.passes for stage in scan.stages}
-    assert ran["clean"] == 1.0 and ran["corrupted"] == 1.0 and ran["attribute"] == 3 * scan.settings["ig_steps"]
+    # the corrupted run is EAP-IG's first point (alpha = 0): no stage of its own
+    assert ran["clean"] == 1.0 and "corrupted" not in ran and ran["attribute"] == 3 * scan.settings["ig_steps"]
     effects = scan.circuit.edge_effects
     assert len(effects) == 8
 
@@ -449,3 +450,40 @@ def test_run_from_refuses_a_residual_stream_of_another_shape(kind, shape):
     shape = tuple(adapter.spec.d_model if s is None else s for s in shape)
     with pytest.raises(CircuitkitError, match=r"run_from: resid: given .* \[batch, pos, d_model\]"):
         adapter.run_from(torch.zeros(shape), LAYERS)
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp", "attn-only", "toy"])
+def test_eap_igs_first_point_is_the_corrupted_run(kind):
+    """EAP-IG's point ``alpha = 0`` runs the corrupted input: the corrupted run read from that copy of the stacked
+    pass equals the corrupted run made apart (every sender's output, the metric, the last-token log-probabilities),
+    the scores are the same, and the two together count EAP-IG's passes alone, one fewer."""
+    folded, apart = _runner(kind), _runner(kind)
+    _ = folded.clean, apart.clean, apart.corrupted
+    assert folded.folds_corrupted(3, "left") and not apart.folds_corrupted(3, "left")
+    before = (folded.passes, apart.passes)
+    scores, _, _ = folded.attribute(3, "left")
+    expected, _, _ = apart.attribute(3, "left")
+    assert folded.passes - before[0] == apart.passes - before[1] == 9.0
+    assert folded.passes == apart.passes - 1.0  # the corrupted pass apart
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-6)
+    got, want = folded._corrupt, apart._corrupt
+    for key in ("input", "metric", "logprobs"):
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    for key in ("z", "mlp"):
+        assert set(got[key]) == set(want[key]) and len(got[key]) == (0 if key == "mlp" and kind in (
+            "attn-only", "toy") else LAYERS)
+        for layer in want[key]:
+            torch.testing.assert_close(got[key][layer], want[key][layer], rtol=0, atol=1e-6)
+
+
+def test_the_corrupted_run_runs_apart_where_no_point_is_alpha_0():
+    """``ig_points="right"`` (``alpha = 1/steps .. 1``) and per-query-head key/value copies: the corrupted stage
+    runs, one pass, as before."""
+    assert not _runner("mha-mlp").folds_corrupted(3, "right")
+    assert not _runner("gqa-ln-mlp", "per-query-head").folds_corrupted(3, "left")
+    from circuitkit.tasks import scan_task
+
+    model = boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3)
+    scan = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), n_resamples=20, holdout=0, edges=False,
+                     ig_points="right")
+    assert {s.name: s.passes for s in scan.stages}["corrupted"] == 1.0

@@ -414,12 +414,9 @@ class TaskRunner:
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
         self.passes += 1.0  # the backward of ``dla`` runs through this pass's tail only (docstring)
-        kept = {"input": embedded[0], "z": z_kept, "mlp": mlp_kept}
+        result = self._run_record(logits, embedded[0], z_kept, mlp_kept, extra, resid_kept)
         # every sender's output [sender, pair, pos, d_model], for direct logit attribution only: not kept after it
-        out = self.outputs(kept) if direct else None
-        logprobs = last.detach().float().log_softmax(-1)
-        clean_lp = self._clean["logprobs"] if self._clean is not None else None
-        metric = self._metric_of(logits.detach(), clean_lp)[0]
+        out = self.outputs(result) if direct else None
         if direct and self.scored_metric:
             # the gradient is zero where the metric reads no prediction: the sum over every position is the sum over
             # the scored ones (senders a few at a time: no float32 copy of every output at once)
@@ -431,16 +428,56 @@ class TaskRunner:
             g_last = grad[rows, self.batch.last]  # [pair, d_model]
             # the gradient is of the mean over pairs: the sum over pairs is the mean of each pair's attribution
             dla_values = torch.einsum("spm,pm->s", at_last.float(), g_last.float())
-        for kind in self.extra_types:
-            _check_units(kind, extra[kind.name], spec)
         del out
-        result = {**kept, "nodes": extra, "metric": validate.finite_result(
-            "task metric", metric.cpu(), why="the model's logits overflowed"), "logprobs": logprobs,
-            "dla": None if dla_values is None else dla_values.detach().cpu(), "resid": resid_kept}
+        result["dla"] = None if dla_values is None else dla_values.detach().cpu()
         if dla:
             result["last_attention"] = torch.stack([last_rows[layer] for layer in range(L)])  # [layer, pair, head, k]
             result["first_patterns"] = torch.stack([first[layer] for layer in range(L)])  # [layer, head, q, k]
         return result
+
+    def _run_record(self, logits: Tensor, embedded: Tensor, z: dict[int, Tensor], mlp: dict[int, Tensor],
+                    extra: dict[str, dict[int, Tensor]], resid: dict[int, Tensor]) -> dict[str, Any]:
+        """A reference run (:attr:`clean`, :attr:`corrupted`) from what its pass kept: ``logits`` ``[pair, K,
+        vocab]``, the input embeddings, each layer's ``z`` and MLP output, the further node types' activations
+        (checked) and the residual streams kept; its metric (checked finite) and last-token log-probabilities
+        computed here. ``dla`` None (the clean run adds it)."""
+        for kind in self.extra_types:
+            _check_units(kind, extra[kind.name], self.spec)
+        logits = logits.detach()
+        clean_lp = self._clean["logprobs"] if self._clean is not None else None
+        metric = self._metric_of(logits, clean_lp)[0]
+        return {"input": embedded, "z": z, "mlp": mlp, "nodes": extra,
+                "metric": validate.finite_result("task metric", metric.cpu(), why="the model's logits overflowed"),
+                "logprobs": last_logits(logits, self.last_index)[0].float().log_softmax(-1), "dla": None,
+                "resid": resid}
+
+    def folds_corrupted(self, steps: int, points: str) -> bool:
+        """Whether EAP-IG (:meth:`attribute`) gives the corrupted run too: its first point, ``alpha = 0``, is the
+        corrupted input, and its forward then runs the corrupted prompts (every later activation follows from the
+        input embeddings). So where the corrupted run has not run yet, the points are one stacked pass of every
+        pair (no per-query-head copies) and one of them is ``alpha = 0``, the corrupted run is read from that copy
+        and does not run apart."""
+        return (self._corrupt is None and self.edges_defined and self.graph.kv_copies == 1
+                and bool((ig_alphas(steps, points) == 0).any()))
+
+    def _embedded(self, tokens: Tensor) -> Tensor:
+        """The input embeddings of ``tokens`` (the residual stream entering layer 0, ``[pair, pos, d_model]``):
+        the pass stops there, so no layer runs."""
+        got: list[Tensor] = []
+
+        def keep(x: Tensor, hook: Any) -> None:
+            got.append(x.detach())
+            raise _StopPass
+
+        with torch.no_grad():
+            try:
+                self.adapter.run(tokens, [(HOOKS.resid_pre(0), keep)], positions=self.positions)
+            except _StopPass:
+                pass
+        if not got:
+            raise CircuitkitError(f"{type(self.adapter.model).__name__} ran without calling {HOOKS.resid_pre(0)}; "
+                                  "expected the input embeddings there.")
+        return got[0]
 
     def outputs(self, run: dict[str, Any], first: int = 0, stop: int | None = None) -> Tensor:
         """The outputs of senders ``first .. stop - 1`` (every sender by default) in ``run`` (:attr:`clean` or
@@ -814,13 +851,14 @@ class TaskRunner:
         from circuitkit.detect.attribution import frozen_parameters
 
         graph = self.graph
-        clean_in, corrupt_in = self.clean["input"], self.corrupted["input"]
+        # the corrupted run read from the point alpha = 0 where it has not run (folds_corrupted): its embeddings
+        # first, from a pass that stops before the first layer
+        fold = self.folds_corrupted(steps, points)
+        clean_in = self.clean["input"]
+        corrupt_in = self._embedded(self.batch.corrupted) if fold else self.corrupted["input"]
         alphas = ig_alphas(steps, points).to(clean_in.device)
         copies = graph.kv_copies
-        delta = torch.cat([(self.outputs(self.clean, where.start, where.stop)  # [sender, pair, pos, d_model]
-                            - self.outputs(self.corrupted, where.start, where.stop)).float()
-                           for where in graph.sender_slices.values()])
-        flat = delta.reshape(delta.shape[0], -1)
+        flat = None if fold else self._output_deltas()
         scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
         summed: dict[tuple[str, int], Tensor] = {}  # the further node types' gradients summed over the points
         for begin in range(0, steps, per):
@@ -830,8 +868,17 @@ class TaskRunner:
             grads: dict[tuple[str, int], Tensor] = {}
             resid: dict[int, Tensor] = {}
             node_leaves: dict[tuple[str, int], Tensor] = {}
+            kept: dict[str, dict] = {"z": {}, "mlp": {}, **{kind.name: {} for kind in self.extra_types}}
+            read = self._copy_reads(int((part == 0).nonzero()[0]), kept) if flat is None else []
             with frozen_parameters(self.adapter.model), torch.enable_grad():
-                logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves)
+                logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
+                                            read=read)
+                if flat is None:  # the corrupted run, from its copy
+                    B = self.batch.n_pairs
+                    at = int((part == 0).nonzero()[0]) * B
+                    self._corrupt = self._run_record(logits[at : at + B], corrupt_in, kept["z"], kept["mlp"],
+                                                     {kind.name: kept[kind.name] for kind in self.extra_types}, {})
+                    flat = self._output_deltas()
                 total = self.metric(logits).mean(-1).sum()
                 leaves = sorted(grads)
                 named = sorted(node_leaves)
@@ -847,6 +894,30 @@ class TaskRunner:
                 scores[:, cols] += (flat @ g.T).cpu()
             _add_summed(summed, node_got, n)
         return scores * graph.allowed, self._typed_scores(summed, steps)
+
+    def _output_deltas(self) -> Tensor:
+        """Every sender's clean output minus its corrupted one, flattened: ``[sender, pair * pos * d_model]``
+        float32 (what EAP-IG multiplies the gradients at the receivers by)."""
+        delta = torch.cat([(self.outputs(self.clean, where.start, where.stop)  # [sender, pair, pos, d_model]
+                            - self.outputs(self.corrupted, where.start, where.stop)).float()
+                           for where in self.graph.sender_slices.values()])
+        return delta.reshape(delta.shape[0], -1)
+
+    def _copy_reads(self, copy: int, kept: dict[str, dict]) -> list[tuple[str, Callable]]:
+        """Hooks that keep copy ``copy`` of a stacked pass's every ``z``, MLP output and further node type's
+        activation, by layer in ``kept`` (``{"z": .., "mlp": .., type: ..}``), detached: what a reference run
+        keeps (:meth:`_reference`)."""
+        B, L = self.batch.n_pairs, self.spec.n_layers
+
+        def keep(name: str) -> Callable[[Tensor, Any], None]:
+            def hook(x: Tensor, hook: Any) -> None:  # keyed by layer: a bridge's hook.name may be an alias's target
+                kept[name][HOOKS.layer_of(hook.name)] = x[copy * B : (copy + 1) * B].detach()
+            return hook
+
+        reads = [(HOOKS.z(layer), keep("z")) for layer in range(L)]
+        if not self.adapter.attn_only:
+            reads += [(HOOKS.mlp_out(layer), keep("mlp")) for layer in range(L)]
+        return reads + [(kind.hook(layer), keep(kind.name)) for kind in self.extra_types for layer in range(L)]
 
     def _typed_scores(self, summed: dict[tuple[str, int], Tensor], S: int) -> dict[str, Tensor]:
         """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.graph.nodes`) from the
@@ -1016,13 +1087,15 @@ class TaskRunner:
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
-                   node_leaves: dict[tuple[str, int], Tensor] | None = None, resume: int = 0) -> tuple[Tensor, int]:
+                   node_leaves: dict[tuple[str, int], Tensor] | None = None, resume: int = 0,
+                   read: list[tuple[str, Callable]] | None = None) -> tuple[Tensor, int]:
         """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
         with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
         clean); ``start``: the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with
         zero leaves added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input);
         ``resid``: filled with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further
-        node types' hooks (their node scores); ``resume``: a layer (:meth:`resume_layer`) before which every edge
+        node types' hooks (their node scores); ``read``: hooks that only read, run after the pass's own
+        (:meth:`_copy_reads`); ``resume``: a layer (:meth:`resume_layer`) before which every edge
         of every copy is kept (patching only): the pass starts there from the clean run's residual stream, every
         sender before it taken at its clean output.
 
@@ -1220,6 +1293,7 @@ class TaskRunner:
         hooks.append((HOOKS.resid_post(L - 1), final_hook))
         if node_leaves is not None:
             hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
+        hooks += read or []
         if resume == L:  # only the logits' input changes: no layer runs, so no hook fires (single_edge_metric)
             final = self.clean["resid"][L]
             extra = patch_for(slice(graph.logits_index, graph.logits_index + 1))
@@ -1231,6 +1305,10 @@ class TaskRunner:
             resid_in = self.clean["resid"][resume].repeat(Q * S, 1, 1)
             return copy0(self.adapter.run_from(resid_in, resume, hooks, positions=self.positions)), Q
         return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
+
+
+class _StopPass(Exception):
+    """Ends a pass from a hook once what it was run for has been read (:meth:`TaskRunner._embedded`)."""
 
 
 def _frozen_scale_pullback(grad_normalized: Tensor, scale: Tensor, kind: str) -> Tensor:

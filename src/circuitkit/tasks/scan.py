@@ -5,8 +5,11 @@ pass and shown by the induction scan's :class:`~circuitkit.progress.Progress`; a
 
     clean        one forward: every sender's output, the clean metric, direct logit attribution (a backward
                  through the final norm and the unembedding only)
-    corrupted    one forward: every sender's output on the corrupted prompts, the corrupted metric
-    attribute    EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``)
+    corrupted    one forward: every sender's output on the corrupted prompts, the corrupted metric; runs only
+                 where EAP-IG's points do not start at the corrupted run (``ig_points="right"``, per-query-head
+                 key/value edges, families without edges)
+    attribute    EAP-IG: ``steps`` interpolation points, one stacked forward + backward (``3 * steps``); its first
+                 point, ``alpha = 0``, is the corrupted run, read from that copy of the pass
     nodes        the node circuit: all nodes patched, the exact sizes (past 16 nodes a coarse search first), necessity
     search       (opt-in) a search beyond ranking from the ranked circuit: refined drops and swaps, or masks
     random-sets  (opt-in) random head sets of the circuit's size (:mod:`circuitkit.tasks.robustness`)
@@ -598,7 +601,8 @@ def _plan(state: TaskScanState, o: TaskOptions) -> PlanInputs:
                       steps=o.steps, edges=o.edges and runner.edges_defined, quick=o.quick,
                       random_sets=o.random_sets, stability=o.stability, search=o.node_search,
                       search_passes=search_estimate(o.node_search, o.search_options), kv_copies=graph.kv_copies,
-                      edge_search=o.edge_search, edge_search_passes=_budget(o.edge_options.get("max_passes")))
+                      edge_search=o.edge_search, edge_search_passes=_budget(o.edge_options.get("max_passes")),
+                      folded=runner.folds_corrupted(o.steps, o.ig_points))
 
 
 def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split: tuple[Tensor, Tensor | None],

@@ -67,6 +67,9 @@ class PlanInputs:
     edge_search: str = "ranked"
     edge_search_passes: float = 0.0
     """The edge search's pass budget (``edge_search`` other than ``"ranked"``)."""
+    folded: bool = False
+    """EAP-IG's first point is the corrupted run (:meth:`~circuitkit.graph.runner.TaskRunner.folds_corrupted`):
+    the corrupted stage does not run apart, and neither do the stability reruns' corrupted runs."""
 
 
 def coarse_applies(pairs: int) -> bool:
@@ -120,8 +123,10 @@ def held_estimate(plan: PlanInputs, curve_sizes: int | None = None, share: float
 
 
 def stability_estimate(plan: PlanInputs) -> float:
-    """Each resample: its clean and corrupted runs (forward only), EAP-IG and the node search."""
-    return plan.stability * (2 + 3 * plan.steps + node_estimate(plan.nodes, plan.pairs))
+    """Each resample: its clean and corrupted runs (forward only; the corrupted run EAP-IG's first point where
+    ``folded``), EAP-IG and the node search."""
+    references = 1 if plan.folded else 2
+    return plan.stability * (references + 3 * plan.steps + node_estimate(plan.nodes, plan.pairs))
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,7 @@ def corrupted_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
 
 
 def attribute_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    """EAP-IG; where its first point is the corrupted run (``plan.folded``), that run is read from it."""
     o, runner = state.options, state.runner
     if runner.edges_defined:
         state.scores, state.node_scores, state.typed = state.staged(
@@ -256,6 +262,7 @@ def attribute_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
         state.node_scores, state.typed = state.staged(
             bar, "attribute", lambda advance: runner.node_attribution(o.steps, o.ig_points))
+    state.corrupted = runner.corrupted  # run by now: apart (the corrupted stage) or as EAP-IG's first point
 
 
 def nodes_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
@@ -407,10 +414,12 @@ TASK_STAGES: tuple[Stage[TaskScanState, PlanInputs], ...] = (
     Stage("clean", "one forward: every sender's output, the clean metric, direct logit attribution (its backward "
           "through the final norm and unembedding only)", reads=("runner",), writes=("clean",),
           estimate=lambda p, state: 1, run=clean_stage),
-    Stage("corrupted", "one forward: every sender's output on the corrupted prompts, the corrupted metric",
-          reads=("runner",), writes=("corrupted",), estimate=lambda p, state: 1, run=corrupted_stage),
-    Stage("attribute", "EAP-IG: the interpolation points stacked in one forward + backward",
-          reads=("runner", "clean", "corrupted"), writes=("scores", "node_scores", "typed"),
+    Stage("corrupted", "one forward: every sender's output on the corrupted prompts, the corrupted metric (where "
+          "EAP-IG's first point is not the corrupted run)", reads=("runner",), writes=("corrupted",),
+          estimate=lambda p, state: 1, run=corrupted_stage, runs=lambda p: not p.folded),
+    Stage("attribute", "EAP-IG: the interpolation points stacked in one forward + backward; the first point, "
+          "alpha = 0, is the corrupted run, read from its copy where it has not run apart",
+          reads=("runner", "clean"), writes=("corrupted", "scores", "node_scores", "typed"),
           estimate=lambda p, state: 3 * p.steps * p.kv_copies, run=attribute_stage),
     Stage("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a coarse "
           "search on a quarter of the pairs first), necessity", reads=("search", "node_scores", "typed"),
