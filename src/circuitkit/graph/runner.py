@@ -869,14 +869,15 @@ class TaskRunner:
             resid: dict[int, Tensor] = {}
             node_leaves: dict[tuple[str, int], Tensor] = {}
             kept: dict[str, dict] = {"z": {}, "mlp": {}, **{kind.name: {} for kind in self.extra_types}}
-            read = self._copy_reads(int((part == 0).nonzero()[0]), kept) if flat is None else []
+            zero = int((part == 0).nonzero()[0]) if flat is None else 0  # the copy at alpha = 0
+            read = self._copy_reads(zero, kept) if flat is None else []
             with frozen_parameters(self.adapter.model), torch.enable_grad():
                 logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
                                             read=read)
                 if flat is None:  # the corrupted run, from its copy
                     B = self.batch.n_pairs
-                    at = int((part == 0).nonzero()[0]) * B
-                    self._corrupt = self._run_record(logits[at : at + B], corrupt_in, kept["z"], kept["mlp"],
+                    self._corrupt = self._run_record(logits[zero * B : (zero + 1) * B], corrupt_in, kept["z"],
+                                                     kept["mlp"],
                                                      {kind.name: kept[kind.name] for kind in self.extra_types}, {})
                     flat = self._output_deltas()
                 total = self.metric(logits).mean(-1).sum()
@@ -911,7 +912,8 @@ class TaskRunner:
 
         def keep(name: str) -> Callable[[Tensor, Any], None]:
             def hook(x: Tensor, hook: Any) -> None:  # keyed by layer: a bridge's hook.name may be an alias's target
-                kept[name][HOOKS.layer_of(hook.name)] = x[copy * B : (copy + 1) * B].detach()
+                # a copy, not a view: the run is kept, and a view would keep every copy of the pass alive
+                kept[name][HOOKS.layer_of(hook.name)] = x[copy * B : (copy + 1) * B].detach().clone()
             return hook
 
         reads = [(HOOKS.z(layer), keep("z")) for layer in range(L)]
