@@ -474,6 +474,8 @@ def test_eap_igs_first_point_is_the_corrupted_run(kind):
             "attn-only", "toy") else LAYERS)
         for layer in want[key]:
             torch.testing.assert_close(got[key][layer], want[key][layer], rtol=0, atol=1e-6)
+            x = got[key][layer]  # its own storage, not a view keeping the pass's three copies alive
+            assert x.untyped_storage().nbytes() == x.numel() * x.element_size()
 
 
 def test_the_corrupted_run_runs_apart_where_no_point_is_alpha_0():
