@@ -292,19 +292,17 @@ def test_scan_runs_end_to_end(built):
     assert result.model.family == f"{family.name} (TransformerBridge)"
 
 
-def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built, tmp_path_factory):
+def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built):
     """The task graph with MLPs in every family whose heads add into the residual stream: every edge kept is the
     clean run and none the corrupted run (the query/key/value, MLP and logits inputs each rebuilt from the senders'
     outputs), and a prompt padded in a batch scores as it does alone."""
     from circuitkit.graph.runner import TaskRunner
     from circuitkit.tasks import Task
 
-    family, hf, _ = built
-    # a bridge of its own: after a full induction scan on the shared Falcon bridge (ALiBi, parallel blocks), the
-    # no-edge end read 0.009 off the corrupted run in this test file only (not reproduced outside it)
-    directory = tmp_path_factory.mktemp("task-graph")
-    hf.save_pretrained(str(directory), safe_serialization=True)
-    bridge = load_model(str(directory))
+    # the shared bridge, after every test above ran on it (an induction scan, resumed passes among them): a resumed
+    # pass once dropped the forward TransformerLens sets on Falcon's blocks, and the no-edge end and EAP-IG then
+    # read 0.009 and 0.02 off (the blocks' own forwards are now put back: the test below)
+    family, hf, bridge = built
     adapter = adapt(bridge)
     if adapter.spec.bidirectional:  # refused in one line
         with pytest.raises(CircuitkitError):
@@ -322,6 +320,20 @@ def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built, tmp_path_f
     assert float(node_ends[0]) == pytest.approx(float(runner.clean["metric"].mean()), abs=1e-4)
     assert float(node_ends[1]) == pytest.approx(float(runner.corrupted["metric"].mean()), abs=1e-4)
     assert runner.edges_defined == family.additive_heads
+    # EAP-IG's first point (alpha = 0) is the corrupted run: read from that copy of its pass (node attribution's
+    # where edges are not defined), it equals the run apart, and so do the scores
+    folded = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=not adapter.attn_only,
+                        ablation="corrupted")
+    assert folded.folds_corrupted(3, "left")
+    attribute = "attribute" if runner.edges_defined else "node_attribution"
+    got, want = getattr(folded, attribute)(3, "left")[0], getattr(runner, attribute)(3, "left")[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for key in ("input", "metric", "logprobs"):
+        torch.testing.assert_close(folded.corrupted[key], runner.corrupted[key], rtol=0, atol=1e-5)
+    for key in ("z", "mlp"):
+        assert set(folded.corrupted[key]) == set(runner.corrupted[key])
+        for layer, value in runner.corrupted[key].items():
+            torch.testing.assert_close(folded.corrupted[key][layer], value, rtol=0, atol=1e-5)
     if not family.additive_heads:  # node circuits only (graph.runner.EDGES_UNDEFINED)
         return
     allowed = runner.graph.allowed[None]
@@ -403,8 +415,15 @@ def test_resuming_from_a_residual_stream_equals_the_full_pass(built):
             raw = bridge(kept["resid"], start_at_layer=1)
             assert float((raw - full).abs().max()) > RESUME_TOL
             return
+        forwards = _block_forwards(bridge)
         resumed = adapter.run_from(kept["resid"], 1)
     torch.testing.assert_close(resumed, full, atol=RESUME_TOL, rtol=0)
+    assert _block_forwards(bridge) == forwards  # each block's own forward put back (none, or the one set on it)
+
+
+def _block_forwards(bridge) -> list:
+    """Each wrapped block's instance-level ``forward`` (None where the class's runs)."""
+    return [getattr(block, "original_component", block).__dict__.get("forward") for block in bridge.blocks]
 
 
 def test_resuming_past_the_last_layer_runs_only_the_final_norm_and_unembedding(built):

@@ -455,9 +455,9 @@ class TaskRunner:
         """Whether EAP-IG (:meth:`attribute`) gives the corrupted run too: its first point, ``alpha = 0``, is the
         corrupted input, and its forward then runs the corrupted prompts (every later activation follows from the
         input embeddings). So where the corrupted run has not run yet, the points are one stacked pass of every
-        pair (no per-query-head copies) and one of them is ``alpha = 0``, the corrupted run is read from that copy
-        and does not run apart."""
-        return (self._corrupt is None and self.edges_defined and self.graph.kv_copies == 1
+        pair (no per-query-head copies; a family without edges runs :meth:`node_attribution`'s one pass) and one
+        of them is ``alpha = 0``, the corrupted run is read from that copy and does not run apart."""
+        return (self._corrupt is None and (self.graph.kv_copies == 1 or not self.edges_defined)
                 and bool((ig_alphas(steps, points) == 0).any()))
 
     def _embedded(self, tokens: Tensor) -> Tensor:
@@ -956,10 +956,13 @@ class TaskRunner:
 
         graph, spec, batch = self.graph, self.spec, self.batch
         S, L = steps, spec.n_layers
-        clean_in, corrupt_in = self.clean["input"], self.corrupted["input"]
+        fold = self.folds_corrupted(S, points)  # the corrupted run read from the point alpha = 0 (attribute)
+        clean_in = self.clean["input"]
+        corrupt_in = self._embedded(batch.corrupted) if fold else self.corrupted["input"]
         alphas = ig_alphas(S, points).to(clean_in.device)
         start = along(corrupt_in[None], clean_in[None], alphas)
-        z_values, mlp_values = self.node_values()
+        kept: dict[str, dict] = {"z": {}, "mlp": {}, **{kind.name: {} for kind in self.extra_types}}
+        zero = int((alphas == 0).nonzero()[0]) if fold else 0  # the copy at alpha = 0
         leaves: dict[str, Tensor] = {}
         typed: dict[tuple[str, int], Tensor] = {}
 
@@ -978,8 +981,14 @@ class TaskRunner:
         if graph.mlps:
             hooks += [(HOOKS.mlp_out(layer), add_leaf("m")) for layer in range(L)]
         hooks += _leaf_hooks(self.extra_types, L, typed)
+        hooks += self._copy_reads(zero, kept) if fold else []
         with frozen_parameters(self.adapter.model), torch.enable_grad():
             logits = self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
+            if fold:  # the corrupted run, from its copy
+                B = batch.n_pairs
+                self._corrupt = self._run_record(logits[zero * B : (zero + 1) * B], corrupt_in, kept["z"],
+                                                 kept["mlp"], {kind.name: kept[kind.name] for kind in self.extra_types},
+                                                 {})
             total = self.metric(logits).mean(-1).sum()
             names = sorted(leaves)
             keys = sorted(typed)
@@ -988,6 +997,7 @@ class TaskRunner:
             got = dict(zip(names, grads[:len(names)], strict=True))
             typed_got = dict(zip(keys, grads[len(names):], strict=True))
         self.passes += 3.0 * S
+        z_values, mlp_values = self.node_values()
         summed: dict[tuple[str, int], Tensor] = {}
         _add_summed(summed, typed_got, S)
         scores = torch.zeros(len(graph.senders))

@@ -158,6 +158,15 @@ def _check_resume(resid: Any, start_at_layer: Any, spec: Any) -> int:
     return start_at_layer
 
 
+def _put_back(module: Any, name: str, previous: Any) -> None:
+    """Restore ``module``'s instance attribute ``name`` to ``previous`` (None: it had none, so the class's is
+    used again)."""
+    if previous is None:
+        module.__dict__.pop(name, None)
+    else:
+        module.__dict__[name] = previous
+
+
 class _Stop(Exception):
     """Ends a forward pass from a hook once everything asked for has been seen."""
 
@@ -566,11 +575,12 @@ class BridgeAdapter(ModelAdapter):
                 start = stop
             return torch.cat(pieces, dim=1)
 
+        previous = head.__dict__.get("forward")  # a forward another library set on the instance is put back
         head.forward = forward
         try:
             yield
         finally:
-            head.__dict__.pop("forward", None)
+            _put_back(head, "forward", previous)
 
     @contextlib.contextmanager
     def _skipping_blocks(self, start_at_layer: int, must_pass: int | None = None) -> Iterator[None]:
@@ -589,13 +599,17 @@ class BridgeAdapter(ModelAdapter):
                 f"{type(self.model).__name__}: block {must_pass} wraps no module to pass the residual stream "
                 "through; expected a TransformerBridge block with an original_component (resuming past the last "
                 "layer needs it).")
+        # a block's own forward may be an instance attribute already (TransformerLens patches some families'
+        # blocks so: Falcon's decoder layer without its in-place add, which a backward hook would see modified):
+        # that one is what runs, and what is put back
+        previous = {index: inner.__dict__.get("forward") for index, inner in modules}
         try:
             for index, inner in modules:
                 inner.forward = self._pass_through(index, inner, index == must_pass)
             yield
         finally:
-            for _, inner in modules:
-                inner.__dict__.pop("forward", None)
+            for index, inner in modules:
+                _put_back(inner, "forward", previous[index])
 
     def run(self, tokens: Tensor, fwd_hooks: FwdHooks = (), *, positions: Tensor | None = None,
             graph_positions: Tensor | None = None) -> Tensor:
@@ -628,7 +642,7 @@ class BridgeAdapter(ModelAdapter):
             self._block_outputs[index] = ("tuple", len(out))
 
     def _pass_through(self, index: int, inner: torch.nn.Module, must_pass: bool = False) -> Callable[..., Any]:
-        real = type(inner).forward.__get__(inner)
+        real = inner.__dict__.get("forward") or type(inner).forward.__get__(inner)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             hidden = args[0] if args else kwargs.get("hidden_states")
