@@ -204,3 +204,21 @@ def write_json_atomic(path: Path, data: Any) -> None:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def ioi_discovery(model_dir: str) -> tuple[Any, Any, Any]:
+    """``(adapter, task, runner)`` of the default IOI scan's discovery pairs on the model in ``model_dir``: the
+    built-in IOI task (32 pairs, seed 0), split as ``scan_task`` splits it (half held out, split seed 0), a
+    :class:`~circuitkit.graph.runner.TaskRunner` over the searched half with MLPs as nodes, nothing run yet."""
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.models.adapters import adapt
+    from circuitkit.models.loading import load_model
+    from circuitkit.tasks.generators import ioi
+    from circuitkit.tasks.scan import split_pairs
+
+    model = load_model(model_dir)
+    adapter = adapt(model)
+    task = ioi(model)
+    discovery, _ = split_pairs(task.n_pairs, 0.5, 0)
+    batch = task.tokenize(adapter).subset(discovery)
+    return adapter, task, TaskRunner(adapter, batch, task.metric, mlps=True, ablation=task.ablation)

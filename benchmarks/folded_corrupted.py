@@ -20,24 +20,18 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from circuitkit.graph.runner import TaskRunner
-    from circuitkit.models.adapters import adapt
-    from circuitkit.models.loading import load_model
-    from circuitkit.tasks.generators import ioi
-    from circuitkit.tasks.scan import split_pairs
+    from _common import ioi_discovery
 
-    model = load_model(args.model)
-    adapter = adapt(model)
-    task = ioi(model)
-    discovery, _ = split_pairs(task.n_pairs, 0.5, 0)
-    batch = task.tokenize(adapter).subset(discovery)
+    from circuitkit.graph.runner import TaskRunner
+
+    adapter, task, first = ioi_discovery(args.model)
 
     def runner() -> TaskRunner:
-        made = TaskRunner(adapter, batch, task.metric, mlps=True, ablation=task.ablation)
+        made = TaskRunner(adapter, first.batch, task.metric, mlps=True, ablation=task.ablation)
         _ = made.clean
         return made
 
-    out: dict = {"model": args.model, "pairs": len(discovery)}
+    out: dict = {"model": args.model, "pairs": first.batch.n_pairs}
     apart, folded = runner(), runner()
     for name, made in (("apart", apart), ("folded", folded)):
         before, started = made.passes, time.perf_counter()

@@ -24,20 +24,13 @@ def main() -> None:
     parser.add_argument("--scores", required=True, help="scores.json of `circuitkit scan DIR --task ioi`")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    from _common import ioi_discovery
+
     from circuitkit.graph.runner import TaskRunner
-    from circuitkit.models.adapters import adapt
-    from circuitkit.models.loading import load_model
-    from circuitkit.tasks.generators import ioi
-    from circuitkit.tasks.scan import split_pairs
 
     with open(args.scores, encoding="utf-8") as f:
         effects = json.load(f)["circuit"]["edge_effects"]
-    model = load_model(args.model)
-    adapter = adapt(model)
-    task = ioi(model)
-    discovery, _ = split_pairs(task.n_pairs, 0.5, 0)
-    runner = TaskRunner(adapter, task.tokenize(adapter).subset(discovery), task.metric, mlps=True,
-                        ablation=task.ablation)
+    _, _, runner = ioi_discovery(args.model)
     graph = runner.graph
     index = torch.tensor([[graph.senders.index(e["edge"].split("->")[0]),
                            graph.receivers.index(e["edge"].split("->")[1])] for e in effects])
@@ -64,8 +57,8 @@ def main() -> None:
     full, full_passes = measured("full")
     rows = [{"edge": e["edge"], "scan": e["effect"], "past": p, "at_last": a, "full": f}
             for e, p, a, f in zip(effects, past, at_last, full, strict=True)]
-    out = {"model": args.model, "pairs": len(discovery), "passes": {"past": past_passes, "at_last": at_last_passes,
-                                                                     "full": full_passes},
+    passes = {"past": past_passes, "at_last": at_last_passes, "full": full_passes}
+    out = {"model": args.model, "pairs": runner.batch.n_pairs, "passes": passes,
            "bit_identical": all(r["past"] == r["at_last"] == r["full"] for r in rows), "edges": rows}
     for r in rows:
         print(f"{r['edge']:>16}  past {r['past']:+.7f}  at last layer {r['at_last']:+.7f}  full {r['full']:+.7f}")
