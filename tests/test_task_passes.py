@@ -99,6 +99,12 @@ def test_single_edge_metric_refuses_what_is_not_an_edge():
         runner.single_edge_metric(torch.tensor([[len(runner.graph.senders) - 1, 0]]))  # a late head into layer 0
     with pytest.raises(CircuitkitError, match=r"\[n, 2\]"):
         runner.single_edge_metric(torch.tensor([0, logits]))
+    n_senders = len(runner.graph.senders)
+    for bad in ([[0, logits]], torch.tensor([[0.0, float(logits)]]), torch.tensor([[-1, logits]]),
+                torch.tensor([[n_senders, logits]]), torch.tensor([[0, logits + 1]]), torch.tensor([[True, False]])):
+        for measure in (runner.single_edge_metric, runner.single_edge_share):  # refused, never indexed
+            with pytest.raises(CircuitkitError, match="integer indices of edges of the graph"):
+                measure(bad)
 
 
 @pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp"])

@@ -790,8 +790,8 @@ class TaskRunner:
         :meth:`edge_metric` of the masks with that edge dropped (to float rounding: the layers before run once,
         unstacked; tests/test_task_passes.py), which a model that cannot resume runs."""
         graph = self.graph
-        edges = edges.cpu()
         starts = self._single_edge_starts(edges)
+        edges = edges.cpu()
         out = torch.empty(edges.shape[0], device="cpu")
         for start in sorted(set(starts)):
             which = [i for i, s in enumerate(starts) if s == start]
@@ -803,16 +803,20 @@ class TaskRunner:
     def single_edge_share(self, edges: Tensor) -> float:
         """The passes :meth:`single_edge_metric` of ``edges`` will count, one copy of the pairs each (with
         per-query-head key/value edges a pass may run more), from where each resumes."""
-        return sum((self.pass_share(start) for start in self._single_edge_starts(edges.cpu())), 0.0)
+        return sum((self.pass_share(start) for start in self._single_edge_starts(edges)), 0.0)
 
     def _single_edge_starts(self, edges: Tensor) -> list[int]:
         """Where each edge of ``edges`` ``[n, 2]`` (checked: edges of the graph) patched alone resumes: past the
         last layer for an edge into the logits (:meth:`final_layer`), else its receiver's layer
         (:meth:`resume_layer`)."""
         graph = self.graph
-        if edges.dim() != 2 or edges.shape[1] != 2 or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
+        shape_ok = (isinstance(edges, Tensor) and edges.dim() == 2 and edges.shape[1] == 2
+                    and not edges.is_floating_point() and edges.dtype != torch.bool and not edges.is_complex())
+        edges = edges.cpu() if shape_ok else edges
+        in_range = shape_ok and bool(((edges >= 0) & (edges < torch.tensor(graph.allowed.shape))).all())
+        if not in_range or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
             raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
-                                "[n, 2] (sender, receiver) indices of edges of the graph")
+                                "[n, 2] (sender, receiver) integer indices of edges of the graph")
         layer_of = graph.receiver_layers
         return [self.final_layer() if r == graph.logits_index else self.resume_layer(int(layer_of[r]))
                 for r in edges[:, 1].tolist()]
