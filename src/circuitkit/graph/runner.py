@@ -813,7 +813,7 @@ class TaskRunner:
         shape_ok = (isinstance(edges, Tensor) and edges.dim() == 2 and edges.shape[1] == 2
                     and not edges.is_floating_point() and edges.dtype != torch.bool and not edges.is_complex())
         edges = edges.cpu() if shape_ok else edges
-        in_range = shape_ok and bool(((edges >= 0) & (edges < torch.tensor(graph.allowed.shape))).all())
+        in_range = shape_ok and bool(((edges >= 0) & (edges < torch.tensor(graph.allowed.shape, device="cpu"))).all())
         if not in_range or not bool(graph.allowed[edges[:, 0], edges[:, 1]].all()):
             raise validate.fail("task circuit: single_edge_metric edges", getattr(edges, "shape", edges),
                                 "[n, 2] (sender, receiver) integer indices of edges of the graph")
