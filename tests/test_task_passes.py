@@ -495,3 +495,20 @@ def test_the_corrupted_run_runs_apart_where_no_point_is_alpha_0():
     scan = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), n_resamples=20, holdout=0, edges=False,
                      ig_points="right")
     assert {s.name: s.passes for s in scan.stages}["corrupted"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["mha-mlp", "toy"])
+def test_embedded_reads_the_input_embeddings_and_refuses_what_is_not_tokens(kind):
+    """``adapter.embedded(tokens)``: the residual stream entering layer 0 of the full pass, from a pass stopped
+    there (the corrupted prompts' inputs of a folded EAP-IG pass)."""
+    from circuitkit.models.adapters import HOOKS
+
+    adapter = _runner(kind).adapter
+    tokens = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(0))
+    full = {}
+    adapter.run(tokens, [(HOOKS.resid_pre(0), lambda x, hook: full.__setitem__("x", x.detach()))])
+    assert torch.equal(adapter.embedded(tokens), full["x"])
+    for bad in (tokens.float(), tokens[None], torch.tensor([[1, 50]]), torch.tensor([[-1, 2]]),
+                torch.zeros(0, 5, dtype=torch.long), [[1, 2]]):
+        with pytest.raises(CircuitkitError, match="embedded: tokens"):
+            adapter.embedded(bad)

@@ -460,25 +460,6 @@ class TaskRunner:
         return (self._corrupt is None and (self.graph.kv_copies == 1 or not self.edges_defined)
                 and bool((ig_alphas(steps, points) == 0).any()))
 
-    def _embedded(self, tokens: Tensor) -> Tensor:
-        """The input embeddings of ``tokens`` (the residual stream entering layer 0, ``[pair, pos, d_model]``):
-        the pass stops there, so no layer runs."""
-        got: list[Tensor] = []
-
-        def keep(x: Tensor, hook: Any) -> None:
-            got.append(x.detach())
-            raise _StopPass
-
-        with torch.no_grad():
-            try:
-                self.adapter.run(tokens, [(HOOKS.resid_pre(0), keep)], positions=self.positions)
-            except _StopPass:
-                pass
-        if not got:
-            raise CircuitkitError(f"{type(self.adapter.model).__name__} ran without calling {HOOKS.resid_pre(0)}; "
-                                  "expected the input embeddings there.")
-        return got[0]
-
     def outputs(self, run: dict[str, Any], first: int = 0, stop: int | None = None) -> Tensor:
         """The outputs of senders ``first .. stop - 1`` (every sender by default) in ``run`` (:attr:`clean` or
         :attr:`corrupted`), ``[sender, pair, pos, d_model]``: the input embeddings, each head's ``z @ W_O`` (formed
@@ -859,7 +840,7 @@ class TaskRunner:
         # first, from a pass that stops before the first layer
         fold = self.folds_corrupted(steps, points)
         clean_in = self.clean["input"]
-        corrupt_in = self._embedded(self.batch.corrupted) if fold else self.corrupted["input"]
+        corrupt_in = self.adapter.embedded(self.batch.corrupted) if fold else self.corrupted["input"]
         alphas = ig_alphas(steps, points).to(clean_in.device)
         copies = graph.kv_copies
         flat = None if fold else self._output_deltas()
@@ -872,17 +853,13 @@ class TaskRunner:
             grads: dict[tuple[str, int], Tensor] = {}
             resid: dict[int, Tensor] = {}
             node_leaves: dict[tuple[str, int], Tensor] = {}
-            kept: dict[str, dict] = {"z": {}, "mlp": {}, **{kind.name: {} for kind in self.extra_types}}
             zero = int((part == 0).nonzero()[0]) if flat is None else 0  # the copy at alpha = 0
-            read = self._copy_reads(zero, kept) if flat is None else []
+            read, kept = self._copy_reads(zero) if flat is None else ([], {})
             with frozen_parameters(self.adapter.model), torch.enable_grad():
                 logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
                                             read=read)
-                if flat is None:  # the corrupted run, from its copy
-                    B = self.batch.n_pairs
-                    self._corrupt = self._run_record(logits[zero * B : (zero + 1) * B], corrupt_in, kept["z"],
-                                                     kept["mlp"],
-                                                     {kind.name: kept[kind.name] for kind in self.extra_types}, {})
+                if flat is None:
+                    self._corrupted_from(logits, zero, corrupt_in, kept)
                     flat = self._output_deltas()
                 total = self.metric(logits).mean(-1).sum()
                 leaves = sorted(grads)
@@ -908,11 +885,12 @@ class TaskRunner:
                            for where in self.graph.sender_slices.values()])
         return delta.reshape(delta.shape[0], -1)
 
-    def _copy_reads(self, copy: int, kept: dict[str, dict]) -> list[tuple[str, Callable]]:
+    def _copy_reads(self, copy: int) -> tuple[list[tuple[str, Callable]], dict[str, dict[int, Tensor]]]:
         """Hooks that keep copy ``copy`` of a stacked pass's every ``z``, MLP output and further node type's
-        activation, by layer in ``kept`` (``{"z": .., "mlp": .., type: ..}``), detached: what a reference run
-        keeps (:meth:`_reference`)."""
+        activation, and what they keep, by layer (``{"z": .., "mlp": .., type: ..}``, filled by the pass,
+        detached): what a reference run keeps (:meth:`_reference`), for :meth:`_corrupted_from`."""
         B, L = self.batch.n_pairs, self.spec.n_layers
+        kept: dict[str, dict[int, Tensor]] = {"z": {}, "mlp": {}, **{kind.name: {} for kind in self.extra_types}}
 
         def keep(name: str) -> Callable[[Tensor, Any], None]:
             def hook(x: Tensor, hook: Any) -> None:  # keyed by layer: a bridge's hook.name may be an alias's target
@@ -923,7 +901,15 @@ class TaskRunner:
         reads = [(HOOKS.z(layer), keep("z")) for layer in range(L)]
         if not self.adapter.attn_only:
             reads += [(HOOKS.mlp_out(layer), keep("mlp")) for layer in range(L)]
-        return reads + [(kind.hook(layer), keep(kind.name)) for kind in self.extra_types for layer in range(L)]
+        return reads + [(kind.hook(layer), keep(kind.name)) for kind in self.extra_types for layer in range(L)], kept
+
+    def _corrupted_from(self, logits: Tensor, copy: int, embedded: Tensor, kept: dict[str, dict[int, Tensor]]) -> None:
+        """The corrupted run (:attr:`corrupted`) read from copy ``copy`` of a stacked pass (:meth:`folds_corrupted`):
+        its logits ``[copies * pair, K, vocab]``, the corrupted prompts' ``embedded`` inputs and what
+        :meth:`_copy_reads` kept."""
+        B = self.batch.n_pairs
+        self._corrupt = self._run_record(logits[copy * B : (copy + 1) * B], embedded, kept["z"], kept["mlp"],
+                                         {kind.name: kept[kind.name] for kind in self.extra_types}, {})
 
     def _typed_scores(self, summed: dict[tuple[str, int], Tensor], S: int) -> dict[str, Tensor]:
         """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.graph.nodes`) from the
@@ -962,10 +948,9 @@ class TaskRunner:
         S, L = steps, spec.n_layers
         fold = self.folds_corrupted(S, points)  # the corrupted run read from the point alpha = 0 (attribute)
         clean_in = self.clean["input"]
-        corrupt_in = self._embedded(batch.corrupted) if fold else self.corrupted["input"]
+        corrupt_in = self.adapter.embedded(batch.corrupted) if fold else self.corrupted["input"]
         alphas = ig_alphas(S, points).to(clean_in.device)
         start = along(corrupt_in[None], clean_in[None], alphas)
-        kept: dict[str, dict] = {"z": {}, "mlp": {}, **{kind.name: {} for kind in self.extra_types}}
         zero = int((alphas == 0).nonzero()[0]) if fold else 0  # the copy at alpha = 0
         leaves: dict[str, Tensor] = {}
         typed: dict[tuple[str, int], Tensor] = {}
@@ -985,14 +970,12 @@ class TaskRunner:
         if graph.mlps:
             hooks += [(HOOKS.mlp_out(layer), add_leaf("m")) for layer in range(L)]
         hooks += _leaf_hooks(self.extra_types, L, typed)
-        hooks += self._copy_reads(zero, kept) if fold else []
+        read, kept = self._copy_reads(zero) if fold else ([], {})
+        hooks += read
         with frozen_parameters(self.adapter.model), torch.enable_grad():
             logits = self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)
-            if fold:  # the corrupted run, from its copy
-                B = batch.n_pairs
-                self._corrupt = self._run_record(logits[zero * B : (zero + 1) * B], corrupt_in, kept["z"],
-                                                 kept["mlp"], {kind.name: kept[kind.name] for kind in self.extra_types},
-                                                 {})
+            if fold:
+                self._corrupted_from(logits, zero, corrupt_in, kept)
             total = self.metric(logits).mean(-1).sum()
             names = sorted(leaves)
             keys = sorted(typed)
@@ -1321,10 +1304,6 @@ class TaskRunner:
             resid_in = self.clean["resid"][resume].repeat(Q * S, 1, 1)
             return copy0(self.adapter.run_from(resid_in, resume, hooks, positions=self.positions)), Q
         return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
-
-
-class _StopPass(Exception):
-    """Ends a pass from a hook once what it was run for has been read (:meth:`TaskRunner._embedded`)."""
 
 
 def _frozen_scale_pullback(grad_normalized: Tensor, scale: Tensor, kind: str) -> Tensor:

@@ -377,6 +377,29 @@ class ModelAdapter:
             )
         return kept
 
+    def embedded(self, tokens: Tensor) -> Tensor:
+        """The input embeddings of ``tokens``, the residual stream entering layer 0 ``[batch, pos, d_model]``
+        (detached), read at :meth:`HOOKS.resid_pre` of layer 0; the pass stops there, so no layer runs."""
+        tokens = validate.tensor("embedded: tokens", tokens, ndim=2, integral=True)
+        if tokens.numel() == 0 or int(tokens.min()) < 0 or int(tokens.max()) >= self.spec.d_vocab:
+            raise validate.fail("embedded: tokens", tokens, f"a non-empty [batch, pos] tensor of token ids in "
+                                f"[0, {self.spec.d_vocab}) (the model's vocabulary)")
+        got: list[Tensor] = []
+
+        def keep(x: Tensor, hook: Any) -> None:
+            got.append(x.detach())
+            raise _Stop
+
+        with torch.no_grad():
+            try:
+                self.run(tokens, [(HOOKS.resid_pre(0), keep)])
+            except _Stop:
+                pass
+        if not got:
+            raise CircuitkitError(f"{type(self.model).__name__} ran without calling {HOOKS.resid_pre(0)}; expected "
+                                  "the input embeddings [batch, pos, d_model] there.")
+        return got[0]
+
     # ------------------------------------------------------------------ running
     def run(self, tokens: Tensor, fwd_hooks: FwdHooks = (), *, positions: Tensor | None = None,
             graph_positions: Tensor | None = None) -> Tensor:
