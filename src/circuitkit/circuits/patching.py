@@ -48,6 +48,7 @@ from circuitkit.circuits.metrics import (
 )
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
+from circuitkit.graph.edge_patch import CHANNELS, EdgeModel, Receiver, patched_edges
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
@@ -253,95 +254,48 @@ def _patched_pass(
     reader: InductionReader,
     keep: list[Tensor] | None = None,
 ) -> list[float]:
-    """The metric with each of ``edges`` (all into ``layer``) patched, one stacked copy of the batch per edge;
-    ``resid`` ``[B, P, d_model]`` is the layer's clean ``resid_pre``. ``keep`` (the repeated-copies loss): each
-    edge's per-sequence loss ``[B]`` is appended to it."""
+    """The metric with each of ``edges`` (all into ``layer``) patched, one stacked copy of the batch per edge: the
+    one exact edge pass of both engines (:func:`~circuitkit.graph.edge_patch.patched_edges`); ``resid`` ``[B, P,
+    d_model]`` is the layer's clean ``resid_pre``. ``keep`` (the repeated-copies loss): each edge's per-sequence
+    loss ``[B]`` is appended to it."""
     E = len(edges)
-    spec = ctx.spec
-    B, P = ctx.batch.tokens.shape
     deltas = torch.stack(
         [(z_corrupt[e.src[0]][:, :, e.src[1]].float() - z_clean[e.src[0]][:, :, e.src[1]].float())
          @ ctx.W_O[e.src[0], e.src[1]].float() for e in edges]
     ).to(resid.dtype)  # [E, B, P, d_model]; the difference in float32 (half-precision activations, float32 W_O)
-    norm = ctx.norms[layer]
-    if norm is not None:
-        stacked = (resid[None] + deltas).reshape(E * B, P, spec.d_model)
-        deltas = norm(stacked).reshape(E, B, P, -1) - norm(resid)[None]
-    dst_heads = torch.tensor([e.dst[1] for e in edges], device=deltas.device)
-    increments: dict[str, tuple[Tensor, Tensor, Tensor]] = {}  # channel -> (copies, head slots, [n, B, P, dh])
-    for c in ("q", "k", "v"):
-        sel = [i for i, e in enumerate(edges) if e.channel in (c, "all")]
-        if not sel:
-            continue
-        heads = dst_heads[sel]
-        W = ctx.W_in[c][layer, heads].to(deltas.dtype)  # [n, d_model, d_head], per query head
-        inc = torch.einsum("nbpm,nmd->nbpd", deltas[sel], W)
-        slots = heads if c == "q" else heads // ctx.group_size
-        increments[c] = (torch.tensor(sel, device=deltas.device), slots, inc)
-
-    def add(c: str):
-        copies, slots, inc = increments[c]
-
-        def hook(act: Tensor, hook: Any) -> Tensor:
-            out = act.clone()
-            view = out.view(E, B, P, act.shape[2], act.shape[3])
-            view[copies, :, :, slots] += inc.to(act.dtype)
-            return out
-
-        return hook
-
-    hooks = [(getattr(HOOKS, c)(layer), add(c)) for c in increments]
-    kv_edges = [i for i, e in enumerate(edges) if e.channel in ("k", "v", "all")]
-    if ctx.group_size > 1 and kv_edges and not m.local:
-        hooks.append((HOOKS.z(layer), _restore_group(ctx, edges, kv_edges, z_clean[layer], E)))
+    # the receiver's key/value group is patched; without the "induction" metric (read at the receiver's own
+    # pattern) the group's other query heads then get their clean z back, so only the receiver reads it
+    alone = ctx.group_size > 1 and not m.local
+    receivers = [tuple(Receiver(c, layer, weight=e.dst[1], slot=e.dst[1] if c == "q" else ctx.kv_index(e.dst[1]),
+                                only=e.dst[1] if alone and c != "q" else None)
+                       for c in (CHANNELS if e.channel == "all" else (e.channel,))) for e in edges]
     read: list[Tensor] = []
+    hooks = []
     if m.local:
+        dst_heads = torch.tensor([e.dst[1] for e in edges], device=deltas.device)
+
         def pattern_hook(pattern: Tensor, hook: Any) -> None:
-            per_copy = pattern.view(E, B, *pattern.shape[1:])[torch.arange(E), :, dst_heads]  # [E, B, q, k]
-            read.append(reader(per_copy))
+            per_copy = pattern.view(E, -1, *pattern.shape[1:])[torch.arange(E), :, dst_heads.to(pattern.device)]
+            read.append(reader(per_copy))  # [E, B, q, k] -> [E]
             raise StopForward  # the "induction" metric needs nothing after the receiver's pattern
 
         hooks.append((HOOKS.pattern(layer), pattern_hook))
     at = loss_positions(ctx.batch) if m.fn is repeated_loss else None  # a user metric reads every position
+    model = EdgeModel(ctx.adapter, ctx.W_in, ctx.norms)
     try:
-        if ctx.adapter.can_resume:
-            logits = ctx.adapter.run_from(resid.repeat(E, 1, 1), layer, hooks, positions=at)
-        else:
-            logits = ctx.adapter.run(ctx.batch.tokens.repeat(E, 1), hooks, positions=at)
+        logits = patched_edges(model, deltas, receivers, start=layer if ctx.adapter.can_resume else 0, resid=resid,
+                               tokens=ctx.batch.tokens, clean_z=z_clean, positions=at, read=hooks)
     except StopForward:
         return [float(v) for v in read[0]]
-    stacked = logits.view(E, B, logits.shape[1], -1)
+    stacked = logits.view(E, -1, *logits.shape[1:])
     if m.fn is repeated_loss:
         # repeated_losses(stacked, batch), with each sequence's mean kept
         tokens = ctx.batch.tokens.repeat(E, 1)
         per_token = token_losses(stacked.flatten(0, 1), tokens, ctx.batch.repeated_copies)
         if keep is not None:
-            keep.extend(per_token.view(E, B, -1).float().mean(dim=2).cpu())
+            keep.extend(per_token.view(E, -1, per_token.shape[-1]).float().mean(dim=2).cpu())
         return [float(v) for v in per_token.view(E, -1).mean(dim=1)]
     return [float(check_value(m.fn(stacked[i], ctx.batch), "path_patching: metric(patched logits)")) for i in range(E)]
-
-
-def _restore_group(ctx: Context, edges: list[EdgeSpec], kv_edges: list[int], z_clean: Tensor, E: int):
-    """A ``z`` hook putting back the clean output of every query head that shares the receiver's key/value group
-    (so only the receiver reads the patched keys/values)."""
-    gs = ctx.group_size
-    copies, heads = [], []
-    for i in kv_edges:
-        h2 = edges[i].dst[1]
-        first = (h2 // gs) * gs
-        for other in range(first, first + gs):
-            if other != h2:
-                copies.append(i)
-                heads.append(other)
-    copies_t, heads_t = torch.tensor(copies, device=z_clean.device), torch.tensor(heads, device=z_clean.device)
-
-    def hook(z: Tensor, hook: Any) -> Tensor:
-        out = z.clone()
-        view = out.view(E, -1, *z.shape[1:])
-        view[copies_t, :, :, heads_t] = z_clean[:, :, heads_t].permute(2, 0, 1, 3).to(z.dtype)
-        return out
-
-    return hook
 
 
 __all__ = ["PASS_MEMORY_BUDGET", "EdgeEffect", "PathPatching", "path_patching"]

@@ -737,53 +737,104 @@ class TaskRunner:
         each set with every other edge patched from the corrupted prompt, ``[sets]``; with ``pairs`` (a list), each
         pass also appends its sets' metric per pair, ``[sets in the pass, pair]`` on the CPU, in order (what the
         bootstrap intervals resample; no extra pass)."""
-        return self._edge_sets(kept, 0, pairs)
-
-    def _edge_sets(self, kept: Tensor, start: int, pairs: list[Tensor] | None = None) -> Tensor:
-        """:meth:`edge_metric` of ``kept``, every pass resumed at layer ``start`` (:meth:`resume_layer`; 0: a full
-        pass) and counted as its share of the layers (:meth:`pass_share`)."""
         def run(part: slice) -> Tensor:
             chunk = kept[part]
             with torch.no_grad():
-                logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None, resume=start)
-            self.passes += chunk.shape[0] * copies * self.pass_share(start)
-            per_pair = self.metric(logits)  # [sets in the pass, pair]
-            # checked through its mean: a non-finite pair's metric makes the mean non-finite
-            means = validate.finite_result("task circuit: metric", per_pair.mean(-1).cpu(),
-                                           why="the patched model's logits overflowed")
-            if pairs is not None:
-                pairs.append(per_pair.cpu())
-            return means
+                logits, copies = self._edge_pass(chunk.shape[0], chunk, None, None)
+            self.passes += chunk.shape[0] * copies
+            return self._means_of(logits, pairs)
 
         return self._in_passes(kept.shape[0], node=False, run=run)
 
-    def single_edge_metric(self, edges: Tensor) -> Tensor:
+    def _means_of(self, logits: Tensor, pairs: list[Tensor] | None) -> Tensor:
+        """The mean metric of each stacked copy's logits ``[copies]`` (checked finite); its per-pair values
+        ``[copies, pair]`` appended to ``pairs`` where given."""
+        per_pair = self.metric(logits)  # [copies, pair]
+        # checked through its mean: a non-finite pair's metric makes the mean non-finite
+        means = validate.finite_result("task circuit: metric", per_pair.mean(-1).cpu(),
+                                       why="the patched model's logits overflowed")
+        if pairs is not None:
+            pairs.append(per_pair.cpu())
+        return means
+
+    def single_edge_metric(self, edges: Tensor, pairs: list[Tensor] | None = None) -> Tensor:
         """``edges`` ``[n, 2]`` (sender, receiver) indices of edges of the graph: the mean metric with that edge
-        alone patched from the corrupted prompt, every other edge clean (its exact effect: path patching), ``[n]``.
+        alone patched from the corrupted prompt, every other edge clean (its exact effect: path patching), ``[n]``;
+        ``pairs`` as :meth:`edge_metric`'s.
 
         Everything before the receiver's layer is then the clean run, so each edge's pass resumes from the clean
-        run's residual stream entering that layer (:meth:`resume_layer`; the senders before it are given their
-        clean outputs' deltas) and counts its share of the layers (:meth:`pass_share`). An edge into the logits
-        changes only the final residual stream: its pass starts from the clean run's, that edge's delta added, and
-        runs no layer, only the final norm and the unembedding at the read positions (:meth:`final_layer`; counted
-        0, as the direct logit attribution's backward through them). Edges of one receiver layer share stacked
-        passes. The same values as
-        :meth:`edge_metric` of the masks with that edge dropped (to float rounding: the layers before run once,
-        unstacked; tests/test_task_passes.py), which a model that cannot resume runs."""
-        graph = self.graph
+        run's residual stream entering that layer (:meth:`resume_layer`), the sender's delta (its corrupted output
+        minus its clean one) added at the receiver's input, and counts its share of the layers
+        (:meth:`pass_share`): the one exact edge pass of both engines, :func:`~circuitkit.graph.edge_patch.
+        patched_edges`, one edge a stacked copy. An edge into the logits changes only the final residual stream:
+        its pass starts from the clean run's, that edge's delta added, and runs no layer, only the final norm and
+        the unembedding at the read positions (:meth:`final_layer`; counted 0, as the direct logit attribution's
+        backward through them). A per-query-head key or value edge patches its group's key/value head and puts
+        the group's other query heads' clean ``z`` back (one copy, where :meth:`edge_metric` runs the group's
+        copies side by side). The same values as :meth:`edge_metric` of the masks with that edge dropped (to float
+        rounding; tests/test_task_passes.py), which a model that cannot resume runs as full passes."""
         starts = self._single_edge_starts(edges)
         edges = edges.cpu()
         out = torch.empty(edges.shape[0], device="cpu")
+        parts: dict[int, list[Tensor]] = {}
         for start in sorted(set(starts)):
             which = [i for i, s in enumerate(starts) if s == start]
-            kept = graph.allowed[None].repeat(len(which), 1, 1)
-            kept[torch.arange(len(which), device="cpu"), edges[which, 0], edges[which, 1]] = False
-            out[which] = self._edge_sets(kept, start)
+            parts[start] = []
+            out[which] = self._single_edges_from(edges[which], start, parts[start])
+        if pairs is not None:
+            per_pair = torch.empty(edges.shape[0], self.batch.n_pairs, device="cpu")
+            for start, got in parts.items():
+                per_pair[[i for i, s in enumerate(starts) if s == start]] = torch.cat(got)
+            pairs.append(per_pair)
         return out
 
+    def _single_edges_from(self, edges: Tensor, start: int, pairs: list[Tensor]) -> Tensor:
+        """:meth:`single_edge_metric` of ``edges`` whose passes all start at layer ``start``."""
+        from circuitkit.graph.edge_patch import patched_edges
+
+        resid = self.clean["resid"][start] if start else None
+
+        def run(part: slice) -> Tensor:
+            chunk = edges[part].tolist()
+            with torch.no_grad():
+                deltas = torch.stack([self._sender_delta(s) for s, _ in chunk])
+                logits = patched_edges(self.edge_model, deltas, [(self._receiver(r),) for _, r in chunk],
+                                       start=start, resid=resid, tokens=self.batch.clean, clean_z=self.clean["z"],
+                                       positions=self.positions)
+            self.passes += len(chunk) * self.pass_share(start)
+            return self._means_of(logits, pairs)
+
+        return self._in_passes(edges.shape[0], node=True, run=run)
+
+    def _sender_delta(self, sender: int) -> Tensor:
+        """Sender ``sender``'s corrupted output minus its clean one, ``[pair, pos, d_model]``."""
+        return self.outputs(self.corrupted, sender, sender + 1)[0] - self.outputs(self.clean, sender, sender + 1)[0]
+
+    def _receiver(self, index: int) -> Any:
+        """Receiver ``index`` of the graph as the edge pass's :class:`~circuitkit.graph.edge_patch.Receiver`."""
+        from circuitkit.graph.edge_patch import Receiver
+
+        graph = self.graph
+        for (channel, layer), cols in graph.receiver_slices.items():
+            if cols.start <= index < cols.stop:
+                unit = index - cols.start
+                if channel in ("k", "v") and graph.kv_copies > 1:  # a query head's own keys/values
+                    group = unit // graph.kv_copies
+                    return Receiver(channel, layer, weight=group, slot=group, only=unit)
+                return Receiver(channel, layer, weight=unit, slot=unit)
+        raise validate.fail("task circuit: receiver", index, f"a receiver index below {len(graph.receivers)}")
+
+    @property
+    def edge_model(self) -> Any:
+        """The model as the exact edge pass reads it (:class:`~circuitkit.graph.edge_patch.EdgeModel`)."""
+        from circuitkit.graph.edge_patch import EdgeModel
+
+        return EdgeModel(self.adapter, {"q": self.W_Q, "k": self.W_K, "v": self.W_V}, self.norms, self.mlp_in,
+                         self.mlp_normed)
+
     def single_edge_share(self, edges: Tensor) -> float:
-        """The passes :meth:`single_edge_metric` of ``edges`` will count, one copy of the pairs each (with
-        per-query-head key/value edges a pass may run more), from where each resumes."""
+        """The passes :meth:`single_edge_metric` of ``edges`` will count, one copy of the pairs each, from where
+        each resumes."""
         return sum((self.pass_share(start) for start in self._single_edge_starts(edges)), 0.0)
 
     def _single_edge_starts(self, edges: Tensor) -> list[int]:
@@ -1086,7 +1137,7 @@ class TaskRunner:
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
-                   node_leaves: dict[tuple[str, int], Tensor] | None = None, resume: int = 0,
+                   node_leaves: dict[tuple[str, int], Tensor] | None = None,
                    read: list[tuple[str, Callable]] | None = None) -> tuple[Tensor, int]:
         """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
         with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
@@ -1094,9 +1145,7 @@ class TaskRunner:
         zero leaves added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input);
         ``resid``: filled with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further
         node types' hooks (their node scores); ``read``: hooks that only read, run after the pass's own
-        (:meth:`_copy_reads`); ``resume``: a layer (:meth:`resume_layer`) before which every edge
-        of every copy is kept (patching only): the pass starts there from the clean run's residual stream, every
-        sender before it taken at its clean output.
+        (:meth:`_copy_reads`).
 
         With per-query-head key/value receivers on a grouped-query model, each copy runs as ``Q`` side-by-side
         copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and values of one
@@ -1146,14 +1195,6 @@ class TaskRunner:
                 reached[0] = max(reached[0], first + n)
 
         L = spec.n_layers
-        if resume:  # the senders before the resumed layer, at their clean outputs (every edge there is kept)
-            n_before = graph.sender_slices[("head", resume)].start if resume < L else len(graph.senders)
-            for where in graph.sender_slices.values():  # a block at a time: the same sums as all at once
-                if where.stop <= n_before:
-                    n = where.stop - where.start
-                    record(where.start, self.outputs(self.clean, where.start, where.stop)[:, None].expand(
-                        n, S, B, P, d))
-
         def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
             """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
             # the masks are decided on the CPU; a blocking copy from pageable memory would wait for the GPU's queue
@@ -1283,7 +1324,7 @@ class TaskRunner:
             return x
 
         hooks: list[tuple[str, Callable]] = []
-        for layer in range(resume, L):
+        for layer in range(L):
             hooks.append((HOOKS.resid_pre(layer), resid_hook))
             hooks += [(port.hook(layer), channel_hook(port.channel)) for port in HEAD.ports]
             hooks.append((HOOKS.z(layer), z_hook))
@@ -1293,16 +1334,6 @@ class TaskRunner:
         if node_leaves is not None:
             hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
         hooks += read or []
-        if resume == L:  # only the logits' input changes: no layer runs, so no hook fires (single_edge_metric)
-            final = self.clean["resid"][L]
-            extra = patch_for(slice(graph.logits_index, graph.logits_index + 1))
-            resid_in = final.repeat(S, 1, 1)
-            if extra is not None:
-                resid_in = resid_in + extra[:, 0].reshape(resid_in.shape).to(final.dtype)
-            return self.adapter.run_from(resid_in, L, positions=self.positions), 1
-        if resume:
-            resid_in = self.clean["resid"][resume].repeat(Q * S, 1, 1)
-            return copy0(self.adapter.run_from(resid_in, resume, hooks, positions=self.positions)), Q
         return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
 
 
