@@ -65,15 +65,18 @@ def test_a_single_edge_pass_resumed_at_its_receivers_layer_equals_the_full_pass(
     resumed_passes = runner.passes - before
     torch.testing.assert_close(resumed, full, rtol=0, atol=1e-5)
     assert not torch.equal(full, torch.full_like(full, float(runner.clean["metric"].mean())))  # edges that matter
-    # each edge counts its receiver layer's share (the logits' edges: none, they run no layer), its copies as the
-    # full pass's
+    # each edge counts its receiver layer's share (the logits' edges: none, they run no layer), one copy of the
+    # pairs: a per-query-head key/value edge patches its group's key/value head and puts the group's other query
+    # heads' clean z back, where the full pass runs the group's copies side by side
     graph = runner.graph
     layer_of = {r: layer for (_, layer), cols in graph.receiver_slices.items() for r in range(cols.start, cols.stop)}
     assert layer_of[graph.logits_index] == LAYERS and graph.logits_index in edges[:, 1].tolist()
+    share = sum((LAYERS - layer_of[int(r)]) / LAYERS for r in edges[:, 1])
+    assert resumed_passes == pytest.approx(share)
     if kv_edges == "grouped":
         assert full_passes == len(edges)
-        share = sum((LAYERS - layer_of[int(r)]) / LAYERS for r in edges[:, 1])
-        assert resumed_passes == pytest.approx(share)
+    else:  # the full pass runs a key/value edge's group as side-by-side copies
+        assert runner.graph.kv_copies > 1 and full_passes > len(edges)
     assert resumed_passes < full_passes
 
 
