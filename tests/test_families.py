@@ -340,6 +340,14 @@ def test_task_edge_graph_ends_are_the_clean_and_corrupted_runs(built):
     ends = runner.edge_metric(torch.cat([allowed, torch.zeros_like(allowed)]))
     assert float(ends[0]) == pytest.approx(float(runner.clean["metric"].mean()), abs=1e-4)
     assert float(ends[1]) == pytest.approx(float(runner.corrupted["metric"].mean()), abs=1e-4)
+    # the one exact edge pass (graph/edge_patch: a head's query, key or value, an MLP's input, through the shared ln1
+    # in parallel blocks, and the logits; resumed where the family can) against the mask pass missing that edge
+    from tests.test_task_passes import _edges_into_every_layer
+
+    edges = _edges_into_every_layer(runner)
+    kept = allowed.repeat(len(edges), 1, 1)
+    kept[torch.arange(len(edges)), edges[:, 0], edges[:, 1]] = False
+    torch.testing.assert_close(runner.single_edge_metric(edges), runner.edge_metric(kept), rtol=0, atol=1e-4)
     alone = TaskRunner(adapter, Task.from_pairs([task.pairs[1]]).tokenize(adapter), "logit_diff",
                        mlps=not adapter.attn_only, ablation="corrupted")
     assert float(alone.clean["metric"][0]) == pytest.approx(float(runner.clean["metric"][1]), abs=1e-4)

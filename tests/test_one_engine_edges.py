@@ -69,8 +69,10 @@ def test_every_head_edge_has_the_same_effect_on_both_engines(engines):
 
 
 def test_a_single_edge_pass_resumed_at_the_receivers_layer_agrees(engines):
-    """The runner's exact single-edge effects (resumed from the clean residual stream at the receiver's layer, as
-    path patching's passes are) against path patching, channel by channel."""
+    """The runner's exact single-edge effects against path patching, channel by channel: both run the one edge
+    pass (``graph/edge_patch``), so what this checks is what each gives it (the sender's delta: path patching's from
+    the corrupted ``z`` in float32, the runner's from its reference runs; the receiver a graph index names) and the
+    metric each reads. The pass itself is checked against the mask pass above and in tests/test_task_passes.py."""
     model, runner = engines
     graph = runner.graph
     edges = [e for e in _edges(runner.spec) if e[2] != "all"][::5]

@@ -23,7 +23,10 @@ group's other query heads have their clean ``z`` put back, so only the receiver 
 Cost: one clean and one corrupted forward pass, then per edge one forward pass from the receiver's layer
 (resumed from the clean residual stream where the model can resume; stopped at the receiver's pattern for the
 ``"induction"`` metric). Edges with the same receiver layer share passes: the batch is stacked once per edge,
-``edges_per_pass`` copies at a time (by default as many as fit :data:`PASS_MEMORY_BUDGET`).
+``edges_per_pass`` copies at a time (by default as many as fit :data:`PASS_MEMORY_BUDGET`). The pass is the one
+exact edge pass of both engines, :func:`circuitkit.graph.edge_patch.patched_edges` (a task's
+:meth:`~circuitkit.graph.runner.TaskRunner.single_edge_metric` runs it too); this module gives it each edge's delta
+and reads its metric.
 """
 
 from __future__ import annotations
