@@ -38,6 +38,8 @@ def test_the_parts_equal_the_formula_by_hand(model):
                                              + 32 * H * S * N * P * D)
     assert est.stages["reference run"] == U * N * P * D * e + N * V * (P * e + 8)
     assert est.stages["node patching"] == N * P * (3 * m + 4 * D + 3 * H * P) * e + N * V * (P * e + 8)
+    # the exact edge effects: as many copies as fit 2**30 bytes at 4 N P d a copy, at most the 8 edges measured
+    assert est.stages["exact edge effects"] == 8 * (N * P * (3 * m + 8 * D + 3 * H * P) * e + N * V * (P * e + 8))
     largest = max(est.stages.values())
     assert est.total == int(MARGIN * (sum(est.resident.values()) + largest)) + FIXED
 
@@ -56,7 +58,7 @@ def test_the_estimate_grows_linearly_in_pairs_and_as_the_formula_says_in_pos(mod
     S, N, P = 3, 4, 9
     quadratic = S * N * L * 3 * H * 4 * (18 * 18 - 2 * P * P)  # e = 4
     assert long.stages["EAP-IG pass"] - 2 * short.stages["EAP-IG pass"] == quadratic - 2 * S * N * V * 4
-    assert plan(model, 4, 9, edges=False).stages.keys() == one.stages.keys() - {"edge patching"}
+    assert plan(model, 4, 9, edges=False).stages.keys() == one.stages.keys() - {"edge patching", "exact edge effects"}
     assert plan(model, 4, 9, steps=6).stages["EAP-IG pass"] > one.stages["EAP-IG pass"]
 
 

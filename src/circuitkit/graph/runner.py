@@ -797,7 +797,8 @@ class TaskRunner:
         def run(part: slice) -> Tensor:
             chunk = edges[part].tolist()
             with torch.no_grad():
-                deltas = torch.stack([self._sender_delta(s) for s, _ in chunk])
+                home = self.clean["input"].device  # a sharded model's layers write on devices of their own
+                deltas = torch.stack([self._sender_delta(s).to(home) for s, _ in chunk])
                 logits = patched_edges(self.edge_model, deltas, [(self._receiver(r),) for _, r in chunk],
                                        start=start, resid=resid, tokens=self.batch.clean, clean_z=self.clean["z"],
                                        positions=self.positions)

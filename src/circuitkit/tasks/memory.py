@@ -30,7 +30,11 @@ position where the model unembeds only there, else all ``P``); every count in by
   and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
   delta ``C U N P d e``, each layer's summed q/k/v patch ``C L (H + 2G) N P d e``, a layer's rebuilt query inputs
   through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
-- node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``.
+- node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``;
+- the exact edge effects (one edge a stacked copy, :func:`~circuitkit.graph.edge_patch.patched_edges`; ``C_1``
+  copies, as many as the sender budget allows at ``4 N P d`` bytes a copy, at most
+  :data:`~circuitkit.tasks.circuit.N_EXACT_EDGES`): per copy a node-patching pass and the edge's delta with its
+  increments through the norm, ``N P (3 m + 8 d + 3 H P) e + N V (K e + 8)``.
 
 **Further node types** (neuron groups, a user's type), each capturing an activation ``w`` wide per token and layer
 (:func:`node_widths`: ``m`` for the MLP's neurons): both reference runs keep it, ``2 N P L w e`` (resident), and
@@ -213,6 +217,10 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
 
     group, receivers = (H // G, 3 * H) if per_query and G < H else (1, H + 2 * G)
 
+    def exact_edges(N: int) -> int:  # a node-patching pass a copy, with the edge's delta and its increments
+        C = copies_per_pass(N * P * d * F, budget, max_copies=min(MAX_COPIES, N_EXACT_EDGES))
+        return node_patching(N, C) + C * 4 * N * P * d * e
+
     def edge_patching(N: int) -> int:
         C = copies_per_pass(N * P * d * F * U, budget, max_copies=min(MAX_COPIES, MAX_SETS))
         return group * (C * N * P * ((U + L * receivers) * d * e + 3 * F * H * d + (11 * m * e) // 10)
@@ -231,6 +239,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     }
     if edges:
         stages["edge patching"] = edge_patching(N)
+        stages["exact edge effects"] = exact_edges(N)
     if held:  # the held-out runner's own outputs, beside the first's, and the passes on either set after the search
         most = max(N, held)
         copies = copies_per_pass(most * P * d * F, budget, max_copies=MAX_COPIES)
