@@ -278,7 +278,8 @@ def _patched_pass(
         dst_heads = torch.tensor([e.dst[1] for e in edges], device=deltas.device)
 
         def pattern_hook(pattern: Tensor, hook: Any) -> None:
-            per_copy = pattern.view(E, -1, *pattern.shape[1:])[torch.arange(E), :, dst_heads.to(pattern.device)]
+            rows = torch.arange(E, device=pattern.device)
+            per_copy = pattern.view(E, -1, *pattern.shape[1:])[rows, :, dst_heads.to(pattern.device)]
             read.append(reader(per_copy))  # [E, B, q, k] -> [E]
             raise StopForward  # the "induction" metric needs nothing after the receiver's pattern
 
