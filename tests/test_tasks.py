@@ -696,3 +696,39 @@ def test_task_intervals_hold_the_figures_and_are_deterministic():
     data = small.to_json()
     assert data["task"]["ci"]["clean"] == [pytest.approx(v, abs=1e-6) for v in small.intervals["clean"]]
     assert "faithfulness" in data["circuit"]["ci"] and "[" in small.answer().splitlines()[1]
+
+
+def test_the_exact_edge_effects_intervals_are_the_bootstrap_of_each_pairs_effect(tmp_path):
+    """Each exactly measured edge's interval: the percentile bootstrap over the pairs of ``clean - patched``, its
+    per-pair values read from the passes that measured the effect. The oracle measures every pair's patched metric
+    again through the mask pass (the edge circuit's pass, every edge but that one kept) and bootstraps it with the
+    scan's draw; the interval holds the effect, is written to scores.json and read back."""
+    from circuitkit.tasks.scan import TaskScan
+    from circuitkit.uncertainty import bootstrap_ci
+
+    model = boot_bridge(attn_only=False, n_layers=3, d_vocab=50, seed=3)
+    task = Task.from_pairs(toy_pairs(12), name="toy")
+    scan = scan_task(model, task, target=0.8, n_resamples=300, holdout=0)
+    effects = scan.circuit.edge_effects
+    assert len(effects) == 8 and all(e.interval is not None for e in effects)
+    adapter = adapt(model)
+    runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=True, ablation=task.ablation)
+    graph = runner.graph
+    index = torch.tensor([[graph.senders.index(e.name.split("->")[0]), graph.receivers.index(e.name.split("->")[1])]
+                          for e in effects])
+    kept = graph.allowed[None].repeat(len(effects), 1, 1)
+    kept[torch.arange(len(effects)), index[:, 0], index[:, 1]] = False
+    per_pair: list[torch.Tensor] = []
+    runner.edge_metric(kept, pairs=per_pair)
+    lost = runner.clean["metric"].double()[:, None] - torch.cat(per_pair).double().T  # [pair, edge]
+    lo, hi = bootstrap_ci(lost, 300, scan.settings["ci_level"])
+    for e, a, b, mean in zip(effects, lo.tolist(), hi.tolist(), lost.mean(0).tolist(), strict=True):
+        assert e.effect == pytest.approx(mean, abs=1e-5)
+        assert e.interval == (pytest.approx(a, abs=1e-5), pytest.approx(b, abs=1e-5))
+        assert e.interval[0] <= e.effect <= e.interval[1]
+    assert len({e.interval[1] - e.interval[0] for e in effects}) > 1  # each edge its own spread
+    scan.save(tmp_path / "out")
+    back = TaskScan.load(tmp_path / "out")
+    assert [e.interval for e in back.circuit.edge_effects] == [pytest.approx(e.interval, abs=1e-6) for e in effects]
+    line = next(line for line in scan.answer().splitlines() if effects[0].name + ": exact effect" in line)
+    assert f"[{effects[0].interval[0]:+.3f}, {effects[0].interval[1]:+.3f}]" in line

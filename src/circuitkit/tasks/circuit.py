@@ -84,14 +84,20 @@ N_EXACT_EDGES = 8
 @dataclass(frozen=True)
 class EdgeEffect:
     """One edge (``name`` ``"sender->receiver"``): its EAP-IG ``score`` and its exact ``effect`` (the mean metric
-    lost when only this edge is patched from the corrupted prompt, every other edge clean: path patching)."""
+    lost when only this edge is patched from the corrupted prompt, every other edge clean: path patching);
+    ``interval``: the effect's percentile bootstrap interval over the pairs (:func:`effect_intervals`), None where
+    not measured; ``each``: each pair's metric lost ``[pair]`` (their mean is ``effect``; what the interval
+    resamples; not written)."""
 
     name: str
     score: float
     effect: float
+    interval: tuple[float, float] | None = None
+    each: Tensor | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"edge": self.name, "score": self.score, "effect": self.effect}
+        return {"edge": self.name, "score": self.score, "effect": self.effect,
+                "ci": None if self.interval is None else [float(self.interval[0]), float(self.interval[1])]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -413,7 +419,7 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     under ``rank``; ``areas``: :func:`mib_areas`. With ``pairs`` (a dict), it is filled with each pair's metric
     behind those figures, from the same passes: ``"circuit"`` ``[pair]`` (the circuit's set), ``"signed"`` and
     ``"abs"`` ``[size, pair]`` (MIB's sizes under each ranking; the corrupted run at 0 edges, the clean one at all),
-    for :func:`edge_intervals`."""
+    for :func:`edge_intervals` (each exact effect keeps its own, :attr:`EdgeEffect.each`)."""
     graph = runner.graph
     allowed = graph.allowed
     index, flat, order, other_order, todo, differ = edge_sets(graph, scores, rank)
@@ -467,11 +473,13 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     effects: list[EdgeEffect] = []
     if strongest:  # that edge alone patched, every other kept: resumed at the receiver's layer where it can
         before = runner.passes
-        values = runner.single_edge_metric(index[strongest]).tolist()
+        effect_pairs: list[Tensor] = []
+        values = runner.single_edge_metric(index[strongest], pairs=effect_pairs).tolist()
         if progress is not None:
             progress(runner.passes - before)
-        effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v)
-                   for i, v in zip(strongest, values, strict=True)]
+        lost = runner.clean["metric"].float().cpu()[None] - effect_pairs[0]  # [edge, pair]
+        effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v, each=each)
+                   for i, v, each in zip(strongest, values, lost, strict=True)]
     curve = tuple(CurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))
     if pairs is not None:
         ends = {0: runner.corrupted["metric"], E: runner.clean["metric"]}
@@ -517,6 +525,25 @@ def edge_intervals(pairs: dict[str, Tensor], clean: Tensor, corrupted: Tensor, n
     return ({"edge_faithfulness": (float(lo[0]), float(hi[0]))} if circuit else {}) | areas
 
 
+def effect_intervals(effects: tuple[EdgeEffect, ...], n_resamples: int, level: float) -> tuple[EdgeEffect, ...]:
+    """``effects`` with their intervals: the percentile bootstrap over the pairs of each edge's effect, the mean of
+    its :attr:`EdgeEffect.each` (each pair's metric lost, from the passes that measured the effects: no extra
+    pass), one draw of the pairs for every edge (the seed of every interval of the scan). Unchanged where there are
+    fewer than 2 pairs, and an effect without its pairs' values keeps its interval."""
+    from dataclasses import replace
+
+    from circuitkit.uncertainty import bootstrap_ci
+
+    measured = [i for i, e in enumerate(effects) if e.each is not None]
+    if not measured or effects[measured[0]].each.shape[0] < 2:
+        return effects
+    lo, hi = bootstrap_ci(torch.stack([effects[i].each.double() for i in measured], dim=1), n_resamples, level)
+    out = list(effects)
+    for i, a, b in zip(measured, lo.tolist(), hi.tolist(), strict=True):
+        out[i] = replace(effects[i], interval=(a, b))
+    return tuple(out)
+
+
 def mib_sizes(n_edges: int) -> list[int]:
     """The circuit sizes of MIB's curve: ``int(x * n_edges)`` for ``x`` in :data:`EDGE_FRACTIONS` (truncated, as
     ``curr_num_items = int(pct * n_scored_items)``, ``MIB_circuit_track/evaluation.py`` line 37)."""
@@ -559,5 +586,5 @@ def mib_areas(curves: dict[str, list[float]], sizes: list[int]) -> dict[str, Any
 
 
 __all__ = ["CurvePoint", "EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "NodeCircuit", "RANKS", "TaskCircuit",
-           "area_from_1", "area_under", "edge_circuit", "edge_intervals", "mib_areas", "mib_sizes", "node_circuit",
-           "node_masks", "node_order", "sender_scores", "typed_order"]
+           "area_from_1", "area_under", "edge_circuit", "edge_intervals", "effect_intervals", "mib_areas", "mib_sizes",
+           "node_circuit", "node_masks", "node_order", "sender_scores", "typed_order"]

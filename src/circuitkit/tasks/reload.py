@@ -115,7 +115,9 @@ def _circuit(data: dict[str, Any] | None) -> Any:
         edge_curve=_points(data["edge_curve"]), n_edges_total=int(data["edges_total"]),
         cpr=None if data["cpr"] is None else float(data["cpr"]),
         cmd=None if data["cmd"] is None else float(data["cmd"]),
-        edge_effects=tuple(EdgeEffect(e["edge"], float(e["score"]), float(e["effect"])) for e in data["edge_effects"]),
+        edge_effects=tuple(EdgeEffect(e["edge"], float(e["score"]), float(e["effect"]),
+                                      None if e.get("ci") is None else (float(e["ci"][0]), float(e["ci"][1])))
+                           for e in data["edge_effects"]),
         rank=data["rank"], clean=float(data["metric_clean"]), corrupted=float(data["metric_corrupted"]),
         node_corrupted=float(data["metric_all_nodes_patched"]),
         intervals={key: _pair(v) for key, v in (data.get("ci") or {}).items()},

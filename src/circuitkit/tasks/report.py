@@ -199,8 +199,8 @@ def edges_section(scan: Any) -> Section | None:
     c = scan.circuit
     if c is None or not c.edge_effects:
         return None
-    rows = "".join(f"<tr><td>{escape(e.name)}</td><td>{e.score:+.3f}</td><td>{e.effect:+.3f}</td></tr>"
-                   for e in c.edge_effects)
+    rows = "".join(f"<tr><td>{escape(e.name)}</td><td>{e.score:+.3f}</td><td>{e.effect:+.3f}"
+                   f"{_interval(e.interval)}</td></tr>" for e in c.edge_effects)
     more = (f"<details><summary>every edge of the circuit ({len(c.edges)})</summary><p>"
             + ", ".join(f"<code>{escape(e)}</code>" for e in c.edges) + "</p></details>") if c.edges else ""
     body = ('<table class="ck-small"><tr><th>edge</th><th>EAP-IG score</th><th>exact effect (path patched)</th></tr>'

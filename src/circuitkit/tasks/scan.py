@@ -42,7 +42,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.scan_record import StageRecord
 from circuitkit.stage import run_planned
-from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_intervals
+from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_intervals, effect_intervals
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
 from circuitkit.tasks.other_set import circuit_intervals
 from circuitkit.tasks.record import TASK_FORMAT
@@ -228,7 +228,7 @@ class TaskScan:
                          f"{c.cpr:.3f}{_ci(c.intervals.get('cpr'))} (edges ranked by signed score), CMD "
                          f"{c.cmd:.3f}{_ci(c.intervals.get('cmd'))} (by absolute score).")
         for e in c.edge_effects[:5]:
-            lines.append(f"  {e.name}: exact effect {e.effect:+.3f} (EAP-IG {e.score:+.3f})")
+            lines.append(f"  {e.name}: exact effect {e.effect:+.3f}{_ci(e.interval)} (EAP-IG {e.score:+.3f})")
         for score, values in self.head_scores.items():
             from circuitkit.ranking import top_heads
 
@@ -692,6 +692,7 @@ def _circuit(state: TaskScanState, task: Task) -> TaskCircuit:
     if edge_faith is not None and state.edge_pairs:
         intervals |= edge_intervals(state.edge_pairs, clean, corrupted, o.n_resamples, o.ci_level,
                                     circuit=o.edge_search == "ranked")
+        effects = effect_intervals(effects, o.n_resamples, o.ci_level)
     return TaskCircuit(node.heads, node.mlps, node.faithfulness, node.necessity, o.target, node.curve, node.n_nodes,
                        names, edge_faith, edge_curve, n_edges, cpr, cmd, effects, o.rank, float(clean.mean()),
                        float(corrupted.mean()), node.all_patched, intervals=intervals, other_set=state.other_set,

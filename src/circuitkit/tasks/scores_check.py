@@ -370,10 +370,12 @@ class TaskScoresCheck(ScoresCheck):
             raise self.fail("circuit.edges_total", total, "at least one edge beside an edge curve")
         for i, effect in enumerate(self.array(c["edge_effects"], "circuit.edge_effects")):
             at = f"circuit.edge_effects[{i}]"
-            effect = self.obj(effect, at, ("edge", "score", "effect"), ())
+            effect = self.obj(effect, at, ("edge", "score", "effect"), ("ci",))
             self.edge_name(effect["edge"], f"{at}.edge")
             self.number(effect["score"], f"{at}.score", nullable=False)
             self.number(effect["effect"], f"{at}.effect", nullable=False)
+            if effect.get("ci") is not None:  # a scan written before the effects had intervals has none
+                self.whole_interval(effect["ci"], f"{at}.ci")
         self.mib_areas(c.get("cpr_cmd"), c, total)
         if "ci" in c:
             for key, pair in self.obj(c["ci"], "circuit.ci").items():
