@@ -518,7 +518,8 @@ def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: 
         "scan: faithfulness_method", faithfulness_method or checked["ablation_method"], FAITHFULNESS_METHODS)
     checked["circuit_rank"] = validate.option("scan: circuit_rank", circuit_rank, RANKINGS)
     checked["roles"] = check_roles(DEFAULT_ROLES if roles is None else roles)
-    checked["n_resamples"], checked["ci_level"], _ = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED)
+    checked["n_resamples"], checked["ci_level"], _ = check_settings("scan", n_resamples, ci_level, DEFAULT_SEED,
+                                                                    "ci_level")
     checked["random_sets"] = check_repeats("scan: random_sets", random_sets)
     checked["stability"] = check_repeats("scan: stability", stability)
     checked["search"] = validate.option("scan: search", "ranked" if search is None else search, SEARCH_NAMES)

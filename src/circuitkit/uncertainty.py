@@ -49,13 +49,15 @@ Statistic = Callable[[Tensor], Tensor]
 """Maps resampled means ``[R, ...]`` (float64) to the figure ``[R, ...]``."""
 
 
-def check_settings(where: str, n_resamples: Any, level: Any, seed: Any) -> tuple[int, float, int]:
-    """``(n_resamples, level, seed)`` validated: ``2 <= n_resamples <= MAX_RESAMPLES``, ``0 < level < 1``, a seed."""
+def check_settings(where: str, n_resamples: Any, level: Any, seed: Any,
+                   level_name: str = "level") -> tuple[int, float, int]:
+    """``(n_resamples, level, seed)`` validated: ``2 <= n_resamples <= MAX_RESAMPLES``, ``0 < level < 1``, a seed;
+    ``level_name``: the caller's name for the level in its messages (``ci_level`` in the scans)."""
     n_resamples = validate.integer(f"{where}: n_resamples", n_resamples, minimum=2, maximum=MAX_RESAMPLES,
                                    why="bootstrap resamples")
-    level = validate.real(f"{where}: level", level, minimum=0.0, strict_minimum=True, maximum=1.0)
+    level = validate.real(f"{where}: {level_name}", level, minimum=0.0, strict_minimum=True, maximum=1.0)
     if level >= 1.0:
-        raise validate.fail(f"{where}: level", level, "a confidence level strictly between 0 and 1, e.g. 0.95")
+        raise validate.fail(f"{where}: {level_name}", level, "a confidence level strictly between 0 and 1, e.g. 0.95")
     return n_resamples, level, validate.seed(f"{where}: seed", seed)
 
 

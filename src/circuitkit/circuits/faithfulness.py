@@ -591,7 +591,8 @@ def find_circuit(
             chosen heads; ``search_options``: the search's options). :attr:`Circuit.search` says what ran.
     """
     target = check_target("find_circuit: target", target)
-    n_resamples, ci_level, ci_seed = check_settings("find_circuit", n_resamples, ci_level, DEFAULT_SEED)
+    n_resamples, ci_level, ci_seed = check_settings("find_circuit", n_resamples, ci_level, DEFAULT_SEED,
+                                                   "ci_level")
     random_sets = check_repeats("find_circuit: random_sets", random_sets)
     stability = check_repeats("find_circuit: stability", stability)
     method = validate.option("find_circuit: method", method, FAITHFULNESS_METHODS)

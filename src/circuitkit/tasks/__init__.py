@@ -4,11 +4,13 @@
     task = ck.tasks.ioi(model, n=32)                 # or ck.tasks.load_task("pairs.jsonl"), Task.from_pairs([...])
     result = ck.scan(model, task=task)               # node and edge circuits, faithfulness curves, CPR / CMD
     result.save("out")                               # report.html + scores.json
+    ck.tasks.edge_effects(model, task, ["9.9->logits"])  # any edge's exact effect, with its interval
 """
 
 from circuitkit.graph.metrics import METRICS
 from circuitkit.graph.task import Pair, Task, TaskBatch
-from circuitkit.tasks.circuit import EDGE_FRACTIONS, TaskCircuit
+from circuitkit.tasks.circuit import EDGE_FRACTIONS, EdgeEffect, TaskCircuit
+from circuitkit.tasks.effects import edge_effects
 from circuitkit.tasks.files import load_task
 from circuitkit.tasks.generators import BUILT_IN, GENERATORS, docstring, greater_than, ioi, repeated_tokens
 from circuitkit.tasks.scan import TaskScan, scan_task
@@ -32,6 +34,7 @@ def get_task(name_or_path: str, model: object, *, n: int | None = None, seed: in
 
 
 __all__ = [
-    "BUILT_IN", "EDGE_FRACTIONS", "GENERATORS", "METRICS", "Pair", "Task", "TaskBatch", "TaskCircuit", "TaskScan",
-    "docstring", "get_task", "greater_than", "ioi", "load_task", "repeated_tokens", "scan_task",
+    "BUILT_IN", "EDGE_FRACTIONS", "GENERATORS", "METRICS", "EdgeEffect", "Pair", "Task", "TaskBatch", "TaskCircuit",
+    "TaskScan", "docstring", "edge_effects", "get_task", "greater_than", "ioi", "load_task", "repeated_tokens",
+    "scan_task",
 ]

@@ -83,14 +83,15 @@ N_EXACT_EDGES = 8
 
 @dataclass(frozen=True)
 class EdgeEffect:
-    """One edge (``name`` ``"sender->receiver"``): its EAP-IG ``score`` and its exact ``effect`` (the mean metric
+    """One edge (``name`` ``"sender->receiver"``): its EAP-IG ``score`` (None where no attribution ran:
+    :func:`~circuitkit.tasks.effects.edge_effects`) and its exact ``effect`` (the mean metric
     lost when only this edge is patched from the corrupted prompt, every other edge clean: path patching);
     ``interval``: the effect's percentile bootstrap interval over the pairs (:func:`effect_intervals`), None where
     not measured; ``each``: each pair's metric lost ``[pair]`` (their mean is ``effect``; what the interval
     resamples; not written)."""
 
     name: str
-    score: float
+    score: float | None
     effect: float
     interval: tuple[float, float] | None = None
     each: Tensor | None = field(default=None, compare=False, repr=False)

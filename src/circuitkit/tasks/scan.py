@@ -536,7 +536,7 @@ def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: A
         steps, edges = 1, False
     random_sets = check_repeats("scan_task: random_sets", random_sets)
     stability = check_repeats("scan_task: stability", stability)
-    n_resamples, ci_level, _ = check_settings("scan_task", n_resamples, ci_level, 0)
+    n_resamples, ci_level, _ = check_settings("scan_task", n_resamples, ci_level, 0, "ci_level")
     mlp_nodes = validate.boolean("scan_task: mlp_nodes", mlp_nodes)
     if name is not None and (not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 200):
         raise validate.fail("scan_task: name", name, "a one-line model name of at most 200 characters")

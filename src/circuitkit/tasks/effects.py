@@ -1,0 +1,110 @@
+"""The exact effect of edges a researcher names, on a task: path patching of any edge of the task graph.
+
+    import circuitkit as ck
+    task = ck.tasks.ioi(model)
+    for e in ck.tasks.edge_effects(model, task, ["9.9->logits", "input->m0"]):
+        print(e.name, e.effect, e.interval)
+
+An edge ``sender -> receiver`` is named as a task scan names it (its answer and ``scores.json``): senders ``input``,
+heads ``L.H``, MLPs ``mN``; receivers a head's inputs ``L.H:q`` and, per key/value head, ``L.gG:k`` / ``L.gG:v``
+(``L.H:k`` / ``L.H:v`` where every head has its own, or with ``kv_edges="per-query-head"``), MLPs ``mN`` and
+``logits``. Its effect is the mean metric lost when only that edge takes its value from the corrupted prompt, every
+other edge clean (:meth:`~circuitkit.graph.runner.TaskRunner.single_edge_metric`: one stacked copy of the pairs an
+edge, resumed at the receiver's layer), with the percentile bootstrap interval over the pairs; the same figures as
+a task scan's ``edge_effects`` (there for the circuit's strongest edges). Cost: the clean and corrupted runs, then
+per edge its receiver's share of the layers (an edge into the logits runs none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from circuitkit import validate
+from circuitkit.graph.task import Task, check_prepend_bos
+from circuitkit.model_state import keeps_model_state
+from circuitkit.tasks.circuit import EdgeEffect, effect_intervals
+
+MAX_EDGES = 10_000
+"""Most edges one call measures (each is a share of a forward pass of the pairs)."""
+
+
+@keeps_model_state
+def edge_effects(model: Any, task: Task, edges: Any, *, mlps: bool | None = None, kv_edges: str = "grouped",
+                 n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
+                 device: Any = None) -> tuple[EdgeEffect, ...]:
+    """The exact effect of each of ``edges`` on ``task`` (module docstring), in the order given.
+
+    Args:
+        model: a TransformerBridge, a circuitkit toy model, a model directory's loaded model, or a ``ModelAdapter``.
+        task: a :class:`~circuitkit.tasks.Task` (its pairs, metric and tokenization, as ``scan_task`` reads them).
+        edges: an edge name (``"9.9->logits"``) or a list of them.
+        mlps: MLPs are nodes of the graph (default: where the model has MLPs), as ``scan_task``'s ``mlps``.
+        kv_edges: ``"grouped"`` (a key/value head's input is one receiver) or ``"per-query-head"``.
+        n_resamples, ci_level: the percentile bootstrap over the pairs behind each interval.
+        prepend_bos: as :meth:`Task.tokenize`.
+
+    Returns:
+        one :class:`~circuitkit.tasks.circuit.EdgeEffect` per edge: ``name``, ``effect`` (the mean metric lost, in
+        the metric's units), ``interval`` (None with one pair), ``each`` (each pair's metric lost); ``score`` None
+        (no attribution ran).
+    """
+    from circuitkit.graph.nodes import KV_EDGES
+    from circuitkit.graph.runner import EDGES_UNDEFINED, TaskRunner, check_hooks
+    from circuitkit.models.adapters import adapt
+    from circuitkit.uncertainty import check_settings
+
+    if not isinstance(task, Task):
+        raise validate.fail("edge_effects: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, "
+                            "ioi, ...)")
+    names = [edges] if isinstance(edges, str) else edges
+    if isinstance(names, (set, frozenset, dict)):  # no order to return the effects in
+        raise validate.fail("edge_effects: edges", edges, "an edge name or a list of them, in order")
+    names = validate.bounded_list("edge_effects: edges", names, MAX_EDGES, "an edge name or a list of them")
+    if not names:
+        raise validate.fail("edge_effects: edges", edges, "at least one edge name, e.g. '0.1->1.3:q'")
+    kv_edges = validate.option("edge_effects: kv_edges", kv_edges, KV_EDGES)
+    n_resamples, ci_level, _ = check_settings("edge_effects", n_resamples, ci_level, 0, "ci_level")
+    adapter = adapt(model, validate.device("edge_effects: device", device))
+    mlps = (not adapter.attn_only) if mlps is None else validate.boolean("edge_effects: mlps", mlps)
+    check_hooks(adapter, mlps)
+    batch = task.tokenize(adapter, check_prepend_bos("edge_effects", prepend_bos))
+    runner = TaskRunner(adapter, batch, task.metric, mlps=mlps, ablation=task.ablation, kv_edges=kv_edges)
+    if not runner.edges_defined:
+        raise validate.fail("edge_effects: model", validate.given(f"a {adapter.spec.family} model"),
+                            f"a model whose heads add into the residual stream ({EDGES_UNDEFINED})")
+    runner.direct = False  # no direct logit attribution: its backward serves the scan's roles only
+    index = torch.tensor([_edge_index(runner.graph, name, i) for i, name in enumerate(names)], device="cpu")
+    per_pair: list[torch.Tensor] = []
+    values = runner.single_edge_metric(index, pairs=per_pair)
+    clean = runner.clean["metric"].float().cpu()
+    lost = clean[None] - per_pair[0]  # [edge, pair]
+    mean = float(clean.mean())
+    found = tuple(EdgeEffect(name, None, mean - float(v), each=each)
+                  for name, v, each in zip(names, values.tolist(), lost, strict=True))
+    return effect_intervals(found, n_resamples, ci_level)
+
+
+def _edge_index(graph: Any, name: Any, i: int) -> tuple[int, int]:
+    """``(sender, receiver)`` of the edge named ``name`` in ``graph`` (a ``CircuitkitError`` naming what is not)."""
+    where = f"edge_effects: edges[{i}]"
+    if not isinstance(name, str) or name.count("->") != 1:
+        raise validate.fail(where, name, "an edge named 'sender->receiver' as a task scan names it, e.g. "
+                            "'0.1->1.3:q', 'input->m0', '1.2->logits'")
+    sender, receiver = name.split("->")
+    if sender not in graph.senders:
+        raise validate.fail(where, name, f"a sender of this model's graph: input, L.H (heads, layers 0 to "
+                            f"{graph.n_layers - 1}){', mN (MLPs)' if graph.mlps else ''}")
+    if receiver not in graph.receivers:
+        kv = "L.H:k, L.H:v" if graph.kv_edges == "per-query-head" or graph.n_kv == graph.n_heads else "L.gG:k, L.gG:v"
+        raise validate.fail(where, name, f"a receiver of this model's graph: L.H:q, {kv}"
+                            f"{', mN' if graph.mlps else ''}, logits")
+    s, r = graph.senders.index(sender), graph.receivers.index(receiver)
+    if not bool(graph.allowed[s, r]):
+        raise validate.fail(where, name, "an edge from a sender to a receiver after it (a head of layer L feeds "
+                            "the layers after L, its own layer's MLP and the logits)")
+    return s, r
+
+
+__all__ = ["MAX_EDGES", "edge_effects"]
