@@ -205,8 +205,10 @@ def edges_section(scan: Any) -> Section | None:
             + ", ".join(f"<code>{escape(e)}</code>" for e in c.edges) + "</p></details>") if c.edges else ""
     body = ('<table class="ck-small"><tr><th>edge</th><th>EAP-IG score</th><th>exact effect (path patched)</th></tr>'
             f"{rows}</table>{more}")
+    level = scan.settings.get("ci_level", 0.95) if isinstance(getattr(scan, "settings", None), dict) else 0.95
     return Section("edges", "The circuit's strongest edges", body,
-                   "Each edge's exact effect: the mean metric lost when only that edge takes its corrupted value.")
+                   "Each edge's exact effect: the mean metric lost when only that edge takes its corrupted value; "
+                   f"beside it, [lo, hi], its {level:.0%} percentile bootstrap interval over the pairs.")
 
 
 def typed_nodes_section(scan: Any) -> Section | None:
