@@ -32,6 +32,11 @@ from tests.conftest import gqa_bridge
 from tests.device_guard import DeviceGuard
 from tests.test_tasks import toy_pairs
 
+EDGES = ["input->1.g0:k", "0.1->m0", "0.2->2.3:q", "m1->logits", "1.0->logits"]
+"""Task edges into every receiver type of the GQA bridge (a key/value group, an MLP, a query, the logits)."""
+PER_QUERY_HEAD_EDGES = ["input->1.1:k", "0.3->2.2:v", "1.0->logits"]
+"""With per-query-head key/value receivers: one query head's own key and value (its group's others put back)."""
+
 
 def batch_for(model):
     return RepeatedTokens(block_len=6, batch=3, bos=False).build(model)
@@ -54,10 +59,12 @@ ENTRY_POINTS = {
     "circuit_evidence": lambda m: circuit_evidence(m, tokens=batch_for(m), top_k=3),
     "edge_attribution": lambda m: edge_attribution(m, tokens=batch_for(m), steps=2),
     "path_patching": lambda m: path_patching(m, [((0, 0), (1, 0), "k"), ((0, 1), (2, 1), "v")], tokens=batch_for(m)),
+    "edge_effects": lambda m: [ck.tasks.edge_effects(m, Task.from_pairs(toy_pairs(6), name="toy"), edges, kv_edges=kv)
+                               for kv, edges in (("grouped", EDGES), ("per-query-head", PER_QUERY_HEAD_EDGES))],
 }
 
 
-HALF_ENTRIES = ("scan", "scan-task", "scan-induction-task", "circuit_evidence")
+HALF_ENTRIES = ("scan", "scan-task", "scan-induction-task", "circuit_evidence", "edge_effects")
 """bfloat16 takes the paths that bring activations up to float32: the two behaviours and the edge measurements."""
 
 
@@ -170,6 +177,8 @@ MOVING = {
     "circuit_evidence": lambda m: circuit_evidence(m, device="cuda"),
     "edge_attribution": lambda m: edge_attribution(m, device="cuda"),
     "path_patching": lambda m: path_patching(m, [((0, 0), (1, 0), "k")], device="cuda"),
+    "edge_effects": lambda m: ck.tasks.edge_effects(m, Task.from_pairs(toy_pairs(6), name="toy"), EDGES,
+                                                    device="cuda"),
 }
 
 

@@ -151,6 +151,22 @@ def test_the_induction_task_on_cuda_equals_cpu_and_runs_in_bfloat16():
     assert abs(float(half.clean.mean() - half.corrupted.mean()) - gap) <= HALF * max(1.0, abs(gap)) * 4
 
 
+def test_named_task_edges_on_cuda_equal_cpu():
+    """``ck.tasks.edge_effects``: the one edge pass on CUDA, into every receiver type and with per-query-head
+    key/value receivers (the group's other query heads' clean z put back), against the CPU."""
+    task = Task.from_pairs(toy_pairs(8), name="toy")
+    model = gqa_bridge()
+    for kv, edges in (("grouped", ["input->1.g0:k", "0.1->m0", "0.2->2.3:q", "m1->logits", "1.0->logits"]),
+                      ("per-query-head", ["input->1.1:k", "0.3->2.2:v"])):
+        cpu = ck.tasks.edge_effects(model, task, edges, kv_edges=kv)
+        gpu = ck.tasks.edge_effects(model, task, edges, kv_edges=kv, device="cuda")
+        torch.testing.assert_close(torch.tensor([e.effect for e in gpu]), torch.tensor([e.effect for e in cpu]),
+                                   **FLOAT32)
+        torch.testing.assert_close(torch.tensor([e.interval for e in gpu]), torch.tensor([e.interval for e in cpu]),
+                                   **FLOAT32)
+    assert on_cpu(model)
+
+
 # ------------------------------------------------------------------------------------- the measurements alone
 def test_head_measurements_on_cuda_equal_cpu():
     model = gqa_bridge()
