@@ -119,3 +119,18 @@ def test_per_query_head_receivers_are_named_per_head(setting):
     kept = graph.allowed[None].clone()
     kept[0, graph.senders.index("0.1"), graph.receivers.index("1.3:k")] = False
     assert e.effect == pytest.approx(float(runner.clean["metric"].mean() - runner.edge_metric(kept)[0]), abs=EXACT)
+
+
+def test_a_metric_in_place_of_the_tasks_own(setting):
+    """``metric=`` as ``scan_task``'s: the effect in that metric's units (here the answer's probability lead, not
+    its logit lead), equal to the same task built with that metric; a bad metric is refused in one line."""
+    from dataclasses import replace
+
+    model, task = setting
+    (by_name,) = edge_effects(model, task, ["1.2->logits"], metric="prob_diff")
+    (by_task,) = edge_effects(model, replace(task, metric="prob_diff"), ["1.2->logits"])
+    (logits,) = edge_effects(model, task, ["1.2->logits"])
+    assert by_name.effect == by_task.effect and by_name.interval == by_task.interval
+    assert by_name.effect != pytest.approx(logits.effect, abs=1e-3)
+    with pytest.raises(CircuitkitError, match="metric"):
+        edge_effects(model, task, ["1.2->logits"], metric="accuracy")

@@ -17,6 +17,7 @@ per edge its receiver's share of the layers (an edge into the logits runs none).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,15 +32,16 @@ MAX_EDGES = 10_000
 
 
 @keeps_model_state
-def edge_effects(model: Any, task: Task, edges: Any, *, mlps: bool | None = None, kv_edges: str = "grouped",
-                 n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
-                 device: Any = None) -> tuple[EdgeEffect, ...]:
+def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps: bool | None = None,
+                 kv_edges: str = "grouped", n_resamples: int = 1000, ci_level: float = 0.95,
+                 prepend_bos: bool | None = None, device: Any = None) -> tuple[EdgeEffect, ...]:
     """The exact effect of each of ``edges`` on ``task`` (module docstring), in the order given.
 
     Args:
         model: a TransformerBridge, a circuitkit toy model, a model directory's loaded model, or a ``ModelAdapter``.
         task: a :class:`~circuitkit.tasks.Task` (its pairs, metric and tokenization, as ``scan_task`` reads them).
         edges: an edge name (``"9.9->logits"``) or a list of them.
+        metric: a metric name or function in place of the task's own (as ``scan_task``'s ``metric``).
         mlps: MLPs are nodes of the graph (default: where the model has MLPs), as ``scan_task``'s ``mlps``.
         kv_edges: ``"grouped"`` (a key/value head's input is one receiver) or ``"per-query-head"``.
         n_resamples, ci_level: the percentile bootstrap over the pairs behind each interval.
@@ -58,6 +60,8 @@ def edge_effects(model: Any, task: Task, edges: Any, *, mlps: bool | None = None
     if not isinstance(task, Task):
         raise validate.fail("edge_effects: task", task, "a circuitkit.tasks.Task (load_task, Task.from_pairs, "
                             "ioi, ...)")
+    if metric is not None:
+        task = replace(task, metric=metric)  # validated as a Task's own metric is
     names = [edges] if isinstance(edges, str) else edges
     if isinstance(names, (set, frozenset, dict)):  # no order to return the effects in
         raise validate.fail("edge_effects: edges", edges, "an edge name or a list of them, in order")
