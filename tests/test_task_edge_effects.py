@@ -95,6 +95,7 @@ def test_bad_edges_are_one_line(setting, edges, needle):
     ({"ci_level": 1.5}, "ci_level"),
     ({"mlps": "yes"}, "mlps"),
     ({"device": "cuda:7"}, "device"),
+    ({"progress": "yes"}, "progress"),
 ])
 def test_bad_options_are_one_line(setting, options, needle):
     model, task = setting
@@ -134,3 +135,12 @@ def test_a_metric_in_place_of_the_tasks_own(setting):
     assert by_name.effect != pytest.approx(logits.effect, abs=1e-3)
     with pytest.raises(CircuitkitError, match="metric"):
         edge_effects(model, task, ["1.2->logits"], metric="accuracy")
+
+
+def test_a_progress_bar_counts_the_edges(setting, capsys):
+    model, task = setting
+    edge_effects(model, task, NAMES, progress=True)
+    err = capsys.readouterr().err
+    assert "patching edges" in err and f"{len(NAMES)}/{len(NAMES)}" in err
+    edge_effects(model, task, NAMES)  # fewer than PROGRESS_MIN_EDGES: no bar unless asked
+    assert "patching edges" not in capsys.readouterr().err

@@ -757,10 +757,11 @@ class TaskRunner:
             pairs.append(per_pair.cpu())
         return means
 
-    def single_edge_metric(self, edges: Tensor, pairs: list[Tensor] | None = None) -> Tensor:
+    def single_edge_metric(self, edges: Tensor, pairs: list[Tensor] | None = None,
+                           progress: Callable[[int], Any] | None = None) -> Tensor:
         """``edges`` ``[n, 2]`` (sender, receiver) indices of edges of the graph: the mean metric with that edge
         alone patched from the corrupted prompt, every other edge clean (its exact effect: path patching), ``[n]``;
-        ``pairs`` as :meth:`edge_metric`'s.
+        ``pairs`` as :meth:`edge_metric`'s; ``progress`` is called with the number of edges each pass measured.
 
         Everything before the receiver's layer is then the clean run, so each edge's pass resumes from the clean
         run's residual stream entering that layer (:meth:`resume_layer`), the sender's delta (its corrupted output
@@ -780,7 +781,7 @@ class TaskRunner:
         for start in sorted(set(starts)):
             which = [i for i, s in enumerate(starts) if s == start]
             parts[start] = []
-            out[which] = self._single_edges_from(edges[which], start, parts[start])
+            out[which] = self._single_edges_from(edges[which], start, parts[start], progress)
         if pairs is not None:
             per_pair = torch.empty(edges.shape[0], self.batch.n_pairs, device="cpu")
             for start, got in parts.items():
@@ -788,7 +789,8 @@ class TaskRunner:
             pairs.append(per_pair)
         return out
 
-    def _single_edges_from(self, edges: Tensor, start: int, pairs: list[Tensor]) -> Tensor:
+    def _single_edges_from(self, edges: Tensor, start: int, pairs: list[Tensor],
+                           progress: Callable[[int], Any] | None = None) -> Tensor:
         """:meth:`single_edge_metric` of ``edges`` whose passes all start at layer ``start``."""
         from circuitkit.graph.edge_patch import patched_edges
 
@@ -803,6 +805,8 @@ class TaskRunner:
                                        start=start, resid=resid, tokens=self.batch.clean, clean_z=self.clean["z"],
                                        positions=self.positions)
             self.passes += len(chunk) * self.pass_share(start)
+            if progress is not None:
+                progress(len(chunk))
             return self._means_of(logits, pairs)
 
         return self._in_passes(edges.shape[0], node=True, run=run)

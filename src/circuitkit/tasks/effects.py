@@ -29,12 +29,15 @@ from circuitkit.tasks.circuit import EdgeEffect, effect_intervals
 
 MAX_EDGES = 10_000
 """Most edges one call measures (each is a share of a forward pass of the pairs)."""
+PROGRESS_MIN_EDGES = 32
+"""From this many edges on, a call shows a progress bar unless told not to."""
 
 
 @keeps_model_state
 def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps: bool | None = None,
                  kv_edges: str = "grouped", n_resamples: int = 1000, ci_level: float = 0.95,
-                 prepend_bos: bool | None = None, device: Any = None) -> tuple[EdgeEffect, ...]:
+                 prepend_bos: bool | None = None, device: Any = None,
+                 progress: bool | None = None) -> tuple[EdgeEffect, ...]:
     """The exact effect of each of ``edges`` on ``task`` (module docstring), in the order given.
 
     Args:
@@ -46,6 +49,7 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         kv_edges: ``"grouped"`` (a key/value head's input is one receiver) or ``"per-query-head"``.
         n_resamples, ci_level: the percentile bootstrap over the pairs behind each interval.
         prepend_bos: as :meth:`Task.tokenize`.
+        progress: a tqdm bar over the edges (default: from :data:`PROGRESS_MIN_EDGES` edges on).
 
     Returns:
         one :class:`~circuitkit.tasks.circuit.EdgeEffect` per edge: ``name``, ``effect`` (the mean metric lost, in
@@ -70,6 +74,8 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         raise validate.fail("edge_effects: edges", edges, "at least one edge name, e.g. '0.1->1.3:q'")
     kv_edges = validate.option("edge_effects: kv_edges", kv_edges, KV_EDGES)
     n_resamples, ci_level, _ = check_settings("edge_effects", n_resamples, ci_level, 0, "ci_level")
+    show = len(names) >= PROGRESS_MIN_EDGES if progress is None else validate.boolean("edge_effects: progress",
+                                                                                      progress)
     adapter = adapt(model, validate.device("edge_effects: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("edge_effects: mlps", mlps)
     check_hooks(adapter, mlps)
@@ -81,7 +87,10 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
     runner.direct = False  # no direct logit attribution: its backward serves the scan's roles only
     index = torch.tensor([_edge_index(runner.graph, name, i) for i, name in enumerate(names)], device="cpu")
     per_pair: list[torch.Tensor] = []
-    values = runner.single_edge_metric(index, pairs=per_pair)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(names), disable=not show, desc="patching edges", unit="edge") as bar:
+        values = runner.single_edge_metric(index, pairs=per_pair, progress=bar.update)
     clean = runner.clean["metric"].float().cpu()
     lost = clean[None] - per_pair[0]  # [edge, pair]
     mean = float(clean.mean())
@@ -111,4 +120,4 @@ def _edge_index(graph: Any, name: Any, i: int) -> tuple[int, int]:
     return s, r
 
 
-__all__ = ["MAX_EDGES", "edge_effects"]
+__all__ = ["MAX_EDGES", "PROGRESS_MIN_EDGES", "edge_effects"]
