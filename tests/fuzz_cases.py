@@ -1737,6 +1737,25 @@ case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task()
                                   ("float", const(2.0), STRICT), ("no-mlps", const(4), STRICT)],
                 "node_types": [("names", const(["resid"]), STRICT), ("int", const(3), STRICT)]})
 method(f"{TK}.scan:TaskScan.save", task_scan_result, lambda: {"out_dir": tmp_out_dir()}, out_dir="out_dir")
+record(f"{TK}:EdgeEffect", "result record of scan_task and edge_effects (built by them)")
+EDGE_NAMES: list[Bad] = [
+    ("None", const(None), STRICT), ("empty", const([]), STRICT), ("int", const(3), STRICT),
+    ("set", const({"1.0->logits"}), STRICT), ("dict", const({"1.0->logits": 1}), STRICT),
+    ("no-arrow", const(["1.0 logits"]), STRICT), ("two-arrows", const(["0.0->1.0->logits"]), STRICT),
+    ("unknown-sender", const(["7.0->logits"]), STRICT), ("unknown-receiver", const(["0.0->9.0:q"]), STRICT),
+    ("backwards", const(["1.0->0.0:q"]), STRICT), ("same-layer-head", const(["1.0->1.0:q"]), STRICT),
+    ("tuple-edge", const([((0, 0), (1, 0), "k")]), STRICT), ("bytes", const([b"1.0->logits"]), STRICT),
+    ("nul", const(["1.0\0->logits"]), STRICT), ("10001-edges", const(["1.0->logits"] * 10_001), STRICT),
+    ("endless", lambda v: itertools.repeat("1.0->logits"), STRICT),
+]
+case(f"{TK}:edge_effects", lambda: {"model": induction_model(), "task": copy_task(), "edges": ["1.0->logits",
+     "0.0->1.0:k"], "metric": None, "mlps": None, "kv_edges": "grouped", "n_resamples": 50, "ci_level": 0.9,
+     "prepend_bos": None, "device": "cpu", "progress": None},
+     positional=("model",), model="model-loss", mlps="bool?", kv_edges="option", n_resamples="size>=2",
+     ci_level="real>0", prepend_bos="bool?", device="device?", progress="bool?",
+     extra_bad={"task": [("None", const(None), STRICT), *TASKS], "edges": EDGE_NAMES,
+                "metric": [("accuracy", const("accuracy"), STRICT), ("a-class", const(int), STRICT)],
+                "ci_level": [("one", const(1.0), STRICT), ("above-one", const(1.5), STRICT)]})
 
 
 @cache
