@@ -4,7 +4,9 @@
   :class:`TaskBatch` (what one pass reads);
 - :mod:`~circuitkit.graph.metrics`: the task engine's view of the metric registry (:data:`METRICS`);
 - :mod:`~circuitkit.graph.nodes`: node types as data (:class:`NodeType`: heads, MLPs, neuron groups, a user's);
-- :mod:`~circuitkit.graph.runner`: :class:`TaskRunner`, the passes that measure nodes and edges (patching, EAP-IG).
+- :mod:`~circuitkit.graph.runner`: :class:`TaskRunner`, the passes that measure nodes and edges (patching, EAP-IG);
+- :mod:`~circuitkit.graph.edge_patch`: the one exact edge pass of both engines (one edge a stacked copy: the task
+  runner's single-edge effects and the induction scan's path patching).
 
 It stands below :mod:`circuitkit.circuits` and :mod:`circuitkit.tasks` (above :mod:`circuitkit.detect`, whose node
 patching pass it shares), so that every scan's measurements can run on it. ``circuitkit.tasks`` holds what is built

@@ -27,7 +27,9 @@ where ``resid_v`` is the residual stream at ``v`` in the current run (``resid_pr
 MLP's ``ln2`` input, the final residual stream for the logits). A query/key/value input goes through the block's
 attention norm and the head's weight: ``c += (norm(x_v) - norm(resid_v)) @ W_c`` at ``hook_q/k/v`` (biases cancel);
 an MLP input replaces the input of its norm (``HOOKS.mlp_in``); the logits' replaces the last block's
-output. Every edge kept: the clean run; none: the corrupted run (both exact, tested).
+output. Every edge kept: the clean run; none: the corrupted run (both exact, tested). One edge alone patched (its
+exact effect) runs the one edge pass of both engines instead, :mod:`circuitkit.graph.edge_patch`: only that
+sender's delta, from the receiver's layer on (:meth:`TaskRunner.single_edge_metric`).
 
 Node patching (a circuit of nodes): a head outside it has ``z`` replaced by its corrupted (or mean, zero) value, an
 MLP outside it (when MLPs are nodes) its output, a node of a further type (:mod:`circuitkit.graph.nodes`, e.g. a
