@@ -4,6 +4,7 @@ before any pass, with a number of pairs that fits by the same estimate."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import circuitkit.tasks.memory as task_memory
 from circuitkit import CircuitkitError
@@ -346,3 +347,41 @@ def test_the_held_out_runner_and_the_stability_reruns_share_the_head_weights(mod
     for wrong in ("W_Q", other.weights(embeddings=False)):  # not weights; another shape's
         with pytest.raises(CircuitkitError, match="weights"):
             TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", weights=wrong)
+
+
+def test_a_large_vocabulary_stacks_fewer_copies_by_one_rule_in_the_runner_and_the_plan():
+    """A stacked copy of a node-patching (or exact edge) pass holds its logits at the positions it reads: with a large
+    vocabulary and a metric of every scored position they are most of it. The runner sizes its stacked copies by
+    the whole copy (``node_copy_bytes``: the plan's node-patching term, checked here by hand), so it stacks fewer
+    than the activations alone would allow, and the memory plan counts the copies the runner stacks: a scan that
+    fits with fewer copies is not refused for stacking 32 (the default IOI-shaped repeated-tokens task on
+    Qwen2.5-0.5B was planned at 25.7 GiB, 18.7 of them 32 copies of the held-out passes' logits)."""
+    from circuitkit.graph.runner import MAX_COPIES, TaskRunner, node_copy_bytes
+    from circuitkit.tasks import repeated_tokens
+
+    V, budget = 6000, 2**24
+    big = boot_bridge(attn_only=False, n_layers=2, n_heads=H, d_model=D, d_head=DH, d_vocab=V, seed=3)
+    adapter = adapt(big)
+    task = repeated_tokens(big, 6, block_len=5)
+    runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=True, ablation=task.ablation,
+                        budget=budget)
+    N, P = runner.batch.clean.shape
+    K = len(runner.positions)
+    assert runner.scored_metric and K > 1
+    m, e = big.cfg.d_mlp, 4
+    by_hand = N * P * (3 * m + 4 * D + 3 * H * P) * e + N * V * (K * e + 8 * K)
+    assert node_copy_bytes(adapter, N, P, K, K) == by_hand
+    copies = runner._copies_per_pass(node=True)
+    assert copies == max(1, min(MAX_COPIES, budget // by_hand)) < MAX_COPIES
+    assert budget // (N * P * D * 4) >= MAX_COPIES  # the activations alone would have stacked 32
+    # the plan: the exact edge effects' copies as the runner stacks them, at most the 8 edges measured
+    est = estimate_task_memory(big, N, P, steps=3, mlps=True, edges=True, logit_positions=K, scored_metric=True,
+                               budget=budget)
+    C = max(1, min(8, budget // by_hand))
+    assert est.stages["exact edge effects"] == C * (by_hand + 4 * N * P * D * e)
+    # and the passes give what one copy at a time gives
+    L = 2
+    sets = torch.rand(7, L, H, generator=torch.Generator().manual_seed(0)) < 0.5
+    stacked = runner.node_metric(sets, None)
+    alone = torch.cat([runner.node_metric(sets[i : i + 1], None) for i in range(len(sets))])
+    torch.testing.assert_close(stacked, alone, rtol=0, atol=1e-5)

@@ -82,6 +82,37 @@ MAX_COPIES = 32
 """Most stacked copies of the pairs in one patching pass."""
 
 
+def mlp_width(adapter: ModelAdapter) -> int:
+    """The model's MLP hidden width ``d_mlp`` (0 without MLPs; ``4 d_model`` where the config does not say)."""
+    if adapter.attn_only:
+        return 0
+    value = getattr(adapter.model.cfg, "d_mlp", None)
+    return int(value) if isinstance(value, int) and value > 0 else 4 * adapter.spec.d_model
+
+
+def element_bytes(model: Any) -> int:
+    """Bytes per element of the model's floating parameters (float32 where it has none)."""
+    parameters = getattr(model, "parameters", None)
+    if callable(parameters):
+        for p in parameters():
+            if p.is_floating_point():
+                return p.element_size()
+    return 4
+
+
+def node_copy_bytes(adapter: ModelAdapter, pairs: int, pos: int, logit_positions: int, metric_positions: int) -> int:
+    """Bytes one stacked copy of the pairs holds in a node-patching pass (and in the one exact edge pass, beside its
+    edge's delta): per pair and token the MLP's and the residual stream's transients and the attention scores,
+    ``P (3 m + 4 d + 3 H P) e``, and per pair its logits at the ``K`` positions a pass reads, with the metric's
+    float32 reads at ``R`` of them, ``V (K e + 8 R)`` (``e`` the model's bytes per element; the task memory plan's
+    node-patching term, :mod:`circuitkit.tasks.memory`). What sizes the stacked copies of those passes: with a large
+    vocabulary and a metric of every scored position, the logits are most of a copy."""
+    spec = adapter.spec
+    e, m = element_bytes(adapter.model), mlp_width(adapter)
+    return (pairs * pos * (3 * m + 4 * spec.d_model + 3 * spec.n_heads * pos) * e
+            + pairs * spec.d_vocab * (logit_positions * e + 8 * metric_positions))
+
+
 def sender_budget(device: torch.device | str, available: int | None) -> int:
     """The bytes of stacked sender deltas one edge pass may hold on ``device`` with ``available`` bytes free (None:
     unknown): :data:`SENDER_BUDGET` on the CPU and where the free memory is unknown; on a CUDA device up to
@@ -1137,9 +1168,14 @@ class TaskRunner:
         return self.graph.receiver_slices[key]
 
     def _copies_per_pass(self, node: bool) -> int:
+        """Stacked copies of the pairs one pass may hold within :attr:`budget`: a node-patching or exact edge pass
+        (``node``) at :func:`node_copy_bytes` a copy, an edge circuits' pass at every sender's delta a copy."""
         B, P = self.batch.clean.shape
-        d = self.spec.d_model
-        per_copy = B * P * d * 4 * (1 if node else len(self.graph.senders))
+        if node:
+            K = len(self.positions)
+            per_copy = node_copy_bytes(self.adapter, B, P, K, K if self.scored_metric else 1)
+        else:
+            per_copy = B * P * self.spec.d_model * 4 * len(self.graph.senders)
         return copies_per_pass(per_copy, self.budget, max_copies=MAX_COPIES)
 
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,

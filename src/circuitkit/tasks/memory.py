@@ -30,11 +30,13 @@ position where the model unembeds only there, else all ``P``); every count in by
   and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
   delta ``C U N P d e``, each layer's summed q/k/v patch ``C L (H + 2G) N P d e``, a layer's rebuilt query inputs
   through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
-- node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``;
+- node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``, the bytes of one stacked copy
+  of the pairs (:func:`~circuitkit.graph.runner.node_copy_bytes`, by which the runner sizes its stacked copies: as
+  many as the sender budget holds, at most 32);
 - the exact edge effects (one edge a stacked copy, :func:`~circuitkit.graph.edge_patch.patched_edges`; ``C_1``
-  copies, as many as the sender budget allows at ``4 N P d`` bytes a copy, at most
-  :data:`~circuitkit.tasks.circuit.N_EXACT_EDGES`): per copy a node-patching pass and the edge's delta with its
-  increments through the norm, ``N P (3 m + 8 d + 3 H P) e + N V (K e + 8)``.
+  copies, stacked as node patching's, at most :data:`~circuitkit.tasks.circuit.N_EXACT_EDGES`): per copy a
+  node-patching pass and the edge's delta with its increments through the norm, ``N P (3 m + 8 d + 3 H P) e +
+  N V (K e + 8)``.
 
 **Further node types** (neuron groups, a user's type), each capturing an activation ``w`` wide per token and layer
 (:func:`node_widths`: ``m`` for the MLP's neurons): both reference runs keep it, ``2 N P L w e`` (resident), and
@@ -44,7 +46,7 @@ EAP-IG's node attribution adds a zero leaf to it, differentiates against it and 
 With ``N_e`` of the pairs held out for evaluation, ``N`` above is the others (attribution runs on them), and one
 stage more counts: the held-out runner's own runs ``2 N_e P (d + L (H d_head + d)) e`` beside the first's,
 plus the largest of its reference run and the patching passes on either set after the search (node patching with
-as many stacked circuits as the sender budget allows, at most 32; edge patching as above), on ``max(N, N_e)`` pairs.
+as many stacked circuits as the runner stacks, above; edge patching as above), on ``max(N, N_e)`` pairs.
 
 The estimate is ``MARGIN * (resident + the largest stage) + FIXED``. :data:`MARGIN` and :data:`FIXED` cover what
 the closed form leaves out (the allocator's rounding and caching, the model's own temporaries, library buffers);
@@ -65,7 +67,7 @@ from circuitkit import validate
 from circuitkit.device_memory import available_memory, size_text
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.nodes import KV_EDGES
-from circuitkit.graph.runner import MAX_COPIES, SENDER_BUDGET, sender_budget
+from circuitkit.graph.runner import MAX_COPIES, SENDER_BUDGET, element_bytes, mlp_width, node_copy_bytes, sender_budget
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, N_EXACT_EDGES
 
@@ -120,23 +122,6 @@ def _adapter(model: Any, device: Any = None) -> Any:
     return model if isinstance(model, ModelAdapter) else adapt(model, device, place_model=False)
 
 
-def _element_bytes(model: Any) -> int:
-    """Bytes per element of the model's floating parameters (float32 where it has none)."""
-    parameters = getattr(model, "parameters", None)
-    if callable(parameters):
-        for p in parameters():
-            if p.is_floating_point():
-                return p.element_size()
-    return FLOAT_BYTES
-
-
-def _d_mlp(adapter: Any) -> int:
-    if adapter.attn_only:
-        return 0
-    value = getattr(adapter.model.cfg, "d_mlp", None)
-    return int(value) if isinstance(value, int) and value > 0 else 4 * adapter.spec.d_model
-
-
 def node_widths(adapter: Any, node_types: Any) -> tuple[int, ...]:
     """Each further node type's activation width per token and layer, from the hook it reads: ``d_mlp`` for the MLP's
     hidden activation (neurons), ``H d_head`` for ``hook_z``, ``d_model`` for a residual stream, the MLP's or the
@@ -146,7 +131,7 @@ def node_widths(adapter: Any, node_types: Any) -> tuple[int, ...]:
     from circuitkit.models.adapters import HOOKS
 
     spec = adapter.spec
-    d, m = spec.d_model, _d_mlp(adapter)
+    d, m = spec.d_model, mlp_width(adapter)
     known = {HOOKS.mlp_post(0): m, HOOKS.z(0): spec.n_heads * spec.d_head}
     known.update({hook(0): d for hook in (HOOKS.resid_pre, HOOKS.resid_post, HOOKS.mlp_out, HOOKS.attn_out,
                                           HOOKS.mlp_in, HOOKS.mlp_normed_in)})
@@ -196,8 +181,8 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     adapter = _adapter(model, device)
     spec = adapter.spec
     L, H, G, d, dh, V = spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_model, spec.d_head, spec.d_vocab
-    m = _d_mlp(adapter)
-    e = _element_bytes(adapter.model)
+    m = mlp_width(adapter)
+    e = element_bytes(adapter.model)
     F = FLOAT_BYTES
     R = K if validate.boolean("estimate_task_memory: scored_metric", scored_metric) else 1  # float32 metric reads
     P, S = pos, steps
@@ -212,13 +197,16 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     def reference(N: int) -> int:
         return U * N * P * d * e + N * V * (K * e + 2 * F * R)
 
-    def node_patching(N: int, copies: int) -> int:
-        return copies * (N * P * (3 * m + 4 * d + 3 * H * P) * e + N * V * (K * e + 2 * F * R))
+    def node_patching(N: int, copies: int) -> int:  # N P (3 m + 4 d + 3 H P) e + N V (K e + 2 F R) a copy
+        return copies * node_copy_bytes(adapter, N, P, K, R)
+
+    def node_copies(N: int, most: int = MAX_COPIES) -> int:  # as the runner stacks them (TaskRunner._copies_per_pass)
+        return copies_per_pass(node_copy_bytes(adapter, N, P, K, R), budget, max_copies=most)
 
     group, receivers = (H // G, 3 * H) if per_query and G < H else (1, H + 2 * G)
 
     def exact_edges(N: int) -> int:  # a node-patching pass a copy, with the edge's delta and its increments
-        C = copies_per_pass(N * P * d * F, budget, max_copies=min(MAX_COPIES, N_EXACT_EDGES))
+        C = node_copies(N, min(MAX_COPIES, N_EXACT_EDGES))
         return node_patching(N, C) + C * 4 * N * P * d * e
 
     def edge_patching(N: int) -> int:
@@ -242,7 +230,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
         stages["exact edge effects"] = exact_edges(N)
     if held:  # the held-out runner's own outputs, beside the first's, and the passes on either set after the search
         most = max(N, held)
-        copies = copies_per_pass(most * P * d * F, budget, max_copies=MAX_COPIES)
+        copies = node_copies(most)
         stages["held-out passes"] = outputs(held) + max(reference(held), node_patching(most, copies),
                                                          edge_patching(most) if edges else 0)
     return TaskMemoryEstimate(n_pairs=n_pairs, pos=P, steps=S, resident=resident, stages=stages, budget=budget)
