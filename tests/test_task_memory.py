@@ -354,8 +354,9 @@ def test_a_large_vocabulary_stacks_fewer_copies_by_one_rule_in_the_runner_and_th
     vocabulary and a metric of every scored position they are most of it. The runner sizes its stacked copies by
     the whole copy (``node_copy_bytes``: the plan's node-patching term, checked here by hand), so it stacks fewer
     than the activations alone would allow, and the memory plan counts the copies the runner stacks: a scan that
-    fits with fewer copies is not refused for stacking 32 (the default IOI-shaped repeated-tokens task on
-    Qwen2.5-0.5B was planned at 25.7 GiB, 18.7 of them 32 copies of the held-out passes' logits)."""
+    fits with fewer copies is not refused for stacking 32 (the repeated-tokens task on Qwen2.5-0.5B, 16 pairs of
+    40 tokens, was planned at 13.4 GiB, 25.1 where a model computes every position's logits, most of it 32 stacked
+    copies of the held-out passes' logits; now 5.5 and 6.9)."""
     from circuitkit.graph.runner import MAX_COPIES, TaskRunner, node_copy_bytes
     from circuitkit.tasks import repeated_tokens
 
