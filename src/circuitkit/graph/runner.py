@@ -810,15 +810,13 @@ class TaskRunner:
         starts = self._single_edge_starts(edges)
         edges = edges.cpu()
         out = torch.empty(edges.shape[0], device="cpu")
-        parts: dict[int, list[Tensor]] = {}
+        per_pair = torch.empty(edges.shape[0], self.batch.n_pairs, device="cpu")
         for start in sorted(set(starts)):
             which = [i for i, s in enumerate(starts) if s == start]
-            parts[start] = []
-            out[which] = self._single_edges_from(edges[which], start, parts[start], progress)
+            got: list[Tensor] = []
+            out[which] = self._single_edges_from(edges[which], start, got, progress)
+            per_pair[which] = torch.cat(got)
         if pairs is not None:
-            per_pair = torch.empty(edges.shape[0], self.batch.n_pairs, device="cpu")
-            for start, got in parts.items():
-                per_pair[[i for i, s in enumerate(starts) if s == start]] = torch.cat(got)
             pairs.append(per_pair)
         return out
 

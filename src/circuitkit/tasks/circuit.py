@@ -474,13 +474,9 @@ def edge_circuit(runner: TaskRunner, scores: Tensor, target: float, rank: str, p
     effects: list[EdgeEffect] = []
     if strongest:  # that edge alone patched, every other kept: resumed at the receiver's layer where it can
         before = runner.passes
-        effect_pairs: list[Tensor] = []
-        values = runner.single_edge_metric(index[strongest], pairs=effect_pairs).tolist()
+        effects = exact_effects(runner, index[strongest], flat[strongest])
         if progress is not None:
             progress(runner.passes - before)
-        lost = runner.clean["metric"].float().cpu()[None] - effect_pairs[0]  # [edge, pair]
-        effects = [EdgeEffect(graph.edge_names(index[i : i + 1])[0], float(flat[i]), clean - v, each=each)
-                   for i, v, each in zip(strongest, values, lost, strict=True)]
     curve = tuple(CurvePoint(s, measured[s], metrics[s]) for s in sorted(measured))
     if pairs is not None:
         ends = {0: runner.corrupted["metric"], E: runner.clean["metric"]}
@@ -524,6 +520,22 @@ def edge_intervals(pairs: dict[str, Tensor], clean: Tensor, corrupted: Tensor, n
         return {}
     areas = {"cpr": (float(lo[1]), float(hi[1])), "cmd": (float(lo[2]), float(hi[2]))}
     return ({"edge_faithfulness": (float(lo[0]), float(hi[0]))} if circuit else {}) | areas
+
+
+def exact_effects(runner: TaskRunner, index: Tensor, scores: Tensor | None = None,
+                  progress: Any = None) -> list[EdgeEffect]:
+    """Each edge of ``index`` ``[n, 2]`` (sender, receiver) patched alone (:meth:`TaskRunner.single_edge_metric`) as
+    an :class:`EdgeEffect`: named as the graph names it, its ``score`` from ``scores`` ``[n]`` (None where no
+    attribution ran), its ``effect`` the clean run's mean metric less the patched one, ``each`` that per pair;
+    ``progress`` is told each pass's edges."""
+    per_pair: list[Tensor] = []
+    values = runner.single_edge_metric(index, pairs=per_pair, progress=progress).tolist()
+    clean = runner.clean["metric"].float().cpu()
+    mean = float(clean.mean())
+    lost = clean[None] - per_pair[0]  # [edge, pair]
+    given = [None] * len(values) if scores is None else [float(v) for v in scores.tolist()]
+    return [EdgeEffect(name, score, mean - v, each=each)
+            for name, score, v, each in zip(runner.graph.edge_names(index), given, values, lost, strict=True)]
 
 
 def effect_intervals(effects: tuple[EdgeEffect, ...], n_resamples: int, level: float) -> tuple[EdgeEffect, ...]:
@@ -587,5 +599,5 @@ def mib_areas(curves: dict[str, list[float]], sizes: list[int]) -> dict[str, Any
 
 
 __all__ = ["CurvePoint", "EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "NodeCircuit", "RANKS", "TaskCircuit",
-           "area_from_1", "area_under", "edge_circuit", "edge_intervals", "effect_intervals", "mib_areas", "mib_sizes",
-           "node_circuit", "node_masks", "node_order", "sender_scores", "typed_order"]
+           "area_from_1", "area_under", "edge_circuit", "edge_intervals", "effect_intervals", "exact_effects",
+           "mib_areas", "mib_sizes", "node_circuit", "node_masks", "node_order", "sender_scores", "typed_order"]

@@ -25,7 +25,7 @@ import torch
 from circuitkit import validate
 from circuitkit.graph.task import Task, check_prepend_bos
 from circuitkit.model_state import keeps_model_state
-from circuitkit.tasks.circuit import EdgeEffect, effect_intervals
+from circuitkit.tasks.circuit import EdgeEffect, effect_intervals, exact_effects
 
 MAX_EDGES = 10_000
 """Most edges one call measures (each is a share of a forward pass of the pairs)."""
@@ -86,17 +86,11 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
                             f"a model whose heads add into the residual stream ({EDGES_UNDEFINED})")
     runner.direct = False  # no direct logit attribution: its backward serves the scan's roles only
     index = torch.tensor([_edge_index(runner.graph, name, i) for i, name in enumerate(names)], device="cpu")
-    per_pair: list[torch.Tensor] = []
     from tqdm.auto import tqdm
 
     with tqdm(total=len(names), disable=not show, desc="patching edges", unit="edge") as bar:
-        values = runner.single_edge_metric(index, pairs=per_pair, progress=bar.update)
-    clean = runner.clean["metric"].float().cpu()
-    lost = clean[None] - per_pair[0]  # [edge, pair]
-    mean = float(clean.mean())
-    found = tuple(EdgeEffect(name, None, mean - float(v), each=each)
-                  for name, v, each in zip(names, values.tolist(), lost, strict=True))
-    return effect_intervals(found, n_resamples, ci_level)
+        found = exact_effects(runner, index, progress=bar.update)
+    return effect_intervals(tuple(found), n_resamples, ci_level)
 
 
 def _edge_index(graph: Any, name: Any, i: int) -> tuple[int, int]:
