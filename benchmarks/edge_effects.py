@@ -49,9 +49,10 @@ def main() -> None:
     out["largest_difference_from_the_scan"] = max(abs(e["effect"] - r["scan"]) for e, r in zip(
         out["discovery"]["effects"], recorded, strict=True))
     print(f"largest difference from the scan's effects: {out['largest_difference_from_the_scan']:.3g}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    if args.json:  # through a temporary file and one rename: a stopped run leaves no half file
+        from _common import write_json_atomic
+
+        write_json_atomic(args.json, out)
 
 
 if __name__ == "__main__":

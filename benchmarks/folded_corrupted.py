@@ -9,7 +9,6 @@ whether every kept activation (the input embeddings, each layer's ``z`` and MLP 
 log-probabilities and every EAP-IG score are the same bit for bit, the largest difference where not, and each way's
 counted passes and seconds."""
 import argparse
-import json
 import time
 
 import torch
@@ -50,9 +49,10 @@ def main() -> None:
     print(f"{len(pairs)} tensors compared; bit-identical: {not differ}; differing: {differ or 'none'}")
     for name in ("apart", "folded"):
         print(f"{name}: {out[name]['passes']:.2f} passes, {out[name]['seconds']:.2f} s")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as file:
-            json.dump(out, file, indent=1)
+    if args.json:  # through a temporary file and one rename: a stopped run leaves no half file
+        from _common import write_json_atomic
+
+        write_json_atomic(args.json, out)
 
 
 if __name__ == "__main__":

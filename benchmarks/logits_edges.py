@@ -64,9 +64,10 @@ def main() -> None:
         print(f"{r['edge']:>16}  past {r['past']:+.7f}  at last layer {r['at_last']:+.7f}  full {r['full']:+.7f}")
     print(f"passes: past {past_passes:.4f}, at the last layer {at_last_passes:.4f}, full {full_passes:.4f}; "
           f"bit-identical: {out['bit_identical']}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    if args.json:  # through a temporary file and one rename: a stopped run leaves no half file
+        from _common import write_json_atomic
+
+        write_json_atomic(args.json, out)
 
 
 if __name__ == "__main__":

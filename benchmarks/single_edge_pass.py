@@ -103,10 +103,11 @@ def main() -> None:
         print(f"path patching, {key}: old {old['path_patching'][key][:3]}..., new {new['path_patching'][key][:3]}...; "
               f"{old['path_patching_seconds']:.1f} s old, {new['path_patching_seconds']:.1f} s new (both metrics)")
     print(f"bit-identical: {same} (largest difference {diff:.3g}); time new/old {new['seconds'] / old['seconds']:.2f}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"model": args.model, "bit_identical": same, "largest_difference": diff, **results}, f,
-                      indent=1)
+    if args.json:  # through a temporary file and one rename: a stopped run leaves no half file
+        from _common import write_json_atomic
+
+        write_json_atomic(args.json, {"model": args.model, "bit_identical": same, "largest_difference": diff,
+                                      **results})
 
 
 if __name__ == "__main__":
