@@ -1,5 +1,5 @@
 """What path patching and edge attribution share: the model under the contract, its weights per query head, the
-receivers' pre-attention normalisation, activation capture, the senders' corrupted ``z``, and the clean
+receivers' pre-attention normalisation, the senders' corrupted ``z``, and the clean
 activations one measurement leaves for the next on the same batch (kept in the
 :class:`~circuitkit.detect.session.Session` the context is built on).
 
@@ -23,9 +23,10 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resampled_batch
+from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import CorruptKey, EdgeGradients, Session, open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
-from circuitkit.models.adapters import HOOKS, ModelAdapter, ModelSpec
+from circuitkit.models.adapters import HOOKS, ModelAdapter, ModelSpec, StopForward
 
 if TYPE_CHECKING:
     from circuitkit.weights import HeadWeights
@@ -166,40 +167,6 @@ def _offloaded_holders(norm: Any) -> tuple[Any, ...]:
     return tuple(m for m in modules() if has_offloaded_params(m))
 
 
-class StopForward(Exception):
-    """Raised by a hook to end a forward pass once everything needed has been seen (hooks are removed by the
-    model's ``run_with_hooks`` on the way out)."""
-
-
-def capture(
-    ctx: Context,
-    tokens: Tensor,
-    names: Iterable[str],
-    *,
-    replace: dict[str, Callable] | None = None,
-    stop_after: str | None = None,
-) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """Run ``tokens`` and keep the activations at ``names`` (detached); ``replace`` hooks run first. With
-    ``stop_after`` (one of ``names``) the pass ends right after that activation and the logits are ``None``."""
-    kept: dict[str, Tensor] = {}
-
-    def keep(name: str) -> Callable[[Tensor, Any], None]:
-        # keyed by the name asked for: a TransformerBridge passes its own alias as hook.name
-        def hook(tensor: Tensor, hook: Any) -> None:
-            kept[name] = tensor.detach()
-            if name == stop_after:
-                raise StopForward
-
-        return hook
-
-    hooks = list((replace or {}).items()) + [(name, keep(name)) for name in sorted(set(names))]
-    try:
-        logits = ctx.adapter.run(tokens, hooks)
-    except StopForward:
-        logits = None
-    return logits, kept
-
-
 def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -> dict[int, Tensor]:
     """The senders' corrupted ``z`` per layer ``[batch, pos, head, d_head]``: from the resampled batch, or the
     clean batch mean at each position (``corrupt="mean"``). Kept in ``ctx``: a later call for the same layers
@@ -211,15 +178,11 @@ def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -
                               for layer in missing})
     elif missing:
         corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
-        names = [HOOKS.z(layer) for layer in missing]
         with torch.no_grad():
             # the pass ends at the last sender's z: later layers and the unembedding are not needed
-            _, kept = capture(ctx, corrupted.tokens, names, stop_after=names[-1])
-        ctx.z_corrupt.update({layer: kept[HOOKS.z(layer)] for layer in missing})
+            _, kept = reference_pass(ctx.adapter, corrupted.tokens, Keep(z=missing), stop_after=HOOKS.z(missing[-1]))
+        ctx.z_corrupt.update(kept.z)
     return {layer: ctx.z_corrupt[layer] for layer in layers}
 
 
-__all__ = [
-    "DEFAULT_CORRUPT_SEED", "Context", "EdgeGradients", "Session", "StopForward", "capture", "context",
-    "corrupt_z",
-]
+__all__ = ["DEFAULT_CORRUPT_SEED", "Context", "EdgeGradients", "Session", "StopForward", "context", "corrupt_z"]

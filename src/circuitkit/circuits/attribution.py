@@ -78,7 +78,7 @@ from circuitkit.circuits._engine import (
 from circuitkit.circuits.corrupt import resampled_batch
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import InductionReader, Metric, check_value, repeated_loss, resolve_metric
-from circuitkit.detect.attribution import check_steps, frozen_parameters, input_embedding
+from circuitkit.detect.attribution import check_steps, frozen_parameters
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
@@ -274,7 +274,7 @@ def _corrupted_input(ctx: Context) -> Tensor | None:
     if ctx.corrupt == "mean":
         return None
     corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
-    return input_embedding(ctx.adapter, corrupted.tokens)
+    return ctx.adapter.embedded(corrupted.tokens)
 
 
 def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alpha: float) -> EdgeGradients:

@@ -57,6 +57,7 @@ from circuitkit.circuits.intervals import circuit_intervals
 from circuitkit.circuits.intervals import head_mask as _mask
 from circuitkit.detect.ablation import check_heads, copies_per_forward
 from circuitkit.detect.loss import loss_positions, token_losses
+from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.models.adapters import HOOKS, ModelAdapter
@@ -239,15 +240,10 @@ def ablation_values(adapter: ModelAdapter, batch: TokenBatch, method: str, *, z_
         tokens = resampled_batch(batch, corrupt_seed).tokens
     else:
         tokens = batch.tokens
-    kept: dict[int, Tensor] = {}
-
-    def keep(z: Tensor, hook: Any) -> None:
-        z = z.detach()
-        kept[HOOKS.layer_of(hook.name)] = z.mean(dim=(0, 1)) if method == "mean" else z.clone()
-
+    keep = Keep(z_mean=layers) if method == "mean" else Keep(z=layers)
     with torch.no_grad():
-        adapter.run(tokens, [(HOOKS.z(layer), keep) for layer in layers])
-    return kept, 1
+        _, kept = reference_pass(adapter, tokens, keep, clone=True)
+    return (kept.z_mean if method == "mean" else kept.z), 1
 
 
 def check_loss_gap(clean: float, all_ablated: float) -> None:

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, StopForward, capture, context, corrupt_z
+from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, Context, StopForward, context, corrupt_z
 from circuitkit.circuits.edges import EdgeSpec, parse_edges
 from circuitkit.circuits.metrics import (
     InductionReader,
@@ -50,6 +50,7 @@ from circuitkit.circuits.metrics import (
     resolve_metric,
 )
 from circuitkit.detect.loss import loss_positions, token_losses
+from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.graph.edge_patch import CHANNELS, EdgeModel, Receiver, patched_edges
 from circuitkit.models.adapters import HOOKS
@@ -226,13 +227,9 @@ def _clean_activations(
         z_clean, resid, patterns, value = cached.z, cached.resid, cached.patterns, cached.value
         dtype = next(iter(z_clean.values())).dtype
     else:
-        names = [HOOKS.z(layer) for layer in sorted(needed_z)] + [HOOKS.resid_pre(layer) for layer in receivers]
-        if m.local:
-            names += [HOOKS.pattern(layer) for layer in receivers]
-        logits, kept = capture(ctx, ctx.batch.tokens, names)
-        z_clean = {layer: kept[HOOKS.z(layer)] for layer in needed_z}
-        resid = {layer: kept[HOOKS.resid_pre(layer)] for layer in receivers}
-        patterns = {layer: kept[HOOKS.pattern(layer)] for layer in receivers} if m.local else {}
+        keep = Keep(z=sorted(needed_z), resid=receivers, patterns=receivers if m.local else ())
+        logits, kept = reference_pass(ctx.adapter, ctx.batch.tokens, keep)
+        z_clean, resid, patterns = kept.z, kept.resid, kept.patterns
         value = None if m.local else float(check_value(m.fn(logits, ctx.batch), "path_patching: metric(clean logits)"))
         dtype = logits.dtype if logits.is_floating_point() else torch.float32
     return z_clean, resid, patterns, value, dtype

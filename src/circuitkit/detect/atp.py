@@ -65,7 +65,7 @@ from circuitkit.detect.loss import differentiated_losses, loss_positions
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
+from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter, StopForward
 from circuitkit.models.state import keeps_model_state
 from circuitkit.vjp import vjp
 
@@ -91,10 +91,6 @@ class AtpEstimates:
 
     def pick(self, estimator: str) -> HeadEffects:
         return {"atp*": self.atp_star, "qk-fix": self.qk_fix, "graddrop": self.graddrop}[estimator]
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a pass at the pattern it needed."""
 
 
 class _DropState:
@@ -124,11 +120,11 @@ def _pattern_from(adapter: ModelAdapter, resid: Tensor, layer: int) -> Tensor:
 
     def keep(pattern: Tensor, hook: Any) -> None:
         kept.append(pattern)
-        raise _Stop
+        raise StopForward
 
     try:
         adapter.run_from(resid, layer, [(HOOKS.pattern(layer), keep)])
-    except _Stop:
+    except StopForward:
         pass
     if not kept:
         raise CircuitkitError(

@@ -59,7 +59,6 @@ pass and restored after, and no ``.grad`` is written anywhere. The mean ``z`` co
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
@@ -262,27 +261,6 @@ def _add(sums: dict[int, Tensor | None], layer: int, grad: Tensor | None, copies
     sums[layer] = grad if sums[layer] is None else sums[layer] + grad
 
 
-def input_embedding(adapter: ModelAdapter, tokens: Tensor) -> Tensor:
-    """``blocks.0.hook_resid_pre`` of ``tokens`` (the embedded input, detached), from a pass stopped right there."""
-    kept: list[Tensor] = []
-
-    class _Stop(Exception):
-        pass
-
-    def keep(x: Tensor, hook: Any) -> None:
-        kept.append(x.detach())
-        raise _Stop
-
-    with torch.no_grad(), contextlib.suppress(_Stop):
-        adapter.run(tokens, [(HOOKS.resid_pre(0), keep)])
-    if not kept:
-        raise CircuitkitError(
-            f"{type(adapter.model).__name__} ran without calling {HOOKS.resid_pre(0)}; integrated gradients on the "
-            "inputs path interpolate the embedded input there (TransformerLens's name for it)."
-        )
-    return kept[0]
-
-
 def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: str | TokenBatch,
                  corrupt_seed: int, sums: dict[int, Tensor | None]) -> None:
     """Add to ``sums`` the gradients at the points ``k = 1 .. steps - 1`` of the inputs path."""
@@ -292,7 +270,7 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
             from circuitkit.detect.corrupt import resampled_batch
 
             corrupt = resampled_batch(batch, corrupt_seed)
-        base = input_embedding(adapter, corrupt.tokens)
+        base = adapter.embedded(corrupt.tokens)
     alphas = ig_alphas(steps, "interior")
     per_pass = _copies_per_pass(adapter, batch)
     spec = adapter.spec
@@ -437,5 +415,4 @@ __all__ = [
     "attribution_effects",
     "check_steps",
     "frozen_parameters",
-    "input_embedding",
 ]

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from circuitkit.detect.loss import token_losses
+from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.tokens import TokenBatch
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 
@@ -52,23 +53,12 @@ def clean_run(
 ) -> CleanRun:
     """Run ``batch`` once through the model, keeping the losses, (optionally) every layer's mean ``z`` and the
     residual streams entering ``resid_layers``."""
-    run = CleanRun(batch=batch, losses=torch.empty(0, device="cpu"))  # filled by the pass
-    hooks: list[tuple[str, HookFn]] = list(extra_hooks)
-    if z_means:
-
-        def keep_mean(z: Tensor, hook: Any) -> None:
-            run.z_means[HOOKS.layer_of(hook.name)] = z.detach().mean(dim=(0, 1))
-
-        hooks += [(HOOKS.z(layer), keep_mean) for layer in range(adapter.spec.n_layers)]
-
-    def keep_resid(resid: Tensor, hook: Any) -> None:
-        run.resid_pre[HOOKS.layer_of(hook.name)] = resid.detach().clone()
-
-    hooks += [(HOOKS.resid_pre(layer), keep_resid) for layer in sorted(set(resid_layers))]
+    keep = Keep(z_mean=range(adapter.spec.n_layers) if z_means else (), resid=sorted(set(resid_layers)))
     with torch.no_grad():
-        logits = adapter.run(batch.tokens, hooks)
-        run.losses = token_losses(logits, batch.tokens).cpu()
-    return run
+        # the residual streams are copied: exact ablation resumes from them after this pass's tensors are gone
+        logits, kept = reference_pass(adapter, batch.tokens, keep, hooks=extra_hooks, clone=True)
+        losses = token_losses(logits, batch.tokens).cpu()
+    return CleanRun(batch=batch, losses=losses, z_means=kept.z_mean, resid_pre=kept.resid)
 
 
 def z_leaf_hook(run: CleanRun, n_heads: int, values: dict[int, Tensor], leaves: dict[int, Tensor]) -> HookFn:

@@ -48,6 +48,7 @@ the sum over its outgoing edges (the estimate of patching the node itself).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,8 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.detect.reference import Keep, Kept, reference_pass
+from circuitkit.detect.reference import reads as reference_reads
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import METRICS, last_logits
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
@@ -349,28 +352,7 @@ class TaskRunner:
         model (tests/test_task_passes.py counts its autograd nodes; benchmarks/README.md, "The task search's
         passes", times it on a real model)."""
         spec = self.spec
-        embedded: list[Tensor] = []
-        z_kept: dict[int, Tensor] = {}
-        mlp_kept: dict[int, Tensor] = {}
-        resid_kept: dict[int, Tensor] = {}
         final: list[Tensor] = []
-
-        def resid0(x: Tensor, hook: Any) -> None:
-            embedded.append(x.detach())
-            if keep_resid:
-                resid_kept[0] = x.detach()
-
-        def resid_in(x: Tensor, hook: Any) -> None:
-            resid_kept[HOOKS.layer_of(hook.name)] = x.detach()
-
-        def resid_final(x: Tensor, hook: Any) -> None:  # what the final norm reads: an edge into the logits resumes
-            resid_kept[spec.n_layers] = x.detach()
-
-        def z_hook(z: Tensor, hook: Any) -> None:
-            z_kept[HOOKS.layer_of(hook.name)] = z.detach()
-
-        def mlp_hook(x: Tensor, hook: Any) -> None:
-            mlp_kept[HOOKS.layer_of(hook.name)] = x.detach()
 
         # direct logit attribution exists where a head's output adds into the residual stream
         direct = dla and self.edges_defined
@@ -391,13 +373,6 @@ class TaskRunner:
             if normalized.requires_grad:
                 normalized.register_hook(lambda g: norm_seen.__setitem__("grad", g.detach()))
 
-        extra: dict[str, dict[int, Tensor]] = {kind.name: {} for kind in self.extra_types}
-
-        def capture(name: str) -> Callable[[Tensor, Any], None]:
-            def hook(x: Tensor, hook: Any) -> None:  # keyed by layer: a bridge's hook.name may be an alias's target
-                extra[name][HOOKS.layer_of(hook.name)] = x.detach()
-            return hook
-
         rows = torch.arange(self.batch.n_pairs, device=spec.device)
         last_rows: dict[int, Tensor] = {}
         first: dict[int, Tensor] = {}
@@ -415,14 +390,7 @@ class TaskRunner:
                     torch.einsum("bhqk,bqk->h", p.float(), mask.to(p.device)) / rows_with_target).cpu()
 
         L = spec.n_layers
-        hooks = [(HOOKS.resid_pre(0), resid0)] + [(HOOKS.z(layer), z_hook) for layer in range(L)]
-        if keep_resid:
-            hooks += [(HOOKS.resid_pre(layer), resid_in) for layer in range(1, L)] + [
-                (HOOKS.resid_post(L - 1), resid_final)]
-        if not self.adapter.attn_only:
-            hooks += [(HOOKS.mlp_out(layer), mlp_hook) for layer in range(L)]
-        for kind in self.extra_types:
-            hooks += [(kind.hook(layer), capture(kind.name)) for layer in range(L)]
+        hooks: list[tuple[str, Callable]] = []
         if direct:
             hooks.append((HOOKS.resid_post(L - 1), final_hook))
         final_norm = direct and self.adapter.norm_kind is not None and _has_hook(self.adapter, HOOKS.final_scale())
@@ -433,7 +401,10 @@ class TaskRunner:
         from circuitkit.detect.attribution import frozen_parameters
 
         with frozen_parameters(self.adapter.model), torch.enable_grad() if direct else torch.no_grad():
-            logits = self.adapter.run(tokens, hooks, positions=self.positions)
+            # what the run keeps (every resid_pre and the final norm's input only where passes resume) is read before
+            # this pass's own hooks: the final hook makes the last block's output a leaf
+            logits, kept = reference_pass(self.adapter, tokens, self._keep(resid=keep_resid), hooks=hooks,
+                                          positions=self.positions)
             last = last_logits(logits, self.last_index)[0]
             dla_values = None
             if direct:
@@ -447,7 +418,7 @@ class TaskRunner:
                 if final_norm and "grad" in norm_seen and "scale" in norm_seen:
                     grad = _frozen_scale_pullback(norm_seen["grad"], norm_seen["scale"], self.adapter.norm_kind)
         self.passes += 1.0  # the backward of ``dla`` runs through this pass's tail only (docstring)
-        result = self._run_record(logits, embedded[0], z_kept, mlp_kept, extra, resid_kept)
+        result = self._run_record(logits, kept.input, kept.z, kept.mlp, kept.nodes, kept.resid)
         # every sender's output [sender, pair, pos, d_model], for direct logit attribution only: not kept after it
         out = self.outputs(result) if direct else None
         if direct and self.scored_metric:
@@ -941,7 +912,7 @@ class TaskRunner:
             resid: dict[int, Tensor] = {}
             node_leaves: dict[tuple[str, int], Tensor] = {}
             zero = int((part == 0).nonzero()[0]) if flat is None else 0  # the copy at alpha = 0
-            read, kept = self._copy_reads(zero) if flat is None else ([], {})
+            read, kept = self._copy_reads(zero) if flat is None else ([], None)
             with frozen_parameters(self.adapter.model), torch.enable_grad():
                 logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
                                             read=read)
@@ -972,31 +943,29 @@ class TaskRunner:
                            for where in self.graph.sender_slices.values()])
         return delta.reshape(delta.shape[0], -1)
 
-    def _copy_reads(self, copy: int) -> tuple[list[tuple[str, Callable]], dict[str, dict[int, Tensor]]]:
+    def _copy_reads(self, copy: int) -> tuple[list[tuple[str, Callable]], Kept]:
         """Hooks that keep copy ``copy`` of a stacked pass's every ``z``, MLP output and further node type's
-        activation, and what they keep, by layer (``{"z": .., "mlp": .., type: ..}``, filled by the pass,
-        detached): what a reference run keeps (:meth:`_reference`), for :meth:`_corrupted_from`."""
-        B, L = self.batch.n_pairs, self.spec.n_layers
-        kept: dict[str, dict[int, Tensor]] = {"z": {}, "mlp": {}, **{kind.name: {} for kind in self.extra_types}}
+        activation (copied), and the :class:`~circuitkit.detect.reference.Kept` they fill: what a reference run
+        keeps (:meth:`_keep`), for :meth:`_corrupted_from`."""
+        B = self.batch.n_pairs
+        keep = dataclasses.replace(self._keep(resid=False), input=False)  # the caller has the corrupted embeddings
+        return reference_reads(keep, self.spec.n_layers, rows=slice(copy * B, (copy + 1) * B))
 
-        def keep(name: str) -> Callable[[Tensor, Any], None]:
-            def hook(x: Tensor, hook: Any) -> None:  # keyed by layer: a bridge's hook.name may be an alias's target
-                # a copy, not a view: the run is kept, and a view would keep every copy of the pass alive
-                kept[name][HOOKS.layer_of(hook.name)] = x[copy * B : (copy + 1) * B].detach().clone()
-            return hook
+    def _keep(self, *, resid: bool) -> Keep:
+        """What a reference run keeps (:meth:`_reference`): the input embeddings, every layer's ``z``, MLP output
+        and further node type's activation, and with ``resid`` every layer's ``resid_pre`` and the final norm's
+        input (at ``n_layers``)."""
+        L = self.spec.n_layers
+        return Keep(input=True, z=range(L), resid=range(L + 1) if resid else (),
+                    mlp=() if self.adapter.attn_only else range(L),
+                    nodes=tuple((kind.name, kind.hook) for kind in self.extra_types))
 
-        reads = [(HOOKS.z(layer), keep("z")) for layer in range(L)]
-        if not self.adapter.attn_only:
-            reads += [(HOOKS.mlp_out(layer), keep("mlp")) for layer in range(L)]
-        return reads + [(kind.hook(layer), keep(kind.name)) for kind in self.extra_types for layer in range(L)], kept
-
-    def _corrupted_from(self, logits: Tensor, copy: int, embedded: Tensor, kept: dict[str, dict[int, Tensor]]) -> None:
+    def _corrupted_from(self, logits: Tensor, copy: int, embedded: Tensor, kept: Kept) -> None:
         """The corrupted run (:attr:`corrupted`) read from copy ``copy`` of a stacked pass (:meth:`folds_corrupted`):
         its logits ``[copies * pair, K, vocab]``, the corrupted prompts' ``embedded`` inputs and what
         :meth:`_copy_reads` kept."""
         B = self.batch.n_pairs
-        self._corrupt = self._run_record(logits[copy * B : (copy + 1) * B], embedded, kept["z"], kept["mlp"],
-                                         {kind.name: kept[kind.name] for kind in self.extra_types}, {})
+        self._corrupt = self._run_record(logits[copy * B : (copy + 1) * B], embedded, kept.z, kept.mlp, kept.nodes, {})
 
     def _typed_scores(self, summed: dict[tuple[str, int], Tensor], S: int) -> dict[str, Tensor]:
         """Each further node type's EAP-IG node scores ``[layer, nodes]`` (:mod:`~circuitkit.graph.nodes`) from the
@@ -1057,7 +1026,7 @@ class TaskRunner:
         if graph.mlps:
             hooks += [(HOOKS.mlp_out(layer), add_leaf("m")) for layer in range(L)]
         hooks += _leaf_hooks(self.extra_types, L, typed)
-        read, kept = self._copy_reads(zero) if fold else ([], {})
+        read, kept = self._copy_reads(zero) if fold else ([], None)
         hooks += read
         with frozen_parameters(self.adapter.model), torch.enable_grad():
             logits = self.adapter.run(batch.clean.repeat(S, 1), hooks, positions=self.positions)

@@ -167,8 +167,9 @@ def _put_back(module: Any, name: str, previous: Any) -> None:
         module.__dict__[name] = previous
 
 
-class _Stop(Exception):
-    """Ends a forward pass from a hook once everything asked for has been seen."""
+class StopForward(Exception):
+    """Raised by a hook to end a forward pass once everything asked for has been seen (hooks are removed by the
+    model's ``run_with_hooks`` on the way out); the one such exception of every pass that stops early."""
 
 
 def norm_parameters(module: Any) -> tuple[float | None, Tensor | None]:
@@ -361,13 +362,13 @@ class ModelAdapter:
             def hook(pattern: Tensor, hook: Any) -> None:
                 kept[layer] = pattern.detach()
                 if layer == layers[-1]:
-                    raise _Stop
+                    raise StopForward
 
             return hook
 
         try:
             self.run(tokens, [(HOOKS.pattern(layer), keep(layer)) for layer in layers])
-        except _Stop:
+        except StopForward:
             pass
         missing = [layer for layer in layers if layer not in kept]
         if missing:
@@ -388,12 +389,12 @@ class ModelAdapter:
 
         def keep(x: Tensor, hook: Any) -> None:
             got.append(x.detach())
-            raise _Stop
+            raise StopForward
 
         with torch.no_grad():
             try:
                 self.run(tokens, [(HOOKS.resid_pre(0), keep)])
-            except _Stop:
+            except StopForward:
                 pass
         if not got:
             raise CircuitkitError(f"{type(self.model).__name__} ran without calling {HOOKS.resid_pre(0)}; expected "
