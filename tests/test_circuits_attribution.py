@@ -220,7 +220,7 @@ def test_receiver_contraction_equals_autograd(kind):
     cotangent; and summing over chunks of positions equals the whole."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from circuitkit.circuits.attribution import _closed_form, _Receiver
+    from circuitkit.graph.pullback import ReceiverGradients, closed_form
 
     g = torch.Generator().manual_seed(0)
     d_model, d_head, k, n, senders = 32, 4, 6, 20, 5
@@ -244,15 +244,15 @@ def test_receiver_contraction_equals_autograd(kind):
     (pulled,) = torch.autograd.grad(norm(expanded), expanded, grad_outputs=cot)
     reference = deltas.flatten(1) @ pulled.flatten(1).T  # [senders, k]
 
-    form = _closed_form(norm, {"lying": "LN", "unknown": None}.get(kind, kind), x)
+    form = closed_form(norm, {"lying": "LN", "unknown": None}.get(kind, kind), x)
     assert (form is not None) == (kind not in ("unknown", "lying"))  # the closed form where it applies
-    receiver = _Receiver.from_parts(grad, W, norm, x, form)
+    receiver = ReceiverGradients.from_parts(grad, W, norm, x, form)
     torch.testing.assert_close(receiver.pulled(), pulled, atol=NORM_VJP_TOL * float(pulled.abs().max()),
                                rtol=NORM_VJP_TOL)
     got = deltas.flatten(1) @ receiver.pulled().flatten(1).T
     torch.testing.assert_close(got, reference, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
     chunked = sum(deltas[:, part].flatten(1)
-                  @ _Receiver.from_parts(grad[:, part], W, norm, x[part], form).pulled().flatten(1).T
+                  @ ReceiverGradients.from_parts(grad[:, part], W, norm, x[part], form).pulled().flatten(1).T
                   for part in (slice(0, 7), slice(7, n)))
     torch.testing.assert_close(chunked, got, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
 

@@ -15,7 +15,7 @@ LayerNorm, with a metric linear in the logits (the attention pattern does not de
 
 Cost and memory: the clean pass builds a graph from layer 1 on (layer 0 holds no receiver) and the corrupted
 pass stops at the last sender's ``z``. LayerNorm / RMSNorm pullbacks are taken in closed form with their
-per-position terms found in ``d_head`` space (:class:`_Receiver`), so the rest is one
+per-position terms found in ``d_head`` space (:class:`~circuitkit.graph.pullback.ReceiverGradients`), so the rest is one
 ``[senders, n * d_model] @ [n * d_model, 3 H]`` product per receiver layer, summed over chunks of ``n``
 positions that keep the senders' differences under :data:`MAX_DELTA_BYTES`.
 
@@ -57,7 +57,6 @@ Entries with ``src layer >= dst layer`` are not edges: they are NaN (so rankings
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +69,6 @@ from circuitkit.circuits._engine import (
     DEFAULT_CORRUPT_SEED,
     Context,
     EdgeGradients,
-    ReceiverNorm,
     StopForward,
     context,
     corrupt_z,
@@ -82,8 +80,9 @@ from circuitkit.detect.attribution import check_steps, frozen_parameters
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
+from circuitkit.graph.pullback import ClosedForm, ReceiverGradients, closed_form
 from circuitkit.ig_path import along, ig_alphas
-from circuitkit.models.adapters import HOOKS, norm_parameters
+from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
 from circuitkit.results import Edge, EdgeValues
@@ -239,7 +238,7 @@ def _contract_all(ctx: Context, runs: list[tuple[dict, dict[int, Tensor]]], dz: 
     inputs = []
     for grads, resid in runs:
         x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
-        inputs.append((grads, x, {l2: _closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}))
+        inputs.append((grads, x, {l2: closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}))
     n_positions, d_model = dz[0].shape[1], spec.d_model
     K = len(CHANNELS) * H  # receivers per layer
     block = min(RECEIVER_LAYERS_PER_PRODUCT, L - 1)
@@ -261,7 +260,7 @@ def _contract_all(ctx: Context, runs: list[tuple[dict, dict[int, Tensor]]], dz: 
             layers = range(start, min(start + block, L))
             U = buffer[: len(layers) * K * n * d_model].view(len(layers), K, n, d_model)
             for i, l2 in enumerate(layers):  # the closed-form check ran once per run, above
-                _Receiver.pulled_sum([_Receiver.build(ctx, l2, grads, x.get(l2), forms.get(l2), part, work, weights)
+                ReceiverGradients.pulled_sum([_receivers(ctx, l2, grads, x.get(l2), forms.get(l2), part, work, weights)
                                       for grads, x, forms in inputs], out=U[i])
             product = deltas[: layers[-1]].flatten(0, 1).flatten(1) @ U.flatten(2).flatten(0, 1).T  # [senders, .. K]
             for i, l2 in enumerate(layers):
@@ -452,176 +451,16 @@ MAX_DELTA_BYTES = 256 * 2**20
 gradients are held for this many bytes at a time: the attribution is a sum over (batch, position), taken in chunks
 of positions."""
 
-NORM_CHECK_RTOL = 1e-4
-"""The closed-form pullback must match autograd on a random cotangent to this relative tolerance (float32 sums
-over d_model terms differ by ~1e-6), else the generic autograd pullback is used."""
-
-NORM_CHECK_POSITIONS = 64
-NORM_CHECK_SEED = 20231
-
-
-ClosedForm = tuple[Tensor | None, float, bool]
-"""``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm; ``gamma`` None for the ``...Pre`` kinds."""
-
-
-@dataclass
-class _Receiver:
-    """Receiver layer ``l2``'s heads seen from the residual stream on one chunk of ``n`` positions
-    (:meth:`pulled`).
-
-    ``g_{r,c}`` (module docstring) for every receiver ``k = (c, h2)`` is built on the fly:
-    ``u[k, n] = W[k] @ grad[n, k]`` ``[d_model]``, then pulled back through the normalisation. For
-    LayerNorm / RMSNorm in closed form (``gamma`` the norm's weight, ``r = 1/sqrt(var + eps)``, ``xhat`` the
-    normalised input)::
-
-        LayerNorm:  dx = r (gamma u - mean(gamma u) - xhat mean(gamma u xhat))
-        RMSNorm:    dx = r (gamma u - xhat mean(gamma u xhat)),                       xhat = r x
-
-    which is computed as ``(r grad) @ (gamma W)^T - a - b xhat`` with the per-position coefficients
-    ``a = (r grad) . colsum(gamma W) / d_model`` and ``b = (r grad) . (xhat @ gamma W) / d_model`` found in
-    ``d_head`` space, so only the first term touches ``d_model`` per receiver. Other norms: autograd
-    (``pullback``)."""
-
-    grad: Tensor  # [k = 3 H, n, d_head] dM/d(q, k, v) per query head (times r where the closed form applies)
-    W: Tensor  # [k, d_head, d_model] W_c^T per query head (times gamma where the closed form applies)
-    a: Tensor | None = None  # [k, n, 1] LayerNorm's mean term
-    b: Tensor | None = None  # [k, n, 1] the xhat term
-    xhat: Tensor | None = None  # [n, d_model]
-    pullback: Any = None  # generic: the norm, pulled back through by autograd
-    resid: Tensor | None = None  # [n, d_model], its input, for the generic pullback
-
-    @classmethod
-    def build(cls, ctx: Context, layer: int, grads: dict, x: Tensor | None, form: ClosedForm | None, part: slice,
-              work: torch.dtype, weights: dict[int, Tensor]) -> _Receiver:
-        """Layer ``layer``'s receivers on the positions ``part``, from ``grads[(c, layer)]`` ``[batch, pos, head,
-        d_head]`` and its normalisation's input ``x`` ``[N, d_model]``, in dtype ``work``. ``weights``: the
-        layers' stacked ``W_c^T`` already built (filled here; the same for every chunk and run)."""
-        grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1)[part].transpose(0, 1) for c in CHANNELS])
-        W = weights.get(layer)
-        if W is None:  # contiguous: the products and gamma's scaling read it many times
-            W = weights[layer] = torch.cat([ctx.W_in[c][layer] for c in CHANNELS]).transpose(1, 2).to(work).contiguous()
-        return cls.from_parts(grad.to(work), W, ctx.norms[layer], None if x is None else x[part], form)
-
-    @classmethod
-    def from_parts(cls, grad: Tensor, W: Tensor, norm: Any, x: Tensor | None, form: ClosedForm | None) -> _Receiver:
-        """``grad`` ``[k, n, d_head]``, ``W`` ``[k, d_head, d_model]``; ``norm`` (None: no normalisation) at its input
-        ``x`` ``[n, d_model]``, in closed form where ``form`` (:func:`_closed_form`) is given, else by autograd."""
-        if norm is None:
-            return cls(grad, W)
-        if form is None:
-            return cls(grad, W, pullback=norm, resid=x)
-        gamma, eps, centred = form
-        r, xhat = _normalise(x, eps, centred)
-        grad = grad * r[None, :, None]
-        if gamma is not None:
-            W = W * gamma
-        d_model = x.shape[-1]
-        k, d_head = W.shape[0], W.shape[1]
-        projected = (xhat @ W.reshape(k * d_head, d_model).T).view(-1, k, d_head).transpose(0, 1)  # one product
-        b = (grad * projected).sum(dim=-1, keepdim=True) / d_model
-        a = (grad @ W.sum(dim=-1)[:, :, None]) / d_model if centred else None
-        return cls(grad, W, a, b, xhat)
-
-    @staticmethod
-    def pulled_sum(receivers: list[_Receiver], out: Tensor) -> Tensor:
-        """``out`` (``[k, n, d_model]``, contiguous) set to the sum of the receivers' :meth:`pulled` (one layer,
-        several runs). Where every run has the closed form (or no norm), the ``d_model``-wide product is linear in
-        the scaled gradients and ``W`` is the same for all (``gamma`` is the layer's): the gradients are summed first
-        and multiplied once, into ``out`` (a fresh 15 MB result per product cost more than the product)."""
-        if any(r.pullback is not None for r in receivers):
-            out.copy_(receivers[0].pulled())
-            for receiver in receivers[1:]:
-                out.add_(receiver.pulled())
-            return out
-        grad = receivers[0].grad if len(receivers) == 1 else sum(r.grad for r in receivers)
-        torch.matmul(grad, receivers[0].W, out=out)
-        for r in receivers:
-            r._correct(out)
-        return out
-
-    def pulled(self) -> Tensor:
-        """``g[k, n]``: each receiver's gradient in the residual stream before the norm, ``[k, n, d_model]``."""
-        u = torch.matmul(self.grad, self.W)  # [k, n, d_model]
-        if self.pullback is not None:
-            return _autograd_pullback(self.pullback, self.resid, u)
-        return self._correct(u)
-
-    def _correct(self, u: Tensor) -> Tensor:
-        """The closed form's per-position terms taken off ``u = grad @ W`` in place (none without a norm)."""
-        if self.b is not None:
-            if self.a is not None:
-                u.sub_(self.a)
-            u.addcmul_(self.b, self.xhat, value=-1)
-        return u
-
-
-def _closed_form(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:
-    """The norm's closed-form terms where they can be read and agree with autograd through the norm at ``x``
-    (:func:`_closed_form_agrees`), else None (the receiver then pulls back by autograd)."""
-    terms = _norm_terms(norm, kind, x)
-    return terms if terms is not None and _closed_form_agrees(norm, x, *terms) else None
-
-
-def _norm_terms(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:
-    """``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm, read from the module; ``None`` when the
-    type (TransformerLens's ``normalization_type``), ``eps`` or the weight cannot be read."""
-    with norm.loaded() if isinstance(norm, ReceiverNorm) else contextlib.nullcontext(norm) as module:
-        eps, weight = norm_parameters(module)
-        if kind is None or eps is None or not kind.startswith(("LN", "RMS")):
-            return None
-        gamma = None
-        if not kind.endswith("Pre"):
-            gamma = weight
-            if not isinstance(gamma, Tensor) or gamma.shape != x.shape[-1:]:
-                return None
-            # a copy: an offloaded weight goes back to the meta device when the module is left
-            gamma = gamma.detach().to(device=x.device, dtype=x.dtype, copy=True)
-    return gamma, eps, kind.startswith("LN")
-
-
-def _normalise(x: Tensor, eps: float, centred: bool) -> tuple[Tensor, Tensor]:
-    """``r = 1/sqrt(var + eps)`` ``[N]`` and ``xhat`` ``[N, d_model]`` (centred first for LayerNorm)."""
-    if centred:
-        x = x - x.mean(dim=-1, keepdim=True)
-    r = (x.pow(2).mean(dim=-1) + eps).rsqrt()
-    return r, x * r[:, None]
-
-
-def _closed_form_agrees(norm: Any, x: Tensor, gamma: Tensor | None, eps: float, centred: bool) -> bool:
-    """The closed form of :class:`_Receiver` against autograd through ``norm`` on one seeded random cotangent, on
-    the first :data:`NORM_CHECK_POSITIONS` positions (the norm acts on each position alone). The tolerance is
-    relative to the scale of the terms, ``r |gamma v|``: the pullback itself can be near zero (a cotangent along
-    ``x`` is in a LayerNorm's null space)."""
-    x = x[:NORM_CHECK_POSITIONS]
-    seeded = torch.Generator().manual_seed(NORM_CHECK_SEED)
-    v = torch.randn(x.shape, generator=seeded, dtype=x.dtype, device="cpu").to(x.device)
-    r, xhat = _normalise(x, eps, centred)
-    u = v * gamma if gamma is not None else v
-    closed = u - (xhat * u).mean(dim=-1, keepdim=True) * xhat
-    if centred:
-        closed = closed - u.mean(dim=-1, keepdim=True)
-    closed = closed * r[:, None]
-    (check,) = _autograd_pullback(norm, x, v[None])
-    scale = float((u * r[:, None]).abs().max())
-    return bool(torch.allclose(closed, check, rtol=NORM_CHECK_RTOL, atol=NORM_CHECK_RTOL * scale))
-
-
-def _autograd_pullback(norm: Any, x: Tensor, u: Tensor) -> Tensor:
-    """``u`` ``[k, n, d_model]`` pulled back through ``norm`` at its input ``x`` ``[n, d_model]``: one forward of the
-    norm and a batched backward over the ``k`` cotangents (``is_grads_batched``), or, where that cannot be batched,
-    on an input expanded ``k`` times (the same numbers, more work)."""
-    with torch.enable_grad():
-        leaf = x.detach()[None].requires_grad_(True)  # [1, n, d_model]: norms expect [batch, pos, d_model]
-        if u.shape[0] == 1:  # one cotangent: a plain vector-Jacobian product
-            (out,) = vjp(norm(leaf), leaf, u)
-            return out.to(u.dtype)
-        try:
-            (out,) = torch.autograd.grad(norm(leaf), leaf, grad_outputs=u[:, None], is_grads_batched=True)
-            return out[:, 0].to(u.dtype)
-        except RuntimeError:
-            expanded = x.detach()[None].expand_as(u).contiguous().requires_grad_(True)
-            (out,) = torch.autograd.grad(norm(expanded), expanded, grad_outputs=u)
-            return out.to(u.dtype)
+def _receivers(ctx: Context, layer: int, grads: dict, x: Tensor | None, form: ClosedForm | None, part: slice,
+               work: torch.dtype, weights: dict[int, Tensor]) -> ReceiverGradients:
+    """Layer ``layer``'s receivers on the positions ``part``, from ``grads[(c, layer)]`` ``[batch, pos, head,
+    d_head]`` and its normalisation's input ``x`` ``[N, d_model]``, in dtype ``work``. ``weights``: the layers'
+    stacked ``W_c^T`` already built (filled here; the same for every chunk and run)."""
+    grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1)[part].transpose(0, 1) for c in CHANNELS])
+    W = weights.get(layer)
+    if W is None:  # contiguous: the products and gamma's scaling read it many times
+        W = weights[layer] = torch.cat([ctx.W_in[c][layer] for c in CHANNELS]).transpose(1, 2).to(work).contiguous()
+    return ReceiverGradients.from_parts(grad.to(work), W, ctx.norms[layer], None if x is None else x[part], form)
 
 
 __all__ = ["AttributedEdge", "EdgeAttribution", "GradientTap", "edge_attribution"]
