@@ -334,3 +334,38 @@ def test_a_model_that_never_calls_its_query_hooks_is_one_clear_error(monkeypatch
     monkeypatch.setattr(model, "run_with_hooks", without_q)
     with pytest.raises(CircuitkitError, match="without calling the hooks for q of layer 1.*hook_q"):
         edge_attribution(model, tokens=RepeatedTokens(block_len=5, batch=2, bos=False))
+
+
+@pytest.mark.parametrize("kv", [None, 2], ids=["mha", "gqa"])
+def test_the_task_runner_pulls_back_through_the_same_closed_form(kv):
+    """A task's EAP-IG pulls each receiver's gradient back through its attention norm with the induction scan's
+    closed form (graph/pullback.py), not by autograd on the norm's input repeated per receiver: the form is found
+    for every layer, and the result equals that autograd pullback for each channel."""
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks import Task
+    from tests.conftest import boot_bridge
+    from tests.test_tasks import toy_pairs
+
+    adapter = adapt(boot_bridge(attn_only=False, n_layers=2, n_key_value_heads=kv, seed=4))
+    runner = TaskRunner(adapter, Task.from_pairs(toy_pairs(6)).tokenize(adapter), "logit_diff", mlps=True,
+                        ablation="corrupted", kv_edges="per-query-head")
+    g = torch.Generator().manual_seed(0)
+    steps = 2
+    N, P = steps * runner.batch.n_pairs, runner.batch.pos
+    resid = {1: torch.randn(N, P, adapter.spec.d_model, generator=g)}
+    for channel in ("q", "k", "v"):
+        R = adapter.spec.n_heads
+        grad = torch.randn(N * (runner.graph.kv_copies if channel != "q" else 1), P,
+                           R if channel == "q" else adapter.spec.n_kv_heads, adapter.spec.d_head, generator=g)
+        got = runner._pulled_back((channel, 1), grad, resid, steps)
+        Q = runner.graph.kv_copies
+        if Q > 1 and channel != "q":  # as the runner lays out a group's copies: query head g * Q + j
+            n = grad.shape[0] // Q
+            grad = grad.view(Q, n, *grad.shape[1:]).permute(1, 2, 3, 0, 4).reshape(n, P, -1, grad.shape[-1])
+        cot = torch.einsum("npre,rme->rnpm", grad, runner._receiver_weights(channel, 1))
+        x = resid[1][None].expand(R, N, P, -1).reshape(R * N, P, -1).requires_grad_(True)
+        (want,) = torch.autograd.grad(runner.norms[1](x), x, cot.reshape(R * N, P, -1))
+        want = want.reshape(R, steps, -1).sum(1)
+        torch.testing.assert_close(got, want, atol=NORM_VJP_TOL * float(want.abs().max()), rtol=NORM_VJP_TOL)
+    assert runner._norm_forms[1] is not None  # the closed form, not the autograd fallback

@@ -62,6 +62,7 @@ from circuitkit.detect.reference import reads as reference_reads
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import METRICS, last_logits
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
+from circuitkit.graph.pullback import ReceiverGradients, closed_form
 from circuitkit.graph.task import TaskBatch
 from circuitkit.ig_path import DEFAULT_IG_POINTS, IG_POINTS, along, ig_alphas
 from circuitkit.models.adapters import HOOKS, ModelAdapter
@@ -288,6 +289,7 @@ class TaskRunner:
         self._corrupt: dict[str, Any] | None = None
         self._values: dict[str, dict[int, Tensor]] = {}  # node type -> its patched values by layer, made once
         self._all_patched: dict[tuple, dict[int, Tensor]] = {}  # node types -> that run's resid_pre by layer
+        self._norm_forms: dict[int, Any] = {}  # layer -> its attention norm's closed form (None: autograd)
 
     def _read_at(self, batch: TaskBatch) -> None:
         """Where the passes read the logits: only at the positions where some pair's prompt ends, and with a
@@ -1064,8 +1066,9 @@ class TaskRunner:
     def _pulled_back(self, key: tuple[str, int], grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:
         """``[R, pair * pos * d_model]``: dM/d(receiver input) summed over the ``steps`` copies, from a gradient
         ``grad`` at a q/k/v activation ``[steps * pair, pos, R, d_head]`` (through the head's weight and the
-        block's attention norm at the run's residual stream) or at an MLP / logits input ``[steps * pair, pos,
-        d_model]``. Float32 whatever the model's dtype (a half-precision norm's backward returns its own dtype)."""
+        block's attention norm at the run's residual stream: the one pullback of both engines,
+        :class:`~circuitkit.graph.pullback.ReceiverGradients`, in closed form for LayerNorm and RMSNorm) or at an
+        MLP / logits input ``[steps * pair, pos, d_model]``. Float32 whatever the model's dtype."""
         d = self.spec.d_model
         channel, layer = key
         if channel == "mlp" and self.mlp_normed:  # back through the shared norm
@@ -1080,15 +1083,15 @@ class TaskRunner:
             n = grad.shape[0] // Q
             grad = grad.view(Q, n, *grad.shape[1:]).permute(1, 2, 3, 0, 4).reshape(n, grad.shape[1], -1,
                                                                                    grad.shape[-1])
-        W = self._receiver_weights(channel, layer).to(grad.dtype)  # [R, d_model, d_head]
-        cot = torch.einsum("npre,rme->rnpm", grad, W)  # [R, steps * pair, pos, d_model]
-        R, N, P = cot.shape[:3]
+        N, P, R = grad.shape[:3]
+        W = self._receiver_weights(channel, layer).float().transpose(1, 2)  # [R, d_head, d_model]
         norm = self.norms[layer]
-        if norm is not None:
-            x = resid[layer].detach()[None].expand(R, N, P, d).reshape(R * N, P, d).requires_grad_(True)
-            with torch.enable_grad():
-                (cot,) = torch.autograd.grad(norm(x), x, cot.reshape(R * N, P, d))
-        return cot.float().reshape(R, steps, -1).sum(1)
+        x = None if norm is None else resid[layer].detach().reshape(N * P, d).float()
+        if layer not in self._norm_forms:  # the norm's closed form where it agrees with autograd (graph/pullback.py)
+            self._norm_forms[layer] = None if x is None else closed_form(norm, self.adapter.norm_kind, x)
+        receivers = ReceiverGradients.from_parts(grad.float().permute(2, 0, 1, 3).reshape(R, N * P, -1), W, norm, x,
+                                                 self._norm_forms[layer])
+        return receivers.pulled().reshape(R, steps, -1).sum(1)
 
     def _kv_slots(self, kept: Tensor | None, S: int) -> tuple[dict[int, Tensor], dict[int, Tensor], int]:
         """Where each query head's keys and values are computed in a per-query-head edge pass of ``S`` circuits:

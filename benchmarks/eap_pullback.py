@@ -1,0 +1,131 @@
+"""A task's EAP-IG with the induction scan's normalisation pullback, before and after (one process tree, two children)
+
+    python benchmarks/eap_pullback.py --model DIR --old-src OLD/src [--steps 3] [--repeats 3] [--json out.json]
+
+``OLD`` is a checkout of circuitkit before the change (e.g. ``git worktree add OLD 85492ba``); each child imports
+circuitkit from its own ``src`` (the new one from this checkout). The task runner pulled each receiver's gradient
+back through its attention norm by autograd on the norm's input repeated once per receiver; it now takes the closed
+form the induction scan's edge attribution uses (``graph/pullback.py``). On the default IOI scan's discovery pairs
+(the built-in IOI task, 32 pairs, seed 0, split 16 / 16, MLPs as nodes) each child runs the clean and corrupted
+runs, then ``TaskRunner.attribute(steps)`` ``repeats`` times (a fresh runner each time, the reference runs kept),
+and reports the seconds of each call, the seconds spent in the pullback, the growth of resident memory during the
+call (sampled every 2 ms) and the edge and node scores. Printed and written as JSON: the times side by side, the
+largest score difference against the scores' scale, and whether the strongest edges are the same in the same order.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _rss() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def child(model: str, steps: int, repeats: int) -> dict:
+    sys.path.insert(0, str(HERE))
+    import torch
+    from _common import ioi_discovery
+
+    from circuitkit.graph.runner import TaskRunner
+
+    adapter, task, runner = ioi_discovery(model)
+    clean, corrupted = runner.clean, runner.corrupted
+    pulled = [0.0]
+    original = TaskRunner._pulled_back
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = original(self, *args, **kwargs)
+        pulled[0] += time.perf_counter() - start
+        return out
+
+    TaskRunner._pulled_back = timed
+    seconds, pullback, growth = [], [], []
+    for _ in range(repeats):
+        fresh = TaskRunner(adapter, runner.batch, task.metric, mlps=True, ablation=task.ablation,
+                           weights=runner.weights)
+        fresh._clean, fresh._corrupt = clean, corrupted
+        peak, base, done = [0], _rss(), threading.Event()
+
+        def sample(peak=peak, done=done) -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], _rss())
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        pulled[0] = 0.0
+        start = time.perf_counter()
+        edges, nodes, _ = fresh.attribute(steps)
+        seconds.append(time.perf_counter() - start)
+        done.set()
+        sampler.join()
+        pullback.append(pulled[0])
+        growth.append(max(0, peak[0] - base) / 2**20)
+    allowed = fresh.graph.allowed.cpu()
+    flat = torch.where(allowed, edges.cpu(), torch.zeros_like(edges.cpu())).flatten()
+    top = torch.argsort(flat.abs(), descending=True, stable=True)[:100]
+    return {"seconds": seconds, "pullback_seconds": pullback, "rss_growth_mib": growth,
+            "edges": flat.tolist(), "nodes": nodes.cpu().flatten().tolist(), "top100": top.tolist()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--old-src", required=False, help="the src folder of a checkout before the change")
+    parser.add_argument("--steps", type=int, default=3, help="EAP-IG's points (the task scan's default: 3)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.model, args.steps, args.repeats)))
+        return
+    if not args.old_src:
+        parser.error("--old-src is required")
+    results = {}
+    for name, src in (("old", Path(args.old_src).resolve()), ("new", HERE.parent / "src")):
+        env = dict(os.environ, PYTHONPATH=str(src))
+        out = subprocess.run([sys.executable, __file__, "--child", "--model", args.model, "--steps", str(args.steps),
+                              "--repeats", str(args.repeats)], env=env, check=True, capture_output=True,
+                             text=True).stdout
+        results[name] = json.loads(out.strip().splitlines()[-1])
+        r = results[name]
+        median = sorted(r["seconds"])[len(r["seconds"]) // 2]
+        print(f"{name}: attribute({args.steps}) {min(r['seconds']):.1f} / {median:.1f} / {max(r['seconds']):.1f} s "
+              f"(min / median / max), of it the pullback "
+              f"{sorted(r['pullback_seconds'])[len(r['pullback_seconds']) // 2]:.1f} s (median); resident memory "
+              f"+{max(r['rss_growth_mib']):.0f} MiB")
+    old, new = results["old"], results["new"]
+    scale = max(abs(v) for v in old["edges"])
+    edge_diff = max(abs(a - b) for a, b in zip(old["edges"], new["edges"], strict=True))
+    node_diff = max(abs(a - b) for a, b in zip(old["nodes"], new["nodes"], strict=True))
+    same_top = old["top100"] == new["top100"]
+    ratio = sorted(new["seconds"])[len(new["seconds"]) // 2] / sorted(old["seconds"])[len(old["seconds"]) // 2]
+    print(f"edge scores: largest difference {edge_diff:.3g} (scale {scale:.3g}: {edge_diff / scale:.2g} of it); node "
+          f"scores: {node_diff:.3g}; the 100 strongest edges the same, in the same order: {same_top}; time new/old "
+          f"{ratio:.2f} (medians)")
+    if args.json:  # through a temporary file and one rename: a stopped run leaves no half file
+        from _common import write_json_atomic
+
+        for r in results.values():
+            r.pop("edges")
+            r.pop("nodes")
+        write_json_atomic(args.json, {"model": args.model, "steps": args.steps, "edge_difference": edge_diff,
+                                      "edge_scale": scale, "node_difference": node_diff, "same_top100": same_top,
+                                      "time_ratio": ratio, **results})
+
+
+if __name__ == "__main__":
+    main()
