@@ -1288,6 +1288,7 @@ case("circuitkit.viz:head_score_heatmap", lambda: {"scores": torch.rand(2, 3), "
 case("circuitkit.viz:head_score_heatmaps", lambda: {"scores": {"a": torch.rand(2, 3)}}, scores="heads")
 case("circuitkit.viz:model_patterns", lambda: {"model": toy(), "tokens": batch().tokens[0], "heads": [(0, 1)]},
      model="model", tokens="token_ids", heads="heads")
+case("circuitkit.viz:notebook_figures", lambda: {"png": True}, png="bool")
 case("circuitkit.viz:parse_rendered", lambda: {"rendered": _rendered()}, rendered="scan")
 case("circuitkit.viz:singular_value_spectra", lambda: {"source": weights(), "circuit": "QK", "scale": "linear"},
      source=W, circuit="option", scale="option")

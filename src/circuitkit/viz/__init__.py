@@ -7,6 +7,8 @@ none writes files (the report, :mod:`circuitkit.report`, does that).
 - :func:`composition_graph`: a layered graph of the top composition edges.
 - :func:`attention_heads`, :func:`attention_patterns`: CircuitsVis attention views;
   :func:`model_patterns`, :func:`token_strings` get their inputs from a model.
+- :func:`notebook_figures`: plotly's renderer for a notebook (interactive, and a PNG of each figure where a
+  Chromium can draw it).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _LAZY = {
     "view_props": "circuitkit.viz.attention",
     "parse_rendered": "circuitkit.viz.attention",
     "CircuitsVisView": "circuitkit.viz.attention",
+    "notebook_figures": "circuitkit.viz.notebook",
 }
 __all__ = sorted(_LAZY)
 
