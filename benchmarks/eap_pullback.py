@@ -24,18 +24,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _rss() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def child(model: str, steps: int, repeats: int) -> dict:
     sys.path.insert(0, str(HERE))
     import torch
-    from _common import ioi_discovery
+    from _common import current_rss_bytes, ioi_discovery
 
     from circuitkit.graph.runner import TaskRunner
 
@@ -56,11 +48,11 @@ def child(model: str, steps: int, repeats: int) -> dict:
         fresh = TaskRunner(adapter, runner.batch, task.metric, mlps=True, ablation=task.ablation,
                            weights=runner.weights)
         fresh._clean, fresh._corrupt = clean, corrupted
-        peak, base, done = [0], _rss(), threading.Event()
+        peak, base, done = [0], current_rss_bytes(), threading.Event()
 
         def sample(peak=peak, done=done) -> None:
             while not done.is_set():
-                peak[0] = max(peak[0], _rss())
+                peak[0] = max(peak[0], current_rss_bytes())
                 time.sleep(0.002)
 
         sampler = threading.Thread(target=sample, daemon=True)

@@ -28,18 +28,10 @@ HEAD_EDGES = [((0, 0), (1, 0), "q"), ((0, 3), (1, 7), "k"), ((0, 5), (1, 13), "v
               ((12, 2), (18, 5), "k"), ((15, 6), (20, 9), "v"), ((18, 13), (22, 1), "q"), ((20, 4), (23, 10), "all")]
 
 
-def _rss() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 def child(model: str) -> dict:
     sys.path.insert(0, str(HERE))
     import torch
-    from _common import ioi_discovery
+    from _common import current_rss_bytes, ioi_discovery
 
     names = [e["edge"] for e in json.loads(EDGES.read_text())["edges"]]
     _, _, runner = ioi_discovery(model)
@@ -47,11 +39,11 @@ def child(model: str) -> dict:
     index = torch.tensor([[graph.senders.index(n.split("->")[0]), graph.receivers.index(n.split("->")[1])]
                           for n in names])
     _ = runner.corrupted
-    peak, base, done = [0], _rss(), threading.Event()
+    peak, base, done = [0], current_rss_bytes(), threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _rss())
+            peak[0] = max(peak[0], current_rss_bytes())
             time.sleep(0.002)
 
     sampler = threading.Thread(target=sample, daemon=True)
