@@ -161,3 +161,19 @@ def test_auto_map_under_a_memory_cap_offloads_and_scores_the_same(tmp_path):
     torch.testing.assert_close(
         head_scores(sharded, TOKENS)["induction"], head_scores(whole, TOKENS)["induction"], atol=SHARD_TOL, rtol=0
     )
+
+
+def test_task_scan_equal(pair):
+    """A task's scan on the offloaded model: its EAP-IG reads each receiver's norm weight and pulls gradients back
+    through the norm outside the block's forward pass, which on an offloaded layer must bring the weights in."""
+    from circuitkit.tasks import Task, scan_task
+    from tests.test_tasks import toy_pairs
+
+    whole, sharded = pair
+    task = Task.from_pairs(toy_pairs(8), name="toy")
+    a = scan_task(whole, task, target=0.8, n_resamples=50, progress=False)
+    b = scan_task(sharded, task, target=0.8, n_resamples=50, progress=False)
+    torch.testing.assert_close(b.scores, a.scores, atol=SHARD_TOL, rtol=SHARD_TOL)  # EAP-IG's node scores
+    assert b.circuit.heads == a.circuit.heads and b.circuit.edges == a.circuit.edges and a.circuit.edges
+    assert b.circuit.faithfulness == pytest.approx(a.circuit.faithfulness, abs=SHARD_TOL)
+    assert all(p.grad is None for p in sharded.parameters())

@@ -12,9 +12,7 @@ carries. Receiver input: head ``(l2, h2)``'s channel ``c`` reads ``x = norm(resi
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +24,7 @@ from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resam
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import CorruptKey, EdgeGradients, Session, open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
+from circuitkit.graph.pullback import receiver_norms
 from circuitkit.models.adapters import HOOKS, ModelAdapter, ModelSpec, StopForward
 
 if TYPE_CHECKING:
@@ -119,52 +118,8 @@ def context(
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
     weights = (session.weights(embeddings=False) if weights is None else weights).to(device=adapter.spec.device)
     W_in = {"q": weights.W_Q, "k": weights.per_query_head("W_K"), "v": weights.per_query_head("W_V")}
-    norms = [_receiver_norm(adapter, layer) for layer in range(adapter.spec.n_layers)]
+    norms = receiver_norms(adapter)
     return Context(session, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)
-
-
-def _receiver_norm(adapter: ModelAdapter, layer: int) -> Norm | None:
-    """The normalisation in front of layer ``layer``'s attention (the adapter's), or None without one."""
-    norm = adapter.attention_norm(layer)
-    return None if norm is None else ReceiverNorm(norm, _offloaded_holders(norm))
-
-
-class ReceiverNorm:
-    """A block's ``ln1``, callable outside the block's forward pass (path patching recomputes a receiver's input
-    through it; edge attribution reads its weight and pulls gradients back through it). Where accelerate has
-    offloaded its weights (a ``device_map`` with disk or CPU offload: parameters on ``meta``), each use brings
-    them in on the module's execution device and lets accelerate offload them again after."""
-
-    def __init__(self, module: Any, holders: tuple[Any, ...] = ()) -> None:
-        self.module = module
-        self.holders = holders  # the modules whose accelerate hooks hold the norm's weights
-
-    @contextlib.contextmanager
-    def loaded(self) -> Iterator[Any]:
-        """The module with its weights in memory (nothing to do unless offloaded)."""
-        with contextlib.ExitStack() as stack:
-            if self.holders:
-                from accelerate.utils import align_module_device
-
-                for holder in self.holders:
-                    stack.enter_context(align_module_device(holder))
-            yield self.module
-
-    def __call__(self, x: Tensor) -> Tensor:
-        with self.loaded() as module:
-            return module(x)
-
-
-def _offloaded_holders(norm: Any) -> tuple[Any, ...]:
-    """The norm's modules (itself, submodules) that carry an accelerate offload hook; () without accelerate."""
-    modules = getattr(norm, "modules", None)
-    if not callable(modules) or "accelerate" not in sys.modules:  # nothing offloads without accelerate loaded
-        return ()
-    try:
-        from accelerate.utils import has_offloaded_params
-    except ImportError:  # accelerate absent: nothing can be offloaded
-        return ()
-    return tuple(m for m in modules() if has_offloaded_params(m))
 
 
 def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -> dict[int, Tensor]:

@@ -19,6 +19,8 @@ closed form is used only where it agrees with autograd through the norm at the s
 from __future__ import annotations
 
 import contextlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,54 @@ from torch import Tensor
 
 from circuitkit.models.adapters import norm_parameters
 from circuitkit.vjp import vjp
+
+
+def receiver_norms(adapter: Any) -> list[ReceiverNorm | None]:
+    """The normalisation in front of each layer's attention (the adapter's), as a :class:`ReceiverNorm`, or None
+    where a layer has none: the receivers' norms of both engines (path patching and edge attribution's
+    :class:`~circuitkit.circuits._engine.Context`, the task runner)."""
+    norms = [adapter.attention_norm(layer) for layer in range(adapter.spec.n_layers)]
+    return [None if norm is None else ReceiverNorm(norm, _offloaded_holders(norm)) for norm in norms]
+
+
+class ReceiverNorm:
+    """A block's ``ln1``, callable outside the block's forward pass (path patching recomputes a receiver's input
+    through it; both edge attributions read its weight and pull gradients back through it). Where accelerate has
+    offloaded its weights (a ``device_map`` with disk or CPU offload: parameters on ``meta``), each use brings
+    them in on the module's execution device and lets accelerate offload them again after."""
+
+    def __init__(self, module: Any, holders: tuple[Any, ...] = ()) -> None:
+        self.module = module
+        self.holders = holders  # the modules whose accelerate hooks hold the norm's weights
+
+    @contextlib.contextmanager
+    def loaded(self) -> Iterator[Any]:
+        """The module with its weights in memory (nothing to do unless offloaded)."""
+        with contextlib.ExitStack() as stack:
+            if self.holders:
+                from accelerate.utils import align_module_device
+
+                for holder in self.holders:
+                    stack.enter_context(align_module_device(holder))
+            yield self.module
+
+    def __call__(self, x: Tensor) -> Tensor:
+        with self.loaded() as module:
+            return module(x)
+
+
+def _offloaded_holders(norm: Any) -> tuple[Any, ...]:
+    """The norm's modules (itself, submodules) that carry an accelerate offload hook; () without accelerate."""
+    modules = getattr(norm, "modules", None)
+    if not callable(modules) or "accelerate" not in sys.modules:  # nothing offloads without accelerate loaded
+        return ()
+    try:
+        from accelerate.utils import has_offloaded_params
+    except ImportError:  # accelerate absent: nothing can be offloaded
+        return ()
+    return tuple(m for m in modules() if has_offloaded_params(m))
+
+
 
 NORM_CHECK_RTOL = 1e-4
 """The closed-form pullback must match autograd on a random cotangent to this relative tolerance (float32 sums
@@ -120,8 +170,7 @@ def closed_form(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:
 def _norm_terms(norm: Any, kind: str | None, x: Tensor) -> ClosedForm | None:
     """``(gamma, eps, centred)`` of a LayerNorm (``centred``) or RMSNorm, read from the module; ``None`` when the
     type (TransformerLens's ``normalization_type``), ``eps`` or the weight cannot be read."""
-    loaded = getattr(norm, "loaded", None)  # a ReceiverNorm brings offloaded weights in while it is read
-    with loaded() if callable(loaded) else contextlib.nullcontext(norm) as module:
+    with norm.loaded() if isinstance(norm, ReceiverNorm) else contextlib.nullcontext(norm) as module:
         eps, weight = norm_parameters(module)
         if kind is None or eps is None or not kind.startswith(("LN", "RMS")):
             return None
@@ -180,4 +229,5 @@ def autograd_pullback(norm: Any, x: Tensor, u: Tensor) -> Tensor:
             return out.to(u.dtype)
 
 
-__all__ = ["NORM_CHECK_RTOL", "ClosedForm", "ReceiverGradients", "autograd_pullback", "closed_form"]
+__all__ = ["NORM_CHECK_RTOL", "ClosedForm", "ReceiverGradients", "ReceiverNorm", "autograd_pullback", "closed_form",
+           "receiver_norms"]

@@ -62,7 +62,7 @@ from circuitkit.detect.reference import reads as reference_reads
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import METRICS, last_logits
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
-from circuitkit.graph.pullback import ReceiverGradients, closed_form
+from circuitkit.graph.pullback import ReceiverGradients, closed_form, receiver_norms
 from circuitkit.graph.task import TaskBatch
 from circuitkit.ig_path import DEFAULT_IG_POINTS, IG_POINTS, along, ig_alphas
 from circuitkit.models.adapters import HOOKS, ModelAdapter
@@ -278,7 +278,7 @@ class TaskRunner:
         self.weights = weights
         self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
         self.W_O = weights.W_O
-        self.norms = [adapter.attention_norm(layer) for layer in range(self.spec.n_layers)]
+        self.norms = receiver_norms(adapter)  # callable outside the forward pass, offloaded weights brought in
         self.scored_metric = reads_scored(metric)
         self._read_at(batch)
         self.pattern_masks: dict[str, tuple[Tensor, float]] = {}  # score -> ([pair, q, k] targets, target rows)
