@@ -1226,6 +1226,15 @@ class TaskRunner:
                 return None
             upto = reached[0]
             R = cols.stop - cols.start
+
+            def over(rows: Tensor, weights: Tensor) -> Tensor:
+                """``weighted`` over the senders ``rows`` (those with a nonzero weight in ``weights`` ``[S, upto,
+                R]``): where they are more than half the prefix, over the whole prefix as a view (zero weights
+                elsewhere), since a gather would read and write most of it once more."""
+                if len(rows) > upto // 2:
+                    return weighted(slice(0, upto), weights)
+                return weighted(rows, weights[:, rows])
+
             miss = missing[:, :upto, cols]  # [S, sender so far, R]
             by_missing = miss.any(dim=(0, 2)).nonzero().flatten()
             if bool(graph.allowed[:upto, cols].all()):
@@ -1233,12 +1242,10 @@ class TaskRunner:
                 by_kept = keep.any(dim=2).any(dim=0).nonzero().flatten()
                 if len(by_kept) < len(by_missing):
                     out = total[0].view(S, 1, B, P, d).expand(S, R, B, P, d)
-                    return out if len(by_kept) == 0 else out - weighted(by_kept, keep[:, by_kept])
+                    return out if len(by_kept) == 0 else out - over(by_kept, keep)
             if len(by_missing) == 0:
                 return torch.zeros(S, R, B, P, d, dtype=deltas.dtype, device=deltas.device)
-            if len(by_missing) > upto // 2:  # dense: the prefix as a view, no gather
-                return weighted(slice(0, upto), miss)
-            return weighted(by_missing, miss[:, by_missing])
+            return over(by_missing, miss)
 
         def leaf(key: tuple[str, int], shape: tuple[int, ...], like: Tensor) -> Tensor | None:
             if grads is None:

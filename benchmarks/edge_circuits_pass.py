@@ -1,0 +1,88 @@
+"""A task's edge-circuit pass (``TaskRunner.edge_metric``) before and after a change (one process tree, two children)
+
+    python benchmarks/edge_circuits_pass.py --model DIR --old-src OLD/src [--repeats 3] [--json out.json]
+
+``OLD`` is a checkout of circuitkit before the change (e.g. ``git worktree add OLD bfe3906``); each child imports
+circuitkit from its own ``src`` (the new one from this checkout). On the default IOI scan's discovery pairs (the
+built-in IOI task, 32 pairs, seed 0, split 16 / 16, MLPs as nodes) each child runs the clean and corrupted runs,
+then measures six edge circuits in one call, ``repeats`` times: the top 0.1%, 1%, 5%, 10%, 30% and 60% of the
+graph's edges by a seeded random score (the sizes a faithfulness curve visits). Printed and written as JSON: each
+child's seconds (min / median / max) and mean metric per circuit, and the largest difference between them.
+
+The change it was written for: a receiver's patch is the sum of its missing edges' deltas, or the total minus its
+kept ones where that is fewer senders; the kept senders were gathered into a new tensor however many they were
+(344 of 361 in one call), where the missing ones, once more than half the senders recorded, are read as a view of
+them all with zero weights elsewhere. Both now take the view above half."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FRACTIONS = (0.001, 0.01, 0.05, 0.1, 0.3, 0.6)
+
+
+def child(model: str, repeats: int) -> dict:
+    sys.path.insert(0, str(HERE))
+    import torch
+    from _common import ioi_discovery
+
+    _, _, runner = ioi_discovery(model)
+    _ = runner.clean, runner.corrupted
+    allowed = runner.graph.allowed
+    scores = (torch.rand(allowed.shape, generator=torch.Generator().manual_seed(0)) * allowed).flatten()
+    order = torch.argsort(scores, descending=True)
+    masks = []
+    for fraction in FRACTIONS:
+        mask = torch.zeros_like(scores, dtype=torch.bool)
+        mask[order[: int(fraction * int(allowed.sum()))]] = True
+        masks.append(mask.view_as(allowed) & allowed)
+    kept = torch.stack(masks)
+    seconds, values = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        values = runner.edge_metric(kept)
+        seconds.append(time.perf_counter() - start)
+    return {"seconds": seconds, "metric": [float(v) for v in values.flatten()]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--old-src", help="the src folder of a checkout before the change")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.model, args.repeats)))
+        return
+    if not args.old_src:
+        parser.error("--old-src is required")
+    results = {}
+    for name, src in (("old", Path(args.old_src).resolve()), ("new", HERE.parent / "src")):
+        env = dict(os.environ, PYTHONPATH=str(src))
+        out = subprocess.run([sys.executable, __file__, "--child", "--model", args.model, "--repeats",
+                              str(args.repeats)], env=env, check=True, capture_output=True, text=True).stdout
+        results[name] = json.loads(out.strip().splitlines()[-1])
+        s = sorted(results[name]["seconds"])
+        print(f"{name}: edge_metric of {len(FRACTIONS)} circuits {s[0]:.2f} / {s[len(s) // 2]:.2f} / {s[-1]:.2f} s "
+              f"(min / median / max)")
+    old, new = results["old"], results["new"]
+    diff = max(abs(a - b) for a, b in zip(old["metric"], new["metric"], strict=True))
+    ratio = sorted(new["seconds"])[len(new["seconds"]) // 2] / sorted(old["seconds"])[len(old["seconds"]) // 2]
+    for fraction, a, b in zip(FRACTIONS, old["metric"], new["metric"], strict=True):
+        print(f"top {fraction:>6.1%} of the edges: old {a:+.7f}  new {b:+.7f}")
+    print(f"largest difference {diff:.3g}; time new/old {ratio:.2f} (medians)")
+    if args.json:  # through a temporary file and one rename: a stopped run leaves no half file
+        from _common import write_json_atomic
+
+        write_json_atomic(args.json, {"model": args.model, "fractions": list(FRACTIONS), "largest_difference": diff,
+                                      "time_ratio": ratio, **results})
+
+
+if __name__ == "__main__":
+    main()
