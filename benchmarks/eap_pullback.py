@@ -14,8 +14,6 @@ largest score difference against the scores' scale, and whether the strongest ed
 """
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -86,14 +84,12 @@ def main() -> None:
         return
     if not args.old_src:
         parser.error("--old-src is required")
-    results = {}
-    for name, src in (("old", Path(args.old_src).resolve()), ("new", HERE.parent / "src")):
-        env = dict(os.environ, PYTHONPATH=str(src))
-        out = subprocess.run([sys.executable, __file__, "--child", "--model", args.model, "--steps", str(args.steps),
-                              "--repeats", str(args.repeats)], env=env, check=True, capture_output=True,
-                             text=True).stdout
-        results[name] = json.loads(out.strip().splitlines()[-1])
-        r = results[name]
+    sys.path.insert(0, str(HERE))
+    from _common import old_and_new
+
+    results = old_and_new(__file__, args.old_src, ["--model", args.model, "--steps", str(args.steps), "--repeats",
+                                                   str(args.repeats)])
+    for name, r in results.items():
         median = sorted(r["seconds"])[len(r["seconds"]) // 2]
         print(f"{name}: attribute({args.steps}) {min(r['seconds']):.1f} / {median:.1f} / {max(r['seconds']):.1f} s "
               f"(min / median / max), of it the pullback "

@@ -15,8 +15,6 @@ kept ones where that is fewer senders; the kept senders were gathered into a new
 them all with zero weights elsewhere. Both now take the view above half."""
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,13 +60,12 @@ def main() -> None:
         return
     if not args.old_src:
         parser.error("--old-src is required")
-    results = {}
-    for name, src in (("old", Path(args.old_src).resolve()), ("new", HERE.parent / "src")):
-        env = dict(os.environ, PYTHONPATH=str(src))
-        out = subprocess.run([sys.executable, __file__, "--child", "--model", args.model, "--repeats",
-                              str(args.repeats)], env=env, check=True, capture_output=True, text=True).stdout
-        results[name] = json.loads(out.strip().splitlines()[-1])
-        s = sorted(results[name]["seconds"])
+    sys.path.insert(0, str(HERE))
+    from _common import old_and_new
+
+    results = old_and_new(__file__, args.old_src, ["--model", args.model, "--repeats", str(args.repeats)])
+    for name, r in results.items():
+        s = sorted(r["seconds"])
         print(f"{name}: edge_metric of {len(FRACTIONS)} circuits {s[0]:.2f} / {s[len(s) // 2]:.2f} / {s[-1]:.2f} s "
               f"(min / median / max)")
     old, new = results["old"], results["new"]

@@ -14,8 +14,6 @@ them) under the repeated-copies loss and under the receiver's induction score. P
 children's figures, and whether every value is bit-identical."""
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -76,14 +74,14 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.model)))
         return
-    results = {}
-    for name, src in (("old", Path(args.old_src).resolve()), ("new", HERE.parent / "src")):
-        env = dict(os.environ, PYTHONPATH=str(src))
-        out = subprocess.run([sys.executable, __file__, "--child", "--model", args.model], env=env, check=True,
-                             capture_output=True, text=True).stdout
-        results[name] = json.loads(out.strip().splitlines()[-1])
-        print(f"{name}: {results[name]['seconds']:.2f} s, resident memory +{results[name]['rss_growth_mib']:.0f} MiB,"
-              f" {results[name]['passes']:.4f} passes")
+    if not args.old_src:
+        parser.error("--old-src is required")
+    sys.path.insert(0, str(HERE))
+    from _common import old_and_new
+
+    results = old_and_new(__file__, args.old_src, ["--model", args.model])
+    for name, r in results.items():
+        print(f"{name}: {r['seconds']:.2f} s, resident memory +{r['rss_growth_mib']:.0f} MiB, {r['passes']:.4f} passes")
     old, new = results["old"], results["new"]
     same = old["metric"] == new["metric"] and old["path_patching"] == new["path_patching"]
     values = [(a, b) for key in ("loss", "induction") for a, b in zip(old["path_patching"][key],
