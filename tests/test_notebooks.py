@@ -549,10 +549,26 @@ def test_network_guard_blocks_outside_connections_but_not_loopback():
         NotebookClient(probe, kernel_name="python3", timeout=CELL_TIMEOUT_S).execute()
 
 
+def _require_png_browser(notebook: nbformat.NotebookNode) -> None:
+    """A notebook committed with PNGs of its figures gives them again only where kaleido finds a Chromium to draw
+    them (``viz.notebook_figures``; without one its figures stay interactive and the outputs differ). As the browser
+    tests: skipped without one locally, failed under CI (``CI`` set)."""
+    from circuitkit.viz.notebook import _png_browser
+
+    outputs = [output for cell in notebook.cells for output in cell.get("outputs", [])]
+    has_png = any("image/png" in output.get("data", {}) for output in outputs)
+    if has_png and _png_browser() is None:
+        reason = "its committed figures include PNGs, which kaleido draws with a Chromium (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run every notebook: {reason}")
+        pytest.skip(reason)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_notebook_runs_offline_and_gives_its_committed_outputs(path):
     committed = nbformat.read(path, as_version=4)
+    _require_png_browser(committed)
     fresh, elapsed = execute(path)
     assert not committed_problems(fresh), committed_problems(fresh)
     found = differences(committed, copy.deepcopy(fresh))
