@@ -108,4 +108,17 @@ def test_stop_forward_is_the_one_exception_every_early_stop_raises():
     assert _engine.StopForward is StopForward
     with pytest.raises(StopForward):
         hooks, _ = reads(Keep(z=(0,)), L, stop_after=HOOKS.z(0))
-        hooks[0][1](torch.zeros(1, 2, 4, 8), None)
+        hooks[-1][1](torch.zeros(1, 2, 4, 8), None)
+
+
+def test_every_read_at_the_stop_runs_before_the_pass_ends():
+    """Two reads at the activation a pass stops at (a layer's z and its mean) and the caller's own hook there all
+    see it: the stop is the last hook at that point."""
+    model = _model(None)
+    seen: list[str] = []
+    with torch.no_grad():
+        logits, kept = reference_pass(adapt(model), _tokens(), Keep(z=(1,), z_mean=(1,)), stop_after=HOOKS.z(1),
+                                      hooks=[(HOOKS.z(1), lambda x, hook: seen.append("caller"))])
+        _, cache = model.run_with_cache(_tokens())
+    assert logits is None and seen == ["caller"] and torch.equal(kept.z[1], cache[HOOKS.z(1)])
+    assert torch.allclose(kept.z_mean[1], cache[HOOKS.z(1)].mean(dim=(0, 1)), rtol=0, atol=1e-7)

@@ -65,22 +65,13 @@ def reads(keep: Keep, n_layers: int, *, rows: slice | None = None, clone: bool =
     """The read-only hooks that keep what ``keep`` names in a pass of a model of ``n_layers`` layers, and the
     :class:`Kept` they fill. ``rows``: keep that slice of the batch axis, copied; ``clone``: copy every activation
     (where a later in-place change of the model's own tensor must not reach what was kept); ``stop_after``: the
-    hook name after which the pass ends (:class:`StopForward`: the caller catches it)."""
+    hook name after which the pass ends (:class:`StopForward`, raised by a last hook there once every read at it
+    has run: the caller catches it)."""
     kept = Kept(nodes={name: {} for name, _ in keep.nodes})
 
     def held(x: Tensor) -> Tensor:
         x = x.detach() if rows is None else x[rows].detach()
         return x.clone() if clone or rows is not None else x
-
-    def stopping(fn: Callable[[Tensor, Any], None], name: str) -> HookFn:
-        if name != stop_after:
-            return fn
-
-        def hook(x: Tensor, hook: Any) -> None:
-            fn(x, hook)
-            raise StopForward
-
-        return hook
 
     # every hook is keyed by the layer it was asked for: a bridge's hook.name may be an alias's target
     def into(where: dict[int, Tensor], layer: int) -> Callable[[Tensor, Any], None]:
@@ -115,19 +106,30 @@ def reads(keep: Keep, n_layers: int, *, rows: slice | None = None, clone: bool =
     hooks += [(HOOKS.pattern(layer), into(kept.patterns, layer)) for layer in sorted(set(keep.patterns))]
     for name, hook_of in keep.nodes:
         hooks += [(hook_of(layer), into(kept.nodes[name], layer)) for layer in range(n_layers)]
-    return [(name, stopping(fn, name)) for name, fn in hooks], kept
+    return hooks + _stop_at(stop_after), kept
+
+
+def _stop(x: Tensor, hook: Any) -> None:
+    raise StopForward
+
+
+def _stop_at(name: str | None) -> list[tuple[str, HookFn]]:
+    """A hook ending the pass at ``name``, registered after every other there (hooks at one point run in the
+    order they were added); none for None."""
+    return [] if name is None else [(name, _stop)]
 
 
 def reference_pass(adapter: ModelAdapter, tokens: Tensor, keep: Keep, *, hooks: Sequence[tuple[str, HookFn]] = (),
                    positions: Tensor | None = None, stop_after: str | None = None,
                    clone: bool = False) -> tuple[Tensor | None, Kept]:
     """Run ``tokens`` ``[B, P]`` once through ``adapter``'s model and keep what ``keep`` names (:func:`reads`;
-    ``hooks``, the caller's own, run after them on the same pass). Returns the logits (``[B, P, vocab]``, or at
-    ``positions`` only: :meth:`~circuitkit.models.adapters.ModelAdapter.run`; None where the pass ended at
-    ``stop_after``) and the :class:`Kept`. Gradients as the caller has them enabled."""
-    kept_hooks, kept = reads(keep, adapter.spec.n_layers, clone=clone, stop_after=stop_after)
-    try:
-        logits = adapter.run(tokens, kept_hooks + list(hooks), positions=positions)
+    ``hooks``, the caller's own, run after them on the same pass, and at ``stop_after`` before the pass ends).
+    Returns the logits (``[B, P, vocab]``, or at ``positions`` only:
+    :meth:`~circuitkit.models.adapters.ModelAdapter.run`; None where the pass ended at ``stop_after``) and the
+    :class:`Kept`. Gradients as the caller has them enabled."""
+    kept_hooks, kept = reads(keep, adapter.spec.n_layers, clone=clone)
+    try:  # the stop after the caller's hooks too: they see the activation it ends at
+        logits = adapter.run(tokens, kept_hooks + list(hooks) + _stop_at(stop_after), positions=positions)
     except StopForward:
         logits = None
     return logits, kept
