@@ -15,7 +15,7 @@ import torch
 import circuitkit.detect.node_patching as node_patching
 from circuitkit import CircuitkitError, zoo
 from circuitkit.circuits.faithfulness import Ablator
-from circuitkit.detect.node_patching import Patch, in_passes, patched_logits
+from circuitkit.detect.node_patching import Patch, in_passes, patched_logits, unit_mean
 from circuitkit.detect.tokens import RepeatedTokens
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import HOOKS, adapt
@@ -101,6 +101,45 @@ def test_both_engines_patch_node_sets_through_the_one_pass_and_agree(tiny, monke
     assert calls and sum(calls) == 4 and runner.passes - before == 2 + 2 * 0.5
     torch.testing.assert_close(losses.double(), -metric.double(), atol=1e-5, rtol=0)
     assert float(losses[1] - losses[0]) > 0.5  # every head patched: the copies are no longer predicted
+
+
+def test_the_node_ablation_mean_is_the_mean_over_real_positions_in_a_loop():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, 4, 2, generator=g)
+    real = torch.ones(3, 5, dtype=torch.bool)
+    real[0, 3:] = real[2, 4:] = False  # two padded pairs
+    total, count = torch.zeros(4, 2, dtype=torch.float64), 0
+    for b in range(3):
+        for p in range(5):
+            if real[b, p]:
+                total += x[b, p].double()
+                count += 1
+    torch.testing.assert_close(unit_mean(x, real).double(), total / count, atol=1e-6, rtol=0)
+    x[~real] = 1e6  # what a padded position holds changes nothing
+    torch.testing.assert_close(unit_mean(x, real).double(), total / count, atol=1e-6, rtol=0)
+    dense = x[:, :3].double().mean(dim=(0, 1))
+    torch.testing.assert_close(unit_mean(x[:, :3]).double(), dense, atol=1e-6, rtol=0)
+    assert unit_mean(x.bfloat16(), real).dtype == torch.bfloat16
+
+
+def test_both_engines_mean_ablate_to_the_same_values(tiny):
+    # the induction scan's mean ablation (the clean run's z averaged over sequences and positions, taken in the
+    # pass) and a task's clean mean over its real positions are one definition, unit_mean
+    from circuitkit.circuits.faithfulness import ablation_values
+
+    model, adapter, batch = tiny
+    task = repeated_tokens(model, 3, seed=2, block_len=6)
+    runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=False, ablation="clean_mean")
+    assert torch.equal(runner.batch.clean, batch.tokens) and bool(runner.batch.real.all())
+    induction, passes = ablation_values(adapter, batch, "mean")
+    assert passes == 1
+    task_values = runner.values_of("head")
+    for layer in range(adapter.spec.n_layers):
+        assert induction[layer].shape == (adapter.spec.n_heads, adapter.spec.d_head)
+        for b in range(3):
+            for p in range(batch.tokens.shape[1]):
+                torch.testing.assert_close(task_values[layer][b, p], induction[layer], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(induction[0], induction[1])
 
 
 def test_a_value_read_from_the_pass_itself_is_the_value_given(tiny):

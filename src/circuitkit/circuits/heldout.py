@@ -100,7 +100,7 @@ def _with_clean_means(adapter: ModelAdapter, batch: TokenBatch, masks: torch.Ten
     head's ``z`` replaced by its mean over the batch's sequences and positions in the unablated copy at that layer.
     The first pass stacks as many copies as fit (set 0 among them) and keeps those means; any sets left run after
     it with them (:class:`~circuitkit.circuits.faithfulness.Ablator`). ``S`` copies in all."""
-    from circuitkit.detect.node_patching import Patch, patched_logits
+    from circuitkit.detect.node_patching import Patch, patched_logits, unit_mean
 
     positions = loss_positions(batch)
     S = min(masks.shape[0], copies_per_forward(adapter, batch.tokens, len(positions)))
@@ -108,7 +108,7 @@ def _with_clean_means(adapter: ModelAdapter, batch: TokenBatch, masks: torch.Ten
 
     def clean_mean(layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
         def value(view: torch.Tensor) -> torch.Tensor:  # view [S, B, pos, head, d_head]
-            means[layer] = mean = view[0].mean(dim=(0, 1))  # [head, d_head]: copy 0 is unablated, its z the clean z
+            means[layer] = mean = unit_mean(view[0])  # [head, d_head]: copy 0 is unablated, its z the clean z
             return mean
         return value
 

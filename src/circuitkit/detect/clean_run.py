@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from circuitkit.detect.loss import token_losses
+from circuitkit.detect.node_patching import unit_mean
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.tokens import TokenBatch
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
@@ -75,7 +76,7 @@ def z_leaf_hook(run: CleanRun, n_heads: int, values: dict[int, Tensor], leaves: 
             )
         layer = HOOKS.layer_of(hook.name)
         values[layer] = z.detach()
-        run.z_means[layer] = values[layer].mean(dim=(0, 1))
+        run.z_means[layer] = unit_mean(values[layer])
         leaves[layer] = torch.zeros_like(z, requires_grad=True)
         return z + leaves[layer]
 

@@ -84,10 +84,26 @@ def patched_logits(adapter: ModelAdapter, tokens: Tensor, copies: int, patches: 
         return adapter.run(tokens.repeat(copies, 1), hooks, positions=positions)
 
 
+def unit_mean(x: Tensor, real: Tensor | None = None) -> Tensor:
+    """What a node outside a circuit becomes under mean ablation, in both engines: its activation ``x`` ``[B, P, U,
+    ...]`` averaged over the sequences and the real positions, ``[U, ...]`` in ``x``'s dtype::
+
+        mean[u, ...] = sum_{b, p} real[b, p] x[b, p, u, ...] / sum_{b, p} real[b, p]
+
+    ``real`` ``[B, P]`` bool marks the positions that hold a token (a task's pairs are padded to one length); None
+    where every position does (a repeated-tokens batch), the plain mean over ``B`` and ``P``. With ``real``, the
+    sum is taken in float32 whatever ``x``'s dtype and read back in it."""
+    if real is None:
+        return x.mean(dim=(0, 1))
+    weight = real.float()
+    weight = weight / weight.sum()
+    return torch.einsum("bp,bp...->...", weight, x.float()).to(x.dtype)
+
+
 def in_passes(sets: int, per_pass: int, run: Callable[[slice], T]) -> list[T]:
     """``run(part)`` for consecutive slices ``part`` of ``range(sets)``, each at most ``per_pass`` long (one stacked
     pass each), in order."""
     return [run(slice(start, min(start + per_pass, sets))) for start in range(0, sets, max(1, per_pass))]
 
 
-__all__ = ["Patch", "in_passes", "patched_logits"]
+__all__ = ["Patch", "in_passes", "patched_logits", "unit_mean"]

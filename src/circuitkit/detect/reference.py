@@ -30,6 +30,7 @@ from typing import Any
 
 from torch import Tensor
 
+from circuitkit.detect.node_patching import unit_mean
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter, StopForward
 
 
@@ -81,7 +82,7 @@ def reads(keep: Keep, n_layers: int, *, rows: slice | None = None, clone: bool =
 
     def z_mean(layer: int) -> Callable[[Tensor, Any], None]:
         def hook(z: Tensor, hook: Any) -> None:
-            kept.z_mean[layer] = (z.detach() if rows is None else z[rows].detach()).mean(dim=(0, 1))
+            kept.z_mean[layer] = unit_mean(z.detach() if rows is None else z[rows].detach())
         return hook
 
     def resid_in(layer: int) -> Callable[[Tensor, Any], None]:

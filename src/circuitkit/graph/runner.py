@@ -513,11 +513,10 @@ class TaskRunner:
         if self.ablation == "corrupted" or not acts:
             self._values[name] = acts
             return acts
-        real = self.batch.real.float()  # the mean in float32 whatever the model's dtype (read back in it)
-        weight = real / real.sum()
+        from circuitkit.detect.node_patching import unit_mean
 
-        def mean(x: Tensor) -> Tensor:
-            m = torch.einsum("bp,bp...->...", weight, x.float()).to(x.dtype)
+        def mean(x: Tensor) -> Tensor:  # the node-ablation mean of both engines, over the real positions
+            m = unit_mean(x, self.batch.real)
             return (torch.zeros_like(m) if self.ablation == "zero" else m).expand_as(x)
 
         self._values[name] = {k: mean(v) for k, v in acts.items()}
