@@ -123,10 +123,16 @@ def test_no_warning_where_threads_do_not_spin_against_other_work(fresh_check, ca
 
 
 def test_busy_elsewhere_subtracts_this_process_own_work(monkeypatch):
-    """Faked clocks: the machine busy on 2 cores' worth, this process on 0.5 of them -> 1.5 cores elsewhere."""
-    monkeypatch.setattr(cpu_threads, "_machine_busy_seconds", lambda: 2.0 * time.monotonic())
-    monkeypatch.setattr(cpu_threads, "_own_cpu_seconds", lambda: 0.5 * time.monotonic())
-    assert cpu_threads.busy_elsewhere(0.05) == pytest.approx(1.5, abs=1e-3)
+    """Faked clocks: the machine busy on 2 cores' worth, this process on 0.5 of them -> 1.5 cores elsewhere. The
+    wall clock is faked too (it moves only when the function sleeps): with the real one, the time between reading a
+    faked CPU clock and the wall clock made the figure 1.4964 on a loaded machine."""
+    now = [1000.0]
+    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(cpu_threads.time, "sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    monkeypatch.setattr(cpu_threads, "_machine_busy_seconds", lambda: 2.0 * now[0])
+    monkeypatch.setattr(cpu_threads, "_own_cpu_seconds", lambda: 0.5 * now[0])
+    assert cpu_threads.busy_elsewhere(0.05) == pytest.approx(1.5, abs=1e-9)
+    monkeypatch.undo()
     monkeypatch.setattr(cpu_threads, "busy_elsewhere", lambda interval=0.1: 1.6)
     monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
     assert cpu_threads.free_cores() == 1  # never 0: round(2 - 1.6) = 0 -> 1
