@@ -1726,7 +1726,7 @@ case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task()
      "mlp_nodes": False, "rank": "abs", "steps": 1, "edges": False, "device": "cpu", "name": None, "progress": None},
      positional=("model",), model="model-loss", named_kinds={"target": "real>0"}, mlps="bool?", mlp_nodes="bool",
      rank="option", steps="size>=1", edges="bool", device="device?", name="text?", progress="callable?",
-     prepend_bos="bool?", target_on="option", ig_points="option", kv_edges="option",
+     prepend_bos="bool?", target_on="option", ig_points="option", kv_edges="option", node_ranking="option",
      extra_bad={"task": [("None", const(None), STRICT), *TASKS],
                 "holdout": [("one", const(1.0), STRICT), ("negative", const(-0.5), STRICT),
                             ("nan", const(float("nan")), STRICT), ("text", const("half"), STRICT)],

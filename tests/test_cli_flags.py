@@ -211,6 +211,7 @@ SCAN_TABLE = {
     "kv_edges": tasks_only(["--kv-edges", "per-query-head"],
                            lambda c, p: c.task_kwargs["kv_edges"] == "per-query-head"),
     "edge_search": tasks_only(["--edge-search", "refined"], lambda c, p: c.task_kwargs["edge_search"] == "refined"),
+    "node_ranking": tasks_only(["--node-ranking", "joint"], lambda c, p: c.task_kwargs["node_ranking"] == "joint"),
     "search": {"induction": (["--search", "masks"], lambda c, p: c.induction["search"] == "masks"),
                **{kind: (["--search", "masks"], lambda c, p: c.task_kwargs["search"] == "masks")
                   for kind in ("built-in task", "task file")}},
@@ -436,12 +437,14 @@ def test_the_choices_written_out_for_help_are_the_librarys():
     from circuitkit.circuits.search import SEARCH_NAMES
     from circuitkit.graph.nodes import KV_EDGES
     from circuitkit.ig_path import IG_POINTS
+    from circuitkit.tasks.circuit import NODE_RANKINGS
     from circuitkit.tasks.search import EDGE_SEARCH_NAMES
 
     scan = cli._subcommands(cli.build_parser())["scan"]
     choices = {action.dest: tuple(action.choices) for action in scan._actions if action.choices}
     assert choices["search"] == SEARCH_NAMES and choices["edge_search"] == EDGE_SEARCH_NAMES
     assert choices["kv_edges"] == KV_EDGES and choices["ig_points"] == IG_POINTS
+    assert choices["node_ranking"] == NODE_RANKINGS
 
 
 def test_the_induction_scan_takes_search(tmp_path, capsys):

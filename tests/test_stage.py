@@ -77,13 +77,19 @@ def test_a_task_scans_plan_is_its_declared_stages():
                       random_sets=2, stability=0, search="refined", search_passes=15.0)
     names = [name for name, _ in task_plan(plan)]
     assert names == ["clean", "corrupted", "attribute", "nodes", "search", "random-sets", "held-out"]
-    assert list(TASK_STAGE_NAMES)[:4] == ["clean", "corrupted", "attribute", "nodes"]
+    assert list(TASK_STAGE_NAMES)[:5] == ["clean", "corrupted", "attribute", "joint", "nodes"]
     assert dict(task_plan(plan))["search"] == 15.0 and dict(task_plan(plan))["random-sets"] == 4
     # the corrupted run read from EAP-IG's first point: no stage of its own, one pass fewer per stability rerun
     folded = dataclasses.replace(plan, folded=True, stability=2)
     assert [name for name, _ in task_plan(folded)][:3] == ["clean", "attribute", "nodes"]
     apart = dataclasses.replace(plan, stability=2)
     assert dict(task_plan(folded))["stability"] == dict(task_plan(apart))["stability"] - 2
+    # nodes ranked by the joint path: its stage before the search, and each stability rerun ranks by it too (its
+    # clean and corrupted runs, 6 passes for the path, where EAP-IG's rerun took 3 a point)
+    joint = dataclasses.replace(plan, node_ranking="joint", stability=2, folded=True)
+    assert [name for name, _ in task_plan(joint)][:4] == ["clean", "attribute", "joint", "nodes"]
+    assert dict(task_plan(joint))["joint"] == 6
+    assert dict(task_plan(joint))["stability"] == dict(task_plan(folded))["stability"] + 2 * (1 + 6 - 3 * 3)
 
 
 @pytest.mark.parametrize("where", ["circuitkit.pipeline:scan", "circuitkit.tasks.scan:scan_task"])

@@ -174,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a task's key/value edges on a grouped-query model: one per key/value head (grouped, "
                       "default) or one per query head (per-query-head, as EAP-IG's graph; edge passes cost a copy "
                       "of the pairs per query head of a group)")
+    # tasks.circuit.NODE_RANKINGS, not imported: --help stays free of torch
+    scan.add_argument("--node-ranking", choices=("eap-ig", "joint"), default=None,
+                      help="what orders a task's nodes for its node circuit: their EAP-IG scores (eap-ig, default) "
+                      "or their shares along the joint path from every node patched to none (joint: the induction "
+                      "scan's ranking; 6 passes)")
     # tasks.search.EDGE_SEARCH_NAMES, not imported: --help stays free of torch
     scan.add_argument("--edge-search", choices=("ranked", "refined"), default=None,
                       help="how a task's edge circuit is found: the smallest top-k set by EAP-IG score (ranked, "
@@ -269,6 +274,7 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "ig_points": ((INDUCTION,), "the induction scan's attribution is not EAP-IG along a task's input path"),
     "kv_edges": ((INDUCTION,), "the induction scan has no task edge graph"),
     "edge_search": ((INDUCTION,), "the induction scan has no task edge circuit to search"),
+    "node_ranking": ((INDUCTION,), "the induction scan ranks its heads by the joint path already"),
 }
 
 
@@ -283,11 +289,12 @@ def _search_options(args: argparse.Namespace) -> dict[str, float] | None:
 
 
 def _given_split(args: argparse.Namespace) -> dict[str, Any]:
-    """``holdout``, ``target_on``, ``ig_points``, ``kv_edges``, ``edge_search``, ``search`` and its options where the
-    command line gave them (else the task scan's own defaults)."""
+    """``holdout``, ``target_on``, ``ig_points``, ``kv_edges``, ``edge_search``, ``search`` and its options and
+    ``node_ranking`` where the command line gave them (else the task scan's own defaults)."""
     return {key: value for key, value in (("holdout", args.holdout), ("target_on", args.target_on),
                                           ("ig_points", args.ig_points), ("kv_edges", args.kv_edges),
                                           ("edge_search", args.edge_search), ("search", args.search),
+                                          ("node_ranking", args.node_ranking),
                                           ("search_options", _search_options(args)))
             if value is not None}
 

@@ -580,6 +580,7 @@ def scan(
     edge_search: str | None = None,
     search: str | None = None,
     search_options: dict[str, Any] | None = None,
+    node_ranking: str | None = None,
 ) -> Scan:
     """Score every head, check the important ones causally, find the circuit, read composition and spectra.
 
@@ -651,6 +652,9 @@ def scan(
             ranking's. With a task: its node circuit (:func:`circuitkit.tasks.scan_task`). ``search_options``: the
             search's own (e.g. ``{"max_passes": 40}``, the refined search's pass budget; ``circuit.search.settings``
             in ``scores.json`` records what ran).
+        node_ranking: what orders a task's nodes, ``"eap-ig"`` (their EAP-IG node scores) or ``"joint"`` (their
+            shares along the joint path from every node patched to none, the induction scan's own ranking)
+            (:func:`circuitkit.tasks.scan_task`; None: its default); the induction scan takes none.
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``
@@ -668,7 +672,7 @@ def scan(
         print("scan: preparing the model and the batch", file=sys.stderr, flush=True)
     model, name = _model_and_name(model, name, task, device=device, allow_download=allow_download, dtype=dtype)
     task_only = dict(prepend_bos=prepend_bos, metric=metric, holdout=holdout, target_on=target_on,  # a task's own
-                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search)
+                     ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search, node_ranking=node_ranking)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges, **task_only)
@@ -790,7 +794,7 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any, name: str | None, mode: str,
                prepend_bos: Any = None, metric: Any = None, holdout: float | None = None,
                target_on: str | None = None, edges: bool = True, ig_points: str | None = None,
-               kv_edges: str | None = None, edge_search: str | None = None) -> Any:
+               kv_edges: str | None = None, edge_search: str | None = None, node_ranking: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`) with the scan's checked ``options`` that apply to a task
     (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``, ``search`` and its options), its
     progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`)."""
@@ -808,6 +812,7 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                      **({} if ig_points is None else {"ig_points": ig_points}),
                      **({} if kv_edges is None else {"kv_edges": kv_edges}),
                      **({} if edge_search is None else {"edge_search": edge_search}),
+                     **({} if node_ranking is None else {"node_ranking": node_ranking}),
                      search=options["search"], search_options=options["search_options"])
 
 

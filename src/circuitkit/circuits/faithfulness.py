@@ -56,6 +56,9 @@ from circuitkit.circuits.curve import CurvePoint, check_gap, faithfulness_of, ha
 from circuitkit.circuits.intervals import circuit_intervals
 from circuitkit.circuits.intervals import head_mask as _mask
 from circuitkit.detect.ablation import check_heads, copies_per_forward
+from circuitkit.detect.joint_path import RADAU_POINTS, Gate
+from circuitkit.detect.joint_path import gate_gradients as joint_gate_gradients
+from circuitkit.detect.joint_path import radau_shares as joint_rule
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import open_session
@@ -465,15 +468,6 @@ def joint_attribution(ablator: Ablator, steps: int = DEFAULT_JOINT_STEPS) -> Ten
     return gradients.mean(dim=0)
 
 
-RADAU_POINTS = (1 / 3, 1.0)
-RADAU_WEIGHTS = (0.75, 0.25)
-"""The joint path's rule in the circuit search: Gauss-Radau with its fixed node at the clean end, ``int_0^1 f ~
-3/4 f(1/3) + 1/4 f(1)`` (exact for polynomials up to degree 2, as Simpson's rule with one point fewer). The clean
-end's gradient is minus the scan's own attribution estimate (:func:`radau_shares`), so the scan pays one stacked
-copy (3 passes) for the ranking instead of two midpoints' 6. Measured on Qwen2.5-Coder-0.5B (benchmarks/README.md,
-"Real models at real speed"): this ranking reaches faithfulness 0.8 with 12 heads, two midpoints with 17."""
-
-
 def radau_shares(ablator: Ablator, clean_gradient: Tensor | None = None) -> Tensor:
     """The joint-path shares (:func:`joint_attribution`) by the Gauss-Radau rule :data:`RADAU_POINTS`:
     ``3/4 g(1/3) + 1/4 g(1)`` with ``g(alpha)`` ``[layer, head]`` = ``dL/dg`` with every gate at ``alpha``.
@@ -488,45 +482,30 @@ def radau_shares(ablator: Ablator, clean_gradient: Tensor | None = None) -> Tens
     else:
         inner = gate_gradients(ablator, torch.tensor(RADAU_POINTS[:1], dtype=torch.float64, device="cpu"))[0]
         end = clean_gradient.detach().float().cpu()
-    shares = RADAU_WEIGHTS[0] * inner + RADAU_WEIGHTS[1] * end
+    shares = joint_rule(inner, end)
     return validate.finite_result("joint_attribution", shares, why="the gated model's gradients overflowed")
 
 
 def gate_gradients(ablator: Ablator, alphas: Tensor) -> Tensor:
     """``dL/dg`` ``[points, layer, head]`` at every gate set to each ``alpha`` (see :func:`joint_attribution`): the
     points run as stacked copies of the batch in one forward and one backward pass (``3 * points`` passes, counted
-    on ``ablator``)."""
-    from circuitkit.detect.attribution import frozen_parameters
-
+    on ``ablator``), through the joint path of both engines (:func:`circuitkit.detect.joint_path.gate_gradients`)
+    with each head's ``z`` gated between its ablated value and itself and the loss on the repeated copies."""
     adapter, batch = ablator.adapter, ablator.batch
     spec = adapter.spec
-    tokens = batch.tokens
-    B = tokens.shape[0]
     steps = len(alphas)
-    gates = {layer: None for layer in range(spec.n_layers)}
+    copies = batch.tokens.repeat(steps, 1)
 
-    def hook(z: Tensor, hook: Any) -> Tensor:
-        layer = HOOKS.layer_of(hook.name)
-        gate = alphas.to(device=z.device, dtype=z.dtype)[:, None].expand(steps, spec.n_heads).clone()
-        gate.requires_grad_(True)
-        gates[layer] = gate
-        view = z.view(steps, B, *z.shape[1:])
-        value = ablator.values[layer].to(device=z.device, dtype=z.dtype)
-        value = value[None, None, None] if value.ndim == 2 else value[None]
-        return (value + gate[:, None, None, :, None] * (view - value)).reshape(z.shape)
+    def losses(logits: Tensor) -> Tensor:  # each point's mean loss on the repeated copies, [points]
+        return token_losses(logits, copies, batch.repeated_copies).view(steps, -1).mean(dim=1)
 
-    copies = tokens.repeat(steps, 1)
-    with frozen_parameters(adapter.model), torch.enable_grad():
-        logits = adapter.run(copies, [(HOOKS.z(layer), hook) for layer in range(spec.n_layers)],
-                             positions=ablator.positions)
-        losses = token_losses(logits, copies, batch.repeated_copies).view(steps, -1).mean(dim=1)
-        layers = sorted(gates)
-        grads = torch.autograd.grad(losses.sum(), [gates[layer] for layer in layers], allow_unused=True)
+    gates = [Gate(HOOKS.z(layer), ablator.values[layer]) for layer in range(spec.n_layers)]
+    grads = joint_gate_gradients(adapter, batch.tokens, gates, alphas, losses, positions=ablator.positions)
     ablator.passes += 3 * steps
     out = torch.zeros(steps, spec.n_layers, spec.n_heads, device="cpu")
-    for layer, grad in zip(layers, grads, strict=True):
+    for layer, grad in enumerate(grads):
         if grad is not None:
-            out[:, layer] = grad.detach().float().cpu()
+            out[:, layer] = grad
     return validate.finite_result("joint_attribution", out, why="the gated model's gradients overflowed")
 
 

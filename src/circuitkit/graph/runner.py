@@ -988,6 +988,47 @@ class TaskRunner:
             out[kind.name] = scores
         return out
 
+    def joint_shares(self, mlp_nodes: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        """Each node's share of the metric's change along the joint path from every node patched to none
+        (:mod:`circuitkit.detect.joint_path`, the induction scan's ranking): every head's ``z`` (with
+        ``mlp_nodes`` every MLP's output, and every further node type's units) gated between its
+        :meth:`values_of` and itself, the gates' gradients of the mean metric at ``alpha = 1/3`` and ``1`` taken as
+        two stacked copies of one forward and one backward pass (6 passes) and combined by the Gauss-Radau rule.
+        The shares add up to about ``M(clean) - M(every node patched)``; positive: restoring the node restores the
+        behaviour. Returns ``(scores [sender], {type: [layer, nodes]})`` as :meth:`node_attribution` does (0 for
+        the input, and for the MLPs without ``mlp_nodes``)."""
+        from circuitkit.detect.joint_path import RADAU_POINTS, Gate, gate_gradients, radau_shares
+
+        graph, spec = self.graph, self.spec
+        L = spec.n_layers
+        kinds = [HEAD, *([MLP] if mlp_nodes and graph.mlps else []), *self.extra_types]
+        gates, where = [], []
+        for kind in kinds:
+            values = self.values_of(kind.name)
+            for layer in range(L):
+                units = values[layer].shape[2]
+                count = kind.count(spec)
+                groups = None if units == count else groups_of(units, count, "cpu")
+                gates.append(Gate(kind.hook(layer), values[layer], groups))
+                where.append((kind.name, layer))
+        alphas = torch.tensor(RADAU_POINTS, dtype=torch.float64, device="cpu")
+        grads = gate_gradients(self.adapter, self.batch.clean, gates, alphas,
+                               lambda logits: self.metric(logits).mean(dim=-1), positions=self.positions)
+        self.passes += 3.0 * len(alphas)
+        shares = {kind.name: torch.zeros(L, kind.count(spec), device="cpu") for kind in kinds}
+        for (name, layer), grad in zip(where, grads, strict=True):
+            if grad is not None:
+                shares[name][layer] = radau_shares(grad[0], grad[1])
+        validate.finite_result("joint_shares", torch.cat([v.flatten() for v in shares.values()]),
+                               why="the gated model's gradients overflowed")
+        scores = torch.zeros(len(graph.senders))
+        for layer in range(L):
+            for h in range(spec.n_heads):
+                scores[graph.sender_index(layer, h)] = shares["head"][layer, h]
+            if "mlp" in shares:
+                scores[graph.sender_index(layer, None)] = shares["mlp"][layer, 0]
+        return scores, {kind.name: shares[kind.name] for kind in self.extra_types}
+
     def node_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> Tensor:
         """:meth:`node_attribution`'s scores of the heads and MLPs, ``[sender]``."""
         return self.node_attribution(steps, points)[0]

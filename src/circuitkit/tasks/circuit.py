@@ -68,6 +68,10 @@ from circuitkit.ranking import head_name
 EDGE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Circuit sizes as fractions of all edges (MIB's ``percentages``, ``MIB_circuit_track/evaluation.py`` line 31)."""
 RANKS = ("signed", "abs")
+NODE_RANKINGS = ("eap-ig", "joint")
+"""What orders the nodes of a node circuit: their EAP-IG node scores (``"eap-ig"``, the default: the input path from
+the corrupted prompts to the clean ones) or their shares along the joint path from every node patched to none
+(``"joint"``, :meth:`~circuitkit.graph.runner.TaskRunner.joint_shares`: the induction scan's ranking, 6 passes)."""
 EDGE_RESOLUTION = 1 / 64
 """The edge circuit's size is bisected to within this share of itself (a circuit of 8,000 edges to within 125):
 each halving is a patched pass, and the last few would move the size by less than the curve's own noise."""
@@ -152,6 +156,9 @@ class TaskCircuit:
     edge_search: Any = None
     """The edge search beyond ranking that chose ``edges`` (the same record, ``circuit.edge_search``); None for the
     ranked edge circuit."""
+    ranked_by: str = "eap-ig"
+    """What ordered the nodes (:data:`NODE_RANKINGS`), written as ``circuit.ranked_by`` (as the induction circuit's)
+    where it is not the default."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -182,6 +189,7 @@ class TaskCircuit:
             **({"nodes": {name: list(labels) for name, labels in self.nodes.items()}} if self.nodes else {}),
             **({"search": self.search.to_json()} if self.search is not None else {}),
             **({"edge_search": self.edge_search.to_json()} if self.edge_search is not None else {}),
+            **({"ranked_by": self.ranked_by} if self.ranked_by != "eap-ig" else {}),
         }
 
 
@@ -598,6 +606,7 @@ def mib_areas(curves: dict[str, list[float]], sizes: list[int]) -> dict[str, Any
                       "area_from_1": area_from_1(curves[rank])} for rank in RANKS}}
 
 
-__all__ = ["CurvePoint", "EDGE_FRACTIONS", "EdgeEffect", "NoBehaviour", "NodeCircuit", "RANKS", "TaskCircuit",
-           "area_from_1", "area_under", "edge_circuit", "edge_intervals", "effect_intervals", "exact_effects",
-           "mib_areas", "mib_sizes", "node_circuit", "node_masks", "node_order", "sender_scores", "typed_order"]
+__all__ = ["CurvePoint", "EDGE_FRACTIONS", "EdgeEffect", "NODE_RANKINGS", "NoBehaviour", "NodeCircuit", "RANKS",
+           "TaskCircuit", "area_from_1", "area_under", "edge_circuit", "edge_intervals", "effect_intervals",
+           "exact_effects", "mib_areas", "mib_sizes", "node_circuit", "node_masks", "node_order", "sender_scores",
+           "typed_order"]

@@ -160,7 +160,9 @@ def faithfulness_section(scan: Any) -> Section | None:
     whisker = {size: c.intervals["faithfulness"]} if "faithfulness" in c.intervals else None
     figures = [(faithfulness_curve([(p.size, p.faithfulness) for p in c.curve], c.target, size, c.n_nodes_total,
                                    whisker, unit=unit, searched=_searched(scan, c.faithfulness)),
-                f"Node circuit: the top-n {unit} by EAP-IG score kept, every other one patched from the corrupted "
+                f"Node circuit: the top-n {unit} by "
+                f"{'joint-path share' if c.ranked_by == 'joint' else 'EAP-IG score'} kept, every other one patched "
+                "from the corrupted "
                 "prompt (every point measured; the whisker: the interval over the pairs)."
                 + _searched_nodes(scan, size, unit, c.faithfulness))]
     other = c.other_set

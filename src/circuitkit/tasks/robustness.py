@@ -61,10 +61,11 @@ def random_node_sets(runner: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: b
 
 
 def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: float, rank: str, mlp_nodes: bool,
-                   seed: int = 0, progress: Any = None, points: str = "left") -> Stability:
+                   seed: int = 0, progress: Any = None, points: str = "left", ranking: str = "eap-ig") -> Stability:
     """:class:`~circuitkit.circuits.stability.Stability` of the node search on ``runner``'s pairs: rerun on
     ``n_resamples`` bootstrap resamples of them (module docstring); a resample whose corrupted prompts change
-    nothing has no circuit (None). ``progress(passes)`` after each rerun; ``points``: the scan's EAP-IG points."""
+    nothing has no circuit (None). ``progress(passes)`` after each rerun; ``points``: the scan's EAP-IG points;
+    ``ranking``: what orders each rerun's nodes, as in the scan (:data:`~circuitkit.tasks.circuit.NODE_RANKINGS`)."""
     spec, batch = runner.spec, runner.batch
     counts = resample_counts(batch.n_pairs, n_resamples, seed)
     circuits: list[tuple | None] = []
@@ -77,7 +78,9 @@ def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: flo
                            ablation=runner.ablation, budget=runner.budget, weights=runner.weights)
         rerun.direct = False
         try:
-            if rerun.edges_defined:
+            if ranking == "joint":
+                node_scores, _ = rerun.joint_shares(mlp_nodes)
+            elif rerun.edges_defined:
                 _, node_scores = rerun.edge_gradients(steps, points)
             else:
                 node_scores = rerun.node_gradients(steps, points)

@@ -42,7 +42,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
 from circuitkit.scan_record import StageRecord
 from circuitkit.stage import run_planned
-from circuitkit.tasks.circuit import RANKS, TaskCircuit, edge_intervals, effect_intervals
+from circuitkit.tasks.circuit import NODE_RANKINGS, RANKS, TaskCircuit, edge_intervals, effect_intervals
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
 from circuitkit.tasks.other_set import circuit_intervals
 from circuitkit.tasks.record import TASK_FORMAT
@@ -190,9 +190,10 @@ class TaskScan:
             listed = ", ".join(members[:20]) + (" ..." if len(members) > 20 else "")
             noun = self.nodes[name].get("plural") if name in self.nodes else None
             mlps += f" and {len(members)} of {total} {noun or name + ' nodes'} ({listed or 'none'})"
+        ranked = "; nodes ranked by the joint path" if c.ranked_by == "joint" else ""
         lines.append(f"Node circuit: {len(c.heads)} of {self.model.n_layers * self.model.n_heads} heads{mlps} "
                      f"reach faithfulness {c.faithfulness:.3f}{_ci(c.intervals.get('faithfulness'))} (target "
-                     f"{c.target}{self._searched()}); patching only them loses {c.necessity:+.3f}"
+                     f"{c.target}{self._searched()}{ranked}); patching only them loses {c.necessity:+.3f}"
                      f"{_ci(c.intervals.get('necessity'))}. Heads: {heads}.")
         lines += [f"  {name}: {text}." for name, text in (member_explanations(self) or {}).items()]
         other = c.other_set
@@ -316,6 +317,10 @@ class TaskScan:
         return summary_html(self)
 
 
+def _joint(scan: Any) -> bool:
+    return scan.circuit is not None and scan.circuit.ranked_by == "joint"
+
+
 LEGEND = (
     (r"Heads: \d+\.\d+|\d+\.\d+->|->\d+\.\d+:", "L.H = head H of layer L (from 0)"),
     (r"\bm\d+\b(?!\.n\d)", "mN = the MLP of layer N"),
@@ -325,8 +330,11 @@ LEGEND = (
     (r"\d+\.\d+:[kv]\b", "L.H:k / L.H:v = head L.H's own key / value input"),
     (r"->", "A->B = the edge from A's output to B's input"),
     (r"\binput->", "input = the residual stream entering layer 0 (the embeddings)"),
-    (r"EAP-IG", "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), the "
-                "first-order estimate the heads and edges are ranked by"),
+    (r"EAP-IG", lambda scan: "EAP-IG = edge attribution patching with integrated gradients (Hanna et al. 2024), "
+                             "the first-order estimate the " + ("edges are ranked by" if _joint(scan) else
+                                                                "heads and edges are ranked by")),
+    (r"joint path", "joint path = every node's activation moved together from its patched value to its own; a "
+                    "node's share of the metric's change along it ranks the nodes (the induction scan's ranking)"),
     (r"\bCPR\b", "CPR = area under the faithfulness curve of the top 0.1% to 100% of the edges by signed score "
                 "(MIB's circuit performance ratio; higher is better)"),
     (r"\bCMD\b", "CMD = area between 1 and the curve of the edges by absolute score (MIB's circuit-model "
@@ -375,7 +383,7 @@ def _num(value: Any) -> float | None:
 
 @keeps_model_state
 def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
-              rank: str = "abs",
+              rank: str = "abs", node_ranking: str = "eap-ig",
               steps: int = DEFAULT_IG_STEPS, ig_points: str = DEFAULT_IG_POINTS, edges: bool = True,
               device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
@@ -393,6 +401,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             clean, recomputed from its input, and the node circuit is a set of heads).
         rank: order nodes and edges by ``"abs"`` (default, as EAP-IG's ``apply_topn``: an edge that works strongly
             against the behaviour is still part of the mechanism) or ``"signed"`` EAP-IG score.
+        node_ranking: what orders the nodes for the node circuit: ``"eap-ig"`` (default: their EAP-IG node scores,
+            on the path from the corrupted input to the clean one) or ``"joint"`` (stage ``joint``: each node's
+            share of the metric's change along the joint path from every node patched to none, every node's
+            activation moved together from its patched value to its own: nodes that matter only together are
+            credited together; the induction scan's ranking, 6 passes; ``rank`` still says signed or absolute).
+            The circuit records it as ``circuit.ranked_by``; edges are ranked by EAP-IG either way.
         steps: EAP-IG interpolation points.
         ig_points: where on the path from the corrupted to the clean input they lie: ``"left"`` (default:
             ``alpha = 0, 1/steps, .., (steps-1)/steps``, as EAP-IG's own code, so scores and circuits compare one
@@ -468,7 +482,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
 
     task, o = _checked(task, metric=metric, target=target, holdout=holdout, split_seed=split_seed,
                        target_on=target_on, search=search, search_options=search_options, edge_search=edge_search,
-                       edge_search_options=edge_search_options, rank=rank, steps=steps, ig_points=ig_points,
+                       edge_search_options=edge_search_options, rank=rank, node_ranking=node_ranking, steps=steps,
+                       ig_points=ig_points,
                        edges=edges, kv_edges=kv_edges, quick=quick, random_sets=random_sets, stability=stability,
                        n_resamples=n_resamples, ci_level=ci_level, mlp_nodes=mlp_nodes, name=name, progress=progress,
                        neuron_groups=neuron_groups, node_types=node_types)
@@ -487,7 +502,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
 
 
 def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: Any, target_on: Any, search: Any,
-             search_options: Any, edge_search: Any, edge_search_options: Any, rank: Any, steps: Any, ig_points: Any,
+             search_options: Any, edge_search: Any, edge_search_options: Any, rank: Any, node_ranking: Any,
+             steps: Any, ig_points: Any,
              edges: Any, kv_edges: Any, quick: Any, random_sets: Any, stability: Any, n_resamples: Any,
              ci_level: Any, mlp_nodes: Any, name: Any, progress: Any, neuron_groups: Any,
              node_types: Any) -> tuple[Task, TaskOptions]:
@@ -521,6 +537,7 @@ def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: A
                             "edge_search='ranked' (the ranked edge circuit takes no options)")
     edge_options = _edge_options(edge_search, edge_search_options)
     rank = validate.option("scan_task: rank", rank, RANKS)
+    node_ranking = validate.option("scan_task: node_ranking", node_ranking, NODE_RANKINGS)
     steps = validate.integer("scan_task: steps", steps, minimum=1, maximum=64)
     ig_points = validate.option("scan_task: ig_points", ig_points, IG_POINTS)
     edges = validate.boolean("scan_task: edges", edges)
@@ -553,7 +570,8 @@ def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: A
     return task, TaskOptions(target, rank, steps, ig_points, quick, random_sets, stability, n_resamples, ci_level,
                              mlp_nodes, node_search, search_options, edge_search, edge_options, holdout=holdout,
                              split_seed=split_seed, target_on=target_on, edges=edges, kv_edges=kv_edges,
-                             node_types=extra, neuron_groups=neuron_groups, name=name, mode=mode)
+                             node_types=extra, neuron_groups=neuron_groups, name=name, mode=mode,
+                             node_ranking=node_ranking)
 
 
 def _prepared(adapter: Any, task: Task, batch: Any, mlps: bool, o: TaskOptions,
@@ -563,7 +581,9 @@ def _prepared(adapter: Any, task: Task, batch: Any, mlps: bool, o: TaskOptions,
     (the set the target applies to searched, the other measured)."""
     discovery_index, evaluation_index = split_pairs(task.n_pairs, o.holdout, o.split_seed)
     split = evaluation_index is not None
-    memory = check_task_memory(adapter, batch.n_pairs, batch.pos, steps=o.steps, mlps=mlps,
+    # the joint path stacks two copies of the pairs with gradients, as EAP-IG does its points (with fewer leaves)
+    steps = max(o.steps, 2) if o.node_ranking == "joint" else o.steps
+    memory = check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
                                edges=o.edges and bool(adapter.additive_heads),
                                evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
                                logit_positions=logit_positions(adapter, batch.last, batch.pos,
@@ -602,7 +622,7 @@ def _plan(state: TaskScanState, o: TaskOptions) -> PlanInputs:
                       random_sets=o.random_sets, stability=o.stability, search=o.node_search,
                       search_passes=search_estimate(o.node_search, o.search_options), kv_copies=graph.kv_copies,
                       edge_search=o.edge_search, edge_search_passes=_budget(o.edge_options.get("max_passes")),
-                      folded=runner.folds_corrupted(o.steps, o.ig_points))
+                      folded=runner.folds_corrupted(o.steps, o.ig_points), node_ranking=o.node_ranking)
 
 
 def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split: tuple[Tensor, Tensor | None],
@@ -639,6 +659,8 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": o.n_resamples,
                 "ci_level": o.ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
                 "split": split_record}
+    if o.node_ranking != "eap-ig":  # only where asked, as the node types below
+        settings["node_ranking"] = o.node_ranking
     if o.node_types:  # only where asked: the settings of a scan without further node types are as they were
         settings["neuron_groups"] = o.neuron_groups
         settings["node_types"] = [kind.name for kind in o.node_types]
@@ -697,7 +719,7 @@ def _circuit(state: TaskScanState, task: Task) -> TaskCircuit:
                        names, edge_faith, edge_curve, n_edges, cpr, cmd, effects, o.rank, float(clean.mean()),
                        float(corrupted.mean()), node.all_patched, intervals=intervals, other_set=state.other_set,
                        nodes=node.nodes, edge_areas=areas, ablation=task.ablation, search=state.node_result,
-                       edge_search=state.edge_result)
+                       edge_search=state.edge_result, ranked_by=o.node_ranking)
 
 
 def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:

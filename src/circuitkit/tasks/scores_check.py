@@ -165,6 +165,11 @@ class TaskScoresCheck(ScoresCheck):
             from circuitkit.graph.runner import IG_POINTS
 
             self.option(settings["ig_points"], "settings.ig_points", IG_POINTS)
+        self.node_ranking = "eap-ig"  # absent: EAP-IG ordered the nodes (written only where another did)
+        if "node_ranking" in settings:
+            from circuitkit.tasks.circuit import NODE_RANKINGS
+
+            self.node_ranking = self.option(settings["node_ranking"], "settings.node_ranking", NODE_RANKINGS)
         if "kv_edges" in settings:
             from circuitkit.graph.nodes import KV_EDGES
 
@@ -318,10 +323,10 @@ class TaskScoresCheck(ScoresCheck):
             self.number(point["metric"], f"{at}.metric", nullable=False)
 
     def circuit(self, value: Any) -> None:  # noqa: C901 - one field after another
-        from circuitkit.tasks.circuit import RANKS
+        from circuitkit.tasks.circuit import NODE_RANKINGS, RANKS
 
         c = self.obj(value, "circuit", CIRCUIT_REQUIRED, ("ci", "explanations", "nodes", "cpr_cmd", "search",
-                                                          "edge_search"), nullable=True)
+                                                          "edge_search", "ranked_by"), nullable=True)
         if c is None:
             return
         for name, labels in self.obj(c.get("nodes", {}), "circuit.nodes").items():  # further node types' members
@@ -353,6 +358,14 @@ class TaskScoresCheck(ScoresCheck):
 
         self.option(c["ablation"], "circuit.ablation", ABLATIONS)
         self.option(c["rank"], "circuit.rank", RANKS)
+        if "ranked_by" in c:  # written where the nodes were not ranked by EAP-IG
+            self.option(c["ranked_by"], "circuit.ranked_by", NODE_RANKINGS)
+            if c["ranked_by"] != self.node_ranking:
+                raise self.fail("circuit.ranked_by", c["ranked_by"], f"the ranking the settings name "
+                                                                      f"({self.node_ranking!r})")
+        elif self.node_ranking != "eap-ig":
+            raise self.fail("circuit", validate.given("no ranked_by"), f"circuit.ranked_by {self.node_ranking!r}, as "
+                                                                       "settings.node_ranking says")
         further = sum(len(labels) for labels in self.node_labels.values())
         nodes = self.integer(c["nodes_total"], "circuit.nodes_total", 1,
                              self.n_layers * (self.n_heads + 1) + further)

@@ -70,6 +70,8 @@ class PlanInputs:
     folded: bool = False
     """EAP-IG's first point is the corrupted run (:meth:`~circuitkit.graph.runner.TaskRunner.folds_corrupted`):
     the corrupted stage does not run apart, and neither do the stability reruns' corrupted runs."""
+    node_ranking: str = "eap-ig"
+    """What orders the nodes (:data:`~circuitkit.tasks.circuit.NODE_RANKINGS`): ``"joint"`` adds the joint stage."""
 
 
 def coarse_applies(pairs: int) -> bool:
@@ -122,11 +124,19 @@ def held_estimate(plan: PlanInputs, curve_sizes: int | None = None, share: float
     return 1 + 1 + share * (sizes + 1 + searched) + (plan.kv_copies if plan.edges else 0)
 
 
+JOINT_PASSES = 6
+"""The joint path's passes (:meth:`~circuitkit.graph.runner.TaskRunner.joint_shares`): two points stacked, one
+forward and one backward."""
+
+
 def stability_estimate(plan: PlanInputs) -> float:
     """Each resample: its clean and corrupted runs (forward only; the corrupted run EAP-IG's first point where
-    ``folded``), EAP-IG and the node search."""
-    references = 1 if plan.folded else 2
-    return plan.stability * (references + 3 * plan.steps + node_estimate(plan.nodes, plan.pairs))
+    ``folded``), the ranking (EAP-IG, or the joint path) and the node search."""
+    if plan.node_ranking == "joint":
+        ranking, references = JOINT_PASSES, 2
+    else:
+        ranking, references = 3 * plan.steps, 1 if plan.folded else 2
+    return plan.stability * (references + ranking + node_estimate(plan.nodes, plan.pairs))
 
 
 @dataclass(frozen=True)
@@ -137,7 +147,7 @@ class TaskOptions:
     ``search_options``) and the edge search (``edge_search``, ``edge_options`` with its pass budget); the scan's
     setup and record the rest: the split (``holdout``, ``split_seed``, ``target_on``), ``edges`` (asked for; with
     ``quick``, off), ``kv_edges``, the further ``node_types`` (the neuron groups first, where ``neuron_groups``),
-    the model's ``name`` and the progress ``mode``."""
+    the model's ``name``, the progress ``mode`` and what orders the nodes, ``node_ranking``."""
 
     target: float
     rank: str
@@ -162,6 +172,7 @@ class TaskOptions:
     neuron_groups: int | None = None
     name: str | None = None
     mode: str = "off"
+    node_ranking: str = "eap-ig"
 
 
 NO_EDGES = ((), None, (), None, None, ())
@@ -176,7 +187,8 @@ class TaskScanState:
     not split), of which ``search`` is the set the target applies to and ``other`` the rest; ``told``, the user's
     ``progress(stage, passes)``; ``reruns``, the stability stage's passes (run by runners of its own); and each
     stage's results, empty until the stage that writes them ran: the reference runs (``clean``, ``corrupted``),
-    EAP-IG's edge ``scores``, ``node_scores`` and further node types' scores (``typed``), the node circuit
+    EAP-IG's edge ``scores``, ``node_scores`` and further node types' scores (``typed``), the joint path's shares
+    where they order the nodes (``ranking``, ``ranking_typed``; :meth:`ranked_by`), the node circuit
     (``node``, a :class:`~circuitkit.tasks.circuit.NodeCircuit`; ``node_result``, the search beyond ranking that
     chose it), ``error`` (why there is no node or edge circuit), the random sets (``baseline``), ``stable``, the edge
     circuit (``edge_part``: :func:`~circuitkit.tasks.circuit.edge_circuit`'s tuple; ``edge_pairs``, each pair's
@@ -194,6 +206,8 @@ class TaskScanState:
     scores: Tensor | None = None
     node_scores: Tensor | None = None
     typed: dict[str, Tensor] = field(default_factory=dict)
+    ranking: Tensor | None = None
+    ranking_typed: dict[str, Tensor] = field(default_factory=dict)
     node: NodeCircuit | None = None
     node_result: SearchResult | None = None
     error: str | None = None
@@ -207,6 +221,13 @@ class TaskScanState:
     def __post_init__(self) -> None:
         if not self.edge_part:
             self.edge_part = (*NO_EDGES, self.runner.graph.n_edges, None)
+
+    def ranked_by(self) -> tuple[Tensor | None, dict[str, Tensor]]:
+        """The scores that order the nodes ``[sender]`` and the further node types' ``{type: [layer, nodes]}``: the
+        joint path's shares where the joint stage ran, else EAP-IG's node scores."""
+        if self.ranking is not None:
+            return self.ranking, self.ranking_typed
+        return self.node_scores, self.typed
 
     def passes(self) -> float:
         """Every pass counted so far, on both sets of pairs and in the stability reruns."""
@@ -265,15 +286,23 @@ def attribute_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     state.corrupted = runner.corrupted  # run by now: apart (the corrupted stage) or as EAP-IG's first point
 
 
+def joint_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    """The nodes' shares along the joint path, on the pairs EAP-IG ran on: they order the nodes from here on."""
+    o = state.options
+    state.ranking, state.ranking_typed = state.staged(
+        bar, "joint", lambda advance: state.runner.joint_shares(o.mlp_nodes))
+
+
 def nodes_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     from circuitkit.circuits.curve import NoBehaviour
     from circuitkit.tasks.circuit import node_circuit
 
     o = state.options
+    scores, typed = state.ranked_by()
     try:
         state.node = state.staged(
-            bar, "nodes", lambda advance: node_circuit(state.search, state.node_scores, o.target, o.rank,
-                                                       mlp_nodes=o.mlp_nodes, progress=advance, types=state.typed),
+            bar, "nodes", lambda advance: node_circuit(state.search, scores, o.target, o.rank,
+                                                       mlp_nodes=o.mlp_nodes, progress=advance, types=typed),
             lambda found: f"the search measured {len(found.curve) - 2} sizes and stopped at "
                           f"{len(found.heads) + len(found.mlps)} nodes")
     except NoBehaviour as error:  # reported, not raised
@@ -288,9 +317,10 @@ def search_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     from circuitkit.tasks.search import search_node_circuit
 
     o = state.options
+    scores, _ = state.ranked_by()
     try:
         searched, state.node_result = state.staged(bar, "search", lambda advance: search_node_circuit(
-            o.node_search, state.search, state.node_scores, tuple(state.node[:8]), o.target, o.rank,
+            o.node_search, state.search, scores, tuple(state.node[:8]), o.target, o.rank,
             mlp_nodes=o.mlp_nodes, options=o.search_options),
             lambda out: f"{out[1].start} -> {out[1].size} nodes at {out[1].faithfulness:.3f}, "
                         + stop_words(out[1].settings.get("stopped")))
@@ -322,7 +352,7 @@ def stability_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
             advance()
 
         return node_stability(state.search, o.stability, o.steps, o.target, o.rank, o.mlp_nodes,
-                              progress=told_rerun, points=o.ig_points)
+                              progress=told_rerun, points=o.ig_points, ranking=o.node_ranking)
 
     state.stable = state.staged(bar, "stability", rerun_counted)
 
@@ -373,10 +403,12 @@ def held_out_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     bar.revise("held-out", held_estimate(replace(plan, edges=bool(names)), sizes, share),
                f"the node curve has {sizes} sizes to measure there, at {share:.2f} of a pass a set as in the search")
 
+    scores, typed = state.ranked_by()
+
     def measure(advance: Any) -> dict[str, Any]:
         out = other_set_figures(other, "discovery" if other is state.runner else "evaluation",
-                                () if o.quick else node.curve, n_found, state.node_scores, o.rank, o.mlp_nodes, names,
-                                node.n_nodes, state.typed, o.n_resamples, o.ci_level)
+                                () if o.quick else node.curve, n_found, scores, o.rank, o.mlp_nodes, names,
+                                node.n_nodes, typed, o.n_resamples, o.ci_level)
         if o.node_search != "ranked":  # the searched set itself on the other pairs, with its own intervals
             searched: dict[str, Any] = {}
             out.update(held_out(other, node.heads, node.mlps, o.mlp_nodes, searched))
@@ -421,11 +453,16 @@ TASK_STAGES: tuple[Stage[TaskScanState, PlanInputs], ...] = (
           "alpha = 0, is the corrupted run, read from its copy where it has not run apart",
           reads=("runner", "clean"), writes=("corrupted", "scores", "node_scores", "typed"),
           estimate=lambda p, state: 3 * p.steps * p.kv_copies, run=attribute_stage),
+    Stage("joint", "the nodes' shares along the joint path from every node patched to none, which order them "
+          "(opt-in: two points stacked in one forward + backward)", reads=("runner", "corrupted"),
+          writes=("ranking", "ranking_typed"), estimate=lambda p, state: JOINT_PASSES, run=joint_stage,
+          runs=lambda p: p.node_ranking == "joint"),
     Stage("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a coarse "
-          "search on a quarter of the pairs first), necessity", reads=("search", "node_scores", "typed"),
+          "search on a quarter of the pairs first), necessity", reads=("search", "node_scores", "typed",
+                                                                         "ranking", "ranking_typed"),
           writes=("node", "error"), estimate=lambda p, state: node_estimate(p.nodes, p.pairs), run=nodes_stage),
     Stage("search", "a search beyond ranking from the ranked circuit (opt-in: refined drops and swaps, or learned "
-          "masks; planned roughly, revised as it runs)", reads=("search", "node_scores", "node"),
+          "masks; planned roughly, revised as it runs)", reads=("search", "node_scores", "ranking", "node"),
           writes=("node", "node_result", "error"), estimate=lambda p, state: p.search_passes, run=search_stage,
           runs=lambda p: p.search != "ranked"),
     Stage("random-sets", "random node sets of the circuit's size, uniform and per layer (opt-in)",
@@ -444,7 +481,8 @@ TASK_STAGES: tuple[Stage[TaskScanState, PlanInputs], ...] = (
           estimate=lambda p, state: p.edge_search_passes + p.kv_copies, run=edge_search_stage,
           runs=lambda p: p.edges and p.edge_search != "ranked"),
     Stage("held-out", "the circuit measured on the pairs the search did not use", reads=(
-          "other", "runner", "node", "node_scores", "typed", "edge_part"), writes=("other_set",),
+          "other", "runner", "node", "node_scores", "typed", "ranking", "ranking_typed", "edge_part"),
+          writes=("other_set",),
           estimate=lambda p, state: held_estimate(p), run=held_out_stage, runs=lambda p: p.held > 0),
 )
 """The task scan's stages in the order they run (:func:`task_plan` says which run, with their planned passes)."""
