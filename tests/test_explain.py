@@ -249,13 +249,15 @@ def test_a_task_scan_explains_every_node_circuit_head():
     for name, text in out.items():
         assert f"  {name}: {text}." in lines
     assert result.to_json()["circuit"]["explanations"] == out
-    # the order read back from the node scores is the search's own (oracle: tasks.circuit.node_order on the graph)
+    # the order read back from the scores that ranked the nodes (the joint path's, saved with the scan) is the
+    # search's own (oracle: tasks.circuit.node_order on the graph)
+    assert result.circuit.ranked_by == "joint" and result.ranking["by"] == "joint"
     graph = build_graph(adapt(model), mlps=result.settings["mlps"])
     scores = torch.zeros(len(graph.senders))
     L, H = result.scores.shape
     for layer in range(L):
         for h in range(H):
-            scores[graph.sender_index(layer, h)] = result.scores[layer, h]
+            scores[graph.sender_index(layer, h)] = result.ranking["heads"][layer, h]
     assert node_order(result) == search_order(graph, L, H, scores, result.settings["rank"], False)
     assert sorted(node_order(result)[:len(heads)]) == sorted(heads)
 

@@ -177,15 +177,18 @@ def test_the_induction_scans_edges_have_the_same_effects_on_the_task_graph(bundl
                                atol=EXACT, rtol=0)
 
 
-def test_the_task_search_finds_a_larger_circuit_because_of_its_ranking(bundled):
+def test_ranked_by_eap_ig_the_task_search_finds_a_larger_circuit(bundled):
     """The documented difference (benchmarks/README.md): EAP-IG ranks the four layer-1 heads first; without the
-    previous-token heads they do nothing, so the task's smallest top-n set holds six heads, the induction
-    circuit among them."""
+    previous-token heads they do nothing, so the task's smallest top-n set by EAP-IG holds six heads, the induction
+    circuit among them. By default the task ranks by the joint path, as the induction scan, and finds its circuit."""
     circuit, model, task, _ = bundled
-    found = scan_task(model, task, holdout=0.0, edges=False, n_resamples=20).circuit
+    found = scan_task(model, task, holdout=0.0, edges=False, n_resamples=20, node_ranking="eap-ig").circuit
     assert set(circuit.heads) < set(found.heads) and len(found.heads) == 6
     curve = {p.size: p.faithfulness for p in found.curve}
     assert curve[4] < 0.1 and found.faithfulness > circuit.faithfulness
+    default = scan_task(model, task, holdout=0.0, edges=False, n_resamples=20).circuit
+    assert default.ranked_by == "joint" and set(default.heads) == set(circuit.heads)
+    assert default.faithfulness == pytest.approx(circuit.faithfulness, abs=1e-6)
 
 
 def test_the_command_line_runs_the_induction_task_on_the_bundled_model(tmp_path, capsys):

@@ -91,8 +91,8 @@ def test_a_repeated_tokens_task_ranked_by_the_joint_path_finds_the_induction_sca
     induction = ck.scan(bundled).verified
     assert induction.ranked_by == "joint"
     task = repeated_tokens(bundled, 16, seed=0)
-    by_eap_ig = scan_task(bundled, task, holdout=0, edges=False)
-    joint = scan_task(bundled, task, holdout=0, edges=False, node_ranking="joint")
+    by_eap_ig = scan_task(bundled, task, holdout=0, edges=False, node_ranking="eap-ig")
+    joint = scan_task(bundled, task, holdout=0, edges=False)  # the default
     c = joint.circuit
     assert sorted(c.heads) == sorted(induction.heads)
     assert c.faithfulness == pytest.approx(induction.faithfulness, abs=1e-6)
@@ -105,24 +105,34 @@ def test_a_repeated_tokens_task_ranked_by_the_joint_path_finds_the_induction_sca
     joint.save(tmp_path / "joint")
     again = ck.Scan.load(tmp_path / "joint")
     assert again.circuit.ranked_by == "joint" and again.circuit.heads == c.heads
-    # the default scan writes neither key: its scores.json is as it was
-    saved = by_eap_ig.to_json() if hasattr(by_eap_ig, "to_json") else None
+    assert torch.equal(again.ranking["heads"], joint.ranking["heads"]) and again.ranking["mlps"] is None
+    assert "joint" in again.table()[0] and by_eap_ig.ranking is None and "joint" not in by_eap_ig.table()[0]
     by_eap_ig.save(tmp_path / "eap")
-    data = json.loads((tmp_path / "eap" / "scores.json").read_text())
-    assert "ranked_by" not in data["circuit"] and "node_ranking" not in data["settings"]
-    assert saved is None or "ranked_by" not in saved["circuit"]
+    path = tmp_path / "eap" / "scores.json"
+    data = json.loads(path.read_text())
+    assert data["circuit"]["ranked_by"] == "eap-ig" == data["settings"]["node_ranking"]
     assert ck.Scan.load(tmp_path / "eap").circuit.ranked_by == "eap-ig"
+    # a file written before the joint ranking names none (EAP-IG ranked it): it loads, and says it was not told
+    del data["circuit"]["ranked_by"], data["settings"]["node_ranking"]
+    path.write_text(json.dumps(data))
+    old = ck.Scan.load(tmp_path / "eap")
+    assert old.circuit.ranked_by is None and "joint path" not in str(old)
 
 
 def test_a_saved_ranking_must_agree_with_its_settings(bundled, tmp_path):
-    scan = scan_task(bundled, repeated_tokens(bundled, 8, seed=0), holdout=0, edges=False, node_ranking="joint")
+    scan = scan_task(bundled, repeated_tokens(bundled, 8, seed=0), holdout=0, edges=False)
     scan.save(tmp_path / "s")
     path = tmp_path / "s" / "scores.json"
     data = json.loads(path.read_text())
     for change, message in ((lambda d: d["circuit"].update(ranked_by="eap-ig"), "circuit.ranked_by"),
                             (lambda d: d["circuit"].pop("ranked_by"), "ranked_by"),
                             (lambda d: d["settings"].update(node_ranking="effect"), "settings.node_ranking"),
-                            (lambda d: d["circuit"].update(ranked_by="joint "), "circuit.ranked_by")):
+                            (lambda d: d["circuit"].update(ranked_by="joint "), "circuit.ranked_by"),
+                            (lambda d: d["heads"].pop("joint"), "heads.joint"),
+                            (lambda d: d["mlps"].update(joint=[0.0]), "mlps.joint"),
+                            (lambda d: d["heads"]["joint"][0].append(1.0), "heads.joint"),
+                            (lambda d: (d["settings"].update(node_ranking="eap-ig"),
+                                        d["circuit"].update(ranked_by="eap-ig")), "heads.joint")):
         broken = json.loads(json.dumps(data))
         change(broken)
         path.write_text(json.dumps(broken))

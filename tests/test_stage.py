@@ -74,7 +74,7 @@ def test_a_task_scans_plan_is_its_declared_stages():
     from circuitkit.tasks.stages import TASK_STAGE_NAMES, PlanInputs, task_plan
 
     plan = PlanInputs(nodes=12, edges_total=100, pairs=8, held=8, direct=True, steps=3, edges=False, quick=False,
-                      random_sets=2, stability=0, search="refined", search_passes=15.0)
+                      random_sets=2, stability=0, search="refined", search_passes=15.0, node_ranking="eap-ig")
     names = [name for name, _ in task_plan(plan)]
     assert names == ["clean", "corrupted", "attribute", "nodes", "search", "random-sets", "held-out"]
     assert list(TASK_STAGE_NAMES)[:5] == ["clean", "corrupted", "attribute", "joint", "nodes"]

@@ -95,8 +95,8 @@ def test_no_edges_on_the_command_line(tmp_path, capsys, behaviour):
 
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 def test_quick_on_the_command_line(tmp_path, capsys, behaviour):
-    """Induction: scores, attribution and weights only. A task: the node circuit with one EAP-IG point, no edge
-    circuit, the held-out pairs' circuit figures without the curve."""
+    """Induction: scores, attribution and weights only. A task: the node circuit with one EAP-IG point (its nodes
+    ranked by the joint path), no edge circuit, the held-out pairs' circuit figures without the curve."""
     data = _cli(tmp_path, behaviour, "--quick")
     if behaviour == "induction":
         assert data["circuit"] is None and data["evidence"] is None and data["ablation"] is None
@@ -104,7 +104,7 @@ def test_quick_on_the_command_line(tmp_path, capsys, behaviour):
     stages = [s["name"] for s in data["stages"]]
     settings = data["settings"]
     assert settings["quick"] is True and settings["ig_steps"] == 1 and settings["edges"] is False
-    assert stages == ["clean", "attribute", "nodes", "held-out"]  # the corrupted run: EAP-IG's alpha = 0
+    assert stages == ["clean", "attribute", "joint", "nodes", "held-out"]  # the corrupted run: EAP-IG's alpha = 0
     assert next(s["passes"] for s in data["stages"] if s["name"] == "attribute") == 3
     held = data["circuit"]["other_set"]
     assert held["faithfulness"] is not None and [p["size"] for p in held["curve"]] == [0, len(data["circuit"]["heads"])]
@@ -251,7 +251,7 @@ def test_a_progress_function_is_told_each_stage_as_it_ends(model):
 
     told = []
     result = scan_task(model, _task(), edges=False, progress=lambda stage, passes: told.append((stage, passes)))
-    assert told == [(s.name, s.passes) for s in result.stages] and len(told) == 4
+    assert told == [(s.name, s.passes) for s in result.stages] and len(told) == 5  # clean .. joint, nodes, held-out
     with pytest.raises(ck.CircuitkitError, match="progress"):
         scan_task(model, _task(), progress=3)
 

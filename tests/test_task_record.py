@@ -322,17 +322,18 @@ def test_table_lists_every_head_by_absolute_score_with_the_task_columns(scans):
     L, H = scan.scores.shape
     assert len(rows) == L * H and {r["head"] for r in rows} == {f"{a}.{b}" for a in range(L) for b in range(H)}
     assert [abs(r["score"]) for r in rows] == sorted((abs(r["score"]) for r in rows), reverse=True)
-    assert list(rows[0]) == ["head", "layer", "index", "score", "dla", "io_attention", "s2_attention",
+    assert list(rows[0]) == ["head", "layer", "index", "score", "joint", "dla", "io_attention", "s2_attention",
                              *scan.pattern_scores, "in_circuit"]
     for r in rows:
         layer, head = r["layer"], r["index"]
         assert r["score"] == float(scan.scores[layer, head]) and r["dla"] == float(scan.dla[layer, head])
+        assert r["joint"] == float(scan.ranking["heads"][layer, head])
         assert r["io_attention"] == float(scan.head_scores["io_attention"][layer, head])
         assert r["s2_attention"] == float(scan.head_scores["s2_attention"][layer, head])
         assert r["in_circuit"] == ((layer, head) in scan.circuit.heads)
     by_dla = scan.table(sort="dla")
     assert [abs(r["dla"]) for r in by_dla] == sorted((abs(r["dla"]) for r in by_dla), reverse=True)
-    with pytest.raises(CircuitkitError, match="TaskScan.table: sort.*score, dla, io_attention"):
+    with pytest.raises(CircuitkitError, match="TaskScan.table: sort.*score, joint, dla, io_attention"):
         scan.table(sort="induction_loss")
     assert not any(r["in_circuit"] for r in scans["no circuit"].table())
 

@@ -175,10 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "default) or one per query head (per-query-head, as EAP-IG's graph; edge passes cost a copy "
                       "of the pairs per query head of a group)")
     # tasks.circuit.NODE_RANKINGS, not imported: --help stays free of torch
-    scan.add_argument("--node-ranking", choices=("eap-ig", "joint"), default=None,
-                      help="what orders a task's nodes for its node circuit: their EAP-IG scores (eap-ig, default) "
-                      "or their shares along the joint path from every node patched to none (joint: the induction "
-                      "scan's ranking; 6 passes)")
+    scan.add_argument("--node-ranking", choices=("joint", "eap-ig"), default=None,
+                      help="what orders a task's nodes for its node circuit: their shares along the joint path from "
+                      "every node patched to none (joint, default: the induction scan's ranking; 6 passes) or their "
+                      "EAP-IG scores (eap-ig)")
     # tasks.search.EDGE_SEARCH_NAMES, not imported: --help stays free of torch
     scan.add_argument("--edge-search", choices=("ranked", "refined"), default=None,
                       help="how a task's edge circuit is found: the smallest top-k set by EAP-IG score (ranked, "

@@ -652,9 +652,9 @@ def scan(
             ranking's. With a task: its node circuit (:func:`circuitkit.tasks.scan_task`). ``search_options``: the
             search's own (e.g. ``{"max_passes": 40}``, the refined search's pass budget; ``circuit.search.settings``
             in ``scores.json`` records what ran).
-        node_ranking: what orders a task's nodes, ``"eap-ig"`` (their EAP-IG node scores) or ``"joint"`` (their
-            shares along the joint path from every node patched to none, the induction scan's own ranking)
-            (:func:`circuitkit.tasks.scan_task`; None: its default); the induction scan takes none.
+        node_ranking: what orders a task's nodes, ``"joint"`` (their shares along the joint path from every node
+            patched to none, the induction scan's own ranking) or ``"eap-ig"`` (their EAP-IG node scores)
+            (:func:`circuitkit.tasks.scan_task`; None: its default, ``"joint"``); the induction scan takes none.
 
     Returns:
         :class:`~circuitkit.scan_types.Scan` (a :class:`~circuitkit.tasks.TaskScan` for a task); ``.save(dir)``

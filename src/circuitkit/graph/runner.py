@@ -1021,7 +1021,7 @@ class TaskRunner:
                 shares[name][layer] = radau_shares(grad[0], grad[1])
         validate.finite_result("joint_shares", torch.cat([v.flatten() for v in shares.values()]),
                                why="the gated model's gradients overflowed")
-        scores = torch.zeros(len(graph.senders))
+        scores = torch.zeros(len(graph.senders), device="cpu")
         for layer in range(L):
             for h in range(spec.n_heads):
                 scores[graph.sender_index(layer, h)] = shares["head"][layer, h]

@@ -7,10 +7,12 @@ With ``m`` the mean task metric over pairs, ``m_clean`` the clean run, ``m_corr`
 **Node circuit**: every head (and MLP, when MLPs are nodes: ``mlp_nodes``) outside ``C`` takes its value from the
 corrupted prompt of the same pair (:meth:`~circuitkit.graph.runner.TaskRunner.node_metric`); by default MLPs stay
 clean (recomputed from their inputs), as in the induction scan. Nodes of further types (MLP neuron groups, a user's
-:class:`~circuitkit.graph.nodes.NodeType`) join the same ranking by their own EAP-IG node score and are patched the
-same way. ``m_corr`` patches every node (where that is the corrupted run, its metric:
+:class:`~circuitkit.graph.nodes.NodeType`) join the same ranking and are patched the same way. ``m_corr`` patches
+every node (where that is the corrupted run, its metric:
 :meth:`~circuitkit.graph.runner.TaskRunner.every_node_patched_is_corrupted`).
-Nodes join in the order of their EAP-IG node score (the sum of their outgoing edges' scores). The smallest top-``n``
+Nodes join in the order of their share of the metric's change along the joint path from every node patched to none
+(``node_ranking="joint"``, the default: :meth:`~circuitkit.graph.runner.TaskRunner.joint_shares`) or of their EAP-IG
+node score (``"eap-ig"``: the sum of their outgoing edges' scores). The smallest top-``n``
 set reaching ``target`` is found as the induction scan finds its circuit: the faithfulness at ``n = 1, 2, 4, ...``
 up to the first size reaching the target, then bisection. Past :data:`COARSE_AFTER` nodes, where the search runs on
 at least ``4 * COARSE_MIN_PAIRS`` pairs, a coarse search takes over (``COARSE_SETS`` sizes stacked in one pass on a
@@ -68,10 +70,11 @@ from circuitkit.ranking import head_name
 EDGE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Circuit sizes as fractions of all edges (MIB's ``percentages``, ``MIB_circuit_track/evaluation.py`` line 31)."""
 RANKS = ("signed", "abs")
-NODE_RANKINGS = ("eap-ig", "joint")
-"""What orders the nodes of a node circuit: their EAP-IG node scores (``"eap-ig"``, the default: the input path from
-the corrupted prompts to the clean ones) or their shares along the joint path from every node patched to none
-(``"joint"``, :meth:`~circuitkit.graph.runner.TaskRunner.joint_shares`: the induction scan's ranking, 6 passes)."""
+NODE_RANKINGS = ("joint", "eap-ig")
+"""What orders the nodes of a node circuit: their shares along the joint path from every node patched to none
+(``"joint"``, the default: :meth:`~circuitkit.graph.runner.TaskRunner.joint_shares`, the induction scan's ranking,
+6 passes) or their EAP-IG node scores (``"eap-ig"``: the input path from the corrupted prompts to the clean ones;
+the ranking of scans written before the joint one, whose files name none)."""
 EDGE_RESOLUTION = 1 / 64
 """The edge circuit's size is bisected to within this share of itself (a circuit of 8,000 edges to within 125):
 each halving is a patched pass, and the last few would move the size by less than the curve's own noise."""
@@ -156,9 +159,9 @@ class TaskCircuit:
     edge_search: Any = None
     """The edge search beyond ranking that chose ``edges`` (the same record, ``circuit.edge_search``); None for the
     ranked edge circuit."""
-    ranked_by: str = "eap-ig"
-    """What ordered the nodes (:data:`NODE_RANKINGS`), written as ``circuit.ranked_by`` (as the induction circuit's)
-    where it is not the default."""
+    ranked_by: str | None = None
+    """What ordered the nodes (:data:`NODE_RANKINGS`), written as ``circuit.ranked_by`` (as the induction circuit's);
+    None in a scan reloaded from a file written before the joint ranking, which EAP-IG ranked."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -189,7 +192,7 @@ class TaskCircuit:
             **({"nodes": {name: list(labels) for name, labels in self.nodes.items()}} if self.nodes else {}),
             **({"search": self.search.to_json()} if self.search is not None else {}),
             **({"edge_search": self.edge_search.to_json()} if self.edge_search is not None else {}),
-            **({"ranked_by": self.ranked_by} if self.ranked_by != "eap-ig" else {}),
+            **({"ranked_by": self.ranked_by} if self.ranked_by is not None else {}),
         }
 
 

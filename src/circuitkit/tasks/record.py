@@ -105,6 +105,10 @@ def task_units(scan: Any) -> dict[str, str]:
         "ci": "[lo, hi]: the percentile bootstrap interval over the pairs (settings.ci_level), in the unit of the "
               "figure beside it",
     }
+    if getattr(scan, "ranking", None) is not None:  # the joint path's shares ordered the nodes
+        out["heads.joint"] = (f"{metric}: the head's share of the metric's change along the joint path from every "
+                              "node patched to none (what ordered the nodes)")
+        out["mlps.joint"] = f"{metric}, as heads.joint"
     for name, to, minus in scan.task.attention_scores:
         out[f"heads.{name}"] = (f"attention fraction from the last token to {to} minus to {minus}, in [-1, 1], mean "
                                 "over pairs")

@@ -48,13 +48,17 @@ def columns(scan: Any) -> list[dict[str, Any]]:
     for name, values in table_columns(scan):
         values = values.detach().float().cpu()
         extra: dict[str, Any] = {}
-        if name in ("score", "dla"):
+        if name in ("score", "dla", "joint"):
             lo, hi = _range(values)
             bound = max(abs(lo), abs(hi), 1e-12)
-            short, lo, hi, neutral, extra = ("EAP-IG" if name == "score" else "DLA"), -bound, bound, 0.0, {"abs": True}
-            description = (f"EAP-IG node score ({units}): the metric estimated lost when the head takes its corrupted "
-                           "value" if name == "score" else "direct logit attribution (logits): "
-                           f"{dla_meaning(scan.task.metric)}")
+            short = {"score": "EAP-IG", "dla": "DLA", "joint": "joint"}[name]
+            lo, hi, neutral, extra = -bound, bound, 0.0, {"abs": True}
+            description = {"score": f"EAP-IG node score ({units}): the metric estimated lost when the head takes its "
+                                    "corrupted value",
+                           "dla": f"direct logit attribution (logits): {dla_meaning(scan.task.metric)}",
+                           "joint": f"joint-path share ({units}): the head's part of the metric's change as every "
+                                    "node moves together from its patched value to its own (what ordered the "
+                                    "nodes)"}[name]
         elif name in own:
             short, lo, hi, neutral = name, -1.0, 1.0, 0.0
             description = f"attention from the last token to {own[name][0]} minus to {own[name][1]}"

@@ -61,7 +61,7 @@ def random_node_sets(runner: TaskRunner, heads: tuple, mlps: tuple, mlp_nodes: b
 
 
 def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: float, rank: str, mlp_nodes: bool,
-                   seed: int = 0, progress: Any = None, points: str = "left", ranking: str = "eap-ig") -> Stability:
+                   seed: int = 0, progress: Any = None, points: str = "left", ranking: str = "joint") -> Stability:
     """:class:`~circuitkit.circuits.stability.Stability` of the node search on ``runner``'s pairs: rerun on
     ``n_resamples`` bootstrap resamples of them (module docstring); a resample whose corrupted prompts change
     nothing has no circuit (None). ``progress(passes)`` after each rerun; ``points``: the scan's EAP-IG points;

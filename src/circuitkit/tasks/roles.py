@@ -163,18 +163,21 @@ NAMED_ROLES = (*ATTENTION_ROLES, "S-inhibition")
 
 def node_order(result: Any) -> list[tuple[int, int | None]]:
     """The nodes in the order the node search added them (:func:`circuitkit.tasks.circuit.node_order`, read back
-    from the scan's node scores: heads ``(layer, head)``, then MLPs ``(layer, None)`` where they were nodes; by
-    score, largest first, by magnitude with ``rank="abs"``, ties in that order)."""
+    from the scores that ranked them, the joint path's shares (``result.ranking``) or the EAP-IG node scores: heads
+    ``(layer, head)``, then MLPs ``(layer, None)`` where they were nodes; by score, largest first, by magnitude
+    with ``rank="abs"``, ties in that order)."""
     import torch
 
     L, H = result.scores.shape
     settings = result.settings
-    mlp_nodes = bool(settings.get("mlp_nodes")) and bool(settings.get("mlps")) and result.scores_mlp is not None
+    ranking = getattr(result, "ranking", None)
+    heads, mlps = (result.scores, result.scores_mlp) if ranking is None else (ranking["heads"], ranking["mlps"])
+    mlp_nodes = bool(settings.get("mlp_nodes")) and bool(settings.get("mlps")) and mlps is not None
     nodes: list[tuple[int, int | None]] = [(layer, h) for layer in range(L) for h in range(H)]
-    values = [float(v) for v in result.scores.reshape(-1).tolist()]
+    values = [float(v) for v in heads.reshape(-1).tolist()]
     if mlp_nodes:
         nodes += [(layer, None) for layer in range(L)]
-        values += [float(v) for v in result.scores_mlp.tolist()]
+        values += [float(v) for v in mlps.tolist()]
     key = torch.tensor(values, dtype=torch.float32, device="cpu")
     key = key.abs() if settings.get("rank") == "abs" else key
     return [nodes[i] for i in torch.sort(-key, stable=True).indices.tolist()]

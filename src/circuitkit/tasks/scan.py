@@ -110,6 +110,11 @@ class TaskScan:
     """Further node types of the node circuit (``neuron_groups``, ``node_types``): ``{type: {"score": [layer,
     nodes] EAP-IG node scores, "labels": [layer][nodes] names, "hook": layer 0's hook, "patch": how a node is
     patched, "describe": what a label means, "plural": what the answer calls them}}``."""
+    ranking: dict[str, Any] | None = None
+    """The scores that ordered the nodes where they are not :attr:`scores` (``node_ranking="joint"``): ``{"by":
+    "joint", "heads": [layer, head] each head's share along the joint path, "mlps": [layer] or None}`` (written as
+    ``heads.joint`` and ``mlps.joint``), from which the order the search added them is read back
+    (:func:`circuitkit.tasks.roles.node_order`); None otherwise."""
 
     @property
     def passes(self) -> float:
@@ -134,13 +139,16 @@ class TaskScan:
                         if self.intervals else {})},
             "settings": self.settings,
             "heads": {"dla": n(self.dla), "score": n(self.scores), **{k: n(v) for k, v in self.head_scores.items()},
-                      **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores}},
-            "mlps": {"dla": n(self.dla_mlp), "score": n(self.scores_mlp)},
+                      **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores},
+                      **({"joint": n(self.ranking["heads"])} if self.ranking is not None else {})},
+            "mlps": {"dla": n(self.dla_mlp), "score": n(self.scores_mlp),
+                     **({"joint": n(self.ranking["mlps"])} if self.ranking is not None else {})},
             "pairs": pairs_json(self),
             "patterns": n(self.patterns),
             "pattern_scores": [k for k in self.pattern_scores if k not in self.head_scores],
             **({"nodes": {name: {**{k: v for k, v in kind.items() if k != "score"}, "score": n(kind["score"])}
                               for name, kind in self.nodes.items()}} if self.nodes else {}),
+
             "circuit": None if self.circuit is None else {**self.circuit.to_json(), **circuit_extra(self.circuit),
                                                           "explanations": member_explanations(self)},
             "circuit_error": self.circuit_error,
@@ -383,7 +391,7 @@ def _num(value: Any) -> float | None:
 
 @keeps_model_state
 def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None = None, mlp_nodes: bool = False,
-              rank: str = "abs", node_ranking: str = "eap-ig",
+              rank: str = "abs", node_ranking: str = "joint",
               steps: int = DEFAULT_IG_STEPS, ig_points: str = DEFAULT_IG_POINTS, edges: bool = True,
               device: Any = None, name: str | None = None,
               n_resamples: int = 1000, ci_level: float = 0.95, prepend_bos: bool | None = None,
@@ -401,12 +409,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             clean, recomputed from its input, and the node circuit is a set of heads).
         rank: order nodes and edges by ``"abs"`` (default, as EAP-IG's ``apply_topn``: an edge that works strongly
             against the behaviour is still part of the mechanism) or ``"signed"`` EAP-IG score.
-        node_ranking: what orders the nodes for the node circuit: ``"eap-ig"`` (default: their EAP-IG node scores,
-            on the path from the corrupted input to the clean one) or ``"joint"`` (stage ``joint``: each node's
+        node_ranking: what orders the nodes for the node circuit: ``"joint"`` (default; stage ``joint``: each node's
             share of the metric's change along the joint path from every node patched to none, every node's
-            activation moved together from its patched value to its own: nodes that matter only together are
-            credited together; the induction scan's ranking, 6 passes; ``rank`` still says signed or absolute).
-            The circuit records it as ``circuit.ranked_by``; edges are ranked by EAP-IG either way.
+            activation moved together from its patched value to its own, so that nodes that matter only together
+            are credited together; the induction scan's ranking, 6 passes) or ``"eap-ig"`` (their EAP-IG node
+            scores, on the path from the corrupted input to the clean one); ``rank`` says signed or absolute
+            either way. The circuit records it as ``circuit.ranked_by``; edges are ranked by EAP-IG either way.
         steps: EAP-IG interpolation points.
         ig_points: where on the path from the corrupted to the clean input they lie: ``"left"`` (default:
             ``alpha = 0, 1/steps, .., (steps-1)/steps``, as EAP-IG's own code, so scores and circuits compare one
@@ -451,8 +459,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             inclusion frequency and the circuits' mean pairwise Jaccard (each rerun about the clean, corrupted,
             EAP-IG and node-search passes again; 0, the default: none, else at least 2).
         search: how the node circuit is found (:mod:`circuitkit.circuits.search`): ``"ranked"`` (default: the
-            smallest top-``n`` set by EAP-IG node score), ``"refined"`` (that set, then exact drops and swaps while
-            the target holds) or ``"masks"`` (learned continuous node masks, then the smallest top-``n`` of their
+            smallest top-``n`` set in the ``node_ranking`` order), ``"refined"`` (that set, then exact drops and swaps
+            while the target holds) or ``"masks"`` (learned continuous node masks, then the smallest top-``n`` of their
             order); ``search_options``: that search's options. ``settings["search"]`` says which ran and its passes;
             the circuit's ``search`` (``circuit.search`` in ``scores.json``, as the induction circuit's) its record:
             the ranked size it started from, its trace and why it stopped.
@@ -473,7 +481,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         n_resamples, ci_level: the percentile bootstrap over the pairs behind the intervals of the mean metric, the
             node circuit's faithfulness and its necessity (from each pair's values in the passes already run).
         neuron_groups: MLP neurons as nodes of the node circuit (MIB's neuron level): each MLP's hidden units in
-            this many contiguous groups, ``m{l}.n{g}``, ranked with the heads by their EAP-IG node score and patched
+            this many contiguous groups, ``m{l}.n{g}``, ranked with the heads (``node_ranking``) and patched
             exactly (a group's activations replaced); default None: no neuron nodes. Not with ``mlp_nodes``.
         node_types: further :class:`~circuitkit.graph.nodes.NodeType` records whose nodes join the node circuit
             (:mod:`circuitkit.graph.nodes`).
@@ -659,8 +667,7 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": o.n_resamples,
                 "ci_level": o.ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
                 "split": split_record}
-    if o.node_ranking != "eap-ig":  # only where asked, as the node types below
-        settings["node_ranking"] = o.node_ranking
+    settings["node_ranking"] = o.node_ranking
     if o.node_types:  # only where asked: the settings of a scan without further node types are as they were
         settings["neuron_groups"] = o.neuron_groups
         settings["node_types"] = [kind.name for kind in o.node_types]
@@ -699,6 +706,9 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
         stages=tuple(stages),
         random_baseline=state.baseline,
         stability=state.stable,
+        ranking=None if state.ranking is None else {
+            "by": o.node_ranking, "heads": state.ranking[head_index],
+            "mlps": None if mlp_index is None or not o.mlp_nodes else state.ranking[mlp_index]},
         nodes={kind.name: {"score": typed[kind.name], "labels": [[kind.label(layer, i) for i in range(
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
             "describe": kind.describe, "plural": kind.plural or f"{kind.name} nodes"} for kind in o.node_types},

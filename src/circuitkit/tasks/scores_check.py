@@ -70,7 +70,7 @@ class TaskScoresCheck(ScoresCheck):
         self.pairs(data["pairs"], n)
         self.heads_of(data["heads"], head_scores)
         named = self.array(data["pattern_scores"], "pattern_scores")
-        grids = [k for k in data["heads"] if k not in ("dla", "score") and k not in head_scores]
+        grids = [k for k in data["heads"] if k not in ("dla", "score", "joint") and k not in head_scores]
         if sorted(map(str, named)) != sorted(grids) or len(set(map(str, named))) != len(named):
             raise self.fail("pattern_scores", named,
                             f"the names of the pattern score grids in heads ({sorted(grids)}), each once")
@@ -99,6 +99,7 @@ class TaskScoresCheck(ScoresCheck):
             if len(labels) != self.n_layers * width:
                 raise self.fail(f"{at}.labels", validate.given("a repeated label"), "every node's label distinct")
             self.node_labels[name] = labels
+        self.ranking(data["heads"], data["mlps"], data["settings"])
         self.circuit(data["circuit"])
         if data.get("random_baseline") is not None:  # opt-in: random node sets of the circuit's head count
             if data["circuit"] is None:
@@ -165,7 +166,7 @@ class TaskScoresCheck(ScoresCheck):
             from circuitkit.graph.runner import IG_POINTS
 
             self.option(settings["ig_points"], "settings.ig_points", IG_POINTS)
-        self.node_ranking = "eap-ig"  # absent: EAP-IG ordered the nodes (written only where another did)
+        self.node_ranking = "eap-ig"  # absent (files written before the joint ranking): EAP-IG ordered the nodes
         if "node_ranking" in settings:
             from circuitkit.tasks.circuit import NODE_RANKINGS
 
@@ -252,7 +253,7 @@ class TaskScoresCheck(ScoresCheck):
         self.array(heads["score"], "heads.score")
         self.grid(heads["score"], "heads.score")
         for name, grid in heads.items():
-            if name in ("dla", "score"):
+            if name in ("dla", "score", "joint"):  # the joint path's shares: checked with the settings (ranking)
                 continue
             lo = -1.0 if name in own else 0.0  # the task's own: a difference of two attention fractions
             self.grid(grid, f"heads.{name}", lo, 1.0, SCORE_TOLERANCE)
@@ -260,8 +261,27 @@ class TaskScoresCheck(ScoresCheck):
         if missing:
             raise self.missing(f"heads.{missing[0]}")
 
+    def ranking(self, heads: dict[str, Any], mlps: dict[str, Any], settings: dict[str, Any]) -> None:
+        """The joint path's shares that ordered the nodes (``heads.joint``, ``mlps.joint``): there exactly where
+        ``settings.node_ranking`` is ``"joint"``; ``mlps.joint`` a share per MLP where the MLPs were nodes."""
+        joint = self.node_ranking == "joint"
+        for where, given in (("heads", heads), ("mlps", mlps)):
+            if ("joint" in given) != joint:
+                raise (self.missing(f"{where}.joint") if joint else self.fail(
+                    f"{where}.joint", given["joint"], "no such key where settings.node_ranking is not 'joint'"))
+        if not joint:
+            return
+        self.grid(heads["joint"], "heads.joint")
+        shares = self.array(mlps["joint"], "mlps.joint", nullable=True, length=self.n_layers,
+                            why=f"one per layer: {self.n_layers}")
+        for i, v in enumerate(shares or ()):
+            self.number(v, f"mlps.joint[{i}]")
+        if (shares is not None) != bool(settings.get("mlp_nodes") and settings.get("mlps")):
+            raise self.fail("mlps.joint", mlps["joint"], "one share per MLP where the MLPs were nodes "
+                                                         "(settings.mlp_nodes and settings.mlps), else null")
+
     def mlps(self, value: Any, settings: dict[str, Any]) -> None:
-        mlps = self.obj(value, "mlps", ("dla", "score"), ())
+        mlps = self.obj(value, "mlps", ("dla", "score"), ("joint",))
         for key in ("dla", "score"):
             for i, v in enumerate(self.array(mlps[key], f"mlps.{key}", nullable=True, length=self.n_layers,
                                              why=f"one per layer: {self.n_layers}") or ()):
@@ -358,7 +378,7 @@ class TaskScoresCheck(ScoresCheck):
 
         self.option(c["ablation"], "circuit.ablation", ABLATIONS)
         self.option(c["rank"], "circuit.rank", RANKS)
-        if "ranked_by" in c:  # written where the nodes were not ranked by EAP-IG
+        if "ranked_by" in c:  # absent from files written before the joint ranking: EAP-IG ranked them
             self.option(c["ranked_by"], "circuit.ranked_by", NODE_RANKINGS)
             if c["ranked_by"] != self.node_ranking:
                 raise self.fail("circuit.ranked_by", c["ranked_by"], f"the ranking the settings name "

@@ -70,8 +70,9 @@ class PlanInputs:
     folded: bool = False
     """EAP-IG's first point is the corrupted run (:meth:`~circuitkit.graph.runner.TaskRunner.folds_corrupted`):
     the corrupted stage does not run apart, and neither do the stability reruns' corrupted runs."""
-    node_ranking: str = "eap-ig"
-    """What orders the nodes (:data:`~circuitkit.tasks.circuit.NODE_RANKINGS`): ``"joint"`` adds the joint stage."""
+    node_ranking: str = "joint"
+    """What orders the nodes (:data:`~circuitkit.tasks.circuit.NODE_RANKINGS`): ``"joint"`` (the default) runs the
+    joint stage."""
 
 
 def coarse_applies(pairs: int) -> bool:
@@ -172,7 +173,7 @@ class TaskOptions:
     neuron_groups: int | None = None
     name: str | None = None
     mode: str = "off"
-    node_ranking: str = "eap-ig"
+    node_ranking: str = "joint"
 
 
 NO_EDGES = ((), None, (), None, None, ())
@@ -454,7 +455,8 @@ TASK_STAGES: tuple[Stage[TaskScanState, PlanInputs], ...] = (
           reads=("runner", "clean"), writes=("corrupted", "scores", "node_scores", "typed"),
           estimate=lambda p, state: 3 * p.steps * p.kv_copies, run=attribute_stage),
     Stage("joint", "the nodes' shares along the joint path from every node patched to none, which order them "
-          "(opt-in: two points stacked in one forward + backward)", reads=("runner", "corrupted"),
+          "(two points stacked in one forward + backward; not with node_ranking='eap-ig')",
+          reads=("runner", "corrupted"),
           writes=("ranking", "ranking_typed"), estimate=lambda p, state: JOINT_PASSES, run=joint_stage,
           runs=lambda p: p.node_ranking == "joint"),
     Stage("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a coarse "
