@@ -148,7 +148,6 @@ class TaskScan:
             "pattern_scores": [k for k in self.pattern_scores if k not in self.head_scores],
             **({"nodes": {name: {**{k: v for k, v in kind.items() if k != "score"}, "score": n(kind["score"])}
                               for name, kind in self.nodes.items()}} if self.nodes else {}),
-
             "circuit": None if self.circuit is None else {**self.circuit.to_json(), **circuit_extra(self.circuit),
                                                           "explanations": member_explanations(self)},
             "circuit_error": self.circuit_error,
@@ -491,10 +490,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
     task, o = _checked(task, metric=metric, target=target, holdout=holdout, split_seed=split_seed,
                        target_on=target_on, search=search, search_options=search_options, edge_search=edge_search,
                        edge_search_options=edge_search_options, rank=rank, node_ranking=node_ranking, steps=steps,
-                       ig_points=ig_points,
-                       edges=edges, kv_edges=kv_edges, quick=quick, random_sets=random_sets, stability=stability,
-                       n_resamples=n_resamples, ci_level=ci_level, mlp_nodes=mlp_nodes, name=name, progress=progress,
-                       neuron_groups=neuron_groups, node_types=node_types)
+                       ig_points=ig_points, edges=edges, kv_edges=kv_edges, quick=quick, random_sets=random_sets,
+                       stability=stability, n_resamples=n_resamples, ci_level=ci_level, mlp_nodes=mlp_nodes, name=name,
+                       progress=progress, neuron_groups=neuron_groups, node_types=node_types)
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
@@ -666,8 +664,7 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
                 "plan": {name: round(passes, 3) for name, passes in bar.planned.items()},
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": o.n_resamples,
                 "ci_level": o.ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
-                "split": split_record}
-    settings["node_ranking"] = o.node_ranking
+                "split": split_record, "node_ranking": o.node_ranking}
     if o.node_types:  # only where asked: the settings of a scan without further node types are as they were
         settings["neuron_groups"] = o.neuron_groups
         settings["node_types"] = [kind.name for kind in o.node_types]
