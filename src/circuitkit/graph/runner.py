@@ -1022,11 +1022,9 @@ class TaskRunner:
         validate.finite_result("joint_shares", torch.cat([v.flatten() for v in shares.values()]),
                                why="the gated model's gradients overflowed")
         scores = torch.zeros(len(graph.senders), device="cpu")
-        for layer in range(L):
-            for h in range(spec.n_heads):
-                scores[graph.sender_index(layer, h)] = shares["head"][layer, h]
-            if "mlp" in shares:
-                scores[graph.sender_index(layer, None)] = shares["mlp"][layer, 0]
+        for (name, layer), where in graph.sender_slices.items():
+            if name in ("head", "mlp") and name in shares:  # MLPs where they are nodes; the input stays 0
+                scores[where] = shares[name][layer]
         return scores, {kind.name: shares[kind.name] for kind in self.extra_types}
 
     def node_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> Tensor:

@@ -179,7 +179,7 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type) -> Any:
             nodes={name: {**kind, "score": _tensor(kind["score"], dtype)} for name, kind in
                    (data.get("nodes") or {}).items()},
             ranking=None if "joint" not in heads else {
-                "by": "joint", "heads": _tensor(heads["joint"], dtype), "mlps": _tensor(data["mlps"]["joint"], dtype)},
+                "heads": _tensor(heads["joint"], dtype), "mlps": _tensor(data["mlps"]["joint"], dtype)},
         )
         scan = scan_cls(**built, **_fields(scan_cls, data, set(built)))
         written = scan.to_json()

@@ -111,8 +111,8 @@ class TaskScan:
     nodes] EAP-IG node scores, "labels": [layer][nodes] names, "hook": layer 0's hook, "patch": how a node is
     patched, "describe": what a label means, "plural": what the answer calls them}}``."""
     ranking: dict[str, Any] | None = None
-    """The scores that ordered the nodes where they are not :attr:`scores` (``node_ranking="joint"``): ``{"by":
-    "joint", "heads": [layer, head] each head's share along the joint path, "mlps": [layer] or None}`` (written as
+    """The scores that ordered the nodes where they are not :attr:`scores` (``node_ranking="joint"``): ``{"heads":
+    [layer, head] each head's share along the joint path, "mlps": [layer] or None}`` (written as
     ``heads.joint`` and ``mlps.joint``), from which the order the search added them is read back
     (:func:`circuitkit.tasks.roles.node_order`); None otherwise."""
 
@@ -704,7 +704,7 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
         random_baseline=state.baseline,
         stability=state.stable,
         ranking=None if state.ranking is None else {
-            "by": o.node_ranking, "heads": state.ranking[head_index],
+            "heads": state.ranking[head_index],
             "mlps": None if mlp_index is None or not o.mlp_nodes else state.ranking[mlp_index]},
         nodes={kind.name: {"score": typed[kind.name], "labels": [[kind.label(layer, i) for i in range(
             kind.count(spec))] for layer in range(L)], "hook": kind.hook(0), "patch": kind.patch,
