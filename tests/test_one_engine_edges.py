@@ -7,7 +7,9 @@ The model has what makes the two engines' passes differ most: grouped-query atte
 receiver's key/value group and puts the group's other query heads' clean ``z`` back; the runner gives each query
 head its own key/value input), LayerNorm in front of every receiver and MLPs between the layers (recomputed from
 the patched stream by both). ``circuits/`` stands above the graph engine in the layers, so path patching may call
-the runner; this test is what such a merge keeps equal.
+the runner; this test is what such a merge keeps equal. So are their estimates: edge attribution (the induction
+scan's, integrated on the inputs path) and the runner's EAP-IG give every head edge the same score where they take
+their gradients at the same points.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuitkit.circuits import path_patching
+from circuitkit.circuits import edge_attribution, path_patching
 from circuitkit.detect.tokens import RepeatedTokens
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import adapt
@@ -66,6 +68,26 @@ def test_every_head_edge_has_the_same_effect_on_both_engines(engines):
         assert e.effect == pytest.approx(float(clean.mean() - means[i]), abs=EXACT), e.name
         torch.testing.assert_close(e.patched_each.float(), -per_pair_t[i], atol=EXACT, rtol=0)
     assert max(abs(e.effect) for e in patched.edges) > 100 * EXACT  # edges that do something, not all zeros
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_edge_attribution_and_the_runners_eap_ig_give_every_head_edge_the_same_score(engines, steps):
+    """Both average ``delta_s . dM/d(input of r)`` over the points ``alpha = k / steps``, ``k = 1 .. steps``, of the
+    straight path from the corrupted to the clean input embeddings (the runner's ``points="right"``): the induction
+    engine with one clean pass (``k = steps``) and a pass per further point, the runner with the points stacked in
+    one pass. Path patching's sign convention (``delta = corrupted - clean``, the loss) and the runner's (``clean -
+    corrupted``, minus the loss) give the same number."""
+    model, runner = engines
+    spec, graph = runner.spec, runner.graph
+    scores, _, _ = runner.attribute(steps, "right")
+    attributed = edge_attribution(model, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+                                  tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED), steps=steps)
+    edges = [e for e in _edges(spec) if e[2] != "all"]
+    ours = torch.tensor([attributed.value(src, dst, c) for src, dst, c in edges])
+    theirs = torch.stack([scores[graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")]
+                          for src, dst, c in edges])
+    torch.testing.assert_close(ours, theirs, atol=1e-7, rtol=1e-4)
+    assert float(ours.abs().max()) > 1e-3  # scores that are not all zeros
 
 
 def test_a_single_edge_pass_resumed_at_the_receivers_layer_agrees(engines):
