@@ -124,3 +124,55 @@ def test_a_runs_outputs_are_its_z_through_w_o_and_a_range_outside_the_senders_is
     for first, stop in ((0, 0), (5, 3), (-1, 2), (0, len(graph.senders) + 1), (1.0, 2)):
         with pytest.raises(CircuitkitError, match="TaskRunner.outputs"):
             runner.outputs(run, first, stop)
+
+
+def test_each_engine_measures_the_edges_the_other_names(engines):
+    """Path patching's strongest edges, handed to the task engine's :func:`circuitkit.tasks.edge_effects` as its
+    records and as their printed names (``"0.1 -> 1.3 (k)"``), have the effects path patching gave them; the task
+    graph's names (``"0.1->1.3:k"``) handed back to path patching give the same again."""
+    from circuitkit.tasks import edge_effects
+
+    model, runner = engines
+    tokens = RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)
+    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    edges = [e for e in _edges(runner.spec) if e[2] != "all"]
+    top = path_patching(model, edges, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+                        tokens=tokens).top(5)
+    by_record = edge_effects(model, task, top, kv_edges="per-query-head", progress=False)
+    by_name = edge_effects(model, task, [e.name for e in top], kv_edges="per-query-head", progress=False)
+    assert [e.name for e in by_record] == [f"{e.src[0]}.{e.src[1]}->{e.dst[0]}.{e.dst[1]}:{e.channel}" for e in top]
+    assert [e.name for e in by_name] == [e.name for e in by_record]
+    back = path_patching(model, [e.name for e in by_record], metric="loss", corrupt="resample",
+                         corrupt_seed=CORRUPT_SEED, tokens=tokens)
+    for ours, record, named, again in zip(top, by_record, by_name, back.edges, strict=True):
+        assert record.effect == pytest.approx(ours.effect, abs=EXACT), ours.name
+        assert named.effect == record.effect
+        assert (again.src, again.dst, again.channel, again.effect) == (ours.src, ours.dst, ours.channel, ours.effect)
+    alone = path_patching(model, by_record[0].name, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+                          tokens=tokens)  # one name alone is a list of one
+    assert alone.edges == back.edges[:1]
+    assert abs(top[0].effect) > 100 * EXACT
+
+
+@pytest.mark.parametrize("edge, message", [
+    ("0.1 -> 1.3 (all)", "one input of the receiving head"),
+    ("0.1 -> 1.3", "one input of the receiving head"),
+    ("0.1 -> m1 (k)", "as a task scan names it.*as path patching prints it"),
+])
+def test_the_task_engine_refuses_a_head_edge_it_cannot_measure_alone(engines, edge, message):
+    from circuitkit import CircuitkitError
+    from circuitkit.tasks import edge_effects
+
+    model, _ = engines
+    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    with pytest.raises(CircuitkitError, match=message):
+        edge_effects(model, task, [edge], progress=False)
+
+
+@pytest.mark.parametrize("edge", ["input->1.0:q", "0.1->m1", "1.0->logits", "0.1->1.g0:k"])
+def test_path_patching_names_the_task_graphs_other_nodes_as_the_task_engines(engines, edge):
+    from circuitkit import CircuitkitError
+
+    model, _ = engines
+    with pytest.raises(CircuitkitError, match="tasks.edge_effects measures it"):
+        path_patching(model, [edge], tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED))

@@ -175,3 +175,31 @@ def test_path_patching_gives_its_effects_as_edge_values():
     assert values.value((0, 0), (1, 1), "k") == 0.5 and values.value((0, 1), (1, 0), "q") == -0.25
     with pytest.raises(CircuitkitError, match="1 layers"):
         PathPatching(edges, "loss", "resample").edge_values(1, 2)
+
+
+# ------------------------------------------------------------------------------------------------ an edge's name
+@pytest.mark.parametrize("text, want", [
+    ("0.1 -> 1.3 (k)", ((0, 1), (1, 3), "k")),
+    ("0.1->1.3:k", ((0, 1), (1, 3), "k")),
+    ("0.1 -> 1.3", ((0, 1), (1, 3), None)),
+    ("0.1->1.3", ((0, 1), (1, 3), None)),
+    ("  10.12 -> 11.0 (ALL) ", ((10, 12), (11, 0), "all")),
+    ("2.0->5.7:Q", ((2, 0), (5, 7), "q")),
+])
+def test_an_edge_name_reads_back_either_way_circuitkit_writes_it(text, want):
+    from circuitkit.results import graph_edge_name, parse_edge_name
+
+    assert parse_edge_name(text, "t") == want
+    src, dst, channel = want
+    assert parse_edge_name(edge_name(src, dst, channel), "t") == want  # both writers read back by the one reader
+    assert parse_edge_name(graph_edge_name(src, dst, channel), "t") == want
+
+
+@pytest.mark.parametrize("text", ["input->m0", "0.1->logits", "13.2->14.g0:v", "0.1 -> 1.3 (x)", "0.1 -> 1.3 k",
+                                  "0.1 - 1.3", "-1.0->1.3", "0.1->1.3:kk", "0.1\n->1.3", "9" * 70, "", 3, None,
+                                  b"0.1->1.3"])
+def test_a_name_that_is_not_an_edge_between_two_heads_is_refused_with_what_was_read(text):
+    from circuitkit.results import parse_edge_name
+
+    with pytest.raises(CircuitkitError, match="^t: given"):
+        parse_edge_name(text, "t")

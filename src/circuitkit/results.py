@@ -25,6 +25,7 @@ All tensors are held on the CPU, as float32 (values given in float64 stay float6
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,39 @@ def edge_name(src: Sequence[int], dst: Sequence[int], input: str | None = None) 
     """``"0.1 -> 1.3 (k)"`` (without the input: ``"0.1 -> 1.3"``)."""
     name = f"{head_name(src)} -> {head_name(dst)}"
     return name if input is None else f"{name} ({input})"
+
+
+def graph_edge_name(src: Sequence[int], dst: Sequence[int], input: str | None = None) -> str:
+    """The same edge as a task graph names it (a task scan's answer, ``scores.json`` and
+    :func:`circuitkit.tasks.edge_effects`): ``"0.1->1.3:k"`` (without the input: ``"0.1->1.3"``)."""
+    name = f"{head_name(src)}->{head_name(dst)}"
+    return name if input is None else f"{name}:{input}"
+
+
+MAX_EDGE_NAME = 64
+"""Longest edge name :func:`parse_edge_name` reads (``"65535.65535 -> 65535.65535 (all)"`` is 32 characters)."""
+_EDGE_NAME = re.compile(r"(\d{1,9})\.(\d{1,9}) {0,3}-> {0,3}(\d{1,9})\.(\d{1,9})"  # sender -> receiver
+                        r"(?: {0,3}\(([A-Za-z]{1,3})\)|:([A-Za-z]{1,3}))?")  # " (k)" or ":k"
+
+
+def parse_edge_name(text: Any, where: str) -> tuple[Head, Head, str | None]:
+    """``(src, dst, input)`` of an edge between two heads named either way circuitkit names one: :func:`edge_name`
+    (``"0.1 -> 1.3 (k)"``, what path patching, edge attribution and the induction scan print) or
+    :func:`graph_edge_name` (``"0.1->1.3:k"``, a task scan's); ``input`` None where the name has none, else
+    lower case (the upper-case modes ``"K"`` taken as :func:`channel` takes them; checked by the caller). Whether
+    the heads exist is the caller's check; a name of anything else (an MLP, the logits, a key/value group) is a
+    ``CircuitkitError`` saying what is read."""
+    expected = "an edge between two heads named '0.1 -> 1.3 (k)' or '0.1->1.3:k' (the input optional)"
+    if not isinstance(text, str) or len(text) > MAX_EDGE_NAME:
+        raise validate.fail(where, text, expected)
+    found = _EDGE_NAME.fullmatch(text.strip())
+    if found is None:
+        raise validate.fail(where, text, expected, "An edge from or to the input, an MLP (mN), the logits or a "
+                            "key/value group (L.gG) is a task graph's: circuitkit.tasks.edge_effects measures it."
+                            if "->" in text else "")
+    l1, h1, l2, h2, paren, colon = found.groups()
+    named = paren or colon
+    return (int(l1), int(h1)), (int(l2), int(h2)), None if named is None else channel(named, where, INPUTS)
 
 
 def plain(value: Any) -> float | None:
@@ -312,4 +346,4 @@ def edge_mask(n_layers: int, n_heads: int, n_inputs: int = len(CHANNELS)) -> Ten
 
 
 __all__ = ["CHANNELS", "INPUTS", "Edge", "EdgeValues", "HeadValues", "channel", "edge_mask", "edge_name",
-           "make_edge", "plain"]
+           "graph_edge_name", "make_edge", "parse_edge_name", "plain"]

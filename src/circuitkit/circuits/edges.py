@@ -20,7 +20,7 @@ from typing import Any, Literal
 from circuitkit import validate
 from circuitkit.models.adapters import ModelSpec
 from circuitkit.ranking import Head, head_name
-from circuitkit.results import CHANNELS, INPUTS, Edge
+from circuitkit.results import CHANNELS, INPUTS, Edge, parse_edge_name
 from circuitkit.results import channel as as_channel
 
 Channel = Literal["q", "k", "v"]
@@ -75,13 +75,17 @@ def _head(where: str, value: Any, spec: ModelSpec) -> Head:
 def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edges") -> list[EdgeSpec]:
     """``edges`` as :class:`EdgeSpec` s, validated against the model's sizes.
 
-    Each item is ``(src, dst)`` (read through ``channel``), ``(src, dst, channel)``, or an object with ``src`` and
+    Each item is ``(src, dst)`` (read through ``channel``), ``(src, dst, channel)``, an object with ``src`` and
     ``dst`` attributes (a :class:`circuitkit.Edge`, an :class:`EdgeSpec`, an ``EdgeEvidence``; its own ``channel``
-    attribute, if any, wins). ``channel`` is one of :data:`INPUTS`. Raises one ``CircuitkitError`` per bad edge:
+    attribute, if any, wins), or an edge's name as circuitkit prints it, ``"0.1 -> 1.3 (k)"``, or as a task scan
+    names it, ``"0.1->1.3:k"`` (:func:`~circuitkit.results.parse_edge_name`; its input, if any, wins; one name
+    alone is a list of one). ``channel`` is one of :data:`INPUTS`. Raises one ``CircuitkitError`` per bad edge:
     not a pair of heads, out of range, ``src layer >= dst layer``, unknown channel; and for an empty list.
     """
     channel = validate.option(f"{where}: input", channel, INPUTS)
-    if isinstance(edges, (str, bytes)) or not isinstance(edges, Iterable):
+    if isinstance(edges, str):
+        edges = [edges]
+    if isinstance(edges, bytes) or not isinstance(edges, Iterable):
         raise validate.fail(where, edges, "a list of edges ((src_layer, src_head), (dst_layer, dst_head))")
     L, H = spec.n_layers, spec.n_heads
     limit = L * (L - 1) // 2 * H * H * len(INPUTS)
@@ -100,8 +104,12 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
             src, dst = item[0], item[1]
             if len(item) == 3:
                 own = item[2]
+        elif isinstance(item, str):
+            src, dst, named = parse_edge_name(item, label)
+            own = named or channel
         else:
-            raise validate.fail(label, item, "(src, dst) or (src, dst, channel) with heads (layer, head)")
+            raise validate.fail(label, item, "(src, dst) or (src, dst, channel) with heads (layer, head), or an "
+                                "edge's name, '0.1 -> 1.3 (k)' or '0.1->1.3:k'")
         own = validate.option(f"{label} channel", own, INPUTS)
         src, dst = _head(f"{label} src", src, spec), _head(f"{label} dst", dst, spec)
         if src[0] >= dst[0]:

@@ -23,12 +23,15 @@ from typing import Any
 import torch
 
 from circuitkit import validate
+from circuitkit.errors import CircuitkitError
 from circuitkit.graph.task import Task, check_prepend_bos
 from circuitkit.model_state import keeps_model_state
 from circuitkit.tasks.circuit import EdgeEffect, effect_intervals, exact_effects
 
 MAX_EDGES = 10_000
 """Most edges one call measures (each is a share of a forward pass of the pairs)."""
+NAMED = "e.g. '0.1->1.3:q', 'input->m0', '1.2->logits'"
+"""How the task graph's edge names look, for the errors."""
 PROGRESS_MIN_EDGES = 32
 """From this many edges on, a call shows a progress bar unless told not to."""
 
@@ -43,7 +46,9 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
     Args:
         model: a TransformerBridge, a circuitkit toy model, a model directory's loaded model, or a ``ModelAdapter``.
         task: a :class:`~circuitkit.tasks.Task` (its pairs, metric and tokenization, as ``scan_task`` reads them).
-        edges: an edge name (``"9.9->logits"``) or a list of them.
+        edges: an edge name (``"9.9->logits"``) or a list of them; an edge between two heads may also be given as
+            path patching and the induction scan name it (``"0.1 -> 1.3 (k)"``) or as their records
+            (:class:`circuitkit.Edge`: ``PathPatching.top()``, ``EdgeAttribution.top()``), one input each.
         metric: a metric name or function in place of the task's own (as ``scan_task``'s ``metric``).
         mlps: MLPs are nodes of the graph (default: where the model has MLPs), as ``scan_task``'s ``mlps``.
         kv_edges: ``"grouped"`` (a key/value head's input is one receiver) or ``"per-query-head"``.
@@ -52,7 +57,8 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         progress: a tqdm bar over the edges (default: from :data:`PROGRESS_MIN_EDGES` edges on).
 
     Returns:
-        one :class:`~circuitkit.tasks.circuit.EdgeEffect` per edge: ``name``, ``effect`` (the mean metric lost, in
+        one :class:`~circuitkit.tasks.circuit.EdgeEffect` per edge: ``name`` (as the task graph names it),
+        ``effect`` (the mean metric lost, in
         the metric's units), ``interval`` (None with one pair), ``each`` (each pair's metric lost); ``score`` None
         (no attribution ran).
     """
@@ -66,7 +72,7 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
                             "ioi, ...)")
     if metric is not None:
         task = replace(task, metric=metric)  # validated as a Task's own metric is
-    names = [edges] if isinstance(edges, str) else edges
+    names = [edges] if isinstance(edges, str) or hasattr(edges, "src") else edges
     if isinstance(names, (set, frozenset, dict)):  # no order to return the effects in
         raise validate.fail("edge_effects: edges", edges, "an edge name or a list of them, in order")
     names = validate.bounded_list("edge_effects: edges", names, MAX_EDGES, "an edge name or a list of them")
@@ -93,12 +99,36 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
     return effect_intervals(tuple(found), n_resamples, ci_level)
 
 
+def _graph_name(name: Any, where: str) -> Any:
+    """An edge between two heads given as circuitkit's other measurements name or return it (``"0.1 -> 1.3 (k)"``,
+    a :class:`~circuitkit.results.Edge`) as the task graph names it, ``"0.1->1.3:k"``; anything else as given."""
+    from circuitkit.results import graph_edge_name, parse_edge_name
+
+    if hasattr(name, "src") and hasattr(name, "dst") and not isinstance(name, str):
+        src, dst, channel = name.src, name.dst, getattr(name, "channel", None)
+        if not (isinstance(src, tuple) and isinstance(dst, tuple) and len(src) == len(dst) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in (*src, *dst))):
+            raise validate.fail(where, name, "an edge between two heads (layer, head)")
+    elif isinstance(name, str) and " " in name.strip():  # the other measurements' spelling has spaces
+        try:
+            src, dst, channel = parse_edge_name(name, where)
+        except CircuitkitError:
+            raise validate.fail(where, name, f"an edge named 'sender->receiver' as a task scan names it, {NAMED}, "
+                                "or one between two heads as path patching prints it, '0.1 -> 1.3 (k)'") from None
+    else:
+        return name
+    if channel not in ("q", "k", "v"):
+        raise validate.fail(where, name, "one input of the receiving head, q, k or v (a task graph's edge is one "
+                            "sender into one receiver's input)")
+    return graph_edge_name(src, dst, channel)
+
+
 def _edge_index(graph: Any, name: Any, i: int) -> tuple[int, int]:
     """``(sender, receiver)`` of the edge named ``name`` in ``graph`` (a ``CircuitkitError`` naming what is not)."""
     where = f"edge_effects: edges[{i}]"
+    name = _graph_name(name, where)
     if not isinstance(name, str) or name.count("->") != 1:
-        raise validate.fail(where, name, "an edge named 'sender->receiver' as a task scan names it, e.g. "
-                            "'0.1->1.3:q', 'input->m0', '1.2->logits'")
+        raise validate.fail(where, name, f"an edge named 'sender->receiver' as a task scan names it, {NAMED}")
     sender, receiver = name.split("->")
     if sender not in graph.senders:
         raise validate.fail(where, name, f"a sender of this model's graph: input, L.H (heads, layers 0 to "
