@@ -9,6 +9,7 @@ induction engine's own ranking on the same tokens, and the induction scan's circ
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -107,6 +108,16 @@ def test_a_repeated_tokens_task_ranked_by_the_joint_path_finds_the_induction_sca
     assert again.circuit.ranked_by == "joint" and again.circuit.heads == c.heads
     assert torch.equal(again.ranking["heads"], joint.ranking["heads"]) and again.ranking["mlps"] is None
     assert "joint" in again.table()[0] and by_eap_ig.ranking is None and "joint" not in by_eap_ig.table()[0]
+    # each scan's table, report and notebook view list the heads by what ranked its circuit first
+    for scan, column, words in ((again, "joint", "|joint| (its share along the joint path"),
+                                (by_eap_ig, "score", "|EAP-IG score| (which ranked the circuit)")):
+        values = [abs(r[column]) for r in scan.table()]
+        assert values == sorted(values, reverse=True) and values[0] > values[-1]
+        scan.save(tmp_path / f"page-{column}")
+        page = (tmp_path / f"page-{column}" / "report.html").read_text()
+        data = json.loads(re.search(r'id="ck-data">(.*?)</script>', page).group(1))
+        assert words in page and data["sort"] == column
+        assert f"Heads by |{'joint' if column == 'joint' else 'EAP-IG score'}|" in scan._repr_html_()
     by_eap_ig.save(tmp_path / "eap")
     path = tmp_path / "eap" / "scores.json"
     data = json.loads(path.read_text())

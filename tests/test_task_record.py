@@ -316,12 +316,15 @@ def test_deep_and_huge_values_in_fields_are_refused_not_raised(saved):
         assert _outcome(_set(data, path, value)) == "refused", path
 
 
-def test_table_lists_every_head_by_absolute_score_with_the_task_columns(scans):
+def test_table_lists_every_head_by_the_ranking_that_chose_the_circuit_with_the_task_columns(scans):
     scan = scans["ioi"]
+    assert scan.circuit.ranked_by == "joint"
     rows = scan.table()
     L, H = scan.scores.shape
     assert len(rows) == L * H and {r["head"] for r in rows} == {f"{a}.{b}" for a in range(L) for b in range(H)}
-    assert [abs(r["score"]) for r in rows] == sorted((abs(r["score"]) for r in rows), reverse=True)
+    assert [abs(r["joint"]) for r in rows] == sorted((abs(r["joint"]) for r in rows), reverse=True)
+    by_score = scan.table(sort="score")
+    assert [abs(r["score"]) for r in by_score] == sorted((abs(r["score"]) for r in by_score), reverse=True)
     assert list(rows[0]) == ["head", "layer", "index", "score", "joint", "dla", "io_attention", "s2_attention",
                              *scan.pattern_scores, "in_circuit"]
     for r in rows:
@@ -426,7 +429,7 @@ def test_the_report_reads_without_javascript_answer_first(saved):
     assert rows == [r["head"] for r in scan.table()]
     data = json.loads(re.search(r'id="ck-data">(.*?)</script>', page).group(1))
     assert [c["key"] for c in data["columns"]] == [k for k in scan.table()[0] if k not in ("head", "layer", "index")]
-    assert data["sort"] == "score" and data["pattern"]["pos"] == len(scan.tokens)
+    assert data["sort"] == "joint" and data["pattern"]["pos"] == len(scan.tokens)
     assert not re.search(r"<(script|link)[^>]+(src|href)=", page)
 
 

@@ -138,7 +138,11 @@ def heads_section(scan: Any, columns: list[dict[str, Any]]) -> Section:
             f'<div class="ck-table-wrap"><table id="ck-table" class="ck-heads"><thead><tr>{header}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table></div>"
             f'<details class="ck-legend"><summary>columns</summary><ul>{legend}</ul></details>')
-    note = ("Every head with the task's columns, largest |EAP-IG score| first. Click a column to sort, a row to "
+    from circuitkit.tasks.table import ranking_column
+
+    first = ("|joint| (its share along the joint path, which ranked the circuit)" if ranking_column(scan) == "joint"
+             else "|EAP-IG score| (which ranked the circuit)")
+    note = (f"Every head with the task's columns, largest {first} first. Click a column to sort, a row to "
             "inspect the head. Colours: white at 0 (pattern scores: at what a random head scores), red above, blue "
             "below; bold and boxed: the top heads of each column.")
     return Section("heads", "All heads", body, note)

@@ -18,9 +18,11 @@ import torch
 
 from circuitkit.ranking import top_heads
 from circuitkit.report.data import Column, _range, pattern_bytes
+from circuitkit.tasks.table import ranking_column
 
 CIRCUIT_VIEW_HEADS = 12
-"""Heads of the circuit the CircuitsVis view shows (the first by |EAP-IG score|)."""
+"""Heads of the circuit the CircuitsVis view shows: the first in the column that ranked them
+(:func:`ranked_circuit`)."""
 
 
 def marked_top(scan: Any) -> int:
@@ -82,10 +84,12 @@ def columns(scan: Any) -> list[dict[str, Any]]:
 
 
 def ranked_circuit(scan: Any) -> list[tuple[int, int]]:
-    """The node circuit's heads, largest |EAP-IG score| first (none without a circuit)."""
+    """The node circuit's heads, largest first in the column that ranked them (:func:`~circuitkit.tasks.table.
+    ranking_column`: the joint path's share, or the EAP-IG score); none without a circuit."""
     if scan.circuit is None:
         return []
-    return sorted(scan.circuit.heads, key=lambda h: (-abs(float(scan.scores[h[0], h[1]])), h))
+    values = scan.ranking["heads"] if ranking_column(scan) == "joint" else scan.scores
+    return sorted(scan.circuit.heads, key=lambda h: (-abs(float(values[h[0], h[1]])), h))
 
 
 def page_data(scan: Any, roles: dict[str, list[str]] | None) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -102,7 +106,8 @@ def page_data(scan: Any, roles: dict[str, list[str]] | None) -> tuple[dict[str, 
     view = sorted(circuit[:CIRCUIT_VIEW_HEADS])
     data: dict[str, Any] = {
         "n_layers": n_layers, "n_heads": n_heads, "columns": columns(scan), "tokens": list(scan.tokens),
-        "role_heads": role_heads, "pattern": None, "copies": [], "spectra": {}, "composition": {}, "sort": "score",
+        "role_heads": role_heads, "pattern": None, "copies": [], "spectra": {}, "composition": {},
+        "sort": ranking_column(scan),
         "circuit_view": [{"head": a * n_heads + b, "role": named.get(f"{a}.{b}", "circuit")} for a, b in view],
     }
     blobs: dict[str, bytes] = {}

@@ -306,8 +306,8 @@ class TaskScan:
 
     def table(self, sort: str | None = None) -> list[dict[str, Any]]:
         """Every head as a dict: ``head``, ``layer``, ``index``, ``score`` (EAP-IG), ``dla``, the task's head scores,
-        the pattern scores, ``in_circuit``; largest ``|sort|`` first (default ``score``;
-        :mod:`circuitkit.tasks.table`)."""
+        the pattern scores, ``in_circuit``; largest ``|sort|`` first (default: the column that ranked the circuit,
+        ``joint`` where the joint path did, else ``score``; :mod:`circuitkit.tasks.table`)."""
         from circuitkit.tasks.table import task_table
 
         return task_table(self, sort)

@@ -7,8 +7,8 @@ nodes), ``dla`` (direct logit attribution, logits:
 :func:`~circuitkit.graph.metrics.dla_meaning`; absent where the scan has none),
 each of the task's own head scores (IOI's ``io_attention``), each registered pattern score measured on the task's
 prompts, and ``in_circuit`` (the head is in the node circuit). Rows are ranked by the absolute value of the
-``sort`` column (default ``score``: a head that works strongly against the behaviour ranks high too), heads
-without a value last. pandas is optional: only :func:`to_pandas` needs it.
+``sort`` column (default: the column that ranked the circuit, ``joint`` or ``score``; a head that works strongly
+against the behaviour ranks high too), heads without a value last. pandas is optional: only :func:`to_pandas` needs it.
 """
 
 from __future__ import annotations
@@ -36,11 +36,18 @@ def columns(scan: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def ranking_column(scan: Any) -> str:
+    """The column that ranked the node circuit, the table's default order: ``joint`` (the joint path's shares)
+    where the scan saved them, else ``score`` (EAP-IG, which ranks the nodes otherwise)."""
+    return "joint" if getattr(scan, "ranking", None) is not None else "score"
+
+
 def task_table(scan: Any, sort: str | None = None) -> list[dict[str, Any]]:
-    """Every head of ``scan`` as a dict (see the module docstring), largest ``|sort|`` first, missing last."""
+    """Every head of ``scan`` as a dict (see the module docstring), largest ``|sort|`` first (by default the column
+    that ranked the circuit, :func:`ranking_column`), missing last."""
     numeric = columns(scan)
     names = [name for name, _ in numeric]
-    sort = "score" if sort is None else sort
+    sort = ranking_column(scan) if sort is None else sort
     if sort not in names:
         raise validate.fail("TaskScan.table: sort", sort, f"a column of this scan: {', '.join(names)}")
     circuit = set(scan.circuit.heads) if scan.circuit is not None else set()
@@ -78,16 +85,17 @@ def summary_html(scan: Any, rows: int = NOTEBOOK_ROWS) -> str:
     """The notebook view: the answer first (escaped plain text), then the first ``rows`` heads of :func:`task_table`.
     No script, no network."""
     table = task_table(scan)
+    by = "joint" if ranking_column(scan) == "joint" else "EAP-IG score"
     keys = [k for k in table[0] if k not in ("layer", "index")]
     head = "".join(f"<th>{escape(k)}</th>" for k in keys)
     body = "".join("<tr>" + "".join(f"<td>{escape(cell(r[k]))}</td>" for k in keys) + "</tr>" for r in table[:rows])
     return ('<div class="ck-nb" style="font-family:system-ui,sans-serif;font-size:13px;max-width:1000px">'
             f'<pre style="white-space:pre-wrap">{escape(scan.answer())}</pre>'
-            f"<p><b>Heads by |EAP-IG score|</b> (the first {min(rows, len(table))} of {len(table)}; "
+            f"<p><b>Heads by |{by}|</b> (the first {min(rows, len(table))} of {len(table)}; "
             "scan.table() has them all)</p>"
             '<table style="border-collapse:collapse;font-size:12px">'
             f"<tr>{head}</tr>{body}</table>"
             '<p style="color:#666">scan.save(dir) writes the full report (report.html) and scores.json.</p></div>')
 
 
-__all__ = ["columns", "summary_html", "task_table", "to_pandas"]
+__all__ = ["columns", "ranking_column", "summary_html", "task_table", "to_pandas"]
