@@ -140,6 +140,9 @@ def test_each_engine_measures_the_edges_the_other_names(engines):
                         tokens=tokens).top(5)
     by_record = edge_effects(model, task, top, kv_edges="per-query-head", progress=False)
     by_name = edge_effects(model, task, [e.name for e in top], kv_edges="per-query-head", progress=False)
+    printed = [f"{e.src[0]}.{e.src[1]} \u2192 {e.dst[0]}.{e.dst[1]} {e.channel.upper()}" for e in top]  # the answer's
+    assert [e.effect for e in edge_effects(model, task, printed, kv_edges="per-query-head", progress=False)] == [
+        e.effect for e in by_name]
     assert [e.name for e in by_record] == [f"{e.src[0]}.{e.src[1]}->{e.dst[0]}.{e.dst[1]}:{e.channel}" for e in top]
     assert [e.name for e in by_name] == [e.name for e in by_record]
     back = path_patching(model, [e.name for e in by_record], metric="loss", corrupt="resample",

@@ -185,6 +185,8 @@ def test_path_patching_gives_its_effects_as_edge_values():
     ("0.1->1.3", ((0, 1), (1, 3), None)),
     ("  10.12 -> 11.0 (ALL) ", ((10, 12), (11, 0), "all")),
     ("2.0->5.7:Q", ((2, 0), (5, 7), "q")),
+    ("0.1 \u2192 1.3 K", ((0, 1), (1, 3), "k")),  # as the induction scan's answer prints it
+    ("0.1 \u2192 1.3", ((0, 1), (1, 3), None)),
 ])
 def test_an_edge_name_reads_back_either_way_circuitkit_writes_it(text, want):
     from circuitkit.results import graph_edge_name, parse_edge_name
@@ -195,9 +197,9 @@ def test_an_edge_name_reads_back_either_way_circuitkit_writes_it(text, want):
     assert parse_edge_name(graph_edge_name(src, dst, channel), "t") == want
 
 
-@pytest.mark.parametrize("text", ["input->m0", "0.1->logits", "13.2->14.g0:v", "0.1 -> 1.3 (x)", "0.1 -> 1.3 k",
-                                  "0.1 - 1.3", "-1.0->1.3", "0.1->1.3:kk", "0.1\n->1.3", "9" * 70, "", 3, None,
-                                  b"0.1->1.3"])
+@pytest.mark.parametrize("text", ["input->m0", "0.1->logits", "13.2->14.g0:v", "0.1 -> 1.3 (x)", "0.1 -> 1.3 kq",
+                                  "0.1 => 1.3", "0.1 - 1.3", "-1.0->1.3", "0.1->1.3:kk", "0.1\n->1.3", "9" * 70, "",
+                                  3, None, b"0.1->1.3"])
 def test_a_name_that_is_not_an_edge_between_two_heads_is_refused_with_what_was_read(text):
     from circuitkit.results import parse_edge_name
 

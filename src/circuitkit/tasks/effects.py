@@ -47,8 +47,9 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         model: a TransformerBridge, a circuitkit toy model, a model directory's loaded model, or a ``ModelAdapter``.
         task: a :class:`~circuitkit.tasks.Task` (its pairs, metric and tokenization, as ``scan_task`` reads them).
         edges: an edge name (``"9.9->logits"``) or a list of them; an edge between two heads may also be given as
-            path patching and the induction scan name it (``"0.1 -> 1.3 (k)"``) or as their records
-            (:class:`circuitkit.Edge`: ``PathPatching.top()``, ``EdgeAttribution.top()``), one input each.
+            path patching and the induction scan name it (``"0.1 -> 1.3 (k)"``, ``"0.1 \u2192 1.3 K"``) or as
+            their records (:class:`circuitkit.Edge`: ``PathPatching.top()``, ``EdgeAttribution.top()``), one input
+            each.
         metric: a metric name or function in place of the task's own (as ``scan_task``'s ``metric``).
         mlps: MLPs are nodes of the graph (default: where the model has MLPs), as ``scan_task``'s ``mlps``.
         kv_edges: ``"grouped"`` (a key/value head's input is one receiver) or ``"per-query-head"``.
@@ -109,7 +110,7 @@ def _graph_name(name: Any, where: str) -> Any:
         if not (isinstance(src, tuple) and isinstance(dst, tuple) and len(src) == len(dst) == 2
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in (*src, *dst))):
             raise validate.fail(where, name, "an edge between two heads (layer, head)")
-    elif isinstance(name, str) and " " in name.strip():  # the other measurements' spelling has spaces
+    elif isinstance(name, str) and (" " in name.strip() or "\u2192" in name):  # the other spellings
         try:
             src, dst, channel = parse_edge_name(name, where)
         except CircuitkitError:
