@@ -181,7 +181,9 @@ def test_result_top_and_json(bundled):
         ({"edges": [((0, 0), (1, 0))], "metric": "accuracy"}, "metric"),
         ({"edges": [((0, 0), (1, 0))], "corrupt": "zero"}, "corrupt"),
         ({"edges": [((0, 0), (1, 0))], "edges_per_pass": 0}, "edges_per_pass"),
-        ({"edges": "0.0->1.0"}, "edges"),
+        ({"edges": "0.0->m1"}, "edges.*tasks.edge_effects measures it"),  # a name, but not of an edge of heads
+        ({"edges": b"0.0->1.0"}, "edges"),
+        ({"edges": ["0.0->1.0:o"]}, "edges"),
         ({"edges": []}, "at least one edge"),
         ({"edges": [((0, 0.5), (1, 0))]}, "head"),
         ({"edges": [(0, 1)]}, "src"),
