@@ -1,6 +1,7 @@
 """Edge attribution of both engines on a real model: the induction engine's against the task runner's EAP-IG
 
     python benchmarks/eap_engines.py --model DIR [--steps 1 2 4] [--batch 4] [--block-len 10] [--json out.json]
+                                     [--old-src OLD/src]
 
 One process, on repeated random tokens (``batch`` sequences, a block of ``block_len`` tokens repeated once, seed 0)
 and their resampled corruption (seed 1), the repeated-copies loss, for each number of ``steps``:
@@ -15,6 +16,10 @@ largest score, how many of each engine's 20 strongest edges the other ranks in i
 seconds and growth of resident memory (the reference runs the runner needs counted in its call). The two engines
 define the same estimate (``tests/test_one_engine_edges.py`` checks it on a tiny model): this measures it where
 the model is a real one, with grouped-query attention, RMSNorm and 24 layers.
+
+With ``--old-src`` (the ``src`` of a checkout before a change, e.g. ``git worktree add OLD 8d0f3c1``) the same
+measurement runs twice, in a child process importing each version, and the runner's scores of the two versions are
+compared edge by edge (their times as a ratio).
 """
 import argparse
 import sys
@@ -46,17 +51,10 @@ def measured(fn):
     return result, seconds, max(0, peak[0] - base)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--block-len", type=int, default=10)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    sys.path.insert(0, str(HERE))
+def measure(model_dir: str, steps_list: list[int], batch: int, block_len: int, save: str | None) -> list[dict]:
+    """One row per number of steps (module docstring); ``save``: where to write the runner's head-edge scores of
+    each (``torch.save``, ``{steps: [edges] float64}``)."""
     import torch
-    from _common import write_json_atomic
 
     from circuitkit.circuits import edge_attribution
     from circuitkit.detect import RepeatedTokens
@@ -67,16 +65,16 @@ def main() -> None:
     from circuitkit.tasks import repeated_tokens
 
     torch.manual_seed(0)
-    model = load_model(args.model)
+    model = load_model(model_dir)
     adapter = adapt(model)
     spec = adapter.spec
     L, H = spec.n_layers, spec.n_heads
-    tokens = RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=0)
-    task = repeated_tokens(model, args.batch, seed=0, block_len=args.block_len, corrupt_seed=1, ablation="corrupted")
+    tokens = RepeatedTokens(block_len=block_len, batch=batch, seed=0)
+    task = repeated_tokens(model, batch, seed=0, block_len=block_len, corrupt_seed=1, ablation="corrupted")
     edges = [(l1, h1, l2, h2, c) for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L)
              for h2 in range(H) for c in range(3)]
-    rows = []
-    for steps in args.steps:
+    rows, kept = [], {}
+    for steps in steps_list:
         ours, ours_s, ours_mem = measured(lambda steps=steps: edge_attribution(model, tokens=tokens, steps=steps,
                                                                                corrupt_seed=1).scores)
 
@@ -93,21 +91,79 @@ def main() -> None:
         receivers = torch.tensor([graph.receivers.index(f"{l2}.{h2}:{'qkv'[c]}") for _, _, l2, h2, c in edges])
         a = ours[tuple(torch.tensor(edges).T)].double()
         b = theirs[senders, receivers].double()
+        kept[steps] = b
         top_a = set(a.abs().topk(20).indices.tolist())
         top_b = set(b.abs().topk(20).indices.tolist())
-        row = {"steps": steps, "edges": len(edges), "largest_difference": float((a - b).abs().max()),
-               "largest_score": float(a.abs().max()), "top20_shared": len(top_a & top_b),
-               "edge_attribution_seconds": ours_s, "runner_seconds": theirs_s,
-               "edge_attribution_rss_mib": ours_mem / 2**20, "runner_rss_mib": theirs_mem / 2**20,
-               "runner_passes": runner.passes}
-        rows.append(row)
-        print(f"steps {steps}: {len(edges)} head edges, largest difference {row['largest_difference']:.3g} "
-              f"(largest |score| {row['largest_score']:.3g}), top 20 shared {row['top20_shared']}/20; "
-              f"edge_attribution {ours_s:.1f} s +{row['edge_attribution_rss_mib']:.0f} MiB, "
-              f"runner {theirs_s:.1f} s +{row['runner_rss_mib']:.0f} MiB ({runner.passes:.0f} passes)", flush=True)
+        rows.append({"steps": steps, "edges": len(edges), "largest_difference": float((a - b).abs().max()),
+                     "largest_score": float(a.abs().max()), "top20_shared": len(top_a & top_b),
+                     "edge_attribution_seconds": ours_s, "runner_seconds": theirs_s,
+                     "edge_attribution_rss_mib": ours_mem / 2**20, "runner_rss_mib": theirs_mem / 2**20,
+                     "runner_passes": runner.passes})
+    if save:
+        torch.save(kept, save)
+    return rows
+
+
+def show(name: str, rows: list[dict]) -> None:
+    for row in rows:
+        print(f"{name}steps {row['steps']}: {row['edges']} head edges, largest difference "
+              f"{row['largest_difference']:.3g} (largest |score| {row['largest_score']:.3g}), top 20 shared "
+              f"{row['top20_shared']}/20; edge_attribution {row['edge_attribution_seconds']:.1f} s "
+              f"+{row['edge_attribution_rss_mib']:.0f} MiB, runner {row['runner_seconds']:.1f} s "
+              f"+{row['runner_rss_mib']:.0f} MiB ({row['runner_passes']:.0f} passes)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--block-len", type=int, default=10)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--old-src", default=None, help="the src folder of a checkout before a change")
+    parser.add_argument("--save", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    import json
+
+    from _common import write_json_atomic
+
+    if args.child:
+        print(json.dumps(measure(args.model, args.steps, args.batch, args.block_len, args.save)))
+        return
+    if not args.old_src:
+        rows = measure(args.model, args.steps, args.batch, args.block_len, None)
+        show("", rows)
+        result = {"model": args.model, "batch": args.batch, "block_len": args.block_len, "rows": rows}
+    else:
+        import os
+        import subprocess
+        import tempfile
+
+        import torch
+
+        common = ["--model", args.model, "--batch", str(args.batch), "--block-len", str(args.block_len),
+                  "--steps", *map(str, args.steps)]
+        result = {"model": args.model, "batch": args.batch, "block_len": args.block_len}
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, src in (("old", Path(args.old_src).resolve()), ("new", HERE.parent / "src")):
+                env = dict(os.environ, PYTHONPATH=str(src))
+                out = subprocess.run([sys.executable, __file__, "--child", *common, "--save", f"{tmp}/{name}.pt"],
+                                     env=env, check=True, capture_output=True, text=True).stdout
+                result[name] = json.loads(out.strip().splitlines()[-1])
+                show(f"{name}: ", result[name])
+            old, new = torch.load(f"{tmp}/old.pt"), torch.load(f"{tmp}/new.pt")
+        for row_old, row_new in zip(result["old"], result["new"], strict=True):
+            steps = row_new["steps"]
+            diff = float((old[steps] - new[steps]).abs().max())
+            row_new["runner_difference_to_old"] = diff
+            row_new["runner_time_new_over_old"] = row_new["runner_seconds"] / row_old["runner_seconds"]
+            print(f"steps {steps}: the runner's scores, new against old: largest difference {diff:.3g}; time "
+                  f"new/old {row_new['runner_time_new_over_old']:.2f} ({row_new['runner_passes']:.0f} passes "
+                  f"against {row_old['runner_passes']:.0f})")
     if args.json:
-        write_json_atomic(Path(args.json), {"model": args.model, "batch": args.batch, "block_len": args.block_len,
-                                            "rows": rows})
+        write_json_atomic(Path(args.json), result)
 
 
 if __name__ == "__main__":

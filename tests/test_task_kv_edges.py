@@ -219,8 +219,9 @@ def test_query_heads_with_the_same_edges_share_a_copy():
 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_edge_scores_equal_the_dense_oracles_gradients(runners, steps):
-    """EAP-IG's scores (steps 1: the pairs in parts; 2: both points in one pass) against the gradient of the
-    hand-written forward at each receiver's own input, at EAP-IG's points."""
+    """EAP-IG's scores (the points in one pass of the pairs, each group's key/value gradient split by query head
+    through its layer's pattern and ``z``) against the gradient of the hand-written forward at each receiver's own
+    input, at EAP-IG's points."""
     _, runner = runners
     graph, batch, model = runner.graph, runner.batch, runner.adapter.model
     scores, node_scores = runner.edge_gradients(steps)
@@ -296,9 +297,10 @@ def test_a_per_query_head_scan_saves_checks_and_reloads(tmp_path):
     scan = scan_task(_model(), task, target=0.8, n_resamples=50, kv_edges="per-query-head")
     c = scan.circuit
     assert scan.settings["kv_edges"] == "per-query-head"
-    steps = scan.settings["ig_steps"]  # each EAP-IG point and edge set runs a copy per query head of a group
+    steps = scan.settings["ig_steps"]  # each edge set runs a copy per query head of a group; EAP-IG one a point
     ran = {stage.name: stage.passes for stage in scan.stages}
-    assert ran["attribute"] == pytest.approx(3 * steps * GROUP) == scan.settings["plan"]["attribute"]
+    assert ran["attribute"] == pytest.approx(3 * steps) == scan.settings["plan"]["attribute"]
+    assert "corrupted" not in ran  # EAP-IG's first point is the corrupted run, per-query-head receivers or not
     # whole copies of the pairs, or (the strongest edges' effects, resumed) their share of the layers
     assert ran["edges"] * LAYERS == pytest.approx(round(ran["edges"] * LAYERS)) and ran["edges"] > 0
     assert c.n_edges_total == build_graph(adapt(_model()), mlps=True, kv_edges="per-query-head").n_edges

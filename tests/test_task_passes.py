@@ -461,12 +461,14 @@ def test_run_from_refuses_a_residual_stream_of_another_shape(kind, shape):
         adapter.run_from(torch.zeros(shape), LAYERS)
 
 
-@pytest.mark.parametrize("kind", ["mha-mlp", "gqa-ln-mlp", "attn-only", "toy"])
-def test_eap_igs_first_point_is_the_corrupted_run(kind):
+@pytest.mark.parametrize("kind, kv", [("mha-mlp", "grouped"), ("gqa-ln-mlp", "grouped"),
+                                      ("gqa-ln-mlp", "per-query-head"), ("attn-only", "grouped"), ("toy", "grouped")])
+def test_eap_igs_first_point_is_the_corrupted_run(kind, kv):
     """EAP-IG's point ``alpha = 0`` runs the corrupted input: the corrupted run read from that copy of the stacked
     pass equals the corrupted run made apart (every sender's output, the metric, the last-token log-probabilities),
-    the scores are the same, and the two together count EAP-IG's passes alone, one fewer."""
-    folded, apart = _runner(kind), _runner(kind)
+    the scores are the same, and the two together count EAP-IG's passes alone, one fewer. Per-query-head key/value
+    receivers too: EAP-IG splits their gradients by query head within one copy of the pairs a point."""
+    folded, apart = _runner(kind, kv), _runner(kind, kv)
     _ = folded.clean, apart.clean, apart.corrupted
     assert folded.folds_corrupted(3, "left") and not apart.folds_corrupted(3, "left")
     before = (folded.passes, apart.passes)
@@ -488,10 +490,9 @@ def test_eap_igs_first_point_is_the_corrupted_run(kind):
 
 
 def test_the_corrupted_run_runs_apart_where_no_point_is_alpha_0():
-    """``ig_points="right"`` (``alpha = 1/steps .. 1``) and per-query-head key/value copies: the corrupted stage
-    runs, one pass, as before."""
+    """``ig_points="right"`` (``alpha = 1/steps .. 1``): the corrupted stage runs, one pass, as before."""
     assert not _runner("mha-mlp").folds_corrupted(3, "right")
-    assert not _runner("gqa-ln-mlp", "per-query-head").folds_corrupted(3, "left")
+    assert not _runner("gqa-ln-mlp", "per-query-head").folds_corrupted(3, "right")
     from circuitkit.tasks import scan_task
 
     model = boot_bridge(attn_only=False, n_layers=LAYERS, d_vocab=50, seed=3)

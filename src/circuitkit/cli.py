@@ -172,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     # graph.nodes.KV_EDGES, not imported: --help stays free of torch
     scan.add_argument("--kv-edges", choices=("grouped", "per-query-head"), default=None,
                       help="a task's key/value edges on a grouped-query model: one per key/value head (grouped, "
-                      "default) or one per query head (per-query-head, as EAP-IG's graph; edge passes cost a copy "
-                      "of the pairs per query head of a group)")
+                      "default) or one per query head (per-query-head, as EAP-IG's graph; edge-patching passes cost a "
+                      "copy of the pairs per query head of a group)")
     # tasks.circuit.NODE_RANKINGS, not imported: --help stays free of torch
     scan.add_argument("--node-ranking", choices=("joint", "eap-ig"), default=None,
                       help="what orders a task's nodes for its node circuit: their shares along the joint path from "

@@ -80,13 +80,12 @@ from circuitkit.detect.attribution import check_steps, frozen_parameters
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.graph.pullback import ClosedForm, ReceiverGradients, closed_form
+from circuitkit.graph.pullback import ClosedForm, ReceiverGradients, closed_form, split_by_query_head
 from circuitkit.ig_path import along, ig_alphas
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
 from circuitkit.results import Edge, EdgeValues
-from circuitkit.vjp import vjp
 
 
 class AttributedEdge(Edge):
@@ -379,13 +378,13 @@ class GradientTap:
                  for key, g in zip(self.keys, found, strict=True)}
         if gs > 1:
             for layer in range(1, L):
-                grads[("k", layer)] = _per_query_head(acts[("pattern", layer)], acts[("k", layer)],
-                                                      grads[("pattern", layer)], gs, head_axis=1)
+                grads[("k", layer)] = split_by_query_head(acts[("pattern", layer)], acts[("k", layer)],
+                                                          grads[("pattern", layer)], gs, head_axis=1)
                 if m.local:
                     grads[("v", layer)] = torch.zeros_like(grads[("q", layer)])
                 else:
-                    grads[("v", layer)] = _per_query_head(acts[("z", layer)], acts[("v", layer)],
-                                                          grads[("z", layer)], gs, head_axis=2)
+                    grads[("v", layer)] = split_by_query_head(acts[("z", layer)], acts[("v", layer)],
+                                                              grads[("z", layer)], gs, head_axis=2)
         patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
         self.acts = {}  # the graph is no longer needed
         return EdgeGradients(m, self.clean_z, self.resid, patterns, grads, float(total.detach()))
@@ -428,22 +427,6 @@ class GradientTap:
             return pattern
 
         return hook
-
-
-def _per_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, gs: int, head_axis: int) -> Tensor:
-    """Split ``dM/d(group_input)`` ``[b, p, kv_head, d]`` into query heads ``[b, p, head, d]``: the part of the
-    gradient reaching the group's input through query head ``h``'s slice of ``out`` (its pattern or ``z``)."""
-    b, p, n_groups, d = group_input.shape
-    split = torch.zeros(b, p, n_groups, gs, d, dtype=group_input.dtype, device=group_input.device)
-    heads = torch.arange(n_groups * gs, device=grad_out.device)
-    for r in range(gs):
-        shape = [1] * grad_out.ndim
-        shape[head_axis] = -1
-        mask = (heads % gs == r).to(grad_out.dtype).reshape(shape)
-        (g,) = vjp(out, group_input, grad_out * mask, retain_graph=True, allow_unused=True)
-        if g is not None:
-            split[:, :, :, r] = g
-    return split.reshape(b, p, n_groups * gs, d)
 
 
 MAX_DELTA_BYTES = 256 * 2**20

@@ -14,6 +14,11 @@ in closed form (``gamma`` the norm's weight, ``r = 1/sqrt(var + eps)``, ``xhat``
 with the per-position terms found in ``d_head`` space, so only one product per receiver touches ``d_model``; the
 closed form is used only where it agrees with autograd through the norm at the same input
 (:func:`closed_form`); any other norm is pulled back by autograd (:func:`autograd_pullback`).
+
+Grouped-query attention: a key/value head's activation is read by every query head of its group, and an edge into a
+query head's key or value input is that head's alone. :func:`split_by_query_head` splits the group's gradient into
+the part that reaches it through each query head (a local backward through one layer's pattern or ``z``), so both
+engines take every query head's key/value gradient from one pass of the batch.
 """
 
 from __future__ import annotations
@@ -248,5 +253,27 @@ def autograd_pullback(norm: Any, x: Tensor, u: Tensor) -> Tensor:
             return out.to(want)
 
 
+def split_by_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, group_size: int,
+                        head_axis: int) -> Tensor:
+    """``dM/d(group_input)`` split into query heads: ``group_input`` ``[b, p, kv_head, d]`` (a layer's keys or
+    values, on the autograd graph of ``out``), ``out`` the query heads' output of that layer that reads it (the
+    pattern ``[b, head, q, k]`` for the keys, ``z`` ``[b, p, head, d]`` for the values; ``head_axis`` its head
+    axis), ``grad_out`` ``dM/d(out)``. Returns ``[b, p, head, d]``: at query head ``h = g * group_size + r`` the
+    part of the gradient reaching key/value head ``g`` through ``h``'s slice of ``out`` (their sum over ``r`` is
+    the group's gradient). One vector-Jacobian product per position ``r`` in a group, each through that layer's
+    attention alone (the graph must be retained)."""
+    b, p, n_groups, d = group_input.shape
+    split = torch.zeros(b, p, n_groups, group_size, d, dtype=group_input.dtype, device=group_input.device)
+    heads = torch.arange(n_groups * group_size, device=grad_out.device)
+    for r in range(group_size):
+        shape = [1] * grad_out.ndim
+        shape[head_axis] = -1
+        mask = (heads % group_size == r).to(grad_out.dtype).reshape(shape)
+        (g,) = vjp(out, group_input, grad_out * mask, retain_graph=True, allow_unused=True)
+        if g is not None:
+            split[:, :, :, r] = g
+    return split.reshape(b, p, n_groups * group_size, d)
+
+
 __all__ = ["NORM_CHECK_RTOL", "ClosedForm", "ReceiverGradients", "ReceiverNorm", "autograd_pullback", "closed_form",
-           "receiver_norms"]
+           "receiver_norms", "split_by_query_head"]

@@ -12,11 +12,15 @@ and the logits; the input feeds everything.
 Per-query-head key/value edges (``kv_edges="per-query-head"``, EAP-IG's graph): every query head has its own key and
 value inputs ``l.h:k`` / ``l.h:v``, its keys and values computed from its own input while the other heads of its
 group keep theirs, so a grouped edge ``u -> l.g:k`` is the ``Q`` edges ``u -> l.h:k`` of its group's query heads
-(``Q = n_heads / n_kv``). The model's attention computes a key/value head once for its group, so each edge pass runs
-``Q`` copies of its pairs side by side, copy ``j`` computing every group's keys and values from its ``j``-th query
-head's input, and each query head's ``z`` is taken from its own copy (:meth:`TaskRunner._edge_pass`). The gradient
-at a grouped input is the sum of its query heads' (each reads it), so a grouped edge's EAP-IG score is the sum of
-its per-query-head edges' scores.
+(``Q = n_heads / n_kv``). The model's attention computes a key/value head once for its group, so each edge-patching
+pass runs ``Q`` copies of its pairs side by side, copy ``j`` computing every group's keys and values from its
+``j``-th query head's input, and each query head's ``z`` is taken from its own copy (:meth:`TaskRunner._edge_pass`).
+EAP-IG needs no copies: every query head sees the same values along its path, so its pass is the grouped graph's
+and the gradient at a group's keys (values) is split into the part through each query head's pattern (``z``), a
+vector-Jacobian product through that layer's attention alone (:func:`~circuitkit.graph.pullback.
+split_by_query_head`, as the induction engine's edge attribution splits it). The gradient at a grouped input is the
+sum of its query heads' (each reads it), so a grouped edge's EAP-IG score is the sum of its per-query-head edges'
+scores.
 
 Edge patching (a circuit of edges ``E``). With ``out_u`` a sender's output in the current (patched) run and
 ``out'_u`` its output on the corrupted prompt of the same pair, receiver ``v`` reads::
@@ -62,7 +66,7 @@ from circuitkit.detect.reference import reads as reference_reads
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import METRICS, last_logits
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
-from circuitkit.graph.pullback import ReceiverGradients, closed_form, receiver_norms
+from circuitkit.graph.pullback import ReceiverGradients, closed_form, receiver_norms, split_by_query_head
 from circuitkit.graph.task import TaskBatch
 from circuitkit.ig_path import DEFAULT_IG_POINTS, IG_POINTS, along, ig_alphas
 from circuitkit.models.adapters import HOOKS, ModelAdapter
@@ -460,11 +464,10 @@ class TaskRunner:
     def folds_corrupted(self, steps: int, points: str) -> bool:
         """Whether EAP-IG (:meth:`attribute`) gives the corrupted run too: its first point, ``alpha = 0``, is the
         corrupted input, and its forward then runs the corrupted prompts (every later activation follows from the
-        input embeddings). So where the corrupted run has not run yet, the points are one stacked pass of every
-        pair (no per-query-head copies; a family without edges runs :meth:`node_attribution`'s one pass) and one
-        of them is ``alpha = 0``, the corrupted run is read from that copy and does not run apart."""
-        return (self._corrupt is None and (self.graph.kv_copies == 1 or not self.edges_defined)
-                and bool((ig_alphas(steps, points) == 0).any()))
+        input embeddings). So where the corrupted run has not run yet and one of the points (stacked in one pass
+        of every pair; a family without edges runs :meth:`node_attribution`'s one pass) is ``alpha = 0``, the
+        corrupted run is read from that copy and does not run apart."""
+        return self._corrupt is None and bool((ig_alphas(steps, points) == 0).any())
 
     def outputs(self, run: dict[str, Any], first: int = 0, stop: int | None = None) -> Tensor:
         """The outputs of senders ``first .. stop - 1`` (every sender by default) in ``run`` (:attr:`clean` or
@@ -870,28 +873,15 @@ class TaskRunner:
     def attribute(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
         and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.graph.nodes`; the
-        gradient at a zero leaf added at its hook, which changes no value)."""
-        copies, n = self.graph.kv_copies, self.batch.n_pairs
-        # with per-query-head copies, a pass takes as many points, and as many pairs, as keep it within the grouped
-        # pass's ``steps`` copies of the pairs (one point of one pair at least): the scores add up over the points
-        # and over the pairs (each part's mean metric weighted by its share of the pairs)
-        per = steps if copies == 1 else max(1, steps // copies)
-        size = n if copies == 1 else max(1, min(n, steps * n // (copies * per)))
-        if size >= n:
-            scores, typed = self._attribute_part(steps, points, per)
-            return scores, scores.sum(1), typed
-        scores, typed = None, {}
-        for a in range(0, n, size):
-            part = self._pair_range(a, min(n, a + size))
-            share = part.batch.n_pairs / n
-            got, got_typed = part._attribute_part(steps, points, per)
-            scores = got * share if scores is None else scores + got * share
-            typed = {name: typed.get(name, 0.0) + value * share for name, value in got_typed.items()}
-            self.passes += part.passes * share  # counted in passes of all the pairs
+        gradient at a zero leaf added at its hook, which changes no value). Per-query-head key/value receivers
+        of a grouped-query model take their gradients from the same pass: the group's gradient split by query
+        head through each layer's pattern (keys) and ``z`` (values), :func:`~circuitkit.graph.pullback.
+        split_by_query_head`, as the induction engine's edge attribution splits it."""
+        scores, typed = self._attribute_part(steps, points)
         return scores, scores.sum(1), typed
 
-    def _attribute_part(self, steps: int, points: str, per: int) -> tuple[Tensor, dict[str, Tensor]]:
-        """:meth:`attribute`'s edge scores and further node types' scores, ``per`` points a pass."""
+    def _attribute_part(self, steps: int, points: str) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`attribute`'s edge scores and further node types' scores, the points stacked in one pass."""
         from circuitkit.detect.attribution import frozen_parameters
 
         graph = self.graph
@@ -901,40 +891,64 @@ class TaskRunner:
         clean_in = self.clean["input"]
         corrupt_in = self.adapter.embedded(self.batch.corrupted) if fold else self.corrupted["input"]
         alphas = ig_alphas(steps, points).to(clean_in.device)
-        copies = graph.kv_copies
         flat = None if fold else self._output_deltas()
         scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
         summed: dict[tuple[str, int], Tensor] = {}  # the further node types' gradients summed over the points
-        for begin in range(0, steps, per):
-            part = alphas[begin : begin + per]
-            n = len(part)
-            start = along(corrupt_in[None], clean_in[None], part)  # [n, pair, pos, d_model]
-            grads: dict[tuple[str, int], Tensor] = {}
-            resid: dict[int, Tensor] = {}
-            node_leaves: dict[tuple[str, int], Tensor] = {}
-            zero = int((part == 0).nonzero()[0]) if flat is None else 0  # the copy at alpha = 0
-            read, kept = self._copy_reads(zero) if flat is None else ([], None)
-            with frozen_parameters(self.adapter.model), torch.enable_grad():
-                logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
-                                            read=read)
-                if flat is None:
-                    self._corrupted_from(logits, zero, corrupt_in, kept)
-                    flat = self._output_deltas()
-                total = self.metric(logits).mean(-1).sum()
-                leaves = sorted(grads)
-                named = sorted(node_leaves)
-                got = torch.autograd.grad(total, [grads[i] for i in leaves] + [node_leaves[i] for i in named],
-                                          allow_unused=True)
-                got, node_got = got[:len(leaves)], dict(zip(named, got[len(leaves):], strict=True))
-            self.passes += 3.0 * n * copies
-            for index, grad in zip(leaves, got, strict=True):
-                if grad is None:
-                    continue
-                g = self._pulled_back(index, grad.detach().float(), resid, n) / steps  # mean over the points
-                cols = self._receiver_columns(index)
-                scores[:, cols] += (flat @ g.T).cpu()
-            _add_summed(summed, node_got, n)
+        n = len(alphas)
+        start = along(corrupt_in[None], clean_in[None], alphas)  # [n, pair, pos, d_model]
+        grads: dict[tuple[str, int], Tensor] = {}
+        resid: dict[int, Tensor] = {}
+        node_leaves: dict[tuple[str, int], Tensor] = {}
+        # per-query-head key/value receivers: each layer's pattern and z, through which a group's gradient is split
+        by_head: dict[tuple[str, int], Tensor] | None = {} if graph.kv_copies > 1 else None
+        zero = int((alphas == 0).nonzero()[0]) if flat is None else 0  # the copy at alpha = 0
+        read, kept = self._copy_reads(zero) if flat is None else ([], None)
+        with frozen_parameters(self.adapter.model), torch.enable_grad():
+            logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
+                                        read=read, by_head=by_head)
+            if flat is None:
+                self._corrupted_from(logits, zero, corrupt_in, kept)
+                flat = self._output_deltas()
+            total = self.metric(logits).mean(-1).sum()
+            leaves = sorted(grads)
+            named = sorted(node_leaves)
+            outs = sorted(by_head or {})
+            got = torch.autograd.grad(total, [grads[i] for i in leaves] + [node_leaves[i] for i in named]
+                                      + [by_head[i] for i in outs], allow_unused=True, retain_graph=bool(outs))
+            got_leaves = dict(zip(leaves, got[: len(leaves)], strict=True))
+            node_got = dict(zip(named, got[len(leaves) : len(leaves) + len(named)], strict=True))
+            if outs:
+                self._split_by_query_head(got_leaves, grads, by_head, dict(zip(outs, got[-len(outs):], strict=True)))
+        del by_head
+        self.passes += 3.0 * n  # the split's vector-Jacobian products run through one layer's attention each
+        for index in leaves:
+            grad = got_leaves[index]
+            if grad is None:
+                continue
+            g = self._pulled_back(index, grad.detach().float(), resid, n) / steps  # mean over the points
+            cols = self._receiver_columns(index)
+            scores[:, cols] += (flat @ g.T).cpu()
+        _add_summed(summed, node_got, n)
         return scores * graph.allowed, self._typed_scores(summed, steps)
+
+    def _split_by_query_head(self, got: dict[tuple[str, int], Tensor | None], leaves: dict[tuple[str, int], Tensor],
+                             outs: dict[tuple[str, int], Tensor], grad_outs: dict[tuple[str, int], Tensor | None]
+                             ) -> None:
+        """Replace each key/value leaf's gradient in ``got`` (``[n * pair, pos, kv_head, d_head]``) by its split
+        into query heads (``[n * pair, pos, head, d_head]``, query head ``g * Q + j`` the ``j``-th of group ``g``,
+        as :meth:`_receiver_weights` orders them): the keys' through each layer's pattern, the values' through its
+        ``z`` (:func:`~circuitkit.graph.pullback.split_by_query_head`)."""
+        Q = self.graph.kv_copies
+        for (channel, layer), leaf in leaves.items():
+            if channel not in ("k", "v"):
+                continue
+            out_key = ("pattern" if channel == "k" else "z", layer)
+            grad_out = grad_outs.get(out_key)
+            if got.get((channel, layer)) is None or grad_out is None:
+                got[(channel, layer)] = None  # the metric does not read this layer's keys/values
+                continue
+            got[(channel, layer)] = split_by_query_head(outs[out_key], leaf, grad_out, Q,
+                                                        head_axis=1 if channel == "k" else 2)
 
     def _output_deltas(self) -> Tensor:
         """Every sender's clean output minus its corrupted one, flattened: ``[sender, pair * pos * d_model]``
@@ -1116,12 +1130,7 @@ class TaskRunner:
                 (grad,) = torch.autograd.grad(norm(x), x, grad)
         if channel in ("mlp", "logits"):
             return grad.float().reshape(steps, -1).sum(0).reshape(1, -1)
-        Q = self.graph.kv_copies
-        if Q > 1 and channel != "q":  # copy j's leaf at key/value head g: query head g * Q + j's input
-            n = grad.shape[0] // Q
-            grad = grad.view(Q, n, *grad.shape[1:]).permute(1, 2, 3, 0, 4).reshape(n, grad.shape[1], -1,
-                                                                                   grad.shape[-1])
-        N, P, R = grad.shape[:3]
+        N, P, R = grad.shape[:3]  # per-query-head keys/values: already split by query head (R = H)
         W = self._receiver_weights(channel, layer).float().transpose(1, 2)  # [R, d_head, d_model]
         norm = self.norms[layer]
         x = None if norm is None else resid[layer].detach().reshape(N * P, d).float()
@@ -1131,20 +1140,16 @@ class TaskRunner:
                                                  self._norm_forms[layer])
         return receivers.pulled().reshape(R, steps, -1).sum(1)
 
-    def _kv_slots(self, kept: Tensor | None, S: int) -> tuple[dict[int, Tensor], dict[int, Tensor], int]:
+    def _kv_slots(self, kept: Tensor, S: int) -> tuple[dict[int, Tensor], dict[int, Tensor], int]:
         """Where each query head's keys and values are computed in a per-query-head edge pass of ``S`` circuits:
         ``(slots, heads_of, Q)``, ``slots[layer]`` ``[S, H]`` the copy of each query head, ``heads_of[layer]``
         ``[S, Q, G]`` the query head whose inputs each copy's key/value head takes, ``Q`` the copies. Query heads
         of a group whose key and value edges are the same in a circuit read the same inputs, so they share a copy:
         ``Q`` is the most distinct heads of a group in any circuit and layer (1 where a circuit treats each group as
-        a whole). Attribution (``kept`` None): copy ``j`` for each group's ``j``-th query head."""
+        a whole)."""
         graph = self.graph
         G, Qf, L = graph.n_kv, graph.kv_copies, graph.n_layers
         first_heads = (torch.arange(G, device="cpu") * Qf)[None, None, :]
-        if kept is None:
-            slot = (torch.arange(graph.n_heads, device="cpu") % Qf)[None].expand(S, -1)
-            heads = torch.arange(Qf, device="cpu")[None, :, None] + first_heads
-            return {layer: slot for layer in range(L)}, {layer: heads.expand(S, -1, -1) for layer in range(L)}, Qf
         missing = (~kept & graph.allowed[None]).cpu()
         slots, heads_of, most = {}, {}, 1
         for layer in range(L):
@@ -1189,27 +1194,29 @@ class TaskRunner:
     def _edge_pass(self, S: int, kept: Tensor | None, start: Tensor | None,
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
                    node_leaves: dict[tuple[str, int], Tensor] | None = None,
-                   read: list[tuple[str, Callable]] | None = None) -> tuple[Tensor, int]:
+                   read: list[tuple[str, Callable]] | None = None,
+                   by_head: dict[tuple[str, int], Tensor] | None = None) -> tuple[Tensor, int]:
         """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
         with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
         clean); ``start``: the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with
         zero leaves added at every receiver (attribution: q/k/v activations, MLP inputs, the logits' input);
         ``resid``: filled with each layer's ``resid_pre``; ``node_leaves``: filled with zero leaves at the further
         node types' hooks (their node scores); ``read``: hooks that only read, run after the pass's own
-        (:meth:`_copy_reads`).
+        (:meth:`_copy_reads`); ``by_head`` (attribution with per-query-head key/value receivers): filled with each
+        layer's pattern ``("pattern", layer)`` and ``z`` ``("z", layer)`` as the pass computes on them, through which
+        the caller splits a key/value leaf's gradient by query head.
 
-        With per-query-head key/value receivers on a grouped-query model, each copy runs as ``Q`` side-by-side
-        copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and values of one
-        query head of its group (its own patch; attribution: copy ``j`` for each group's ``j``-th query head, with
-        its own gradient leaf), and at ``hook_z`` every copy takes each query head's ``z`` from the copy that
-        computed it with its own keys and values, so that the residual streams stay equal across the copies and
-        every head of the model's own attention (rotary, norms, masks) sees exactly its patched inputs. The metric
-        is read on the first copy; every other receiver's leaf is one tensor shared by the copies (its gradient:
-        their sum)."""
+        Patching with per-query-head key/value receivers on a grouped-query model runs each copy as ``Q``
+        side-by-side copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and
+        values of one query head of its group (its own patch), and at ``hook_z`` every copy takes each query
+        head's ``z`` from the copy that computed it with its own keys and values, so that the residual streams stay
+        equal across the copies and every head of the model's own attention (rotary, norms, masks) sees exactly
+        its patched inputs. The metric is read on the first copy. Attribution needs no such copies: its forward
+        values are the same for every query head, only the gradients are split (``by_head``)."""
         spec, graph, batch = self.spec, self.graph, self.batch
         B, P = batch.clean.shape
         d = spec.d_model
-        split = graph.kv_copies > 1
+        split = graph.kv_copies > 1 and kept is not None
         slots, heads_of, Q = self._kv_slots(kept, S) if split else ({}, {}, 1)
 
         def each(x: Tensor) -> Tensor:
@@ -1309,9 +1316,7 @@ class TaskRunner:
                 R = cols.stop - cols.start
                 r = resid[layer].view(S, B, P, d)
                 if grads is not None:  # dM/d(act) here; pulled back to each receiver's input after the backward
-                    if split and name == "q":  # one query leaf for every copy: a head's query counts in one
-                        return act + each(leaf((name, layer), tuple(copy0(act).shape), act))
-                    return act + leaf((name, layer), tuple(act.shape), act)  # split: copy j's is query head j's
+                    return act + leaf((name, layer), tuple(act.shape), act)
                 if layer not in attention_patch:  # q, k and v of a layer read the same senders: one product
                     attention_patch[layer] = patch_for(slice(receivers["q"].start, receivers["v"].stop))
                 both = attention_patch[layer]
@@ -1348,7 +1353,14 @@ class TaskRunner:
                 layer = HOOKS.layer_of(hook.name)
                 head_out = torch.einsum("bphd,hdm->hbpm", copy0(z), self.W_O[layer].to(z.dtype))
                 record(graph.sender_index(layer, 0), head_out.reshape(spec.n_heads, S, B, P, d))
+            if by_head is not None:  # the pass computes on the returned copy: the split differentiates through it
+                z = by_head[("z", HOOKS.layer_of(hook.name))] = z.clone()
+                return z
             return z if split else None
+
+        def pattern_hook(pattern: Tensor, hook: Any) -> Tensor:
+            pattern = by_head[("pattern", HOOKS.layer_of(hook.name))] = pattern.clone()
+            return pattern
 
         def mlp_in_hook(x: Tensor, hook: Any) -> Tensor:
             layer = HOOKS.layer_of(hook.name)
@@ -1385,6 +1397,8 @@ class TaskRunner:
         for layer in range(L):
             hooks.append((HOOKS.resid_pre(layer), resid_hook))
             hooks += [(port.hook(layer), channel_hook(port.channel)) for port in HEAD.ports]
+            if by_head is not None:
+                hooks.append((HOOKS.pattern(layer), pattern_hook))
             hooks.append((HOOKS.z(layer), z_hook))
             if graph.mlps:
                 hooks += [(self.mlp_in(layer), mlp_in_hook), (HOOKS.mlp_out(layer), mlp_out_hook)]

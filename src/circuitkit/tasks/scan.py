@@ -424,10 +424,11 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             (default: one key and one value input per key/value head, read by every query head of its group,
             ``L.gG:k``) or ``"per-query-head"`` (each query head its own, ``L.H:k``, as EAP-IG's and MIB's graph:
             a circuit can keep one head's key edge without the rest of its group, and its edge counts compare one
-            to one with theirs). Per query head, the EAP-IG pass runs one copy of the pairs per query head of a
-            group and an edge pass up to as many (heads of a group keeping the same edges share one), each head's
-            keys and values patched exactly while the others of its group keep theirs, so the edge stages cost up
-            to that many times more, for more, finer edges to rank; grouped is the default for that cost. On a
+            to one with theirs). Per query head, an edge-patching pass runs up to one copy of the pairs per query
+            head of a group (heads of a group keeping the same edges share one), each head's keys and values
+            patched exactly while the others of its group keep theirs, so the edge stage costs up to that many
+            times more, for more, finer edges to rank; grouped is the default for that cost. EAP-IG costs the same
+            passes on either graph (a group's gradient is split by query head within its pass). On a
             model where every query head has its own key/value head the two graphs are one.
         prepend_bos: how text prompts become tokens: ``None`` (default: the model's tokenizer's own rule,
             ``add_special_tokens=True``), ``True`` (its BOS, then the text's tokens), ``False`` (the text's tokens

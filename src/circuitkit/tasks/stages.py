@@ -62,8 +62,9 @@ class PlanInputs:
     search_passes: float = 0.0
     """The node search's planned passes (:func:`circuitkit.circuits.search.search_estimate` of it and its options)."""
     kv_copies: int = 1
-    """Copies of the pairs each edge pass and EAP-IG point runs (per-query-head key/value edges on a grouped-query
-    model: the query heads per key/value head; :attr:`~circuitkit.graph.runner.Graph.kv_copies`)."""
+    """Copies of the pairs each edge-patching pass runs (per-query-head key/value edges on a grouped-query model: the
+    query heads per key/value head; :attr:`~circuitkit.graph.runner.Graph.kv_copies`). EAP-IG runs one a point: it
+    splits a group's gradient by query head instead."""
     edge_search: str = "ranked"
     edge_search_passes: float = 0.0
     """The edge search's pass budget (``edge_search`` other than ``"ranked"``)."""
@@ -453,7 +454,7 @@ TASK_STAGES: tuple[Stage[TaskScanState, PlanInputs], ...] = (
     Stage("attribute", "EAP-IG: the interpolation points stacked in one forward + backward; the first point, "
           "alpha = 0, is the corrupted run, read from its copy where it has not run apart",
           reads=("runner", "clean"), writes=("corrupted", "scores", "node_scores", "typed"),
-          estimate=lambda p, state: 3 * p.steps * p.kv_copies, run=attribute_stage),
+          estimate=lambda p, state: 3 * p.steps, run=attribute_stage),
     Stage("joint", "the nodes' shares along the joint path from every node patched to none, which order them "
           "(two points stacked in one forward + backward; not with node_ranking='eap-ig')",
           reads=("runner", "corrupted"),
