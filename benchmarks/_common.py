@@ -37,6 +37,29 @@ def current_rss_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def rss_growth(fn: Callable[[], Any]) -> tuple[Any, float, int]:
+    """``(fn(), seconds, bytes)``: what ``fn`` returns, how long it took and how far the process's resident memory
+    rose above where it stood when the call began (sampled every 2 ms from ``/proc/self/status`` on a thread)."""
+    import threading
+
+    peak, base, done = [0], current_rss_bytes(), threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], current_rss_bytes())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return result, time.perf_counter() - start, max(0, peak[0] - base)
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (``VmHWM``) since start or since :func:`reset_peak_rss`."""
     try:

@@ -23,38 +23,16 @@ compared edge by edge (their times as a ratio).
 """
 import argparse
 import sys
-import threading
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def measured(fn):
-    """``(result, seconds, resident memory growth in bytes)`` of ``fn()`` (sampled every 2 ms)."""
-    from _common import current_rss_bytes
-
-    peak, base, done = [0], current_rss_bytes(), threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], current_rss_bytes())
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    start = time.perf_counter()
-    result = fn()
-    seconds = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    return result, seconds, max(0, peak[0] - base)
 
 
 def measure(model_dir: str, steps_list: list[int], batch: int, block_len: int, save: str | None) -> list[dict]:
     """One row per number of steps (module docstring); ``save``: where to write the runner's head-edge scores of
     each (``torch.save``, ``{steps: [edges] float64}``)."""
     import torch
+    from _common import rss_growth
 
     from circuitkit.circuits import edge_attribution
     from circuitkit.detect import RepeatedTokens
@@ -75,7 +53,7 @@ def measure(model_dir: str, steps_list: list[int], batch: int, block_len: int, s
              for h2 in range(H) for c in range(3)]
     rows, kept = [], {}
     for steps in steps_list:
-        ours, ours_s, ours_mem = measured(lambda steps=steps: edge_attribution(model, tokens=tokens, steps=steps,
+        ours, ours_s, ours_mem = rss_growth(lambda steps=steps: edge_attribution(model, tokens=tokens, steps=steps,
                                                                                corrupt_seed=1).scores)
 
         def runner_scores(steps=steps):
@@ -85,7 +63,7 @@ def measure(model_dir: str, steps_list: list[int], batch: int, block_len: int, s
             assert torch.equal(runner.batch.clean.cpu(), as_batch(tokens, adapter).tokens.cpu())  # the same sequences
             return runner, runner.attribute(steps, "right")[0]
 
-        (runner, theirs), theirs_s, theirs_mem = measured(runner_scores)
+        (runner, theirs), theirs_s, theirs_mem = rss_growth(runner_scores)
         graph = runner.graph
         senders = torch.tensor([graph.sender_index(l1, h1) for l1, h1, _, _, _ in edges])
         receivers = torch.tensor([graph.receivers.index(f"{l2}.{h2}:{'qkv'[c]}") for _, _, l2, h2, c in edges])

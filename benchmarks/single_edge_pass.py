@@ -15,7 +15,6 @@ children's figures, and whether every value is bit-identical."""
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ HEAD_EDGES = [((0, 0), (1, 0), "q"), ((0, 3), (1, 7), "k"), ((0, 5), (1, 13), "v
 def child(model: str) -> dict:
     sys.path.insert(0, str(HERE))
     import torch
-    from _common import current_rss_bytes, ioi_discovery
+    from _common import ioi_discovery, rss_growth
 
     names = [e["edge"] for e in json.loads(EDGES.read_text())["edges"]]
     _, _, runner = ioi_discovery(model)
@@ -37,21 +36,8 @@ def child(model: str) -> dict:
     index = torch.tensor([[graph.senders.index(n.split("->")[0]), graph.receivers.index(n.split("->")[1])]
                           for n in names])
     _ = runner.corrupted
-    peak, base, done = [0], current_rss_bytes(), threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], current_rss_bytes())
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     before = runner.passes
-    start = time.perf_counter()
-    values = runner.single_edge_metric(index)
-    seconds = time.perf_counter() - start
-    done.set()
-    sampler.join()
+    values, seconds, growth = rss_growth(lambda: runner.single_edge_metric(index))
     from circuitkit.circuits import path_patching
     from circuitkit.detect import RepeatedTokens
 
@@ -60,7 +46,7 @@ def child(model: str) -> dict:
     patched = {metric: [e.effect for e in path_patching(runner.adapter.model, HEAD_EDGES, metric=metric,
                                                         tokens=tokens).edges] for metric in ("loss", "induction")}
     return {"edges": names, "metric": [float(v) for v in values], "seconds": seconds,
-            "rss_growth_mib": max(0, peak[0] - base) / 2**20, "passes": runner.passes - before,
+            "rss_growth_mib": growth / 2**20, "passes": runner.passes - before,
             "path_patching": patched, "path_patching_seconds": time.perf_counter() - start}
 
 

@@ -355,14 +355,9 @@ def test_the_task_runner_pulls_back_through_the_same_closed_form(kv):
     N, P = steps * runner.batch.n_pairs, runner.batch.pos
     resid = {1: torch.randn(N, P, adapter.spec.d_model, generator=g)}
     for channel in ("q", "k", "v"):
-        R = adapter.spec.n_heads
-        grad = torch.randn(N * (runner.graph.kv_copies if channel != "q" else 1), P,
-                           R if channel == "q" else adapter.spec.n_kv_heads, adapter.spec.d_head, generator=g)
+        R = adapter.spec.n_heads  # keys and values too: a group's gradient arrives split by query head g * Q + j
+        grad = torch.randn(N, P, R, adapter.spec.d_head, generator=g)
         got = runner._pulled_back((channel, 1), grad, resid, steps)
-        Q = runner.graph.kv_copies
-        if Q > 1 and channel != "q":  # as the runner lays out a group's copies: query head g * Q + j
-            n = grad.shape[0] // Q
-            grad = grad.view(Q, n, *grad.shape[1:]).permute(1, 2, 3, 0, 4).reshape(n, P, -1, grad.shape[-1])
         cot = torch.einsum("npre,rme->rnpm", grad, runner._receiver_weights(channel, 1))
         x = resid[1][None].expand(R, N, P, -1).reshape(R * N, P, -1).requires_grad_(True)
         (want,) = torch.autograd.grad(runner.norms[1](x), x, cot.reshape(R * N, P, -1))
