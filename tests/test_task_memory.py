@@ -187,13 +187,20 @@ def test_scan_task_counts_its_held_out_split(model, monkeypatch):
 
 def test_per_query_head_edges_count_the_group_copies_of_an_edge_pass(model):
     """``H / G`` copies of the pairs side by side in an edge pass, each with ``3 H`` query/key/value patches a layer;
-    everything else as the grouped graph; and the scan checks the graph it will run."""
+    EAP-IG's pass keeps each layer's pattern and ``z`` for the split by query head with their gradients, and its
+    key/value gradients are per query head; everything else as the grouped graph; and the scan checks the graph it
+    will run."""
     grouped = plan(model, 5, 7)
     per_query = plan(model, 5, 7, kv_edges="per-query-head")
     assert per_query.resident == grouped.resident
-    assert {k: v for k, v in per_query.stages.items() if "edge" not in k and "held" not in k} == {
-        k: v for k, v in grouped.stages.items() if "edge" not in k and "held" not in k}
+    assert {k: v for k, v in per_query.stages.items() if "edge" not in k and "held" not in k
+            and "EAP-IG" not in k} == {k: v for k, v in grouped.stages.items() if "edge" not in k
+                                       and "held" not in k and "EAP-IG" not in k}
     N, P, e, m = 5, 7, 4, model.cfg.d_mlp
+    S, dh = 3, DH  # plan()'s steps
+    assert per_query.stages["EAP-IG pass"] - grouped.stages["EAP-IG pass"] == S * N * P * L * (2 * H * P + H * dh) * e
+    assert per_query.stages["EAP-IG pull-back"] - grouped.stages["EAP-IG pull-back"] == (
+        2 * S * N * P * L * 2 * (H - G) * dh * e)
     U = 1 + L * H + L
     C = task_memory.copies_per_pass(N * P * D * 4 * U, task_memory.SENDER_BUDGET,
                                     max_copies=min(task_memory.MAX_COPIES, task_memory.MAX_SETS))

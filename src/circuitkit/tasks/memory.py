@@ -22,8 +22,10 @@ position where the model unembeds only there, else all ``P``); every count in by
   ``S N P d e``; per copy, token and layer what autograd keeps and the backward adds (fitted to the profiled
   allocations of this engine: norms in float32, q/k/v, attention scores, the MLP's four ``m``-wide tensors),
   ``S N P L ((4 d + (H + 2G) d_head + 4.5 m + 3 H P) e + 8 d)``; logits and their gradient ``2 S N V (K e + 4)``;
+  with per-query-head key/value receivers each layer's pattern and ``z`` kept for the split of a group's gradient
+  by query head, and their gradients, ``S N P L (2 H P + H d_head) e``;
 - EAP-IG pull-back: the float32 difference of the runs' sender outputs ``4 U N P d``, the receivers' leaves and
-  gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e``, and a layer's query cotangents pulled back through the
+  gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e`` (per query head: ``3 H`` for ``H + 2G``), and a layer's query cotangents pulled back through the
   attention norm, ``[H, S N, P, d]`` float32 with the norm's own buffers, ``32 H S N P d``;
 - edge patching (``C`` stacked copies: as many as the sender budget allows (:func:`~circuitkit.graph.runner.
   sender_budget`: :data:`~circuitkit.graph.runner.SENDER_BUDGET` on the CPU, more on a GPU with room), at most 32
@@ -162,9 +164,11 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
     in float32 at each pair's last position or, with ``scored_metric``, at all of them; ``kv_edges`` the edge graph's
     key/value receivers (``"per-query-head"``: an edge pass runs up to ``H / G`` copies of the pairs side by side,
     each with ``3 H`` query/key/value patches a layer, so the edge stage is counted ``H / G`` times with ``3 H`` for
-    ``H + 2 G``: an upper bound); ``node_widths`` the further node types' activation widths (:func:`node_widths`);
-    ``budget`` the bytes of stacked sender deltas a patching pass may hold (the runners' ``budget``). Python ints
-    throughout: no overflow for any size."""
+    ``H + 2 G``: an upper bound; EAP-IG runs one copy a point and keeps each layer's pattern and ``z`` for the split
+    of a group's gradient by query head, with their gradients, ``S N P L (2 H P + H d_head) e`` more, and its
+    key/value gradients per query head); ``node_widths`` the further node types' activation widths
+    (:func:`node_widths`); ``budget`` the bytes of stacked sender deltas a patching pass may hold (the runners'
+    ``budget``). Python ints throughout: no overflow for any size."""
     per_query = validate.option("estimate_task_memory: kv_edges", kv_edges, KV_EDGES) == "per-query-head"
     n_pairs = validate.positive_int("estimate_task_memory: n_pairs", n_pairs)
     pos = validate.positive_int("estimate_task_memory: pos", pos)
@@ -215,13 +219,16 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
                         + C * N * V * (K * e + 2 * F * R))
 
     N = n_pairs - held  # the pairs attribution runs on
+    # per-query-head receivers: EAP-IG keeps each layer's pattern and z for the split by query head and takes the
+    # pattern's and z's gradients (2 H P + H d_head a token and layer); its key/value gradients are per query head
+    split = S * N * P * L * (2 * H * P + H * dh) * e if group > 1 else 0
     resident = {"head weights": F * L * d * dh * (2 * H + 2 * G), "reference runs": outputs(N)}
     stages = {
         "reference run": reference(N),
         "EAP-IG pass": S * N * P * d * e
         + S * N * P * L * ((4 * d + (H + 2 * G) * dh + 3 * H * P) * e + (9 * m * e) // 2 + 2 * d * F)
-        + 2 * S * N * V * (K * e + F * R) + 3 * S * N * P * L * W * e,
-        "EAP-IG pull-back": F * U * N * P * d + 2 * S * N * P * (L * ((H + 2 * G) * dh + d) + d) * e
+        + 2 * S * N * V * (K * e + F * R) + 3 * S * N * P * L * W * e + split,
+        "EAP-IG pull-back": F * U * N * P * d + 2 * S * N * P * (L * ((H + 2 * G * group) * dh + d) + d) * e
         + 8 * F * H * S * N * P * d,
         "node patching": node_patching(N, 1),
     }
