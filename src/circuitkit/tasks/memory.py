@@ -25,8 +25,9 @@ position where the model unembeds only there, else all ``P``); every count in by
   with per-query-head key/value receivers each layer's pattern and ``z`` kept for the split of a group's gradient
   by query head, and their gradients, ``S N P L (2 H P + H d_head) e``;
 - EAP-IG pull-back: the float32 difference of the runs' sender outputs ``4 U N P d``, the receivers' leaves and
-  gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e`` (per query head: ``3 H`` for ``H + 2G``), and a layer's query cotangents pulled back through the
-  attention norm, ``[H, S N, P, d]`` float32 with the norm's own buffers, ``32 H S N P d``;
+  gradients ``2 S N P (L ((H + 2G) d_head + d) + d) e`` (per query head: ``3 H`` for ``H + 2G``), and a layer's
+  query cotangents pulled back through the attention norm, ``[H, S N, P, d]`` float32 with the norm's own buffers,
+  ``32 H S N P d``;
 - edge patching (``C`` stacked copies: as many as the sender budget allows (:func:`~circuitkit.graph.runner.
   sender_budget`: :data:`~circuitkit.graph.runner.SENDER_BUDGET` on the CPU, more on a GPU with room), at most 32
   and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
