@@ -71,9 +71,8 @@ _EDGE_NAME = re.compile(r"(\d{1,9})\.(\d{1,9}) {0,3}(?:->|\u2192) {0,3}(\d{1,9})
 def parse_edge_name(text: Any, where: str) -> tuple[Head, Head, str | None]:
     """``(src, dst, input)`` of an edge between two heads named any way circuitkit writes one: :func:`edge_name`
     (``"0.1 -> 1.3 (k)"``, the records of path patching and edge attribution), :func:`graph_edge_name`
-    (``"0.1->1.3:k"``, a task scan's) or as the induction scan's answer prints it (``"0.1 \u2192 1.3 K"``);
-    ``input`` None where the name has none, else
-    lower case (the upper-case modes ``"K"`` taken as :func:`channel` takes them; checked by the caller). Whether
+    (``"0.1->1.3:k"``, a task scan's) or as the induction scan's answer prints it (``"0.1 \u2192 1.3 K"``).
+    ``input``: None where the name has none, else in lower case (``"K"`` read as :func:`channel` reads it). Whether
     the heads exist is the caller's check; a name of anything else (an MLP, the logits, a key/value group) is a
     ``CircuitkitError`` saying what is read."""
     expected = ("an edge between two heads named '0.1 -> 1.3 (k)', '0.1->1.3:k' or '0.1 \u2192 1.3 K' (the input "
@@ -84,7 +83,7 @@ def parse_edge_name(text: Any, where: str) -> tuple[Head, Head, str | None]:
     if found is None:
         raise validate.fail(where, text, expected, "An edge from or to the input, an MLP (mN), the logits or a "
                             "key/value group (L.gG) is a task graph's: circuitkit.tasks.edge_effects measures it."
-                            if "->" in text else "")
+                            if "->" in text or "\u2192" in text else "")
     l1, h1, l2, h2, paren, colon, spaced = found.groups()
     named = paren or colon or spaced
     return (int(l1), int(h1)), (int(l2), int(h2)), None if named is None else channel(named, where, INPUTS)

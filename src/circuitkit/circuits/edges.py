@@ -77,10 +77,11 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
 
     Each item is ``(src, dst)`` (read through ``channel``), ``(src, dst, channel)``, an object with ``src`` and
     ``dst`` attributes (a :class:`circuitkit.Edge`, an :class:`EdgeSpec`, an ``EdgeEvidence``; its own ``channel``
-    attribute, if any, wins), or an edge's name as circuitkit prints it, ``"0.1 -> 1.3 (k)"``, or as a task scan
-    names it, ``"0.1->1.3:k"`` (:func:`~circuitkit.results.parse_edge_name`; its input, if any, wins; one name
-    alone is a list of one). ``channel`` is one of :data:`INPUTS`. Raises one ``CircuitkitError`` per bad edge:
-    not a pair of heads, out of range, ``src layer >= dst layer``, unknown channel; and for an empty list.
+    attribute, if any, wins), or an edge's name as circuitkit writes it, ``"0.1 -> 1.3 (k)"`` (the records),
+    ``"0.1->1.3:k"`` (a task scan) or ``"0.1 \u2192 1.3 K"`` (the induction scan's answer)
+    (:func:`~circuitkit.results.parse_edge_name`; its input, if any, wins; one name alone is a list of one).
+    ``channel`` is one of :data:`INPUTS`. Raises one ``CircuitkitError`` per bad edge: not a pair of heads, out of
+    range, ``src layer >= dst layer``, unknown channel; and for an empty list.
     """
     channel = validate.option(f"{where}: input", channel, INPUTS)
     if isinstance(edges, str):
@@ -109,7 +110,7 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
             own = named or channel
         else:
             raise validate.fail(label, item, "(src, dst) or (src, dst, channel) with heads (layer, head), or an "
-                                "edge's name, '0.1 -> 1.3 (k)' or '0.1->1.3:k'")
+                                "edge's name, e.g. '0.1 -> 1.3 (k)' or '0.1->1.3:k'")
         own = validate.option(f"{label} channel", own, INPUTS)
         src, dst = _head(f"{label} src", src, spec), _head(f"{label} dst", dst, spec)
         if src[0] >= dst[0]:

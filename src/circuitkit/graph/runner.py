@@ -919,8 +919,8 @@ class TaskRunner:
             node_got = dict(zip(named, got[len(leaves) : len(leaves) + len(named)], strict=True))
             if outs:
                 self._split_by_query_head(got_leaves, grads, by_head, dict(zip(outs, got[-len(outs):], strict=True)))
-        del by_head
-        self.passes += 3.0 * n  # the split's vector-Jacobian products run through one layer's attention each
+        del by_head, logits, total  # the graph the split retained: freed before the pullback's buffers
+        self.passes += 3.0 * n  # the split's products, each through one layer's attention, are not counted
         for index in leaves:
             grad = got_leaves[index]
             if grad is None:

@@ -59,9 +59,8 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
 
     Returns:
         one :class:`~circuitkit.tasks.circuit.EdgeEffect` per edge: ``name`` (as the task graph names it),
-        ``effect`` (the mean metric lost, in
-        the metric's units), ``interval`` (None with one pair), ``each`` (each pair's metric lost); ``score`` None
-        (no attribution ran).
+        ``effect`` (the mean metric lost, in the metric's units), ``interval`` (None with one pair), ``each`` (each
+        pair's metric lost); ``score`` None (no attribution ran).
     """
     from circuitkit.graph.nodes import KV_EDGES
     from circuitkit.graph.runner import EDGES_UNDEFINED, TaskRunner, check_hooks
