@@ -341,3 +341,20 @@ def test_the_option_reaches_scan_task_and_is_checked():
     assert scan_task(_model(), task, edges=False, n_resamples=20).settings["kv_edges"] == "grouped"
     with pytest.raises(CircuitkitError, match="kv_edges"):
         ck.scan(_model(), kv_edges="per-query-head")
+
+
+def test_eap_ig_per_query_head_without_a_pattern_hook_says_so(monkeypatch):
+    """The split by query head reads each layer's pattern and ``z``: a model whose attention does not call its
+    pattern hook gets an error naming the hooks, not key scores of zero."""
+    adapter = adapt(_model())
+    batch = Task.from_pairs(toy_pairs(), name="toy").tokenize(adapter)
+    runner = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", kv_edges="per-query-head")
+    _ = runner.clean, runner.corrupted
+    run = adapter.run
+
+    def without_patterns(tokens, hooks, **kw):
+        return run(tokens, [(name, fn) for name, fn in hooks if not name.endswith("hook_pattern")], **kw)
+
+    monkeypatch.setattr(adapter, "run", without_patterns)
+    with pytest.raises(CircuitkitError, match=r"without calling the hooks \['blocks\.0\.attn\.hook_pattern'"):
+        runner.attribute(2)

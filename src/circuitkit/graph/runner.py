@@ -939,6 +939,14 @@ class TaskRunner:
         as :meth:`_receiver_weights` orders them): the keys' through each layer's pattern, the values' through its
         ``z`` (:func:`~circuitkit.graph.pullback.split_by_query_head`)."""
         Q = self.graph.kv_copies
+        wanted = {("pattern" if c == "k" else "z", layer) for c, layer in leaves if c in ("k", "v")}
+        if wanted - set(outs):
+            missing = sorted(wanted - set(outs), key=lambda key: (key[1], key[0]))
+            hooks = [HOOKS.pattern(layer) if name == "pattern" else HOOKS.z(layer) for name, layer in missing]
+            raise CircuitkitError(f"task circuit: {type(self.adapter.model).__name__} ran without calling the hooks "
+                                  f"{hooks[:4]}{' ...' if len(hooks) > 4 else ''}; expected every attention layer to "
+                                  "expose its pattern and z, through which per-query-head key/value receivers split "
+                                  "a group's gradient (kv_edges='grouped' needs neither).")
         for (channel, layer), leaf in leaves.items():
             if channel not in ("k", "v"):
                 continue
