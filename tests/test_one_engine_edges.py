@@ -147,6 +147,9 @@ def test_each_engine_measures_the_edges_the_other_names(engines):
     assert [e.name for e in by_name] == [e.name for e in by_record]
     back = path_patching(model, [e.name for e in by_record], metric="loss", corrupt="resample",
                          corrupt_seed=CORRUPT_SEED, tokens=tokens)
+    records = path_patching(model, by_record, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+                            tokens=tokens)  # the task engine's records themselves
+    assert records.edges == back.edges
     for ours, record, named, again in zip(top, by_record, by_name, back.edges, strict=True):
         assert record.effect == pytest.approx(ours.effect, abs=EXACT), ours.name
         assert named.effect == record.effect

@@ -79,7 +79,8 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
     ``dst`` attributes (a :class:`circuitkit.Edge`, an :class:`EdgeSpec`, an ``EdgeEvidence``; its own ``channel``
     attribute, if any, wins), or an edge's name as circuitkit writes it, ``"0.1 -> 1.3 (k)"`` (the records),
     ``"0.1->1.3:k"`` (a task scan) or ``"0.1 \u2192 1.3 K"`` (the induction scan's answer)
-    (:func:`~circuitkit.results.parse_edge_name`; its input, if any, wins; one name alone is a list of one).
+    (:func:`~circuitkit.results.parse_edge_name`; its input, if any, wins; one name alone is a list of one), or a
+    record that names its edge so (a task scan's ``EdgeEffect``).
     ``channel`` is one of :data:`INPUTS`. Raises one ``CircuitkitError`` per bad edge: not a pair of heads, out of
     range, ``src layer >= dst layer``, unknown channel; and for an empty list.
     """
@@ -105,8 +106,9 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
             src, dst = item[0], item[1]
             if len(item) == 3:
                 own = item[2]
-        elif isinstance(item, str):
-            src, dst, named = parse_edge_name(item, label)
+        elif isinstance(item, str) or isinstance(getattr(item, "name", None), str):
+            # a name, or a record that names its edge (a task scan's EdgeEffect, from tasks.edge_effects)
+            src, dst, named = parse_edge_name(item if isinstance(item, str) else item.name, label)
             own = named or channel
         else:
             raise validate.fail(label, item, "(src, dst) or (src, dst, channel) with heads (layer, head), or an "
