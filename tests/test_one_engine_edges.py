@@ -128,8 +128,9 @@ def test_a_runs_outputs_are_its_z_through_w_o_and_a_range_outside_the_senders_is
 
 def test_each_engine_measures_the_edges_the_other_names(engines):
     """Path patching's strongest edges, handed to the task engine's :func:`circuitkit.tasks.edge_effects` as its
-    records and as their printed names (``"0.1 -> 1.3 (k)"``), have the effects path patching gave them; the task
-    graph's names (``"0.1->1.3:k"``) handed back to path patching give the same again."""
+    records, as their names (``"0.1 -> 1.3 (k)"``) and as the induction scan's answer prints them (``"0.1 → 1.3
+    K"``), have the effects path patching gave them; the task engine's records and names (``"0.1->1.3:k"``) handed
+    back to path patching give the same again."""
     from circuitkit.tasks import edge_effects
 
     model, runner = engines
