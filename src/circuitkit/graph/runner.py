@@ -919,7 +919,10 @@ class TaskRunner:
             node_got = dict(zip(named, got[len(leaves) : len(leaves) + len(named)], strict=True))
             if outs:
                 self._split_by_query_head(got_leaves, grads, by_head, dict(zip(outs, got[-len(outs):], strict=True)))
-        del by_head, logits, total  # the graph the split retained: freed before the pullback's buffers
+        # the graph the split retained, and every layer's pattern gradient, freed before the pullback's buffers: the
+        # residual streams kept on the graph would hold it alive
+        del by_head, logits, total, got
+        resid = {layer: x.detach() for layer, x in resid.items()}
         self.passes += 3.0 * n  # the split's products, each through one layer's attention, are not counted
         for index in leaves:
             grad = got_leaves[index]
@@ -1044,9 +1047,9 @@ class TaskRunner:
         validate.finite_result("joint_shares", torch.cat([v.flatten() for v in shares.values()]),
                                why="the gated model's gradients overflowed")
         scores = torch.zeros(len(graph.senders), device="cpu")
-        for (name, layer), where in graph.sender_slices.items():
+        for (name, layer), senders in graph.sender_slices.items():
             if name in ("head", "mlp") and name in shares:  # MLPs where they are nodes; the input stays 0
-                scores[where] = shares[name][layer]
+                scores[senders] = shares[name][layer]
         return scores, {kind.name: shares[kind.name] for kind in self.extra_types}
 
     def node_gradients(self, steps: int, points: str = DEFAULT_IG_POINTS) -> Tensor:
