@@ -18,7 +18,7 @@ import torch
 
 from circuitkit.ranking import top_heads
 from circuitkit.report.data import Column, _range, pattern_bytes
-from circuitkit.tasks.table import ranking_column
+from circuitkit.tasks.table import ranking_column, ranking_scores
 
 CIRCUIT_VIEW_HEADS = 12
 """Heads of the circuit the CircuitsVis view shows: the first in the column that ranked them
@@ -88,7 +88,7 @@ def ranked_circuit(scan: Any) -> list[tuple[int, int]]:
     ranking_column`: the joint path's share, or the EAP-IG score); none without a circuit."""
     if scan.circuit is None:
         return []
-    values = scan.ranking["heads"] if ranking_column(scan) == "joint" else scan.scores
+    values, _ = ranking_scores(scan)
     return sorted(scan.circuit.heads, key=lambda h: (-abs(float(values[h[0], h[1]])), h))
 
 

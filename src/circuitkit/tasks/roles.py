@@ -168,10 +168,11 @@ def node_order(result: Any) -> list[tuple[int, int | None]]:
     with ``rank="abs"``, ties in that order)."""
     import torch
 
+    from circuitkit.tasks.table import ranking_scores
+
     L, H = result.scores.shape
     settings = result.settings
-    ranking = getattr(result, "ranking", None)
-    heads, mlps = (result.scores, result.scores_mlp) if ranking is None else (ranking["heads"], ranking["mlps"])
+    heads, mlps = ranking_scores(result)
     mlp_nodes = bool(settings.get("mlp_nodes")) and bool(settings.get("mlps")) and mlps is not None
     nodes: list[tuple[int, int | None]] = [(layer, h) for layer in range(L) for h in range(H)]
     values = [float(v) for v in heads.reshape(-1).tolist()]

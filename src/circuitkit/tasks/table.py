@@ -42,6 +42,13 @@ def ranking_column(scan: Any) -> str:
     return "joint" if getattr(scan, "ranking", None) is not None else "score"
 
 
+def ranking_scores(scan: Any) -> tuple[Any, Any]:
+    """The values of :func:`ranking_column`, ``(heads [layer, head], mlps [layer] or None)``: the joint path's
+    shares where they ranked the circuit, else the EAP-IG node scores."""
+    ranking = getattr(scan, "ranking", None)
+    return (scan.scores, scan.scores_mlp) if ranking is None else (ranking["heads"], ranking["mlps"])
+
+
 def task_table(scan: Any, sort: str | None = None) -> list[dict[str, Any]]:
     """Every head of ``scan`` as a dict (see the module docstring), largest ``|sort|`` first (by default the column
     that ranked the circuit, :func:`ranking_column`), missing last."""
@@ -98,4 +105,4 @@ def summary_html(scan: Any, rows: int = NOTEBOOK_ROWS) -> str:
             '<p style="color:#666">scan.save(dir) writes the full report (report.html) and scores.json.</p></div>')
 
 
-__all__ = ["columns", "ranking_column", "summary_html", "task_table", "to_pandas"]
+__all__ = ["columns", "ranking_column", "ranking_scores", "summary_html", "task_table", "to_pandas"]
