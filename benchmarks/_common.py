@@ -141,14 +141,17 @@ def run_child(script: str, function: str, timeout: float | None = None, **kwargs
     return {"error": f"exit status {done.returncode}: {' | '.join(tail)}"}
 
 
-def old_and_new(script: str, old_src: str, child_args: Sequence[str]) -> dict[str, dict[str, Any]]:
+def old_and_new(script: str, old_src: str, child_args: Sequence[str],
+                own_args: Callable[[str], Sequence[str]] | None = None) -> dict[str, dict[str, Any]]:
     """``{"old": ..., "new": ...}``: ``script --child CHILD_ARGS`` run in a child process twice, importing
     circuitkit from ``old_src`` (the ``src`` of a checkout before a change), then from this checkout's ``src``; each
-    child prints its result as JSON on its last line."""
+    child prints its result as JSON on its last line. ``own_args(name)``: arguments of that child alone (e.g. where
+    it writes a file of its own)."""
     results = {}
     for name, src in (("old", Path(old_src).resolve()), ("new", Path(__file__).resolve().parent.parent / "src")):
         env = dict(os.environ, PYTHONPATH=str(src))
-        out = subprocess.run([sys.executable, script, "--child", *child_args], env=env, check=True,
+        own = [] if own_args is None else list(own_args(name))
+        out = subprocess.run([sys.executable, script, "--child", *child_args, *own], env=env, check=True,
                              capture_output=True, text=True).stdout
         results[name] = json.loads(out.strip().splitlines()[-1])
     return results

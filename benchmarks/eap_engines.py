@@ -115,23 +115,19 @@ def main() -> None:
         show("", rows)
         result = {"model": args.model, "batch": args.batch, "block_len": args.block_len, "rows": rows}
     else:
-        import os
-        import subprocess
         import tempfile
 
         import torch
+        from _common import old_and_new
 
         common = ["--model", args.model, "--batch", str(args.batch), "--block-len", str(args.block_len),
                   "--steps", *map(str, args.steps)]
         result = {"model": args.model, "batch": args.batch, "block_len": args.block_len}
         with tempfile.TemporaryDirectory() as tmp:
-            for name, src in (("old", Path(args.old_src).resolve()), ("new", HERE.parent / "src")):
-                env = dict(os.environ, PYTHONPATH=str(src))
-                out = subprocess.run([sys.executable, __file__, "--child", *common, "--save", f"{tmp}/{name}.pt"],
-                                     env=env, check=True, capture_output=True, text=True).stdout
-                result[name] = json.loads(out.strip().splitlines()[-1])
+            result.update(old_and_new(__file__, args.old_src, common, lambda name: ["--save", f"{tmp}/{name}.pt"]))
+            for name in ("old", "new"):
                 show(f"{name}: ", result[name])
-            old, new = torch.load(f"{tmp}/old.pt"), torch.load(f"{tmp}/new.pt")
+            old, new = (torch.load(f"{tmp}/{name}.pt", weights_only=True) for name in ("old", "new"))
         for row_old, row_new in zip(result["old"], result["new"], strict=True):
             steps = row_new["steps"]
             diff = float((old[steps] - new[steps]).abs().max())
