@@ -205,3 +205,16 @@ def test_a_name_that_is_not_an_edge_between_two_heads_is_refused_with_what_was_r
 
     with pytest.raises(CircuitkitError, match="^t: given"):
         parse_edge_name(text, "t")
+
+
+@pytest.mark.parametrize("args, field", [
+    (("x", (1, 3), "k"), "src"), (((0, 1), (1,), "k"), "dst"), (((0, -1), (1, 3), "k"), "src"),
+    (((0, 1.0), (1, 3), "k"), "src"), (((0, 1), (1, True), "k"), "dst"), (((0, 1), (1, 3), "o"), "input"),
+    (((0, 1), (1, 3), 5), "input"),
+])
+def test_a_task_graph_name_of_what_is_not_an_edge_between_heads_is_refused(args, field):
+    from circuitkit.results import graph_edge_name
+
+    with pytest.raises(CircuitkitError, match=f"^graph_edge_name: {field}: given"):
+        graph_edge_name(*args)
+    assert graph_edge_name((0, 1), (1, 3), "K") == "0.1->1.3:k" and graph_edge_name([0, 1], [1, 3]) == "0.1->1.3"

@@ -57,7 +57,15 @@ def edge_name(src: Sequence[int], dst: Sequence[int], input: str | None = None) 
 
 def graph_edge_name(src: Sequence[int], dst: Sequence[int], input: str | None = None) -> str:
     """The same edge as a task graph names it (a task scan's answer, ``scores.json`` and
-    :func:`circuitkit.tasks.edge_effects`): ``"0.1->1.3:k"`` (without the input: ``"0.1->1.3"``)."""
+    :func:`circuitkit.tasks.edge_effects`): ``"0.1->1.3:k"`` (without the input: ``"0.1->1.3"``). ``src`` and
+    ``dst``: heads ``(layer, head)`` of non-negative ints; ``input``: one of :data:`INPUTS` (upper case read as
+    :func:`channel` reads it) or None."""
+    for where, head in (("src", src), ("dst", dst)):
+        if not (isinstance(head, (tuple, list)) and len(head) == 2):
+            raise validate.fail(f"graph_edge_name: {where}", head, "a head (layer, head) of two non-negative ints")
+        for value in head:
+            validate.integer(f"graph_edge_name: {where}", value, minimum=0)
+    input = None if input is None else channel(input, "graph_edge_name: input", INPUTS)
     name = f"{head_name(src)}->{head_name(dst)}"
     return name if input is None else f"{name}:{input}"
 
