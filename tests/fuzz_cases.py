@@ -112,6 +112,7 @@ METHODS = (
     "circuitkit.tasks.scan:TaskScan.table",
     "circuitkit.tasks.scan:TaskScan.to_pandas",
     "circuitkit.tasks.scan:TaskScan.searched",
+    "circuitkit.circuits.record:CircuitRecord.interval",
 )
 """Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
 
@@ -996,6 +997,12 @@ case("circuitkit.tracking:step_from_name", lambda: {"name": "step100"}, name="te
      extra_bad={"name": [("4301-digits", const("step" + "1" * 4301), STRICT)]})
 
 record("circuitkit:Circuit", "result record of find_circuit() (built and checked by it)")
+record("circuitkit:CircuitRecord", "the record every found circuit is (built and checked by find_circuit, scan_task)")
+record("circuitkit.circuits:CircuitRecord", "the record every found circuit is (built and checked by the searches)")
+method("circuitkit.circuits.record:CircuitRecord.interval", lambda: __import__("circuitkit").CircuitRecord(
+    heads=((0, 1),), faithfulness=0.9, necessity=1.0, target=0.8, curve=(),
+    intervals={"faithfulness": (0.8, 0.95), "necessity": None, "losses": {"clean": (0.1, 0.2)}}),
+    lambda: {"figure": "faithfulness"}, figure="option")
 case("circuitkit:find_circuit", lambda: {"model": toy(), "tokens": spec(), "target": 0.8, "method": "mean",
      "necessity": True, "rank": "effect", "corrupt_seed": 0, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
      "stability": 0, "device": "cpu"}, positional=("model",), model="model-loss", tokens="tokens", method="option",

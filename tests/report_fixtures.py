@@ -206,9 +206,10 @@ def synthetic_circuit(previous: list, induction: list, n_total: int, evidence: F
     patched = () if evidence is None else tuple(
         EdgeEffect(r.src, r.dst, r.channel, 0.5, 0.5 + r.patched) for r in evidence.rows
         if r.patched is not None and r.src in heads and r.dst in heads)
-    return Circuit(heads, 0.92, 3.1, 0.8, "mean", 0.5, 4.0, 0.78, curve, heads, 14,
-                   PathPatching(patched, "loss", "resample"),
-                   {"induction": tuple(induction), "previous-token": tuple(previous)}, "joint")
+    return Circuit(heads=heads, faithfulness=0.92, necessity=3.1, target=0.8, curve=curve, method="mean",
+                   clean_loss=0.5, all_ablated_loss=4.0, circuit_loss=0.78, ranking=heads, passes=14,
+                   edges=PathPatching(patched, "loss", "resample"),
+                   roles={"induction": tuple(induction), "previous-token": tuple(previous)}, ranked_by="joint")
 
 
 def sized_scan(size: str, *, block_len: int = 20, seed: int = 0, verified: bool = False) -> Scan:

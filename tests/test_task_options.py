@@ -42,10 +42,9 @@ def run(model, behaviour: str, **options):
     return ck.scan(model, task=_task(), **options)
 
 
-def circuit_of(result, behaviour: str):
-    """``(heads, faithfulness)`` of the circuit of heads either scan found."""
-    c = result.verified if behaviour == "induction" else result.circuit
-    return tuple(c.heads), c.faithfulness
+def circuit_of(result):
+    """``(heads, faithfulness)`` of the circuit of heads either scan found (``verified`` in both)."""
+    return tuple(result.verified.heads), result.verified.faithfulness
 
 
 def stage_names(result) -> list[str]:
@@ -62,7 +61,7 @@ def plain(model):
 def test_edges_false_keeps_the_circuit_of_heads_and_drops_its_edges(model, plain, behaviour):
     result = run(model, behaviour, edges=False)
     assert "edges" in stage_names(plain[behaviour]) and "edges" not in stage_names(result)
-    assert circuit_of(result, behaviour) == circuit_of(plain[behaviour], behaviour)
+    assert circuit_of(result) == circuit_of(plain[behaviour])
     if behaviour == "induction":
         assert result.circuit is None and result.verified.edges is None and plain[behaviour].circuit is not None
         assert result.settings.with_edges is False
@@ -114,10 +113,10 @@ def test_quick_on_the_command_line(tmp_path, capsys, behaviour):
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 def test_stability_reruns_the_search_on_resamples(model, behaviour):
     result = run(model, behaviour, stability=2)
-    stability = result.verified.stability if behaviour == "induction" else result.stability
+    stability = result.verified.stability
     assert stability.n_resamples == 2 and stability.inclusion.shape == (2, 4) and stability.passes > 0
     assert "stability" in stage_names(result)
-    heads, _ = circuit_of(result, behaviour)
+    heads, _ = circuit_of(result)
     assert all(c is not None for c in stability.circuits)
     assert stability.jaccard is not None and 0 <= stability.jaccard <= 1
     if behaviour == "task":
@@ -162,8 +161,8 @@ def _check_stability_by_hand(model, result) -> None:
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 def test_random_sets_of_the_circuits_size(model, behaviour):
     result = run(model, behaviour, random_sets=3)
-    baseline = result.verified.random_baseline if behaviour == "induction" else result.random_baseline
-    heads, faith = circuit_of(result, behaviour)
+    baseline = result.verified.random_baseline
+    heads, faith = circuit_of(result)
     assert baseline.size == len(heads) and baseline.n_sets == 3
     assert len(baseline.uniform.faithfulness) == 3 and len(baseline.layered.faithfulness) == 3
     assert baseline.uniform.mean < faith  # the circuit beats random sets of its size
@@ -196,8 +195,8 @@ def _check_random_sets_by_hand(model, result) -> None:
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 def test_target_sizes_the_circuit(model, plain, behaviour):
     low = run(model, behaviour, target=0.4, edges=False)
-    low_heads, low_faith = circuit_of(low, behaviour)
-    heads, faith = circuit_of(plain[behaviour], behaviour)
+    low_heads, low_faith = circuit_of(low)
+    heads, faith = circuit_of(plain[behaviour])
     assert low_faith >= 0.4 and faith >= 0.8 and len(low_heads) <= len(heads)
     target = low.verified.target if behaviour == "induction" else low.circuit.target
     assert target == 0.4
@@ -206,8 +205,8 @@ def test_target_sizes_the_circuit(model, plain, behaviour):
 @pytest.mark.parametrize("behaviour", BEHAVIOURS)
 def test_a_bfloat16_model_agrees_with_float32(plain, behaviour):
     half = run(zoo.load().to(torch.bfloat16), behaviour, edges=False)
-    heads, faith = circuit_of(half, behaviour)
-    heads32, faith32 = circuit_of(plain[behaviour], behaviour)
+    heads, faith = circuit_of(half)
+    heads32, faith32 = circuit_of(plain[behaviour])
     assert heads == heads32 and faith == pytest.approx(faith32, abs=BF16_TOLERANCE)
     if behaviour == "task":
         for key in ("clean", "corrupted"):

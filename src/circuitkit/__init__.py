@@ -73,6 +73,7 @@ _LAZY: dict[str, str] = {
     "find_circuit": "circuitkit.circuits.faithfulness",
     "faithfulness": "circuitkit.circuits.faithfulness",
     "Circuit": "circuitkit.circuits.faithfulness",
+    "CircuitRecord": "circuitkit.circuits.record",
     "track": "circuitkit.tracking", "Track": "circuitkit.tracking", "load_checkpoint": "circuitkit.tracking",
     "bootstrap_ci": "circuitkit.uncertainty",
 }

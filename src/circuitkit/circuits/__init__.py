@@ -39,6 +39,7 @@ _LAZY = {
     "EdgeMeasure": "circuitkit.circuits.measures",
     "edge_measure": "circuitkit.circuits.measures",
     "Circuit": "circuitkit.circuits.faithfulness",
+    "CircuitRecord": "circuitkit.circuits.record",
     "CurvePoint": "circuitkit.circuits.curve",
     "NoBehaviour": "circuitkit.circuits.curve",
     "find_circuit": "circuitkit.circuits.faithfulness",

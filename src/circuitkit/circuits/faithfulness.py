@@ -55,6 +55,7 @@ from circuitkit import validate
 from circuitkit.circuits.curve import CurvePoint, check_gap, faithfulness_of, has_gap
 from circuitkit.circuits.intervals import circuit_intervals
 from circuitkit.circuits.intervals import head_mask as _mask
+from circuitkit.circuits.record import CircuitRecord
 from circuitkit.detect.ablation import check_heads, copies_per_forward
 from circuitkit.detect.joint_path import RADAU_POINTS, Gate
 from circuitkit.detect.joint_path import gate_gradients as joint_gate_gradients
@@ -89,51 +90,34 @@ def _plain_interval(value: Any) -> Any:
     return [float(value[0]), float(value[1])]
 
 
-@dataclass(frozen=True, eq=False)
-class Circuit:
-    """A circuit found by :func:`find_circuit`.
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class Circuit(CircuitRecord):
+    """A circuit found by :func:`find_circuit`: a :class:`~circuitkit.circuits.record.CircuitRecord` (``heads``,
+    ``faithfulness``, ``necessity`` in nats, ``target``, ``curve`` by ``n_heads``, ``intervals``, ``ranked_by``,
+    ``search``, ``random_baseline``, ``stability``) with the induction scan's own figures.
 
-    ``heads``: the circuit, in ranking order; ``faithfulness`` of ``heads`` (measured); ``necessity`` (nats, the
-    loss rise with only ``heads`` ablated; None where not measured); ``target``; ``method`` (how heads are ablated);
-    ``clean_loss`` / ``all_ablated_loss`` / ``circuit_loss`` (nats: nothing, every head, every head outside the
-    circuit ablated); ``curve``: every measured point, by ``n_heads``; ``ranking``: all heads in the order they
-    were added; ``passes``: forward passes of the batch the search spent (stacked copies count one each; the random
-    baseline's and the stability reruns' are their own); ``edges``: exact
-    path patching of the edges among the circuit's heads (:class:`~circuitkit.circuits.PathPatching`) or None.
+    ``method`` (how heads are ablated); ``clean_loss`` / ``all_ablated_loss`` / ``circuit_loss`` (nats: nothing,
+    every head, every head outside the circuit ablated); ``ranking``: all heads in the order they were added;
+    ``passes``: forward passes of the batch the search spent (stacked copies count one each; the random baseline's
+    and the stability reruns' are their own); ``edges``: exact path patching of the edges among the circuit's heads
+    (:class:`~circuitkit.circuits.PathPatching`) or None; ``roles``: the circuit's heads by role; ``ranked_by``:
+    ``"effect"`` (single-head effects) or ``"joint"`` (joint-path integrated gradients); ``intervals``: bootstrap
+    intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``, ``necessity``,
+    ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval).
     """
 
-    heads: tuple[Head, ...]
-    faithfulness: float
-    necessity: float | None
-    target: float
     method: str
     clean_loss: float
     all_ablated_loss: float
     circuit_loss: float
-    curve: tuple[CurvePoint, ...]
     ranking: tuple[Head, ...]
     passes: int
     edges: Any = None
     roles: Mapping[str, tuple[Head, ...]] = field(default_factory=dict)
-    ranked_by: str = "effect"  # "effect" (single-head effects) | "joint" (joint-path integrated gradients)
-    intervals: Mapping[str, Any] = field(default_factory=dict)
-    """Bootstrap intervals over the batch's sequences (:mod:`circuitkit.circuits.intervals`): ``faithfulness``,
-    ``necessity``, ``losses`` (name -> interval) and ``curve`` (``n_heads`` -> interval); an interval is
-    ``(lo, hi)`` or None (undefined on some resample). Empty where not computed."""
-    random_baseline: Any = None
-    """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random sets of the circuit's size (where asked for)."""
-    stability: Any = None
-    """:class:`~circuitkit.circuits.stability.Stability`: the search rerun on resampled batches (where asked for)."""
+    ranked_by: str | None = "effect"
     evaluation: Mapping[str, Any] | None = None
     """The circuit on a held-out batch the search did not see (:func:`circuitkit.circuits.heldout.held_out`; the
     scan measures it where it drew its batch from a spec); None where not measured."""
-    search: Any = None
-    """:class:`~circuitkit.circuits.search.SearchResult` where a search beyond ranking chose ``heads``
-    (``find_circuit(search=...)``, ``scan(search=...)``); None for the ranked circuit."""
-
-    @property
-    def n_heads(self) -> int:
-        return len(self.heads)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -155,10 +139,8 @@ class Circuit:
             **({} if self.evaluation is None else {"evaluation": dict(self.evaluation)}),
         }
 
-    def __repr__(self) -> str:
-        names = ", ".join(head_name(h) for h in self.heads)
-        return (f"Circuit({len(self.heads)} heads [{names}], faithfulness {self.faithfulness:.3f} (target "
-                f"{self.target}), {self.method} ablation, {self.passes} passes)")
+    def _repr_extra(self) -> str:
+        return f", {self.method} ablation, {self.passes} passes"
 
 
 class Ablator:
@@ -735,8 +717,9 @@ def discover(ablator: Ablator, order: Sequence[Head], target: float, method: str
     if intervals is not None and clean_losses is not None:
         bounds = circuit_intervals(ablator, ranking, sorted(measured), heads, clean_losses, necessity, *intervals)
     search_passes = ablator.passes + coarse_passes + extra_passes - (baseline.passes if baseline is not None else 0)
-    return Circuit(heads, measured[n][0], rise, target, method, clean_loss, all_ablated, circuit_loss, curve,
-                   ranking, search_passes, ranked_by=ranked_by, intervals=bounds,
+    return Circuit(heads=heads, faithfulness=measured[n][0], necessity=rise, target=target, curve=curve,
+                   method=method, clean_loss=clean_loss, all_ablated_loss=all_ablated, circuit_loss=circuit_loss,
+                   ranking=ranking, passes=search_passes, ranked_by=ranked_by, intervals=bounds,
                    random_baseline=baseline)
 
 

@@ -63,6 +63,7 @@ from torch import Tensor
 
 from circuitkit.circuits.curve import CurvePoint, NoBehaviour, check_gap, faithfulness_of, has_gap
 from circuitkit.circuits.faithfulness import coarse_search, geometric_sizes, smallest
+from circuitkit.circuits.record import CircuitRecord
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.ranking import head_name
@@ -108,23 +109,22 @@ class EdgeEffect:
                 "ci": None if self.interval is None else [float(self.interval[0]), float(self.interval[1])]}
 
 
-@dataclass(frozen=True, eq=False)
-class TaskCircuit:
-    """The node circuit (``heads``, ``mlps``, ``faithfulness``, ``necessity``, ``curve``) and the edge circuit
-    (``edges``, ``edge_faithfulness``, ``edge_curve`` over :data:`EDGE_FRACTIONS`, MIB's ``cpr`` and ``cmd``
-    (module docstring) with their curves ``edge_areas``, ``edge_effects``) of one task; ``clean`` / ``corrupted``:
-    the mean metric; ``rank``: signed or abs;
-    ``n_edges_total``: edges in the graph; ``intervals``: ``faithfulness`` and ``necessity``, and where the edge
-    circuit was measured ``edge_faithfulness``, ``cpr`` and ``cmd`` (:func:`edge_intervals`), as ``(lo, hi)``: the
-    percentile bootstrap over the pairs (:func:`circuitkit.bootstrap_ci`) from each pair's metric in the passes
-    that measured them (no extra pass)."""
+@dataclass(frozen=True, eq=False, kw_only=True, repr=False)
+class TaskCircuit(CircuitRecord):
+    """A task's circuit: a :class:`~circuitkit.circuits.record.CircuitRecord` (the node circuit's ``heads``,
+    ``faithfulness``, ``necessity`` in the metric's units, ``target``, ``curve``, ``intervals``, ``ranked_by``,
+    ``search``, ``random_baseline``, ``stability``) with a task's own figures: the node circuit's ``mlps`` and further
+    ``nodes``, and the edge circuit (``edges``, ``edge_faithfulness``, ``edge_curve`` over :data:`EDGE_FRACTIONS`,
+    MIB's ``cpr`` and ``cmd`` (module docstring) with their curves ``edge_areas``, ``edge_effects``);
+    ``clean`` / ``corrupted``: the mean metric; ``rank``: signed or abs; ``n_edges_total``: edges in the graph;
+    ``intervals``: ``faithfulness`` and ``necessity``, and where the edge circuit was measured
+    ``edge_faithfulness``, ``cpr`` and ``cmd`` (:func:`edge_intervals`), as ``(lo, hi)``: the percentile bootstrap
+    over the pairs (:func:`circuitkit.bootstrap_ci`) from each pair's metric in the passes that measured them (no
+    extra pass)."""
 
     heads: tuple[tuple[int, int], ...]
     mlps: tuple[int, ...]
-    faithfulness: float
     necessity: float
-    target: float
-    curve: tuple[CurvePoint, ...]
     n_nodes_total: int
     edges: tuple[str, ...]
     edge_faithfulness: float | None
@@ -137,7 +137,6 @@ class TaskCircuit:
     clean: float
     corrupted: float
     node_corrupted: float
-    intervals: dict[str, Any] = field(default_factory=dict)
     other_set: dict[str, Any] | None = None
     """The circuit measured on the pairs the search did not use (``set``: ``"evaluation"`` or ``"discovery"``,
     ``pairs``, ``faithfulness``, ``necessity``, ``edge_faithfulness``, ``curve``); None where the pairs were not
@@ -151,17 +150,21 @@ class TaskCircuit:
     ablation: str = "corrupted"
     """What a node outside the node circuit becomes (the task's ablation, :data:`~circuitkit.graph.task.ABLATIONS`);
     an edge outside the edge circuit is always patched from the corrupted prompt."""
-    search: Any = None
-    """The node search beyond ranking that chose ``heads`` (:class:`~circuitkit.circuits.search.SearchResult`: the
-    size it started from, its trace, its options and why it stopped; once reloaded a
-    :class:`~circuitkit.report.reload.SavedSearch`), written as ``circuit.search`` as the induction circuit's is;
-    None for the ranked circuit."""
     edge_search: Any = None
-    """The edge search beyond ranking that chose ``edges`` (the same record, ``circuit.edge_search``); None for the
-    ranked edge circuit."""
-    ranked_by: str | None = None
-    """What ordered the nodes (:data:`NODE_RANKINGS`), written as ``circuit.ranked_by`` (as the induction circuit's);
-    None in a scan reloaded from a file written before the joint ranking, which EAP-IG ranked."""
+    """The edge search beyond ranking that chose ``edges`` (:class:`~circuitkit.circuits.search.SearchResult`,
+    written as ``circuit.edge_search``; the node search's is ``search``); None for the ranked edge circuit."""
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Every member by name: heads ``"layer.head"``, MLPs ``"m{layer}"``, then each further node type's
+        labels."""
+        return (*super().members, *(f"m{layer}" for layer in self.mlps),
+                *(label for labels in self.nodes.values() for label in labels))
+
+    def _repr_extra(self) -> str:
+        edges = "" if self.edge_faithfulness is None else (
+            f", {len(self.edges)} of {self.n_edges_total} edges at faithfulness {self.edge_faithfulness:.3f}")
+        return f", {self.ablation} ablation{edges}"
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -101,8 +101,10 @@ def _pair(value: Any) -> tuple[float, float]:
     return (math.nan if lo is None else float(lo), math.nan if hi is None else float(hi))
 
 
-def _circuit(data: dict[str, Any] | None) -> Any:
-    from circuitkit.report.reload import SavedSearch
+def _circuit(data: dict[str, Any] | None, scan: dict[str, Any]) -> Any:
+    """The saved ``circuit`` as a :class:`TaskCircuit`, with the random sets and the stability the scan writes beside
+    it (``scan``: the whole file)."""
+    from circuitkit.report.reload import SavedRandomBaseline, SavedSearch, SavedStability
     from circuitkit.tasks.circuit import EdgeEffect, TaskCircuit
 
     if data is None:
@@ -127,6 +129,8 @@ def _circuit(data: dict[str, Any] | None) -> Any:
                                                              if k != "definition"},
         search=None if data.get("search") is None else SavedSearch(data["search"]),
         edge_search=None if data.get("edge_search") is None else SavedSearch(data["edge_search"]),
+        random_baseline=None if scan.get("random_baseline") is None else SavedRandomBaseline(scan["random_baseline"]),
+        stability=None if scan.get("stability") is None else SavedStability(scan["stability"]),
     )
     return TaskCircuit(**built, **_fields(TaskCircuit, data, set(built)))
 
@@ -143,7 +147,7 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type) -> Any:
     """The task scan that ``data`` (a parsed task ``scores.json``) describes (see the module docstring), built as
     ``scan_cls`` (:class:`~circuitkit.tasks.TaskScan`, passed in by its callers: this module stands below the scan
     that calls it), its stages the :class:`~circuitkit.scan_record.StageRecord` both scans keep."""
-    from circuitkit.report.reload import SavedRandomBaseline, SavedStability, check_written_again
+    from circuitkit.report.reload import check_written_again
     from circuitkit.scan_record import ModelSummary, StageRecord
     from circuitkit.tasks.record import DTYPES
     from circuitkit.tasks.scores_check import check_task_scores
@@ -168,14 +172,11 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type) -> Any:
             dla=_tensor(heads["dla"], dtype), dla_mlp=_tensor(data["mlps"]["dla"], dtype),
             scores=_tensor(heads["score"], dtype), scores_mlp=_tensor(data["mlps"]["score"], dtype),
             head_scores=own, pattern_scores=patterns, patterns=_tensor(data["patterns"], dtype),
-            tokens=tuple(data["task"]["tokens"]), circuit=_circuit(data["circuit"]),
+            tokens=tuple(data["task"]["tokens"]), circuit=_circuit(data["circuit"], data),
             circuit_error=data["circuit_error"], settings=data["settings"],
             stages=tuple(StageRecord(**{f.name: s[f.name] for f in dataclasses.fields(StageRecord) if f.name in s})
                          for s in data["stages"]),
             intervals={key: _pair(v) for key, v in ci.items()},
-            random_baseline=None if data.get("random_baseline") is None else SavedRandomBaseline(
-                data["random_baseline"]),
-            stability=None if data.get("stability") is None else SavedStability(data["stability"]),
             nodes={name: {**kind, "score": _tensor(kind["score"], dtype)} for name, kind in
                    (data.get("nodes") or {}).items()},
             ranking=None if "joint" not in heads else {

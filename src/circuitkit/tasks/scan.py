@@ -100,12 +100,6 @@ class TaskScan:
     settings: dict[str, Any]
     stages: tuple[StageRecord, ...] = field(default=())
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
-    random_baseline: Any = None
-    """:class:`~circuitkit.circuits.baseline.RandomBaseline`: random head sets of the node circuit's size
-    (``random_sets``; None where not asked for)."""
-    stability: Any = None
-    """:class:`~circuitkit.circuits.stability.Stability`: the node search rerun on resampled pairs (``stability``;
-    None where not asked for)."""
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Further node types of the node circuit (``neuron_groups``, ``node_types``): ``{type: {"score": [layer,
     nodes] EAP-IG node scores, "labels": [layer][nodes] names, "hook": layer 0's hook, "patch": how a node is
@@ -119,6 +113,25 @@ class TaskScan:
     @property
     def passes(self) -> float:
         return sum(s.passes for s in self.stages)
+
+    @property
+    def verified(self) -> TaskCircuit | None:
+        """The found circuit (:attr:`circuit`) under the name the induction scan gives its own
+        (:attr:`circuitkit.Scan.verified`): in either scan a :class:`~circuitkit.circuits.record.CircuitRecord`, or
+        None where no circuit was found."""
+        return self.circuit
+
+    @property
+    def random_baseline(self) -> Any:
+        """The circuit's :class:`~circuitkit.circuits.baseline.RandomBaseline`: random head sets of the node
+        circuit's size (``random_sets``; None where not asked for or there is no circuit)."""
+        return None if self.circuit is None else self.circuit.random_baseline
+
+    @property
+    def stability(self) -> Any:
+        """The circuit's :class:`~circuitkit.circuits.stability.Stability`: the node search rerun on resampled pairs
+        (``stability``; None where not asked for or there is no circuit)."""
+        return None if self.circuit is None else self.circuit.stability
 
     def to_json(self) -> dict[str, Any]:
         """What ``scores.json`` holds: every figure, exactly (:mod:`circuitkit.tasks.record`), so :meth:`load`
@@ -702,8 +715,6 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
         settings=settings,
         intervals=_metric_intervals(clean_all, corrupted_all, o.n_resamples, o.ci_level),
         stages=tuple(stages),
-        random_baseline=state.baseline,
-        stability=state.stable,
         ranking=None if state.ranking is None else {
             "heads": state.ranking[head_index],
             "mlps": None if mlp_index is None or not o.mlp_nodes else state.ranking[mlp_index]},
@@ -723,11 +734,14 @@ def _circuit(state: TaskScanState, task: Task) -> TaskCircuit:
         intervals |= edge_intervals(state.edge_pairs, clean, corrupted, o.n_resamples, o.ci_level,
                                     circuit=o.edge_search == "ranked")
         effects = effect_intervals(effects, o.n_resamples, o.ci_level)
-    return TaskCircuit(node.heads, node.mlps, node.faithfulness, node.necessity, o.target, node.curve, node.n_nodes,
-                       names, edge_faith, edge_curve, n_edges, cpr, cmd, effects, o.rank, float(clean.mean()),
-                       float(corrupted.mean()), node.all_patched, intervals=intervals, other_set=state.other_set,
-                       nodes=node.nodes, edge_areas=areas, ablation=task.ablation, search=state.node_result,
-                       edge_search=state.edge_result, ranked_by=o.node_ranking)
+    return TaskCircuit(heads=node.heads, mlps=node.mlps, faithfulness=node.faithfulness, necessity=node.necessity,
+                       target=o.target, curve=node.curve, n_nodes_total=node.n_nodes, edges=names,
+                       edge_faithfulness=edge_faith, edge_curve=edge_curve, n_edges_total=n_edges, cpr=cpr, cmd=cmd,
+                       edge_effects=effects, rank=o.rank, clean=float(clean.mean()),
+                       corrupted=float(corrupted.mean()), node_corrupted=node.all_patched, intervals=intervals,
+                       other_set=state.other_set, nodes=node.nodes, edge_areas=areas, ablation=task.ablation,
+                       search=state.node_result, edge_search=state.edge_result, ranked_by=o.node_ranking,
+                       random_baseline=state.baseline, stability=state.stable)
 
 
 def _edge_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
