@@ -112,6 +112,7 @@ METHODS = (
     "circuitkit.tasks.scan:TaskScan.table",
     "circuitkit.tasks.scan:TaskScan.to_pandas",
     "circuitkit.tasks.scan:TaskScan.searched",
+    "circuitkit.tasks.scan:TaskScan.top",
     "circuitkit.circuits.record:CircuitRecord.interval",
 )
 """Methods fuzzed besides the packages' exports: the ones a user calls with arguments of their own."""
@@ -1782,6 +1783,8 @@ case(f"{TK}.scan:TaskScan.load", lambda: {"path": saved_task_scan_dir()}, path="
 method(f"{TK}.scan:TaskScan.table", task_scan_result, lambda: {"sort": "score"}, sort="option?")
 method(f"{TK}.scan:TaskScan.to_pandas", task_scan_result, lambda: {"sort": "dla"}, sort="option?")
 method(f"{TK}.scan:TaskScan.searched", task_scan_result, lambda: {"key": "edge_search"}, key="option")
+method(f"{TK}.scan:TaskScan.top", task_scan_result, lambda: {"score": "dla", "k": 3}, score="option?",
+       k="int>=1")
 
 # ``scan(model, task=...)``: the bad tasks above, plus the names and paths scan takes, with ``tokens=None`` (a task
 # and a batch together are refused on their own) on the hand-built model.

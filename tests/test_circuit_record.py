@@ -1,4 +1,5 @@
-"""One record of a found circuit for both engines (:class:`circuitkit.CircuitRecord`).
+"""One record of a found circuit for both engines (:class:`circuitkit.CircuitRecord`), and the questions either
+scan answers the same way (``verified``, ``verified_error``, ``answer()``, ``passes``, ``top()``).
 
 The induction scan's circuit (``Circuit``) and a task's (``TaskCircuit``) are the one record with each engine's own
 figures added: the same names mean the same figures, read the same way (``scan.verified`` in either scan), and a
@@ -12,6 +13,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 import circuitkit as ck
 from circuitkit import CircuitkitError, zoo
@@ -111,3 +113,34 @@ def test_an_interval_is_asked_for_by_the_name_of_one_figure():
         with pytest.raises(CircuitkitError, match="CircuitRecord.interval: figure"):
             c.interval(bad)
     assert repr(c) == "CircuitRecord(1 heads [0.1], faithfulness 0.900 (target 0.8))"
+
+
+TOP = {"induction": "induction", "task": "score"}
+
+
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_either_scan_answers_the_same_questions(scans, behaviour):
+    """``answer()``, ``passes``, ``verified_error`` and ``top()`` on both scans, each checked against the figures it
+    reports."""
+    scan = scans[behaviour]
+    c = scan.verified
+    text = scan.answer()
+    assert all(name in text for name in c.members)
+    assert f"{c.faithfulness:.2f}" in text or f"{c.faithfulness:.3f}" in text
+    assert scan.passes == sum(s.passes for s in scan.stages) > 0 and scan.verified_error is None
+    name = TOP[behaviour]
+    top = scan.top(name, 3)
+    values = (scan.head_scores[name] if behaviour == "induction" else scan.scores).float()
+    key = values if behaviour == "induction" else values.abs()  # a task's columns rank by magnitude
+    order = torch.sort(-key.flatten(), stable=True).indices[:3]
+    H = values.shape[1]
+    assert [h for h, _ in top] == [(int(i) // H, int(i) % H) for i in order]
+    assert [v for _, v in top] == pytest.approx([float(values.flatten()[i]) for i in order])
+
+
+def test_a_task_scans_top_heads_are_checked(scans):
+    scan = scans["task"]
+    assert scan.verified.ranked_by == "joint" and scan.top(k=2) == scan.top("joint", 2)  # the ranking's column
+    for bad in ({"score": "loss"}, {"score": 3}, {"k": 0}, {"k": 2.5}):
+        with pytest.raises(CircuitkitError, match="TaskScan.top"):
+            scan.top(**bad)

@@ -71,6 +71,21 @@ class Scan(ScanRecord):
 
         return to_pandas(self, sort)
 
+    def answer(self) -> str:
+        """The answer in a few lines of plain text, as the terminal prints it after a scan and the report's answer
+        box says it: the circuit and its faithfulness, the roles, the strongest exact edge effects, the loss
+        (:func:`circuitkit.report.summary.answer_lines`). A task scan answers the same way
+        (:meth:`TaskScan.answer <circuitkit.tasks.TaskScan.answer>`)."""
+        from circuitkit.report.summary import answer_lines
+
+        return "\n".join(answer_lines(self))
+
+    @property
+    def passes(self) -> float:
+        """Forward passes of the batch the scan's stages ran (stacked copies count one each; a stage run on part of
+        the batch its share); 0 for a scan read back from ``scores.json``, which keeps no stages."""
+        return float(sum(s.passes for s in self.stages))
+
     def _repr_html_(self) -> str:
         from circuitkit.report import summary_html
 

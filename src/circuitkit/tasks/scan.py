@@ -122,6 +122,12 @@ class TaskScan:
         return self.circuit
 
     @property
+    def verified_error(self) -> str | None:
+        """Why there is no circuit (:attr:`circuit_error`), under the induction scan's name
+        (:attr:`circuitkit.Scan.verified_error`); None where one was found."""
+        return self.circuit_error
+
+    @property
     def random_baseline(self) -> Any:
         """The circuit's :class:`~circuitkit.circuits.baseline.RandomBaseline`: random head sets of the node
         circuit's size (``random_sets``; None where not asked for or there is no circuit)."""
@@ -324,6 +330,18 @@ class TaskScan:
         from circuitkit.tasks.table import task_table
 
         return task_table(self, sort)
+
+    def top(self, score: str | None = None, k: int = 5) -> list[tuple[tuple[int, int], float]]:
+        """The ``k`` heads with the largest ``|score|``, largest first, as ``((layer, head), value)``: ``score`` a
+        column of :meth:`table` (default: the one that ranked the circuit), heads without a value left out. The
+        induction scan's :meth:`circuitkit.Scan.top` answers the same question of its scores."""
+        from circuitkit.tasks.table import columns, ranking_column, task_table
+
+        score = ranking_column(self) if score is None else validate.option(
+            "TaskScan.top: score", score, [name for name, _ in columns(self)])
+        k = validate.positive_int("TaskScan.top: k", k)
+        return [((row["layer"], row["index"]), row[score]) for row in task_table(self, score)[:k]
+                if row[score] is not None]
 
     def to_pandas(self, sort: str | None = None) -> Any:
         """:meth:`table` as a ``pandas.DataFrame`` indexed by head (needs pandas; a CircuitkitError without it)."""
