@@ -40,7 +40,7 @@ class Context:
     later context on the same session finds it."""
 
     session: Session
-    W_in: dict[str, Tensor]  # channel -> [layer, head, d_model, d_head], per query head
+    W_in: dict[str, Tensor]  # channel -> [layer, unit, d_model, d_head]: q per query head, k/v per key/value head
     W_O: Tensor  # [layer, head, d_head, d_model]
     norms: list[Norm | None]  # per layer
     corrupt: str
@@ -84,6 +84,13 @@ class Context:
     def kv_index(self, head: int) -> int:
         return head // self.group_size
 
+    def receiver_weights(self, layer: int) -> Tensor:
+        """Layer ``layer``'s receivers' weights, ``[3 * head, d_model, d_head]``: ``W_Q``, then ``W_K`` and ``W_V``
+        per query head (a key/value head's matrix repeated for each query head of its group, for this layer only:
+        the model's are held once per key/value head, as the task runner holds them)."""
+        G = self.group_size
+        return torch.cat([self.W_in["q"][layer], *(self.W_in[c][layer].repeat_interleave(G, dim=0) for c in "kv")])
+
 
 def context(
     model: Any,
@@ -117,7 +124,7 @@ def context(
             raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
     weights = (session.weights(embeddings=False) if weights is None else weights).to(device=adapter.spec.device)
-    W_in = {"q": weights.W_Q, "k": weights.per_query_head("W_K"), "v": weights.per_query_head("W_V")}
+    W_in = {"q": weights.W_Q, "k": weights.W_K, "v": weights.W_V}  # as the task runner's: no per-query-head copy
     norms = receiver_norms(adapter)
     return Context(session, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)
 

@@ -442,7 +442,7 @@ def _receivers(ctx: Context, layer: int, grads: dict, x: Tensor | None, form: Cl
     grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1)[part].transpose(0, 1) for c in CHANNELS])
     W = weights.get(layer)
     if W is None:  # contiguous: the products and gamma's scaling read it many times
-        W = weights[layer] = torch.cat([ctx.W_in[c][layer] for c in CHANNELS]).transpose(1, 2).to(work).contiguous()
+        W = weights[layer] = ctx.receiver_weights(layer).transpose(1, 2).to(work).contiguous()
     return ReceiverGradients.from_parts(grad.to(work), W, ctx.norms[layer], None if x is None else x[part], form)
 
 

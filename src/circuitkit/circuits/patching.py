@@ -266,9 +266,13 @@ def _patched_pass(
     # the receiver's key/value group is patched; without the "induction" metric (read at the receiver's own
     # pattern) the group's other query heads then get their clean z back, so only the receiver reads it
     alone = ctx.group_size > 1 and not m.local
-    receivers = [tuple(Receiver(c, layer, weight=e.dst[1], slot=e.dst[1] if c == "q" else ctx.kv_index(e.dst[1]),
-                                only=e.dst[1] if alone and c != "q" else None)
-                       for c in (CHANNELS if e.channel == "all" else (e.channel,))) for e in edges]
+
+    def receiver(channel: str, head: int) -> Receiver:
+        unit = head if channel == "q" else ctx.kv_index(head)  # keys/values: the model's weights per key/value head
+        return Receiver(channel, layer, weight=unit, slot=unit, only=head if alone and channel != "q" else None)
+
+    receivers = [tuple(receiver(c, e.dst[1]) for c in (CHANNELS if e.channel == "all" else (e.channel,)))
+                 for e in edges]
     read: list[Tensor] = []
     hooks = []
     if m.local:
