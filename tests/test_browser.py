@@ -390,3 +390,22 @@ def test_png_export_follows_the_views(reports, tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2_000, path.name
     # direct call, another scale
     assert [p.name for p in export_pngs(saved.report, tmp_path / "again", scale=1.0)] == [p.name for p in saved.pngs]
+
+
+def test_a_task_scans_png_export_follows_its_views(tmp_path):
+    """``TaskScan.save(png=True)`` (``--png`` with ``--task``): each exported section of the task's page and the
+    head panel of the head selected at load (the one that ranks first), as the induction scan's export."""
+    _require_browser()
+    import circuitkit as ck
+    from circuitkit import zoo
+    from tests.test_tasks import copy_next_task
+
+    scan = ck.scan(zoo.load(), task=copy_next_task(n=16, d_vocab=60, seed=0))
+    saved = scan.save(tmp_path, png=True)
+    names = [path.stem for path in saved.pngs]
+    assert {"summary", "patterns", "heads", "scores", "faithfulness", "edges"} <= set(names)
+    assert "task" not in names and "details" not in names  # the sections of words are not exported
+    assert names[-1] == f"head-{head_name(scan.top(k=1)[0][0])}"
+    for path in saved.pngs:
+        data = path.read_bytes()
+        assert path.parent == tmp_path / "png" and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2_000, path.name

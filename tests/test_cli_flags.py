@@ -249,7 +249,7 @@ SCAN_TABLE = {
     "allow_download": every(["--allow-download"], lambda c, p: (
         c.scan_kwargs["allow_download"] is True if c.loaded.get("bridge") is False
         else c.loaded["allow_download"] is True)),
-    "png": induction_only(["--png"], lambda c, p: c.save[0]["png"] is True),
+    "png": every(["--png"], lambda c, p: c.save[0]["png"] is True),
     # --task names the kind of run: the induction scan by name, else the task the base command gives
     "task": {"induction": (["--task", "induction"], lambda c, p: len(c.scan) == 1 and not c.scan_task),
              "built-in task": ([], lambda c, p: c.task.name == "ioi" and len(c.generator) == 1),

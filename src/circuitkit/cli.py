@@ -6,7 +6,7 @@ the answer printed) or ``circuitkit.track(...)``.
 
 ``circuitkit track CKPT...|RUN_DIR [--out DIR] [--steps N,N,...] [--no-merge]`` / ``circuitkit track --merge DIR``
 
-Every option either applies to the run or is refused: an option the run would not use (``--png`` with a task,
+Every option either applies to the run or is refused: an option the run would not use (``--sort`` with a task,
 ``--pairs`` without one, ``--ablate-top`` with ``--quick``, ...; :data:`SCAN_UNUSED`) is an error before the model
 loads, as is everything that can be checked from the arguments and files.
 
@@ -262,7 +262,6 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "top_k": (TASK_SCANS, "a task scan's answer lists its own top heads and edges"),
     "no_circuit": (TASK_SCANS, "a task scan is a circuit search; --no-edges or --quick skips its edge circuit"),
     "sort": (TASK_SCANS, "a task scan prints its answer, not a table of heads"),
-    "png": (TASK_SCANS, "a task scan's report has no PNG export"),
     "pairs": ((INDUCTION, TASK_FILE), "it sets how many pairs a built-in task (ioi, greater-than, docstring) "
               "writes"),
     "prepend_bos": ((INDUCTION,), "the induction batch sets its own BOS; the option says how a task's text prompts "
@@ -550,7 +549,7 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
                              prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos],
                              metric=args.metric, random_sets=args.random_sets, stability=args.stability,
                              **_given_split(args))
-    saved = result.save(out)
+    saved = result.save(out, png=args.png)
     if args.json:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))
         sys.stdout.flush()
@@ -562,6 +561,8 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
     if args.quick and result.circuit is not None:
         output.text("Edge circuit skipped (--quick); run without --quick to measure the edge circuit.", "")
     output.text(f"wrote {saved.report} and {saved.scores}", "")
+    for path in saved.pngs:
+        output.text(f"wrote {path}", "")
     return 0
 
 

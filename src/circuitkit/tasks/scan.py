@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -300,16 +301,25 @@ class TaskScan:
                   and any(label in text for row in kind["labels"] for label in row)]
         return "Legend: " + "; ".join(found) + "." if found else ""
 
-    def save(self, out_dir: str | os.PathLike) -> Any:
-        """Write ``out_dir/scores.json`` and ``out_dir/report.html`` together (atomically)."""
+    def save(self, out_dir: str | os.PathLike, *, png: bool = False) -> Any:
+        """Write ``out_dir/scores.json`` and ``out_dir/report.html`` together (atomically); with ``png``, every
+        section of the page as ``out_dir/png/<section>.png`` and the head panel of the first circuit head as
+        ``head-<layer.head>.png`` (needs headless Chromium: :func:`circuitkit.report.export_pngs`, as the induction
+        scan's :meth:`circuitkit.Scan.save`)."""
         from circuitkit.report.saving import REPORT_NAME, SCORES_NAME, prepare_directory, write_together
         from circuitkit.scan_record import SavedReport
         from circuitkit.tasks.report import task_report
 
+        png = validate.boolean("TaskScan.save: png", png)
         out = prepare_directory(out_dir, kind="scan")  # a scan's pair of files: never beside a track's
         scores = json.dumps(self.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n"
         write_together(out, {REPORT_NAME: task_report(self).encode("utf-8"), SCORES_NAME: scores.encode("utf-8")})
-        return SavedReport(report=out / REPORT_NAME, scores=out / SCORES_NAME, pngs=())
+        pngs: tuple[Path, ...] = ()
+        if png:
+            from circuitkit.report.png import export_pngs
+
+            pngs = tuple(export_pngs(out / REPORT_NAME, out / "png"))
+        return SavedReport(report=out / REPORT_NAME, scores=out / SCORES_NAME, pngs=pngs)
 
     def __repr__(self) -> str:
         return f"TaskScan({self.task!r}, {self.model.name!r})\n{self.answer()}"
