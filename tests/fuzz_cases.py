@@ -1745,7 +1745,8 @@ case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task()
                 "neuron_groups": [("zero", const(0), STRICT), ("bool", const(True), STRICT),
                                   ("float", const(2.0), STRICT), ("no-mlps", const(4), STRICT)],
                 "node_types": [("names", const(["resid"]), STRICT), ("int", const(3), STRICT)]})
-method(f"{TK}.scan:TaskScan.save", task_scan_result, lambda: {"out_dir": tmp_out_dir()}, out_dir="out_dir")
+method(f"{TK}.scan:TaskScan.save", task_scan_result, lambda: {"out_dir": tmp_out_dir(), "png": False},
+       out_dir="out_dir", png="bool")
 record(f"{TK}:EdgeEffect", "result record of scan_task and edge_effects (built by them)")
 EDGE_NAMES: list[Bad] = [
     ("None", const(None), STRICT), ("empty", const([]), STRICT), ("int", const(3), STRICT),
