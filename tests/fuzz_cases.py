@@ -962,7 +962,7 @@ record("circuitkit:HeadEffects", "result record of ablation_effects / attributio
 record("circuitkit:Scan", "result record of scan() (its top() and save() are fuzzed)")
 case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "top", "ablate_top": 2,
      "ablation_method": "mean", "top_k": 2, "circuit": False, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
-     "stability": 0}, positional=("model",), model="model-loss?", tokens="tokens", ablate="option",
+     "stability": 0}, positional=("model",), model="model-loss?", tokens="tokens", ablate="option?",
      ablate_top="int>=1", ablation_method="option", top_k="int>=1", circuit="bool", n_resamples="size>=2",
      ci_level="real>0", random_sets="size>=0", stability="size>=0", search="option?",
      extra_bad={"ci_level": [("one", const(1.0), STRICT)],
@@ -1735,6 +1735,7 @@ case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task()
      positional=("model",), model="model-loss", named_kinds={"target": "real>0"}, mlps="bool?", mlp_nodes="bool",
      rank="option", steps="size>=1", edges="bool", device="device?", name="text?", progress="callable?",
      prepend_bos="bool?", target_on="option", ig_points="option", kv_edges="option", node_ranking="option",
+     ablate="option", ablate_top="int>=1",
      extra_bad={"task": [("None", const(None), STRICT), *TASKS],
                 "holdout": [("one", const(1.0), STRICT), ("negative", const(-0.5), STRICT),
                             ("nan", const(float("nan")), STRICT), ("text", const("half"), STRICT)],

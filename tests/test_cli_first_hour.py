@@ -34,7 +34,7 @@ def _run_isolated(code: str, tmp_path) -> subprocess.CompletedProcess:
         (["scan", "--batch", "x"], "argument --batch: given 'x'; expected an integer"),
         (["scan", "--quick", "--ablate", "all"], "--quick: given with --ablate all"),
         (["scan", "--sort", "foo"], "--sort: given 'foo'; expected a column of the table"),
-        (["scan", "--task", "ioi", "--ablate-top", "3"], "--ablate-top: given with --task ioi, which does not use it"),
+        (["scan", "--task", "ioi", "--top-k", "3"], "--top-k: given with --task ioi, which does not use it"),
         (["scan", "--task", "pairs.jsonl", "--block-len", "5"], "--block-len: given with --task pairs.jsonl"),
         (["scan", "--task", "sentiment"], "--task: given 'sentiment'; expected one of induction"),
         (["scan", "pairs.jsonl"], "MODEL: given 'pairs.jsonl', a file; expected a model (a local Hugging Face "

@@ -229,8 +229,13 @@ SCAN_TABLE = {
     "seed": {"induction": (["--seed", "5"], lambda c, p: _tokens(c).seed == 5),
              "built-in task": (["--seed", "5"], lambda c, p: c.generator == [{"n": 32, "seed": 5}]),
              "task file": (["--seed", "5"], REFUSED)},
-    "ablate": induction_only(["--ablate", "all"], lambda c, p: c.induction["ablate"] == "all"),
-    "ablate_top": induction_only(["--ablate-top", "3"], lambda c, p: c.induction["ablate_top"] == 3),
+    "ablate": {"induction": (["--ablate", "all"], lambda c, p: c.induction["ablate"] == "all"),
+               **{kind: (["--ablate", "all"], lambda c, p: c.task_kwargs["ablate"] == "all")
+                  for kind in ("built-in task", "task file")}},
+    # a task patches heads alone only where asked (--ablate top|all): --ablate-top alone is refused there
+    "ablate_top": {"induction": (["--ablate-top", "3"], lambda c, p: c.induction["ablate_top"] == 3),
+                   **{kind: (["--ablate", "top", "--ablate-top", "3"], lambda c, p: c.task_kwargs["ablate_top"] == 3
+                             and c.task_kwargs["ablate"] == "top") for kind in ("built-in task", "task file")}},
     "ablation_method": {"induction": (["--ablation-method", "zero"],
                                       lambda c, p: c.induction["ablation_method"] == "zero"),
                         "built-in task": (["--ablation-method", "zero"], lambda c, p: c.task.ablation == "zero"),

@@ -77,7 +77,11 @@ def test_a_task_scans_plan_is_its_declared_stages():
                       random_sets=2, stability=0, search="refined", search_passes=15.0, node_ranking="eap-ig")
     names = [name for name, _ in task_plan(plan)]
     assert names == ["clean", "corrupted", "attribute", "nodes", "search", "random-sets", "held-out"]
-    assert list(TASK_STAGE_NAMES)[:5] == ["clean", "corrupted", "attribute", "joint", "nodes"]
+    assert list(TASK_STAGE_NAMES)[:6] == ["clean", "corrupted", "attribute", "joint", "ablate", "nodes"]
+    # each head patched alone (ablate): planned at half a pass a head, after the ranking, before the search
+    single = dataclasses.replace(plan, single_heads=8)
+    assert [name for name, _ in task_plan(single)][:5] == ["clean", "corrupted", "attribute", "ablate", "nodes"]
+    assert dict(task_plan(single))["ablate"] == 4.0
     assert dict(task_plan(plan))["search"] == 15.0 and dict(task_plan(plan))["random-sets"] == 4
     # the corrupted run read from EAP-IG's first point: no stage of its own, one pass fewer per stability rerun
     folded = dataclasses.replace(plan, folded=True, stability=2)

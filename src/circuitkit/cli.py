@@ -118,10 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="seed of the random tokens (0)")
     scan.add_argument("--ablate", choices=("top", "all", "none"), default=None,
                       help="exact ablation of the top heads by attribution plus the detected circuit (top, the "
-                      "default), of every head (all), or none")
+                      "default), of every head (all), or none; with --task: each head patched alone against its "
+                      "EAP-IG score, the top by |score| or all (off by default)")
     # pipeline.DEFAULT_ABLATE_TOP, not imported: --help stays free of torch (a test checks they agree)
     scan.add_argument("--ablate-top", type=_int_in(1), default=8, metavar="K",
-                      help="heads ranked by |attribution| to ablate exactly with --ablate top (8)")
+                      help="heads ranked by |attribution| (with --task: |EAP-IG score|) to ablate exactly with "
+                      "--ablate top (8)")
     scan.add_argument("--ablation-method", choices=("mean", "zero"), default="mean",
                       help="replace a head's output by its mean (default) or by zeros; with --task, given: how "
                       "nodes outside the circuit are replaced, mean being the mean over the corrupted prompts "
@@ -256,9 +258,6 @@ SCAN_UNUSED: dict[str, tuple[tuple[str, ...], str]] = {
     "batch": (TASK_SCANS, "a task's pairs are its batch; --pairs sets how many a built-in task writes"),
     "seed": ((TASK_FILE,), "a task file's pairs are read as written; --seed seeds the random tokens and the "
              "pairs a built-in task writes"),
-    "ablate": (TASK_SCANS, "a task scan patches nodes from the corrupted prompt; --ablation-method mean|zero "
-               "changes that"),
-    "ablate_top": (TASK_SCANS, "a task scan ablates no single heads exactly"),
     "top_k": (TASK_SCANS, "a task scan's answer lists its own top heads and edges"),
     "no_circuit": (TASK_SCANS, "a task scan is a circuit search; --no-edges or --quick skips its edge circuit"),
     "sort": (TASK_SCANS, "a task scan prints its answer, not a table of heads"),
@@ -386,6 +385,9 @@ def refuse_unused_scan_options(args: argparse.Namespace, kind: str) -> None:
         _refuse("search_passes", f"with --search {args.search or 'ranked'}", "it is the refined search's pass "
                 "budget (the ranked circuit takes none; the masks search's cost is its steps)")
     if kind != INDUCTION:
+        if "ablate_top" in given and args.ablate != "top":
+            _refuse("ablate_top", f"with --ablate {args.ablate or 'none'}", "it counts the heads a task scan patches "
+                    "alone under --ablate top (off by default with a task)")
         if args.quick and "no_edges" in given:
             _refuse("no_edges", "with --quick", "a quick task scan measures no edge circuit")
         if args.edge_search not in (None, "ranked") and (args.quick or args.no_edges):
@@ -548,7 +550,7 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
                              progress=True,  # a bar on a terminal, one line per stage in a log or a pipe
                              prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos],
                              metric=args.metric, random_sets=args.random_sets, stability=args.stability,
-                             **_given_split(args))
+                             ablate=args.ablate or "none", ablate_top=args.ablate_top, **_given_split(args))
     saved = result.save(out, png=args.png)
     if args.json:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))

@@ -58,7 +58,7 @@ from circuitkit.circuits.search import search_estimate
 from circuitkit.cpu_threads import warn_if_threads_spin
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
-from circuitkit.detect.agreement import agreement
+from circuitkit.detect.agreement import DEFAULT_ABLATE_TOP, agreement
 from circuitkit.detect.attribution import attribute
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.loss import InductionLoss, summarise
@@ -95,11 +95,6 @@ if TYPE_CHECKING:
     from circuitkit.weights import HeadWeights
 
 ABLATE_OPTIONS = ("top", "all", "none")
-DEFAULT_ABLATE_TOP = 8
-"""Heads ranked by |attribution| ablated exactly (with at most one called head per kind more, :func:`exact_set`),
-each about one resumed pass of the batch. The exact set feeds the agreement figure and the ranked table (the circuit
-search ranks heads on its own joint path); 8 keeps the scan near 24 counted passes on GPT-2-small / SmolLM shapes,
-Spearman over the set measured in benchmarks/README.md ("Scan")."""
 DEFAULT_N_PATCH = 8
 """Edges between the circuit's heads path-patched exactly (those with the largest |edge attribution|), each about
 one resumed pass. Eight covers every previous-token -> induction K-edge of the bundled model's largest circuit
@@ -497,16 +492,17 @@ def run_stages(state: ScanState, settings: ScanSettings, mode: str) -> tuple[Sta
 
 
 # ---------------------------------------------------------------------------------------------- settings
-def check_options(*, ablate: str, ablate_top: int, ablation_method: str, top_k: int, n_patch: int, circuit: bool,
-                  target: float, faithfulness_method: str | None, circuit_rank: str, roles: Sequence[Role] | None,
-                  n_resamples: int, ci_level: float, random_sets: int, stability: int,
+def check_options(*, ablate: str | None, ablate_top: int, ablation_method: str, top_k: int, n_patch: int,
+                  circuit: bool, target: float, faithfulness_method: str | None, circuit_rank: str,
+                  roles: Sequence[Role] | None, n_resamples: int, ci_level: float, random_sets: int, stability: int,
                   search: str | None = None, search_options: Any = None) -> dict[str, object]:
-    """The scan's options, each checked (a CircuitkitError naming the first bad one), before any model is read."""
+    """The scan's options, each checked (a CircuitkitError naming the first bad one), before any model is read;
+    ``ablate`` None is the induction scan's default, ``"top"``."""
     from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
     from circuitkit.circuits.search import SEARCH_NAMES, check_search_options
 
     checked: dict[str, object] = {
-        "ablate": validate.option("scan: ablate", ablate, ABLATE_OPTIONS),
+        "ablate": validate.option("scan: ablate", "top" if ablate is None else ablate, ABLATE_OPTIONS),
         "ablate_top": validate.positive_int("scan: ablate_top", ablate_top),
         "ablation_method": validate.option("scan: ablation_method", ablation_method, ABLATION_METHODS),
         "top_k": validate.positive_int("scan: top_k", top_k),
@@ -550,7 +546,7 @@ def scan(
     model: Any = None,
     *,
     tokens: RepeatedTokens | TokenBatch | None = None,
-    ablate: str = "top",
+    ablate: str | None = None,
     ablate_top: int = DEFAULT_ABLATE_TOP,
     ablation_method: str = "mean",
     top_k: int = 5,
@@ -589,8 +585,11 @@ def scan(
             or what :func:`circuitkit.models.load_model` takes (a zoo name, a local Hugging Face directory, a
             cached hub name; ``None``: the bundled known-answer model).
         tokens: the batch spec (:class:`~circuitkit.detect.RepeatedTokens`) or a built batch.
-        ablate: ``"top"`` (default: exact ablation of the top ``ablate_top`` heads by |attribution|, and the
-            strongest called induction / previous-token head where none is among them), ``"all"`` or ``"none"``.
+        ablate: ``"top"`` (the induction scan's default, None: exact ablation of the top ``ablate_top`` heads by
+            |attribution|, and the strongest called induction / previous-token head where none is among them),
+            ``"all"`` or ``"none"``. With a task (off by default, None): each of the top ``ablate_top`` heads by
+            |EAP-IG score| (``"top"``) or every head (``"all"``) patched alone against its score
+            (:mod:`circuitkit.tasks.single_heads`).
         ablation_method: ``"mean"`` or ``"zero"`` (for attribution and exact ablation alike).
         top_k: composition edges per mode, heads per score and edges the summary lists.
         n_patch: edges between the circuit's heads path-patched exactly (largest |edge attribution| first).
@@ -664,8 +663,7 @@ def scan(
                             n_patch=n_patch, circuit=circuit, target=target, faithfulness_method=faithfulness_method,
                             circuit_rank=circuit_rank, roles=roles, n_resamples=n_resamples, ci_level=ci_level,
                             random_sets=random_sets, stability=stability, search=search, search_options=search_options)
-    device = validate.device("scan: device", device)
-    edges = validate.boolean("scan: edges", edges)
+    device, edges = validate.device("scan: device", device), validate.boolean("scan: edges", edges)
     dtype = _check_dtype(model, dtype)
     mode = progress_mode(progress)
     if mode == "lines":  # the first line at once: loading a model can take a while
@@ -675,7 +673,8 @@ def scan(
                      ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search, node_ranking=node_ranking)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
-        return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges, **task_only)
+        return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges,
+                          ablate="none" if ablate is None else options["ablate"], **task_only)
     _refuse_task_options(**task_only)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens, edges=edges)
@@ -747,7 +746,7 @@ def _refuse_induction_options(options: Mapping[str, object], tokens: RepeatedTok
     """A task scan takes none of the induction scan's own options: each must keep its default."""
     if tokens is not None:
         raise validate.fail("scan: tokens", tokens, "None when a task is given (the task brings its prompts)")
-    defaults = {"ablate": "top", "ablate_top": DEFAULT_ABLATE_TOP, "ablation_method": "mean", "top_k": 5,
+    defaults = {"ablation_method": "mean", "top_k": 5,
                 "n_patch": DEFAULT_N_PATCH, "circuit": True, "faithfulness_method": options["ablation_method"],
                 "circuit_rank": "joint", "roles": DEFAULT_ROLES}
     changed = [key for key, default in defaults.items() if options[key] != default]
@@ -794,9 +793,11 @@ def scan_result(state: ScanState, settings: ScanSettings, stages: tuple[StageRec
 def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any, name: str | None, mode: str,
                prepend_bos: Any = None, metric: Any = None, holdout: float | None = None,
                target_on: str | None = None, edges: bool = True, ig_points: str | None = None,
-               kv_edges: str | None = None, edge_search: str | None = None, node_ranking: str | None = None) -> Any:
+               kv_edges: str | None = None, edge_search: str | None = None, node_ranking: str | None = None,
+               ablate: str = "none") -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`) with the scan's checked ``options`` that apply to a task
-    (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``, ``search`` and its options), its
+    (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``, ``search`` and its options,
+    ``ablate_top``; ``ablate`` as given, "none" where it was not), its
     progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
 
@@ -813,7 +814,8 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                      **({} if kv_edges is None else {"kv_edges": kv_edges}),
                      **({} if edge_search is None else {"edge_search": edge_search}),
                      **({} if node_ranking is None else {"node_ranking": node_ranking}),
-                     search=options["search"], search_options=options["search_options"])
+                     search=options["search"], search_options=options["search_options"], ablate=ablate,
+                     ablate_top=options["ablate_top"])
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,

@@ -247,7 +247,7 @@ def task_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequence[
                       gap: float | None = None, edges: Sequence[MeasuredEdge] = (), heads_per_group: int = 1,
                       order: Sequence[Any] = (), curve: Mapping[int, float] | None = None,
                       node_scores: Mapping[Head, float] | None = None, n_total: int | None = None,
-                      unit: str = "") -> dict[str, str]:
+                      unit: str = "", removal: Mapping[Head, float] | None = None) -> dict[str, str]:
     """``head name -> explanation`` for every head of a task's node circuit (module docstring).
 
     ``calls``: head -> the registered pattern scores that call it on the task's prompts; ``roles``: head -> the
@@ -255,7 +255,8 @@ def task_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequence[
     m_corrupted``, what :data:`DIRECT_SHARE` is a share of; ``edges``: the edge circuit's edges (effect: the metric
     lost when only that edge is patched; None where not measured one by one); ``heads_per_group``: query heads per
     key/value group (grouped receivers ``"L.gG:k"``); ``order``: the nodes in the order the node search added them;
-    ``curve``: ``n -> faithfulness`` measured; ``node_scores``: head -> EAP-IG node score; ``unit``: the metric's."""
+    ``curve``: ``n -> faithfulness`` measured; ``node_scores``: head -> EAP-IG node score; ``unit``: the metric's;
+    ``removal``: head -> the metric lost with it alone patched (only heads patched alone: the scan's ``ablate``)."""
     calls, roles, curve = calls or {}, roles or {}, curve or {}
     names = {head_name(h) for h in members}
     out = {}
@@ -276,9 +277,11 @@ def task_explanations(members: Sequence[Head], *, calls: Mapping[Head, Sequence[
             figures.append(f"rank {list(order).index(h) + 1}" + (f" of {n_total}" if n_total else ""))
         if figures:
             entry += f" ({', '.join(figures)})"
+        lost = (removal or {}).get(h)
+        said = None if lost is None else f"patching it alone loses {_num(lost)}{' ' + unit if unit else ''} (exact)"
         out[head_name(h)] = _explain(
             roles=tuple(roles.get(h, ())), calls=tuple(calls.get(h, ())), direct=direct, edges=edge_clauses,
-            removal=None, step=_curve_clause(h, order, curve), share=None, entry=entry)
+            removal=said, step=_curve_clause(h, order, curve), share=None, entry=entry)
     return out
 
 

@@ -25,6 +25,15 @@ from circuitkit import validate
 from circuitkit.detect.effects import Agreement, HeadEffects
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, percentile_interval, resample_counts
 
+DEFAULT_ABLATE_TOP = 8
+"""Heads ablated (the induction scan) or patched (a task scan, ``ablate="top"``) exactly one at a time, the top by
+|estimate|: the induction scan adds at most one called head per kind (:func:`circuitkit.pipeline.exact_set`), each
+about one resumed pass of the batch; a task's heads about half a pass of its pairs each. The exact set feeds the
+agreement figure and the table (the circuit searches rank heads on their own joint path); 8 keeps the induction scan
+near 24 counted passes on GPT-2-small / SmolLM shapes, Spearman over the set measured in benchmarks/README.md
+("Scan"). Over 8 heads the answer calls the figure too few heads to judge (:data:`MIN_HEADS_TO_JUDGE`): ask for
+more (``ablate_top``) or every head (``"all"``) to judge it."""
+
 MIN_HEADS_FOR_RANK_CORRELATION = 3
 """With two heads a rank correlation is always +1 or -1: it says nothing."""
 

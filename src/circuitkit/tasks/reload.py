@@ -135,6 +135,26 @@ def _circuit(data: dict[str, Any] | None, scan: dict[str, Any]) -> Any:
     return TaskCircuit(**built, **_fields(TaskCircuit, data, set(built)))
 
 
+def _single_heads(data: dict[str, Any]) -> Any:
+    """The heads patched one at a time (``single_heads`` and ``heads.exact``), or None where not measured; the
+    estimate they were compared with is ``heads.score``."""
+    from circuitkit.detect.effects import Agreement
+    from circuitkit.tasks.single_heads import SingleHeads
+
+    record = data.get("single_heads")
+    if record is None:
+        return None
+    agreed, miss = record["agreement"], record["agreement"]["largest_miss"]
+    return SingleHeads(
+        heads=tuple(_head(h) for h in record["heads"]), exact=_tensor(data["heads"]["exact"], torch.float32),
+        estimate=_tensor(data["heads"]["score"], torch.float32),
+        intervals={name: (float(lo), float(hi)) for name, (lo, hi) in record["ci"].items()},
+        agreement=Agreement(int(agreed["n_exact"]), None if agreed["spearman"] is None else float(agreed["spearman"]),
+                            None if miss is None else (_head(miss["head"]), float(miss["exact"]),
+                                                       float(miss["estimate"]))),
+        selection=record["selection"])
+
+
 def _split_scores(heads: dict[str, Any], own: tuple[str, ...], order: list[str],
                   dtype: torch.dtype) -> tuple[dict, dict]:
     """``heads`` (every grid but ``dla`` and ``score``) as the task's own head scores (``own``, in the task's order)
@@ -179,6 +199,7 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type) -> Any:
             intervals={key: _pair(v) for key, v in ci.items()},
             nodes={name: {**kind, "score": _tensor(kind["score"], dtype)} for name, kind in
                    (data.get("nodes") or {}).items()},
+            single_heads=_single_heads(data),
             ranking=None if "joint" not in heads else {
                 "heads": _tensor(heads["joint"], dtype), "mlps": _tensor(data["mlps"]["joint"], dtype)},
         )

@@ -2,9 +2,10 @@
 report's script (``report/assets/report.js``) reads, so both pages share one script and one stylesheet.
 
 Columns (:class:`circuitkit.report.data.Column`), in the table's order (:func:`circuitkit.tasks.table.columns`):
-the EAP-IG score and DLA (white at 0, red above, blue below, symmetric; ranked by size, ``abs``), the task's own
-head scores (in [-1, 1], white at 0), the registered pattern scores (in [0, 1], white at what a random head scores)
-and ``in_circuit`` (a ``flag``: "yes" or blank). The page data adds the tokens of the first clean prompt and every
+the EAP-IG score, the joint path's share, each head patched alone (``exact``, where asked for) and DLA (white at 0,
+red above, blue below, symmetric; ranked by size, ``abs``), the task's own head scores (in [-1, 1], white at 0), the
+registered pattern scores (in [0, 1], white at what a random head scores) and ``in_circuit`` (a ``flag``: "yes" or
+blank). The page data adds the tokens of the first clean prompt and every
 head's attention on it (the ``patterns`` blob, causal rows only), the circuit's heads for the CircuitsVis view and
 the roles that select a head first.
 """
@@ -50,17 +51,19 @@ def columns(scan: Any) -> list[dict[str, Any]]:
     for name, values in table_columns(scan):
         values = values.detach().float().cpu()
         extra: dict[str, Any] = {}
-        if name in ("score", "dla", "joint"):
+        if name in ("score", "dla", "joint", "exact"):
             lo, hi = _range(values)
             bound = max(abs(lo), abs(hi), 1e-12)
-            short = {"score": "EAP-IG", "dla": "DLA", "joint": "joint"}[name]
+            short = {"score": "EAP-IG", "dla": "DLA", "joint": "joint", "exact": "exact"}[name]
             lo, hi, neutral, extra = -bound, bound, 0.0, {"abs": True}
             description = {"score": f"EAP-IG node score ({units}): the metric estimated lost when the head takes its "
                                     "corrupted value",
                            "dla": f"direct logit attribution (logits): {dla_meaning(scan.task.metric)}",
                            "joint": f"joint-path share ({units}): the head's part of the metric's change as every "
                                     "node moves together from its patched value to its own (what ordered the "
-                                    "nodes)"}[name]
+                                    "nodes)",
+                           "exact": f"exact ({units}): the metric lost with the head alone patched, every other node "
+                                    "clean (blank: not patched alone); what the EAP-IG score estimates"}[name]
         elif name in own:
             short, lo, hi, neutral = name, -1.0, 1.0, 0.0
             description = f"attention from the last token to {own[name][0]} minus to {own[name][1]}"

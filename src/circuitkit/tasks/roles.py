@@ -222,7 +222,9 @@ def member_explanations(result: Any) -> dict[str, str] | None:
         members, calls=calls, roles=roles, dla=dla, gap=c.clean - c.corrupted, edges=edges,
         heads_per_group=max(1, model.n_heads // kv), order=[] if searched else node_order(result),
         curve={p.size: p.faithfulness for p in c.curve}, node_scores={h: float(result.scores[h]) for h in members},
-        n_total=c.n_nodes_total, unit=metric_units(result.task.metric))
+        n_total=c.n_nodes_total, unit=metric_units(result.task.metric),
+        removal=None if result.single_heads is None else {
+            h: float(result.single_heads.exact[h]) for h in members if h in result.single_heads.heads})
 
 
 __all__ = ["ATTENTION_ROLES", "NAMED_ROLES", "PATTERN_CALL", "ROLE_ATTENTION", "ROLE_DLA", "ROLE_ORDER", "attention",

@@ -52,6 +52,7 @@ from circuitkit.tasks.search import (
     DEFAULT_EDGE_SEARCH_PASSES,
     EDGE_SEARCH_NAMES,
 )
+from circuitkit.tasks.single_heads import DEFAULT_ABLATE, DEFAULT_ABLATE_TOP, check_ablate, chosen_heads
 from circuitkit.tasks.stages import (
     TASK_STAGES,
     PlanInputs,
@@ -105,6 +106,9 @@ class TaskScan:
     """Further node types of the node circuit (``neuron_groups``, ``node_types``): ``{type: {"score": [layer,
     nodes] EAP-IG node scores, "labels": [layer][nodes] names, "hook": layer 0's hook, "patch": how a node is
     patched, "describe": what a label means, "plural": what the answer calls them}}``."""
+    single_heads: Any = None
+    """The heads patched one at a time against their EAP-IG node scores (``ablate``:
+    :class:`~circuitkit.tasks.single_heads.SingleHeads`); None where not asked for."""
     ranking: dict[str, Any] | None = None
     """The scores that ordered the nodes where they are not :attr:`scores` (``node_ranking="joint"``): ``{"heads":
     [layer, head] each head's share along the joint path, "mlps": [layer] or None}`` (written as
@@ -121,6 +125,13 @@ class TaskScan:
         (:attr:`circuitkit.Scan.verified`): in either scan a :class:`~circuitkit.circuits.record.CircuitRecord`, or
         None where no circuit was found."""
         return self.circuit
+
+    @property
+    def agreement(self) -> Any:
+        """How well the EAP-IG node scores predicted each head patched alone
+        (:class:`~circuitkit.detect.effects.Agreement`, as the induction scan's :attr:`circuitkit.Scan.agreement`);
+        None where ``ablate`` was ``"none"``."""
+        return None if self.single_heads is None else self.single_heads.agreement
 
     @property
     def verified_error(self) -> str | None:
@@ -160,7 +171,8 @@ class TaskScan:
             "settings": self.settings,
             "heads": {"dla": n(self.dla), "score": n(self.scores), **{k: n(v) for k, v in self.head_scores.items()},
                       **{k: n(v) for k, v in self.pattern_scores.items() if k not in self.head_scores},
-                      **({"joint": n(self.ranking["heads"])} if self.ranking is not None else {})},
+                      **({"joint": n(self.ranking["heads"])} if self.ranking is not None else {}),
+                      **({"exact": n(self.single_heads.exact)} if self.single_heads is not None else {})},
             "mlps": {"dla": n(self.dla_mlp), "score": n(self.scores_mlp),
                      **({"joint": n(self.ranking["mlps"])} if self.ranking is not None else {})},
             "pairs": pairs_json(self),
@@ -175,6 +187,7 @@ class TaskScan:
             "stages": [{"name": s.name, "passes": s.passes, "seconds": s.seconds} for s in self.stages],
             "random_baseline": None if self.random_baseline is None else self.random_baseline.to_json(),
             "stability": None if self.stability is None else self.stability.to_json(),
+            **({"single_heads": self.single_heads.to_json()} if self.single_heads is not None else {}),
         }
 
     def answer(self) -> str:
@@ -209,7 +222,7 @@ class TaskScan:
         c = self.circuit
         if c is None:
             lines.append(f"No circuit: {self.circuit_error}")
-            return lines + self._tokens_line()
+            return lines + self._estimates_line() + self._tokens_line()
         heads = ", ".join(head_name(h) for h in c.heads[:20]) + (" ..." if len(c.heads) > 20 else "")
         mlps = f" and MLPs {', '.join(str(m) for m in c.mlps)}" if c.mlps else ""
         for name, members in c.nodes.items():
@@ -240,7 +253,7 @@ class TaskScan:
         elif self.settings.get("split", {}).get("note"):
             lines.append(f"Pairs: {self.settings['split']['note']}: every figure is on the pairs the circuit was "
                          "found on.")
-        lines += self._robustness_lines()
+        lines += self._robustness_lines() + self._estimates_line()
         skipped = self.settings.get("edges_not_measured")
         if skipped:
             lines.append(f"Edge circuit: not measured ({skipped}).")
@@ -285,6 +298,24 @@ class TaskScan:
             out.append(f"Stability: the node search rerun on {st.n_resamples} bootstrap resamples of the pairs, mean "
                        f"pairwise Jaccard {jaccard} (stable from 0.80); heads in the resampled circuits: {heads}.")
         return out
+
+    def _estimates_line(self) -> list[str]:
+        """How well the EAP-IG node scores predicted each head patched alone, where measured (``ablate``)."""
+        from circuitkit.detect.agreement import MIN_HEADS_TO_JUDGE, judged
+
+        single = self.single_heads
+        if single is None:
+            return []
+        a = single.agreement
+        rho = "n/a" if a.spearman is None else f"{a.spearman:.2f}"
+        judge = "" if judged(a.n_exact) else f": too few heads to judge (fewer than {MIN_HEADS_TO_JUDGE})"
+        miss = ""
+        if a.largest_miss is not None:
+            head, exact, estimate = a.largest_miss
+            ci = single.intervals.get(head_name(head))
+            miss = f"; largest miss {head_name(head)}: exact {exact:+.3f}{_ci(ci)}, estimated {estimate:+.3f}"
+        return [f"Estimates: EAP-IG node score vs each head patched alone (exact): Spearman {rho} over "
+                f"{a.n_exact} heads ({single.selection}){judge}{miss}."]
 
     def _tokens_line(self) -> list[str]:
         said = self.settings.get("tokenization")
@@ -439,7 +470,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               target_on: str = "discovery", progress: Any = None, quick: bool = False, random_sets: int = 0,
               stability: int = 0, neuron_groups: int | None = None, node_types: tuple = (), search: str = "ranked",
               search_options: dict[str, Any] | None = None, kv_edges: str = DEFAULT_KV_EDGES,
-              edge_search: str = "ranked", edge_search_options: dict[str, Any] | None = None) -> TaskScan:
+              edge_search: str = "ranked", edge_search_options: dict[str, Any] | None = None,
+              ablate: str = DEFAULT_ABLATE, ablate_top: int = DEFAULT_ABLATE_TOP) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -526,6 +558,12 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
             exactly (a group's activations replaced); default None: no neuron nodes. Not with ``mlp_nodes``.
         node_types: further :class:`~circuitkit.graph.nodes.NodeType` records whose nodes join the node circuit
             (:mod:`circuitkit.graph.nodes`).
+        ablate: how far to trust the EAP-IG node scores (stage ``ablate``; :mod:`circuitkit.tasks.single_heads`):
+            ``"none"`` (default), ``"top"`` (the ``ablate_top`` heads with the largest ``|score|``, default
+            :data:`~circuitkit.tasks.single_heads.DEFAULT_ABLATE_TOP`) or ``"all"`` (every head), each patched
+            alone exactly, its metric lost against its score: the Spearman correlation over them and the largest
+            miss, as the induction scan's ``ablate`` (``TaskScan.single_heads``, ``TaskScan.agreement``, the
+            table's ``exact`` column). About half a pass of the pairs a head.
     """
     from circuitkit.models.adapters import adapt
 
@@ -534,7 +572,8 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
                        edge_search_options=edge_search_options, rank=rank, node_ranking=node_ranking, steps=steps,
                        ig_points=ig_points, edges=edges, kv_edges=kv_edges, quick=quick, random_sets=random_sets,
                        stability=stability, n_resamples=n_resamples, ci_level=ci_level, mlp_nodes=mlp_nodes, name=name,
-                       progress=progress, neuron_groups=neuron_groups, node_types=node_types)
+                       progress=progress, neuron_groups=neuron_groups, node_types=node_types, ablate=ablate,
+                       ablate_top=ablate_top)
     adapter = adapt(model, validate.device("scan_task: device", device))
     mlps = (not adapter.attn_only) if mlps is None else validate.boolean("scan_task: mlps", mlps)
     check_hooks(adapter, mlps)
@@ -554,7 +593,8 @@ def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: A
              steps: Any, ig_points: Any,
              edges: Any, kv_edges: Any, quick: Any, random_sets: Any, stability: Any, n_resamples: Any,
              ci_level: Any, mlp_nodes: Any, name: Any, progress: Any, neuron_groups: Any,
-             node_types: Any) -> tuple[Task, TaskOptions]:
+             node_types: Any, ablate: Any = DEFAULT_ABLATE, ablate_top: Any = DEFAULT_ABLATE_TOP,
+             ) -> tuple[Task, TaskOptions]:
     """``task`` (with ``metric`` in place of its own where given) and :func:`scan_task`'s options, each checked
     before the model is read (a ``CircuitkitError`` naming the first bad one)."""
     from circuitkit.circuits.faithfulness import check_repeats, check_target
@@ -603,6 +643,7 @@ def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: A
     stability = check_repeats("scan_task: stability", stability)
     n_resamples, ci_level, _ = check_settings("scan_task", n_resamples, ci_level, 0, "ci_level")
     mlp_nodes = validate.boolean("scan_task: mlp_nodes", mlp_nodes)
+    ablate, ablate_top = check_ablate(ablate, ablate_top, "scan_task")
     if name is not None and (not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 200):
         raise validate.fail("scan_task: name", name, "a one-line model name of at most 200 characters")
     if not callable(progress) and progress is not None and not isinstance(progress, (bool, str)):
@@ -619,7 +660,7 @@ def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: A
                              mlp_nodes, node_search, search_options, edge_search, edge_options, holdout=holdout,
                              split_seed=split_seed, target_on=target_on, edges=edges, kv_edges=kv_edges,
                              node_types=extra, neuron_groups=neuron_groups, name=name, mode=mode,
-                             node_ranking=node_ranking)
+                             node_ranking=node_ranking, ablate=ablate, ablate_top=ablate_top)
 
 
 def _prepared(adapter: Any, task: Task, batch: Any, mlps: bool, o: TaskOptions,
@@ -670,7 +711,9 @@ def _plan(state: TaskScanState, o: TaskOptions) -> PlanInputs:
                       random_sets=o.random_sets, stability=o.stability, search=o.node_search,
                       search_passes=search_estimate(o.node_search, o.search_options), kv_copies=graph.kv_copies,
                       edge_search=o.edge_search, edge_search_passes=_budget(o.edge_options.get("max_passes")),
-                      folded=runner.folds_corrupted(o.steps, o.ig_points), node_ranking=o.node_ranking)
+                      folded=runner.folds_corrupted(o.steps, o.ig_points), node_ranking=o.node_ranking,
+                      single_heads=len(chosen_heads(torch.zeros(spec.n_layers, spec.n_heads), o.ablate,
+                                                    o.ablate_top)) if o.ablate != "none" else 0)
 
 
 def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split: tuple[Tensor, Tensor | None],
@@ -707,6 +750,9 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
                 "ablation": task.ablation, "device": str(spec.device), "n_resamples": o.n_resamples,
                 "ci_level": o.ci_level, "prepend_bos": batch.rule, "tokenization": _tokenization(adapter, task, batch),
                 "split": split_record, "node_ranking": o.node_ranking}
+    if o.ablate != "none":  # only where asked, as the node types
+        settings["ablate"] = o.ablate
+        settings["ablate_top"] = o.ablate_top
     if o.node_types:  # only where asked: the settings of a scan without further node types are as they were
         settings["neuron_groups"] = o.neuron_groups
         settings["node_types"] = [kind.name for kind in o.node_types]
@@ -743,6 +789,7 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
         settings=settings,
         intervals=_metric_intervals(clean_all, corrupted_all, o.n_resamples, o.ci_level),
         stages=tuple(stages),
+        single_heads=state.single,
         ranking=None if state.ranking is None else {
             "heads": state.ranking[head_index],
             "mlps": None if mlp_index is None or not o.mlp_nodes else state.ranking[mlp_index]},

@@ -33,8 +33,9 @@ from circuitkit.report.scores_check import SCORE_TOLERANCE, ScoresCheck
 
 REQUIRED = ("format", "units", "dtype", "model", "task", "settings", "heads", "mlps", "pairs", "patterns",
             "pattern_scores", "circuit", "circuit_error", "roles", "stages")
-OPTIONAL = ("random_baseline", "stability", "nodes")
-"""Top-level keys a task scan writes where asked for (random sets, stability, further node types)."""
+OPTIONAL = ("random_baseline", "stability", "nodes", "single_heads")
+"""Top-level keys a task scan writes where asked for (random sets, stability, further node types, the heads patched
+one at a time)."""
 TASK_REQUIRED = ("name", "metric", "pairs", "ablation", "description", "examples", "clean", "corrupted", "tokens",
                  "units", "attention_scores")
 CIRCUIT_REQUIRED = ("heads", "mlps", "faithfulness", "necessity", "target", "ablation", "curve", "nodes_total",
@@ -70,7 +71,7 @@ class TaskScoresCheck(ScoresCheck):
         self.pairs(data["pairs"], n)
         self.heads_of(data["heads"], head_scores)
         named = self.array(data["pattern_scores"], "pattern_scores")
-        grids = [k for k in data["heads"] if k not in ("dla", "score", "joint") and k not in head_scores]
+        grids = [k for k in data["heads"] if k not in ("dla", "score", "joint", "exact") and k not in head_scores]
         if sorted(map(str, named)) != sorted(grids) or len(set(map(str, named))) != len(named):
             raise self.fail("pattern_scores", named,
                             f"the names of the pattern score grids in heads ({sorted(grids)}), each once")
@@ -106,6 +107,7 @@ class TaskScoresCheck(ScoresCheck):
                 raise self.fail("random_baseline", data["random_baseline"], "null where there is no circuit")
             self.random_baseline(data["random_baseline"], len(data["circuit"]["heads"]))
         self.stability(data.get("stability"))  # opt-in: the node search rerun on resampled pairs
+        self.single_heads(data.get("single_heads"), data["heads"], data["settings"])  # opt-in: ablate
         error = self.text(data["circuit_error"], "circuit_error", nullable=True)
         if data["circuit"] is None and error is None:
             raise self.fail("circuit_error", None, "why there is no circuit (circuit is null)")
@@ -253,13 +255,60 @@ class TaskScoresCheck(ScoresCheck):
         self.array(heads["score"], "heads.score")
         self.grid(heads["score"], "heads.score")
         for name, grid in heads.items():
-            if name in ("dla", "score", "joint"):  # the joint path's shares: checked with the settings (ranking)
+            if name in ("dla", "score", "joint", "exact"):  # joint: with the settings (ranking); exact: single_heads
                 continue
             lo = -1.0 if name in own else 0.0  # the task's own: a difference of two attention fractions
             self.grid(grid, f"heads.{name}", lo, 1.0, SCORE_TOLERANCE)
         missing = sorted(own - set(heads))
         if missing:
             raise self.missing(f"heads.{missing[0]}")
+
+    def single_heads(self, value: Any, heads: dict[str, Any], settings: dict[str, Any]) -> None:
+        """The heads patched one at a time (``single_heads``, opt-in: ``settings.ablate``): each a head of the model,
+        once; ``heads.exact`` a number at exactly those heads (null elsewhere) and present only beside them;
+        intervals of patched heads; the agreement over them (``n_exact`` the heads patched, Spearman in [-1, 1] or
+        null, the largest miss a patched head)."""
+        from circuitkit.tasks.single_heads import ABLATE_CHOICES
+
+        asked = settings.get("ablate", "none")
+        self.option(asked, "settings.ablate", ABLATE_CHOICES)
+        if "ablate_top" in settings:
+            self.integer(settings["ablate_top"], "settings.ablate_top", 1)
+        if value is None:
+            if "exact" in heads or asked != "none":
+                raise self.missing("single_heads")
+            return
+        if asked == "none":
+            raise self.fail("single_heads", value, "absent where settings.ablate is 'none' (no head was patched "
+                                                   "alone)")
+        record = self.obj(value, "single_heads", ("heads", "selection", "ci", "agreement"), ())
+        patched = self.heads(record["heads"], "single_heads.heads", non_empty=True)
+        self.text(record["selection"], "single_heads.selection", non_empty=True)
+        if "exact" not in heads:
+            raise self.missing("heads.exact")
+        self.grid(heads["exact"], "heads.exact")
+        measured = {(layer, head) for layer, row in enumerate(heads["exact"]) for head, v in enumerate(row)
+                    if v is not None}
+        if measured != set(patched):
+            raise self.fail("heads.exact", validate.given(f"numbers at {len(measured)} heads"),
+                            f"a number at exactly the {len(patched)} heads of single_heads.heads, null elsewhere")
+        names = {f"{layer}.{head}" for layer, head in patched}
+        for name, pair in self.obj(record["ci"], "single_heads.ci").items():
+            if name not in names:
+                raise self.fail(f"single_heads.ci.{name}", pair, "an interval of a head of single_heads.heads")
+            self.interval(pair, f"single_heads.ci.{name}")
+        agreed = self.obj(record["agreement"], "single_heads.agreement", ("n_exact", "spearman", "largest_miss"), ())
+        if self.integer(agreed["n_exact"], "single_heads.agreement.n_exact") != len(patched):
+            raise self.fail("single_heads.agreement.n_exact", agreed["n_exact"],
+                            f"the heads patched, {len(patched)}")
+        self.number(agreed["spearman"], "single_heads.agreement.spearman", -1.0, 1.0, tolerance=SCORE_TOLERANCE)
+        miss = self.obj(agreed["largest_miss"], "single_heads.agreement.largest_miss", ("head", "exact", "estimate"),
+                        (), nullable=True)
+        if miss is not None:
+            if self.head(miss["head"], "single_heads.agreement.largest_miss.head") not in set(patched):
+                raise self.fail("single_heads.agreement.largest_miss.head", miss["head"], "a patched head")
+            for key in ("exact", "estimate"):
+                self.number(miss[key], f"single_heads.agreement.largest_miss.{key}", nullable=False)
 
     def ranking(self, heads: dict[str, Any], mlps: dict[str, Any], settings: dict[str, Any]) -> None:
         """The joint path's shares that ordered the nodes (``heads.joint``, ``mlps.joint``): there exactly where

@@ -28,6 +28,7 @@ from circuitkit.tasks.circuit import (
     RANKS,
     mib_sizes,
 )
+from circuitkit.tasks.single_heads import DEFAULT_ABLATE_TOP
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from circuitkit.graph.nodes import NodeType
     from circuitkit.graph.runner import TaskRunner
     from circuitkit.tasks.circuit import NodeCircuit
+    from circuitkit.tasks.single_heads import SingleHeads
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class PlanInputs:
     node_ranking: str = "joint"
     """What orders the nodes (:data:`~circuitkit.tasks.circuit.NODE_RANKINGS`): ``"joint"`` (the default) runs the
     joint stage."""
+    single_heads: int = 0
+    """Heads patched one at a time against their EAP-IG scores (``ablate``; :mod:`circuitkit.tasks.single_heads`)."""
 
 
 def coarse_applies(pairs: int) -> bool:
@@ -175,6 +179,8 @@ class TaskOptions:
     name: str | None = None
     mode: str = "off"
     node_ranking: str = "joint"
+    ablate: str = "none"
+    ablate_top: int = DEFAULT_ABLATE_TOP
 
 
 NO_EDGES = ((), None, (), None, None, ())
@@ -194,7 +200,8 @@ class TaskScanState:
     (``node``, a :class:`~circuitkit.tasks.circuit.NodeCircuit`; ``node_result``, the search beyond ranking that
     chose it), ``error`` (why there is no node or edge circuit), the random sets (``baseline``), ``stable``, the edge
     circuit (``edge_part``: :func:`~circuitkit.tasks.circuit.edge_circuit`'s tuple; ``edge_pairs``, each pair's
-    metric behind its figures; ``edge_result``, the edge search) and ``other_set``, the circuit on the other pairs."""
+    metric behind its figures; ``edge_result``, the edge search), ``other_set``, the circuit on the other pairs, and
+    ``single``, the heads patched one at a time against their EAP-IG scores (``ablate``)."""
 
     options: TaskOptions
     runner: TaskRunner
@@ -219,6 +226,7 @@ class TaskScanState:
     edge_pairs: dict[str, Tensor] = field(default_factory=dict)
     edge_result: SearchResult | None = None
     other_set: dict[str, Any] | None = None
+    single: SingleHeads | None = None
 
     def __post_init__(self) -> None:
         if not self.edge_part:
@@ -293,6 +301,22 @@ def joint_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     o = state.options
     state.ranking, state.ranking_typed = state.staged(
         bar, "joint", lambda advance: state.runner.joint_shares(o.mlp_nodes))
+
+
+def ablate_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
+    """Each chosen head patched alone on the pairs EAP-IG ran on, against its EAP-IG node score."""
+    import torch
+
+    from circuitkit.tasks.single_heads import single_heads
+
+    o, runner = state.options, state.runner
+    L, H = runner.spec.n_layers, runner.spec.n_heads
+    index = torch.tensor([[runner.graph.sender_index(layer, h) for h in range(H)] for layer in range(L)],
+                         device="cpu")
+    scores = state.node_scores.detach().cpu()[index]  # [layer, head]
+    state.single = state.staged(bar, "ablate", lambda advance: single_heads(
+        runner, scores, o.ablate, o.ablate_top, o.n_resamples, o.ci_level),
+        why="each head's pass resumes at its own layer")
 
 
 def nodes_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
@@ -460,6 +484,10 @@ TASK_STAGES: tuple[Stage[TaskScanState, PlanInputs], ...] = (
           reads=("runner", "corrupted"),
           writes=("ranking", "ranking_typed"), estimate=lambda p, state: JOINT_PASSES, run=joint_stage,
           runs=lambda p: p.node_ranking == "joint"),
+    Stage("ablate", "each chosen head patched alone (opt-in: ablate='top' or 'all'), against its EAP-IG node "
+          "score: the estimate's agreement with exact patching", reads=("runner", "clean", "node_scores"),
+          writes=("single",), estimate=lambda p, state: EFFECT_SHARE * p.single_heads, run=ablate_stage,
+          runs=lambda p: p.single_heads > 0),
     Stage("nodes", "the node circuit: every node patched, the exact sizes and bisection (past 16 nodes a coarse "
           "search on a quarter of the pairs first), necessity", reads=("search", "node_scores", "typed",
                                                                          "ranking", "ranking_typed"),

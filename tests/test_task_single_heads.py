@@ -1,0 +1,191 @@
+"""A task scan's ``ablate``: each chosen head patched alone, exactly, against its EAP-IG node score.
+
+Checked against an independent computation (the head's ``z`` replaced by its corrupted-run value through the model's
+own hooks, the logit difference read by hand), the agreement against a Spearman correlation computed here, the
+record through ``scores.json`` (schema, reload, the checks that refuse a file no scan wrote), the option's checks
+and its stage in the plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import circuitkit as ck
+from circuitkit import CircuitkitError, cli, zoo
+from circuitkit.models.adapters import HOOKS, adapt
+from circuitkit.tasks import scan_task
+from tests.test_tasks import copy_next_task, task_file
+
+EXACT = 1e-4
+"""The scan's patched pass against the hand-made one: the same float32 model, operations in another order."""
+
+
+@pytest.fixture(scope="module")
+def model():
+    return zoo.load()
+
+
+@pytest.fixture(scope="module")
+def task():
+    return copy_next_task(n=16, d_vocab=60, seed=0)
+
+
+@pytest.fixture(scope="module")
+def every_head(model, task):
+    return scan_task(model, task, holdout=0, ablate="all", edges=False, n_resamples=200)
+
+
+def _logit_diff(logits: torch.Tensor, batch) -> torch.Tensor:
+    rows = torch.arange(batch.n_pairs)
+    last = logits[rows, batch.last]
+    return last[rows, batch.answers[:, 0]] - last[rows, batch.wrongs[:, 0]]
+
+
+def _by_hand(model, task) -> torch.Tensor:
+    """``[layer, head]``: the mean logit difference lost with that head's ``z`` taken from the corrupted run."""
+    batch = task.tokenize(adapt(model))
+    assert batch.answers.shape[1] == 1 and batch.wrongs.shape[1] == 1
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.corrupted)
+        clean = _logit_diff(model(batch.clean), batch)
+        out = torch.zeros(L, H)
+        for layer in range(L):
+            corrupted_z = cache[HOOKS.z(layer)]
+            for head in range(H):
+                def patch(z, hook, head=head, corrupted_z=corrupted_z):
+                    z = z.clone()
+                    z[:, :, head] = corrupted_z[:, :, head]
+                    return z
+
+                logits = model.run_with_hooks(batch.clean, fwd_hooks=[(HOOKS.z(layer), patch)])
+                out[layer, head] = (clean - _logit_diff(logits, batch)).mean()
+    return out
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation of the ranks (no ties here)."""
+    ra, rb = (x.argsort().argsort().double() for x in (a, b))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def test_each_head_patched_alone_is_its_exact_effect(model, task, every_head):
+    single = every_head.single_heads
+    want = _by_hand(model, task)
+    assert torch.allclose(single.exact, want, atol=EXACT)
+    assert float(want.abs().max()) > 1.0  # the comparison is not 0 == 0
+    assert len(single.heads) == want.numel() and single.selection == "every head"
+    # the estimate it is compared with is the scan's EAP-IG node score, the table's "score" column
+    assert torch.equal(single.estimate, every_head.scores.float())
+    assert [row["exact"] for row in every_head.table("score")] == pytest.approx(
+        [float(want[row["layer"], row["index"]]) for row in every_head.table("score")], abs=EXACT)
+
+
+def test_the_agreement_is_the_rank_correlation_of_estimate_and_exact(every_head):
+    single, agreed = every_head.single_heads, every_head.agreement
+    assert agreed is single.agreement and agreed.n_exact == 8
+    assert agreed.spearman == pytest.approx(_spearman(single.estimate.flatten(), single.exact.flatten()), abs=1e-12)
+    miss = (single.estimate - single.exact).abs()
+    layer, head = divmod(int(miss.flatten().argmax()), miss.shape[1])
+    assert agreed.largest_miss[0] == (layer, head)
+    assert agreed.largest_miss[1:] == pytest.approx((float(single.exact[layer, head]),
+                                                    float(single.estimate[layer, head])))
+    # each head's interval over the pairs holds its effect
+    for name, (lo, hi) in single.intervals.items():
+        layer, head = map(int, name.split("."))
+        assert lo <= float(single.exact[layer, head]) <= hi
+    assert "Estimates: EAP-IG node score vs each head patched alone (exact): Spearman" in every_head.answer()
+    assert "too few heads to judge" in every_head.answer()  # 8 heads
+    # every member of the circuit is explained with its own exact figure
+    for name, text in every_head.to_json()["circuit"]["explanations"].items():
+        layer, head = map(int, name.split("."))
+        assert f"patching it alone loses {float(single.exact[layer, head]):+.2f} logits (exact)" in text
+
+
+def test_top_patches_the_largest_scores_and_is_off_by_default(model, task, every_head):
+    top = scan_task(model, task, holdout=0, ablate="top", ablate_top=3, edges=False)
+    by_size = sorted(((abs(float(v)), (layer, head)) for layer, row in enumerate(top.scores) for head, v in
+                      enumerate(row)), reverse=True)
+    assert top.single_heads.heads == tuple(h for _, h in by_size[:3])
+    assert int((~top.single_heads.exact.isnan()).sum()) == 3 and top.single_heads.agreement.n_exact == 3
+    for layer, head in top.single_heads.heads:  # the same effect as patched among every head
+        assert float(top.single_heads.exact[layer, head]) == pytest.approx(
+            float(every_head.single_heads.exact[layer, head]), abs=1e-6)
+    assert "ablate" in [s.name for s in top.stages] and top.settings["ablate_top"] == 3
+    plain = scan_task(model, task, holdout=0, edges=False)
+    assert plain.single_heads is None and plain.agreement is None and "ablate" not in plain.settings
+    assert "ablate" not in [s.name for s in plain.stages] and "exact" not in plain.table()[0]
+    assert "Estimates:" not in plain.answer()
+
+
+def test_the_record_survives_saving_and_reloading(every_head, tmp_path):
+    import jsonschema
+
+    from circuitkit import tasks
+
+    saved = every_head.save(tmp_path / "out")
+    data = json.loads(saved.scores.read_text())
+    schema = json.loads((Path(tasks.__file__).parent / "task_scores.schema.json").read_text())
+    jsonschema.validate(data, schema)
+    assert data["single_heads"]["agreement"]["n_exact"] == 8 and len(data["heads"]["exact"]) == 2
+    back = ck.Scan.load(tmp_path / "out")
+    assert back.to_json() == every_head.to_json()
+    assert back.agreement.spearman == pytest.approx(every_head.agreement.spearman)
+    assert torch.equal(back.single_heads.exact, every_head.single_heads.exact)
+    page = saved.report.read_text()
+    assert '"exact"' in page and "Estimates: EAP-IG node score" in page
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d: d["settings"].__setitem__("ablate", "none"), "single_heads"),
+    (lambda d: d.pop("single_heads"), "single_heads"),
+    (lambda d: d["heads"].pop("exact"), "heads.exact"),
+    (lambda d: d["heads"]["exact"][0].__setitem__(0, None), "heads.exact"),
+    (lambda d: d["single_heads"]["agreement"].__setitem__("n_exact", 7), "single_heads.agreement.n_exact"),
+    (lambda d: d["single_heads"]["agreement"].__setitem__("spearman", 1.5), "single_heads.agreement.spearman"),
+    (lambda d: d["single_heads"]["agreement"]["largest_miss"].__setitem__("head", "9.0"),
+     "single_heads.agreement.largest_miss.head"),
+    (lambda d: d["single_heads"]["ci"].__setitem__("7.7", [0.0, 1.0]), "single_heads.ci"),
+    (lambda d: d["single_heads"].__setitem__("heads", ["0.0", "0.0"]), "single_heads.heads"),
+])
+def test_a_file_no_scan_wrote_is_refused(every_head, tmp_path, change, field):
+    every_head.save(tmp_path / "out")
+    path = tmp_path / "out" / "scores.json"
+    data = json.loads(path.read_text())
+    bad = copy.deepcopy(data)
+    change(bad)
+    path.write_text(json.dumps(bad))
+    with pytest.raises(CircuitkitError, match=field.replace(".", r"\.")):
+        ck.Scan.load(tmp_path / "out")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"ablate": "some"}, "scan_task: ablate"), ({"ablate": True}, "scan_task: ablate"),
+    ({"ablate_top": 0}, "scan_task: ablate_top"), ({"ablate_top": 2.5}, "scan_task: ablate_top"),
+])
+def test_bad_options_are_refused_before_a_pass(model, task, kwargs, match):
+    with pytest.raises(CircuitkitError, match=match):
+        scan_task(model, task, **kwargs)
+
+
+def test_the_scan_and_the_command_line_take_it(model, task, tmp_path, capsys):
+    """``ck.scan(task=..., ablate=...)`` and ``--ablate`` with ``--task`` (off without them; the induction scan's
+    default stays ``"top"``)."""
+    result = ck.scan(model, task=task, ablate="top", ablate_top=2, edges=False)
+    assert result.single_heads.agreement.n_exact == 2
+    assert ck.scan(model, task=task, edges=False).single_heads is None
+    assert ck.scan(model).settings.ablate == "top"
+    path = task_file(task, tmp_path / "copy.jsonl")
+    assert cli.main(["scan", "--task", str(path), "--out", str(tmp_path / "out"), "--no-edges", "--ablate", "top",
+                     "--ablate-top", "3"]) == 0
+    data = json.loads((tmp_path / "out" / "scores.json").read_text())
+    assert data["settings"]["ablate"] == "top" and len(data["single_heads"]["heads"]) == 3
+    assert "Estimates: EAP-IG node score" in capsys.readouterr().out
+    assert cli.main(["scan", "--task", str(path), "--ablate-top", "3"]) == 2  # without --ablate top
+    assert "--ablate-top: given with --ablate none" in capsys.readouterr().err
