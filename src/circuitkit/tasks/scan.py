@@ -52,7 +52,7 @@ from circuitkit.tasks.search import (
     DEFAULT_EDGE_SEARCH_PASSES,
     EDGE_SEARCH_NAMES,
 )
-from circuitkit.tasks.single_heads import DEFAULT_ABLATE, DEFAULT_ABLATE_TOP, check_ablate, chosen_heads
+from circuitkit.tasks.single_heads import DEFAULT_ABLATE, DEFAULT_ABLATE_TOP, check_ablate, planned_heads
 from circuitkit.tasks.stages import (
     TASK_STAGES,
     PlanInputs,
@@ -712,8 +712,7 @@ def _plan(state: TaskScanState, o: TaskOptions) -> PlanInputs:
                       search_passes=search_estimate(o.node_search, o.search_options), kv_copies=graph.kv_copies,
                       edge_search=o.edge_search, edge_search_passes=_budget(o.edge_options.get("max_passes")),
                       folded=runner.folds_corrupted(o.steps, o.ig_points), node_ranking=o.node_ranking,
-                      single_heads=len(chosen_heads(torch.zeros(spec.n_layers, spec.n_heads), o.ablate,
-                                                    o.ablate_top)) if o.ablate != "none" else 0)
+                      single_heads=planned_heads(o.ablate, o.ablate_top, spec.n_layers * spec.n_heads))
 
 
 def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split: tuple[Tensor, Tensor | None],

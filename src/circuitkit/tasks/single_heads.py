@@ -71,6 +71,11 @@ def check_ablate(ablate: Any, ablate_top: Any, where: str) -> tuple[str, int]:
             validate.positive_int(f"{where}: ablate_top", ablate_top))
 
 
+def planned_heads(ablate: str, ablate_top: int, n_heads: int) -> int:
+    """How many of a model's ``n_heads`` heads :func:`chosen_heads` patches (known before any score)."""
+    return {"none": 0, "top": min(ablate_top, n_heads), "all": n_heads}[ablate]
+
+
 def chosen_heads(scores: Tensor, ablate: str, ablate_top: int) -> list[Head]:
     """The heads patched alone: every head (``"all"``) or the ``ablate_top`` with the largest ``|scores|``
     (``[layer, head]``), largest first."""
@@ -111,4 +116,4 @@ def single_heads(runner: Any, scores: Tensor, ablate: str, ablate_top: int, n_re
 
 
 __all__ = ["ABLATE_CHOICES", "DEFAULT_ABLATE", "DEFAULT_ABLATE_TOP", "SingleHeads", "check_ablate", "chosen_heads",
-           "single_heads"]
+           "planned_heads", "single_heads"]
