@@ -2,9 +2,9 @@
 notebook view (``TaskScan._repr_html_``).
 
 One row per head: ``head`` (``"layer.head"``), ``layer``, ``index``, then the task's own columns: ``score`` (the
-head's EAP-IG node score, in the metric's units), ``joint`` (its share along the joint path, where that ordered the
-nodes), ``exact`` (the metric lost with the head alone patched, where ``ablate`` asked for it; None for a head not
-patched), ``dla`` (direct logit attribution, logits:
+head's EAP-IG node score, in the metric's units), ``exact`` (the metric lost with the head alone patched, where
+``ablate`` asked for it; None for a head not patched), ``joint`` (its share along the joint path, where that ordered
+the nodes), ``dla`` (direct logit attribution, logits:
 :func:`~circuitkit.graph.metrics.dla_meaning`; absent where the scan has none),
 each of the task's own head scores (IOI's ``io_attention``), each registered pattern score measured on the task's
 prompts, and ``in_circuit`` (the head is in the node circuit). Rows are ranked by the absolute value of the
@@ -28,12 +28,12 @@ NOTEBOOK_ROWS = 10
 def columns(scan: Any) -> list[tuple[str, Any]]:
     """``(name, [layer, head] tensor)`` of every numeric column, in the table's order."""
     out: list[tuple[str, Any]] = [("score", scan.scores)]
+    if getattr(scan, "single_heads", None) is not None:  # each head patched alone, beside the score it checks
+        out.append(("exact", scan.single_heads.exact))
     if getattr(scan, "ranking", None) is not None:
         out.append(("joint", scan.ranking["heads"]))
     if scan.dla is not None:
         out.append(("dla", scan.dla))
-    if getattr(scan, "single_heads", None) is not None:  # each head patched alone, where asked (``ablate``)
-        out.append(("exact", scan.single_heads.exact))
     out += list(scan.head_scores.items())
     out += [(name, values) for name, values in scan.pattern_scores.items() if name not in scan.head_scores]
     return out
