@@ -157,6 +157,33 @@ def old_and_new(script: str, old_src: str, child_args: Sequence[str],
     return results
 
 
+def old_and_new_cli(script: str, doc: str, child: Callable[..., dict[str, Any]],
+                    options: Sequence[tuple[str, dict[str, Any]]] = ()) -> tuple[Any, dict[str, dict[str, Any]]] | None:
+    """The command line of a benchmark that runs ``child`` under the code before a change and after it:
+    ``--model DIR --old-src OLD/src [--json FILE]`` and ``options`` (``(flag, argparse keywords)``, each passed on
+    to both children and to ``child`` by its name). In a child (``--child``): prints ``child(model, *options)`` as
+    JSON and returns None. Else ``(args, {"old": ..., "new": ...})`` (:func:`old_and_new`)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--old-src", help="the src folder of a checkout before the change")
+    for flag, keywords in options:
+        parser.add_argument(flag, **keywords)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    names = [flag.lstrip("-").replace("-", "_") for flag, _ in options]
+    if args.child:
+        print(json.dumps(child(args.model, *(getattr(args, name) for name in names))))
+        return None
+    if not args.old_src:
+        parser.error("--old-src is required")
+    forwarded = ["--model", args.model, *(x for flag, name in zip((f for f, _ in options), names, strict=True)
+                                          for x in (flag, str(getattr(args, name))))]
+    return args, old_and_new(script, args.old_src, forwarded)
+
+
 def child_main(functions: dict[str, Callable[..., dict[str, Any]]]) -> None:
     """Entry point of a child process: run the named function and print its result as the last line."""
     request = json.loads(sys.argv[sys.argv.index(CHILD_FLAG) + 1])

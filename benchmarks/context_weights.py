@@ -11,8 +11,6 @@ strongest key and value edges (one per key/value group and channel receiver, so 
 every query head's own receiver). Printed and written as JSON: each child's seconds and resident growth per call,
 and the largest difference between the two children's estimates and exact effects.
 """
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -43,21 +41,13 @@ def child(model_dir: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--old-src", help="the src folder of a checkout before the change")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.model)))
-        return
-    if not args.old_src:
-        parser.error("--old-src is required")
     sys.path.insert(0, str(HERE))
-    from _common import format_bytes, old_and_new, write_json_atomic
+    from _common import format_bytes, old_and_new_cli, write_json_atomic
 
-    results = old_and_new(__file__, args.old_src, ["--model", args.model])
+    ran = old_and_new_cli(__file__, __doc__, child)
+    if ran is None:
+        return
+    args, results = ran
     for name, r in results.items():
         for part in ("attribution", "patching"):
             print(f"{name}: {part} {r[part]['seconds']:.2f} s, resident memory rose "

@@ -12,8 +12,6 @@ and reports the seconds of each call, the seconds spent in the pullback, the gro
 call (sampled every 2 ms) and the edge and node scores. Printed and written as JSON: the times side by side, the
 largest score difference against the scores' scale, and whether the strongest edges are the same in the same order.
 """
-import argparse
-import json
 import sys
 import threading
 import time
@@ -71,24 +69,15 @@ def child(model: str, steps: int, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--old-src", required=False, help="the src folder of a checkout before the change")
-    parser.add_argument("--steps", type=int, default=3, help="EAP-IG's points (the task scan's default: 3)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.model, args.steps, args.repeats)))
-        return
-    if not args.old_src:
-        parser.error("--old-src is required")
     sys.path.insert(0, str(HERE))
-    from _common import old_and_new
+    from _common import old_and_new_cli
 
-    results = old_and_new(__file__, args.old_src, ["--model", args.model, "--steps", str(args.steps), "--repeats",
-                                                   str(args.repeats)])
+    ran = old_and_new_cli(__file__, __doc__, child, [
+        ("--steps", {"type": int, "default": 3, "help": "EAP-IG's points (the task scan's default: 3)"}),
+        ("--repeats", {"type": int, "default": 3})])
+    if ran is None:
+        return
+    args, results = ran
     for name, r in results.items():
         median = sorted(r["seconds"])[len(r["seconds"]) // 2]
         print(f"{name}: attribute({args.steps}) {min(r['seconds']):.1f} / {median:.1f} / {max(r['seconds']):.1f} s "

@@ -13,8 +13,6 @@ The change it was written for: a receiver's patch is the sum of its missing edge
 kept ones where that is fewer senders; the kept senders were gathered into a new tensor however many they were
 (344 of 361 in one call), where the missing ones, once more than half the senders recorded, are read as a view of
 them all with zero weights elsewhere. Both now take the view above half."""
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -48,22 +46,13 @@ def child(model: str, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--old-src", help="the src folder of a checkout before the change")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.model, args.repeats)))
-        return
-    if not args.old_src:
-        parser.error("--old-src is required")
     sys.path.insert(0, str(HERE))
-    from _common import old_and_new
+    from _common import old_and_new_cli
 
-    results = old_and_new(__file__, args.old_src, ["--model", args.model, "--repeats", str(args.repeats)])
+    ran = old_and_new_cli(__file__, __doc__, child, [("--repeats", {"type": int, "default": 3})])
+    if ran is None:
+        return
+    args, results = ran
     for name, r in results.items():
         s = sorted(r["seconds"])
         print(f"{name}: edge_metric of {len(FRACTIONS)} circuits {s[0]:.2f} / {s[len(s) // 2]:.2f} / {s[-1]:.2f} s "

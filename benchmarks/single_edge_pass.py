@@ -12,7 +12,6 @@ process held when the call began). Each child then path-patches twelve head-to-h
 batch of repeated random tokens (every channel and the three at once, grouped-query key/value receivers among
 them) under the repeated-copies loss and under the receiver's induction score. Printed and written as JSON: both
 children's figures, and whether every value is bit-identical."""
-import argparse
 import json
 import sys
 import time
@@ -51,21 +50,13 @@ def child(model: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--old-src", help="the src folder of a checkout before the change")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.model)))
-        return
-    if not args.old_src:
-        parser.error("--old-src is required")
     sys.path.insert(0, str(HERE))
-    from _common import old_and_new
+    from _common import old_and_new_cli
 
-    results = old_and_new(__file__, args.old_src, ["--model", args.model])
+    ran = old_and_new_cli(__file__, __doc__, child)
+    if ran is None:
+        return
+    args, results = ran
     for name, r in results.items():
         print(f"{name}: {r['seconds']:.2f} s, resident memory +{r['rss_growth_mib']:.0f} MiB, {r['passes']:.4f} passes")
     old, new = results["old"], results["new"]
