@@ -510,7 +510,7 @@ def test_scan_dispatches_tasks_and_keeps_induction_as_it_was():
     with pytest.raises(CircuitkitError, match="a Task, a built-in task name"):
         ck.scan(model, task=3)
     with pytest.raises(CircuitkitError, match="do not apply to a task scan"):
-        ck.scan(model, task=copy_next_task(), ablate="all")
+        ck.scan(model, task=copy_next_task(), ablation_method="zero")
     with pytest.raises(CircuitkitError, match=r"\['top_k', 'n_patch'\]"):  # stability applies to a task too
         ck.scan(model, task=copy_next_task(), top_k=3, n_patch=2, stability=2)
     result = ck.scan(model, task=copy_next_task(), n_resamples=50, ci_level=0.9)
