@@ -56,7 +56,8 @@ class SingleHeads:
     each: Tensor | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        """``scores.json``'s ``ablation`` record (the exact grid is ``heads.exact``; the estimate ``heads.score``)."""
+        """``scores.json``'s ``single_heads`` record (the exact grid is ``heads.exact``, the estimate
+        ``heads.score``)."""
         miss = self.agreement.largest_miss
         return {"heads": [head_name(h) for h in self.heads], "selection": self.selection,
                 "ci": {name: [float(lo), float(hi)] for name, (lo, hi) in self.intervals.items()},
