@@ -189,3 +189,65 @@ def test_the_scan_and_the_command_line_take_it(model, task, tmp_path, capsys):
     assert "Estimates: EAP-IG node score" in capsys.readouterr().out
     assert cli.main(["scan", "--task", str(path), "--ablate-top", "3"]) == 2  # without --ablate top
     assert "--ablate-top: given with --ablate none" in capsys.readouterr().err
+
+
+def test_each_pairs_term_of_the_node_scores_is_that_pair_alone():
+    """``keep_node_pairs``: each pair's term of the EAP-IG node scores, times the pairs, is the node score EAP-IG
+    gives that pair on its own (no pair reads another); their mean is the node score."""
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.tasks import Task
+    from tests.conftest import boot_bridge
+    from tests.test_tasks import toy_pairs
+
+    adapter = adapt(boot_bridge(attn_only=False, n_layers=3, d_vocab=50, seed=3))
+    batch = Task.from_pairs(toy_pairs(6), name="toy").tokenize(adapter)
+    runner = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
+    runner.keep_node_pairs = True
+    _, node_scores, _ = runner.attribute(2)
+    assert torch.allclose(runner.node_pairs.mean(1), node_scores, atol=1e-5, rtol=1e-4)
+    for p in (0, 3):
+        alone = TaskRunner(adapter, batch.subset(torch.tensor([p])), "logit_diff", mlps=True, ablation="corrupted")
+        _, own, _ = alone.attribute(2)
+        assert torch.allclose(runner.node_pairs[:, p], own, atol=1e-4, rtol=1e-3)
+    assert float(node_scores.abs().max()) > 0.05  # the comparisons are not 0 == 0
+    plain = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
+    plain.attribute(2)
+    assert plain.node_pairs is None  # kept only where asked
+
+
+def test_the_agreement_has_an_interval_over_the_pairs_from_ten_heads():
+    """Over 12 heads the agreement is judged, and its interval is the percentile bootstrap of the Spearman
+    correlation with both sides' per-pair values resampled together (recomputed here resample by resample)."""
+    from circuitkit.detect.agreement import spearman
+    from circuitkit.tasks import Task
+    from circuitkit.uncertainty import percentile_interval, resample_counts
+    from tests.conftest import boot_bridge
+    from tests.test_tasks import toy_pairs
+
+    model = boot_bridge(attn_only=False, n_layers=3, d_vocab=50, seed=3)
+    scan = scan_task(model, Task.from_pairs(toy_pairs(12), name="toy"), holdout=0, ablate="all", edges=False,
+                     n_resamples=200)
+    single = scan.single_heads
+    assert single.agreement.n_exact == 12 and single.agreement_interval is not None
+    lo, hi = single.agreement_interval
+    assert -1.0 <= lo <= hi <= 1.0
+    runner_pairs = single.each.shape[1]
+    counts = resample_counts(runner_pairs, 200, 0).double()
+    # the estimate's per-pair terms, recomputed: a runner on the same pairs keeping them
+    from circuitkit.graph.runner import TaskRunner
+
+    adapter = adapt(model)
+    runner = TaskRunner(adapter, Task.from_pairs(toy_pairs(12), name="toy").tokenize(adapter), "logit_diff",
+                        mlps=True, ablation="corrupted")
+    runner.keep_node_pairs = True
+    runner.attribute(3)
+    H = 4
+    index = torch.tensor([[runner.graph.sender_index(layer, h) for h in range(H)] for layer in range(3)])
+    estimate = runner.node_pairs[index].reshape(12, -1).double()  # [head, pair], heads in layer order
+    exact = torch.stack([single.each[single.heads.index((layer, h))] for layer in range(3) for h in range(H)]).double()
+    rhos = torch.tensor([spearman(estimate @ c / runner_pairs, exact @ c / runner_pairs) for c in counts],
+                        dtype=torch.float64)
+    want = percentile_interval(rhos, 0.95)
+    assert (lo, hi) == pytest.approx((float(want[0]), float(want[1])), abs=1e-9)
+    assert f"[{lo:.2f}, {hi:.2f}] over 12 heads" in scan.answer()
+    assert "too few heads" not in scan.answer()

@@ -289,6 +289,8 @@ class TaskRunner:
         self.pattern_scores: dict[str, Tensor] = {}  # filled by the clean pass: score -> [layer, head]
         self.passes = 0.0
         self.direct = True  # the clean run also measures direct logit attribution and the patterns (a backward)
+        self.keep_node_pairs = False  # attribute() also keeps each pair's term of every node score (node_pairs)
+        self.node_pairs: Tensor | None = None  # [sender, pair]: filled by attribute() where keep_node_pairs
         self._clean: dict[str, Any] | None = None
         self._corrupt: dict[str, Any] | None = None
         self._values: dict[str, dict[int, Tensor]] = {}  # node type -> its patched values by layer, made once
@@ -876,7 +878,11 @@ class TaskRunner:
         gradient at a zero leaf added at its hook, which changes no value). Per-query-head key/value receivers
         of a grouped-query model take their gradients from the same pass: the group's gradient split by query
         head through each layer's pattern (keys) and ``z`` (values), :func:`~circuitkit.graph.pullback.
-        split_by_query_head`, as the induction engine's edge attribution splits it."""
+        split_by_query_head`, as the induction engine's edge attribution splits it.
+
+        With :attr:`keep_node_pairs`, each pair's term of every node score is kept too, as :attr:`node_pairs`
+        ``[sender, pair]``: ``B`` times pair ``p``'s share of the score (the metric is the mean over the ``B``
+        pairs), so that their mean over the pairs is the node score, what a bootstrap over the pairs resamples."""
         scores, typed = self._attribute_part(steps, points)
         return scores, scores.sum(1), typed
 
@@ -924,6 +930,8 @@ class TaskRunner:
         del by_head, logits, total, got
         resid = {layer: x.detach() for layer, x in resid.items()}
         self.passes += 3.0 * n  # the split's products, each through one layer's attention, are not counted
+        B = self.batch.n_pairs
+        pairs = torch.zeros(len(graph.senders), B, device="cpu") if self.keep_node_pairs else None
         for index in leaves:
             grad = got_leaves[index]
             if grad is None:
@@ -931,6 +939,14 @@ class TaskRunner:
             g = self._pulled_back(index, grad.detach().float(), resid, n) / steps  # mean over the points
             cols = self._receiver_columns(index)
             scores[:, cols] += (flat @ g.T).cpu()
+            if pairs is not None:  # the same products a pair at a time (views of its columns: no copy)
+                allowed = graph.allowed[:, cols].to(device=flat.device, dtype=flat.dtype)
+                width = flat.shape[1] // B
+                for p in range(B):
+                    part = slice(p * width, (p + 1) * width)
+                    pairs[:, p] += ((flat[:, part] @ g[:, part].T) * allowed).sum(1).cpu()
+        if pairs is not None:
+            self.node_pairs = pairs * B
         _add_summed(summed, node_got, n)
         return scores * graph.allowed, self._typed_scores(summed, steps)
 

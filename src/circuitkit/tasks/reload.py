@@ -152,7 +152,8 @@ def _single_heads(data: dict[str, Any]) -> Any:
         agreement=Agreement(int(agreed["n_exact"]), None if agreed["spearman"] is None else float(agreed["spearman"]),
                             None if miss is None else (_head(miss["head"]), float(miss["exact"]),
                                                        float(miss["estimate"]))),
-        selection=record["selection"])
+        selection=record["selection"],
+        agreement_interval=None if agreed.get("ci") is None else (float(agreed["ci"][0]), float(agreed["ci"][1])))
 
 
 def _split_scores(heads: dict[str, Any], own: tuple[str, ...], order: list[str],

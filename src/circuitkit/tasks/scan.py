@@ -308,6 +308,8 @@ class TaskScan:
             return []
         a = single.agreement
         rho = "n/a" if a.spearman is None else f"{a.spearman:.2f}"
+        spread = single.agreement_interval
+        rho += "" if spread is None else f" [{spread[0]:.2f}, {spread[1]:.2f}]"
         judge = "" if judged(a.n_exact) else f": too few heads to judge (fewer than {MIN_HEADS_TO_JUDGE})"
         miss = ""
         if a.largest_miss is not None:

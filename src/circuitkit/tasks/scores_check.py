@@ -297,11 +297,13 @@ class TaskScoresCheck(ScoresCheck):
             if name not in names:
                 raise self.fail(f"single_heads.ci.{name}", pair, "an interval of a head of single_heads.heads")
             self.interval(pair, f"single_heads.ci.{name}")
-        agreed = self.obj(record["agreement"], "single_heads.agreement", ("n_exact", "spearman", "largest_miss"), ())
+        agreed = self.obj(record["agreement"], "single_heads.agreement", ("n_exact", "spearman", "ci",
+                                                                           "largest_miss"), ())
         if self.integer(agreed["n_exact"], "single_heads.agreement.n_exact") != len(patched):
             raise self.fail("single_heads.agreement.n_exact", agreed["n_exact"],
                             f"the heads patched, {len(patched)}")
         self.number(agreed["spearman"], "single_heads.agreement.spearman", -1.0, 1.0, tolerance=SCORE_TOLERANCE)
+        self.interval(agreed["ci"], "single_heads.agreement.ci", -1.0, 1.0)
         miss = self.obj(agreed["largest_miss"], "single_heads.agreement.largest_miss", ("head", "exact", "estimate"),
                         (), nullable=True)
         if miss is not None:

@@ -44,8 +44,11 @@ class SingleHeads:
     ``estimate`` ``[layer, head]``: the EAP-IG node scores it is compared with; ``intervals``: each patched head's
     percentile bootstrap interval over the pairs (``"layer.head"`` -> ``(lo, hi)``; empty with fewer than 2 pairs);
     ``agreement``: :class:`~circuitkit.detect.effects.Agreement` (``n_exact``, ``spearman``, ``largest_miss``);
-    ``selection``: which heads, in words; ``each`` ``[head, pair]``: each pair's metric lost (what the intervals
-    resample; not written)."""
+    ``selection``: which heads, in words; ``agreement_interval``: the Spearman correlation's percentile bootstrap
+    interval over the pairs (:func:`~circuitkit.detect.agreement.agreement_interval`: both sides' per-pair values
+    resampled together; None below :data:`~circuitkit.detect.agreement.MIN_HEADS_TO_JUDGE` heads or without each
+    pair's term of the scores); ``each`` ``[head, pair]``: each pair's metric lost (what the intervals resample;
+    not written)."""
 
     heads: tuple[Head, ...]
     exact: Tensor
@@ -53,6 +56,7 @@ class SingleHeads:
     intervals: dict[str, tuple[float, float]]
     agreement: Agreement
     selection: str
+    agreement_interval: tuple[float, float] | None = None
     each: Tensor | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -62,6 +66,8 @@ class SingleHeads:
         return {"heads": [head_name(h) for h in self.heads], "selection": self.selection,
                 "ci": {name: [float(lo), float(hi)] for name, (lo, hi) in self.intervals.items()},
                 "agreement": {"n_exact": self.agreement.n_exact, "spearman": self.agreement.spearman,
+                              "ci": None if self.agreement_interval is None else [
+                                  float(self.agreement_interval[0]), float(self.agreement_interval[1])],
                               "largest_miss": None if miss is None else {
                                   "head": head_name(miss[0]), "exact": float(miss[1]), "estimate": float(miss[2])}}}
 
@@ -87,10 +93,12 @@ def chosen_heads(scores: Tensor, ablate: str, ablate_top: int) -> list[Head]:
 
 
 def single_heads(runner: Any, scores: Tensor, ablate: str, ablate_top: int, n_resamples: int,
-                 level: float) -> SingleHeads:
+                 level: float, *, estimate_pairs: Tensor | None = None) -> SingleHeads:
     """Each chosen head (:func:`chosen_heads` of the EAP-IG node scores ``scores`` ``[layer, head]``) patched alone
-    on ``runner``'s pairs (its clean run made), with the agreement of the scores with it (module docstring)."""
-    from circuitkit.detect.agreement import agreement
+    on ``runner``'s pairs (its clean run made), with the agreement of the scores with it (module docstring).
+    ``estimate_pairs`` ``[pair, layer, head]``: each pair's term of the scores (their mean), from which the
+    agreement's interval resamples the pairs (None: no interval)."""
+    from circuitkit.detect.agreement import agreement, agreement_interval
     from circuitkit.detect.effects import HeadEffects
     from circuitkit.uncertainty import bootstrap_ci
 
@@ -110,10 +118,16 @@ def single_heads(runner: Any, scores: Tensor, ablate: str, ablate_top: int, n_re
         intervals = {head_name(h): (a, b) for h, a, b in zip(heads, lo.tolist(), hi.tolist(), strict=True)}
     estimate = scores.detach().float().cpu()
     method, value = runner.ablation, float(clean.mean())
-    agreed = agreement(HeadEffects("attribution", method, value, estimate),
-                       HeadEffects("ablation", method, value, exact, exact=~exact.isnan()))
+    exact_pairs = torch.full((each.shape[1], L, H), float("nan"), dtype=torch.float32, device="cpu")
+    for i, (layer, head) in enumerate(heads):
+        exact_pairs[:, layer, head] = each[i].float()
+    attribution = HeadEffects("attribution", method, value, estimate,
+                              per_sequence=None if estimate_pairs is None else estimate_pairs.float().cpu())
+    ablation = HeadEffects("ablation", method, value, exact, exact=~exact.isnan(), per_sequence=exact_pairs)
+    agreed = agreement(attribution, ablation)
+    spread = agreement_interval(attribution, ablation, n_resamples, level)
     selection = "every head" if ablate == "all" else f"the top {len(heads)} by |EAP-IG score|"
-    return SingleHeads(tuple(heads), exact, estimate, intervals, agreed, selection, each.float())
+    return SingleHeads(tuple(heads), exact, estimate, intervals, agreed, selection, spread, each.float())
 
 
 __all__ = ["ABLATE_CHOICES", "DEFAULT_ABLATE", "DEFAULT_ABLATE_TOP", "SingleHeads", "check_ablate", "chosen_heads",

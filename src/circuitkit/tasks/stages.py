@@ -287,6 +287,7 @@ def corrupted_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
 def attribute_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     """EAP-IG; where its first point is the corrupted run (``plan.folded``), that run is read from it."""
     o, runner = state.options, state.runner
+    runner.keep_node_pairs = o.ablate != "none"  # each pair's term of the node scores: the agreement's interval
     if runner.edges_defined:
         state.scores, state.node_scores, state.typed = state.staged(
             bar, "attribute", lambda advance: runner.attribute(o.steps, o.ig_points))
@@ -314,8 +315,9 @@ def ablate_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     index = torch.tensor([[runner.graph.sender_index(layer, h) for h in range(H)] for layer in range(L)],
                          device="cpu")
     scores = state.node_scores.detach().cpu()[index]  # [layer, head]
+    pairs = None if runner.node_pairs is None else runner.node_pairs[index].permute(2, 0, 1)  # [pair, layer, head]
     state.single = state.staged(bar, "ablate", lambda advance: single_heads(
-        runner, scores, o.ablate, o.ablate_top, o.n_resamples, o.ci_level),
+        runner, scores, o.ablate, o.ablate_top, o.n_resamples, o.ci_level, estimate_pairs=pairs),
         why="each head's pass resumes at its own layer")
 
 
