@@ -963,7 +963,7 @@ record("circuitkit:Scan", "result record of scan() (its top() and save() are fuz
 case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "top", "ablate_top": 2,
      "ablation_method": "mean", "top_k": 2, "circuit": False, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
      "stability": 0}, positional=("model",), model="model-loss?", tokens="tokens", ablate="option?",
-     ablate_top="int>=1", ablation_method="option", top_k="int>=1", circuit="bool", n_resamples="size>=2",
+     ablate_top="int>=1?", ablation_method="option", top_k="int>=1", circuit="bool", n_resamples="size>=2",
      ci_level="real>0", random_sets="size>=0", stability="size>=0", search="option?",
      extra_bad={"ci_level": [("one", const(1.0), STRICT)],
                 "search_options": [("a-list", const([("max_passes", 5)]), STRICT),
@@ -1731,11 +1731,12 @@ CASES[f"{TK}:ioi"].extra_bad["templates"] = [
                                         STRICT),
 ]
 case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task(), "target": 0.8, "mlps": None,
-     "mlp_nodes": False, "rank": "abs", "steps": 1, "edges": False, "device": "cpu", "name": None, "progress": None},
+     "mlp_nodes": False, "rank": "abs", "steps": 1, "edges": False, "device": "cpu", "name": None, "progress": None,
+     "ablate": "top", "ablate_top": 2},
      positional=("model",), model="model-loss", named_kinds={"target": "real>0"}, mlps="bool?", mlp_nodes="bool",
      rank="option", steps="size>=1", edges="bool", device="device?", name="text?", progress="callable?",
      prepend_bos="bool?", target_on="option", ig_points="option", kv_edges="option", node_ranking="option",
-     ablate="option", ablate_top="int>=1",
+     ablate="option", ablate_top="int>=1?",
      extra_bad={"task": [("None", const(None), STRICT), *TASKS],
                 "holdout": [("one", const(1.0), STRICT), ("negative", const(-0.5), STRICT),
                             ("nan", const(float("nan")), STRICT), ("text", const("half"), STRICT)],
@@ -1953,6 +1954,15 @@ def non_finite(value: Any, path: str = "result", depth: int = 0) -> str | None:
         rest = replace(value, intervals={**value.intervals, "ablation": (low[exact], high[exact])})
         return non_finite(rest.intervals, f"{path}.intervals", depth + 1) or next(
             (found for f in fields(value) if f.name != "intervals"
+             for found in [non_finite(getattr(value, f.name), f"{path}.{f.name}", depth + 1)] if found), None)
+    if name == "SingleHeads":  # a task's heads patched alone: exact is NaN where a head was not patched (documented)
+        patched = torch.zeros_like(value.exact, dtype=torch.bool)
+        for head in value.heads:
+            patched[head] = True
+        if not bool(value.exact[~patched].isnan().all()):
+            return f"{path}.exact[not patched] (expected NaN)"
+        return non_finite(value.exact[patched], f"{path}.exact[patched]", depth + 1) or next(
+            (found for f in fields(value) if f.name != "exact"
              for found in [non_finite(getattr(value, f.name), f"{path}.{f.name}", depth + 1)] if found), None)
     if name in ("HeadValues", "EdgeValues"):  # NaN marks "not measured" and non-edges (documented); never inf
         return f"{path}.values (infinite)" if bool(value.values.isinf().any()) else None

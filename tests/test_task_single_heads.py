@@ -167,7 +167,9 @@ def test_a_file_no_scan_wrote_is_refused(every_head, tmp_path, change, field):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"ablate": "some"}, "scan_task: ablate"), ({"ablate": True}, "scan_task: ablate"),
-    ({"ablate_top": 0}, "scan_task: ablate_top"), ({"ablate_top": 2.5}, "scan_task: ablate_top"),
+    ({"ablate": "top", "ablate_top": 0}, "scan_task: ablate_top"),
+    ({"ablate": "top", "ablate_top": 2.5}, "scan_task: ablate_top"),
+    ({"ablate_top": 3}, "scan_task: ablate_top"), ({"ablate": "all", "ablate_top": 3}, "scan_task: ablate_top"),
 ])
 def test_bad_options_are_refused_before_a_pass(model, task, kwargs, match):
     with pytest.raises(CircuitkitError, match=match):
@@ -180,7 +182,12 @@ def test_the_scan_and_the_command_line_take_it(model, task, tmp_path, capsys):
     result = ck.scan(model, task=task, ablate="top", ablate_top=2, edges=False)
     assert result.single_heads.agreement.n_exact == 2
     assert ck.scan(model, task=task, edges=False).single_heads is None
-    assert ck.scan(model).settings.ablate == "top"
+    assert ck.scan(model).settings.ablate == "top" and ck.scan(model, ablate_top=3).settings.ablate_top == 3
+    # a count with nothing to count is refused, in either scan
+    with pytest.raises(CircuitkitError, match="scan: ablate_top: given int 3; expected None beside ablate='none'"):
+        ck.scan(model, ablate="none", ablate_top=3)
+    with pytest.raises(CircuitkitError, match="scan_task: ablate_top"):
+        ck.scan(model, task=task, ablate_top=3)
     path = task_file(task, tmp_path / "copy.jsonl")
     assert cli.main(["scan", "--task", str(path), "--out", str(tmp_path / "out"), "--no-edges", "--ablate", "top",
                      "--ablate-top", "3"]) == 0

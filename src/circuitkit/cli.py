@@ -487,7 +487,7 @@ def run_scan(args: argparse.Namespace) -> int:
         model,
         tokens=RepeatedTokens(block_len=args.block_len, batch=args.batch, seed=args.seed),
         ablate=ablate,
-        ablate_top=args.ablate_top,
+        ablate_top=args.ablate_top if ablate == "top" else None,
         ablation_method=args.ablation_method,
         top_k=args.top_k,
         circuit=circuit,
@@ -550,7 +550,8 @@ def _run_task_scan(args: argparse.Namespace, model: Any, name: str, out: Any, ta
                              progress=True,  # a bar on a terminal, one line per stage in a log or a pipe
                              prepend_bos={"auto": None, "yes": True, "no": False}[args.prepend_bos],
                              metric=args.metric, random_sets=args.random_sets, stability=args.stability,
-                             ablate=args.ablate or "none", ablate_top=args.ablate_top, **_given_split(args))
+                             ablate=args.ablate or "none",
+                             ablate_top=args.ablate_top if args.ablate == "top" else None, **_given_split(args))
     saved = result.save(out, png=args.png)
     if args.json:
         sys.stdout.write(saved.scores.read_text(encoding="utf-8"))

@@ -58,7 +58,7 @@ from circuitkit.circuits.search import search_estimate
 from circuitkit.cpu_threads import warn_if_threads_spin
 from circuitkit.detect.ablation import ABLATION_METHODS, ablate_together_each
 from circuitkit.detect.ablation import ablate as ablate_heads
-from circuitkit.detect.agreement import DEFAULT_ABLATE_TOP, agreement
+from circuitkit.detect.agreement import DEFAULT_ABLATE_TOP, agreement, check_ablate_top
 from circuitkit.detect.attribution import attribute
 from circuitkit.detect.clean_run import CleanRun
 from circuitkit.detect.loss import InductionLoss, summarise
@@ -492,18 +492,19 @@ def run_stages(state: ScanState, settings: ScanSettings, mode: str) -> tuple[Sta
 
 
 # ---------------------------------------------------------------------------------------------- settings
-def check_options(*, ablate: str | None, ablate_top: int, ablation_method: str, top_k: int, n_patch: int,
+def check_options(*, ablate: str | None, ablate_top: int | None, ablation_method: str, top_k: int, n_patch: int,
                   circuit: bool, target: float, faithfulness_method: str | None, circuit_rank: str,
                   roles: Sequence[Role] | None, n_resamples: int, ci_level: float, random_sets: int, stability: int,
                   search: str | None = None, search_options: Any = None) -> dict[str, object]:
     """The scan's options, each checked (a CircuitkitError naming the first bad one), before any model is read;
-    ``ablate`` None is the induction scan's default, ``"top"``."""
+    ``ablate`` None is the induction scan's default, ``"top"``; ``ablate_top`` None its default,
+    :data:`~circuitkit.detect.agreement.DEFAULT_ABLATE_TOP` (given, it needs ``"top"``)."""
     from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
     from circuitkit.circuits.search import SEARCH_NAMES, check_search_options
 
     checked: dict[str, object] = {
         "ablate": validate.option("scan: ablate", "top" if ablate is None else ablate, ABLATE_OPTIONS),
-        "ablate_top": validate.positive_int("scan: ablate_top", ablate_top),
+        "ablate_top": check_ablate_top("scan", "top" if ablate is None else ablate, ablate_top),
         "ablation_method": validate.option("scan: ablation_method", ablation_method, ABLATION_METHODS),
         "top_k": validate.positive_int("scan: top_k", top_k),
         "n_patch": validate.positive_int("scan: n_patch", n_patch),
@@ -547,7 +548,7 @@ def scan(
     *,
     tokens: RepeatedTokens | TokenBatch | None = None,
     ablate: str | None = None,
-    ablate_top: int = DEFAULT_ABLATE_TOP,
+    ablate_top: int | None = None,
     ablation_method: str = "mean",
     top_k: int = 5,
     n_patch: int = DEFAULT_N_PATCH,
@@ -674,7 +675,7 @@ def scan(
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges,
-                          ablate="none" if ablate is None else options["ablate"], **task_only)
+                          ablate="none" if ablate is None else options["ablate"], ablate_top=ablate_top, **task_only)
     _refuse_task_options(**task_only)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens, edges=edges)
@@ -794,10 +795,10 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                prepend_bos: Any = None, metric: Any = None, holdout: float | None = None,
                target_on: str | None = None, edges: bool = True, ig_points: str | None = None,
                kv_edges: str | None = None, edge_search: str | None = None, node_ranking: str | None = None,
-               ablate: str = "none") -> Any:
+               ablate: str = "none", ablate_top: int | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`) with the scan's checked ``options`` that apply to a task
     (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``, ``search`` and its options,
-    ``ablate_top``; ``ablate`` as given, "none" where it was not), its
+    ``ablate`` and ``ablate_top`` as given, ``ablate`` "none" where it was not), its
     progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`)."""
     from circuitkit.tasks import Task, get_task, scan_task
 
@@ -815,7 +816,7 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                      **({} if edge_search is None else {"edge_search": edge_search}),
                      **({} if node_ranking is None else {"node_ranking": node_ranking}),
                      search=options["search"], search_options=options["search_options"], ablate=ablate,
-                     ablate_top=options["ablate_top"])
+                     ablate_top=ablate_top)
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,

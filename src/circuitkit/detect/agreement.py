@@ -34,6 +34,17 @@ near 24 counted passes on GPT-2-small / SmolLM shapes, Spearman over the set mea
 ("Scan"). Over 8 heads the answer calls the figure too few heads to judge (:data:`MIN_HEADS_TO_JUDGE`): ask for
 more (``ablate_top``) or every head (``"all"``) to judge it."""
 
+def check_ablate_top(where: str, ablate: str, ablate_top: object) -> int:
+    """``ablate_top`` checked (a count of at least 1; None: :data:`DEFAULT_ABLATE_TOP`), given only beside
+    ``ablate="top"``, the selection it counts: elsewhere it would do nothing, and is refused."""
+    if ablate_top is None:
+        return DEFAULT_ABLATE_TOP
+    if ablate != "top":
+        raise validate.fail(f"{where}: ablate_top", ablate_top, f"None beside ablate={ablate!r} (it counts the heads "
+                            "chosen under ablate='top')")
+    return validate.positive_int(f"{where}: ablate_top", ablate_top)
+
+
 MIN_HEADS_FOR_RANK_CORRELATION = 3
 """With two heads a rank correlation is always +1 or -1: it says nothing."""
 

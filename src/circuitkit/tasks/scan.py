@@ -52,7 +52,7 @@ from circuitkit.tasks.search import (
     DEFAULT_EDGE_SEARCH_PASSES,
     EDGE_SEARCH_NAMES,
 )
-from circuitkit.tasks.single_heads import DEFAULT_ABLATE, DEFAULT_ABLATE_TOP, check_ablate, planned_heads
+from circuitkit.tasks.single_heads import DEFAULT_ABLATE, check_ablate, planned_heads
 from circuitkit.tasks.stages import (
     TASK_STAGES,
     PlanInputs,
@@ -473,7 +473,7 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
               stability: int = 0, neuron_groups: int | None = None, node_types: tuple = (), search: str = "ranked",
               search_options: dict[str, Any] | None = None, kv_edges: str = DEFAULT_KV_EDGES,
               edge_search: str = "ranked", edge_search_options: dict[str, Any] | None = None,
-              ablate: str = DEFAULT_ABLATE, ablate_top: int = DEFAULT_ABLATE_TOP) -> TaskScan:
+              ablate: str = DEFAULT_ABLATE, ablate_top: int | None = None) -> TaskScan:
     """Find and measure ``task``'s circuit in ``model`` (module docstring).
 
     Args:
@@ -561,8 +561,9 @@ def scan_task(model: Any, task: Task, *, target: float = 0.8, mlps: bool | None 
         node_types: further :class:`~circuitkit.graph.nodes.NodeType` records whose nodes join the node circuit
             (:mod:`circuitkit.graph.nodes`).
         ablate: how far to trust the EAP-IG node scores (stage ``ablate``; :mod:`circuitkit.tasks.single_heads`):
-            ``"none"`` (default), ``"top"`` (the ``ablate_top`` heads with the largest ``|score|``, default
-            :data:`~circuitkit.tasks.single_heads.DEFAULT_ABLATE_TOP`) or ``"all"`` (every head), each patched
+            ``"none"`` (default), ``"top"`` (the ``ablate_top`` heads with the largest ``|score|``, None:
+            :data:`~circuitkit.detect.agreement.DEFAULT_ABLATE_TOP`; given only with ``"top"``) or ``"all"``
+            (every head), each patched
             alone exactly, its metric lost against its score: the Spearman correlation over them and the largest
             miss, as the induction scan's ``ablate`` (``TaskScan.single_heads``, ``TaskScan.agreement``, the
             table's ``exact`` column). About half a pass of the pairs a head.
@@ -595,7 +596,7 @@ def _checked(task: Any, *, metric: Any, target: Any, holdout: Any, split_seed: A
              steps: Any, ig_points: Any,
              edges: Any, kv_edges: Any, quick: Any, random_sets: Any, stability: Any, n_resamples: Any,
              ci_level: Any, mlp_nodes: Any, name: Any, progress: Any, neuron_groups: Any,
-             node_types: Any, ablate: Any = DEFAULT_ABLATE, ablate_top: Any = DEFAULT_ABLATE_TOP,
+             node_types: Any, ablate: Any = DEFAULT_ABLATE, ablate_top: Any = None,
              ) -> tuple[Task, TaskOptions]:
     """``task`` (with ``metric`` in place of its own where given) and :func:`scan_task`'s options, each checked
     before the model is read (a ``CircuitkitError`` naming the first bad one)."""

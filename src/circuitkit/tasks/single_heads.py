@@ -73,9 +73,12 @@ class SingleHeads:
 
 
 def check_ablate(ablate: Any, ablate_top: Any, where: str) -> tuple[str, int]:
-    """``(ablate, ablate_top)`` checked: one of :data:`ABLATE_CHOICES` and a count of at least 1."""
-    return (validate.option(f"{where}: ablate", ablate, ABLATE_CHOICES),
-            validate.positive_int(f"{where}: ablate_top", ablate_top))
+    """``(ablate, ablate_top)`` checked: one of :data:`ABLATE_CHOICES`, and a count of at least 1 given only beside
+    ``"top"`` (None: :data:`~circuitkit.detect.agreement.DEFAULT_ABLATE_TOP`)."""
+    from circuitkit.detect.agreement import check_ablate_top
+
+    ablate = validate.option(f"{where}: ablate", ablate, ABLATE_CHOICES)
+    return ablate, check_ablate_top(where, ablate, ablate_top)
 
 
 def planned_heads(ablate: str, ablate_top: int, n_heads: int) -> int:
