@@ -177,6 +177,13 @@ class Graph:
             return self.sender_slices[("mlp", layer)].start
         return self.sender_slices[("head", layer)].start + head
 
+    @property
+    def head_senders(self) -> Tensor:
+        """``[layer, head]`` long (CPU): each head's index among the senders (:meth:`sender_index`), to read a
+        ``[sender]`` vector as a ``[layer, head]`` grid."""
+        return torch.tensor([[self.sender_index(layer, h) for h in range(self.n_heads)]
+                             for layer in range(self.n_layers)], dtype=torch.long, device="cpu")
+
     def receivers_of(self, layer: int) -> dict[str, slice]:
         """Receiver index ranges of ``layer``: ``q`` (query heads), ``k``, ``v`` (kv groups), ``mlp``."""
         return {channel: cols for (channel, at), cols in self.receiver_slices.items() if at == layer}

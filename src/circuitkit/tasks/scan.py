@@ -731,8 +731,8 @@ def _task_scan(state: TaskScanState, task: Task, adapter: Any, batch: Any, split
     clean, corrupted, node_scores, typed = state.clean, state.corrupted, state.node_scores, state.typed
     stages = list(bar.ran)
     graph, spec = runner.graph, adapter.spec
-    L, H = spec.n_layers, spec.n_heads
-    head_index = torch.tensor([[graph.sender_index(layer, h) for h in range(H)] for layer in range(L)], device="cpu")
+    L = spec.n_layers
+    head_index = graph.head_senders
     mlp_index = torch.tensor([graph.sender_index(layer, None) for layer in range(L)], device="cpu") if mlps else None
     dla_all = clean["dla"]
     marks = [task.marks[i] for i in discovery_index.tolist()] if task.marks else []

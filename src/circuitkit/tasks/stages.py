@@ -306,14 +306,10 @@ def joint_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
 
 def ablate_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     """Each chosen head patched alone on the pairs EAP-IG ran on, against its EAP-IG node score."""
-    import torch
-
     from circuitkit.tasks.single_heads import single_heads
 
     o, runner = state.options, state.runner
-    L, H = runner.spec.n_layers, runner.spec.n_heads
-    index = torch.tensor([[runner.graph.sender_index(layer, h) for h in range(H)] for layer in range(L)],
-                         device="cpu")
+    index = runner.graph.head_senders
     scores = state.node_scores.detach().cpu()[index]  # [layer, head]
     pairs = None if runner.node_pairs is None else runner.node_pairs[index].permute(2, 0, 1)  # [pair, layer, head]
     state.single = state.staged(bar, "ablate", lambda advance: single_heads(
