@@ -938,7 +938,10 @@ class TaskRunner:
         resid = {layer: x.detach() for layer, x in resid.items()}
         self.passes += 3.0 * n  # the split's products, each through one layer's attention, are not counted
         B = self.batch.n_pairs
-        pairs = torch.zeros(len(graph.senders), B, device="cpu") if self.keep_node_pairs else None
+        # summed where the products are, brought to the CPU once: a copy per pair and receiver block would wait on
+        # a GPU's queue each time
+        pairs = torch.zeros(len(graph.senders), B, dtype=flat.dtype, device=flat.device) if self.keep_node_pairs \
+            else None
         for index in leaves:
             grad = got_leaves[index]
             if grad is None:
@@ -951,9 +954,9 @@ class TaskRunner:
                 width = flat.shape[1] // B
                 for p in range(B):
                     part = slice(p * width, (p + 1) * width)
-                    pairs[:, p] += ((flat[:, part] @ g[:, part].T) * allowed).sum(1).cpu()
+                    pairs[:, p] += ((flat[:, part] @ g[:, part].T) * allowed).sum(1)
         if pairs is not None:
-            self.node_pairs = pairs * B
+            self.node_pairs = pairs.cpu() * B
         _add_summed(summed, node_got, n)
         return scores * graph.allowed, self._typed_scores(summed, steps)
 
