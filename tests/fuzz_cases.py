@@ -963,7 +963,7 @@ record("circuitkit:Scan", "result record of scan() (its top() and save() are fuz
 case("circuitkit:scan", lambda: {"model": toy(), "tokens": spec(), "ablate": "top", "ablate_top": 2,
      "ablation_method": "mean", "top_k": 2, "circuit": False, "n_resamples": 20, "ci_level": 0.9, "random_sets": 0,
      "stability": 0}, positional=("model",), model="model-loss?", tokens="tokens", ablate="option?",
-     ablate_top="int>=1?", ablation_method="option", top_k="int>=1", circuit="bool", n_resamples="size>=2",
+     ablate_top="int>=1?", ablation_method="option?", top_k="int>=1", circuit="bool", n_resamples="size>=2",
      ci_level="real>0", random_sets="size>=0", stability="size>=0", search="option?",
      extra_bad={"ci_level": [("one", const(1.0), STRICT)],
                 "search_options": [("a-list", const([("max_passes", 5)]), STRICT),

@@ -8,6 +8,7 @@ prompt alone, IG completeness, direct logit attribution against the unembedding 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -510,7 +511,14 @@ def test_scan_dispatches_tasks_and_keeps_induction_as_it_was():
     with pytest.raises(CircuitkitError, match="a Task, a built-in task name"):
         ck.scan(model, task=3)
     with pytest.raises(CircuitkitError, match="do not apply to a task scan"):
-        ck.scan(model, task=copy_next_task(), ablation_method="zero")
+        ck.scan(model, task=copy_next_task(), faithfulness_method="zero")
+    # ablation_method applies to a task as --ablation-method does: it replaces the task's own ablation
+    zeroed = ck.scan(model, task=copy_next_task(), ablation_method="zero", edges=False)
+    assert zeroed.task.ablation == "zero" and copy_next_task().ablation == "corrupted"
+    own = ck.scan(model, task=dataclasses.replace(copy_next_task(), ablation="zero"), edges=False)
+    assert own.circuit.heads == zeroed.circuit.heads and own.circuit.faithfulness == zeroed.circuit.faithfulness
+    with pytest.raises(CircuitkitError, match="ablation_method"):
+        ck.scan(model, task=copy_next_task(), ablation_method="corrupted")
     with pytest.raises(CircuitkitError, match=r"\['top_k', 'n_patch'\]"):  # stability applies to a task too
         ck.scan(model, task=copy_next_task(), top_k=3, n_patch=2, stability=2)
     result = ck.scan(model, task=copy_next_task(), n_resamples=50, ci_level=0.9)

@@ -492,20 +492,23 @@ def run_stages(state: ScanState, settings: ScanSettings, mode: str) -> tuple[Sta
 
 
 # ---------------------------------------------------------------------------------------------- settings
-def check_options(*, ablate: str | None, ablate_top: int | None, ablation_method: str, top_k: int, n_patch: int,
+def check_options(*, ablate: str | None, ablate_top: int | None, ablation_method: str | None, top_k: int,
+                  n_patch: int,
                   circuit: bool, target: float, faithfulness_method: str | None, circuit_rank: str,
                   roles: Sequence[Role] | None, n_resamples: int, ci_level: float, random_sets: int, stability: int,
                   search: str | None = None, search_options: Any = None) -> dict[str, object]:
     """The scan's options, each checked (a CircuitkitError naming the first bad one), before any model is read;
     ``ablate`` None is the induction scan's default, ``"top"``; ``ablate_top`` None its default,
-    :data:`~circuitkit.detect.agreement.DEFAULT_ABLATE_TOP` (given, it needs ``"top"``)."""
+    :data:`~circuitkit.detect.agreement.DEFAULT_ABLATE_TOP` (given, it needs ``"top"``); ``ablation_method`` None
+    its default, ``"mean"``."""
     from circuitkit.circuits.faithfulness import FAITHFULNESS_METHODS, RANKINGS, check_target
     from circuitkit.circuits.search import SEARCH_NAMES, check_search_options
 
     checked: dict[str, object] = {
         "ablate": validate.option("scan: ablate", "top" if ablate is None else ablate, ABLATE_OPTIONS),
         "ablate_top": check_ablate_top("scan", "top" if ablate is None else ablate, ablate_top),
-        "ablation_method": validate.option("scan: ablation_method", ablation_method, ABLATION_METHODS),
+        "ablation_method": validate.option("scan: ablation_method", "mean" if ablation_method is None
+                                           else ablation_method, ABLATION_METHODS),
         "top_k": validate.positive_int("scan: top_k", top_k),
         "n_patch": validate.positive_int("scan: n_patch", n_patch),
         "circuit": validate.boolean("scan: circuit", circuit),
@@ -549,7 +552,7 @@ def scan(
     tokens: RepeatedTokens | TokenBatch | None = None,
     ablate: str | None = None,
     ablate_top: int | None = None,
-    ablation_method: str = "mean",
+    ablation_method: str | None = None,
     top_k: int = 5,
     n_patch: int = DEFAULT_N_PATCH,
     circuit: bool = True,
@@ -591,7 +594,10 @@ def scan(
             ``"all"`` or ``"none"``. With a task (off by default, None): each of the top ``ablate_top`` heads by
             |EAP-IG score| (``"top"``) or every head (``"all"``) patched alone against its score
             (:mod:`circuitkit.tasks.single_heads`).
-        ablation_method: ``"mean"`` or ``"zero"`` (for attribution and exact ablation alike).
+        ablation_method: ``"mean"`` (None, the default) or ``"zero"`` (for attribution and exact ablation alike).
+            With a task, given: what a node outside the circuit is patched to instead of the task's own ablation
+            (``"mean"``: its mean over the corrupted prompts; ``"zero"``), as ``--ablation-method`` does; None: the
+            task's own (:attr:`circuitkit.tasks.Task.ablation`, by default the corrupted prompt's value).
         top_k: composition edges per mode, heads per score and edges the summary lists.
         n_patch: edges between the circuit's heads path-patched exactly (largest |edge attribution| first).
         circuit: find the circuit by faithfulness (:mod:`circuitkit.circuits.faithfulness`) and compute edge-level
@@ -675,7 +681,8 @@ def scan(
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
         return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges,
-                          ablate="none" if ablate is None else options["ablate"], ablate_top=ablate_top, **task_only)
+                          ablate="none" if ablate is None else options["ablate"], ablate_top=ablate_top,
+                          ablation=None if ablation_method is None else options["ablation_method"], **task_only)
     _refuse_task_options(**task_only)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens, edges=edges)
@@ -747,7 +754,7 @@ def _refuse_induction_options(options: Mapping[str, object], tokens: RepeatedTok
     """A task scan takes none of the induction scan's own options: each must keep its default."""
     if tokens is not None:
         raise validate.fail("scan: tokens", tokens, "None when a task is given (the task brings its prompts)")
-    defaults = {"ablation_method": "mean", "top_k": 5,
+    defaults = {"top_k": 5,
                 "n_patch": DEFAULT_N_PATCH, "circuit": True, "faithfulness_method": options["ablation_method"],
                 "circuit_rank": "joint", "roles": DEFAULT_ROLES}
     changed = [key for key, default in defaults.items() if options[key] != default]
@@ -795,17 +802,21 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                prepend_bos: Any = None, metric: Any = None, holdout: float | None = None,
                target_on: str | None = None, edges: bool = True, ig_points: str | None = None,
                kv_edges: str | None = None, edge_search: str | None = None, node_ranking: str | None = None,
-               ablate: str = "none", ablate_top: int | None = None) -> Any:
+               ablate: str = "none", ablate_top: int | None = None, ablation: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`) with the scan's checked ``options`` that apply to a task
     (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``, ``search`` and its options,
     ``ablate`` and ``ablate_top`` as given, ``ablate`` "none" where it was not), its
-    progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`)."""
+    progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`); ``ablation``: the
+    checked ``ablation_method`` where one was given, the task's ablation then (the command line's
+    ``--ablation-method``)."""
     from circuitkit.tasks import Task, get_task, scan_task
 
     if not isinstance(task, Task):
         if not isinstance(task, (str, os.PathLike)):
             raise validate.fail("scan: task", task, "a Task, a built-in task name or a task file's path")
         task = get_task(os.fspath(task), model)
+    if ablation is not None:
+        task = replace(task, ablation=ablation)
     return scan_task(model, task, target=options["target"], device=device, name=name, progress=mode,
                      n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
                      metric=metric, edges=edges, random_sets=options["random_sets"], stability=options["stability"],
