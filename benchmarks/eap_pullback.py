@@ -41,8 +41,7 @@ def child(model: str, steps: int, repeats: int) -> dict:
     TaskRunner._pulled_back = timed
     seconds, pullback, growth = [], [], []
     for _ in range(repeats):
-        fresh = TaskRunner(adapter, runner.batch, task.metric, mlps=True, ablation=task.ablation,
-                           weights=runner.weights)
+        fresh = TaskRunner(runner.session, runner.batch, task.metric, mlps=True, ablation=task.ablation)
         fresh._clean, fresh._corrupt = clean, corrupted
         peak, base, done = [0], current_rss_bytes(), threading.Event()
 

@@ -330,30 +330,51 @@ def test_scan_task_runs_its_patching_with_the_budget_the_memory_plan_chose(model
 
 def test_the_held_out_runner_and_the_stability_reruns_share_the_head_weights(model, monkeypatch):
     """The plan counts one float32 copy of the head weights; the scan reads them once, however many runners it
-    builds (measured on an H200 before: two copies, 10 GiB at the 8B shape, where the plan counted 5)."""
+    builds (measured on an H200 before: two copies, 10 GiB at the 8B shape, where the plan counted 5): its runners
+    share one session, which holds what they read of the model (the weights, the receivers' norms)."""
+    from circuitkit.circuits._engine import context
+    from circuitkit.detect import RepeatedTokens
+    from circuitkit.detect.session import Session, open_session
+    from circuitkit.graph import pullback
     from circuitkit.graph.runner import TaskRunner
     from circuitkit.models.adapters import ModelAdapter
 
-    reads = {"n": 0}
-    read = ModelAdapter.weights
+    reads, norms = {"n": 0}, {"n": 0}
+    read, read_norms = ModelAdapter.weights, pullback.receiver_norms
 
     def counted(self, *args, **kwargs):
         reads["n"] += 1
         return read(self, *args, **kwargs)
 
+    def counted_norms(adapter):
+        norms["n"] += 1
+        return read_norms(adapter)
+
     monkeypatch.setattr(ModelAdapter, "weights", counted)
+    monkeypatch.setattr(pullback, "receiver_norms", counted_norms)
     task = Task.from_pairs(toy_pairs(12), name="toy")
     scan_task(model, task, n_resamples=10, stability=2, edges=False)  # two runners and two reruns
-    assert reads["n"] == 1
+    assert reads["n"] == 1 and norms["n"] == 1
     adapter = adapt(model)
     batch = task.tokenize(adapter)
     first = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
-    second = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", weights=first.weights)
+    second = TaskRunner(first.session, batch, "logit_diff", mlps=True, ablation="corrupted")
+    assert first.session is second.session and first.session.batch is None
     assert second.W_Q.data_ptr() == first.W_Q.data_ptr() and second.W_O.data_ptr() == first.W_O.data_ptr()
-    other = adapt(boot_bridge(attn_only=False, n_layers=L, n_heads=2 * H, d_model=D, d_vocab=V, seed=4))
-    for wrong in ("W_Q", other.weights(embeddings=False)):  # not weights; another shape's
-        with pytest.raises(CircuitkitError, match="weights"):
-            TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted", weights=wrong)
+    assert second.norms is first.norms
+    # a runner given an adapter opens a session of its own: the weights are read again
+    third = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
+    assert third.session is not first.session and third.W_Q.data_ptr() != first.W_Q.data_ptr()
+    # path patching's context on a session reads the model as a runner on it does: the same tensors
+    session = open_session(model, RepeatedTokens(batch=2, block_len=4))
+    ctx = context(session, None, "resample", 0, None, "test")
+    on_it = TaskRunner(session, batch, "logit_diff", mlps=True, ablation="corrupted")
+    assert ctx.W_O is on_it.W_O and ctx.W_in["k"] is on_it.W_K and ctx.norms is on_it.norms
+    # a task's session has no token batch: the induction measurements refuse it, saying so
+    with pytest.raises(CircuitkitError, match="a session on a token batch"):
+        open_session(first.session)
+    with pytest.raises(CircuitkitError, match="a session on a token batch"):
+        Session(adapter, None).clean_run()
 
 
 def test_a_large_vocabulary_stacks_fewer_copies_by_one_rule_in_the_runner_and_the_plan():

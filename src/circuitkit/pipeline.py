@@ -680,9 +680,8 @@ def scan(
                      ig_points=ig_points, kv_edges=kv_edges, edge_search=edge_search, node_ranking=node_ranking)
     if task is not None and not (isinstance(task, str) and task == "induction"):
         _refuse_induction_options(options, tokens)
-        return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges,
-                          ablate="none" if ablate is None else options["ablate"], ablate_top=ablate_top,
-                          ablation=None if ablation_method is None else options["ablation_method"], **task_only)
+        return _task_scan(model, task, options, device=device, name=name, mode=mode, edges=edges, ablate=ablate,
+                          ablate_top=ablate_top, ablation_method=ablation_method, **task_only)
     _refuse_task_options(**task_only)
     session = open_session(model, tokens, device)  # the model adapted once, the batch built once
     settings = scan_settings(options, session, tokens, edges=edges)
@@ -802,12 +801,12 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                prepend_bos: Any = None, metric: Any = None, holdout: float | None = None,
                target_on: str | None = None, edges: bool = True, ig_points: str | None = None,
                kv_edges: str | None = None, edge_search: str | None = None, node_ranking: str | None = None,
-               ablate: str = "none", ablate_top: int | None = None, ablation: str | None = None) -> Any:
+               ablate: str | None = None, ablate_top: int | None = None, ablation_method: str | None = None) -> Any:
     """A task's circuit (:func:`circuitkit.tasks.scan_task`) with the scan's checked ``options`` that apply to a task
     (``target``, ``n_resamples``, ``ci_level``, ``random_sets``, ``stability``, ``search`` and its options,
     ``ablate`` and ``ablate_top`` as given, ``ablate`` "none" where it was not), its
-    progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`); ``ablation``: the
-    checked ``ablation_method`` where one was given, the task's ablation then (the command line's
+    progress in ``mode`` (the task scan's own plan of passes, :mod:`circuitkit.tasks.stages`); ``ablation_method``
+    where one was given (not None): the task's ablation, as checked in ``options`` (the command line's
     ``--ablation-method``)."""
     from circuitkit.tasks import Task, get_task, scan_task
 
@@ -815,8 +814,8 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
         if not isinstance(task, (str, os.PathLike)):
             raise validate.fail("scan: task", task, "a Task, a built-in task name or a task file's path")
         task = get_task(os.fspath(task), model)
-    if ablation is not None:
-        task = replace(task, ablation=ablation)
+    if ablation_method is not None:
+        task = replace(task, ablation=options["ablation_method"])
     return scan_task(model, task, target=options["target"], device=device, name=name, progress=mode,
                      n_resamples=options["n_resamples"], ci_level=options["ci_level"], prepend_bos=prepend_bos,
                      metric=metric, edges=edges, random_sets=options["random_sets"], stability=options["stability"],
@@ -826,8 +825,8 @@ def _task_scan(model: Any, task: Any, options: Mapping[str, Any], *, device: Any
                      **({} if kv_edges is None else {"kv_edges": kv_edges}),
                      **({} if edge_search is None else {"edge_search": edge_search}),
                      **({} if node_ranking is None else {"node_ranking": node_ranking}),
-                     search=options["search"], search_options=options["search_options"], ablate=ablate,
-                     ablate_top=ablate_top)
+                     search=options["search"], search_options=options["search_options"],
+                     ablate="none" if ablate is None else options["ablate"], ablate_top=ablate_top)
 
 
 def exact_set(attribution: HeadEffects, ablate: str, ablate_top: int,
@@ -875,7 +874,8 @@ def _edge_tap(session: Session) -> GradientTap:
     from circuitkit.circuits._engine import DEFAULT_CORRUPT_SEED, context
     from circuitkit.circuits.metrics import resolve_metric
 
-    ctx = context(session, None, "resample", DEFAULT_CORRUPT_SEED, None, "scan", session.weights())
+    session.weights()  # read once with the embeddings, which the weights stage reads too: the context's are these
+    ctx = context(session, None, "resample", DEFAULT_CORRUPT_SEED, None, "scan")
     return GradientTap(ctx, resolve_metric("loss", "scan"), leaf=False)
 
 

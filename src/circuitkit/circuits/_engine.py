@@ -1,7 +1,7 @@
-"""What path patching and edge attribution share: the model under the contract, its weights per query head, the
-receivers' pre-attention normalisation, the senders' corrupted ``z``, and the clean
-activations one measurement leaves for the next on the same batch (kept in the
-:class:`~circuitkit.detect.session.Session` the context is built on).
+"""What path patching and edge attribution share: a :class:`~circuitkit.detect.session.Session` and one corruption.
+The session holds the model under the contract, its weights (``W_K`` / ``W_V`` per key/value head, as a task runner
+on the session reads them) and the receivers' pre-attention normalisation, the senders' corrupted ``z``, and the clean
+activations one measurement leaves for the next on the same batch.
 
 Sender output (row convention): head ``(l1, h1)`` writes ``z[l1][:, :, h1] @ W_O[l1, h1]`` ``[batch, pos,
 d_model]`` into the residual stream; its difference ``delta = (z_corrupt - z_clean) @ W_O`` is what an edge
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,28 +24,40 @@ from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resam
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import CorruptKey, EdgeGradients, Session, open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
-from circuitkit.graph.pullback import receiver_norms
+from circuitkit.graph.pullback import session_norms
 from circuitkit.models.adapters import HOOKS, ModelAdapter, ModelSpec, StopForward
-
-if TYPE_CHECKING:
-    from circuitkit.weights import HeadWeights
 
 Norm = Callable[[Tensor], Tensor]
 
 
 @dataclass(eq=False)
 class Context:
-    """A session ready for edge measurements: its model's weights per query head, the receivers' norms and one
-    corruption. What the measurements leave (the clean gradients, the corrupted ``z``) is kept in the session, so a
-    later context on the same session finds it."""
+    """A session with one corruption, ready for edge measurements. What it reads of the model is the session's (its
+    weights and receivers' norms, read once for every measurement and task runner on the session); what the
+    measurements leave (the clean gradients, the corrupted ``z``) is kept in the session too, so a later context on
+    the same session finds it."""
 
     session: Session
-    W_in: dict[str, Tensor]  # channel -> [layer, unit, d_model, d_head]: q per query head, k/v per key/value head
-    W_O: Tensor  # [layer, head, d_head, d_model]
-    norms: list[Norm | None]  # per layer
     corrupt: str
     corrupt_seed: int
     corrupt_batch: TokenBatch | None = None  # a given corrupted batch (corrupt is then "given")
+
+    @property
+    def W_in(self) -> dict[str, Tensor]:
+        """Channel -> ``[layer, unit, d_model, d_head]``: ``W_Q`` per query head, ``W_K`` / ``W_V`` per key/value
+        head (the session's :meth:`~circuitkit.detect.session.Session.device_weights`)."""
+        weights = self.session.device_weights()
+        return {"q": weights.W_Q, "k": weights.W_K, "v": weights.W_V}
+
+    @property
+    def W_O(self) -> Tensor:
+        """``[layer, head, d_head, d_model]``."""
+        return self.session.device_weights().W_O
+
+    @property
+    def norms(self) -> list[Norm | None]:
+        """Each layer's attention norm as the receivers read it (None where it has none): the session's."""
+        return session_norms(self.session)
 
     @property
     def adapter(self) -> ModelAdapter:
@@ -99,10 +111,10 @@ def context(
     corrupt_seed: int,
     device: str | torch.device | None,
     where: str,
-    weights: HeadWeights | None = None,
 ) -> Context:
-    """A checked :class:`Context` on a new session for ``model`` (or on the :class:`Session` given); ``weights``: the
-    model's :class:`~circuitkit.HeadWeights` where the caller has read them already (the session's otherwise)."""
+    """A checked :class:`Context` on a new session for ``model`` (or on the :class:`Session` given): the model's
+    weights and receivers' norms are the session's (read once for it, :meth:`Session.device_weights`,
+    :func:`~circuitkit.graph.pullback.session_norms`)."""
     session = open_session(model, tokens, device)
     adapter = session.adapter
     if not adapter.additive_heads:
@@ -123,10 +135,7 @@ def context(
         if corrupt == "a TokenBatch":
             raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
-    weights = (session.weights(embeddings=False) if weights is None else weights).to(device=adapter.spec.device)
-    W_in = {"q": weights.W_Q, "k": weights.W_K, "v": weights.W_V}  # as the task runner's: no per-query-head copy
-    norms = receiver_norms(adapter)
-    return Context(session, W_in, weights.W_O, norms, corrupt, corrupt_seed, corrupt_batch)
+    return Context(session, corrupt, corrupt_seed, corrupt_batch)
 
 
 def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -> dict[int, Tensor]:

@@ -227,7 +227,7 @@ def circuit_evidence(
     weights = session.weights(embeddings=False)  # read once: composition and the context
     comp = _composition(weights, composition, L, H)
     # one context: patching reuses the clean activations and corrupted z the attribution's passes left
-    ctx = context(session, None, corrupt, corrupt_seed, None, "circuit_evidence", weights)
+    ctx = context(session, None, corrupt, corrupt_seed, None, "circuit_evidence")
     return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch, steps=steps)
 
 

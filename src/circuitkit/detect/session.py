@@ -1,4 +1,8 @@
-"""One measurement session: the adapted model, the batch and every cache a measurement reads, each made once.
+"""One measurement session: the adapted model, the batch and every cache a measurement reads, each made once. Both
+engines hold a model through it: the induction scan's measurements on its batch, path patching's and edge
+attribution's :class:`~circuitkit.circuits._engine.Context` on it, and every
+:class:`~circuitkit.graph.runner.TaskRunner` of a task scan (a session without a batch of its own: each runner holds
+its task's pairs and their reference runs), which then read the model's weights and receivers' norms once.
 
 Why: head scores, the loss, attribution, exact ablation, the circuit search, edge attribution and path patching all
 read the same few things about one model on one batch: its clean activations (per-token losses, each head's mean
@@ -8,8 +12,12 @@ runs no pass of its own, and the model is adapted once per public call (:func:`o
 
 What it holds (shapes: ``B`` sequences, ``P`` positions, ``H`` query heads):
 
-- ``adapter``, ``batch``, ``device``: the model under the contract, the ``[B, P]`` token batch, where it runs;
-- ``weights()``: the model's :class:`~circuitkit.HeadWeights`, read once;
+- ``adapter``, ``batch``, ``device``: the model under the contract, the ``[B, P]`` token batch (None in a task's
+  session), where it runs;
+- ``weights()``: the model's :class:`~circuitkit.HeadWeights`, read once (``device_weights()``: on the session's
+  device, as edge measurements and task runners read them);
+- ``held(key, make)``: anything else read of the model once and shared by every measurement on the session (the
+  receivers' attention norms of both engines' edge measurements, :func:`~circuitkit.graph.pullback.session_norms`);
 - ``clean``: :class:`~circuitkit.detect.clean_run.CleanRun`, the clean pass's per-token losses ``[B, P - 1]``, mean
   ``z`` per layer ``[H, d_head]`` and residual streams per layer ``[B, P, d_model]`` (:meth:`clean_run` runs it
   where no earlier pass filled it);
@@ -25,9 +33,9 @@ corrupted pass once, for both (a named metric is the same metric in both calls; 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -38,6 +46,8 @@ from circuitkit.models.adapters import HookFn, ModelAdapter, ModelSpec, adapt
 
 if TYPE_CHECKING:
     from circuitkit.weights import HeadWeights
+
+T = TypeVar("T")
 
 CorruptKey = tuple[str | int, ...]
 """Which corruption a map of corrupted ``z`` belongs to: ``("resample", seed)``, ``("mean",)``, ``("given", id)``."""
@@ -77,11 +87,12 @@ class Session:
     """One model on one batch and what has been measured of it (see the module docstring)."""
 
     adapter: ModelAdapter
-    batch: TokenBatch
+    batch: TokenBatch | None  # None: a task's session (its runners hold their pairs)
     clean: CleanRun | None = None
     gradients: EdgeGradients | None = None
     _corrupted: dict[CorruptKey, dict[int, Tensor]] = field(default_factory=dict, repr=False)
     _weights: dict[bool, HeadWeights] = field(default_factory=dict, repr=False)
+    _held: dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
     def model(self) -> object:
@@ -106,10 +117,28 @@ class Session:
             held = self._weights[embeddings] = self.adapter.weights(embeddings=embeddings)
         return held
 
+    def device_weights(self) -> HeadWeights:
+        """The head weights (:meth:`weights`, embeddings aside) on the session's device: what both engines' edge
+        measurements and a task's runners multiply by, read and moved once for the session (a float32 copy of every
+        head's ``W_Q, W_K, W_V, W_O``: 5 GiB at the Llama-3.1-8B shape)."""
+        return self.held("device_weights", lambda: self.weights(embeddings=False).to(device=self.device))
+
+    def held(self, key: str, make: Callable[[], T]) -> T:
+        """What ``make()`` reads of the model, made on the first call for ``key`` and held for every later one (and
+        every measurement on this session)."""
+        if key not in self._held:
+            self._held[key] = make()
+        return self._held[key]  # type: ignore[return-value]
+
     def clean_run(self, *, z_means: bool = False, resid_layers: Collection[int] = (),
                   extra_hooks: Sequence[tuple[str, HookFn]] = ()) -> CleanRun:
         """The clean pass's :class:`CleanRun` with (at least) what is asked for: the one held where it has it and no
         hook must see a pass, else a new pass (:func:`circuitkit.detect.clean_run.clean_run`), then held."""
+        if self.batch is None:
+            from circuitkit import validate
+
+            raise validate.fail("session", validate.given("a task's session (no token batch)"),
+                                "a session on a token batch")
         held = self.clean
         if (held is not None and not extra_hooks and (held.z_means or not z_means)
                 and set(resid_layers) <= held.resid_pre.keys()):
@@ -129,9 +158,12 @@ def open_session(model: ModelAdapter | Session | object, tokens: RepeatedTokens 
     adapted once (:func:`circuitkit.models.adapters.adapt`). A session given is returned as it is (then ``tokens``
     must be None or its own batch)."""
     if isinstance(model, Session):
-        if tokens is not None and tokens is not model.batch:
-            from circuitkit import validate
+        from circuitkit import validate
 
+        if model.batch is None:
+            raise validate.fail("session", validate.given("a task's session (no token batch)"),
+                                "a session on a token batch")
+        if tokens is not None and tokens is not model.batch:
             raise validate.fail("session: tokens", tokens, "None with a session given (it brings its batch)")
         return model
     adapter = adapt(model, device)

@@ -44,6 +44,12 @@ def receiver_norms(adapter: Any) -> list[ReceiverNorm | None]:
     return [None if norm is None else ReceiverNorm(norm, _offloaded_holders(norm)) for norm in norms]
 
 
+def session_norms(session: Any) -> list[ReceiverNorm | None]:
+    """:func:`receiver_norms` of a :class:`~circuitkit.detect.session.Session`'s model, read once for the session:
+    every measurement on it (path patching, edge attribution, a task scan's runners) shares them."""
+    return session.held("receiver_norms", lambda: receiver_norms(session.adapter))
+
+
 class ReceiverNorm:
     """A block's ``ln1``, callable outside the block's forward pass (path patching recomputes a receiver's input
     through it; both edge attributions read its weight and pull gradients back through it). Where accelerate has
@@ -276,4 +282,4 @@ def split_by_query_head(out: Tensor, group_input: Tensor, grad_out: Tensor, grou
 
 
 __all__ = ["NORM_CHECK_RTOL", "ClosedForm", "ReceiverGradients", "ReceiverNorm", "autograd_pullback", "closed_form",
-           "receiver_norms", "split_by_query_head"]
+           "receiver_norms", "session_norms", "split_by_query_head"]

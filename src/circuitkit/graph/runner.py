@@ -63,10 +63,11 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.reference import Keep, Kept, reference_pass
 from circuitkit.detect.reference import reads as reference_reads
+from circuitkit.detect.session import Session
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import METRICS, last_logits
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
-from circuitkit.graph.pullback import ReceiverGradients, closed_form, receiver_norms, split_by_query_head
+from circuitkit.graph.pullback import ReceiverGradients, closed_form, session_norms, split_by_query_head
 from circuitkit.graph.task import TaskBatch
 from circuitkit.ig_path import DEFAULT_IG_POINTS, IG_POINTS, along, ig_alphas
 from circuitkit.models.adapters import HOOKS, ModelAdapter
@@ -250,19 +251,28 @@ class TaskRunner:
     :func:`~circuitkit.graph.nodes.neuron_groups`); each is captured in both reference runs and scored by
     :meth:`attribute`; ``kv_edges``: key/value receivers per key/value head (``"grouped"``) or per query head
     (``"per-query-head"``; module docstring); ``budget``: the bytes of stacked sender deltas one patching pass
-    may hold (:func:`sender_budget`; the task scan's memory plan chooses it); ``weights``: the head weights
-    another runner of the same model holds (its :attr:`weights`), shared rather than read again (a float32 copy of
-    every head's ``W_Q, W_K, W_V, W_O``: 5 GiB at the Llama-3.1-8B shape)."""
+    may hold (:func:`sender_budget`; the task scan's memory plan chooses it).
 
-    def __init__(self, adapter: ModelAdapter, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str,
+    ``model``: the :class:`~circuitkit.detect.session.Session` the runner measures through (:attr:`session`), or an
+    adapter (then a session of its own, without a token batch). What the runner reads of the model is the session's,
+    read once for every runner and edge measurement on it: the head weights (:meth:`Session.device_weights`: a
+    float32 copy of every head's ``W_Q, W_K, W_V, W_O``, 5 GiB at the Llama-3.1-8B shape) and the receivers'
+    attention norms (:func:`~circuitkit.graph.pullback.session_norms`); a scan's runners (its discovery and
+    evaluation pairs, the resamples of its stability) share one session. What it runs on its own pairs (their clean
+    and corrupted runs, the node values) it holds itself."""
+
+    def __init__(self, model: ModelAdapter | Session, batch: TaskBatch, metric: str, *, mlps: bool, ablation: str,
                  node_types: tuple[NodeType, ...] = (), kv_edges: str = DEFAULT_KV_EDGES,
-                 budget: int = SENDER_BUDGET, weights: Any = None) -> None:
+                 budget: int = SENDER_BUDGET) -> None:
+        session = model if isinstance(model, Session) else Session(model, None)
+        adapter = session.adapter
         if adapter.spec.bidirectional:
             raise validate.fail("task circuit: model", validate.given(f"a bidirectional {adapter.spec.family} model"),
                                 "a causal language model (a task's metric is read at each prompt's last token, "
                                 "which sees only the tokens before it)")
         if mlps and adapter.attn_only:
             raise validate.fail("task circuit: mlps", mlps, "False for an attention-only model (it has no MLPs)")
+        self.session = session
         self.adapter = adapter
         self.spec = adapter.spec
         self.batch = batch
@@ -279,17 +289,10 @@ class TaskRunner:
         self.mlp_normed = self.mlp_in is HOOKS.mlp_normed_in  # the MLP reads through the shared norm ln1
         self.node_types = _node_types(adapter, node_types)
         self.extra_types = tuple(t for t in self.node_types.values() if t is not HEAD and t is not MLP)
-        if weights is None:
-            weights = adapter.weights(embeddings=False).to(device=self.spec.device)
-        elif (not isinstance(getattr(weights, "W_Q", None), Tensor)
-              or tuple(weights.W_Q.shape[:3]) != (self.spec.n_layers, self.spec.n_heads, self.spec.d_model)
-              or weights.W_Q.device.type != torch.device(self.spec.device).type):
-            raise validate.fail("task circuit: weights", weights, f"another runner's head weights of this model "
-                                f"({self.spec.n_layers} layers, on {self.spec.device})")
-        self.weights = weights
+        self.weights = weights = session.device_weights()
         self.W_Q, self.W_K, self.W_V = weights.W_Q, weights.W_K, weights.W_V  # k, v: [layer, kv, d_model, d_head]
         self.W_O = weights.W_O
-        self.norms = receiver_norms(adapter)  # callable outside the forward pass, offloaded weights brought in
+        self.norms = session_norms(session)  # callable outside the forward pass, offloaded weights brought in
         self.scored_metric = reads_scored(metric)
         self._read_at(batch)
         self.pattern_masks: dict[str, tuple[Tensor, float]] = {}  # score -> ([pair, q, k] targets, target rows)

@@ -74,8 +74,8 @@ def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: flo
     for row in counts:
         index = torch.repeat_interleave(torch.arange(batch.n_pairs, device="cpu"), row.long())
         metric = runner.metric_fn if isinstance(runner.metric_fn, UserMetric) else runner.metric_name
-        rerun = TaskRunner(runner.adapter, batch.subset(index), metric, mlps=runner.graph.mlps,
-                           ablation=runner.ablation, budget=runner.budget, weights=runner.weights)
+        rerun = TaskRunner(runner.session, batch.subset(index), metric, mlps=runner.graph.mlps,
+                           ablation=runner.ablation, budget=runner.budget)
         rerun.direct = False
         try:
             if ranking == "joint":

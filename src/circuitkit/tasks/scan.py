@@ -686,9 +686,9 @@ def _prepared(adapter: Any, task: Task, batch: Any, mlps: bool, o: TaskOptions,
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=o.node_types,
                         kv_edges=o.kv_edges, budget=memory.budget)
     runner.pattern_masks = registered_pattern_masks(found)
-    held = TaskRunner(adapter, batch.subset(evaluation_index), task.metric, mlps=mlps,
+    held = TaskRunner(runner.session, batch.subset(evaluation_index), task.metric, mlps=mlps,  # one session
                       ablation=task.ablation, node_types=o.node_types, kv_edges=o.kv_edges,
-                      budget=memory.budget, weights=runner.weights) if split else None
+                      budget=memory.budget) if split else None
     if held is not None:
         held.direct = False  # its clean run gives the metric and the senders' outputs; the DLA and patterns are read
         # on the discovery pairs
