@@ -999,6 +999,7 @@ case("circuitkit.tracking:step_from_name", lambda: {"name": "step100"}, name="te
 
 record("circuitkit:Circuit", "result record of find_circuit() (built and checked by it)")
 record("circuitkit:CircuitRecord", "the record every found circuit is (built and checked by find_circuit, scan_task)")
+record("circuitkit:ScanResult", "the abstract kind every scan result is (Scan, TaskScan: built by scan)")
 record("circuitkit.circuits:CircuitRecord", "the record every found circuit is (built and checked by the searches)")
 method("circuitkit.circuits.record:CircuitRecord.interval", lambda: __import__("circuitkit").CircuitRecord(
     heads=((0, 1),), faithfulness=0.9, necessity=1.0, target=0.8, curve=(),
@@ -1831,7 +1832,7 @@ method(f"{HS}.patterns_for", head_scores_result, lambda: {"layer": 1, "head": 1}
 method(f"{HS}.to_dataframe", head_scores_result, lambda: {"sort_by": "previous_token"}, sort_by="option")
 method("circuitkit.scan_types:HeadEffects.top", effects, lambda: {"k": 2, "absolute": True}, k="int>=1",
        absolute="bool")
-method("circuitkit.scan_types:Scan.top", scan, lambda: {"score": "induction", "k": 2}, score="option", k="int>=1")
+method("circuitkit.scan_types:Scan.top", scan, lambda: {"score": "induction", "k": 2}, score="option?", k="int>=1")
 method("circuitkit.scan_types:Scan.save", scan, lambda: {"out_dir": tmp_out_dir(), "png": False},
        out_dir="out_dir", png="bool")
 case("circuitkit.scan_types:Scan.load", lambda: {"path": saved_scan_dir()}, path="text",

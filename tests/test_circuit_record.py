@@ -144,3 +144,23 @@ def test_a_task_scans_top_heads_are_checked(scans):
     for bad in ({"score": "loss"}, {"score": 3}, {"k": 0}, {"k": 2.5}):
         with pytest.raises(CircuitkitError, match="TaskScan.top"):
             scan.top(**bad)
+
+
+def test_both_scans_are_one_kind_of_result(scans, tmp_path):
+    """Both results are :class:`circuitkit.ScanResult` s: every question it names is answered by both classes (an
+    abstract one left unanswered would refuse to build the scan), ``top()`` without a column takes each scan's
+    default, and ``Scan.load`` gives either kind back as one."""
+    from circuitkit.tasks import TaskScan
+
+    assert {"answer", "passes", "table", "to_pandas", "top", "to_json", "save", "load", "_repr_html_"} \
+        == set(ck.ScanResult.__abstractmethods__)
+    for cls in (ck.Scan, TaskScan):
+        assert issubclass(cls, ck.ScanResult) and not cls.__abstractmethods__
+    with pytest.raises(TypeError, match="abstract"):
+        ck.ScanResult()
+    for behaviour, scan in scans.items():
+        assert isinstance(scan, ck.ScanResult)
+        assert scan.top(k=2) == scan.top("induction" if behaviour == "induction" else None, 2)
+        back = ck.Scan.load(scan.save(tmp_path / behaviour).scores)
+        assert isinstance(back, ck.ScanResult) and type(back) is type(scan)
+        assert [row["head"] for row in back.table()] == [row["head"] for row in scan.table()]

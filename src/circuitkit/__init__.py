@@ -65,6 +65,7 @@ _LAZY: dict[str, str] = {
     "copying_scores": "circuitkit.detect.weight_scores",
     "HeadEffects": "circuitkit.detect.effects",
     "Scan": "circuitkit.scan_types",
+    "ScanResult": "circuitkit.scan_record",
     "scan": "circuitkit.pipeline",
     "load_model": "circuitkit.models.loading",
     "path_patching": "circuitkit.circuits.patching",

@@ -11,6 +11,8 @@ All tensors are float32 on the CPU. Shapes: ``L`` layers, ``H`` query heads, ``p
 
 from __future__ import annotations
 
+import abc
+import os
 from collections.abc import Mapping
 from dataclasses import InitVar, asdict, dataclass, field, fields
 from pathlib import Path
@@ -227,8 +229,10 @@ class ScanRecord:
         """The heads ``score`` calls (best first; () where no role of the scan reads ``score``)."""
         return tuple(self.called.get(score, ()))
 
-    def top(self, score: str, k: int = 5) -> list[tuple[Head, float]]:
-        """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``)."""
+    def top(self, score: str | None = None, k: int = 5) -> list[tuple[Head, float]]:
+        """The ``k`` best heads by ``score`` (a head-score name, ``"attribution"`` or ``"ablation"``; None: the
+        induction score, the head table's default order)."""
+        score = "induction" if score is None else score
         if score in ("attribution", "ablation"):
             effects = getattr(self, score)
             if effects is None:
@@ -256,6 +260,57 @@ ScanRecord.previous_token_heads = property(  # type: ignore[assignment]
     lambda self: self.called_by("previous_token"), doc="The heads the previous-token score calls (best first).")
 
 
+class ScanResult(abc.ABC):
+    """What every scan's result answers, whichever behaviour it measured: the induction scan's
+    :class:`~circuitkit.Scan` and a task's :class:`~circuitkit.tasks.TaskScan` are both one
+    (``isinstance(result, circuitkit.ScanResult)``), so code that reads a scan takes either. Each answers in its own
+    figures (the induction scan's loss on the copies, a task's metric); the questions and their names are one:
+
+    - ``answer()``: the terminal's answer as text; ``passes``: forward passes of the batch its stages ran;
+    - ``verified`` / ``verified_error``: the circuit found (a :class:`~circuitkit.CircuitRecord`) or why none was;
+    - ``table(sort)`` / ``to_pandas(sort)``: one row per head; ``top(score, k)``: the largest heads by a column;
+    - ``to_json()``, ``save(dir, png=)``, ``load(path)`` (``Scan.load`` reads either kind back), the notebook view.
+    """
+
+    @abc.abstractmethod
+    def answer(self) -> str:
+        """The answer in a few lines of plain text, as the terminal prints it."""
+
+    @property
+    @abc.abstractmethod
+    def passes(self) -> float:
+        """Forward passes of the batch the scan's stages ran (stacked copies count one each)."""
+
+    @abc.abstractmethod
+    def table(self, sort: str | None = None) -> list[dict[str, Any]]:
+        """One dict per head, largest ``sort`` first (each scan's default column)."""
+
+    @abc.abstractmethod
+    def to_pandas(self, sort: str | None = None) -> Any:
+        """:meth:`table` as a ``pandas.DataFrame`` indexed by head."""
+
+    @abc.abstractmethod
+    def top(self, score: str | None = None, k: int = 5) -> list[tuple[Head, float]]:
+        """The ``k`` heads with the largest ``score`` (each scan's default column where None), largest first."""
+
+    @abc.abstractmethod
+    def to_json(self) -> dict[str, Any]:
+        """What ``scores.json`` holds."""
+
+    @abc.abstractmethod
+    def save(self, out_dir: str | os.PathLike, *, png: bool = False) -> SavedReport:
+        """Write ``report.html`` and ``scores.json`` into ``out_dir`` together (with ``png``: the page's PNGs)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, path: str | os.PathLike) -> ScanResult:
+        """The scan :meth:`save` wrote into ``path``, read back."""
+
+    @abc.abstractmethod
+    def _repr_html_(self) -> str:
+        """The notebook view: the answer first, then the top of the head table."""
+
+
 @dataclass(frozen=True)
 class SavedReport:
     """The files :meth:`circuitkit.scan_types.Scan.save` wrote."""
@@ -265,5 +320,5 @@ class SavedReport:
     pngs: tuple[Path, ...] = ()
 
 
-__all__ = ["LISTING_SIZES", "UNSAVED", "ModelSummary", "SavedReport", "ScanRecord", "ScanSettings", "StageRecord",
-           "summarise_model"]
+__all__ = ["LISTING_SIZES", "UNSAVED", "ModelSummary", "SavedReport", "ScanRecord", "ScanResult", "ScanSettings",
+           "StageRecord", "summarise_model"]

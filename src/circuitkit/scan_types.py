@@ -18,15 +18,17 @@ from circuitkit.scan_record import (
     ModelSummary,
     SavedReport,
     ScanRecord,
+    ScanResult,
     ScanSettings,
     StageRecord,
     summarise_model,
 )
 
 
-class Scan(ScanRecord):
+class Scan(ScanRecord, ScanResult):
     """Everything a scan measured (:class:`circuitkit.scan_record.ScanRecord`: the fields), with its views. Build
-    with :func:`circuitkit.scan`; save with :meth:`save`."""
+    with :func:`circuitkit.scan`; save with :meth:`save`. A :class:`~circuitkit.scan_record.ScanResult`, as a task's
+    :class:`~circuitkit.tasks.TaskScan` is: the same questions under the same names."""
 
     def to_json(self) -> dict[str, Any]:
         """The machine-readable scan (what ``scores.json`` holds): plain numbers, NaN as null, deterministic."""
@@ -103,4 +105,4 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = ["LISTING_SIZES", "UNSAVED", "Agreement", "HeadEffects", "ModelSummary", "SavedReport", "Scan",
-           "ScanRecord", "ScanSettings", "StageRecord", "summarise_model"]
+           "ScanRecord", "ScanResult", "ScanSettings", "StageRecord", "summarise_model"]

@@ -41,7 +41,7 @@ from circuitkit.graph.runner import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINT
 from circuitkit.graph.task import Task, check_prepend_bos
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import head_name
-from circuitkit.scan_record import StageRecord
+from circuitkit.scan_record import ScanResult, StageRecord
 from circuitkit.stage import run_planned
 from circuitkit.tasks.circuit import NODE_RANKINGS, RANKS, TaskCircuit, edge_intervals, effect_intervals
 from circuitkit.tasks.memory import check_task_memory, logit_positions, node_widths
@@ -75,7 +75,7 @@ one stacked forward + backward pass."""
 
 
 @dataclass(frozen=True, eq=False)
-class TaskScan:
+class TaskScan(ScanResult):
     """A task scan: ``task``; per-pair metric on the clean and corrupted prompts (``clean`` / ``corrupted``
     ``[pair]``); ``dla`` (each head's direct contribution to logit(answer) - logit(wrong) through the final norm
     with its scale frozen at the clean run's, ``[layer, head]``; ``dla_mlp`` ``[layer]`` or None); ``scores``
