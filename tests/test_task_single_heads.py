@@ -9,6 +9,7 @@ and its stage in the plan.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -220,6 +221,43 @@ def test_each_pairs_term_of_the_node_scores_is_that_pair_alone():
     plain = TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted")
     plain.attribute(2)
     assert plain.node_pairs is None  # kept only where asked
+
+
+def test_without_edges_the_node_scores_come_from_the_nodes_outputs(monkeypatch):
+    """Where no edge score is read (``edges=False``) and nodes are patched to their corrupted values, the scan takes
+    EAP-IG's node scores from the gradient at each node's output (:meth:`TaskRunner.node_attribution`): the sum of
+    its edges' scores that :meth:`TaskRunner.attribute` adds up, for heads and MLPs, each pair's term too. With
+    another ablation the node scores stay the edges' sums (the two differ there: the edges are patched from the
+    corrupted prompt, the nodes to their ablation)."""
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.tasks import Task
+    from tests.conftest import boot_bridge
+    from tests.test_tasks import toy_pairs
+
+    model = boot_bridge(attn_only=False, n_layers=3, d_vocab=50, seed=3)
+    adapter = adapt(model)
+    task = Task.from_pairs(toy_pairs(8), name="toy")
+    batch = task.tokenize(adapter)
+    edges, nodes = (TaskRunner(adapter, batch, "logit_diff", mlps=True, ablation="corrupted") for _ in range(2))
+    edges.keep_node_pairs = nodes.keep_node_pairs = True
+    _, summed, _ = edges.attribute(3)
+    own, _ = nodes.node_attribution(3)
+    members = torch.cat([edges.graph.head_senders.flatten(),
+                         torch.tensor([edges.graph.sender_index(layer, None) for layer in range(3)])])
+    assert float(summed[members].abs().max()) > 0.05  # not 0 == 0
+    assert torch.allclose(own[members], summed[members], atol=1e-5, rtol=1e-4)
+    assert torch.allclose(nodes.node_pairs[members], edges.node_pairs[members], atol=1e-5, rtol=1e-4)
+    assert torch.allclose(nodes.node_pairs.mean(1), own, atol=1e-5, rtol=1e-4)
+    assert own[0] == 0  # the input is no node of a node circuit
+
+    with_edges = scan_task(model, task, holdout=0, n_resamples=20)
+    monkeypatch.setattr(TaskRunner, "attribute", lambda *a, **k: pytest.fail("edge scores taken without edges"))
+    without = scan_task(model, task, holdout=0, n_resamples=20, edges=False)
+    assert torch.allclose(without.scores, with_edges.scores, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(without.scores_mlp, with_edges.scores_mlp, atol=1e-5, rtol=1e-4)
+    assert without.circuit.heads == with_edges.circuit.heads
+    with pytest.raises(pytest.fail.Exception, match="edge scores taken without edges"):
+        scan_task(model, dataclasses.replace(task, ablation="mean"), holdout=0, n_resamples=20, edges=False)
 
 
 def test_the_agreement_has_an_interval_over_the_pairs_from_ten_heads():

@@ -1090,8 +1090,12 @@ class TaskRunner:
         positions (the gradient of the mean metric at the ``steps`` points of :meth:`edge_gradients`), for each
         MLP the same at its output; 0 for the input. Defined whatever follows the attention (a norm, a scale):
         what the node circuit patches is ``z`` itself. The node scores of families without edges
-        (:data:`EDGES_UNDEFINED`). Returns ``(scores [sender], {type: [layer, nodes]})``, the second each further
-        node type's scores (:meth:`attribute`)."""
+        (:data:`EDGES_UNDEFINED`), and of any scan that needs no edge score (``edges=False``): where a node is
+        patched to its corrupted value a head's (an MLP's) score equals the sum of its edges' EAP-IG scores, which
+        :meth:`attribute` adds up (the gradient at its output is the sum of the gradients at the receivers that read
+        it), without their pullback to every receiver; the input's is 0 (it is no node of a node circuit). Returns
+        ``(scores [sender], {type: [layer, nodes]})``, the second each further node type's scores
+        (:meth:`attribute`); with :attr:`keep_node_pairs`, each pair's term in :attr:`node_pairs`, as there."""
         from circuitkit.detect.attribution import frozen_parameters
 
         graph, spec, batch = self.graph, self.spec, self.batch
@@ -1138,6 +1142,8 @@ class TaskRunner:
         summed: dict[tuple[str, int], Tensor] = {}
         _add_summed(summed, typed_got, S)
         scores = torch.zeros(len(graph.senders))
+        B = batch.n_pairs
+        pairs = torch.zeros(len(graph.senders), B) if self.keep_node_pairs else None
         real = batch.real.to(clean_in.device)
         for layer in range(L):
             grad = got.get(f"z{layer}")
@@ -1147,12 +1153,20 @@ class TaskRunner:
                 per_head = torch.einsum("bphd,bphd,bp->h", delta, g, real.float())
                 for h in range(spec.n_heads):
                     scores[graph.sender_index(layer, h)] = float(per_head[h]) / S
+                if pairs is not None:  # the metric is the mean over the B pairs: B times each pair's share
+                    index = graph.sender_slices[("head", layer)]
+                    pairs[index] = torch.einsum("bphd,bphd,bp->hb", delta, g, real.float()).cpu() * B / S
             grad = got.get(f"m{layer}")
             if grad is not None:
                 g = grad.detach().float().view(S, -1, *grad.shape[1:]).sum(0)
                 delta = (self.clean["mlp"][layer] - mlp_values[layer]).float()
                 scores[graph.sender_index(layer, None)] = float(torch.einsum("bpm,bpm,bp->", delta, g,
                                                                              real.float())) / S
+                if pairs is not None:
+                    pairs[graph.sender_index(layer, None)] = (
+                        torch.einsum("bpm,bpm,bp->b", delta, g, real.float()).cpu() * B / S)
+        if pairs is not None:
+            self.node_pairs = pairs
         return scores, self._typed_scores(summed, S)
 
     def _pulled_back(self, key: tuple[str, int], grad: Tensor, resid: dict[int, Tensor], steps: int) -> Tensor:

@@ -285,13 +285,16 @@ def corrupted_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
 
 
 def attribute_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
-    """EAP-IG; where its first point is the corrupted run (``plan.folded``), that run is read from it."""
+    """EAP-IG; where its first point is the corrupted run (``plan.folded``), that run is read from it. Where no edge
+    score is read (``edges=False``) and a node is patched to its corrupted value, only the node scores are taken:
+    the gradient at each node's output, the sum of its edges' scores, without the pullback to every receiver
+    (:meth:`~circuitkit.graph.runner.TaskRunner.node_attribution`; a family without edges has only these)."""
     o, runner = state.options, state.runner
     runner.keep_node_pairs = o.ablate != "none"  # each pair's term of the node scores: the agreement's interval
-    if runner.edges_defined:
+    if runner.edges_defined and (o.edges or runner.ablation != "corrupted"):
         state.scores, state.node_scores, state.typed = state.staged(
             bar, "attribute", lambda advance: runner.attribute(o.steps, o.ig_points))
-    else:  # node circuits only: nodes ranked by their own EAP-IG score at z (graph.EDGES_UNDEFINED)
+    else:  # node scores only: each node's own EAP-IG score at its output (graph.EDGES_UNDEFINED)
         state.node_scores, state.typed = state.staged(
             bar, "attribute", lambda advance: runner.node_attribution(o.steps, o.ig_points))
     state.corrupted = runner.corrupted  # run by now: apart (the corrupted stage) or as EAP-IG's first point
