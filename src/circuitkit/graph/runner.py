@@ -1141,9 +1141,9 @@ class TaskRunner:
         z_values, mlp_values = self.node_values()
         summed: dict[tuple[str, int], Tensor] = {}
         _add_summed(summed, typed_got, S)
-        scores = torch.zeros(len(graph.senders))
+        scores = torch.zeros(len(graph.senders), device="cpu")
         B = batch.n_pairs
-        pairs = torch.zeros(len(graph.senders), B) if self.keep_node_pairs else None
+        pairs = torch.zeros(len(graph.senders), B, device="cpu") if self.keep_node_pairs else None
         real = batch.real.to(clean_in.device)
         for layer in range(L):
             grad = got.get(f"z{layer}")
