@@ -137,6 +137,32 @@ def test_points_batched_as_copies_equal_one_point_per_pass(monkeypatch):
                                    atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("metric", ["loss", "induction", "callable"])
+@pytest.mark.parametrize("corrupt", ["resample", "mean"])
+def test_edge_points_stacked_as_copies_equal_one_point_per_pass(metric, corrupt, monkeypatch):
+    """Edge attribution runs its integration points as stacked copies of the batch, as head attribution does: a
+    grouped-query model with LayerNorm and MLPs gives the same estimates with one point a pass, for the loss, the
+    receiver-local induction score and a user's callable (read in each copy on its own), under either corruption;
+    and the stacked points take fewer passes."""
+    from circuitkit.circuits import attribution as module
+
+    model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=2)
+    batch = TOKENS.build(model)
+    chosen = repeated_ce if metric == "callable" else metric
+    calls, count = count_embeddings(model)
+    monkeypatch.setattr(model, "run_with_hooks", count)
+    together = edge_attribution(model, tokens=batch, steps=6, metric=chosen, corrupt=corrupt)
+    stacked_passes = len(calls)
+    monkeypatch.setattr(module, "points_per_pass", lambda adapter, batch: 1)
+    calls.clear()
+    apart = edge_attribution(model, tokens=batch, steps=6, metric=chosen, corrupt=corrupt)
+    # the clean run, with "resample" the corrupted one and its embeddings (the path's start), then the 5 interior
+    # points: 2 stacked passes of them (3 and 2, as the contractions group the runs), against 5
+    assert len(calls) == stacked_passes + 3 and stacked_passes == (3 if corrupt == "mean" else 5)
+    torch.testing.assert_close(together.scores, apart.scores, atol=1e-6, rtol=1e-5, equal_nan=True)
+    assert float(together.scores.nan_to_num(0.0).abs().max()) > 1e-3  # not 0 == 0
+
+
 # ---------------------------------------------------------------------- steps=1 is first-order attribution
 def count_embeddings(model):
     calls = []

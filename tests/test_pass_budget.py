@@ -62,7 +62,7 @@ def test_the_four_passes_use_the_one_rule(monkeypatch):
     for module in (ablation, attribution, patching, graph):
         monkeypatch.setattr(module, "copies_per_pass", fake)
     assert ablation.copies_per_forward(adapter, batch.tokens, 4) == 3
-    assert attribution._copies_per_pass(adapter, batch) == 3
+    assert attribution.points_per_pass(adapter, batch) == 3
     task = Task.from_pairs([((1, 2, 3), (1, 4, 3), 5, 6)] * 2)
     runner = TaskRunner(adapter, task.tokenize(adapter), "logit_diff", mlps=False, ablation="corrupted")
     assert runner._copies_per_pass(node=True) == 3

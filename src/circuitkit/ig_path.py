@@ -11,10 +11,14 @@ ablated value) to the clean value ``x`` (``alpha = 1``). Three sets of points ar
 
 :func:`along` is the one interpolation, ``x' + alpha (x - x')``, for a batch of points stacked on a new leading
 axis; the task runner's EAP-IG and node attribution, the induction attribution's inputs and per-layer paths and the
-edge attribution's inputs path all read it.
+edge attribution's inputs path all read it. :func:`stacked_inputs` is the hook that moves each stacked copy of a
+batch to its point of the inputs path, as the induction engine's head and edge attributions run their points.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,4 +58,20 @@ def along(start: Tensor, end: Tensor, alphas: Tensor | float) -> Tensor:
     return start + alphas * (end - start)
 
 
-__all__ = ["DEFAULT_IG_POINTS", "IG_POINTS", "along", "ig_alphas"]
+def stacked_inputs(alphas: Tensor, base: Tensor | None) -> Callable[[Tensor, Any], Tensor]:
+    """The hook at the input embeddings (``resid_pre`` of layer 0) of a pass that runs ``len(alphas)`` copies of a
+    batch stacked on the batch axis, ``x`` ``[copies * batch, pos, d_model]``: copy ``i`` moved to the point
+    ``along(start, x_i, alphas[i])`` of the inputs path, ``start`` the corrupted batch's embeddings ``base``
+    ``[batch, pos, d_model]``, or where None each copy's own batch mean at each position (the mean corruption).
+    The one interpolation of the induction engine's stacked points (head attribution's inputs path, edge
+    attribution's)."""
+
+    def interpolate(x: Tensor, hook: Any) -> Tensor:
+        copies = x.view(len(alphas), -1, *x.shape[1:])
+        start = copies.mean(dim=1, keepdim=True) if base is None else base.to(x.device, x.dtype)[None]
+        return along(start, copies, alphas).view_as(x)
+
+    return interpolate
+
+
+__all__ = ["DEFAULT_IG_POINTS", "IG_POINTS", "along", "ig_alphas", "stacked_inputs"]

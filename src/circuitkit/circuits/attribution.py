@@ -33,9 +33,12 @@ by its mean over ``m`` points of the straight path between the corrupted and the
     attribution[s, r, c] = sum_{b, p} delta_s[b, p] . (1/m) sum_{k=1..m} g_{r,c}[b, p] |_(e' + (k/m) (e - e'))
 
 The point ``k = m`` is the clean run, so ``m = 1`` is the first-order estimate above, bit for bit; the sender
-differences ``delta_s`` stay those of the clean and corrupted runs. Each further point is one forward and one
-backward pass on the clean labels and its own contraction (with its own normalisation pullback), taken and
-added before the next point runs: memory stays that of ``m = 1``.
+differences ``delta_s`` stay those of the clean and corrupted runs. The further points run as copies of the batch
+stacked in one forward and one backward pass on the clean labels (each copy's metric read on its own), as head
+attribution's points (:func:`~circuitkit.detect.attribution.points_per_pass`, its rule for how many a pass holds) and
+a task's EAP-IG run theirs; at most :data:`RUNS_PER_CONTRACTION` runs' gradients are held at once and contracted
+together (with their own normalisation pullbacks), so a pass holds at most that many points, and the stacked points
+give what one point a pass gave (bit for bit on the bundled model, ``benchmarks/README.md``).
 
 Measured on the bundled model against exact path patching of all 48 edges (``benchmarks/ig.py``): with the
 loss metric the strongest edge (previous-token head 0.1 -> induction head 1.3 through K, exact +0.160) is
@@ -76,12 +79,12 @@ from circuitkit.circuits._engine import (
 from circuitkit.circuits.corrupt import resampled_batch
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import InductionReader, Metric, check_value, repeated_loss, resolve_metric
-from circuitkit.detect.attribution import check_steps, frozen_parameters
+from circuitkit.detect.attribution import check_steps, frozen_parameters, points_per_pass
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.pullback import ClosedForm, ReceiverGradients, closed_form, split_by_query_head
-from circuitkit.ig_path import along, ig_alphas
+from circuitkit.ig_path import ig_alphas, stacked_inputs
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
@@ -195,10 +198,15 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     runs = [(clean.grads, clean.resid)]
     if steps > 1:
         base = _corrupted_input(ctx)
-        for alpha in ig_alphas(steps, "interior").tolist():
-            point = _path_gradients(ctx, m, base, alpha)
-            runs.append((point.grads, point.resid))
-            del point
+        alphas = ig_alphas(steps, "interior")
+        per_pass = points_per_pass(ctx.adapter, ctx.batch)
+        first = 0
+        while first < len(alphas):
+            # the points stacked in one pass fill the current group of runs, never more: the contractions sum the
+            # same runs together whatever a pass holds
+            chunk = alphas[first : first + min(per_pass, RUNS_PER_CONTRACTION - len(runs))]
+            runs += _path_gradients(ctx, m, base, chunk)
+            first += len(chunk)
             if len(runs) == RUNS_PER_CONTRACTION:
                 with torch.no_grad():
                     _contract_all(ctx, runs, dz, W_O, totals)
@@ -275,15 +283,18 @@ def _corrupted_input(ctx: Context) -> Tensor | None:
     return ctx.adapter.embedded(corrupted.tokens)
 
 
-def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alpha: float) -> EdgeGradients:
-    """The receivers' gradients (and normalisation inputs) at the point ``e' + alpha (e - e')`` of the inputs path:
-    one forward pass with gradients from layer 1 on and one backward pass (a :class:`GradientTap` of its own)."""
-
-    def interpolate(x: Tensor, hook: Any) -> Tensor:
-        start = x.mean(dim=0, keepdim=True) if base is None else base.to(x.device, x.dtype)
-        return along(start, x, alpha)
-
-    return _tapped_pass(ctx, m, [(HOOKS.resid_pre(0), interpolate)], "interpolated logits")
+def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alphas: Tensor) -> list[tuple[dict, dict]]:
+    """The receivers' gradients and normalisation inputs ``(grads, resid)`` at each point ``e' + alpha (e - e')``
+    of the inputs path, one per ``alphas``: one forward pass with gradients from layer 1 on and one backward pass of
+    the points stacked as copies of the batch (a :class:`GradientTap` of its own; each copy's gradient is of its own
+    metric), as head attribution runs its points and the task runner its EAP-IG."""
+    n = len(alphas)
+    point = _tapped_pass(ctx, m, [(HOOKS.resid_pre(0), stacked_inputs(alphas, base))], "interpolated logits", n)
+    if n == 1:
+        return [(point.grads, point.resid)]
+    B = ctx.batch.tokens.shape[0]
+    return [({key: g[i * B : (i + 1) * B] for key, g in point.grads.items()},
+             {layer: x[i * B : (i + 1) * B] for layer, x in point.resid.items()}) for i in range(n)]
 
 
 def _clean_gradients(ctx: Context, m: Metric) -> None:
@@ -293,20 +304,24 @@ def _clean_gradients(ctx: Context, m: Metric) -> None:
     ctx.clean = _tapped_pass(ctx, m, [], "clean logits")
 
 
-def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str) -> EdgeGradients:
-    """One forward pass of the batch with ``hooks`` and a :class:`GradientTap` of its own, then one backward pass of
-    the metric to the tap's inputs (parameters frozen: only the receivers' gradients are wanted)."""
-    tap = GradientTap(ctx, m, leaf=True)
+def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str, copies: int = 1) -> EdgeGradients:
+    """One forward pass of the batch (``copies`` of it stacked on the batch axis) with ``hooks`` and a
+    :class:`GradientTap` of its own, then one backward pass of the metric, summed over the copies, to the tap's
+    inputs (parameters frozen: only the receivers' gradients are wanted)."""
+    tap = GradientTap(ctx, m, leaf=True, copies=copies)
+    tokens = ctx.batch.tokens if copies == 1 else ctx.batch.tokens.repeat(copies, 1)
     with frozen_parameters(ctx.adapter.model), torch.enable_grad():
         try:
             at = loss_positions(ctx.batch) if m.fn is repeated_loss else None  # a user metric reads every position
-            logits = ctx.adapter.run(ctx.batch.tokens, [*hooks, *tap.hooks()], positions=at)
+            logits = ctx.adapter.run(tokens, [*hooks, *tap.hooks()], positions=at)
         except StopForward:
             logits = None
         if m.local:
             total = torch.stack(tap.local_scores).sum()
-        else:
-            total = check_value(m.fn(logits, ctx.batch), f"edge_attribution: metric({what})")
+        else:  # each copy's metric of its own logits: the sum's gradient in a copy is that copy's
+            B = ctx.batch.tokens.shape[0]
+            total = torch.stack([check_value(m.fn(logits[i * B : (i + 1) * B], ctx.batch),
+                                             f"edge_attribution: metric({what})") for i in range(copies)]).sum()
         found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
         return tap.record(total, found)
 
@@ -320,10 +335,11 @@ class GradientTap:
     respect to :meth:`inputs` (``torch.autograd.grad(..., allow_unused=True, retain_graph=retain_graph)``, still
     under ``enable_grad``) and hand the result to :meth:`finish`, which leaves ``ctx.clean`` (with ``grads``) for
     :func:`attribute`. ``leaf=True`` (a pass of its own) starts the graph at layer 1's input; a host that
-    differentiates earlier activations itself needs ``leaf=False``."""
+    differentiates earlier activations itself needs ``leaf=False``. ``copies``: the batch runs as that many copies
+    stacked on the batch axis (points of the inputs path), each read by the metric on its own."""
 
-    def __init__(self, ctx: Context, m: Metric, *, leaf: bool) -> None:
-        self.ctx, self.m, self.leaf = ctx, m, leaf
+    def __init__(self, ctx: Context, m: Metric, *, leaf: bool, copies: int = 1) -> None:
+        self.ctx, self.m, self.leaf, self.copies = ctx, m, leaf, copies
         self.acts: dict[tuple[str, int], Tensor] = {}
         self.clean_z: dict[int, Tensor] = {}
         self.resid: dict[int, Tensor] = {}
@@ -420,8 +436,11 @@ class GradientTap:
     def _on_pattern(self, layer: int):
         def hook(pattern: Tensor, hook: Any) -> Tensor:
             pattern = self.acts[("pattern", layer)] = pattern.clone()
-            if self.m.local:
-                self.local_scores.append(self._reader(pattern.float().transpose(0, 1)).sum())
+            if self.m.local:  # [head, batch, q, k], or per copy [head, copies, batch, q, k]
+                heads_first = pattern.float().transpose(0, 1)
+                if self.copies > 1:
+                    heads_first = heads_first.unflatten(1, (self.copies, -1))
+                self.local_scores.append(self._reader(heads_first).sum())
                 if layer == self.ctx.spec.n_layers - 1:
                     raise StopForward  # the "induction" metric needs no logits
             return pattern

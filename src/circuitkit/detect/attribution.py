@@ -75,7 +75,7 @@ from circuitkit.detect.loss import differentiated_losses, loss_positions, stacke
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.ig_path import along, ig_alphas
+from circuitkit.ig_path import along, ig_alphas, stacked_inputs
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
@@ -246,9 +246,9 @@ def attribute(
     return effects, run
 
 
-def _copies_per_pass(adapter: ModelAdapter, batch: TokenBatch) -> int:
+def points_per_pass(adapter: ModelAdapter, batch: TokenBatch) -> int:
     """How many interpolation points run together as copies of the batch (:data:`MAX_IG_LOGIT_BYTES` of float32
-    logits at the loss's positions)."""
+    logits at the loss's positions): the induction engine's one rule, for head and edge attribution alike."""
     n_logits = batch.tokens.shape[0] * len(loss_positions(batch))
     return copies_per_pass(n_logits * adapter.spec.d_vocab * 4, MAX_IG_LOGIT_BYTES)
 
@@ -272,7 +272,7 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
             corrupt = resampled_batch(batch, corrupt_seed)
         base = adapter.embedded(corrupt.tokens)
     alphas = ig_alphas(steps, "interior")
-    per_pass = _copies_per_pass(adapter, batch)
+    per_pass = points_per_pass(adapter, batch)
     spec = adapter.spec
     for first in range(0, len(alphas), per_pass):
         chunk = alphas[first : first + per_pass]
@@ -280,16 +280,12 @@ def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: 
         tokens = batch.tokens.repeat(copies, 1)
         leaves: dict[int, Tensor] = {}
 
-        def interpolate(x: Tensor, hook: Any, chunk: Tensor = chunk) -> Tensor:
-            clean = x.view(len(chunk), -1, *x.shape[1:])
-            start = clean.mean(dim=1, keepdim=True) if base is None else base.to(x.device, x.dtype)[None]
-            return along(start, clean, chunk).view_as(x)
-
         def on_z(z: Tensor, hook: Any, leaves: dict[int, Tensor] = leaves) -> Tensor:
             leaves[HOOKS.layer_of(hook.name)] = leaf = torch.zeros_like(z, requires_grad=True)
             return z + leaf
 
-        hooks = [(HOOKS.resid_pre(0), interpolate)] + [(HOOKS.z(layer), on_z) for layer in range(spec.n_layers)]
+        hooks = [(HOOKS.resid_pre(0), stacked_inputs(chunk, base))]
+        hooks += [(HOOKS.z(layer), on_z) for layer in range(spec.n_layers)]
         with frozen_parameters(adapter.model), torch.enable_grad():
             logits = adapter.run(tokens, hooks, positions=loss_positions(batch))
             layers = sorted(leaves)
@@ -305,7 +301,7 @@ def _layer_path(adapter: ModelAdapter, run: CleanRun, steps: int, values: dict[i
     between the ablated and the clean value, every other layer clean), for every layer."""
     batch = run.batch
     alphas = ig_alphas(steps, "interior")
-    per_pass = _copies_per_pass(adapter, batch)
+    per_pass = points_per_pass(adapter, batch)
     for layer in sorted(values):
         clean_z = values[layer]
         target = targets[layer].to(clean_z.dtype)
