@@ -228,7 +228,7 @@ RECEIVER_LAYERS_PER_PRODUCT = 8
 
 RUNS_PER_CONTRACTION = 4
 """Runs whose gradients are held at once and summed before one contraction (each holds ``dM/d(q, k, v)`` of every
-layer: 130 MB at SmolLM-135M's shape and the default batch)."""
+layer: 130 MB at SmolLM-135M's shape and the default batch), so also the most points one stacked pass holds."""
 
 
 def _contract_all(ctx: Context, runs: list[tuple[dict, dict[int, Tensor]]], dz: list[Tensor], W_O: Tensor,
