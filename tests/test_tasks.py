@@ -636,6 +636,19 @@ def test_greater_than_answers_are_later_years_or_tens_digits(digits):
     assert task.metric == "prob_diff"
 
 
+@pytest.mark.parametrize("name", ["ioi", "greater-than", "docstring"])
+def test_a_built_in_task_refuses_a_tokenizer_without_its_words_and_says_what_runs(name):
+    """The bundled model's tokenizer knows 64 tokens and none of the built-in tasks' words: each refuses it, says
+    how many tokens it has, and names what a model without the words runs."""
+    from circuitkit import zoo
+    from circuitkit.tasks import get_task
+
+    with pytest.raises(CircuitkitError, match=r"It has 64 tokens\. A model without these words runs "
+                                              r"'repeated-tokens' .* or a task of token ids"):
+        get_task(name, zoo.load())
+    assert get_task("repeated-tokens", zoo.load()).n_pairs > 0
+
+
 def test_docstring_pairs_differ_only_in_the_signature():
     from circuitkit.tasks import docstring
 

@@ -68,6 +68,16 @@ def _tokenizer(model: Any) -> Any:
     return tokenizer
 
 
+def _vocabulary_note(tokenizer: Any) -> str:
+    """What to try where a built-in task finds too few of its words among a tokenizer's tokens: the size of its
+    vocabulary, and the tasks that need no words (a model of a few hundred tokens, such as the bundled one, has
+    none of them)."""
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+    told = f" It has {size} tokens." if isinstance(size, int) else ""
+    return (f"{told} A model without these words runs 'repeated-tokens' (induction as a task) or a task of token "
+            "ids (Task.from_pairs, a task file).")
+
+
 def _one_token(tokenizer: Any, text: str) -> bool:
     """``text`` is one token of the tokenizer's own, not its unknown token (a tokenizer that maps every unknown
     word to ``<unk>`` would otherwise make every name "one token", and every name the same one)."""
@@ -121,7 +131,8 @@ def ioi(model: Any, n: int = 32, *, seed: int = 0, templates: tuple[str, ...] = 
     names = [name[1:] for name in _distinct(tokenizer, [" " + name for name in NAMES])]
     if len(names) < 3:
         raise CircuitkitError(f"ioi: this tokenizer writes only {len(names)} of {len(NAMES)} common names as one "
-                              "token; expected at least 3 (the task needs three one-token names).")
+                              "token; expected at least 3 (the task needs three one-token names)."
+                              + _vocabulary_note(tokenizer))
     pairs, marks = [], []
     for i in range(n):
         template = templates[i % len(templates)]
@@ -168,7 +179,8 @@ def greater_than(model: Any, n: int = 32, *, seed: int = 0) -> Task:
     if len(_distinct(tokenizer, answers)) < len(answers):
         kind = "two-digit number" if two_digit else "digit"
         raise CircuitkitError(f"greater_than: this tokenizer does not write every {kind} as a token of its own; "
-                              "expected each to be one distinct token (they are the answers).")
+                              "expected each to be one distinct token (they are the answers)."
+                              + _vocabulary_note(tokenizer))
     pairs = []
     for _ in range(n):
         noun = rng.choice(nouns)
@@ -199,7 +211,7 @@ def docstring(model: Any, n: int = 32, *, seed: int = 0) -> Task:
     args = [a[1:] for a in _distinct(tokenizer, [" " + a for a in ARGUMENTS])]
     if len(args) < 8:
         raise CircuitkitError(f"docstring: this tokenizer writes only {len(args)} of the argument names as one "
-                              "token; expected at least 8.")
+                              "token; expected at least 8." + _vocabulary_note(tokenizer))
     pairs = []
     for _ in range(n):
         names = rng.sample(args, 8)
