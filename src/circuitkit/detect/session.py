@@ -84,7 +84,7 @@ class EdgeGradients:
 
 @dataclass(eq=False)
 class Session:
-    """One model on one batch and what has been measured of it (see the module docstring)."""
+    """One model (on one batch, where it has one) and what has been read and measured of it (module docstring)."""
 
     adapter: ModelAdapter
     batch: TokenBatch | None  # None: a task's session (its runners hold their pairs)
