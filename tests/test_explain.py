@@ -264,5 +264,5 @@ def test_a_task_scan_explains_every_node_circuit_head():
 
 def test_a_step_the_shown_decimals_cannot_tell_from_none_is_worded_as_none():
     out = _induction(curve={0: 0.0, 1: 0.35, 2: 0.352, 3: 0.87, 4: 0.9})
-    assert "joining the top 1 it leaves their faithfulness at 0.35" in out["3.1"]
+    assert "faithfulness stays at 0.35 when it joins the top 1" in out["3.1"]
     assert "from 0.35 to 0.35" not in out["3.1"]

@@ -312,7 +312,7 @@ def test_scan_passes_a_tasks_node_search(model, tmp_path):
     assert via_scan.to_json()["circuit"]["search"] == found.to_json()
     assert f"the refined search from the ranked {found.start} in" in via_scan.answer()
     # a searched set is no prefix of the ranking the curve measures: no member is told its step on that curve
-    steps = ("when it joins the top", "alone it reaches faithfulness", "it leaves their faithfulness")
+    steps = ("when it joins the top", "alone it reaches faithfulness", "faithfulness stays at")
     assert not any(s in text for text in member_explanations(via_scan).values() for s in steps)
     assert any(s in text for text in member_explanations(ranked).values() for s in steps)
     bounded = ck.scan(model, task=_task(), edges=False, search="refined", search_options={"max_passes": 1})

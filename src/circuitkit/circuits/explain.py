@@ -19,8 +19,8 @@ its figures support:
   :data:`TOGETHER_RATIO` times as much, that rise too (``", with the 3 other induction heads by +3.50"``);
 - **its step on the faithfulness curve**, where both neighbouring points were measured: the member joins the
   circuit ``k``-th (``order``), and the curve holds the top ``k - 1`` and the top ``k``: ``"faithfulness from 0.76 to
-  0.87 when it joins the top 6"`` (where the two agree to the decimals shown: ``"joining the top 6 it leaves their
-  faithfulness at 0.87"``);
+  0.87 when it joins the top 6"`` (where the two agree to the decimals shown: ``"faithfulness stays at 0.87 when it
+  joins the top 6"``);
 - **stability**: its share of the circuits found on bootstrap resamples, where measured.
 
 A member with none of the first four (what it does) opens with how it entered: ``"in the circuit by its joint-path
@@ -158,7 +158,7 @@ def _curve_clause(member: Head, order: Sequence[Any], curve: Mapping[int, float]
     if k == 1:
         return f"alone it reaches faithfulness {curve[1]:.2f}"
     if f"{curve[k - 1]:.2f}" == f"{curve[k]:.2f}":  # a step the two decimals shown cannot tell from none
-        return f"joining the top {k - 1} it leaves their faithfulness at {curve[k]:.2f}"
+        return f"faithfulness stays at {curve[k]:.2f} when it joins the top {k - 1}"
     return f"faithfulness from {curve[k - 1]:.2f} to {curve[k]:.2f} when it joins the top {k - 1}"
 
 
