@@ -1328,8 +1328,9 @@ case("circuitkit.circuits:edge_attribution", lambda: {"model": toy(), "metric": 
      metric="option", corrupt="option", tokens="tokens", corrupt_seed="seed", device="device?")
 case("circuitkit.circuits:path_patching", lambda: {"model": toy(), "edges": [((0, 0), (1, 1))], "input": "k",
      "metric": "loss", "corrupt": "resample", "tokens": spec(), "corrupt_seed": 1, "edges_per_pass": 1,
-     "device": "cpu"}, positional=("model",), model="model-loss", edges="heads", input="option", metric="option",
-     corrupt="option", tokens="tokens", corrupt_seed="seed", edges_per_pass="int>=1?", device="device?")
+     "device": "cpu", "n_resamples": 50, "ci_level": 0.9}, positional=("model",), model="model-loss", edges="heads",
+     input="option", metric="option", corrupt="option", tokens="tokens", corrupt_seed="seed",
+     edges_per_pass="int>=1?", device="device?", n_resamples="size>=2", ci_level="real>0")
 case("circuitkit.circuits:resampled_batch", lambda: {"batch": batch(), "seed": 1, "copies": "all"}, batch="scan",
      seed="seed", copies="option")
 

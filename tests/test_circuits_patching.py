@@ -169,6 +169,49 @@ def test_result_top_and_json(bundled):
     json.dumps(result.to_json())
 
 
+def test_each_sequences_effect_and_the_interval_over_the_sequences(bundled):
+    """With the loss, each edge keeps each sequence's effect (its patched loss minus its clean loss, the clean run's
+    losses read by hand here) and the percentile bootstrap of the effect over the sequences; ``circuit_evidence``
+    (its clean run from the edge attribution's pass) and the scan (its own clean run and bootstrap settings) give
+    their patched edges the same. The induction score keeps neither."""
+    import circuitkit as ck
+    from circuitkit.detect.clean_run import clean_run
+    from circuitkit.uncertainty import bootstrap_ci
+
+    tokens = RepeatedTokens(batch=8)
+    batch = tokens.build(bundled)
+    edges = [((0, 1), (1, 3), "k"), ((0, 0), (1, 1), "k"), ((0, 2), (1, 0), "q")]
+    result = path_patching(bundled, edges, tokens=batch, n_resamples=400, ci_level=0.9)
+    clean = clean_run(adapt(bundled), batch).repeated_per_sequence.double()
+    for e in result.edges:
+        torch.testing.assert_close(e.each, e.patched_each.double() - clean, atol=1e-6, rtol=0)
+        assert float(e.each.mean()) == pytest.approx(e.effect, abs=1e-5)
+        lo, hi = bootstrap_ci(e.each, 400, 0.9, 0)
+        assert e.interval == pytest.approx((float(lo), float(hi)), abs=1e-9)
+        assert e.interval[0] <= e.effect <= e.interval[1]
+        assert e.to_json()["ci"] == pytest.approx(list(e.interval))
+    strongest = result.edges[0]
+    assert strongest.interval[0] > 0.05  # 0.1 -> 1.3 through K carries the induction on every resample
+
+    evidence = ck.circuit_evidence(bundled, tokens=batch, n_patch=3)
+    for e in evidence.patching.edges:
+        alone = path_patching(bundled, [(e.src, e.dst, e.channel)], tokens=batch).edges[0]
+        torch.testing.assert_close(e.each, alone.each, atol=1e-6, rtol=0)
+        assert e.interval == pytest.approx(alone.interval, abs=1e-6)
+
+    scan = ck.scan(bundled, tokens=tokens, n_resamples=300, ci_level=0.8)
+    for e in scan.verified.edges.edges:
+        assert e.interval == pytest.approx(scan.intervals["edges"][(e.src, e.dst, e.channel)], abs=1e-9)
+
+    local = path_patching(bundled, edges[:1], tokens=batch, metric="induction").edges[0]
+    assert local.each is None and local.interval is None and local.to_json()["ci"] is None
+    one = path_patching(bundled, edges[:1], tokens=RepeatedTokens(batch=1)).edges[0]
+    assert one.each.shape == (1,) and one.interval is None  # no interval from one sequence
+    for bad in ({"n_resamples": 1}, {"ci_level": 1.0}, {"ci_level": "0.9"}):
+        with pytest.raises(CircuitkitError, match="path_patching"):
+            path_patching(bundled, edges[:1], tokens=batch, **bad)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

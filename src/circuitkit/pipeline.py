@@ -404,8 +404,7 @@ def edges_stage(state: ScanState, settings: ScanSettings, bar: Progress) -> None
     bar.start("edges")
     ctx = state.edge_tap.ctx
     corrupt_pass = 0.0 if len(ctx.z_corrupt) >= ctx.spec.n_layers - 1 else 1.0
-    state.evidence = _circuit_evidence(state.edge_tap, state.composition, settings.edges_listed, settings.n_patch,
-                                       state.verified.heads)
+    state.evidence = _circuit_evidence(state.edge_tap, state.composition, settings, state.verified.heads)
     patched = state.evidence.patching.edges
     integration = (EDGE_ATTRIBUTION_STEPS - 1) * ATTRIBUTION_COST  # one forward + backward per further point
     bar.advance(int(corrupt_pass) + integration + len(patched))
@@ -879,16 +878,18 @@ def _edge_tap(session: Session) -> GradientTap:
     return GradientTap(ctx, resolve_metric("loss", "scan"), leaf=False)
 
 
-def _circuit_evidence(tap: GradientTap, composition: Mapping[str, torch.Tensor], top_k: int, n_patch: int,
+def _circuit_evidence(tap: GradientTap, composition: Mapping[str, torch.Tensor], settings: ScanSettings,
                       among: Sequence[Head] | None) -> CircuitEvidence:
     """Edge-level evidence (:func:`circuitkit.circuits.circuit_evidence`) on the scan's batch, from the tap's
-    clean pass and the scan's composition scores (keyed by lower-case channel there); the patched edges are
-    those among the heads ``among`` (the circuit) where given."""
+    clean pass and the scan's composition scores (keyed by lower-case channel there): the settings' listed and
+    patched edges, the patched effects' intervals by its bootstrap; the patched edges are those among the heads
+    ``among`` (the circuit) where given."""
     from circuitkit.circuits.evidence import evidence_in
 
     # composition exists whenever evidence does (both need two layers)
     channels = {mode.lower(): scores.float().cpu() for mode, scores in composition.items()}
-    return evidence_in(tap.ctx, tap.m, channels, top_k, n_patch, among, steps=EDGE_ATTRIBUTION_STEPS)
+    return evidence_in(tap.ctx, tap.m, channels, settings.edges_listed, settings.n_patch, among,
+                       steps=EDGE_ATTRIBUTION_STEPS, n_resamples=settings.n_resamples, level=settings.ci_level)
 
 
 __all__ = [

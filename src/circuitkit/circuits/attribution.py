@@ -78,7 +78,14 @@ from circuitkit.circuits._engine import (
 )
 from circuitkit.circuits.corrupt import resampled_batch
 from circuitkit.circuits.edges import CHANNELS
-from circuitkit.circuits.metrics import InductionReader, Metric, check_value, repeated_loss, resolve_metric
+from circuitkit.circuits.metrics import (
+    InductionReader,
+    Metric,
+    check_value,
+    repeated_loss,
+    repeated_loss_each,
+    resolve_metric,
+)
 from circuitkit.detect.attribution import check_steps, frozen_parameters, points_per_pass
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
@@ -301,13 +308,15 @@ def _clean_gradients(ctx: Context, m: Metric) -> None:
     """One clean forward pass with gradients and one backward pass (:class:`GradientTap` on a pass of its own),
     leaving ``ctx.clean``: ``dM/d(q, k, v)`` per query head for every layer >= 1 (``grads[(c, l)]`` ``[batch, pos,
     head, d_head]``), the clean ``z`` and ``resid_pre`` of layers >= 1 and the metric's value."""
-    ctx.clean = _tapped_pass(ctx, m, [], "clean logits")
+    ctx.clean = _tapped_pass(ctx, m, [], "clean logits", clean=True)
 
 
-def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str, copies: int = 1) -> EdgeGradients:
+def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str, copies: int = 1, *,
+                 clean: bool = False) -> EdgeGradients:
     """One forward pass of the batch (``copies`` of it stacked on the batch axis) with ``hooks`` and a
     :class:`GradientTap` of its own, then one backward pass of the metric, summed over the copies, to the tap's
-    inputs (parameters frozen: only the receivers' gradients are wanted)."""
+    inputs (parameters frozen: only the receivers' gradients are wanted); ``clean``: the clean run, whose
+    per-sequence loss the gradients then carry (``each``)."""
     tap = GradientTap(ctx, m, leaf=True, copies=copies)
     tokens = ctx.batch.tokens if copies == 1 else ctx.batch.tokens.repeat(copies, 1)
     with frozen_parameters(ctx.adapter.model), torch.enable_grad():
@@ -323,7 +332,10 @@ def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str, copies: int = 
             total = torch.stack([check_value(m.fn(logits[i * B : (i + 1) * B], ctx.batch),
                                              f"edge_attribution: metric({what})") for i in range(copies)]).sum()
         found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
-        return tap.record(total, found)
+        gradients = tap.record(total, found)
+    if clean and m.fn is repeated_loss:  # each sequence's clean loss, for path patching's intervals
+        gradients.each = repeated_loss_each(logits, ctx.batch)
+    return gradients
 
 
 class GradientTap:

@@ -44,6 +44,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_indices, unravel
 from circuitkit.results import Edge, EdgeValues, plain
 from circuitkit.results import channel as as_channel
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES
 
 STRONG_WEIGHT_QUANTILE = 0.9
 """Composition at or above this quantile of its channel's edges counts as strong in the weights."""
@@ -232,12 +233,13 @@ def circuit_evidence(
 
 
 def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_patch: int,
-                among: Any = None, *, steps: int = 1) -> CircuitEvidence:
+                among: Any = None, *, steps: int = 1, n_resamples: int = DEFAULT_RESAMPLES,
+                level: float = DEFAULT_LEVEL) -> CircuitEvidence:
     """:func:`circuit_evidence` in a prepared context (checked arguments, ``comp`` ``channel -> [L, H, L, H]``):
     where a host pass carried a :class:`~circuitkit.circuits.attribution.GradientTap` for ``ctx``, the
     attribution runs only its corrupted pass (and, with ``steps > 1``, its further integration points).
     ``among``: heads (a circuit); the ``n_patch`` edges patched are then those between these heads with the largest
-    ``|attribution|``."""
+    ``|attribution|``. ``n_resamples``, ``level``: the patched effects' intervals (a scan's own settings)."""
     L, H = ctx.spec.n_layers, ctx.spec.n_heads
     attribution = attribute(ctx, m, steps=steps)
     by_attribution = attribution.top(max(top_k, n_patch))
@@ -252,7 +254,8 @@ def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_
         if not patch_edges:  # no two circuit heads in different layers: nothing to patch
             empty = PathPatching((), m.name, ctx.corrupt)
             return _table(ctx, attribution, by_attribution, empty, comp, top_k)
-    patching = patch(ctx, parse_edges(patch_edges, "all", ctx.spec, where="circuit_evidence"), m)
+    patching = patch(ctx, parse_edges(patch_edges, "all", ctx.spec, where="circuit_evidence"), m,
+                     n_resamples=n_resamples, level=level)
     return _table(ctx, attribution, by_attribution, patching, comp, top_k)
 
 

@@ -86,6 +86,15 @@ def repeated_losses(logits: Tensor, batch: TokenBatch) -> Tensor:
     return repeated_copies_loss(logits, batch.tokens, batch.repeated_copies).mean(-1)
 
 
+def repeated_loss_each(logits: Tensor, batch: TokenBatch) -> Tensor:
+    """Each sequence's :func:`repeated_loss` ``[batch]`` (float32, CPU, detached) of ``logits`` at every position
+    or at the loss's positions (:func:`~circuitkit.detect.loss.loss_positions`): what path patching's intervals
+    resample against each patched copy's."""
+    from circuitkit.detect.loss import token_losses
+
+    return token_losses(logits.detach(), batch.tokens, batch.repeated_copies).float().mean(dim=1).cpu()
+
+
 class InductionReader:
     """The induction score of patterns on one batch: ``__call__(A [..., batch, q, k]) -> [...]``."""
 
@@ -108,4 +117,5 @@ def check_value(value: Any, where: str) -> Tensor:
     return validate.finite_result(where, value.reshape(()))
 
 
-__all__ = ["METRICS", "InductionReader", "Metric", "repeated_loss", "repeated_losses", "resolve_metric"]
+__all__ = ["METRICS", "InductionReader", "Metric", "repeated_loss", "repeated_loss_each", "repeated_losses",
+           "resolve_metric"]

@@ -14,7 +14,10 @@ is just ``delta @ W_c``). The receiver's ``c`` is swapped for ``c_patched`` at i
 the forward pass goes on from there as usual. ``z_corrupt`` comes from the corrupted run (every copy of the
 block resampled, :mod:`~circuitkit.circuits.corrupt`) or is the clean batch mean per position
 (``corrupt="mean"``).
-The effect of an edge is ``metric(patched) - metric(clean)`` (:mod:`~circuitkit.circuits.metrics`).
+The effect of an edge is ``metric(patched) - metric(clean)`` (:mod:`~circuitkit.circuits.metrics`). With the
+repeated-copies loss each sequence's effect is kept too (``EdgeEffect.each``, its patched loss minus its clean one),
+and the effect's interval is the percentile bootstrap over the sequences (``EdgeEffect.interval``; one draw of the
+sequences for every edge, as a task's exact edge effects take theirs over the pairs; no extra pass).
 
 Grouped-query attention: for ``"k"``/``"v"`` the receiver's key/value group gets the patched input, and the
 group's other query heads have their clean ``z`` put back, so only the receiver reads the patched keys/values
@@ -47,6 +50,7 @@ from circuitkit.circuits.metrics import (
     Metric,
     check_value,
     repeated_loss,
+    repeated_loss_each,
     resolve_metric,
 )
 from circuitkit.detect.loss import loss_positions, token_losses
@@ -58,6 +62,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.ranking import Head, top_indices
 from circuitkit.results import Edge, EdgeValues
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED
 
 PASS_MEMORY_BUDGET = 2**28
 """Bytes of the largest stacked activation (logits, or patterns for ``"induction"``) one pass may hold (256 MiB):
@@ -68,15 +73,22 @@ class EdgeEffect(Edge):
     """One patched edge: the metric on the clean run and with the edge patched; ``effect = patched - clean``. An
     :class:`~circuitkit.results.Edge` holding the values ``"clean"``, ``"patched"`` and ``"effect"``.
 
-    ``patched_each``: each sequence's patched metric ``[batch]`` (the repeated-copies loss only; their mean is
-    ``patched``): the bootstrap intervals resample it against the clean run's per-sequence loss. No extra pass.
+    With the repeated-copies loss (None otherwise; not fields: equality ignores them): ``patched_each``, each
+    sequence's patched loss ``[batch]`` (their mean is ``patched``); ``each``, each sequence's effect, its patched
+    loss minus its clean one ``[batch]`` (their mean is ``effect``, to float rounding), what the interval resamples;
+    ``interval``, the effect's percentile bootstrap interval ``(lo, hi)`` over the sequences (None with one
+    sequence). No extra pass. A task's exact edge effect (:class:`circuitkit.tasks.EdgeEffect`) has the same
+    ``each`` and ``interval`` over its pairs (there the metric lost, in its orientation).
     """
 
     def __init__(self, src: Head, dst: Head, channel: str, clean: float, patched: float,
-                 patched_each: Tensor | None = None) -> None:
+                 patched_each: Tensor | None = None, *, each: Tensor | None = None,
+                 interval: tuple[float, float] | None = None) -> None:
         super().__init__(tuple(src), tuple(dst), channel,
                          (("clean", clean), ("patched", patched), ("effect", patched - clean)))
-        object.__setattr__(self, "patched_each", patched_each)  # not a field: equality ignores it
+        object.__setattr__(self, "patched_each", patched_each)  # not fields: equality ignores them
+        object.__setattr__(self, "each", each)
+        object.__setattr__(self, "interval", interval)
 
     def __repr__(self) -> str:
         return (f"EdgeEffect(src={self.src!r}, dst={self.dst!r}, channel={self.channel!r}, clean={self.clean!r}, "
@@ -84,7 +96,8 @@ class EdgeEffect(Edge):
 
     def to_json(self) -> dict[str, Any]:
         return {"src": list(self.src), "dst": list(self.dst), "channel": self.channel, "clean": _plain(self.clean),
-                "patched": _plain(self.patched), "effect": _plain(self.effect)}
+                "patched": _plain(self.patched), "effect": _plain(self.effect),
+                "ci": None if self.interval is None else [float(self.interval[0]), float(self.interval[1])]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,6 +161,8 @@ def path_patching(
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
     edges_per_pass: int | None = None,
     device: str | torch.device | None = None,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    ci_level: float = DEFAULT_LEVEL,
 ) -> PathPatching:
     """Exact path patching of ``edges`` (see the module docstring).
 
@@ -163,25 +178,32 @@ def path_patching(
             per position).
         tokens: a :class:`~circuitkit.detect.RepeatedTokens` spec or a built ``TokenBatch`` (default spec if None).
         edges_per_pass: stacked copies per forward pass (default: fit :data:`PASS_MEMORY_BUDGET`).
+        n_resamples, ci_level: the percentile bootstrap over the sequences behind each effect's interval (the
+            repeated-copies loss; seed 0, as every interval of a scan).
 
     Returns:
         :class:`PathPatching`, one :class:`EdgeEffect` per edge in the given order.
     """
+    from circuitkit.uncertainty import check_settings
+
+    n_resamples, ci_level, _ = check_settings("path_patching", n_resamples, ci_level, DEFAULT_SEED, "ci_level")
     ctx = context(model, tokens, corrupt, corrupt_seed, device, "path_patching")
     specs = parse_edges(edges, input, ctx.spec, where="path_patching: edges")
     m = resolve_metric(metric, "path_patching")
     if edges_per_pass is not None:
         edges_per_pass = validate.positive_int("path_patching: edges_per_pass", edges_per_pass)
-    return patch(ctx, specs, m, edges_per_pass)
+    return patch(ctx, specs, m, edges_per_pass, n_resamples=n_resamples, level=ci_level)
 
 
-def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | None = None) -> PathPatching:
+def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | None = None, *,
+          n_resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL) -> PathPatching:
     """:func:`path_patching` of parsed edges in a prepared context. Reuses the clean activations an earlier
     :func:`~circuitkit.circuits.attribution.attribute` left in ``ctx.clean`` (same metric) and the corrupted
-    ``z`` in ``ctx.z_corrupt``; runs its own clean pass otherwise."""
+    ``z`` in ``ctx.z_corrupt``; runs its own clean pass otherwise. ``n_resamples``, ``level``: the effects'
+    intervals (checked by the caller)."""
     batch = ctx.batch
     with torch.no_grad():
-        z_clean, resid, patterns, value, dtype = _clean_activations(ctx, specs, m)
+        z_clean, resid, patterns, value, dtype, clean_each = _clean_activations(ctx, specs, m)
         z_corrupt = corrupt_z(ctx, z_clean, {e.src[0] for e in specs})
         reader = InductionReader(batch, dtype)
         if m.local:
@@ -205,18 +227,37 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
                 for i, sequences in zip(chunk, kept, strict=False):
                     each[i] = sequences
     validate.finite_result("path_patching", torch.tensor(patched, device="cpu"), why="the patched runs overflowed")
+    rises = [None if q is None or clean_each is None else q.double() - clean_each.double() for q in each]
+    intervals = _intervals(rises, n_resamples, level)
     effects = tuple(
-        EdgeEffect(e.src, e.dst, e.channel, c, p, q) for e, c, p, q in zip(specs, clean, patched, each, strict=True)
+        EdgeEffect(e.src, e.dst, e.channel, c, p, q, each=r, interval=i)
+        for e, c, p, q, r, i in zip(specs, clean, patched, each, rises, intervals, strict=True)
     )
     return PathPatching(effects, m.name, ctx.corrupt)
 
 
+def _intervals(rises: list[Tensor | None], n_resamples: int, level: float) -> list[tuple[float, float] | None]:
+    """Each effect's percentile bootstrap interval from its sequences' effects ``[batch]`` (None where not kept or
+    with one sequence): one draw of the sequences for every edge, the seed of every interval of a scan."""
+    from circuitkit.uncertainty import bootstrap_ci
+
+    measured = [i for i, r in enumerate(rises) if r is not None]
+    out: list[tuple[float, float] | None] = [None] * len(rises)
+    if not measured or rises[measured[0]].shape[0] < 2:
+        return out
+    lo, hi = bootstrap_ci(torch.stack([rises[i] for i in measured], dim=1), n_resamples, level, DEFAULT_SEED)
+    for i, a, b in zip(measured, lo.tolist(), hi.tolist(), strict=True):
+        out[i] = (a, b)
+    return out
+
+
 def _clean_activations(
     ctx: Context, specs: list[EdgeSpec], m: Metric
-) -> tuple[dict[int, Tensor], dict[int, Tensor], dict[int, Tensor], float | None, torch.dtype]:
+) -> tuple[dict[int, Tensor], dict[int, Tensor], dict[int, Tensor], float | None, torch.dtype, Tensor | None]:
     """The clean ``z``, ``resid_pre`` and (``"induction"``) receiver patterns by layer, the clean metric of the
-    logits (None for ``"induction"``) and the activations' dtype: from the session's edge gradients (``ctx.clean``)
-    where they hold all of them for ``m``, else from one clean pass."""
+    logits (None for ``"induction"``), the activations' dtype and, with the repeated-copies loss, each sequence's
+    clean loss ``[batch]`` (float32, CPU; the session's clean run's where it holds one): from the session's edge
+    gradients (``ctx.clean``) where they hold all of them for ``m``, else from one clean pass."""
     receivers = sorted({e.dst[0] for e in specs})
     needed_z = {e.src[0] for e in specs}
     if ctx.group_size > 1 and not m.local:
@@ -226,13 +267,18 @@ def _clean_activations(
             and set(receivers) <= cached.resid.keys() and (not m.local or set(receivers) <= cached.patterns.keys())):
         z_clean, resid, patterns, value = cached.z, cached.resid, cached.patterns, cached.value
         dtype = next(iter(z_clean.values())).dtype
+        each = cached.each
     else:
         keep = Keep(z=sorted(needed_z), resid=receivers, patterns=receivers if m.local else ())
         logits, kept = reference_pass(ctx.adapter, ctx.batch.tokens, keep)
         z_clean, resid, patterns = kept.z, kept.resid, kept.patterns
         value = None if m.local else float(check_value(m.fn(logits, ctx.batch), "path_patching: metric(clean logits)"))
         dtype = logits.dtype if logits.is_floating_point() else torch.float32
-    return z_clean, resid, patterns, value, dtype
+        each = repeated_loss_each(logits, ctx.batch) if m.fn is repeated_loss else None
+    held = ctx.session.clean
+    if m.fn is repeated_loss and held is not None:  # the clean run the scan's other intervals resample
+        each = held.repeated_per_sequence
+    return z_clean, resid, patterns, value, dtype, each
 
 
 def _edges_per_pass(ctx: Context, m: Metric, dtype: torch.dtype) -> int:
@@ -297,7 +343,7 @@ def _patched_pass(
         # repeated_losses(stacked, batch), with each sequence's mean kept
         tokens = ctx.batch.tokens.repeat(E, 1)
         per_token = token_losses(stacked.flatten(0, 1), tokens, ctx.batch.repeated_copies)
-        if keep is not None:
+        if keep is not None:  # each copy's sequences, as repeated_loss_each reads a clean run's
             keep.extend(per_token.view(E, -1, per_token.shape[-1]).float().mean(dim=2).cpu())
         return [float(v) for v in per_token.view(E, -1).mean(dim=1)]
     return [float(check_value(m.fn(stacked[i], ctx.batch), "path_patching: metric(patched logits)")) for i in range(E)]

@@ -67,7 +67,8 @@ class EdgeGradients:
     measurement on the same batch (path patching): ``z`` ``[B, P, H, d_head]`` and ``resid`` (``resid_pre``,
     ``[B, P, d_model]``) by layer, the receivers' ``patterns`` ``[B, H, q, k]`` (``"induction"`` only), the gradients
     ``dM/d(q, k, v)`` per query head by ``(channel, layer)``, and ``total``, the metric they are of (for
-    ``"induction"``, the sum of all heads')."""
+    ``"induction"``, the sum of all heads'); ``each``: with the repeated-copies loss, each sequence's ``[batch]``
+    where the pass that left them read it (path patching's intervals resample it), else None."""
 
     metric: MeasuredMetric
     z: dict[int, Tensor]
@@ -75,6 +76,7 @@ class EdgeGradients:
     patterns: dict[int, Tensor]
     grads: dict[tuple[str, int], Tensor]
     total: float
+    each: Tensor | None = None
 
     @property
     def value(self) -> float | None:
