@@ -1320,9 +1320,10 @@ case("circuitkit.circuits:edge_measure", lambda: {"name": "weighted", "column": 
 case("circuitkit.circuits:EdgeSpec", lambda: {"src": (0, 0), "dst": (1, 1), "channel": "K"}, src="head",
      dst="head", channel="option")
 case("circuitkit.circuits:circuit_evidence", lambda: {"model": toy(), "composition": None, "top_k": 2,
-     "n_patch": 2, "metric": "loss", "corrupt": "resample", "tokens": spec(), "corrupt_seed": 1, "device": "cpu"},
-     positional=("model",), model="model-loss", top_k="int>=1", n_patch="int>=1?", metric="option",
-     corrupt="option", tokens="tokens", corrupt_seed="seed", device="device?")
+     "n_patch": 2, "metric": "loss", "corrupt": "resample", "tokens": spec(), "corrupt_seed": 1, "device": "cpu",
+     "n_resamples": 50, "ci_level": 0.9}, positional=("model",), model="model-loss", top_k="int>=1",
+     n_patch="int>=1?", metric="option", corrupt="option", tokens="tokens", corrupt_seed="seed", device="device?",
+     n_resamples="size>=2", ci_level="real>0")
 case("circuitkit.circuits:edge_attribution", lambda: {"model": toy(), "metric": "loss", "corrupt": "resample",
      "tokens": spec(), "corrupt_seed": 1, "device": "cpu"}, positional=("model",), model="model-loss",
      metric="option", corrupt="option", tokens="tokens", corrupt_seed="seed", device="device?")

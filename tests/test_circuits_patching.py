@@ -193,9 +193,10 @@ def test_each_sequences_effect_and_the_interval_over_the_sequences(bundled):
     strongest = result.edges[0]
     assert strongest.interval[0] > 0.05  # 0.1 -> 1.3 through K carries the induction on every resample
 
-    evidence = ck.circuit_evidence(bundled, tokens=batch, n_patch=3)
+    evidence = ck.circuit_evidence(bundled, tokens=batch, n_patch=3, n_resamples=400, ci_level=0.9)
     for e in evidence.patching.edges:
-        alone = path_patching(bundled, [(e.src, e.dst, e.channel)], tokens=batch).edges[0]
+        alone = path_patching(bundled, [(e.src, e.dst, e.channel)], tokens=batch, n_resamples=400,
+                              ci_level=0.9).edges[0]
         torch.testing.assert_close(e.each, alone.each, atol=1e-6, rtol=0)
         assert e.interval == pytest.approx(alone.interval, abs=1e-6)
 

@@ -206,16 +206,22 @@ def circuit_evidence(
     corrupt_seed: int = DEFAULT_CORRUPT_SEED,
     device: str | torch.device | None = None,
     steps: int = 1,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    ci_level: float = DEFAULT_LEVEL,
 ) -> CircuitEvidence:
     """The edge table of the module docstring.
 
     ``composition``: ``None`` computes raw Q/K/V composition scores (:func:`circuitkit.composition_scores`);
     or a mapping ``{"q"|"k"|"v": [L, H, L, H]}`` (any subset), or an ``[L, H, L, H, 3]`` tensor. ``top_k`` edges
     are taken by composition and by ``|attribution|``; the ``n_patch`` (default ``top_k``) edges with the largest
-    ``|attribution|`` are path-patched exactly. ``steps``: the edge attribution's integration points
+    ``|attribution|`` are path-patched exactly, each with its interval over the sequences (``n_resamples``,
+    ``ci_level``). ``steps``: the edge attribution's integration points
     (:func:`~circuitkit.circuits.edge_attribution`; 1 is first order). Other arguments as
     :func:`~circuitkit.circuits.path_patching`.
     """
+    from circuitkit.uncertainty import check_settings
+
+    n_resamples, ci_level, _ = check_settings("circuit_evidence", n_resamples, ci_level, 0, "ci_level")
     session = open_session(model, tokens, device)
     spec = session.spec
     L, H = spec.n_layers, spec.n_heads
@@ -229,7 +235,8 @@ def circuit_evidence(
     comp = _composition(weights, composition, L, H)
     # one context: patching reuses the clean activations and corrupted z the attribution's passes left
     ctx = context(session, None, corrupt, corrupt_seed, None, "circuit_evidence")
-    return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch, steps=steps)
+    return evidence_in(ctx, resolve_metric(metric, "circuit_evidence"), comp, top_k, n_patch, steps=steps,
+                       n_resamples=n_resamples, level=ci_level)
 
 
 def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_patch: int,
