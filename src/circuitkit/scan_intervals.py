@@ -114,7 +114,7 @@ def scan_intervals(*, head_scores: Any, run: Any, attribution: Any, ablation: An
     out["edges"] = {}
     for edge in getattr(edges, "edges", ()) or ():
         if edge.patched_each is not None:  # each sequence's effect, as the record keeps it (path patching)
-            rise = _cpu(edge.each) if getattr(edge, "each", None) is not None else _cpu(edge.patched_each) - clean
+            rise = _cpu(edge.each) if edge.each is not None else _cpu(edge.patched_each) - clean
             out["edges"][(edge.src, edge.dst, edge.channel)] = _pair(*bootstrap_ci(rise, n_resamples, level, seed))
     return out
 

@@ -333,8 +333,8 @@ def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str, copies: int = 
                                              f"edge_attribution: metric({what})") for i in range(copies)]).sum()
         found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
         gradients = tap.record(total, found)
-    if clean and m.fn is repeated_loss:  # each sequence's clean loss, for path patching's intervals
-        gradients.each = repeated_loss_each(logits, ctx.batch)
+    if clean and m.fn is repeated_loss and ctx.session.clean is None:  # for path patching's intervals, where the
+        gradients.each = repeated_loss_each(logits, ctx.batch)  # session holds no clean run to read them from
     return gradients
 
 

@@ -44,7 +44,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, top_indices, unravel
 from circuitkit.results import Edge, EdgeValues, plain
 from circuitkit.results import channel as as_channel
-from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED
 
 STRONG_WEIGHT_QUANTILE = 0.9
 """Composition at or above this quantile of its channel's edges counts as strong in the weights."""
@@ -221,7 +221,7 @@ def circuit_evidence(
     """
     from circuitkit.uncertainty import check_settings
 
-    n_resamples, ci_level, _ = check_settings("circuit_evidence", n_resamples, ci_level, 0, "ci_level")
+    n_resamples, ci_level, _ = check_settings("circuit_evidence", n_resamples, ci_level, DEFAULT_SEED, "ci_level")
     session = open_session(model, tokens, device)
     spec = session.spec
     L, H = spec.n_layers, spec.n_heads

@@ -62,7 +62,7 @@ from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.ranking import Head, top_indices
 from circuitkit.results import Edge, EdgeValues
-from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED
+from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, mean_intervals
 
 PASS_MEMORY_BUDGET = 2**28
 """Bytes of the largest stacked activation (logits, or patterns for ``"induction"``) one pass may hold (256 MiB):
@@ -228,27 +228,12 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
                     each[i] = sequences
     validate.finite_result("path_patching", torch.tensor(patched, device="cpu"), why="the patched runs overflowed")
     rises = [None if q is None or clean_each is None else q.double() - clean_each.double() for q in each]
-    intervals = _intervals(rises, n_resamples, level)
+    intervals = mean_intervals(rises, n_resamples, level)  # one draw of the sequences for every edge
     effects = tuple(
         EdgeEffect(e.src, e.dst, e.channel, c, p, q, each=r, interval=i)
         for e, c, p, q, r, i in zip(specs, clean, patched, each, rises, intervals, strict=True)
     )
     return PathPatching(effects, m.name, ctx.corrupt)
-
-
-def _intervals(rises: list[Tensor | None], n_resamples: int, level: float) -> list[tuple[float, float] | None]:
-    """Each effect's percentile bootstrap interval from its sequences' effects ``[batch]`` (None where not kept or
-    with one sequence): one draw of the sequences for every edge, the seed of every interval of a scan."""
-    from circuitkit.uncertainty import bootstrap_ci
-
-    measured = [i for i, r in enumerate(rises) if r is not None]
-    out: list[tuple[float, float] | None] = [None] * len(rises)
-    if not measured or rises[measured[0]].shape[0] < 2:
-        return out
-    lo, hi = bootstrap_ci(torch.stack([rises[i] for i in measured], dim=1), n_resamples, level, DEFAULT_SEED)
-    for i, a, b in zip(measured, lo.tolist(), hi.tolist(), strict=True):
-        out[i] = (a, b)
-    return out
 
 
 def _clean_activations(
@@ -263,21 +248,23 @@ def _clean_activations(
     if ctx.group_size > 1 and not m.local:
         needed_z |= set(receivers)  # the group's other query heads are restored from the clean z
     cached = ctx.clean
+    # each sequence's clean loss: the session's clean run where it holds one (the run a scan's other intervals
+    # resample), else the run the clean activations come from
+    held = ctx.session.clean if m.fn is repeated_loss else None
+    each = None if held is None else held.repeated_per_sequence
     if (cached is not None and cached.metric == m and needed_z <= cached.z.keys()
             and set(receivers) <= cached.resid.keys() and (not m.local or set(receivers) <= cached.patterns.keys())):
         z_clean, resid, patterns, value = cached.z, cached.resid, cached.patterns, cached.value
         dtype = next(iter(z_clean.values())).dtype
-        each = cached.each
+        each = cached.each if each is None else each
     else:
         keep = Keep(z=sorted(needed_z), resid=receivers, patterns=receivers if m.local else ())
         logits, kept = reference_pass(ctx.adapter, ctx.batch.tokens, keep)
         z_clean, resid, patterns = kept.z, kept.resid, kept.patterns
         value = None if m.local else float(check_value(m.fn(logits, ctx.batch), "path_patching: metric(clean logits)"))
         dtype = logits.dtype if logits.is_floating_point() else torch.float32
-        each = repeated_loss_each(logits, ctx.batch) if m.fn is repeated_loss else None
-    held = ctx.session.clean
-    if m.fn is repeated_loss and held is not None:  # the clean run the scan's other intervals resample
-        each = held.repeated_per_sequence
+        if each is None and m.fn is repeated_loss:
+            each = repeated_loss_each(logits, ctx.batch)
     return z_clean, resid, patterns, value, dtype, each
 
 

@@ -473,6 +473,14 @@ class TaskRunner:
                 "logprobs": last_logits(logits, self.last_index)[0].float().log_softmax(-1), "dla": None,
                 "resid": resid}
 
+    @property
+    def node_scores_from_outputs(self) -> bool:
+        """Whether :meth:`node_attribution` gives the node scores :meth:`attribute` gives (the sum of each node's
+        edges' scores): where a node is patched to its corrupted value, as its edges are, or where the family has no
+        edges (then it is all there is). Elsewhere the two differ: the edges are patched from the corrupted prompt,
+        the nodes to their ablation."""
+        return not self.edges_defined or self.ablation == "corrupted"
+
     def folds_corrupted(self, steps: int, points: str) -> bool:
         """Whether EAP-IG (:meth:`attribute`) gives the corrupted run too: its first point, ``alpha = 0``, is the
         corrupted input, and its forward then runs the corrupted prompts (every later activation follows from the

@@ -559,16 +559,11 @@ def effect_intervals(effects: tuple[EdgeEffect, ...], n_resamples: int, level: f
     fewer than 2 pairs, and an effect without its pairs' values keeps its interval."""
     from dataclasses import replace
 
-    from circuitkit.uncertainty import bootstrap_ci
+    from circuitkit.uncertainty import mean_intervals
 
-    measured = [i for i, e in enumerate(effects) if e.each is not None]
-    if not measured or effects[measured[0]].each.shape[0] < 2:
-        return effects
-    lo, hi = bootstrap_ci(torch.stack([effects[i].each.double() for i in measured], dim=1), n_resamples, level)
-    out = list(effects)
-    for i, a, b in zip(measured, lo.tolist(), hi.tolist(), strict=True):
-        out[i] = replace(effects[i], interval=(a, b))
-    return tuple(out)
+    found = mean_intervals([e.each for e in effects], n_resamples, level)
+    return tuple(e if interval is None else replace(e, interval=interval)
+                 for e, interval in zip(effects, found, strict=True))
 
 
 def mib_sizes(n_edges: int) -> list[int]:

@@ -80,7 +80,7 @@ def node_stability(runner: TaskRunner, n_resamples: int, steps: int, target: flo
         try:
             if ranking == "joint":
                 node_scores, _ = rerun.joint_shares(mlp_nodes)
-            elif rerun.edges_defined and rerun.ablation != "corrupted":  # else the same node scores, from outputs
+            elif not rerun.node_scores_from_outputs:
                 _, node_scores = rerun.edge_gradients(steps, points)
             else:
                 node_scores = rerun.node_gradients(steps, points)

@@ -291,7 +291,7 @@ def attribute_stage(state: TaskScanState, plan: PlanInputs, bar: Any) -> None:
     (:meth:`~circuitkit.graph.runner.TaskRunner.node_attribution`; a family without edges has only these)."""
     o, runner = state.options, state.runner
     runner.keep_node_pairs = o.ablate != "none"  # each pair's term of the node scores: the agreement's interval
-    if runner.edges_defined and (o.edges or runner.ablation != "corrupted"):
+    if runner.edges_defined and (o.edges or not runner.node_scores_from_outputs):
         state.scores, state.node_scores, state.typed = state.staged(
             bar, "attribute", lambda advance: runner.attribute(o.steps, o.ig_points))
     else:  # node scores only: each node's own EAP-IG score at its output (graph.EDGES_UNDEFINED)
