@@ -209,7 +209,7 @@ def child_reference(shape: str, mode: str, save: str | None) -> dict:
 def _compare(ours_path: str, reference_path: str) -> float:
     import torch
 
-    ours, reference = torch.load(ours_path), torch.load(reference_path)
+    ours, reference = torch.load(ours_path, weights_only=True), torch.load(reference_path, weights_only=True)
     return float((ours - reference.float()).abs().max())
 
 
