@@ -216,7 +216,8 @@ def section_shape(args, shape: str, *, scan: bool, task_pairs: int, dtype: torch
     if task_pairs:
         reset_peak()
         task = pair_task(task_pairs, SHAPES[shape]["vocab_size"])
-        free_at_start = torch.cuda.mem_get_info()[0] / 2**30  # what the scan's memory plan sees (its sender budget)
+        # what the scan's memory plan sees (its sender budget); the CPU of a smoke run has no such figure
+        free_at_start = torch.cuda.mem_get_info()[0] / 2**30 if torch.cuda.is_available() else None
         seconds, result = timed(lambda: ck.scan(bridge, task=task))
         c = result.circuit
         out["task_scan"] = {"pairs": task_pairs, "seconds": seconds, "passes": result.passes,

@@ -198,8 +198,12 @@ def test_edge_measurements_on_cuda_equal_cpu():
     edges = [(e.src, e.dst, e.channel) for e in cpu.patching.edges]
     alone = path_patching(model, edges, tokens=batch, device="cuda")
     torch.testing.assert_close(alone.effects, cpu.patching.effects, **FLOAT32)
-    cpu_ig = edge_attribution(model, tokens=batch, steps=3).scores
-    gpu_ig = edge_attribution(model, tokens=batch, steps=3, device="cuda").scores
+    for got, want in zip(alone.edges, cpu.patching.edges, strict=True):  # each sequence's effect and its interval
+        torch.testing.assert_close(got.each.cpu(), want.each.cpu(), **FLOAT32)
+        torch.testing.assert_close(torch.tensor(got.interval), torch.tensor(want.interval), **FLOAT32)
+    # 8 points: the interior ones run as stacked copies of the batch in one pass
+    cpu_ig = edge_attribution(model, tokens=batch, steps=8).scores
+    gpu_ig = edge_attribution(model, tokens=batch, steps=8, device="cuda").scores
     torch.testing.assert_close(gpu_ig, cpu_ig, atol=1e-4 * float(cpu_ig.nan_to_num().abs().max()), rtol=1e-3,
                                equal_nan=True)
     assert on_cpu(model)
