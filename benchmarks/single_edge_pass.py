@@ -11,7 +11,8 @@ growth of the process's resident memory during it (sampled every 2 ms from ``/pr
 process held when the call began). Each child then path-patches twelve head-to-head edges of the same model on a
 batch of repeated random tokens (every channel and the three at once, grouped-query key/value receivers among
 them) under the repeated-copies loss and under the receiver's induction score. Printed and written as JSON: both
-children's figures, and whether every value is bit-identical."""
+children's figures, and whether every value is bit-identical. (Since path patching's effects became the behaviour
+lost, an ``OLD`` before that change gives the induction score's effects with the opposite sign.)"""
 import json
 import sys
 import time

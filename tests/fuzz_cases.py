@@ -1752,7 +1752,7 @@ case(f"{TK}:scan_task", lambda: {"model": induction_model(), "task": copy_task()
                 "node_types": [("names", const(["resid"]), STRICT), ("int", const(3), STRICT)]})
 method(f"{TK}.scan:TaskScan.save", task_scan_result, lambda: {"out_dir": tmp_out_dir(), "png": False},
        out_dir="out_dir", png="bool")
-record(f"{TK}:EdgeEffect", "result record of scan_task and edge_effects (built by them)")
+record(f"{TK}:EdgeEffect", "result record of scan_task, edge_effects and path_patching (built by them)")
 EDGE_NAMES: list[Bad] = [
     ("None", const(None), STRICT), ("empty", const([]), STRICT), ("int", const(3), STRICT),
     ("set", const({"1.0->logits"}), STRICT), ("dict", const({"1.0->logits": 1}), STRICT),

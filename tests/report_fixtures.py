@@ -16,10 +16,11 @@ import torch
 from circuitkit import CompositionBaseline, top_edges
 from circuitkit.circuits.evidence import EdgeEvidence
 from circuitkit.circuits.faithfulness import Circuit, CurvePoint
-from circuitkit.circuits.patching import EdgeEffect, PathPatching
+from circuitkit.circuits.patching import PathPatching
 from circuitkit.detect.loss import InductionLoss
 from circuitkit.detect.registry import registered
 from circuitkit.detect.scores import HeadScores
+from circuitkit.edge_effect import EdgeEffect
 from circuitkit.scan_types import Agreement, HeadEffects, ModelSummary, Scan, ScanSettings
 
 EVIL_TOKEN = "</script><img src=x onerror=alert(1)>&amp;"
@@ -204,7 +205,8 @@ def synthetic_circuit(previous: list, induction: list, n_total: int, evidence: F
     curve = tuple(CurvePoint(k, 1.0 if k == n_total else min(0.995, 0.92 * (k / n) ** 1.5) if k <= n
                              else 0.92 + 0.08 * (k - n) / (n_total - n), 4.0 - 3.5 * (k / n_total)) for k in sizes)
     patched = () if evidence is None else tuple(
-        EdgeEffect(r.src, r.dst, r.channel, 0.5, 0.5 + r.patched) for r in evidence.rows
+        EdgeEffect.between_heads(r.src, r.dst, r.channel, clean=0.5, patched=0.5 + r.patched, effect=r.patched)
+        for r in evidence.rows
         if r.patched is not None and r.src in heads and r.dst in heads)
     return Circuit(heads=heads, faithfulness=0.92, necessity=3.1, target=0.8, curve=curve, method="mean",
                    clean_loss=0.5, all_ablated_loss=4.0, circuit_loss=0.78, ranking=heads, passes=14,

@@ -117,8 +117,10 @@ def test_bundled_model_k_edges_from_previous_token_heads_carry_the_effect(bundle
     k = [abs(e.effect) for e in result.edges if e.channel == "k"]
     other = [abs(e.effect) for e in result.edges if e.channel != "k"]
     assert min(k) > 3 * max(other)
-    sign = 1 if metric == "loss" else -1  # corrupting the K-path raises the loss and lowers the induction score
-    assert all(sign * e.effect > 0 for e in result.edges if e.channel == "k")
+    # corrupting the K-path raises the loss and lowers the induction score: behaviour lost either way
+    assert all(e.effect > 0 for e in result.edges if e.channel == "k")
+    rises = 1 if metric == "loss" else -1
+    assert all(e.effect == rises * (e.patched - e.clean) for e in result.edges)
 
 
 def test_induction_metric_ignores_v_edges_exactly(bundled):
@@ -164,9 +166,14 @@ def test_layernorm_bridge_equals_a_hand_patched_receiver_input():
 # ---------------------------------------------------------------------------------------------- result and input
 def test_result_top_and_json(bundled):
     result = path_patching(bundled, [((0, 1), (1, 3), "k"), ((0, 2), (1, 0), "q")], metric="induction")
-    assert result.top(1)[0].name == "0.1 -> 1.3 (k)"
+    best = result.top(1)[0]
+    assert best.name == "0.1->1.3:k" and best.label == "0.1 -> 1.3 (k)"  # the task graph's name; the table's label
+    assert (best.src, best.dst, best.channel) == ((0, 1), (1, 3), "k")
     assert result.effect((0, 1), (1, 3), "k") == result.edges[0].effect
-    json.dumps(result.to_json())
+    saved = json.loads(json.dumps(result.to_json()))
+    assert saved["edges"][0] == {"edge": "0.1->1.3:k", "score": None, "clean": best.clean, "patched": best.patched,
+                                 "effect": best.effect, "ci": None}  # the induction score keeps no interval
+    assert "0.1 -> 1.3 (k): +" in repr(result)
 
 
 def test_each_sequences_effect_and_the_interval_over_the_sequences(bundled):

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("__init__", "errors", "_lazy", "_html", "_terminal", "validate", "ranking", "uncertainty",
-                    "model_state", "cpu_threads", "results", "device_memory", "pass_budget",
+                    "model_state", "cpu_threads", "results", "edge_effect", "device_memory", "pass_budget",
                     "metric_registry", "vjp", "ig_path")),
     ("weights", ("weights", "factored", "composition", "random_baseline", "theory")),
     ("models", ("models", "zoo")),

@@ -183,3 +183,39 @@ def test_path_patching_names_the_task_graphs_other_nodes_as_the_task_engines(eng
     model, _ = engines
     with pytest.raises(CircuitkitError, match="tasks.edge_effects measures it"):
         path_patching(model, [edge], tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED))
+
+
+def test_both_engines_give_one_record_of_an_exactly_patched_edge(engines):
+    """Path patching and the task engine return the same record, :class:`circuitkit.EdgeEffect`, for the same edge:
+    the task graph's name, the same effect (the behaviour lost) and interval over the same sequences, and each its own
+    metric's ``clean`` and ``patched`` means (the loss on the copies; the task's next-token log-probability, minus
+    it), of which the effect is the difference in the direction the behaviour is lost. An edge between two heads reads
+    its heads back; one from the input or into an MLP or the logits has none, and path patching refuses its record
+    with the same words as its name."""
+    import circuitkit as ck
+    from circuitkit import CircuitkitError
+    from circuitkit.tasks import edge_effects
+
+    model, _ = engines
+    tokens = RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)
+    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    assert ck.EdgeEffect is ck.tasks.EdgeEffect is ck.circuits.EdgeEffect
+    names = ["0.1->1.3:k", "0.2->2.0:q", "1.0->2.3:v"]
+    ours = path_patching(model, names, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+                         tokens=tokens).edges
+    theirs = edge_effects(model, task, names, kv_edges="per-query-head", progress=False)
+    for a, b, name in zip(ours, theirs, names, strict=True):
+        assert type(a) is type(b) is ck.EdgeEffect and a.name == b.name == name
+        assert a.to_json().keys() == b.to_json().keys() == {"edge", "score", "clean", "patched", "effect", "ci"}
+        assert a.effect == pytest.approx(b.effect, abs=EXACT)
+        assert a.effect == a.patched - a.clean and b.effect == pytest.approx(b.clean - b.patched, abs=1e-12)
+        assert (a.clean, a.patched) == pytest.approx((-b.clean, -b.patched), abs=EXACT)
+        torch.testing.assert_close(a.each.double(), b.each.double(), atol=EXACT, rtol=0)  # per sequence, too
+        assert a.interval == pytest.approx(b.interval, abs=EXACT)
+        assert (a.src, a.dst, a.channel) == (b.src, b.dst, b.channel) != (None, None, None)
+    assert ours[0].label == "0.1 -> 1.3 (k)" and max(abs(e.effect) for e in ours) > 100 * EXACT
+    other = edge_effects(model, task, ["input->1.0:q"], kv_edges="per-query-head", progress=False)[0]
+    assert (other.src, other.dst, other.channel, other.label) == (None, (1, 0), "q", "input->1.0:q")
+    assert ck.EdgeEffect("m1->logits", None, 0.5).key == (None, None, None)
+    with pytest.raises(CircuitkitError, match="tasks.edge_effects measures it"):
+        path_patching(model, [other], tokens=tokens)

@@ -127,21 +127,18 @@ def test_every_edge_record_is_the_one_edge_type_with_its_old_attributes():
     comp = ck.Edge((0, 1), (1, 0), 0.5)
     spec = EdgeSpec((0, 1), (1, 0), "K")
     attributed = AttributedEdge((0, 1), (1, 0), "k", -0.25)
-    effect = EdgeEffect((0, 1), (1, 0), "k", 1.0, 1.5, torch.ones(3))
     row = EdgeEvidence((0, 1), (1, 0), "k", 0.5, -0.25, None, weight_only=True)
-    for record in (comp, spec, attributed, effect, row):
+    for record in (comp, spec, attributed, row):
         assert isinstance(record, Edge) and record.src == (0, 1) and record.dst == (1, 0)
     assert comp.channel is None and comp.score == 0.5 and comp.name == "0.1 -> 1.0"
     assert spec.channel == "k" and spec.name == "0.1 -> 1.0 (k)" == edge_name((0, 1), (1, 0), "k")
     assert attributed.value == -0.25 and attributed.attribution == -0.25
-    assert (effect.clean, effect.patched, effect.effect) == (1.0, 1.5, 0.5) and effect.patched_each.sum() == 3
     assert row.composition == 0.5 and row.patched is None and row.effect == -0.25
     assert row.weight_only and not row.effect_only
     assert row.to_json() == {"src": [0, 1], "dst": [1, 0], "channel": "k", "composition": 0.5, "attribution": -0.25,
                              "patched": None, "weight_only": True, "effect_only": False, "name": "0.1 -> 1.0 (k)"}
     # records compare and hash by value, per type
     assert comp == ck.Edge((0, 1), (1, 0), 0.5) and hash(comp) == hash(ck.Edge((0, 1), (1, 0), 0.5))
-    assert EdgeEffect((0, 1), (1, 0), "k", 1.0, 1.5) == effect  # the per-sequence values are not compared
     assert comp != ck.Edge((0, 1), (1, 0), 0.6)
     with pytest.raises(AttributeError):
         _ = comp.nothing_measured_so
@@ -169,7 +166,8 @@ def test_edge_attribution_ranks_through_edge_values():
 
 
 def test_path_patching_gives_its_effects_as_edge_values():
-    edges = (EdgeEffect((0, 0), (1, 1), "k", 2.0, 2.5), EdgeEffect((0, 1), (1, 0), "q", 2.0, 1.75))
+    edges = (EdgeEffect.between_heads((0, 0), (1, 1), "k", clean=2.0, patched=2.5, effect=0.5),
+             EdgeEffect.between_heads((0, 1), (1, 0), "q", clean=2.0, patched=1.75, effect=-0.25))
     values = PathPatching(edges, "loss", "resample").edge_values(2, 2)
     assert values.name == "patched" and int(values.measured.sum()) == 2
     assert values.value((0, 0), (1, 1), "k") == 0.5 and values.value((0, 1), (1, 0), "q") == -0.25

@@ -249,6 +249,25 @@ def test_units_another_version_worded_load_in_todays_words(saved, tmp_path):
     assert TaskScan.load(tmp_path).to_json()["units"] == data["units"]
 
 
+def test_an_edge_effect_keeps_its_metrics_means_and_a_file_without_them_still_loads(saved, tmp_path):
+    """Each exactly patched edge is written with its metric's ``clean`` and ``patched`` means, of which its effect is
+    the difference; a file written before they were kept loads without them and writes itself again, and one whose
+    effect disagrees with its means is refused in one line."""
+    data = saved["ioi"][2]
+    effects = data["circuit"]["edge_effects"]
+    assert effects and all(e["effect"] == pytest.approx(e["clean"] - e["patched"], abs=1e-6) for e in effects)
+    older = copy.deepcopy(data)
+    for e in older["circuit"]["edge_effects"]:
+        del e["clean"], e["patched"]
+    _write(tmp_path, older)
+    loaded = TaskScan.load(tmp_path)
+    assert all(e.clean is None and e.patched is None for e in loaded.circuit.edge_effects)
+    assert loaded.to_json()["circuit"]["edge_effects"] == older["circuit"]["edge_effects"]
+    _write(tmp_path, _set(data, "circuit.edge_effects[0].patched", effects[0]["patched"] + 1.0))
+    with pytest.raises(CircuitkitError, match=r"edge_effects\[0\].effect.*clean - patched"):
+        TaskScan.load(tmp_path)
+
+
 def test_the_guarded_reader_refuses_truncated_deep_and_huge_files(saved, tmp_path):
     text = (saved["ioi"][1] / "scores.json").read_text(encoding="utf-8")
     file = tmp_path / "scores.json"

@@ -69,6 +69,7 @@ _LAZY: dict[str, str] = {
     "scan": "circuitkit.pipeline",
     "load_model": "circuitkit.models.loading",
     "path_patching": "circuitkit.circuits.patching",
+    "EdgeEffect": "circuitkit.edge_effect",
     "edge_attribution": "circuitkit.circuits.attribution",
     "circuit_evidence": "circuitkit.circuits.evidence",
     "find_circuit": "circuitkit.circuits.faithfulness",

@@ -12,8 +12,9 @@ Here each of those is written once:
   ``src layer < dst layer``.
 - :class:`Edge`: the one record of an edge, ``src``, ``dst``, ``channel`` and the values measured on it by name
   (``edge.attribution`` reads the ``"attribution"`` value). The records the measurements used to return
-  (``composition.Edge``, ``EdgeSpec``, ``AttributedEdge``, ``EdgeEffect``, ``EdgeEvidence``) are thin constructors
-  of it that keep their old arguments.
+  (``composition.Edge``, ``EdgeSpec``, ``AttributedEdge``, ``EdgeEvidence``) are thin constructors of it that keep
+  their old arguments. An exactly patched edge is recorded apart, in both engines' one record
+  (:class:`circuitkit.edge_effect.EdgeEffect`): its ends may be the input, an MLP or the logits.
 
 NaN means "not measured" (or "not an edge"), in both types; :func:`plain` writes it, and every non-finite value,
 as JSON ``null``. The input is spelled in lower case (``"q"``, ``"k"``, ``"v"``) everywhere; :func:`channel` also

@@ -26,7 +26,7 @@ _LAZY = {
     "EdgeSpec": "circuitkit.circuits.edges",
     "resampled_batch": "circuitkit.circuits.corrupt",
     "METRICS": "circuitkit.circuits.metrics",
-    "EdgeEffect": "circuitkit.circuits.patching",
+    "EdgeEffect": "circuitkit.edge_effect",
     "PathPatching": "circuitkit.circuits.patching",
     "path_patching": "circuitkit.circuits.patching",
     "AttributedEdge": "circuitkit.circuits.attribution",

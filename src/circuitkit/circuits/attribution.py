@@ -23,7 +23,10 @@ Metrics (:mod:`~circuitkit.circuits.metrics`): for ``"induction"``, receiver ``r
 metric of every edge into ``r`` (as in path patching); one backward pass of the sum of all heads' scores gives
 them all, because each head's output ``z`` is detached in that pass (a head's score then depends on its own
 queries and keys only, not on what earlier heads' scores did downstream). V edges get exactly 0. For
-``"loss"`` and callables, the metric of the logits is differentiated through everything downstream.
+``"loss"`` and callables, the metric of the logits is differentiated through everything downstream. Each score
+estimates the behaviour lost, as path patching's effects give it: the estimate of ``metric(patched) -
+metric(clean)`` for the loss and callables (read as a loss), its negative for the induction score, which falls as
+the behaviour does.
 
 Integrated gradients (``steps = m > 1``; EAP-IG-inputs, Hanna, Pezzelle & Belinkov 2024): ``g_{r,c}`` is replaced
 by its mean over ``m`` points of the straight path between the corrupted and the clean input embeddings
@@ -107,7 +110,7 @@ class AttributedEdge(Edge):
 
     @property
     def value(self) -> float:
-        """The estimated ``metric(patched) - metric(clean)``."""
+        """The estimated behaviour lost with the edge patched (:attr:`EdgeAttribution.scores`)."""
         return self.values[0][1]
 
     def __repr__(self) -> str:
@@ -117,8 +120,10 @@ class AttributedEdge(Edge):
 @dataclass(frozen=True, eq=False)
 class EdgeAttribution:
     """``scores`` ``[src_layer, src_head, dst_layer, dst_head, channel]`` (float32, CPU; channels :data:`CHANNELS`,
-    NaN where src layer >= dst layer): the estimated ``metric(patched) - metric(clean)`` of each edge, also as the
-    per-edge result :attr:`edge_values`. ``clean_metric`` is the metric on the clean run (for ``"induction"``, the
+    NaN where src layer >= dst layer): each edge's estimated behaviour lost, the quantity path patching measures
+    exactly (:class:`~circuitkit.edge_effect.EdgeEffect`): ``metric(patched) - metric(clean)`` of the loss (and of a
+    callable, read as one), ``clean - patched`` of the receiver's induction score; also as the per-edge result
+    :attr:`edge_values`. ``clean_metric`` is the metric on the clean run (for ``"induction"``, the
     sum of all later heads' scores)."""
 
     scores: Tensor
@@ -222,10 +227,11 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
         with torch.no_grad():
             _contract_all(ctx, runs, dz, W_O, totals)
     del runs
+    sign = -1.0 if m.local else 1.0  # the behaviour lost, as path patching's effects: the induction score falls
     with torch.no_grad():
         for l2 in range(1, L):
             total = totals[l2 - 1] / steps if steps > 1 else totals[l2 - 1]
-            scores[:l2, :, l2] = total.reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
+            scores[:l2, :, l2] = sign * total.reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
     validate.finite_result("edge_attribution", scores[~scores.isnan()], why="the gradients overflowed")
     return EdgeAttribution(scores, m.name, ctx.corrupt, value)
 

@@ -80,7 +80,7 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
     attribute, if any, wins), or an edge's name as circuitkit writes it, ``"0.1 -> 1.3 (k)"`` (the records),
     ``"0.1->1.3:k"`` (a task scan) or ``"0.1 \u2192 1.3 K"`` (the induction scan's answer)
     (:func:`~circuitkit.results.parse_edge_name`; its input, if any, wins; one name alone is a list of one), or a
-    record that names its edge so (a task scan's ``EdgeEffect``).
+    record that names its edge so (an :class:`~circuitkit.edge_effect.EdgeEffect` of either engine).
     ``channel`` is one of :data:`INPUTS`. Raises one ``CircuitkitError`` per bad edge: not a pair of heads, out of
     range, ``src layer >= dst layer``, unknown channel; and for an empty list.
     """
@@ -99,7 +99,7 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
     for i, item in enumerate(items):
         label = f"{where}[{i}]"
         own = channel
-        if hasattr(item, "src") and hasattr(item, "dst"):
+        if getattr(item, "src", None) is not None and getattr(item, "dst", None) is not None:
             src, dst = item.src, item.dst
             own = getattr(item, "channel", None) or channel  # a composition edge has no channel: None
         elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
@@ -107,7 +107,7 @@ def parse_edges(edges: Any, channel: str, spec: ModelSpec, *, where: str = "edge
             if len(item) == 3:
                 own = item[2]
         elif isinstance(item, str) or isinstance(getattr(item, "name", None), str):
-            # a name, or a record that names its edge (a task scan's EdgeEffect, from tasks.edge_effects)
+            # a name, or a record that names its edge (an EdgeEffect whose ends are not both heads says so)
             src, dst, named = parse_edge_name(item if isinstance(item, str) else item.name, label)
             own = named or channel
         else:

@@ -212,11 +212,11 @@ def _register_builtins() -> None:
     ))
     register(edge_measure(
         "attribution", column="edge attribution (estimate, nats)", compute=_attribution,
-        description="edge attribution: estimated change of the metric with the edge corrupted (nats for the loss)",
+        description="edge attribution: estimated behaviour lost with the edge corrupted (the loss's rise in nats)",
     ))
     register(edge_measure(
         "patched", column="path patching (exact, nats)", compute=_patched,
-        description="path patching: exact change of the metric with the edge corrupted (nats for the loss); "
+        description="path patching: exact behaviour lost with the edge corrupted (the loss's rise in nats); "
                     "measured on the patched edges only",
     ))
 

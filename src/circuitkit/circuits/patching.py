@@ -14,10 +14,13 @@ is just ``delta @ W_c``). The receiver's ``c`` is swapped for ``c_patched`` at i
 the forward pass goes on from there as usual. ``z_corrupt`` comes from the corrupted run (every copy of the
 block resampled, :mod:`~circuitkit.circuits.corrupt`) or is the clean batch mean per position
 (``corrupt="mean"``).
-The effect of an edge is ``metric(patched) - metric(clean)`` (:mod:`~circuitkit.circuits.metrics`). With the
-repeated-copies loss each sequence's effect is kept too (``EdgeEffect.each``, its patched loss minus its clean one),
-and the effect's interval is the percentile bootstrap over the sequences (``EdgeEffect.interval``; one draw of the
-sequences for every edge, as a task's exact edge effects take theirs over the pairs; no extra pass).
+Each edge is an :class:`~circuitkit.edge_effect.EdgeEffect`, the record of a task's exact edge effects too: the
+metric's ``clean`` and ``patched`` values (:mod:`~circuitkit.circuits.metrics`) and the ``effect``, the behaviour
+lost: ``patched - clean`` of the repeated-copies loss (and of a callable, read as a loss), ``clean - patched`` of
+the receiver's induction score (which falls as the behaviour does). With the loss each sequence's effect is kept
+too (``each``, its patched loss minus its clean one), and the effect's interval is the percentile bootstrap over the
+sequences (``interval``; one draw of the sequences for every edge, as a task's exact edge effects take theirs over
+the pairs; no extra pass).
 
 Grouped-query attention: for ``"k"``/``"v"`` the receiver's key/value group gets the patched input, and the
 group's other query heads have their clean ``z`` put back, so only the receiver reads the patched keys/values
@@ -56,48 +59,18 @@ from circuitkit.circuits.metrics import (
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
+from circuitkit.edge_effect import EdgeEffect
 from circuitkit.graph.edge_patch import CHANNELS, EdgeModel, Receiver, patched_edges
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
 from circuitkit.ranking import Head, top_indices
-from circuitkit.results import Edge, EdgeValues
+from circuitkit.results import EdgeValues
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, mean_intervals
 
 PASS_MEMORY_BUDGET = 2**28
 """Bytes of the largest stacked activation (logits, or patterns for ``"induction"``) one pass may hold (256 MiB):
 the passes' total compute does not depend on it, only how many edges share one pass."""
-
-
-class EdgeEffect(Edge):
-    """One patched edge: the metric on the clean run and with the edge patched; ``effect = patched - clean``. An
-    :class:`~circuitkit.results.Edge` holding the values ``"clean"``, ``"patched"`` and ``"effect"``.
-
-    With the repeated-copies loss (None otherwise; not fields: equality ignores them): ``patched_each``, each
-    sequence's patched loss ``[batch]`` (their mean is ``patched``); ``each``, each sequence's effect, its patched
-    loss minus its clean one ``[batch]`` (their mean is ``effect``, to float rounding), what the interval resamples;
-    ``interval``, the effect's percentile bootstrap interval ``(lo, hi)`` over the sequences (None with one
-    sequence). No extra pass. A task's exact edge effect (:class:`circuitkit.tasks.EdgeEffect`) has the same
-    ``each`` and ``interval`` over its pairs (there the metric lost, in its orientation).
-    """
-
-    def __init__(self, src: Head, dst: Head, channel: str, clean: float, patched: float,
-                 patched_each: Tensor | None = None, *, each: Tensor | None = None,
-                 interval: tuple[float, float] | None = None) -> None:
-        super().__init__(tuple(src), tuple(dst), channel,
-                         (("clean", clean), ("patched", patched), ("effect", patched - clean)))
-        object.__setattr__(self, "patched_each", patched_each)  # not fields: equality ignores them
-        object.__setattr__(self, "each", each)
-        object.__setattr__(self, "interval", interval)
-
-    def __repr__(self) -> str:
-        return (f"EdgeEffect(src={self.src!r}, dst={self.dst!r}, channel={self.channel!r}, clean={self.clean!r}, "
-                f"patched={self.patched!r})")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"src": list(self.src), "dst": list(self.dst), "channel": self.channel, "clean": _plain(self.clean),
-                "patched": _plain(self.patched), "effect": _plain(self.effect),
-                "ci": None if self.interval is None else [float(self.interval[0]), float(self.interval[1])]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,7 +95,7 @@ class PathPatching:
 
     @property
     def effects(self) -> Tensor:
-        """``[n_edges]`` float64: patched minus clean metric."""
+        """``[n_edges]`` float64: each edge's effect, the behaviour lost (module docstring)."""
         return torch.tensor([e.effect for e in self.edges], dtype=torch.float64)
 
     def top(self, k: int = 10) -> list[EdgeEffect]:
@@ -141,12 +114,8 @@ class PathPatching:
         return {"metric": self.metric, "corrupt": self.corrupt, "edges": [e.to_json() for e in self.edges]}
 
     def __repr__(self) -> str:
-        best = ", ".join(f"{e.name}: {e.effect:+.4g}" for e in self.top(3))
+        best = ", ".join(f"{e.label}: {e.effect:+.4g}" for e in self.top(3))
         return f"PathPatching({len(self.edges)} edges, metric={self.metric!r}, corrupt={self.corrupt!r}; top {best})"
-
-
-def _plain(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
 
 
 @keeps_model_state
@@ -173,7 +142,9 @@ def path_patching(
         input: the receiver's channel, ``"q"``, ``"k"``, ``"v"``, or ``"all"`` (the three patched together), for
             edges that do not name their own.
         metric: ``"loss"`` (repeated-copies loss), ``"induction"`` (the receiver's induction score) or a callable
-            ``metric(logits, batch) -> scalar`` (:mod:`~circuitkit.circuits.metrics`).
+            ``metric(logits, batch) -> scalar``, read as a loss (:mod:`~circuitkit.circuits.metrics`); each
+            effect is the behaviour lost (``patched - clean`` of a loss, ``clean - patched`` of the induction
+            score).
         corrupt: ``"resample"`` (every copy of the block resampled, ``corrupt_seed``) or ``"mean"`` (batch mean
             per position).
         tokens: a :class:`~circuitkit.detect.RepeatedTokens` spec or a built ``TokenBatch`` (default spec if None).
@@ -229,8 +200,11 @@ def patch(ctx: Context, specs: list[EdgeSpec], m: Metric, edges_per_pass: int | 
     validate.finite_result("path_patching", torch.tensor(patched, device="cpu"), why="the patched runs overflowed")
     rises = [None if q is None or clean_each is None else q.double() - clean_each.double() for q in each]
     intervals = mean_intervals(rises, n_resamples, level)  # one draw of the sequences for every edge
+    # the behaviour lost: the loss (and a callable, read as one) rises, the receiver's induction score falls
+    sign = -1.0 if m.local else 1.0
     effects = tuple(
-        EdgeEffect(e.src, e.dst, e.channel, c, p, q, each=r, interval=i)
+        EdgeEffect.between_heads(e.src, e.dst, e.channel, clean=c, patched=p, effect=sign * (p - c), each=r,
+                                 interval=i, patched_each=q)
         for e, c, p, q, r, i in zip(specs, clean, patched, each, rises, intervals, strict=True)
     )
     return PathPatching(effects, m.name, ctx.corrupt)

@@ -7,9 +7,10 @@
     ck.tasks.edge_effects(model, task, ["9.9->logits"])  # any edge's exact effect, with its interval
 """
 
+from circuitkit.edge_effect import EdgeEffect
 from circuitkit.graph.metrics import METRICS
 from circuitkit.graph.task import Pair, Task, TaskBatch
-from circuitkit.tasks.circuit import EDGE_FRACTIONS, EdgeEffect, TaskCircuit
+from circuitkit.tasks.circuit import EDGE_FRACTIONS, TaskCircuit
 from circuitkit.tasks.effects import edge_effects
 from circuitkit.tasks.files import load_task
 from circuitkit.tasks.generators import BUILT_IN, GENERATORS, docstring, greater_than, ioi, repeated_tokens

@@ -64,6 +64,7 @@ from torch import Tensor
 from circuitkit.circuits.curve import CurvePoint, NoBehaviour, check_gap, faithfulness_of, has_gap
 from circuitkit.circuits.faithfulness import coarse_search, geometric_sizes, smallest
 from circuitkit.circuits.record import CircuitRecord
+from circuitkit.edge_effect import EdgeEffect
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.ranking import head_name
@@ -87,26 +88,6 @@ MIN_TASK_GAP = 1e-3
 do not change what the model does, and there is no behaviour to explain."""
 N_EXACT_EDGES = 8
 """The circuit's strongest edges whose exact effect (the metric lost when only that edge is patched) is measured."""
-
-
-@dataclass(frozen=True)
-class EdgeEffect:
-    """One edge (``name`` ``"sender->receiver"``): its EAP-IG ``score`` (None where no attribution ran:
-    :func:`~circuitkit.tasks.effects.edge_effects`) and its exact ``effect`` (the mean metric
-    lost when only this edge is patched from the corrupted prompt, every other edge clean: path patching);
-    ``interval``: the effect's percentile bootstrap interval over the pairs (:func:`effect_intervals`), None where
-    not measured; ``each``: each pair's metric lost ``[pair]`` (their mean is ``effect``; what the interval
-    resamples; not written)."""
-
-    name: str
-    score: float | None
-    effect: float
-    interval: tuple[float, float] | None = None
-    each: Tensor | None = field(default=None, compare=False, repr=False)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"edge": self.name, "score": self.score, "effect": self.effect,
-                "ci": None if self.interval is None else [float(self.interval[0]), float(self.interval[1])]}
 
 
 @dataclass(frozen=True, eq=False, kw_only=True, repr=False)
@@ -539,8 +520,9 @@ def edge_intervals(pairs: dict[str, Tensor], clean: Tensor, corrupted: Tensor, n
 def exact_effects(runner: TaskRunner, index: Tensor, scores: Tensor | None = None,
                   progress: Any = None) -> list[EdgeEffect]:
     """Each edge of ``index`` ``[n, 2]`` (sender, receiver) patched alone (:meth:`TaskRunner.single_edge_metric`) as
-    an :class:`EdgeEffect`: named as the graph names it, its ``score`` from ``scores`` ``[n]`` (None where no
-    attribution ran), its ``effect`` the clean run's mean metric less the patched one, ``each`` that per pair;
+    an :class:`~circuitkit.edge_effect.EdgeEffect` (path patching's record too): named as the graph names it, its
+    ``score`` from ``scores`` ``[n]`` (None where no attribution ran), ``clean`` and ``patched`` the clean run's mean
+    metric and the patched one, its ``effect`` the first less the second, ``each`` that per pair;
     ``progress`` is told each pass's edges."""
     per_pair: list[Tensor] = []
     values = runner.single_edge_metric(index, pairs=per_pair, progress=progress).tolist()
@@ -548,7 +530,7 @@ def exact_effects(runner: TaskRunner, index: Tensor, scores: Tensor | None = Non
     mean = float(clean.mean())
     lost = clean[None] - per_pair[0]  # [edge, pair]
     given = [None] * len(values) if scores is None else [float(v) for v in scores.tolist()]
-    return [EdgeEffect(name, score, mean - v, each=each)
+    return [EdgeEffect(name, score, mean - v, each=each, clean=mean, patched=v)
             for name, score, v, each in zip(runner.graph.edge_names(index), given, values, lost, strict=True)]
 
 

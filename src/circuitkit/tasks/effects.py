@@ -48,8 +48,8 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         task: a :class:`~circuitkit.tasks.Task` (its pairs, metric and tokenization, as ``scan_task`` reads them).
         edges: an edge name (``"9.9->logits"``) or a list of them; an edge between two heads may also be given as
             path patching and the induction scan name it (``"0.1 -> 1.3 (k)"``, ``"0.1 \u2192 1.3 K"``) or as
-            their records (:class:`circuitkit.Edge`: ``PathPatching.top()``, ``EdgeAttribution.top()``), one input
-            each.
+            their records (:class:`circuitkit.Edge`, ``EdgeAttribution.top()``), one input each, or as either
+            engine's :class:`~circuitkit.edge_effect.EdgeEffect` (``PathPatching.top()``, a task scan's edges).
         metric: a metric name or function in place of the task's own (as ``scan_task``'s ``metric``).
         mlps: MLPs are nodes of the graph (default: where the model has MLPs), as ``scan_task``'s ``mlps``.
         kv_edges: ``"grouped"`` (a key/value head's input is one receiver) or ``"per-query-head"``.
@@ -58,9 +58,10 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         progress: a tqdm bar over the edges (default: from :data:`PROGRESS_MIN_EDGES` edges on).
 
     Returns:
-        one :class:`~circuitkit.tasks.circuit.EdgeEffect` per edge: ``name`` (as the task graph names it),
-        ``effect`` (the mean metric lost, in the metric's units), ``interval`` (None with one pair), ``each`` (each
-        pair's metric lost); ``score`` None (no attribution ran).
+        one :class:`~circuitkit.edge_effect.EdgeEffect` per edge (path patching's record too): ``name`` (as the
+        task graph names it), ``clean`` and ``patched`` (the metric's means), ``effect`` (the mean metric lost,
+        ``clean - patched``, in the metric's units), ``interval`` (None with one pair), ``each`` (each pair's
+        metric lost); ``score`` None (no attribution ran).
     """
     from circuitkit.graph.nodes import KV_EDGES
     from circuitkit.graph.runner import EDGES_UNDEFINED, TaskRunner, check_hooks
@@ -102,8 +103,11 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
 def _graph_name(name: Any, where: str) -> Any:
     """An edge between two heads given as circuitkit's other measurements name or return it (``"0.1 -> 1.3 (k)"``,
     a :class:`~circuitkit.results.Edge`) as the task graph names it, ``"0.1->1.3:k"``; anything else as given."""
+    from circuitkit.edge_effect import EdgeEffect
     from circuitkit.results import graph_edge_name, parse_edge_name
 
+    if isinstance(name, EdgeEffect):  # either engine's record of an exactly patched edge names it so already
+        return name.name
     if hasattr(name, "src") and hasattr(name, "dst") and not isinstance(name, str):
         src, dst, channel = name.src, name.dst, getattr(name, "channel", None)
         if not (isinstance(src, tuple) and isinstance(dst, tuple) and len(src) == len(dst) == 2

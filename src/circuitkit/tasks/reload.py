@@ -101,11 +101,16 @@ def _pair(value: Any) -> tuple[float, float]:
     return (math.nan if lo is None else float(lo), math.nan if hi is None else float(hi))
 
 
+def _optional(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _circuit(data: dict[str, Any] | None, scan: dict[str, Any]) -> Any:
     """The saved ``circuit`` as a :class:`TaskCircuit`, with the random sets and the stability the scan writes beside
     it (``scan``: the whole file)."""
+    from circuitkit.edge_effect import EdgeEffect
     from circuitkit.report.reload import SavedRandomBaseline, SavedSearch, SavedStability
-    from circuitkit.tasks.circuit import EdgeEffect, TaskCircuit
+    from circuitkit.tasks.circuit import TaskCircuit
 
     if data is None:
         return None
@@ -118,8 +123,9 @@ def _circuit(data: dict[str, Any] | None, scan: dict[str, Any]) -> Any:
         cpr=None if data["cpr"] is None else float(data["cpr"]),
         cmd=None if data["cmd"] is None else float(data["cmd"]),
         edge_effects=tuple(EdgeEffect(e["edge"], float(e["score"]), float(e["effect"]),
-                                      None if e.get("ci") is None else (float(e["ci"][0]), float(e["ci"][1])))
-                           for e in data["edge_effects"]),
+                                      None if e.get("ci") is None else (float(e["ci"][0]), float(e["ci"][1])),
+                                      clean=_optional(e.get("clean")), patched=_optional(e.get("patched")))
+                           for e in data["edge_effects"]),  # a file written before the metric's means has none
         rank=data["rank"], clean=float(data["metric_clean"]), corrupted=float(data["metric_corrupted"]),
         node_corrupted=float(data["metric_all_nodes_patched"]),
         intervals={key: _pair(v) for key, v in (data.get("ci") or {}).items()},

@@ -454,10 +454,16 @@ class TaskScoresCheck(ScoresCheck):
             raise self.fail("circuit.edges_total", total, "at least one edge beside an edge curve")
         for i, effect in enumerate(self.array(c["edge_effects"], "circuit.edge_effects")):
             at = f"circuit.edge_effects[{i}]"
-            effect = self.obj(effect, at, ("edge", "score", "effect"), ("ci",))
+            effect = self.obj(effect, at, ("edge", "score", "effect"), ("ci", "clean", "patched"))
             self.edge_name(effect["edge"], f"{at}.edge")
             self.number(effect["score"], f"{at}.score", nullable=False)
             self.number(effect["effect"], f"{at}.effect", nullable=False)
+            if "clean" in effect or "patched" in effect:  # a scan written before the metric's means has neither
+                clean = self.number(effect.get("clean"), f"{at}.clean", nullable=False)
+                patched = self.number(effect.get("patched"), f"{at}.patched", nullable=False)
+                if abs(effect["effect"] - (clean - patched)) > 1e-6 * max(1.0, abs(clean), abs(patched)):
+                    raise self.fail(f"{at}.effect", effect["effect"],
+                                    f"the behaviour lost, clean - patched = {clean - patched!r}")
             if effect.get("ci") is not None:  # a scan written before the effects had intervals has none
                 self.whole_interval(effect["ci"], f"{at}.ci")
         self.mib_areas(c.get("cpr_cmd"), c, total)
