@@ -268,3 +268,17 @@ def test_the_context_holds_key_value_weights_once_per_group(toy):
     for layer in range(w.n_layers):
         want = torch.cat([w.W_Q[layer], w.per_query_head("W_K")[layer], w.per_query_head("W_V")[layer]])
         assert torch.equal(ctx.receiver_weights(layer), want)
+
+
+def test_the_batch_mean_corruption_of_one_sequence_is_refused(bundled):
+    """The mean of one sequence is that sequence: patched to it, every edge would change nothing (effect exactly 0,
+    estimate exactly 0). Refused in words for both measurements; two sequences measure an effect."""
+    from circuitkit.circuits import edge_attribution
+
+    one = RepeatedTokens(batch=1)
+    for call in (lambda: path_patching(bundled, [((0, 1), (1, 3), "k")], tokens=one, corrupt="mean"),
+                 lambda: edge_attribution(bundled, tokens=one, corrupt="mean")):
+        with pytest.raises(CircuitkitError, match="at least 2 sequences for corrupt='mean'"):
+            call()
+    two = path_patching(bundled, [((0, 1), (1, 3), "k")], tokens=RepeatedTokens(batch=2), corrupt="mean")
+    assert two.edges[0].effect != 0.0

@@ -256,3 +256,17 @@ def test_fuzz_every_field(saved, tmp_path):
     print(f"scores.json fuzz: {counts['tried']} mutations over {len(by_field)} fields ({len(nodes)} values) tried, "
           f"{counts['refused']} refused, {counts['accepted']} accepted and valid")
     assert counts["tried"] >= len(first) and counts["refused"] and counts["accepted"]
+
+
+@pytest.mark.parametrize("path", ["/tmp/scan\0dir", "/tmp/" + "x" * 5000, "x/" * 3000])
+def test_a_path_no_file_can_have_is_refused_in_one_line_by_every_reader(path):
+    """A NUL character (Python's ``os.stat`` raises ``ValueError`` on it) and names or paths past the file
+    system's limits (``Errno 36``) are refused by the one check both kinds of scan are read through, naming the
+    reader."""
+    from circuitkit.report import load_scan
+
+    for reader, name in ((ck.Scan.load, "Scan.load"), (ck.tasks.TaskScan.load, "TaskScan.load"),
+                         (load_scan, "Scan.load")):
+        with pytest.raises(CircuitkitError, match=f"^{name}: path") as caught:
+            reader(path)
+        assert "\n" not in str(caught.value)

@@ -335,6 +335,34 @@ def test_a_budget_below_a_round_still_drops_the_least_important_members():
     assert unbounded.size == 9 and unbounded.faithfulness >= 0.8  # 9 of the 10: 0.897; 8 reach only 0.798
 
 
+def test_a_budget_the_block_phase_spent_past_stops_the_search_instead_of_raising():
+    """The block phase measures the blocks that can go together after its round (a few sizes), which can spend past
+    ``max_passes``; the round of single drops that follows then has a negative number of passes left and stops the
+    search as over budget (it raised a raw ``math domain error`` there). Every budget and block threshold returns a
+    circuit that reaches the target."""
+    from circuitkit.circuits.search import SearchProblem, run_search
+
+    weights = torch.tensor([1.0] * 10 + [0.001] * 30, dtype=torch.float64)
+    spent = [0.0]
+
+    def faithfulness(kept):
+        spent[0] += kept.shape[0]
+        return (kept.double() * weights).sum(dim=1) / weights.sum()
+
+    def problem():
+        spent[0] = 0.0
+        return SearchProblem(tuple(str(i) for i in range(40)), faithfulness, None, lambda: spent[0], weights.float())
+
+    stopped = set()
+    for budget in range(1, 60):
+        for singles in (4, 8, 16):
+            found = run_search("refined", problem(), list(range(40)), 0.8, start_faithfulness=1.0,
+                               max_passes=budget, singles=singles)
+            assert found.faithfulness >= 0.8 and set(range(9)) <= set(found.kept)
+            stopped.add(found.settings["stopped"])
+    assert "max_passes" in stopped
+
+
 @pytest.mark.parametrize("name, options, needle", [
     ("masks", {"lr": -1}, "masks search: lr"),
     ("masks", {"begin": "middle"}, "masks search: begin"),

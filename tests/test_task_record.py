@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import jsonschema
@@ -266,6 +267,23 @@ def test_an_edge_effect_keeps_its_metrics_means_and_a_file_without_them_still_lo
     _write(tmp_path, _set(data, "circuit.edge_effects[0].patched", effects[0]["patched"] + 1.0))
     with pytest.raises(CircuitkitError, match=r"edge_effects\[0\].effect.*clean - patched"):
         TaskScan.load(tmp_path)
+
+
+@pytest.mark.parametrize("field, value", [("circuit.edge_effects[0].edge", "\n"), ("circuit.edges[0]", "\n"),
+                                          ("circuit.heads[0]", "\n")])
+def test_a_name_with_a_trailing_newline_is_refused_in_one_line(saved, tmp_path, field, value):
+    """The checker's patterns are matched whole: ``"$"`` alone also matches before a last newline, which let an edge
+    ``"1.3->logits\n"`` through to a raw ``TypeError``."""
+    data = saved["ioi"][2]
+    keys = [int(k) if k.isdigit() else k for k in field.replace("[", ".").replace("]", "").split(".")]
+    node = data
+    for key in keys:
+        node = node[key]
+    _write(tmp_path, _set(data, field, node + value))
+    for load in (TaskScan.load, ck.Scan.load):
+        with pytest.raises(CircuitkitError, match=re.escape(field)) as caught:
+            load(tmp_path)
+        assert "\n" not in str(caught.value).replace("\\n", "")
 
 
 def test_the_guarded_reader_refuses_truncated_deep_and_huge_files(saved, tmp_path):

@@ -64,6 +64,7 @@ def test_pairs_from_tuples_dicts_and_pair_objects_agree():
     ("text", "list of"),
     ([("a", "b", "c")], "(clean, corrupted, answer, wrong)"),
     ([{"clean": "a", "corrupted": "b", "answer": "c"}], "missing ['wrong']"),
+    ([{"clean": [1, 2], 0: "x"}], "missing ['corrupted', 'answer', 'wrong']"),  # keys of mixed types
     ([("", "b", "c", "d")], "non-empty prompt"),
     ([("a", "b", [], "d")], "one to 16 answers"),
     ([("a", "b", "c", True)], "answer text or a token id"),
@@ -753,3 +754,31 @@ def test_the_exact_edge_effects_intervals_are_the_bootstrap_of_each_pairs_effect
     assert [e.interval for e in back.circuit.edge_effects] == [pytest.approx(e.interval, abs=1e-6) for e in effects]
     line = next(line for line in scan.answer().splitlines() if effects[0].name + ": exact effect" in line)
     assert f"[{effects[0].interval[0]:+.3f}, {effects[0].interval[1]:+.3f}]" in line
+
+
+@pytest.mark.parametrize("pair, prepend_bos, needle", [
+    (("hello world t1 t2", "goodbye moon t3 t4", " t5", " t6"), None, "does not know 'hello', 'world'"),
+    (("x" * 10000, "y" * 10000, " t1", " t2"), None, "does not know 'xxxx"),
+    (("t1 t2", "t1 t3", " 2", " t5"), None, "answer: given ' 2', of which the model's tokenizer does not know '2'"),
+    (("t1 t2", "t1 t3", " t4", " 5"), None, "wrong: given ' 5'"),
+    ((" ", "\t", " t2", " t3"), False, "the clean prompt ' ' is no token at all"),
+])
+def test_text_the_tokenizer_cannot_write_is_refused_naming_the_pair(pair, prepend_bos, needle):
+    """Words the tokenizer does not know become its unknown token (the bundled model's is its BOS, id 0): a 10,000
+    character prompt read as one placeholder, prompts that differ only there read alike, an unknown answer scored as
+    the placeholder. A prompt that is no token at all would have no position to read the answer at. Each is refused
+    when the task is tokenized (so by the scan and by ``edge_effects`` alike), naming the pair and what it holds."""
+    import circuitkit as ck
+    from circuitkit import zoo
+
+    model = zoo.load()
+    task = Task.from_pairs([pair] * 4)
+    calls = (lambda: task.tokenize(model, prepend_bos=prepend_bos),
+             lambda: ck.scan(model, task=task, prepend_bos=prepend_bos, progress=False),
+             lambda: ck.tasks.edge_effects(model, task, ["1.3->logits"], prepend_bos=prepend_bos, progress=False))
+    for call in calls:
+        with pytest.raises(CircuitkitError, match="pair 0: ") as caught:
+            call()
+        assert needle in str(caught.value) and "\n" not in str(caught.value)
+    known = Task.from_pairs([("t1 t2 t3", "t1 t2 t4", " t5", " t6")] * 4).tokenize(model)
+    assert known.clean[0].tolist() == [0, 1, 2, 3]  # the BOS, then the three words

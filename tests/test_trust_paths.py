@@ -103,3 +103,30 @@ def test_dangling_report_link_is_replaced_not_refused(tmp_path):
     (tmp_path / "out").mkdir()
     os.symlink(tmp_path / "gone", tmp_path / "out" / "report.html")
     assert prepare_directory(tmp_path / "out", probe=True) == tmp_path / "out"
+
+
+@pytest.mark.parametrize("name, content", [("report.html", "MY THESIS\n"), ("scores.json", '{"mine": 1}\n'),
+                                           ("scores.json", "")])
+def test_a_report_or_scores_file_circuitkit_did_not_write_is_never_replaced(tmp_path, capsys, name, content):
+    """``--out .`` in a folder of one's own: a ``report.html`` or ``scores.json`` there that circuitkit did not
+    write is refused in one line and left as it was; a folder a scan (or a task scan) was saved in is written
+    again, either kind over the other."""
+    import circuitkit as ck
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / name).write_text(content, encoding="utf-8")
+    code = main(["scan", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "not written by circuitkit" in err and name in err
+    assert (out / name).read_text(encoding="utf-8") == content
+    with pytest.raises(CircuitkitError, match="not written by circuitkit"):
+        prepare_directory(out, kind="scan")
+    (out / name).unlink()
+    model = ck.zoo.load()
+    ck.scan(model, progress=False).save(out)
+    task = ck.scan(model, task=ck.tasks.repeated_tokens(model), edges=False, progress=False)
+    task.save(out)  # a task scan over a scan
+    assert ck.Scan.load(out).to_json() == task.to_json()
+    ck.scan(model, progress=False).save(out)  # and a scan over a task scan
+    assert "circuit" in ck.Scan.load(out).to_json()

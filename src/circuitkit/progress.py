@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from circuitkit import validate
+from circuitkit.errors import CircuitkitError
 from circuitkit.scan_record import StageRecord
 
 
@@ -143,7 +144,11 @@ def progress_mode(progress: Any, stream: Any = None) -> str:
     if isinstance(progress, str):
         return validate.option("scan: progress", progress, ("bar", "lines", "off"))
     if progress is not None:
-        progress = validate.boolean("scan: progress", progress)
+        try:
+            progress = validate.boolean("scan: progress", progress)
+        except CircuitkitError:
+            raise validate.fail("scan: progress", progress, "True, False, None (a bar on a terminal, else nothing), "
+                                                            "'bar', 'lines' or 'off'") from None
         if not progress:
             return "off"
     stream = stream if stream is not None else sys.stderr

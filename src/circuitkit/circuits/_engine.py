@@ -134,6 +134,10 @@ def context(
         corrupt = validate.option(f"{where}: corrupt", corrupt, (*CORRUPTIONS, "a TokenBatch"))
         if corrupt == "a TokenBatch":
             raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
+        if corrupt == "mean" and batch.tokens.shape[0] < 2:
+            raise validate.fail(f"{where}: corrupt", validate.given("'mean' over a batch of 1 sequence"),
+                                "a batch of at least 2 sequences for corrupt='mean', or corrupt='resample'",
+                                "The mean of one sequence is that sequence: every edge would change nothing.")
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
     return Context(session, corrupt, corrupt_seed, corrupt_batch)
 

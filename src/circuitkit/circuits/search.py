@@ -265,7 +265,8 @@ def refined(problem: SearchProblem, start: Sequence[int], target: float, *, star
         tried = members  # a round of single drops: every member, or as many of the least important as the budget
         left = None if max_passes is None else int(max_passes - (problem.passes() - before))  # affords
         if left is not None and left < len(members):
-            affordable = left - 2 * math.ceil(math.log2(left + 1))  # the drops together after it: sizes, bisection
+            # the drops together after it: sizes, bisection (a block phase may have spent past the budget already)
+            affordable = left - 2 * math.ceil(math.log2(max(left, 0) + 1))
             if affordable < 1:
                 stopped = "max_passes"
                 break

@@ -335,7 +335,8 @@ def as_pair(item: Any, where: str) -> Pair:
     elif isinstance(item, dict):
         missing = [k for k in ("clean", "corrupted", "answer", "wrong") if k not in item]
         if missing:
-            raise validate.fail(where, sorted(item), f"the keys clean, corrupted, answer, wrong (missing {missing})")
+            raise validate.fail(where, sorted(item, key=repr), f"the keys clean, corrupted, answer, wrong (missing "
+                                                               f"{missing})")
         clean, corrupted, answers, wrongs = item["clean"], item["corrupted"], item["answer"], item["wrong"]
     elif isinstance(item, (tuple, list)) and len(item) == 4:
         clean, corrupted, answers, wrongs = item
@@ -429,14 +430,17 @@ def check_prepend_bos(where: str, value: Any) -> bool | None:
     raise validate.fail(f"{where}: prepend_bos", value, "None (the tokenizer's default), True or False")
 
 
-def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...], prepend_bos: bool | None) -> tuple[list[int], int]:
-    """The token ids the model gets for ``prompt`` and how many of them come before its text tokens."""
+def _encode_prompt(adapter: Any, prompt: str | tuple[int, ...], prepend_bos: bool | None,
+                   where: str = "Task: prompt") -> tuple[list[int], int]:
+    """The token ids the model gets for ``prompt`` and how many of them come before its text tokens (text the
+    tokenizer does not know refused: :func:`_check_known`)."""
     if isinstance(prompt, tuple):
         return list(prompt), 0
     from circuitkit.models.tokenizer import default_tokenizer
 
     tokenizer = _tokenizer_of(adapter)
     text = [int(t) for t in tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+    _check_known(tokenizer, prompt, text, where)
     if prepend_bos is False:
         return text, 0
     if prepend_bos is True:
@@ -461,11 +465,36 @@ def _text_start(ids: list[int], text: list[int]) -> int:
 def _encode_answer(adapter: Any, answer: str | int, where: str) -> int:
     if isinstance(answer, int):
         return answer
-    ids = _tokenizer_of(adapter)(answer, add_special_tokens=False)["input_ids"]
+    tokenizer = _tokenizer_of(adapter)
+    ids = [int(t) for t in tokenizer(answer, add_special_tokens=False)["input_ids"]]
     if not ids:
         raise CircuitkitError(f"{where}: given {_short(answer)}, which the model's tokenizer writes as no token at "
                               "all; expected an answer of at least one token.")
-    return int(ids[0])  # an answer of several tokens is scored by its first (module docstring)
+    _check_known(tokenizer, answer, ids[:1], where)
+    return ids[0]  # an answer of several tokens is scored by its first (module docstring)
+
+
+def _check_known(tokenizer: Any, text: str, ids: list[int], where: str) -> None:
+    """Refuse ``text`` where the tokenizer wrote its unknown token for part of it (``ids``: its token ids, no
+    special tokens added): the model would read one placeholder for every word it does not know, so prompts that
+    differ there would look alike and an unknown answer would score the placeholder. Text that names the unknown
+    token itself is the user's choice."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    name = getattr(tokenizer, "unk_token", None)
+    if not isinstance(unk, int) or unk not in ids or (isinstance(name, str) and name and name in text):
+        return
+    words = [w for w in dict.fromkeys(text.split())
+             if unk in tokenizer(w, add_special_tokens=False)["input_ids"]] or [text]
+    shown = ", ".join(_short(w) for w in words[:5]) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
+    try:
+        size = f" of {len(tokenizer)} tokens"
+    except TypeError:  # a tokenizer without a length
+        size = ""
+    raise CircuitkitError(
+        f"{where}: given {_short(text)}, of which the model's tokenizer does not know {shown} (it writes its unknown "
+        f"token {name!r}, id {unk}, in their place); expected text in the tokenizer's vocabulary{size}, or prompts "
+        "and answers as token ids."
+    )
 
 
 def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskBatch:
@@ -477,8 +506,13 @@ def tokenize(task: Task, adapter: Any, prepend_bos: bool | None = None) -> TaskB
     clean, corrupted, answers, wrongs, prefix, scored = [], [], [], [], [], []
     for i, pair in enumerate(task.pairs):
         where = f"task {task.name!r}: pair {i}"
-        (c, start), (k, _) = (_encode_prompt(adapter, pair.clean, prepend_bos),
-                              _encode_prompt(adapter, pair.corrupted, prepend_bos))
+        (c, start), (k, _) = (_encode_prompt(adapter, pair.clean, prepend_bos, f"{where}: clean prompt"),
+                              _encode_prompt(adapter, pair.corrupted, prepend_bos, f"{where}: corrupted prompt"))
+        if not c:
+            raise CircuitkitError(
+                f"{where}: the clean prompt {_short(pair.clean)} is no token at all as the model gets it (BOS rule "
+                f"{BOS_RULES[prepend_bos]!r}); expected a prompt of at least one token."
+            )
         if len(c) != len(k):
             raise CircuitkitError(
                 f"{where}: the clean prompt is {len(c)} tokens and the corrupted prompt {len(k)} (as the model gets "

@@ -125,6 +125,8 @@ def _stat(path: Path, follow: bool = True) -> os.stat_result | None:
         return os.stat(path) if follow else os.lstat(path)
     except FileNotFoundError:
         return None
+    except ValueError:  # a NUL character: no file can have that name
+        raise _error(path, MODEL_FILE, "holds a NUL character", "a path without one") from None
     except OSError as error:
         if error.errno == errno.ENAMETOOLONG:
             check_path_length(path, "model path")

@@ -401,6 +401,26 @@ def check_written_again(written: dict[str, Any], data: dict[str, Any], where: st
                             "fields it is derived from)")
 
 
+def scores_file(path: Any, where: str) -> Path:
+    """The ``scores.json`` that ``path`` names (a directory holding one, or the file), checked to be a path a file
+    can have (no NUL character, names and length within the file system's limits) and to exist; both kinds of
+    scan are read through it."""
+    from circuitkit.models import files as guarded
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip() or "\0" in str(path):
+        raise validate.fail(f"{where}: path", path, "a directory written by save(), or its scores.json (a path "
+                                                    "without NUL characters)")
+    guarded.check_path_length(path, f"{where}: path")
+    file = Path(path).expanduser()
+    if guarded.is_dir(file):
+        file = file / SCORES_NAME
+    if not guarded.exists(file):
+        raise validate.fail(f"{where}: path", validate.given(f"{str(path)!r}, where there is no such file or "
+                                                             f"directory ({str(file)!r})"),
+                            "a directory written by save(), or its scores.json")
+    return file
+
+
 def load_scan(path: str | os.PathLike, cls: type | None = None) -> Any:
     """The scan saved in ``path`` (a directory holding ``scores.json``, or the file itself), built as ``cls``
     (default :class:`~circuitkit.scan_record.ScanRecord`; :meth:`circuitkit.Scan.load` passes
@@ -408,15 +428,7 @@ def load_scan(path: str | os.PathLike, cls: type | None = None) -> Any:
     from circuitkit.models import files as guarded
     from circuitkit.scan_record import ScanRecord
 
-    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-        raise validate.fail("Scan.load: path", path, "a directory written by Scan.save, or its scores.json")
     if cls is not None and not (isinstance(cls, type) and issubclass(cls, ScanRecord)):
         raise validate.fail("load_scan: cls", cls, "None or a scan record class (circuitkit.Scan, ScanRecord)")
-    file = Path(path).expanduser()
-    if guarded.is_dir(file):
-        file = file / SCORES_NAME
-    if not guarded.exists(file):
-        raise validate.fail("Scan.load: path", validate.given(f"{str(path)!r}, where there is no such file or "
-                                                              f"directory ({str(file)!r})"),
-                            "a directory written by Scan.save, or its scores.json")
+    file = scores_file(path, "Scan.load")
     return scan_from_json(guarded.read_json(file, max_bytes=MAX_SCORES_BYTES), f"Scan.load: {str(file)!r}", cls)

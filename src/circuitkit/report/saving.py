@@ -107,6 +107,10 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
         if os.path.lexists(target) and not (target.is_file() or _dangling_link(target) == target):
             raise validate.fail(where, text, f"a directory where {name} can be written",
                                 f"{str(target)!r} is {_what_is(target)}; move it away or pick another path.")
+        if (name == REPORT_NAME or kind != "track") and target.is_file() and not _written_by_circuitkit(target):
+            raise validate.fail(where, text, f"a directory without a {name} of its own, or one circuitkit wrote",
+                                f"{str(target)!r} was not written by circuitkit and saving would replace it; move "
+                                "it away or pick another path.")
     try:
         out.mkdir(parents=True, exist_ok=True)
         if probe:
@@ -124,6 +128,34 @@ def prepare_directory(out_dir: str | os.PathLike, *, where: str = "save: out_dir
             reason = f"cannot write to it: {reason}"
         raise validate.fail(where, text, f"a writable directory ({reason})") from None
     return out
+
+
+OWN_MARKERS = {REPORT_NAME: (b"<title>circuitkit",), SCORES_NAME: (b'"circuitkit_version"', b'"format": "circuitkit-')}
+"""What every ``report.html`` (scan, task scan, track: the title, in the first :data:`HEAD_BYTES`) and every
+``scores.json`` (the induction scan's version key, a task scan's format) circuitkit writes holds: a file of those
+names without it is the user's, and saving never replaces it."""
+HEAD_BYTES = 4096
+
+
+def _written_by_circuitkit(path: Path) -> bool:
+    """Whether the file ``path`` (a ``report.html`` or ``scores.json``) holds circuitkit's marker (:data:`OWN_MARKERS`);
+    read in chunks, a report's head only, and never more than the file."""
+    markers = OWN_MARKERS[path.name]
+    longest = max(len(m) for m in markers)
+    try:
+        with open(path, "rb") as file:
+            if path.name == REPORT_NAME:
+                head = file.read(HEAD_BYTES)
+                return any(m in head for m in markers)
+            tail = b""
+            while chunk := file.read(1 << 20):
+                window = tail + chunk
+                if any(m in window for m in markers):
+                    return True
+                tail = window[-longest:]
+    except OSError:
+        return False
+    return False
 
 
 def check_kind(out: Path, kind: str, where: str) -> None:

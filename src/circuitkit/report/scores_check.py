@@ -162,7 +162,7 @@ class ScoresCheck:
                 isinstance(v, int) and not isinstance(v, bool) for v in value):
             layer, index = value
         else:
-            match = HEAD.match(value) if isinstance(value, str) else None
+            match = HEAD.fullmatch(value) if isinstance(value, str) else None
             if match is None:
                 raise self.fail(field, value, "a head written as 'layer.head'")
             layer, index = int(match.group(1)), int(match.group(2))

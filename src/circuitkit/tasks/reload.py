@@ -225,26 +225,10 @@ def task_scan_from_json(data: Any, where: str, scan_cls: type) -> Any:
     return scan
 
 
-def scores_file(path: Any, where: str) -> Path:
-    """The ``scores.json`` that ``path`` names (a directory holding one, or the file), checked to exist."""
-    from circuitkit.models import files as guarded
-    from circuitkit.report.saving import SCORES_NAME
-
-    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
-        raise validate.fail(f"{where}: path", path, "a directory written by save(), or its scores.json")
-    file = Path(path).expanduser()
-    if guarded.is_dir(file):
-        file = file / SCORES_NAME
-    if not guarded.exists(file):
-        raise validate.fail(f"{where}: path", validate.given(f"{str(path)!r}, where there is no such file or "
-                                                             f"directory ({str(file)!r})"),
-                            "a directory written by save(), or its scores.json")
-    return file
-
-
 def read_scores(path: Any, where: str) -> tuple[Path, Any]:
     """``(file, parsed JSON)`` of the ``scores.json`` ``path`` names, read through the guarded reader."""
     from circuitkit.models import files as guarded
+    from circuitkit.report.reload import scores_file
 
     file = scores_file(path, where)
     return file, guarded.read_json(file, max_bytes=MAX_SCORES_BYTES, kind=SCAN_FILE)

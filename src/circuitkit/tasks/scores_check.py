@@ -127,7 +127,7 @@ class TaskScoresCheck(ScoresCheck):
         task = self.obj(value, "task", TASK_REQUIRED, ("ci",))
         self.text(task["name"], "task.name", non_empty=True)
         metric = task["metric"]
-        if not (isinstance(metric, str) and (metric in METRIC_NAMES or CUSTOM_METRIC.match(metric))):
+        if not (isinstance(metric, str) and (metric in METRIC_NAMES or CUSTOM_METRIC.fullmatch(metric))):
             raise self.fail("task.metric", metric, f"one of {list(METRIC_NAMES)} or 'custom:NAME'")
         n = self.integer(task["pairs"], "task.pairs", 1, MAX_PAIRS)
         self.option(task["ablation"], "task.ablation", ABLATIONS)
@@ -354,7 +354,7 @@ class TaskScoresCheck(ScoresCheck):
     def node(self, text: Any, field: str, *, receiver: bool) -> float:
         """The position of an edge's sender or receiver in the model's order (input -1, layer ``l``'s heads ``l``,
         its MLP ``l + 0.5``, the logits ``L``), checked to exist."""
-        match = (RECEIVER if receiver else SENDER).match(text) if isinstance(text, str) else None
+        match = (RECEIVER if receiver else SENDER).fullmatch(text) if isinstance(text, str) else None
         if match is None:
             raise self.fail(field, text, "an edge 'sender->receiver' of the task graph (senders: input, L.H, mN; "
                                          "receivers: L.H:q|k|v, L.gG:k|v, mN, logits)")
