@@ -309,11 +309,10 @@ def test_find_circuit_search_refines_the_induction_circuit_and_measures_it_again
         find_circuit(model, tokens, search="refined", search_options={"swaps": "many"})
 
 
-def test_a_budget_below_a_round_still_drops_the_least_important_members():
-    """A budget that does not afford a round of single drops (one pass per member) tries the least important
-    members it affords, drops those that can go, keeps within the budget and says the budget stopped it; every
-    accepted set reaches the target. Synthetic: 10 nodes carry the behaviour, 30 carry almost nothing."""
-    from circuitkit.circuits.search import SearchProblem, run_search
+def _ten_that_matter():
+    """A fresh synthetic search problem of 40 nodes, of which 10 carry the behaviour and 30 almost nothing (its
+    faithfulness the kept share of the weights; each measured set one pass)."""
+    from circuitkit.circuits.search import SearchProblem
 
     weights = torch.tensor([1.0] * 10 + [0.001] * 30, dtype=torch.float64)
     spent = [0.0]
@@ -322,16 +321,21 @@ def test_a_budget_below_a_round_still_drops_the_least_important_members():
         spent[0] += kept.shape[0]
         return (kept.double() * weights).sum(dim=1) / weights.sum()
 
-    def problem():
-        spent[0] = 0.0
-        return SearchProblem(tuple(str(i) for i in range(40)), faithfulness, None, lambda: spent[0], weights.float())
+    return SearchProblem(tuple(str(i) for i in range(40)), faithfulness, None, lambda: spent[0], weights.float())
+
+
+def test_a_budget_below_a_round_still_drops_the_least_important_members():
+    """A budget that does not afford a round of single drops (one pass per member) tries the least important
+    members it affords, drops those that can go, keeps within the budget and says the budget stopped it; every
+    accepted set reaches the target. Synthetic: 10 nodes carry the behaviour, 30 carry almost nothing."""
+    from circuitkit.circuits.search import run_search
 
     start = list(range(40))
-    bounded = run_search("refined", problem(), start, 0.8, start_faithfulness=1.0, max_passes=20)
+    bounded = run_search("refined", _ten_that_matter(), start, 0.8, start_faithfulness=1.0, max_passes=20)
     assert bounded.settings["stopped"] == "max_passes" and bounded.passes <= 20
     assert 10 <= bounded.size < 40 and set(range(10)) <= set(bounded.kept)  # only near-zero members went
     assert bounded.faithfulness >= 0.8 and all(f >= 0.8 for _, _, f in bounded.trace)
-    unbounded = run_search("refined", problem(), start, 0.8, start_faithfulness=1.0)
+    unbounded = run_search("refined", _ten_that_matter(), start, 0.8, start_faithfulness=1.0)
     assert unbounded.size == 9 and unbounded.faithfulness >= 0.8  # 9 of the 10: 0.897; 8 reach only 0.798
 
 
@@ -340,23 +344,12 @@ def test_a_budget_the_block_phase_spent_past_stops_the_search_instead_of_raising
     ``max_passes``; the round of single drops that follows then has a negative number of passes left and stops the
     search as over budget (it raised a raw ``math domain error`` there). Every budget and block threshold returns a
     circuit that reaches the target."""
-    from circuitkit.circuits.search import SearchProblem, run_search
-
-    weights = torch.tensor([1.0] * 10 + [0.001] * 30, dtype=torch.float64)
-    spent = [0.0]
-
-    def faithfulness(kept):
-        spent[0] += kept.shape[0]
-        return (kept.double() * weights).sum(dim=1) / weights.sum()
-
-    def problem():
-        spent[0] = 0.0
-        return SearchProblem(tuple(str(i) for i in range(40)), faithfulness, None, lambda: spent[0], weights.float())
+    from circuitkit.circuits.search import run_search
 
     stopped = set()
     for budget in range(1, 60):
         for singles in (4, 8, 16):
-            found = run_search("refined", problem(), list(range(40)), 0.8, start_faithfulness=1.0,
+            found = run_search("refined", _ten_that_matter(), list(range(40)), 0.8, start_faithfulness=1.0,
                                max_passes=budget, singles=singles)
             assert found.faithfulness >= 0.8 and set(range(9)) <= set(found.kept)
             stopped.add(found.settings["stopped"])

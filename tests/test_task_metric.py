@@ -101,9 +101,10 @@ def test_answers_of_several_tokens_are_scored_by_their_first_token():
 
     model = zoo.load()
     base = copy_next_task(n=6, d_vocab=60)
-    words = lambda ids: " ".join(f"t{t}" for t in ids)  # noqa: E731
-    pairs = [(words(p.clean), words(p.corrupted), f" t{p.answers[0]} t{p.wrongs[0]} t3", f" t{p.wrongs[0]}")
-             for p in base.pairs]
+    word = lambda t: "<bos>" if t == 0 else f"t{t}"  # noqa: E731  (id 0 is the tokenizer's <bos>; there is no t0)
+    words = lambda ids: " ".join(word(t) for t in ids)  # noqa: E731
+    pairs = [(words(p.clean), words(p.corrupted), f" {word(p.answers[0])} {word(p.wrongs[0])} t3",
+              f" {word(p.wrongs[0])}") for p in base.pairs]
     result = scan_task(model, Task.from_pairs(pairs, name="words"), edges=False, n_resamples=20)
     batch = Task.from_pairs(pairs).tokenize(model)
     tokenizer = model.tokenizer

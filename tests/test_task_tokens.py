@@ -176,7 +176,7 @@ def test_the_cli_passes_the_rule_through(tmp_path, capsys):
     from circuitkit import cli
     from tests.test_tasks import copy_next_task
 
-    words = lambda ids: " ".join(f"t{t}" for t in ids)  # noqa: E731
+    words = lambda ids: " ".join("<bos>" if t == 0 else f"t{t}" for t in ids)  # noqa: E731  (no word t0: id 0 is <bos>)
     lines = [json.dumps({"clean": words(p.clean), "corrupted": words(p.corrupted), "answer": list(p.answers),
                          "wrong": list(p.wrongs)}) for p in copy_next_task(n=8, d_vocab=60).pairs]
     path = tmp_path / "copy.jsonl"

@@ -561,6 +561,7 @@ def english_model(digits: bool = False):
     words = sorted(set(re.findall(r"\w+|[^\w\s]", text.replace("{", " ").replace("}", " "))))
     words += [str(d) for d in range(10)] if digits else [f"{y:02d}" for y in range(100)] + [
         f"{c}{y:02d}" for c in range(11, 19) for y in range(100)] + [str(c) for c in range(11, 19)]
+    words += ["(", ":", '"""', "):"]  # the docstring template's punctuation, as the Whitespace split writes it
     vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(dict.fromkeys(words))}}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     split = [pre_tokenizers.Whitespace()] + ([pre_tokenizers.Digits(individual_digits=True)] if digits else [])
