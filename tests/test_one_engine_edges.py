@@ -165,6 +165,8 @@ def test_each_engine_measures_the_edges_the_other_names(engines):
     ("0.1 -> 1.3 (all)", "one input of the receiving head"),
     ("0.1 -> 1.3", "one input of the receiving head"),
     ("0.1 -> m1 (k)", "as a task scan names it.*as path patching prints it"),
+    # a key receiver of a grouped-query model is its group's: refused naming what was given and the graph's name
+    ("0.1 -> 1.3 (k)", r"given '0\.1 -> 1\.3 \(k\)' \(in the task graph '0\.1->1\.3:k'\); expected a receiver"),
 ])
 def test_the_task_engine_refuses_a_head_edge_it_cannot_measure_alone(engines, edge, message):
     from circuitkit import CircuitkitError

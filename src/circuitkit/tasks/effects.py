@@ -130,20 +130,24 @@ def _graph_name(name: Any, where: str) -> Any:
 def _edge_index(graph: Any, name: Any, i: int) -> tuple[int, int]:
     """``(sender, receiver)`` of the edge named ``name`` in ``graph`` (a ``CircuitkitError`` naming what is not)."""
     where = f"edge_effects: edges[{i}]"
-    name = _graph_name(name, where)
+    given, name = name, _graph_name(name, where)
     if not isinstance(name, str) or name.count("->") != 1:
         raise validate.fail(where, name, f"an edge named 'sender->receiver' as a task scan names it, {NAMED}")
+    if given != name:  # refusals name what was given, and the graph's name for it
+        name_shown = validate.given(f"{getattr(given, 'name', given)!r} (in the task graph {name!r})")
+    else:
+        name_shown = name
     sender, receiver = name.split("->")
     if sender not in graph.senders:
-        raise validate.fail(where, name, f"a sender of this model's graph: input, L.H (heads, layers 0 to "
+        raise validate.fail(where, name_shown, f"a sender of this model's graph: input, L.H (heads, layers 0 to "
                             f"{graph.n_layers - 1}){', mN (MLPs)' if graph.mlps else ''}")
     if receiver not in graph.receivers:
         kv = "L.H:k, L.H:v" if graph.kv_edges == "per-query-head" or graph.n_kv == graph.n_heads else "L.gG:k, L.gG:v"
-        raise validate.fail(where, name, f"a receiver of this model's graph: L.H:q, {kv}"
+        raise validate.fail(where, name_shown, f"a receiver of this model's graph: L.H:q, {kv}"
                             f"{', mN' if graph.mlps else ''}, logits")
     s, r = graph.senders.index(sender), graph.receivers.index(receiver)
     if not bool(graph.allowed[s, r]):
-        raise validate.fail(where, name, "an edge from a sender to a receiver after it (a head of layer L feeds "
+        raise validate.fail(where, name_shown, "an edge from a sender to a receiver after it (a head of layer L feeds "
                             "the layers after L, its own layer's MLP and the logits)")
     return s, r
 
