@@ -176,6 +176,9 @@ def test_circuit_evidence_on_the_bundled_model(bundled):
     assert best.channel == "k" and best.src in entry.previous_token_heads and best.dst in entry.induction_heads
     # the behaviour lost, exact and estimated: the receiver's induction score falls with its K edge patched
     assert best.patched > 0 and best.attribution > 0
+    # each patched edge's record carries the estimate beside the exact effect, as a task scan's edges do
+    for e in evidence.patching.edges:
+        assert e.score == evidence.attribution.value(e.src, e.dst, e.channel) and e.effect is not None
     assert all(r.composition is not None for r in evidence.rows)
     data = evidence.to_json()
     text = json.dumps(data)

@@ -13,7 +13,8 @@ Path patching (:func:`circuitkit.path_patching`, the induction scan's patched ed
   that carries the behaviour. For a metric that falls as the behaviour does (a task's metrics, oriented so that more
   behaviour scores higher; the receiver's induction score) it is ``clean - patched``; for one that rises (the
   repeated-copies loss, and a callable of path patching, read as a loss) ``patched - clean``.
-- ``score``: the estimate of the same quantity where one was taken (a task scan's EAP-IG score), else None.
+- ``score``: the estimate of the same quantity where one was taken (a task scan's EAP-IG score, the edge attribution
+  of :func:`circuitkit.circuit_evidence` and of the induction scan's patched edges), else None.
 - ``each``: each sequence's or pair's effect ``[n]`` (their mean is ``effect``, to float rounding), where the metric
   keeps one (not written); ``interval``: the effect's percentile bootstrap interval over them
   (:func:`circuitkit.uncertainty.mean_intervals`, one draw for every edge), None with fewer than two.

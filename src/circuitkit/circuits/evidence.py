@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -263,6 +263,9 @@ def evidence_in(ctx: Context, m: Metric, comp: dict[str, Tensor], top_k: int, n_
             return _table(ctx, attribution, by_attribution, empty, comp, top_k)
     patching = patch(ctx, parse_edges(patch_edges, "all", ctx.spec, where="circuit_evidence"), m,
                      n_resamples=n_resamples, level=level)
+    # each patched edge's record carries the estimate beside its exact effect, as a task scan's edges carry EAP-IG's
+    patching = replace(patching, edges=tuple(replace(e, score=attribution.value(e.src, e.dst, e.channel))
+                                             for e in patching.edges))
     return _table(ctx, attribution, by_attribution, patching, comp, top_k)
 
 
