@@ -1764,9 +1764,10 @@ EDGE_NAMES: list[Bad] = [
     ("endless", lambda v: itertools.repeat("1.0->logits"), STRICT),
 ]
 case(f"{TK}:edge_effects", lambda: {"model": induction_model(), "task": copy_task(), "edges": ["1.0->logits",
-     "0.0->1.0:k"], "metric": None, "mlps": None, "kv_edges": "grouped", "n_resamples": 50, "ci_level": 0.9,
-     "prepend_bos": None, "device": "cpu", "progress": None},
-     positional=("model",), model="model-loss", mlps="bool?", kv_edges="option", n_resamples="size>=2",
+     "0.0->1.0:k"], "metric": None, "mlps": None, "kv_edges": "grouped", "corrupt": "corrupted",
+     "n_resamples": 50, "ci_level": 0.9, "prepend_bos": None, "device": "cpu", "progress": None},
+     positional=("model",), model="model-loss", mlps="bool?", kv_edges="option", corrupt="option",
+     n_resamples="size>=2",
      ci_level="real>0", prepend_bos="bool?", device="device?", progress="bool?",
      extra_bad={"task": [("None", const(None), STRICT), *TASKS], "edges": EDGE_NAMES,
                 "metric": [("accuracy", const("accuracy"), STRICT), ("a-class", const(int), STRICT)],

@@ -221,3 +221,33 @@ def test_both_engines_give_one_record_of_an_exactly_patched_edge(engines):
     assert ck.EdgeEffect("m1->logits", None, 0.5).key == (None, None, None)
     with pytest.raises(CircuitkitError, match="tasks.edge_effects measures it"):
         path_patching(model, [other], tokens=tokens)
+
+
+def test_the_batch_mean_corruption_is_the_same_in_both_engines(engines):
+    """``corrupt="mean"``: each sender patched to its clean output's mean over the sequences (pairs) at each
+    position. The task engine (``tasks.edge_effects``, its runner's corrupted run replaced by those means) gives
+    every head edge path patching's effect under the same corruption, each sequence's too, and other effects than
+    its corrupted prompts give; the corrupted prompts are not read. One pair has no mean to patch to: refused."""
+    from dataclasses import replace
+
+    from circuitkit import CircuitkitError
+    from circuitkit.tasks import Pair, edge_effects
+
+    model, _ = engines
+    tokens = RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)
+    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    names = ["0.1->1.3:k", "0.2->2.0:q", "1.0->2.3:v", "0.0->1.1:q", "0.3->2.2:v"]
+    ours = path_patching(model, names, corrupt="mean", tokens=tokens).edges
+    theirs = edge_effects(model, task, names, corrupt="mean", kv_edges="per-query-head", progress=False)
+    for a, b in zip(ours, theirs, strict=True):
+        assert b.effect == pytest.approx(a.effect, abs=EXACT), a.name
+        torch.testing.assert_close(b.each.double(), a.each.double(), atol=EXACT, rtol=0)
+    prompts = edge_effects(model, task, names, kv_edges="per-query-head", progress=False)
+    assert max(abs(p.effect - b.effect) for p, b in zip(prompts, theirs, strict=True)) > 100 * EXACT
+    # other corrupted prompts: the mean corruption does not read them
+    scrambled = replace(task, pairs=tuple(Pair(p.clean, p.clean[::-1], p.answers, p.wrongs) for p in task.pairs))
+    again = edge_effects(model, scrambled, names, corrupt="mean", kv_edges="per-query-head", progress=False)
+    assert [e.effect for e in again] == [e.effect for e in theirs]
+    with pytest.raises(CircuitkitError, match="at least 2 pairs for corrupt='mean'"):
+        edge_effects(model, replace(task, pairs=task.pairs[:1], scored=task.scored[:1]), names[:1], corrupt="mean",
+                     progress=False)

@@ -358,6 +358,26 @@ class TaskRunner:
             self._corrupt = self._reference(self.batch.corrupted, dla=False)
         return self._corrupt
 
+    def corrupt_by_mean(self) -> None:
+        """Make the corrupted run each sender's clean mean over the pairs at each position (the batch-mean corruption
+        of path patching and edge attribution, ``corrupt="mean"``; the mean over the pairs real at that position):
+        the input embeddings, every head's ``z``, every MLP's output and every further node type's activation. No
+        forward pass makes such a run, so it has no metric or logits: the single-edge effects read it
+        (:meth:`single_edge_metric`, through each sender's delta), a task scan's faithfulness does not."""
+        clean = self.clean
+        real = self.batch.real
+
+        def mean(x: Tensor) -> Tensor:  # [pair, pos, ...] -> each position's mean over the pairs real there
+            w = real.to(x.dtype).view(*real.shape, *([1] * (x.dim() - 2)))
+            return ((x * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp(min=1)).expand_as(x)
+
+        self._corrupt = {"input": mean(clean["input"]), "z": {k: mean(v) for k, v in clean["z"].items()},
+                         "mlp": {k: mean(v) for k, v in clean["mlp"].items()},
+                         "nodes": {name: {k: mean(v) for k, v in by_layer.items()}
+                                   for name, by_layer in clean["nodes"].items()},
+                         "metric": None, "logprobs": None, "dla": None, "resid": {}}
+        self._values = {}  # what a node is ablated to may come from the corrupted run
+
     def _reference(self, tokens: Tensor, dla: bool, keep_resid: bool = False) -> dict[str, Any]:
         """One pass capturing every sender's output (with ``keep_resid``: and the residual stream entering every
         layer and, at ``n_layers``, the final one, ``resid`` ``{layer: [pair, pos, d_model]}``, from which a patched

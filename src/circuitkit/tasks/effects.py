@@ -36,9 +36,14 @@ PROGRESS_MIN_EDGES = 32
 """From this many edges on, a call shows a progress bar unless told not to."""
 
 
+CORRUPTIONS = ("corrupted", "mean")
+"""What :func:`edge_effects` patches an edge's sender to (its ``corrupt``)."""
+
+
 @keeps_model_state
 def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps: bool | None = None,
-                 kv_edges: str = "grouped", n_resamples: int = 1000, ci_level: float = 0.95,
+                 kv_edges: str = "grouped", corrupt: str = "corrupted", n_resamples: int = 1000,
+                 ci_level: float = 0.95,
                  prepend_bos: bool | None = None, device: Any = None,
                  progress: bool | None = None) -> tuple[EdgeEffect, ...]:
     """The exact effect of each of ``edges`` on ``task`` (module docstring), in the order given.
@@ -53,6 +58,9 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         metric: a metric name or function in place of the task's own (as ``scan_task``'s ``metric``).
         mlps: MLPs are nodes of the graph (default: where the model has MLPs), as ``scan_task``'s ``mlps``.
         kv_edges: ``"grouped"`` (a key/value head's input is one receiver) or ``"per-query-head"``.
+        corrupt: what the edge's sender is patched to: ``"corrupted"`` (its output on the corrupted prompt, the
+            task's counterfactual) or ``"mean"`` (its clean output's mean over the pairs at each position, path
+            patching's batch-mean corruption; the corrupted prompts are then not read).
         n_resamples, ci_level: the percentile bootstrap over the pairs behind each interval.
         prepend_bos: as :meth:`Task.tokenize`.
         progress: a tqdm bar over the edges (default: from :data:`PROGRESS_MIN_EDGES` edges on).
@@ -80,6 +88,7 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
     if not names:
         raise validate.fail("edge_effects: edges", edges, "at least one edge name, e.g. '0.1->1.3:q'")
     kv_edges = validate.option("edge_effects: kv_edges", kv_edges, KV_EDGES)
+    corrupt = validate.option("edge_effects: corrupt", corrupt, CORRUPTIONS)
     n_resamples, ci_level, _ = check_settings("edge_effects", n_resamples, ci_level, 0, "ci_level")
     show = len(names) >= PROGRESS_MIN_EDGES if progress is None else validate.boolean("edge_effects: progress",
                                                                                       progress)
@@ -92,6 +101,12 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         raise validate.fail("edge_effects: model", validate.given(f"a {adapter.spec.family} model"),
                             f"a model whose heads add into the residual stream ({EDGES_UNDEFINED})")
     runner.direct = False  # no direct logit attribution: its backward serves the scan's roles only
+    if corrupt == "mean":
+        if batch.n_pairs < 2:
+            raise validate.fail("edge_effects: corrupt", validate.given("'mean' over a task of 1 pair"),
+                                "at least 2 pairs for corrupt='mean', or corrupt='corrupted'",
+                                "The mean of one pair is that pair: every edge would change nothing.")
+        runner.corrupt_by_mean()
     index = torch.tensor([_edge_index(runner.graph, name, i) for i, name in enumerate(names)], device="cpu")
     from tqdm.auto import tqdm
 
@@ -152,4 +167,4 @@ def _edge_index(graph: Any, name: Any, i: int) -> tuple[int, int]:
     return s, r
 
 
-__all__ = ["MAX_EDGES", "PROGRESS_MIN_EDGES", "edge_effects"]
+__all__ = ["CORRUPTIONS", "MAX_EDGES", "PROGRESS_MIN_EDGES", "edge_effects"]
