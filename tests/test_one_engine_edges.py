@@ -70,17 +70,25 @@ def test_every_head_edge_has_the_same_effect_on_both_engines(engines):
     assert max(abs(e.effect) for e in patched.edges) > 100 * EXACT  # edges that do something, not all zeros
 
 
+@pytest.mark.parametrize("corrupt", ["resample", "mean"])
 @pytest.mark.parametrize("steps", [1, 2, 4])
-def test_edge_attribution_and_the_runners_eap_ig_give_every_head_edge_the_same_score(engines, steps):
+def test_edge_attribution_and_the_runners_eap_ig_give_every_head_edge_the_same_score(engines, steps, corrupt):
     """Both average ``delta_s . dM/d(input of r)`` over the points ``alpha = k / steps``, ``k = 1 .. steps``, of the
     straight path from the corrupted to the clean input embeddings (the runner's ``points="right"``): the induction
     engine with one clean pass (``k = steps``) and a pass per further point, the runner with the points stacked in
     one pass. Path patching's sign convention (``delta = corrupted - clean``, the loss) and the runner's (``clean -
-    corrupted``, minus the loss) give the same number."""
+    corrupted``, minus the loss) give the same number. Under the batch-mean corruption (each sender's and the input
+    embeddings' clean mean at each position: the runner's :meth:`~circuitkit.graph.runner.TaskRunner.corrupt_by_mean`)
+    as under the resampled prompts."""
     model, runner = engines
     spec, graph = runner.spec, runner.graph
+    if corrupt == "mean":  # a runner of its own: the fixture's keeps its corrupted prompts' run
+        task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+        runner = TaskRunner(runner.adapter, runner.batch, task.metric, mlps=False, ablation=task.ablation,
+                            kv_edges="per-query-head")
+        runner.corrupt_by_mean()
     scores, _, _ = runner.attribute(steps, "right")
-    attributed = edge_attribution(model, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
+    attributed = edge_attribution(model, metric="loss", corrupt=corrupt, corrupt_seed=CORRUPT_SEED,
                                   tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED), steps=steps)
     edges = [e for e in _edges(spec) if e[2] != "all"]
     ours = torch.tensor([attributed.value(src, dst, c) for src, dst, c in edges])
