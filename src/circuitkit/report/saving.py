@@ -135,11 +135,13 @@ OWN_MARKERS = {REPORT_NAME: (b"<title>circuitkit",), SCORES_NAME: (b'"circuitkit
 ``scores.json`` (the induction scan's version key, a task scan's format) circuitkit writes holds: a file of those
 names without it is the user's, and saving never replaces it."""
 HEAD_BYTES = 4096
+SCAN_BYTES = 2**30
+"""The most of a ``scores.json`` read for its marker: a file larger than this without one is not circuitkit's."""
 
 
 def _written_by_circuitkit(path: Path) -> bool:
     """Whether the file ``path`` (a ``report.html`` or ``scores.json``) holds circuitkit's marker (:data:`OWN_MARKERS`);
-    read in chunks, a report's head only, and never more than the file."""
+    read in chunks, a report's head only, a ``scores.json`` up to :data:`SCAN_BYTES`."""
     markers = OWN_MARKERS[path.name]
     longest = max(len(m) for m in markers)
     try:
@@ -147,8 +149,9 @@ def _written_by_circuitkit(path: Path) -> bool:
             if path.name == REPORT_NAME:
                 head = file.read(HEAD_BYTES)
                 return any(m in head for m in markers)
-            tail = b""
-            while chunk := file.read(1 << 20):
+            tail, read = b"", 0
+            while read < SCAN_BYTES and (chunk := file.read(1 << 20)):
+                read += len(chunk)
                 window = tail + chunk
                 if any(m in window for m in markers):
                     return True
