@@ -88,7 +88,8 @@ def scan_intervals(*, head_scores: Any, run: Any, attribution: Any, ablation: An
     """Every interval of a scan's figures (module docstring), keyed like :class:`~circuitkit.scan_types.Scan`:
     ``head_scores`` (score -> per-head interval), ``induction_loss`` (``first_copy``, ``repeated_copies``),
     ``attribution`` and ``ablation`` (per head), ``agreement`` (its Spearman, where judged), ``circuit_ablation``
-    (group label -> interval) and ``edges`` (``(src, dst, channel)`` -> interval of the patched effect). Empty for
+    (group label -> interval) and ``edges`` (``(src, dst, channel)`` -> interval of the patched effect: the edge
+    record's own, which path patching bootstrapped with the scan's settings and the default seed). Empty for
     a batch of one sequence."""
     batch = run.batch
     if batch.tokens.shape[0] < 2:
@@ -111,11 +112,10 @@ def scan_intervals(*, head_scores: Any, run: Any, attribution: Any, ablation: An
     found = agreement_interval(attribution, ablation, n_resamples, level, seed) if attribution and ablation else None
     if found is not None:
         out["agreement"] = found
-    out["edges"] = {}
-    for edge in getattr(edges, "edges", ()) or ():
-        if edge.patched_each is not None:  # each sequence's effect, as the record keeps it (path patching)
-            rise = _cpu(edge.each) if edge.each is not None else _cpu(edge.patched_each) - clean
-            out["edges"][(edge.src, edge.dst, edge.channel)] = _pair(*bootstrap_ci(rise, n_resamples, level, seed))
+    # each patched edge's interval is its record's: path patching bootstrapped each sequence's effect already, with
+    # the scan's settings and seed (circuit_evidence is given them)
+    out["edges"] = {(edge.src, edge.dst, edge.channel): edge.interval
+                    for edge in getattr(edges, "edges", ()) or () if edge.interval is not None}
     return out
 
 
