@@ -20,7 +20,13 @@ import torch
 from torch import Tensor
 
 from circuitkit import validate
-from circuitkit.circuits.corrupt import CORRUPTIONS, DEFAULT_CORRUPT_SEED, resampled_batch
+from circuitkit.circuits.corrupt import (
+    CORRUPTIONS,
+    DEFAULT_CORRUPT_SEED,
+    check_mean_over,
+    position_mean,
+    resampled_batch,
+)
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import CorruptKey, EdgeGradients, Session, open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
@@ -134,10 +140,8 @@ def context(
         corrupt = validate.option(f"{where}: corrupt", corrupt, (*CORRUPTIONS, "a TokenBatch"))
         if corrupt == "a TokenBatch":
             raise validate.fail(f"{where}: corrupt", corrupt, "'resample', 'mean' or a TokenBatch object")
-        if corrupt == "mean" and batch.tokens.shape[0] < 2:
-            raise validate.fail(f"{where}: corrupt", validate.given("'mean' over a batch of 1 sequence"),
-                                "a batch of at least 2 sequences for corrupt='mean', or corrupt='resample'",
-                                "The mean of one sequence is that sequence: every edge would change nothing.")
+        if corrupt == "mean":
+            check_mean_over(where, batch.tokens.shape[0], "batch", "sequence", "resample")
     corrupt_seed = validate.seed(f"{where}: corrupt_seed", corrupt_seed)
     return Context(session, corrupt, corrupt_seed, corrupt_batch)
 
@@ -149,8 +153,7 @@ def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -
     layers = sorted(set(layers))
     missing = [layer for layer in layers if layer not in ctx.z_corrupt]
     if missing and ctx.corrupt == "mean":
-        ctx.z_corrupt.update({layer: clean_z[layer].mean(dim=0, keepdim=True).expand_as(clean_z[layer])
-                              for layer in missing})
+        ctx.z_corrupt.update({layer: position_mean(clean_z[layer]).expand_as(clean_z[layer]) for layer in missing})
     elif missing:
         corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
         with torch.no_grad():

@@ -4,6 +4,15 @@ too, where the edge measurements take it from."""
 
 from __future__ import annotations
 
-from circuitkit.detect.corrupt import COPIES, CORRUPTIONS, DEFAULT_CORRUPT_SEED, Corruption, resampled_batch
+from circuitkit.detect.corrupt import (
+    COPIES,
+    CORRUPTIONS,
+    DEFAULT_CORRUPT_SEED,
+    Corruption,
+    check_mean_over,
+    position_mean,
+    resampled_batch,
+)
 
-__all__ = ["COPIES", "CORRUPTIONS", "DEFAULT_CORRUPT_SEED", "Corruption", "resampled_batch"]
+__all__ = ["COPIES", "CORRUPTIONS", "DEFAULT_CORRUPT_SEED", "Corruption", "check_mean_over", "position_mean",
+           "resampled_batch"]

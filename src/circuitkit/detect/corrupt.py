@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.detect.tokens import TokenBatch, random_blocks
@@ -41,6 +42,25 @@ COPIES: tuple[str, ...] = ("all", "first", "later")
 
 DEFAULT_CORRUPT_SEED = 1
 """Seed of the resampled copies; differs from the clean batch's default seed (0) so no block is drawn twice."""
+
+
+def position_mean(x: Tensor, real: Tensor | None = None) -> Tensor:
+    """The batch-mean corruption's value (``corrupt="mean"``): ``x`` ``[B, P, ...]`` (a sender's clean output, the
+    input embeddings) averaged over the sequences at each position, ``[1, P, ...]``; with ``real`` ``[B, P]`` bool
+    (a task's pairs, padded to one length), over the sequences real at that position (0 where none is)."""
+    if real is None:
+        return x.mean(dim=0, keepdim=True)
+    w = real.to(x.dtype).view(*real.shape, *([1] * (x.dim() - 2)))
+    return (x * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp(min=1)
+
+
+def check_mean_over(where: str, n: int, container: str, unit: str, instead: str) -> None:
+    """Refuse ``corrupt="mean"`` over ``n < 2`` ``unit`` s (sequences of a batch, pairs of a task): the mean of one is
+    that one, so every edge patched to it would change nothing. ``instead``: the corruption to name in its place."""
+    if n < 2:
+        raise validate.fail(f"{where}: corrupt", validate.given(f"'mean' over a {container} of 1 {unit}"),
+                            f"at least 2 {unit}s for corrupt='mean', or corrupt={instead!r}",
+                            f"The mean of one {unit} is that {unit}: every edge would change nothing.")
 
 
 def resampled_batch(batch: TokenBatch, seed: int = DEFAULT_CORRUPT_SEED, *, copies: str = "all") -> TokenBatch:
@@ -64,4 +84,5 @@ def resampled_batch(batch: TokenBatch, seed: int = DEFAULT_CORRUPT_SEED, *, copi
     return TokenBatch(tokens=corrupted, block_len=T, n_repeats=batch.n_repeats, bos=batch.bos)
 
 
-__all__ = ["COPIES", "CORRUPTIONS", "DEFAULT_CORRUPT_SEED", "Corruption", "resampled_batch"]
+__all__ = ["COPIES", "CORRUPTIONS", "DEFAULT_CORRUPT_SEED", "Corruption", "check_mean_over", "position_mean",
+           "resampled_batch"]

@@ -364,12 +364,13 @@ class TaskRunner:
         the input embeddings, every head's ``z``, every MLP's output and every further node type's activation. No
         forward pass makes such a run, so it has no metric or logits: the single-edge effects read it
         (:meth:`single_edge_metric`, through each sender's delta), a task scan's faithfulness does not."""
+        from circuitkit.detect.corrupt import position_mean
+
         clean = self.clean
         real = self.batch.real
 
-        def mean(x: Tensor) -> Tensor:  # [pair, pos, ...] -> each position's mean over the pairs real there
-            w = real.to(x.dtype).view(*real.shape, *([1] * (x.dim() - 2)))
-            return ((x * w).sum(0, keepdim=True) / w.sum(0, keepdim=True).clamp(min=1)).expand_as(x)
+        def mean(x: Tensor) -> Tensor:  # [pair, pos, ...]: each position's mean over the pairs real there
+            return position_mean(x, real).expand_as(x)
 
         self._corrupt = {"input": mean(clean["input"]), "z": {k: mean(v) for k, v in clean["z"].items()},
                          "mlp": {k: mean(v) for k, v in clean["mlp"].items()},

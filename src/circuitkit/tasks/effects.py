@@ -71,6 +71,7 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
         ``clean - patched``, in the metric's units), ``interval`` (None with one pair), ``each`` (each pair's
         metric lost); ``score`` None (no attribution ran).
     """
+    from circuitkit.detect.corrupt import check_mean_over
     from circuitkit.graph.nodes import KV_EDGES
     from circuitkit.graph.runner import EDGES_UNDEFINED, TaskRunner, check_hooks
     from circuitkit.models.adapters import adapt
@@ -102,10 +103,7 @@ def edge_effects(model: Any, task: Task, edges: Any, *, metric: Any = None, mlps
                             f"a model whose heads add into the residual stream ({EDGES_UNDEFINED})")
     runner.direct = False  # no direct logit attribution: its backward serves the scan's roles only
     if corrupt == "mean":
-        if batch.n_pairs < 2:
-            raise validate.fail("edge_effects: corrupt", validate.given("'mean' over a task of 1 pair"),
-                                "at least 2 pairs for corrupt='mean', or corrupt='corrupted'",
-                                "The mean of one pair is that pair: every edge would change nothing.")
+        check_mean_over("edge_effects", batch.n_pairs, "task", "pair", "corrupted")
         runner.corrupt_by_mean()
     index = torch.tensor([_edge_index(runner.graph, name, i) for i, name in enumerate(names)], device="cpu")
     from tqdm.auto import tqdm
@@ -148,10 +146,9 @@ def _edge_index(graph: Any, name: Any, i: int) -> tuple[int, int]:
     given, name = name, _graph_name(name, where)
     if not isinstance(name, str) or name.count("->") != 1:
         raise validate.fail(where, name, f"an edge named 'sender->receiver' as a task scan names it, {NAMED}")
-    if given != name:  # refusals name what was given, and the graph's name for it
-        name_shown = validate.given(f"{getattr(given, 'name', given)!r} (in the task graph {name!r})")
-    else:
-        name_shown = name
+    as_given = getattr(given, "name", given)  # a record by its name
+    # refusals name what was given, and the graph's name for it where that is another spelling
+    name_shown = name if as_given == name else validate.given(f"{as_given!r} (in the task graph {name!r})")
     sender, receiver = name.split("->")
     if sender not in graph.senders:
         raise validate.fail(where, name_shown, f"a sender of this model's graph: input, L.H (heads, layers 0 to "
