@@ -28,11 +28,18 @@ EXACT = 1e-5
 N, BLOCK, SEED, CORRUPT_SEED = 6, 5, 2, 1
 
 
+def _task(model):
+    """The repeated-tokens task on the sequences and corruption every test here measures: the induction batch of
+    ``RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)`` resampled with ``CORRUPT_SEED``, nodes patched to their
+    corrupted values."""
+    return repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+
+
 @pytest.fixture(scope="module")
 def engines():
     model = gqa_bridge()
     adapter = adapt(model)
-    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    task = _task(model)
     runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=False, ablation=task.ablation,
                         kv_edges="per-query-head")
     return model, runner
@@ -83,7 +90,7 @@ def test_edge_attribution_and_the_runners_eap_ig_give_every_head_edge_the_same_s
     model, runner = engines
     spec, graph = runner.spec, runner.graph
     if corrupt == "mean":  # a runner of its own: the fixture's keeps its corrupted prompts' run
-        task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+        task = _task(model)
         runner = TaskRunner(runner.adapter, runner.batch, task.metric, mlps=False, ablation=task.ablation,
                             kv_edges="per-query-head")
         runner.corrupt_by_mean()
@@ -143,7 +150,7 @@ def test_each_engine_measures_the_edges_the_other_names(engines):
 
     model, runner = engines
     tokens = RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)
-    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    task = _task(model)
     edges = [e for e in _edges(runner.spec) if e[2] != "all"]
     top = path_patching(model, edges, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
                         tokens=tokens).top(5)
@@ -181,7 +188,7 @@ def test_the_task_engine_refuses_a_head_edge_it_cannot_measure_alone(engines, ed
     from circuitkit.tasks import edge_effects
 
     model, _ = engines
-    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    task = _task(model)
     with pytest.raises(CircuitkitError, match=message):
         edge_effects(model, task, [edge], progress=False)
 
@@ -208,7 +215,7 @@ def test_both_engines_give_one_record_of_an_exactly_patched_edge(engines):
 
     model, _ = engines
     tokens = RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)
-    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    task = _task(model)
     assert ck.EdgeEffect is ck.tasks.EdgeEffect is ck.circuits.EdgeEffect
     names = ["0.1->1.3:k", "0.2->2.0:q", "1.0->2.3:v"]
     ours = path_patching(model, names, metric="loss", corrupt="resample", corrupt_seed=CORRUPT_SEED,
@@ -243,7 +250,7 @@ def test_the_batch_mean_corruption_is_the_same_in_both_engines(engines):
 
     model, _ = engines
     tokens = RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)
-    task = repeated_tokens(model, N, seed=SEED, block_len=BLOCK, corrupt_seed=CORRUPT_SEED, ablation="corrupted")
+    task = _task(model)
     names = ["0.1->1.3:k", "0.2->2.0:q", "1.0->2.3:v", "0.0->1.1:q", "0.3->2.2:v"]
     ours = path_patching(model, names, corrupt="mean", tokens=tokens).edges
     theirs = edge_effects(model, task, names, corrupt="mean", kv_edges="per-query-head", progress=False)

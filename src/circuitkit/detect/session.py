@@ -137,10 +137,7 @@ class Session:
         """The clean pass's :class:`CleanRun` with (at least) what is asked for: the one held where it has it and no
         hook must see a pass, else a new pass (:func:`circuitkit.detect.clean_run.clean_run`), then held."""
         if self.batch is None:
-            from circuitkit import validate
-
-            raise validate.fail("session", validate.given("a task's session (no token batch)"),
-                                "a session on a token batch")
+            raise _no_batch()
         held = self.clean
         if (held is not None and not extra_hooks and (held.z_means or not z_means)
                 and set(resid_layers) <= held.resid_pre.keys()):
@@ -154,6 +151,14 @@ class Session:
         return self._corrupted.setdefault(key, {})
 
 
+def _no_batch() -> Exception:
+    """The refusal of a measurement on a task's session: the induction measurements read the session's token batch,
+    which a task's session (its runners hold their pairs) has none of."""
+    from circuitkit import validate
+
+    return validate.fail("session", validate.given("a task's session (no token batch)"), "a session on a token batch")
+
+
 def open_session(model: ModelAdapter | Session | object, tokens: RepeatedTokens | TokenBatch | None = None,
                  device: str | torch.device | None = None) -> Session:
     """A :class:`Session` for ``model`` on ``tokens`` (the default :class:`RepeatedTokens` spec where None): the model
@@ -163,8 +168,7 @@ def open_session(model: ModelAdapter | Session | object, tokens: RepeatedTokens 
         from circuitkit import validate
 
         if model.batch is None:
-            raise validate.fail("session", validate.given("a task's session (no token batch)"),
-                                "a session on a token batch")
+            raise _no_batch()
         if tokens is not None and tokens is not model.batch:
             raise validate.fail("session: tokens", tokens, "None with a session given (it brings its batch)")
         return model

@@ -486,10 +486,10 @@ def _check_known(tokenizer: Any, text: str, ids: list[int], where: str) -> None:
     words = [w for w in dict.fromkeys(text.split())
              if unk in tokenizer(w, add_special_tokens=False)["input_ids"]] or [text]
     shown = ", ".join(_short(w) for w in words[:5]) + (f" and {len(words) - 5} more" if len(words) > 5 else "")
-    try:
-        size = f" of {len(tokenizer)} tokens"
-    except TypeError:  # a tokenizer without a length
-        size = ""
+    from circuitkit.models.tokenizer import vocabulary_size
+
+    known = vocabulary_size(tokenizer)
+    size = "" if known is None else f" of {known} tokens"
     raise CircuitkitError(
         f"{where}: given {_short(text)}, of which the model's tokenizer does not know {shown} (it writes its unknown "
         f"token {name!r}, id {unk}, in their place); expected text in the tokenizer's vocabulary{size}, or prompts "

@@ -25,7 +25,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 """Any one of these in a directory means it holds a tokenizer of its own."""
 
 __all__ = ["BOS_TOKEN", "TOKENIZER_FILES", "config_bos", "default_tokenizer", "has_tokenizer", "load_tokenizer",
-           "word_tokenizer", "word_tokenizer_files"]
+           "vocabulary_size", "word_tokenizer", "word_tokenizer_files"]
 
 
 def word_tokenizer_files(d_vocab: int, directory: str | Path, bos_id: int = 0) -> Path:
@@ -108,6 +108,16 @@ def config_bos(config: dict, d_vocab: int) -> int:
     """The BOS id a model's ``config.json`` names (``bos_token_id``, an int inside the vocabulary), else 0."""
     bos = config.get("bos_token_id")
     return bos if isinstance(bos, int) and not isinstance(bos, bool) and 0 <= bos < d_vocab else 0
+
+
+def vocabulary_size(tokenizer: Any) -> int | None:
+    """How many tokens ``tokenizer`` has, its special tokens counted (``len``, else ``vocab_size``), or None where it
+    says neither: what an error about words it does not write names."""
+    try:
+        size = len(tokenizer)
+    except TypeError:  # a tokenizer without a length
+        size = getattr(tokenizer, "vocab_size", None)
+    return size if isinstance(size, int) else None
 
 
 def default_tokenizer(tokenizer: Any) -> Any:

@@ -72,8 +72,10 @@ def _vocabulary_note(tokenizer: Any) -> str:
     """What to try where a built-in task finds too few of its words among a tokenizer's tokens: the size of its
     vocabulary, and the tasks that need no words (a model of a few hundred tokens, such as the bundled one, has
     none of them)."""
-    size = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
-    told = f" It has {size} tokens." if isinstance(size, int) else ""
+    from circuitkit.models.tokenizer import vocabulary_size
+
+    size = vocabulary_size(tokenizer)
+    told = f" It has {size} tokens." if size is not None else ""
     return (f"{told} A model without these words runs 'repeated-tokens' (induction as a task) or a task of token "
             "ids (Task.from_pairs, a task file).")
 

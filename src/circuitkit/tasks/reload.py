@@ -102,6 +102,7 @@ def _pair(value: Any) -> tuple[float, float]:
 
 
 def _optional(value: Any) -> float | None:
+    """A saved figure that may be null (not measured, or not written by an older version) as a float or None."""
     return None if value is None else float(value)
 
 
@@ -118,10 +119,10 @@ def _circuit(data: dict[str, Any] | None, scan: dict[str, Any]) -> Any:
         heads=tuple(_head(h) for h in data["heads"]), mlps=tuple(int(m) for m in data["mlps"]),
         faithfulness=float(data["faithfulness"]), necessity=float(data["necessity"]), target=float(data["target"]),
         curve=_points(data["curve"]), n_nodes_total=int(data["nodes_total"]), edges=tuple(data["edges"]),
-        edge_faithfulness=None if data["edge_faithfulness"] is None else float(data["edge_faithfulness"]),
+        edge_faithfulness=_optional(data["edge_faithfulness"]),
         edge_curve=_points(data["edge_curve"]), n_edges_total=int(data["edges_total"]),
-        cpr=None if data["cpr"] is None else float(data["cpr"]),
-        cmd=None if data["cmd"] is None else float(data["cmd"]),
+        cpr=_optional(data["cpr"]),
+        cmd=_optional(data["cmd"]),
         edge_effects=tuple(EdgeEffect(e["edge"], float(e["score"]), float(e["effect"]),
                                       None if e.get("ci") is None else (float(e["ci"][0]), float(e["ci"][1])),
                                       clean=_optional(e.get("clean")), patched=_optional(e.get("patched")))
@@ -155,7 +156,7 @@ def _single_heads(data: dict[str, Any]) -> Any:
         heads=tuple(_head(h) for h in record["heads"]), exact=_tensor(data["heads"]["exact"], torch.float32),
         estimate=_tensor(data["heads"]["score"], torch.float32),
         intervals={name: (float(lo), float(hi)) for name, (lo, hi) in record["ci"].items()},
-        agreement=Agreement(int(agreed["n_exact"]), None if agreed["spearman"] is None else float(agreed["spearman"]),
+        agreement=Agreement(int(agreed["n_exact"]), _optional(agreed["spearman"]),
                             None if miss is None else (_head(miss["head"]), float(miss["exact"]),
                                                        float(miss["estimate"]))),
         selection=record["selection"],
