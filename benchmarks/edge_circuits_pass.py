@@ -7,14 +7,16 @@ circuitkit from its own ``src`` (the new one from this checkout). On the default
 built-in IOI task, 32 pairs, seed 0, split 16 / 16, MLPs as nodes) each child runs the clean and corrupted runs,
 then measures six edge circuits in one call, ``repeats`` times: the top 0.1%, 1%, 5%, 10%, 30% and 60% of the
 graph's edges by a seeded random score (the sizes a faithfulness curve visits). Printed and written as JSON: each
-child's seconds (min / median / max) and mean metric per circuit, and the largest difference between them.
+child's seconds (min / median / max), how far each call raised the process's resident memory (sampled every 2 ms),
+the mean metric per circuit, and the largest difference between them.
 
 The change it was written for: a receiver's patch is the sum of its missing edges' deltas, or the total minus its
 kept ones where that is fewer senders; the kept senders were gathered into a new tensor however many they were
 (344 of 361 in one call), where the missing ones, once more than half the senders recorded, are read as a view of
-them all with zero weights elsewhere. Both now take the view above half."""
+them all with zero weights elsewhere. Both now take the view above half. A later change: the senders gathered (at
+most half) are copied into one buffer the pass reuses, where each gather was a new tensor paged in anew, and each
+layer's summed q/k/v patch is dropped at its ``z``, where every layer's was held to the end of the pass."""
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -24,7 +26,7 @@ FRACTIONS = (0.001, 0.01, 0.05, 0.1, 0.3, 0.6)
 def child(model: str, repeats: int) -> dict:
     sys.path.insert(0, str(HERE))
     import torch
-    from _common import ioi_discovery
+    from _common import ioi_discovery, rss_growth
 
     _, _, runner = ioi_discovery(model)
     _ = runner.clean, runner.corrupted
@@ -37,12 +39,12 @@ def child(model: str, repeats: int) -> dict:
         mask[order[: int(fraction * int(allowed.sum()))]] = True
         masks.append(mask.view_as(allowed) & allowed)
     kept = torch.stack(masks)
-    seconds, values = [], None
+    seconds, growth, values = [], [], None
     for _ in range(repeats):
-        start = time.perf_counter()
-        values = runner.edge_metric(kept)
-        seconds.append(time.perf_counter() - start)
-    return {"seconds": seconds, "metric": [float(v) for v in values.flatten()]}
+        values, took, grew = rss_growth(lambda: runner.edge_metric(kept))
+        seconds.append(took)
+        growth.append(grew / 2**20)
+    return {"seconds": seconds, "rss_growth_mib": growth, "metric": [float(v) for v in values.flatten()]}
 
 
 def main() -> None:
@@ -56,17 +58,19 @@ def main() -> None:
     for name, r in results.items():
         s = sorted(r["seconds"])
         print(f"{name}: edge_metric of {len(FRACTIONS)} circuits {s[0]:.2f} / {s[len(s) // 2]:.2f} / {s[-1]:.2f} s "
-              f"(min / median / max)")
+              f"(min / median / max), resident memory +{max(r.get('rss_growth_mib', [0])):.0f} MiB at most")
     old, new = results["old"], results["new"]
     diff = max(abs(a - b) for a, b in zip(old["metric"], new["metric"], strict=True))
     ratio = sorted(new["seconds"])[len(new["seconds"]) // 2] / sorted(old["seconds"])[len(old["seconds"]) // 2]
     for fraction, a, b in zip(FRACTIONS, old["metric"], new["metric"], strict=True):
         print(f"top {fraction:>6.1%} of the edges: old {a:+.7f}  new {b:+.7f}")
-    print(f"largest difference {diff:.3g}; time new/old {ratio:.2f} (medians)")
+    same = old["metric"] == new["metric"]
+    print(f"bit-identical: {same} (largest difference {diff:.3g}); time new/old {ratio:.2f} (medians)")
     if args.json:  # through a temporary file and one rename: a stopped run leaves no half file
         from _common import write_json_atomic
 
-        write_json_atomic(args.json, {"model": args.model, "fractions": list(FRACTIONS), "largest_difference": diff,
+        write_json_atomic(args.json, {"model": args.model, "fractions": list(FRACTIONS), "bit_identical": same,
+                                      "largest_difference": diff,
                                       "time_ratio": ratio, **results})
 
 

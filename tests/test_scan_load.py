@@ -102,6 +102,10 @@ def test_load_refuses_what_is_not_a_saved_scan(tmp_path):
     (tmp_path / "scores.json").write_text(json.dumps({"format": 1}))
     with pytest.raises(CircuitkitError, match="format 1"):
         ck.Scan.load(tmp_path)
+    for alike in (float(JSON_FORMAT), str(JSON_FORMAT)):  # equal to the format or spelling it, and not it
+        (tmp_path / "scores.json").write_text(json.dumps({"format": alike, "circuitkit_version": "0"}))
+        with pytest.raises(CircuitkitError, match=f"field 'format'.*format {alike!r}"):
+            ck.Scan.load(tmp_path)
     (tmp_path / "scores.json").write_text(json.dumps({"format": JSON_FORMAT, "model": {}}))
     with pytest.raises(CircuitkitError, match="field 'circuitkit_version': given nothing .the key is missing"):
         ck.Scan.load(tmp_path)

@@ -1336,12 +1336,24 @@ class TaskRunner:
                 reached[0] = max(reached[0], first + n)
 
         L = spec.n_layers
+        gathered: list[Tensor | None] = [None]  # one buffer for every gather of the pass (see weighted)
+
         def weighted(senders: Tensor | slice, weights: Tensor) -> Tensor:
             """``[S, R, B, P, d]``: per copy, ``weights[s]^T @ deltas[s, senders]`` (``weights``: [S, U, R])."""
-            # the masks are decided on the CPU; a blocking copy from pageable memory would wait for the GPU's queue
             if isinstance(senders, Tensor):
+                # the masks are decided on the CPU; a blocking copy from pageable memory would wait for the GPU's
+                # queue
                 senders = senders.to(deltas.device, non_blocking=True)
-            chosen = deltas[:, senders]  # a view for a prefix slice, a small gather otherwise
+                # Gathered into one buffer the pass reuses: a fresh tensor of this size is new memory each time,
+                # which on a CPU is paged in at 2-3x the cost of the copy itself. At most half the senders are
+                # gathered (``over``), what a fresh tensor took at that moment.
+                need = S * senders.numel() * deltas.shape[2]
+                if gathered[0] is None or gathered[0].numel() < need:
+                    gathered[0] = None
+                    gathered[0] = torch.empty(need, dtype=deltas.dtype, device=deltas.device)
+                chosen = torch.index_select(deltas, 1, senders, out=gathered[0][:need].view(S, -1, deltas.shape[2]))
+            else:
+                chosen = deltas[:, senders]  # a view of a prefix
             weights = weights.transpose(1, 2).to(chosen.dtype).to(chosen.device, non_blocking=True)
             out = torch.bmm(weights, chosen)  # [S, R, BPd]
             return out.view(S, -1, B, P, d)
@@ -1427,6 +1439,8 @@ class TaskRunner:
             return hook
 
         def z_hook(z: Tensor, hook: Any) -> Tensor | None:
+            # the layer's q/k/v patch is read by its q, k and v hooks alone, all called before its z
+            attention_patch.pop(HOOKS.layer_of(hook.name), None)
             if split:  # each query head's z from the copy that computed its keys and values, in every copy
                 at = slots[HOOKS.layer_of(hook.name)].to(z.device)  # [S, H]
                 view = z.reshape(Q, S, B, P, *z.shape[2:])

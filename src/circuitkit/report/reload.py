@@ -309,7 +309,8 @@ def scan_from_json(data: Any, where: str = "Scan.load", cls: type | None = None)
     from circuitkit.random_baseline import CompositionBaseline
     from circuitkit.scan_record import ModelSummary, ScanRecord
 
-    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
+    # type(...) is int: 4.0 and True compare equal to 4 and 1, and are no format this version wrote
+    if not isinstance(data, dict) or type(data.get("format")) is not int or data["format"] != JSON_FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise validate.fail(f"{where}, field 'format'", validate.given(f"a scores.json of format {got!r}"),
                             f"format {JSON_FORMAT} (written by this circuitkit's Scan.save)",
