@@ -1698,6 +1698,8 @@ case(f"{TK}:Task", lambda: {"name": "copy", "pairs": copy_task().pairs, "metric"
                               ("blank-name", const(((" ", "a", "b"),)), STRICT),
                               ("list", const([("s", "a", "b")]), STRICT)],
      })
+case(f"{TK}:UserMetric", lambda: {"fn": lambda logits, batch: logits[:, -1, 0], "reads": "all"}, fn="callable",
+     reads="option?")
 case("circuitkit.graph.task:Task.from_pairs", lambda: {"pairs": [ROW, ([5, 6, 7], [5, 8, 7], [6], [8])], "name": "t",
      "metric": "prob_diff", "ablation": "mean", "description": ""}, name="text", metric="option", ablation="option",
      description="text", extra_bad={"pairs": PAIR_LISTS, "metric": [("alias-padded", const(" kl"), STRICT)]})

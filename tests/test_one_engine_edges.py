@@ -266,3 +266,57 @@ def test_the_batch_mean_corruption_is_the_same_in_both_engines(engines):
     with pytest.raises(CircuitkitError, match="at least 2 pairs for corrupt='mean'"):
         edge_effects(model, replace(task, pairs=task.pairs[:1], scored=task.scored[:1]), names[:1], corrupt="mean",
                      progress=False)
+
+
+def _copies_logprob(scored: torch.Tensor):
+    """A researcher's metric of the logits at every position, written here by hand: each pair's mean
+    log-probability of the next token at the positions ``scored`` ``[pair, pos]`` marks (the repeated copies), as
+    the task engine's runner calls it (``[pair, pos, vocab]`` -> ``[pair]``)."""
+
+    def copies_logprob(logits: torch.Tensor, batch) -> torch.Tensor:
+        logprobs = logits.float().log_softmax(-1)[:, :-1]
+        tokens = batch.clean if hasattr(batch, "clean") else batch.tokens
+        picked = logprobs.gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+        weight = scored[: logits.shape[0], :-1].to(logits.device, torch.float32)
+        return (picked * weight).sum(-1) / weight.sum(-1)
+
+    return copies_logprob
+
+
+def test_a_metric_of_every_position_is_measured_alike_by_both_engines(engines):
+    """A function of the logits at every position, the third thing ARCHITECTURE's list asks of the runner before
+    edge attribution can be its EAP-IG: the runner with ``UserMetric(fn, reads="all")`` (each pair's value) and the
+    induction engine's callable (minus their mean over the sequences, read as a loss) give every head edge the same
+    EAP-IG score and every single-edge patch the same effect, and the runner's scores equal those of the registered
+    metric the function rewrites (``next_token_logprob`` on the copies), so every position reached the function."""
+    from circuitkit.tasks import UserMetric
+
+    model, registered = engines
+    spec, graph, batch = registered.spec, registered.graph, registered.batch
+    fn = _copies_logprob(batch.scored)
+    runner = TaskRunner(registered.adapter, batch, UserMetric(fn, reads="all"), mlps=False, ablation="corrupted",
+                        kv_edges="per-query-head")
+    assert runner.every_position_metric and len(runner.positions) == batch.pos
+    torch.testing.assert_close(runner.clean["metric"], registered.clean["metric"], atol=1e-6, rtol=0)
+
+    def as_loss(logits: torch.Tensor, tokens) -> torch.Tensor:  # the induction engine's callable: one scalar
+        return -fn(logits, tokens).mean()
+
+    tokens = RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED)
+    edges = [e for e in _edges(spec) if e[2] != "all"]
+    at = [(graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")) for src, dst, c in edges]
+    scores, _, _ = runner.attribute(2, "right")
+    theirs = torch.stack([scores[s, r] for s, r in at])
+    attributed = edge_attribution(model, metric=as_loss, corrupt_seed=CORRUPT_SEED, tokens=tokens, steps=2)
+    ours = torch.tensor([attributed.value(src, dst, c) for src, dst, c in edges])
+    torch.testing.assert_close(ours, theirs, atol=1e-7, rtol=1e-4)
+    registered_scores, _, _ = registered.attribute(2, "right")
+    torch.testing.assert_close(theirs, torch.stack([registered_scores[s, r] for s, r in at]), atol=1e-7, rtol=1e-4)
+    assert float(ours.abs().max()) > 1e-3
+
+    single = runner.single_edge_metric(torch.tensor(at[::7]))
+    patched = path_patching(model, edges[::7], metric=as_loss, corrupt_seed=CORRUPT_SEED, tokens=tokens)
+    clean = float(runner.clean["metric"].float().mean())
+    for e, value in zip(patched.edges, single.tolist(), strict=True):
+        assert e.effect == pytest.approx(clean - value, abs=EXACT), e.name
+    assert max(abs(e.effect) for e in patched.edges) > 100 * EXACT

@@ -204,7 +204,7 @@ def test_per_query_head_edges_count_the_group_copies_of_an_edge_pass(model):
     U = 1 + L * H + L
     C = task_memory.copies_per_pass(N * P * D * 4 * U, task_memory.SENDER_BUDGET,
                                     max_copies=min(task_memory.MAX_COPIES, task_memory.MAX_SETS))
-    one = C * N * P * ((U + L * 3 * H) * D * e + 3 * 4 * H * D + (11 * m * e) // 10) + C * N * V * (P * e + 8)
+    one = C * N * P * ((U + U // 2 + 3 * H) * D * e + 3 * 4 * H * D + (11 * m * e) // 10) + C * N * V * (P * e + 8)
     assert per_query.stages["edge patching"] == (H // G) * one > grouped.stages["edge patching"]
     with pytest.raises(CircuitkitError, match="kv_edges"):
         plan(model, 5, 7, kv_edges="per-head")

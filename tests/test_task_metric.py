@@ -144,3 +144,84 @@ def test_the_induction_scan_takes_no_metric():
 
     with pytest.raises(CircuitkitError, match="metric"):
         ck.scan(None, metric="logit_diff")
+
+
+def every_position_logprob(logits, batch):
+    """The answer's mean log-probability over each prompt's real positions: a metric of every position."""
+    logprobs = logits.log_softmax(-1)  # [pair, pos, vocab]
+    picked = logprobs.gather(-1, batch.answers[:, None, :1].expand(-1, logits.shape[1], 1))[..., 0]
+    real = batch.real.to(logits.dtype)
+    return (picked * real).sum(-1) / real.sum(-1)
+
+
+def _uneven_task(n: int = 8) -> Task:
+    """``copy_next_task`` with every other prompt one token shorter: the batch is padded on the right."""
+    pairs = [(p.clean[i % 2:], p.corrupted[i % 2:], p.answers, p.wrongs)
+             for i, p in enumerate(copy_next_task(n=n).pairs)]
+    return Task.from_pairs(pairs, name="copy-next-uneven")
+
+
+def test_a_metric_of_every_position_equals_its_hand_computation_on_padded_prompts(model):
+    """``UserMetric(fn, reads="all")``: ``fn`` gets the logits at every position and the batch's ``real`` mask;
+    each pair's value equals ``fn``'s formula on the model's own forward of that prompt alone (no padding)."""
+    from circuitkit.tasks import UserMetric
+
+    task = _uneven_task()
+    result = scan_task(model, task, metric=UserMetric(every_position_logprob, reads="all"), edges=False,
+                       n_resamples=20)
+    batch = task.tokenize(model)
+    assert len(set(batch.last.tolist())) == 2  # prompts of two lengths, padded
+    for side, values in (("clean", result.clean), ("corrupted", result.corrupted)):
+        expected = []
+        for pair in range(batch.n_pairs):
+            tokens = getattr(batch, side)[pair : pair + 1, : int(batch.last[pair]) + 1]
+            with torch.no_grad():
+                logprobs = model(tokens)[0].log_softmax(-1)
+            expected.append(logprobs[:, int(batch.answers[pair, 0])].mean())
+        torch.testing.assert_close(values, torch.stack(expected), atol=EXACT, rtol=0)
+    assert result.to_json()["task"]["metric"] == "custom:every_position_logprob"
+
+
+def test_a_metric_of_every_position_runs_every_stage_and_reloads(model, tmp_path):
+    """The whole scan (EAP-IG, the node and edge circuits, the held-out pairs) with a metric of every position,
+    saved and loaded back equal; the all-patched shortcut (every node from the corrupted prompt gives the
+    corrupted run wherever the read positions' tokens agree) is not taken where the prompts differ at a read
+    position that is not the last."""
+    import circuitkit as ck
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.models.adapters import adapt
+    from circuitkit.tasks import UserMetric
+
+    task = copy_next_task(n=12)
+    metric = UserMetric(every_position_logprob, reads="all")
+    result = scan_task(model, task, metric=metric, target=0.9, n_resamples=20)
+    assert result.circuit.edges and result.circuit.faithfulness >= 0.9
+    saved = result.save(tmp_path)
+    loaded = ck.Scan.load(tmp_path)
+    assert loaded.to_json() == json.loads(saved.scores.read_text())
+    adapter = adapt(model)
+    batch = task.tokenize(adapter)
+    for reads, shortcut in (("all", False), ("last", True)):  # the prompts differ before their (equal) last token
+        runner = TaskRunner(adapter, batch, UserMetric(every_position_logprob if reads == "all" else log_odds,
+                                                     reads=reads), mlps=False, ablation="corrupted")
+        assert runner.every_node_patched_is_corrupted() is shortcut, reads
+
+
+def test_where_a_metric_reads_is_checked_and_kept():
+    from circuitkit.tasks import UserMetric
+
+    with pytest.raises(CircuitkitError, match="reads.*'last', 'all'"):
+        UserMetric(log_odds, reads="middle")
+    metric = UserMetric(every_position_logprob, reads="all")
+    assert UserMetric(metric).reads == "all" and UserMetric(metric, reads="last").reads == "last"
+    task = Task.from_pairs(copy_next_task(n=2).pairs, metric=metric)
+    assert task.metric.reads == "all" and task.metric.fn is every_position_logprob
+
+
+def test_a_metric_of_every_position_that_returns_each_position_is_one_clear_line(model):
+    from circuitkit.tasks import UserMetric
+
+    with pytest.raises(CircuitkitError) as info:
+        scan_task(model, copy_next_task(n=8), metric=UserMetric(lambda logits, batch: logits[..., 0], reads="all"),
+                  n_resamples=20)
+    assert "one value per pair" in str(info.value) and "[pair, pos, vocab]" not in str(info.value)

@@ -20,8 +20,10 @@ model does; faithfulness ``(m_C - m_corr) / (m_clean - m_corr)`` uses the mean o
 ``[pair, vocab]`` logits at each prompt's last token (the patched run's, one call per stacked copy) and ``batch`` the
 :class:`~circuitkit.tasks.TaskBatch` (``answers``, ``wrongs`` and their masks, ``clean``, ``last``...); it returns a
 floating tensor ``[pair]``, finite, higher for more of the clean behaviour, and differentiable in ``logits``
-(EAP-IG's scores are its gradient). Each call is checked; a function that breaks a rule is one
-:class:`~circuitkit.CircuitkitError` naming it.
+(EAP-IG's scores are its gradient). ``UserMetric(fn, reads="all")`` hands ``fn`` the ``[pair, pos, vocab]`` logits
+at every position instead (padding after ``batch.last``; ``batch.real`` marks the real positions), for a behaviour
+spread over a span; every pass then unembeds every position. Each call is checked; a function that breaks a rule is
+one :class:`~circuitkit.CircuitkitError` naming it.
 """
 
 from __future__ import annotations
@@ -78,8 +80,26 @@ def next_token_logit(logits: Tensor, targets: Tensor, scored: Tensor) -> Tensor:
 
 
 def reads_scored(metric: str | UserMetric) -> bool:
-    """Whether ``metric`` reads the next-token predictions at the task's scored positions (else the last token)."""
+    """Whether ``metric`` reads the next-token predictions at the task's scored positions (else the last token, or
+    with :func:`reads_every_position` every position)."""
     return not isinstance(metric, UserMetric) and REGISTRY[metric].reads == "scored"
+
+
+def reads_every_position(metric: str | UserMetric) -> bool:
+    """Whether ``metric`` is a researcher's function of the logits at every position (``UserMetric(fn,
+    reads="all")``)."""
+    return isinstance(metric, UserMetric) and metric.reads == "all"
+
+
+def read_mask(metric: str | UserMetric, batch: TaskBatch) -> Tensor | None:
+    """``[pair, pos]`` bool, the positions besides each prompt's last token whose logits ``metric`` reads: the
+    task's scored positions for a scored metric, every real position for a function of every position; None for a
+    metric of the last token alone."""
+    if reads_scored(metric):
+        return batch.scored
+    if reads_every_position(metric):
+        return batch.real
+    return None
 
 
 def last_logits(logits: Tensor, last: Tensor) -> Tensor:
@@ -94,4 +114,4 @@ def last_logits(logits: Tensor, last: Tensor) -> Tensor:
 
 __all__ = ["METRICS", "UNITS", "UserMetric", "answer_logprob", "dla_meaning", "last_logits", "logit_diff",
            "metric_label", "metric_units", "neg_kl", "next_token_logit", "next_token_logprob", "prob_diff",
-           "reads_scored"]
+           "read_mask", "reads_every_position", "reads_scored"]

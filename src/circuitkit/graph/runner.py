@@ -276,7 +276,7 @@ class TaskRunner:
         self.adapter = adapter
         self.spec = adapter.spec
         self.batch = batch
-        from circuitkit.graph.metrics import UserMetric, metric_label, reads_scored
+        from circuitkit.graph.metrics import UserMetric, metric_label, reads_every_position, reads_scored
 
         self.metric_name = metric_label(metric)
         self.metric_fn = metric if isinstance(metric, UserMetric) else METRICS[metric]
@@ -294,6 +294,7 @@ class TaskRunner:
         self.W_O = weights.W_O
         self.norms = session_norms(session)  # callable outside the forward pass, offloaded weights brought in
         self.scored_metric = reads_scored(metric)
+        self.every_position_metric = reads_every_position(metric)  # a researcher's function of every position
         self._read_at(batch)
         self.pattern_masks: dict[str, tuple[Tensor, float]] = {}  # score -> ([pair, q, k] targets, target rows)
         self.pattern_scores: dict[str, Tensor] = {}  # filled by the clean pass: score -> [layer, head]
@@ -310,15 +311,17 @@ class TaskRunner:
     def _read_at(self, batch: TaskBatch) -> None:
         """Where the passes read the logits: only at the positions where some pair's prompt ends, and with a
         ``"scored"`` metric at every scored position too (the vocabulary matrix is most of a small model's forward
-        pass). ``positions`` ``[n]`` (CPU, sorted); ``last_index`` ``[pair]``: each pair's last token among them;
-        with a scored metric ``targets`` / ``scored`` ``[pair, n]``: the clean token after each position and
-        whether the metric reads it there."""
+        pass); a metric of every position reads them all. ``positions`` ``[n]`` (CPU, sorted); ``last_index``
+        ``[pair]``: each pair's last token among them; with a scored metric ``targets`` / ``scored`` ``[pair, n]``:
+        the clean token after each position and whether the metric reads it there."""
         last = batch.last.cpu()
         if self.scored_metric:
             if batch.scored is None:
                 raise validate.fail(f"task metric {self.metric_name!r}", validate.given("a batch without scored "
                                     "positions"), "a task whose pairs name their scored positions (Task.scored)")
             read = torch.cat([last, batch.scored.cpu().any(0).nonzero().flatten()])
+        elif self.every_position_metric:
+            read = torch.arange(batch.pos)
         else:
             read = last
         self.positions = torch.unique(read)
@@ -335,6 +338,8 @@ class TaskRunner:
         if self.scored_metric:
             view = logits.view(-1, self.batch.n_pairs, *logits.shape[1:])
             return self.metric_fn(view, self.targets, self.scored).float()
+        if self.every_position_metric:  # the logits at every position, [copies, pair, pos, vocab]
+            return self.metric_fn(logits.view(-1, self.batch.n_pairs, *logits.shape[1:]), self.batch).float()
         return self.metric_fn(last_logits(logits, self.last_index), self.batch, clean_logprobs).float()
 
     # ------------------------------------------------------------------ the two reference runs
@@ -751,6 +756,8 @@ class TaskRunner:
         read[rows, self.last_index.to(batch.clean.device)] = True
         if self.scored_metric:
             read |= self.scored.to(batch.clean.device)
+        elif self.every_position_metric:
+            read |= batch.real[:, at]
         same = batch.clean[:, at] == batch.corrupted[:, at]
         return bool(same[read].all())
 
@@ -1269,7 +1276,8 @@ class TaskRunner:
         B, P = self.batch.clean.shape
         if node:
             K = len(self.positions)
-            per_copy = node_copy_bytes(self.adapter, B, P, K, K if self.scored_metric else 1)
+            per_copy = node_copy_bytes(self.adapter, B, P, K, K if self.scored_metric or self.every_position_metric
+                                       else 1)
         else:
             per_copy = B * P * self.spec.d_model * 4 * len(self.graph.senders)
         return copies_per_pass(per_copy, self.budget, max_copies=MAX_COPIES)

@@ -263,26 +263,45 @@ class Task:
                 f"ablation {self.ablation!r})")
 
 
+USER_READS = ("last", "all")
+"""Where a researcher's metric reads the logits: at each prompt's last token (``[pair, vocab]``) or at every
+position (``[pair, pos, vocab]``)."""
+
+
 class UserMetric:
     """A researcher's metric function, checked on every call (module docstring). ``label``: ``"custom:NAME"``
-    with ``NAME`` the function's ``__name__``."""
+    with ``NAME`` the function's ``__name__``.
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    ``reads``: ``"last"`` (default): ``fn(logits [pair, vocab], batch)``, the logits at each prompt's last token;
+    ``"all"``: ``fn(logits [pair, pos, vocab], batch)``, the logits at every position of the right-padded prompts
+    (a pair's positions after ``batch.last[pair]`` are padding: ``batch.real`` is True where a position is real),
+    for a behaviour read over a span (a loss on several tokens, a copied sequence). Either returns ``[pair]``."""
+
+    def __init__(self, fn: Callable[..., Any], reads: str | None = None) -> None:
         if isinstance(fn, UserMetric):
+            reads = fn.reads if reads is None else reads
             fn = fn.fn
+        self.reads = validate.option("task metric: reads", "last" if reads is None else reads, USER_READS)
         if not callable(fn) or isinstance(fn, type):
             raise CircuitkitError(f"task metric: given {type(fn).__name__}; expected a metric name or a function "
-                                  "metric(logits [pair, vocab], batch) -> tensor [pair].")
+                                  f"{self.signature} -> tensor [pair].")
         self.fn = fn
         name = getattr(fn, "__name__", type(fn).__name__)
         self.name = "".join(c for c in str(name) if c.isalnum() or c in "_.<>")[:60] or "metric"
         self.label = f"custom:{self.name}"
 
+    @property
+    def signature(self) -> str:
+        """How the function is called, in words (the refusals name it)."""
+        return f"metric(logits [pair, {'pos, ' if self.reads == 'all' else ''}vocab], batch)"
+
     def __call__(self, logits: Tensor, batch: TaskBatch, clean_logprobs: Tensor | None = None) -> Tensor:
-        """``logits`` ``[..., pair, vocab]`` -> ``[..., pair]``: the function called once per leading index."""
-        flat = logits.reshape(-1, *logits.shape[-2:])
+        """``logits`` ``[..., pair, vocab]`` (``reads="all"``: ``[..., pair, pos, vocab]``) -> ``[..., pair]``: the
+        function called once per leading index."""
+        inner = 3 if self.reads == "all" else 2
+        flat = logits.reshape(-1, *logits.shape[-inner:])
         values = torch.stack([self._one(flat[i], batch) for i in range(flat.shape[0])])
-        return values.reshape(logits.shape[:-1])
+        return values.reshape(logits.shape[: logits.dim() - inner + 1])
 
     def _one(self, logits: Tensor, batch: TaskBatch) -> Tensor:
         where = f"task metric {self.name!r}"
@@ -292,8 +311,8 @@ class UserMetric:
             raise
         except Exception as error:  # noqa: BLE001 - the researcher's function: any error it raises is theirs
             first = (str(error).strip().splitlines() or [""])[0][:200]
-            raise CircuitkitError(f"{where}: raised {type(error).__name__}: {first}; expected metric(logits [pair, "
-                                  "vocab], batch) to return a tensor [pair].") from None
+            raise CircuitkitError(f"{where}: raised {type(error).__name__}: {first}; expected {self.signature} to "
+                                  "return a tensor [pair].") from None
         n = logits.shape[0]
         if not isinstance(out, Tensor) or not out.is_floating_point() or tuple(out.shape) != (n,):
             given = (f"a {tuple(out.shape)} {out.dtype} tensor" if isinstance(out, Tensor) else type(out).__name__)
@@ -586,5 +605,5 @@ def _short(prompt: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["ABLATIONS", "ALIASES", "BOS_RULES", "MAX_PAIRS", "METRIC_NAMES", "Pair", "Task", "TaskBatch", "UserMetric",
-           "as_pair", "check_prepend_bos", "metric_label", "tokenize"]
+__all__ = ["ABLATIONS", "ALIASES", "BOS_RULES", "MAX_PAIRS", "METRIC_NAMES", "USER_READS", "Pair", "Task", "TaskBatch",
+           "UserMetric", "as_pair", "check_prepend_bos", "metric_label", "tokenize"]

@@ -9,7 +9,7 @@
 
 from circuitkit.edge_effect import EdgeEffect
 from circuitkit.graph.metrics import METRICS
-from circuitkit.graph.task import Pair, Task, TaskBatch
+from circuitkit.graph.task import Pair, Task, TaskBatch, UserMetric
 from circuitkit.tasks.circuit import EDGE_FRACTIONS, TaskCircuit
 from circuitkit.tasks.effects import edge_effects
 from circuitkit.tasks.files import load_task
@@ -36,6 +36,6 @@ def get_task(name_or_path: str, model: object, *, n: int | None = None, seed: in
 
 __all__ = [
     "BUILT_IN", "EDGE_FRACTIONS", "GENERATORS", "METRICS", "EdgeEffect", "Pair", "Task", "TaskBatch", "TaskCircuit",
-    "TaskScan", "docstring", "edge_effects", "get_task", "greater_than", "ioi", "load_task", "repeated_tokens",
-    "scan_task",
+    "TaskScan", "UserMetric", "docstring", "edge_effects", "get_task", "greater_than", "ioi", "load_task",
+    "repeated_tokens", "scan_task",
 ]

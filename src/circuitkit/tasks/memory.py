@@ -31,7 +31,8 @@ position where the model unembeds only there, else all ``P``); every count in by
 - edge patching (``C`` stacked copies: as many as the sender budget allows (:func:`~circuitkit.graph.runner.
   sender_budget`: :data:`~circuitkit.graph.runner.SENDER_BUDGET` on the CPU, more on a GPU with room), at most 32
   and at most the most circuits one call measures, ``max(len(EDGE_FRACTIONS), N_EXACT_EDGES)``): every sender's
-  delta ``C U N P d e``, each layer's summed q/k/v patch ``C L (H + 2G) N P d e``, a layer's rebuilt query inputs
+  delta ``C U N P d e``, the senders one receiver layer's patch gathers (at most half of them, into one buffer the
+  pass reuses) ``C (U / 2) N P d e``, one layer's summed q/k/v patch ``C (H + 2G) N P d e``, its rebuilt query inputs
   through the norm ``12 C H N P d``, the MLP's transient ``1.1 C N P m e``, logits ``C N V (K e + 8)``;
 - node patching (one circuit a pass): ``N P (3 m + 4 d + 3 H P) e + N V (K e + 8)``, the bytes of one stacked copy
   of the pairs (:func:`~circuitkit.graph.runner.node_copy_bytes`, by which the runner sizes its stacked copies: as
@@ -216,7 +217,7 @@ def estimate_task_memory(model: Any, n_pairs: int, pos: int, *, steps: int, mlps
 
     def edge_patching(N: int) -> int:
         C = copies_per_pass(N * P * d * F * U, budget, max_copies=min(MAX_COPIES, MAX_SETS))
-        return group * (C * N * P * ((U + L * receivers) * d * e + 3 * F * H * d + (11 * m * e) // 10)
+        return group * (C * N * P * ((U + U // 2 + receivers) * d * e + 3 * F * H * d + (11 * m * e) // 10)
                         + C * N * V * (K * e + 2 * F * R))
 
     N = n_pairs - held  # the pairs attribution runs on

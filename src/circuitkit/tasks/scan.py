@@ -35,7 +35,7 @@ from torch import Tensor
 
 from circuitkit import validate
 from circuitkit.circuits.search import SEARCH_NAMES, check_search_options, search_estimate, stop_words
-from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units, reads_scored
+from circuitkit.graph.metrics import dla_meaning, metric_label, metric_units, read_mask
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, KV_EDGES
 from circuitkit.graph.runner import DEFAULT_IG_POINTS, EDGES_UNDEFINED, IG_POINTS, TaskRunner, check_hooks
 from circuitkit.graph.task import Task, check_prepend_bos
@@ -675,12 +675,12 @@ def _prepared(adapter: Any, task: Task, batch: Any, mlps: bool, o: TaskOptions,
     split = evaluation_index is not None
     # the joint path stacks two copies of the pairs with gradients, as EAP-IG does its points (with fewer leaves)
     steps = max(o.steps, 2) if o.node_ranking == "joint" else o.steps
+    reads = read_mask(task.metric, batch)  # positions read besides the last tokens: their logits are held in float32
     memory = check_task_memory(adapter, batch.n_pairs, batch.pos, steps=steps, mlps=mlps,
                                edges=o.edges and bool(adapter.additive_heads),
                                evaluation_pairs=0 if evaluation_index is None else len(evaluation_index),
-                               logit_positions=logit_positions(adapter, batch.last, batch.pos,
-                                                               batch.scored if reads_scored(task.metric) else None),
-                               scored_metric=reads_scored(task.metric), kv_edges=o.kv_edges,
+                               logit_positions=logit_positions(adapter, batch.last, batch.pos, reads),
+                               scored_metric=reads is not None, kv_edges=o.kv_edges,
                                node_widths=node_widths(adapter, o.node_types))
     found = batch.subset(discovery_index) if split else batch
     runner = TaskRunner(adapter, found, task.metric, mlps=mlps, ablation=task.ablation, node_types=o.node_types,
