@@ -320,3 +320,34 @@ def test_a_metric_of_every_position_is_measured_alike_by_both_engines(engines):
     for e, value in zip(patched.edges, single.tolist(), strict=True):
         assert e.effect == pytest.approx(clean - value, abs=EXACT), e.name
     assert max(abs(e.effect) for e in patched.edges) > 100 * EXACT
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_receivers_own_induction_score_is_estimated_alike_by_both_engines(engines, steps):
+    """The receiver-local metric, the second thing ARCHITECTURE's list asks of the runner: each receiver head's own
+    induction score read from its pattern inside the pass, every head's ``z`` detached
+    (``TaskRunner.attribute(local=...)``), against edge attribution's ``metric="induction"`` on the same sequences,
+    corruption and points. Every query and key edge between two heads gets the same score (a grouped-query key's
+    split by query head through the pattern), every value edge, MLP and logits edge 0."""
+    from circuitkit.circuits.metrics import InductionReader
+    from circuitkit.detect.tokens import TokenBatch
+
+    model, runner = engines
+    spec, graph = runner.spec, runner.graph
+    reader = InductionReader(TokenBatch(runner.batch.clean, BLOCK, 2, None), torch.float32)
+    scores, _, _ = runner.attribute(steps, "right", local=reader)
+    attributed = edge_attribution(model, metric="induction", corrupt_seed=CORRUPT_SEED,
+                                  tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED), steps=steps)
+    edges = [e for e in _edges(spec) if e[2] != "all"]
+    ours = torch.tensor([attributed.value(src, dst, c) for src, dst, c in edges])
+    theirs = torch.stack([scores[graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")]
+                          for src, dst, c in edges])
+    torch.testing.assert_close(ours, theirs, atol=1e-7, rtol=1e-4)
+    on_keys = [i for i, e in enumerate(edges) if e[2] == "k"]
+    assert float(theirs[on_keys].abs().max()) > 1e-3  # the keys carry the score: not all zeros
+    values = [i for i, e in enumerate(edges) if e[2] == "v"]
+    assert float(theirs[values].abs().max()) == 0.0
+    heads_only = [r for r, name in enumerate(graph.receivers) if name.endswith((":q", ":k"))]
+    rest = torch.ones(len(graph.receivers), dtype=torch.bool)
+    rest[heads_only] = False
+    assert float(scores[:, rest].abs().max()) == 0.0  # values, MLPs and the logits read no head's own score

@@ -89,6 +89,9 @@ when the scan starts, at most this: a pass there costs its launches more than it
 (``benchmarks/README.md``, "On one GPU")."""
 MAX_COPIES = 32
 """Most stacked copies of the pairs in one patching pass."""
+LocalMetric = Callable[[Tensor], Tensor]
+"""A score each receiver head reads from its own attention pattern: ``pattern [head, copies, pair, q, k]`` ->
+``[head, copies]`` (:meth:`TaskRunner.attribute`'s ``local``)."""
 
 
 def mlp_width(adapter: ModelAdapter) -> int:
@@ -918,7 +921,8 @@ class TaskRunner:
         scores, node_scores, _ = self.attribute(steps, points)
         return scores, node_scores
 
-    def attribute(self, steps: int, points: str = DEFAULT_IG_POINTS) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def attribute(self, steps: int, points: str = DEFAULT_IG_POINTS, *, local: LocalMetric | None = None
+                  ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
         and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.graph.nodes`; the
         gradient at a zero leaf added at its hook, which changes no value). Per-query-head key/value receivers
@@ -928,11 +932,20 @@ class TaskRunner:
 
         With :attr:`keep_node_pairs`, each pair's term of every node score is kept too, as :attr:`node_pairs`
         ``[sender, pair]``: ``B`` times pair ``p``'s share of the score (the metric is the mean over the ``B``
-        pairs), so that their mean over the pairs is the node score, what a bootstrap over the pairs resamples."""
-        scores, typed = self._attribute_part(steps, points)
+        pairs), so that their mean over the pairs is the node score, what a bootstrap over the pairs resamples.
+
+        ``local``: instead of the task's metric of the logits, each receiver head's own score read from its
+        attention pattern (``local(pattern [head, copies, pair, q, k]) -> [head, copies]``, e.g. the induction
+        score, :class:`~circuitkit.circuits.metrics.InductionReader`), differentiated with every head's ``z``
+        detached, so that a receiver's gradient is that of its own score alone (what the induction engine's edge
+        attribution calls a local metric): every edge into a head's queries and keys gets the estimate of that
+        head's score lost, as the task's metric's scores estimate the metric lost; values, MLPs and the logits
+        get 0."""
+        scores, typed = self._attribute_part(steps, points, local)
         return scores, scores.sum(1), typed
 
-    def _attribute_part(self, steps: int, points: str) -> tuple[Tensor, dict[str, Tensor]]:
+    def _attribute_part(self, steps: int, points: str, local: LocalMetric | None = None
+                        ) -> tuple[Tensor, dict[str, Tensor]]:
         """:meth:`attribute`'s edge scores and further node types' scores, the points stacked in one pass."""
         from circuitkit.detect.attribution import frozen_parameters
 
@@ -955,13 +968,18 @@ class TaskRunner:
         by_head: dict[tuple[str, int], Tensor] | None = {} if graph.kv_copies > 1 else None
         zero = int((alphas == 0).nonzero()[0]) if flat is None else 0  # the copy at alpha = 0
         read, kept = self._copy_reads(zero) if flat is None else ([], None)
+        local_scores: list[Tensor] | None = None if local is None else []
         with frozen_parameters(self.adapter.model), torch.enable_grad():
             logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
-                                        read=read, by_head=by_head)
+                                        read=read, by_head=by_head,
+                                        local=None if local is None else (local, local_scores))
             if flat is None:
                 self._corrupted_from(logits, zero, corrupt_in, kept)
                 flat = self._output_deltas()
-            total = self.metric(logits).mean(-1).sum()
+            if local_scores is not None:  # each head's own score, summed: z is detached, so each is its own
+                total = torch.stack(local_scores).sum()
+            else:
+                total = self.metric(logits).mean(-1).sum()
             leaves = sorted(grads)
             named = sorted(node_leaves)
             outs = sorted(by_head or {})
@@ -1286,7 +1304,8 @@ class TaskRunner:
                    grads: dict[tuple[str, int], Tensor] | None, resid: dict[int, Tensor] | None = None,
                    node_leaves: dict[tuple[str, int], Tensor] | None = None,
                    read: list[tuple[str, Callable]] | None = None,
-                   by_head: dict[tuple[str, int], Tensor] | None = None) -> tuple[Tensor, int]:
+                   by_head: dict[tuple[str, int], Tensor] | None = None,
+                   local: tuple[LocalMetric, list[Tensor]] | None = None) -> tuple[Tensor, int]:
         """One stacked pass of ``S`` copies: the logits of each and how many copies of each ran side by side (1, or
         with per-query-head key/value edges ``Q`` below). ``kept``: edge masks (patching) or None (every edge
         clean); ``start``: the residual stream entering layer 0 per copy (IG points) or None; ``grads``: filled with
@@ -1295,7 +1314,9 @@ class TaskRunner:
         node types' hooks (their node scores); ``read``: hooks that only read, run after the pass's own
         (:meth:`_copy_reads`); ``by_head`` (attribution with per-query-head key/value receivers): filled with each
         layer's pattern ``("pattern", layer)`` and ``z`` ``("z", layer)`` as the pass computes on them, through which
-        the caller splits a key/value leaf's gradient by query head.
+        the caller splits a key/value leaf's gradient by query head; ``local`` (attribution): ``(reader, scores)``,
+        every head's ``z`` detached and ``reader`` of each layer's pattern appended to ``scores``
+        (:meth:`attribute`'s ``local``).
 
         Patching with per-query-head key/value receivers on a grouped-query model runs each copy as ``Q``
         side-by-side copies of its pairs (:meth:`_kv_slots`): in copy ``c`` every key/value head takes the keys and
@@ -1460,12 +1481,19 @@ class TaskRunner:
                 record(graph.sender_index(layer, 0), head_out.reshape(spec.n_heads, S, B, P, d))
             if by_head is not None:  # the pass computes on the returned copy: the split differentiates through it
                 z = by_head[("z", HOOKS.layer_of(hook.name))] = z.clone()
-                return z
+                return z.detach() if local is not None else z
+            if local is not None:  # a receiver's own score: nothing downstream of a head's output
+                return z.detach()
             return z if split else None
 
         def pattern_hook(pattern: Tensor, hook: Any) -> Tensor:
             pattern = by_head[("pattern", HOOKS.layer_of(hook.name))] = pattern.clone()
             return pattern
+
+        def local_hook(pattern: Tensor, hook: Any) -> None:  # after pattern_hook: reads what the split reads
+            reader, scores = local
+            heads_first = pattern.float().transpose(0, 1).unflatten(1, (S, B))  # [head, copy, pair, q, k]
+            scores.append(reader(heads_first).sum())
 
         def mlp_in_hook(x: Tensor, hook: Any) -> Tensor:
             layer = HOOKS.layer_of(hook.name)
@@ -1504,6 +1532,8 @@ class TaskRunner:
             hooks += [(port.hook(layer), channel_hook(port.channel)) for port in HEAD.ports]
             if by_head is not None:
                 hooks.append((HOOKS.pattern(layer), pattern_hook))
+            if local is not None:
+                hooks.append((HOOKS.pattern(layer), local_hook))
             hooks.append((HOOKS.z(layer), z_hook))
             if graph.mlps:
                 hooks += [(self.mlp_in(layer), mlp_in_hook), (HOOKS.mlp_out(layer), mlp_out_hook)]
