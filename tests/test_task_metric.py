@@ -214,6 +214,7 @@ def test_where_a_metric_reads_is_checked_and_kept():
         UserMetric(log_odds, reads="middle")
     metric = UserMetric(every_position_logprob, reads="all")
     assert UserMetric(metric).reads == "all" and UserMetric(metric, reads="last").reads == "last"
+    assert repr(metric) == "UserMetric(every_position_logprob, reads='all')"
     task = Task.from_pairs(copy_next_task(n=2).pairs, metric=metric)
     assert task.metric.reads == "all" and task.metric.fn is every_position_logprob
 

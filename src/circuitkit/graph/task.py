@@ -290,6 +290,9 @@ class UserMetric:
         self.name = "".join(c for c in str(name) if c.isalnum() or c in "_.<>")[:60] or "metric"
         self.label = f"custom:{self.name}"
 
+    def __repr__(self) -> str:
+        return f"UserMetric({self.name}, reads={self.reads!r})"
+
     @property
     def signature(self) -> str:
         """How the function is called, in words (the refusals name it)."""
