@@ -53,6 +53,17 @@ def _edges(spec):
     return edges + [((0, 1), (1, 2), "all"), ((0, 3), (2, 0), "all"), ((1, 0), (2, 3), "all")]
 
 
+def _head_edge_scores(scores: torch.Tensor, attributed, runner) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """Every head-to-head edge on one channel (:func:`_edges`), edge attribution's score of each (``attributed``)
+    and the runner's (``scores`` ``[sender, receiver]``): ``(edges, induction engine's, runner's)``."""
+    graph = runner.graph
+    edges = [e for e in _edges(runner.spec) if e[2] != "all"]
+    ours = torch.tensor([attributed.value(src, dst, c) for src, dst, c in edges])
+    theirs = torch.stack([scores[graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")]
+                          for src, dst, c in edges])
+    return edges, ours, theirs
+
+
 def test_every_head_edge_has_the_same_effect_on_both_engines(engines):
     model, runner = engines
     spec = runner.spec
@@ -88,7 +99,6 @@ def test_edge_attribution_and_the_runners_eap_ig_give_every_head_edge_the_same_s
     embeddings' clean mean at each position: the runner's :meth:`~circuitkit.graph.runner.TaskRunner.corrupt_by_mean`)
     as under the resampled prompts."""
     model, runner = engines
-    spec, graph = runner.spec, runner.graph
     if corrupt == "mean":  # a runner of its own: the fixture's keeps its corrupted prompts' run
         task = _task(model)
         runner = TaskRunner(runner.adapter, runner.batch, task.metric, mlps=False, ablation=task.ablation,
@@ -97,10 +107,7 @@ def test_edge_attribution_and_the_runners_eap_ig_give_every_head_edge_the_same_s
     scores, _, _ = runner.attribute(steps, "right")
     attributed = edge_attribution(model, metric="loss", corrupt=corrupt, corrupt_seed=CORRUPT_SEED,
                                   tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED), steps=steps)
-    edges = [e for e in _edges(spec) if e[2] != "all"]
-    ours = torch.tensor([attributed.value(src, dst, c) for src, dst, c in edges])
-    theirs = torch.stack([scores[graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")]
-                          for src, dst, c in edges])
+    _, ours, theirs = _head_edge_scores(scores, attributed, runner)
     torch.testing.assert_close(ours, theirs, atol=1e-7, rtol=1e-4)
     assert float(ours.abs().max()) > 1e-3  # scores that are not all zeros
 
@@ -333,15 +340,12 @@ def test_a_receivers_own_induction_score_is_estimated_alike_by_both_engines(engi
     from circuitkit.detect.tokens import TokenBatch
 
     model, runner = engines
-    spec, graph = runner.spec, runner.graph
+    graph = runner.graph
     reader = InductionReader(TokenBatch(runner.batch.clean, BLOCK, 2, None), torch.float32)
     scores, _, _ = runner.attribute(steps, "right", local=reader)
     attributed = edge_attribution(model, metric="induction", corrupt_seed=CORRUPT_SEED,
                                   tokens=RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED), steps=steps)
-    edges = [e for e in _edges(spec) if e[2] != "all"]
-    ours = torch.tensor([attributed.value(src, dst, c) for src, dst, c in edges])
-    theirs = torch.stack([scores[graph.sender_index(*src), graph.receivers.index(f"{dst[0]}.{dst[1]}:{c}")]
-                          for src, dst, c in edges])
+    edges, ours, theirs = _head_edge_scores(scores, attributed, runner)
     torch.testing.assert_close(ours, theirs, atol=1e-7, rtol=1e-4)
     on_keys = [i for i, e in enumerate(edges) if e[2] == "k"]
     assert float(theirs[on_keys].abs().max()) > 1e-3  # the keys carry the score: not all zeros
