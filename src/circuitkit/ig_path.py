@@ -58,20 +58,25 @@ def along(start: Tensor, end: Tensor, alphas: Tensor | float) -> Tensor:
     return start + alphas * (end - start)
 
 
-def stacked_inputs(alphas: Tensor, base: Tensor | None) -> Callable[[Tensor, Any], Tensor]:
+PathStart = Tensor | Callable[[Tensor], Tensor]
+"""Where an inputs path starts: the corrupted embeddings, or a function of the clean ones (:func:`stacked_inputs`)."""
+
+
+def stacked_inputs(alphas: Tensor, base: PathStart) -> Callable[[Tensor, Any], Tensor]:
     """The hook at the input embeddings (``resid_pre`` of layer 0) of a pass that runs ``len(alphas)`` copies of a
     batch stacked on the batch axis, ``x`` ``[copies * batch, pos, d_model]``: copy ``i`` moved to the point
     ``along(start, x_i, alphas[i])`` of the inputs path, ``start`` the corrupted batch's embeddings ``base``
-    ``[batch, pos, d_model]``, or where None each copy's own batch mean at each position (the mean corruption).
-    The one interpolation of the induction engine's stacked points (head attribution's inputs path, edge
-    attribution's)."""
+    ``[batch, pos, d_model]``, or where ``base`` is a function, that function of the clean embeddings (every copy
+    holds them): the batch mean at each position for the mean corruption
+    (:func:`circuitkit.detect.corrupt.position_mean`). The one interpolation of the induction engine's stacked
+    points (head attribution's inputs path, edge attribution's)."""
 
     def interpolate(x: Tensor, hook: Any) -> Tensor:
         copies = x.view(len(alphas), -1, *x.shape[1:])
-        start = copies.mean(dim=1, keepdim=True) if base is None else base.to(x.device, x.dtype)[None]
-        return along(start, copies, alphas).view_as(x)
+        start = base(copies[0]) if callable(base) else base.to(x.device, x.dtype)
+        return along(start[None], copies, alphas).view_as(x)
 
     return interpolate
 
 
-__all__ = ["DEFAULT_IG_POINTS", "IG_POINTS", "along", "ig_alphas", "stacked_inputs"]
+__all__ = ["DEFAULT_IG_POINTS", "IG_POINTS", "PathStart", "along", "ig_alphas", "stacked_inputs"]

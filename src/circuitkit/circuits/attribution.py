@@ -79,7 +79,7 @@ from circuitkit.circuits._engine import (
     context,
     corrupt_z,
 )
-from circuitkit.circuits.corrupt import resampled_batch
+from circuitkit.circuits.corrupt import position_mean, resampled_batch
 from circuitkit.circuits.edges import CHANNELS
 from circuitkit.circuits.metrics import (
     InductionReader,
@@ -94,7 +94,7 @@ from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.pullback import ClosedForm, ReceiverGradients, closed_form, split_by_query_head
-from circuitkit.ig_path import ig_alphas, stacked_inputs
+from circuitkit.ig_path import PathStart, ig_alphas, stacked_inputs
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
@@ -287,16 +287,16 @@ def _contract_all(ctx: Context, runs: list[tuple[dict, dict[int, Tensor]]], dz: 
                 totals[l2 - 1] += product[: l2 * H, i * K : (i + 1) * K]
 
 
-def _corrupted_input(ctx: Context) -> Tensor | None:
-    """``e'``, the embedded corrupted input (``blocks.0.hook_resid_pre`` of the corrupted batch), or None for
-    ``corrupt="mean"`` (then the clean embeddings' batch mean at each position, taken in the pass)."""
+def _corrupted_input(ctx: Context) -> PathStart:
+    """``e'``, the embedded corrupted input (``blocks.0.hook_resid_pre`` of the corrupted batch), or for
+    ``corrupt="mean"`` how it is read from the clean embeddings in the pass, their batch mean at each position."""
     if ctx.corrupt == "mean":
-        return None
+        return position_mean
     corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
     return ctx.adapter.embedded(corrupted.tokens)
 
 
-def _path_gradients(ctx: Context, m: Metric, base: Tensor | None, alphas: Tensor) -> list[tuple[dict, dict]]:
+def _path_gradients(ctx: Context, m: Metric, base: PathStart, alphas: Tensor) -> list[tuple[dict, dict]]:
     """The receivers' gradients and normalisation inputs ``(grads, resid)`` at each point ``e' + alpha (e - e')``
     of the inputs path, one per ``alphas``: one forward pass with gradients from layer 1 on and one backward pass of
     the points stacked as copies of the batch (a :class:`GradientTap` of its own; each copy's gradient is of its own

@@ -75,7 +75,7 @@ from circuitkit.detect.loss import differentiated_losses, loss_positions, stacke
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch, as_batch
 from circuitkit.errors import CircuitkitError
-from circuitkit.ig_path import along, ig_alphas, stacked_inputs
+from circuitkit.ig_path import PathStart, along, ig_alphas, stacked_inputs
 from circuitkit.models.adapters import HOOKS, HookFn, ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.pass_budget import copies_per_pass
@@ -264,11 +264,11 @@ def _add(sums: dict[int, Tensor | None], layer: int, grad: Tensor | None, copies
 def _inputs_path(adapter: ModelAdapter, batch: TokenBatch, steps: int, corrupt: str | TokenBatch,
                  corrupt_seed: int, sums: dict[int, Tensor | None]) -> None:
     """Add to ``sums`` the gradients at the points ``k = 1 .. steps - 1`` of the inputs path."""
-    base = None
+    from circuitkit.detect.corrupt import position_mean, resampled_batch
+
+    base: PathStart = position_mean  # "mean": read from the clean embeddings in the pass
     if not isinstance(corrupt, str) or corrupt == "resample":
         if isinstance(corrupt, str):
-            from circuitkit.detect.corrupt import resampled_batch
-
             corrupt = resampled_batch(batch, corrupt_seed)
         base = adapter.embedded(corrupt.tokens)
     alphas = ig_alphas(steps, "interior")
