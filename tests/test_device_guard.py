@@ -27,7 +27,8 @@ import circuitkit as ck
 from circuitkit import zoo
 from circuitkit.circuits import circuit_evidence, edge_attribution, find_circuit, path_patching
 from circuitkit.detect import RepeatedTokens, ablation_effects, attribution_effects, head_scores
-from circuitkit.tasks import Task, repeated_tokens, scan_task
+from circuitkit.detect.tokens import TokenBatch
+from circuitkit.tasks import Task, UserMetric, repeated_tokens, scan_task
 from tests.conftest import gqa_bridge
 from tests.device_guard import DeviceGuard
 from tests.test_tasks import toy_pairs
@@ -40,6 +41,25 @@ PER_QUERY_HEAD_EDGES = ["input->1.1:k", "0.3->2.2:v", "1.0->logits"]
 
 def batch_for(model):
     return RepeatedTokens(block_len=6, batch=3, bos=False).build(model)
+
+
+def _every_position(logits, batch):
+    """A metric of every position: the answer's mean log-probability over each prompt's real positions."""
+    picked = logits.log_softmax(-1).gather(-1, batch.answers[:, None, :1].expand(-1, logits.shape[1], 1))[..., 0]
+    return (picked * batch.real).sum(-1) / batch.real.sum(-1)
+
+
+def _local_attribution(model):
+    """The task runner's EAP-IG of each receiver's own induction score (``attribute(local=...)``)."""
+    from circuitkit.circuits.metrics import InductionReader
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.models.adapters import adapt
+
+    adapter = adapt(model)
+    task = repeated_tokens(model, 4, block_len=6)
+    runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=False, ablation=task.ablation)
+    tokens = runner.batch.clean
+    return runner.attribute(2, "right", local=InductionReader(TokenBatch(tokens, 6, 2, None), torch.float32))
 
 
 ENTRY_POINTS = {
@@ -58,6 +78,11 @@ ENTRY_POINTS = {
                                                                           search_options={"steps": 2})],
     "circuit_evidence": lambda m: circuit_evidence(m, tokens=batch_for(m), top_k=3),
     "edge_attribution": lambda m: edge_attribution(m, tokens=batch_for(m), steps=2),
+    "inputs-path-mean": lambda m: [edge_attribution(m, tokens=batch_for(m), steps=2, corrupt="mean"),
+                                   attribution_effects(m, batch_for(m), steps=2, path="inputs", corrupt="mean")],
+    "scan-task-every-position": lambda m: ck.scan(m, task=Task.from_pairs(toy_pairs(6), name="toy"), edges=False,
+                                                  metric=UserMetric(_every_position, reads="all")),
+    "attribute-local": lambda m: _local_attribution(m),
     "path_patching": lambda m: path_patching(m, [((0, 0), (1, 0), "k"), ((0, 1), (2, 1), "v")], tokens=batch_for(m)),
     "edge_effects": lambda m: [ck.tasks.edge_effects(m, Task.from_pairs(toy_pairs(6), name="toy"), edges, kv_edges=kv)
                                for kv, edges in (("grouped", EDGES), ("per-query-head", PER_QUERY_HEAD_EDGES))],

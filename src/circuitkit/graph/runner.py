@@ -324,7 +324,7 @@ class TaskRunner:
                                     "positions"), "a task whose pairs name their scored positions (Task.scored)")
             read = torch.cat([last, batch.scored.cpu().any(0).nonzero().flatten()])
         elif self.every_position_metric:
-            read = torch.arange(batch.pos)
+            read = torch.arange(batch.pos, device="cpu")
         else:
             read = last
         self.positions = torch.unique(read)
