@@ -13,6 +13,7 @@ from circuitkit import CircuitkitError, zoo
 from circuitkit.circuits import circuit_evidence, edge_attribution, path_patching
 from circuitkit.detect import RepeatedTokens
 from circuitkit.models import AttentionOnlyModel
+from circuitkit.models.adapters import adapt
 from tests.conftest import boot_bridge, random_weights
 
 LINEAR_TOL = 1e-4  # relative: the first-order estimate is exact here, float32 sums over ~10^3 terms differ ~1e-6
@@ -262,17 +263,40 @@ def test_receiver_contraction_equals_autograd(kind):
     torch.testing.assert_close(chunked, got, atol=NORM_VJP_TOL * float(reference.abs().max()), rtol=NORM_VJP_TOL)
 
 
-def test_positions_in_chunks_give_the_same_attribution(monkeypatch):
-    """The sum over positions taken a few positions at a time (bounded memory) equals the one-chunk sum."""
+def test_pairs_in_blocks_give_the_same_attribution(monkeypatch):
+    """The sum over the sequences taken a few at a time (the senders' deltas held within the runner's budget: bounded
+    memory) equals the one-block sum, the clean point from the tap included; the runner's every node score and each
+    pair's term too, with the corrupted run read from the pass (EAP-IG's own points)."""
     from circuitkit.circuits import attribution as module
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.tasks import repeated_tokens
 
     model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", seed=4)
-    batch = RepeatedTokens(block_len=6, batch=2, bos=False).build(model)
-    whole = edge_attribution(model, metric="loss", tokens=batch)
-    spec_bytes = 2 * 4 * 32 * 4  # (L - 1) * H * d_model * 4 bytes: one position per chunk
-    monkeypatch.setattr(module, "MAX_DELTA_BYTES", spec_bytes * 5)
-    chunked = edge_attribution(model, metric="loss", tokens=batch)
+    batch = RepeatedTokens(block_len=6, batch=3, bos=False).build(model)
+    whole = edge_attribution(model, metric="loss", tokens=batch, steps=2)
+
+    class OnePairABlock(TaskRunner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.budget = 1  # the deltas of one pair a block
+
+    monkeypatch.setattr(module, "TaskRunner", OnePairABlock)
+    chunked = edge_attribution(model, metric="loss", tokens=batch, steps=2)
     torch.testing.assert_close(chunked.scores, whole.scores, equal_nan=True, atol=1e-6, rtol=1e-5)
+    assert float(whole.scores.nan_to_num().abs().max()) > 1e-3
+
+    adapter = adapt(model)
+    task = repeated_tokens(model, 3, block_len=6, ablation="corrupted")
+    runs = []
+    for runner_type in (TaskRunner, OnePairABlock):
+        runner = runner_type(adapter, task.tokenize(adapter), task.metric, mlps=True, ablation="corrupted")
+        runner.keep_node_pairs = True
+        runs.append((runner.attribute(2, "left"), runner.node_pairs))
+    ((one, one_nodes, _), one_pairs), ((blocks, block_nodes, _), block_pairs) = runs
+    torch.testing.assert_close(blocks, one, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(block_nodes, one_nodes, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(block_pairs, one_pairs, atol=1e-6, rtol=1e-5)
+    assert float(one.abs().max()) > 1e-3
 
 
 @pytest.mark.parametrize("metric", ["loss", "induction"])

@@ -140,11 +140,11 @@ def test_points_batched_as_copies_equal_one_point_per_pass(monkeypatch):
 @pytest.mark.parametrize("metric", ["loss", "induction", "callable"])
 @pytest.mark.parametrize("corrupt", ["resample", "mean"])
 def test_edge_points_stacked_as_copies_equal_one_point_per_pass(metric, corrupt, monkeypatch):
-    """Edge attribution runs its integration points as stacked copies of the batch, as head attribution does: a
-    grouped-query model with LayerNorm and MLPs gives the same estimates with one point a pass, for the loss, the
-    receiver-local induction score and a user's callable (read in each copy on its own), under either corruption;
-    and the stacked points take fewer passes."""
-    from circuitkit.circuits import attribution as module
+    """Edge attribution (the graph engine's EAP-IG) runs its integration points as stacked copies of the batch, as
+    many a pass as the runner's budget holds: a grouped-query model with LayerNorm and MLPs gives the same estimates
+    with one point a pass, for the loss, the receiver-local induction score and a user's callable (read in each copy
+    on its own), under either corruption; and the stacked points take fewer passes."""
+    from circuitkit.graph.runner import TaskRunner
 
     model = boot_bridge(n_layers=3, attn_only=False, normalization_type="LN", n_key_value_heads=2, seed=2)
     batch = TOKENS.build(model)
@@ -153,12 +153,12 @@ def test_edge_points_stacked_as_copies_equal_one_point_per_pass(metric, corrupt,
     monkeypatch.setattr(model, "run_with_hooks", count)
     together = edge_attribution(model, tokens=batch, steps=6, metric=chosen, corrupt=corrupt)
     stacked_passes = len(calls)
-    monkeypatch.setattr(module, "points_per_pass", lambda adapter, batch: 1)
+    monkeypatch.setattr(TaskRunner, "_copies_per_pass", lambda self, node: 1)
     calls.clear()
     apart = edge_attribution(model, tokens=batch, steps=6, metric=chosen, corrupt=corrupt)
-    # the clean run, with "resample" the corrupted one and its embeddings (the path's start), then the 5 interior
-    # points: 2 stacked passes of them (3 and 2, as the contractions group the runs), against 5
-    assert len(calls) == stacked_passes + 3 and stacked_passes == (3 if corrupt == "mean" else 5)
+    # the clean run (the tap's), with "resample" the corrupted one (which keeps its embeddings, the path's start),
+    # then the 5 points before the clean one: 1 stacked pass of them, against 5
+    assert len(calls) == stacked_passes + 4 and stacked_passes == (2 if corrupt == "mean" else 3)
     torch.testing.assert_close(together.scores, apart.scores, atol=1e-6, rtol=1e-5, equal_nan=True)
     assert float(together.scores.nan_to_num(0.0).abs().max()) > 1e-3  # not 0 == 0
 
@@ -243,7 +243,7 @@ EDGES = [((0, 1), (1, 2), "k"), ((0, 3), (2, 0), "q"), ((1, 0), (2, 3), "v"), ((
          ((1, 2), (2, 2), "q")]
 
 
-@pytest.mark.parametrize("steps", [1, 3, 6])  # 6: more runs than one contraction sums (RUNS_PER_CONTRACTION)
+@pytest.mark.parametrize("steps", [1, 3, 6])
 def test_edges_equal_the_independent_implementation_on_the_toy_model(steps):
     model = toy(n_layers=3, seed=3)
     batch = TOKENS.build(model)

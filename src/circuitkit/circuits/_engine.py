@@ -84,7 +84,8 @@ class Context:
 
     @property
     def z_corrupt(self) -> dict[int, Tensor]:
-        """The senders' corrupted ``z`` by layer, as computed so far under this context's corruption."""
+        """The senders' corrupted ``z`` by layer, as computed so far under this context's corruption (and at
+        :data:`INPUT` the corrupted input embeddings, where a measurement asked for them)."""
         if self.corrupt == "given":
             key: CorruptKey = ("given", id(self.corrupt_batch))
         else:
@@ -146,21 +147,35 @@ def context(
     return Context(session, corrupt, corrupt_seed, corrupt_batch)
 
 
-def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int]) -> dict[int, Tensor]:
+INPUT = -1
+"""Where a corrupted run's input embeddings are kept among its senders' ``z`` (:attr:`Context.z_corrupt`): layer
+-1, where the graph engine puts the input sender."""
+
+
+def corrupt_z(ctx: Context, clean_z: dict[int, Tensor], layers: Iterable[int], *,
+              with_input: bool = False) -> dict[int, Tensor]:
     """The senders' corrupted ``z`` per layer ``[batch, pos, head, d_head]``: from the resampled batch, or the
     clean batch mean at each position (``corrupt="mean"``). Kept in ``ctx``: a later call for the same layers
-    runs nothing."""
+    runs nothing. ``with_input`` (a resampled or given corruption): the corrupted input embeddings too, kept at
+    :data:`INPUT` by the same pass (embedded alone where no pass is left to run)."""
     layers = sorted(set(layers))
     missing = [layer for layer in layers if layer not in ctx.z_corrupt]
     if missing and ctx.corrupt == "mean":
         ctx.z_corrupt.update({layer: position_mean(clean_z[layer]).expand_as(clean_z[layer]) for layer in missing})
-    elif missing:
+    elif missing or (with_input and INPUT not in ctx.z_corrupt):
         corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
+        keep_input = with_input and INPUT not in ctx.z_corrupt
         with torch.no_grad():
-            # the pass ends at the last sender's z: later layers and the unembedding are not needed
-            _, kept = reference_pass(ctx.adapter, corrupted.tokens, Keep(z=missing), stop_after=HOOKS.z(missing[-1]))
-        ctx.z_corrupt.update(kept.z)
+            if missing:  # the pass ends at the last sender's z: later layers and the unembedding are not needed
+                _, kept = reference_pass(ctx.adapter, corrupted.tokens, Keep(z=missing, input=keep_input),
+                                         stop_after=HOOKS.z(missing[-1]))
+                ctx.z_corrupt.update(kept.z)
+                if keep_input:
+                    ctx.z_corrupt[INPUT] = kept.input
+            else:
+                ctx.z_corrupt[INPUT] = ctx.adapter.embedded(corrupted.tokens)
     return {layer: ctx.z_corrupt[layer] for layer in layers}
 
 
-__all__ = ["DEFAULT_CORRUPT_SEED", "Context", "EdgeGradients", "Session", "StopForward", "context", "corrupt_z"]
+__all__ = ["DEFAULT_CORRUPT_SEED", "INPUT", "Context", "EdgeGradients", "Session", "StopForward", "context",
+           "corrupt_z"]

@@ -73,6 +73,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.circuits._engine import (
     DEFAULT_CORRUPT_SEED,
+    INPUT,
     Context,
     EdgeGradients,
     StopForward,
@@ -89,12 +90,13 @@ from circuitkit.circuits.metrics import (
     repeated_loss_each,
     resolve_metric,
 )
-from circuitkit.detect.attribution import check_steps, frozen_parameters, points_per_pass
+from circuitkit.detect.attribution import check_steps, frozen_parameters
 from circuitkit.detect.loss import loss_positions
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
 from circuitkit.errors import CircuitkitError
-from circuitkit.graph.pullback import ClosedForm, ReceiverGradients, closed_form, split_by_query_head
-from circuitkit.ig_path import PathStart, ig_alphas, stacked_inputs
+from circuitkit.graph.pullback import split_by_query_head
+from circuitkit.graph.runner import Graph, TaskRunner
+from circuitkit.graph.task import TaskBatch, UserMetric
 from circuitkit.models.adapters import HOOKS
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head
@@ -188,160 +190,119 @@ def edge_attribution(
 def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     """:func:`edge_attribution` in a prepared context (``steps`` checked by the caller); leaves the clean activations
     in ``ctx.clean`` and the corrupted ``z`` in ``ctx.z_corrupt`` for a later
-    :func:`~circuitkit.circuits.patching.patch` on the batch."""
+    :func:`~circuitkit.circuits.patching.patch` on the batch.
+
+    The estimate is the graph engine's EAP-IG (:meth:`~circuitkit.graph.runner.TaskRunner.attribute` at the right
+    points) read at its head-to-head entries: a runner of the batch's heads, its clean and corrupted runs the
+    context's (:func:`edge_runner`), its clean point the gradients of the tap's pass (a pass of its own, or the
+    scan's head attribution that carried the tap), its further points stacked in one pass of its own."""
     spec = ctx.spec
     L, H = spec.n_layers, spec.n_heads
-    scores = torch.full((L, H, L, H, len(CHANNELS)), math.nan, device="cpu")
     if L < 2:
-        return EdgeAttribution(scores, m.name, ctx.corrupt, math.nan)
+        return EdgeAttribution(torch.full((L, H, L, H, len(CHANNELS)), math.nan, device="cpu"), m.name, ctx.corrupt,
+                               math.nan)
     if ctx.clean is None or ctx.clean.metric != m:  # else a host pass (or an earlier call) left them in the session
         with frozen_parameters(ctx.adapter.model):
             _clean_gradients(ctx, m)
     clean = ctx.clean
-    clean_z, value = clean.z, clean.total
-    with torch.no_grad():
-        z_corrupt = corrupt_z(ctx, clean_z, range(L - 1))
-        work = torch.promote_types(clean_z[0].dtype, torch.float32)
-        dz = [(z_corrupt[s] - clean_z[s]).flatten(0, 1).transpose(0, 1).to(work) for s in range(L - 1)]  # [H, N, dh]
-        W_O = ctx.W_O[: L - 1].to(work)
-        totals = [torch.zeros(l2 * H, len(CHANNELS) * H, dtype=work, device=W_O.device) for l2 in range(1, L)]
-    # The contraction with the senders' deltas is linear in each run's pulled-back gradients: runs (the clean one,
-    # the integration points) are summed before it, so it is paid once per group of runs, not once per run.
-    runs = [(clean.grads, clean.resid)]
-    if steps > 1:
-        base = _corrupted_input(ctx)
-        alphas = ig_alphas(steps, "interior")
-        per_pass = points_per_pass(ctx.adapter, ctx.batch)
-        first = 0
-        while first < len(alphas):
-            # the points stacked in one pass fill the current group of runs, never more: the contractions sum the
-            # same runs together whatever a pass holds
-            chunk = alphas[first : first + min(per_pass, RUNS_PER_CONTRACTION - len(runs))]
-            runs += _path_gradients(ctx, m, base, chunk)
-            first += len(chunk)
-            if len(runs) == RUNS_PER_CONTRACTION:
-                with torch.no_grad():
-                    _contract_all(ctx, runs, dz, W_O, totals)
-                runs = []
-    if runs:
-        with torch.no_grad():
-            _contract_all(ctx, runs, dz, W_O, totals)
-    del runs
-    sign = -1.0 if m.local else 1.0  # the behaviour lost, as path patching's effects: the induction score falls
-    with torch.no_grad():
-        for l2 in range(1, L):
-            total = totals[l2 - 1] / steps if steps > 1 else totals[l2 - 1]
-            scores[:l2, :, l2] = sign * total.reshape(l2, H, len(CHANNELS), H).permute(0, 1, 3, 2).float().cpu()
+    runner = edge_runner(ctx, m)
+    local = InductionReader(ctx.batch, torch.float32) if m.local else None
+    graph_scores, _, _ = runner.attribute(steps, "right", local=local, clean_point=clean)
+    scores = head_edge_grid(runner.graph, graph_scores)
     validate.finite_result("edge_attribution", scores[~scores.isnan()], why="the gradients overflowed")
-    return EdgeAttribution(scores, m.name, ctx.corrupt, value)
+    return EdgeAttribution(scores, m.name, ctx.corrupt, clean.total)
 
 
-RECEIVER_LAYERS_PER_PRODUCT = 8
-"""Receiver layers contracted with the senders' deltas in one product (see :func:`_contract_all`)."""
-
-RUNS_PER_CONTRACTION = 4
-"""Runs whose gradients are held at once and summed before one contraction (each holds ``dM/d(q, k, v)`` of every
-layer: 130 MB at SmolLM-135M's shape and the default batch), so also the most points one stacked pass holds."""
-
-
-def _contract_all(ctx: Context, runs: list[tuple[dict, dict[int, Tensor]]], dz: list[Tensor], W_O: Tensor,
-                  totals: list[Tensor]) -> None:
-    """Add ``sum_{b, p} delta_s . g_{r,c}`` for every edge to ``totals[l2 - 1]`` ``[l2 * H, 3 H]``, with ``g`` summed
-    over ``runs`` (the clean one, points of the integration path): each run's receivers' gradients ``grads`` pulled
-    back through the normalisation at that run's inputs ``resid``; ``dz`` ``[H, N, d_head]`` per sender layer, the
-    senders' corrupted minus clean ``z``."""
-    spec = ctx.spec
-    L, H = spec.n_layers, spec.n_heads
-    work = W_O.dtype
-    kind = ctx.adapter.norm_kind
-    # per run and receiver layer: the normalisation's input [N, d_model] and whether the closed form applies to it
-    inputs = []
-    for grads, resid in runs:
-        x = {l2: resid[l2].detach().flatten(0, 1).to(work) for l2 in range(1, L) if ctx.norms[l2] is not None}
-        inputs.append((grads, x, {l2: closed_form(ctx.norms[l2], kind, x[l2]) for l2 in x}))
-    n_positions, d_model = dz[0].shape[1], spec.d_model
-    K = len(CHANNELS) * H  # receivers per layer
-    block = min(RECEIVER_LAYERS_PER_PRODUCT, L - 1)
-    rows = ((L - 1) * H + block * K) * d_model * W_O.element_size()  # deltas and one block of receivers, per position
-    chunk = min(n_positions, max(1, MAX_DELTA_BYTES // rows))
-    buffer = torch.empty(block * K * chunk * d_model, dtype=work, device=W_O.device)  # written in place, per block
-    weights: dict[int, Tensor] = {}
-    for first in range(0, n_positions, chunk):
-        part = slice(first, min(first + chunk, n_positions))
-        # the senders' output differences on these positions: [L - 1, H, n, d_model]
-        deltas = torch.empty(L - 1, H, part.stop - part.start, d_model, dtype=work, device=W_O.device)
-        for s in range(L - 1):
-            torch.matmul(dz[s][:, part], W_O[s], out=deltas[s])
-        # Receiver layers a block at a time, so that one product reads the deltas once for the whole block (one
-        # product per layer read them once per layer, and ran at memory speed); the block's products with senders
-        # in or after a receiver's own layer are computed and dropped.
-        n = part.stop - part.start
-        for start in range(1, L, block):
-            layers = range(start, min(start + block, L))
-            U = buffer[: len(layers) * K * n * d_model].view(len(layers), K, n, d_model)
-            for i, l2 in enumerate(layers):  # the closed-form check ran once per run, above
-                ReceiverGradients.pulled_sum([_receivers(ctx, l2, grads, x.get(l2), forms.get(l2), part, work, weights)
-                                      for grads, x, forms in inputs], out=U[i])
-            product = deltas[: layers[-1]].flatten(0, 1).flatten(1) @ U.flatten(2).flatten(0, 1).T  # [senders, .. K]
-            for i, l2 in enumerate(layers):
-                totals[l2 - 1] += product[: l2 * H, i * K : (i + 1) * K]
+def edge_runner(ctx: Context, m: Metric) -> TaskRunner:
+    """The graph engine's runner of the context's batch, measuring ``m`` as the task engine measures its metrics
+    (more behaviour scoring higher: the loss on the copies is ``next_token_logprob`` on them, a callable read as a
+    loss its negative, the same value for every sequence), with per-query-head key/value receivers and no MLP
+    nodes. Its clean and corrupted runs are the context's, run once for every measurement on the batch: the clean
+    ``z`` the tap kept (``ctx.clean``), the corrupted ``z`` the session keeps for path patching
+    (:func:`~circuitkit.circuits._engine.corrupt_z`), and the input embeddings of both (for ``corrupt="mean"``,
+    the clean ones' batch mean at each position)."""
+    batch, adapter, L = ctx.batch, ctx.adapter, ctx.spec.n_layers
+    tokens = batch.tokens
+    B, P = tokens.shape
+    device = tokens.device
+    if ctx.corrupt == "given":
+        corrupted = ctx.corrupt_batch.tokens
+    elif ctx.corrupt == "resample":
+        corrupted = resampled_batch(batch, ctx.corrupt_seed).tokens
+    else:  # "mean": no corrupted prompt; the corrupted run is the clean run's means
+        corrupted = tokens
+    scored = torch.zeros(B, P, dtype=torch.bool, device="cpu")
+    scored[:, : P - 1] = batch.repeated_copies  # position t predicts token t + 1
+    one = torch.ones(B, 1, dtype=torch.bool, device=device)
+    pairs = TaskBatch(tokens, corrupted.to(device), torch.full((B,), P - 1, device=device), tokens[:, :1],
+                      tokens[:, 1:2], one, one, scored=scored.to(device))
+    metric: Any = "next_token_logprob"
+    if not m.local and m.fn is not repeated_loss:
+        metric = UserMetric(_per_sequence(m, batch), reads="all")
+    runner = TaskRunner(ctx.session, pairs, metric, mlps=False, ablation="corrupted", kv_edges="per-query-head")
+    z = dict(ctx.clean.z)
+    # A local metric's pass stops at the last layer's pattern: that layer's heads send into the logits alone, which
+    # no receiver's own score reads, so their output is taken as unchanged (a zero delta, an exact zero score).
+    for layer in range(L):
+        if layer not in z:
+            z[layer] = torch.zeros_like(z[0])
+    z_corrupt = corrupt_z(ctx, ctx.clean.z, sorted(ctx.clean.z), with_input=ctx.corrupt != "mean")
+    z_corrupt = {layer: z_corrupt.get(layer, z[layer]) for layer in range(L)}
+    embedded = ctx.clean.input
+    if embedded is None:  # a tap's record from a pass that did not keep them
+        embedded = adapter.embedded(tokens)
+    start = position_mean(embedded).expand_as(embedded) if ctx.corrupt == "mean" else ctx.z_corrupt[INPUT]
+    runner.adopt_runs((embedded, z), (start, z_corrupt))
+    return runner
 
 
-def _corrupted_input(ctx: Context) -> PathStart:
-    """``e'``, the embedded corrupted input (``blocks.0.hook_resid_pre`` of the corrupted batch), or for
-    ``corrupt="mean"`` how it is read from the clean embeddings in the pass, their batch mean at each position."""
-    if ctx.corrupt == "mean":
-        return position_mean
-    corrupted = ctx.corrupt_batch or resampled_batch(ctx.batch, ctx.corrupt_seed)
-    return ctx.adapter.embedded(corrupted.tokens)
+def _per_sequence(m: Metric, batch: TokenBatch):
+    """A callable read as a loss (``m.fn(logits [batch, pos, vocab], batch) -> scalar``) as a task metric of every
+    position: its negative, the same value for every sequence (the runner means them back to it)."""
+
+    def metric(logits: Tensor, _pairs: Any) -> Tensor:
+        value = check_value(m.fn(logits, batch), "edge_attribution: metric(logits)")
+        return (-value.float()).expand(logits.shape[0])
+
+    metric.__name__ = m.name
+    return metric
 
 
-def _path_gradients(ctx: Context, m: Metric, base: PathStart, alphas: Tensor) -> list[tuple[dict, dict]]:
-    """The receivers' gradients and normalisation inputs ``(grads, resid)`` at each point ``e' + alpha (e - e')``
-    of the inputs path, one per ``alphas``: one forward pass with gradients from layer 1 on and one backward pass of
-    the points stacked as copies of the batch (a :class:`GradientTap` of its own; each copy's gradient is of its own
-    metric), as head attribution runs its points and the task runner its EAP-IG."""
-    n = len(alphas)
-    point = _tapped_pass(ctx, m, [(HOOKS.resid_pre(0), stacked_inputs(alphas, base))], "interpolated logits", n)
-    if n == 1:
-        return [(point.grads, point.resid)]
-    B = ctx.batch.tokens.shape[0]
-    return [({key: g[i * B : (i + 1) * B] for key, g in point.grads.items()},
-             {layer: x[i * B : (i + 1) * B] for layer, x in point.resid.items()}) for i in range(n)]
+def head_edge_grid(graph: Graph, scores: Tensor) -> Tensor:
+    """The runner's ``[sender, receiver]`` scores (per-query-head key/value receivers) at every head-to-head entry,
+    ``[src_layer, src_head, dst_layer, dst_head, channel]`` (channels :data:`CHANNELS`), NaN where the source layer
+    is not before the destination's (no edge)."""
+    L, H = graph.n_layers, graph.n_heads
+    receivers = torch.tensor([[[graph.receiver_slices[(c, layer)].start + h for c in CHANNELS] for h in range(H)]
+                              for layer in range(L)], dtype=torch.long, device="cpu")
+    grid = scores.float().cpu()[graph.head_senders.flatten()][:, receivers.flatten()]
+    layers = torch.arange(L, device="cpu")
+    edge = (layers[:, None] < layers[None, :])[:, None, :, None, None]
+    return torch.where(edge, grid.reshape(L, H, L, H, len(CHANNELS)), math.nan)
 
 
 def _clean_gradients(ctx: Context, m: Metric) -> None:
-    """One clean forward pass with gradients and one backward pass (:class:`GradientTap` on a pass of its own),
-    leaving ``ctx.clean``: ``dM/d(q, k, v)`` per query head for every layer >= 1 (``grads[(c, l)]`` ``[batch, pos,
-    head, d_head]``), the clean ``z`` and ``resid_pre`` of layers >= 1 and the metric's value."""
-    ctx.clean = _tapped_pass(ctx, m, [], "clean logits", clean=True)
-
-
-def _tapped_pass(ctx: Context, m: Metric, hooks: list, what: str, copies: int = 1, *,
-                 clean: bool = False) -> EdgeGradients:
-    """One forward pass of the batch (``copies`` of it stacked on the batch axis) with ``hooks`` and a
-    :class:`GradientTap` of its own, then one backward pass of the metric, summed over the copies, to the tap's
-    inputs (parameters frozen: only the receivers' gradients are wanted); ``clean``: the clean run, whose
-    per-sequence loss the gradients then carry (``each``)."""
-    tap = GradientTap(ctx, m, leaf=True, copies=copies)
-    tokens = ctx.batch.tokens if copies == 1 else ctx.batch.tokens.repeat(copies, 1)
+    """One clean forward pass with gradients and one backward pass (:class:`GradientTap` on a pass of its own,
+    parameters frozen: only the receivers' gradients are wanted), leaving ``ctx.clean``: ``dM/d(q, k, v)`` per query
+    head for every layer >= 1 (``grads[(c, l)]`` ``[batch, pos, head, d_head]``), the clean ``z`` and ``resid_pre``
+    of layers >= 1 and the metric's value; with the loss, each sequence's (``each``), which path patching's intervals
+    resample where the session holds no clean run to read them from."""
+    tap = GradientTap(ctx, m, leaf=True)
     with frozen_parameters(ctx.adapter.model), torch.enable_grad():
         try:
             at = loss_positions(ctx.batch) if m.fn is repeated_loss else None  # a user metric reads every position
-            logits = ctx.adapter.run(tokens, [*hooks, *tap.hooks()], positions=at)
+            logits = ctx.adapter.run(ctx.batch.tokens, tap.hooks(), positions=at)
         except StopForward:
             logits = None
         if m.local:
             total = torch.stack(tap.local_scores).sum()
-        else:  # each copy's metric of its own logits: the sum's gradient in a copy is that copy's
-            B = ctx.batch.tokens.shape[0]
-            total = torch.stack([check_value(m.fn(logits[i * B : (i + 1) * B], ctx.batch),
-                                             f"edge_attribution: metric({what})") for i in range(copies)]).sum()
+        else:
+            total = check_value(m.fn(logits, ctx.batch), "edge_attribution: metric(clean logits)")
         found = torch.autograd.grad(total, tap.inputs(), allow_unused=True, retain_graph=tap.retain_graph)
         gradients = tap.record(total, found)
-    if clean and m.fn is repeated_loss and ctx.session.clean is None:  # for path patching's intervals, where the
-        gradients.each = repeated_loss_each(logits, ctx.batch)  # session holds no clean run to read them from
-    return gradients
+    if m.fn is repeated_loss and ctx.session.clean is None:
+        gradients.each = repeated_loss_each(logits, ctx.batch)
+    ctx.clean = gradients
 
 
 class GradientTap:
@@ -353,14 +314,14 @@ class GradientTap:
     respect to :meth:`inputs` (``torch.autograd.grad(..., allow_unused=True, retain_graph=retain_graph)``, still
     under ``enable_grad``) and hand the result to :meth:`finish`, which leaves ``ctx.clean`` (with ``grads``) for
     :func:`attribute`. ``leaf=True`` (a pass of its own) starts the graph at layer 1's input; a host that
-    differentiates earlier activations itself needs ``leaf=False``. ``copies``: the batch runs as that many copies
-    stacked on the batch axis (points of the inputs path), each read by the metric on its own."""
+    differentiates earlier activations itself needs ``leaf=False``."""
 
-    def __init__(self, ctx: Context, m: Metric, *, leaf: bool, copies: int = 1) -> None:
-        self.ctx, self.m, self.leaf, self.copies = ctx, m, leaf, copies
+    def __init__(self, ctx: Context, m: Metric, *, leaf: bool) -> None:
+        self.ctx, self.m, self.leaf = ctx, m, leaf
         self.acts: dict[tuple[str, int], Tensor] = {}
         self.clean_z: dict[int, Tensor] = {}
         self.resid: dict[int, Tensor] = {}
+        self.input: Tensor | None = None
         self.local_scores: list[Tensor] = []
         self._reader = InductionReader(ctx.batch, torch.float32) if m.local else None
         L, gs = ctx.spec.n_layers, ctx.group_size
@@ -378,7 +339,8 @@ class GradientTap:
 
     def hooks(self) -> list[tuple[str, Any]]:
         L = self.ctx.spec.n_layers
-        hooks = [(HOOKS.resid_pre(1), self._leaf)] if self.leaf else []
+        hooks = [(HOOKS.resid_pre(0), self._keep_input)]
+        hooks += [(HOOKS.resid_pre(1), self._leaf)] if self.leaf else []
         for layer in range(L):
             hooks.append((HOOKS.z(layer), self._on_z(layer)))
             if layer == 0:
@@ -421,7 +383,7 @@ class GradientTap:
                                                               grads[("z", layer)], gs, head_axis=2)
         patterns = {layer: acts[("pattern", layer)].detach() for layer in range(1, L)} if m.local else {}
         self.acts = {}  # the graph is no longer needed
-        return EdgeGradients(m, self.clean_z, self.resid, patterns, grads, float(total.detach()))
+        return EdgeGradients(m, self.clean_z, self.resid, patterns, grads, float(total.detach()), input=self.input)
 
     # ------------------------------------------------------------------ hooks
     def _leaf(self, x: Tensor, hook: Any) -> Tensor:
@@ -445,6 +407,9 @@ class GradientTap:
 
         return hook
 
+    def _keep_input(self, x: Tensor, hook: Any) -> None:
+        self.input = x.detach()
+
     def _keep_resid(self, layer: int):
         def hook(x: Tensor, hook: Any) -> None:
             self.resid[layer] = x.detach()
@@ -454,11 +419,8 @@ class GradientTap:
     def _on_pattern(self, layer: int):
         def hook(pattern: Tensor, hook: Any) -> Tensor:
             pattern = self.acts[("pattern", layer)] = pattern.clone()
-            if self.m.local:  # [head, batch, q, k], or per copy [head, copies, batch, q, k]
-                heads_first = pattern.float().transpose(0, 1)
-                if self.copies > 1:
-                    heads_first = heads_first.unflatten(1, (self.copies, -1))
-                self.local_scores.append(self._reader(heads_first).sum())
+            if self.m.local:  # [head, batch, q, k]
+                self.local_scores.append(self._reader(pattern.float().transpose(0, 1)).sum())
                 if layer == self.ctx.spec.n_layers - 1:
                     raise StopForward  # the "induction" metric needs no logits
             return pattern
@@ -466,21 +428,4 @@ class GradientTap:
         return hook
 
 
-MAX_DELTA_BYTES = 256 * 2**20
-"""The senders' output differences ``[L - 1, H, positions, d_model]`` and one block of receivers' pulled-back
-gradients are held for this many bytes at a time: the attribution is a sum over (batch, position), taken in chunks
-of positions."""
-
-def _receivers(ctx: Context, layer: int, grads: dict, x: Tensor | None, form: ClosedForm | None, part: slice,
-               work: torch.dtype, weights: dict[int, Tensor]) -> ReceiverGradients:
-    """Layer ``layer``'s receivers on the positions ``part``, from ``grads[(c, layer)]`` ``[batch, pos, head,
-    d_head]`` and its normalisation's input ``x`` ``[N, d_model]``, in dtype ``work``. ``weights``: the layers'
-    stacked ``W_c^T`` already built (filled here; the same for every chunk and run)."""
-    grad = torch.cat([grads[(c, layer)].detach().flatten(0, 1)[part].transpose(0, 1) for c in CHANNELS])
-    W = weights.get(layer)
-    if W is None:  # contiguous: the products and gamma's scaling read it many times
-        W = weights[layer] = ctx.receiver_weights(layer).transpose(1, 2).to(work).contiguous()
-    return ReceiverGradients.from_parts(grad.to(work), W, ctx.norms[layer], None if x is None else x[part], form)
-
-
-__all__ = ["AttributedEdge", "EdgeAttribution", "GradientTap", "edge_attribution"]
+__all__ = ["AttributedEdge", "EdgeAttribution", "GradientTap", "edge_attribution", "edge_runner", "head_edge_grid"]

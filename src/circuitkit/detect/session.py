@@ -68,7 +68,8 @@ class EdgeGradients:
     ``[B, P, d_model]``) by layer, the receivers' ``patterns`` ``[B, H, q, k]`` (``"induction"`` only), the gradients
     ``dM/d(q, k, v)`` per query head by ``(channel, layer)``, and ``total``, the metric they are of (for
     ``"induction"``, the sum of all heads'); ``each``: with the repeated-copies loss, each sequence's ``[batch]``
-    where the pass that left them read it (path patching's intervals resample it), else None."""
+    where the pass that left them read it (path patching's intervals resample it), else None; ``input``: the
+    pass's input embeddings ``[B, P, d_model]`` where it kept them."""
 
     metric: MeasuredMetric
     z: dict[int, Tensor]
@@ -77,6 +78,7 @@ class EdgeGradients:
     grads: dict[tuple[str, int], Tensor]
     total: float
     each: Tensor | None = None
+    input: Tensor | None = None
 
     @property
     def value(self) -> float | None:

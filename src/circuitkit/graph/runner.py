@@ -63,7 +63,7 @@ from torch import Tensor
 from circuitkit import validate
 from circuitkit.detect.reference import Keep, Kept, reference_pass
 from circuitkit.detect.reference import reads as reference_reads
-from circuitkit.detect.session import Session
+from circuitkit.detect.session import EdgeGradients, Session
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import METRICS, last_logits
 from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
@@ -380,12 +380,31 @@ class TaskRunner:
         def mean(x: Tensor) -> Tensor:  # [pair, pos, ...]: each position's mean over the pairs real there
             return position_mean(x, real).expand_as(x)
 
-        self._corrupt = {"input": mean(clean["input"]), "z": {k: mean(v) for k, v in clean["z"].items()},
-                         "mlp": {k: mean(v) for k, v in clean["mlp"].items()},
-                         "nodes": {name: {k: mean(v) for k, v in by_layer.items()}
-                                   for name, by_layer in clean["nodes"].items()},
-                         "metric": None, "logprobs": None, "dla": None, "resid": {}}
+        self._corrupt = _given_run(mean(clean["input"]), {k: mean(v) for k, v in clean["z"].items()},
+                                   {k: mean(v) for k, v in clean["mlp"].items()},
+                                   {name: {k: mean(v) for k, v in by_layer.items()}
+                                    for name, by_layer in clean["nodes"].items()})
         self._values = {}  # what a node is ablated to may come from the corrupted run
+
+    def adopt_runs(self, clean: tuple[Tensor, dict[int, Tensor]], corrupted: tuple[Tensor, dict[int, Tensor]]
+                   ) -> None:
+        """Make the clean and corrupted runs ones another measurement on these pairs made, so that they run once:
+        each ``(input embeddings [pair, pos, d_model], z by layer [pair, pos, head, d_head])``, every layer's
+        (the induction engine's edge attribution hands in the clean ``z`` its gradient tap kept and the corrupted
+        ``z`` its session keeps for path patching). Such a run has no logits, metric or MLP outputs: what reads
+        the senders' outputs (EAP-IG's deltas, the single edges' deltas) may use it, so the runner may have no MLP
+        or further node type."""
+        if self.graph.mlps or self.extra_types:
+            raise validate.fail("TaskRunner.adopt_runs", validate.given("a runner with MLP or further node types"),
+                                "a runner of heads alone (a run handed in holds every layer's z only)")
+        L = self.spec.n_layers
+        for name, (embedded, z) in (("clean", clean), ("corrupted", corrupted)):
+            if not isinstance(embedded, Tensor) or not isinstance(z, dict) or sorted(z) != list(range(L)):
+                raise validate.fail(f"TaskRunner.adopt_runs: {name}", validate.given(
+                    f"layers {sorted(z) if isinstance(z, dict) else type(z).__name__}"),
+                    f"(input embeddings, z of every layer 0..{L - 1})")
+        self._clean, self._corrupt = _given_run(*clean, {}, {}), _given_run(*corrupted, {}, {})
+        self._values = {}
 
     def _reference(self, tokens: Tensor, dla: bool, keep_resid: bool = False) -> dict[str, Any]:
         """One pass capturing every sender's output (with ``keep_resid``: and the residual stream entering every
@@ -921,8 +940,8 @@ class TaskRunner:
         scores, node_scores, _ = self.attribute(steps, points)
         return scores, node_scores
 
-    def attribute(self, steps: int, points: str = DEFAULT_IG_POINTS, *, local: LocalMetric | None = None
-                  ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    def attribute(self, steps: int, points: str = DEFAULT_IG_POINTS, *, local: LocalMetric | None = None,
+                  clean_point: EdgeGradients | None = None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """EAP-IG of every edge and node in one stacked pass: :meth:`edge_gradients`'s ``(scores, node_scores)``
         and each further node type's node scores, ``{type: [layer, nodes]}`` (:mod:`~circuitkit.graph.nodes`; the
         gradient at a zero leaf added at its hook, which changes no value). Per-query-head key/value receivers
@@ -940,15 +959,26 @@ class TaskRunner:
         detached, so that a receiver's gradient is that of its own score alone (what the induction engine's edge
         attribution calls a local metric): every edge into a head's queries and keys gets the estimate of that
         head's score lost, as the task's metric's scores estimate the metric lost; values, MLPs and the logits
-        get 0."""
-        scores, typed = self._attribute_part(steps, points, local)
+        get 0.
+
+        ``clean_point``: the gradients at the clean run (the point ``alpha = 1``: ``points="right"`` only) taken by
+        another pass over the same pairs and metric, a gradient tap riding on it
+        (:class:`~circuitkit.detect.session.EdgeGradients`, what the induction engine's
+        :class:`~circuitkit.circuits.attribution.GradientTap` leaves: the induction scan's head attribution carries
+        it), so that the stacked pass runs the other ``steps - 1`` points only (no pass at ``steps = 1``). Its
+        gradients are at every layer's q/k/v activations per query head, with each layer's ``resid_pre``; they are
+        of a loss (minus this runner's metric) unless its metric is local, when they are of the receivers' own
+        scores as ``local``'s. A receiver it holds no gradient for (layer 0's, whose inputs a tap's graph does not
+        reach; the MLPs and the logits) gets NaN scores, and so does every node score."""
+        scores, typed = self._attribute_part(steps, points, local, clean_point)
         return scores, scores.sum(1), typed
 
-    def _attribute_part(self, steps: int, points: str, local: LocalMetric | None = None
-                        ) -> tuple[Tensor, dict[str, Tensor]]:
-        """:meth:`attribute`'s edge scores and further node types' scores, the points stacked in one pass."""
-        from circuitkit.detect.attribution import frozen_parameters
-
+    def _attribute_part(self, steps: int, points: str, local: LocalMetric | None = None,
+                        clean_point: EdgeGradients | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`attribute`'s edge scores and further node types' scores: the points stacked as copies of the
+        pairs, as many a pass as the runner's budget holds (:meth:`_copies_per_pass`: one pass for every task
+        measured), each pass's gradients contracted with the senders' deltas once it ends (the clean point's from
+        ``clean_point`` where given, with the last pass's)."""
         graph = self.graph
         # the corrupted run read from the point alpha = 0 where it has not run (folds_corrupted): its embeddings
         # first, from a pass that stops before the first layer
@@ -956,9 +986,45 @@ class TaskRunner:
         clean_in = self.clean["input"]
         corrupt_in = self.adapter.embedded(self.batch.corrupted) if fold else self.corrupted["input"]
         alphas = ig_alphas(steps, points).to(clean_in.device)
-        flat = None if fold else self._output_deltas()
+        if clean_point is not None:
+            alphas = alphas[:-1]  # the clean point is the tap's (checked: it is alpha = 1)
+            self._check_clean_point(clean_point, points)
         scores = torch.zeros(len(graph.senders), len(graph.receivers), device="cpu")
         summed: dict[tuple[str, int], Tensor] = {}  # the further node types' gradients summed over the points
+        B, S = self.batch.n_pairs, len(graph.senders)
+        # summed where the products are, brought to the CPU once: a copy per pair and receiver block would wait on
+        # a GPU's queue each time
+        pairs = torch.zeros(S, B, dtype=torch.float32, device=self.spec.device) if self.keep_node_pairs else None
+        per_pass = self._copies_per_pass(node=True)
+        chunks = [alphas[i : i + per_pass] for i in range(0, len(alphas), per_pass)] or [alphas]
+        untapped: list[tuple[str, int]] = []
+        for i, chunk in enumerate(chunks):
+            n = len(chunk)
+            got, node_got, resid = self._points_pass(chunk, corrupt_in, clean_in, local, fold) if n else ({}, {}, {})
+            copies = n
+            if clean_point is not None and i == len(chunks) - 1:
+                got, resid, untapped = self._with_clean_point(got, resid, n, clean_point)
+                copies = n + 1
+            self._contract(scores, pairs, got, resid, copies, steps)
+            _add_summed(summed, node_got, n)
+        if pairs is not None:
+            self.node_pairs = pairs.cpu() * B
+        scores = scores * graph.allowed
+        for key in untapped:  # no gradient at the clean point: not measured
+            cols = self._receiver_columns(key)
+            scores[:, cols] = torch.where(graph.allowed[:, cols], torch.nan, 0.0)
+        return scores, self._typed_scores(summed, steps)
+
+    def _points_pass(self, alphas: Tensor, corrupt_in: Tensor, clean_in: Tensor, local: LocalMetric | None,
+                     fold: bool) -> tuple[dict, dict, dict[int, Tensor]]:
+        """One forward and backward pass of the points ``alphas`` stacked as copies of the pairs (EAP-IG's pass):
+        ``(got, node_got, resid)``, the metric's gradient at every receiver's leaf (key/value leaves split by query
+        head where the graph has per-query-head receivers) and at the further node types' leaves, ``[copies * pair,
+        ...]`` (the MLPs' and the logits' ``[copies, pair, ...]``), and each layer's ``resid_pre`` (detached). With
+        ``fold``, the copy at ``alpha = 0`` (if the pass holds it) is also recorded as the corrupted run."""
+        from circuitkit.detect.attribution import frozen_parameters
+
+        graph = self.graph
         n = len(alphas)
         start = along(corrupt_in[None], clean_in[None], alphas)  # [n, pair, pos, d_model]
         grads: dict[tuple[str, int], Tensor] = {}
@@ -966,16 +1032,17 @@ class TaskRunner:
         node_leaves: dict[tuple[str, int], Tensor] = {}
         # per-query-head key/value receivers: each layer's pattern and z, through which a group's gradient is split
         by_head: dict[tuple[str, int], Tensor] | None = {} if graph.kv_copies > 1 else None
-        zero = int((alphas == 0).nonzero()[0]) if flat is None else 0  # the copy at alpha = 0
-        read, kept = self._copy_reads(zero) if flat is None else ([], None)
+        at_zero = (alphas == 0).nonzero().flatten()
+        fold = fold and len(at_zero) > 0
+        zero = int(at_zero[0]) if fold else 0  # the copy at alpha = 0
+        read, kept = self._copy_reads(zero) if fold else ([], None)
         local_scores: list[Tensor] | None = None if local is None else []
         with frozen_parameters(self.adapter.model), torch.enable_grad():
             logits, _ = self._edge_pass(n, None, start.reshape(-1, *start.shape[2:]), grads, resid, node_leaves,
                                         read=read, by_head=by_head,
                                         local=None if local is None else (local, local_scores))
-            if flat is None:
+            if fold:
                 self._corrupted_from(logits, zero, corrupt_in, kept)
-                flat = self._output_deltas()
             if local_scores is not None:  # each head's own score, summed: z is detached, so each is its own
                 total = torch.stack(local_scores).sum()
             else:
@@ -992,30 +1059,83 @@ class TaskRunner:
         # the graph the split retained, and every layer's pattern gradient, freed before the pullback's buffers: the
         # residual streams kept on the graph would hold it alive
         del by_head, logits, total, got
-        resid = {layer: x.detach() for layer, x in resid.items()}
         self.passes += 3.0 * n  # the split's products, each through one layer's attention, are not counted
-        B = self.batch.n_pairs
-        # summed where the products are, brought to the CPU once: a copy per pair and receiver block would wait on
-        # a GPU's queue each time
-        pairs = torch.zeros(len(graph.senders), B, dtype=flat.dtype, device=flat.device) if self.keep_node_pairs \
-            else None
-        for index in leaves:
-            grad = got_leaves[index]
-            if grad is None:
+        return got_leaves, node_got, {layer: x.detach() for layer, x in resid.items()}
+
+    def _contract(self, scores: Tensor, pairs: Tensor | None, got: dict[tuple[str, int], Tensor | None],
+                  resid: dict[int, Tensor], copies: int, steps: int) -> None:
+        """Add ``sum_{pair, pos} (out_u - out'_u) . g_v / steps`` to ``scores`` ``[sender, receiver]`` for the
+        gradients ``got`` of ``copies`` points (each receiver's pulled back to its input at that point's ``resid``,
+        :meth:`_pulled_back`), and each pair's term to ``pairs`` ``[sender, pair]`` where given. The senders' deltas
+        ``[sender, pairs * pos * d_model]`` are formed a block of pairs at a time within the runner's budget (the
+        same sum; one block where they fit, as on every task's pairs measured)."""
+        graph = self.graph
+        B, P = self.batch.clean.shape
+        block = max(1, min(B, self.budget // max(1, len(graph.senders) * P * self.spec.d_model * 4)))
+        for first in range(0, B, block):
+            rows = slice(first, min(first + block, B))
+            flat = self._output_deltas(slice(None) if block == B else rows)
+            for index in sorted(got):
+                grad = got[index]
+                if grad is None:
+                    continue
+                layer = index[1]
+                at = {layer: _rows_of(resid[layer], copies, B, rows)} if layer in resid else {}
+                g = self._pulled_back(index, _rows_of(grad.detach().float(), copies, B, rows), at,
+                                      copies) / steps  # mean over the points
+                cols = self._receiver_columns(index)
+                scores[:, cols] += (flat @ g.T).cpu()
+                if pairs is not None:  # the same products a pair at a time (views of its columns: no copy)
+                    allowed = graph.allowed[:, cols].to(device=flat.device, dtype=flat.dtype)
+                    width = flat.shape[1] // (rows.stop - rows.start)
+                    for j, p in enumerate(range(rows.start, rows.stop)):
+                        part = slice(j * width, (j + 1) * width)
+                        pairs[:, p] += ((flat[:, part] @ g[:, part].T) * allowed).sum(1)
+            del flat
+
+    def _check_clean_point(self, point: EdgeGradients, points: str) -> None:
+        """Refuse a clean point (:meth:`attribute`) the runner cannot add to its own points: off the right points'
+        path (the clean run is their last point), or where the runner also scores what a tap does not measure
+        (further node types, each pair's term of the node scores)."""
+        if not isinstance(point, EdgeGradients):
+            raise validate.fail("TaskRunner.attribute: clean_point", point, "EdgeGradients (a gradient tap's record)")
+        if points != "right":
+            raise validate.fail("TaskRunner.attribute: points", points, "'right' with a clean_point (its gradients "
+                                "are the point alpha = 1, the last of the right points)")
+        if self.extra_types or self.keep_node_pairs:
+            raise validate.fail("TaskRunner.attribute: clean_point", validate.given(
+                "a runner that also scores further node types or each pair's term"), "a runner of heads (and "
+                "MLPs) alone: the tap measures the receivers' gradients only")
+
+    def _with_clean_point(self, got: dict[tuple[str, int], Tensor | None], resid: dict[int, Tensor], n: int,
+                          point: EdgeGradients) -> tuple[dict, dict[int, Tensor], list[tuple[str, int]]]:
+        """The pass's ``n`` points' gradients ``got`` and residual streams ``resid`` with the clean point's after them
+        (``[(n + 1) * pair, ...]``, float32; a receiver the pass left unreached is 0 at its points), and the
+        receivers the clean point holds no gradient for (:meth:`attribute`'s ``clean_point``)."""
+        H, G = self.spec.n_heads, self.spec.n_kv_heads
+        sign = 1.0 if point.metric.local else -1.0  # a loss is minus the runner's metric
+        merged: dict[tuple[str, int], Tensor] = {}
+        untapped = []
+        for key in self.graph.receiver_slices:
+            g = point.grads.get(key)
+            if g is None:
+                untapped.append(key)
                 continue
-            g = self._pulled_back(index, grad.detach().float(), resid, n) / steps  # mean over the points
-            cols = self._receiver_columns(index)
-            scores[:, cols] += (flat @ g.T).cpu()
-            if pairs is not None:  # the same products a pair at a time (views of its columns: no copy)
-                allowed = graph.allowed[:, cols].to(device=flat.device, dtype=flat.dtype)
-                width = flat.shape[1] // B
-                for p in range(B):
-                    part = slice(p * width, (p + 1) * width)
-                    pairs[:, p] += ((flat[:, part] @ g[:, part].T) * allowed).sum(1)
-        if pairs is not None:
-            self.node_pairs = pairs.cpu() * B
-        _add_summed(summed, node_got, n)
-        return scores * graph.allowed, self._typed_scores(summed, steps)
+            g = sign * g.detach().float()  # [pair, pos, head, d_head]: per query head
+            if key[0] in ("k", "v") and self.graph.kv_copies == 1 and G < H:  # a group's input: its heads' sum
+                g = g.unflatten(2, (G, H // G)).sum(3)
+            own = got.get(key)
+            own = torch.zeros((n * g.shape[0], *g.shape[1:]), device=g.device) if own is None else own.float()
+            merged[key] = torch.cat([own.to(g.device), g])
+        layers = {layer for _, layer in merged}
+        missing = sorted(layer for layer in layers if layer not in point.resid)
+        if missing:
+            raise CircuitkitError(f"TaskRunner.attribute: the clean point holds gradients at layers {missing} but "
+                                  "not their residual streams; expected resid_pre of every layer it has gradients at")
+        stacked = {layer: torch.cat([*([resid[layer].float()] if n else []), point.resid[layer].detach().float()
+                                     .to(resid[layer].device if n else point.resid[layer].device)])
+                   for layer in layers}
+        return merged, stacked, untapped
 
     def _split_by_query_head(self, got: dict[tuple[str, int], Tensor | None], leaves: dict[tuple[str, int], Tensor],
                              outs: dict[tuple[str, int], Tensor], grad_outs: dict[tuple[str, int], Tensor | None]
@@ -1044,11 +1164,14 @@ class TaskRunner:
             got[(channel, layer)] = split_by_query_head(outs[out_key], leaf, grad_out, Q,
                                                         head_axis=1 if channel == "k" else 2)
 
-    def _output_deltas(self) -> Tensor:
-        """Every sender's clean output minus its corrupted one, flattened: ``[sender, pair * pos * d_model]``
-        float32 (what EAP-IG multiplies the gradients at the receivers by)."""
-        delta = torch.cat([(self.outputs(self.clean, where.start, where.stop)  # [sender, pair, pos, d_model]
-                            - self.outputs(self.corrupted, where.start, where.stop)).float()
+    def _output_deltas(self, rows: slice = slice(None)) -> Tensor:
+        """Every sender's clean output minus its corrupted one on the pairs ``rows``, flattened: ``[sender, pairs *
+        pos * d_model]`` float32 (what EAP-IG multiplies the gradients at the receivers by)."""
+        clean, corrupted = self.clean, self.corrupted
+        if rows != slice(None):
+            clean, corrupted = _run_rows(clean, rows), _run_rows(corrupted, rows)
+        delta = torch.cat([(self.outputs(clean, where.start, where.stop)  # [sender, pair, pos, d_model]
+                            - self.outputs(corrupted, where.start, where.stop)).float()
                            for where in self.graph.sender_slices.values()])
         return delta.reshape(delta.shape[0], -1)
 
@@ -1542,6 +1665,30 @@ class TaskRunner:
             hooks += _leaf_hooks(self.extra_types, L, node_leaves, Q)
         hooks += read or []
         return copy0(self.adapter.run(batch.clean.repeat(Q * S, 1), hooks, positions=self.positions)), Q
+
+
+def _rows_of(x: Tensor, copies: int, pairs: int, rows: slice) -> Tensor:
+    """``x`` ``[copies * pairs, ...]`` (or ``[copies, pairs, ...]``: the MLPs' and the logits' leaves) at the pairs
+    ``rows`` of every copy, in the same layout (itself where ``rows`` are all the pairs)."""
+    if rows.start == 0 and rows.stop >= pairs:
+        return x
+    if x.shape[0] == copies * pairs:
+        return x.unflatten(0, (copies, pairs))[:, rows].flatten(0, 1)
+    return x[:, rows]
+
+
+def _run_rows(run: dict[str, Any], rows: slice) -> dict[str, Any]:
+    """A run's senders' activations (its input, ``z`` and MLP outputs) at the pairs ``rows``."""
+    return {"input": run["input"][rows], "z": {k: v[rows] for k, v in run["z"].items()},
+            "mlp": {k: v[rows] for k, v in run["mlp"].items()}}
+
+
+def _given_run(embedded: Tensor, z: dict[int, Tensor], mlp: dict[int, Tensor], nodes: dict[str, dict[int, Tensor]]
+               ) -> dict[str, Any]:
+    """A run record (:attr:`TaskRunner.clean`'s keys) that no pass of the runner made: its senders' activations
+    only, no metric, logits or direct logit attribution."""
+    return {"input": embedded, "z": dict(z), "mlp": mlp, "nodes": nodes, "metric": None, "logprobs": None,
+            "dla": None, "resid": {}}
 
 
 def _frozen_scale_pullback(grad_normalized: Tensor, scale: Tensor, kind: str) -> Tensor:
