@@ -355,3 +355,73 @@ def test_a_receivers_own_induction_score_is_estimated_alike_by_both_engines(engi
     rest = torch.ones(len(graph.receivers), dtype=torch.bool)
     rest[heads_only] = False
     assert float(scores[:, rest].abs().max()) == 0.0  # values, MLPs and the logits read no head's own score
+
+
+def _tapped_clean_point(model, metric: str):
+    """The gradient tap's record of the clean run (``ctx.clean``, what edge attribution's own clean pass or the
+    scan's head attribution leaves) on the sequences every test here measures."""
+    from circuitkit.circuits._engine import context
+    from circuitkit.circuits.attribution import attribute
+    from circuitkit.circuits.metrics import resolve_metric
+
+    ctx = context(model, RepeatedTokens(block_len=BLOCK, batch=N, seed=SEED), "resample", CORRUPT_SEED, None, "test")
+    attribute(ctx, resolve_metric(metric, "test"), steps=1)
+    return ctx.clean
+
+
+@pytest.mark.parametrize("metric", ["loss", "induction"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_runners_eap_ig_takes_its_clean_point_from_a_gradient_tap(engines, steps, metric):
+    """The fourth thing ARCHITECTURE's list asked of the runner, the tap: its EAP-IG takes the clean point (alpha = 1)
+    from another pass's gradient tap (``clean_point``, the tap's record: a loss's gradients, or the receivers' own
+    scores') and stacks only the other points, and every head-to-head score is the one its own clean copy gives.
+    Receivers the tap's graph does not reach (layer 0's, the logits) are NaN, not a partial sum, and so is every
+    node score."""
+    from circuitkit.circuits.metrics import InductionReader
+    from circuitkit.detect.tokens import TokenBatch
+
+    model, registered = engines
+    task = _task(model)
+    local = (InductionReader(TokenBatch(registered.batch.clean, BLOCK, 2, None), torch.float32)
+             if metric == "induction" else None)
+    point = _tapped_clean_point(model, metric)
+    runners = [TaskRunner(registered.adapter, registered.batch, task.metric, mlps=False, ablation=task.ablation,
+                          kv_edges="per-query-head") for _ in range(2)]
+    own, _, _ = runners[0].attribute(steps, "right", local=local)
+    tapped, nodes, _ = runners[1].attribute(steps, "right", local=local, clean_point=point)
+    assert runners[1].passes == runners[0].passes - 3.0  # one forward and backward (counted 3) fewer
+    graph = registered.graph
+    heads = torch.zeros(len(graph.receivers), dtype=torch.bool)
+    for (channel, layer), cols in graph.receiver_slices.items():
+        heads[cols] = channel in "qkv" and layer >= 1
+    torch.testing.assert_close(tapped[:, heads], own[:, heads], atol=1e-7, rtol=1e-4)
+    assert float(own[:, heads].abs().max()) > 1e-3
+    rest = graph.allowed[:, ~heads]
+    assert bool(tapped[:, ~heads][rest].isnan().all()) and not bool(tapped[:, ~heads][~rest].isnan().any())
+    assert bool(nodes.isnan().all())
+
+
+def test_a_clean_point_the_runner_cannot_add_to_its_points_is_refused(engines):
+    from circuitkit import CircuitkitError
+
+    model, registered = engines
+    task = _task(model)
+    point = _tapped_clean_point(model, "loss")
+
+    def runner(**kwargs):
+        return TaskRunner(registered.adapter, registered.batch, task.metric, ablation=task.ablation,
+                          kv_edges="per-query-head", **{"mlps": False, **kwargs})
+
+    with pytest.raises(CircuitkitError, match="'right' with a clean_point"):
+        runner().attribute(2, "left", clean_point=point)
+    with pytest.raises(CircuitkitError, match="EdgeGradients"):
+        runner().attribute(2, "right", clean_point={"q": 1})
+    keeps = runner()
+    keeps.keep_node_pairs = True
+    with pytest.raises(CircuitkitError, match="each pair's term"):
+        keeps.attribute(2, "right", clean_point=point)
+    embedded = torch.zeros(N, registered.batch.pos, registered.spec.d_model)
+    with pytest.raises(CircuitkitError, match="a runner of heads alone"):
+        runner(mlps=True).adopt_runs((embedded, point.z), (embedded, point.z))
+    with pytest.raises(CircuitkitError, match="z of every layer"):
+        runner().adopt_runs((embedded, {0: point.z[0]}), (embedded, point.z))

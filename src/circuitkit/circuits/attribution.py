@@ -13,11 +13,20 @@ gradients, one backward pass and one corrupted forward pass (no gradients)::
 is linear in the patched input: e.g. the V channel into a last-layer head of an attention-only model without
 LayerNorm, with a metric linear in the logits (the attention pattern does not depend on the values).
 
-Cost and memory: the clean pass builds a graph from layer 1 on (layer 0 holds no receiver) and the corrupted
-pass stops at the last sender's ``z``. LayerNorm / RMSNorm pullbacks are taken in closed form with their
-per-position terms found in ``d_head`` space (:class:`~circuitkit.graph.pullback.ReceiverGradients`), so the rest is one
-``[senders, n * d_model] @ [n * d_model, 3 H]`` product per receiver layer, summed over chunks of ``n``
-positions that keep the senders' differences under :data:`MAX_DELTA_BYTES`.
+One implementation with the graph engine: the estimate is the task runner's EAP-IG
+(:meth:`~circuitkit.graph.runner.TaskRunner.attribute` at the points ``k = 1 .. m`` below, ``points="right"``)
+read at its head-to-head entries, by a runner of the batch's heads (per-query-head key/value receivers, no MLP
+nodes) whose clean and corrupted runs are this context's (:func:`edge_runner`): what the runner contracts, pulls
+back and splits by query head is what is measured here.
+
+Cost and memory: the clean point is a pass of its own with a :class:`GradientTap` (whose graph starts at layer 1:
+layer 0 holds no receiver of another head), or the scan's head attribution carrying the tap, so no pass of its own;
+the corrupted pass stops at the last layer's ``z`` and keeps the corrupted embeddings (both kept in the session for
+path patching); the further points run as the runner's stacked pass(es). LayerNorm / RMSNorm pullbacks are taken in
+closed form with their per-position terms found in ``d_head`` space
+(:class:`~circuitkit.graph.pullback.ReceiverGradients`), so the rest is one ``[senders, n * d_model] @ [n *
+d_model, receivers]`` product per receiver layer and channel, with the senders' deltas held a block of sequences at
+a time within the runner's budget.
 
 Metrics (:mod:`~circuitkit.circuits.metrics`): for ``"induction"``, receiver ``r``'s own induction score is the
 metric of every edge into ``r`` (as in path patching); one backward pass of the sum of all heads' scores gives
@@ -35,13 +44,10 @@ by its mean over ``m`` points of the straight path between the corrupted and the
 
     attribution[s, r, c] = sum_{b, p} delta_s[b, p] . (1/m) sum_{k=1..m} g_{r,c}[b, p] |_(e' + (k/m) (e - e'))
 
-The point ``k = m`` is the clean run, so ``m = 1`` is the first-order estimate above, bit for bit; the sender
-differences ``delta_s`` stay those of the clean and corrupted runs. The further points run as copies of the batch
-stacked in one forward and one backward pass on the clean labels (each copy's metric read on its own), as head
-attribution's points (:func:`~circuitkit.detect.attribution.points_per_pass`, its rule for how many a pass holds) and
-a task's EAP-IG run theirs; at most :data:`RUNS_PER_CONTRACTION` runs' gradients are held at once and contracted
-together (with their own normalisation pullbacks), so a pass holds at most that many points, and the stacked points
-give what one point a pass gave (bit for bit on the bundled model, ``benchmarks/README.md``).
+The point ``k = m`` is the clean run, so ``m = 1`` is the first-order estimate above; the sender differences
+``delta_s`` stay those of the clean and corrupted runs. The further points run as copies of the batch stacked in
+one forward and one backward pass on the clean labels (each copy's metric read on its own), as many a pass as the
+runner's budget holds, as a task's EAP-IG runs its points.
 
 Measured on the bundled model against exact path patching of all 48 edges (``benchmarks/ig.py``): with the
 loss metric the strongest edge (previous-token head 0.1 -> induction head 1.3 through K, exact +0.160) is
@@ -195,7 +201,7 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     The estimate is the graph engine's EAP-IG (:meth:`~circuitkit.graph.runner.TaskRunner.attribute` at the right
     points) read at its head-to-head entries: a runner of the batch's heads, its clean and corrupted runs the
     context's (:func:`edge_runner`), its clean point the gradients of the tap's pass (a pass of its own, or the
-    scan's head attribution that carried the tap), its further points stacked in one pass of its own."""
+    scan's head attribution that carried the tap), its further points stacked in passes of its own."""
     spec = ctx.spec
     L, H = spec.n_layers, spec.n_heads
     if L < 2:
