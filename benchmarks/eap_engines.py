@@ -18,8 +18,8 @@ define the same estimate (``tests/test_one_engine_edges.py`` checks it on a tiny
 the model is a real one, with grouped-query attention, RMSNorm and 24 layers.
 
 With ``--old-src`` (the ``src`` of a checkout before a change, e.g. ``git worktree add OLD 8d0f3c1``) the same
-measurement runs twice, in a child process importing each version, and the runner's scores of the two versions are
-compared edge by edge (their times as a ratio).
+measurement runs twice, in a child process importing each version, and each engine's scores of the two versions are
+compared edge by edge (their times as a ratio, their memory growth side by side).
 """
 import argparse
 import sys
@@ -70,6 +70,7 @@ def measure(model_dir: str, steps_list: list[int], batch: int, block_len: int, s
         a = ours[tuple(torch.tensor(edges).T)].double()
         b = theirs[senders, receivers].double()
         kept[steps] = b
+        kept[f"edge_attribution_{steps}"] = a
         top_a = set(a.abs().topk(20).indices.tolist())
         top_b = set(b.abs().topk(20).indices.tolist())
         rows.append({"steps": steps, "edges": len(edges), "largest_difference": float((a - b).abs().max()),
@@ -136,6 +137,18 @@ def main() -> None:
             print(f"steps {steps}: the runner's scores, new against old: largest difference {diff:.3g}; time "
                   f"new/old {row_new['runner_time_new_over_old']:.2f} ({row_new['runner_passes']:.0f} passes "
                   f"against {row_old['runner_passes']:.0f})")
+            key = f"edge_attribution_{steps}"
+            if key in old and key in new:
+                diff = float((old[key] - new[key]).abs().max())
+                row_new["edge_attribution_difference_to_old"] = diff
+                row_new["edge_attribution_time_new_over_old"] = (row_new["edge_attribution_seconds"]
+                                                                 / row_old["edge_attribution_seconds"])
+                row_new["edge_attribution_rss_new_minus_old_mib"] = (row_new["edge_attribution_rss_mib"]
+                                                                     - row_old["edge_attribution_rss_mib"])
+                print(f"steps {steps}: edge_attribution, new against old: largest difference {diff:.3g}; time "
+                      f"new/old {row_new['edge_attribution_time_new_over_old']:.2f}; resident memory grown "
+                      f"{row_new['edge_attribution_rss_mib']:.0f} MiB against "
+                      f"{row_old['edge_attribution_rss_mib']:.0f}")
     if args.json:
         write_json_atomic(Path(args.json), result)
 

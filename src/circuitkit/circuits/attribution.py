@@ -219,6 +219,12 @@ def attribute(ctx: Context, m: Metric, *, steps: int = 1) -> EdgeAttribution:
     return EdgeAttribution(scores, m.name, ctx.corrupt, clean.total)
 
 
+CONTRACTION_BUDGET = 2**29
+"""The runner's budget for edge attribution (:attr:`~circuitkit.graph.runner.TaskRunner.budget`): half of it holds
+the senders' deltas of a block of sequences, half a group of receivers' gradients (256 MiB each), as many points a
+pass as it holds."""
+
+
 def edge_runner(ctx: Context, m: Metric) -> TaskRunner:
     """The graph engine's runner of the context's batch, measuring ``m`` as the task engine measures its metrics
     (more behaviour scoring higher: the loss on the copies is ``next_token_logprob`` on them, a callable read as a
@@ -245,7 +251,8 @@ def edge_runner(ctx: Context, m: Metric) -> TaskRunner:
     metric: Any = "next_token_logprob"
     if not m.local and m.fn is not repeated_loss:
         metric = UserMetric(_per_sequence(m, batch), reads="all")
-    runner = TaskRunner(ctx.session, pairs, metric, mlps=False, ablation="corrupted", kv_edges="per-query-head")
+    runner = TaskRunner(ctx.session, pairs, metric, mlps=False, ablation="corrupted", kv_edges="per-query-head",
+                        budget=CONTRACTION_BUDGET)
     z = dict(ctx.clean.z)
     # A local metric's pass stops at the last layer's pattern: that layer's heads send into the logits alone, which
     # no receiver's own score reads, so their output is taken as unchanged (a zero delta, an exact zero score).

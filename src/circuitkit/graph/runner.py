@@ -1066,32 +1066,57 @@ class TaskRunner:
                   resid: dict[int, Tensor], copies: int, steps: int) -> None:
         """Add ``sum_{pair, pos} (out_u - out'_u) . g_v / steps`` to ``scores`` ``[sender, receiver]`` for the
         gradients ``got`` of ``copies`` points (each receiver's pulled back to its input at that point's ``resid``,
-        :meth:`_pulled_back`), and each pair's term to ``pairs`` ``[sender, pair]`` where given. The senders' deltas
-        ``[sender, pairs * pos * d_model]`` are formed a block of pairs at a time within the runner's budget (the
-        same sum; one block where they fit, as on every task's pairs measured)."""
+        :meth:`_pulled_back`), and each pair's term to ``pairs`` ``[sender, pair]`` where given.
+
+        Memory: half the runner's budget holds the senders' deltas ``[sender, pairs * pos * d_model]``, formed a
+        block of pairs at a time (the same sum; one block where they fit, as on every task's pairs measured), the
+        other half the pulled-back gradients of a group of receivers, so that one product reads the deltas once for
+        the whole group (a product per receiver layer and channel read all of them each time, at memory speed)."""
         graph = self.graph
         B, P = self.batch.clean.shape
-        block = max(1, min(B, self.budget // max(1, len(graph.senders) * P * self.spec.d_model * 4)))
+        half = max(1, self.budget // 2)
+        block = max(1, min(B, half // max(1, len(graph.senders) * P * self.spec.d_model * 4)))
+        keys = [key for key in sorted(got) if got[key] is not None]
         for first in range(0, B, block):
             rows = slice(first, min(first + block, B))
             flat = self._output_deltas(slice(None) if block == B else rows)
-            for index in sorted(got):
-                grad = got[index]
-                if grad is None:
-                    continue
-                layer = index[1]
+            width = flat.shape[1]
+            sizes = [self._receiver_columns(key).stop - self._receiver_columns(key).start for key in keys]
+            n_rows = min(sum(sizes), max(max(sizes, default=0), half // (width * 4)))
+            buffer = torch.empty(n_rows, width, dtype=flat.dtype, device=flat.device)  # a group's, written in place
+            group: list[tuple[slice, int]] = []  # each receiver's columns and its first row in the buffer
+            used = 0
+            for key in keys:
+                layer = key[1]
                 at = {layer: _rows_of(resid[layer], copies, B, rows)} if layer in resid else {}
-                g = self._pulled_back(index, _rows_of(grad.detach().float(), copies, B, rows), at,
-                                      copies) / steps  # mean over the points
-                cols = self._receiver_columns(index)
-                scores[:, cols] += (flat @ g.T).cpu()
-                if pairs is not None:  # the same products a pair at a time (views of its columns: no copy)
-                    allowed = graph.allowed[:, cols].to(device=flat.device, dtype=flat.dtype)
-                    width = flat.shape[1] // (rows.stop - rows.start)
-                    for j, p in enumerate(range(rows.start, rows.stop)):
-                        part = slice(j * width, (j + 1) * width)
-                        pairs[:, p] += ((flat[:, part] @ g[:, part].T) * allowed).sum(1)
-            del flat
+                g = self._pulled_back(key, _rows_of(got[key].detach().float(), copies, B, rows), at, copies)
+                if used + g.shape[0] > buffer.shape[0]:
+                    self._add_products(scores, pairs, flat, buffer[:used], group, rows)
+                    group, used = [], 0
+                torch.div(g, steps, out=buffer[used : used + g.shape[0]])  # mean over the points
+                group.append((self._receiver_columns(key), used))
+                used += g.shape[0]
+                del g
+            if group:
+                self._add_products(scores, pairs, flat, buffer[:used], group, rows)
+            del flat, buffer
+
+    def _add_products(self, scores: Tensor, pairs: Tensor | None, flat: Tensor, grads: Tensor,
+                      group: list[tuple[slice, int]], rows: slice) -> None:
+        """:meth:`_contract`'s product of the deltas ``flat`` ``[sender, n]`` with a group of receivers' gradients
+        ``grads`` ``[rows, n]`` (each receiver's columns in ``scores`` and first row in ``grads``), added to
+        ``scores`` (and a pair at a time to ``pairs``, the pairs ``rows``)."""
+        product = (flat @ grads.T).cpu()
+        for cols, at in group:
+            scores[:, cols] += product[:, at : at + cols.stop - cols.start]
+        if pairs is None:
+            return
+        allowed = torch.cat([self.graph.allowed[:, cols] for cols, _ in group], dim=1).to(device=flat.device,
+                                                                                       dtype=flat.dtype)
+        width = flat.shape[1] // (rows.stop - rows.start)
+        for j, p in enumerate(range(rows.start, rows.stop)):  # views of each pair's columns: no copy
+            part = slice(j * width, (j + 1) * width)
+            pairs[:, p] += ((flat[:, part] @ grads[:, part].T) * allowed).sum(1)
 
     def _check_clean_point(self, point: EdgeGradients, points: str) -> None:
         """Refuse a clean point (:meth:`attribute`) the runner cannot add to its own points: off the right points'
