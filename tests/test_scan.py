@@ -182,11 +182,11 @@ def test_edge_evidence_rides_on_the_attribution_pass_and_equals_circuit_evidence
     # pass, the stacked faithfulness passes) and the evidence's corrupted pass; patching resumes mid-model
     # (a random model whose heads together barely move the loss has no circuit: one pass finds that out, the
     # joint-path ranking is not run, and the edge evidence, which serves the circuit, is not computed)
-    # edge attribution's integrated path adds, for its points k = 1 .. steps - 1, one pass each from the embedding,
-    # and once the embedded corrupted input (a pass stopped at blocks.0.hook_resid_pre: it calls embed too)
+    # edge attribution's integrated path adds its points k = 1 .. steps - 1, stacked in one pass from the embedding;
+    # its start, the corrupted input, is kept by the evidence's corrupted pass (no embedding of its own)
     from circuitkit.pipeline import EDGE_ATTRIBUTION_STEPS
 
-    integration = (EDGE_ATTRIBUTION_STEPS - 1) + (EDGE_ATTRIBUTION_STEPS > 1)
+    integration = int(EDGE_ATTRIBUTION_STEPS > 1)
     joint = result.verified is not None
     if not joint:
         assert result.circuit is None and len(searched) == 1 and len(embedded) == 1 + len(searched)
