@@ -259,15 +259,21 @@ def test_resampled_batch_keeps_layout_and_breaks_every_repeat(bundled):
 
 def test_the_context_holds_key_value_weights_once_per_group(toy):
     """The edge measurements' context reads keys and values through the model's own grouped weights (no copy per
-    query head); a layer's receivers get each query head's matrix of its group."""
+    query head); a layer's receivers in edge attribution's runner get each query head's matrix of its group."""
     from circuitkit.circuits._engine import context
+    from circuitkit.circuits.attribution import attribute, edge_runner
+    from circuitkit.circuits.metrics import resolve_metric
 
     ctx = context(toy, RepeatedTokens(block_len=5, batch=2, bos=False), "resample", 0, None, "test")
     w = toy.head_weights()
     assert tuple(ctx.W_in["k"].shape) == tuple(ctx.W_in["v"].shape) == tuple(w.W_K.shape)
+    m = resolve_metric("loss", "test")
+    attribute(ctx, m)
+    runner = edge_runner(ctx, m)
     for layer in range(w.n_layers):
         want = torch.cat([w.W_Q[layer], w.per_query_head("W_K")[layer], w.per_query_head("W_V")[layer]])
-        assert torch.equal(ctx.receiver_weights(layer), want)
+        got = torch.cat([runner._receiver_weights(c, layer) for c in "qkv"])
+        assert torch.equal(got, want)
 
 
 def test_the_batch_mean_corruption_of_one_sequence_is_refused(bundled):

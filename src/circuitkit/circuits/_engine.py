@@ -103,13 +103,6 @@ class Context:
     def kv_index(self, head: int) -> int:
         return head // self.group_size
 
-    def receiver_weights(self, layer: int) -> Tensor:
-        """Layer ``layer``'s receivers' weights, ``[3 * head, d_model, d_head]``: ``W_Q``, then ``W_K`` and ``W_V``
-        per query head (a key/value head's matrix repeated for each query head of its group, for this layer only:
-        the model's are held once per key/value head, as the task runner holds them)."""
-        G = self.group_size
-        return torch.cat([self.W_in["q"][layer], *(self.W_in[c][layer].repeat_interleave(G, dim=0) for c in "kv")])
-
 
 def context(
     model: Any,

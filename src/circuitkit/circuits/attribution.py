@@ -25,8 +25,8 @@ the corrupted pass stops at the last layer's ``z`` and keeps the corrupted embed
 path patching); the further points run as the runner's stacked pass(es). LayerNorm / RMSNorm pullbacks are taken in
 closed form with their per-position terms found in ``d_head`` space
 (:class:`~circuitkit.graph.pullback.ReceiverGradients`), so the rest is one ``[senders, n * d_model] @ [n *
-d_model, receivers]`` product per receiver layer and channel, with the senders' deltas held a block of sequences at
-a time within the runner's budget.
+d_model, receivers]`` product per group of receivers, with the senders' deltas held a block of sequences at a time
+within half the runner's budget and the group's gradients within the other half (:data:`CONTRACTION_BUDGET`).
 
 Metrics (:mod:`~circuitkit.circuits.metrics`): for ``"induction"``, receiver ``r``'s own induction score is the
 metric of every edge into ``r`` (as in path patching); one backward pass of the sum of all heads' scores gives
@@ -441,4 +441,4 @@ class GradientTap:
         return hook
 
 
-__all__ = ["AttributedEdge", "EdgeAttribution", "GradientTap", "edge_attribution", "edge_runner", "head_edge_grid"]
+__all__ = ["AttributedEdge", "EdgeAttribution", "GradientTap", "edge_attribution"]

@@ -142,23 +142,6 @@ class ReceiverGradients:
         a = (grad @ W.sum(dim=-1)[:, :, None]) / d_model if centred else None
         return cls(grad, W, a, b, xhat)
 
-    @staticmethod
-    def pulled_sum(receivers: list[ReceiverGradients], out: Tensor) -> Tensor:
-        """``out`` (``[k, n, d_model]``, contiguous) set to the sum of the receivers' :meth:`pulled` (one layer,
-        several runs). Where every run has the closed form (or no norm), the ``d_model``-wide product is linear in
-        the scaled gradients and ``W`` is the same for all (``gamma`` is the layer's): the gradients are summed first
-        and multiplied once, into ``out`` (a fresh 15 MB result per product cost more than the product)."""
-        if any(r.pullback is not None for r in receivers):
-            out.copy_(receivers[0].pulled())
-            for receiver in receivers[1:]:
-                out.add_(receiver.pulled())
-            return out
-        grad = receivers[0].grad if len(receivers) == 1 else sum(r.grad for r in receivers)
-        torch.matmul(grad, receivers[0].W, out=out)
-        for r in receivers:
-            r._correct(out)
-        return out
-
     def pulled(self) -> Tensor:
         """``g[k, n]``: each receiver's gradient in the residual stream before the norm, ``[k, n, d_model]``."""
         u = torch.matmul(self.grad, self.W)  # [k, n, d_model]

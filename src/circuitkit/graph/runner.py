@@ -1076,17 +1076,17 @@ class TaskRunner:
         B, P = self.batch.clean.shape
         half = max(1, self.budget // 2)
         block = max(1, min(B, half // max(1, len(graph.senders) * P * self.spec.d_model * 4)))
-        keys = [key for key in sorted(got) if got[key] is not None]
+        cols = {key: self._receiver_columns(key) for key in sorted(got) if got[key] is not None}
+        sizes = [where.stop - where.start for where in cols.values()]
         for first in range(0, B, block):
             rows = slice(first, min(first + block, B))
             flat = self._output_deltas(slice(None) if block == B else rows)
             width = flat.shape[1]
-            sizes = [self._receiver_columns(key).stop - self._receiver_columns(key).start for key in keys]
             n_rows = min(sum(sizes), max(max(sizes, default=0), half // (width * 4)))
             buffer = torch.empty(n_rows, width, dtype=flat.dtype, device=flat.device)  # a group's, written in place
             group: list[tuple[slice, int]] = []  # each receiver's columns and its first row in the buffer
             used = 0
-            for key in keys:
+            for key, where in cols.items():
                 layer = key[1]
                 at = {layer: _rows_of(resid[layer], copies, B, rows)} if layer in resid else {}
                 g = self._pulled_back(key, _rows_of(got[key].detach().float(), copies, B, rows), at, copies)
@@ -1094,7 +1094,7 @@ class TaskRunner:
                     self._add_products(scores, pairs, flat, buffer[:used], group, rows)
                     group, used = [], 0
                 torch.div(g, steps, out=buffer[used : used + g.shape[0]])  # mean over the points
-                group.append((self._receiver_columns(key), used))
+                group.append((where, used))
                 used += g.shape[0]
                 del g
             if group:
@@ -1151,14 +1151,13 @@ class TaskRunner:
                 g = g.unflatten(2, (G, H // G)).sum(3)
             own = got.get(key)
             own = torch.zeros((n * g.shape[0], *g.shape[1:]), device=g.device) if own is None else own.float()
-            merged[key] = torch.cat([own.to(g.device), g])
+            merged[key] = torch.cat([own, g])  # one session: the tap's pass and the runner's on one device
         layers = {layer for _, layer in merged}
         missing = sorted(layer for layer in layers if layer not in point.resid)
         if missing:
             raise CircuitkitError(f"TaskRunner.attribute: the clean point holds gradients at layers {missing} but "
                                   "not their residual streams; expected resid_pre of every layer it has gradients at")
-        stacked = {layer: torch.cat([*([resid[layer].float()] if n else []), point.resid[layer].detach().float()
-                                     .to(resid[layer].device if n else point.resid[layer].device)])
+        stacked = {layer: torch.cat([*([resid[layer].float()] if n else []), point.resid[layer].detach().float()])
                    for layer in layers}
         return merged, stacked, untapped
 
