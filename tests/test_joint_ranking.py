@@ -19,7 +19,6 @@ from circuitkit import zoo
 from circuitkit.circuits.faithfulness import Ablator, ablation_values, radau_shares
 from circuitkit.detect.joint_path import Gate, gate_gradients
 from circuitkit.detect.tokens import RepeatedTokens
-from circuitkit.graph.nodes import groups_of
 from circuitkit.graph.runner import TaskRunner
 from circuitkit.models.adapters import HOOKS, adapt
 from circuitkit.tasks import repeated_tokens, scan_task
@@ -52,9 +51,7 @@ def test_the_shares_along_the_joint_path_add_up_to_the_whole_change(groups):
     runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=True, ablation="corrupted")
     L = adapter.spec.n_layers
     gates = [Gate(HOOKS.z(layer), runner.values_of("head")[layer]) for layer in range(L)]
-    d_model = adapter.spec.d_model
-    mlp_groups = groups_of(d_model, 2) if groups else torch.zeros(d_model, dtype=torch.long)
-    gates += [Gate(HOOKS.mlp_out(layer), runner.values_of("mlp")[layer], mlp_groups) for layer in range(L)]
+    gates += [Gate(HOOKS.mlp_out(layer), runner.values_of("mlp")[layer], 2 if groups else 1) for layer in range(L)]
     grads = gate_gradients(adapter, runner.batch.clean, gates, _midpoints(MIDPOINTS),
                            lambda logits: runner.metric(logits).mean(-1), positions=runner.positions)
     assert all(g is not None for g in grads)

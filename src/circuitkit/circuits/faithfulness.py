@@ -57,14 +57,15 @@ from circuitkit.circuits.intervals import circuit_intervals
 from circuitkit.circuits.intervals import head_mask as _mask
 from circuitkit.circuits.record import CircuitRecord
 from circuitkit.detect.ablation import check_heads, copies_per_forward
-from circuitkit.detect.joint_path import RADAU_POINTS, Gate
+from circuitkit.detect.joint_path import RADAU_POINTS
 from circuitkit.detect.joint_path import gate_gradients as joint_gate_gradients
 from circuitkit.detect.joint_path import radau_shares as joint_rule
 from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
-from circuitkit.models.adapters import HOOKS, ModelAdapter
+from circuitkit.graph.nodes import HEAD, NodeSets, NodeType, node_gates, node_patches
+from circuitkit.models.adapters import ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
 from circuitkit.uncertainty import DEFAULT_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, check_settings
@@ -144,51 +145,85 @@ class Circuit(CircuitRecord):
 
 
 class Ablator:
-    """Runs a batch with sets of heads ablated, many sets per forward pass (one stacked copy of the batch each).
+    """Runs a batch with sets of nodes ablated, many sets per forward pass (one stacked copy of the batch each).
 
     ``values[layer]``: what an ablated head's ``z`` becomes, ``[head, d_head]`` (mean, zero) or ``[batch, pos,
-    head, d_head]`` (resample). ``passes`` counts the batch copies run so far.
+    head, d_head]`` (resample). ``further``: node types beside the heads (:class:`~circuitkit.graph.nodes.NodeType`
+    records, as a task's node types) with their values by layer, broadcastable to the activation at the type's hook.
+    A set is a head mask ``[layer, head]`` or, for several sets, ``[sets, layer, head]``; or node sets of several
+    types (:data:`~circuitkit.graph.nodes.NodeSets`: type name -> ``[sets, layer, nodes]``); either way the pass is
+    built by :func:`~circuitkit.graph.nodes.node_patches`, as a task runner's is. ``passes`` counts the batch copies
+    run so far.
     """
 
-    def __init__(self, adapter: ModelAdapter, batch: TokenBatch, values: dict[int, Tensor]) -> None:
+    def __init__(self, adapter: ModelAdapter, batch: TokenBatch, values: dict[int, Tensor],
+                 further: Mapping[NodeType, dict[int, Tensor]] | None = None) -> None:
         self.adapter = adapter
         self.batch = batch
         self.values = values
+        self.further = dict(further or {})
+        self.kinds = {HEAD.name: HEAD} | {kind.name: kind for kind in self.further}
+        if len(self.kinds) != 1 + len(self.further):
+            raise validate.fail("further", [kind.name for kind in self.further],
+                                f"node types with names of their own, none of them {HEAD.name!r}")
+        self.node_values = {HEAD.name: values} | {kind.name: v for kind, v in self.further.items()}
         self.passes = 0
         self.positions = loss_positions(batch)  # the passes unembed only where the loss reads
         self.per_forward = copies_per_forward(adapter, batch.tokens, len(self.positions))
-        self._each: dict[bytes, Tensor] = {}  # ablated mask -> each sequence's loss [batch] (kept for the intervals)
+        self._each: dict[bytes, Tensor] = {}  # ablated set -> each sequence's loss [batch] (kept for the intervals)
 
     def subset(self, k: int) -> Ablator:
         """An ablator over the first ``k`` sequences of the batch (the same ablated values; resampled values cut to
         those sequences); its passes count copies of that smaller batch."""
         from dataclasses import replace
 
-        values = {layer: value if value.ndim == 2 else value[:k] for layer, value in self.values.items()}
-        return Ablator(self.adapter, replace(self.batch, tokens=self.batch.tokens[:k]), values)
+        def cut(value: Tensor) -> Tensor:  # per-sequence values are [batch, pos, ...]; per-unit ones are not
+            return value[:k] if value.dim() >= 3 and value.shape[0] == self.batch.tokens.shape[0] else value
 
-    def sequence_losses(self, ablated: Tensor) -> Tensor | None:
-        """Each sequence's repeated-copies loss ``[batch]`` with the heads of ``ablated`` ``[layer, head]`` ablated,
-        where a pass measured that set (their mean is :meth:`losses`' figure); else None. No extra pass."""
-        return self._each.get(_key(ablated))
+        head = {layer: value if value.ndim == 2 else value[:k] for layer, value in self.values.items()}
+        further = {kind: {layer: cut(v) for layer, v in by_layer.items()} for kind, by_layer in self.further.items()}
+        return Ablator(self.adapter, replace(self.batch, tokens=self.batch.tokens[:k]), head, further)
 
-    def losses(self, ablated: Tensor) -> list[float]:
-        """``ablated`` ``[sets, layer, head]`` bool (True: ablate that head): the repeated-copies loss of each set."""
+    def sequence_losses(self, ablated: Tensor | NodeSets) -> Tensor | None:
+        """Each sequence's repeated-copies loss ``[batch]`` with the nodes of the one set ``ablated`` (a head mask
+        ``[layer, head]`` or node sets of one set each) ablated, where a pass measured that set (their mean is
+        :meth:`losses`' figure); else None. No extra pass."""
+        sets = self._sets(ablated if not isinstance(ablated, Tensor) else ablated[None])
+        return self._each.get(_key(sets, 0))
+
+    def losses(self, ablated: Tensor | NodeSets) -> list[float]:
+        """``ablated``: ``[sets, layer, head]`` bool (True: ablate that head), or node sets of several types
+        (:data:`~circuitkit.graph.nodes.NodeSets`): the repeated-copies loss of each set."""
         from circuitkit.detect.node_patching import in_passes
 
-        parts = in_passes(ablated.shape[0], self.per_forward, lambda part: self._pass(ablated[part]))
+        sets = self._sets(ablated)
+        n = next(iter(sets.values())).shape[0]
+        parts = in_passes(n, self.per_forward, lambda part: self._pass({name: m[part] for name, m in sets.items()}))
         return [loss for part in parts for loss in part]
 
-    def _pass(self, ablated: Tensor) -> list[float]:
-        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the task scan's
-        too): each head ablated is a unit of its layer's ``z`` patched to :attr:`values`."""
-        from circuitkit.detect.node_patching import Patch, patched_logits
+    def _sets(self, ablated: Tensor | NodeSets) -> dict[str, Tensor]:
+        """``ablated`` as node sets by type name, each ``[sets, layer, nodes]`` bool on the CPU (checked)."""
+        spec = self.adapter.spec
+        sets = {HEAD.name: ablated} if isinstance(ablated, Tensor) else dict(ablated)
+        if not sets or any(name not in self.kinds for name in sets):
+            raise validate.fail("ablated", sorted(sets), f"node sets of the types {sorted(self.kinds)}")
+        counts = {int(mask.shape[0]) if mask.dim() == 3 else -1 for mask in sets.values()}
+        for name, mask in sets.items():
+            want = (spec.n_layers, self.kinds[name].count(spec))
+            if mask.dim() != 3 or tuple(mask.shape[1:]) != want or mask.dtype != torch.bool or len(counts) != 1:
+                raise validate.fail(f"ablated[{name!r}]", mask, f"a bool tensor [sets, {want[0]}, {want[1]}] with as "
+                                    "many sets as every other type's")
+        return {name: mask.to("cpu") for name, mask in sets.items()}
 
-        S = ablated.shape[0]
+    def _pass(self, sets: dict[str, Tensor]) -> list[float]:
+        """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the task scan's
+        too): each node ablated is its units at its type's hook patched to its values."""
+        from circuitkit.detect.node_patching import patched_logits
+
+        S = next(iter(sets.values())).shape[0]
         tokens = self.batch.tokens
         B = tokens.shape[0]
-        layers = sorted({int(x) for x in ablated.any(dim=(0, 2)).nonzero().flatten().tolist()})
-        patches = [Patch(HOOKS.z(layer), ablated[:, layer], self.values[layer]) for layer in layers]
+        patches = node_patches(self.kinds, sets, self.node_values)
         logits = patched_logits(self.adapter, tokens, S, patches, positions=self.positions)
         copies = tokens.repeat(S, 1)
         with torch.no_grad():
@@ -197,13 +232,20 @@ class Ablator:
             each = each.view(S, B, -1).float().mean(dim=2).cpu()
         self.passes += S
         for i in range(S):
-            self._each[_key(ablated[i])] = each[i]
+            self._each[_key(sets, i)] = each[i]
         means = validate.finite_result("faithfulness", losses, why="the ablated model's logits overflowed")
         return [float(v) for v in means]
 
 
-def _key(ablated: Tensor) -> bytes:
-    return ablated.detach().to("cpu", torch.bool).contiguous().numpy().tobytes()
+def _key(sets: Mapping[str, Tensor], i: int) -> bytes:
+    """Set ``i`` of ``sets`` as bytes: the types it patches a node of, in name order, and their masks (a type that
+    patches nothing is left out, so a head mask and the same node sets are one key)."""
+    parts = []
+    for name in sorted(sets):
+        mask = sets[name][i].detach().to("cpu", torch.bool).contiguous()
+        if bool(mask.any()) or name == HEAD.name:
+            parts.append(name.encode() + b":" + mask.numpy().tobytes())
+    return b"|".join(parts)
 
 
 def ablation_values(adapter: ModelAdapter, batch: TokenBatch, method: str, *, z_means: dict[int, Tensor] | None = None,
@@ -481,7 +523,7 @@ def gate_gradients(ablator: Ablator, alphas: Tensor) -> Tensor:
     def losses(logits: Tensor) -> Tensor:  # each point's mean loss on the repeated copies, [points]
         return token_losses(logits, copies, batch.repeated_copies).view(steps, -1).mean(dim=1)
 
-    gates = [Gate(HOOKS.z(layer), ablator.values[layer]) for layer in range(spec.n_layers)]
+    gates, _ = node_gates([HEAD], {HEAD.name: ablator.values}, spec)
     grads = joint_gate_gradients(adapter, batch.tokens, gates, alphas, losses, positions=ablator.positions)
     ablator.passes += 3 * steps
     out = torch.zeros(steps, spec.n_layers, spec.n_heads, device="cpu")

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from circuitkit.detect.attribution import frozen_parameters
+from circuitkit.detect.node_patching import groups_of
 from circuitkit.models.adapters import ModelAdapter
 
 RADAU_POINTS = (1 / 3, 1.0)
@@ -45,15 +46,17 @@ with 12 heads, two midpoints with 17."""
 @dataclass(frozen=True)
 class Gate:
     """The gates of one hook: its activation ``x`` ``[B, P, U, ...]`` moves between ``value`` (broadcastable to
-    ``[B, P, U, ...]``) and itself; ``groups`` ``[U]`` (long) names the node each unit belongs to (nodes ``0 ..
-    n - 1``), None where each unit is a node of its own."""
+    ``[B, P, U, ...]``) and itself; ``nodes``: how many nodes its units split into, a gate each (contiguous groups,
+    :func:`~circuitkit.detect.node_patching.groups_of`, as a node patch splits them), None where each unit is a
+    node of its own."""
 
     hook: str
     value: Tensor
-    groups: Tensor | None = None
+    nodes: int | None = None
 
-    def nodes(self, units: int) -> int:
-        return units if self.groups is None else int(self.groups.max()) + 1
+    def count(self, units: int) -> int:
+        """The gates at a hook of ``units`` units."""
+        return units if self.nodes is None else self.nodes
 
 
 def gate_gradients(adapter: ModelAdapter, tokens: Tensor, gates: Sequence[Gate], alphas: Tensor,
@@ -71,10 +74,11 @@ def gate_gradients(adapter: ModelAdapter, tokens: Tensor, gates: Sequence[Gate],
     def gated(i: int, gate: Gate) -> Callable[[Tensor, Any], Tensor]:
         def hook(x: Tensor, hook: Any) -> Tensor:
             units = x.shape[2]
-            g = alphas.to(device=x.device, dtype=x.dtype)[:, None].expand(steps, gate.nodes(units)).clone()
+            n = gate.count(units)
+            g = alphas.to(device=x.device, dtype=x.dtype)[:, None].expand(steps, n).clone()
             g.requires_grad_(True)
             leaves[i] = g
-            per_unit = g if gate.groups is None else g[:, gate.groups.to(x.device)]  # [points, U]
+            per_unit = g if n == units else g[:, groups_of(units, n, x.device)]  # [points, U]
             view = x.view(steps, B, *x.shape[1:])
             value = gate.value.to(device=x.device, dtype=x.dtype)
             value = value.view(1, *([1] * (x.dim() - value.dim())), *value.shape)

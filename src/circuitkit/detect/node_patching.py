@@ -8,8 +8,13 @@ A pass of ``S`` copies runs ``tokens`` ``[B, P]`` repeated ``S`` times along the
 units along its third axis: the heads of a layer's ``z`` ``[.., head, d_head]``, an MLP's output ``[.., d_model]``,
 the neurons of a group) becomes, for copy ``s``, sequence ``b``, position ``p`` and unit ``u``::
 
-    x[s, b, p, u, ...] = value[b, p, u, ...]   where mask[s, u]
+    x[s, b, p, u, ...] = value[b, p, u, ...]   where mask[s, node(u)]
                          x[s, b, p, u, ...]    elsewhere
+
+``mask`` ``[S, N]`` names nodes, not units: the ``N`` nodes split the ``U`` units into contiguous groups as equal
+as can be, ``node(u) = floor(u * N / U)`` (:func:`groups_of`); ``N = U`` (a head of ``z``) is a unit each, ``N = 1``
+(an MLP's output) all of them. Both engines' node sets are such masks, one per node type and layer
+(:func:`circuitkit.graph.nodes.node_patches`).
 
 ``value`` broadcasts against ``[B, P, U, ...]``: a per-unit value ``[U, ...]`` (a mean, zeros) or one per sequence
 and position ``[B, P, U, ...]`` (a corrupted or resampled run); or it is a function of the pass's own activation
@@ -38,11 +43,16 @@ from circuitkit.models.adapters import ModelAdapter
 T = TypeVar("T")
 
 
+def groups_of(units: int, n: int, device: Any = "cpu") -> Tensor:
+    """``[units]``: the node each unit belongs to, ``floor(u * n / units)`` (contiguous, sizes within one)."""
+    return torch.arange(units, device=device) * n // units
+
+
 @dataclass(frozen=True)
 class Patch:
-    """One hook of a stacked pass: ``mask`` ``[S, U]`` bool (True: that copy patches that unit), ``value``
-    broadcastable to ``[B, P, U, ...]``, or a function of the activation ``[S, B, P, U, ...]`` returning one
-    (module docstring)."""
+    """One hook of a stacked pass: ``mask`` ``[S, N]`` bool (True: that copy patches that node; ``N`` nodes
+    splitting the hook's units, :func:`groups_of`), ``value`` broadcastable to ``[B, P, U, ...]``, or a function of
+    the activation ``[S, B, P, U, ...]`` returning one (module docstring)."""
 
     hook: str
     mask: Tensor
@@ -50,14 +60,17 @@ class Patch:
 
 
 def _hook(patch: Patch, S: int, B: int) -> Callable[[Tensor, Any], Tensor]:
-    U = patch.mask.shape[1]
+    N = patch.mask.shape[1]
 
     def hook(x: Tensor, hook: Any) -> Tensor:
-        if x.dim() < 3 or x.shape[0] != S * B or x.shape[2] != U:
-            raise CircuitkitError(f"{hook.name} has shape {tuple(x.shape)}; expected [{S * B}, pos, {U}, ...] "
-                                  f"({S} copies of {B} sequences, {U} units to patch).")
+        if x.dim() < 3 or x.shape[0] != S * B or x.shape[2] < N:
+            raise CircuitkitError(f"{hook.name} has shape {tuple(x.shape)}; expected [{S * B}, pos, {N}, ...] "
+                                  f"({S} copies of {B} sequences, {N} nodes to patch, at least a unit each).")
         view = x.view(S, B, *x.shape[1:])  # [S, B, P, U, ...]
-        units = patch.mask.to(x.device).view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
+        mask = patch.mask.to(x.device)
+        if N != x.shape[2]:
+            mask = mask[:, groups_of(x.shape[2], N, x.device)]  # [S, U]
+        units = mask.view(S, 1, 1, x.shape[2], *([1] * (x.dim() - 3)))
         value = patch.value(view) if callable(patch.value) else patch.value
         value = value.to(device=x.device, dtype=x.dtype)[None]
         return torch.where(units, value, view).reshape(x.shape)
@@ -106,4 +119,4 @@ def in_passes(sets: int, per_pass: int, run: Callable[[slice], T]) -> list[T]:
     return [run(slice(start, min(start + per_pass, sets))) for start in range(0, sets, max(1, per_pass))]
 
 
-__all__ = ["Patch", "in_passes", "patched_logits", "unit_mean"]
+__all__ = ["Patch", "groups_of", "in_passes", "patched_logits", "unit_mean"]

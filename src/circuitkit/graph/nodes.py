@@ -23,6 +23,12 @@ the first-order estimate of the metric lost when the node alone is patched. (Hea
 of their outgoing edges' scores, equal to this in exact arithmetic: every path from a node's output passes through
 one receiver's input.)
 
+**Node sets** (:data:`NodeSets`: type name -> ``[sets, layer, nodes]`` bool) are the one form in which both
+engines patch nodes: a task's runner (every type it holds) and the induction scan's ablator
+(:class:`~circuitkit.circuits.faithfulness.Ablator`: heads, and any further type given to it with its values) build
+their stacked passes with :func:`node_patches` and their joint-path gates with :func:`node_gates`, each node at its
+type's hook, so a new type is patched and gated in either without code of its own.
+
 **The edge graph** (:mod:`circuitkit.graph.runner`) is built from the types that send or receive edges
 (:data:`EDGE_TYPES`: input, heads, MLPs, logits). A sender writes at ``2 * layer + writes_at`` (``writes_at`` 0
 for attention, 1 for the MLP; the input at layer -1, the logits' port at layer ``L``), a receiver (:class:`Port`)
@@ -34,14 +40,15 @@ key/value head (``l.g{g}:k``, read by its group's query heads) or, with :data:`K
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from circuitkit import validate
+from circuitkit.detect.joint_path import Gate
+from circuitkit.detect.node_patching import Patch, groups_of
 from circuitkit.models.adapters import HOOKS
 
 
@@ -134,10 +141,35 @@ def neuron_groups(groups: int) -> NodeType:
                     plural="neuron groups")
 
 
-def groups_of(units: int, n: int, device: Any = "cpu") -> Tensor:
-    """``[units]``: the node each unit belongs to, ``floor(u * n / units)`` (contiguous, sizes within one)."""
-    return torch.arange(units, device=device) * n // units
+NodeSets = Mapping[str, Tensor]
+"""Node sets of several types, the form both engines' node patching takes: node type name -> ``[sets, layer,
+nodes]`` bool (True: that set patches that node); a type left out patches none of its nodes."""
 
 
-__all__ = ["DEFAULT_KV_EDGES", "EDGE_TYPES", "HEAD", "HEAD_PER_QUERY", "INPUT", "KV_EDGES", "LOGITS", "MLP", "NodeType",
-           "Port", "edge_types", "groups_of", "neuron_groups"]
+def node_patches(kinds: Mapping[str, NodeType], patched: NodeSets, values: Mapping[str, Mapping[int, Any]],
+                 first: int = 0) -> list[Patch]:
+    """The patches of one stacked node-patching pass (:func:`~circuitkit.detect.node_patching.patched_logits`) for
+    the sets ``patched`` (:data:`NodeSets`), each node written where its type says (``kinds[name].hook(layer)``):
+    one :class:`~circuitkit.detect.node_patching.Patch` per type and layer at or after ``first`` where some set
+    patches a node, its mask ``[sets, nodes]`` splitting the hook's units into the type's nodes, its value
+    ``values[name][layer]`` (broadcastable to the activation ``[B, P, U, ...]``, or a function of it). The
+    induction scan's ablator and a task's runner both build their passes here."""
+    return [Patch(kinds[name].hook(at), mask[:, at], values[name][at])
+            for name, mask in patched.items() for at in range(first, mask.shape[1]) if bool(mask[:, at].any())]
+
+
+def node_gates(kinds: Sequence[NodeType], values: Mapping[str, Mapping[int, Tensor]], spec: Any
+               ) -> tuple[list[Gate], list[tuple[str, int]]]:
+    """The joint path's gates (:class:`~circuitkit.detect.joint_path.Gate`) of every node of ``kinds`` in every
+    layer, each hook's units split into the type's ``count(spec)`` nodes, gated between ``values[name][layer]`` and
+    the unit's own activation; with each gate's ``(type name, layer)``, in the same order."""
+    gates, where = [], []
+    for kind in kinds:
+        for layer in range(spec.n_layers):
+            gates.append(Gate(kind.hook(layer), values[kind.name][layer], kind.count(spec)))
+            where.append((kind.name, layer))
+    return gates, where
+
+
+__all__ = ["DEFAULT_KV_EDGES", "EDGE_TYPES", "HEAD", "HEAD_PER_QUERY", "INPUT", "KV_EDGES", "LOGITS", "MLP", "NodeSets",
+           "NodeType", "Port", "edge_types", "groups_of", "neuron_groups", "node_gates", "node_patches"]

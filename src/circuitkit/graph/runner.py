@@ -66,7 +66,16 @@ from circuitkit.detect.reference import reads as reference_reads
 from circuitkit.detect.session import EdgeGradients, Session
 from circuitkit.errors import CircuitkitError
 from circuitkit.graph.metrics import METRICS, last_logits
-from circuitkit.graph.nodes import DEFAULT_KV_EDGES, HEAD, MLP, NodeType, edge_types, groups_of
+from circuitkit.graph.nodes import (
+    DEFAULT_KV_EDGES,
+    HEAD,
+    MLP,
+    NodeType,
+    edge_types,
+    groups_of,
+    node_gates,
+    node_patches,
+)
 from circuitkit.graph.pullback import ReceiverGradients, closed_form, session_norms, split_by_query_head
 from circuitkit.graph.task import TaskBatch
 from circuitkit.ig_path import DEFAULT_IG_POINTS, IG_POINTS, along, ig_alphas
@@ -720,19 +729,12 @@ class TaskRunner:
         :meth:`values_of` (``[pair, pos, unit, ...]``). ``start``: where it resumes (:meth:`node_starts`), counted
         as its share of the layers (:meth:`pass_share`); ``record``: the first copy patches every node, and its
         residual stream entering each layer is kept (:meth:`record_all_patched`)."""
-        from circuitkit.detect.node_patching import Patch, patched_logits
+        from circuitkit.detect.node_patching import patched_logits
 
         S = next(iter(patched.values())).shape[0]
         L = self.spec.n_layers
         layer, source = start
-        patches = []
-        for name, mask in patched.items():
-            kind, values = self.node_types[name], self.values_of(name)
-            for at in range(layer, L):
-                if bool(mask[:, at].any()):
-                    units = values[at].shape[2]
-                    unit_mask = mask[:, at][:, groups_of(units, mask.shape[2], mask.device)]  # [S, unit]
-                    patches.append(Patch(kind.hook(at), unit_mask, values[at]))
+        patches = node_patches(self.node_types, patched, {name: self.values_of(name) for name in patched}, layer)
         resume = None
         if source == "clean":
             resume = (self.clean["resid"][layer], layer)
@@ -1252,20 +1254,12 @@ class TaskRunner:
         The shares add up to about ``M(clean) - M(every node patched)``; positive: restoring the node restores the
         behaviour. Returns ``(scores [sender], {type: [layer, nodes]})`` as :meth:`node_attribution` does (0 for
         the input, and for the MLPs without ``mlp_nodes``)."""
-        from circuitkit.detect.joint_path import RADAU_POINTS, Gate, gate_gradients, radau_shares
+        from circuitkit.detect.joint_path import RADAU_POINTS, gate_gradients, radau_shares
 
         graph, spec = self.graph, self.spec
         L = spec.n_layers
         kinds = [HEAD, *([MLP] if mlp_nodes and graph.mlps else []), *self.extra_types]
-        gates, where = [], []
-        for kind in kinds:
-            values = self.values_of(kind.name)
-            for layer in range(L):
-                units = values[layer].shape[2]
-                count = kind.count(spec)
-                groups = None if units == count else groups_of(units, count, "cpu")
-                gates.append(Gate(kind.hook(layer), values[layer], groups))
-                where.append((kind.name, layer))
+        gates, where = node_gates(kinds, {kind.name: self.values_of(kind.name) for kind in kinds}, spec)
         alphas = torch.tensor(RADAU_POINTS, dtype=torch.float64, device="cpu")
         grads = gate_gradients(self.adapter, self.batch.clean, gates, alphas,
                                lambda logits: self.metric(logits).mean(dim=-1), positions=self.positions)
