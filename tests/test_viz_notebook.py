@@ -13,9 +13,14 @@ from circuitkit.viz import notebook, notebook_figures
 
 @pytest.fixture(autouse=True)
 def _renderer_kept():
+    import logging
+
     before = pio.renderers.default
+    pipe = logging.getLogger(notebook.PIPE_LOGGER)
+    filters = list(pipe.filters)
     yield
     pio.renderers.default = before
+    pipe.filters = filters
 
 
 def test_without_a_browser_figures_stay_interactive_and_say_so(monkeypatch, capsys):
@@ -52,3 +57,30 @@ def test_the_browser_is_kaleidos_own_search(monkeypatch):
 def test_png_must_be_a_bool(png):
     with pytest.raises(CircuitkitError, match="notebook_figures: png"):
         notebook_figures(png)
+
+
+def test_the_pipes_skipped_partial_read_leaves_no_traceback_under_a_figure(monkeypatch, caplog):
+    """kaleido's pipe logs a message it could not decode and skipped (a read that ended inside it) as an
+    exception; with PNGs on, that one record is dropped (it would print a traceback under a figure drawn whole),
+    every other record of the pipe passes, and asking twice adds one filter."""
+    import logging
+
+    logger = logging.getLogger(notebook.PIPE_LOGGER)
+    monkeypatch.setattr(logger, "filters", [f for f in logger.filters if not isinstance(f, notebook._PartialReads)])
+    monkeypatch.setattr(notebook, "_png_browser", lambda: "/usr/bin/chromium")
+    caplog.set_level(logging.DEBUG, logger=notebook.PIPE_LOGGER)
+
+    def logged() -> list[str]:
+        try:
+            raise ValueError("Unterminated string starting at: line 1 column 40")
+        except ValueError:
+            logger.exception("JSONError decoding message. Ignoring")
+        logger.error("Error in trying to decode JSON off our read.")
+        return [r.getMessage() for r in caplog.records if r.name == notebook.PIPE_LOGGER]
+
+    assert logged() == ["JSONError decoding message. Ignoring", "Error in trying to decode JSON off our read."]
+    caplog.clear()
+    notebook_figures()
+    notebook_figures()
+    assert sum(isinstance(f, notebook._PartialReads) for f in logger.filters) == 1
+    assert logged() == ["Error in trying to decode JSON off our read."]

@@ -8,6 +8,8 @@ the PNG only where kaleido finds a Chromium, and otherwise says in one line how 
 
 from __future__ import annotations
 
+import logging
+
 from circuitkit import validate
 
 INTERACTIVE = "plotly_mimetype"
@@ -30,6 +32,27 @@ def _png_browser() -> str | None:
         return None
 
 
+PIPE_LOGGER = "choreographer.channels.pipe"
+"""The logger of the pipe between kaleido and its Chromium."""
+
+
+class _PartialReads(logging.Filter):
+    """Drops the pipe's record of a message it could not decode and skipped (``"JSONError decoding message.
+    Ignoring"``, with its traceback): a read of the pipe can end inside a message, which the pipe logs and skips
+    while the figure is drawn all the same, so the record would put a traceback under a figure that came out
+    whole. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("JSONError decoding message")
+
+
+def _quiet_partial_reads() -> None:
+    """Put :class:`_PartialReads` on the pipe's logger, once."""
+    logger = logging.getLogger(PIPE_LOGGER)
+    if not any(isinstance(f, _PartialReads) for f in logger.filters):
+        logger.addFilter(_PartialReads())
+
+
 def notebook_figures(png: bool = True) -> str:
     """Set plotly's default renderer for this notebook and return it: figures interactive
     (:data:`INTERACTIVE`) and, with ``png`` where kaleido finds a Chromium, each also as a PNG (:data:`WITH_PNG`).
@@ -40,6 +63,7 @@ def notebook_figures(png: bool = True) -> str:
     renderer = INTERACTIVE
     if png and _png_browser() is not None:
         renderer = WITH_PNG
+        _quiet_partial_reads()
     elif png:
         print("Figures are interactive only: a PNG of each needs kaleido and a Chromium "
               "(pip install 'circuitkit[notebooks]', then apt-get install chromium or run kaleido_get_chrome).")
