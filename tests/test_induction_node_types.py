@@ -101,6 +101,7 @@ def test_a_node_type_of_its_own_runs_in_the_induction_ablator(bundled):
     assert ablator.passes == 3
     kept = ablator.sequence_losses({"resid": resid[1:2], "head": heads[1:2]})
     assert kept is not None and float(kept.mean()) == pytest.approx(got[1], abs=1e-5)
+    torch.testing.assert_close(ablator.sequence_losses({"resid": resid[1:2]}), kept)  # no heads named: none ablated
 
 
 def test_a_head_mask_and_the_same_typed_set_are_one_set(bundled):

@@ -213,7 +213,10 @@ class Ablator:
             if mask.dim() != 3 or tuple(mask.shape[1:]) != want or mask.dtype != torch.bool or len(counts) != 1:
                 raise validate.fail(f"ablated[{name!r}]", mask, f"a bool tensor [sets, {want[0]}, {want[1]}] with as "
                                     "many sets as every other type's")
-        return {name: mask.to("cpu") for name, mask in sets.items()}
+        out = {name: mask.to("cpu") for name, mask in sets.items()}
+        if HEAD.name not in out:  # every set names its heads, so a set has one key however it was asked for
+            out[HEAD.name] = torch.zeros(counts.pop(), spec.n_layers, spec.n_heads, dtype=torch.bool, device="cpu")
+        return out
 
     def _pass(self, sets: dict[str, Tensor]) -> list[float]:
         """One stacked pass of the node-patching engine (:mod:`circuitkit.detect.node_patching`, the task scan's
@@ -238,8 +241,8 @@ class Ablator:
 
 
 def _key(sets: Mapping[str, Tensor], i: int) -> bytes:
-    """Set ``i`` of ``sets`` as bytes: the types it patches a node of, in name order, and their masks (a type that
-    patches nothing is left out, so a head mask and the same node sets are one key)."""
+    """Set ``i`` of ``sets`` as bytes: its head mask, then each further type it patches a node of, in name order,
+    with its mask (a type that patches nothing is left out, so one set has one key however it was asked for)."""
     parts = []
     for name in sorted(sets):
         mask = sets[name][i].detach().to("cpu", torch.bool).contiguous()
