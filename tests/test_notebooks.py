@@ -35,8 +35,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
+
+try:
+    import nbformat
+except ImportError:  # a GPU machine's image has no Jupyter: `pytest -m cuda tests` must still collect there
+    if os.environ.get("CI"):
+        raise  # CI installs the dev extras: a CI machine cannot silently skip the notebooks
+    pytest.skip("nbformat is not installed (pip install -e '.[dev]' installs it)", allow_module_level=True)
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))

@@ -9,9 +9,17 @@ runs top to bottom offline is tests/test_notebooks.py's job, for every notebook.
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
-import nbformat
+import pytest
+
+try:
+    import nbformat
+except ImportError:  # a GPU machine's image has no Jupyter: `pytest -m cuda tests` must still collect there
+    if os.environ.get("CI"):
+        raise  # CI installs the dev extras: a CI machine cannot silently skip the notebooks
+    pytest.skip("nbformat is not installed (pip install -e '.[dev]' installs it)", allow_module_level=True)
 
 import circuitkit.theory
 

@@ -108,6 +108,7 @@ def test_to_moves_and_casts():
     assert weights.to("cpu") is weights and weights.to(dtype=torch.float32) is weights  # nothing to move or cast
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
 def test_to_cuda_round_trip():
     weights = random_weights(1, 2, 8, 2)
