@@ -140,18 +140,11 @@ def test_neuron_groups_run_in_the_induction_ablator():
     assert got == pytest.approx(expected, abs=2e-5)
 
 
-@pytest.mark.parametrize("case", ["unknown-type", "wrong-width", "wrong-layers", "not-bool", "sets-disagree",
-                                  "empty", "named-head"])
-def test_bad_node_sets_are_refused_in_words(bundled, case):
-    adapter, batch, values = bundled
-    spec = adapter.spec
-    L, H = spec.n_layers, spec.n_heads
-    if case == "named-head":
-        with pytest.raises(CircuitkitError, match="further.*names of their own"):
-            Ablator(adapter, batch, values, {HEAD: values})
-        return
-    ablator = Ablator(adapter, batch, values, {RESID: _means(adapter, batch, RESID)})
-    sets = {
+BAD_SETS = ["unknown-type", "wrong-width", "wrong-layers", "not-bool", "sets-disagree", "empty"]
+
+
+def _bad_sets(case: str, L: int, H: int) -> dict:
+    return {
         "unknown-type": {"mlp": torch.zeros(1, L, 1, dtype=torch.bool)},
         "wrong-width": {"resid": torch.zeros(1, L, 3, dtype=torch.bool)},
         "wrong-layers": {"head": torch.zeros(1, L + 1, H, dtype=torch.bool)},
@@ -160,5 +153,31 @@ def test_bad_node_sets_are_refused_in_words(bundled, case):
                           "resid": torch.zeros(2, L, 4, dtype=torch.bool)},
         "empty": {},
     }[case]
-    with pytest.raises(CircuitkitError, match="ablated"):
-        ablator.losses(sets)
+
+
+@pytest.mark.parametrize("case", [*BAD_SETS, "named-head"])
+def test_bad_node_sets_are_refused_in_words(bundled, case):
+    adapter, batch, values = bundled
+    spec = adapter.spec
+    if case == "named-head":
+        with pytest.raises(CircuitkitError, match="further.*names of their own"):
+            Ablator(adapter, batch, values, {HEAD: values})
+        return
+    ablator = Ablator(adapter, batch, values, {RESID: _means(adapter, batch, RESID)})
+    with pytest.raises(CircuitkitError, match="Ablator: ablated"):
+        ablator.losses(_bad_sets(case, spec.n_layers, spec.n_heads))
+
+
+@pytest.mark.parametrize("case", BAD_SETS)
+def test_a_task_runner_refuses_the_same_bad_sets_by_the_same_check(case):
+    """Both engines check node sets in one place (``graph.nodes.check_node_sets``): a task's runner refuses what
+    the ablator refuses, naming itself (``resid`` is not one of its types either)."""
+    from circuitkit.graph.runner import TaskRunner
+    from circuitkit.tasks import repeated_tokens
+
+    model = zoo.load()
+    adapter = adapt(model)
+    task = repeated_tokens(model, 3, seed=2, block_len=6)
+    runner = TaskRunner(adapter, task.tokenize(adapter), task.metric, mlps=False, ablation=task.ablation)
+    with pytest.raises(CircuitkitError, match="task circuit: patched"):
+        runner.patched_metric(_bad_sets(case, adapter.spec.n_layers, adapter.spec.n_heads))

@@ -64,7 +64,7 @@ from circuitkit.detect.loss import loss_positions, token_losses
 from circuitkit.detect.reference import Keep, reference_pass
 from circuitkit.detect.session import open_session
 from circuitkit.detect.tokens import RepeatedTokens, TokenBatch
-from circuitkit.graph.nodes import HEAD, NodeSets, NodeType, node_gates, node_patches
+from circuitkit.graph.nodes import HEAD, NodeSets, NodeType, check_node_sets, node_gates, node_patches
 from circuitkit.models.adapters import ModelAdapter
 from circuitkit.models.state import keeps_model_state
 from circuitkit.ranking import Head, head_name
@@ -204,18 +204,11 @@ class Ablator:
     def _sets(self, ablated: Tensor | NodeSets) -> dict[str, Tensor]:
         """``ablated`` as node sets by type name, each ``[sets, layer, nodes]`` bool on the CPU (checked)."""
         spec = self.adapter.spec
-        sets = {HEAD.name: ablated} if isinstance(ablated, Tensor) else dict(ablated)
-        if not sets or any(name not in self.kinds for name in sets):
-            raise validate.fail("ablated", sorted(sets), f"node sets of the types {sorted(self.kinds)}")
-        counts = {int(mask.shape[0]) if mask.dim() == 3 else -1 for mask in sets.values()}
-        for name, mask in sets.items():
-            want = (spec.n_layers, self.kinds[name].count(spec))
-            if mask.dim() != 3 or tuple(mask.shape[1:]) != want or mask.dtype != torch.bool or len(counts) != 1:
-                raise validate.fail(f"ablated[{name!r}]", mask, f"a bool tensor [sets, {want[0]}, {want[1]}] with as "
-                                    "many sets as every other type's")
+        sets = {HEAD.name: ablated} if isinstance(ablated, Tensor) else ablated
+        n = check_node_sets("Ablator: ablated", self.kinds, sets, spec)
         out = {name: mask.to("cpu") for name, mask in sets.items()}
         if HEAD.name not in out:  # every set names its heads, so a set has one key however it was asked for
-            out[HEAD.name] = torch.zeros(counts.pop(), spec.n_layers, spec.n_heads, dtype=torch.bool, device="cpu")
+            out[HEAD.name] = torch.zeros(n, spec.n_layers, spec.n_heads, dtype=torch.bool, device="cpu")
         return out
 
     def _pass(self, sets: dict[str, Tensor]) -> list[float]:

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from circuitkit import validate
@@ -146,6 +147,26 @@ NodeSets = Mapping[str, Tensor]
 nodes]`` bool (True: that set patches that node); a type left out patches none of its nodes."""
 
 
+def check_node_sets(where: str, kinds: Mapping[str, NodeType], patched: Any, spec: Any) -> int:
+    """``patched`` checked as :data:`NodeSets` of the types ``kinds`` (each mask a bool tensor ``[sets, layer,
+    nodes]`` of its type's shape, as many sets for every type; at least one type); the number of sets. Both
+    engines' node patching checks its sets here (``where`` names the caller in the refusal)."""
+    L = spec.n_layers
+    if not isinstance(patched, Mapping) or not patched:
+        raise validate.fail(where, patched, "a non-empty dict: node type -> [sets, layer, nodes]")
+    sets = None
+    for name, mask in patched.items():
+        if name not in kinds:
+            raise validate.fail(where, name, f"one of the node types {sorted(kinds)}")
+        n = kinds[name].count(spec)
+        if (not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 3
+                or tuple(mask.shape[1:]) != (L, n) or (sets is not None and mask.shape[0] != sets)):
+            raise validate.fail(f"{where}[{name!r}]", mask, f"a bool tensor [sets, {L}, {n}] (sets the same for "
+                                "every type)")
+        sets = int(mask.shape[0])
+    return sets
+
+
 def node_patches(kinds: Mapping[str, NodeType], patched: NodeSets, values: Mapping[str, Mapping[int, Any]],
                  first: int = 0) -> list[Patch]:
     """The patches of one stacked node-patching pass (:func:`~circuitkit.detect.node_patching.patched_logits`) for
@@ -172,4 +193,5 @@ def node_gates(kinds: Sequence[NodeType], values: Mapping[str, Mapping[int, Tens
 
 
 __all__ = ["DEFAULT_KV_EDGES", "EDGE_TYPES", "HEAD", "HEAD_PER_QUERY", "INPUT", "KV_EDGES", "LOGITS", "MLP", "NodeSets",
-           "NodeType", "Port", "edge_types", "groups_of", "neuron_groups", "node_gates", "node_patches"]
+           "NodeType", "Port", "check_node_sets", "edge_types", "groups_of", "neuron_groups", "node_gates",
+           "node_patches"]

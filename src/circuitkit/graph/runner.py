@@ -71,6 +71,7 @@ from circuitkit.graph.nodes import (
     HEAD,
     MLP,
     NodeType,
+    check_node_sets,
     edge_types,
     groups_of,
     node_gates,
@@ -651,7 +652,7 @@ class TaskRunner:
         Each set's pass resumes where the layers before it are a run already made (:meth:`node_starts`): the clean
         run's below the lowest layer it patches, or the run with every node patched (of the same types) below the
         lowest layer it keeps; sets of one start share stacked passes."""
-        sets = _check_patched(self, patched)
+        sets = check_node_sets("task circuit: patched", self.node_types, patched, self.spec)
         starts = self.node_starts(patched)
         out: Tensor | None = None
         for start in sorted(set(starts)):
@@ -1795,26 +1796,6 @@ def _check_units(kind: NodeType, acts: dict[int, Tensor], spec: Any) -> None:
                 f"task circuit: node type {kind.name!r}: layer {layer}'s activation at {kind.hook(layer)!r} has shape "
                 f"{tuple(x.shape)}; expected [batch, pos, units, ...] with at least {n} units (one per node): ask "
                 "for fewer nodes per layer.")
-
-
-def _check_patched(runner: TaskRunner, patched: Any) -> int:
-    """``patched`` (node type -> ``[sets, layer, nodes]`` bool) checked against the runner's node types; the number
-    of sets."""
-    L = runner.spec.n_layers
-    if not isinstance(patched, dict) or not patched:
-        raise validate.fail("task circuit: patched", patched, "a non-empty dict: node type -> [sets, layer, nodes]")
-    sets = None
-    for name, mask in patched.items():
-        if name not in runner.node_types:
-            raise validate.fail("task circuit: patched", name, f"a node type of this runner, one of "
-                                f"{sorted(runner.node_types)}")
-        n = runner.node_types[name].count(runner.spec)
-        if (not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() != 3
-                or tuple(mask.shape[1:]) != (L, n) or (sets is not None and mask.shape[0] != sets)):
-            raise validate.fail(f"task circuit: patched[{name!r}]", getattr(mask, "shape", mask),
-                                f"a bool tensor [sets, {L}, {n}] (sets the same for every type)")
-        sets = mask.shape[0]
-    return sets
 
 
 def check_hooks(adapter: ModelAdapter, mlps: bool) -> None:
